@@ -1,0 +1,24 @@
+# Multi-stage build: compile in the Rust image, run in a slim Debian image
+# as an unprivileged user. Migrations are embedded in the binary.
+FROM rust:1.95-bookworm AS build
+WORKDIR /src
+COPY Cargo.toml Cargo.lock ./
+COPY src ./src
+COPY migrations ./migrations
+RUN cargo build --release --locked
+
+FROM debian:bookworm-slim
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends ca-certificates \
+    && rm -rf /var/lib/apt/lists/* \
+    && useradd --system --uid 10001 --home-dir /var/lib/warden warden \
+    && mkdir -p /var/lib/warden/workspaces \
+    && chown -R warden /var/lib/warden
+COPY --from=build /src/target/release/warden /usr/local/bin/warden
+USER warden
+WORKDIR /var/lib/warden
+ENV WARDEN_LISTEN_ADDR=0.0.0.0:8080 \
+    WARDEN_WORKSPACE_ROOT=/var/lib/warden/workspaces
+EXPOSE 8080
+HEALTHCHECK --interval=5s --timeout=3s --start-period=10s --retries=5 CMD ["warden", "healthcheck"]
+ENTRYPOINT ["warden"]

@@ -1,0 +1,342 @@
+//! Configuration from the environment. Every variable has a documented
+//! default; a bad value stops start-up with a message naming the variable.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::time::Duration;
+
+use crate::policy::gate::GateConfig;
+use crate::policy::guardrails::Limits;
+use crate::policy::lifecycle::Mode;
+use crate::policy::stuck::StuckConfig;
+
+/// A configuration value that could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The variable is set but does not parse or is out of range.
+    #[error("invalid value {value:?} for {var}: {expected}")]
+    Invalid {
+        /// Variable name.
+        var: &'static str,
+        /// The value found.
+        value: String,
+        /// What was expected instead.
+        expected: String,
+    },
+    /// A required variable is missing.
+    #[error("{var} must be set: {why}")]
+    Missing {
+        /// Variable name.
+        var: &'static str,
+        /// Why it is needed.
+        why: &'static str,
+    },
+}
+
+/// Defaults a new session gets when its create request leaves them out.
+#[derive(Debug, Clone)]
+pub struct SessionDefaults {
+    /// `AUTONOMOUS_MODE`.
+    pub mode: Mode,
+    /// Limits for continuous mode (`AUTONOMOUS_MAX_*`, intervals).
+    pub limits: Limits,
+    /// Iteration limit of fixed mode (`AUTONOMOUS_FIXED_ITERATIONS`, default 50).
+    pub fixed_iterations: u64,
+}
+
+impl SessionDefaults {
+    /// The default limits for a session created in `mode`.
+    pub fn limits_for(&self, mode: Mode) -> Limits {
+        match mode {
+            Mode::Continuous => self.limits,
+            Mode::Fixed => Limits {
+                max_iterations: self.fixed_iterations.min(self.limits.max_iterations),
+                ..self.limits
+            },
+        }
+    }
+}
+
+/// Timing of replica leases.
+#[derive(Debug, Clone, Copy)]
+pub struct LeaseConfig {
+    /// How long a lease lasts without renewal (`WARDEN_LEASE_TTL_MS`).
+    pub ttl: Duration,
+    /// How often leases are renewed and orphans rescued (`WARDEN_HEARTBEAT_INTERVAL_MS`).
+    pub heartbeat: Duration,
+    /// Safety margin: a holder trusts its lease until renewal start + ttl - margin.
+    pub margin: Duration,
+}
+
+/// Everything the service reads from its environment.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// `WARDEN_LISTEN_ADDR`, default 127.0.0.1:8080.
+    pub listen_addr: SocketAddr,
+    /// `DATABASE_URL`.
+    pub database_url: String,
+    /// `WARDEN_DB_MAX_CONNECTIONS`, default 16.
+    pub db_max_connections: u32,
+    /// `WARDEN_WORKSPACE_ROOT`, default ./workspaces.
+    pub workspace_root: PathBuf,
+    /// Session defaults.
+    pub defaults: SessionDefaults,
+    /// The continue gate's thresholds.
+    pub gate: GateConfig,
+    /// Stuck detection thresholds.
+    pub stuck: StuckConfig,
+    /// `WARDEN_THROTTLE_COOLDOWN_MS`, default 5000.
+    pub throttle_cooldown: Duration,
+    /// Lease timing.
+    pub lease: LeaseConfig,
+    /// `WARDEN_STOP_WAIT_MS`: how long stop/pause requests wait for the loop to land, default 5000.
+    pub control_wait: Duration,
+    /// `WARDEN_MAX_BODY_BYTES`, default 1 MiB.
+    pub max_body_bytes: usize,
+    /// `WARDEN_LOG_FORMAT`: `text` or `json`.
+    pub log_json: bool,
+}
+
+/// Reads configuration values from a source of variables.
+struct Env<'a> {
+    vars: &'a HashMap<String, String>,
+}
+
+impl Env<'_> {
+    fn raw(&self, var: &'static str) -> Option<&str> {
+        self.vars
+            .get(var)
+            .map(String::as_str)
+            .filter(|v| !v.trim().is_empty())
+    }
+
+    fn parse<T>(&self, var: &'static str, default: T, min: T, max: T) -> Result<T, ConfigError>
+    where
+        T: FromStr + PartialOrd + std::fmt::Display + Copy,
+    {
+        let Some(raw) = self.raw(var) else {
+            return Ok(default);
+        };
+        let invalid = || ConfigError::Invalid {
+            var,
+            value: raw.to_string(),
+            expected: format!("a number between {min} and {max}"),
+        };
+        let value: T = raw.trim().parse().map_err(|_| invalid())?;
+        if value < min || value > max {
+            return Err(invalid());
+        }
+        Ok(value)
+    }
+
+    fn bool(&self, var: &'static str, default: bool) -> Result<bool, ConfigError> {
+        match self.raw(var).map(|v| v.trim().to_ascii_lowercase()) {
+            None => Ok(default),
+            Some(v) if ["1", "true", "yes", "on"].contains(&v.as_str()) => Ok(true),
+            Some(v) if ["0", "false", "no", "off"].contains(&v.as_str()) => Ok(false),
+            Some(v) => Err(ConfigError::Invalid {
+                var,
+                value: v,
+                expected: "true or false".into(),
+            }),
+        }
+    }
+
+    fn millis(
+        &self,
+        var: &'static str,
+        default: u64,
+        min: u64,
+        max: u64,
+    ) -> Result<Duration, ConfigError> {
+        self.parse(var, default, min, max)
+            .map(Duration::from_millis)
+    }
+}
+
+impl Config {
+    /// Reads the process environment.
+    pub fn from_env() -> Result<Config, ConfigError> {
+        Config::from_vars(&std::env::vars().collect())
+    }
+
+    /// Reads configuration from the given variables (the process environment in production).
+    pub fn from_vars(vars: &HashMap<String, String>) -> Result<Config, ConfigError> {
+        let env = Env { vars };
+        let listen_raw = env.raw("WARDEN_LISTEN_ADDR").unwrap_or("127.0.0.1:8080");
+        let listen_addr = listen_raw
+            .trim()
+            .parse()
+            .map_err(|_| ConfigError::Invalid {
+                var: "WARDEN_LISTEN_ADDR",
+                value: listen_raw.to_string(),
+                expected: "an address like 127.0.0.1:8080".into(),
+            })?;
+        let database_url = env
+            .raw("DATABASE_URL")
+            .ok_or(ConfigError::Missing {
+                var: "DATABASE_URL",
+                why: "Warden keeps every session in Postgres, e.g. postgres://postgres@127.0.0.1:5432/warden",
+            })?
+            .to_string();
+        if !database_url.starts_with("postgres://") && !database_url.starts_with("postgresql://") {
+            return Err(ConfigError::Invalid {
+                var: "DATABASE_URL",
+                value: database_url,
+                expected: "a postgres:// URL".into(),
+            });
+        }
+        let mode = match env.raw("AUTONOMOUS_MODE") {
+            None => Mode::Fixed,
+            Some(raw) => Mode::parse(raw.trim()).ok_or_else(|| ConfigError::Invalid {
+                var: "AUTONOMOUS_MODE",
+                value: raw.to_string(),
+                expected: "fixed or continuous".into(),
+            })?,
+        };
+        let limits = Limits {
+            max_iterations: env.parse("AUTONOMOUS_MAX_ITERATIONS", 200, 1, 1_000_000)?,
+            max_wall_time_ms: env.parse(
+                "AUTONOMOUS_MAX_WALL_TIME_MS",
+                7_200_000,
+                100,
+                2_592_000_000,
+            )?,
+            max_tokens: env.parse("AUTONOMOUS_MAX_TOKENS", 500_000, 1, 10_000_000_000)?,
+            max_consecutive_errors: env.parse("AUTONOMOUS_MAX_CONSECUTIVE_ERRORS", 5, 1, 1_000)?,
+            reflection_interval: env.parse("AUTONOMOUS_REFLECTION_INTERVAL", 10, 1, 1_000)?,
+            checkpoint_interval: env.parse("AUTONOMOUS_CHECKPOINT_INTERVAL", 10, 1, 10_000)?,
+            max_tool_calls: None,
+        };
+        let defaults = SessionDefaults {
+            mode,
+            limits,
+            fixed_iterations: env.parse("AUTONOMOUS_FIXED_ITERATIONS", 50, 1, 1_000_000)?,
+        };
+        let gate = GateConfig {
+            step_limit: env.parse("WARDEN_GATE_STEP_LIMIT", 100, 1, 1_000_000)?,
+            checkpoint_every: env.parse("WARDEN_GATE_CHECKPOINT_EVERY", 25, 1, 1_000_000)?,
+            ..GateConfig::default()
+        };
+        let ttl = env.millis("WARDEN_LEASE_TTL_MS", 15_000, 200, 3_600_000)?;
+        let heartbeat = env.millis("WARDEN_HEARTBEAT_INTERVAL_MS", 5_000, 50, 3_600_000)?;
+        if heartbeat * 2 > ttl {
+            return Err(ConfigError::Invalid {
+                var: "WARDEN_HEARTBEAT_INTERVAL_MS",
+                value: heartbeat.as_millis().to_string(),
+                expected: format!(
+                    "at most half of WARDEN_LEASE_TTL_MS ({} ms) so a lease is renewed before it expires",
+                    ttl.as_millis()
+                ),
+            });
+        }
+        let log_json = match env.raw("WARDEN_LOG_FORMAT").map(str::trim) {
+            None | Some("text") => false,
+            Some("json") => true,
+            Some(other) => {
+                return Err(ConfigError::Invalid {
+                    var: "WARDEN_LOG_FORMAT",
+                    value: other.to_string(),
+                    expected: "text or json".into(),
+                });
+            }
+        };
+        // Parsed now so a typo is caught at start-up, used once goal refinement lands.
+        env.bool("AUTONOMOUS_REQUIRE_CONCRETE_GOALS", true)?;
+        env.bool("AUTONOMOUS_AUTO_REFINE_GOALS", false)?;
+        Ok(Config {
+            listen_addr,
+            database_url,
+            db_max_connections: env.parse("WARDEN_DB_MAX_CONNECTIONS", 16, 1, 1_000)?,
+            workspace_root: PathBuf::from(
+                env.raw("WARDEN_WORKSPACE_ROOT").unwrap_or("./workspaces"),
+            ),
+            defaults,
+            gate,
+            stuck: StuckConfig::default(),
+            throttle_cooldown: env.millis("WARDEN_THROTTLE_COOLDOWN_MS", 5_000, 0, 3_600_000)?,
+            lease: LeaseConfig {
+                ttl,
+                heartbeat,
+                margin: ttl / 5,
+            },
+            control_wait: env.millis("WARDEN_STOP_WAIT_MS", 5_000, 0, 600_000)?,
+            max_body_bytes: env.parse("WARDEN_MAX_BODY_BYTES", 1_048_576, 1_024, 67_108_864)?,
+            log_json,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn vars(pairs: &[(&str, &str)]) -> HashMap<String, String> {
+        let mut map: HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        map.entry("DATABASE_URL".into())
+            .or_insert_with(|| "postgres://postgres@127.0.0.1/warden".into());
+        map
+    }
+
+    #[test]
+    fn defaults_match_the_design() {
+        let c = Config::from_vars(&vars(&[])).unwrap();
+        assert_eq!(c.listen_addr.to_string(), "127.0.0.1:8080");
+        assert_eq!(c.defaults.mode, Mode::Fixed);
+        let l = c.defaults.limits;
+        assert_eq!(l.max_iterations, 200);
+        assert_eq!(l.max_wall_time_ms, 7_200_000);
+        assert_eq!(l.max_tokens, 500_000);
+        assert_eq!(l.max_consecutive_errors, 5);
+        assert_eq!(l.reflection_interval, 10);
+        assert_eq!(l.checkpoint_interval, 10);
+        assert_eq!(c.defaults.limits_for(Mode::Fixed).max_iterations, 50);
+        assert_eq!(c.defaults.limits_for(Mode::Continuous).max_iterations, 200);
+        assert_eq!(c.throttle_cooldown, Duration::from_secs(5));
+        assert_eq!(c.gate.step_limit, 100);
+    }
+
+    #[test]
+    fn values_are_read() {
+        let c = Config::from_vars(&vars(&[
+            ("AUTONOMOUS_MODE", "continuous"),
+            ("AUTONOMOUS_MAX_TOKENS", "1234"),
+            ("WARDEN_LISTEN_ADDR", "0.0.0.0:9000"),
+            ("WARDEN_LOG_FORMAT", "json"),
+        ]))
+        .unwrap();
+        assert_eq!(c.defaults.mode, Mode::Continuous);
+        assert_eq!(c.defaults.limits.max_tokens, 1234);
+        assert_eq!(c.listen_addr.port(), 9000);
+        assert!(c.log_json);
+    }
+
+    #[test]
+    fn bad_values_name_the_variable() {
+        for (var, value) in [
+            ("AUTONOMOUS_MAX_ITERATIONS", "lots"),
+            ("AUTONOMOUS_MAX_ITERATIONS", "0"),
+            ("AUTONOMOUS_MAX_TOKENS", "-5"),
+            ("AUTONOMOUS_MODE", "turbo"),
+            ("AUTONOMOUS_REQUIRE_CONCRETE_GOALS", "maybe"),
+            ("WARDEN_LISTEN_ADDR", "localhost"),
+            ("WARDEN_LOG_FORMAT", "xml"),
+            ("DATABASE_URL", "mysql://x"),
+            ("WARDEN_HEARTBEAT_INTERVAL_MS", "10000"),
+        ] {
+            let err = Config::from_vars(&vars(&[(var, value)])).unwrap_err();
+            assert!(err.to_string().contains(var), "{var}: {err}");
+        }
+    }
+
+    #[test]
+    fn database_url_is_required() {
+        let err = Config::from_vars(&HashMap::new()).unwrap_err();
+        assert!(err.to_string().contains("DATABASE_URL"));
+    }
+}

@@ -1,0 +1,210 @@
+//! The scripted executor: performs steps listed in the create request, so
+//! every path of the loop can be exercised without a model.
+
+use std::time::Duration;
+
+use futures::FutureExt;
+use futures::future::BoxFuture;
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+use super::{Executor, ExecutorError, StepContext, StepOutput, StepResult};
+use crate::policy::history::{FileWrite, Outcome};
+
+/// Longest delay one scripted step may ask for (one hour).
+pub const MAX_DELAY_MS: u64 = 3_600_000;
+
+fn default_outcome() -> Outcome {
+    Outcome::Success
+}
+
+/// One step of a scripted session.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ScriptedStep {
+    /// Action name, e.g. `write_file`.
+    pub action: String,
+    /// Arguments of the action (compared to detect rework).
+    #[serde(default)]
+    #[schema(value_type = Object)]
+    pub arguments: serde_json::Value,
+    /// `success` (default), `failure` or `error`.
+    #[serde(default = "default_outcome")]
+    #[schema(value_type = String, example = "success")]
+    pub outcome: Outcome,
+    /// Tokens the step reports as used.
+    #[serde(default)]
+    pub tokens: u64,
+    /// Output text; a final line `<<WARDEN_GOAL_DONE: …>>` or `<<WARDEN_GOAL_BLOCKED: …>>` is a stop signal.
+    #[serde(default)]
+    pub output: String,
+    /// How long the step takes, in ms (at most one hour).
+    #[serde(default)]
+    pub delay_ms: u64,
+    /// Tool calls the step reports.
+    #[serde(default)]
+    pub tool_calls: u64,
+    /// The step is polling a long-running job (exempt from repeat detection).
+    #[serde(default)]
+    pub waiting: bool,
+    /// Files the step claims to write: path and content digest.
+    #[serde(default)]
+    #[schema(value_type = Vec<Object>)]
+    pub files: Vec<FileWrite>,
+}
+
+impl ScriptedStep {
+    /// Checks one step; the message starts with the offending field.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.action.trim().is_empty() || self.action.len() > 200 {
+            return Err("action must be 1 to 200 characters".into());
+        }
+        if self.delay_ms > MAX_DELAY_MS {
+            return Err(format!(
+                "delay_ms must be at most {MAX_DELAY_MS}, got {}",
+                self.delay_ms
+            ));
+        }
+        if self.output.len() > 1_000_000 {
+            return Err("output must be at most 1,000,000 bytes".into());
+        }
+        Ok(())
+    }
+}
+
+/// Performs the steps of a script in order.
+#[derive(Debug, Clone)]
+pub struct ScriptedExecutor {
+    steps: Vec<ScriptedStep>,
+    repeat: bool,
+}
+
+impl ScriptedExecutor {
+    /// An executor over `steps`.
+    pub fn new(steps: Vec<ScriptedStep>, repeat: bool) -> ScriptedExecutor {
+        ScriptedExecutor { steps, repeat }
+    }
+
+    /// The step for iteration `n`; the position comes from the iteration
+    /// number alone, so a resumed session continues exactly where it was.
+    fn step_for(&self, n: u64) -> Option<&ScriptedStep> {
+        let index = usize::try_from(n.checked_sub(1)?).ok()?;
+        if self.steps.is_empty() {
+            None
+        } else if self.repeat {
+            self.steps.get(index % self.steps.len())
+        } else {
+            self.steps.get(index)
+        }
+    }
+}
+
+impl Executor for ScriptedExecutor {
+    fn execute<'a>(
+        &'a mut self,
+        ctx: StepContext<'a>,
+    ) -> BoxFuture<'a, Result<StepResult, ExecutorError>> {
+        async move {
+            let Some(step) = self.step_for(ctx.iteration) else {
+                return Ok(StepResult::Exhausted);
+            };
+            if step.delay_ms > 0 {
+                tokio::time::sleep(Duration::from_millis(step.delay_ms)).await;
+            }
+            let percent_complete = (!self.repeat)
+                .then(|| ctx.iteration as f64 * 100.0 / self.steps.len() as f64)
+                .map(|p| p.min(100.0));
+            Ok(StepResult::Step(StepOutput {
+                action: step.action.clone(),
+                arguments: step.arguments.clone(),
+                outcome: step.outcome,
+                observation: step.output.clone(),
+                message: step.output.clone(),
+                error: (step.outcome != Outcome::Success).then(|| step.output.clone()),
+                tokens: step.tokens,
+                tool_calls: step.tool_calls,
+                files_written: step.files.clone(),
+                waiting: step.waiting,
+                percent_complete,
+            }))
+        }
+        .boxed()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use uuid::Uuid;
+
+    fn step(action: &str) -> ScriptedStep {
+        serde_json::from_value(serde_json::json!({ "action": action })).unwrap()
+    }
+
+    async fn run(exec: &mut ScriptedExecutor, n: u64) -> StepResult {
+        exec.execute(StepContext {
+            session_id: Uuid::nil(),
+            goal: "g",
+            iteration: n,
+            guidance: None,
+            nudge: None,
+            history: &[],
+        })
+        .await
+        .unwrap()
+    }
+
+    #[tokio::test]
+    async fn steps_run_in_order_then_exhaust() {
+        let mut exec = ScriptedExecutor::new(vec![step("a"), step("b")], false);
+        let StepResult::Step(first) = run(&mut exec, 1).await else {
+            panic!("expected a step")
+        };
+        assert_eq!(first.action, "a");
+        assert_eq!(first.percent_complete, Some(50.0));
+        let StepResult::Step(second) = run(&mut exec, 2).await else {
+            panic!("expected a step")
+        };
+        assert_eq!(second.action, "b");
+        assert_eq!(run(&mut exec, 3).await, StepResult::Exhausted);
+    }
+
+    #[tokio::test]
+    async fn repeat_cycles_through_steps() {
+        let mut exec = ScriptedExecutor::new(vec![step("a"), step("b")], true);
+        let StepResult::Step(third) = run(&mut exec, 3).await else {
+            panic!("expected a step")
+        };
+        assert_eq!(third.action, "a");
+        assert_eq!(third.percent_complete, None);
+    }
+
+    #[test]
+    fn defaults_and_unknown_fields() {
+        let s = step("a");
+        assert_eq!(s.outcome, Outcome::Success);
+        assert_eq!(s.tokens, 0);
+        let bad = serde_json::from_value::<ScriptedStep>(
+            serde_json::json!({ "action": "a", "colour": "red" }),
+        );
+        assert!(bad.unwrap_err().to_string().contains("colour"));
+    }
+
+    #[test]
+    fn failures_carry_their_output_as_error() {
+        let s: ScriptedStep = serde_json::from_value(
+            serde_json::json!({ "action": "a", "outcome": "error", "output": "boom" }),
+        )
+        .unwrap();
+        assert_eq!(s.outcome, Outcome::Error);
+    }
+
+    #[test]
+    fn validation_names_the_field() {
+        let mut s = step("a");
+        s.delay_ms = MAX_DELAY_MS + 1;
+        assert!(s.validate().unwrap_err().starts_with("delay_ms"));
+        let empty = step(" ");
+        assert!(empty.validate().unwrap_err().starts_with("action"));
+    }
+}

@@ -1,0 +1,180 @@
+//! Errors at the HTTP edge, all answered as `application/problem+json`
+//! (RFC 9457) with a clear `detail` and a machine-readable `code`.
+
+use axum::extract::rejection::{BytesRejection, PathRejection, QueryRejection};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+use utoipa::ToSchema;
+
+use crate::session::ServiceError;
+use crate::store::StoreError;
+
+/// The problem document every error answers with.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct Problem {
+    /// Problem type URI; `about:blank` means the status code says it all.
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// Short summary (the HTTP reason phrase).
+    pub title: String,
+    /// HTTP status code.
+    pub status: u16,
+    /// What exactly was wrong, for a person.
+    pub detail: String,
+    /// Stable machine-readable code, e.g. `illegal_transition`.
+    pub code: String,
+}
+
+/// An error answered to a client.
+#[derive(Debug)]
+pub struct ApiError {
+    status: StatusCode,
+    code: &'static str,
+    detail: String,
+}
+
+/// Shorthand for handler results.
+pub type ApiResult<T> = Result<T, ApiError>;
+
+impl ApiError {
+    /// An error with the given status, code and detail.
+    pub fn new(status: StatusCode, code: &'static str, detail: impl Into<String>) -> ApiError {
+        ApiError {
+            status,
+            code,
+            detail: detail.into(),
+        }
+    }
+
+    /// 400 with code `bad_request`.
+    pub fn bad_request(detail: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::BAD_REQUEST, "bad_request", detail)
+    }
+
+    /// 404 for an unknown route.
+    pub fn no_route() -> ApiError {
+        ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such endpoint")
+    }
+
+    /// 405 for a known route with another method.
+    pub fn method_not_allowed() -> ApiError {
+        ApiError::new(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "method_not_allowed",
+            "this endpoint does not accept that method",
+        )
+    }
+
+    fn internal(err: &dyn std::fmt::Display) -> ApiError {
+        // The cause is logged, never sent: it may carry connection details.
+        tracing::error!(error = %err, "internal error");
+        ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal_error",
+            "an internal error occurred; it has been logged",
+        )
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let problem = Problem {
+            kind: "about:blank".into(),
+            title: self
+                .status
+                .canonical_reason()
+                .unwrap_or("Error")
+                .to_string(),
+            status: self.status.as_u16(),
+            detail: self.detail,
+            code: self.code.to_string(),
+        };
+        let mut response = (self.status, axum::Json(problem)).into_response();
+        response.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/problem+json"),
+        );
+        response
+    }
+}
+
+impl From<ServiceError> for ApiError {
+    fn from(err: ServiceError) -> ApiError {
+        match err {
+            ServiceError::NotFound(_) => {
+                ApiError::new(StatusCode::NOT_FOUND, "session_not_found", err.to_string())
+            }
+            ServiceError::Conflict(_) => {
+                ApiError::new(StatusCode::CONFLICT, "illegal_transition", err.to_string())
+            }
+            ServiceError::LimitExhausted { .. } => {
+                ApiError::new(StatusCode::CONFLICT, "limit_exhausted", err.to_string())
+            }
+            ServiceError::Invalid(detail) => {
+                ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_request", detail)
+            }
+            ServiceError::Unavailable(detail) => {
+                tracing::error!(%detail, "service unavailable");
+                ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", detail)
+            }
+            ServiceError::Store(store) => ApiError::from(store),
+        }
+    }
+}
+
+impl From<StoreError> for ApiError {
+    fn from(err: StoreError) -> ApiError {
+        match &err {
+            StoreError::Database(sqlx::Error::PoolTimedOut | sqlx::Error::Io(_)) => {
+                tracing::error!(error = %err, "database unavailable");
+                ApiError::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "database_unavailable",
+                    "the database is not reachable right now; retry shortly",
+                )
+            }
+            _ => ApiError::internal(&err),
+        }
+    }
+}
+
+impl From<BytesRejection> for ApiError {
+    fn from(rejection: BytesRejection) -> ApiError {
+        let status = rejection.status();
+        let code = if status == StatusCode::PAYLOAD_TOO_LARGE {
+            "payload_too_large"
+        } else {
+            "bad_request"
+        };
+        ApiError::new(status, code, rejection.body_text())
+    }
+}
+
+impl From<PathRejection> for ApiError {
+    fn from(rejection: PathRejection) -> ApiError {
+        ApiError::bad_request(format!("invalid path: {}", rejection.body_text()))
+    }
+}
+
+impl From<QueryRejection> for ApiError {
+    fn from(rejection: QueryRejection) -> ApiError {
+        ApiError::bad_request(rejection.body_text())
+    }
+}
+
+impl From<serde_json::Error> for ApiError {
+    fn from(err: serde_json::Error) -> ApiError {
+        use serde_json::error::Category;
+        match err.classify() {
+            Category::Syntax | Category::Eof | Category::Io => {
+                ApiError::bad_request(format!("malformed JSON: {err}"))
+            }
+            Category::Data => ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "invalid_request",
+                format!("invalid request body: {err}"),
+            ),
+        }
+    }
+}

@@ -1,0 +1,61 @@
+//! The HTTP layer: routers per resource, problem+json errors, the OpenAPI
+//! document and the docs page. Handlers only translate between HTTP and the
+//! session service.
+
+pub mod error;
+mod extract;
+mod health;
+pub mod openapi;
+pub mod sessions;
+pub mod views;
+
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::DefaultBodyLimit;
+use axum::http::Request;
+use tower_http::catch_panic::CatchPanicLayer;
+use tower_http::trace::TraceLayer;
+
+use crate::session::SessionService;
+use error::ApiError;
+
+/// What every handler can reach.
+#[derive(Clone)]
+pub struct AppState {
+    /// Session operations.
+    pub service: SessionService,
+}
+
+fn panic_response(_: Box<dyn std::any::Any + Send + 'static>) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    tracing::error!("a request handler panicked");
+    ApiError::new(
+        axum::http::StatusCode::INTERNAL_SERVER_ERROR,
+        "internal_error",
+        "an internal error occurred; it has been logged",
+    )
+    .into_response()
+}
+
+/// The whole application router.
+pub fn router(state: AppState, max_body_bytes: usize) -> Router {
+    let api =
+        sessions::router().method_not_allowed_fallback(|| async { ApiError::method_not_allowed() });
+    Router::new()
+        .nest("/api/autonomous", api)
+        .merge(health::router())
+        .merge(openapi::router())
+        .fallback(|| async { ApiError::no_route() })
+        .with_state(state)
+        .layer(DefaultBodyLimit::max(max_body_bytes))
+        .layer(CatchPanicLayer::custom(panic_response))
+        .layer(
+            TraceLayer::new_for_http().make_span_with(|req: &Request<_>| {
+                tracing::info_span!("request", method = %req.method(), path = %req.uri().path())
+            }),
+        )
+}
+
+/// How long in-flight requests may take to finish at shutdown.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);

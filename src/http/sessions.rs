@@ -1,0 +1,335 @@
+//! `/api/autonomous`: create, list, inspect, stop, pause, resume and update
+//! sessions, and read their iterations, checkpoints, events and decisions.
+
+use axum::Json;
+use axum::Router;
+use axum::extract::State;
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::routing::{get, post};
+use chrono::{DateTime, Utc};
+use uuid::Uuid;
+
+use super::AppState;
+use super::error::{ApiError, ApiResult, Problem};
+use super::extract::{ApiJson, ApiPath, ApiQuery, OptionalJson};
+use super::views::{
+    AfterPage, CheckpointPage, DecisionQuery, EventPage, IterationPage, ListQuery, SessionPage,
+    SessionView,
+};
+use crate::session::{CreateSession, ResumeSession, UpdateSession};
+use crate::store::SessionCursor;
+
+/// The session routes, relative to `/api/autonomous`.
+pub fn router() -> Router<AppState> {
+    Router::new()
+        .route("/", post(create_session).get(list_sessions))
+        .route("/{id}", get(get_session).patch(update_session))
+        .route("/{id}/stop", post(stop_session))
+        .route("/{id}/pause", post(pause_session))
+        .route("/{id}/resume", post(resume_session))
+        .route("/{id}/iterations", get(list_iterations))
+        .route("/{id}/checkpoints", get(list_checkpoints))
+        .route("/{id}/events", get(list_events))
+        .route("/{id}/decisions", get(list_decisions))
+}
+
+fn page_limit(limit: Option<i64>, default: i64, max: i64) -> ApiResult<i64> {
+    match limit {
+        None => Ok(default),
+        Some(l) if (1..=max).contains(&l) => Ok(l),
+        Some(l) => Err(ApiError::bad_request(format!(
+            "limit must be between 1 and {max}, got {l}"
+        ))),
+    }
+}
+
+fn encode_cursor(c: &SessionCursor) -> String {
+    format!("{}_{}", c.created_at.timestamp_micros(), c.id)
+}
+
+fn decode_cursor(raw: &str) -> ApiResult<SessionCursor> {
+    let invalid = || ApiError::bad_request(format!("cursor {raw:?} is not a cursor from this API"));
+    let (micros, id) = raw.split_once('_').ok_or_else(invalid)?;
+    let micros: i64 = micros.parse().map_err(|_| invalid())?;
+    let created_at = DateTime::<Utc>::from_timestamp_micros(micros).ok_or_else(invalid)?;
+    let id: Uuid = id.parse().map_err(|_| invalid())?;
+    Ok(SessionCursor { created_at, id })
+}
+
+/// Create a session and start it.
+#[utoipa::path(
+    post, path = "/api/autonomous", tag = "sessions",
+    request_body = CreateSession,
+    responses(
+        (status = 201, description = "Session created and running", body = SessionView),
+        (status = 400, description = "Malformed JSON", body = Problem, content_type = "application/problem+json"),
+        (status = 413, description = "Body too large", body = Problem, content_type = "application/problem+json"),
+        (status = 415, description = "Not JSON", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Unknown field, wrong type or out-of-range limit", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn create_session(
+    State(state): State<AppState>,
+    ApiJson(req): ApiJson<CreateSession>,
+) -> ApiResult<(StatusCode, HeaderMap, Json<SessionView>)> {
+    let session = state.service.create(req).await?;
+    let mut headers = HeaderMap::new();
+    if let Ok(location) = HeaderValue::from_str(&format!("/api/autonomous/{}", session.id)) {
+        headers.insert(header::LOCATION, location);
+    }
+    Ok((StatusCode::CREATED, headers, Json(session.into())))
+}
+
+/// List sessions, newest first.
+#[utoipa::path(
+    get, path = "/api/autonomous", tag = "sessions",
+    params(ListQuery),
+    responses(
+        (status = 200, description = "A page of sessions", body = SessionPage),
+        (status = 400, description = "Bad filter or cursor", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn list_sessions(
+    State(state): State<AppState>,
+    ApiQuery(q): ApiQuery<ListQuery>,
+) -> ApiResult<Json<SessionPage>> {
+    let limit = page_limit(q.limit, 50, 200)?;
+    let after = q.cursor.as_deref().map(decode_cursor).transpose()?;
+    let rows = state.service.list(q.status, after, limit).await?;
+    let next_cursor = (rows.len() as i64 == limit)
+        .then(|| rows.last())
+        .flatten()
+        .map(|s| {
+            encode_cursor(&SessionCursor {
+                created_at: s.created_at,
+                id: s.id,
+            })
+        });
+    Ok(Json(SessionPage {
+        items: rows.into_iter().map(SessionView::from).collect(),
+        next_cursor,
+    }))
+}
+
+/// A session's status: progress, counters, limits, termination.
+#[utoipa::path(
+    get, path = "/api/autonomous/{id}", tag = "sessions",
+    params(("id" = Uuid, Path, description = "Session id")),
+    responses(
+        (status = 200, description = "The session", body = SessionView),
+        (status = 400, description = "Not a UUID", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such session", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn get_session(
+    State(state): State<AppState>,
+    ApiPath(id): ApiPath<Uuid>,
+) -> ApiResult<Json<SessionView>> {
+    Ok(Json(state.service.get(id).await?.into()))
+}
+
+/// Stop a session at once (idempotent). The in-flight step is abandoned,
+/// a checkpoint saved, and the session ends `interrupted / user_stop`.
+#[utoipa::path(
+    post, path = "/api/autonomous/{id}/stop", tag = "control",
+    params(("id" = Uuid, Path, description = "Session id")),
+    responses(
+        (status = 200, description = "The session after the stop", body = SessionView),
+        (status = 404, description = "No such session", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "The session already ended another way", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn stop_session(
+    State(state): State<AppState>,
+    ApiPath(id): ApiPath<Uuid>,
+) -> ApiResult<Json<SessionView>> {
+    Ok(Json(state.service.stop(id).await?.into()))
+}
+
+/// Pause a session once its step in flight finishes (`paused / user_pause`).
+#[utoipa::path(
+    post, path = "/api/autonomous/{id}/pause", tag = "control",
+    params(("id" = Uuid, Path, description = "Session id")),
+    responses(
+        (status = 200, description = "The session; `pause_requested` is true while a long step finishes", body = SessionView),
+        (status = 404, description = "No such session", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "The session is not running", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn pause_session(
+    State(state): State<AppState>,
+    ApiPath(id): ApiPath<Uuid>,
+) -> ApiResult<Json<SessionView>> {
+    Ok(Json(state.service.pause(id).await?.into()))
+}
+
+/// Resume a paused, stopped, interrupted or failed session from its last
+/// checkpoint, optionally with guidance and raised limits.
+#[utoipa::path(
+    post, path = "/api/autonomous/{id}/resume", tag = "control",
+    params(("id" = Uuid, Path, description = "Session id")),
+    request_body(content = Option<ResumeSession>, description = "Optional guidance and limits"),
+    responses(
+        (status = 200, description = "The session, running again", body = SessionView),
+        (status = 404, description = "No such session", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "Not resumable, or a budget is exhausted and must be raised", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Invalid guidance or limits", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn resume_session(
+    State(state): State<AppState>,
+    ApiPath(id): ApiPath<Uuid>,
+    OptionalJson(req): OptionalJson<ResumeSession>,
+) -> ApiResult<Json<SessionView>> {
+    Ok(Json(state.service.resume(id, req).await?.into()))
+}
+
+/// Change the mode or limits of a session; a running session applies them
+/// from its next iteration.
+#[utoipa::path(
+    patch, path = "/api/autonomous/{id}", tag = "control",
+    params(("id" = Uuid, Path, description = "Session id")),
+    request_body = UpdateSession,
+    responses(
+        (status = 200, description = "The updated session", body = SessionView),
+        (status = 404, description = "No such session", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "The session is completed", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Invalid mode or limits", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn update_session(
+    State(state): State<AppState>,
+    ApiPath(id): ApiPath<Uuid>,
+    ApiJson(req): ApiJson<UpdateSession>,
+) -> ApiResult<Json<SessionView>> {
+    Ok(Json(state.service.update(id, req).await?.into()))
+}
+
+async fn ensure_exists(state: &AppState, id: Uuid) -> ApiResult<()> {
+    state.service.get(id).await?;
+    Ok(())
+}
+
+/// Committed iterations of a session, in order.
+#[utoipa::path(
+    get, path = "/api/autonomous/{id}/iterations", tag = "history",
+    params(("id" = Uuid, Path, description = "Session id"), AfterPage),
+    responses(
+        (status = 200, description = "A page of iterations", body = IterationPage),
+        (status = 404, description = "No such session", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn list_iterations(
+    State(state): State<AppState>,
+    ApiPath(id): ApiPath<Uuid>,
+    ApiQuery(q): ApiQuery<AfterPage>,
+) -> ApiResult<Json<IterationPage>> {
+    ensure_exists(&state, id).await?;
+    let limit = page_limit(q.limit, 100, 500)?;
+    let rows = state
+        .service
+        .store()
+        .iterations(id, q.after.unwrap_or(0), limit)
+        .await?;
+    let next_after = (rows.len() as i64 == limit)
+        .then(|| rows.last().map(|r| r.number))
+        .flatten();
+    Ok(Json(IterationPage {
+        items: rows.into_iter().map(Into::into).collect(),
+        next_after,
+    }))
+}
+
+/// Checkpoints of a session, oldest first.
+#[utoipa::path(
+    get, path = "/api/autonomous/{id}/checkpoints", tag = "history",
+    params(("id" = Uuid, Path, description = "Session id"), AfterPage),
+    responses(
+        (status = 200, description = "A page of checkpoints", body = CheckpointPage),
+        (status = 404, description = "No such session", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn list_checkpoints(
+    State(state): State<AppState>,
+    ApiPath(id): ApiPath<Uuid>,
+    ApiQuery(q): ApiQuery<AfterPage>,
+) -> ApiResult<Json<CheckpointPage>> {
+    ensure_exists(&state, id).await?;
+    let limit = page_limit(q.limit, 100, 500)?;
+    let rows = state
+        .service
+        .store()
+        .checkpoints(id, q.after.unwrap_or(0), limit)
+        .await?;
+    let next_after = (rows.len() as i64 == limit)
+        .then(|| rows.last().map(|r| r.id))
+        .flatten();
+    Ok(Json(CheckpointPage {
+        items: rows.into_iter().map(Into::into).collect(),
+        next_after,
+    }))
+}
+
+/// The session log, in sequence order (paged JSON).
+#[utoipa::path(
+    get, path = "/api/autonomous/{id}/events", tag = "history",
+    params(("id" = Uuid, Path, description = "Session id"), AfterPage),
+    responses(
+        (status = 200, description = "A page of events", body = EventPage),
+        (status = 404, description = "No such session", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn list_events(
+    State(state): State<AppState>,
+    ApiPath(id): ApiPath<Uuid>,
+    ApiQuery(q): ApiQuery<AfterPage>,
+) -> ApiResult<Json<EventPage>> {
+    ensure_exists(&state, id).await?;
+    let limit = page_limit(q.limit, 100, 500)?;
+    let rows = state
+        .service
+        .store()
+        .events(id, q.after.unwrap_or(0), limit, None)
+        .await?;
+    Ok(Json(event_page(rows, limit)))
+}
+
+fn event_page(rows: Vec<crate::store::EventRecord>, limit: i64) -> EventPage {
+    let next_after = (rows.len() as i64 == limit)
+        .then(|| rows.last().map(|r| r.seq))
+        .flatten();
+    EventPage {
+        items: rows.into_iter().map(Into::into).collect(),
+        next_after,
+    }
+}
+
+/// Why the session stopped, paused or throttled: gate evaluations with
+/// their metrics, stuck verdicts, guardrail trips and status changes.
+#[utoipa::path(
+    get, path = "/api/autonomous/{id}/decisions", tag = "history",
+    params(("id" = Uuid, Path, description = "Session id"), DecisionQuery),
+    responses(
+        (status = 200, description = "A page of decision events", body = EventPage),
+        (status = 404, description = "No such session", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn list_decisions(
+    State(state): State<AppState>,
+    ApiPath(id): ApiPath<Uuid>,
+    ApiQuery(q): ApiQuery<DecisionQuery>,
+) -> ApiResult<Json<EventPage>> {
+    ensure_exists(&state, id).await?;
+    let limit = page_limit(q.limit, 100, 500)?;
+    let rows = state
+        .service
+        .store()
+        .decisions(
+            id,
+            q.after.unwrap_or(0),
+            limit,
+            q.include_continue.unwrap_or(false),
+        )
+        .await?;
+    Ok(Json(event_page(rows, limit)))
+}

@@ -1,0 +1,313 @@
+//! The JSON documents the API answers with. Field names are the stable
+//! contract clients rely on (snake_case, see DESIGN.md "API contract").
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use utoipa::{IntoParams, ToSchema};
+use uuid::Uuid;
+
+use crate::policy::guardrails::Limits;
+use crate::policy::lifecycle::{Mode, Reason, Status};
+use crate::store::{CheckpointRecord, EventRecord, IterationRecord, SessionRecord};
+
+/// Which executor a session uses.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct ExecutorSummary {
+    /// `scripted`, `llm` or `webhook`.
+    pub kind: String,
+    /// Number of scripted steps.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub steps: Option<usize>,
+    /// Whether scripted steps repeat.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub repeat: Option<bool>,
+}
+
+/// A session's status document.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct SessionView {
+    /// Session id.
+    pub id: Uuid,
+    /// The goal.
+    pub goal: String,
+    /// `fixed` or `continuous`.
+    pub mode: Mode,
+    /// Current status.
+    pub status: Status,
+    /// Why it waits or ended (null while running).
+    pub reason: Option<Reason>,
+    /// Human summary of why it waits or ended.
+    pub summary: Option<String>,
+    /// Iterations committed.
+    pub iterations: i64,
+    /// Tokens used over the session's life.
+    pub tokens_used: i64,
+    /// Tool calls made over the session's life.
+    pub tool_calls: i64,
+    /// Current streak of failing iterations.
+    pub consecutive_errors: i32,
+    /// Running wall time over the session's life, ms.
+    pub elapsed_ms: i64,
+    /// Progress estimate, percent.
+    pub percent_complete: Option<f64>,
+    /// Estimated seconds to completion at the current velocity.
+    pub eta_seconds: Option<f64>,
+    /// Limits in force.
+    pub limits: Limits,
+    /// The executor.
+    pub executor: ExecutorSummary,
+    /// 1 at creation, +1 per resume.
+    pub run: i32,
+    /// Whether the latest stop or pause saved a checkpoint.
+    pub checkpoint_saved: bool,
+    /// Iteration covered by the latest checkpoint.
+    pub last_checkpoint_iteration: i64,
+    /// What to do next.
+    pub next_steps: Vec<String>,
+    /// A stop was requested and has not landed yet.
+    pub stop_requested: bool,
+    /// A pause was requested and has not landed yet.
+    pub pause_requested: bool,
+    /// Guidance waiting to be delivered to the next iteration.
+    pub guidance: Option<String>,
+    /// Sequence number of the latest event.
+    pub last_event_seq: i64,
+    /// Replica running the session.
+    pub owner: Option<Uuid>,
+    /// When that replica's lease ends unless renewed.
+    pub lease_expires_at: Option<DateTime<Utc>>,
+    /// Creation time.
+    pub created_at: DateTime<Utc>,
+    /// Last change.
+    pub updated_at: DateTime<Utc>,
+    /// When it ended (completed, stopped, interrupted, failed).
+    pub ended_at: Option<DateTime<Utc>>,
+}
+
+impl From<SessionRecord> for SessionView {
+    fn from(s: SessionRecord) -> SessionView {
+        let kind = s
+            .executor
+            .get("kind")
+            .and_then(|k| k.as_str())
+            .unwrap_or("unknown")
+            .to_string();
+        let executor = ExecutorSummary {
+            steps: s
+                .executor
+                .get("steps")
+                .and_then(|v| v.as_array())
+                .map(Vec::len),
+            repeat: s.executor.get("repeat").and_then(|v| v.as_bool()),
+            kind,
+        };
+        SessionView {
+            id: s.id,
+            goal: s.goal,
+            mode: s.mode,
+            status: s.status,
+            reason: s.reason,
+            summary: s.summary,
+            iterations: s.counters.iterations,
+            tokens_used: s.counters.tokens_used,
+            tool_calls: s.counters.tool_calls,
+            consecutive_errors: s.counters.consecutive_errors,
+            elapsed_ms: s.counters.elapsed_ms,
+            percent_complete: s.percent_complete,
+            eta_seconds: s.eta_seconds,
+            limits: s.limits,
+            executor,
+            run: s.run,
+            checkpoint_saved: s.checkpoint_saved,
+            last_checkpoint_iteration: s.last_checkpoint_iteration,
+            next_steps: s.next_steps,
+            stop_requested: s.stop_requested,
+            pause_requested: s.pause_requested,
+            guidance: s.guidance,
+            last_event_seq: s.last_event_seq,
+            owner: s.owner,
+            lease_expires_at: s.lease_expires_at,
+            created_at: s.created_at,
+            updated_at: s.updated_at,
+            ended_at: s.ended_at,
+        }
+    }
+}
+
+/// One page of sessions.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct SessionPage {
+    /// Sessions, newest first.
+    pub items: Vec<SessionView>,
+    /// Pass as `cursor` to get the next page; null on the last page.
+    pub next_cursor: Option<String>,
+}
+
+/// One committed iteration.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct IterationView {
+    /// Number, 1-based, gap-free.
+    pub number: i64,
+    /// Run it belongs to.
+    pub run: i32,
+    /// Action name.
+    pub action: String,
+    /// `success`, `failure` or `error`.
+    pub outcome: String,
+    /// Tokens used.
+    pub tokens: i64,
+    /// Wall time, ms.
+    pub duration_ms: i64,
+    /// The full step record (arguments, output, error, files...).
+    #[schema(value_type = Object)]
+    pub record: serde_json::Value,
+    /// What the policies concluded: rework, stuck finding, stop signal.
+    #[schema(value_type = Object)]
+    pub effects: serde_json::Value,
+    /// Start.
+    pub started_at: DateTime<Utc>,
+    /// End.
+    pub finished_at: DateTime<Utc>,
+}
+
+impl From<IterationRecord> for IterationView {
+    fn from(i: IterationRecord) -> IterationView {
+        IterationView {
+            number: i.number,
+            run: i.run,
+            action: i.action,
+            outcome: i.outcome,
+            tokens: i.tokens,
+            duration_ms: i.duration_ms,
+            record: i.record,
+            effects: i.effects,
+            started_at: i.started_at,
+            finished_at: i.finished_at,
+        }
+    }
+}
+
+/// One page of iterations.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct IterationPage {
+    /// Iterations in order.
+    pub items: Vec<IterationView>,
+    /// Pass as `after` to get the next page; null on the last page.
+    pub next_after: Option<i64>,
+}
+
+/// A saved checkpoint.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct CheckpointView {
+    /// Id, increasing.
+    pub id: i64,
+    /// Last iteration it covers.
+    pub iteration: i64,
+    /// Why it was taken (`interval`, `gate`, `user_stop`, `shutdown`...).
+    pub reason: String,
+    /// The loop state snapshot.
+    #[schema(value_type = Object)]
+    pub state: serde_json::Value,
+    /// When.
+    pub created_at: DateTime<Utc>,
+}
+
+impl From<CheckpointRecord> for CheckpointView {
+    fn from(c: CheckpointRecord) -> CheckpointView {
+        CheckpointView {
+            id: c.id,
+            iteration: c.iteration,
+            reason: c.reason,
+            state: c.state,
+            created_at: c.created_at,
+        }
+    }
+}
+
+/// One page of checkpoints.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct CheckpointPage {
+    /// Checkpoints, oldest first.
+    pub items: Vec<CheckpointView>,
+    /// Pass as `after` to get the next page; null on the last page.
+    pub next_after: Option<i64>,
+}
+
+/// An entry of the session log.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct EventView {
+    /// Per-session sequence number, gap-free.
+    pub seq: i64,
+    /// Kind: `session_created`, `gate_decision`, `iteration_completed`, `stuck_detected`,
+    /// `status_changed`, `checkpoint_saved`, `limits_changed`, `stop_requested`...
+    pub kind: String,
+    /// Payload; for decisions, the inputs and metrics.
+    #[schema(value_type = Object)]
+    pub data: serde_json::Value,
+    /// When it was appended.
+    pub created_at: DateTime<Utc>,
+}
+
+impl From<EventRecord> for EventView {
+    fn from(e: EventRecord) -> EventView {
+        EventView {
+            seq: e.seq,
+            kind: e.kind,
+            data: e.data,
+            created_at: e.created_at,
+        }
+    }
+}
+
+/// One page of events.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct EventPage {
+    /// Events in sequence order.
+    pub items: Vec<EventView>,
+    /// Pass as `after` to get the next page; null on the last page.
+    pub next_after: Option<i64>,
+}
+
+/// Paging of ordered per-session collections.
+#[derive(Debug, Clone, serde::Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct AfterPage {
+    /// Return items after this number (iteration number, checkpoint id or event seq).
+    pub after: Option<i64>,
+    /// Page size, 1 – 500 (default 100).
+    pub limit: Option<i64>,
+}
+
+/// Paging of decisions.
+#[derive(Debug, Clone, serde::Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct DecisionQuery {
+    /// Return decisions after this event seq.
+    pub after: Option<i64>,
+    /// Page size, 1 – 500 (default 100).
+    pub limit: Option<i64>,
+    /// Include gate evaluations that decided `continue` (default false).
+    pub include_continue: Option<bool>,
+}
+
+/// Filtering and paging of the session list.
+#[derive(Debug, Clone, serde::Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct ListQuery {
+    /// Only sessions in this status.
+    pub status: Option<Status>,
+    /// `next_cursor` of the previous page.
+    pub cursor: Option<String>,
+    /// Page size, 1 – 200 (default 50).
+    pub limit: Option<i64>,
+}
+
+/// Health answer.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct Health {
+    /// `ok`, or what is wrong.
+    pub status: String,
+}

@@ -1,0 +1,462 @@
+//! Hard safety limits. A session never runs past its wall clock, iteration
+//! cap, token budget or consecutive-error threshold; these are checked before
+//! every step against usage that is cumulative over the session's whole life.
+
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+use super::lifecycle::Reason;
+
+/// The limits one session runs under (all resolved, none optional but tool calls).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct Limits {
+    /// Iteration cap over the session's life.
+    pub max_iterations: u64,
+    /// Wall-clock budget in milliseconds of running time.
+    pub max_wall_time_ms: u64,
+    /// Token budget over the session's life.
+    pub max_tokens: u64,
+    /// Consecutive failing steps (`error` outcome) that stop the session.
+    pub max_consecutive_errors: u32,
+    /// Reflect every this many iterations (continuous mode).
+    pub reflection_interval: u32,
+    /// Save a checkpoint every this many iterations.
+    pub checkpoint_interval: u32,
+    /// Optional cap on tool calls over the session's life.
+    #[serde(default)]
+    pub max_tool_calls: Option<u64>,
+}
+
+/// A partial set of limits, as given in a create, resume or update request.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct LimitsPatch {
+    /// Iteration cap (1 – 1,000,000).
+    pub max_iterations: Option<u64>,
+    /// Wall-clock budget in ms (100 – 2,592,000,000, i.e. 30 days).
+    pub max_wall_time_ms: Option<u64>,
+    /// Token budget (1 – 10,000,000,000).
+    pub max_tokens: Option<u64>,
+    /// Consecutive-error threshold (1 – 1,000).
+    pub max_consecutive_errors: Option<u32>,
+    /// Reflection interval in iterations (1 – 1,000).
+    pub reflection_interval: Option<u32>,
+    /// Checkpoint interval in iterations (1 – 10,000).
+    pub checkpoint_interval: Option<u32>,
+    /// Tool-call cap (1 – 10,000,000).
+    pub max_tool_calls: Option<u64>,
+}
+
+/// A limit outside its allowed range.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{field} must be between {min} and {max}, got {value}")]
+pub struct LimitOutOfRange {
+    /// The JSON field name.
+    pub field: &'static str,
+    /// The value given.
+    pub value: u64,
+    /// Smallest allowed value.
+    pub min: u64,
+    /// Largest allowed value.
+    pub max: u64,
+}
+
+/// Allowed range of each limit: (field, min, max).
+pub const RANGES: [(&str, u64, u64); 7] = [
+    ("max_iterations", 1, 1_000_000),
+    ("max_wall_time_ms", 100, 2_592_000_000),
+    ("max_tokens", 1, 10_000_000_000),
+    ("max_consecutive_errors", 1, 1_000),
+    ("reflection_interval", 1, 1_000),
+    ("checkpoint_interval", 1, 10_000),
+    ("max_tool_calls", 1, 10_000_000),
+];
+
+fn in_range(field: &'static str, value: u64) -> Result<u64, LimitOutOfRange> {
+    let (_, min, max) = RANGES
+        .iter()
+        .copied()
+        .find(|(f, _, _)| *f == field)
+        .unwrap_or((field, 0, u64::MAX));
+    if (min..=max).contains(&value) {
+        Ok(value)
+    } else {
+        Err(LimitOutOfRange {
+            field,
+            value,
+            min,
+            max,
+        })
+    }
+}
+
+impl Limits {
+    /// Returns these limits with every field of `patch` applied, after range checks.
+    pub fn apply(&self, patch: &LimitsPatch) -> Result<Limits, LimitOutOfRange> {
+        let narrow = |v: u64| u32::try_from(v).unwrap_or(u32::MAX);
+        Ok(Limits {
+            max_iterations: match patch.max_iterations {
+                Some(v) => in_range("max_iterations", v)?,
+                None => self.max_iterations,
+            },
+            max_wall_time_ms: match patch.max_wall_time_ms {
+                Some(v) => in_range("max_wall_time_ms", v)?,
+                None => self.max_wall_time_ms,
+            },
+            max_tokens: match patch.max_tokens {
+                Some(v) => in_range("max_tokens", v)?,
+                None => self.max_tokens,
+            },
+            max_consecutive_errors: match patch.max_consecutive_errors {
+                Some(v) => narrow(in_range("max_consecutive_errors", u64::from(v))?),
+                None => self.max_consecutive_errors,
+            },
+            reflection_interval: match patch.reflection_interval {
+                Some(v) => narrow(in_range("reflection_interval", u64::from(v))?),
+                None => self.reflection_interval,
+            },
+            checkpoint_interval: match patch.checkpoint_interval {
+                Some(v) => narrow(in_range("checkpoint_interval", u64::from(v))?),
+                None => self.checkpoint_interval,
+            },
+            max_tool_calls: match patch.max_tool_calls {
+                Some(v) => Some(in_range("max_tool_calls", v)?),
+                None => self.max_tool_calls,
+            },
+        })
+    }
+
+    /// Checks every field against its allowed range.
+    pub fn validate(&self) -> Result<(), LimitOutOfRange> {
+        in_range("max_iterations", self.max_iterations)?;
+        in_range("max_wall_time_ms", self.max_wall_time_ms)?;
+        in_range("max_tokens", self.max_tokens)?;
+        in_range(
+            "max_consecutive_errors",
+            u64::from(self.max_consecutive_errors),
+        )?;
+        in_range("reflection_interval", u64::from(self.reflection_interval))?;
+        in_range("checkpoint_interval", u64::from(self.checkpoint_interval))?;
+        if let Some(v) = self.max_tool_calls {
+            in_range("max_tool_calls", v)?;
+        }
+        Ok(())
+    }
+}
+
+/// What a session has consumed so far, over its whole life.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Usage {
+    /// Iterations committed.
+    pub iterations: u64,
+    /// Running wall time in milliseconds.
+    pub elapsed_ms: u64,
+    /// Tokens used.
+    pub tokens: u64,
+    /// Current streak of `error` outcomes.
+    pub consecutive_errors: u32,
+    /// Tool calls made.
+    pub tool_calls: u64,
+}
+
+/// A guardrail that has been hit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Breach {
+    /// Wall clock used up.
+    Timeout,
+    /// Iteration cap reached.
+    MaxIterations,
+    /// Token budget used up.
+    CostLimit,
+    /// Consecutive-error threshold reached.
+    ErrorThreshold,
+}
+
+impl Breach {
+    /// The termination reason for this breach.
+    pub fn reason(self) -> Reason {
+        match self {
+            Breach::Timeout => Reason::Timeout,
+            Breach::MaxIterations => Reason::MaxIterations,
+            Breach::CostLimit => Reason::CostLimit,
+            Breach::ErrorThreshold => Reason::ErrorThreshold,
+        }
+    }
+
+    /// The limit field a user raises to get past this breach.
+    pub fn limit_field(self) -> &'static str {
+        match self {
+            Breach::Timeout => "max_wall_time_ms",
+            Breach::MaxIterations => "max_iterations",
+            Breach::CostLimit => "max_tokens",
+            Breach::ErrorThreshold => "max_consecutive_errors",
+        }
+    }
+}
+
+/// The first guardrail that forbids another step, in the order time,
+/// iterations, tokens, errors.
+pub fn check(limits: &Limits, usage: &Usage) -> Option<Breach> {
+    if usage.elapsed_ms >= limits.max_wall_time_ms {
+        Some(Breach::Timeout)
+    } else if usage.iterations >= limits.max_iterations {
+        Some(Breach::MaxIterations)
+    } else if usage.tokens >= limits.max_tokens {
+        Some(Breach::CostLimit)
+    } else if usage.consecutive_errors >= limits.max_consecutive_errors {
+        Some(Breach::ErrorThreshold)
+    } else {
+        None
+    }
+}
+
+/// The budget guardrail a resume would hit at once. The error streak is not
+/// counted: a person resuming has looked at the errors, so it starts over.
+pub fn exhausted_for_resume(limits: &Limits, usage: &Usage) -> Option<Breach> {
+    check(
+        limits,
+        &Usage {
+            consecutive_errors: 0,
+            ..*usage
+        },
+    )
+}
+
+/// Milliseconds of wall time left before the timeout guardrail.
+pub fn time_remaining_ms(limits: &Limits, usage: &Usage) -> u64 {
+    limits.max_wall_time_ms.saturating_sub(usage.elapsed_ms)
+}
+
+/// Tokens left in the budget.
+pub fn tokens_remaining(limits: &Limits, usage: &Usage) -> u64 {
+    limits.max_tokens.saturating_sub(usage.tokens)
+}
+
+/// The `max_tokens` a model call may ask for: never more than the budget has left.
+pub fn token_allowance(limits: &Limits, usage: &Usage, requested: u64) -> u64 {
+    requested.min(tokens_remaining(limits, usage))
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    /// Limits large enough that nothing trips unless a test says so.
+    pub(crate) fn roomy() -> Limits {
+        Limits {
+            max_iterations: 10,
+            max_wall_time_ms: 10_000,
+            max_tokens: 1_000,
+            max_consecutive_errors: 3,
+            reflection_interval: 10,
+            checkpoint_interval: 10,
+            max_tool_calls: None,
+        }
+    }
+
+    #[test]
+    fn nothing_trips_under_every_limit() {
+        let usage = Usage {
+            iterations: 9,
+            elapsed_ms: 9_999,
+            tokens: 999,
+            consecutive_errors: 2,
+            tool_calls: 5,
+        };
+        assert_eq!(check(&roomy(), &usage), None);
+    }
+
+    #[test]
+    fn each_guardrail_trips_at_its_limit() {
+        let l = roomy();
+        let at = |u: Usage| check(&l, &u);
+        assert_eq!(
+            at(Usage {
+                elapsed_ms: 10_000,
+                ..Default::default()
+            }),
+            Some(Breach::Timeout)
+        );
+        assert_eq!(
+            at(Usage {
+                iterations: 10,
+                ..Default::default()
+            }),
+            Some(Breach::MaxIterations)
+        );
+        assert_eq!(
+            at(Usage {
+                tokens: 1_000,
+                ..Default::default()
+            }),
+            Some(Breach::CostLimit)
+        );
+        assert_eq!(
+            at(Usage {
+                tokens: 5_000,
+                ..Default::default()
+            }),
+            Some(Breach::CostLimit)
+        );
+        assert_eq!(
+            at(Usage {
+                consecutive_errors: 3,
+                ..Default::default()
+            }),
+            Some(Breach::ErrorThreshold)
+        );
+    }
+
+    #[test]
+    fn priority_is_time_then_iterations_then_tokens_then_errors() {
+        let l = roomy();
+        let all = Usage {
+            iterations: 10,
+            elapsed_ms: 10_000,
+            tokens: 1_000,
+            consecutive_errors: 3,
+            tool_calls: 0,
+        };
+        assert_eq!(check(&l, &all), Some(Breach::Timeout));
+        let no_time = Usage {
+            elapsed_ms: 0,
+            ..all
+        };
+        assert_eq!(check(&l, &no_time), Some(Breach::MaxIterations));
+        let no_iter = Usage {
+            iterations: 0,
+            ..no_time
+        };
+        assert_eq!(check(&l, &no_iter), Some(Breach::CostLimit));
+        let no_tokens = Usage {
+            tokens: 0,
+            ..no_iter
+        };
+        assert_eq!(check(&l, &no_tokens), Some(Breach::ErrorThreshold));
+    }
+
+    #[test]
+    fn breaches_map_to_reasons_and_fields() {
+        assert_eq!(Breach::Timeout.reason(), Reason::Timeout);
+        assert_eq!(Breach::MaxIterations.reason(), Reason::MaxIterations);
+        assert_eq!(Breach::CostLimit.reason(), Reason::CostLimit);
+        assert_eq!(Breach::ErrorThreshold.reason(), Reason::ErrorThreshold);
+        assert_eq!(Breach::CostLimit.limit_field(), "max_tokens");
+        assert_eq!(Breach::Timeout.limit_field(), "max_wall_time_ms");
+    }
+
+    #[test]
+    fn resume_ignores_the_error_streak_but_not_budgets() {
+        let l = roomy();
+        let streak = Usage {
+            consecutive_errors: 3,
+            ..Default::default()
+        };
+        assert_eq!(exhausted_for_resume(&l, &streak), None);
+        let spent = Usage {
+            tokens: 1_000,
+            consecutive_errors: 3,
+            ..Default::default()
+        };
+        assert_eq!(exhausted_for_resume(&l, &spent), Some(Breach::CostLimit));
+    }
+
+    #[test]
+    fn token_allowance_never_exceeds_the_budget_left() {
+        let l = roomy();
+        let u = Usage {
+            tokens: 900,
+            ..Default::default()
+        };
+        assert_eq!(token_allowance(&l, &u, 4096), 100);
+        assert_eq!(token_allowance(&l, &u, 50), 50);
+        let over = Usage {
+            tokens: 2_000,
+            ..Default::default()
+        };
+        assert_eq!(token_allowance(&l, &over, 50), 0);
+        assert_eq!(tokens_remaining(&l, &over), 0);
+        assert_eq!(time_remaining_ms(&l, &Usage::default()), 10_000);
+    }
+
+    #[test]
+    fn apply_patches_only_given_fields() {
+        let l = roomy();
+        let patched = l
+            .apply(&LimitsPatch {
+                max_tokens: Some(5_000),
+                max_tool_calls: Some(7),
+                ..Default::default()
+            })
+            .unwrap();
+        assert_eq!(patched.max_tokens, 5_000);
+        assert_eq!(patched.max_tool_calls, Some(7));
+        assert_eq!(patched.max_iterations, l.max_iterations);
+        assert_eq!(l.apply(&LimitsPatch::default()).unwrap(), l);
+    }
+
+    #[test]
+    fn out_of_range_values_are_refused_with_the_field_name() {
+        let l = roomy();
+        let cases = [
+            LimitsPatch {
+                max_iterations: Some(0),
+                ..Default::default()
+            },
+            LimitsPatch {
+                max_iterations: Some(1_000_001),
+                ..Default::default()
+            },
+            LimitsPatch {
+                max_wall_time_ms: Some(99),
+                ..Default::default()
+            },
+            LimitsPatch {
+                max_tokens: Some(0),
+                ..Default::default()
+            },
+            LimitsPatch {
+                max_consecutive_errors: Some(0),
+                ..Default::default()
+            },
+            LimitsPatch {
+                reflection_interval: Some(1_001),
+                ..Default::default()
+            },
+            LimitsPatch {
+                checkpoint_interval: Some(0),
+                ..Default::default()
+            },
+            LimitsPatch {
+                max_tool_calls: Some(0),
+                ..Default::default()
+            },
+        ];
+        let fields = [
+            "max_iterations",
+            "max_iterations",
+            "max_wall_time_ms",
+            "max_tokens",
+            "max_consecutive_errors",
+            "reflection_interval",
+            "checkpoint_interval",
+            "max_tool_calls",
+        ];
+        for (patch, field) in cases.iter().zip(fields) {
+            let err = l.apply(patch).unwrap_err();
+            assert_eq!(err.field, field);
+            assert!(err.to_string().starts_with(field));
+        }
+    }
+
+    #[test]
+    fn validate_accepts_bounds_and_rejects_outside() {
+        let mut l = roomy();
+        l.max_iterations = 1_000_000;
+        l.max_wall_time_ms = 100;
+        assert_eq!(l.validate(), Ok(()));
+        l.max_consecutive_errors = 0;
+        assert_eq!(l.validate().unwrap_err().field, "max_consecutive_errors");
+    }
+}

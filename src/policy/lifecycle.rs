@@ -1,0 +1,444 @@
+//! The session state machine. Every status change goes through these
+//! functions, so an illegal transition is refused in exactly one place.
+
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+/// Where a session is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Status {
+    /// The goal was judged ambiguous; waiting for the user's choice.
+    AwaitingRefinement,
+    /// The loop task is (or should be) executing.
+    Running,
+    /// Waiting for a person.
+    Paused,
+    /// Goal achieved.
+    Completed,
+    /// Forced stop by a guardrail or the gate.
+    Stopped,
+    /// A user stopped it.
+    Interrupted,
+    /// An internal error Warden could not recover from.
+    Failed,
+}
+
+impl Status {
+    /// Every status, in display order.
+    pub const ALL: [Status; 7] = [
+        Status::AwaitingRefinement,
+        Status::Running,
+        Status::Paused,
+        Status::Completed,
+        Status::Stopped,
+        Status::Interrupted,
+        Status::Failed,
+    ];
+
+    /// The snake_case name stored in Postgres and shown in JSON.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::AwaitingRefinement => "awaiting_refinement",
+            Status::Running => "running",
+            Status::Paused => "paused",
+            Status::Completed => "completed",
+            Status::Stopped => "stopped",
+            Status::Interrupted => "interrupted",
+            Status::Failed => "failed",
+        }
+    }
+
+    /// Parses the stored name.
+    pub fn parse(s: &str) -> Option<Status> {
+        Status::ALL.into_iter().find(|st| st.as_str() == s)
+    }
+
+    /// Whether a session in this status may be resumed.
+    pub fn is_resumable(self) -> bool {
+        matches!(
+            self,
+            Status::Paused | Status::Stopped | Status::Interrupted | Status::Failed
+        )
+    }
+}
+
+/// The machine-readable reason attached to every waiting or ended status.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Reason {
+    /// The goal was achieved.
+    GoalAchieved,
+    /// The agent said it is blocked.
+    AgentBlocked,
+    /// The agent (or reflection) needs the user's input.
+    AskUser,
+    /// Stuck detection saw the agent repeat itself after a nudge.
+    Stuck,
+    /// Progress has been slow for several reflections.
+    SlowProgress,
+    /// Too many recent steps were rework.
+    ReworkLoop,
+    /// Reflection reported high uncertainty.
+    Uncertainty,
+    /// Reflection reported low coherence.
+    CoherenceLow,
+    /// Wall-clock limit reached.
+    Timeout,
+    /// Iteration limit reached.
+    MaxIterations,
+    /// Token budget exhausted.
+    CostLimit,
+    /// Too many consecutive errors.
+    ErrorThreshold,
+    /// Too many steps since a person last started or resumed the session.
+    StepLimit,
+    /// A budget other than tokens (tool calls) ran out.
+    BudgetExhausted,
+    /// A scripted executor ran out of steps without a stop signal.
+    ExecutorExhausted,
+    /// A user stopped the session.
+    UserStop,
+    /// A user paused the session.
+    UserPause,
+    /// Warden hit an error it could not recover from.
+    InternalError,
+}
+
+impl Reason {
+    /// Every reason.
+    pub const ALL: [Reason; 18] = [
+        Reason::GoalAchieved,
+        Reason::AgentBlocked,
+        Reason::AskUser,
+        Reason::Stuck,
+        Reason::SlowProgress,
+        Reason::ReworkLoop,
+        Reason::Uncertainty,
+        Reason::CoherenceLow,
+        Reason::Timeout,
+        Reason::MaxIterations,
+        Reason::CostLimit,
+        Reason::ErrorThreshold,
+        Reason::StepLimit,
+        Reason::BudgetExhausted,
+        Reason::ExecutorExhausted,
+        Reason::UserStop,
+        Reason::UserPause,
+        Reason::InternalError,
+    ];
+
+    /// The snake_case name stored in Postgres and shown in JSON.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reason::GoalAchieved => "goal_achieved",
+            Reason::AgentBlocked => "agent_blocked",
+            Reason::AskUser => "ask_user",
+            Reason::Stuck => "stuck",
+            Reason::SlowProgress => "slow_progress",
+            Reason::ReworkLoop => "rework_loop",
+            Reason::Uncertainty => "uncertainty",
+            Reason::CoherenceLow => "coherence_low",
+            Reason::Timeout => "timeout",
+            Reason::MaxIterations => "max_iterations",
+            Reason::CostLimit => "cost_limit",
+            Reason::ErrorThreshold => "error_threshold",
+            Reason::StepLimit => "step_limit",
+            Reason::BudgetExhausted => "budget_exhausted",
+            Reason::ExecutorExhausted => "executor_exhausted",
+            Reason::UserStop => "user_stop",
+            Reason::UserPause => "user_pause",
+            Reason::InternalError => "internal_error",
+        }
+    }
+
+    /// Parses the stored name.
+    pub fn parse(s: &str) -> Option<Reason> {
+        Reason::ALL.into_iter().find(|r| r.as_str() == s)
+    }
+
+    /// The status a session ends in (or waits in) for this reason.
+    pub fn status(self) -> Status {
+        match self {
+            Reason::GoalAchieved => Status::Completed,
+            Reason::AgentBlocked
+            | Reason::AskUser
+            | Reason::Stuck
+            | Reason::SlowProgress
+            | Reason::ReworkLoop
+            | Reason::Uncertainty
+            | Reason::UserPause => Status::Paused,
+            Reason::CoherenceLow
+            | Reason::Timeout
+            | Reason::MaxIterations
+            | Reason::CostLimit
+            | Reason::ErrorThreshold
+            | Reason::StepLimit
+            | Reason::BudgetExhausted
+            | Reason::ExecutorExhausted => Status::Stopped,
+            Reason::UserStop => Status::Interrupted,
+            Reason::InternalError => Status::Failed,
+        }
+    }
+}
+
+/// How the session loop chooses between iteration limits and reflection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Mode {
+    /// A fixed iteration limit; no reflection-driven stop.
+    Fixed,
+    /// Reflection-driven termination under all guardrails.
+    Continuous,
+}
+
+impl Mode {
+    /// The stored name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mode::Fixed => "fixed",
+            Mode::Continuous => "continuous",
+        }
+    }
+
+    /// Parses the stored name.
+    pub fn parse(s: &str) -> Option<Mode> {
+        match s {
+            "fixed" => Some(Mode::Fixed),
+            "continuous" => Some(Mode::Continuous),
+            _ => None,
+        }
+    }
+}
+
+/// A transition that the state machine refuses.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("cannot {action} a session that is {}: {hint}", from.as_str())]
+pub struct IllegalTransition {
+    /// What was asked.
+    pub action: &'static str,
+    /// The status the session was in.
+    pub from: Status,
+    /// What the caller can do instead.
+    pub hint: &'static str,
+}
+
+/// What a stop request does to a session in a given status.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StopPlan {
+    /// The loop is running: signal it and let it record `interrupted`.
+    SignalRunner,
+    /// Nothing runs: record `interrupted / user_stop` directly.
+    InterruptNow,
+    /// Already interrupted: answer with the current state (stop is idempotent).
+    AlreadyStopped,
+}
+
+/// Decides what a user's stop does.
+pub fn plan_stop(from: Status) -> Result<StopPlan, IllegalTransition> {
+    match from {
+        Status::Running => Ok(StopPlan::SignalRunner),
+        Status::Paused | Status::AwaitingRefinement => Ok(StopPlan::InterruptNow),
+        Status::Interrupted => Ok(StopPlan::AlreadyStopped),
+        Status::Completed | Status::Stopped | Status::Failed => Err(IllegalTransition {
+            action: "stop",
+            from,
+            hint: "it has already ended; resume it first if it should run again",
+        }),
+    }
+}
+
+/// What a user's pause does to a session in a given status.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PausePlan {
+    /// Let the step in flight finish, then pause.
+    SignalRunner,
+    /// Already paused: answer with the current state.
+    AlreadyPaused,
+}
+
+/// Decides what a user's pause does.
+pub fn plan_pause(from: Status) -> Result<PausePlan, IllegalTransition> {
+    match from {
+        Status::Running => Ok(PausePlan::SignalRunner),
+        Status::Paused => Ok(PausePlan::AlreadyPaused),
+        Status::AwaitingRefinement => Err(IllegalTransition {
+            action: "pause",
+            from,
+            hint: "it is not running yet; answer its refinement first",
+        }),
+        Status::Completed | Status::Stopped | Status::Interrupted | Status::Failed => {
+            Err(IllegalTransition {
+                action: "pause",
+                from,
+                hint: "it is not running; resume it first",
+            })
+        }
+    }
+}
+
+/// Checks that a session in this status may be resumed.
+pub fn check_resume(from: Status) -> Result<(), IllegalTransition> {
+    match from {
+        s if s.is_resumable() => Ok(()),
+        Status::Running => Err(IllegalTransition {
+            action: "resume",
+            from,
+            hint: "it is already running",
+        }),
+        Status::Completed => Err(IllegalTransition {
+            action: "resume",
+            from,
+            hint: "its goal was achieved; create a new session for new work",
+        }),
+        _ => Err(IllegalTransition {
+            action: "resume",
+            from,
+            hint: "answer its refinement with POST /api/autonomous/{id}/refinement",
+        }),
+    }
+}
+
+/// Checks that the loop may end a session in `from` with `reason`.
+pub fn check_finish(from: Status, reason: Reason) -> Result<Status, IllegalTransition> {
+    if from == Status::Running {
+        Ok(reason.status())
+    } else {
+        Err(IllegalTransition {
+            action: "finish",
+            from,
+            hint: "only a running session can end",
+        })
+    }
+}
+
+/// Checks that mode or limits may be changed on a session in this status.
+pub fn check_update(from: Status) -> Result<(), IllegalTransition> {
+    if from == Status::Completed {
+        Err(IllegalTransition {
+            action: "update",
+            from,
+            hint: "its goal was achieved; create a new session instead",
+        })
+    } else {
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip() {
+        for s in Status::ALL {
+            assert_eq!(Status::parse(s.as_str()), Some(s));
+            assert_eq!(serde_json::to_value(s).unwrap(), s.as_str());
+        }
+        for r in Reason::ALL {
+            assert_eq!(Reason::parse(r.as_str()), Some(r));
+            assert_eq!(serde_json::to_value(r).unwrap(), r.as_str());
+        }
+        for m in [Mode::Fixed, Mode::Continuous] {
+            assert_eq!(Mode::parse(m.as_str()), Some(m));
+        }
+        assert_eq!(Status::parse("bogus"), None);
+        assert_eq!(Reason::parse("bogus"), None);
+        assert_eq!(Mode::parse("bogus"), None);
+    }
+
+    #[test]
+    fn each_reason_maps_to_the_documented_status() {
+        use Reason::*;
+        let expect = |r: Reason, s: Status| assert_eq!(r.status(), s, "{r:?}");
+        expect(GoalAchieved, Status::Completed);
+        for r in [
+            AgentBlocked,
+            AskUser,
+            Stuck,
+            SlowProgress,
+            ReworkLoop,
+            Uncertainty,
+            UserPause,
+        ] {
+            expect(r, Status::Paused);
+        }
+        for r in [
+            CoherenceLow,
+            Timeout,
+            MaxIterations,
+            CostLimit,
+            ErrorThreshold,
+            StepLimit,
+            BudgetExhausted,
+            ExecutorExhausted,
+        ] {
+            expect(r, Status::Stopped);
+        }
+        expect(UserStop, Status::Interrupted);
+        expect(InternalError, Status::Failed);
+    }
+
+    #[test]
+    fn stop_plans() {
+        assert_eq!(plan_stop(Status::Running), Ok(StopPlan::SignalRunner));
+        assert_eq!(plan_stop(Status::Paused), Ok(StopPlan::InterruptNow));
+        assert_eq!(
+            plan_stop(Status::AwaitingRefinement),
+            Ok(StopPlan::InterruptNow)
+        );
+        assert_eq!(plan_stop(Status::Interrupted), Ok(StopPlan::AlreadyStopped));
+        for s in [Status::Completed, Status::Stopped, Status::Failed] {
+            let err = plan_stop(s).unwrap_err();
+            assert_eq!(err.from, s);
+            assert!(err.to_string().contains(s.as_str()));
+        }
+    }
+
+    #[test]
+    fn pause_plans() {
+        assert_eq!(plan_pause(Status::Running), Ok(PausePlan::SignalRunner));
+        assert_eq!(plan_pause(Status::Paused), Ok(PausePlan::AlreadyPaused));
+        for s in [
+            Status::AwaitingRefinement,
+            Status::Completed,
+            Status::Stopped,
+            Status::Interrupted,
+            Status::Failed,
+        ] {
+            assert!(plan_pause(s).is_err(), "{s:?}");
+        }
+    }
+
+    #[test]
+    fn resume_is_allowed_exactly_from_resumable_statuses() {
+        for s in Status::ALL {
+            assert_eq!(check_resume(s).is_ok(), s.is_resumable(), "{s:?}");
+        }
+        assert!(
+            check_resume(Status::Completed)
+                .unwrap_err()
+                .to_string()
+                .contains("completed")
+        );
+    }
+
+    #[test]
+    fn only_running_sessions_finish() {
+        for s in Status::ALL {
+            let result = check_finish(s, Reason::MaxIterations);
+            if s == Status::Running {
+                assert_eq!(result, Ok(Status::Stopped));
+            } else {
+                assert!(result.is_err());
+            }
+        }
+    }
+
+    #[test]
+    fn updates_are_refused_only_when_completed() {
+        for s in Status::ALL {
+            assert_eq!(check_update(s).is_err(), s == Status::Completed);
+        }
+    }
+}

@@ -1,0 +1,11 @@
+//! Pure policy: every decision Warden takes about a session, as functions of
+//! their inputs. Nothing here performs I/O or reads a clock, so each rule can
+//! be tested exhaustively and replayed from stored data.
+
+pub mod gate;
+pub mod guardrails;
+pub mod history;
+pub mod lifecycle;
+pub mod sentinel;
+pub mod stuck;
+pub mod termination;

@@ -1,0 +1,274 @@
+//! The termination record: for every way a session stops or waits, the
+//! status, a human summary and concrete next steps, so an operator never has
+//! to read logs to learn why a session ended and what to do about it.
+
+use serde::{Deserialize, Serialize};
+
+use super::guardrails::{Limits, Usage};
+use super::lifecycle::{Reason, Status};
+
+/// Facts about the session at the moment it stops.
+#[derive(Debug, Clone, Copy)]
+pub struct Facts<'a> {
+    /// Consumption so far.
+    pub usage: &'a Usage,
+    /// Limits in force.
+    pub limits: &'a Limits,
+    /// Extra detail from the deciding policy (sentinel reason, stuck pattern...).
+    pub detail: Option<&'a str>,
+}
+
+/// What the session status shows once the loop stops.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Termination {
+    /// The status the session moves to.
+    pub status: Status,
+    /// Machine-readable reason.
+    pub reason: Reason,
+    /// One or two sentences for a person.
+    pub summary: String,
+    /// What the person can do next.
+    pub next_steps: Vec<String>,
+}
+
+fn with_detail(base: String, detail: Option<&str>) -> String {
+    match detail.map(str::trim).filter(|d| !d.is_empty()) {
+        Some(d) => format!("{base}: {d}"),
+        None => base,
+    }
+}
+
+/// Builds the termination record for `reason`.
+pub fn record(reason: Reason, facts: Facts<'_>) -> Termination {
+    let u = facts.usage;
+    let l = facts.limits;
+    let ran = format!(
+        "after {} iteration{}, {} tokens, {:.1} s",
+        u.iterations,
+        if u.iterations == 1 { "" } else { "s" },
+        u.tokens,
+        u.elapsed_ms as f64 / 1000.0
+    );
+    let resume = "Resume with POST /api/autonomous/{id}/resume".to_string();
+    let (summary, next_steps): (String, Vec<String>) = match reason {
+        Reason::GoalAchieved => (
+            with_detail(format!("Goal achieved {ran}"), facts.detail),
+            vec!["Review the deliverables in the session workspace".into()],
+        ),
+        Reason::AgentBlocked => (
+            with_detail(
+                format!("The agent reported it is blocked {ran}"),
+                facts.detail,
+            ),
+            vec![
+                "Remove the blocker the agent named".into(),
+                format!("{resume} with guidance"),
+            ],
+        ),
+        Reason::AskUser => (
+            with_detail(format!("The agent needs your input {ran}"), facts.detail),
+            vec![format!("{resume} with your answer as guidance")],
+        ),
+        Reason::Stuck => (
+            with_detail(
+                format!("Paused: the agent kept repeating itself after a nudge {ran}"),
+                facts.detail,
+            ),
+            vec![
+                "Inspect GET /api/autonomous/{id}/decisions and the last iterations".into(),
+                format!("{resume} with guidance on another approach"),
+            ],
+        ),
+        Reason::SlowProgress => (
+            with_detail(
+                format!("Paused: progress has been slow {ran}"),
+                facts.detail,
+            ),
+            vec![format!("{resume} with a narrower goal or guidance")],
+        ),
+        Reason::ReworkLoop => (
+            with_detail(
+                format!("Paused: too many recent steps redid earlier work {ran}"),
+                facts.detail,
+            ),
+            vec![
+                "Inspect GET /api/autonomous/{id}/decisions for the rework ratio".into(),
+                format!("{resume} with guidance"),
+            ],
+        ),
+        Reason::Uncertainty => (
+            with_detail(
+                format!("Paused: the agent is too uncertain to go on {ran}"),
+                facts.detail,
+            ),
+            vec![format!("{resume} with clarifying guidance")],
+        ),
+        Reason::CoherenceLow => (
+            with_detail(
+                format!("Stopped: the agent's work lost coherence with the goal {ran}"),
+                facts.detail,
+            ),
+            vec![format!("{resume} with guidance that restates the goal")],
+        ),
+        Reason::Timeout => (
+            format!(
+                "Stopped: wall-clock limit of {} ms reached {ran}",
+                l.max_wall_time_ms
+            ),
+            vec![format!("{resume} with a higher limits.max_wall_time_ms")],
+        ),
+        Reason::MaxIterations => (
+            format!(
+                "Stopped: iteration limit of {} reached {ran}",
+                l.max_iterations
+            ),
+            vec![format!("{resume} with a higher limits.max_iterations")],
+        ),
+        Reason::CostLimit => (
+            format!("Stopped: token budget of {} used up {ran}", l.max_tokens),
+            vec![format!("{resume} with a higher limits.max_tokens")],
+        ),
+        Reason::ErrorThreshold => (
+            with_detail(
+                format!("Stopped: {} consecutive errors {ran}", u.consecutive_errors),
+                facts.detail,
+            ),
+            vec![
+                "Inspect the failing iterations with GET /api/autonomous/{id}/iterations".into(),
+                format!("{resume} once the cause is fixed"),
+            ],
+        ),
+        Reason::StepLimit => (
+            format!("Stopped: many steps ran without a person looking {ran}"),
+            vec![
+                "Review the progress so far".into(),
+                format!("{resume} to allow another stretch of steps"),
+            ],
+        ),
+        Reason::BudgetExhausted => (
+            with_detail(format!("Stopped: a budget ran out {ran}"), facts.detail),
+            vec![format!("{resume} with a higher limit")],
+        ),
+        Reason::ExecutorExhausted => (
+            format!("Stopped: the scripted steps ran out without a stop signal {ran}"),
+            vec!["Create a new session with more steps or a DONE sentinel".into()],
+        ),
+        Reason::UserStop => (
+            format!("Interrupted by a user {ran}"),
+            vec![format!("{resume} to continue from the last checkpoint")],
+        ),
+        Reason::UserPause => (
+            format!("Paused by a user {ran}"),
+            vec![format!("{resume}, optionally with guidance")],
+        ),
+        Reason::InternalError => (
+            with_detail(format!("Failed on an internal error {ran}"), facts.detail),
+            vec![format!("{resume} to retry from the last checkpoint")],
+        ),
+    };
+    Termination {
+        status: reason.status(),
+        reason,
+        summary,
+        next_steps,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::guardrails::tests::roomy;
+
+    fn usage() -> Usage {
+        Usage {
+            iterations: 3,
+            elapsed_ms: 1500,
+            tokens: 360,
+            consecutive_errors: 2,
+            tool_calls: 0,
+        }
+    }
+
+    #[test]
+    fn every_reason_has_a_summary_next_steps_and_its_status() {
+        let l = roomy();
+        let u = usage();
+        for reason in Reason::ALL {
+            let t = record(
+                reason,
+                Facts {
+                    usage: &u,
+                    limits: &l,
+                    detail: None,
+                },
+            );
+            assert_eq!(t.reason, reason);
+            assert_eq!(t.status, reason.status());
+            assert!(
+                t.summary.contains("3 iterations"),
+                "{reason:?}: {}",
+                t.summary
+            );
+            assert!(t.summary.contains("360 tokens"), "{reason:?}");
+            assert!(!t.next_steps.is_empty(), "{reason:?}");
+        }
+    }
+
+    #[test]
+    fn guardrail_summaries_name_the_limit() {
+        let l = roomy();
+        let u = usage();
+        let f = Facts {
+            usage: &u,
+            limits: &l,
+            detail: None,
+        };
+        assert!(record(Reason::MaxIterations, f).summary.contains("10"));
+        assert!(record(Reason::CostLimit, f).summary.contains("1000"));
+        assert!(record(Reason::Timeout, f).summary.contains("10000 ms"));
+        assert!(record(Reason::CostLimit, f).next_steps[0].contains("max_tokens"));
+    }
+
+    #[test]
+    fn detail_is_appended_when_given() {
+        let l = roomy();
+        let u = usage();
+        let t = record(
+            Reason::AgentBlocked,
+            Facts {
+                usage: &u,
+                limits: &l,
+                detail: Some("need an API key"),
+            },
+        );
+        assert!(t.summary.ends_with(": need an API key"));
+        let blank = record(
+            Reason::AgentBlocked,
+            Facts {
+                usage: &u,
+                limits: &l,
+                detail: Some("  "),
+            },
+        );
+        assert!(!blank.summary.ends_with(':'));
+    }
+
+    #[test]
+    fn singular_iteration() {
+        let l = roomy();
+        let u = Usage {
+            iterations: 1,
+            ..usage()
+        };
+        let t = record(
+            Reason::UserStop,
+            Facts {
+                usage: &u,
+                limits: &l,
+                detail: None,
+            },
+        );
+        assert!(t.summary.contains("1 iteration,"));
+        assert_eq!(t.status, Status::Interrupted);
+    }
+}

@@ -1,0 +1,473 @@
+//! The operations on sessions that the HTTP layer exposes: each validates
+//! its input, applies the state machine under a row lock, persists, and then
+//! talks to the loop.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+use utoipa::ToSchema;
+use uuid::Uuid;
+
+use super::state::{LoopState, StepEffects};
+use super::supervisor::{Done, Supervisor};
+use crate::config::Config;
+use crate::executor::ExecutorSpec;
+use crate::policy::guardrails::{self, Breach, LimitOutOfRange, LimitsPatch};
+use crate::policy::history::StepRecord;
+use crate::policy::lifecycle::{
+    self, IllegalTransition, Mode, PausePlan, Reason, Status, StopPlan,
+};
+use crate::policy::termination::{self, Facts};
+use crate::store::{
+    self, NewEvent, NewSession, SessionCursor, SessionRecord, SessionSettings, Store, StoreError,
+};
+
+/// Longest goal accepted, in bytes.
+pub const MAX_GOAL_BYTES: usize = 10_000;
+/// Longest guidance accepted, in bytes.
+pub const MAX_GUIDANCE_BYTES: usize = 10_000;
+
+/// Why a session operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ServiceError {
+    /// No session has that id.
+    #[error("no session with id {0}")]
+    NotFound(Uuid),
+    /// The state machine refuses the operation.
+    #[error(transparent)]
+    Conflict(#[from] IllegalTransition),
+    /// A resume would stop again at once on an exhausted budget.
+    #[error("cannot resume: {field} is exhausted ({used} used of {limit}); raise it in \"limits\"")]
+    LimitExhausted {
+        /// The guardrail that would trip.
+        breach: Breach,
+        /// The limit field to raise.
+        field: &'static str,
+        /// Amount used.
+        used: u64,
+        /// Current limit.
+        limit: u64,
+    },
+    /// The request is well-formed JSON but its content is not acceptable.
+    #[error("{0}")]
+    Invalid(String),
+    /// Storage failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The service is shutting down or could not start the loop.
+    #[error("{0}")]
+    Unavailable(String),
+}
+
+impl From<LimitOutOfRange> for ServiceError {
+    fn from(err: LimitOutOfRange) -> Self {
+        ServiceError::Invalid(format!("limits.{err}"))
+    }
+}
+
+/// Shorthand for service results.
+pub type Result<T, E = ServiceError> = std::result::Result<T, E>;
+
+/// Request to create a session.
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateSession {
+    /// What the session should achieve.
+    #[schema(example = "Create README.md with a project description")]
+    pub goal: String,
+    /// `fixed` or `continuous`; default from `AUTONOMOUS_MODE`.
+    #[serde(default)]
+    pub mode: Option<Mode>,
+    /// Per-session overrides of the default limits.
+    #[serde(default)]
+    pub limits: LimitsPatch,
+    /// How iterations are performed.
+    pub executor: ExecutorSpec,
+}
+
+/// Request to resume a session.
+#[derive(Debug, Clone, Default, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ResumeSession {
+    /// Guidance delivered to the next iteration.
+    #[serde(default)]
+    pub guidance: Option<String>,
+    /// Limits to raise (or lower) on resume; recorded as an event.
+    #[serde(default)]
+    pub limits: LimitsPatch,
+}
+
+/// Request to change a session's mode or limits.
+#[derive(Debug, Clone, Default, Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct UpdateSession {
+    /// New mode.
+    #[serde(default)]
+    pub mode: Option<Mode>,
+    /// Limits to change.
+    #[serde(default)]
+    pub limits: LimitsPatch,
+}
+
+/// The operations on sessions.
+#[derive(Clone)]
+pub struct SessionService {
+    store: Store,
+    config: Arc<Config>,
+    supervisor: Supervisor,
+}
+
+/// Loads a session and rebuilds its loop state from its latest checkpoint
+/// plus the iterations committed after it.
+pub async fn load_for_run(store: &Store, id: Uuid) -> Result<(SessionRecord, LoopState)> {
+    let session = store.session(id).await?.ok_or(ServiceError::NotFound(id))?;
+    let (checkpoint, iterations) = store.rebuild_inputs(id).await?;
+    let corrupt = |detail: String| StoreError::Corrupt { id, detail };
+    let mut state = match checkpoint {
+        Some(c) => serde_json::from_value::<LoopState>(c.state)
+            .map_err(|e| corrupt(format!("checkpoint {}: {e}", c.id)))?,
+        None => LoopState::new(),
+    };
+    for it in iterations {
+        let record: StepRecord = serde_json::from_value(it.record)
+            .map_err(|e| corrupt(format!("iteration {}: {e}", it.number)))?;
+        let effects: StepEffects = serde_json::from_value(it.effects)
+            .map_err(|e| corrupt(format!("iteration {} effects: {e}", it.number)))?;
+        state.apply(it.run, &record, &effects);
+    }
+    // A newer run than the state knows means a person resumed after the
+    // last stored step: the per-run counters start over.
+    if session.run > state.run {
+        state.begin_run(session.run);
+    }
+    Ok((session, state))
+}
+
+async fn wait_done(done: Option<Done>, timeout: Duration) {
+    if let Some(mut done) = done {
+        let _ = tokio::time::timeout(timeout, done.wait_for(|d| *d)).await;
+    }
+}
+
+impl SessionService {
+    /// The service over `store`, running loops under `supervisor`.
+    pub fn new(store: Store, config: Arc<Config>, supervisor: Supervisor) -> SessionService {
+        SessionService {
+            store,
+            config,
+            supervisor,
+        }
+    }
+
+    /// The storage handle (read-only endpoints use it directly).
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    /// Creates a session and starts its loop.
+    #[tracing::instrument(skip_all)]
+    pub async fn create(&self, req: CreateSession) -> Result<SessionRecord> {
+        let goal = req.goal.trim();
+        if goal.is_empty() {
+            return Err(ServiceError::Invalid("goal must not be empty".into()));
+        }
+        if goal.len() > MAX_GOAL_BYTES {
+            return Err(ServiceError::Invalid(format!(
+                "goal must be at most {MAX_GOAL_BYTES} bytes, got {}",
+                goal.len()
+            )));
+        }
+        req.executor.validate().map_err(ServiceError::Invalid)?;
+        let mode = req.mode.unwrap_or(self.config.defaults.mode);
+        let limits = self.config.defaults.limits_for(mode).apply(&req.limits)?;
+        let executor = serde_json::to_value(&req.executor)
+            .map_err(|e| ServiceError::Invalid(format!("executor: {e}")))?;
+        let new = NewSession {
+            id: Uuid::new_v4(),
+            goal: goal.to_string(),
+            mode,
+            limits,
+            executor,
+        };
+        let events = [
+            NewEvent::new(
+                "session_created",
+                json!({ "goal": new.goal, "mode": mode, "limits": limits, "executor": req.executor.kind() }),
+            ),
+            NewEvent::new(
+                "status_changed",
+                json!({ "from": null, "to": Status::Running }),
+            ),
+        ];
+        let acquired = Instant::now();
+        let (record, lease) = self
+            .store
+            .insert_running(
+                &new,
+                self.supervisor.replica_id(),
+                self.config.lease.ttl,
+                &events,
+            )
+            .await?;
+        tracing::info!(session_id = %record.id, "session created");
+        self.supervisor
+            .spawn(lease, acquired, &record, LoopState::new())
+            .map_err(ServiceError::Unavailable)?;
+        Ok(record)
+    }
+
+    /// One session.
+    pub async fn get(&self, id: Uuid) -> Result<SessionRecord> {
+        self.store
+            .session(id)
+            .await?
+            .ok_or(ServiceError::NotFound(id))
+    }
+
+    /// A page of sessions, newest first.
+    pub async fn list(
+        &self,
+        status: Option<Status>,
+        after: Option<SessionCursor>,
+        limit: i64,
+    ) -> Result<Vec<SessionRecord>> {
+        Ok(self.store.list_sessions(status, after, limit).await?)
+    }
+
+    /// Stops a session: persisted first, then signalled; waits for the loop to land.
+    #[tracing::instrument(skip(self))]
+    pub async fn stop(&self, id: Uuid) -> Result<SessionRecord> {
+        let mut tx = self.store.begin().await?;
+        let session = store::lock_session(&mut tx, id)
+            .await?
+            .ok_or(ServiceError::NotFound(id))?;
+        match lifecycle::plan_stop(session.status)? {
+            StopPlan::AlreadyStopped => {
+                tx.commit().await.map_err(StoreError::from)?;
+            }
+            StopPlan::InterruptNow => {
+                let (_, state) = load_for_run(&self.store, id).await?;
+                self.end_unowned(&mut tx, &session, &state, Reason::UserStop)
+                    .await?;
+                tx.commit().await.map_err(StoreError::from)?;
+            }
+            StopPlan::SignalRunner => {
+                store::request_stop(&mut tx, id).await?;
+                tx.commit().await.map_err(StoreError::from)?;
+                match self.supervisor.signal_stop(id) {
+                    Some(done) => wait_done(Some(done), self.config.control_wait).await,
+                    None => self.stop_elsewhere(id).await?,
+                }
+            }
+        }
+        self.get(id).await
+    }
+
+    /// A stop for a session this replica does not run: tell its owner, and
+    /// if it has no live owner, record the stop here.
+    async fn stop_elsewhere(&self, id: Uuid) -> Result<()> {
+        self.store.notify_control("stop", id).await?;
+        let deadline = Instant::now() + self.config.control_wait;
+        loop {
+            let session = self.get(id).await?;
+            if session.status != Status::Running {
+                return Ok(());
+            }
+            if self.store.lease_lapsed(id).await? {
+                let mut tx = self.store.begin().await?;
+                let locked = store::lock_session(&mut tx, id).await?;
+                if let Some(locked) = locked
+                    && locked.status == Status::Running
+                    && self.store.lease_lapsed(id).await?
+                {
+                    let (_, state) = load_for_run(&self.store, id).await?;
+                    self.end_unowned(&mut tx, &locked, &state, Reason::UserStop)
+                        .await?;
+                }
+                tx.commit().await.map_err(StoreError::from)?;
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                return Ok(());
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    async fn end_unowned(
+        &self,
+        conn: &mut sqlx::PgConnection,
+        session: &SessionRecord,
+        state: &LoopState,
+        reason: Reason,
+    ) -> Result<()> {
+        let usage = state.usage;
+        let termination = termination::record(
+            reason,
+            Facts {
+                usage: &usage,
+                limits: &session.limits,
+                detail: None,
+            },
+        );
+        let mut snapshot = state.clone();
+        snapshot.last_checkpoint_step = usage.iterations;
+        let snapshot = serde_json::to_value(&snapshot)
+            .map_err(|e| ServiceError::Unavailable(format!("cannot snapshot state: {e}")))?;
+        let event = NewEvent::new(
+            "status_changed",
+            json!({
+                "from": session.status,
+                "to": termination.status,
+                "reason": termination.reason,
+                "summary": termination.summary,
+                "next_steps": termination.next_steps,
+                "iterations": usage.iterations,
+                "tokens_used": usage.tokens,
+                "checkpoint_saved": true,
+            }),
+        );
+        store::end_unowned(
+            conn,
+            session.id,
+            &termination,
+            Some((usage.iterations as i64, snapshot)),
+            &[event],
+        )
+        .await?;
+        Ok(())
+    }
+
+    /// Pauses a session after its step in flight.
+    #[tracing::instrument(skip(self))]
+    pub async fn pause(&self, id: Uuid) -> Result<SessionRecord> {
+        let mut tx = self.store.begin().await?;
+        let session = store::lock_session(&mut tx, id)
+            .await?
+            .ok_or(ServiceError::NotFound(id))?;
+        match lifecycle::plan_pause(session.status)? {
+            PausePlan::AlreadyPaused => {
+                tx.commit().await.map_err(StoreError::from)?;
+            }
+            PausePlan::SignalRunner => {
+                store::request_pause(&mut tx, id).await?;
+                tx.commit().await.map_err(StoreError::from)?;
+                match self.supervisor.signal_pause(id) {
+                    Some(done) => wait_done(Some(done), self.config.control_wait).await,
+                    None => self.store.notify_control("pause", id).await?,
+                }
+            }
+        }
+        self.get(id).await
+    }
+
+    /// Resumes a paused, stopped, interrupted or failed session.
+    #[tracing::instrument(skip(self, req))]
+    pub async fn resume(&self, id: Uuid, req: ResumeSession) -> Result<SessionRecord> {
+        let guidance = req
+            .guidance
+            .as_deref()
+            .map(str::trim)
+            .filter(|g| !g.is_empty());
+        if let Some(g) = guidance
+            && g.len() > MAX_GUIDANCE_BYTES
+        {
+            return Err(ServiceError::Invalid(format!(
+                "guidance must be at most {MAX_GUIDANCE_BYTES} bytes, got {}",
+                g.len()
+            )));
+        }
+        let mut tx = self.store.begin().await?;
+        let session = store::lock_session(&mut tx, id)
+            .await?
+            .ok_or(ServiceError::NotFound(id))?;
+        lifecycle::check_resume(session.status)?;
+        let limits = session.limits.apply(&req.limits)?;
+        let usage = session.counters.usage();
+        if let Some(breach) = guardrails::exhausted_for_resume(&limits, &usage) {
+            let (used, limit) = match breach {
+                Breach::Timeout => (usage.elapsed_ms, limits.max_wall_time_ms),
+                Breach::MaxIterations => (usage.iterations, limits.max_iterations),
+                Breach::CostLimit => (usage.tokens, limits.max_tokens),
+                Breach::ErrorThreshold => (
+                    u64::from(usage.consecutive_errors),
+                    u64::from(limits.max_consecutive_errors),
+                ),
+            };
+            return Err(ServiceError::LimitExhausted {
+                breach,
+                field: breach.limit_field(),
+                used,
+                limit,
+            });
+        }
+        let mut events = Vec::new();
+        if limits != session.limits {
+            events.push(NewEvent::new(
+                "limits_changed",
+                json!({ "from": session.limits, "to": limits, "by": "resume" }),
+            ));
+        }
+        events.push(NewEvent::new(
+            "resumed",
+            json!({ "run": session.run + 1, "guidance": guidance,
+                    "from_status": session.status, "from_reason": session.reason }),
+        ));
+        events.push(NewEvent::new(
+            "status_changed",
+            json!({ "from": session.status, "to": Status::Running }),
+        ));
+        let acquired = Instant::now();
+        let lease = store::resume_session(
+            &mut tx,
+            id,
+            limits,
+            guidance,
+            self.supervisor.replica_id(),
+            self.config.lease.ttl,
+            &events,
+        )
+        .await?;
+        tx.commit().await.map_err(StoreError::from)?;
+        let (session, state) = load_for_run(&self.store, id).await?;
+        self.supervisor
+            .spawn(lease, acquired, &session, state)
+            .map_err(ServiceError::Unavailable)?;
+        Ok(session)
+    }
+
+    /// Changes the mode or limits of a session; a running loop applies them
+    /// from its next iteration.
+    #[tracing::instrument(skip(self, req))]
+    pub async fn update(&self, id: Uuid, req: UpdateSession) -> Result<SessionRecord> {
+        let mut tx = self.store.begin().await?;
+        let session = store::lock_session(&mut tx, id)
+            .await?
+            .ok_or(ServiceError::NotFound(id))?;
+        lifecycle::check_update(session.status)?;
+        let settings = SessionSettings {
+            mode: req.mode.unwrap_or(session.mode),
+            limits: session.limits.apply(&req.limits)?,
+        };
+        let mut events = Vec::new();
+        if settings.mode != session.mode {
+            events.push(NewEvent::new(
+                "mode_changed",
+                json!({ "from": session.mode, "to": settings.mode }),
+            ));
+        }
+        if settings.limits != session.limits {
+            events.push(NewEvent::new(
+                "limits_changed",
+                json!({ "from": session.limits, "to": settings.limits, "by": "update" }),
+            ));
+        }
+        if !events.is_empty() {
+            store::update_settings(&mut tx, id, settings, &events).await?;
+        }
+        tx.commit().await.map_err(StoreError::from)?;
+        self.get(id).await
+    }
+}

@@ -1,0 +1,369 @@
+//! The loop's memory between iterations. It is a pure fold over committed
+//! steps: a checkpoint is a snapshot of it, and applying the iterations
+//! committed after that checkpoint rebuilds it exactly.
+
+use serde::{Deserialize, Serialize};
+
+use crate::policy::gate::{Budget, GateInputs};
+use crate::policy::guardrails::{self, Limits, Usage};
+use crate::policy::history::{self, Outcome, Rework, StepRecord};
+use crate::policy::lifecycle::Reason;
+use crate::policy::sentinel::{self, Sentinel, SignalKind};
+use crate::policy::stuck::{self, StuckConfig, StuckPattern, StuckVerdict};
+
+/// How many recent steps the policies look at.
+pub const HISTORY_WINDOW: usize = 20;
+
+/// An end the loop has decided on but not yet recorded.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PendingEnd {
+    /// Why.
+    pub reason: Reason,
+    /// Detail for the summary.
+    pub detail: Option<String>,
+}
+
+/// A stuck pattern and what was done about it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StuckFinding {
+    /// The pattern seen.
+    pub pattern: StuckPattern,
+    /// Nudge or pause.
+    pub verdict: StuckVerdict,
+}
+
+/// What the policies concluded from one step; stored with the iteration.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StepEffects {
+    /// Whether (and why) the step was rework.
+    pub rework: Option<Rework>,
+    /// Stuck detection's finding.
+    pub stuck: Option<StuckFinding>,
+    /// A stop sentinel in the agent's message.
+    pub signal: Option<Sentinel>,
+    /// Cumulative running time after the step, ms.
+    pub elapsed_ms: u64,
+    /// Progress estimate after the step, percent.
+    pub percent_complete: Option<f64>,
+}
+
+/// Everything the loop needs to continue a session.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct LoopState {
+    /// Cumulative consumption.
+    pub usage: Usage,
+    /// Run the state belongs to (1 at creation, +1 per resume).
+    pub run: i32,
+    /// Steps executed since the session last started or resumed.
+    pub steps_since_start: u64,
+    /// Iteration covered by the latest checkpoint.
+    pub last_checkpoint_step: u64,
+    /// Recent steps, oldest first (at most `HISTORY_WINDOW`).
+    pub history: Vec<StepRecord>,
+    /// Rework flags of the recent steps, aligned with `history`.
+    pub rework: Vec<bool>,
+    /// Nudges given since the last start or resume.
+    pub nudges_given: u32,
+    /// Nudge to deliver with the next step.
+    pub pending_nudge: Option<String>,
+    /// Total time spent in waiting steps, ms.
+    pub total_wait_ms: u64,
+    /// An end decided by the last step (sentinel, stuck), not yet recorded.
+    pub pending_end: Option<PendingEnd>,
+    /// Latest progress estimate, percent.
+    pub percent_complete: Option<f64>,
+}
+
+/// Decides what follows from `record`, given the state before it.
+pub fn assess(
+    state: &LoopState,
+    record: &StepRecord,
+    stuck_config: &StuckConfig,
+    elapsed_ms: u64,
+    percent_complete: Option<f64>,
+) -> StepEffects {
+    let rework = history::rework(&state.history, record);
+    let mut window: Vec<StepRecord> = state.history.clone();
+    window.push(record.clone());
+    let total_wait = state.total_wait_ms
+        + if record.waiting {
+            record.duration_ms
+        } else {
+            0
+        };
+    let stuck = stuck::detect(stuck_config, &window, total_wait).map(|pattern| {
+        let verdict = stuck::respond(&pattern, state.nudges_given);
+        StuckFinding { pattern, verdict }
+    });
+    StepEffects {
+        rework,
+        stuck,
+        signal: sentinel::detect(&record.message),
+        elapsed_ms,
+        percent_complete: percent_complete.or(state.percent_complete),
+    }
+}
+
+/// Usage after a step.
+pub fn usage_after(usage: &Usage, record: &StepRecord, elapsed_ms: u64) -> Usage {
+    Usage {
+        iterations: record.number,
+        elapsed_ms,
+        tokens: usage.tokens.saturating_add(record.tokens),
+        consecutive_errors: if record.outcome == Outcome::Error {
+            usage.consecutive_errors.saturating_add(1)
+        } else {
+            0
+        },
+        tool_calls: usage.tool_calls.saturating_add(record.tool_calls),
+    }
+}
+
+/// Seconds left at the current velocity, from progress and running time.
+pub fn eta_seconds(percent_complete: Option<f64>, elapsed_ms: u64) -> Option<f64> {
+    let p = percent_complete?;
+    if !(p > 0.0 && p < 100.0) {
+        return (p >= 100.0).then_some(0.0);
+    }
+    let elapsed = elapsed_ms as f64 / 1000.0;
+    Some(elapsed * (100.0 - p) / p)
+}
+
+impl LoopState {
+    /// A fresh state for a new session.
+    pub fn new() -> LoopState {
+        LoopState {
+            run: 1,
+            ..LoopState::default()
+        }
+    }
+
+    /// Folds one committed step (of run `run`) into the state.
+    pub fn apply(&mut self, run: i32, record: &StepRecord, effects: &StepEffects) {
+        self.usage = usage_after(&self.usage, record, effects.elapsed_ms);
+        if run == self.run {
+            self.steps_since_start += 1;
+        } else {
+            self.run = run;
+            self.steps_since_start = 1;
+            self.nudges_given = 0;
+        }
+        if record.waiting {
+            self.total_wait_ms = self.total_wait_ms.saturating_add(record.duration_ms);
+        }
+        self.history.push(record.clone());
+        self.rework.push(effects.rework.is_some());
+        let excess = self.history.len().saturating_sub(HISTORY_WINDOW);
+        self.history.drain(..excess);
+        let excess = self.rework.len().saturating_sub(HISTORY_WINDOW);
+        self.rework.drain(..excess);
+        self.pending_nudge = None;
+        match &effects.stuck {
+            Some(StuckFinding {
+                verdict: StuckVerdict::Nudge { message },
+                ..
+            }) => {
+                self.nudges_given += 1;
+                self.pending_nudge = Some(message.clone());
+            }
+            Some(StuckFinding {
+                pattern,
+                verdict: StuckVerdict::Pause,
+            }) => {
+                self.pending_end = Some(PendingEnd {
+                    reason: Reason::Stuck,
+                    detail: Some(pattern.describe()),
+                });
+            }
+            None => {}
+        }
+        // An agent's own signal outranks a stuck verdict from the same step.
+        if let Some(signal) = &effects.signal {
+            self.pending_end = Some(PendingEnd {
+                reason: match signal.kind {
+                    SignalKind::Done => Reason::GoalAchieved,
+                    SignalKind::Blocked => Reason::AgentBlocked,
+                },
+                detail: signal.reason.clone(),
+            });
+        }
+        if effects.percent_complete.is_some() {
+            self.percent_complete = effects.percent_complete;
+        }
+        if self.pending_end.as_ref().map(|e| e.reason) == Some(Reason::GoalAchieved) {
+            self.percent_complete = Some(100.0);
+        }
+    }
+
+    /// Starts a new run after a person resumed the session: the step count,
+    /// nudges, error streak and any unrecorded end start over.
+    pub fn begin_run(&mut self, run: i32) {
+        self.run = run;
+        self.steps_since_start = 0;
+        self.nudges_given = 0;
+        self.pending_nudge = None;
+        self.pending_end = None;
+        self.usage.consecutive_errors = 0;
+    }
+
+    /// The gate's inputs for the next step.
+    pub fn gate_inputs<'a>(&'a self, limits: &Limits, token_deltas: &'a [u64]) -> GateInputs<'a> {
+        GateInputs {
+            step: self.usage.iterations + 1,
+            steps_since_start: self.steps_since_start,
+            token_deltas,
+            rework_flags: &self.rework,
+            tool_calls: self.usage.tool_calls,
+            coherence: None,
+            uncertainty: None,
+            budget: Budget {
+                tokens_remaining: Some(guardrails::tokens_remaining(limits, &self.usage)),
+                tool_calls_remaining: limits
+                    .max_tool_calls
+                    .map(|max| max.saturating_sub(self.usage.tool_calls)),
+                time_remaining_ms: Some(guardrails::time_remaining_ms(limits, &self.usage)),
+            },
+            last_checkpoint_step: self.last_checkpoint_step,
+        }
+    }
+
+    /// Per-step token deltas of the recent steps, oldest first.
+    pub fn token_deltas(&self) -> Vec<u64> {
+        self.history.iter().map(|s| s.tokens).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::history::tests::step;
+
+    fn effects(elapsed_ms: u64) -> StepEffects {
+        StepEffects {
+            rework: None,
+            stuck: None,
+            signal: None,
+            elapsed_ms,
+            percent_complete: None,
+        }
+    }
+
+    #[test]
+    fn apply_accumulates_usage_and_bounds_history() {
+        let mut s = LoopState::new();
+        for n in 1..=25 {
+            let mut r = step(n, &format!("a{n}"));
+            r.tokens = 10;
+            r.tool_calls = 2;
+            s.apply(1, &r, &effects(n * 100));
+        }
+        assert_eq!(s.usage.iterations, 25);
+        assert_eq!(s.usage.tokens, 250);
+        assert_eq!(s.usage.tool_calls, 50);
+        assert_eq!(s.usage.elapsed_ms, 2500);
+        assert_eq!(s.steps_since_start, 25);
+        assert_eq!(s.history.len(), HISTORY_WINDOW);
+        assert_eq!(s.rework.len(), HISTORY_WINDOW);
+        assert_eq!(s.history[0].number, 6);
+    }
+
+    #[test]
+    fn error_streak_counts_errors_and_resets_on_success() {
+        let mut s = LoopState::new();
+        let mut e = step(1, "a");
+        e.outcome = Outcome::Error;
+        s.apply(1, &e, &effects(1));
+        e.number = 2;
+        s.apply(1, &e, &effects(2));
+        assert_eq!(s.usage.consecutive_errors, 2);
+        let mut f = step(3, "b");
+        f.outcome = Outcome::Failure;
+        s.apply(1, &f, &effects(3));
+        assert_eq!(s.usage.consecutive_errors, 0);
+    }
+
+    #[test]
+    fn a_new_run_restarts_the_step_count() {
+        let mut s = LoopState::new();
+        s.apply(1, &step(1, "a"), &effects(1));
+        s.apply(1, &step(2, "b"), &effects(2));
+        s.begin_run(2);
+        assert_eq!(s.steps_since_start, 0);
+        s.apply(2, &step(3, "c"), &effects(3));
+        assert_eq!(s.steps_since_start, 1);
+        assert_eq!(s.usage.iterations, 3);
+    }
+
+    #[test]
+    fn sentinel_sets_the_pending_end() {
+        let mut s = LoopState::new();
+        let mut r = step(1, "a");
+        r.message = "done\n<<WARDEN_GOAL_DONE: shipped>>".into();
+        let e = assess(&s, &r, &StuckConfig::default(), 5, None);
+        s.apply(1, &r, &e);
+        assert_eq!(
+            s.pending_end,
+            Some(PendingEnd {
+                reason: Reason::GoalAchieved,
+                detail: Some("shipped".into())
+            })
+        );
+        assert_eq!(s.percent_complete, Some(100.0));
+        s.begin_run(2);
+        assert_eq!(s.pending_end, None);
+    }
+
+    #[test]
+    fn stuck_nudges_once_then_pauses() {
+        let cfg = StuckConfig::default();
+        let mut s = LoopState::new();
+        let mut saw_nudge = false;
+        for n in 1..=6 {
+            let mut r = step(n, "run_tests");
+            r.outcome = Outcome::Failure;
+            r.error = Some(format!("failure {n}"));
+            let e = assess(&s, &r, &cfg, n, None);
+            s.apply(1, &r, &e);
+            if s.pending_nudge.is_some() {
+                saw_nudge = true;
+            }
+            if s.pending_end.is_some() {
+                break;
+            }
+        }
+        assert!(saw_nudge);
+        assert_eq!(s.nudges_given, 1);
+        assert_eq!(s.pending_end.map(|e| e.reason), Some(Reason::Stuck));
+    }
+
+    #[test]
+    fn replaying_from_a_snapshot_equals_the_live_state() {
+        let cfg = StuckConfig::default();
+        let mut live = LoopState::new();
+        let mut log = Vec::new();
+        let mut snapshot = None;
+        for n in 1..=12 {
+            let mut r = step(n, if n % 3 == 0 { "x" } else { "y" });
+            r.arguments = serde_json::json!({ "n": n % 4 });
+            let e = assess(&live, &r, &cfg, n * 7, Some(n as f64));
+            live.apply(1, &r, &e);
+            log.push((r, e));
+            if n == 5 {
+                snapshot = Some(serde_json::to_value(&live).unwrap());
+            }
+        }
+        let mut rebuilt: LoopState = serde_json::from_value(snapshot.unwrap()).unwrap();
+        for (r, e) in &log[5..] {
+            rebuilt.apply(1, r, e);
+        }
+        assert_eq!(rebuilt, live);
+    }
+
+    #[test]
+    fn eta_follows_velocity() {
+        assert_eq!(eta_seconds(None, 1000), None);
+        assert_eq!(eta_seconds(Some(0.0), 1000), None);
+        assert_eq!(eta_seconds(Some(25.0), 10_000), Some(30.0));
+        assert_eq!(eta_seconds(Some(100.0), 10_000), Some(0.0));
+    }
+}

@@ -1,0 +1,85 @@
+//! Postgres storage: sessions, iterations, checkpoints, events and leases.
+//! Postgres is the source of truth; every write made on behalf of a running
+//! session is fenced by the lease token of the replica that runs it.
+
+mod events;
+mod iterations;
+mod leases;
+mod sessions;
+
+pub use events::{EventRecord, NewEvent};
+pub use iterations::{CheckpointRecord, IterationRecord, NewIteration};
+pub use leases::{Claimed, Lease, Renewed};
+pub use sessions::{
+    ControlFlags, Counters, NewSession, SessionCursor, SessionRecord, SessionSettings, end_unowned,
+    lock as lock_session, request_pause, request_stop, resume as resume_session, update_settings,
+};
+
+use sqlx::PgPool;
+use sqlx::postgres::PgPoolOptions;
+use uuid::Uuid;
+
+/// Errors of the storage layer.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The database failed or could not be reached.
+    #[error("database error: {0}")]
+    Database(#[from] sqlx::Error),
+    /// A migration could not be applied.
+    #[error("migration failed: {0}")]
+    Migration(#[from] sqlx::migrate::MigrateError),
+    /// The writer no longer holds the session's lease; nothing was written.
+    #[error("lease on session {0} is no longer held by this replica")]
+    LeaseLost(Uuid),
+    /// A stored value could not be decoded.
+    #[error("stored data for session {id} is invalid: {detail}")]
+    Corrupt {
+        /// Session concerned.
+        id: Uuid,
+        /// What was wrong.
+        detail: String,
+    },
+}
+
+/// Shorthand for storage results.
+pub type Result<T, E = StoreError> = std::result::Result<T, E>;
+
+/// The handle every other layer uses to reach Postgres.
+#[derive(Debug, Clone)]
+pub struct Store {
+    pool: PgPool,
+}
+
+impl Store {
+    /// Connects a pool to `url`.
+    pub async fn connect(url: &str, max_connections: u32) -> Result<Store> {
+        let pool = PgPoolOptions::new()
+            .max_connections(max_connections)
+            .acquire_timeout(std::time::Duration::from_secs(10))
+            .connect(url)
+            .await?;
+        Ok(Store { pool })
+    }
+
+    /// Wraps an existing pool (tests hand one in per database).
+    pub fn from_pool(pool: PgPool) -> Store {
+        Store { pool }
+    }
+
+    /// Applies the embedded migrations.
+    pub async fn migrate(&self) -> Result<()> {
+        sqlx::migrate!("./migrations").run(&self.pool).await?;
+        Ok(())
+    }
+
+    /// Answers when Postgres answers.
+    pub async fn ping(&self) -> Result<()> {
+        sqlx::query("SELECT 1").execute(&self.pool).await?;
+        Ok(())
+    }
+
+    /// The underlying pool.
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+}

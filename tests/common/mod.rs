@@ -1,0 +1,225 @@
+//! Shared harness: a real Warden on a random port over a fresh Postgres
+//! database (one per test, from `#[sqlx::test]`), driven through HTTP.
+
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+use sqlx::PgPool;
+use warden::Application;
+use warden::config::Config;
+use warden::store::Store;
+
+/// A running Warden instance and an HTTP client for it.
+pub struct TestApp {
+    pub app: Option<Application>,
+    pub base: String,
+    pub client: reqwest::Client,
+    pub pool: PgPool,
+}
+
+/// Configuration for tests: short leases so crash recovery is quick, a
+/// short throttle cooldown, random port.
+pub fn test_config() -> Config {
+    let vars: HashMap<String, String> = [
+        ("DATABASE_URL", "postgres://unused-in-tests/warden"),
+        ("WARDEN_LISTEN_ADDR", "127.0.0.1:0"),
+        ("WARDEN_LEASE_TTL_MS", "1000"),
+        ("WARDEN_HEARTBEAT_INTERVAL_MS", "200"),
+        ("WARDEN_THROTTLE_COOLDOWN_MS", "50"),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect();
+    Config::from_vars(&vars).expect("test configuration is valid")
+}
+
+impl TestApp {
+    /// Starts Warden on `pool` with the test configuration.
+    pub async fn spawn(pool: PgPool) -> TestApp {
+        TestApp::spawn_with(pool, test_config()).await
+    }
+
+    /// Starts Warden on `pool` with `config`.
+    pub async fn spawn_with(pool: PgPool, config: Config) -> TestApp {
+        let app = Application::build_with_store(config, Store::from_pool(pool.clone()))
+            .await
+            .expect("warden starts");
+        let base = format!("http://{}", app.addr());
+        TestApp {
+            app: Some(app),
+            base,
+            client: reqwest::Client::new(),
+            pool,
+        }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{}", self.base, path)
+    }
+
+    /// POST /api/autonomous with `body`; asserts 201 and returns the document.
+    pub async fn create(&self, body: Value) -> Value {
+        let res = self
+            .client
+            .post(self.url("/api/autonomous"))
+            .json(&body)
+            .send()
+            .await
+            .expect("request sent");
+        let status = res.status();
+        let doc: Value = res.json().await.expect("json body");
+        assert_eq!(status, StatusCode::CREATED, "create failed: {doc}");
+        doc
+    }
+
+    /// A scripted session with `steps` and optional `limits`; returns its id.
+    pub async fn create_scripted(&self, steps: Value, limits: Value) -> String {
+        let doc = self
+            .create(json!({
+                "goal": "Create README.md with a project description",
+                "limits": limits,
+                "executor": { "kind": "scripted", "steps": steps }
+            }))
+            .await;
+        doc["id"].as_str().expect("id").to_string()
+    }
+
+    pub async fn get(&self, path: &str) -> (StatusCode, Value) {
+        let res = self.client.get(self.url(path)).send().await.expect("sent");
+        let status = res.status();
+        let body = res.json().await.unwrap_or(Value::Null);
+        (status, body)
+    }
+
+    pub async fn post(&self, path: &str, body: Option<Value>) -> (StatusCode, Value) {
+        let mut req = self.client.post(self.url(path));
+        if let Some(body) = body {
+            req = req.json(&body);
+        }
+        let res = req.send().await.expect("sent");
+        let status = res.status();
+        let body = res.json().await.unwrap_or(Value::Null);
+        (status, body)
+    }
+
+    pub async fn patch(&self, path: &str, body: Value) -> (StatusCode, Value) {
+        let res = self
+            .client
+            .patch(self.url(path))
+            .json(&body)
+            .send()
+            .await
+            .expect("sent");
+        let status = res.status();
+        let body = res.json().await.unwrap_or(Value::Null);
+        (status, body)
+    }
+
+    pub async fn session(&self, id: &str) -> Value {
+        let (status, body) = self.get(&format!("/api/autonomous/{id}")).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        body
+    }
+
+    /// Polls the session until `done` holds, or panics after `timeout`.
+    pub async fn wait_until(
+        &self,
+        id: &str,
+        timeout: Duration,
+        done: impl Fn(&Value) -> bool,
+    ) -> Value {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let s = self.session(id).await;
+            if done(&s) {
+                return s;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "condition not reached within {timeout:?}; last status: {s}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Waits until the session is no longer running.
+    pub async fn wait_settled(&self, id: &str) -> Value {
+        self.wait_until(id, Duration::from_secs(20), |s| s["status"] != "running")
+            .await
+    }
+
+    /// Every iteration of a session.
+    pub async fn iterations(&self, id: &str) -> Vec<Value> {
+        let (status, body) = self
+            .get(&format!("/api/autonomous/{id}/iterations?limit=500"))
+            .await;
+        assert_eq!(status, StatusCode::OK);
+        body["items"].as_array().cloned().unwrap_or_default()
+    }
+
+    /// Every event of a session.
+    pub async fn events(&self, id: &str) -> Vec<Value> {
+        let (status, body) = self
+            .get(&format!("/api/autonomous/{id}/events?limit=500"))
+            .await;
+        assert_eq!(status, StatusCode::OK);
+        body["items"].as_array().cloned().unwrap_or_default()
+    }
+
+    /// Decision events (without `continue` gate evaluations).
+    pub async fn decisions(&self, id: &str) -> Vec<Value> {
+        let (status, body) = self
+            .get(&format!("/api/autonomous/{id}/decisions?limit=500"))
+            .await;
+        assert_eq!(status, StatusCode::OK);
+        body["items"].as_array().cloned().unwrap_or_default()
+    }
+
+    /// Graceful shutdown (checkpoint and release every session).
+    pub async fn shutdown(&mut self) {
+        if let Some(app) = self.app.take() {
+            app.shutdown().await.expect("clean shutdown");
+        }
+    }
+
+    /// Abrupt end, as `kill -9`.
+    pub fn crash(&mut self) {
+        if let Some(app) = self.app.take() {
+            app.crash();
+        }
+    }
+}
+
+/// `n` distinct successful steps, each using `tokens` tokens and taking `delay_ms`.
+pub fn distinct_steps(n: usize, tokens: u64, delay_ms: u64) -> Value {
+    Value::Array(
+        (1..=n)
+            .map(|i| {
+                json!({
+                    "action": format!("step_{i}"),
+                    "arguments": { "i": i },
+                    "tokens": tokens,
+                    "output": format!("did step {i}"),
+                    "delay_ms": delay_ms,
+                })
+            })
+            .collect(),
+    )
+}
+
+/// Asserts iteration numbers are exactly 1..=n.
+pub fn assert_gap_free(iterations: &[Value]) {
+    let numbers: Vec<i64> = iterations
+        .iter()
+        .map(|i| i["number"].as_i64().expect("number"))
+        .collect();
+    let expected: Vec<i64> = (1..=numbers.len() as i64).collect();
+    assert_eq!(
+        numbers, expected,
+        "iteration numbers must be gap-free and unique"
+    );
+}

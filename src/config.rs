@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use std::str::FromStr;
 use std::time::Duration;
 
+use crate::llm::LlmSettings;
 use crate::policy::gate::GateConfig;
 use crate::policy::guardrails::Limits;
 use crate::policy::lifecycle::Mode;
@@ -70,6 +71,32 @@ pub struct LeaseConfig {
     pub margin: Duration,
 }
 
+/// The default model endpoint and the reflection model.
+#[derive(Debug, Clone)]
+pub struct ModelConfig {
+    /// `WARDEN_LLM_BASE_URL` (+ key, timeout, retries); `None` when unset.
+    pub endpoint: Option<LlmSettings>,
+    /// `WARDEN_LLM_MODEL`.
+    pub model: Option<String>,
+    /// `WARDEN_LLM_MAX_TOKENS`: most tokens one call may generate, default 2048.
+    pub max_tokens_per_call: u64,
+    /// `AUTONOMOUS_REFLECTION_MODEL`, default `WARDEN_LLM_MODEL`.
+    pub reflection_model: Option<String>,
+    /// `AUTONOMOUS_REFLECTION_TEMPERATURE`, default 0.7.
+    pub reflection_temperature: f64,
+    /// `AUTONOMOUS_REFLECTION_TOP_P`, default 0.6.
+    pub reflection_top_p: f64,
+    /// `WARDEN_MAX_FILE_BYTES`: largest file a tool reads or writes, default 1 MiB.
+    pub max_file_bytes: u64,
+}
+
+impl ModelConfig {
+    /// Whether reflection can run: an endpoint and a reflection model are configured.
+    pub fn reflection_available(&self) -> bool {
+        self.endpoint.is_some() && self.reflection_model.is_some()
+    }
+}
+
 /// Everything the service reads from its environment.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -97,6 +124,8 @@ pub struct Config {
     pub max_body_bytes: usize,
     /// `WARDEN_LOG_FORMAT`: `text` or `json`.
     pub log_json: bool,
+    /// Model endpoints.
+    pub models: ModelConfig,
 }
 
 /// Reads configuration values from a source of variables.
@@ -129,6 +158,39 @@ impl Env<'_> {
             return Err(invalid());
         }
         Ok(value)
+    }
+
+    fn float(
+        &self,
+        var: &'static str,
+        default: f64,
+        min: f64,
+        max: f64,
+    ) -> Result<f64, ConfigError> {
+        let value = self.parse(var, default, min, max)?;
+        if value.is_finite() {
+            Ok(value)
+        } else {
+            Err(ConfigError::Invalid {
+                var,
+                value: value.to_string(),
+                expected: format!("a number between {min} and {max}"),
+            })
+        }
+    }
+
+    fn url(&self, var: &'static str) -> Result<Option<String>, ConfigError> {
+        match self.raw(var).map(str::trim) {
+            None => Ok(None),
+            Some(u) if (u.starts_with("http://") || u.starts_with("https://")) && u.len() > 8 => {
+                Ok(Some(u.trim_end_matches('/').to_string()))
+            }
+            Some(u) => Err(ConfigError::Invalid {
+                var,
+                value: u.to_string(),
+                expected: "an http:// or https:// URL such as http://127.0.0.1:11434/v1".into(),
+            }),
+        }
     }
 
     fn bool(&self, var: &'static str, default: bool) -> Result<bool, ConfigError> {
@@ -243,6 +305,40 @@ impl Config {
                 });
             }
         };
+        let timeout = env.millis("WARDEN_LLM_TIMEOUT_MS", 120_000, 100, 3_600_000)?;
+        let endpoint = env.url("WARDEN_LLM_BASE_URL")?.map(|base_url| LlmSettings {
+            base_url,
+            api_key: env.raw("WARDEN_LLM_API_KEY").map(|k| k.trim().to_string()),
+            timeout,
+            max_retries: 3,
+            retry_base: Duration::from_millis(500),
+        });
+        let endpoint = match endpoint {
+            Some(mut e) => {
+                e.max_retries = env.parse("WARDEN_LLM_MAX_RETRIES", 3, 0, 10)?;
+                e.retry_base = env.millis("WARDEN_LLM_RETRY_BASE_MS", 500, 1, 60_000)?;
+                Some(e)
+            }
+            None => None,
+        };
+        let model = env.raw("WARDEN_LLM_MODEL").map(|m| m.trim().to_string());
+        let models = ModelConfig {
+            endpoint,
+            reflection_model: env
+                .raw("AUTONOMOUS_REFLECTION_MODEL")
+                .map(|m| m.trim().to_string())
+                .or_else(|| model.clone()),
+            model,
+            max_tokens_per_call: env.parse("WARDEN_LLM_MAX_TOKENS", 2_048, 1, 1_000_000)?,
+            reflection_temperature: env.float(
+                "AUTONOMOUS_REFLECTION_TEMPERATURE",
+                0.7,
+                0.0,
+                2.0,
+            )?,
+            reflection_top_p: env.float("AUTONOMOUS_REFLECTION_TOP_P", 0.6, 0.0, 1.0)?,
+            max_file_bytes: env.parse("WARDEN_MAX_FILE_BYTES", 1_048_576, 1, 104_857_600)?,
+        };
         // Parsed now so a typo is caught at start-up, used once goal refinement lands.
         env.bool("AUTONOMOUS_REQUIRE_CONCRETE_GOALS", true)?;
         env.bool("AUTONOMOUS_AUTO_REFINE_GOALS", false)?;
@@ -265,6 +361,7 @@ impl Config {
             control_wait: env.millis("WARDEN_STOP_WAIT_MS", 5_000, 0, 600_000)?,
             max_body_bytes: env.parse("WARDEN_MAX_BODY_BYTES", 1_048_576, 1_024, 67_108_864)?,
             log_json,
+            models,
         })
     }
 }
@@ -327,11 +424,35 @@ mod tests {
             ("WARDEN_LISTEN_ADDR", "localhost"),
             ("WARDEN_LOG_FORMAT", "xml"),
             ("DATABASE_URL", "mysql://x"),
+            ("WARDEN_LLM_BASE_URL", "localhost:11434"),
+            ("AUTONOMOUS_REFLECTION_TEMPERATURE", "9"),
+            ("AUTONOMOUS_REFLECTION_TOP_P", "NaN"),
             ("WARDEN_HEARTBEAT_INTERVAL_MS", "10000"),
         ] {
             let err = Config::from_vars(&vars(&[(var, value)])).unwrap_err();
             assert!(err.to_string().contains(var), "{var}: {err}");
         }
+    }
+
+    #[test]
+    fn model_settings_are_read() {
+        let c = Config::from_vars(&vars(&[])).unwrap();
+        assert!(c.models.endpoint.is_none());
+        assert!(!c.models.reflection_available());
+        let c = Config::from_vars(&vars(&[
+            ("WARDEN_LLM_BASE_URL", "http://127.0.0.1:11434/v1/"),
+            ("WARDEN_LLM_MODEL", "qwen3"),
+            ("WARDEN_LLM_API_KEY", "sk-test"),
+        ]))
+        .unwrap();
+        let endpoint = c.models.endpoint.clone().unwrap();
+        assert_eq!(endpoint.base_url, "http://127.0.0.1:11434/v1");
+        assert_eq!(endpoint.api_key.as_deref(), Some("sk-test"));
+        assert!(!format!("{endpoint:?}").contains("sk-test"));
+        assert_eq!(c.models.reflection_model.as_deref(), Some("qwen3"));
+        assert_eq!(c.models.reflection_temperature, 0.7);
+        assert_eq!(c.models.reflection_top_p, 0.6);
+        assert!(c.models.reflection_available());
     }
 
     #[test]

@@ -6,6 +6,7 @@
 pub mod config;
 pub mod executor;
 pub mod http;
+pub mod llm;
 pub mod policy;
 pub mod session;
 pub mod store;

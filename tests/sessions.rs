@@ -444,6 +444,14 @@ async fn accelerating_spend_is_throttled_and_recorded(pool: PgPool) {
         .expect("a throttle decision");
     assert_eq!(throttle["data"]["step"], 11);
     assert!(throttle["data"]["metrics"]["spend_slope"].as_f64().unwrap() > 0.02);
+    assert_eq!(
+        throttle["data"]["inputs"]["token_deltas"]
+            .as_array()
+            .unwrap()
+            .len(),
+        10,
+        "the decision records its inputs"
+    );
 }
 
 #[sqlx::test]

@@ -1,17 +1,30 @@
 //! Executors: how one iteration of work gets done. The session loop only sees
 //! the `Executor` trait; a scripted list of steps, an OpenAI-compatible model
-//! or a webhook to an external agent plug in behind it.
+//! with tools, or a webhook to an external agent plug in behind it.
 
+mod llm;
 mod scripted;
+mod webhook;
+pub mod workspace;
 
+pub use llm::{LlmExecutor, SYSTEM_PROMPT};
 pub use scripted::{ScriptedExecutor, ScriptedStep};
+pub use webhook::{
+    WebhookExecutor, WebhookHistoryItem, WebhookRequest, WebhookResponse, WebhookSignal,
+};
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
 
 use futures::future::BoxFuture;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 use uuid::Uuid;
 
+use crate::llm::{LlmClient, LlmSettings, Message};
 use crate::policy::history::{FileWrite, Outcome, StepRecord};
+use crate::policy::sentinel::Sentinel;
 
 /// What an executor is told about the step it is asked to do.
 #[derive(Debug, Clone, Copy)]
@@ -24,10 +37,21 @@ pub struct StepContext<'a> {
     pub iteration: u64,
     /// Guidance a person gave on resume, delivered once.
     pub guidance: Option<&'a str>,
-    /// A nudge from stuck detection, delivered once.
+    /// A nudge from stuck detection or reflection, delivered once.
     pub nudge: Option<&'a str>,
     /// Recent committed steps, oldest first.
     pub history: &'a [StepRecord],
+    /// Most tokens this step may use: a model call never asks for more.
+    pub token_allowance: u64,
+}
+
+/// Something an executor wants in the session log.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ExecutorEvent {
+    /// Event kind.
+    pub kind: &'static str,
+    /// Payload.
+    pub data: serde_json::Value,
 }
 
 /// What one step produced.
@@ -55,13 +79,42 @@ pub struct StepOutput {
     pub waiting: bool,
     /// Progress estimate reported by the executor, percent.
     pub percent_complete: Option<f64>,
+    /// A signal given through a loop-breaking tool or the webhook's answer.
+    pub signal: Option<Sentinel>,
+    /// The conversation of this step (model executors), replayed on resume.
+    pub transcript: Option<serde_json::Value>,
+    /// Events to record with the iteration.
+    pub events: Vec<ExecutorEvent>,
+}
+
+impl StepOutput {
+    /// A successful step with just an action and its output.
+    pub fn simple(action: impl Into<String>, output: impl Into<String>) -> StepOutput {
+        let output = output.into();
+        StepOutput {
+            action: action.into(),
+            arguments: serde_json::Value::Null,
+            outcome: Outcome::Success,
+            observation: output.clone(),
+            message: output,
+            error: None,
+            tokens: 0,
+            tool_calls: 0,
+            files_written: Vec::new(),
+            waiting: false,
+            percent_complete: None,
+            signal: None,
+            transcript: None,
+            events: Vec::new(),
+        }
+    }
 }
 
 /// The result of asking an executor for a step.
 #[derive(Debug, Clone, PartialEq)]
 pub enum StepResult {
     /// A step was performed.
-    Step(StepOutput),
+    Step(Box<StepOutput>),
     /// The executor has nothing more to do (a script ran out).
     Exhausted,
 }
@@ -76,6 +129,8 @@ pub enum ExecutorError {
         action: String,
         /// What went wrong.
         message: String,
+        /// Tokens consumed before it failed.
+        tokens: u64,
     },
 }
 
@@ -86,6 +141,34 @@ pub trait Executor: Send {
         &'a mut self,
         ctx: StepContext<'a>,
     ) -> BoxFuture<'a, Result<StepResult, ExecutorError>>;
+}
+
+/// Records a tool call's intent before it runs and its result after, so a
+/// re-executed iteration replays a recorded result instead of repeating a side effect.
+pub trait ToolJournal: Send + Sync {
+    /// A finished result recorded for this call, if the same tool and arguments ran before.
+    fn recorded<'a>(
+        &'a self,
+        iteration: u64,
+        index: u32,
+        tool: &'a str,
+        arguments: &'a serde_json::Value,
+    ) -> BoxFuture<'a, Result<Option<serde_json::Value>, String>>;
+    /// Records that the call is about to run.
+    fn intent<'a>(
+        &'a self,
+        iteration: u64,
+        index: u32,
+        tool: &'a str,
+        arguments: &'a serde_json::Value,
+    ) -> BoxFuture<'a, Result<(), String>>;
+    /// Records the call's result.
+    fn result<'a>(
+        &'a self,
+        iteration: u64,
+        index: u32,
+        result: &'a serde_json::Value,
+    ) -> BoxFuture<'a, Result<(), String>>;
 }
 
 /// How a session's iterations are performed, as given in the create request.
@@ -100,10 +183,64 @@ pub enum ExecutorSpec {
         #[serde(default)]
         repeat: bool,
     },
+    /// An OpenAI-compatible chat-completions model with tools, working in
+    /// the session's workspace. Unset fields come from the environment.
+    Llm {
+        /// Model name (default `WARDEN_LLM_MODEL`).
+        #[serde(default)]
+        model: Option<String>,
+        /// Base URL up to `/v1` (default `WARDEN_LLM_BASE_URL`).
+        #[serde(default)]
+        base_url: Option<String>,
+        /// API key for that endpoint (default `WARDEN_LLM_API_KEY`); never shown back.
+        #[serde(default)]
+        api_key: Option<String>,
+        /// Timeout of one model call in ms (default `WARDEN_LLM_TIMEOUT_MS`).
+        #[serde(default)]
+        timeout_ms: Option<u64>,
+        /// Most tokens one call may generate (default `WARDEN_LLM_MAX_TOKENS`).
+        #[serde(default)]
+        max_tokens_per_call: Option<u64>,
+        /// Sampling temperature.
+        #[serde(default)]
+        temperature: Option<f64>,
+    },
+    /// An external agent: Warden POSTs each step's context to `url` and
+    /// reads back the outcome (see `WebhookRequest` / `WebhookResponse`).
+    Webhook {
+        /// The agent's step endpoint (http or https).
+        url: String,
+        /// Timeout of one step in ms (default 60000).
+        #[serde(default)]
+        timeout_ms: Option<u64>,
+    },
 }
 
 /// Most scripted steps one session may carry.
 pub const MAX_SCRIPTED_STEPS: usize = 10_000;
+
+/// Defaults and shared parts executors are built from.
+#[derive(Clone)]
+pub struct ExecutorDeps {
+    /// Session.
+    pub session_id: Uuid,
+    /// The goal (the model executor's system prompt names it).
+    pub goal: String,
+    /// Default model endpoint, if configured.
+    pub llm: Option<LlmSettings>,
+    /// Default model name.
+    pub llm_model: Option<String>,
+    /// Default most tokens per call.
+    pub llm_max_tokens: u64,
+    /// Where workspaces live.
+    pub workspace_root: PathBuf,
+    /// Largest file a tool may read or write.
+    pub max_file_bytes: u64,
+    /// The tool-call journal of this session.
+    pub journal: Arc<dyn ToolJournal>,
+    /// The conversation so far, one entry per committed step.
+    pub transcript: Vec<Vec<Message>>,
+}
 
 impl ExecutorSpec {
     /// Checks the specification; the message names the offending field.
@@ -125,6 +262,38 @@ impl ExecutorSpec {
                 }
                 Ok(())
             }
+            ExecutorSpec::Llm {
+                model,
+                base_url,
+                timeout_ms,
+                max_tokens_per_call,
+                temperature,
+                ..
+            } => {
+                if let Some(url) = base_url {
+                    check_url("executor.base_url", url)?;
+                }
+                if model.as_deref().is_some_and(|m| m.trim().is_empty()) {
+                    return Err("executor.model must not be empty".into());
+                }
+                if timeout_ms.is_some_and(|t| !(100..=3_600_000).contains(&t)) {
+                    return Err("executor.timeout_ms must be between 100 and 3600000".into());
+                }
+                if max_tokens_per_call.is_some_and(|t| !(1..=1_000_000).contains(&t)) {
+                    return Err("executor.max_tokens_per_call must be between 1 and 1000000".into());
+                }
+                if temperature.is_some_and(|t| !(0.0..=2.0).contains(&t)) {
+                    return Err("executor.temperature must be between 0 and 2".into());
+                }
+                Ok(())
+            }
+            ExecutorSpec::Webhook { url, timeout_ms } => {
+                check_url("executor.url", url)?;
+                if timeout_ms.is_some_and(|t| !(100..=3_600_000).contains(&t)) {
+                    return Err("executor.timeout_ms must be between 100 and 3600000".into());
+                }
+                Ok(())
+            }
         }
     }
 
@@ -132,15 +301,98 @@ impl ExecutorSpec {
     pub fn kind(&self) -> &'static str {
         match self {
             ExecutorSpec::Scripted { .. } => "scripted",
+            ExecutorSpec::Llm { .. } => "llm",
+            ExecutorSpec::Webhook { .. } => "webhook",
         }
     }
 
     /// Builds the executor for a session.
-    pub fn build(&self) -> Box<dyn Executor> {
+    pub fn build(&self, deps: ExecutorDeps) -> Result<Box<dyn Executor>, String> {
         match self {
             ExecutorSpec::Scripted { steps, repeat } => {
-                Box::new(ScriptedExecutor::new(steps.clone(), *repeat))
+                Ok(Box::new(ScriptedExecutor::new(steps.clone(), *repeat)))
             }
+            ExecutorSpec::Llm {
+                model,
+                base_url,
+                api_key,
+                timeout_ms,
+                max_tokens_per_call,
+                temperature,
+            } => {
+                let defaults = deps.llm.clone();
+                let base_url = base_url
+                    .clone()
+                    .or_else(|| defaults.as_ref().map(|d| d.base_url.clone()))
+                    .ok_or("no model endpoint: set WARDEN_LLM_BASE_URL or executor.base_url")?;
+                let model = model
+                    .clone()
+                    .or_else(|| deps.llm_model.clone())
+                    .ok_or("no model name: set WARDEN_LLM_MODEL or executor.model")?;
+                let settings = LlmSettings {
+                    base_url,
+                    api_key: api_key
+                        .clone()
+                        .or_else(|| defaults.as_ref().and_then(|d| d.api_key.clone())),
+                    timeout: timeout_ms.map(Duration::from_millis).unwrap_or(
+                        defaults
+                            .as_ref()
+                            .map_or(Duration::from_secs(120), |d| d.timeout),
+                    ),
+                    max_retries: defaults.as_ref().map_or(3, |d| d.max_retries),
+                    retry_base: defaults
+                        .as_ref()
+                        .map_or(Duration::from_millis(500), |d| d.retry_base),
+                };
+                let client = LlmClient::new(settings).map_err(|e| e.to_string())?;
+                let workspace = workspace::Workspace::open(&deps.workspace_root, deps.session_id)
+                    .map_err(|e| format!("cannot open the session workspace: {e}"))?;
+                Ok(Box::new(LlmExecutor::new(
+                    client,
+                    model,
+                    max_tokens_per_call.unwrap_or(deps.llm_max_tokens),
+                    *temperature,
+                    workspace,
+                    deps.max_file_bytes,
+                    deps.journal,
+                    deps.transcript,
+                    deps.goal,
+                )))
+            }
+            ExecutorSpec::Webhook { url, timeout_ms } => Ok(Box::new(
+                WebhookExecutor::new(
+                    url.clone(),
+                    Duration::from_millis(timeout_ms.unwrap_or(60_000)),
+                )
+                .map_err(|e| e.to_string())?,
+            )),
         }
+    }
+
+    /// The spec as shown to clients: secrets removed.
+    pub fn redacted(&self) -> serde_json::Value {
+        let mut value = serde_json::to_value(self).unwrap_or_default();
+        if let Some(obj) = value.as_object_mut()
+            && obj.contains_key("api_key")
+        {
+            obj.insert(
+                "api_key".into(),
+                serde_json::Value::String("<redacted>".into()),
+            );
+        }
+        value
+    }
+}
+
+fn check_url(field: &str, url: &str) -> Result<(), String> {
+    let ok = (url.starts_with("http://") || url.starts_with("https://"))
+        && url.len() > "https://".len()
+        && !url.chars().any(char::is_whitespace);
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "{field} must be an http:// or https:// URL, got {url:?}"
+        ))
     }
 }

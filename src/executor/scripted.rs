@@ -114,19 +114,17 @@ impl Executor for ScriptedExecutor {
             let percent_complete = (!self.repeat)
                 .then(|| ctx.iteration as f64 * 100.0 / self.steps.len() as f64)
                 .map(|p| p.min(100.0));
-            Ok(StepResult::Step(StepOutput {
-                action: step.action.clone(),
+            Ok(StepResult::Step(Box::new(StepOutput {
                 arguments: step.arguments.clone(),
                 outcome: step.outcome,
-                observation: step.output.clone(),
-                message: step.output.clone(),
                 error: (step.outcome != Outcome::Success).then(|| step.output.clone()),
                 tokens: step.tokens,
                 tool_calls: step.tool_calls,
                 files_written: step.files.clone(),
                 waiting: step.waiting,
                 percent_complete,
-            }))
+                ..StepOutput::simple(step.action.clone(), step.output.clone())
+            })))
         }
         .boxed()
     }
@@ -149,6 +147,7 @@ mod tests {
             guidance: None,
             nudge: None,
             history: &[],
+            token_allowance: 1_000,
         })
         .await
         .unwrap()

@@ -27,9 +27,16 @@ use super::AppState;
         super::sessions::list_checkpoints,
         super::sessions::list_events,
         super::sessions::list_decisions,
+        super::sessions::list_reflections,
         super::health::healthz,
         super::health::readyz,
     ),
+    components(schemas(
+        crate::executor::WebhookRequest,
+        crate::executor::WebhookResponse,
+        crate::executor::WebhookHistoryItem,
+        crate::executor::WebhookSignal,
+    )),
     tags(
         (name = "sessions", description = "Create, list and inspect sessions"),
         (name = "control", description = "Stop, pause, resume and retune sessions"),

@@ -13,8 +13,8 @@ use super::AppState;
 use super::error::{ApiError, ApiResult, Problem};
 use super::extract::{ApiJson, ApiPath, ApiQuery, OptionalJson};
 use super::views::{
-    AfterPage, CheckpointPage, DecisionQuery, EventPage, IterationPage, ListQuery, SessionPage,
-    SessionView,
+    AfterPage, CheckpointPage, DecisionQuery, EventPage, IterationPage, ListQuery, ReflectionPage,
+    SessionPage, SessionView,
 };
 use crate::session::{CreateSession, ResumeSession, UpdateSession};
 use crate::store::SessionCursor;
@@ -31,6 +31,7 @@ pub fn router() -> Router<AppState> {
         .route("/{id}/checkpoints", get(list_checkpoints))
         .route("/{id}/events", get(list_events))
         .route("/{id}/decisions", get(list_decisions))
+        .route("/{id}/reflections", get(list_reflections))
 }
 
 fn page_limit(limit: Option<i64>, default: i64, max: i64) -> ApiResult<i64> {
@@ -332,4 +333,31 @@ pub async fn list_decisions(
         )
         .await?;
     Ok(Json(event_page(rows, limit)))
+}
+
+/// Reflections of a session (continuous mode): assessment, decision, next interval.
+#[utoipa::path(
+    get, path = "/api/autonomous/{id}/reflections", tag = "history",
+    params(("id" = Uuid, Path, description = "Session id"), AfterPage),
+    responses(
+        (status = 200, description = "A page of reflections", body = ReflectionPage),
+        (status = 404, description = "No such session", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn list_reflections(
+    State(state): State<AppState>,
+    ApiPath(id): ApiPath<Uuid>,
+    ApiQuery(q): ApiQuery<AfterPage>,
+) -> ApiResult<Json<ReflectionPage>> {
+    ensure_exists(&state, id).await?;
+    let limit = page_limit(q.limit, 100, 500)?;
+    let after = i32::try_from(q.after.unwrap_or(0)).unwrap_or(i32::MAX);
+    let rows = state.service.store().reflections(id, after, limit).await?;
+    let next_after = (rows.len() as i64 == limit)
+        .then(|| rows.last().map(|r| i64::from(r.number)))
+        .flatten();
+    Ok(Json(ReflectionPage {
+        items: rows.into_iter().map(Into::into).collect(),
+        next_after,
+    }))
 }

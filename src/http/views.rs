@@ -21,6 +21,21 @@ pub struct ExecutorSummary {
     /// Whether scripted steps repeat.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub repeat: Option<bool>,
+    /// Model name (llm), when given.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    /// Endpoint (llm base URL or webhook URL), when given.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub url: Option<String>,
+}
+
+/// Tokens by what they were spent on.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct TokensBySource {
+    /// The agent's own steps.
+    pub agent: i64,
+    /// Reflection.
+    pub reflection: i64,
 }
 
 /// A session's status document.
@@ -38,10 +53,21 @@ pub struct SessionView {
     pub reason: Option<Reason>,
     /// Human summary of why it waits or ended.
     pub summary: Option<String>,
+    /// Detail of the reason: the blocker, the stuck pattern, the reviewer's reasoning.
+    pub reason_detail: Option<String>,
+    /// The agent's question while it waits with `ask_user`.
+    pub question: Option<String>,
     /// Iterations committed.
     pub iterations: i64,
     /// Tokens used over the session's life.
     pub tokens_used: i64,
+    /// Tokens by what they were spent on.
+    pub tokens_by_source: TokensBySource,
+    /// Share of all tokens spent on reflection (0–1).
+    pub reflection_share: f64,
+    /// Latest reflection: assessment, decision and next interval.
+    #[schema(value_type = Option<Object>)]
+    pub last_reflection: Option<serde_json::Value>,
     /// Tool calls made over the session's life.
     pub tool_calls: i64,
     /// Current streak of failing iterations.
@@ -99,8 +125,21 @@ impl From<SessionRecord> for SessionView {
                 .and_then(|v| v.as_array())
                 .map(Vec::len),
             repeat: s.executor.get("repeat").and_then(|v| v.as_bool()),
+            model: s
+                .executor
+                .get("model")
+                .and_then(|v| v.as_str())
+                .map(str::to_string),
+            url: s
+                .executor
+                .get("url")
+                .or_else(|| s.executor.get("base_url"))
+                .and_then(|v| v.as_str())
+                .map(str::to_string),
             kind,
         };
+        let total = s.counters.tokens_used;
+        let reflection = s.counters.reflection_tokens;
         SessionView {
             id: s.id,
             goal: s.goal,
@@ -108,6 +147,21 @@ impl From<SessionRecord> for SessionView {
             status: s.status,
             reason: s.reason,
             summary: s.summary,
+            question: s
+                .reason_detail
+                .clone()
+                .filter(|_| s.reason == Some(Reason::AskUser) && s.status == Status::Paused),
+            reason_detail: s.reason_detail,
+            tokens_by_source: TokensBySource {
+                agent: total - reflection,
+                reflection,
+            },
+            reflection_share: if total > 0 {
+                reflection as f64 / total as f64
+            } else {
+                0.0
+            },
+            last_reflection: s.last_reflection,
             iterations: s.counters.iterations,
             tokens_used: s.counters.tokens_used,
             tool_calls: s.counters.tool_calls,
@@ -303,6 +357,62 @@ pub struct ListQuery {
     pub cursor: Option<String>,
     /// Page size, 1 – 200 (default 50).
     pub limit: Option<i64>,
+}
+
+/// A stored reflection.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct ReflectionView {
+    /// Number, from 1.
+    pub number: i32,
+    /// Iteration it followed.
+    pub after_iteration: i64,
+    /// `interval` or `agent_claimed_done`.
+    pub trigger: String,
+    /// Whether the reflector gave a valid answer.
+    pub ok: bool,
+    /// The validated assessment (goal_achieved, progress, percent_complete, …).
+    #[schema(value_type = Option<Object>)]
+    pub assessment: Option<serde_json::Value>,
+    /// Why the reflection failed, when it did.
+    pub error: Option<String>,
+    /// What the loop did: verdict and reflection state after it.
+    #[schema(value_type = Object)]
+    pub decision: serde_json::Value,
+    /// Iterations until the next reflection (5 when stuck, 20 when progress is good).
+    pub next_interval: i32,
+    /// Tokens it used.
+    pub tokens: i64,
+    /// The model's raw answer.
+    pub raw: Option<String>,
+    /// When.
+    pub created_at: DateTime<Utc>,
+}
+
+impl From<crate::store::ReflectionRecord> for ReflectionView {
+    fn from(r: crate::store::ReflectionRecord) -> ReflectionView {
+        ReflectionView {
+            number: r.number,
+            after_iteration: r.after_iteration,
+            trigger: r.trigger,
+            ok: r.ok,
+            assessment: r.assessment,
+            error: r.error,
+            decision: r.decision,
+            next_interval: r.next_interval,
+            tokens: r.tokens,
+            raw: r.raw,
+            created_at: r.created_at,
+        }
+    }
+}
+
+/// One page of reflections.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct ReflectionPage {
+    /// Reflections in order.
+    pub items: Vec<ReflectionView>,
+    /// Pass as `after` to get the next page; null on the last page.
+    pub next_after: Option<i64>,
 }
 
 /// Health answer.

@@ -52,8 +52,8 @@ pub struct Budget {
     pub time_remaining_ms: Option<u64>,
 }
 
-/// What the gate looks at.
-#[derive(Debug, Clone, Copy, PartialEq)]
+/// What the gate looks at (serialized into the decision log).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct GateInputs<'a> {
     /// Number of the step about to run (1-based).
     pub step: u64,

@@ -103,11 +103,13 @@ pub enum Reason {
     UserPause,
     /// Warden hit an error it could not recover from.
     InternalError,
+    /// Reflection failed several times in a row.
+    ReflectionFailed,
 }
 
 impl Reason {
     /// Every reason.
-    pub const ALL: [Reason; 18] = [
+    pub const ALL: [Reason; 19] = [
         Reason::GoalAchieved,
         Reason::AgentBlocked,
         Reason::AskUser,
@@ -126,6 +128,7 @@ impl Reason {
         Reason::UserStop,
         Reason::UserPause,
         Reason::InternalError,
+        Reason::ReflectionFailed,
     ];
 
     /// The snake_case name stored in Postgres and shown in JSON.
@@ -149,6 +152,7 @@ impl Reason {
             Reason::UserStop => "user_stop",
             Reason::UserPause => "user_pause",
             Reason::InternalError => "internal_error",
+            Reason::ReflectionFailed => "reflection_failed",
         }
     }
 
@@ -167,7 +171,8 @@ impl Reason {
             | Reason::SlowProgress
             | Reason::ReworkLoop
             | Reason::Uncertainty
-            | Reason::UserPause => Status::Paused,
+            | Reason::UserPause
+            | Reason::ReflectionFailed => Status::Paused,
             Reason::CoherenceLow
             | Reason::Timeout
             | Reason::MaxIterations
@@ -360,6 +365,7 @@ mod tests {
             ReworkLoop,
             Uncertainty,
             UserPause,
+            ReflectionFailed,
         ] {
             expect(r, Status::Paused);
         }

@@ -6,6 +6,7 @@ pub mod gate;
 pub mod guardrails;
 pub mod history;
 pub mod lifecycle;
+pub mod reflection;
 pub mod sentinel;
 pub mod stuck;
 pub mod termination;

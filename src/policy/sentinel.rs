@@ -1,6 +1,7 @@
-//! Stop sentinels: how an executor without tool calling says it is done or
-//! blocked. Only the final non-blank line counts, alone and whole, so a
-//! sentinel quoted in prose never stops a session.
+//! Agent signals. Stop sentinels are how an executor without tool calling
+//! says it is done or blocked: only the final non-blank line counts, alone
+//! and whole, so a sentinel quoted in prose never stops a session. Agents
+//! with tools send the same signals through loop-breaking tools.
 
 use serde::{Deserialize, Serialize};
 
@@ -12,14 +13,16 @@ pub enum SignalKind {
     Done,
     /// The agent cannot go on without help.
     Blocked,
+    /// The agent asks the user a question (a loop-breaking tool).
+    AskUser,
 }
 
-/// A stop signal found in an agent's output.
+/// A signal from the agent: a sentinel in its output or a loop-breaking tool.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Sentinel {
     /// Done or blocked.
     pub kind: SignalKind,
-    /// The reason given after the colon, if any.
+    /// The reason (or question) given, if any.
     pub reason: Option<String>,
 }
 

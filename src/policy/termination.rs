@@ -161,6 +161,17 @@ pub fn record(reason: Reason, facts: Facts<'_>) -> Termination {
             format!("Paused by a user {ran}"),
             vec![format!("{resume}, optionally with guidance")],
         ),
+        Reason::ReflectionFailed => (
+            with_detail(
+                format!("Paused: reflection failed several times in a row {ran}"),
+                facts.detail,
+            ),
+            vec![
+                "Check the reflection model (WARDEN_LLM_BASE_URL, AUTONOMOUS_REFLECTION_MODEL)"
+                    .into(),
+                format!("{resume} once it answers again"),
+            ],
+        ),
         Reason::InternalError => (
             with_detail(format!("Failed on an internal error {ran}"), facts.detail),
             vec![format!("{resume} to retry from the last checkpoint")],

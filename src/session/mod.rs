@@ -1,7 +1,9 @@
 //! Sessions at run time: the per-session loop, the supervisor that owns the
 //! loops of this replica, and the operations the HTTP layer calls.
 
+mod journal;
 mod lease_clock;
+pub mod reflector;
 pub mod runner;
 pub mod service;
 pub mod state;

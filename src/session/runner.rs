@@ -12,16 +12,19 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use super::lease_clock::LeaseClock;
-use super::state::{self, LoopState, StepEffects};
+use super::reflector::{Reflector, SessionFacts};
+use super::state::{self, AppliedReflection, LoopState, StepEffects};
 use crate::config::Config;
 use crate::executor::{Executor, ExecutorError, StepContext, StepResult};
 use crate::policy::gate::{self, GateDecision, PauseCause, StopCause};
 use crate::policy::guardrails::{self, Usage};
 use crate::policy::history::{Outcome, StepRecord};
-use crate::policy::lifecycle::Reason;
+use crate::policy::lifecycle::{Mode, Reason};
+use crate::policy::reflection::{self, Trigger};
 use crate::policy::termination::{self, Facts};
 use crate::store::{
-    ControlFlags, Counters, Lease, NewEvent, NewIteration, SessionSettings, Store, StoreError,
+    ControlFlags, Counters, Lease, NewEvent, NewIteration, NewReflection, SessionSettings, Store,
+    StoreError,
 };
 
 /// Signals a runner obeys; shared with the supervisor.
@@ -73,6 +76,7 @@ pub struct Runner {
     state: LoopState,
     guidance: Option<String>,
     control: Control,
+    reflector: Option<Arc<Reflector>>,
     /// Running time accumulated before this process picked the session up.
     base_elapsed_ms: u64,
     started: Instant,
@@ -101,8 +105,10 @@ impl Runner {
         state: LoopState,
         guidance: Option<String>,
         control: Control,
+        reflector: Option<Arc<Reflector>>,
     ) -> Runner {
         Runner {
+            reflector,
             store,
             config,
             lease,
@@ -166,6 +172,23 @@ impl Runner {
                 tracing::warn!("lease not renewed in time; handing the session over");
                 return Ok(Exit::LeaseLost);
             }
+            // 7. Reflection (continuous mode), including the second vote on
+            // the agent's done-claim, then 8. the periodic checkpoint.
+            if let Some(trigger) = self.reflection_due() {
+                if let Some(exit) = self.reflect(trigger).await? {
+                    return Ok(exit);
+                }
+                continue;
+            }
+            let done = self.state.usage.iterations;
+            let interval = u64::from(self.settings.limits.checkpoint_interval.max(1));
+            if done > 0
+                && done.is_multiple_of(interval)
+                && self.state.last_checkpoint_step < done
+                && self.state.pending_end.is_none()
+            {
+                self.checkpoint("interval").await?;
+            }
             if let Some(end) = self.state.pending_end.clone() {
                 return self.finish(end.reason, end.detail, Vec::new()).await;
             }
@@ -189,10 +212,13 @@ impl Runner {
             let deltas = self.state.token_deltas();
             let mut inputs = self.state.gate_inputs(&limits, &deltas);
             inputs.budget.time_remaining_ms = Some(guardrails::time_remaining_ms(&limits, &usage));
+            inputs.coherence = self.state.reflection.coherence;
+            inputs.uncertainty = self.state.reflection.uncertainty;
             let evaluation = gate::evaluate(&self.config.gate, &inputs);
             let decision_event = NewEvent::new(
                 "gate_decision",
-                json!({ "step": step, "decision": evaluation.decision, "metrics": evaluation.metrics }),
+                json!({ "step": step, "decision": evaluation.decision,
+                        "metrics": evaluation.metrics, "inputs": inputs }),
             );
             match evaluation.decision {
                 GateDecision::Stop { cause } => {
@@ -255,6 +281,7 @@ impl Runner {
                     guidance: self.guidance.as_deref(),
                     nudge: nudge.as_deref(),
                     history: &self.state.history,
+                    token_allowance: guardrails::tokens_remaining(&limits, &self.state.usage),
                 };
                 tokio::select! {
                     biased;
@@ -280,31 +307,41 @@ impl Runner {
             };
             let duration_ms = t0.elapsed().as_millis() as u64;
             let finished_at = Utc::now();
-            let (record, percent) = match result {
+            let (record, percent, signal, transcript, executor_events) = match result {
                 Ok(StepResult::Exhausted) => {
                     return self
                         .finish(Reason::ExecutorExhausted, None, vec![decision_event])
                         .await;
                 }
-                Ok(StepResult::Step(out)) => (
-                    StepRecord {
-                        number: step,
-                        action: out.action,
-                        arguments: out.arguments,
-                        outcome: out.outcome,
-                        observation: out.observation,
-                        message: out.message,
-                        error: out.error,
-                        tokens: out.tokens,
-                        tool_calls: out.tool_calls,
-                        files_written: out.files_written,
-                        waiting: out.waiting,
-                        duration_ms,
-                        context_overflow: false,
-                    },
-                    out.percent_complete,
-                ),
-                Err(ExecutorError::Failed { action, message }) => (
+                Ok(StepResult::Step(out)) => {
+                    let out = *out;
+                    (
+                        StepRecord {
+                            number: step,
+                            action: out.action,
+                            arguments: out.arguments,
+                            outcome: out.outcome,
+                            observation: out.observation,
+                            message: out.message,
+                            error: out.error,
+                            tokens: out.tokens,
+                            tool_calls: out.tool_calls,
+                            files_written: out.files_written,
+                            waiting: out.waiting,
+                            duration_ms,
+                            context_overflow: false,
+                        },
+                        out.percent_complete,
+                        out.signal,
+                        out.transcript,
+                        out.events,
+                    )
+                }
+                Err(ExecutorError::Failed {
+                    action,
+                    message,
+                    tokens,
+                }) => (
                     StepRecord {
                         number: step,
                         action,
@@ -313,7 +350,7 @@ impl Runner {
                         observation: String::new(),
                         message: String::new(),
                         error: Some(message),
-                        tokens: 0,
+                        tokens,
                         tool_calls: 0,
                         files_written: Vec::new(),
                         waiting: false,
@@ -321,6 +358,9 @@ impl Runner {
                         context_overflow: false,
                     },
                     None,
+                    None,
+                    None,
+                    Vec::new(),
                 ),
             };
 
@@ -329,51 +369,173 @@ impl Runner {
             let effects = state::assess(
                 &self.state,
                 &record,
+                signal,
                 &self.config.stuck,
                 elapsed_ms,
                 percent,
             );
+            let mut events = vec![decision_event];
+            events.extend(
+                executor_events
+                    .into_iter()
+                    .map(|e| NewEvent::new(e.kind, e.data)),
+            );
             let flags = self
-                .commit(&record, &effects, decision_event, started_at, finished_at)
+                .commit(
+                    &record,
+                    &effects,
+                    events,
+                    transcript,
+                    started_at,
+                    finished_at,
+                )
                 .await?;
             self.state.apply(self.state.run, &record, &effects);
             self.guidance = None;
             self.apply_flags(flags);
-
             // 6. Agent signals and stuck verdicts take effect at the top of the loop.
-            // 8. Periodic checkpoint.
-            let interval = u64::from(self.settings.limits.checkpoint_interval.max(1));
-            if step.is_multiple_of(interval) && self.state.pending_end.is_none() {
-                self.checkpoint("interval").await?;
-            }
         }
+    }
+
+    /// Whether a reflection runs now: continuous mode, a reflector, and the
+    /// interval elapsed or the agent claimed the goal is done.
+    fn reflection_due(&self) -> Option<Trigger> {
+        if self.settings.mode != Mode::Continuous || self.reflector.is_none() {
+            return None;
+        }
+        let claim = self.state.claim_under_review().is_some();
+        let iterations = self.state.usage.iterations;
+        if !claim && (iterations == 0 || iterations <= self.state.reflection.last_at) {
+            return None;
+        }
+        reflection::due(&self.state.reflection, iterations, claim)
+    }
+
+    /// Runs one reflection and applies its verdict; `Some` when the session
+    /// was stopped or handed over meanwhile.
+    async fn reflect(&mut self, trigger: Trigger) -> Result<Option<Exit>, StoreError> {
+        let Some(reflector) = self.reflector.clone() else {
+            return Ok(None);
+        };
+        let usage = self.current_usage();
+        let window = usize::try_from(self.state.reflection.interval)
+            .unwrap_or(usize::MAX)
+            .max(1);
+        let recent = &self.state.history[self.state.history.len().saturating_sub(window)..];
+        let claim = self
+            .state
+            .claim_under_review()
+            .map(|c| c.detail.clone().unwrap_or_default());
+        let facts = SessionFacts {
+            goal: &self.goal,
+            iterations: usage.iterations,
+            elapsed_ms: usage.elapsed_ms,
+            tokens: usage.tokens,
+            recent,
+            trigger,
+            claim: claim.as_deref(),
+        };
+        let allowance = guardrails::tokens_remaining(&self.settings.limits, &usage)
+            .min(self.config.models.max_tokens_per_call);
+        let answer = tokio::select! {
+            biased;
+            _ = self.control.stop.cancelled() => None,
+            _ = self.control.shutdown.cancelled() => None,
+            answer = reflector.reflect(&facts, allowance) => Some(answer),
+        };
+        let Some(answer) = answer else {
+            return if self.control.stop.is_cancelled() {
+                self.finish(Reason::UserStop, None, Vec::new())
+                    .await
+                    .map(Some)
+            } else {
+                self.release().await.map(Some)
+            };
+        };
+        let base = self.settings.limits.reflection_interval;
+        let prior = self.state.reflection;
+        let (verdict, state_after, percent, reasoning) = match &answer.assessment {
+            Ok(a) => {
+                let (v, st) =
+                    reflection::decide(&prior, a, trigger, base, usage.iterations, answer.tokens);
+                (v, st, Some(a.percent_complete), Some(a.reasoning.clone()))
+            }
+            Err(err) => {
+                tracing::warn!(error = %err, "reflection failed; continuing under the fixed limits");
+                let (v, st) =
+                    reflection::on_failure(&prior, trigger, base, usage.iterations, answer.tokens);
+                let reasoning = match &v {
+                    reflection::Verdict::Pause { .. } => Some(err.clone()),
+                    _ => claim.clone(),
+                };
+                (v, st, None, reasoning)
+            }
+        };
+        let applied = AppliedReflection {
+            verdict,
+            state_after,
+            percent_complete: percent,
+            reasoning,
+        };
+        let mut next = self.state.clone();
+        next.apply_reflection(&applied);
+        let eta = state::eta_seconds(next.percent_complete, usage.elapsed_ms);
+        let record = NewReflection {
+            number: i32::try_from(state_after.attempts).unwrap_or(i32::MAX),
+            after_iteration: usage.iterations as i64,
+            trigger: match trigger {
+                Trigger::Interval => "interval".into(),
+                Trigger::AgentClaimedDone => "agent_claimed_done".into(),
+            },
+            ok: answer.assessment.is_ok(),
+            assessment: answer
+                .assessment
+                .as_ref()
+                .ok()
+                .and_then(|a| serde_json::to_value(a).ok()),
+            error: answer.assessment.as_ref().err().cloned(),
+            decision: serde_json::to_value(&applied).unwrap_or_default(),
+            next_interval: i32::try_from(state_after.interval).unwrap_or(i32::MAX),
+            tokens: answer.tokens as i64,
+            raw: answer.raw.clone(),
+        };
+        let counters = Counters::from_usage(
+            &Usage {
+                elapsed_ms: usage.elapsed_ms,
+                ..next.usage
+            },
+            next.reflection.tokens,
+        );
+        self.store
+            .insert_reflection(&self.lease, &record, counters, next.percent_complete, eta)
+            .await?;
+        self.state = next;
+        Ok(None)
     }
 
     async fn commit(
         &mut self,
         record: &StepRecord,
         effects: &StepEffects,
-        decision_event: NewEvent,
+        mut events: Vec<NewEvent>,
+        transcript: Option<serde_json::Value>,
         started_at: chrono::DateTime<Utc>,
         finished_at: chrono::DateTime<Utc>,
     ) -> Result<ControlFlags, StoreError> {
         let usage = state::usage_after(&self.state.usage, record, effects.elapsed_ms);
-        let mut events = vec![
-            decision_event,
-            NewEvent::new(
-                "iteration_completed",
-                json!({
-                    "number": record.number,
-                    "action": record.action,
-                    "outcome": record.outcome,
-                    "tokens": record.tokens,
-                    "duration_ms": record.duration_ms,
-                    "rework": effects.rework,
-                    "tokens_used": usage.tokens,
-                    "percent_complete": effects.percent_complete,
-                }),
-            ),
-        ];
+        events.push(NewEvent::new(
+            "iteration_completed",
+            json!({
+                "number": record.number,
+                "action": record.action,
+                "outcome": record.outcome,
+                "tokens": record.tokens,
+                "duration_ms": record.duration_ms,
+                "rework": effects.rework,
+                "tokens_used": usage.tokens,
+                "percent_complete": effects.percent_complete,
+            }),
+        ));
         if let Some(finding) = &effects.stuck {
             events.push(NewEvent::new(
                 "stuck_detected",
@@ -400,6 +562,7 @@ impl Runner {
             duration_ms: record.duration_ms as i64,
             record: serde_json::to_value(record).unwrap_or_default(),
             effects: serde_json::to_value(effects).unwrap_or_default(),
+            transcript,
             started_at,
             finished_at,
         };
@@ -408,7 +571,7 @@ impl Runner {
             .commit_iteration(
                 &self.lease,
                 &iteration,
-                Counters::from_usage(&usage),
+                Counters::from_usage(&usage, self.state.reflection.tokens),
                 (effects.percent_complete, eta),
                 &events,
             )
@@ -480,7 +643,8 @@ impl Runner {
             .finish(
                 &self.lease,
                 &record,
-                Counters::from_usage(&usage),
+                detail.as_deref(),
+                Counters::from_usage(&usage, self.state.reflection.tokens),
                 (usage.iterations as i64, &snapshot),
                 &events,
             )
@@ -496,7 +660,7 @@ impl Runner {
         self.store
             .release(
                 &self.lease,
-                Counters::from_usage(&usage),
+                Counters::from_usage(&usage, self.state.reflection.tokens),
                 (usage.iterations as i64, &snapshot),
             )
             .await?;

@@ -10,10 +10,12 @@ use serde_json::json;
 use utoipa::ToSchema;
 use uuid::Uuid;
 
-use super::state::{LoopState, StepEffects};
+use super::journal::StoreJournal;
+use super::state::{AppliedReflection, LoopState, StepEffects};
 use super::supervisor::{Done, Supervisor};
 use crate::config::Config;
-use crate::executor::ExecutorSpec;
+use crate::executor::{Executor, ExecutorDeps, ExecutorSpec};
+use crate::llm::Message;
 use crate::policy::guardrails::{self, Breach, LimitOutOfRange, LimitsPatch};
 use crate::policy::history::StepRecord;
 use crate::policy::lifecycle::{
@@ -21,7 +23,8 @@ use crate::policy::lifecycle::{
 };
 use crate::policy::termination::{self, Facts};
 use crate::store::{
-    self, NewEvent, NewSession, SessionCursor, SessionRecord, SessionSettings, Store, StoreError,
+    self, Lease, NewEvent, NewSession, SessionCursor, SessionRecord, SessionSettings, Store,
+    StoreError,
 };
 
 /// Longest goal accepted, in bytes.
@@ -125,17 +128,29 @@ pub async fn load_for_run(store: &Store, id: Uuid) -> Result<(SessionRecord, Loo
     let session = store.session(id).await?.ok_or(ServiceError::NotFound(id))?;
     let (checkpoint, iterations) = store.rebuild_inputs(id).await?;
     let corrupt = |detail: String| StoreError::Corrupt { id, detail };
+    let covered = checkpoint.as_ref().map_or(0, |c| c.iteration);
     let mut state = match checkpoint {
         Some(c) => serde_json::from_value::<LoopState>(c.state)
             .map_err(|e| corrupt(format!("checkpoint {}: {e}", c.id)))?,
-        None => LoopState::new(),
+        None => LoopState::new(session.limits.reflection_interval),
     };
+    let mut reflections = store
+        .reflections_after_iteration(id, covered)
+        .await?
+        .into_iter()
+        .peekable();
     for it in iterations {
         let record: StepRecord = serde_json::from_value(it.record)
             .map_err(|e| corrupt(format!("iteration {}: {e}", it.number)))?;
         let effects: StepEffects = serde_json::from_value(it.effects)
             .map_err(|e| corrupt(format!("iteration {} effects: {e}", it.number)))?;
         state.apply(it.run, &record, &effects);
+        // Reflections replay right after the iteration they followed.
+        while let Some(r) = reflections.next_if(|r| r.after_iteration <= it.number) {
+            let applied: AppliedReflection = serde_json::from_value(r.decision)
+                .map_err(|e| corrupt(format!("reflection {}: {e}", r.number)))?;
+            state.apply_reflection(&applied);
+        }
     }
     // A newer run than the state knows means a person resumed after the
     // last stored step: the per-run counters start over.
@@ -143,6 +158,42 @@ pub async fn load_for_run(store: &Store, id: Uuid) -> Result<(SessionRecord, Loo
         state.begin_run(session.run);
     }
     Ok((session, state))
+}
+
+/// Builds the executor of a session whose lease this replica holds,
+/// continuing its conversation from the stored transcript.
+pub async fn build_executor(
+    store: &Store,
+    config: &Config,
+    session: &SessionRecord,
+    lease: Lease,
+) -> Result<Box<dyn Executor>> {
+    let spec: ExecutorSpec =
+        serde_json::from_value(session.executor.clone()).map_err(|e| StoreError::Corrupt {
+            id: session.id,
+            detail: format!("executor: {e}"),
+        })?;
+    let transcript = match spec {
+        ExecutorSpec::Llm { .. } => store
+            .transcript(session.id, 30)
+            .await?
+            .into_iter()
+            .filter_map(|v| serde_json::from_value::<Vec<Message>>(v).ok())
+            .collect(),
+        _ => Vec::new(),
+    };
+    let deps = ExecutorDeps {
+        session_id: session.id,
+        goal: session.goal.clone(),
+        llm: config.models.endpoint.clone(),
+        llm_model: config.models.model.clone(),
+        llm_max_tokens: config.models.max_tokens_per_call,
+        workspace_root: config.workspace_root.clone(),
+        max_file_bytes: config.models.max_file_bytes,
+        journal: Arc::new(StoreJournal::new(store.clone(), lease)),
+        transcript,
+    };
+    spec.build(deps).map_err(ServiceError::Unavailable)
 }
 
 async fn wait_done(done: Option<Done>, timeout: Duration) {
@@ -180,6 +231,22 @@ impl SessionService {
             )));
         }
         req.executor.validate().map_err(ServiceError::Invalid)?;
+        if let ExecutorSpec::Llm {
+            model, base_url, ..
+        } = &req.executor
+        {
+            if base_url.is_none() && self.config.models.endpoint.is_none() {
+                return Err(ServiceError::Invalid(
+                    "executor.base_url is required: no default model endpoint is configured (WARDEN_LLM_BASE_URL)".into(),
+                ));
+            }
+            if model.is_none() && self.config.models.model.is_none() {
+                return Err(ServiceError::Invalid(
+                    "executor.model is required: no default model is configured (WARDEN_LLM_MODEL)"
+                        .into(),
+                ));
+            }
+        }
         let mode = req.mode.unwrap_or(self.config.defaults.mode);
         let limits = self.config.defaults.limits_for(mode).apply(&req.limits)?;
         let executor = serde_json::to_value(&req.executor)
@@ -213,8 +280,13 @@ impl SessionService {
             .await?;
         tracing::info!(session_id = %record.id, "session created");
         self.supervisor
-            .spawn(lease, acquired, &record, LoopState::new())
-            .map_err(ServiceError::Unavailable)?;
+            .spawn(
+                lease,
+                acquired,
+                &record,
+                LoopState::new(record.limits.reflection_interval),
+            )
+            .await?;
         Ok(record)
     }
 
@@ -434,7 +506,7 @@ impl SessionService {
         let (session, state) = load_for_run(&self.store, id).await?;
         self.supervisor
             .spawn(lease, acquired, &session, state)
-            .map_err(ServiceError::Unavailable)?;
+            .await?;
         Ok(session)
     }
 

@@ -8,6 +8,7 @@ use crate::policy::gate::{Budget, GateInputs};
 use crate::policy::guardrails::{self, Limits, Usage};
 use crate::policy::history::{self, Outcome, Rework, StepRecord};
 use crate::policy::lifecycle::Reason;
+use crate::policy::reflection::{ReflectionState, Verdict};
 use crate::policy::sentinel::{self, Sentinel, SignalKind};
 use crate::policy::stuck::{self, StuckConfig, StuckPattern, StuckVerdict};
 
@@ -21,6 +22,10 @@ pub struct PendingEnd {
     pub reason: Reason,
     /// Detail for the summary.
     pub detail: Option<String>,
+    /// The agent claimed the goal is done; in continuous mode the reflector
+    /// must cast the second vote before the session completes.
+    #[serde(default)]
+    pub review_pending: bool,
 }
 
 /// A stuck pattern and what was done about it.
@@ -72,12 +77,29 @@ pub struct LoopState {
     pub pending_end: Option<PendingEnd>,
     /// Latest progress estimate, percent.
     pub percent_complete: Option<f64>,
+    /// Reflection bookkeeping.
+    #[serde(default)]
+    pub reflection: ReflectionState,
+}
+
+/// A reflection's effect on the loop, as stored with it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AppliedReflection {
+    /// What the loop does.
+    pub verdict: Verdict,
+    /// Reflection bookkeeping after it.
+    pub state_after: ReflectionState,
+    /// Progress it reported.
+    pub percent_complete: Option<f64>,
+    /// Its reasoning (summary detail when it ends or pauses the session).
+    pub reasoning: Option<String>,
 }
 
 /// Decides what follows from `record`, given the state before it.
 pub fn assess(
     state: &LoopState,
     record: &StepRecord,
+    signal: Option<Sentinel>,
     stuck_config: &StuckConfig,
     elapsed_ms: u64,
     percent_complete: Option<f64>,
@@ -98,7 +120,7 @@ pub fn assess(
     StepEffects {
         rework,
         stuck,
-        signal: sentinel::detect(&record.message),
+        signal: signal.or_else(|| sentinel::detect(&record.message)),
         elapsed_ms,
         percent_complete: percent_complete.or(state.percent_complete),
     }
@@ -130,10 +152,11 @@ pub fn eta_seconds(percent_complete: Option<f64>, elapsed_ms: u64) -> Option<f64
 }
 
 impl LoopState {
-    /// A fresh state for a new session.
-    pub fn new() -> LoopState {
+    /// A fresh state for a new session reflecting every `reflection_interval` steps.
+    pub fn new(reflection_interval: u32) -> LoopState {
         LoopState {
             run: 1,
+            reflection: ReflectionState::new(reflection_interval),
             ..LoopState::default()
         }
     }
@@ -173,6 +196,7 @@ impl LoopState {
                 self.pending_end = Some(PendingEnd {
                     reason: Reason::Stuck,
                     detail: Some(pattern.describe()),
+                    review_pending: false,
                 });
             }
             None => {}
@@ -183,16 +207,57 @@ impl LoopState {
                 reason: match signal.kind {
                     SignalKind::Done => Reason::GoalAchieved,
                     SignalKind::Blocked => Reason::AgentBlocked,
+                    SignalKind::AskUser => Reason::AskUser,
                 },
                 detail: signal.reason.clone(),
+                review_pending: signal.kind == SignalKind::Done,
             });
         }
         if effects.percent_complete.is_some() {
             self.percent_complete = effects.percent_complete;
         }
-        if self.pending_end.as_ref().map(|e| e.reason) == Some(Reason::GoalAchieved) {
-            self.percent_complete = Some(100.0);
+    }
+
+    /// Folds a stored reflection into the state.
+    pub fn apply_reflection(&mut self, applied: &AppliedReflection) {
+        // Reflection tokens count against the session's budget like any other.
+        let spent = applied
+            .state_after
+            .tokens
+            .saturating_sub(self.reflection.tokens);
+        self.usage.tokens = self.usage.tokens.saturating_add(spent);
+        self.reflection = applied.state_after;
+        if applied.percent_complete.is_some() {
+            self.percent_complete = applied.percent_complete;
         }
+        let claim = self.pending_end.take_if(|e| e.review_pending);
+        match &applied.verdict {
+            Verdict::Complete => {
+                self.pending_end = Some(PendingEnd {
+                    reason: Reason::GoalAchieved,
+                    detail: claim
+                        .and_then(|c| c.detail)
+                        .or_else(|| applied.reasoning.clone()),
+                    review_pending: false,
+                });
+            }
+            Verdict::Pause { reason } => {
+                self.pending_end = Some(PendingEnd {
+                    reason: *reason,
+                    detail: applied.reasoning.clone(),
+                    review_pending: false,
+                });
+            }
+            Verdict::Reject { feedback } => {
+                self.pending_nudge = Some(feedback.clone());
+            }
+            Verdict::Continue | Verdict::Monitor => {}
+        }
+    }
+
+    /// The agent's done-claim awaiting the reflector's vote, if any.
+    pub fn claim_under_review(&self) -> Option<&PendingEnd> {
+        self.pending_end.as_ref().filter(|e| e.review_pending)
     }
 
     /// Starts a new run after a person resumed the session: the step count,
@@ -250,7 +315,7 @@ mod tests {
 
     #[test]
     fn apply_accumulates_usage_and_bounds_history() {
-        let mut s = LoopState::new();
+        let mut s = LoopState::new(10);
         for n in 1..=25 {
             let mut r = step(n, &format!("a{n}"));
             r.tokens = 10;
@@ -269,7 +334,7 @@ mod tests {
 
     #[test]
     fn error_streak_counts_errors_and_resets_on_success() {
-        let mut s = LoopState::new();
+        let mut s = LoopState::new(10);
         let mut e = step(1, "a");
         e.outcome = Outcome::Error;
         s.apply(1, &e, &effects(1));
@@ -284,7 +349,7 @@ mod tests {
 
     #[test]
     fn a_new_run_restarts_the_step_count() {
-        let mut s = LoopState::new();
+        let mut s = LoopState::new(10);
         s.apply(1, &step(1, "a"), &effects(1));
         s.apply(1, &step(2, "b"), &effects(2));
         s.begin_run(2);
@@ -296,19 +361,19 @@ mod tests {
 
     #[test]
     fn sentinel_sets_the_pending_end() {
-        let mut s = LoopState::new();
+        let mut s = LoopState::new(10);
         let mut r = step(1, "a");
         r.message = "done\n<<WARDEN_GOAL_DONE: shipped>>".into();
-        let e = assess(&s, &r, &StuckConfig::default(), 5, None);
+        let e = assess(&s, &r, None, &StuckConfig::default(), 5, None);
         s.apply(1, &r, &e);
         assert_eq!(
             s.pending_end,
             Some(PendingEnd {
                 reason: Reason::GoalAchieved,
-                detail: Some("shipped".into())
+                detail: Some("shipped".into()),
+                review_pending: true,
             })
         );
-        assert_eq!(s.percent_complete, Some(100.0));
         s.begin_run(2);
         assert_eq!(s.pending_end, None);
     }
@@ -316,13 +381,13 @@ mod tests {
     #[test]
     fn stuck_nudges_once_then_pauses() {
         let cfg = StuckConfig::default();
-        let mut s = LoopState::new();
+        let mut s = LoopState::new(10);
         let mut saw_nudge = false;
         for n in 1..=6 {
             let mut r = step(n, "run_tests");
             r.outcome = Outcome::Failure;
             r.error = Some(format!("failure {n}"));
-            let e = assess(&s, &r, &cfg, n, None);
+            let e = assess(&s, &r, None, &cfg, n, None);
             s.apply(1, &r, &e);
             if s.pending_nudge.is_some() {
                 saw_nudge = true;
@@ -339,13 +404,13 @@ mod tests {
     #[test]
     fn replaying_from_a_snapshot_equals_the_live_state() {
         let cfg = StuckConfig::default();
-        let mut live = LoopState::new();
+        let mut live = LoopState::new(10);
         let mut log = Vec::new();
         let mut snapshot = None;
         for n in 1..=12 {
             let mut r = step(n, if n % 3 == 0 { "x" } else { "y" });
             r.arguments = serde_json::json!({ "n": n % 4 });
-            let e = assess(&live, &r, &cfg, n * 7, Some(n as f64));
+            let e = assess(&live, &r, None, &cfg, n * 7, Some(n as f64));
             live.apply(1, &r, &e);
             log.push((r, e));
             if n == 5 {
@@ -357,6 +422,43 @@ mod tests {
             rebuilt.apply(1, r, e);
         }
         assert_eq!(rebuilt, live);
+    }
+
+    #[test]
+    fn reflection_verdicts_settle_the_agent_claim() {
+        let mut s = LoopState::new(10);
+        let claim = PendingEnd {
+            reason: Reason::GoalAchieved,
+            detail: Some("done".into()),
+            review_pending: true,
+        };
+        let applied = |verdict| AppliedReflection {
+            verdict,
+            state_after: ReflectionState::new(5),
+            percent_complete: Some(60.0),
+            reasoning: Some("tests still fail".into()),
+        };
+        s.pending_end = Some(claim.clone());
+        s.apply_reflection(&applied(Verdict::Reject {
+            feedback: "not yet".into(),
+        }));
+        assert_eq!(s.pending_end, None);
+        assert_eq!(s.pending_nudge.as_deref(), Some("not yet"));
+        assert_eq!(s.percent_complete, Some(60.0));
+        assert_eq!(s.reflection.interval, 5);
+
+        s.pending_end = Some(claim.clone());
+        s.apply_reflection(&applied(Verdict::Complete));
+        let end = s.pending_end.clone().unwrap();
+        assert_eq!(end.reason, Reason::GoalAchieved);
+        assert_eq!(end.detail.as_deref(), Some("done"));
+        assert!(!end.review_pending);
+
+        s.pending_end = None;
+        s.apply_reflection(&applied(Verdict::Pause {
+            reason: Reason::SlowProgress,
+        }));
+        assert_eq!(s.pending_end.unwrap().reason, Reason::SlowProgress);
     }
 
     #[test]

@@ -14,10 +14,12 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use super::lease_clock::LeaseClock;
+use super::reflector::Reflector;
 use super::runner::{Control, Exit, Runner};
+use super::service::{ServiceError, build_executor};
 use super::state::LoopState;
 use crate::config::Config;
-use crate::executor::ExecutorSpec;
+use crate::llm::LlmClient;
 use crate::store::{Lease, SessionRecord, SessionSettings, Store};
 
 /// The Postgres channel that carries stop and pause requests between replicas.
@@ -35,6 +37,8 @@ struct Inner {
     store: Store,
     config: Arc<Config>,
     runners: Mutex<HashMap<Uuid, RunnerHandle>>,
+    /// The reflection model, when one is configured.
+    reflector: Option<Arc<Reflector>>,
     /// Cancelled when the process shuts down: no new runners, background loops end.
     closing: CancellationToken,
 }
@@ -51,11 +55,28 @@ pub type Done = watch::Receiver<bool>;
 impl Supervisor {
     /// A supervisor for replica `replica_id`.
     pub fn new(store: Store, config: Arc<Config>, replica_id: Uuid) -> Supervisor {
+        let models = &config.models;
+        let reflector = match (&models.endpoint, &models.reflection_model) {
+            (Some(endpoint), Some(model)) => match LlmClient::new(endpoint.clone()) {
+                Ok(client) => Some(Arc::new(Reflector::new(
+                    client,
+                    model.clone(),
+                    models.reflection_temperature,
+                    models.reflection_top_p,
+                ))),
+                Err(err) => {
+                    tracing::error!(error = %err, "reflection model client could not be built; reflection is off");
+                    None
+                }
+            },
+            _ => None,
+        };
         Supervisor {
             inner: Arc::new(Inner {
                 replica_id,
                 store,
                 config,
+                reflector,
                 runners: Mutex::new(HashMap::new()),
                 closing: CancellationToken::new(),
             }),
@@ -82,22 +103,21 @@ impl Supervisor {
 
     /// Starts the loop of a session whose lease this replica has just taken.
     /// `acquired` is when the acquiring query was sent.
-    pub fn spawn(
+    pub async fn spawn(
         &self,
         lease: Lease,
         acquired: Instant,
         session: &SessionRecord,
         state: LoopState,
-    ) -> Result<(), String> {
+    ) -> Result<(), ServiceError> {
         if self.inner.closing.is_cancelled() {
-            return Err(
+            return Err(ServiceError::Unavailable(
                 "Warden is shutting down; the session will be picked up by the next instance"
                     .into(),
-            );
+            ));
         }
-        let spec: ExecutorSpec = serde_json::from_value(session.executor.clone())
-            .map_err(|e| format!("stored executor is invalid: {e}"))?;
         let config = &self.inner.config;
+        let executor = build_executor(&self.inner.store, config, session, lease).await?;
         let clock = Arc::new(LeaseClock::new(
             acquired,
             config.lease.ttl,
@@ -119,10 +139,11 @@ impl Supervisor {
                 mode: session.mode,
                 limits: session.limits,
             },
-            spec.build(),
+            executor,
             state,
             session.guidance.clone(),
             control.clone(),
+            self.inner.reflector.clone(),
         );
         let (done_tx, done_rx) = watch::channel(false);
         let me = self.clone();
@@ -246,7 +267,7 @@ impl Supervisor {
             match super::service::load_for_run(store, id).await {
                 Ok((session, state)) => {
                     tracing::info!(session_id = %id, previous_owner = ?c.previous_owner, "rescuing session");
-                    if let Err(err) = self.spawn(c.lease, started, &session, state) {
+                    if let Err(err) = self.spawn(c.lease, started, &session, state).await {
                         tracing::error!(session_id = %id, error = %err, "cannot rescue session");
                     } else {
                         resumed += 1;

@@ -34,6 +34,8 @@ pub struct NewIteration {
     pub record: Value,
     /// What the policies concluded from it (JSON).
     pub effects: Value,
+    /// The step's conversation (model executors).
+    pub transcript: Option<Value>,
     /// Start time.
     pub started_at: DateTime<Utc>,
     /// End time.
@@ -147,8 +149,8 @@ impl Store {
         let mut tx = self.pool.begin().await?;
         let (last_seq, flags) = fenced_update(&mut tx, lease, events.len()).await?;
         sqlx::query(
-            "INSERT INTO iterations (session_id, number, run, action, outcome, tokens, duration_ms, record, effects, started_at, finished_at)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
+            "INSERT INTO iterations (session_id, number, run, action, outcome, tokens, duration_ms, record, effects, started_at, finished_at, transcript)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
         )
         .bind(lease.session_id)
         .bind(iteration.number)
@@ -161,12 +163,13 @@ impl Store {
         .bind(&iteration.effects)
         .bind(iteration.started_at)
         .bind(iteration.finished_at)
+        .bind(&iteration.transcript)
         .execute(&mut *tx)
         .await?;
         sqlx::query(
             "UPDATE sessions SET iterations = $2, tokens_used = $3, tool_calls = $4,
                     consecutive_errors = $5, elapsed_ms = $6, percent_complete = $7, eta_seconds = $8,
-                    guidance = NULL
+                    reflection_tokens = $9, agent_tokens = $3 - $9, guidance = NULL
              WHERE id = $1",
         )
         .bind(lease.session_id)
@@ -177,6 +180,7 @@ impl Store {
         .bind(counters.elapsed_ms)
         .bind(progress.0)
         .bind(progress.1)
+        .bind(counters.reflection_tokens)
         .execute(&mut *tx)
         .await?;
         events::insert_numbered(&mut tx, lease.session_id, last_seq, events).await?;
@@ -224,6 +228,7 @@ impl Store {
         &self,
         lease: &Lease,
         termination: &Termination,
+        detail: Option<&str>,
         counters: Counters,
         checkpoint: (i64, &Value),
         events: &[NewEvent],
@@ -242,6 +247,7 @@ impl Store {
             "UPDATE sessions SET status = $2, reason = $3, summary = $4, next_steps = $5,
                     checkpoint_saved = true, last_checkpoint_iteration = $6,
                     iterations = $7, tokens_used = $8, tool_calls = $9, consecutive_errors = $10, elapsed_ms = $11,
+                    reflection_tokens = $12, agent_tokens = $8 - $12, reason_detail = $13,
                     percent_complete = CASE WHEN $2 = 'completed' THEN 100 ELSE percent_complete END,
                     eta_seconds = CASE WHEN $2 = 'paused' THEN eta_seconds ELSE NULL END,
                     stop_requested = false, pause_requested = false,
@@ -260,6 +266,8 @@ impl Store {
         .bind(counters.tool_calls)
         .bind(counters.consecutive_errors)
         .bind(counters.elapsed_ms)
+        .bind(counters.reflection_tokens)
+        .bind(detail)
         .execute(&mut *tx)
         .await?;
         events::insert_numbered(&mut tx, lease.session_id, last_seq, events).await?;
@@ -319,6 +327,22 @@ impl Store {
         let after = checkpoint.as_ref().map_or(0, |c| c.iteration);
         let iterations = self.iterations(session_id, after, i64::MAX).await?;
         Ok((checkpoint, iterations))
+    }
+
+    /// The conversation of the last `steps` committed iterations that have one, oldest first.
+    pub async fn transcript(&self, session_id: Uuid, steps: i64) -> Result<Vec<Value>> {
+        let rows: Vec<Value> = sqlx::query_scalar(
+            "SELECT transcript FROM (
+                 SELECT number, transcript FROM iterations
+                 WHERE session_id = $1 AND transcript IS NOT NULL
+                 ORDER BY number DESC LIMIT $2) t
+             ORDER BY number",
+        )
+        .bind(session_id)
+        .bind(steps)
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows)
     }
 
     /// Iterations of a session numbered after `after`, in order.

@@ -4,12 +4,15 @@
 
 mod events;
 mod iterations;
+mod journal;
 mod leases;
+mod reflections;
 mod sessions;
 
 pub use events::{EventRecord, NewEvent};
 pub use iterations::{CheckpointRecord, IterationRecord, NewIteration};
 pub use leases::{Claimed, Lease, Renewed};
+pub use reflections::{NewReflection, ReflectionRecord};
 pub use sessions::{
     ControlFlags, Counters, NewSession, SessionCursor, SessionRecord, SessionSettings, end_unowned,
     lock as lock_session, request_pause, request_stop, resume as resume_session, update_settings,

@@ -27,6 +27,8 @@ pub struct Counters {
     pub consecutive_errors: i32,
     /// Running wall time, ms.
     pub elapsed_ms: i64,
+    /// Tokens spent on reflection (part of `tokens_used`).
+    pub reflection_tokens: i64,
 }
 
 impl Counters {
@@ -41,8 +43,8 @@ impl Counters {
         }
     }
 
-    /// Counters from guardrail usage.
-    pub fn from_usage(u: &Usage) -> Counters {
+    /// Counters from guardrail usage and the reflection share of its tokens.
+    pub fn from_usage(u: &Usage, reflection_tokens: u64) -> Counters {
         let big = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
         Counters {
             iterations: big(u.iterations),
@@ -50,6 +52,7 @@ impl Counters {
             tool_calls: big(u.tool_calls),
             consecutive_errors: i32::try_from(u.consecutive_errors).unwrap_or(i32::MAX),
             elapsed_ms: big(u.elapsed_ms),
+            reflection_tokens: big(reflection_tokens),
         }
     }
 }
@@ -69,6 +72,10 @@ pub struct SessionRecord {
     pub reason: Option<Reason>,
     /// Human summary of the termination.
     pub summary: Option<String>,
+    /// Detail of the reason: the agent's question, the blocker, the stuck pattern.
+    pub reason_detail: Option<String>,
+    /// Latest reflection (assessment and decision).
+    pub last_reflection: Option<Value>,
     /// What to do next.
     pub next_steps: Vec<String>,
     /// Progress estimate, percent.
@@ -117,6 +124,9 @@ struct SessionRow {
     status: String,
     reason: Option<String>,
     summary: Option<String>,
+    reason_detail: Option<String>,
+    last_reflection: Option<Value>,
+    reflection_tokens: i64,
     next_steps: Json<Vec<String>>,
     percent_complete: Option<f64>,
     eta_seconds: Option<f64>,
@@ -161,6 +171,8 @@ impl TryFrom<SessionRow> for SessionRecord {
             status,
             reason,
             summary: r.summary,
+            reason_detail: r.reason_detail,
+            last_reflection: r.last_reflection,
             next_steps: r.next_steps.0,
             percent_complete: r.percent_complete,
             eta_seconds: r.eta_seconds,
@@ -172,6 +184,7 @@ impl TryFrom<SessionRow> for SessionRecord {
                 tool_calls: r.tool_calls,
                 consecutive_errors: r.consecutive_errors,
                 elapsed_ms: r.elapsed_ms,
+                reflection_tokens: r.reflection_tokens,
             },
             run: r.run,
             checkpoint_saved: r.checkpoint_saved,
@@ -237,7 +250,7 @@ pub struct SessionCursor {
 macro_rules! select_session {
     ($tail:literal) => {
         concat!(
-            "SELECT id, goal, mode, status, reason, summary, next_steps, percent_complete, eta_seconds, limits, executor, iterations, tokens_used, tool_calls, consecutive_errors, elapsed_ms, run, checkpoint_saved, last_checkpoint_iteration, stop_requested, pause_requested, guidance, last_event_seq, owner, lease_expires_at, heartbeat_at, created_at, updated_at, ended_at FROM sessions ",
+            "SELECT id, goal, mode, status, reason, summary, reason_detail, last_reflection, reflection_tokens, next_steps, percent_complete, eta_seconds, limits, executor, iterations, tokens_used, tool_calls, consecutive_errors, elapsed_ms, run, checkpoint_saved, last_checkpoint_iteration, stop_requested, pause_requested, guidance, last_event_seq, owner, lease_expires_at, heartbeat_at, created_at, updated_at, ended_at FROM sessions ",
             $tail
         )
     };
@@ -384,7 +397,7 @@ pub async fn resume(
 ) -> Result<Lease> {
     let token = Uuid::new_v4();
     sqlx::query(
-        "UPDATE sessions SET status = 'running', reason = NULL, summary = NULL, next_steps = '[]',
+        "UPDATE sessions SET status = 'running', reason = NULL, summary = NULL, reason_detail = NULL, next_steps = '[]',
                 ended_at = NULL, checkpoint_saved = false, stop_requested = false, pause_requested = false,
                 consecutive_errors = 0, run = run + 1, limits = $2, guidance = $3,
                 owner = $4, lease_token = $5, lease_expires_at = now() + make_interval(secs => $6),

@@ -3,6 +3,8 @@
 
 #![allow(dead_code)]
 
+pub mod fake_llm;
+
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
@@ -24,16 +26,29 @@ pub struct TestApp {
 /// Configuration for tests: short leases so crash recovery is quick, a
 /// short throttle cooldown, random port.
 pub fn test_config() -> Config {
-    let vars: HashMap<String, String> = [
+    config_with(&[])
+}
+
+/// The test configuration with extra variables (e.g. a model endpoint).
+pub fn config_with(extra: &[(&str, &str)]) -> Config {
+    let workspaces = std::env::temp_dir().join(format!("warden-test-{}", uuid::Uuid::new_v4()));
+    let workspaces = workspaces.to_string_lossy().to_string();
+    let mut vars: HashMap<String, String> = [
         ("DATABASE_URL", "postgres://unused-in-tests/warden"),
         ("WARDEN_LISTEN_ADDR", "127.0.0.1:0"),
         ("WARDEN_LEASE_TTL_MS", "1000"),
         ("WARDEN_HEARTBEAT_INTERVAL_MS", "200"),
         ("WARDEN_THROTTLE_COOLDOWN_MS", "50"),
+        ("WARDEN_LLM_RETRY_BASE_MS", "10"),
+        ("WARDEN_LLM_MAX_RETRIES", "2"),
+        ("WARDEN_WORKSPACE_ROOT", workspaces.as_str()),
     ]
     .into_iter()
     .map(|(k, v)| (k.to_string(), v.to_string()))
     .collect();
+    for (k, v) in extra {
+        vars.insert(k.to_string(), v.to_string());
+    }
     Config::from_vars(&vars).expect("test configuration is valid")
 }
 

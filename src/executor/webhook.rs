@@ -1,0 +1,191 @@
+//! The webhook executor: Warden supervises an agent written in any language
+//! by POSTing each step's context to its URL and reading back the outcome.
+
+use std::time::Duration;
+
+use futures::FutureExt;
+use futures::future::BoxFuture;
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+use uuid::Uuid;
+
+use super::{Executor, ExecutorError, StepContext, StepOutput, StepResult};
+use crate::policy::history::Outcome;
+use crate::policy::sentinel::{Sentinel, SignalKind};
+
+/// Steps of history sent with each request.
+const HISTORY_ITEMS: usize = 10;
+
+/// What Warden POSTs to the agent for each step.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct WebhookRequest {
+    /// Session id.
+    pub session_id: Uuid,
+    /// The goal.
+    pub goal: String,
+    /// Number of the iteration to perform.
+    pub iteration: u64,
+    /// Guidance from the user, delivered once.
+    pub guidance: Option<String>,
+    /// A supervisor's note (stuck nudge, reviewer feedback), delivered once.
+    pub nudge: Option<String>,
+    /// Most tokens this step may use.
+    pub token_allowance: u64,
+    /// The most recent steps, oldest first.
+    pub history: Vec<WebhookHistoryItem>,
+}
+
+/// One past step as the agent sees it.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct WebhookHistoryItem {
+    /// Iteration number.
+    pub number: u64,
+    /// Action.
+    pub action: String,
+    /// `success`, `failure` or `error`.
+    pub outcome: String,
+    /// Output of the step.
+    pub output: String,
+}
+
+/// A stop signal from the agent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum WebhookSignal {
+    /// The goal is achieved.
+    Done,
+    /// The agent cannot go on without help.
+    Blocked,
+    /// The agent asks the user a question (`reason` holds it).
+    AskUser,
+}
+
+/// What the agent answers for a step.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct WebhookResponse {
+    /// What it did.
+    pub action: String,
+    /// Its arguments (compared to detect rework).
+    #[serde(default)]
+    #[schema(value_type = Object)]
+    pub arguments: serde_json::Value,
+    /// `success` (default), `failure` or `error`.
+    #[serde(default)]
+    #[schema(value_type = Option<String>)]
+    pub outcome: Option<Outcome>,
+    /// Tokens the step used (charged to the session's budget).
+    #[serde(default)]
+    pub tokens: u64,
+    /// Output text; a final sentinel line is honoured like any executor's.
+    #[serde(default)]
+    pub output: String,
+    /// Tool calls it made.
+    #[serde(default)]
+    pub tool_calls: u64,
+    /// Optional stop signal.
+    #[serde(default)]
+    pub signal: Option<WebhookSignal>,
+    /// Reason for the signal (or the question).
+    #[serde(default)]
+    pub reason: Option<String>,
+    /// The agent's own progress estimate, percent.
+    #[serde(default)]
+    pub percent_complete: Option<f64>,
+    /// The step is polling a long-running job.
+    #[serde(default)]
+    pub waiting: bool,
+}
+
+/// Calls an external agent over HTTP.
+pub struct WebhookExecutor {
+    http: reqwest::Client,
+    url: String,
+}
+
+impl WebhookExecutor {
+    /// An executor posting to `url`, each step within `timeout`.
+    pub fn new(url: String, timeout: Duration) -> Result<WebhookExecutor, reqwest::Error> {
+        Ok(WebhookExecutor {
+            http: reqwest::Client::builder().timeout(timeout).build()?,
+            url,
+        })
+    }
+
+    async fn step(&self, ctx: StepContext<'_>) -> Result<StepResult, ExecutorError> {
+        let failed = |message: String| ExecutorError::Failed {
+            action: "webhook".into(),
+            message,
+            tokens: 0,
+        };
+        let history = ctx.history[ctx.history.len().saturating_sub(HISTORY_ITEMS)..]
+            .iter()
+            .map(|s| WebhookHistoryItem {
+                number: s.number,
+                action: s.action.clone(),
+                outcome: serde_json::to_value(s.outcome)
+                    .ok()
+                    .and_then(|v| v.as_str().map(str::to_string))
+                    .unwrap_or_default(),
+                output: s.observation.clone(),
+            })
+            .collect();
+        let request = WebhookRequest {
+            session_id: ctx.session_id,
+            goal: ctx.goal.to_string(),
+            iteration: ctx.iteration,
+            guidance: ctx.guidance.map(str::to_string),
+            nudge: ctx.nudge.map(str::to_string),
+            token_allowance: ctx.token_allowance,
+            history,
+        };
+        let response = self
+            .http
+            .post(&self.url)
+            .json(&request)
+            .send()
+            .await
+            .map_err(|e| failed(format!("agent unreachable: {e}")))?;
+        let status = response.status();
+        let body = response
+            .text()
+            .await
+            .map_err(|e| failed(format!("agent answer unreadable: {e}")))?;
+        if !status.is_success() {
+            return Err(failed(format!(
+                "agent answered {status}: {}",
+                body.chars().take(300).collect::<String>()
+            )));
+        }
+        let answer: WebhookResponse = serde_json::from_str(&body)
+            .map_err(|e| failed(format!("agent answer is not a step outcome: {e}")))?;
+        let outcome = answer.outcome.unwrap_or(Outcome::Success);
+        let signal = answer.signal.map(|s| Sentinel {
+            kind: match s {
+                WebhookSignal::Done => SignalKind::Done,
+                WebhookSignal::Blocked => SignalKind::Blocked,
+                WebhookSignal::AskUser => SignalKind::AskUser,
+            },
+            reason: answer.reason.clone(),
+        });
+        Ok(StepResult::Step(Box::new(StepOutput {
+            arguments: answer.arguments,
+            outcome,
+            error: (outcome != Outcome::Success).then(|| answer.output.clone()),
+            tokens: answer.tokens,
+            tool_calls: answer.tool_calls,
+            waiting: answer.waiting,
+            percent_complete: answer.percent_complete.map(|p| p.clamp(0.0, 100.0)),
+            signal,
+            ..StepOutput::simple(answer.action, answer.output)
+        })))
+    }
+}
+
+impl Executor for WebhookExecutor {
+    fn execute<'a>(
+        &'a mut self,
+        ctx: StepContext<'a>,
+    ) -> BoxFuture<'a, Result<StepResult, ExecutorError>> {
+        self.step(ctx).boxed()
+    }
+}

@@ -1,0 +1,238 @@
+//! The HTTP client: one call with retries, backoff and a timeout.
+
+use std::fmt;
+use std::time::Duration;
+
+use super::wire::{ChatRequest, ChatResponse, Message};
+
+/// Where and how to reach a model server.
+#[derive(Clone)]
+pub struct LlmSettings {
+    /// Base URL up to `/v1`, e.g. `http://127.0.0.1:11434/v1`.
+    pub base_url: String,
+    /// Bearer token, if the server needs one.
+    pub api_key: Option<String>,
+    /// Timeout of one HTTP attempt.
+    pub timeout: Duration,
+    /// Retries after the first attempt (429, 5xx, connection errors, timeouts).
+    pub max_retries: u32,
+    /// First backoff delay; doubles per retry, capped at 30 s.
+    pub retry_base: Duration,
+}
+
+impl fmt::Debug for LlmSettings {
+    // The API key never reaches a log line.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LlmSettings")
+            .field("base_url", &self.base_url)
+            .field("api_key", &self.api_key.as_ref().map(|_| "<redacted>"))
+            .field("timeout", &self.timeout)
+            .field("max_retries", &self.max_retries)
+            .finish()
+    }
+}
+
+/// Tokens charged for one call.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TokenUsage {
+    /// Prompt tokens.
+    pub prompt: u64,
+    /// Completion tokens.
+    pub completion: u64,
+    /// Total (as reported, else prompt + completion).
+    pub total: u64,
+}
+
+/// A successful call.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Completion {
+    /// The assistant's message.
+    pub message: Message,
+    /// Tokens charged.
+    pub usage: TokenUsage,
+    /// Whether usage came from the server (otherwise it was estimated).
+    pub usage_reported: bool,
+    /// Why generation stopped, if the server said.
+    pub finish_reason: Option<String>,
+    /// Attempts it took.
+    pub attempts: u32,
+}
+
+/// Why a call failed after its retries.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum LlmError {
+    /// The server answered with an error status.
+    #[error("model server answered {status}: {body}")]
+    Status {
+        /// HTTP status.
+        status: u16,
+        /// Start of the body.
+        body: String,
+    },
+    /// The server could not be reached or the call timed out.
+    #[error("model server unreachable: {0}")]
+    Transport(String),
+    /// The answer was not a chat completion.
+    #[error("model server answered something that is not a chat completion: {0}")]
+    InvalidResponse(String),
+}
+
+impl LlmError {
+    fn retryable(&self) -> bool {
+        match self {
+            LlmError::Status { status, .. } => *status == 429 || *status >= 500,
+            LlmError::Transport(_) => true,
+            LlmError::InvalidResponse(_) => false,
+        }
+    }
+}
+
+/// A chat-completions client.
+#[derive(Debug, Clone)]
+pub struct LlmClient {
+    http: reqwest::Client,
+    settings: LlmSettings,
+}
+
+fn estimate_tokens(text: usize) -> u64 {
+    // About four characters per token; only used when a server omits usage.
+    (text as u64).div_ceil(4)
+}
+
+impl LlmClient {
+    /// A client for `settings`.
+    pub fn new(settings: LlmSettings) -> Result<LlmClient, LlmError> {
+        let http = reqwest::Client::builder()
+            .timeout(settings.timeout)
+            .build()
+            .map_err(|e| LlmError::Transport(e.to_string()))?;
+        Ok(LlmClient { http, settings })
+    }
+
+    /// The settings in use.
+    pub fn settings(&self) -> &LlmSettings {
+        &self.settings
+    }
+
+    /// Sends `request`, retrying transient failures with exponential backoff.
+    #[tracing::instrument(skip_all, fields(model = %request.model))]
+    pub async fn chat(&self, request: &ChatRequest) -> Result<Completion, LlmError> {
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            match self.attempt(request).await {
+                Ok(mut completion) => {
+                    completion.attempts = attempt;
+                    return Ok(completion);
+                }
+                Err((err, retry_after)) => {
+                    if !err.retryable() || attempt > self.settings.max_retries {
+                        return Err(err);
+                    }
+                    let backoff = self
+                        .settings
+                        .retry_base
+                        .saturating_mul(1 << (attempt - 1).min(16))
+                        .min(Duration::from_secs(30));
+                    let delay = retry_after.unwrap_or(backoff).min(Duration::from_secs(30));
+                    tracing::warn!(error = %err, attempt, ?delay, "model call failed; retrying");
+                    tokio::time::sleep(delay).await;
+                }
+            }
+        }
+    }
+
+    async fn attempt(
+        &self,
+        request: &ChatRequest,
+    ) -> Result<Completion, (LlmError, Option<Duration>)> {
+        let url = format!(
+            "{}/chat/completions",
+            self.settings.base_url.trim_end_matches('/')
+        );
+        let mut builder = self.http.post(&url).json(request);
+        if let Some(key) = &self.settings.api_key {
+            builder = builder.bearer_auth(key);
+        }
+        let response = builder
+            .send()
+            .await
+            .map_err(|e| (LlmError::Transport(e.to_string()), None))?;
+        let status = response.status();
+        let retry_after = response
+            .headers()
+            .get(reqwest::header::RETRY_AFTER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .map(Duration::from_secs);
+        let body = response
+            .text()
+            .await
+            .map_err(|e| (LlmError::Transport(e.to_string()), None))?;
+        if !status.is_success() {
+            let body: String = body.chars().take(500).collect();
+            return Err((
+                LlmError::Status {
+                    status: status.as_u16(),
+                    body,
+                },
+                retry_after,
+            ));
+        }
+        let parsed: ChatResponse = serde_json::from_str(&body).map_err(|e| {
+            (
+                LlmError::InvalidResponse(format!(
+                    "{e}; body starts {:?}",
+                    body.chars().take(200).collect::<String>()
+                )),
+                None,
+            )
+        })?;
+        let choice = parsed.choices.into_iter().next().ok_or_else(|| {
+            (
+                LlmError::InvalidResponse("no choices in the answer".into()),
+                None,
+            )
+        })?;
+        let usage_reported = parsed.usage.is_some();
+        let usage = match parsed.usage {
+            Some(u) => {
+                let prompt = u.prompt_tokens.unwrap_or(0);
+                let completion = u.completion_tokens.unwrap_or(0);
+                TokenUsage {
+                    prompt,
+                    completion,
+                    total: u.total_tokens.unwrap_or(prompt + completion),
+                }
+            }
+            None => {
+                let prompt_chars: usize = request
+                    .messages
+                    .iter()
+                    .map(|m| m.content.as_deref().map_or(0, str::len))
+                    .sum();
+                let completion_chars = choice.message.content.as_deref().map_or(0, str::len)
+                    + choice
+                        .message
+                        .tool_calls
+                        .iter()
+                        .map(|c| c.function.arguments.len() + c.function.name.len())
+                        .sum::<usize>();
+                let prompt = estimate_tokens(prompt_chars);
+                let completion = estimate_tokens(completion_chars);
+                TokenUsage {
+                    prompt,
+                    completion,
+                    total: prompt + completion,
+                }
+            }
+        };
+        Ok(Completion {
+            message: choice.message,
+            usage,
+            usage_reported,
+            finish_reason: choice.finish_reason,
+            attempts: 1,
+        })
+    }
+}

@@ -610,3 +610,94 @@ async fn llm_sessions_need_an_endpoint(pool: PgPool) {
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
     assert!(problem["detail"].as_str().unwrap().contains("executor.url"));
 }
+
+#[sqlx::test]
+async fn a_journaled_tool_result_is_replayed_instead_of_run_again(pool: PgPool) {
+    let fake = FakeLlm::start().await;
+    let args = json!({ "path": "deploy.log", "content": "deployed once" });
+    // The first answer arrives late, so the journal entry below is in place
+    // before the executor looks, as it would be after a crash mid-iteration.
+    fake.agent(tool_calls(&[("write_file", args.clone())], 30).delayed(500))
+        .agent(text("<<WARDEN_GOAL_DONE: deployed>>", 10));
+    let workspaces = std::env::temp_dir().join(format!("warden-replay-{}", uuid::Uuid::new_v4()));
+    let base = fake.base_url();
+    let ws = workspaces.to_string_lossy().to_string();
+    let app = TestApp::spawn_with(
+        pool.clone(),
+        config_with(&[
+            ("WARDEN_LLM_BASE_URL", base.as_str()),
+            ("WARDEN_LLM_MODEL", "fake-model"),
+            ("WARDEN_WORKSPACE_ROOT", ws.as_str()),
+        ]),
+    )
+    .await;
+    let id = create_llm(&app, "fixed", json!({}), json!({})).await;
+    sqlx::query(
+        "INSERT INTO tool_calls (session_id, iteration, call_index, tool, arguments, status, result, finished_at)
+         VALUES ($1::uuid, 1, 0, 'write_file', $2, 'finished', $3, now())",
+    )
+    .bind(&id)
+    .bind(&args)
+    .bind(json!({ "content": "wrote deploy.log (recorded)", "failed": false,
+                  "file": { "path": "deploy.log", "digest": "0000000000000000" } }))
+    .execute(&pool)
+    .await
+    .unwrap();
+    let s = app.wait_settled(&id).await;
+    assert_eq!(s["status"], "completed", "{s}");
+    let first = &app.iterations(&id).await[0];
+    assert_eq!(
+        first["record"]["observation"], "write_file: wrote deploy.log (recorded)",
+        "the recorded result was replayed"
+    );
+    assert!(
+        !workspaces.join(&id).join("deploy.log").exists(),
+        "the side effect did not run a second time"
+    );
+}
+
+#[sqlx::test]
+async fn a_restart_mid_session_keeps_the_conversation(pool: PgPool) {
+    let fake = FakeLlm::start().await;
+    fake.agent(tool_calls(
+        &[(
+            "write_file",
+            json!({ "path": "notes.md", "content": "step one" }),
+        )],
+        20,
+    ))
+    .agent(text("still thinking", 10).delayed(3_000))
+    .agent(tool_calls(
+        &[(
+            "task_completion",
+            json!({ "result": "done", "deliverables": ["notes.md"] }),
+        )],
+        20,
+    ));
+    let base = fake.base_url();
+    let ws = std::env::temp_dir()
+        .join(format!("warden-restart-{}", uuid::Uuid::new_v4()))
+        .to_string_lossy()
+        .to_string();
+    let vars = [
+        ("WARDEN_LLM_BASE_URL", base.as_str()),
+        ("WARDEN_LLM_MODEL", "fake-model"),
+        ("WARDEN_WORKSPACE_ROOT", ws.as_str()),
+    ];
+    let mut first = TestApp::spawn_with(pool.clone(), config_with(&vars)).await;
+    let id = create_llm(&first, "fixed", json!({}), json!({})).await;
+    first
+        .wait_until(&id, Duration::from_secs(5), |s| s["iterations"] == 1)
+        .await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    first.crash();
+    let second = TestApp::spawn_with(pool, config_with(&vars)).await;
+    let s = second.wait_settled(&id).await;
+    assert_eq!(s["status"], "completed", "{s}");
+    assert_gap_free(&second.iterations(&id).await);
+    // The request made by the new instance carries step 1's tool call and result.
+    let last = fake.agent_requests().last().cloned().unwrap();
+    let text = messages_text(&last);
+    assert!(text.contains("call_0_write_file"), "{text}");
+    assert!(text.contains("wrote notes.md"), "{text}");
+}

@@ -126,6 +126,10 @@ pub struct Config {
     pub log_json: bool,
     /// Model endpoints.
     pub models: ModelConfig,
+    /// `AUTONOMOUS_REQUIRE_CONCRETE_GOALS`: ambiguous goals wait for refinement.
+    pub require_concrete_goals: bool,
+    /// `AUTONOMOUS_AUTO_REFINE_GOALS`: apply the suggested refinement without waiting.
+    pub auto_refine_goals: bool,
 }
 
 /// Reads configuration values from a source of variables.
@@ -271,6 +275,13 @@ impl Config {
             reflection_interval: env.parse("AUTONOMOUS_REFLECTION_INTERVAL", 10, 1, 1_000)?,
             checkpoint_interval: env.parse("AUTONOMOUS_CHECKPOINT_INTERVAL", 10, 1, 10_000)?,
             max_tool_calls: None,
+            max_cycles: env.parse("AUTONOMOUS_MAX_CYCLES", 10, 1, 1_000)?,
+            context_budget_tokens: env.parse(
+                "AUTONOMOUS_CONTEXT_TOKENS",
+                32_000,
+                500,
+                10_000_000,
+            )?,
         };
         let defaults = SessionDefaults {
             mode,
@@ -339,9 +350,8 @@ impl Config {
             reflection_top_p: env.float("AUTONOMOUS_REFLECTION_TOP_P", 0.6, 0.0, 1.0)?,
             max_file_bytes: env.parse("WARDEN_MAX_FILE_BYTES", 1_048_576, 1, 104_857_600)?,
         };
-        // Parsed now so a typo is caught at start-up, used once goal refinement lands.
-        env.bool("AUTONOMOUS_REQUIRE_CONCRETE_GOALS", true)?;
-        env.bool("AUTONOMOUS_AUTO_REFINE_GOALS", false)?;
+        let require_concrete_goals = env.bool("AUTONOMOUS_REQUIRE_CONCRETE_GOALS", true)?;
+        let auto_refine_goals = env.bool("AUTONOMOUS_AUTO_REFINE_GOALS", false)?;
         Ok(Config {
             listen_addr,
             database_url,
@@ -362,6 +372,8 @@ impl Config {
             max_body_bytes: env.parse("WARDEN_MAX_BODY_BYTES", 1_048_576, 1_024, 67_108_864)?,
             log_json,
             models,
+            require_concrete_goals,
+            auto_refine_goals,
         })
     }
 }

@@ -11,11 +11,13 @@ use serde_json::{Value, json};
 
 use super::workspace::{ToolError, Workspace};
 use super::{
-    Executor, ExecutorError, ExecutorEvent, StepContext, StepOutput, StepResult, ToolJournal,
+    CycleChange, Executor, ExecutorDeps, ExecutorError, ExecutorEvent, StepContext, StepOutput,
+    StepResult, TaskQueue, ToolJournal,
 };
 use crate::llm::{ChatRequest, LlmClient, Message, ToolCall, ToolSpec};
 use crate::policy::history::{FileWrite, Outcome};
 use crate::policy::sentinel::{Sentinel, SignalKind};
+use crate::store::{Task, TaskWrite};
 
 /// How the agent is told to work: its tools and how to stop.
 pub const SYSTEM_PROMPT: &str = "You are an autonomous agent supervised by Warden. You work \
@@ -30,6 +32,13 @@ lists the workspace files you produced; each is checked, and the claim is reject
 - ask_question(question): call this when you cannot go on without the user's answer. The \
 session pauses until they reply.
 - converse(message): say something to the user that needs their attention; the session pauses.
+- task_queue_read(): your task list, kept across context cycles and restarts.
+- task_queue_write(tasks): add tasks ({title, status?, notes?, priority?}) or update them \
+({id, status?, notes?, title?, priority?}); statuses: pending, in_progress, done, blocked.
+
+Your context window is limited. When it is nearly full you will be told to wrap up: save what \
+you learned in files and the task queue; the conversation is then summarised into your memory \
+and restarted.
 
 Paths are relative to the workspace; absolute paths and `..` are refused. Work in small, \
 verifiable steps, and do not repeat an action that already failed without changing something.
@@ -75,6 +84,21 @@ fn tools() -> Vec<ToolSpec> {
             "Ask the user a question you cannot go on without; the session pauses",
             json!({ "type": "object", "properties": { "question": { "type": "string" } },
                     "required": ["question"] }),
+        ),
+        ToolSpec::function(
+            "task_queue_read",
+            "Read your task queue (kept across context cycles and restarts)",
+            json!({ "type": "object", "properties": {}, "required": [] }),
+        ),
+        ToolSpec::function(
+            "task_queue_write",
+            "Add tasks (no id) or update tasks (with id) in your task queue",
+            json!({ "type": "object", "properties": { "tasks": { "type": "array", "items": {
+                "type": "object", "properties": {
+                    "id": { "type": "integer" }, "title": { "type": "string" },
+                    "status": { "type": "string", "enum": ["pending", "in_progress", "done", "blocked"] },
+                    "notes": { "type": "string" }, "priority": { "type": "integer" } } } } },
+                "required": ["tasks"] }),
         ),
         ToolSpec::function(
             "converse",
@@ -144,8 +168,45 @@ pub struct LlmExecutor {
     workspace: Workspace,
     max_file_bytes: u64,
     journal: Arc<dyn ToolJournal>,
+    tasks: Arc<dyn TaskQueue>,
     transcript: VecDeque<Vec<Message>>,
     goal: String,
+    criteria: Vec<String>,
+    cycle: u32,
+    memory: String,
+    context_budget: u64,
+    /// Wrap-up turns left in this cycle, once the context is nearly full.
+    wrap_up_left: Option<u8>,
+}
+
+/// Turns the agent gets to save its findings before a cycle ends.
+const WRAP_UP_TURNS: u8 = 3;
+/// Most characters of memory carried across cycles (the newest are kept).
+const MEMORY_CHARS: usize = 8_000;
+
+const SUMMARY_PROMPT: &str = "Summarise this context cycle of an autonomous agent for its future \
+self, who will not see the conversation: what was done, what was learned, which files hold \
+results, what failed, and what to do next. Be concrete and brief (at most 300 words).";
+
+fn format_tasks(tasks: &[Task]) -> String {
+    if tasks.is_empty() {
+        return "(empty)".into();
+    }
+    tasks
+        .iter()
+        .map(|t| {
+            let notes = if t.notes.is_empty() {
+                String::new()
+            } else {
+                format!(" — {}", t.notes)
+            };
+            format!(
+                "#{} [{}] (priority {}) {}{notes}",
+                t.id, t.status, t.priority, t.title
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 fn str_arg<'a>(args: &'a Value, name: &str) -> Result<&'a str, ToolError> {
@@ -155,20 +216,16 @@ fn str_arg<'a>(args: &'a Value, name: &str) -> Result<&'a str, ToolError> {
 }
 
 impl LlmExecutor {
-    /// An executor continuing the conversation in `transcript`.
-    #[allow(clippy::too_many_arguments)]
+    /// An executor continuing the conversation of `deps`.
     pub fn new(
         client: LlmClient,
         model: String,
         max_tokens_per_call: u64,
         temperature: Option<f64>,
         workspace: Workspace,
-        max_file_bytes: u64,
-        journal: Arc<dyn ToolJournal>,
-        transcript: Vec<Vec<Message>>,
-        goal: String,
+        deps: ExecutorDeps,
     ) -> LlmExecutor {
-        let mut kept: VecDeque<Vec<Message>> = transcript.into();
+        let mut kept: VecDeque<Vec<Message>> = deps.transcript.into();
         while kept.len() > TRANSCRIPT_STEPS {
             kept.pop_front();
         }
@@ -178,11 +235,101 @@ impl LlmExecutor {
             max_tokens_per_call,
             temperature,
             workspace,
-            max_file_bytes,
-            journal,
+            max_file_bytes: deps.max_file_bytes,
+            journal: deps.journal,
+            tasks: deps.tasks,
             transcript: kept,
-            goal,
+            goal: deps.goal,
+            criteria: deps.criteria,
+            cycle: deps.cycle.max(1),
+            memory: deps.memory,
+            context_budget: deps.context_budget_tokens.max(1),
+            wrap_up_left: None,
         }
+    }
+
+    /// The system prompt: tools, goal, criteria, memory and the task queue.
+    fn system_prompt(&self, tasks: &str) -> String {
+        let mut prompt = format!("{SYSTEM_PROMPT}\n\nGoal: {}", self.goal);
+        if !self.criteria.is_empty() {
+            prompt.push_str("\nSuccess criteria (all must hold when you finish):");
+            for (i, c) in self.criteria.iter().enumerate() {
+                prompt.push_str(&format!("\n{}. {c}", i + 1));
+            }
+        }
+        prompt.push_str(&format!("\n\nThis is context cycle {}.", self.cycle));
+        if !self.memory.is_empty() {
+            prompt.push_str(&format!("\nMemory from earlier cycles:\n{}", self.memory));
+        }
+        prompt.push_str(&format!("\nTask queue:\n{tasks}"));
+        prompt
+    }
+
+    /// Summarises the finished cycle into memory and starts the next one.
+    async fn next_cycle(&mut self) -> Result<(CycleChange, u64), String> {
+        let conversation: String = self
+            .transcript
+            .iter()
+            .flatten()
+            .map(|m| {
+                let calls: Vec<String> = m
+                    .tool_calls
+                    .iter()
+                    .map(|c| format!("{}({})", c.function.name, c.function.arguments))
+                    .collect();
+                format!(
+                    "{}: {} {}",
+                    m.role,
+                    m.content.as_deref().unwrap_or(""),
+                    calls.join(", ")
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("\n");
+        let tail: String = {
+            let chars: Vec<char> = conversation.chars().collect();
+            chars[chars.len().saturating_sub(24_000)..].iter().collect()
+        };
+        let request = ChatRequest {
+            model: self.model.clone(),
+            messages: vec![
+                Message::text("system", SUMMARY_PROMPT),
+                Message::text("user", format!("Goal: {}\n\n{tail}", self.goal)),
+            ],
+            tools: Vec::new(),
+            max_tokens: 600,
+            temperature: Some(0.2),
+            top_p: None,
+        };
+        let completion = self
+            .client
+            .chat(&request)
+            .await
+            .map_err(|e| e.to_string())?;
+        let summary = completion.message.content.unwrap_or_default();
+        let mut memory = format!(
+            "{}\n## Cycle {}\n{}",
+            self.memory,
+            self.cycle,
+            summary.trim()
+        )
+        .trim()
+        .to_string();
+        let chars = memory.chars().count();
+        if chars > MEMORY_CHARS {
+            memory = memory.chars().skip(chars - MEMORY_CHARS).collect();
+        }
+        self.memory = memory.clone();
+        self.cycle += 1;
+        self.transcript.clear();
+        self.wrap_up_left = None;
+        Ok((
+            CycleChange {
+                cycle: self.cycle,
+                memory,
+            },
+            completion.usage.total,
+        ))
     }
 
     /// Runs one tool call, replaying a journaled result when there is one.
@@ -218,10 +365,30 @@ impl LlmExecutor {
                     Err(e) => ToolOutcome::error(e),
                 };
             }
+            "task_queue_read" => {
+                return match self.tasks.read().await {
+                    Ok(tasks) => ToolOutcome::ok(format_tasks(&tasks)),
+                    Err(e) => ToolOutcome::error(e),
+                };
+            }
+            "task_queue_write" => {
+                let writes: Result<Vec<TaskWrite>, _> =
+                    serde_json::from_value(args.get("tasks").cloned().unwrap_or(Value::Null));
+                return match writes {
+                    Ok(writes) => match self.tasks.write(&writes).await {
+                        Ok(tasks) => ToolOutcome::ok(format!(
+                            "task queue updated:\n{}",
+                            format_tasks(&tasks)
+                        )),
+                        Err(e) => ToolOutcome::error(e),
+                    },
+                    Err(e) => ToolOutcome::error(format!("`tasks` must be a list of tasks: {e}")),
+                };
+            }
             "read_file" | "write_file" | "list_files" => {}
             other => {
                 return ToolOutcome::error(format!(
-                    "unknown tool `{other}`; the tools are list_files, read_file, write_file, task_completion, ask_question, converse"
+                    "unknown tool `{other}`; the tools are list_files, read_file, write_file, task_queue_read, task_queue_write, task_completion, ask_question, converse"
                 ));
             }
         }
@@ -334,6 +501,14 @@ impl LlmExecutor {
                 format!("Note from your supervisor: {nudge}"),
             ));
         }
+        if let Some(left) = self.wrap_up_left {
+            step_messages.push(Message::text(
+                "user",
+                format!(
+                    "Your context window is almost full: {left} turn(s) left in this cycle. Save what you have learned now (write files, update the task queue with task_queue_write). Then this conversation is summarised into your memory and restarted."
+                ),
+            ));
+        }
         let last_is_assistant_text = self
             .transcript
             .back()
@@ -349,10 +524,11 @@ impl LlmExecutor {
                 },
             ));
         }
-        let mut messages = vec![Message::text(
-            "system",
-            format!("{SYSTEM_PROMPT}\n\nGoal: {}", self.goal),
-        )];
+        let tasks = match self.tasks.read().await {
+            Ok(tasks) => format_tasks(&tasks),
+            Err(e) => format!("(unavailable: {e})"),
+        };
+        let mut messages = vec![Message::text("system", self.system_prompt(&tasks))];
         messages.extend(self.transcript.iter().flatten().cloned());
         messages.extend(step_messages.iter().cloned());
         let max_tokens = self.max_tokens_per_call.min(ctx.token_allowance);
@@ -430,6 +606,49 @@ impl LlmExecutor {
         while self.transcript.len() > TRANSCRIPT_STEPS {
             self.transcript.pop_front();
         }
+        // Context cycles: at 80 % of the budget the agent gets a few turns to
+        // wrap up; then the cycle is summarised into memory and restarted.
+        let mut tokens = completion.usage.total;
+        let mut context_overflow = false;
+        let mut cycle_change = None;
+        match self.wrap_up_left {
+            None if completion.usage.prompt.saturating_mul(5)
+                >= self.context_budget.saturating_mul(4) =>
+            {
+                self.wrap_up_left = Some(WRAP_UP_TURNS);
+                context_overflow = true;
+                events.push(ExecutorEvent {
+                    kind: "context_wrap_up",
+                    data: json!({ "cycle": self.cycle, "prompt_tokens": completion.usage.prompt,
+                                  "context_budget_tokens": self.context_budget }),
+                });
+            }
+            None => {}
+            Some(left) => {
+                let left = left.saturating_sub(1);
+                self.wrap_up_left = Some(left);
+                if left == 0 || calls.is_empty() {
+                    match self.next_cycle().await {
+                        Ok((change, summary_tokens)) => {
+                            tokens += summary_tokens;
+                            events.push(ExecutorEvent {
+                                kind: "cycle_started",
+                                data: json!({ "cycle": change.cycle, "memory_chars": change.memory.chars().count() }),
+                            });
+                            cycle_change = Some(change);
+                        }
+                        Err(e) => {
+                            // Try again after the next step rather than lose the cycle.
+                            self.wrap_up_left = Some(1);
+                            events.push(ExecutorEvent {
+                                kind: "cycle_summary_failed",
+                                data: json!({ "cycle": self.cycle, "error": e }),
+                            });
+                        }
+                    }
+                }
+            }
+        }
         Ok(StepResult::Step(Box::new(StepOutput {
             action,
             arguments,
@@ -441,7 +660,7 @@ impl LlmExecutor {
             observation,
             message: message_text,
             error: (!failed.is_empty()).then(|| failed.join("; ")),
-            tokens: completion.usage.total,
+            tokens,
             tool_calls: calls.len() as u64,
             files_written: files,
             waiting: false,
@@ -449,6 +668,8 @@ impl LlmExecutor {
             signal,
             transcript,
             events,
+            context_overflow,
+            cycle_change,
         })))
     }
 }

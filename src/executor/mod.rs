@@ -25,6 +25,7 @@ use uuid::Uuid;
 use crate::llm::{LlmClient, LlmSettings, Message};
 use crate::policy::history::{FileWrite, Outcome, StepRecord};
 use crate::policy::sentinel::Sentinel;
+use crate::store::{Task, TaskWrite};
 
 /// What an executor is told about the step it is asked to do.
 #[derive(Debug, Clone, Copy)]
@@ -85,6 +86,19 @@ pub struct StepOutput {
     pub transcript: Option<serde_json::Value>,
     /// Events to record with the iteration.
     pub events: Vec<ExecutorEvent>,
+    /// This step found the context window nearly full and started a wrap-up.
+    pub context_overflow: bool,
+    /// The agent moved to a new context cycle after this step, with this memory.
+    pub cycle_change: Option<CycleChange>,
+}
+
+/// A new context cycle: its number and the memory carried into it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CycleChange {
+    /// The new cycle's number.
+    pub cycle: u32,
+    /// Memory of all earlier cycles.
+    pub memory: String,
 }
 
 impl StepOutput {
@@ -106,6 +120,8 @@ impl StepOutput {
             signal: None,
             transcript: None,
             events: Vec::new(),
+            context_overflow: false,
+            cycle_change: None,
         }
     }
 }
@@ -169,6 +185,14 @@ pub trait ToolJournal: Send + Sync {
         index: u32,
         result: &'a serde_json::Value,
     ) -> BoxFuture<'a, Result<(), String>>;
+}
+
+/// The agent's persistent task queue.
+pub trait TaskQueue: Send + Sync {
+    /// The queue, highest priority first.
+    fn read(&self) -> BoxFuture<'_, Result<Vec<Task>, String>>;
+    /// Applies changes; `Err` carries a message for the agent.
+    fn write<'a>(&'a self, writes: &'a [TaskWrite]) -> BoxFuture<'a, Result<Vec<Task>, String>>;
 }
 
 /// How a session's iterations are performed, as given in the create request.
@@ -238,8 +262,18 @@ pub struct ExecutorDeps {
     pub max_file_bytes: u64,
     /// The tool-call journal of this session.
     pub journal: Arc<dyn ToolJournal>,
-    /// The conversation so far, one entry per committed step.
+    /// The conversation of the current cycle, one entry per committed step.
     pub transcript: Vec<Vec<Message>>,
+    /// The agent's task queue.
+    pub tasks: Arc<dyn TaskQueue>,
+    /// Current context cycle.
+    pub cycle: u32,
+    /// Memory carried from earlier cycles.
+    pub memory: String,
+    /// Context window budget, tokens.
+    pub context_budget_tokens: u64,
+    /// Success criteria, shown to the agent.
+    pub criteria: Vec<String>,
 }
 
 impl ExecutorSpec {
@@ -353,10 +387,7 @@ impl ExecutorSpec {
                     max_tokens_per_call.unwrap_or(deps.llm_max_tokens),
                     *temperature,
                     workspace,
-                    deps.max_file_bytes,
-                    deps.journal,
-                    deps.transcript,
-                    deps.goal,
+                    deps,
                 )))
             }
             ExecutorSpec::Webhook { url, timeout_ms } => Ok(Box::new(

@@ -13,10 +13,10 @@ use super::AppState;
 use super::error::{ApiError, ApiResult, Problem};
 use super::extract::{ApiJson, ApiPath, ApiQuery, OptionalJson};
 use super::views::{
-    AfterPage, CheckpointPage, DecisionQuery, EventPage, IterationPage, ListQuery, ReflectionPage,
-    SessionPage, SessionView,
+    AfterPage, CheckpointPage, DecisionQuery, EventPage, IterationPage, ListQuery, OutcomeMetrics,
+    RefinementList, ReflectionPage, SessionPage, SessionView, TaskList,
 };
-use crate::session::{CreateSession, ResumeSession, UpdateSession};
+use crate::session::{CreateSession, RefinementChoice, ResumeSession, UpdateSession};
 use crate::store::SessionCursor;
 
 /// The session routes, relative to `/api/autonomous`.
@@ -32,6 +32,10 @@ pub fn router() -> Router<AppState> {
         .route("/{id}/events", get(list_events))
         .route("/{id}/decisions", get(list_decisions))
         .route("/{id}/reflections", get(list_reflections))
+        .route("/{id}/refinement", post(refine_session))
+        .route("/{id}/refinements", get(list_refinements))
+        .route("/{id}/tasks", get(list_tasks))
+        .route("/outcomes", get(outcomes))
 }
 
 fn page_limit(limit: Option<i64>, default: i64, max: i64) -> ApiResult<i64> {
@@ -360,4 +364,74 @@ pub async fn list_reflections(
         items: rows.into_iter().map(Into::into).collect(),
         next_after,
     }))
+}
+
+/// Answer a refinement proposal: accept the suggestion, give your own goal,
+/// or proceed with the goal as given under a time limit. Starts the session.
+#[utoipa::path(
+    post, path = "/api/autonomous/{id}/refinement", tag = "control",
+    params(("id" = Uuid, Path, description = "Session id")),
+    request_body = RefinementChoice,
+    responses(
+        (status = 200, description = "The session, now running", body = SessionView),
+        (status = 404, description = "No such session", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "The session is not awaiting refinement", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Invalid choice, goal or time limit", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn refine_session(
+    State(state): State<AppState>,
+    ApiPath(id): ApiPath<Uuid>,
+    ApiJson(choice): ApiJson<RefinementChoice>,
+) -> ApiResult<Json<SessionView>> {
+    Ok(Json(state.service.refine(id, choice).await?.into()))
+}
+
+/// The refinement history of a session's goal.
+#[utoipa::path(
+    get, path = "/api/autonomous/{id}/refinements", tag = "history",
+    params(("id" = Uuid, Path, description = "Session id")),
+    responses(
+        (status = 200, description = "Refinements in order", body = RefinementList),
+        (status = 404, description = "No such session", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn list_refinements(
+    State(state): State<AppState>,
+    ApiPath(id): ApiPath<Uuid>,
+) -> ApiResult<Json<RefinementList>> {
+    ensure_exists(&state, id).await?;
+    let rows = state.service.store().refinements(id).await?;
+    Ok(Json(RefinementList {
+        items: rows.into_iter().map(Into::into).collect(),
+    }))
+}
+
+/// The agent's task queue (kept across context cycles and restarts).
+#[utoipa::path(
+    get, path = "/api/autonomous/{id}/tasks", tag = "history",
+    params(("id" = Uuid, Path, description = "Session id")),
+    responses(
+        (status = 200, description = "The task queue", body = TaskList),
+        (status = 404, description = "No such session", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn list_tasks(
+    State(state): State<AppState>,
+    ApiPath(id): ApiPath<Uuid>,
+) -> ApiResult<Json<TaskList>> {
+    ensure_exists(&state, id).await?;
+    Ok(Json(TaskList {
+        items: state.service.store().tasks(id).await?,
+    }))
+}
+
+/// Outcome metrics over all sessions: completion rate, iterations to
+/// completion, termination reasons, premature-stop rate.
+#[utoipa::path(
+    get, path = "/api/autonomous/outcomes", tag = "sessions",
+    responses((status = 200, description = "Outcome metrics", body = OutcomeMetrics))
+)]
+pub async fn outcomes(State(state): State<AppState>) -> ApiResult<Json<OutcomeMetrics>> {
+    Ok(Json(state.service.store().outcomes().await?.into()))
 }

@@ -6,6 +6,7 @@ use serde::Serialize;
 use utoipa::{IntoParams, ToSchema};
 use uuid::Uuid;
 
+use crate::policy::checklist::ChecklistItem;
 use crate::policy::guardrails::Limits;
 use crate::policy::lifecycle::{Mode, Reason, Status};
 use crate::store::{CheckpointRecord, EventRecord, IterationRecord, SessionRecord};
@@ -36,6 +37,8 @@ pub struct TokensBySource {
     pub agent: i64,
     /// Reflection.
     pub reflection: i64,
+    /// Goal refinement and generated checklists.
+    pub refinement: i64,
 }
 
 /// A session's status document.
@@ -57,6 +60,20 @@ pub struct SessionView {
     pub reason_detail: Option<String>,
     /// The agent's question while it waits with `ask_user`.
     pub question: Option<String>,
+    /// The goal as first given, when a refinement replaced it.
+    pub original_goal: Option<String>,
+    /// The refinement proposal: `suggested_goal`, `matched_patterns`,
+    /// `confidence`, `source` and the `choices` (while `awaiting_refinement`).
+    #[schema(value_type = Option<Object>)]
+    pub refinement: Option<serde_json::Value>,
+    /// Success criteria; completion needs every one reported met.
+    pub success_criteria: Vec<ChecklistItem>,
+    /// Milestones, ticked as reflections report them.
+    pub milestones: Vec<ChecklistItem>,
+    /// Current context cycle (1-based); the limit is `limits.max_cycles`.
+    pub cycle: i32,
+    /// Characters of memory carried across context cycles.
+    pub memory_chars: usize,
     /// Iterations committed.
     pub iterations: i64,
     /// Tokens used over the session's life.
@@ -140,6 +157,7 @@ impl From<SessionRecord> for SessionView {
         };
         let total = s.counters.tokens_used;
         let reflection = s.counters.reflection_tokens;
+        let refinement = s.refinement_tokens;
         SessionView {
             id: s.id,
             goal: s.goal,
@@ -153,9 +171,16 @@ impl From<SessionRecord> for SessionView {
                 .filter(|_| s.reason == Some(Reason::AskUser) && s.status == Status::Paused),
             reason_detail: s.reason_detail,
             tokens_by_source: TokensBySource {
-                agent: total - reflection,
+                agent: total - reflection - refinement,
                 reflection,
+                refinement,
             },
+            original_goal: s.original_goal,
+            refinement: s.refinement,
+            success_criteria: s.criteria,
+            milestones: s.milestones,
+            cycle: s.cycle,
+            memory_chars: s.memory.chars().count(),
             reflection_share: if total > 0 {
                 reflection as f64 / total as f64
             } else {
@@ -413,6 +438,97 @@ pub struct ReflectionPage {
     pub items: Vec<ReflectionView>,
     /// Pass as `after` to get the next page; null on the last page.
     pub next_after: Option<i64>,
+}
+
+/// One refinement of a session's goal.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct RefinementView {
+    /// Number, from 1.
+    pub number: i32,
+    /// `accept_suggestion`, `custom`, `proceed_with_time_limit`, `auto` or `resume`.
+    pub kind: String,
+    /// Goal before.
+    pub goal_before: String,
+    /// Goal after.
+    pub goal_after: String,
+    /// The proposal and the limits that applied.
+    #[schema(value_type = Object)]
+    pub data: serde_json::Value,
+    /// When.
+    pub created_at: DateTime<Utc>,
+}
+
+impl From<crate::store::RefinementRecord> for RefinementView {
+    fn from(r: crate::store::RefinementRecord) -> RefinementView {
+        RefinementView {
+            number: r.number,
+            kind: r.kind,
+            goal_before: r.goal_before,
+            goal_after: r.goal_after,
+            data: r.data,
+            created_at: r.created_at,
+        }
+    }
+}
+
+/// A session's refinement history.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct RefinementList {
+    /// Refinements in order.
+    pub items: Vec<RefinementView>,
+}
+
+/// A session's task queue.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct TaskList {
+    /// Tasks, highest priority first.
+    pub items: Vec<crate::store::Task>,
+}
+
+/// How sessions turned out, from the stored data.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct OutcomeMetrics {
+    /// All sessions.
+    pub sessions: i64,
+    /// Sessions by status.
+    pub by_status: std::collections::BTreeMap<String, i64>,
+    /// Sessions that ended (completed, stopped, interrupted or failed).
+    pub ended: i64,
+    /// Completed sessions.
+    pub completed: i64,
+    /// completed / ended (null when none ended).
+    pub goal_completion_rate: Option<f64>,
+    /// Average iterations of completed sessions.
+    pub average_iterations_to_completion: Option<f64>,
+    /// Waiting and ended sessions by reason.
+    pub termination_reasons: std::collections::BTreeMap<String, i64>,
+    /// Sessions that ever completed.
+    pub ever_completed: i64,
+    /// Sessions a user reopened after they completed, because the work was not done.
+    pub reopened_after_completion: i64,
+    /// reopened_after_completion / ever_completed (null when none completed).
+    pub premature_stop_rate: Option<f64>,
+}
+
+impl From<crate::store::Outcomes> for OutcomeMetrics {
+    fn from(o: crate::store::Outcomes) -> OutcomeMetrics {
+        let count = |s: &str| o.by_status.get(s).copied().unwrap_or(0);
+        let completed = count("completed");
+        let ended = completed + count("stopped") + count("interrupted") + count("failed");
+        let ratio = |n: i64, d: i64| (d > 0).then(|| n as f64 / d as f64);
+        OutcomeMetrics {
+            sessions: o.by_status.values().sum(),
+            ended,
+            completed,
+            goal_completion_rate: ratio(completed, ended),
+            average_iterations_to_completion: o.average_iterations_to_completion,
+            termination_reasons: o.by_reason,
+            ever_completed: o.ever_completed,
+            reopened_after_completion: o.reopened_after_completion,
+            premature_stop_rate: ratio(o.reopened_after_completion, o.ever_completed),
+            by_status: o.by_status,
+        }
+    }
 }
 
 /// Health answer.

@@ -25,6 +25,20 @@ pub struct Limits {
     /// Optional cap on tool calls over the session's life.
     #[serde(default)]
     pub max_tool_calls: Option<u64>,
+    /// Context cycles a session may use (model executors).
+    #[serde(default = "default_max_cycles")]
+    pub max_cycles: u32,
+    /// Context window budget in tokens; at 80 % the agent wraps up the cycle.
+    #[serde(default = "default_context_tokens")]
+    pub context_budget_tokens: u64,
+}
+
+fn default_max_cycles() -> u32 {
+    10
+}
+
+fn default_context_tokens() -> u64 {
+    32_000
 }
 
 /// A partial set of limits, as given in a create, resume or update request.
@@ -45,6 +59,10 @@ pub struct LimitsPatch {
     pub checkpoint_interval: Option<u32>,
     /// Tool-call cap (1 – 10,000,000).
     pub max_tool_calls: Option<u64>,
+    /// Context cycles (1 – 1,000).
+    pub max_cycles: Option<u32>,
+    /// Context budget in tokens (500 – 10,000,000).
+    pub context_budget_tokens: Option<u64>,
 }
 
 /// A limit outside its allowed range.
@@ -62,7 +80,7 @@ pub struct LimitOutOfRange {
 }
 
 /// Allowed range of each limit: (field, min, max).
-pub const RANGES: [(&str, u64, u64); 7] = [
+pub const RANGES: [(&str, u64, u64); 9] = [
     ("max_iterations", 1, 1_000_000),
     ("max_wall_time_ms", 100, 2_592_000_000),
     ("max_tokens", 1, 10_000_000_000),
@@ -70,6 +88,8 @@ pub const RANGES: [(&str, u64, u64); 7] = [
     ("reflection_interval", 1, 1_000),
     ("checkpoint_interval", 1, 10_000),
     ("max_tool_calls", 1, 10_000_000),
+    ("max_cycles", 1, 1_000),
+    ("context_budget_tokens", 500, 10_000_000),
 ];
 
 fn in_range(field: &'static str, value: u64) -> Result<u64, LimitOutOfRange> {
@@ -123,6 +143,14 @@ impl Limits {
                 Some(v) => Some(in_range("max_tool_calls", v)?),
                 None => self.max_tool_calls,
             },
+            max_cycles: match patch.max_cycles {
+                Some(v) => narrow(in_range("max_cycles", u64::from(v))?),
+                None => self.max_cycles,
+            },
+            context_budget_tokens: match patch.context_budget_tokens {
+                Some(v) => in_range("context_budget_tokens", v)?,
+                None => self.context_budget_tokens,
+            },
         })
     }
 
@@ -140,6 +168,8 @@ impl Limits {
         if let Some(v) = self.max_tool_calls {
             in_range("max_tool_calls", v)?;
         }
+        in_range("max_cycles", u64::from(self.max_cycles))?;
+        in_range("context_budget_tokens", self.context_budget_tokens)?;
         Ok(())
     }
 }
@@ -252,6 +282,8 @@ pub(crate) mod tests {
             reflection_interval: 10,
             checkpoint_interval: 10,
             max_tool_calls: None,
+            max_cycles: 10,
+            context_budget_tokens: 32_000,
         }
     }
 

@@ -105,11 +105,13 @@ pub enum Reason {
     InternalError,
     /// Reflection failed several times in a row.
     ReflectionFailed,
+    /// The session used all its context cycles.
+    CycleLimit,
 }
 
 impl Reason {
     /// Every reason.
-    pub const ALL: [Reason; 19] = [
+    pub const ALL: [Reason; 20] = [
         Reason::GoalAchieved,
         Reason::AgentBlocked,
         Reason::AskUser,
@@ -129,6 +131,7 @@ impl Reason {
         Reason::UserPause,
         Reason::InternalError,
         Reason::ReflectionFailed,
+        Reason::CycleLimit,
     ];
 
     /// The snake_case name stored in Postgres and shown in JSON.
@@ -153,6 +156,7 @@ impl Reason {
             Reason::UserPause => "user_pause",
             Reason::InternalError => "internal_error",
             Reason::ReflectionFailed => "reflection_failed",
+            Reason::CycleLimit => "cycle_limit",
         }
     }
 
@@ -180,7 +184,8 @@ impl Reason {
             | Reason::ErrorThreshold
             | Reason::StepLimit
             | Reason::BudgetExhausted
-            | Reason::ExecutorExhausted => Status::Stopped,
+            | Reason::ExecutorExhausted
+            | Reason::CycleLimit => Status::Stopped,
             Reason::UserStop => Status::Interrupted,
             Reason::InternalError => Status::Failed,
         }
@@ -282,10 +287,12 @@ pub fn plan_pause(from: Status) -> Result<PausePlan, IllegalTransition> {
     }
 }
 
-/// Checks that a session in this status may be resumed.
-pub fn check_resume(from: Status) -> Result<(), IllegalTransition> {
+/// Checks that a session in this status may be resumed. A completed
+/// session may be reopened explicitly when its work was not actually done.
+pub fn check_resume(from: Status, reopen: bool) -> Result<(), IllegalTransition> {
     match from {
         s if s.is_resumable() => Ok(()),
+        Status::Completed if reopen => Ok(()),
         Status::Running => Err(IllegalTransition {
             action: "resume",
             from,
@@ -294,13 +301,26 @@ pub fn check_resume(from: Status) -> Result<(), IllegalTransition> {
         Status::Completed => Err(IllegalTransition {
             action: "resume",
             from,
-            hint: "its goal was achieved; create a new session for new work",
+            hint: "its goal was achieved; send \"reopen\": true if the work was not actually done",
         }),
         _ => Err(IllegalTransition {
             action: "resume",
             from,
             hint: "answer its refinement with POST /api/autonomous/{id}/refinement",
         }),
+    }
+}
+
+/// Checks that a refinement choice may be applied.
+pub fn check_refine(from: Status) -> Result<(), IllegalTransition> {
+    if from == Status::AwaitingRefinement {
+        Ok(())
+    } else {
+        Err(IllegalTransition {
+            action: "refine",
+            from,
+            hint: "only a session awaiting refinement takes a refinement choice",
+        })
     }
 }
 
@@ -378,6 +398,7 @@ mod tests {
             StepLimit,
             BudgetExhausted,
             ExecutorExhausted,
+            CycleLimit,
         ] {
             expect(r, Status::Stopped);
         }
@@ -419,14 +440,24 @@ mod tests {
     #[test]
     fn resume_is_allowed_exactly_from_resumable_statuses() {
         for s in Status::ALL {
-            assert_eq!(check_resume(s).is_ok(), s.is_resumable(), "{s:?}");
+            assert_eq!(check_resume(s, false).is_ok(), s.is_resumable(), "{s:?}");
         }
         assert!(
-            check_resume(Status::Completed)
+            check_resume(Status::Completed, false)
                 .unwrap_err()
                 .to_string()
                 .contains("completed")
         );
+        assert!(check_resume(Status::Completed, true).is_ok());
+        assert!(check_resume(Status::Running, true).is_err());
+        assert!(check_resume(Status::AwaitingRefinement, true).is_err());
+    }
+
+    #[test]
+    fn refinement_only_while_awaiting_it() {
+        for s in Status::ALL {
+            assert_eq!(check_refine(s).is_ok(), s == Status::AwaitingRefinement);
+        }
     }
 
     #[test]

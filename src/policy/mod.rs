@@ -2,6 +2,8 @@
 //! their inputs. Nothing here performs I/O or reads a clock, so each rule can
 //! be tested exhaustively and replayed from stored data.
 
+pub mod ambiguity;
+pub mod checklist;
 pub mod gate;
 pub mod guardrails;
 pub mod history;

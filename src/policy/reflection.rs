@@ -65,6 +65,8 @@ pub struct Assessment {
     pub uncertainty: Option<f64>,
     /// Milestones the reflector reports as done.
     pub milestones_done: Vec<String>,
+    /// Success criteria the reflector reports as met.
+    pub criteria_met: Vec<String>,
 }
 
 #[derive(Deserialize)]
@@ -84,6 +86,8 @@ struct RawAssessment {
     uncertainty: Option<f64>,
     #[serde(default)]
     milestones_done: Vec<String>,
+    #[serde(default)]
+    criteria_met: Vec<String>,
 }
 
 fn one_of<T: Copy>(field: &str, value: &str, options: &[(&str, T)]) -> Result<T, String> {
@@ -160,6 +164,7 @@ pub fn parse_assessment(text: &str) -> Result<Assessment, String> {
         coherence: unit_interval("coherence", raw.coherence)?,
         uncertainty: unit_interval("uncertainty", raw.uncertainty)?,
         milestones_done: raw.milestones_done,
+        criteria_met: raw.criteria_met,
     })
 }
 
@@ -267,10 +272,13 @@ pub enum Verdict {
     Monitor,
 }
 
-/// Applies the decision matrix to a valid assessment.
+/// Applies the decision matrix to a valid assessment. `unmet_criteria`
+/// are the success criteria still not reported met (after this assessment):
+/// the goal is not achieved while one remains.
 pub fn decide(
     prior: &ReflectionState,
     assessment: &Assessment,
+    unmet_criteria: &[String],
     trigger: Trigger,
     base_interval: u32,
     iterations: u64,
@@ -297,7 +305,8 @@ pub fn decide(
         tokens: prior.tokens + tokens,
         attempts: prior.attempts + 1,
     };
-    let verdict = if a.goal_achieved == GoalAchieved::Yes {
+    let criteria_open = !unmet_criteria.is_empty();
+    let verdict = if a.goal_achieved == GoalAchieved::Yes && !criteria_open {
         Verdict::Complete
     } else if trigger == Trigger::AgentClaimedDone {
         next.disagreements += 1;
@@ -310,10 +319,23 @@ pub fn decide(
                 "A reviewer checked your claim that the goal is done and disagrees: {}",
                 a.reasoning
             );
+            if criteria_open {
+                feedback.push_str(&format!(
+                    " Success criteria not yet met: {}.",
+                    unmet_criteria.join("; ")
+                ));
+            }
             if !a.next_steps.is_empty() {
                 feedback.push_str(&format!(" Still to do: {}", a.next_steps.join("; ")));
             }
             Verdict::Reject { feedback }
+        }
+    } else if a.goal_achieved == GoalAchieved::Yes {
+        Verdict::Reject {
+            feedback: format!(
+                "The goal is not complete while these success criteria are unmet: {}.",
+                unmet_criteria.join("; ")
+            ),
         }
     } else if a.loop_detected && a.progress == Progress::Stuck {
         Verdict::Pause {
@@ -380,7 +402,7 @@ mod tests {
     }
 
     fn run(prior: &ReflectionState, a: &Assessment) -> (Verdict, ReflectionState) {
-        decide(prior, a, Trigger::Interval, 10, 30, 100)
+        decide(prior, a, &[], Trigger::Interval, 10, 30, 100)
     }
 
     #[test]
@@ -522,7 +544,7 @@ mod tests {
     fn agent_done_claim_needs_the_second_vote() {
         let no = assess("NO", "GOOD", 60.0, false, "CONTINUE");
         let s0 = ReflectionState::new(10);
-        let (v1, s1) = decide(&s0, &no, Trigger::AgentClaimedDone, 10, 5, 10);
+        let (v1, s1) = decide(&s0, &no, &[], Trigger::AgentClaimedDone, 10, 5, 10);
         match v1 {
             Verdict::Reject { feedback } => {
                 assert!(feedback.contains("because"));
@@ -531,7 +553,7 @@ mod tests {
             other => panic!("expected a rejection, got {other:?}"),
         }
         assert_eq!(s1.disagreements, 1);
-        let (v2, s2) = decide(&s1, &no, Trigger::AgentClaimedDone, 10, 8, 10);
+        let (v2, s2) = decide(&s1, &no, &[], Trigger::AgentClaimedDone, 10, 8, 10);
         assert_eq!(
             v2,
             Verdict::Pause {
@@ -541,9 +563,38 @@ mod tests {
         assert_eq!(s2.disagreements, 2);
         let yes = assess("YES", "GOOD", 100.0, false, "STOP");
         assert_eq!(
-            decide(&s1, &yes, Trigger::AgentClaimedDone, 10, 9, 10).0,
+            decide(&s1, &yes, &[], Trigger::AgentClaimedDone, 10, 9, 10).0,
             Verdict::Complete
         );
+    }
+
+    #[test]
+    fn unmet_criteria_refuse_completion() {
+        let yes = assess("YES", "GOOD", 100.0, false, "STOP");
+        let open = vec!["tests pass".to_string()];
+        let s0 = ReflectionState::new(10);
+        match decide(&s0, &yes, &open, Trigger::Interval, 10, 5, 0).0 {
+            Verdict::Reject { feedback } => assert!(feedback.contains("tests pass")),
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+        let (v, s1) = decide(&s0, &yes, &open, Trigger::AgentClaimedDone, 10, 5, 0);
+        match v {
+            Verdict::Reject { feedback } => assert!(feedback.contains("not yet met: tests pass")),
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+        assert_eq!(s1.disagreements, 1);
+        assert_eq!(
+            decide(&s0, &yes, &[], Trigger::Interval, 10, 5, 0).0,
+            Verdict::Complete
+        );
+    }
+
+    #[test]
+    fn reported_criteria_and_milestones_are_parsed() {
+        let text = r#"{"goalAchieved":"NO","progress":"GOOD","percentComplete":50,"loopDetected":false,"recommendation":"CONTINUE","reasoning":"r","criteriaMet":["1"],"milestonesDone":["draft written"]}"#;
+        let a = parse_assessment(text).unwrap();
+        assert_eq!(a.criteria_met, vec!["1"]);
+        assert_eq!(a.milestones_done, vec!["draft written"]);
     }
 
     #[test]
@@ -553,6 +604,7 @@ mod tests {
         let (_, s) = decide(
             &ReflectionState::new(10),
             &a,
+            &[],
             Trigger::Interval,
             10,
             12,

@@ -172,6 +172,10 @@ pub fn record(reason: Reason, facts: Facts<'_>) -> Termination {
                 format!("{resume} once it answers again"),
             ],
         ),
+        Reason::CycleLimit => (
+            format!("Stopped: all {} context cycles used {ran}", l.max_cycles),
+            vec![format!("{resume} with a higher limits.max_cycles")],
+        ),
         Reason::InternalError => (
             with_detail(format!("Failed on an internal error {ran}"), facts.detail),
             vec![format!("{resume} to retry from the last checkpoint")],

@@ -1,12 +1,12 @@
-//! The tool-call journal of one session, backed by Postgres and fenced by
-//! the session's lease.
+//! The tool-call journal and the task queue of one session, backed by
+//! Postgres and fenced by the session's lease.
 
 use futures::FutureExt;
 use futures::future::BoxFuture;
 use serde_json::Value;
 
-use crate::executor::ToolJournal;
-use crate::store::{Lease, Store};
+use crate::executor::{TaskQueue, ToolJournal};
+use crate::store::{Lease, Store, Task, TaskWrite};
 
 /// Journals the tool calls of the session `lease` is for.
 pub struct StoreJournal {
@@ -73,6 +73,41 @@ impl ToolJournal for StoreJournal {
                 .journal_result(&self.lease, number(iteration), index(call), result)
                 .await
                 .map_err(|e| e.to_string())
+        }
+        .boxed()
+    }
+}
+
+/// The task queue of the session `lease` is for.
+pub struct StoreTaskQueue {
+    store: Store,
+    lease: Lease,
+}
+
+impl StoreTaskQueue {
+    /// A queue written under `lease`.
+    pub fn new(store: Store, lease: Lease) -> StoreTaskQueue {
+        StoreTaskQueue { store, lease }
+    }
+}
+
+impl TaskQueue for StoreTaskQueue {
+    fn read(&self) -> BoxFuture<'_, Result<Vec<Task>, String>> {
+        async move {
+            self.store
+                .tasks(self.lease.session_id)
+                .await
+                .map_err(|e| e.to_string())
+        }
+        .boxed()
+    }
+
+    fn write<'a>(&'a self, writes: &'a [TaskWrite]) -> BoxFuture<'a, Result<Vec<Task>, String>> {
+        async move {
+            match self.store.write_tasks(&self.lease, writes).await {
+                Ok(result) => result,
+                Err(e) => Err(e.to_string()),
+            }
         }
         .boxed()
     }

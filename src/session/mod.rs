@@ -3,11 +3,14 @@
 
 mod journal;
 mod lease_clock;
+mod planner;
 pub mod reflector;
 pub mod runner;
 pub mod service;
 pub mod state;
 mod supervisor;
 
-pub use service::{CreateSession, ResumeSession, ServiceError, SessionService, UpdateSession};
+pub use service::{
+    CreateSession, RefinementChoice, ResumeSession, ServiceError, SessionService, UpdateSession,
+};
 pub use supervisor::{CONTROL_CHANNEL, Supervisor};

@@ -6,6 +6,7 @@ use std::collections::BTreeSet;
 use std::fmt::Write;
 
 use crate::llm::{ChatRequest, LlmClient, Message};
+use crate::policy::checklist::ChecklistItem;
 use crate::policy::history::{Outcome, StepRecord};
 use crate::policy::reflection::{self, Assessment, Trigger};
 
@@ -16,9 +17,12 @@ Answer with one JSON object and nothing else, with exactly these fields:
 {\"goalAchieved\": \"YES\"|\"NO\"|\"PARTIAL\", \"progress\": \"GOOD\"|\"SLOW\"|\"STUCK\", \
 \"percentComplete\": 0-100, \"loopDetected\": true|false, \
 \"recommendation\": \"CONTINUE\"|\"STOP\"|\"ASK_USER\", \"reasoning\": \"...\", \
-\"nextSteps\": [\"...\"], \"coherence\": 0-1, \"uncertainty\": 0-1}
+\"nextSteps\": [\"...\"], \"coherence\": 0-1, \"uncertainty\": 0-1, \
+\"criteriaMet\": [\"...\"], \"milestonesDone\": [\"...\"]}
 goalAchieved is YES only when the evidence shows the goal is fully met. coherence says how \
-well the recent work serves the goal; uncertainty how unsure the agent seems.";
+well the recent work serves the goal; uncertainty how unsure the agent seems. criteriaMet and \
+milestonesDone list, by their exact text or number, the success criteria and milestones the \
+evidence shows are met (empty lists when there are none).";
 
 /// What one reflection produced.
 #[derive(Debug, Clone)]
@@ -57,6 +61,10 @@ pub struct SessionFacts<'a> {
     pub trigger: Trigger,
     /// The agent's done-claim, if that is the trigger.
     pub claim: Option<&'a str>,
+    /// Success criteria.
+    pub criteria: &'a [ChecklistItem],
+    /// Milestones.
+    pub milestones: &'a [ChecklistItem],
 }
 
 fn clip(text: &str, max: usize) -> String {
@@ -74,6 +82,18 @@ fn clip(text: &str, max: usize) -> String {
 pub fn evidence(facts: &SessionFacts<'_>) -> String {
     let mut out = String::new();
     let _ = writeln!(out, "Goal: {}", facts.goal);
+    for (title, items) in [
+        ("Success criteria", facts.criteria),
+        ("Milestones", facts.milestones),
+    ] {
+        if !items.is_empty() {
+            let _ = writeln!(out, "{title}:");
+            for (i, item) in items.iter().enumerate() {
+                let mark = if item.done { "x" } else { " " };
+                let _ = writeln!(out, "{}. [{mark}] {}", i + 1, item.text);
+            }
+        }
+    }
     let _ = writeln!(
         out,
         "State: {} iterations, {:.0} s running, {} tokens.",
@@ -197,11 +217,18 @@ mod tests {
             recent: &[a, b],
             trigger: Trigger::AgentClaimedDone,
             claim: Some("all done"),
+            criteria: &[ChecklistItem {
+                text: "tests pass".into(),
+                done: false,
+                done_at_iteration: None,
+            }],
+            milestones: &[],
         });
         assert!(text.contains("Goal: Ship it"));
         assert!(text.contains("Files written: README.md"));
         assert!(text.contains("[error: 1 failed]"));
         assert!(text.contains("1 succeeded, 1 failed"));
         assert!(text.contains("claims the goal is achieved: all done"));
+        assert!(text.contains("Success criteria:\n1. [ ] tests pass"));
     }
 }

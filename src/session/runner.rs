@@ -16,6 +16,7 @@ use super::reflector::{Reflector, SessionFacts};
 use super::state::{self, AppliedReflection, LoopState, StepEffects};
 use crate::config::Config;
 use crate::executor::{Executor, ExecutorError, StepContext, StepResult};
+use crate::policy::checklist;
 use crate::policy::gate::{self, GateDecision, PauseCause, StopCause};
 use crate::policy::guardrails::{self, Usage};
 use crate::policy::history::{Outcome, StepRecord};
@@ -192,6 +193,9 @@ impl Runner {
             if let Some(end) = self.state.pending_end.clone() {
                 return self.finish(end.reason, end.detail, Vec::new()).await;
             }
+            if self.state.cycle > self.settings.limits.max_cycles {
+                return self.finish(Reason::CycleLimit, None, Vec::new()).await;
+            }
             if self.control.pause.load(Ordering::SeqCst) {
                 return self.finish(Reason::UserPause, None, Vec::new()).await;
             }
@@ -307,6 +311,7 @@ impl Runner {
             };
             let duration_ms = t0.elapsed().as_millis() as u64;
             let finished_at = Utc::now();
+            let mut cycle_change = None;
             let (record, percent, signal, transcript, executor_events) = match result {
                 Ok(StepResult::Exhausted) => {
                     return self
@@ -315,6 +320,7 @@ impl Runner {
                 }
                 Ok(StepResult::Step(out)) => {
                     let out = *out;
+                    cycle_change = out.cycle_change;
                     (
                         StepRecord {
                             number: step,
@@ -366,7 +372,7 @@ impl Runner {
 
             // 5. Persist the iteration, its counters and what the policies concluded.
             let elapsed_ms = self.elapsed_ms();
-            let effects = state::assess(
+            let mut effects = state::assess(
                 &self.state,
                 &record,
                 signal,
@@ -374,6 +380,7 @@ impl Runner {
                 elapsed_ms,
                 percent,
             );
+            effects.new_cycle = cycle_change.as_ref().map(|c| c.cycle);
             let mut events = vec![decision_event];
             events.extend(
                 executor_events
@@ -386,8 +393,8 @@ impl Runner {
                     &effects,
                     events,
                     transcript,
-                    started_at,
-                    finished_at,
+                    cycle_change.map(|c| (i32::try_from(c.cycle).unwrap_or(i32::MAX), c.memory)),
+                    (started_at, finished_at),
                 )
                 .await?;
             self.state.apply(self.state.run, &record, &effects);
@@ -434,6 +441,8 @@ impl Runner {
             recent,
             trigger,
             claim: claim.as_deref(),
+            criteria: &self.state.criteria,
+            milestones: &self.state.milestones,
         };
         let allowance = guardrails::tokens_remaining(&self.settings.limits, &usage)
             .min(self.config.models.max_tokens_per_call);
@@ -454,10 +463,21 @@ impl Runner {
         };
         let base = self.settings.limits.reflection_interval;
         let prior = self.state.reflection;
+        let mut criteria = self.state.criteria.clone();
+        let mut milestones = self.state.milestones.clone();
         let (verdict, state_after, percent, reasoning) = match &answer.assessment {
             Ok(a) => {
-                let (v, st) =
-                    reflection::decide(&prior, a, trigger, base, usage.iterations, answer.tokens);
+                criteria = checklist::mark(&criteria, &a.criteria_met, usage.iterations);
+                milestones = checklist::mark(&milestones, &a.milestones_done, usage.iterations);
+                let (v, st) = reflection::decide(
+                    &prior,
+                    a,
+                    &checklist::unmet(&criteria),
+                    trigger,
+                    base,
+                    usage.iterations,
+                    answer.tokens,
+                );
                 (v, st, Some(a.percent_complete), Some(a.reasoning.clone()))
             }
             Err(err) => {
@@ -476,6 +496,8 @@ impl Runner {
             state_after,
             percent_complete: percent,
             reasoning,
+            criteria,
+            milestones,
         };
         let mut next = self.state.clone();
         next.apply_reflection(&applied);
@@ -507,7 +529,15 @@ impl Runner {
             next.reflection.tokens,
         );
         self.store
-            .insert_reflection(&self.lease, &record, counters, next.percent_complete, eta)
+            .insert_reflection(
+                &self.lease,
+                &record,
+                counters,
+                next.percent_complete,
+                eta,
+                &next.criteria,
+                &next.milestones,
+            )
             .await?;
         self.state = next;
         Ok(None)
@@ -519,8 +549,8 @@ impl Runner {
         effects: &StepEffects,
         mut events: Vec<NewEvent>,
         transcript: Option<serde_json::Value>,
-        started_at: chrono::DateTime<Utc>,
-        finished_at: chrono::DateTime<Utc>,
+        next_cycle: Option<(i32, String)>,
+        (started_at, finished_at): (chrono::DateTime<Utc>, chrono::DateTime<Utc>),
     ) -> Result<ControlFlags, StoreError> {
         let usage = state::usage_after(&self.state.usage, record, effects.elapsed_ms);
         events.push(NewEvent::new(
@@ -563,6 +593,8 @@ impl Runner {
             record: serde_json::to_value(record).unwrap_or_default(),
             effects: serde_json::to_value(effects).unwrap_or_default(),
             transcript,
+            cycle: i32::try_from(self.state.cycle).unwrap_or(i32::MAX),
+            next_cycle,
             started_at,
             finished_at,
         };

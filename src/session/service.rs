@@ -10,18 +10,20 @@ use serde_json::json;
 use utoipa::ToSchema;
 use uuid::Uuid;
 
-use super::journal::StoreJournal;
+use super::journal::{StoreJournal, StoreTaskQueue};
+use super::planner;
 use super::state::{AppliedReflection, LoopState, StepEffects};
 use super::supervisor::{Done, Supervisor};
 use crate::config::Config;
 use crate::executor::{Executor, ExecutorDeps, ExecutorSpec};
-use crate::llm::Message;
+use crate::llm::{LlmClient, Message};
 use crate::policy::guardrails::{self, Breach, LimitOutOfRange, LimitsPatch};
 use crate::policy::history::StepRecord;
 use crate::policy::lifecycle::{
     self, IllegalTransition, Mode, PausePlan, Reason, Status, StopPlan,
 };
 use crate::policy::termination::{self, Facts};
+use crate::policy::{ambiguity, checklist};
 use crate::store::{
     self, Lease, NewEvent, NewSession, SessionCursor, SessionRecord, SessionSettings, Store,
     StoreError,
@@ -88,6 +90,34 @@ pub struct CreateSession {
     pub limits: LimitsPatch,
     /// How iterations are performed.
     pub executor: ExecutorSpec,
+    /// Facts that must all be reported met before the session completes.
+    #[serde(default)]
+    pub success_criteria: Vec<String>,
+    /// Intermediate results, ticked as reflections report them.
+    #[serde(default)]
+    pub milestones: Vec<String>,
+    /// Ask the model to write success criteria and milestones for the goal
+    /// (needs a model endpoint; given lists take precedence).
+    #[serde(default)]
+    pub generate_criteria: bool,
+}
+
+/// How the user answers a refinement proposal.
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[serde(tag = "choice", rename_all = "snake_case", deny_unknown_fields)]
+pub enum RefinementChoice {
+    /// Run the suggested goal.
+    AcceptSuggestion,
+    /// Run this goal instead.
+    Custom {
+        /// The goal to run.
+        goal: String,
+    },
+    /// Run the goal as given, bounded by this wall-clock limit.
+    ProceedWithTimeLimit {
+        /// Wall-clock budget in ms.
+        max_wall_time_ms: u64,
+    },
 }
 
 /// Request to resume a session.
@@ -100,6 +130,12 @@ pub struct ResumeSession {
     /// Limits to raise (or lower) on resume; recorded as an event.
     #[serde(default)]
     pub limits: LimitsPatch,
+    /// A refined goal to continue with (recorded in the refinement history).
+    #[serde(default)]
+    pub goal: Option<String>,
+    /// Reopen a completed session whose work was not actually done.
+    #[serde(default)]
+    pub reopen: bool,
 }
 
 /// Request to change a session's mode or limits.
@@ -122,6 +158,20 @@ pub struct SessionService {
     supervisor: Supervisor,
 }
 
+fn validate_goal(goal: &str) -> Result<String> {
+    let goal = goal.trim();
+    if goal.is_empty() {
+        return Err(ServiceError::Invalid("goal must not be empty".into()));
+    }
+    if goal.len() > MAX_GOAL_BYTES {
+        return Err(ServiceError::Invalid(format!(
+            "goal must be at most {MAX_GOAL_BYTES} bytes, got {}",
+            goal.len()
+        )));
+    }
+    Ok(goal.to_string())
+}
+
 /// Loads a session and rebuilds its loop state from its latest checkpoint
 /// plus the iterations committed after it.
 pub async fn load_for_run(store: &Store, id: Uuid) -> Result<(SessionRecord, LoopState)> {
@@ -132,7 +182,7 @@ pub async fn load_for_run(store: &Store, id: Uuid) -> Result<(SessionRecord, Loo
     let mut state = match checkpoint {
         Some(c) => serde_json::from_value::<LoopState>(c.state)
             .map_err(|e| corrupt(format!("checkpoint {}: {e}", c.id)))?,
-        None => LoopState::new(session.limits.reflection_interval),
+        None => LoopState::for_session(&session),
     };
     let mut reflections = store
         .reflections_after_iteration(id, covered)
@@ -192,6 +242,11 @@ pub async fn build_executor(
         max_file_bytes: config.models.max_file_bytes,
         journal: Arc::new(StoreJournal::new(store.clone(), lease)),
         transcript,
+        tasks: Arc::new(StoreTaskQueue::new(store.clone(), lease)),
+        cycle: u32::try_from(session.cycle).unwrap_or(1),
+        memory: session.memory.clone(),
+        context_budget_tokens: session.limits.context_budget_tokens,
+        criteria: session.criteria.iter().map(|c| c.text.clone()).collect(),
     };
     spec.build(deps).map_err(ServiceError::Unavailable)
 }
@@ -220,16 +275,7 @@ impl SessionService {
     /// Creates a session and starts its loop.
     #[tracing::instrument(skip_all)]
     pub async fn create(&self, req: CreateSession) -> Result<SessionRecord> {
-        let goal = req.goal.trim();
-        if goal.is_empty() {
-            return Err(ServiceError::Invalid("goal must not be empty".into()));
-        }
-        if goal.len() > MAX_GOAL_BYTES {
-            return Err(ServiceError::Invalid(format!(
-                "goal must be at most {MAX_GOAL_BYTES} bytes, got {}",
-                goal.len()
-            )));
-        }
+        let goal = validate_goal(&req.goal)?;
         req.executor.validate().map_err(ServiceError::Invalid)?;
         if let ExecutorSpec::Llm {
             model, base_url, ..
@@ -247,47 +293,219 @@ impl SessionService {
                 ));
             }
         }
+        let mut criteria = checklist::from_texts("success_criteria", &req.success_criteria)
+            .map_err(ServiceError::Invalid)?;
+        let mut milestones =
+            checklist::from_texts("milestones", &req.milestones).map_err(ServiceError::Invalid)?;
         let mode = req.mode.unwrap_or(self.config.defaults.mode);
         let limits = self.config.defaults.limits_for(mode).apply(&req.limits)?;
         let executor = serde_json::to_value(&req.executor)
             .map_err(|e| ServiceError::Invalid(format!("executor: {e}")))?;
+        let planner = self.planner();
+        if req.generate_criteria && planner.is_none() {
+            return Err(ServiceError::Invalid(
+                "generate_criteria needs a model endpoint (WARDEN_LLM_BASE_URL and WARDEN_LLM_MODEL)".into(),
+            ));
+        }
+        let mut refinement_tokens = 0u64;
+        let mut events = Vec::new();
+
+        // Pre-flight: an ambiguous goal waits for the user, or is refined at once.
+        let report = ambiguity::assess(&goal);
+        let mut run_goal = goal.clone();
+        let mut refinement = None;
+        let mut waits = false;
+        if report.ambiguous && (self.config.require_concrete_goals || self.config.auto_refine_goals)
+        {
+            let (suggested, source) = match &planner {
+                Some((client, model)) => match planner::refine_goal(client, model, &goal).await {
+                    Ok(p) => {
+                        refinement_tokens += p.tokens;
+                        (p.value, "model")
+                    }
+                    Err(err) => {
+                        tracing::warn!(error = %err, "model refinement failed; using the rules");
+                        (report.suggested_goal.clone(), "rules")
+                    }
+                },
+                None => (report.suggested_goal.clone(), "rules"),
+            };
+            let proposal = json!({
+                "suggested_goal": suggested,
+                "matched_patterns": report.matched_patterns,
+                "confidence": report.confidence,
+                "source": source,
+                "choices": ["accept_suggestion", "custom", "proceed_with_time_limit"],
+            });
+            events.push(NewEvent::new("refinement_suggested", proposal.clone()));
+            if self.config.auto_refine_goals {
+                run_goal = suggested;
+                events.push(NewEvent::new(
+                    "goal_refined",
+                    json!({ "kind": "auto", "from": goal, "to": run_goal }),
+                ));
+            } else {
+                waits = true;
+            }
+            refinement = Some(proposal);
+        }
+        if req.generate_criteria
+            && criteria.is_empty()
+            && milestones.is_empty()
+            && let Some((client, model)) = &planner
+        {
+            match planner::plan_checklists(client, model, &run_goal).await {
+                Ok(p) => {
+                    refinement_tokens += p.tokens;
+                    criteria = checklist::from_texts("success_criteria", &p.value.0)
+                        .map_err(ServiceError::Invalid)?;
+                    milestones = checklist::from_texts("milestones", &p.value.1)
+                        .map_err(ServiceError::Invalid)?;
+                    events.push(NewEvent::new(
+                        "criteria_generated",
+                        json!({ "criteria": p.value.0, "milestones": p.value.1 }),
+                    ));
+                }
+                Err(err) => {
+                    return Err(ServiceError::Unavailable(format!(
+                        "could not generate success criteria: {err}"
+                    )));
+                }
+            }
+        }
         let new = NewSession {
             id: Uuid::new_v4(),
-            goal: goal.to_string(),
+            goal: run_goal.clone(),
             mode,
             limits,
             executor,
+            original_goal: (run_goal != goal).then(|| goal.clone()),
+            refinement,
+            criteria,
+            milestones,
+            refinement_tokens: i64::try_from(refinement_tokens).unwrap_or(i64::MAX),
         };
-        let events = [
+        let status = if waits {
+            Status::AwaitingRefinement
+        } else {
+            Status::Running
+        };
+        events.insert(
+            0,
             NewEvent::new(
                 "session_created",
-                json!({ "goal": new.goal, "mode": mode, "limits": limits, "executor": req.executor.kind() }),
+                json!({ "goal": goal, "mode": mode, "limits": limits, "executor": req.executor.kind(),
+                        "success_criteria": req.success_criteria, "milestones": req.milestones }),
+            ),
+        );
+        events.push(NewEvent::new(
+            "status_changed",
+            json!({ "from": null, "to": status }),
+        ));
+        let acquired = Instant::now();
+        let owner = (!waits).then(|| self.supervisor.replica_id());
+        let (record, lease) = self
+            .store
+            .insert_session(&new, owner, self.config.lease.ttl, &events)
+            .await?;
+        if record.original_goal.is_some() {
+            let mut conn = self
+                .store
+                .pool()
+                .acquire()
+                .await
+                .map_err(StoreError::from)?;
+            store::insert_refinement(
+                &mut conn,
+                record.id,
+                "auto",
+                &goal,
+                &record.goal,
+                record
+                    .refinement
+                    .as_ref()
+                    .unwrap_or(&serde_json::Value::Null),
+            )
+            .await?;
+        }
+        tracing::info!(session_id = %record.id, status = status.as_str(), "session created");
+        if let Some(lease) = lease {
+            self.supervisor
+                .spawn(lease, acquired, &record, LoopState::for_session(&record))
+                .await?;
+        }
+        Ok(record)
+    }
+
+    /// Answers a refinement proposal and starts the session.
+    #[tracing::instrument(skip(self, choice))]
+    pub async fn refine(&self, id: Uuid, choice: RefinementChoice) -> Result<SessionRecord> {
+        let mut tx = self.store.begin().await?;
+        let session = store::lock_session(&mut tx, id)
+            .await?
+            .ok_or(ServiceError::NotFound(id))?;
+        lifecycle::check_refine(session.status)?;
+        let suggested = session
+            .refinement
+            .as_ref()
+            .and_then(|r| r.get("suggested_goal"))
+            .and_then(|g| g.as_str())
+            .map(str::to_string);
+        let mut limits = session.limits;
+        let (kind, goal) = match &choice {
+            RefinementChoice::AcceptSuggestion => (
+                "accept_suggestion",
+                suggested.ok_or_else(|| {
+                    ServiceError::Invalid(
+                        "this session has no suggested goal; choose custom".into(),
+                    )
+                })?,
+            ),
+            RefinementChoice::Custom { goal } => ("custom", validate_goal(goal)?),
+            RefinementChoice::ProceedWithTimeLimit { max_wall_time_ms } => {
+                limits = limits.apply(&LimitsPatch {
+                    max_wall_time_ms: Some(*max_wall_time_ms),
+                    ..LimitsPatch::default()
+                })?;
+                ("proceed_with_time_limit", session.goal.clone())
+            }
+        };
+        let data = json!({ "limits": limits, "proposal": session.refinement });
+        store::insert_refinement(&mut tx, id, kind, &session.goal, &goal, &data).await?;
+        let events = [
+            NewEvent::new(
+                "goal_refined",
+                json!({ "kind": kind, "from": session.goal, "to": goal, "limits": limits }),
             ),
             NewEvent::new(
                 "status_changed",
-                json!({ "from": null, "to": Status::Running }),
+                json!({ "from": session.status, "to": Status::Running }),
             ),
         ];
         let acquired = Instant::now();
-        let (record, lease) = self
-            .store
-            .insert_running(
-                &new,
-                self.supervisor.replica_id(),
-                self.config.lease.ttl,
-                &events,
-            )
-            .await?;
-        tracing::info!(session_id = %record.id, "session created");
+        let lease = store::start_refined(
+            &mut tx,
+            id,
+            &goal,
+            limits,
+            self.supervisor.replica_id(),
+            self.config.lease.ttl,
+            &events,
+        )
+        .await?;
+        tx.commit().await.map_err(StoreError::from)?;
+        let (session, state) = load_for_run(&self.store, id).await?;
         self.supervisor
-            .spawn(
-                lease,
-                acquired,
-                &record,
-                LoopState::new(record.limits.reflection_interval),
-            )
+            .spawn(lease, acquired, &session, state)
             .await?;
-        Ok(record)
+        Ok(session)
+    }
+
+    /// The default model endpoint as a client and model name, when configured.
+    fn planner(&self) -> Option<(LlmClient, String)> {
+        let endpoint = self.config.models.endpoint.clone()?;
+        let model = self.config.models.model.clone()?;
+        LlmClient::new(endpoint).ok().map(|c| (c, model))
     }
 
     /// One session.
@@ -455,7 +673,8 @@ impl SessionService {
         let session = store::lock_session(&mut tx, id)
             .await?
             .ok_or(ServiceError::NotFound(id))?;
-        lifecycle::check_resume(session.status)?;
+        lifecycle::check_resume(session.status, req.reopen)?;
+        let new_goal = req.goal.as_deref().map(validate_goal).transpose()?;
         let limits = session.limits.apply(&req.limits)?;
         let usage = session.counters.usage();
         if let Some(breach) = guardrails::exhausted_for_resume(&limits, &usage) {
@@ -482,9 +701,26 @@ impl SessionService {
                 json!({ "from": session.limits, "to": limits, "by": "resume" }),
             ));
         }
+        if let Some(goal) = &new_goal
+            && *goal != session.goal
+        {
+            store::insert_refinement(
+                &mut tx,
+                id,
+                "resume",
+                &session.goal,
+                goal,
+                &json!({ "guidance": guidance }),
+            )
+            .await?;
+            events.push(NewEvent::new(
+                "goal_refined",
+                json!({ "kind": "resume", "from": session.goal, "to": goal }),
+            ));
+        }
         events.push(NewEvent::new(
             "resumed",
-            json!({ "run": session.run + 1, "guidance": guidance,
+            json!({ "run": session.run + 1, "guidance": guidance, "reopened": req.reopen,
                     "from_status": session.status, "from_reason": session.reason }),
         ));
         events.push(NewEvent::new(
@@ -495,6 +731,7 @@ impl SessionService {
         let lease = store::resume_session(
             &mut tx,
             id,
+            new_goal.as_deref(),
             limits,
             guidance,
             self.supervisor.replica_id(),

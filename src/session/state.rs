@@ -4,6 +4,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::policy::checklist::ChecklistItem;
 use crate::policy::gate::{Budget, GateInputs};
 use crate::policy::guardrails::{self, Limits, Usage};
 use crate::policy::history::{self, Outcome, Rework, StepRecord};
@@ -48,6 +49,9 @@ pub struct StepEffects {
     pub signal: Option<Sentinel>,
     /// Cumulative running time after the step, ms.
     pub elapsed_ms: u64,
+    /// The context cycle the agent moves to after this step, when it changes.
+    #[serde(default)]
+    pub new_cycle: Option<u32>,
     /// Progress estimate after the step, percent.
     pub percent_complete: Option<f64>,
 }
@@ -80,6 +84,19 @@ pub struct LoopState {
     /// Reflection bookkeeping.
     #[serde(default)]
     pub reflection: ReflectionState,
+    /// Success criteria and whether each is reported met.
+    #[serde(default)]
+    pub criteria: Vec<ChecklistItem>,
+    /// Milestones and whether each is reported done.
+    #[serde(default)]
+    pub milestones: Vec<ChecklistItem>,
+    /// Context cycle the agent works in (1-based).
+    #[serde(default = "first_cycle")]
+    pub cycle: u32,
+}
+
+fn first_cycle() -> u32 {
+    1
 }
 
 /// A reflection's effect on the loop, as stored with it.
@@ -93,6 +110,12 @@ pub struct AppliedReflection {
     pub percent_complete: Option<f64>,
     /// Its reasoning (summary detail when it ends or pauses the session).
     pub reasoning: Option<String>,
+    /// Success criteria after it.
+    #[serde(default)]
+    pub criteria: Vec<ChecklistItem>,
+    /// Milestones after it.
+    #[serde(default)]
+    pub milestones: Vec<ChecklistItem>,
 }
 
 /// Decides what follows from `record`, given the state before it.
@@ -122,6 +145,7 @@ pub fn assess(
         stuck,
         signal: signal.or_else(|| sentinel::detect(&record.message)),
         elapsed_ms,
+        new_cycle: None,
         percent_complete: percent_complete.or(state.percent_complete),
     }
 }
@@ -156,9 +180,21 @@ impl LoopState {
     pub fn new(reflection_interval: u32) -> LoopState {
         LoopState {
             run: 1,
+            cycle: 1,
             reflection: ReflectionState::new(reflection_interval),
             ..LoopState::default()
         }
+    }
+
+    /// The state a session starts with: its checklists, and the tokens
+    /// already spent on refining it.
+    pub fn for_session(session: &crate::store::SessionRecord) -> LoopState {
+        let mut state = LoopState::new(session.limits.reflection_interval);
+        state.criteria = session.criteria.clone();
+        state.milestones = session.milestones.clone();
+        state.usage.tokens = session.refinement_tokens.max(0) as u64;
+        state.cycle = u32::try_from(session.cycle).unwrap_or(1).max(1);
+        state
     }
 
     /// Folds one committed step (of run `run`) into the state.
@@ -216,6 +252,9 @@ impl LoopState {
         if effects.percent_complete.is_some() {
             self.percent_complete = effects.percent_complete;
         }
+        if let Some(cycle) = effects.new_cycle {
+            self.cycle = cycle;
+        }
     }
 
     /// Folds a stored reflection into the state.
@@ -227,6 +266,12 @@ impl LoopState {
             .saturating_sub(self.reflection.tokens);
         self.usage.tokens = self.usage.tokens.saturating_add(spent);
         self.reflection = applied.state_after;
+        if !applied.criteria.is_empty() {
+            self.criteria = applied.criteria.clone();
+        }
+        if !applied.milestones.is_empty() {
+            self.milestones = applied.milestones.clone();
+        }
         if applied.percent_complete.is_some() {
             self.percent_complete = applied.percent_complete;
         }
@@ -309,6 +354,7 @@ mod tests {
             stuck: None,
             signal: None,
             elapsed_ms,
+            new_cycle: None,
             percent_complete: None,
         }
     }
@@ -437,6 +483,8 @@ mod tests {
             state_after: ReflectionState::new(5),
             percent_complete: Some(60.0),
             reasoning: Some("tests still fail".into()),
+            criteria: Vec::new(),
+            milestones: Vec::new(),
         };
         s.pending_end = Some(claim.clone());
         s.apply_reflection(&applied(Verdict::Reject {

@@ -36,6 +36,10 @@ pub struct NewIteration {
     pub effects: Value,
     /// The step's conversation (model executors).
     pub transcript: Option<Value>,
+    /// Context cycle it ran in.
+    pub cycle: i32,
+    /// The cycle and memory the session moves to after this step, when it changes.
+    pub next_cycle: Option<(i32, String)>,
     /// Start time.
     pub started_at: DateTime<Utc>,
     /// End time.
@@ -149,8 +153,8 @@ impl Store {
         let mut tx = self.pool.begin().await?;
         let (last_seq, flags) = fenced_update(&mut tx, lease, events.len()).await?;
         sqlx::query(
-            "INSERT INTO iterations (session_id, number, run, action, outcome, tokens, duration_ms, record, effects, started_at, finished_at, transcript)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
+            "INSERT INTO iterations (session_id, number, run, action, outcome, tokens, duration_ms, record, effects, started_at, finished_at, transcript, cycle)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)",
         )
         .bind(lease.session_id)
         .bind(iteration.number)
@@ -164,8 +168,17 @@ impl Store {
         .bind(iteration.started_at)
         .bind(iteration.finished_at)
         .bind(&iteration.transcript)
+        .bind(iteration.cycle)
         .execute(&mut *tx)
         .await?;
+        if let Some((cycle, memory)) = &iteration.next_cycle {
+            sqlx::query("UPDATE sessions SET cycle = $2, memory = $3 WHERE id = $1")
+                .bind(lease.session_id)
+                .bind(cycle)
+                .bind(memory)
+                .execute(&mut *tx)
+                .await?;
+        }
         sqlx::query(
             "UPDATE sessions SET iterations = $2, tokens_used = $3, tool_calls = $4,
                     consecutive_errors = $5, elapsed_ms = $6, percent_complete = $7, eta_seconds = $8,
@@ -329,13 +342,14 @@ impl Store {
         Ok((checkpoint, iterations))
     }
 
-    /// The conversation of the last `steps` committed iterations that have one, oldest first.
+    /// The conversation of the last `steps` committed iterations of the
+    /// current context cycle, oldest first.
     pub async fn transcript(&self, session_id: Uuid, steps: i64) -> Result<Vec<Value>> {
         let rows: Vec<Value> = sqlx::query_scalar(
             "SELECT transcript FROM (
-                 SELECT number, transcript FROM iterations
-                 WHERE session_id = $1 AND transcript IS NOT NULL
-                 ORDER BY number DESC LIMIT $2) t
+                 SELECT i.number, i.transcript FROM iterations i JOIN sessions s ON s.id = i.session_id
+                 WHERE i.session_id = $1 AND i.transcript IS NOT NULL AND i.cycle = s.cycle
+                 ORDER BY i.number DESC LIMIT $2) t
              ORDER BY number",
         )
         .bind(session_id)

@@ -6,17 +6,22 @@ mod events;
 mod iterations;
 mod journal;
 mod leases;
+mod outcomes;
 mod reflections;
 mod sessions;
+mod tasks;
 
 pub use events::{EventRecord, NewEvent};
 pub use iterations::{CheckpointRecord, IterationRecord, NewIteration};
 pub use leases::{Claimed, Lease, Renewed};
+pub use outcomes::Outcomes;
 pub use reflections::{NewReflection, ReflectionRecord};
 pub use sessions::{
-    ControlFlags, Counters, NewSession, SessionCursor, SessionRecord, SessionSettings, end_unowned,
-    lock as lock_session, request_pause, request_stop, resume as resume_session, update_settings,
+    ControlFlags, Counters, NewSession, RefinementRecord, SessionCursor, SessionRecord,
+    SessionSettings, end_unowned, insert_refinement, lock as lock_session, request_pause,
+    request_stop, resume as resume_session, start_refined, update_settings,
 };
+pub use tasks::{TASK_STATUSES, Task, TaskWrite};
 
 use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;

@@ -8,6 +8,7 @@ use super::events::{self, NewEvent};
 use super::leases::Lease;
 use super::sessions::Counters;
 use super::{Result, Store, StoreError};
+use crate::policy::checklist::ChecklistItem;
 
 /// A reflection about to be stored.
 #[derive(Debug, Clone)]
@@ -63,6 +64,7 @@ pub struct ReflectionRecord {
 
 impl Store {
     /// Stores a reflection with its event and the session's token counters.
+    #[allow(clippy::too_many_arguments)]
     pub async fn insert_reflection(
         &self,
         lease: &Lease,
@@ -70,6 +72,8 @@ impl Store {
         counters: Counters,
         percent_complete: Option<f64>,
         eta_seconds: Option<f64>,
+        criteria: &[ChecklistItem],
+        milestones: &[ChecklistItem],
     ) -> Result<()> {
         let mut tx = self.pool.begin().await?;
         let summary = serde_json::json!({
@@ -87,7 +91,8 @@ impl Store {
             "UPDATE sessions SET last_event_seq = last_event_seq + 1, last_reflection = $3,
                     tokens_used = $4, reflection_tokens = $5, agent_tokens = $4 - $5,
                     percent_complete = COALESCE($6, percent_complete),
-                    eta_seconds = COALESCE($7, eta_seconds), updated_at = now()
+                    eta_seconds = COALESCE($7, eta_seconds), criteria = $8, milestones = $9,
+                    updated_at = now()
              WHERE id = $1 AND lease_token = $2 AND status = 'running'
              RETURNING last_event_seq",
         )
@@ -98,6 +103,8 @@ impl Store {
         .bind(counters.reflection_tokens)
         .bind(percent_complete)
         .bind(eta_seconds)
+        .bind(sqlx::types::Json(criteria))
+        .bind(sqlx::types::Json(milestones))
         .fetch_optional(&mut *tx)
         .await?;
         let last = last.ok_or(StoreError::LeaseLost(lease.session_id))?;

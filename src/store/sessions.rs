@@ -10,6 +10,7 @@ use uuid::Uuid;
 use super::events::{self, NewEvent};
 use super::leases::Lease;
 use super::{Result, Store, StoreError};
+use crate::policy::checklist::ChecklistItem;
 use crate::policy::guardrails::{Limits, Usage};
 use crate::policy::lifecycle::{Mode, Reason, Status};
 use crate::policy::termination::Termination;
@@ -74,6 +75,20 @@ pub struct SessionRecord {
     pub summary: Option<String>,
     /// Detail of the reason: the agent's question, the blocker, the stuck pattern.
     pub reason_detail: Option<String>,
+    /// The goal as first given, when refinement changed it.
+    pub original_goal: Option<String>,
+    /// The pending or last refinement proposal.
+    pub refinement: Option<Value>,
+    /// Success criteria checklist.
+    pub criteria: Vec<ChecklistItem>,
+    /// Milestones checklist.
+    pub milestones: Vec<ChecklistItem>,
+    /// Current context cycle.
+    pub cycle: i32,
+    /// Memory carried across context cycles.
+    pub memory: String,
+    /// Tokens spent writing refinements and checklists (part of `tokens_used`).
+    pub refinement_tokens: i64,
     /// Latest reflection (assessment and decision).
     pub last_reflection: Option<Value>,
     /// What to do next.
@@ -125,6 +140,13 @@ struct SessionRow {
     reason: Option<String>,
     summary: Option<String>,
     reason_detail: Option<String>,
+    original_goal: Option<String>,
+    refinement: Option<Value>,
+    criteria: Json<Vec<ChecklistItem>>,
+    milestones: Json<Vec<ChecklistItem>>,
+    cycle: i32,
+    memory: String,
+    refinement_tokens: i64,
     last_reflection: Option<Value>,
     reflection_tokens: i64,
     next_steps: Json<Vec<String>>,
@@ -172,6 +194,13 @@ impl TryFrom<SessionRow> for SessionRecord {
             reason,
             summary: r.summary,
             reason_detail: r.reason_detail,
+            original_goal: r.original_goal,
+            refinement: r.refinement,
+            criteria: r.criteria.0,
+            milestones: r.milestones.0,
+            cycle: r.cycle,
+            memory: r.memory,
+            refinement_tokens: r.refinement_tokens,
             last_reflection: r.last_reflection,
             next_steps: r.next_steps.0,
             percent_complete: r.percent_complete,
@@ -216,6 +245,16 @@ pub struct NewSession {
     pub limits: Limits,
     /// Executor specification.
     pub executor: Value,
+    /// The goal as first given, when a refinement replaced it.
+    pub original_goal: Option<String>,
+    /// Refinement proposal (for sessions awaiting refinement, or applied automatically).
+    pub refinement: Option<Value>,
+    /// Success criteria.
+    pub criteria: Vec<ChecklistItem>,
+    /// Milestones.
+    pub milestones: Vec<ChecklistItem>,
+    /// Tokens spent on refinement and checklists before the first step.
+    pub refinement_tokens: i64,
 }
 
 /// The settings the loop re-reads after each committed iteration.
@@ -250,7 +289,7 @@ pub struct SessionCursor {
 macro_rules! select_session {
     ($tail:literal) => {
         concat!(
-            "SELECT id, goal, mode, status, reason, summary, reason_detail, last_reflection, reflection_tokens, next_steps, percent_complete, eta_seconds, limits, executor, iterations, tokens_used, tool_calls, consecutive_errors, elapsed_ms, run, checkpoint_saved, last_checkpoint_iteration, stop_requested, pause_requested, guidance, last_event_seq, owner, lease_expires_at, heartbeat_at, created_at, updated_at, ended_at FROM sessions ",
+            "SELECT id, goal, mode, status, reason, summary, reason_detail, original_goal, refinement, criteria, milestones, cycle, memory, refinement_tokens, last_reflection, reflection_tokens, next_steps, percent_complete, eta_seconds, limits, executor, iterations, tokens_used, tool_calls, consecutive_errors, elapsed_ms, run, checkpoint_saved, last_checkpoint_iteration, stop_requested, pause_requested, guidance, last_event_seq, owner, lease_expires_at, heartbeat_at, created_at, updated_at, ended_at FROM sessions ",
             $tail
         )
     };
@@ -262,19 +301,23 @@ impl Store {
         Ok(self.pool.begin().await?)
     }
 
-    /// Creates a running session owned by `owner` and returns its lease.
-    pub async fn insert_running(
+    /// Creates a session: running under a lease held by `owner` when
+    /// `owner` is given, otherwise waiting for refinement.
+    pub async fn insert_session(
         &self,
         new: &NewSession,
-        owner: Uuid,
+        owner: Option<Uuid>,
         lease_ttl: std::time::Duration,
         events: &[NewEvent],
-    ) -> Result<(SessionRecord, Lease)> {
+    ) -> Result<(SessionRecord, Option<Lease>)> {
         let mut tx = self.pool.begin().await?;
-        let token = Uuid::new_v4();
+        let token = owner.map(|_| Uuid::new_v4());
         sqlx::query(
-            "INSERT INTO sessions (id, goal, mode, status, limits, executor, owner, lease_token, lease_expires_at, heartbeat_at)
-             VALUES ($1, $2, $3, 'running', $4, $5, $6, $7, now() + make_interval(secs => $8), now())",
+            "INSERT INTO sessions (id, goal, mode, status, limits, executor, owner, lease_token, lease_expires_at, heartbeat_at,
+                                   original_goal, refinement, criteria, milestones, refinement_tokens, tokens_used)
+             VALUES ($1, $2, $3, CASE WHEN $6::uuid IS NULL THEN 'awaiting_refinement' ELSE 'running' END, $4, $5,
+                     $6, $7, CASE WHEN $6::uuid IS NULL THEN NULL ELSE now() + make_interval(secs => $8) END,
+                     CASE WHEN $6::uuid IS NULL THEN NULL ELSE now() END, $9, $10, $11, $12, $13, $13)",
         )
         .bind(new.id)
         .bind(&new.goal)
@@ -284,6 +327,11 @@ impl Store {
         .bind(owner)
         .bind(token)
         .bind(lease_ttl.as_secs_f64())
+        .bind(&new.original_goal)
+        .bind(&new.refinement)
+        .bind(Json(&new.criteria))
+        .bind(Json(&new.milestones))
+        .bind(new.refinement_tokens)
         .execute(&mut *tx)
         .await?;
         events::append(&mut tx, new.id, events).await?;
@@ -292,13 +340,11 @@ impl Store {
             detail: "session vanished right after insert".into(),
         })?;
         tx.commit().await?;
-        Ok((
-            record,
-            Lease {
-                session_id: new.id,
-                token,
-            },
-        ))
+        let lease = token.map(|token| Lease {
+            session_id: new.id,
+            token,
+        });
+        Ok((record, lease))
     }
 
     /// One session by id.
@@ -386,9 +432,11 @@ pub async fn update_settings(
 }
 
 /// Puts a resumable session back to running under a fresh lease held by `owner`.
+#[allow(clippy::too_many_arguments)]
 pub async fn resume(
     conn: &mut PgConnection,
     id: Uuid,
+    goal: Option<&str>,
     limits: Limits,
     guidance: Option<&str>,
     owner: Uuid,
@@ -401,7 +449,10 @@ pub async fn resume(
                 ended_at = NULL, checkpoint_saved = false, stop_requested = false, pause_requested = false,
                 consecutive_errors = 0, run = run + 1, limits = $2, guidance = $3,
                 owner = $4, lease_token = $5, lease_expires_at = now() + make_interval(secs => $6),
-                heartbeat_at = now(), updated_at = now()
+                heartbeat_at = now(), updated_at = now(),
+                original_goal = CASE WHEN $7::text IS NULL OR $7 = goal THEN original_goal
+                                     ELSE COALESCE(original_goal, goal) END,
+                goal = COALESCE($7, goal)
          WHERE id = $1",
     )
     .bind(id)
@@ -410,6 +461,7 @@ pub async fn resume(
     .bind(owner)
     .bind(token)
     .bind(lease_ttl.as_secs_f64())
+    .bind(goal)
     .execute(&mut *conn)
     .await?;
     events::append(conn, id, events).await?;
@@ -480,5 +532,91 @@ impl Store {
             .execute(&self.pool)
             .await?;
         Ok(())
+    }
+}
+
+/// Records a refinement in the session's history.
+pub async fn insert_refinement(
+    conn: &mut PgConnection,
+    id: Uuid,
+    kind: &str,
+    goal_before: &str,
+    goal_after: &str,
+    data: &Value,
+) -> Result<()> {
+    sqlx::query(
+        "INSERT INTO refinements (session_id, number, kind, goal_before, goal_after, data)
+         SELECT $1, COALESCE(MAX(number), 0) + 1, $2, $3, $4, $5 FROM refinements WHERE session_id = $1",
+    )
+    .bind(id)
+    .bind(kind)
+    .bind(goal_before)
+    .bind(goal_after)
+    .bind(data)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+/// Starts a session that waited for refinement, with its chosen goal and limits.
+pub async fn start_refined(
+    conn: &mut PgConnection,
+    id: Uuid,
+    goal: &str,
+    limits: Limits,
+    owner: Uuid,
+    lease_ttl: std::time::Duration,
+    events: &[NewEvent],
+) -> Result<Lease> {
+    let token = Uuid::new_v4();
+    sqlx::query(
+        "UPDATE sessions SET status = 'running', reason = NULL, summary = NULL, reason_detail = NULL,
+                original_goal = CASE WHEN goal = $2 THEN original_goal ELSE COALESCE(original_goal, goal) END,
+                goal = $2, limits = $3, owner = $4, lease_token = $5,
+                lease_expires_at = now() + make_interval(secs => $6), heartbeat_at = now(), updated_at = now()
+         WHERE id = $1",
+    )
+    .bind(id)
+    .bind(goal)
+    .bind(Json(limits))
+    .bind(owner)
+    .bind(token)
+    .bind(lease_ttl.as_secs_f64())
+    .execute(&mut *conn)
+    .await?;
+    events::append(conn, id, events).await?;
+    Ok(Lease {
+        session_id: id,
+        token,
+    })
+}
+
+/// A refinement as stored.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct RefinementRecord {
+    /// Number, from 1.
+    pub number: i32,
+    /// `suggested`, `accept_suggestion`, `custom`, `proceed_with_time_limit`, `auto`, `resume`.
+    pub kind: String,
+    /// Goal before.
+    pub goal_before: String,
+    /// Goal after.
+    pub goal_after: String,
+    /// Details (patterns, confidence, limits).
+    pub data: Value,
+    /// When.
+    pub created_at: DateTime<Utc>,
+}
+
+impl Store {
+    /// The refinement history of a session.
+    pub async fn refinements(&self, id: Uuid) -> Result<Vec<RefinementRecord>> {
+        Ok(sqlx::query_as::<_, RefinementRecord>(
+            "SELECT number, kind, goal_before, goal_after, data, created_at FROM refinements
+             WHERE session_id = $1 ORDER BY number",
+        )
+        .bind(id)
+        .fetch_all(&self.pool)
+        .await?)
     }
 }

@@ -7,6 +7,7 @@ pub mod config;
 pub mod executor;
 pub mod http;
 pub mod llm;
+pub mod metrics;
 pub mod policy;
 pub mod session;
 pub mod store;
@@ -72,7 +73,9 @@ impl Application {
             })?;
         let addr = listener.local_addr().map_err(AppError::Serve)?;
         let replica_id = Uuid::new_v4();
-        let supervisor = Supervisor::new(store.clone(), config.clone(), replica_id);
+        let metrics = Arc::new(metrics::Metrics::default());
+        let supervisor =
+            Supervisor::new(store.clone(), config.clone(), replica_id, metrics.clone());
         let service = SessionService::new(store, config.clone(), supervisor.clone());
 
         let rescued = supervisor.rescue().await;
@@ -82,7 +85,7 @@ impl Application {
             tokio::spawn(supervisor.clone().maintain()),
             tokio::spawn(supervisor.clone().listen()),
         ];
-        let app = http::router(http::AppState { service }, config.max_body_bytes);
+        let app = http::router(http::AppState { service, metrics }, config.max_body_bytes);
         let stop_serving = CancellationToken::new();
         let graceful = stop_serving.clone();
         let server = tokio::spawn(async move {

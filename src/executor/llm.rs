@@ -547,6 +547,7 @@ impl LlmExecutor {
             temperature: self.temperature,
             top_p: None,
         };
+        let called = std::time::Instant::now();
         let completion = self
             .client
             .chat(&request)
@@ -670,6 +671,7 @@ impl LlmExecutor {
             events,
             context_overflow,
             cycle_change,
+            model_latency: Some(called.elapsed()),
         })))
     }
 }

@@ -90,6 +90,8 @@ pub struct StepOutput {
     pub context_overflow: bool,
     /// The agent moved to a new context cycle after this step, with this memory.
     pub cycle_change: Option<CycleChange>,
+    /// Time spent waiting for the model, when a model was called.
+    pub model_latency: Option<std::time::Duration>,
 }
 
 /// A new context cycle: its number and the memory carried into it.
@@ -122,6 +124,7 @@ impl StepOutput {
             events: Vec::new(),
             context_overflow: false,
             cycle_change: None,
+            model_latency: None,
         }
     }
 }

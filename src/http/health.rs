@@ -13,6 +13,7 @@ pub fn router() -> Router<AppState> {
     Router::new()
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
 }
 
 /// The process is alive.
@@ -46,6 +47,36 @@ pub async fn readyz(State(state): State<AppState>) -> (StatusCode, Json<Health>)
                     status: "database unavailable".into(),
                 }),
             )
+        }
+    }
+}
+
+/// Prometheus metrics of this process, with fleet-wide session counts.
+#[utoipa::path(get, path = "/metrics", tag = "health",
+    responses(
+        (status = 200, description = "Prometheus text exposition format", body = String, content_type = "text/plain; version=0.0.4"),
+        (status = 503, description = "Postgres does not answer", body = Health),
+    ))]
+pub async fn metrics(State(state): State<AppState>) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    match state.service.store().sessions_by_status().await {
+        Ok(sessions) => (
+            [(
+                axum::http::header::CONTENT_TYPE,
+                "text/plain; version=0.0.4; charset=utf-8",
+            )],
+            state.metrics.render(&sessions),
+        )
+            .into_response(),
+        Err(err) => {
+            tracing::warn!(error = %err, "metrics: cannot count sessions");
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                Json(Health {
+                    status: "database unavailable".into(),
+                }),
+            )
+                .into_response()
         }
     }
 }

@@ -7,6 +7,7 @@ mod extract;
 mod health;
 pub mod openapi;
 pub mod sessions;
+pub mod stream;
 pub mod views;
 
 use std::time::Duration;
@@ -25,6 +26,8 @@ use error::ApiError;
 pub struct AppState {
     /// Session operations.
     pub service: SessionService,
+    /// This process's metrics.
+    pub metrics: std::sync::Arc<crate::metrics::Metrics>,
 }
 
 fn panic_response(_: Box<dyn std::any::Any + Send + 'static>) -> axum::response::Response {

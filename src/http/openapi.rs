@@ -32,8 +32,10 @@ use super::AppState;
         super::sessions::list_refinements,
         super::sessions::list_tasks,
         super::sessions::outcomes,
+        super::sessions::session_changes,
         super::health::healthz,
         super::health::readyz,
+        super::health::metrics,
     ),
     components(schemas(
         crate::executor::WebhookRequest,

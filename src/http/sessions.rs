@@ -5,6 +5,7 @@ use axum::Json;
 use axum::Router;
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use chrono::{DateTime, Utc};
 use uuid::Uuid;
@@ -12,9 +13,10 @@ use uuid::Uuid;
 use super::AppState;
 use super::error::{ApiError, ApiResult, Problem};
 use super::extract::{ApiJson, ApiPath, ApiQuery, OptionalJson};
+use super::stream;
 use super::views::{
-    AfterPage, CheckpointPage, DecisionQuery, EventPage, IterationPage, ListQuery, OutcomeMetrics,
-    RefinementList, ReflectionPage, SessionPage, SessionView, TaskList,
+    AfterPage, CheckpointPage, DecisionQuery, EventPage, EventView, IterationPage, ListQuery,
+    OutcomeMetrics, RefinementList, ReflectionPage, SessionPage, SessionView, TaskList,
 };
 use crate::session::{CreateSession, RefinementChoice, ResumeSession, UpdateSession};
 use crate::store::SessionCursor;
@@ -36,6 +38,7 @@ pub fn router() -> Router<AppState> {
         .route("/{id}/refinements", get(list_refinements))
         .route("/{id}/tasks", get(list_tasks))
         .route("/outcomes", get(outcomes))
+        .route("/events", get(session_changes))
 }
 
 fn page_limit(limit: Option<i64>, default: i64, max: i64) -> ApiResult<i64> {
@@ -275,28 +278,50 @@ pub async fn list_checkpoints(
     }))
 }
 
-/// The session log, in sequence order (paged JSON).
+/// The session log in sequence order: a JSON page, or with
+/// `Accept: text/event-stream` a live Server-Sent Events stream (the SSE id
+/// is the sequence number; reconnect with `Last-Event-ID` to continue
+/// without a gap; the stream ends after the event that ends the loop).
 #[utoipa::path(
     get, path = "/api/autonomous/{id}/events", tag = "history",
     params(("id" = Uuid, Path, description = "Session id"), AfterPage),
     responses(
-        (status = 200, description = "A page of events", body = EventPage),
+        (status = 200, description = "A page of events, or the live stream", content(
+            (EventPage = "application/json"),
+            (EventView = "text/event-stream"),
+        )),
         (status = 404, description = "No such session", body = Problem, content_type = "application/problem+json"),
     )
 )]
 pub async fn list_events(
     State(state): State<AppState>,
     ApiPath(id): ApiPath<Uuid>,
+    headers: HeaderMap,
     ApiQuery(q): ApiQuery<AfterPage>,
-) -> ApiResult<Json<EventPage>> {
+) -> ApiResult<Response> {
     ensure_exists(&state, id).await?;
+    let store = state.service.store().clone();
+    if stream::wants_stream(&headers) {
+        let after = stream::last_event_id(&headers).or(q.after).unwrap_or(0);
+        return Ok(stream::session_events(store, id, after));
+    }
     let limit = page_limit(q.limit, 100, 500)?;
-    let rows = state
-        .service
-        .store()
-        .events(id, q.after.unwrap_or(0), limit, None)
-        .await?;
-    Ok(Json(event_page(rows, limit)))
+    let rows = store.events(id, q.after.unwrap_or(0), limit, None).await?;
+    Ok(Json(event_page(rows, limit)).into_response())
+}
+
+/// A live stream of session changes for list views: every time a session's
+/// status or progress changes, its status document (`event: session`).
+#[utoipa::path(
+    get, path = "/api/autonomous/events", tag = "sessions",
+    responses((status = 200, description = "Server-Sent Events of session status documents",
+        content((SessionView = "text/event-stream"))))
+)]
+pub async fn session_changes(State(state): State<AppState>, headers: HeaderMap) -> Response {
+    let since = stream::last_event_id(&headers)
+        .and_then(DateTime::<Utc>::from_timestamp_micros)
+        .unwrap_or(DateTime::<Utc>::UNIX_EPOCH);
+    stream::session_changes(state.service.store().clone(), since)
 }
 
 fn event_page(rows: Vec<crate::store::EventRecord>, limit: i64) -> EventPage {

@@ -16,6 +16,7 @@ use super::reflector::{Reflector, SessionFacts};
 use super::state::{self, AppliedReflection, LoopState, StepEffects};
 use crate::config::Config;
 use crate::executor::{Executor, ExecutorError, StepContext, StepResult};
+use crate::metrics::Metrics;
 use crate::policy::checklist;
 use crate::policy::gate::{self, GateDecision, PauseCause, StopCause};
 use crate::policy::guardrails::{self, Usage};
@@ -78,6 +79,7 @@ pub struct Runner {
     guidance: Option<String>,
     control: Control,
     reflector: Option<Arc<Reflector>>,
+    metrics: Arc<Metrics>,
     /// Running time accumulated before this process picked the session up.
     base_elapsed_ms: u64,
     started: Instant,
@@ -107,8 +109,10 @@ impl Runner {
         guidance: Option<String>,
         control: Control,
         reflector: Option<Arc<Reflector>>,
+        metrics: Arc<Metrics>,
     ) -> Runner {
         Runner {
+            metrics,
             reflector,
             store,
             config,
@@ -219,6 +223,13 @@ impl Runner {
             inputs.coherence = self.state.reflection.coherence;
             inputs.uncertainty = self.state.reflection.uncertainty;
             let evaluation = gate::evaluate(&self.config.gate, &inputs);
+            self.metrics.gate(match evaluation.decision {
+                GateDecision::Stop { .. } => "stop",
+                GateDecision::Pause { .. } => "pause",
+                GateDecision::Throttle => "throttle",
+                GateDecision::Checkpoint => "checkpoint",
+                GateDecision::Continue => "continue",
+            });
             let decision_event = NewEvent::new(
                 "gate_decision",
                 json!({ "step": step, "decision": evaluation.decision,
@@ -321,6 +332,9 @@ impl Runner {
                 Ok(StepResult::Step(out)) => {
                     let out = *out;
                     cycle_change = out.cycle_change;
+                    if let Some(latency) = out.model_latency {
+                        self.metrics.model_seconds.observe(latency);
+                    }
                     (
                         StepRecord {
                             number: step,
@@ -397,6 +411,7 @@ impl Runner {
                     (started_at, finished_at),
                 )
                 .await?;
+            self.metrics.iteration(record.tokens, t0.elapsed());
             self.state.apply(self.state.run, &record, &effects);
             self.guidance = None;
             self.apply_flags(flags);
@@ -450,7 +465,15 @@ impl Runner {
             biased;
             _ = self.control.stop.cancelled() => None,
             _ = self.control.shutdown.cancelled() => None,
-            answer = reflector.reflect(&facts, allowance) => Some(answer),
+            answer = {
+                let called = Instant::now();
+                let metrics = self.metrics.clone();
+                async move {
+                    let answer = reflector.reflect(&facts, allowance).await;
+                    metrics.model_seconds.observe(called.elapsed());
+                    answer
+                }
+            } => Some(answer),
         };
         let Some(answer) = answer else {
             return if self.control.stop.is_cancelled() {
@@ -491,6 +514,14 @@ impl Runner {
                 (v, st, None, reasoning)
             }
         };
+        self.metrics.tokens(answer.tokens);
+        self.metrics.reflection(match &verdict {
+            reflection::Verdict::Complete => "complete",
+            reflection::Verdict::Pause { .. } => "pause",
+            reflection::Verdict::Reject { .. } => "reject",
+            reflection::Verdict::Continue => "continue",
+            reflection::Verdict::Monitor => "monitor",
+        });
         let applied = AppliedReflection {
             verdict,
             state_after,
@@ -681,6 +712,7 @@ impl Runner {
                 &events,
             )
             .await?;
+        self.metrics.termination(reason.as_str());
         Ok(Exit::Finished(reason))
     }
 

@@ -494,6 +494,7 @@ impl SessionService {
         )
         .await?;
         tx.commit().await.map_err(StoreError::from)?;
+        self.store.announce(id);
         let (session, state) = load_for_run(&self.store, id).await?;
         self.supervisor
             .spawn(lease, acquired, &session, state)
@@ -529,6 +530,7 @@ impl SessionService {
     /// Stops a session: persisted first, then signalled; waits for the loop to land.
     #[tracing::instrument(skip(self))]
     pub async fn stop(&self, id: Uuid) -> Result<SessionRecord> {
+        let received = Instant::now();
         let mut tx = self.store.begin().await?;
         let session = store::lock_session(&mut tx, id)
             .await?
@@ -536,20 +538,27 @@ impl SessionService {
         match lifecycle::plan_stop(session.status)? {
             StopPlan::AlreadyStopped => {
                 tx.commit().await.map_err(StoreError::from)?;
+                self.store.announce(id);
             }
             StopPlan::InterruptNow => {
                 let (_, state) = load_for_run(&self.store, id).await?;
                 self.end_unowned(&mut tx, &session, &state, Reason::UserStop)
                     .await?;
                 tx.commit().await.map_err(StoreError::from)?;
+                self.store.announce(id);
             }
             StopPlan::SignalRunner => {
                 store::request_stop(&mut tx, id).await?;
                 tx.commit().await.map_err(StoreError::from)?;
+                self.store.announce(id);
                 match self.supervisor.signal_stop(id) {
                     Some(done) => wait_done(Some(done), self.config.control_wait).await,
                     None => self.stop_elsewhere(id).await?,
                 }
+                self.supervisor
+                    .metrics()
+                    .stop_seconds
+                    .observe(received.elapsed());
             }
         }
         self.get(id).await
@@ -577,6 +586,7 @@ impl SessionService {
                         .await?;
                 }
                 tx.commit().await.map_err(StoreError::from)?;
+                self.store.announce(id);
                 return Ok(());
             }
             if Instant::now() >= deadline {
@@ -640,10 +650,12 @@ impl SessionService {
         match lifecycle::plan_pause(session.status)? {
             PausePlan::AlreadyPaused => {
                 tx.commit().await.map_err(StoreError::from)?;
+                self.store.announce(id);
             }
             PausePlan::SignalRunner => {
                 store::request_pause(&mut tx, id).await?;
                 tx.commit().await.map_err(StoreError::from)?;
+                self.store.announce(id);
                 match self.supervisor.signal_pause(id) {
                     Some(done) => wait_done(Some(done), self.config.control_wait).await,
                     None => self.store.notify_control("pause", id).await?,
@@ -740,6 +752,7 @@ impl SessionService {
         )
         .await?;
         tx.commit().await.map_err(StoreError::from)?;
+        self.store.announce(id);
         let (session, state) = load_for_run(&self.store, id).await?;
         self.supervisor
             .spawn(lease, acquired, &session, state)
@@ -777,6 +790,7 @@ impl SessionService {
             store::update_settings(&mut tx, id, settings, &events).await?;
         }
         tx.commit().await.map_err(StoreError::from)?;
+        self.store.announce(id);
         self.get(id).await
     }
 }

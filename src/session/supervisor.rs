@@ -20,6 +20,7 @@ use super::service::{ServiceError, build_executor};
 use super::state::LoopState;
 use crate::config::Config;
 use crate::llm::LlmClient;
+use crate::metrics::Metrics;
 use crate::store::{Lease, SessionRecord, SessionSettings, Store};
 
 /// The Postgres channel that carries stop and pause requests between replicas.
@@ -39,6 +40,7 @@ struct Inner {
     runners: Mutex<HashMap<Uuid, RunnerHandle>>,
     /// The reflection model, when one is configured.
     reflector: Option<Arc<Reflector>>,
+    metrics: Arc<Metrics>,
     /// Cancelled when the process shuts down: no new runners, background loops end.
     closing: CancellationToken,
 }
@@ -54,7 +56,12 @@ pub type Done = watch::Receiver<bool>;
 
 impl Supervisor {
     /// A supervisor for replica `replica_id`.
-    pub fn new(store: Store, config: Arc<Config>, replica_id: Uuid) -> Supervisor {
+    pub fn new(
+        store: Store,
+        config: Arc<Config>,
+        replica_id: Uuid,
+        metrics: Arc<Metrics>,
+    ) -> Supervisor {
         let models = &config.models;
         let reflector = match (&models.endpoint, &models.reflection_model) {
             (Some(endpoint), Some(model)) => match LlmClient::new(endpoint.clone()) {
@@ -77,10 +84,16 @@ impl Supervisor {
                 store,
                 config,
                 reflector,
+                metrics,
                 runners: Mutex::new(HashMap::new()),
                 closing: CancellationToken::new(),
             }),
         }
+    }
+
+    /// This process's metrics.
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.inner.metrics
     }
 
     /// This replica's id (the `owner` of its leases).
@@ -144,6 +157,7 @@ impl Supervisor {
             session.guidance.clone(),
             control.clone(),
             self.inner.reflector.clone(),
+            self.inner.metrics.clone(),
         );
         let (done_tx, done_rx) = watch::channel(false);
         let me = self.clone();

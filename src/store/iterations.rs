@@ -198,6 +198,7 @@ impl Store {
         .await?;
         events::insert_numbered(&mut tx, lease.session_id, last_seq, events).await?;
         tx.commit().await?;
+        self.announce(lease.session_id);
         Ok(flags)
     }
 
@@ -207,6 +208,7 @@ impl Store {
         let (last_seq, flags) = fenced_update(&mut tx, lease, events.len()).await?;
         events::insert_numbered(&mut tx, lease.session_id, last_seq, events).await?;
         tx.commit().await?;
+        self.announce(lease.session_id);
         Ok(flags)
     }
 
@@ -232,6 +234,7 @@ impl Store {
             .await?;
         events::insert_numbered(&mut tx, lease.session_id, last_seq, &[event]).await?;
         tx.commit().await?;
+        self.announce(lease.session_id);
         Ok(())
     }
 
@@ -285,6 +288,7 @@ impl Store {
         .await?;
         events::insert_numbered(&mut tx, lease.session_id, last_seq, events).await?;
         tx.commit().await?;
+        self.announce(lease.session_id);
         Ok(())
     }
 
@@ -322,6 +326,7 @@ impl Store {
         .await?;
         events::insert_numbered(&mut tx, lease.session_id, last_seq, &[event]).await?;
         tx.commit().await?;
+        self.announce(lease.session_id);
         Ok(())
     }
 

@@ -56,6 +56,14 @@ pub type Result<T, E = StoreError> = std::result::Result<T, E>;
 #[derive(Debug, Clone)]
 pub struct Store {
     pool: PgPool,
+    /// Announces, in this process, that a session's log grew; event streams
+    /// wake on it and read the new events from Postgres. A lagging or absent
+    /// listener never slows a writer.
+    appended: tokio::sync::broadcast::Sender<Uuid>,
+}
+
+fn announcer() -> tokio::sync::broadcast::Sender<Uuid> {
+    tokio::sync::broadcast::channel(4_096).0
 }
 
 impl Store {
@@ -66,12 +74,26 @@ impl Store {
             .acquire_timeout(std::time::Duration::from_secs(10))
             .connect(url)
             .await?;
-        Ok(Store { pool })
+        Ok(Store::from_pool(pool))
     }
 
     /// Wraps an existing pool (tests hand one in per database).
     pub fn from_pool(pool: PgPool) -> Store {
-        Store { pool }
+        Store {
+            pool,
+            appended: announcer(),
+        }
+    }
+
+    /// Tells this process's event streams that `session_id` has new events.
+    pub fn announce(&self, session_id: Uuid) {
+        // No receiver is not an error: nobody is watching.
+        let _ = self.appended.send(session_id);
+    }
+
+    /// Wakes on every announced append (of any session).
+    pub fn subscribe(&self) -> tokio::sync::broadcast::Receiver<Uuid> {
+        self.appended.subscribe()
     }
 
     /// Applies the embedded migrations.

@@ -22,15 +22,24 @@ pub struct Outcomes {
 }
 
 impl Store {
-    /// Outcome metrics over every stored session.
-    pub async fn outcomes(&self) -> Result<Outcomes> {
-        let mut out = Outcomes::default();
+    /// Number of sessions in each status.
+    pub async fn sessions_by_status(&self) -> Result<BTreeMap<String, i64>> {
+        let mut out = BTreeMap::new();
         for row in sqlx::query("SELECT status, count(*) FROM sessions GROUP BY status")
             .fetch_all(&self.pool)
             .await?
         {
-            out.by_status.insert(row.try_get(0)?, row.try_get(1)?);
+            out.insert(row.try_get(0)?, row.try_get(1)?);
         }
+        Ok(out)
+    }
+
+    /// Outcome metrics over every stored session.
+    pub async fn outcomes(&self) -> Result<Outcomes> {
+        let mut out = Outcomes {
+            by_status: self.sessions_by_status().await?,
+            ..Outcomes::default()
+        };
         for row in sqlx::query(
             "SELECT reason, count(*) FROM sessions
              WHERE reason IS NOT NULL AND status <> 'running' GROUP BY reason",

@@ -133,6 +133,7 @@ impl Store {
         )
         .await?;
         tx.commit().await?;
+        self.announce(lease.session_id);
         Ok(())
     }
 

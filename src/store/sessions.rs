@@ -340,6 +340,7 @@ impl Store {
             detail: "session vanished right after insert".into(),
         })?;
         tx.commit().await?;
+        self.announce(new.id);
         let lease = token.map(|token| Lease {
             session_id: new.id,
             token,
@@ -618,5 +619,23 @@ impl Store {
         .bind(id)
         .fetch_all(&self.pool)
         .await?)
+    }
+}
+
+impl Store {
+    /// Sessions changed at or after `since`, oldest change first.
+    pub async fn sessions_changed_since(
+        &self,
+        since: DateTime<Utc>,
+        limit: i64,
+    ) -> Result<Vec<SessionRecord>> {
+        let rows = sqlx::query_as::<_, SessionRow>(select_session!(
+            "WHERE updated_at >= $1 ORDER BY updated_at, id LIMIT $2"
+        ))
+        .bind(since)
+        .bind(limit)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.into_iter().map(SessionRecord::try_from).collect()
     }
 }

@@ -238,3 +238,60 @@ pub fn assert_gap_free(iterations: &[Value]) {
         "iteration numbers must be gap-free and unique"
     );
 }
+
+/// A Warden binary running as its own process over the test's database, for
+/// tests that must see the service exactly as a client on the network does.
+pub struct ServiceProcess {
+    child: std::process::Child,
+    pub base: String,
+}
+
+impl ServiceProcess {
+    /// Starts `target/.../warden` on a free port against `pool`'s database.
+    pub async fn start(pool: &PgPool) -> ServiceProcess {
+        let opts = pool.connect_options();
+        let db = opts.get_database().unwrap_or("postgres").to_string();
+        let base_url = std::env::var("DATABASE_URL").expect("DATABASE_URL is set for tests");
+        let server_url = match base_url.rfind('/') {
+            Some(i)
+                if base_url[..i].contains("://") && i > base_url.find("://").unwrap_or(0) + 2 =>
+            {
+                base_url[..i].to_string()
+            }
+            _ => base_url.clone(),
+        };
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .expect("a free port");
+        let child = std::process::Command::new(env!("CARGO_BIN_EXE_warden"))
+            .env("DATABASE_URL", format!("{server_url}/{db}"))
+            .env("WARDEN_LISTEN_ADDR", format!("127.0.0.1:{port}"))
+            .env("WARDEN_LEASE_TTL_MS", "2000")
+            .env("WARDEN_HEARTBEAT_INTERVAL_MS", "500")
+            .env("RUST_LOG", "warn")
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .expect("warden starts");
+        let base = format!("http://127.0.0.1:{port}");
+        let client = reqwest::Client::new();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Ok(res) = client.get(format!("{base}/readyz")).send().await
+                && res.status() == StatusCode::OK
+            {
+                break;
+            }
+            assert!(Instant::now() < deadline, "warden did not become ready");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        ServiceProcess { child, base }
+    }
+}
+
+impl Drop for ServiceProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

@@ -1,0 +1,219 @@
+//! Live streams (Server-Sent Events). Every event is read from Postgres by
+//! sequence number, so a reconnect with `Last-Event-ID` continues without a
+//! gap or a duplicate, whichever replica wrote it. An in-process
+//! announcement wakes a stream early; a periodic re-read covers events
+//! written by other replicas. Nothing is buffered per client beyond one
+//! page, so a client that stops reading never slows a session.
+
+use std::collections::{HashMap, VecDeque};
+use std::convert::Infallible;
+use std::time::Duration;
+
+use axum::http::HeaderMap;
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use chrono::{DateTime, Utc};
+use futures::Stream;
+use tokio::sync::broadcast;
+use uuid::Uuid;
+
+use super::views::{EventView, SessionView};
+use crate::policy::lifecycle::Status;
+use crate::store::{EventRecord, Store};
+
+/// How often a stream re-reads Postgres without an announcement.
+const POLL: Duration = Duration::from_millis(500);
+/// Events read per query.
+const PAGE: i64 = 200;
+
+/// Whether the request asks for an event stream.
+pub fn wants_stream(headers: &HeaderMap) -> bool {
+    headers
+        .get(axum::http::header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.contains("text/event-stream"))
+}
+
+/// `Last-Event-ID` as a number, if sent.
+pub fn last_event_id(headers: &HeaderMap) -> Option<i64> {
+    headers
+        .get("last-event-id")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// The status change that ends a session's loop (the stream's last event).
+fn is_terminal(event: &EventRecord) -> bool {
+    event.kind == "status_changed"
+        && event
+            .data
+            .get("to")
+            .and_then(|t| t.as_str())
+            .and_then(Status::parse)
+            .is_some_and(|s| !matches!(s, Status::Running | Status::AwaitingRefinement))
+}
+
+/// Waits for an announcement about `id` (or any lag) or until `POLL` elapses.
+async fn wait_for(rx: &mut broadcast::Receiver<Uuid>, id: Option<Uuid>) {
+    let deadline = tokio::time::Instant::now() + POLL;
+    loop {
+        tokio::select! {
+            received = rx.recv() => match received {
+                Ok(got) if id.is_none_or(|id| id == got) => return,
+                Ok(_) => continue,
+                Err(broadcast::error::RecvError::Lagged(_)) => return,
+                Err(broadcast::error::RecvError::Closed) => {
+                    tokio::time::sleep_until(deadline).await;
+                    return;
+                }
+            },
+            _ = tokio::time::sleep_until(deadline) => return,
+        }
+    }
+}
+
+struct SessionTail {
+    store: Store,
+    id: Uuid,
+    after: i64,
+    rx: broadcast::Receiver<Uuid>,
+    pending: VecDeque<EventRecord>,
+    finished: bool,
+}
+
+fn session_stream(
+    store: Store,
+    id: Uuid,
+    after: i64,
+) -> impl Stream<Item = Result<Event, Infallible>> {
+    let tail = SessionTail {
+        rx: store.subscribe(),
+        store,
+        id,
+        after,
+        pending: VecDeque::new(),
+        finished: false,
+    };
+    futures::stream::unfold(tail, |mut t| async move {
+        loop {
+            if let Some(event) = t.pending.pop_front() {
+                if is_terminal(&event) {
+                    t.finished = true;
+                    t.pending.clear();
+                }
+                let seq = event.seq;
+                let kind = event.kind.clone();
+                let view = EventView::from(event);
+                let sse = Event::default()
+                    .id(seq.to_string())
+                    .event(kind)
+                    .json_data(&view)
+                    .unwrap_or_else(|_| Event::default().comment("unserializable event"));
+                return Some((Ok(sse), t));
+            }
+            if t.finished {
+                return None;
+            }
+            match t.store.events(t.id, t.after, PAGE, None).await {
+                Ok(rows) if !rows.is_empty() => {
+                    t.after = rows.last().map_or(t.after, |r| r.seq);
+                    t.pending.extend(rows);
+                    continue;
+                }
+                Ok(_) => {}
+                Err(err) => {
+                    tracing::warn!(error = %err, session_id = %t.id, "event stream stopped on a storage error");
+                    return None;
+                }
+            }
+            // Caught up with a session whose loop already ended: read once
+            // more if its last events landed after the read above, then
+            // nothing more will come.
+            match t.store.session(t.id).await {
+                Ok(Some(s))
+                    if !matches!(s.status, Status::Running | Status::AwaitingRefinement) =>
+                {
+                    if t.after < s.last_event_seq {
+                        continue;
+                    }
+                    return None;
+                }
+                Ok(None) | Err(_) => return None,
+                Ok(Some(_)) => {}
+            }
+            wait_for(&mut t.rx, Some(t.id)).await;
+        }
+    })
+}
+
+/// The SSE response for one session's log after `after`.
+pub fn session_events(store: Store, id: Uuid, after: i64) -> Response {
+    Sse::new(session_stream(store, id, after))
+        .keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
+        .into_response()
+}
+
+struct ListTail {
+    store: Store,
+    since: DateTime<Utc>,
+    rx: broadcast::Receiver<Uuid>,
+    sent: HashMap<Uuid, (Status, i64, DateTime<Utc>)>,
+    pending: VecDeque<SessionView>,
+}
+
+fn list_stream(
+    store: Store,
+    since: DateTime<Utc>,
+) -> impl Stream<Item = Result<Event, Infallible>> {
+    let tail = ListTail {
+        rx: store.subscribe(),
+        store,
+        since,
+        sent: HashMap::new(),
+        pending: VecDeque::new(),
+    };
+    futures::stream::unfold(tail, |mut t| async move {
+        loop {
+            if let Some(view) = t.pending.pop_front() {
+                let id = view.updated_at.timestamp_micros().to_string();
+                let sse = Event::default()
+                    .id(id)
+                    .event("session")
+                    .json_data(&view)
+                    .unwrap_or_else(|_| Event::default().comment("unserializable session"));
+                return Some((Ok(sse), t));
+            }
+            // Re-read a little before the last change seen: commits can land
+            // out of timestamp order. `sent` drops what was already delivered.
+            let from = t.since - chrono::Duration::seconds(2);
+            match t.store.sessions_changed_since(from, 500).await {
+                Ok(rows) => {
+                    for s in rows {
+                        let key = (s.status, s.counters.iterations, s.updated_at);
+                        if t.sent.get(&s.id) == Some(&key) {
+                            continue;
+                        }
+                        t.since = t.since.max(s.updated_at);
+                        t.sent.insert(s.id, key);
+                        t.pending.push_back(SessionView::from(s));
+                    }
+                    if !t.pending.is_empty() {
+                        continue;
+                    }
+                }
+                Err(err) => {
+                    tracing::warn!(error = %err, "session list stream stopped on a storage error");
+                    return None;
+                }
+            }
+            wait_for(&mut t.rx, None).await;
+        }
+    })
+}
+
+/// The SSE response of every session change after `since`.
+pub fn session_changes(store: Store, since: DateTime<Utc>) -> Response {
+    Sse::new(list_stream(store, since))
+        .keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
+        .into_response()
+}

@@ -1,0 +1,251 @@
+//! Prometheus metrics of one Warden process: counters and histograms kept in
+//! atomics, rendered in the text exposition format at `/metrics`. Session
+//! counts by status come from Postgres at scrape time, so every replica
+//! reports the same fleet-wide gauge.
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+/// A cumulative histogram with fixed bucket bounds (seconds).
+#[derive(Debug)]
+pub struct Histogram {
+    bounds: &'static [f64],
+    buckets: Vec<AtomicU64>,
+    count: AtomicU64,
+    sum_micros: AtomicU64,
+}
+
+impl Histogram {
+    fn new(bounds: &'static [f64]) -> Histogram {
+        Histogram {
+            bounds,
+            buckets: bounds.iter().map(|_| AtomicU64::new(0)).collect(),
+            count: AtomicU64::new(0),
+            sum_micros: AtomicU64::new(0),
+        }
+    }
+
+    /// Records one observation.
+    pub fn observe(&self, d: Duration) {
+        let secs = d.as_secs_f64();
+        for (bound, bucket) in self.bounds.iter().zip(&self.buckets) {
+            if secs <= *bound {
+                bucket.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        self.count.fetch_add(1, Ordering::Relaxed);
+        self.sum_micros.fetch_add(
+            d.as_micros().min(u128::from(u64::MAX)) as u64,
+            Ordering::Relaxed,
+        );
+    }
+
+    fn render(&self, out: &mut String, name: &str, help: &str) {
+        let _ = writeln!(out, "# HELP {name} {help}");
+        let _ = writeln!(out, "# TYPE {name} histogram");
+        for (bound, bucket) in self.bounds.iter().zip(&self.buckets) {
+            let _ = writeln!(
+                out,
+                "{name}_bucket{{le=\"{bound}\"}} {}",
+                bucket.load(Ordering::Relaxed)
+            );
+        }
+        let count = self.count.load(Ordering::Relaxed);
+        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {count}");
+        let _ = writeln!(
+            out,
+            "{name}_sum {}",
+            self.sum_micros.load(Ordering::Relaxed) as f64 / 1e6
+        );
+        let _ = writeln!(out, "{name}_count {count}");
+    }
+}
+
+const FAST: &[f64] = &[
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+];
+const SLOW: &[f64] = &[0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0];
+
+/// The metrics of this process.
+#[derive(Debug)]
+pub struct Metrics {
+    iterations: AtomicU64,
+    tokens: AtomicU64,
+    terminations: Mutex<BTreeMap<String, u64>>,
+    reflections: Mutex<BTreeMap<String, u64>>,
+    gate: Mutex<BTreeMap<String, u64>>,
+    /// Wall time of whole iterations.
+    pub iteration_seconds: Histogram,
+    /// Latency of model calls (agent and reflection).
+    pub model_seconds: Histogram,
+    /// Stop request received → stop recorded.
+    pub stop_seconds: Histogram,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics {
+            iterations: AtomicU64::new(0),
+            tokens: AtomicU64::new(0),
+            terminations: Mutex::new(BTreeMap::new()),
+            reflections: Mutex::new(BTreeMap::new()),
+            gate: Mutex::new(BTreeMap::new()),
+            iteration_seconds: Histogram::new(SLOW),
+            model_seconds: Histogram::new(SLOW),
+            stop_seconds: Histogram::new(FAST),
+        }
+    }
+}
+
+fn bump(map: &Mutex<BTreeMap<String, u64>>, key: &str) {
+    let mut map = map.lock().unwrap_or_else(|p| p.into_inner());
+    *map.entry(key.to_string()).or_insert(0) += 1;
+}
+
+fn escape(label: &str) -> String {
+    label
+        .replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+impl Metrics {
+    /// Counts a committed iteration.
+    pub fn iteration(&self, tokens: u64, took: Duration) {
+        self.iterations.fetch_add(1, Ordering::Relaxed);
+        self.tokens.fetch_add(tokens, Ordering::Relaxed);
+        self.iteration_seconds.observe(took);
+    }
+
+    /// Counts tokens spent outside iterations (reflection).
+    pub fn tokens(&self, tokens: u64) {
+        self.tokens.fetch_add(tokens, Ordering::Relaxed);
+    }
+
+    /// Counts a session's loop ending with `reason`.
+    pub fn termination(&self, reason: &str) {
+        bump(&self.terminations, reason);
+    }
+
+    /// Counts a reflection decision.
+    pub fn reflection(&self, decision: &str) {
+        bump(&self.reflections, decision);
+    }
+
+    /// Counts a gate decision.
+    pub fn gate(&self, decision: &str) {
+        bump(&self.gate, decision);
+    }
+
+    /// The text exposition, with `sessions` (status → count) as a gauge.
+    pub fn render(&self, sessions: &BTreeMap<String, i64>) -> String {
+        let mut out = String::new();
+        let _ = writeln!(
+            out,
+            "# HELP warden_sessions Sessions by status (all replicas)."
+        );
+        let _ = writeln!(out, "# TYPE warden_sessions gauge");
+        for status in crate::policy::lifecycle::Status::ALL {
+            let n = sessions.get(status.as_str()).copied().unwrap_or(0);
+            let _ = writeln!(out, "warden_sessions{{status=\"{}\"}} {n}", status.as_str());
+        }
+        let counter = |out: &mut String, name: &str, help: &str, value: u64| {
+            let _ = writeln!(out, "# HELP {name} {help}");
+            let _ = writeln!(out, "# TYPE {name} counter");
+            let _ = writeln!(out, "{name} {value}");
+        };
+        counter(
+            &mut out,
+            "warden_iterations_total",
+            "Iterations committed by this process.",
+            self.iterations.load(Ordering::Relaxed),
+        );
+        counter(
+            &mut out,
+            "warden_tokens_total",
+            "Tokens charged by this process (agent and reflection).",
+            self.tokens.load(Ordering::Relaxed),
+        );
+        for (name, help, label, map) in [
+            (
+                "warden_terminations_total",
+                "Session loops ended by this process, by reason.",
+                "reason",
+                &self.terminations,
+            ),
+            (
+                "warden_reflections_total",
+                "Reflections by decision.",
+                "decision",
+                &self.reflections,
+            ),
+            (
+                "warden_gate_decisions_total",
+                "Continue-gate evaluations by decision.",
+                "decision",
+                &self.gate,
+            ),
+        ] {
+            let _ = writeln!(out, "# HELP {name} {help}");
+            let _ = writeln!(out, "# TYPE {name} counter");
+            let map = map.lock().unwrap_or_else(|p| p.into_inner());
+            for (key, value) in map.iter() {
+                let _ = writeln!(out, "{name}{{{label}=\"{}\"}} {value}", escape(key));
+            }
+        }
+        self.iteration_seconds.render(
+            &mut out,
+            "warden_iteration_duration_seconds",
+            "Wall time of an iteration, executor included.",
+        );
+        self.model_seconds.render(
+            &mut out,
+            "warden_model_latency_seconds",
+            "Latency of model calls.",
+        );
+        self.stop_seconds.render(
+            &mut out,
+            "warden_stop_latency_seconds",
+            "Stop request received to stop recorded.",
+        );
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_counters_labels_and_cumulative_buckets() {
+        let m = Metrics::default();
+        m.iteration(10, Duration::from_millis(30));
+        m.iteration(5, Duration::from_millis(300));
+        m.termination("goal_achieved");
+        m.gate("continue");
+        m.gate("continue");
+        m.stop_seconds.observe(Duration::from_millis(3));
+        let mut sessions = BTreeMap::new();
+        sessions.insert("completed".to_string(), 2);
+        let text = m.render(&sessions);
+        assert!(text.contains("warden_sessions{status=\"completed\"} 2"));
+        assert!(text.contains("warden_sessions{status=\"running\"} 0"));
+        assert!(text.contains("warden_iterations_total 2"));
+        assert!(text.contains("warden_tokens_total 15"));
+        assert!(text.contains("warden_terminations_total{reason=\"goal_achieved\"} 1"));
+        assert!(text.contains("warden_gate_decisions_total{decision=\"continue\"} 2"));
+        assert!(text.contains("warden_iteration_duration_seconds_bucket{le=\"0.05\"} 1"));
+        assert!(text.contains("warden_iteration_duration_seconds_bucket{le=\"0.5\"} 2"));
+        assert!(text.contains("warden_iteration_duration_seconds_bucket{le=\"+Inf\"} 2"));
+        assert!(text.contains("warden_iteration_duration_seconds_count 2"));
+        assert!(text.contains("warden_stop_latency_seconds_bucket{le=\"0.005\"} 1"));
+    }
+
+    #[test]
+    fn label_values_are_escaped() {
+        assert_eq!(escape("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
+    }
+}

@@ -1,0 +1,363 @@
+//! Live streams and metrics over HTTP: every event of a session in order
+//! with the terminal event last, reconnects without gap or duplicate,
+//! stalled clients that do not slow sessions, the global session stream,
+//! and Prometheus counters that match what ran.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use common::{ServiceProcess, TestApp, distinct_steps};
+use serde_json::{Value, json};
+use sqlx::PgPool;
+
+/// One parsed SSE frame.
+#[derive(Debug, Clone)]
+struct Frame {
+    id: Option<String>,
+    event: Option<String>,
+    data: Value,
+}
+
+/// A minimal HTTP/1.1 SSE client over a plain socket: it reads the chunked
+/// body itself, so the test depends on nothing but the server's bytes.
+struct RawSse {
+    reader: std::io::BufReader<std::net::TcpStream>,
+    pending: String,
+    ended: bool,
+}
+
+impl RawSse {
+    fn open(base: &str, path: &str, last_event_id: Option<&str>) -> RawSse {
+        use std::io::{BufRead, Write};
+        let addr = base.trim_start_matches("http://");
+        let mut sock = std::net::TcpStream::connect(addr).expect("connect");
+        sock.set_read_timeout(Some(Duration::from_secs(20)))
+            .unwrap();
+        let last = last_event_id
+            .map(|id| format!("Last-Event-ID: {id}\r\n"))
+            .unwrap_or_default();
+        write!(
+            sock,
+            "GET {path} HTTP/1.1\r\nHost: {addr}\r\nAccept: text/event-stream\r\n{last}Connection: close\r\n\r\n"
+        )
+        .unwrap();
+        let mut reader = std::io::BufReader::new(sock);
+        let mut status = String::new();
+        reader.read_line(&mut status).unwrap();
+        assert!(status.starts_with("HTTP/1.1 200"), "{status}");
+        let mut chunked = false;
+        loop {
+            let mut line = String::new();
+            reader.read_line(&mut line).unwrap();
+            let lower = line.to_ascii_lowercase();
+            if lower.starts_with("content-type:") {
+                assert!(lower.contains("text/event-stream"), "{line}");
+            }
+            if lower.starts_with("transfer-encoding:") && lower.contains("chunked") {
+                chunked = true;
+            }
+            if line == "\r\n" {
+                break;
+            }
+        }
+        assert!(chunked, "an event stream is sent chunked");
+        RawSse {
+            reader,
+            pending: String::new(),
+            ended: false,
+        }
+    }
+
+    /// Reads one chunk of the body into `pending`; false at the end of the body.
+    fn fill(&mut self) -> bool {
+        use std::io::{BufRead, Read};
+        if self.ended {
+            return false;
+        }
+        let mut size = String::new();
+        if self.reader.read_line(&mut size).unwrap_or(0) == 0 {
+            panic!("connection closed inside a chunked body");
+        }
+        let size = usize::from_str_radix(size.trim(), 16).expect("chunk size");
+        let mut data = vec![0; size + 2];
+        self.reader.read_exact(&mut data).expect("chunk data");
+        if size == 0 {
+            self.ended = true;
+            return false;
+        }
+        self.pending
+            .push_str(&String::from_utf8_lossy(&data[..size]));
+        true
+    }
+
+    /// The next event frame; `None` at the end of the body.
+    fn next(&mut self) -> Option<Frame> {
+        loop {
+            while let Some(end) = self.pending.find("\n\n") {
+                let raw: String = self.pending.drain(..end + 2).collect();
+                let mut frame = Frame {
+                    id: None,
+                    event: None,
+                    data: Value::Null,
+                };
+                let mut data = String::new();
+                for line in raw.lines() {
+                    if let Some(v) = line.strip_prefix("id:") {
+                        frame.id = Some(v.trim().to_string());
+                    } else if let Some(v) = line.strip_prefix("event:") {
+                        frame.event = Some(v.trim().to_string());
+                    } else if let Some(v) = line.strip_prefix("data:") {
+                        data.push_str(v.trim_start());
+                    }
+                }
+                if frame.id.is_none() && data.is_empty() {
+                    continue; // keep-alive comment
+                }
+                frame.data = serde_json::from_str(&data).unwrap_or(Value::String(data));
+                return Some(frame);
+            }
+            if !self.fill() {
+                return None;
+            }
+        }
+    }
+}
+
+/// Reads a stream until it ends, `until` holds for a frame, or `max` frames arrived.
+async fn collect(
+    base: String,
+    path: String,
+    last_event_id: Option<String>,
+    until: impl Fn(&Frame) -> bool + Send + 'static,
+    max: usize,
+) -> Vec<Frame> {
+    tokio::task::spawn_blocking(move || {
+        let mut sse = RawSse::open(&base, &path, last_event_id.as_deref());
+        let mut frames = Vec::new();
+        while frames.len() < max {
+            let Some(frame) = sse.next() else { break };
+            let stop = until(&frame);
+            frames.push(frame);
+            if stop {
+                break;
+            }
+        }
+        frames
+    })
+    .await
+    .unwrap()
+}
+
+/// Warden as a separate process (streams are tested as a network client sees them).
+async fn service(pool: PgPool) -> (ServiceProcess, TestApp) {
+    let process = ServiceProcess::start(&pool).await;
+    let app = TestApp {
+        app: None,
+        base: process.base.clone(),
+        client: reqwest::Client::new(),
+        pool,
+    };
+    (process, app)
+}
+
+fn script(steps: usize, delay_ms: u64) -> Value {
+    let mut s = distinct_steps(steps, 10, delay_ms)
+        .as_array()
+        .cloned()
+        .unwrap();
+    s.push(json!({ "action": "finish", "tokens": 10, "output": "<<WARDEN_GOAL_DONE: done>>" }));
+    Value::Array(s)
+}
+
+fn ids(frames: &[Frame]) -> Vec<i64> {
+    frames
+        .iter()
+        .map(|f| f.id.as_ref().unwrap().parse().unwrap())
+        .collect()
+}
+
+#[sqlx::test]
+async fn a_stream_delivers_every_event_in_order_and_ends_after_the_terminal_one(pool: PgPool) {
+    let (_process, app) = service(pool).await;
+    let id = app.create_scripted(script(5, 40), json!({})).await;
+    let path = format!("/api/autonomous/{id}/events");
+    let frames = collect(app.base.clone(), path, None, |_| false, 10_000).await;
+    let s = app.session(&id).await;
+    assert_eq!(s["status"], "completed");
+    let expected: Vec<i64> = (1..=s["last_event_seq"].as_i64().unwrap()).collect();
+    assert_eq!(ids(&frames), expected, "every event, in order, once");
+    let last = frames.last().unwrap();
+    assert_eq!(last.event.as_deref(), Some("status_changed"));
+    assert_eq!(last.data["data"]["to"], "completed");
+    let iterations = frames
+        .iter()
+        .filter(|f| f.event.as_deref() == Some("iteration_completed"))
+        .count();
+    assert_eq!(iterations, 6);
+}
+
+#[sqlx::test]
+async fn a_reconnect_with_last_event_id_loses_and_repeats_nothing(pool: PgPool) {
+    let (_process, app) = service(pool).await;
+    let id = app.create_scripted(script(8, 60), json!({})).await;
+    let path = format!("/api/autonomous/{id}/events");
+    let head = collect(app.base.clone(), path.clone(), None, |_| false, 7).await;
+    let resume_from = head.last().unwrap().id.clone().unwrap();
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let tail = collect(app.base.clone(), path, Some(resume_from), |_| false, 10_000).await;
+    let mut all = ids(&head);
+    all.extend(ids(&tail));
+    let s = app.session(&id).await;
+    let expected: Vec<i64> = (1..=s["last_event_seq"].as_i64().unwrap()).collect();
+    assert_eq!(all, expected);
+    assert_eq!(tail.last().unwrap().data["data"]["to"], "completed");
+}
+
+#[sqlx::test]
+async fn clients_that_never_read_do_not_slow_a_session(pool: PgPool) {
+    let (_process, app) = service(pool).await;
+    let baseline = Instant::now();
+    let id = app
+        .create_scripted(script(80, 0), json!({ "max_iterations": 1000 }))
+        .await;
+    app.wait_settled(&id).await;
+    let baseline = baseline.elapsed();
+
+    let id = app
+        .create_scripted(script(80, 0), json!({ "max_iterations": 1000 }))
+        .await;
+    // Five clients open the stream and never read a byte.
+    let path = format!("/api/autonomous/{id}/events");
+    let mut stalled = Vec::new();
+    for _ in 0..5 {
+        let (base, path) = (app.base.clone(), path.clone());
+        stalled.push(
+            tokio::task::spawn_blocking(move || RawSse::open(&base, &path, None))
+                .await
+                .unwrap(),
+        );
+    }
+    let watched = Instant::now();
+    let s = app.wait_settled(&id).await;
+    let watched = watched.elapsed();
+    assert_eq!(s["status"], "completed");
+    assert!(
+        watched < baseline * 3 + Duration::from_secs(1),
+        "with stalled readers {watched:?}, without {baseline:?}"
+    );
+    drop(stalled);
+}
+
+#[sqlx::test]
+async fn the_session_list_stream_shows_status_changes(pool: PgPool) {
+    let (_process, app) = service(pool).await;
+    let reader = tokio::spawn(collect(
+        app.base.clone(),
+        "/api/autonomous/events".to_string(),
+        None,
+        |f| f.data["status"] == "completed",
+        1_000,
+    ));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let id = app.create_scripted(script(2, 50), json!({})).await;
+    let frames = tokio::time::timeout(Duration::from_secs(15), reader)
+        .await
+        .expect("the stream shows the completion")
+        .unwrap();
+    assert!(frames.iter().all(|f| f.event.as_deref() == Some("session")));
+    let seen: Vec<String> = frames
+        .iter()
+        .filter(|f| f.data["id"] == id.as_str())
+        .map(|f| f.data["status"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(
+        seen.first().map(String::as_str),
+        Some("running"),
+        "{seen:?}"
+    );
+    assert_eq!(
+        seen.last().map(String::as_str),
+        Some("completed"),
+        "{seen:?}"
+    );
+}
+
+/// Parses Prometheus text into `name{labels}` → value, checking every line's shape.
+fn parse_prometheus(text: &str) -> BTreeMap<String, f64> {
+    let mut out = BTreeMap::new();
+    for line in text.lines() {
+        if line.is_empty() || line.starts_with("# HELP ") || line.starts_with("# TYPE ") {
+            continue;
+        }
+        let (key, value) = line
+            .rsplit_once(' ')
+            .unwrap_or_else(|| panic!("bad line {line:?}"));
+        let name_end = key.find('{').unwrap_or(key.len());
+        assert!(
+            key[..name_end]
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_'),
+            "bad metric name in {line:?}"
+        );
+        if name_end < key.len() {
+            assert!(key.ends_with('}'), "bad labels in {line:?}");
+        }
+        out.insert(
+            key.to_string(),
+            value
+                .parse()
+                .unwrap_or_else(|_| panic!("bad value in {line:?}")),
+        );
+    }
+    out
+}
+
+#[sqlx::test]
+async fn metrics_parse_and_match_the_sessions_that_ran(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    let done = app.create_scripted(script(2, 0), json!({})).await;
+    let capped = app
+        .create_scripted(distinct_steps(5, 10, 0), json!({ "max_iterations": 2 }))
+        .await;
+    let long = app
+        .create_scripted(distinct_steps(3, 10, 30_000), json!({}))
+        .await;
+    app.wait_settled(&done).await;
+    app.wait_settled(&capped).await;
+    app.post(&format!("/api/autonomous/{long}/stop"), None)
+        .await;
+
+    let res = app.client.get(app.url("/metrics")).send().await.unwrap();
+    assert_eq!(res.status(), 200);
+    assert!(
+        res.headers()["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("text/plain")
+    );
+    let m = parse_prometheus(&res.text().await.unwrap());
+    assert_eq!(m["warden_iterations_total"], 5.0);
+    assert_eq!(m["warden_tokens_total"], 50.0);
+    assert_eq!(m["warden_sessions{status=\"completed\"}"], 1.0);
+    assert_eq!(m["warden_sessions{status=\"stopped\"}"], 1.0);
+    assert_eq!(m["warden_sessions{status=\"interrupted\"}"], 1.0);
+    assert_eq!(m["warden_sessions{status=\"running\"}"], 0.0);
+    assert_eq!(
+        m["warden_terminations_total{reason=\"goal_achieved\"}"],
+        1.0
+    );
+    assert_eq!(
+        m["warden_terminations_total{reason=\"max_iterations\"}"],
+        1.0
+    );
+    assert_eq!(m["warden_terminations_total{reason=\"user_stop\"}"], 1.0);
+    assert_eq!(m["warden_gate_decisions_total{decision=\"continue\"}"], 6.0);
+    assert_eq!(m["warden_iteration_duration_seconds_count"], 5.0);
+    assert_eq!(m["warden_stop_latency_seconds_count"], 1.0);
+    assert_eq!(
+        m["warden_iteration_duration_seconds_bucket{le=\"+Inf\"}"],
+        5.0
+    );
+}

@@ -1,7 +1,7 @@
 //! The continue gate: before every step, decide whether a long-running agent
 //! should stop, pause for a person, slow down, checkpoint, or continue.
-//! Long-run failures are rarely one bad call; they are loops that redo work
-//! or burn tokens faster and faster, so the gate watches trends, not steps.
+//! Long-run failures are rarely one bad call; they are loops that redo work or
+//! burn tokens faster and faster, so the gate watches trends, not single steps.
 
 use serde::{Deserialize, Serialize};
 
@@ -52,18 +52,18 @@ pub struct Budget {
     pub time_remaining_ms: Option<u64>,
 }
 
-/// What the gate looks at (serialized into the decision log).
+/// What the gate looks at; serialized into the decision log (borrowed, so not deserializable).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct GateInputs<'a> {
     /// Number of the step about to run (1-based).
     pub step: u64,
     /// Steps executed since the session last started or resumed.
     pub steps_since_start: u64,
-    /// Tokens of each recent committed step, oldest first.
+    /// Tokens used by each recent committed step, oldest first.
     pub token_deltas: &'a [u64],
     /// Whether each recent committed step was rework, oldest first.
     pub rework_flags: &'a [bool],
-    /// Tool calls so far.
+    /// Tool calls so far in the session.
     pub tool_calls: u64,
     /// Coherence from the latest reflection; `None` before the first.
     pub coherence: Option<f64>,
@@ -71,7 +71,7 @@ pub struct GateInputs<'a> {
     pub uncertainty: Option<f64>,
     /// Budgets left.
     pub budget: Budget,
-    /// Last iteration covered by a checkpoint (0 if none).
+    /// Number of the last iteration covered by a checkpoint, 0 if none.
     pub last_checkpoint_step: u64,
 }
 
@@ -97,7 +97,7 @@ pub enum StopCause {
     StepLimit,
     /// A budget is used up.
     BudgetExhausted {
-        /// Which one.
+        /// Which budget.
         budget: BudgetKind,
     },
 }
@@ -116,7 +116,7 @@ pub enum PauseCause {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "decision", rename_all = "snake_case")]
 pub enum GateDecision {
-    /// Halt now.
+    /// Halt the session now.
     Stop {
         /// Why.
         cause: StopCause,
@@ -137,7 +137,7 @@ pub enum GateDecision {
 /// The measurements behind a decision, recorded with every evaluation.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct GateMetrics {
-    /// Least-squares slope of the per-step token deltas relative to their mean.
+    /// Relative least-squares slope of the per-step token deltas, per step; `None` when not computable.
     pub spend_slope: Option<f64>,
     /// Share of rework among the last `rework_window` steps.
     pub rework_ratio: f64,
@@ -147,25 +147,26 @@ pub struct GateMetrics {
     pub uncertainty: Option<f64>,
     /// Committed steps not covered by a checkpoint.
     pub steps_since_checkpoint: u64,
-    /// Steps until the gate forces a checkpoint.
+    /// Steps left until the gate forces a checkpoint.
     pub steps_until_checkpoint: u64,
     /// Steps since the last start or resume.
     pub steps_since_start: u64,
 }
 
-/// A decision with its metrics.
+/// A decision together with the metrics it was based on.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct GateEvaluation {
     /// The decision.
     pub decision: GateDecision,
-    /// The metrics it was based on.
+    /// The metrics.
     pub metrics: GateMetrics,
 }
 
-/// Relative least-squares slope of the last `window` per-step token deltas:
-/// the fitted change per step divided by the mean. `None` until a full
-/// window exists or when the mean is zero. Fitting deltas (not cumulative
-/// tokens) means a steady spender has slope 0, whatever its rate.
+/// Relative least-squares slope of the last `window` per-step token deltas (fitted change per step over their mean).
+///
+/// `None` until a full window exists, for windows shorter than 2 (no line to
+/// fit) and when the mean is zero. Fitting deltas rather than cumulative
+/// tokens means a steady spender has slope 0, whatever its rate.
 pub fn spend_slope(deltas: &[u64], window: usize) -> Option<f64> {
     if window < 2 || deltas.len() < window {
         return None;
@@ -183,11 +184,14 @@ pub fn spend_slope(deltas: &[u64], window: usize) -> Option<f64> {
         sxy += dx * (y as f64 - mean_y);
         sxx += dx * dx;
     }
+    // sxx > 0 whenever window >= 2, checked above.
     Some(sxy / sxx / mean_y)
 }
 
-/// Share of `true` among the last `window` flags, over the whole window, so
-/// a young session cannot cross the threshold on two or three steps.
+/// Share of `true` among the last `window` flags, divided by the whole window; 0 when `window` is 0.
+///
+/// Dividing by the window rather than by the flags available means a young
+/// session cannot cross the threshold on its first two or three steps.
 pub fn rework_ratio(flags: &[bool], window: usize) -> f64 {
     if window == 0 {
         return 0.0;
@@ -196,7 +200,7 @@ pub fn rework_ratio(flags: &[bool], window: usize) -> f64 {
     recent.iter().filter(|&&f| f).count() as f64 / window as f64
 }
 
-/// Evaluates the gate; the first matching decision wins.
+/// Evaluates the gate for the step about to run; the first matching decision wins.
 pub fn evaluate(config: &GateConfig, inputs: &GateInputs<'_>) -> GateEvaluation {
     let steps_since_checkpoint = inputs
         .step
@@ -213,6 +217,14 @@ pub fn evaluate(config: &GateConfig, inputs: &GateInputs<'_>) -> GateEvaluation 
             .saturating_sub(steps_since_checkpoint),
         steps_since_start: inputs.steps_since_start,
     };
+    GateEvaluation {
+        decision: decide(config, inputs, &metrics),
+        metrics,
+    }
+}
+
+/// The priority ladder over already computed metrics.
+fn decide(config: &GateConfig, inputs: &GateInputs<'_>, metrics: &GateMetrics) -> GateDecision {
     let budget = inputs.budget;
     let exhausted = [
         (budget.tokens_remaining, BudgetKind::Tokens),
@@ -223,11 +235,13 @@ pub fn evaluate(config: &GateConfig, inputs: &GateInputs<'_>) -> GateEvaluation 
     .find(|(left, _)| *left == Some(0))
     .map(|(_, kind)| kind);
 
-    let decision = if metrics.coherence.is_some_and(|c| c < config.coherence_min) {
+    if metrics.coherence.is_some_and(|c| c < config.coherence_min) {
         GateDecision::Stop {
             cause: StopCause::CoherenceLow,
         }
     } else if inputs.steps_since_start >= config.step_limit {
+        // Deliberately blind to checkpoints: the limit is about how long no
+        // person has looked, and a checkpoint is not a person looking.
         GateDecision::Stop {
             cause: StopCause::StepLimit,
         }
@@ -248,23 +262,43 @@ pub fn evaluate(config: &GateConfig, inputs: &GateInputs<'_>) -> GateEvaluation 
         }
     } else if metrics.spend_slope.is_some_and(|s| s > config.slope_max) {
         GateDecision::Throttle
-    } else if steps_since_checkpoint >= config.checkpoint_every {
+    } else if metrics.steps_since_checkpoint >= config.checkpoint_every {
         GateDecision::Checkpoint
     } else {
         GateDecision::Continue
-    };
-    GateEvaluation { decision, metrics }
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     const STEADY: [u64; 10] = [100; 10];
     const NO_REWORK: [bool; 10] = [false; 10];
+    /// Relative slope 76/473 ≈ 0.1607 per step.
+    const ACCELERATING: [u64; 10] = [100, 110, 125, 145, 170, 200, 240, 290, 350, 420];
+    /// Four reworks in ten: ratio 0.4.
+    const REWORKY: [bool; 10] = [
+        true, false, true, false, true, false, true, false, false, false,
+    ];
+    /// Three reworks in ten: ratio exactly 0.3.
+    const REWORK_AT_MAX: [bool; 10] = [
+        true, true, true, false, false, false, false, false, false, false,
+    ];
+    /// Linear 91..=109 step 2: slope 2, mean 100, relative slope exactly 0.02.
+    const SLOPE_AT_MAX: [u64; 10] = [91, 93, 95, 97, 99, 101, 103, 105, 107, 109];
+    /// Linear 90..=108 step 2: slope 2, mean 99, relative slope 2/99 ≈ 0.0202.
+    const SLOPE_JUST_OVER: [u64; 10] = [90, 92, 94, 96, 98, 100, 102, 104, 106, 108];
+    /// Noisy around 100 with a slightly falling fit: relative slope exactly -1/150.
+    const NOISY_FLAT: [u64; 10] = [120, 80, 110, 90, 130, 70, 100, 100, 95, 105];
+
+    fn close(actual: f64, expected: f64) -> bool {
+        (actual - expected).abs() < 1e-12
+    }
 
     /// Inputs under which every check passes.
-    fn calm<'a>() -> GateInputs<'a> {
+    fn calm() -> GateInputs<'static> {
         GateInputs {
             step: 11,
             steps_since_start: 10,
@@ -286,11 +320,6 @@ mod tests {
         evaluate(&GateConfig::default(), inputs).decision
     }
 
-    const ACCELERATING: [u64; 10] = [100, 110, 125, 145, 170, 200, 240, 290, 350, 420];
-    const REWORKY: [bool; 10] = [
-        true, false, true, false, true, false, true, false, false, false,
-    ];
-
     fn stop(cause: StopCause) -> GateDecision {
         GateDecision::Stop { cause }
     }
@@ -299,32 +328,77 @@ mod tests {
         GateDecision::Pause { cause }
     }
 
+    fn budget_stop(budget: BudgetKind) -> GateDecision {
+        stop(StopCause::BudgetExhausted { budget })
+    }
+
+    // ---- defaults ----
+
+    #[test]
+    fn default_config_matches_the_design() {
+        assert_eq!(
+            GateConfig::default(),
+            GateConfig {
+                coherence_min: 0.4,
+                step_limit: 100,
+                rework_max: 0.3,
+                rework_window: 10,
+                uncertainty_max: 0.8,
+                slope_max: 0.02,
+                slope_window: 10,
+                checkpoint_every: 25,
+            }
+        );
+        assert_eq!(
+            Budget::default(),
+            Budget {
+                tokens_remaining: None,
+                tool_calls_remaining: None,
+                time_remaining_ms: None,
+            }
+        );
+    }
+
     #[test]
     fn calm_inputs_continue() {
         assert_eq!(decide(&calm()), GateDecision::Continue);
     }
 
+    // ---- spend slope ----
+
     #[test]
-    fn steady_spend_has_zero_slope_whatever_the_rate() {
-        assert_eq!(spend_slope(&[100; 10], 10), Some(0.0));
-        assert_eq!(spend_slope(&[5_000; 12], 10), Some(0.0));
+    fn steady_spend_of_100_tokens_per_step_has_zero_slope() {
+        assert_eq!(spend_slope(&STEADY, 10), Some(0.0));
+        assert_eq!(decide(&calm()), GateDecision::Continue);
     }
 
     #[test]
-    fn cumulative_style_growth_of_deltas_is_not_what_is_fitted() {
-        // A steady 100 tokens/step is a straight line in cumulative tokens;
-        // fitting cumulative tokens would report a large slope. Deltas say 0.
-        let deltas = [100u64; 10];
-        assert_eq!(spend_slope(&deltas, 10), Some(0.0));
-        let mut inputs = calm();
-        inputs.token_deltas = &deltas;
-        assert_eq!(decide(&inputs), GateDecision::Continue);
+    fn constant_per_step_spend_has_zero_slope_whatever_the_rate() {
+        for rate in [1u64, 7, 100, 5_000, 1_000_000] {
+            let deltas = [rate; 12];
+            assert_eq!(spend_slope(&deltas, 10), Some(0.0), "rate {rate}");
+            let mut inputs = calm();
+            inputs.token_deltas = &deltas;
+            assert_eq!(decide(&inputs), GateDecision::Continue, "rate {rate}");
+        }
+    }
+
+    #[test]
+    fn fitting_cumulative_tokens_would_wrongly_throttle_a_steady_spender() {
+        // The mistake the design warns about: the cumulative series of a
+        // steady 100 tokens/step is 100, 200, ..., 1000, whose relative slope
+        // is 100/550 and would throttle. The gate fits the deltas: slope 0.
+        let cumulative: Vec<u64> = (1..=10).map(|i| i * 100).collect();
+        let wrong = spend_slope(&cumulative, 10).unwrap_or(f64::NAN);
+        assert!(close(wrong, 100.0 / 550.0), "{wrong}");
+        assert!(wrong > GateConfig::default().slope_max);
+        assert_eq!(spend_slope(&STEADY, 10), Some(0.0));
     }
 
     #[test]
     fn accelerating_spend_throttles() {
-        let slope = spend_slope(&ACCELERATING, 10).unwrap();
-        assert!(slope > 0.02, "{slope}");
+        let slope = spend_slope(&ACCELERATING, 10).unwrap_or(f64::NAN);
+        assert!(close(slope, 76.0 / 473.0), "{slope}");
         let mut inputs = calm();
         inputs.token_deltas = &ACCELERATING;
         assert_eq!(decide(&inputs), GateDecision::Throttle);
@@ -334,7 +408,8 @@ mod tests {
     fn decelerating_spend_does_not_throttle() {
         let mut falling = ACCELERATING;
         falling.reverse();
-        assert!(spend_slope(&falling, 10).unwrap() < 0.0);
+        let slope = spend_slope(&falling, 10).unwrap_or(f64::NAN);
+        assert!(close(slope, -76.0 / 473.0), "{slope}");
         let mut inputs = calm();
         inputs.token_deltas = &falling;
         assert_eq!(decide(&inputs), GateDecision::Continue);
@@ -342,242 +417,619 @@ mod tests {
 
     #[test]
     fn noisy_but_flat_spend_does_not_throttle() {
-        let noisy = [120, 80, 110, 90, 130, 70, 100, 100, 95, 105];
-        let slope = spend_slope(&noisy, 10).unwrap();
-        assert!(slope.abs() <= 0.02, "{slope}");
+        let slope = spend_slope(&NOISY_FLAT, 10).unwrap_or(f64::NAN);
+        assert!(close(slope, -1.0 / 150.0), "{slope}");
         let mut inputs = calm();
-        inputs.token_deltas = &noisy;
+        inputs.token_deltas = &NOISY_FLAT;
+        assert_eq!(decide(&inputs), GateDecision::Continue);
+        // A single late spike of 2 % is noise, not acceleration: 2/1837.
+        let spike = [100, 100, 100, 100, 100, 100, 100, 100, 100, 102];
+        let slope = spend_slope(&spike, 10).unwrap_or(f64::NAN);
+        assert!(close(slope, 2.0 / 1837.0), "{slope}");
+        inputs.token_deltas = &spike;
         assert_eq!(decide(&inputs), GateDecision::Continue);
     }
 
     #[test]
     fn slope_is_exact_for_a_linear_series() {
-        // deltas 10, 20, ..., 100: slope 10 per step, mean 55.
+        // 10, 20, ..., 100: slope 10 per step, mean 55.
         let linear: Vec<u64> = (1..=10).map(|i| i * 10).collect();
-        let slope = spend_slope(&linear, 10).unwrap();
-        assert!((slope - 10.0 / 55.0).abs() < 1e-12, "{slope}");
+        let slope = spend_slope(&linear, 10).unwrap_or(f64::NAN);
+        assert!(close(slope, 10.0 / 55.0), "{slope}");
+        // A two-point window is the plain difference over the mean.
+        assert_eq!(spend_slope(&[100, 300], 2), Some(1.0));
+    }
+
+    #[test]
+    fn slope_at_threshold_continues_and_just_over_throttles() {
+        assert_eq!(spend_slope(&SLOPE_AT_MAX, 10), Some(0.02));
+        let over = spend_slope(&SLOPE_JUST_OVER, 10).unwrap_or(f64::NAN);
+        assert!(close(over, 2.0 / 99.0), "{over}");
+        let mut inputs = calm();
+        inputs.token_deltas = &SLOPE_AT_MAX;
+        assert_eq!(decide(&inputs), GateDecision::Continue);
+        inputs.token_deltas = &SLOPE_JUST_OVER;
+        assert_eq!(decide(&inputs), GateDecision::Throttle);
     }
 
     #[test]
     fn slope_uses_only_the_last_window() {
         let mut series = vec![1u64, 1_000, 1, 1_000];
-        series.extend_from_slice(&[100; 10]);
+        series.extend_from_slice(&STEADY);
         assert_eq!(spend_slope(&series, 10), Some(0.0));
+        let mut series = ACCELERATING.to_vec();
+        series.extend_from_slice(&STEADY);
+        assert_eq!(spend_slope(&series, 10), Some(0.0));
+        // Old steady spend does not dilute a recent acceleration.
+        let mut series = STEADY.to_vec();
+        series.extend_from_slice(&ACCELERATING);
+        let slope = spend_slope(&series, 10).unwrap_or(f64::NAN);
+        assert!(close(slope, 76.0 / 473.0), "{slope}");
     }
 
     #[test]
-    fn slope_needs_a_full_window_and_spend() {
-        assert_eq!(spend_slope(&[100, 200, 400], 10), None);
+    fn fewer_than_a_full_window_gives_no_slope() {
         assert_eq!(spend_slope(&[], 10), None);
-        assert_eq!(spend_slope(&[0; 10], 10), None);
-        assert_eq!(spend_slope(&[1, 2], 1), None);
-        let mut inputs = calm();
+        assert_eq!(spend_slope(&[100], 10), None);
+        assert_eq!(spend_slope(&ACCELERATING[..9], 10), None);
+        assert!(spend_slope(&ACCELERATING, 10).is_some());
+        // Even a steep short series is not judged.
         let short = [10, 100, 1_000];
+        let mut inputs = calm();
         inputs.token_deltas = &short;
-        assert_eq!(decide(&inputs), GateDecision::Continue);
-        assert_eq!(
-            evaluate(&GateConfig::default(), &inputs)
-                .metrics
-                .spend_slope,
-            None
-        );
+        let eval = evaluate(&GateConfig::default(), &inputs);
+        assert_eq!(eval.decision, GateDecision::Continue);
+        assert_eq!(eval.metrics.spend_slope, None);
     }
 
     #[test]
-    fn rework_ratio_is_over_the_whole_window() {
+    fn degenerate_windows_and_zero_spend_give_no_slope() {
+        assert_eq!(spend_slope(&[1, 2, 3], 0), None);
+        assert_eq!(spend_slope(&[1, 2, 3], 1), None);
+        assert_eq!(spend_slope(&[0; 10], 10), None);
+        // Zero spend in the window, even after earlier spend.
+        let mut series = vec![500u64; 5];
+        series.extend_from_slice(&[0; 10]);
+        assert_eq!(spend_slope(&series, 10), None);
+    }
+
+    #[test]
+    fn huge_deltas_do_not_overflow() {
+        assert_eq!(spend_slope(&[u64::MAX; 10], 10), Some(0.0));
+        let slope = spend_slope(&[0, u64::MAX], 2).unwrap_or(f64::NAN);
+        assert!(close(slope, 2.0), "{slope}");
+    }
+
+    // ---- rework ratio ----
+
+    #[test]
+    fn rework_ratio_divides_by_the_whole_window() {
         assert_eq!(rework_ratio(&[true, true], 10), 0.2);
+        assert_eq!(rework_ratio(&[true, true, true], 10), 0.3);
         assert_eq!(rework_ratio(&REWORKY, 10), 0.4);
+        assert_eq!(rework_ratio(&[true; 10], 10), 1.0);
         assert_eq!(rework_ratio(&[true; 25], 10), 1.0);
         assert_eq!(rework_ratio(&[], 10), 0.0);
-        assert_eq!(rework_ratio(&[true], 0), 0.0);
-        // Only the last `window` flags count.
+        assert_eq!(rework_ratio(&NO_REWORK, 10), 0.0);
+        assert_eq!(rework_ratio(&[true; 4], 4), 1.0);
+    }
+
+    #[test]
+    fn rework_ratio_counts_only_the_last_window() {
         let mut old_rework = vec![true; 10];
         old_rework.extend_from_slice(&[false; 10]);
         assert_eq!(rework_ratio(&old_rework, 10), 0.0);
+        let mut recent_rework = vec![false; 10];
+        recent_rework.extend_from_slice(&[true; 5]);
+        assert_eq!(rework_ratio(&recent_rework, 10), 0.5);
     }
 
     #[test]
-    fn rework_above_threshold_pauses_and_at_threshold_does_not() {
+    fn rework_ratio_with_zero_window_is_zero() {
+        assert_eq!(rework_ratio(&[true], 0), 0.0);
+        assert_eq!(rework_ratio(&[], 0), 0.0);
+    }
+
+    #[test]
+    fn a_young_session_cannot_hit_the_rework_threshold_early() {
+        // Three steps, all rework: 3/10 = 0.3, not above 0.3.
         let mut inputs = calm();
+        let flags = [true; 3];
+        inputs.rework_flags = &flags;
+        assert_eq!(decide(&inputs), GateDecision::Continue);
+        let flags = [true; 4];
+        inputs.rework_flags = &flags;
+        assert_eq!(decide(&inputs), pause(PauseCause::ReworkLoop));
+    }
+
+    #[test]
+    fn rework_at_threshold_continues_and_just_over_pauses() {
+        let mut inputs = calm();
+        inputs.rework_flags = &REWORK_AT_MAX;
+        assert_eq!(decide(&inputs), GateDecision::Continue);
         inputs.rework_flags = &REWORKY;
         assert_eq!(decide(&inputs), pause(PauseCause::ReworkLoop));
-        let at = [
-            true, true, true, false, false, false, false, false, false, false,
-        ];
-        inputs.rework_flags = &at;
-        assert_eq!(decide(&inputs), GateDecision::Continue);
     }
 
-    #[test]
-    fn uncertainty_above_threshold_pauses() {
-        let mut inputs = calm();
-        inputs.uncertainty = Some(0.81);
-        assert_eq!(decide(&inputs), pause(PauseCause::Uncertainty));
-        inputs.uncertainty = Some(0.8);
-        assert_eq!(decide(&inputs), GateDecision::Continue);
-        inputs.uncertainty = None;
-        assert_eq!(decide(&inputs), GateDecision::Continue);
-    }
+    // ---- single-trigger boundaries ----
 
     #[test]
-    fn coherence_below_threshold_stops() {
+    fn coherence_at_threshold_continues_and_just_below_stops() {
         let mut inputs = calm();
-        inputs.coherence = Some(0.39);
-        assert_eq!(decide(&inputs), stop(StopCause::CoherenceLow));
         inputs.coherence = Some(0.4);
         assert_eq!(decide(&inputs), GateDecision::Continue);
-        inputs.coherence = None;
-        assert_eq!(decide(&inputs), GateDecision::Continue);
+        inputs.coherence = Some(0.4f64.next_down());
+        assert_eq!(decide(&inputs), stop(StopCause::CoherenceLow));
+        inputs.coherence = Some(0.0);
+        assert_eq!(decide(&inputs), stop(StopCause::CoherenceLow));
     }
 
     #[test]
-    fn step_limit_stops_regardless_of_checkpoints() {
+    fn missing_coherence_and_uncertainty_skip_their_checks() {
         let mut inputs = calm();
+        inputs.coherence = None;
+        inputs.uncertainty = None;
+        let eval = evaluate(&GateConfig::default(), &inputs);
+        assert_eq!(eval.decision, GateDecision::Continue);
+        assert_eq!(eval.metrics.coherence, None);
+        assert_eq!(eval.metrics.uncertainty, None);
+    }
+
+    #[test]
+    fn uncertainty_at_threshold_continues_and_just_over_pauses() {
+        let mut inputs = calm();
+        inputs.uncertainty = Some(0.8);
+        assert_eq!(decide(&inputs), GateDecision::Continue);
+        inputs.uncertainty = Some(0.8f64.next_up());
+        assert_eq!(decide(&inputs), pause(PauseCause::Uncertainty));
+        inputs.uncertainty = Some(1.0);
+        assert_eq!(decide(&inputs), pause(PauseCause::Uncertainty));
+    }
+
+    #[test]
+    fn step_limit_stops_at_the_limit_not_before() {
+        let mut inputs = calm();
+        inputs.steps_since_start = 99;
+        assert_eq!(decide(&inputs), GateDecision::Continue);
         inputs.steps_since_start = 100;
+        assert_eq!(decide(&inputs), stop(StopCause::StepLimit));
+        inputs.steps_since_start = 101;
+        assert_eq!(decide(&inputs), stop(StopCause::StepLimit));
+    }
+
+    #[test]
+    fn step_limit_ignores_checkpoints() {
+        let mut inputs = calm();
         inputs.step = 101;
+        inputs.steps_since_start = 100;
+        // Just checkpointed: still a stop.
         inputs.last_checkpoint_step = 100;
         assert_eq!(decide(&inputs), stop(StopCause::StepLimit));
+        // Checkpoint overdue: still a stop, not a checkpoint.
         inputs.last_checkpoint_step = 0;
         assert_eq!(decide(&inputs), stop(StopCause::StepLimit));
+        // Under the limit, an overdue checkpoint is only a checkpoint.
         inputs.steps_since_start = 99;
-        inputs.last_checkpoint_step = 100;
+        assert_eq!(decide(&inputs), GateDecision::Checkpoint);
+        // A long session resumed recently is not stopped by its total length.
+        inputs.step = 1_000;
+        inputs.steps_since_start = 5;
+        inputs.last_checkpoint_step = 999;
         assert_eq!(decide(&inputs), GateDecision::Continue);
     }
 
     #[test]
-    fn each_exhausted_budget_stops() {
-        for (budget, kind) in [
-            (
-                Budget {
-                    tokens_remaining: Some(0),
-                    ..calm().budget
-                },
-                BudgetKind::Tokens,
-            ),
-            (
-                Budget {
-                    tool_calls_remaining: Some(0),
-                    ..calm().budget
-                },
-                BudgetKind::ToolCalls,
-            ),
-            (
-                Budget {
-                    time_remaining_ms: Some(0),
-                    ..calm().budget
-                },
-                BudgetKind::Time,
-            ),
-        ] {
+    fn each_exhausted_budget_stops_and_one_left_continues() {
+        type Set = fn(&mut Budget, Option<u64>);
+        let cases: [(Set, BudgetKind); 3] = [
+            (|b, v| b.tokens_remaining = v, BudgetKind::Tokens),
+            (|b, v| b.tool_calls_remaining = v, BudgetKind::ToolCalls),
+            (|b, v| b.time_remaining_ms = v, BudgetKind::Time),
+        ];
+        for (set, kind) in cases {
             let mut inputs = calm();
-            inputs.budget = budget;
-            assert_eq!(
-                decide(&inputs),
-                stop(StopCause::BudgetExhausted { budget: kind })
-            );
+            set(&mut inputs.budget, Some(0));
+            assert_eq!(decide(&inputs), budget_stop(kind), "{kind:?}");
+            set(&mut inputs.budget, Some(1));
+            assert_eq!(decide(&inputs), GateDecision::Continue, "{kind:?}");
+            set(&mut inputs.budget, None);
+            assert_eq!(decide(&inputs), GateDecision::Continue, "{kind:?}");
         }
-        let mut unlimited = calm();
-        unlimited.budget = Budget::default();
-        assert_eq!(decide(&unlimited), GateDecision::Continue);
-        let mut all = calm();
-        all.budget = Budget {
-            tokens_remaining: Some(0),
-            tool_calls_remaining: Some(0),
-            time_remaining_ms: Some(0),
-        };
-        assert_eq!(
-            decide(&all),
-            stop(StopCause::BudgetExhausted {
-                budget: BudgetKind::Tokens
-            })
-        );
     }
 
     #[test]
-    fn checkpoint_after_the_interval() {
+    fn unlimited_budgets_never_stop() {
         let mut inputs = calm();
-        inputs.step = 36;
+        inputs.budget = Budget::default();
+        assert_eq!(decide(&inputs), GateDecision::Continue);
+    }
+
+    #[test]
+    fn budgets_are_checked_tokens_then_tool_calls_then_time() {
+        let zero = Some(0);
+        let mut inputs = calm();
+        inputs.budget = Budget {
+            tokens_remaining: zero,
+            tool_calls_remaining: zero,
+            time_remaining_ms: zero,
+        };
+        assert_eq!(decide(&inputs), budget_stop(BudgetKind::Tokens));
+        inputs.budget.tokens_remaining = None;
+        assert_eq!(decide(&inputs), budget_stop(BudgetKind::ToolCalls));
+        inputs.budget.tool_calls_remaining = Some(5);
+        assert_eq!(decide(&inputs), budget_stop(BudgetKind::Time));
+        // Tokens beat time without tool calls in between.
+        inputs.budget.tokens_remaining = zero;
+        assert_eq!(decide(&inputs), budget_stop(BudgetKind::Tokens));
+    }
+
+    #[test]
+    fn checkpoint_at_the_interval_not_before() {
+        let mut inputs = calm();
         inputs.last_checkpoint_step = 10;
+        for (step, since, until, decision) in [
+            (35, 24, 1, GateDecision::Continue),
+            (36, 25, 0, GateDecision::Checkpoint),
+            (37, 26, 0, GateDecision::Checkpoint),
+        ] {
+            inputs.step = step;
+            let eval = evaluate(&GateConfig::default(), &inputs);
+            assert_eq!(eval.decision, decision, "step {step}");
+            assert_eq!(eval.metrics.steps_since_checkpoint, since, "step {step}");
+            assert_eq!(eval.metrics.steps_until_checkpoint, until, "step {step}");
+        }
+    }
+
+    #[test]
+    fn first_checkpoint_counts_from_the_start() {
+        let mut inputs = calm();
+        inputs.last_checkpoint_step = 0;
+        inputs.step = 1;
+        let eval = evaluate(&GateConfig::default(), &inputs);
+        assert_eq!(eval.decision, GateDecision::Continue);
+        assert_eq!(eval.metrics.steps_since_checkpoint, 0);
+        assert_eq!(eval.metrics.steps_until_checkpoint, 25);
+        inputs.step = 26;
         let eval = evaluate(&GateConfig::default(), &inputs);
         assert_eq!(eval.decision, GateDecision::Checkpoint);
         assert_eq!(eval.metrics.steps_since_checkpoint, 25);
-        assert_eq!(eval.metrics.steps_until_checkpoint, 0);
-        inputs.step = 35;
-        let eval = evaluate(&GateConfig::default(), &inputs);
-        assert_eq!(eval.decision, GateDecision::Continue);
-        assert_eq!(eval.metrics.steps_until_checkpoint, 1);
     }
 
-    /// Inputs that trigger every decision at once, from which each test
-    /// removes the triggers above the one it checks.
-    fn everything<'a>() -> GateInputs<'a> {
-        GateInputs {
-            step: 200,
-            steps_since_start: 150,
-            token_deltas: &ACCELERATING,
-            rework_flags: &REWORKY,
-            tool_calls: 0,
-            coherence: Some(0.1),
-            uncertainty: Some(0.95),
-            budget: Budget {
-                tokens_remaining: Some(0),
-                tool_calls_remaining: Some(0),
-                time_remaining_ms: Some(0),
-            },
-            last_checkpoint_step: 0,
+    #[test]
+    fn checkpoint_arithmetic_saturates_on_odd_inputs() {
+        let mut inputs = calm();
+        // Step 0 (not 1-based) and a checkpoint ahead of the step.
+        inputs.step = 0;
+        inputs.last_checkpoint_step = 0;
+        let m = evaluate(&GateConfig::default(), &inputs).metrics;
+        assert_eq!(
+            (m.steps_since_checkpoint, m.steps_until_checkpoint),
+            (0, 25)
+        );
+        inputs.step = 5;
+        inputs.last_checkpoint_step = 50;
+        let m = evaluate(&GateConfig::default(), &inputs).metrics;
+        assert_eq!(
+            (m.steps_since_checkpoint, m.steps_until_checkpoint),
+            (0, 25)
+        );
+        inputs.step = u64::MAX;
+        inputs.last_checkpoint_step = 0;
+        let eval = evaluate(&GateConfig::default(), &inputs);
+        assert_eq!(eval.metrics.steps_since_checkpoint, u64::MAX - 1);
+        assert_eq!(eval.metrics.steps_until_checkpoint, 0);
+        assert_eq!(eval.decision, GateDecision::Checkpoint);
+    }
+
+    // ---- priority order ----
+
+    /// Each trigger of the gate, in priority order.
+    #[derive(Debug, Clone, Copy)]
+    enum Trigger {
+        Coherence,
+        StepLimit,
+        Tokens,
+        ToolCalls,
+        Time,
+        Rework,
+        Uncertainty,
+        Slope,
+        Checkpoint,
+    }
+
+    const PRIORITY: [Trigger; 9] = [
+        Trigger::Coherence,
+        Trigger::StepLimit,
+        Trigger::Tokens,
+        Trigger::ToolCalls,
+        Trigger::Time,
+        Trigger::Rework,
+        Trigger::Uncertainty,
+        Trigger::Slope,
+        Trigger::Checkpoint,
+    ];
+
+    /// Sets one trigger, leaving the others as they are.
+    fn arm(trigger: Trigger, i: &mut GateInputs<'static>) {
+        match trigger {
+            Trigger::Coherence => i.coherence = Some(0.1),
+            Trigger::StepLimit => i.steps_since_start = 100,
+            Trigger::Tokens => i.budget.tokens_remaining = Some(0),
+            Trigger::ToolCalls => i.budget.tool_calls_remaining = Some(0),
+            Trigger::Time => i.budget.time_remaining_ms = Some(0),
+            Trigger::Rework => i.rework_flags = &REWORKY,
+            Trigger::Uncertainty => i.uncertainty = Some(0.95),
+            Trigger::Slope => i.token_deltas = &ACCELERATING,
+            Trigger::Checkpoint => {
+                i.step = 200;
+                i.last_checkpoint_step = 0;
+            }
+        }
+    }
+
+    fn expected(trigger: Trigger) -> GateDecision {
+        match trigger {
+            Trigger::Coherence => stop(StopCause::CoherenceLow),
+            Trigger::StepLimit => stop(StopCause::StepLimit),
+            Trigger::Tokens => budget_stop(BudgetKind::Tokens),
+            Trigger::ToolCalls => budget_stop(BudgetKind::ToolCalls),
+            Trigger::Time => budget_stop(BudgetKind::Time),
+            Trigger::Rework => pause(PauseCause::ReworkLoop),
+            Trigger::Uncertainty => pause(PauseCause::Uncertainty),
+            Trigger::Slope => GateDecision::Throttle,
+            Trigger::Checkpoint => GateDecision::Checkpoint,
         }
     }
 
     #[test]
-    fn priority_order_is_stop_pause_throttle_checkpoint_continue() {
-        let mut i = everything();
-        assert_eq!(decide(&i), stop(StopCause::CoherenceLow));
-        i.coherence = Some(0.9);
-        assert_eq!(decide(&i), stop(StopCause::StepLimit));
-        i.steps_since_start = 1;
+    fn each_trigger_alone_gives_its_decision() {
+        for t in PRIORITY {
+            let mut inputs = calm();
+            arm(t, &mut inputs);
+            assert_eq!(decide(&inputs), expected(t), "{t:?}");
+        }
+    }
+
+    #[test]
+    fn each_higher_trigger_beats_each_lower_one() {
+        for (hi, &higher) in PRIORITY.iter().enumerate() {
+            for &lower in &PRIORITY[hi + 1..] {
+                let mut inputs = calm();
+                arm(lower, &mut inputs);
+                arm(higher, &mut inputs);
+                assert_eq!(
+                    decide(&inputs),
+                    expected(higher),
+                    "{higher:?} over {lower:?}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn with_every_trigger_set_the_highest_remaining_wins() {
+        for (k, &top) in PRIORITY.iter().enumerate() {
+            let mut inputs = calm();
+            for &t in &PRIORITY[k..] {
+                arm(t, &mut inputs);
+            }
+            assert_eq!(decide(&inputs), expected(top), "from {top:?} down");
+        }
+    }
+
+    // ---- metrics ----
+
+    #[test]
+    fn metrics_are_computed_whatever_the_decision() {
+        let mut inputs = calm();
+        for t in PRIORITY {
+            arm(t, &mut inputs);
+        }
+        let eval = evaluate(&GateConfig::default(), &inputs);
+        assert_eq!(eval.decision, stop(StopCause::CoherenceLow));
+        let m = eval.metrics;
+        assert!(close(m.spend_slope.unwrap_or(f64::NAN), 76.0 / 473.0));
+        assert_eq!(m.rework_ratio, 0.4);
+        assert_eq!(m.coherence, Some(0.1));
+        assert_eq!(m.uncertainty, Some(0.95));
+        assert_eq!(m.steps_since_checkpoint, 199);
+        assert_eq!(m.steps_until_checkpoint, 0);
+        assert_eq!(m.steps_since_start, 100);
+    }
+
+    #[test]
+    fn metrics_of_calm_inputs() {
         assert_eq!(
-            decide(&i),
-            stop(StopCause::BudgetExhausted {
-                budget: BudgetKind::Tokens
+            evaluate(&GateConfig::default(), &calm()),
+            GateEvaluation {
+                decision: GateDecision::Continue,
+                metrics: GateMetrics {
+                    spend_slope: Some(0.0),
+                    rework_ratio: 0.0,
+                    coherence: Some(0.9),
+                    uncertainty: Some(0.1),
+                    steps_since_checkpoint: 0,
+                    steps_until_checkpoint: 25,
+                    steps_since_start: 10,
+                },
+            }
+        );
+    }
+
+    #[test]
+    fn empty_history_continues_with_empty_metrics() {
+        let inputs = GateInputs {
+            step: 1,
+            steps_since_start: 0,
+            token_deltas: &[],
+            rework_flags: &[],
+            tool_calls: 0,
+            coherence: None,
+            uncertainty: None,
+            budget: Budget::default(),
+            last_checkpoint_step: 0,
+        };
+        assert_eq!(
+            evaluate(&GateConfig::default(), &inputs),
+            GateEvaluation {
+                decision: GateDecision::Continue,
+                metrics: GateMetrics {
+                    spend_slope: None,
+                    rework_ratio: 0.0,
+                    coherence: None,
+                    uncertainty: None,
+                    steps_since_checkpoint: 0,
+                    steps_until_checkpoint: 25,
+                    steps_since_start: 0,
+                },
+            }
+        );
+    }
+
+    #[test]
+    fn custom_windows_are_honoured() {
+        let config = GateConfig {
+            rework_window: 4,
+            slope_window: 3,
+            ..GateConfig::default()
+        };
+        let mut inputs = calm();
+        // Last 4 flags: two reworks, 0.5 > 0.3.
+        let flags = [false, false, false, false, true, false, true, false];
+        inputs.rework_flags = &flags;
+        let eval = evaluate(&config, &inputs);
+        assert_eq!(eval.metrics.rework_ratio, 0.5);
+        assert_eq!(eval.decision, pause(PauseCause::ReworkLoop));
+        // Last 3 deltas 100, 200, 300: slope 100, mean 200.
+        let deltas = [100, 100, 100, 200, 300];
+        inputs.rework_flags = &NO_REWORK;
+        inputs.token_deltas = &deltas;
+        let eval = evaluate(&config, &inputs);
+        assert_eq!(eval.metrics.spend_slope, Some(0.5));
+        assert_eq!(eval.decision, GateDecision::Throttle);
+    }
+
+    // ---- serialization ----
+
+    #[test]
+    fn decisions_serialize_with_a_decision_tag() {
+        let cases = [
+            (
+                stop(StopCause::CoherenceLow),
+                json!({ "decision": "stop", "cause": "coherence_low" }),
+            ),
+            (
+                stop(StopCause::StepLimit),
+                json!({ "decision": "stop", "cause": "step_limit" }),
+            ),
+            (
+                budget_stop(BudgetKind::Tokens),
+                json!({ "decision": "stop", "cause": { "budget_exhausted": { "budget": "tokens" } } }),
+            ),
+            (
+                budget_stop(BudgetKind::ToolCalls),
+                json!({ "decision": "stop", "cause": { "budget_exhausted": { "budget": "tool_calls" } } }),
+            ),
+            (
+                budget_stop(BudgetKind::Time),
+                json!({ "decision": "stop", "cause": { "budget_exhausted": { "budget": "time" } } }),
+            ),
+            (
+                pause(PauseCause::ReworkLoop),
+                json!({ "decision": "pause", "cause": "rework_loop" }),
+            ),
+            (
+                pause(PauseCause::Uncertainty),
+                json!({ "decision": "pause", "cause": "uncertainty" }),
+            ),
+            (GateDecision::Throttle, json!({ "decision": "throttle" })),
+            (
+                GateDecision::Checkpoint,
+                json!({ "decision": "checkpoint" }),
+            ),
+            (GateDecision::Continue, json!({ "decision": "continue" })),
+        ];
+        for (decision, expected) in cases {
+            let value = serde_json::to_value(decision).unwrap();
+            assert_eq!(value, expected);
+            let back: GateDecision = serde_json::from_value(value).unwrap();
+            assert_eq!(back, decision);
+        }
+    }
+
+    #[test]
+    fn evaluation_serializes_with_stable_field_names() {
+        let eval = evaluate(&GateConfig::default(), &calm());
+        let value = serde_json::to_value(eval).unwrap();
+        assert_eq!(
+            value,
+            json!({
+                "decision": { "decision": "continue" },
+                "metrics": {
+                    "spend_slope": 0.0,
+                    "rework_ratio": 0.0,
+                    "coherence": 0.9,
+                    "uncertainty": 0.1,
+                    "steps_since_checkpoint": 0,
+                    "steps_until_checkpoint": 25,
+                    "steps_since_start": 10
+                }
             })
         );
-        i.budget = Budget::default();
-        assert_eq!(decide(&i), pause(PauseCause::ReworkLoop));
-        i.rework_flags = &NO_REWORK;
-        assert_eq!(decide(&i), pause(PauseCause::Uncertainty));
-        i.uncertainty = Some(0.1);
-        assert_eq!(decide(&i), GateDecision::Throttle);
-        i.token_deltas = &STEADY;
-        assert_eq!(decide(&i), GateDecision::Checkpoint);
-        i.last_checkpoint_step = 199;
-        assert_eq!(decide(&i), GateDecision::Continue);
+        let back: GateEvaluation = serde_json::from_value(value).unwrap();
+        assert_eq!(back, eval);
     }
 
     #[test]
-    fn metrics_are_reported_whatever_the_decision() {
-        let eval = evaluate(&GateConfig::default(), &everything());
-        assert!(matches!(eval.decision, GateDecision::Stop { .. }));
-        assert!(eval.metrics.spend_slope.unwrap() > 0.02);
-        assert_eq!(eval.metrics.rework_ratio, 0.4);
-        assert_eq!(eval.metrics.coherence, Some(0.1));
-        assert_eq!(eval.metrics.uncertainty, Some(0.95));
-        assert_eq!(eval.metrics.steps_since_checkpoint, 199);
-        assert_eq!(eval.metrics.steps_since_start, 150);
-    }
-
-    #[test]
-    fn decisions_serialize_for_the_decision_log() {
-        let json = serde_json::to_value(stop(StopCause::BudgetExhausted {
-            budget: BudgetKind::Time,
-        }))
-        .unwrap();
+    fn config_and_budget_round_trip() {
+        let config = GateConfig::default();
+        let value = serde_json::to_value(config).unwrap();
         assert_eq!(
-            json,
-            serde_json::json!({ "decision": "stop", "cause": { "budget_exhausted": { "budget": "time" } } })
+            value,
+            json!({
+                "coherence_min": 0.4, "step_limit": 100, "rework_max": 0.3,
+                "rework_window": 10, "uncertainty_max": 0.8, "slope_max": 0.02,
+                "slope_window": 10, "checkpoint_every": 25
+            })
         );
+        assert_eq!(serde_json::from_value::<GateConfig>(value).unwrap(), config);
+        let budget = calm().budget;
+        let value = serde_json::to_value(budget).unwrap();
         assert_eq!(
-            serde_json::to_value(GateDecision::Throttle).unwrap(),
-            serde_json::json!({ "decision": "throttle" })
+            value,
+            json!({ "tokens_remaining": 1000, "tool_calls_remaining": 100, "time_remaining_ms": 60000 })
+        );
+        assert_eq!(serde_json::from_value::<Budget>(value).unwrap(), budget);
+    }
+
+    #[test]
+    fn inputs_serialize_for_the_decision_log() {
+        let deltas = [5, 6];
+        let flags = [true];
+        let inputs = GateInputs {
+            step: 3,
+            steps_since_start: 2,
+            token_deltas: &deltas,
+            rework_flags: &flags,
+            tool_calls: 4,
+            coherence: None,
+            uncertainty: Some(0.5),
+            budget: Budget {
+                tokens_remaining: None,
+                tool_calls_remaining: Some(0),
+                time_remaining_ms: None,
+            },
+            last_checkpoint_step: 1,
+        };
+        assert_eq!(
+            serde_json::to_value(inputs).unwrap(),
+            json!({
+                "step": 3, "steps_since_start": 2, "token_deltas": [5, 6],
+                "rework_flags": [true], "tool_calls": 4, "coherence": null,
+                "uncertainty": 0.5,
+                "budget": { "tokens_remaining": null, "tool_calls_remaining": 0, "time_remaining_ms": null },
+                "last_checkpoint_step": 1
+            })
         );
     }
 }

@@ -1,6 +1,6 @@
 //! Deterministic stuck detection: patterns in the recent steps that show an
-//! agent going round in circles. It sits beside reflection because it needs
-//! no model and cannot be talked out of what it sees.
+//! agent going round in circles. It sits beside reflection because it needs no
+//! model, costs nothing per step, and cannot be talked out of what it sees.
 
 use serde::{Deserialize, Serialize};
 
@@ -43,7 +43,7 @@ impl Default for StuckConfig {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "pattern", rename_all = "snake_case")]
 pub enum StuckPattern {
-    /// The same action saw the same observation again and again.
+    /// The same action with the same arguments saw the same observation again and again.
     RepeatedObservation {
         /// The action.
         action: String,
@@ -64,9 +64,9 @@ pub enum StuckPattern {
     },
     /// The agent alternates between two actions.
     Alternation {
-        /// One action.
+        /// Action of the older step of the pair.
         first: String,
-        /// The other.
+        /// Action of the newer step of the pair.
         second: String,
     },
     /// New context cycles overflow again almost at once.
@@ -82,7 +82,7 @@ pub enum StuckPattern {
 }
 
 impl StuckPattern {
-    /// A short sentence saying what was repeated.
+    /// A short sentence, starting with a past-tense verb, saying what the agent repeated.
     pub fn describe(&self) -> String {
         match self {
             StuckPattern::RepeatedObservation { action, count } => {
@@ -93,6 +93,10 @@ impl StuckPattern {
             }
             StuckPattern::RepeatedMessage { count } => {
                 format!("repeated the same message {count} times")
+            }
+            StuckPattern::Alternation { first, second } if first == second => {
+                // Same tool, two argument sets: naming it twice would read oddly.
+                format!("alternated between two calls of `{first}` without progress")
             }
             StuckPattern::Alternation { first, second } => {
                 format!("alternated between `{first}` and `{second}` without progress")
@@ -116,16 +120,16 @@ pub enum StuckVerdict {
         /// The message for the agent.
         message: String,
     },
-    /// Pause for a person.
+    /// Pause the session for a person.
     Pause,
 }
 
-/// The first nudge is free; any later pattern pauses.
+/// The first hit nudges the agent; any hit after a nudge pauses the session.
 pub fn respond(pattern: &StuckPattern, nudges_given: u32) -> StuckVerdict {
     if nudges_given == 0 {
         StuckVerdict::Nudge {
             message: format!(
-                "You {}. That is not making progress: try a different approach.",
+                "You {}. That is not making progress: try something different.",
                 pattern.describe()
             ),
         }
@@ -134,75 +138,87 @@ pub fn respond(pattern: &StuckPattern, nudges_given: u32) -> StuckVerdict {
     }
 }
 
-fn failed(step: &StepRecord) -> bool {
-    matches!(step.outcome, Outcome::Failure | Outcome::Error)
-}
-
-/// Length of the run at the end of `steps` whose members equal the last one by `same`.
-fn trailing_run(steps: &[&StepRecord], same: impl Fn(&StepRecord, &StepRecord) -> bool) -> usize {
-    let Some(last) = steps.last() else {
-        return 0;
-    };
-    steps.iter().rev().take_while(|s| same(s, last)).count()
-}
-
-/// Finds a stuck pattern that the newest step takes part in. `history` is
-/// oldest first; waiting steps do not count towards repeats.
+/// Finds a stuck pattern the newest step takes part in; `history` is oldest first.
+///
+/// Waiting steps are left out of the repeat, message and alternation
+/// patterns (polling is meant to repeat itself); when the newest step is a
+/// waiting one only the context-overflow and wait-cap checks apply.
 pub fn detect(
     config: &StuckConfig,
     history: &[StepRecord],
     total_wait_ms: u64,
 ) -> Option<StuckPattern> {
     let newest = history.last()?;
-    let active: Vec<&StepRecord> = history.iter().filter(|s| !s.waiting).collect();
     if !newest.waiting {
-        let errors = trailing_run(&active, |s, last| {
-            failed(s) && failed(last) && s.action == last.action
-        });
-        if errors >= config.same_error.max(1) {
-            return Some(StuckPattern::RepeatedError {
-                action: newest.action.clone(),
-                count: errors,
-            });
-        }
-        let same = trailing_run(&active, |s, last| {
-            s.action == last.action
-                && s.arguments == last.arguments
-                && s.observation == last.observation
-        });
-        if same >= config.same_observation.max(1) {
-            return Some(StuckPattern::RepeatedObservation {
-                action: newest.action.clone(),
-                count: same,
-            });
-        }
-        let messages = trailing_run(&active, |s, last| {
-            !last.message.is_empty() && s.message == last.message
-        });
-        if messages >= config.same_message.max(1) {
-            return Some(StuckPattern::RepeatedMessage { count: messages });
-        }
-        if let Some(pattern) = alternation(&active, config.alternation) {
+        let active: Vec<&StepRecord> = history.iter().filter(|s| !s.waiting).collect();
+        if let Some(pattern) = repeated_error(config, &active)
+            .or_else(|| repeated_observation(config, &active))
+            .or_else(|| repeated_message(config, &active))
+            .or_else(|| alternation(config, &active))
+        {
             return Some(pattern);
         }
     }
-    let window = &history[history.len().saturating_sub(config.overflow_window)..];
-    let overflows = window.iter().filter(|s| s.context_overflow).count();
-    if newest.context_overflow && overflows >= config.overflow_repeats.max(1) {
-        return Some(StuckPattern::ContextOverflow { count: overflows });
+    if let Some(pattern) = context_overflow(config, history) {
+        return Some(pattern);
     }
-    if newest.waiting && total_wait_ms > config.max_total_wait_ms {
-        return Some(StuckPattern::WaitCapExceeded { total_wait_ms });
-    }
-    None
+    (newest.waiting && total_wait_ms > config.max_total_wait_ms)
+        .then_some(StuckPattern::WaitCapExceeded { total_wait_ms })
 }
 
-fn alternation(active: &[&StepRecord], len: usize) -> Option<StuckPattern> {
-    if len < 4 || active.len() < len {
+fn failed(step: &StepRecord) -> bool {
+    matches!(step.outcome, Outcome::Failure | Outcome::Error)
+}
+
+/// Length of the run at the end of `steps` whose members match the newest one by `same`.
+fn trailing_run(steps: &[&StepRecord], same: impl Fn(&StepRecord, &StepRecord) -> bool) -> usize {
+    let Some(newest) = steps.last() else {
+        return 0;
+    };
+    steps.iter().rev().take_while(|s| same(s, newest)).count()
+}
+
+// Thresholds are raised to at least 1 below: the newest step must take part,
+// so a run of zero steps is never a pattern, even under a zero threshold.
+
+fn repeated_error(config: &StuckConfig, active: &[&StepRecord]) -> Option<StuckPattern> {
+    let count = trailing_run(active, |s, newest| {
+        failed(s) && failed(newest) && s.action == newest.action
+    });
+    let newest = active.last()?;
+    (count >= config.same_error.max(1)).then(|| StuckPattern::RepeatedError {
+        action: newest.action.clone(),
+        count,
+    })
+}
+
+fn repeated_observation(config: &StuckConfig, active: &[&StepRecord]) -> Option<StuckPattern> {
+    let count = trailing_run(active, |s, newest| {
+        s.action == newest.action
+            && s.arguments == newest.arguments
+            && s.observation == newest.observation
+    });
+    let newest = active.last()?;
+    (count >= config.same_observation.max(1)).then(|| StuckPattern::RepeatedObservation {
+        action: newest.action.clone(),
+        count,
+    })
+}
+
+fn repeated_message(config: &StuckConfig, active: &[&StepRecord]) -> Option<StuckPattern> {
+    let count = trailing_run(active, |s, newest| {
+        !newest.message.is_empty() && s.message == newest.message
+    });
+    (count >= config.same_message.max(1)).then_some(StuckPattern::RepeatedMessage { count })
+}
+
+fn alternation(config: &StuckConfig, active: &[&StepRecord]) -> Option<StuckPattern> {
+    let len = config.alternation;
+    // Two distinct keys need at least two steps.
+    if len < 2 || active.len() < len {
         return None;
     }
     let tail = &active[active.len() - len..];
-    let key = |s: &StepRecord| (s.action.clone(), s.arguments.clone());
     let (a, b) = (key(tail[0]), key(tail[1]));
     if a == b {
         return None;
@@ -210,186 +226,465 @@ fn alternation(active: &[&StepRecord], len: usize) -> Option<StuckPattern> {
     let alternates = tail
         .iter()
         .enumerate()
-        .all(|(i, s)| key(s) == if i % 2 == 0 { a.clone() } else { b.clone() });
-    alternates.then_some(StuckPattern::Alternation {
-        first: a.0,
-        second: b.0,
+        .all(|(i, s)| key(s) == if i % 2 == 0 { a } else { b });
+    alternates.then(|| StuckPattern::Alternation {
+        first: a.0.to_string(),
+        second: b.0.to_string(),
     })
+}
+
+/// What makes two steps "the same call" for alternation.
+fn key(step: &StepRecord) -> (&str, &serde_json::Value) {
+    (&step.action, &step.arguments)
+}
+
+fn context_overflow(config: &StuckConfig, history: &[StepRecord]) -> Option<StuckPattern> {
+    if !history.last()?.context_overflow {
+        return None;
+    }
+    let window = &history[history.len().saturating_sub(config.overflow_window)..];
+    let count = window.iter().filter(|s| s.context_overflow).count();
+    (count >= config.overflow_repeats.max(1)).then_some(StuckPattern::ContextOverflow { count })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::policy::history::tests::step;
+    use serde_json::json;
 
     fn cfg() -> StuckConfig {
         StuckConfig::default()
     }
 
+    fn detect_default(history: &[StepRecord]) -> Option<StuckPattern> {
+        detect(&cfg(), history, 0)
+    }
+
+    /// Distinct successful steps `a1`, `a2`, … numbered from `from`.
+    fn varied(from: u64, count: u64) -> Vec<StepRecord> {
+        (from..from + count)
+            .map(|n| step(n, &format!("a{n}")))
+            .collect()
+    }
+
+    /// A failing step with its own arguments and error text.
     fn failing(n: u64, action: &str) -> StepRecord {
         let mut s = step(n, action);
         s.outcome = Outcome::Failure;
+        s.arguments = json!({ "attempt": n });
         s.error = Some(format!("error {n}"));
         s
     }
 
+    /// A successful step whose observation is always "same".
     fn same_obs(n: u64, action: &str) -> StepRecord {
         let mut s = step(n, action);
         s.observation = "same".into();
         s
     }
 
-    fn waiting(n: u64, ms: u64) -> StepRecord {
+    fn with_message(mut s: StepRecord, message: &str) -> StepRecord {
+        s.message = message.into();
+        s
+    }
+
+    fn overflowing(mut s: StepRecord) -> StepRecord {
+        s.context_overflow = true;
+        s
+    }
+
+    /// A polling step that repeats itself exactly, as polling does.
+    fn waiting(n: u64) -> StepRecord {
         let mut s = step(n, "poll_job");
         s.waiting = true;
         s.observation = "still running".into();
         s.message = "waiting".into();
-        s.duration_ms = ms;
+        s.duration_ms = 60_000;
         s
+    }
+
+    /// Steps alternating between actions `a` and `b`, numbered from 1.
+    fn alternating(count: u64, a: &str, b: &str) -> Vec<StepRecord> {
+        (1..=count)
+            .map(|n| step(n, if n % 2 == 1 { a } else { b }))
+            .collect()
+    }
+
+    fn error_pattern(action: &str, count: usize) -> Option<StuckPattern> {
+        Some(StuckPattern::RepeatedError {
+            action: action.into(),
+            count,
+        })
+    }
+
+    fn observation_pattern(action: &str, count: usize) -> Option<StuckPattern> {
+        Some(StuckPattern::RepeatedObservation {
+            action: action.into(),
+            count,
+        })
+    }
+
+    fn alternation_pattern(first: &str, second: &str) -> Option<StuckPattern> {
+        Some(StuckPattern::Alternation {
+            first: first.into(),
+            second: second.into(),
+        })
+    }
+
+    // ---- defaults and quiet histories ----
+
+    #[test]
+    fn default_config_matches_the_design() {
+        assert_eq!(
+            cfg(),
+            StuckConfig {
+                same_observation: 4,
+                same_error: 3,
+                same_message: 3,
+                alternation: 6,
+                overflow_window: 5,
+                overflow_repeats: 2,
+                max_total_wait_ms: 1_800_000,
+            }
+        );
+    }
+
+    #[test]
+    fn empty_and_short_histories_are_not_stuck() {
+        assert_eq!(detect_default(&[]), None);
+        assert_eq!(detect(&cfg(), &[], u64::MAX), None);
+        assert_eq!(detect_default(&[step(1, "a")]), None);
+        assert_eq!(detect_default(&[failing(1, "a")]), None);
+        assert_eq!(detect_default(&[failing(1, "a"), failing(2, "a")]), None);
     }
 
     #[test]
     fn varied_steps_are_not_stuck() {
-        let h: Vec<_> = (1..=10).map(|n| step(n, &format!("a{n}"))).collect();
-        assert_eq!(detect(&cfg(), &h, 0), None);
-        assert_eq!(detect(&cfg(), &[], 0), None);
+        assert_eq!(detect_default(&varied(1, 20)), None);
+    }
+
+    // ---- repeated error ----
+
+    #[test]
+    fn same_failing_action_fires_at_three_not_two() {
+        let h = vec![failing(1, "test"), failing(2, "test")];
+        assert_eq!(detect_default(&h), None);
+        let h = vec![failing(1, "test"), failing(2, "test"), failing(3, "test")];
+        assert_eq!(detect_default(&h), error_pattern("test", 3));
     }
 
     #[test]
-    fn same_failing_action_three_times() {
-        let h = vec![failing(1, "test"), failing(2, "test")];
-        assert_eq!(detect(&cfg(), &h, 0), None);
+    fn error_count_is_the_whole_trailing_run() {
+        let h: Vec<_> = (1..=5).map(|n| failing(n, "test")).collect();
+        assert_eq!(detect_default(&h), error_pattern("test", 5));
+        // Only the trailing run counts: an older run before a success does not.
+        let mut h: Vec<_> = (1..=5).map(|n| failing(n, "test")).collect();
+        h.push(step(6, "test"));
+        h.extend((7..=9).map(|n| failing(n, "test")));
+        assert_eq!(detect_default(&h), error_pattern("test", 3));
+    }
+
+    #[test]
+    fn error_run_ignores_arguments_and_error_text() {
         let h = vec![failing(1, "test"), failing(2, "test"), failing(3, "test")];
-        assert_eq!(
-            detect(&cfg(), &h, 0),
-            Some(StuckPattern::RepeatedError {
-                action: "test".into(),
-                count: 3
-            })
-        );
+        assert_ne!(h[0].arguments, h[1].arguments);
+        assert_ne!(h[0].error, h[1].error);
+        assert_eq!(detect_default(&h), error_pattern("test", 3));
+    }
+
+    #[test]
+    fn error_and_failure_outcomes_both_count() {
+        let mut h = vec![failing(1, "x"), failing(2, "x"), failing(3, "x")];
+        h[0].outcome = Outcome::Error;
+        h[2].outcome = Outcome::Error;
+        assert_eq!(detect_default(&h), error_pattern("x", 3));
     }
 
     #[test]
     fn error_run_is_broken_by_a_success_or_another_action() {
         let h = vec![failing(1, "test"), step(2, "test"), failing(3, "test")];
-        assert_eq!(detect(&cfg(), &h, 0), None);
+        assert_eq!(detect_default(&h), None);
         let h = vec![failing(1, "test"), failing(2, "build"), failing(3, "test")];
-        assert_eq!(detect(&cfg(), &h, 0), None);
+        assert_eq!(detect_default(&h), None);
     }
 
     #[test]
-    fn error_outcome_counts_like_failure() {
-        let mut h = vec![failing(1, "x"), failing(2, "x"), failing(3, "x")];
-        h[1].outcome = Outcome::Error;
-        assert!(matches!(
-            detect(&cfg(), &h, 0),
-            Some(StuckPattern::RepeatedError { .. })
-        ));
+    fn an_error_run_that_ended_does_not_fire() {
+        let mut h: Vec<_> = (1..=3).map(|n| failing(n, "test")).collect();
+        h.push(step(4, "fix"));
+        assert_eq!(detect_default(&h), None);
+        // Nor when the newest step fails with another action.
+        h.pop();
+        h.push(failing(4, "build"));
+        assert_eq!(detect_default(&h), None);
+        // Nor when the same action finally succeeds.
+        h.pop();
+        h.push(step(4, "test"));
+        assert_eq!(detect_default(&h), None);
+    }
+
+    // ---- repeated observation ----
+
+    #[test]
+    fn same_action_and_observation_fires_at_four_not_three() {
+        let h: Vec<_> = (1..=3).map(|n| same_obs(n, "ls")).collect();
+        assert_eq!(detect_default(&h), None);
+        let h: Vec<_> = (1..=4).map(|n| same_obs(n, "ls")).collect();
+        assert_eq!(detect_default(&h), observation_pattern("ls", 4));
+        let h: Vec<_> = (1..=6).map(|n| same_obs(n, "ls")).collect();
+        assert_eq!(detect_default(&h), observation_pattern("ls", 6));
     }
 
     #[test]
-    fn same_action_and_observation_four_times() {
-        let mut h: Vec<_> = (1..=3).map(|n| same_obs(n, "ls")).collect();
-        for s in &mut h {
-            s.message = format!("m{}", s.number);
-        }
-        assert_eq!(detect(&cfg(), &h, 0), None);
-        let mut fourth = same_obs(4, "ls");
-        fourth.message = "m4".into();
-        h.push(fourth);
-        assert_eq!(
-            detect(&cfg(), &h, 0),
-            Some(StuckPattern::RepeatedObservation {
-                action: "ls".into(),
-                count: 4
-            })
-        );
-    }
-
-    #[test]
-    fn other_arguments_break_an_observation_run() {
+    fn other_arguments_or_observation_break_an_observation_run() {
         let mut h: Vec<_> = (1..=4).map(|n| same_obs(n, "ls")).collect();
-        for s in &mut h {
-            s.message = format!("m{}", s.number);
-        }
-        h[1].arguments = serde_json::json!({ "dir": "src" });
-        assert_eq!(detect(&cfg(), &h, 0), None);
+        h[1].arguments = json!({ "dir": "src" });
+        assert_eq!(detect_default(&h), None);
+        let mut h: Vec<_> = (1..=4).map(|n| same_obs(n, "ls")).collect();
+        h[2].observation = "changed".into();
+        assert_eq!(detect_default(&h), None);
+        let mut h: Vec<_> = (1..=4).map(|n| same_obs(n, "ls")).collect();
+        h[0].action = "dir".into();
+        assert_eq!(detect_default(&h), None);
     }
 
     #[test]
-    fn same_message_three_times() {
-        let mut h: Vec<_> = (1..=3).map(|n| step(n, &format!("a{n}"))).collect();
-        for s in &mut h {
-            s.message = "I will now fix it".into();
-        }
-        assert_eq!(
-            detect(&cfg(), &h, 0),
-            Some(StuckPattern::RepeatedMessage { count: 3 })
-        );
-        h[1].message = "something else".into();
-        assert_eq!(detect(&cfg(), &h, 0), None);
+    fn equal_structured_arguments_are_the_same_key() {
+        let h: Vec<_> = (1..=4)
+            .map(|n| {
+                let mut s = same_obs(n, "read");
+                s.arguments = json!({ "path": "a.rs", "lines": [1, 2] });
+                s
+            })
+            .collect();
+        assert_eq!(detect_default(&h), observation_pattern("read", 4));
     }
 
     #[test]
-    fn empty_messages_are_not_a_repeat() {
-        let mut h: Vec<_> = (1..=5).map(|n| step(n, &format!("a{n}"))).collect();
-        for s in &mut h {
-            s.message.clear();
-        }
-        assert_eq!(detect(&cfg(), &h, 0), None);
+    fn an_observation_run_that_ended_does_not_fire() {
+        let mut h: Vec<_> = (1..=4).map(|n| same_obs(n, "ls")).collect();
+        h.push(step(5, "edit"));
+        assert_eq!(detect_default(&h), None);
     }
 
+    // ---- repeated message ----
+
     #[test]
-    fn a_b_alternation_over_six_steps() {
-        let h: Vec<_> = (1..=6)
-            .map(|n| step(n, if n % 2 == 1 { "open" } else { "close" }))
+    fn same_message_fires_at_three_not_two() {
+        let h: Vec<_> = varied(1, 2)
+            .into_iter()
+            .map(|s| with_message(s, "I will now fix it"))
+            .collect();
+        assert_eq!(detect_default(&h), None);
+        let h: Vec<_> = varied(1, 3)
+            .into_iter()
+            .map(|s| with_message(s, "I will now fix it"))
             .collect();
         assert_eq!(
-            detect(&cfg(), &h, 0),
-            Some(StuckPattern::Alternation {
-                first: "open".into(),
-                second: "close".into()
-            })
+            detect_default(&h),
+            Some(StuckPattern::RepeatedMessage { count: 3 })
         );
-        assert_eq!(detect(&cfg(), &h[..5], 0), None);
-        let mut broken = h.clone();
+    }
+
+    #[test]
+    fn a_different_message_breaks_the_run() {
+        let mut h: Vec<_> = varied(1, 3)
+            .into_iter()
+            .map(|s| with_message(s, "again"))
+            .collect();
+        h[1].message = "something else".into();
+        assert_eq!(detect_default(&h), None);
+        // A message run that ended does not fire.
+        let mut h: Vec<_> = varied(1, 3)
+            .into_iter()
+            .map(|s| with_message(s, "again"))
+            .collect();
+        h.push(step(4, "a4"));
+        assert_eq!(detect_default(&h), None);
+    }
+
+    #[test]
+    fn empty_messages_are_never_a_repeat() {
+        let h: Vec<_> = varied(1, 6)
+            .into_iter()
+            .map(|s| with_message(s, ""))
+            .collect();
+        assert_eq!(detect_default(&h), None);
+    }
+
+    // ---- alternation ----
+
+    #[test]
+    fn alternation_fires_over_six_steps_not_five() {
+        let h = alternating(6, "open", "close");
+        assert_eq!(detect_default(&h), alternation_pattern("open", "close"));
+        assert_eq!(detect_default(&h[..5]), None);
+        assert_eq!(detect_default(&h[1..]), None);
+    }
+
+    #[test]
+    fn alternation_looks_at_the_last_window_only() {
+        // An unrelated step before the window does not matter.
+        let mut h = vec![step(0, "setup")];
+        h.extend(alternating(6, "open", "close"));
+        assert_eq!(detect_default(&h), alternation_pattern("open", "close"));
+        // Seven alternating steps: the window starts with the second action.
+        let h = alternating(7, "open", "close");
+        assert_eq!(detect_default(&h), alternation_pattern("close", "open"));
+    }
+
+    #[test]
+    fn a_broken_or_ended_alternation_does_not_fire() {
+        let mut broken = alternating(6, "open", "close");
         broken[2] = step(3, "other");
-        assert_eq!(detect(&cfg(), &broken, 0), None);
+        assert_eq!(detect_default(&broken), None);
+        let mut doubled = alternating(6, "open", "close");
+        doubled[4] = step(5, "close");
+        assert_eq!(detect_default(&doubled), None);
+        let mut ended = alternating(6, "open", "close");
+        ended.push(step(7, "edit"));
+        assert_eq!(detect_default(&ended), None);
     }
 
     #[test]
-    fn a_pattern_that_ended_earlier_does_not_fire() {
-        let mut h = vec![failing(1, "test"), failing(2, "test"), failing(3, "test")];
-        h.push(step(4, "fix"));
-        assert_eq!(detect(&cfg(), &h, 0), None);
+    fn alternation_is_keyed_by_action_and_arguments() {
+        let mut h: Vec<_> = (1..=6).map(|n| step(n, "read")).collect();
+        for (i, s) in h.iter_mut().enumerate() {
+            s.arguments = json!({ "path": if i % 2 == 0 { "a" } else { "b" } });
+        }
+        assert_eq!(detect_default(&h), alternation_pattern("read", "read"));
+        // One call repeated (with changing results) is not an alternation.
+        let same_call: Vec<_> = (1..=6).map(|n| step(n, "read")).collect();
+        assert_eq!(detect_default(&same_call), None);
+        // Same actions but drifting arguments are not an alternation.
+        let mut h = alternating(6, "open", "close");
+        h[3].arguments = json!({ "v": 2 });
+        assert_eq!(detect_default(&h), None);
     }
 
     #[test]
-    fn waiting_steps_neither_count_nor_break_runs() {
+    fn custom_alternation_lengths_are_honoured() {
+        let config = StuckConfig {
+            alternation: 4,
+            ..cfg()
+        };
+        let h = alternating(4, "a", "b");
+        assert_eq!(detect(&config, &h, 0), alternation_pattern("a", "b"));
+        assert_eq!(detect(&config, &h[..3], 0), None);
+        let off = StuckConfig {
+            alternation: 1,
+            ..cfg()
+        };
+        assert_eq!(detect(&off, &h, 0), None);
+        let off = StuckConfig {
+            alternation: 0,
+            ..cfg()
+        };
+        assert_eq!(detect(&off, &h, 0), None);
+    }
+
+    // ---- context overflow ----
+
+    #[test]
+    fn context_overflow_fires_at_two_in_the_window_not_one() {
+        let mut h = varied(1, 5);
+        h[4].context_overflow = true;
+        assert_eq!(detect_default(&h), None);
+        h[1].context_overflow = true;
+        assert_eq!(
+            detect_default(&h),
+            Some(StuckPattern::ContextOverflow { count: 2 })
+        );
+        h[3].context_overflow = true;
+        assert_eq!(
+            detect_default(&h),
+            Some(StuckPattern::ContextOverflow { count: 3 })
+        );
+    }
+
+    #[test]
+    fn context_overflow_window_edge() {
+        // Oldest step of the last five counts...
+        let mut h = varied(1, 6);
+        h[1].context_overflow = true;
+        h[5].context_overflow = true;
+        assert_eq!(
+            detect_default(&h),
+            Some(StuckPattern::ContextOverflow { count: 2 })
+        );
+        // ...one step further back does not.
+        let mut h = varied(1, 6);
+        h[0].context_overflow = true;
+        h[5].context_overflow = true;
+        assert_eq!(detect_default(&h), None);
+    }
+
+    #[test]
+    fn context_overflow_needs_the_newest_step_to_overflow() {
+        let mut h = varied(1, 5);
+        h[2].context_overflow = true;
+        h[3].context_overflow = true;
+        assert_eq!(detect_default(&h), None);
+    }
+
+    // ---- waiting steps ----
+
+    #[test]
+    fn waiting_steps_neither_count_nor_break_error_runs() {
+        let h = vec![failing(1, "test"), waiting(2), failing(3, "test")];
+        assert_eq!(detect_default(&h), None);
         let h = vec![
             failing(1, "test"),
-            waiting(2, 100),
+            waiting(2),
             failing(3, "test"),
-            waiting(4, 100),
+            waiting(4),
+            failing(5, "test"),
         ];
-        // The newest step is a waiting one: repeats are not judged on it.
-        assert_eq!(detect(&cfg(), &h, 200), None);
-        let mut h = h;
-        h.push(failing(5, "test"));
-        assert_eq!(
-            detect(&cfg(), &h, 200),
-            Some(StuckPattern::RepeatedError {
-                action: "test".into(),
-                count: 3
-            })
-        );
-        let polls: Vec<_> = (1..=10).map(|n| waiting(n, 1_000)).collect();
-        assert_eq!(detect(&cfg(), &polls, 10_000), None);
+        assert_eq!(detect_default(&h), error_pattern("test", 3));
     }
 
     #[test]
-    fn total_wait_is_capped() {
-        let polls: Vec<_> = (1..=3).map(|n| waiting(n, 1_000)).collect();
+    fn waiting_steps_neither_count_nor_break_message_and_alternation_runs() {
+        let h = vec![
+            with_message(step(1, "a"), "retrying"),
+            waiting(2),
+            with_message(step(3, "b"), "retrying"),
+            waiting(4),
+            with_message(step(5, "c"), "retrying"),
+        ];
+        assert_eq!(
+            detect_default(&h),
+            Some(StuckPattern::RepeatedMessage { count: 3 })
+        );
+        let mut h = alternating(6, "open", "close");
+        h.insert(3, waiting(100));
+        h.insert(1, waiting(101));
+        assert_eq!(detect_default(&h), alternation_pattern("open", "close"));
+    }
+
+    #[test]
+    fn repeated_polling_is_not_stuck() {
+        let polls: Vec<_> = (1..=10).map(waiting).collect();
+        assert_eq!(detect(&cfg(), &polls, 600_000), None);
+    }
+
+    #[test]
+    fn a_waiting_newest_step_does_not_refire_earlier_repeats() {
+        // Three errors, then the agent starts waiting on a job: the errors
+        // were judged when they happened and are not judged again.
+        let h = vec![
+            failing(1, "test"),
+            failing(2, "test"),
+            failing(3, "test"),
+            waiting(4),
+        ];
+        assert_eq!(detect(&cfg(), &h, 60_000), None);
+    }
+
+    #[test]
+    fn total_wait_is_capped_at_the_limit_not_before() {
+        let polls: Vec<_> = (1..=3).map(waiting).collect();
         assert_eq!(detect(&cfg(), &polls, 1_800_000), None);
         assert_eq!(
             detect(&cfg(), &polls, 1_800_001),
@@ -400,104 +695,364 @@ mod tests {
     }
 
     #[test]
-    fn repeated_context_overflow() {
-        let mut h: Vec<_> = (1..=5).map(|n| step(n, &format!("a{n}"))).collect();
-        h[4].context_overflow = true;
-        assert_eq!(detect(&cfg(), &h, 0), None);
-        h[1].context_overflow = true;
+    fn wait_cap_is_only_checked_on_a_waiting_step() {
+        let mut h: Vec<_> = (1..=3).map(waiting).collect();
+        h.push(step(4, "read_log"));
+        assert_eq!(detect(&cfg(), &h, 5_000_000), None);
+    }
+
+    // ---- thresholds ----
+
+    #[test]
+    fn custom_thresholds_are_honoured() {
+        let config = StuckConfig {
+            same_error: 5,
+            same_observation: 2,
+            same_message: 2,
+            overflow_window: 2,
+            overflow_repeats: 2,
+            max_total_wait_ms: 10,
+            ..cfg()
+        };
+        let h: Vec<_> = (1..=4).map(|n| failing(n, "t")).collect();
+        assert_eq!(detect(&config, &h, 0), None);
+        let h: Vec<_> = (1..=5).map(|n| failing(n, "t")).collect();
+        assert_eq!(detect(&config, &h, 0), error_pattern("t", 5));
+        let h: Vec<_> = (1..=2).map(|n| same_obs(n, "ls")).collect();
+        assert_eq!(detect(&config, &h, 0), observation_pattern("ls", 2));
+        let h = vec![
+            with_message(step(1, "a"), "m"),
+            with_message(step(2, "b"), "m"),
+        ];
         assert_eq!(
-            detect(&cfg(), &h, 0),
+            detect(&config, &h, 0),
+            Some(StuckPattern::RepeatedMessage { count: 2 })
+        );
+        let h = vec![
+            overflowing(step(1, "a")),
+            step(2, "b"),
+            overflowing(step(3, "c")),
+        ];
+        assert_eq!(detect(&config, &h, 0), None);
+        assert_eq!(
+            detect(&config, &h[1..], 0),
+            None,
+            "one wrap-up in a window of two"
+        );
+        let h = vec![overflowing(step(1, "a")), overflowing(step(2, "b"))];
+        assert_eq!(
+            detect(&config, &h, 0),
             Some(StuckPattern::ContextOverflow { count: 2 })
         );
-        // Outside the window it does not count.
-        let mut far: Vec<_> = (1..=8).map(|n| step(n, &format!("a{n}"))).collect();
-        far[0].context_overflow = true;
-        far[7].context_overflow = true;
-        assert_eq!(detect(&cfg(), &far, 0), None);
+        assert_eq!(
+            detect(&config, &[waiting(1)], 11),
+            Some(StuckPattern::WaitCapExceeded { total_wait_ms: 11 })
+        );
     }
 
     #[test]
-    fn check_order_error_then_observation_then_message_then_alternation() {
-        // Same failing action, same observation and same message: error wins.
-        let mut h: Vec<_> = (1..=4).map(|n| same_obs(n, "x")).collect();
-        for s in &mut h {
-            s.outcome = Outcome::Failure;
-            s.message = "again".into();
+    fn zero_thresholds_still_need_the_newest_step_to_take_part() {
+        let config = StuckConfig {
+            same_error: 0,
+            same_observation: 0,
+            same_message: 0,
+            overflow_repeats: 0,
+            ..cfg()
+        };
+        // A single failure is a run of one.
+        assert_eq!(
+            detect(&config, &[failing(1, "t")], 0),
+            error_pattern("t", 1)
+        );
+        // A successful step is always a run of one of itself.
+        assert_eq!(
+            detect(&config, &[step(1, "a")], 0),
+            observation_pattern("a", 1)
+        );
+        // Empty messages and no overflow never fire, even at zero.
+        let quiet = StuckConfig {
+            same_observation: usize::MAX,
+            ..config
+        };
+        let mut s = step(1, "a");
+        s.message.clear();
+        assert_eq!(detect(&quiet, &[s], 0), None);
+    }
+
+    // ---- check order ----
+
+    #[test]
+    fn error_beats_observation() {
+        let h: Vec<_> = (1..=4)
+            .map(|n| {
+                let mut s = same_obs(n, "x");
+                s.outcome = Outcome::Failure;
+                s
+            })
+            .collect();
+        assert_eq!(detect_default(&h), error_pattern("x", 4));
+    }
+
+    #[test]
+    fn error_beats_message() {
+        let h: Vec<_> = (1..=3)
+            .map(|n| with_message(failing(n, "x"), "again"))
+            .collect();
+        assert_eq!(detect_default(&h), error_pattern("x", 3));
+    }
+
+    #[test]
+    fn error_beats_alternation() {
+        // One action, two argument sets, all failing: both patterns hold.
+        let mut h: Vec<_> = (1..=6).map(|n| failing(n, "test")).collect();
+        for (i, s) in h.iter_mut().enumerate() {
+            s.arguments = json!({ "filter": i % 2 });
         }
-        assert!(matches!(
-            detect(&cfg(), &h, 0),
-            Some(StuckPattern::RepeatedError { .. })
-        ));
-        // Without failures: observation beats message.
+        assert_eq!(detect_default(&h), error_pattern("test", 6));
         for s in &mut h {
             s.outcome = Outcome::Success;
         }
-        assert!(matches!(
-            detect(&cfg(), &h, 0),
-            Some(StuckPattern::RepeatedObservation { .. })
-        ));
-        // An alternation whose messages repeat reports the message first.
-        let mut alt: Vec<_> = (1..=6)
-            .map(|n| step(n, if n % 2 == 1 { "a" } else { "b" }))
+        assert_eq!(detect_default(&h), alternation_pattern("test", "test"));
+    }
+
+    #[test]
+    fn error_beats_context_overflow() {
+        let h = vec![
+            failing(1, "x"),
+            overflowing(failing(2, "x")),
+            overflowing(failing(3, "x")),
+        ];
+        assert_eq!(detect_default(&h), error_pattern("x", 3));
+    }
+
+    #[test]
+    fn observation_beats_message() {
+        let h: Vec<_> = (1..=4)
+            .map(|n| with_message(same_obs(n, "ls"), "again"))
             .collect();
-        for s in &mut alt {
-            s.message = "same".into();
-        }
-        assert!(matches!(
-            detect(&cfg(), &alt, 0),
-            Some(StuckPattern::RepeatedMessage { .. })
-        ));
-        // Overflow is checked after alternation.
-        alt.iter_mut()
-            .for_each(|s| s.message = format!("m{}", s.number));
-        alt[4].context_overflow = true;
-        alt[5].context_overflow = true;
-        assert!(matches!(
-            detect(&cfg(), &alt, 0),
-            Some(StuckPattern::Alternation { .. })
-        ));
+        assert_eq!(detect_default(&h), observation_pattern("ls", 4));
     }
 
     #[test]
-    fn first_pattern_nudges_then_pauses() {
-        let p = StuckPattern::RepeatedError {
-            action: "test".into(),
-            count: 3,
+    fn observation_beats_alternation() {
+        // With default thresholds the two cannot hold at once (one needs the
+        // last two keys equal, the other different); a threshold of 1 makes
+        // every step an observation run, which must win over the alternation.
+        let config = StuckConfig {
+            same_observation: 1,
+            ..cfg()
         };
-        match respond(&p, 0) {
-            StuckVerdict::Nudge { message } => {
-                assert!(message.contains("repeated `test` ending in an error 3 times"));
-                assert!(message.contains("different approach"));
-            }
-            StuckVerdict::Pause => panic!("first hit must nudge"),
-        }
-        assert_eq!(respond(&p, 1), StuckVerdict::Pause);
-        assert_eq!(respond(&p, 7), StuckVerdict::Pause);
+        let h = alternating(6, "open", "close");
+        assert_eq!(detect(&config, &h, 0), observation_pattern("close", 1));
     }
 
     #[test]
-    fn every_pattern_describes_itself() {
-        let all = [
+    fn observation_beats_context_overflow() {
+        let mut h: Vec<_> = (1..=4).map(|n| same_obs(n, "ls")).collect();
+        h[2].context_overflow = true;
+        h[3].context_overflow = true;
+        assert_eq!(detect_default(&h), observation_pattern("ls", 4));
+    }
+
+    #[test]
+    fn message_beats_alternation() {
+        let h: Vec<_> = alternating(6, "a", "b")
+            .into_iter()
+            .map(|s| with_message(s, "same"))
+            .collect();
+        assert_eq!(
+            detect_default(&h),
+            Some(StuckPattern::RepeatedMessage { count: 6 })
+        );
+    }
+
+    #[test]
+    fn message_beats_context_overflow() {
+        let h: Vec<_> = varied(1, 3)
+            .into_iter()
+            .map(|s| overflowing(with_message(s, "same")))
+            .collect();
+        assert_eq!(
+            detect_default(&h),
+            Some(StuckPattern::RepeatedMessage { count: 3 })
+        );
+    }
+
+    #[test]
+    fn alternation_beats_context_overflow() {
+        let mut h = alternating(6, "a", "b");
+        h[4].context_overflow = true;
+        h[5].context_overflow = true;
+        assert_eq!(detect_default(&h), alternation_pattern("a", "b"));
+        h[0] = step(1, "other");
+        assert_eq!(
+            detect_default(&h),
+            Some(StuckPattern::ContextOverflow { count: 2 })
+        );
+    }
+
+    #[test]
+    fn context_overflow_beats_wait_cap() {
+        let h = vec![overflowing(waiting(1)), waiting(2), overflowing(waiting(3))];
+        assert_eq!(
+            detect(&cfg(), &h, 2_000_000),
+            Some(StuckPattern::ContextOverflow { count: 2 })
+        );
+        let h = vec![waiting(1), waiting(2), waiting(3)];
+        assert_eq!(
+            detect(&cfg(), &h, 2_000_000),
+            Some(StuckPattern::WaitCapExceeded {
+                total_wait_ms: 2_000_000
+            })
+        );
+    }
+
+    #[test]
+    fn repeat_patterns_and_wait_cap_never_compete() {
+        // The repeats are judged on non-waiting newest steps, the wait cap on
+        // waiting ones: whichever the newest step is decides which applies.
+        let mut h: Vec<_> = (1..=3).map(|n| failing(n, "test")).collect();
+        assert_eq!(detect(&cfg(), &h, 2_000_000), error_pattern("test", 3));
+        h.push(waiting(4));
+        assert_eq!(
+            detect(&cfg(), &h, 2_000_000),
+            Some(StuckPattern::WaitCapExceeded {
+                total_wait_ms: 2_000_000
+            })
+        );
+    }
+
+    // ---- describe and respond ----
+
+    fn every_pattern() -> [StuckPattern; 6] {
+        [
             StuckPattern::RepeatedObservation {
-                action: "a".into(),
+                action: "ls".into(),
                 count: 4,
             },
             StuckPattern::RepeatedError {
-                action: "a".into(),
+                action: "run_tests".into(),
                 count: 3,
             },
             StuckPattern::RepeatedMessage { count: 3 },
             StuckPattern::Alternation {
-                first: "a".into(),
-                second: "b".into(),
+                first: "open".into(),
+                second: "close".into(),
             },
             StuckPattern::ContextOverflow { count: 2 },
-            StuckPattern::WaitCapExceeded { total_wait_ms: 5 },
-        ];
-        for p in all {
-            assert!(!p.describe().is_empty());
-            let json = serde_json::to_value(&p).unwrap();
-            assert!(json["pattern"].is_string());
+            StuckPattern::WaitCapExceeded {
+                total_wait_ms: 1_800_001,
+            },
+        ]
+    }
+
+    #[test]
+    fn every_pattern_describes_itself() {
+        let described: Vec<String> = every_pattern().iter().map(StuckPattern::describe).collect();
+        assert_eq!(
+            described,
+            [
+                "repeated `ls` with the same result 4 times",
+                "repeated `run_tests` ending in an error 3 times",
+                "repeated the same message 3 times",
+                "alternated between `open` and `close` without progress",
+                "ran out of context 2 times in quick succession",
+                "waited 1800001 ms in total, more than allowed",
+            ]
+        );
+        let same_tool = StuckPattern::Alternation {
+            first: "read".into(),
+            second: "read".into(),
+        };
+        assert_eq!(
+            same_tool.describe(),
+            "alternated between two calls of `read` without progress"
+        );
+    }
+
+    #[test]
+    fn first_hit_nudges_with_what_was_repeated() {
+        let p = StuckPattern::RepeatedError {
+            action: "run_tests".into(),
+            count: 3,
+        };
+        assert_eq!(
+            respond(&p, 0),
+            StuckVerdict::Nudge {
+                message: "You repeated `run_tests` ending in an error 3 times. \
+                          That is not making progress: try something different."
+                    .into()
+            }
+        );
+        for p in every_pattern() {
+            match respond(&p, 0) {
+                StuckVerdict::Nudge { message } => {
+                    assert!(message.contains(&p.describe()), "{message}");
+                    assert!(message.contains("try something different"), "{message}");
+                }
+                StuckVerdict::Pause => panic!("first hit must nudge: {p:?}"),
+            }
         }
+    }
+
+    #[test]
+    fn any_hit_after_a_nudge_pauses() {
+        for p in every_pattern() {
+            assert_eq!(respond(&p, 1), StuckVerdict::Pause);
+            assert_eq!(respond(&p, 2), StuckVerdict::Pause);
+            assert_eq!(respond(&p, u32::MAX), StuckVerdict::Pause);
+        }
+    }
+
+    // ---- serialization ----
+
+    #[test]
+    fn patterns_serialize_with_a_pattern_tag() {
+        let expected = [
+            json!({ "pattern": "repeated_observation", "action": "ls", "count": 4 }),
+            json!({ "pattern": "repeated_error", "action": "run_tests", "count": 3 }),
+            json!({ "pattern": "repeated_message", "count": 3 }),
+            json!({ "pattern": "alternation", "first": "open", "second": "close" }),
+            json!({ "pattern": "context_overflow", "count": 2 }),
+            json!({ "pattern": "wait_cap_exceeded", "total_wait_ms": 1_800_001 }),
+        ];
+        for (p, want) in every_pattern().into_iter().zip(expected) {
+            let value = serde_json::to_value(&p).unwrap();
+            assert_eq!(value, want);
+            assert_eq!(serde_json::from_value::<StuckPattern>(value).unwrap(), p);
+        }
+    }
+
+    #[test]
+    fn verdicts_serialize_with_a_verdict_tag() {
+        let nudge = StuckVerdict::Nudge {
+            message: "m".into(),
+        };
+        let value = serde_json::to_value(&nudge).unwrap();
+        assert_eq!(value, json!({ "verdict": "nudge", "message": "m" }));
+        assert_eq!(
+            serde_json::from_value::<StuckVerdict>(value).unwrap(),
+            nudge
+        );
+        let value = serde_json::to_value(&StuckVerdict::Pause).unwrap();
+        assert_eq!(value, json!({ "verdict": "pause" }));
+        assert_eq!(
+            serde_json::from_value::<StuckVerdict>(value).unwrap(),
+            StuckVerdict::Pause
+        );
+    }
+
+    #[test]
+    fn config_round_trips_with_stable_field_names() {
+        let value = serde_json::to_value(cfg()).unwrap();
+        assert_eq!(
+            value,
+            json!({
+                "same_observation": 4, "same_error": 3, "same_message": 3,
+                "alternation": 6, "overflow_window": 5, "overflow_repeats": 2,
+                "max_total_wait_ms": 1_800_000
+            })
+        );
+        assert_eq!(serde_json::from_value::<StuckConfig>(value).unwrap(), cfg());
     }
 }

@@ -5,6 +5,7 @@ WORKDIR /src
 COPY Cargo.toml Cargo.lock ./
 COPY src ./src
 COPY migrations ./migrations
+COPY web ./web
 RUN cargo build --release --locked
 
 FROM debian:bookworm-slim

@@ -130,6 +130,8 @@ pub struct Config {
     pub require_concrete_goals: bool,
     /// `AUTONOMOUS_AUTO_REFINE_GOALS`: apply the suggested refinement without waiting.
     pub auto_refine_goals: bool,
+    /// `WARDEN_TOKEN_PRICE_PER_MILLION`: price of a million tokens, for the `cost` field.
+    pub token_price_per_million: Option<f64>,
 }
 
 /// Reads configuration values from a source of variables.
@@ -374,6 +376,12 @@ impl Config {
             models,
             require_concrete_goals,
             auto_refine_goals,
+            token_price_per_million: match env.raw("WARDEN_TOKEN_PRICE_PER_MILLION") {
+                None => None,
+                Some(_) => {
+                    Some(env.float("WARDEN_TOKEN_PRICE_PER_MILLION", 0.0, 0.0, 1_000_000.0)?)
+                }
+            },
         })
     }
 }

@@ -228,6 +228,53 @@ async fn health_and_readiness(pool: PgPool) {
 }
 
 #[sqlx::test]
+async fn dashboard_is_served_self_contained(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    let res = reqwest::get(app.url("/")).await.expect("GET /");
+    assert_eq!(res.status(), StatusCode::OK);
+    let ct = res
+        .headers()
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_string();
+    assert!(ct.starts_with("text/html"), "{ct}");
+    let html = res.text().await.expect("body");
+    assert!(html.contains("/api/autonomous"), "uses the public API");
+    // Works offline: nothing is loaded from another origin.
+    for external in ["src=\"http", "href=\"http", "@import", "cdn"] {
+        assert!(!html.contains(external), "external resource: {external}");
+    }
+}
+
+#[sqlx::test]
+async fn status_reports_cost_and_velocity(pool: PgPool) {
+    let config = common::config_with(&[("WARDEN_TOKEN_PRICE_PER_MILLION", "2.5")]);
+    let app = TestApp::spawn_with(pool.clone(), config).await;
+    let id = app
+        .create_scripted(distinct_steps(4, 100_000, 0), json!({ "max_iterations": 4 }))
+        .await;
+    let s = app.wait_settled(&id).await;
+    assert_eq!(s["tokens_used"], 400_000);
+    let cost = s["cost"].as_f64().expect("cost with a price configured");
+    assert!((cost - 1.0).abs() < 1e-9, "{cost}");
+    let velocity = s["velocity"].as_array().expect("velocity series");
+    let total: u64 = velocity
+        .iter()
+        .map(|p| p["iterations"].as_u64().unwrap_or(0))
+        .sum();
+    assert_eq!(total, 4, "{velocity:?}");
+    assert!(velocity.iter().all(|p| p["minute"].is_string()));
+
+    // Without a price there is no cost; lists leave the series out.
+    let plain = TestApp::spawn(pool).await;
+    let s = plain.session(&id).await;
+    assert!(s["cost"].is_null(), "{s}");
+    let (_, page) = plain.get("/api/autonomous").await;
+    assert!(page["items"][0].get("velocity").is_none_or(Value::is_null));
+}
+
+#[sqlx::test]
 async fn status_document_has_the_contract_fields(pool: PgPool) {
     let app = TestApp::spawn(pool).await;
     let id = app

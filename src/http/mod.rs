@@ -49,6 +49,7 @@ pub fn router(state: AppState, max_body_bytes: usize) -> Router {
         .nest("/api/autonomous", api)
         .merge(health::router())
         .merge(openapi::router())
+        .route("/", axum::routing::get(dashboard))
         .fallback(|| async { ApiError::no_route() })
         .with_state(state)
         .layer(DefaultBodyLimit::max(max_body_bytes))
@@ -58,6 +59,11 @@ pub fn router(state: AppState, max_body_bytes: usize) -> Router {
                 tracing::info_span!("request", method = %req.method(), path = %req.uri().path())
             }),
         )
+}
+
+/// The web dashboard: one self-contained page (no CDN) over the public API.
+async fn dashboard() -> axum::response::Html<&'static str> {
+    axum::response::Html(include_str!("../../web/index.html"))
 }
 
 /// How long in-flight requests may take to finish at shutdown.

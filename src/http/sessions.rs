@@ -17,6 +17,7 @@ use super::stream;
 use super::views::{
     AfterPage, CheckpointPage, DecisionQuery, EventPage, EventView, IterationPage, ListQuery,
     OutcomeMetrics, RefinementList, ReflectionPage, SessionPage, SessionView, TaskList,
+    VelocityPoint,
 };
 use crate::session::{CreateSession, RefinementChoice, ResumeSession, UpdateSession};
 use crate::store::SessionCursor;
@@ -39,6 +40,11 @@ pub fn router() -> Router<AppState> {
         .route("/{id}/tasks", get(list_tasks))
         .route("/outcomes", get(outcomes))
         .route("/events", get(session_changes))
+}
+
+/// The status document of a session, priced.
+fn view(state: &AppState, session: crate::store::SessionRecord) -> SessionView {
+    SessionView::from(session).priced(state.service.token_price())
 }
 
 fn page_limit(limit: Option<i64>, default: i64, max: i64) -> ApiResult<i64> {
@@ -85,7 +91,7 @@ pub async fn create_session(
     if let Ok(location) = HeaderValue::from_str(&format!("/api/autonomous/{}", session.id)) {
         headers.insert(header::LOCATION, location);
     }
-    Ok((StatusCode::CREATED, headers, Json(session.into())))
+    Ok((StatusCode::CREATED, headers, Json(view(&state, session))))
 }
 
 /// List sessions, newest first.
@@ -114,7 +120,7 @@ pub async fn list_sessions(
             })
         });
     Ok(Json(SessionPage {
-        items: rows.into_iter().map(SessionView::from).collect(),
+        items: rows.into_iter().map(|s| view(&state, s)).collect(),
         next_cursor,
     }))
 }
@@ -133,7 +139,15 @@ pub async fn get_session(
     State(state): State<AppState>,
     ApiPath(id): ApiPath<Uuid>,
 ) -> ApiResult<Json<SessionView>> {
-    Ok(Json(state.service.get(id).await?.into()))
+    let mut doc = view(&state, state.service.get(id).await?);
+    let velocity = state.service.store().velocity(id, 30).await?;
+    doc.velocity = Some(
+        velocity
+            .into_iter()
+            .map(|(minute, iterations)| VelocityPoint { minute, iterations })
+            .collect(),
+    );
+    Ok(Json(doc))
 }
 
 /// Stop a session at once (idempotent). The in-flight step is abandoned,
@@ -151,7 +165,7 @@ pub async fn stop_session(
     State(state): State<AppState>,
     ApiPath(id): ApiPath<Uuid>,
 ) -> ApiResult<Json<SessionView>> {
-    Ok(Json(state.service.stop(id).await?.into()))
+    Ok(Json(view(&state, state.service.stop(id).await?)))
 }
 
 /// Pause a session once its step in flight finishes (`paused / user_pause`).
@@ -168,7 +182,7 @@ pub async fn pause_session(
     State(state): State<AppState>,
     ApiPath(id): ApiPath<Uuid>,
 ) -> ApiResult<Json<SessionView>> {
-    Ok(Json(state.service.pause(id).await?.into()))
+    Ok(Json(view(&state, state.service.pause(id).await?)))
 }
 
 /// Resume a paused, stopped, interrupted or failed session from its last
@@ -189,7 +203,7 @@ pub async fn resume_session(
     ApiPath(id): ApiPath<Uuid>,
     OptionalJson(req): OptionalJson<ResumeSession>,
 ) -> ApiResult<Json<SessionView>> {
-    Ok(Json(state.service.resume(id, req).await?.into()))
+    Ok(Json(view(&state, state.service.resume(id, req).await?)))
 }
 
 /// Change the mode or limits of a session; a running session applies them
@@ -210,7 +224,7 @@ pub async fn update_session(
     ApiPath(id): ApiPath<Uuid>,
     ApiJson(req): ApiJson<UpdateSession>,
 ) -> ApiResult<Json<SessionView>> {
-    Ok(Json(state.service.update(id, req).await?.into()))
+    Ok(Json(view(&state, state.service.update(id, req).await?)))
 }
 
 async fn ensure_exists(state: &AppState, id: Uuid) -> ApiResult<()> {
@@ -409,7 +423,7 @@ pub async fn refine_session(
     ApiPath(id): ApiPath<Uuid>,
     ApiJson(choice): ApiJson<RefinementChoice>,
 ) -> ApiResult<Json<SessionView>> {
-    Ok(Json(state.service.refine(id, choice).await?.into()))
+    Ok(Json(view(&state, state.service.refine(id, choice).await?)))
 }
 
 /// The refinement history of a session's goal.

@@ -30,6 +30,15 @@ pub struct ExecutorSummary {
     pub url: Option<String>,
 }
 
+/// Iterations committed in one minute.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct VelocityPoint {
+    /// Start of the minute.
+    pub minute: DateTime<Utc>,
+    /// Iterations committed in it.
+    pub iterations: i64,
+}
+
 /// Tokens by what they were spent on.
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct TokensBySource {
@@ -85,6 +94,11 @@ pub struct SessionView {
     /// Latest reflection: assessment, decision and next interval.
     #[schema(value_type = Option<Object>)]
     pub last_reflection: Option<serde_json::Value>,
+    /// Money spent so far at `WARDEN_TOKEN_PRICE_PER_MILLION` (null when no price is set).
+    pub cost: Option<f64>,
+    /// Iterations per minute over the last 30 minutes (only on `GET /{id}`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub velocity: Option<Vec<VelocityPoint>>,
     /// Tool calls made over the session's life.
     pub tool_calls: i64,
     /// Current streak of failing iterations.
@@ -125,6 +139,14 @@ pub struct SessionView {
     pub updated_at: DateTime<Utc>,
     /// When it ended (completed, stopped, interrupted, failed).
     pub ended_at: Option<DateTime<Utc>>,
+}
+
+impl SessionView {
+    /// Adds the money spent at `price_per_million` tokens.
+    pub fn priced(mut self, price_per_million: Option<f64>) -> SessionView {
+        self.cost = price_per_million.map(|p| self.tokens_used as f64 * p / 1_000_000.0);
+        self
+    }
 }
 
 impl From<SessionRecord> for SessionView {
@@ -187,6 +209,8 @@ impl From<SessionRecord> for SessionView {
                 0.0
             },
             last_reflection: s.last_reflection,
+            cost: None,
+            velocity: None,
             iterations: s.counters.iterations,
             tokens_used: s.counters.tokens_used,
             tool_calls: s.counters.tool_calls,

@@ -267,6 +267,11 @@ impl SessionService {
         }
     }
 
+    /// Price of a million tokens, when configured.
+    pub fn token_price(&self) -> Option<f64> {
+        self.config.token_price_per_million
+    }
+
     /// The storage handle (read-only endpoints use it directly).
     pub fn store(&self) -> &Store {
         &self.store

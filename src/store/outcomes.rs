@@ -22,6 +22,26 @@ pub struct Outcomes {
 }
 
 impl Store {
+    /// Iterations committed per minute over the last `minutes` minutes, oldest first.
+    pub async fn velocity(
+        &self,
+        session_id: uuid::Uuid,
+        minutes: i32,
+    ) -> Result<Vec<(chrono::DateTime<chrono::Utc>, i64)>> {
+        let rows = sqlx::query(
+            "SELECT date_trunc('minute', finished_at) AS minute, count(*) FROM iterations
+             WHERE session_id = $1 AND finished_at > now() - make_interval(mins => $2)
+             GROUP BY minute ORDER BY minute",
+        )
+        .bind(session_id)
+        .bind(minutes)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.into_iter()
+            .map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
+            .collect()
+    }
+
     /// Number of sessions in each status.
     pub async fn sessions_by_status(&self) -> Result<BTreeMap<String, i64>> {
         let mut out = BTreeMap::new();

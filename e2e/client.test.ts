@@ -1,0 +1,82 @@
+// The generated TypeScript client (openapi-typescript types + openapi-fetch)
+// drives create / status / stop / resume against the real server. If the
+// committed OpenAPI document stops describing what the server does, this
+// fails to compile or to run.
+import { test } from "node:test";
+import assert from "node:assert/strict";
+import createClient from "openapi-fetch";
+import type { paths, components } from "./generated/schema.js";
+
+type Session = components["schemas"]["SessionView"];
+
+const baseUrl = process.env.WARDEN_URL ?? "http://127.0.0.1:8080";
+const client = createClient<paths>({ baseUrl });
+
+async function status(id: string): Promise<Session> {
+  const { data, error } = await client.GET("/api/autonomous/{id}", { params: { path: { id } } });
+  assert.equal(error, undefined);
+  assert.ok(data);
+  return data;
+}
+
+async function until(id: string, done: (s: Session) => boolean): Promise<Session> {
+  for (let i = 0; i < 300; i++) {
+    const s = await status(id);
+    if (done(s)) return s;
+    await new Promise((r) => setTimeout(r, 50));
+  }
+  throw new Error("condition not reached");
+}
+
+test("create, status, stop and resume through the generated client", async () => {
+  const created = await client.POST("/api/autonomous", {
+    body: {
+      goal: "Create README.md with a project description",
+      mode: "fixed",
+      limits: { max_iterations: 20 },
+      executor: {
+        kind: "scripted",
+        steps: [
+          { action: "plan", tokens: 10, output: "planned" },
+          { action: "write", tokens: 10, output: "writing", delay_ms: 5000 },
+          { action: "finish", tokens: 10, output: "<<WARDEN_GOAL_DONE: written>>" },
+        ],
+      },
+    },
+  });
+  assert.equal(created.response.status, 201);
+  const id = created.data!.id;
+  assert.equal(created.data!.status, "running");
+
+  await until(id, (s) => s.iterations >= 1);
+  const stopped = await client.POST("/api/autonomous/{id}/stop", { params: { path: { id } } });
+  assert.equal(stopped.data!.status, "interrupted");
+  assert.equal(stopped.data!.reason, "user_stop");
+  assert.equal(stopped.data!.checkpoint_saved, true);
+
+  const again = await client.POST("/api/autonomous/{id}/stop", { params: { path: { id } } });
+  assert.equal(again.data!.status, "interrupted", "stop is idempotent");
+
+  const resumed = await client.POST("/api/autonomous/{id}/resume", {
+    params: { path: { id } },
+    body: { guidance: "carry on", limits: { max_iterations: 30 } },
+  });
+  assert.equal(resumed.data!.status, "running");
+  assert.equal(resumed.data!.limits.max_iterations, 30);
+
+  const done = await until(id, (s) => s.status !== "running");
+  assert.equal(done.status, "completed");
+  assert.equal(done.iterations, 3);
+
+  const conflict = await client.POST("/api/autonomous/{id}/resume", { params: { path: { id } }, body: {} });
+  assert.equal(conflict.response.status, 409);
+  assert.equal(conflict.error?.code, "illegal_transition");
+});
+
+test("errors come back as typed problem documents", async () => {
+  const missing = await client.GET("/api/autonomous/{id}", {
+    params: { path: { id: "00000000-0000-4000-8000-000000000000" } },
+  });
+  assert.equal(missing.response.status, 404);
+  assert.equal(missing.error?.code, "session_not_found");
+});

@@ -1,0 +1,165 @@
+// The dashboard in a real browser (Debian's headless Chromium, driven by
+// Playwright) against the real server and Postgres: create a scripted session
+// from the form, watch it move, stop it, resume it, see it finish.
+import { test, before, after } from "node:test";
+import assert from "node:assert/strict";
+import { mkdirSync } from "node:fs";
+import { chromium } from "playwright-core";
+
+const baseUrl = process.env.WARDEN_URL ?? "http://127.0.0.1:8080";
+const executablePath = process.env.CHROMIUM_PATH ?? "/usr/bin/chromium";
+const shots = new URL("./screenshots/", import.meta.url).pathname;
+mkdirSync(shots, { recursive: true });
+
+let browser;
+let page;
+const pageErrors = [];
+
+before(async () => {
+  browser = await chromium.launch({
+    executablePath,
+    headless: true,
+    args: [
+      "--no-sandbox",
+      "--disable-gpu",
+      "--disable-quic",
+      "--no-first-run",
+      "--disable-background-networking",
+      "--disable-component-update",
+      "--disable-sync",
+    ],
+  });
+  page = await browser.newPage({ viewport: { width: 1280, height: 1000 } });
+  page.on("pageerror", (err) => pageErrors.push(err.message));
+  page.on("console", (msg) => {
+    if (msg.type() === "error") pageErrors.push(msg.text());
+  });
+});
+
+after(async () => {
+  await browser?.close();
+});
+
+/** Ten slow steps, then the done sentinel: long enough to watch and to stop. */
+const script = {
+  steps: [
+    ...Array.from({ length: 10 }, (_, i) => ({
+      action: `step_${i + 1}`,
+      arguments: { part: i + 1 },
+      tokens: 25,
+      output: `finished part ${i + 1}`,
+      delay_ms: 400,
+    })),
+    { action: "report", tokens: 10, output: "all parts done\n<<WARDEN_GOAL_DONE: eleven steps run>>" },
+  ],
+};
+
+async function progressWidth() {
+  return page.$eval("#progress-bar", (el) => parseFloat(el.style.width) || 0);
+}
+
+async function logNumbers() {
+  return page.$$eval("#iteration-log tr[data-n]", (rows) => rows.map((r) => Number(r.dataset.n)));
+}
+
+test("create from the form, watch it live, stop, resume, finish", async () => {
+  await page.goto(baseUrl + "/");
+  await page.waitForSelector("#create-form");
+
+  await page.fill("#goal", "Write a ten-part report into report.md");
+  await page.selectOption("#mode", "fixed");
+  await page.fill("#max-iterations", "40");
+  await page.selectOption("#executor-kind", "scripted");
+  await page.fill("#executor-config", JSON.stringify(script, null, 2));
+  await page.screenshot({ path: shots + "01-create-form.png", fullPage: true });
+  await page.click("#create-btn");
+
+  await page.waitForURL(/#\/s\/[0-9a-f-]+$/);
+  const id = page.url().split("/s/")[1];
+  assert.match(id, /^[0-9a-f-]{36}$/);
+  await page.waitForFunction(() => document.querySelector("#status")?.textContent === "running");
+  assert.equal(await page.textContent("#goal-text"), "Write a ten-part report into report.md");
+
+  // Live: the log grows and the bar moves without a reload.
+  await page.waitForFunction(() => document.querySelectorAll("#iteration-log tr[data-n]").length >= 2);
+  const early = await progressWidth();
+  await page.waitForFunction(
+    (w) => (parseFloat(document.querySelector("#progress-bar").style.width) || 0) > w,
+    early,
+    { timeout: 10_000 },
+  );
+  const later = await progressWidth();
+  assert.ok(later > early, `progress bar moved from ${early}% to ${later}%`);
+  assert.ok(later < 100, "still running when we stop it");
+  await page.screenshot({ path: shots + "02-running.png", fullPage: true });
+
+  // Stop lands while a step is in flight.
+  await page.click("#stop-btn");
+  await page.waitForFunction(() => document.querySelector("#status")?.textContent === "interrupted");
+  assert.equal(await page.textContent("#reason"), "user_stop");
+  const summary = (await page.textContent("#summary")) ?? "";
+  assert.ok(summary.length > 0, "the termination summary is shown");
+  assert.ok(await page.isEnabled("#resume-btn"));
+  assert.ok(await page.isDisabled("#stop-btn"));
+  const atStop = await logNumbers();
+  assert.ok(atStop.length >= 2 && atStop.length < 11, `stopped part-way: ${atStop}`);
+  await page.screenshot({ path: shots + "03-interrupted.png", fullPage: true });
+
+  // Resume with guidance; the same page follows it to the end.
+  await page.fill("#guidance", "carry on from where you stopped");
+  await page.click("#resume-btn");
+  await page.waitForFunction(() => document.querySelector("#status")?.textContent === "completed", null, {
+    timeout: 30_000,
+  });
+  await page.waitForFunction(() => document.querySelectorAll("#iteration-log tr[data-n]").length === 11);
+  assert.deepEqual(await logNumbers(), Array.from({ length: 11 }, (_, i) => i + 1), "no step lost or repeated");
+  assert.equal(await page.textContent("#percent"), "100%");
+  assert.equal(await page.textContent("#iterations-count"), "11");
+  assert.equal(await page.textContent("#tokens"), String(10 * 25 + 10));
+  assert.match((await page.textContent("#summary")) ?? "", /eleven steps run/);
+  await page.screenshot({ path: shots + "04-completed.png", fullPage: true });
+
+  // The list shows it finished, with a full bar.
+  await page.goto(baseUrl + "/#/");
+  const row = page.locator(`#sessions tr[data-id="${id}"]`);
+  await row.waitFor();
+  assert.equal(await row.getAttribute("data-status"), "completed");
+  assert.deepEqual(pageErrors, []);
+});
+
+test("the list follows sessions it did not start", async () => {
+  await page.goto(baseUrl + "/#/");
+  await page.waitForSelector("#create-form");
+  // Created by another client while the list is open.
+  const res = await fetch(baseUrl + "/api/autonomous", {
+    method: "POST",
+    headers: { "content-type": "application/json" },
+    body: JSON.stringify({
+      goal: "Summarise the changelog into CHANGES.md",
+      executor: {
+        kind: "scripted",
+        steps: [
+          { action: "read", tokens: 5, output: "read it", delay_ms: 300 },
+          { action: "write", tokens: 5, output: "<<WARDEN_GOAL_DONE>>", delay_ms: 300 },
+        ],
+      },
+    }),
+  });
+  assert.equal(res.status, 201);
+  const { id } = await res.json();
+  const row = page.locator(`#sessions tr[data-id="${id}"]`);
+  await row.waitFor({ timeout: 10_000 });
+  await page.waitForFunction(
+    (sid) => document.querySelector(`#sessions tr[data-id="${sid}"]`)?.dataset.status === "completed",
+    id,
+    { timeout: 15_000 },
+  );
+  await page.screenshot({ path: shots + "05-list.png", fullPage: true });
+
+  // A row opens its session page.
+  await row.click();
+  await page.waitForURL(new RegExp(`#/s/${id}$`));
+  await page.waitForFunction(() => document.querySelector("#status")?.textContent === "completed");
+  assert.equal(await page.textContent("#goal-text"), "Summarise the changelog into CHANGES.md");
+  assert.deepEqual(pageErrors, []);
+});

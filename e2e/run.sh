@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# End-to-end checks against a real Warden and a real Postgres:
+#  1. a TypeScript client generated from the committed openapi/openapi.json
+#     must compile and complete create / status / stop / resume;
+#  2. the dashboard, in Debian's headless Chromium driven by Playwright, must
+#     create, show, stop and resume a session live.
+# Installs what it needs (Chromium from Debian, packages from npm), starts its
+# own server on a free port against a database it creates, and cleans up.
+set -euo pipefail
+cd "$(dirname "$0")"
+E2E_DIR="$(pwd)"
+ROOT="$(cd .. && pwd)"
+
+ADMIN_URL="${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres}"
+CHROMIUM_PATH="${CHROMIUM_PATH:-/usr/bin/chromium}"
+export CHROMIUM_PATH
+
+if [ ! -x "$CHROMIUM_PATH" ]; then
+  echo "e2e: installing Debian's chromium"
+  SUDO=""
+  [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  $SUDO apt-get update -q
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q chromium
+fi
+"$CHROMIUM_PATH" --version
+
+echo "e2e: npm ci"
+npm ci --no-audit --no-fund --loglevel=error
+
+echo "e2e: generating the TypeScript client types from openapi/openapi.json"
+npx --no-install openapi-typescript ../openapi/openapi.json -o generated/schema.d.ts
+npx --no-install tsc -p tsconfig.json
+
+echo "e2e: building warden"
+(cd "$ROOT" && cargo build --locked --bin warden)
+
+DB_NAME="warden_e2e_$$"
+DB_URL="${ADMIN_URL%/*}/$DB_NAME"
+WORKSPACES="$(mktemp -d)"
+LOG="$WORKSPACES/warden.log"
+SERVER_PID=""
+
+cleanup() {
+  status=$?
+  if [ -n "$SERVER_PID" ]; then
+    kill "$SERVER_PID" 2>/dev/null || true
+    wait "$SERVER_PID" 2>/dev/null || true
+  fi
+  if [ "$status" -ne 0 ] && [ -f "$LOG" ]; then
+    echo "e2e: --- last lines of the server log ---" >&2
+    tail -n 60 "$LOG" >&2 || true
+  fi
+  psql "$ADMIN_URL" -qtAc "DROP DATABASE IF EXISTS $DB_NAME WITH (FORCE)" >/dev/null 2>&1 || true
+  rm -rf "$WORKSPACES"
+  exit "$status"
+}
+trap cleanup EXIT INT TERM
+
+psql "$ADMIN_URL" -v ON_ERROR_STOP=1 -qtAc "CREATE DATABASE $DB_NAME" >/dev/null
+
+PORT="$(node -e 'const s=require("net").createServer().listen(0,"127.0.0.1",()=>{console.log(s.address().port);s.close()})')"
+export WARDEN_URL="http://127.0.0.1:$PORT"
+
+echo "e2e: starting warden on $WARDEN_URL"
+DATABASE_URL="$DB_URL" WARDEN_LISTEN_ADDR="127.0.0.1:$PORT" WARDEN_WORKSPACE_ROOT="$WORKSPACES" \
+  WARDEN_LOG_FORMAT=json RUST_LOG="${RUST_LOG:-warden=info}" \
+  "$ROOT/target/debug/warden" >"$LOG" 2>&1 &
+SERVER_PID=$!
+
+for _ in $(seq 1 100); do
+  if curl -fsS "$WARDEN_URL/readyz" >/dev/null 2>&1; then break; fi
+  if ! kill -0 "$SERVER_PID" 2>/dev/null; then
+    echo "e2e: FATAL: warden exited during start-up" >&2
+    exit 1
+  fi
+  sleep 0.1
+done
+curl -fsS "$WARDEN_URL/readyz" >/dev/null
+
+echo "e2e: node --test (generated client, dashboard in Chromium)"
+node --test --test-concurrency=1 dist/client.test.js dashboard.test.mjs
+echo "e2e: passed; screenshots in $E2E_DIR/screenshots"

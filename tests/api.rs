@@ -252,7 +252,10 @@ async fn status_reports_cost_and_velocity(pool: PgPool) {
     let config = common::config_with(&[("WARDEN_TOKEN_PRICE_PER_MILLION", "2.5")]);
     let app = TestApp::spawn_with(pool.clone(), config).await;
     let id = app
-        .create_scripted(distinct_steps(4, 100_000, 0), json!({ "max_iterations": 4 }))
+        .create_scripted(
+            distinct_steps(4, 100_000, 0),
+            json!({ "max_iterations": 4 }),
+        )
         .await;
     let s = app.wait_settled(&id).await;
     assert_eq!(s["tokens_used"], 400_000);

@@ -68,6 +68,12 @@ const FAST: &[f64] = &[
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
 ];
 const SLOW: &[f64] = &[0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0];
+/// Fine buckets for the supervisor's own time per iteration, where the
+/// interesting range is tens of microseconds to a few milliseconds.
+const OVERHEAD: &[f64] = &[
+    0.00005, 0.0001, 0.0002, 0.0003, 0.0004, 0.0005, 0.00075, 0.001, 0.0015, 0.002, 0.003, 0.005,
+    0.0075, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
+];
 
 /// The metrics of this process.
 #[derive(Debug)]
@@ -83,6 +89,9 @@ pub struct Metrics {
     pub model_seconds: Histogram,
     /// Stop request received → stop recorded.
     pub stop_seconds: Histogram,
+    /// Wall time of an iteration minus the executor's own time: the loop,
+    /// the policies and the commit.
+    pub overhead_seconds: Histogram,
 }
 
 impl Default for Metrics {
@@ -96,6 +105,7 @@ impl Default for Metrics {
             iteration_seconds: Histogram::new(SLOW),
             model_seconds: Histogram::new(SLOW),
             stop_seconds: Histogram::new(FAST),
+            overhead_seconds: Histogram::new(OVERHEAD),
         }
     }
 }
@@ -113,11 +123,12 @@ fn escape(label: &str) -> String {
 }
 
 impl Metrics {
-    /// Counts a committed iteration.
-    pub fn iteration(&self, tokens: u64, took: Duration) {
+    /// Counts a committed iteration: its wall time and the part of it the executor did not spend.
+    pub fn iteration(&self, tokens: u64, took: Duration, overhead: Duration) {
         self.iterations.fetch_add(1, Ordering::Relaxed);
         self.tokens.fetch_add(tokens, Ordering::Relaxed);
         self.iteration_seconds.observe(took);
+        self.overhead_seconds.observe(overhead);
     }
 
     /// Counts tokens spent outside iterations (reflection).
@@ -211,6 +222,11 @@ impl Metrics {
             "warden_stop_latency_seconds",
             "Stop request received to stop recorded.",
         );
+        self.overhead_seconds.render(
+            &mut out,
+            "warden_iteration_overhead_seconds",
+            "Iteration wall time minus the executor's time: loop, policies and commit.",
+        );
         out
     }
 }
@@ -222,8 +238,8 @@ mod tests {
     #[test]
     fn renders_counters_labels_and_cumulative_buckets() {
         let m = Metrics::default();
-        m.iteration(10, Duration::from_millis(30));
-        m.iteration(5, Duration::from_millis(300));
+        m.iteration(10, Duration::from_millis(30), Duration::from_micros(80));
+        m.iteration(5, Duration::from_millis(300), Duration::from_micros(900));
         m.termination("goal_achieved");
         m.gate("continue");
         m.gate("continue");
@@ -242,6 +258,8 @@ mod tests {
         assert!(text.contains("warden_iteration_duration_seconds_bucket{le=\"+Inf\"} 2"));
         assert!(text.contains("warden_iteration_duration_seconds_count 2"));
         assert!(text.contains("warden_stop_latency_seconds_bucket{le=\"0.005\"} 1"));
+        assert!(text.contains("warden_iteration_overhead_seconds_bucket{le=\"0.0001\"} 1"));
+        assert!(text.contains("warden_iteration_overhead_seconds_bucket{le=\"0.001\"} 2"));
     }
 
     #[test]

@@ -166,6 +166,7 @@ impl Runner {
 
     async fn run_loop(&mut self) -> Result<Exit, StoreError> {
         loop {
+            let loop_started = Instant::now();
             // 1. Control: stop, shutdown, lost lease, decided ends, pause.
             if self.control.stop.is_cancelled() {
                 return self.finish(Reason::UserStop, None, Vec::new()).await;
@@ -320,7 +321,8 @@ impl Runner {
                 }
                 StepEnd::Done(result) => result,
             };
-            let duration_ms = t0.elapsed().as_millis() as u64;
+            let executor_time = t0.elapsed();
+            let duration_ms = executor_time.as_millis() as u64;
             let finished_at = Utc::now();
             let mut cycle_change = None;
             let (record, percent, signal, transcript, executor_events) = match result {
@@ -411,10 +413,14 @@ impl Runner {
                     (started_at, finished_at),
                 )
                 .await?;
-            self.metrics.iteration(record.tokens, t0.elapsed());
             self.state.apply(self.state.run, &record, &effects);
             self.guidance = None;
             self.apply_flags(flags);
+            self.metrics.iteration(
+                record.tokens,
+                t0.elapsed(),
+                loop_started.elapsed().saturating_sub(executor_time),
+            );
             // 6. Agent signals and stuck verdicts take effect at the top of the loop.
         }
     }

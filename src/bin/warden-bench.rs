@@ -1,0 +1,852 @@
+//! `warden-bench`: starts the `warden` binary against a real Postgres, drives
+//! it through the public HTTP API with scripted sessions, and prints each
+//! figure beside the raw Postgres figure for the same pattern measured in the
+//! same run, so results read as ratios rather than absolute times.
+//!
+//! Run with `cargo build --release --locked && target/release/warden-bench`
+//! (`--quick` for a smoke run of a few seconds). See BENCHMARKS.md.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::{StreamExt, stream};
+use serde_json::{Value, json};
+use sqlx::postgres::{PgPool, PgPoolOptions};
+
+type BenchResult<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
+
+/// Distinct steps per scripted cycle: more than the rework look-back and the
+/// stuck windows, so a repeating benchmark session is never judged stuck.
+const CYCLE: usize = 32;
+/// Warden's default Postgres pool; the raw baselines use the same size.
+const POOL: u32 = 16;
+
+/// How big each phase is.
+#[derive(Debug, Clone)]
+struct Scale {
+    throughput_sessions: Vec<usize>,
+    window: Duration,
+    stop_sessions: usize,
+    memory_sessions: usize,
+    status_rate_per_s: u32,
+}
+
+impl Scale {
+    fn full() -> Scale {
+        Scale {
+            throughput_sessions: vec![1, 100, 1_000],
+            window: Duration::from_secs(10),
+            stop_sessions: 1_000,
+            memory_sessions: 10_000,
+            status_rate_per_s: 100,
+        }
+    }
+
+    fn quick() -> Scale {
+        Scale {
+            throughput_sessions: vec![1, 20],
+            window: Duration::from_secs(2),
+            stop_sessions: 20,
+            memory_sessions: 200,
+            status_rate_per_s: 20,
+        }
+    }
+}
+
+struct Options {
+    scale: Scale,
+    admin_url: String,
+    warden: PathBuf,
+}
+
+fn usage() -> &'static str {
+    "usage: warden-bench [--quick] [--database-url URL] [--warden PATH]\n\
+     \n\
+     --quick          a few sessions for a few seconds (a smoke run)\n\
+     --database-url   a Postgres URL whose user may create databases\n\
+                      (default: $DATABASE_URL, else postgres://postgres@127.0.0.1:5432/postgres)\n\
+     --warden PATH    the warden binary (default: beside this program)"
+}
+
+fn parse_args() -> BenchResult<Options> {
+    let mut scale = Scale::full();
+    let mut admin_url = std::env::var("DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
+    let mut warden = std::env::current_exe()?
+        .parent()
+        .map(|dir| dir.join("warden"))
+        .unwrap_or_else(|| PathBuf::from("warden"));
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "--quick" => scale = Scale::quick(),
+            "--database-url" => admin_url = args.next().ok_or("--database-url needs a value")?,
+            "--warden" => warden = PathBuf::from(args.next().ok_or("--warden needs a value")?),
+            "-h" | "--help" => {
+                println!("{}", usage());
+                std::process::exit(0);
+            }
+            other => return Err(format!("unknown argument {other}\n{}", usage()).into()),
+        }
+    }
+    if !warden.exists() {
+        return Err(format!(
+            "{} does not exist; build it first: cargo build --release --locked",
+            warden.display()
+        )
+        .into());
+    }
+    Ok(Options {
+        scale,
+        admin_url,
+        warden,
+    })
+}
+
+// ---------------------------------------------------------------- numbers
+
+/// The `q`-quantile (0..=1) of `samples`, nearest rank.
+fn quantile(samples: &mut [Duration], q: f64) -> Option<Duration> {
+    if samples.is_empty() {
+        return None;
+    }
+    samples.sort_unstable();
+    let rank = ((q * samples.len() as f64).ceil() as usize).clamp(1, samples.len());
+    Some(samples[rank - 1])
+}
+
+fn ms(d: Option<Duration>) -> String {
+    match d {
+        Some(d) if d < Duration::from_millis(10) => format!("{:.2} ms", d.as_secs_f64() * 1e3),
+        Some(d) => format!("{:.1} ms", d.as_secs_f64() * 1e3),
+        None => "—".into(),
+    }
+}
+
+fn ratio(ours: Option<f64>, raw: Option<f64>) -> String {
+    match (ours, raw) {
+        (Some(a), Some(b)) if b > 0.0 => format!("{:.2}×", a / b),
+        _ => "—".into(),
+    }
+}
+
+fn secs(d: Option<Duration>) -> Option<f64> {
+    d.map(|d| d.as_secs_f64())
+}
+
+/// Counters and histograms scraped from `/metrics`.
+#[derive(Debug, Default, Clone)]
+struct Scrape {
+    values: BTreeMap<String, f64>,
+}
+
+impl Scrape {
+    fn parse(text: &str) -> Scrape {
+        let values = text
+            .lines()
+            .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+            .filter_map(|l| {
+                let (name, value) = l.rsplit_once(' ')?;
+                Some((name.to_string(), value.parse().ok()?))
+            })
+            .collect();
+        Scrape { values }
+    }
+
+    fn get(&self, name: &str) -> f64 {
+        self.values.get(name).copied().unwrap_or(0.0)
+    }
+
+    /// Cumulative buckets of histogram `name` as (upper bound, count), +Inf last.
+    fn buckets(&self, name: &str) -> Vec<(f64, f64)> {
+        let prefix = format!("{name}_bucket{{le=\"");
+        let mut out: Vec<(f64, f64)> = self
+            .values
+            .iter()
+            .filter_map(|(k, v)| {
+                let le = k.strip_prefix(&prefix)?.strip_suffix("\"}")?;
+                let bound = if le == "+Inf" {
+                    f64::INFINITY
+                } else {
+                    le.parse().ok()?
+                };
+                Some((bound, *v))
+            })
+            .collect();
+        out.sort_by(|a, b| a.0.total_cmp(&b.0));
+        out
+    }
+}
+
+/// The `q`-quantile of the observations a histogram gained between two
+/// scrapes, interpolated linearly inside its bucket (as Prometheus'
+/// `histogram_quantile` does).
+fn histogram_quantile(before: &Scrape, after: &Scrape, name: &str, q: f64) -> Option<f64> {
+    let b0 = before.buckets(name);
+    let b1 = after.buckets(name);
+    let delta: Vec<(f64, f64)> = b1
+        .iter()
+        .map(|(le, c)| {
+            let prev = b0.iter().find(|(l, _)| l == le).map_or(0.0, |(_, c0)| *c0);
+            (*le, c - prev)
+        })
+        .collect();
+    let total = delta.last()?.1;
+    if total <= 0.0 {
+        return None;
+    }
+    let rank = q * total;
+    let mut lower = (0.0, 0.0);
+    for (le, count) in delta {
+        if count >= rank {
+            if le.is_infinite() {
+                return Some(lower.0);
+            }
+            let width = count - lower.1;
+            let frac = if width > 0.0 {
+                (rank - lower.1) / width
+            } else {
+                1.0
+            };
+            return Some(lower.0 + (le - lower.0) * frac);
+        }
+        lower = (le, count);
+    }
+    None
+}
+
+// ---------------------------------------------------------------- server
+
+/// A `warden` process on its own fresh database.
+struct Server {
+    child: Child,
+    base: String,
+    db_name: String,
+    db_url: String,
+    workspaces: PathBuf,
+}
+
+async fn create_database(admin: &PgPool, name: &str) -> BenchResult<()> {
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "DROP DATABASE IF EXISTS {name} WITH (FORCE)"
+    )))
+    .execute(admin)
+    .await?;
+    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
+        .execute(admin)
+        .await?;
+    Ok(())
+}
+
+fn database_url(admin_url: &str, name: &str) -> String {
+    match admin_url.rsplit_once('/') {
+        Some((server, _)) => format!("{server}/{name}"),
+        None => format!("{admin_url}/{name}"),
+    }
+}
+
+fn free_port() -> BenchResult<u16> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+    Ok(listener.local_addr()?.port())
+}
+
+impl Server {
+    async fn start(opts: &Options, admin: &PgPool, phase: &str) -> BenchResult<Server> {
+        let db_name = format!("warden_bench_{}_{phase}", std::process::id());
+        create_database(admin, &db_name).await?;
+        let db_url = database_url(&opts.admin_url, &db_name);
+        let port = free_port()?;
+        let workspaces = std::env::temp_dir().join(&db_name);
+        std::fs::create_dir_all(&workspaces)?;
+        let child = Command::new(&opts.warden)
+            .env("DATABASE_URL", &db_url)
+            .env("WARDEN_LISTEN_ADDR", format!("127.0.0.1:{port}"))
+            .env("WARDEN_WORKSPACE_ROOT", &workspaces)
+            // Benchmark sessions run unattended far past the gate's
+            // "100 steps without a person" default.
+            .env("WARDEN_GATE_STEP_LIMIT", "1000000")
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()?;
+        let server = Server {
+            child,
+            base: format!("http://127.0.0.1:{port}"),
+            db_name,
+            db_url,
+            workspaces,
+        };
+        let client = reqwest::Client::new();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let ready = client
+                .get(format!("{}/readyz", server.base))
+                .send()
+                .await
+                .is_ok_and(|r| r.status().is_success());
+            if ready {
+                return Ok(server);
+            }
+            if Instant::now() > deadline {
+                return Err("warden did not become ready within 30 s".into());
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Resident set size of the server process, from /proc (Linux).
+    fn rss_bytes(&self) -> Option<u64> {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid())).ok()?;
+        let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+        let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+        Some(kb * 1024)
+    }
+
+    async fn scrape(&self, client: &reqwest::Client) -> BenchResult<Scrape> {
+        let text = client
+            .get(format!("{}/metrics", self.base))
+            .send()
+            .await?
+            .error_for_status()?
+            .text()
+            .await?;
+        Ok(Scrape::parse(&text))
+    }
+
+    async fn stop(mut self, admin: &PgPool) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "DROP DATABASE IF EXISTS {} WITH (FORCE)",
+            self.db_name
+        )))
+        .execute(admin)
+        .await;
+        let _ = std::fs::remove_dir_all(&self.workspaces);
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+    }
+}
+
+// ---------------------------------------------------------------- sessions
+
+/// A scripted session cycling through distinct steps of `delay_ms` each.
+fn cycling_session(delay_ms: u64) -> Value {
+    let steps: Vec<Value> = (1..=CYCLE)
+        .map(|part| {
+            json!({ "action": "write_part", "arguments": { "part": part }, "tokens": 1,
+                    "output": format!("part {part} of report.md written"), "delay_ms": delay_ms })
+        })
+        .collect();
+    json!({
+        "goal": "Write the 32 parts of report.md",
+        "mode": "fixed",
+        "limits": { "max_iterations": 1_000_000, "max_tokens": 10_000_000_000u64,
+                    "max_wall_time_ms": 86_400_000 },
+        "executor": { "kind": "scripted", "repeat": true, "steps": steps }
+    })
+}
+
+/// A session whose first step takes ten minutes: always one step in flight.
+fn long_step_session() -> Value {
+    json!({
+        "goal": "Write report.md",
+        "mode": "fixed",
+        "executor": { "kind": "scripted", "steps": [
+            { "action": "write_file", "arguments": { "path": "report.md" }, "tokens": 1,
+              "output": "written", "delay_ms": 600_000 } ] }
+    })
+}
+
+async fn create_sessions(
+    client: &reqwest::Client,
+    base: &str,
+    n: usize,
+    body: &Value,
+) -> BenchResult<Vec<String>> {
+    let url = format!("{base}/api/autonomous");
+    let results: Vec<BenchResult<String>> = stream::iter(0..n)
+        .map(|_| {
+            let (client, url) = (client.clone(), url.clone());
+            async move {
+                let res = client.post(&url).json(body).send().await?;
+                let status = res.status();
+                let created: Value = res.json().await?;
+                if !status.is_success() || created["status"] != "running" {
+                    return Err(format!("create answered {status}: {created}").into());
+                }
+                Ok(created["id"].as_str().unwrap_or_default().to_string())
+            }
+        })
+        .buffer_unordered(32)
+        .collect()
+        .await;
+    results.into_iter().collect()
+}
+
+/// Requests `path_for(i)` at a steady rate for `window`, whatever the
+/// answers' latency (an open loop), and returns each request's latency.
+async fn steady_get(
+    client: &reqwest::Client,
+    rate_per_s: u32,
+    window: Duration,
+    url_for: impl Fn(usize) -> String,
+) -> Vec<Duration> {
+    let period = Duration::from_secs_f64(1.0 / f64::from(rate_per_s.max(1)));
+    let mut tick = tokio::time::interval(period);
+    let end = Instant::now() + window;
+    let mut tasks = Vec::new();
+    let mut i = 0usize;
+    while Instant::now() < end {
+        tick.tick().await;
+        let (client, url) = (client.clone(), url_for(i));
+        i += 1;
+        tasks.push(tokio::spawn(async move {
+            let t = Instant::now();
+            let ok = client
+                .get(url)
+                .send()
+                .await
+                .is_ok_and(|r| r.status().is_success());
+            ok.then(|| t.elapsed())
+        }));
+    }
+    let mut out = Vec::new();
+    for task in tasks {
+        if let Ok(Some(d)) = task.await {
+            out.push(d);
+        }
+    }
+    out
+}
+
+/// The same, for a raw query on the benchmark's own pool.
+async fn steady_query(
+    pool: &PgPool,
+    rate_per_s: u32,
+    window: Duration,
+    sql: &'static str,
+    ids: Arc<Vec<uuid::Uuid>>,
+) -> Vec<Duration> {
+    let period = Duration::from_secs_f64(1.0 / f64::from(rate_per_s.max(1)));
+    let mut tick = tokio::time::interval(period);
+    let end = Instant::now() + window;
+    let mut tasks = Vec::new();
+    let mut i = 0usize;
+    while Instant::now() < end {
+        tick.tick().await;
+        let pool = pool.clone();
+        let id = ids[i % ids.len().max(1)];
+        i += 1;
+        tasks.push(tokio::spawn(async move {
+            let t = Instant::now();
+            let q = sqlx::query(sql);
+            let q = if sql.contains("$1") { q.bind(id) } else { q };
+            q.fetch_all(&pool).await.ok().map(|_| t.elapsed())
+        }));
+    }
+    let mut out = Vec::new();
+    for task in tasks {
+        if let Ok(Some(d)) = task.await {
+            out.push(d);
+        }
+    }
+    out
+}
+
+// ---------------------------------------------------------------- raw Postgres
+
+/// Single-row insert-and-update transactions by `concurrency` tasks sharing
+/// a pool of `POOL` connections for `window`: transactions per second and
+/// each transaction's latency.
+async fn raw_write(
+    admin_url: &str,
+    admin: &PgPool,
+    concurrency: usize,
+    window: Duration,
+) -> BenchResult<(f64, Vec<Duration>)> {
+    let name = format!("warden_bench_{}_raw", std::process::id());
+    create_database(admin, &name).await?;
+    let pool = PgPoolOptions::new()
+        .max_connections(POOL)
+        .connect(&database_url(admin_url, &name))
+        .await?;
+    sqlx::query("CREATE TABLE counters (id bigint PRIMARY KEY, n bigint NOT NULL)")
+        .execute(&pool)
+        .await?;
+    sqlx::query(
+        "CREATE TABLE rows (owner bigint NOT NULL, n bigint NOT NULL, record jsonb NOT NULL,
+                            created_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (owner, n))",
+    )
+    .execute(&pool)
+    .await?;
+    sqlx::query("INSERT INTO counters SELECT g, 0 FROM generate_series(1, $1) g")
+        .bind(concurrency as i64)
+        .execute(&pool)
+        .await?;
+    let record = json!({ "action": "write_part", "arguments": { "part": 1 }, "outcome": "success",
+                         "observation": "part 1 of report.md written", "tokens": 1 });
+    let end = Instant::now() + window;
+    let started = Instant::now();
+    let tasks: Vec<_> = (1..=concurrency as i64)
+        .map(|owner| {
+            let (pool, record) = (pool.clone(), record.clone());
+            tokio::spawn(async move {
+                let mut latencies = Vec::new();
+                while Instant::now() < end {
+                    let t = Instant::now();
+                    let one = async {
+                        let mut tx = pool.begin().await?;
+                        let n: i64 = sqlx::query_scalar(
+                            "UPDATE counters SET n = n + 1 WHERE id = $1 RETURNING n",
+                        )
+                        .bind(owner)
+                        .fetch_one(&mut *tx)
+                        .await?;
+                        sqlx::query("INSERT INTO rows (owner, n, record) VALUES ($1, $2, $3)")
+                            .bind(owner)
+                            .bind(n)
+                            .bind(&record)
+                            .execute(&mut *tx)
+                            .await?;
+                        tx.commit().await
+                    };
+                    if one.await.is_ok() {
+                        latencies.push(t.elapsed());
+                    }
+                }
+                latencies
+            })
+        })
+        .collect();
+    let mut all = Vec::new();
+    for task in tasks {
+        all.extend(task.await.unwrap_or_default());
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    pool.close().await;
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "DROP DATABASE IF EXISTS {name} WITH (FORCE)"
+    )))
+    .execute(admin)
+    .await?;
+    Ok((all.len() as f64 / elapsed, all))
+}
+
+// ---------------------------------------------------------------- report
+
+struct Row {
+    what: String,
+    ours: String,
+    raw: String,
+    ratio: String,
+    target: String,
+}
+
+fn row(what: impl Into<String>, ours: String, raw: String, ratio: String, target: &str) -> Row {
+    Row {
+        what: what.into(),
+        ours,
+        raw,
+        ratio,
+        target: target.into(),
+    }
+}
+
+async fn machine(admin: &PgPool) -> String {
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|c| {
+            c.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split_once(':'))
+                .map(|(_, v)| v.trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown CPU".into());
+    let version: String = sqlx::query_scalar("SHOW server_version")
+        .fetch_one(admin)
+        .await
+        .unwrap_or_default();
+    let sync: String = sqlx::query_scalar("SHOW synchronous_commit")
+        .fetch_one(admin)
+        .await
+        .unwrap_or_default();
+    let fsync: String = sqlx::query_scalar("SHOW fsync")
+        .fetch_one(admin)
+        .await
+        .unwrap_or_default();
+    format!(
+        "{cores} cores ({cpu}); PostgreSQL {version} on the same machine, fsync={fsync}, synchronous_commit={sync}; Warden pool {POOL} connections"
+    )
+}
+
+#[tokio::main]
+async fn main() {
+    if let Err(err) = run().await {
+        eprintln!("warden-bench: {err}");
+        std::process::exit(1);
+    }
+}
+
+async fn run() -> BenchResult<()> {
+    let opts = parse_args()?;
+    let scale = opts.scale.clone();
+    let admin = PgPoolOptions::new()
+        .max_connections(2)
+        .connect(&opts.admin_url)
+        .await
+        .map_err(|e| format!("cannot reach Postgres at {}: {e}", opts.admin_url))?;
+    let client = reqwest::Client::builder()
+        .pool_max_idle_per_host(256)
+        .timeout(Duration::from_secs(120))
+        .build()?;
+    let machine = machine(&admin).await;
+    eprintln!("warden-bench: {machine}");
+    let mut rows = Vec::new();
+
+    // 1. Durable iterations per second, supervisor overhead, and status
+    //    latency at the largest size.
+    let largest = scale.throughput_sessions.iter().copied().max().unwrap_or(1);
+    for &n in &scale.throughput_sessions {
+        eprintln!("warden-bench: throughput with {n} sessions");
+        let (raw_rate, mut raw_lat) = raw_write(&opts.admin_url, &admin, n, scale.window).await?;
+        let server = Server::start(&opts, &admin, &format!("t{n}")).await?;
+        let ids = create_sessions(&client, &server.base, n, &cycling_session(0)).await?;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let before = server.scrape(&client).await?;
+        let t0 = Instant::now();
+        tokio::time::sleep(scale.window).await;
+        let after = server.scrape(&client).await?;
+        let elapsed = t0.elapsed().as_secs_f64();
+        let rate = (after.get("warden_iterations_total") - before.get("warden_iterations_total"))
+            / elapsed;
+        let running = after.get("warden_sessions{status=\"running\"}");
+        if running < n as f64 {
+            eprintln!("warden-bench: warning: only {running} of {n} sessions were still running");
+        }
+        rows.push(row(
+            format!("durable iterations/s, {n} session(s)"),
+            format!("{rate:.0}"),
+            format!("{raw_rate:.0} tx/s"),
+            ratio(Some(rate), Some(raw_rate)),
+            if n == 1_000 { "≥ 3,000" } else { "" },
+        ));
+        let name = "warden_iteration_overhead_seconds";
+        let raw_p50 = secs(quantile(&mut raw_lat, 0.5));
+        let raw_p99 = secs(quantile(&mut raw_lat, 0.99));
+        for (q, raw, label, target) in [(0.5, raw_p50, "p50", ""), (0.99, raw_p99, "p99", "< 1 ms")]
+        {
+            let ours = histogram_quantile(&before, &after, name, q);
+            rows.push(row(
+                format!("supervisor overhead per iteration {label}, {n} session(s)"),
+                ms(ours.map(Duration::from_secs_f64)),
+                format!("{} per tx", ms(raw.map(Duration::from_secs_f64))),
+                ratio(ours, raw),
+                target,
+            ));
+        }
+
+        if n == largest {
+            eprintln!("warden-bench: status and list latency with {n} sessions running");
+            let reader = PgPoolOptions::new()
+                .max_connections(4)
+                .connect(&server.db_url)
+                .await?;
+            let uuids: Arc<Vec<uuid::Uuid>> =
+                Arc::new(ids.iter().filter_map(|i| i.parse().ok()).collect());
+            let base = server.base.clone();
+            let ids_for_get = ids.clone();
+            let rate = scale.status_rate_per_s;
+            let (mut get, mut list, mut raw_get, mut raw_list) = tokio::join!(
+                steady_get(&client, rate, scale.window, |i| format!(
+                    "{base}/api/autonomous/{}",
+                    ids_for_get[i % ids_for_get.len()]
+                )),
+                steady_get(&client, (rate / 5).max(1), scale.window, |_| format!(
+                    "{base}/api/autonomous?limit=50"
+                )),
+                steady_query(
+                    &reader,
+                    rate,
+                    scale.window,
+                    "SELECT * FROM sessions WHERE id = $1",
+                    uuids.clone()
+                ),
+                steady_query(
+                    &reader,
+                    (rate / 5).max(1),
+                    scale.window,
+                    "SELECT * FROM sessions ORDER BY created_at DESC, id DESC LIMIT 50",
+                    uuids.clone()
+                ),
+            );
+            reader.close().await;
+            let get_p99 = quantile(&mut get, 0.99);
+            let raw_get_p99 = quantile(&mut raw_get, 0.99);
+            rows.push(row(
+                format!("GET /api/autonomous/{{id}} p99 at {rate}/s, {n} running"),
+                ms(get_p99),
+                format!("{} (SELECT by id)", ms(raw_get_p99)),
+                ratio(secs(get_p99), secs(raw_get_p99)),
+                "< 10 ms",
+            ));
+            let list_p99 = quantile(&mut list, 0.99);
+            let raw_list_p99 = quantile(&mut raw_list, 0.99);
+            rows.push(row(
+                format!(
+                    "GET /api/autonomous?limit=50 p99 at {}/s, {n} running",
+                    (rate / 5).max(1)
+                ),
+                ms(list_p99),
+                format!("{} (SELECT 50 rows)", ms(raw_list_p99)),
+                ratio(secs(list_p99), secs(raw_list_p99)),
+                "< 10 ms",
+            ));
+        }
+        server.stop(&admin).await;
+    }
+
+    // 2. Stop latency with every session in the middle of a step.
+    let n = scale.stop_sessions;
+    eprintln!("warden-bench: stop latency with {n} sessions, one step in flight each");
+    let (_, mut raw_lat) = raw_write(&opts.admin_url, &admin, 4, Duration::from_secs(2)).await?;
+    let server = Server::start(&opts, &admin, "stop").await?;
+    let ids = create_sessions(&client, &server.base, n, &long_step_session()).await?;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let base = server.base.clone();
+    let results: Vec<Option<Duration>> = stream::iter(ids)
+        .map(|id| {
+            let (client, url) = (client.clone(), format!("{base}/api/autonomous/{id}/stop"));
+            async move {
+                let t = Instant::now();
+                let res = client.post(url).send().await.ok()?;
+                let body: Value = res.json().await.ok()?;
+                (body["status"] == "interrupted").then(|| t.elapsed())
+            }
+        })
+        .buffer_unordered(4)
+        .collect()
+        .await;
+    let failed = results.iter().filter(|r| r.is_none()).count();
+    if failed > 0 {
+        eprintln!("warden-bench: warning: {failed} stops did not answer `interrupted`");
+    }
+    let mut stops: Vec<Duration> = results.into_iter().flatten().collect();
+    server.stop(&admin).await;
+    let raw_p50 = quantile(&mut raw_lat, 0.5);
+    let raw_p99 = quantile(&mut raw_lat, 0.99);
+    for (q, raw, label, target) in [(0.5, raw_p50, "p50", ""), (0.99, raw_p99, "p99", "< 50 ms")] {
+        let ours = quantile(&mut stops, q);
+        rows.push(row(
+            format!("stop → interrupted persisted {label}, {n} running"),
+            ms(ours),
+            format!("{} per tx", ms(raw)),
+            ratio(secs(ours), secs(raw)),
+            target,
+        ));
+    }
+
+    // 3. Memory per session whose steps wait one second.
+    let n = scale.memory_sessions;
+    eprintln!("warden-bench: resident memory with {n} sessions whose steps wait 1 s");
+    let server = Server::start(&opts, &admin, "mem").await?;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let rss0 = server.rss_bytes();
+    let created = Instant::now();
+    create_sessions(&client, &server.base, n, &cycling_session(1_000)).await?;
+    let create_rate = n as f64 / created.elapsed().as_secs_f64();
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let before = server.scrape(&client).await?;
+    let t0 = Instant::now();
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let rss1 = server.rss_bytes();
+    let after = server.scrape(&client).await?;
+    let rate = (after.get("warden_iterations_total") - before.get("warden_iterations_total"))
+        / t0.elapsed().as_secs_f64();
+    server.stop(&admin).await;
+    let per_session = match (rss0, rss1) {
+        (Some(a), Some(b)) => format!("{:.1} KB", b.saturating_sub(a) as f64 / n as f64 / 1024.0),
+        _ => "— (no /proc)".into(),
+    };
+    rows.push(row(
+        format!("resident memory per waiting session, {n} sessions"),
+        per_session,
+        format!(
+            "base {:.1} MB → {:.1} MB",
+            rss0.unwrap_or(0) as f64 / 1_048_576.0,
+            rss1.unwrap_or(0) as f64 / 1_048_576.0
+        ),
+        "—".into(),
+        "≤ 100 KB",
+    ));
+    rows.push(row(
+        format!("  meanwhile: iterations/s of those {n} sessions; creates/s"),
+        format!("{rate:.0}; {create_rate:.0}"),
+        format!("demand {n}/s"),
+        "—".into(),
+        "",
+    ));
+
+    println!("Machine: {machine}\n");
+    println!("| measurement | Warden | raw Postgres, same pattern | ratio | target |");
+    println!("|---|---:|---:|---:|---|");
+    for r in rows {
+        println!(
+            "| {} | {} | {} | {} | {} |",
+            r.what, r.ours, r.raw, r.ratio, r.target
+        );
+    }
+    admin.close().await;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nearest_rank_quantiles() {
+        let mut v: Vec<Duration> = (1..=100).map(Duration::from_millis).collect();
+        assert_eq!(quantile(&mut v, 0.5), Some(Duration::from_millis(50)));
+        assert_eq!(quantile(&mut v, 0.99), Some(Duration::from_millis(99)));
+        assert_eq!(quantile(&mut v, 1.0), Some(Duration::from_millis(100)));
+        assert_eq!(quantile(&mut [], 0.5), None);
+    }
+
+    #[test]
+    fn histogram_quantile_interpolates_inside_the_bucket() {
+        let before = Scrape::parse(
+            "h_bucket{le=\"0.001\"} 10\nh_bucket{le=\"0.002\"} 10\nh_bucket{le=\"+Inf\"} 10\n",
+        );
+        let after = Scrape::parse(
+            "h_bucket{le=\"0.001\"} 60\nh_bucket{le=\"0.002\"} 110\nh_bucket{le=\"+Inf\"} 110\n",
+        );
+        // 100 new observations: 50 ≤ 1 ms, 50 in (1, 2] ms.
+        let p50 = histogram_quantile(&before, &after, "h", 0.5).unwrap_or(f64::NAN);
+        assert!((p50 - 0.001).abs() < 1e-12, "{p50}");
+        let p99 = histogram_quantile(&before, &after, "h", 0.99).unwrap_or(f64::NAN);
+        assert!((p99 - 0.00198).abs() < 1e-9, "{p99}");
+        assert_eq!(histogram_quantile(&after, &after, "h", 0.5), None);
+    }
+
+    #[test]
+    fn database_url_swaps_the_database() {
+        assert_eq!(
+            database_url("postgres://postgres@127.0.0.1:5432/postgres", "x"),
+            "postgres://postgres@127.0.0.1:5432/x"
+        );
+    }
+}

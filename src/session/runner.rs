@@ -639,10 +639,10 @@ impl Runner {
         self.store
             .commit_iteration(
                 &self.lease,
-                &iteration,
+                iteration,
                 Counters::from_usage(&usage, self.state.reflection.tokens),
                 (effects.percent_complete, eta),
-                &events,
+                events,
             )
             .await
     }

@@ -3,11 +3,13 @@
 
 use chrono::{DateTime, Utc};
 use serde_json::Value;
+use sqlx::postgres::PgRow;
 use sqlx::types::Json;
 use sqlx::{PgConnection, Row};
 use uuid::Uuid;
 
 use super::events::{self, NewEvent};
+use super::group_commit::PendingCommit;
 use super::leases::Lease;
 use super::sessions::{ControlFlags, Counters, SessionSettings};
 use super::{Result, Store, StoreError};
@@ -104,20 +106,24 @@ async fn fenced_update(
     .fetch_optional(&mut *conn)
     .await?
     .ok_or(StoreError::LeaseLost(lease.session_id))?;
+    Ok((row.try_get(0)?, control_flags(lease.session_id, &row)?))
+}
+
+/// The control flags in a row returned by a fenced update of `session_id`.
+pub(super) fn control_flags(session_id: Uuid, row: &PgRow) -> Result<ControlFlags> {
     let mode: String = row.try_get("mode")?;
     let limits: Json<Limits> = row.try_get("limits")?;
-    let flags = ControlFlags {
+    Ok(ControlFlags {
         stop_requested: row.try_get("stop_requested")?,
         pause_requested: row.try_get("pause_requested")?,
         settings: SessionSettings {
             mode: Mode::parse(&mode).ok_or_else(|| StoreError::Corrupt {
-                id: lease.session_id,
+                id: session_id,
                 detail: format!("mode {mode}"),
             })?,
             limits: limits.0,
         },
-    };
-    Ok((row.try_get(0)?, flags))
+    })
 }
 
 pub(super) async fn insert_checkpoint(
@@ -140,64 +146,26 @@ pub(super) async fn insert_checkpoint(
 }
 
 impl Store {
-    /// Commits one iteration with the session's counters and events in one
-    /// transaction, and returns the control flags as they are now.
+    /// Commits one iteration with the session's counters and events, and
+    /// returns the control flags as they are now. Returns once the iteration
+    /// is durable; iterations of other sessions finishing at the same moment
+    /// share its transaction (see `group_commit`).
     pub async fn commit_iteration(
         &self,
         lease: &Lease,
-        iteration: &NewIteration,
+        iteration: NewIteration,
         counters: Counters,
         progress: (Option<f64>, Option<f64>),
-        events: &[NewEvent],
+        events: Vec<NewEvent>,
     ) -> Result<ControlFlags> {
-        let mut tx = self.pool.begin().await?;
-        let (last_seq, flags) = fenced_update(&mut tx, lease, events.len()).await?;
-        sqlx::query(
-            "INSERT INTO iterations (session_id, number, run, action, outcome, tokens, duration_ms, record, effects, started_at, finished_at, transcript, cycle)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)",
-        )
-        .bind(lease.session_id)
-        .bind(iteration.number)
-        .bind(iteration.run)
-        .bind(&iteration.action)
-        .bind(iteration.outcome)
-        .bind(iteration.tokens)
-        .bind(iteration.duration_ms)
-        .bind(&iteration.record)
-        .bind(&iteration.effects)
-        .bind(iteration.started_at)
-        .bind(iteration.finished_at)
-        .bind(&iteration.transcript)
-        .bind(iteration.cycle)
-        .execute(&mut *tx)
-        .await?;
-        if let Some((cycle, memory)) = &iteration.next_cycle {
-            sqlx::query("UPDATE sessions SET cycle = $2, memory = $3 WHERE id = $1")
-                .bind(lease.session_id)
-                .bind(cycle)
-                .bind(memory)
-                .execute(&mut *tx)
-                .await?;
-        }
-        sqlx::query(
-            "UPDATE sessions SET iterations = $2, tokens_used = $3, tool_calls = $4,
-                    consecutive_errors = $5, elapsed_ms = $6, percent_complete = $7, eta_seconds = $8,
-                    reflection_tokens = $9, agent_tokens = $3 - $9, guidance = NULL
-             WHERE id = $1",
-        )
-        .bind(lease.session_id)
-        .bind(counters.iterations)
-        .bind(counters.tokens_used)
-        .bind(counters.tool_calls)
-        .bind(counters.consecutive_errors)
-        .bind(counters.elapsed_ms)
-        .bind(progress.0)
-        .bind(progress.1)
-        .bind(counters.reflection_tokens)
-        .execute(&mut *tx)
-        .await?;
-        events::insert_numbered(&mut tx, lease.session_id, last_seq, events).await?;
-        tx.commit().await?;
+        let pending = PendingCommit {
+            lease: *lease,
+            iteration,
+            counters,
+            progress,
+            events,
+        };
+        let flags = self.group_commit().commit(pending).await?;
         self.announce(lease.session_id);
         Ok(flags)
     }

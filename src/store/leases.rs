@@ -51,9 +51,15 @@ impl Store {
         let ids: Vec<Uuid> = leases.iter().map(|l| l.session_id).collect();
         let tokens: Vec<Uuid> = leases.iter().map(|l| l.token).collect();
         let rows = sqlx::query(
-            "UPDATE sessions s SET lease_expires_at = now() + make_interval(secs => $3), heartbeat_at = now()
-             FROM UNNEST($1::uuid[], $2::uuid[]) AS t(id, token)
-             WHERE s.id = t.id AND s.lease_token = t.token AND s.status = 'running'
+            // Rows are locked in id order, as group commits lock them, so a
+            // renewal and a group commit never wait on each other in a cycle.
+            "WITH locked AS (
+                 SELECT s.id FROM sessions s JOIN UNNEST($1::uuid[], $2::uuid[]) AS t(id, token)
+                     ON s.id = t.id AND s.lease_token = t.token
+                 WHERE s.status = 'running' ORDER BY s.id FOR UPDATE OF s)
+             UPDATE sessions s SET lease_expires_at = now() + make_interval(secs => $3), heartbeat_at = now()
+             FROM locked l, UNNEST($1::uuid[], $2::uuid[]) AS t(id, token)
+             WHERE s.id = l.id AND s.id = t.id AND s.lease_token = t.token AND s.status = 'running'
              RETURNING s.id, s.stop_requested, s.pause_requested",
         )
         .bind(&ids)

@@ -3,6 +3,7 @@
 //! session is fenced by the lease token of the replica that runs it.
 
 mod events;
+mod group_commit;
 mod iterations;
 mod journal;
 mod leases;
@@ -23,6 +24,9 @@ pub use sessions::{
 };
 pub use tasks::{TASK_STATUSES, Task, TaskWrite};
 
+use std::sync::{Arc, OnceLock};
+
+use group_commit::GroupCommit;
 use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
 use uuid::Uuid;
@@ -39,6 +43,9 @@ pub enum StoreError {
     /// The writer no longer holds the session's lease; nothing was written.
     #[error("lease on session {0} is no longer held by this replica")]
     LeaseLost(Uuid),
+    /// The iteration committer stopped (the runtime is shutting down).
+    #[error("the iteration committer has stopped")]
+    CommitterGone,
     /// A stored value could not be decoded.
     #[error("stored data for session {id} is invalid: {detail}")]
     Corrupt {
@@ -60,6 +67,8 @@ pub struct Store {
     /// wake on it and read the new events from Postgres. A lagging or absent
     /// listener never slows a writer.
     appended: tokio::sync::broadcast::Sender<Uuid>,
+    /// The iteration committer, started on first use (it needs a runtime).
+    committer: Arc<OnceLock<GroupCommit>>,
 }
 
 fn announcer() -> tokio::sync::broadcast::Sender<Uuid> {
@@ -82,6 +91,23 @@ impl Store {
         Store {
             pool,
             appended: announcer(),
+            committer: Arc::new(OnceLock::new()),
+        }
+    }
+
+    fn group_commit(&self) -> &GroupCommit {
+        self.committer
+            .get_or_init(|| GroupCommit::start(self.pool.clone()))
+    }
+
+    /// A store over another pool of the same database that shares this
+    /// one's announcements, so streams served from one see appends made
+    /// through the other.
+    pub fn sibling(&self, pool: PgPool) -> Store {
+        Store {
+            pool,
+            appended: self.appended.clone(),
+            committer: Arc::new(OnceLock::new()),
         }
     }
 

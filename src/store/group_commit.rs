@@ -1,0 +1,358 @@
+//! Group commit: the iterations that sessions finish at about the same time
+//! are committed together, in one statement and one transaction.
+//!
+//! Each session still waits for its own iteration to be committed before it
+//! starts the next one; grouping only shares the round trip, the plan and
+//! the WAL flush among the sessions that are waiting at the same moment. A
+//! lone session commits alone and waits no longer than it would without
+//! grouping. When a group fails, its members are committed one by one, so
+//! one bad iteration cannot fail another session's.
+
+use std::sync::Arc;
+
+use chrono::{DateTime, Utc};
+use serde_json::Value;
+use sqlx::postgres::PgRow;
+use sqlx::{PgPool, Row};
+use tokio::sync::{Semaphore, mpsc, oneshot};
+use uuid::Uuid;
+
+use super::events::NewEvent;
+use super::iterations::{NewIteration, control_flags};
+use super::leases::Lease;
+use super::sessions::{ControlFlags, Counters};
+use super::{Result, StoreError};
+
+/// Most iterations in one group: keeps one statement's work (and the time the
+/// last member waits for the first) bounded.
+const MAX_GROUP: usize = 128;
+/// Groups being committed at once. While they are in flight the next group
+/// gathers; the rest of the pool stays free for the API and the leases.
+const IN_FLIGHT: usize = 4;
+
+/// One iteration waiting to be committed.
+#[derive(Debug)]
+pub(super) struct PendingCommit {
+    pub lease: Lease,
+    pub iteration: NewIteration,
+    pub counters: Counters,
+    pub progress: (Option<f64>, Option<f64>),
+    pub events: Vec<NewEvent>,
+}
+
+type Reply = oneshot::Sender<Result<ControlFlags>>;
+
+/// The queue in front of the committer task.
+#[derive(Debug, Clone)]
+pub(super) struct GroupCommit {
+    queue: mpsc::UnboundedSender<(PendingCommit, Reply)>,
+}
+
+impl GroupCommit {
+    /// Starts the committer task on the current runtime.
+    pub fn start(pool: PgPool) -> GroupCommit {
+        // Unbounded is bounded in practice: a session has at most one
+        // iteration waiting, so the queue never holds more than the sessions.
+        let (queue, rx) = mpsc::unbounded_channel();
+        tokio::spawn(run(pool, rx));
+        GroupCommit { queue }
+    }
+
+    /// Commits `pending` with whatever else is waiting; resolves once it is durable.
+    pub async fn commit(&self, pending: PendingCommit) -> Result<ControlFlags> {
+        let (reply, answer) = oneshot::channel();
+        self.queue
+            .send((pending, reply))
+            .map_err(|_| StoreError::CommitterGone)?;
+        answer.await.map_err(|_| StoreError::CommitterGone)?
+    }
+}
+
+async fn run(pool: PgPool, mut rx: mpsc::UnboundedReceiver<(PendingCommit, Reply)>) {
+    let in_flight = Arc::new(Semaphore::new(IN_FLIGHT));
+    loop {
+        // Wait for a free slot first: whatever arrives meanwhile joins the group.
+        let Ok(slot) = in_flight.clone().acquire_owned().await else {
+            return;
+        };
+        let Some(first) = rx.recv().await else {
+            return;
+        };
+        let mut group = vec![first];
+        while group.len() < MAX_GROUP {
+            match rx.try_recv() {
+                Ok(next) => group.push(next),
+                Err(_) => break,
+            }
+        }
+        let pool = pool.clone();
+        tokio::spawn(async move {
+            commit_group(&pool, group).await;
+            drop(slot);
+        });
+    }
+}
+
+async fn commit_group(pool: &PgPool, group: Vec<(PendingCommit, Reply)>) {
+    if group.len() > 1 && distinct_sessions(&group) {
+        let pending: Vec<&PendingCommit> = group.iter().map(|(p, _)| p).collect();
+        match commit_many(pool, &pending).await {
+            Ok(mut committed) => {
+                for (pending, reply) in group {
+                    let id = pending.lease.session_id;
+                    let flags = committed
+                        .remove(&id)
+                        .unwrap_or(Err(StoreError::LeaseLost(id)));
+                    let _ = reply.send(flags);
+                }
+                return;
+            }
+            Err(err) => {
+                tracing::warn!(error = %err, size = group.len(),
+                    "group commit failed; committing its iterations one by one");
+            }
+        }
+    }
+    for (pending, reply) in group {
+        let _ = reply.send(commit_one(pool, &pending).await);
+    }
+}
+
+/// Whether no session appears twice in `group`. A session waits for each
+/// commit before its next, but a runner that lost its lease may still be
+/// finishing a step beside the one that took over; the grouped statement
+/// matches events by session, so such a pair is committed one by one.
+fn distinct_sessions(group: &[(PendingCommit, Reply)]) -> bool {
+    let mut ids: Vec<Uuid> = group.iter().map(|(p, _)| p.lease.session_id).collect();
+    ids.sort_unstable();
+    ids.windows(2).all(|w| w[0] != w[1])
+}
+
+/// One iteration in one statement: the fenced update of the session row
+/// feeds both inserts, which insert nothing when the lease was lost.
+pub(super) async fn commit_one(pool: &PgPool, p: &PendingCommit) -> Result<ControlFlags> {
+    let kinds: Vec<&str> = p.events.iter().map(|e| e.kind).collect();
+    let data: Vec<&Value> = p.events.iter().map(|e| &e.data).collect();
+    let (next_cycle, memory) = match &p.iteration.next_cycle {
+        Some((cycle, memory)) => (Some(*cycle), Some(memory.as_str())),
+        None => (None, None),
+    };
+    let it = &p.iteration;
+    let row = sqlx::query(
+        "WITH s AS (
+             UPDATE sessions SET last_event_seq = last_event_seq + cardinality($3::text[]),
+                    updated_at = now(), iterations = $5, tokens_used = $6, tool_calls = $7,
+                    consecutive_errors = $8, elapsed_ms = $9, percent_complete = $10,
+                    eta_seconds = $11, reflection_tokens = $12, agent_tokens = $6 - $12,
+                    guidance = NULL, cycle = COALESCE($13, cycle), memory = COALESCE($14, memory)
+             WHERE id = $1 AND lease_token = $2 AND status = 'running'
+             RETURNING last_event_seq, stop_requested, pause_requested, mode, limits
+         ), i AS (
+             INSERT INTO iterations (session_id, number, run, action, outcome, tokens, duration_ms,
+                                     record, effects, started_at, finished_at, transcript, cycle)
+             SELECT $1, $15, $16, $17, $18, $19, $20, $21, $22, $23, $24, $25, $26 FROM s
+         ), e AS (
+             INSERT INTO events (session_id, seq, kind, data)
+             SELECT $1, s.last_event_seq - cardinality($3::text[]) + t.ord, t.kind, t.data
+             FROM s, UNNEST($3::text[], $4::jsonb[]) WITH ORDINALITY AS t(kind, data, ord)
+         )
+         SELECT last_event_seq, stop_requested, pause_requested, mode, limits FROM s",
+    )
+    .bind(p.lease.session_id)
+    .bind(p.lease.token)
+    .bind(&kinds)
+    .bind(&data)
+    .bind(p.counters.iterations)
+    .bind(p.counters.tokens_used)
+    .bind(p.counters.tool_calls)
+    .bind(p.counters.consecutive_errors)
+    .bind(p.counters.elapsed_ms)
+    .bind(p.progress.0)
+    .bind(p.progress.1)
+    .bind(p.counters.reflection_tokens)
+    .bind(next_cycle)
+    .bind(memory)
+    .bind(it.number)
+    .bind(it.run)
+    .bind(&it.action)
+    .bind(it.outcome)
+    .bind(it.tokens)
+    .bind(it.duration_ms)
+    .bind(&it.record)
+    .bind(&it.effects)
+    .bind(it.started_at)
+    .bind(it.finished_at)
+    .bind(&it.transcript)
+    .bind(it.cycle)
+    .fetch_optional(pool)
+    .await?
+    .ok_or(StoreError::LeaseLost(p.lease.session_id))?;
+    control_flags(p.lease.session_id, &row)
+}
+
+/// The columns of a group, one array per column (Postgres `UNNEST` input).
+#[derive(Default)]
+struct Columns<'a> {
+    id: Vec<Uuid>,
+    token: Vec<Uuid>,
+    event_count: Vec<i32>,
+    iterations: Vec<i64>,
+    tokens_used: Vec<i64>,
+    tool_calls: Vec<i64>,
+    consecutive_errors: Vec<i32>,
+    elapsed_ms: Vec<i64>,
+    percent: Vec<Option<f64>>,
+    eta: Vec<Option<f64>>,
+    reflection_tokens: Vec<i64>,
+    next_cycle: Vec<Option<i32>>,
+    memory: Vec<Option<&'a str>>,
+    number: Vec<i64>,
+    run: Vec<i32>,
+    action: Vec<&'a str>,
+    outcome: Vec<&'a str>,
+    tokens: Vec<i64>,
+    duration_ms: Vec<i64>,
+    record: Vec<&'a Value>,
+    effects: Vec<&'a Value>,
+    started_at: Vec<DateTime<Utc>>,
+    finished_at: Vec<DateTime<Utc>>,
+    transcript: Vec<Option<&'a Value>>,
+    cycle: Vec<i32>,
+    // Events, flattened: the session each belongs to and its place among them.
+    event_session: Vec<Uuid>,
+    event_ord: Vec<i32>,
+    event_kind: Vec<&'a str>,
+    event_data: Vec<&'a Value>,
+}
+
+impl<'a> Columns<'a> {
+    fn of(group: &[&'a PendingCommit]) -> Columns<'a> {
+        let mut c = Columns::default();
+        for p in group {
+            let it = &p.iteration;
+            c.id.push(p.lease.session_id);
+            c.token.push(p.lease.token);
+            c.event_count
+                .push(i32::try_from(p.events.len()).unwrap_or(i32::MAX));
+            c.iterations.push(p.counters.iterations);
+            c.tokens_used.push(p.counters.tokens_used);
+            c.tool_calls.push(p.counters.tool_calls);
+            c.consecutive_errors.push(p.counters.consecutive_errors);
+            c.elapsed_ms.push(p.counters.elapsed_ms);
+            c.percent.push(p.progress.0);
+            c.eta.push(p.progress.1);
+            c.reflection_tokens.push(p.counters.reflection_tokens);
+            c.next_cycle.push(it.next_cycle.as_ref().map(|(n, _)| *n));
+            c.memory
+                .push(it.next_cycle.as_ref().map(|(_, m)| m.as_str()));
+            c.number.push(it.number);
+            c.run.push(it.run);
+            c.action.push(&it.action);
+            c.outcome.push(it.outcome);
+            c.tokens.push(it.tokens);
+            c.duration_ms.push(it.duration_ms);
+            c.record.push(&it.record);
+            c.effects.push(&it.effects);
+            c.started_at.push(it.started_at);
+            c.finished_at.push(it.finished_at);
+            c.transcript.push(it.transcript.as_ref());
+            c.cycle.push(it.cycle);
+            for (ord, e) in p.events.iter().enumerate() {
+                c.event_session.push(p.lease.session_id);
+                c.event_ord.push(i32::try_from(ord + 1).unwrap_or(i32::MAX));
+                c.event_kind.push(e.kind);
+                c.event_data.push(&e.data);
+            }
+        }
+        c
+    }
+}
+
+/// A whole group in one statement. The session rows are locked in id order
+/// first, so two groups (or a group and the lease renewal) never deadlock.
+/// Returns the control flags of each session whose lease held.
+async fn commit_many(
+    pool: &PgPool,
+    group: &[&PendingCommit],
+) -> Result<std::collections::HashMap<Uuid, Result<ControlFlags>>> {
+    let c = Columns::of(group);
+    let rows: Vec<PgRow> = sqlx::query(
+        "WITH input AS (
+             SELECT * FROM UNNEST($1::uuid[], $2::uuid[], $3::int[], $4::bigint[], $5::bigint[],
+                                  $6::bigint[], $7::int[], $8::bigint[], $9::float8[], $10::float8[],
+                                  $11::bigint[], $12::int[], $13::text[], $14::bigint[], $15::int[],
+                                  $16::text[], $17::text[], $18::bigint[], $19::bigint[], $20::jsonb[],
+                                  $21::jsonb[], $22::timestamptz[], $23::timestamptz[], $24::jsonb[],
+                                  $25::int[])
+                 AS t(id, token, event_count, iterations, tokens_used, tool_calls,
+                      consecutive_errors, elapsed_ms, percent, eta, reflection_tokens, next_cycle,
+                      memory, number, run, action, outcome, tokens, duration_ms, record, effects,
+                      started_at, finished_at, transcript, cycle)
+         ), locked AS (
+             SELECT s.id FROM sessions s JOIN input i ON s.id = i.id AND s.lease_token = i.token
+             WHERE s.status = 'running' ORDER BY s.id FOR UPDATE OF s
+         ), s AS (
+             UPDATE sessions SET last_event_seq = sessions.last_event_seq + i.event_count,
+                    updated_at = now(), iterations = i.iterations, tokens_used = i.tokens_used,
+                    tool_calls = i.tool_calls, consecutive_errors = i.consecutive_errors,
+                    elapsed_ms = i.elapsed_ms, percent_complete = i.percent, eta_seconds = i.eta,
+                    reflection_tokens = i.reflection_tokens,
+                    agent_tokens = i.tokens_used - i.reflection_tokens, guidance = NULL,
+                    cycle = COALESCE(i.next_cycle, sessions.cycle),
+                    memory = COALESCE(i.memory, sessions.memory)
+             FROM input i JOIN locked l ON l.id = i.id
+             WHERE sessions.id = i.id AND sessions.lease_token = i.token AND sessions.status = 'running'
+             RETURNING sessions.id, sessions.last_event_seq, sessions.stop_requested,
+                       sessions.pause_requested, sessions.mode, sessions.limits
+         ), it AS (
+             INSERT INTO iterations (session_id, number, run, action, outcome, tokens, duration_ms,
+                                     record, effects, started_at, finished_at, transcript, cycle)
+             SELECT i.id, i.number, i.run, i.action, i.outcome, i.tokens, i.duration_ms, i.record,
+                    i.effects, i.started_at, i.finished_at, i.transcript, i.cycle
+             FROM input i JOIN s ON s.id = i.id
+         ), ev AS (
+             INSERT INTO events (session_id, seq, kind, data)
+             SELECT e.id, s.last_event_seq - i.event_count + e.ord, e.kind, e.data
+             FROM UNNEST($26::uuid[], $27::int[], $28::text[], $29::jsonb[]) AS e(id, ord, kind, data)
+             JOIN input i ON i.id = e.id JOIN s ON s.id = e.id
+         )
+         SELECT id, last_event_seq, stop_requested, pause_requested, mode, limits FROM s",
+    )
+    .bind(&c.id)
+    .bind(&c.token)
+    .bind(&c.event_count)
+    .bind(&c.iterations)
+    .bind(&c.tokens_used)
+    .bind(&c.tool_calls)
+    .bind(&c.consecutive_errors)
+    .bind(&c.elapsed_ms)
+    .bind(&c.percent)
+    .bind(&c.eta)
+    .bind(&c.reflection_tokens)
+    .bind(&c.next_cycle)
+    .bind(&c.memory)
+    .bind(&c.number)
+    .bind(&c.run)
+    .bind(&c.action)
+    .bind(&c.outcome)
+    .bind(&c.tokens)
+    .bind(&c.duration_ms)
+    .bind(&c.record)
+    .bind(&c.effects)
+    .bind(&c.started_at)
+    .bind(&c.finished_at)
+    .bind(&c.transcript)
+    .bind(&c.cycle)
+    .bind(&c.event_session)
+    .bind(&c.event_ord)
+    .bind(&c.event_kind)
+    .bind(&c.event_data)
+    .fetch_all(pool)
+    .await?;
+    let mut committed = std::collections::HashMap::with_capacity(rows.len());
+    for row in rows {
+        let id: Uuid = row.try_get("id")?;
+        committed.insert(id, control_flags(id, &row));
+    }
+    Ok(committed)
+}

@@ -1,0 +1,271 @@
+//! The store's iteration commits under concurrency: many sessions finishing
+//! steps at once are committed in shared transactions (group commit), and
+//! each still gets exactly its own rows, counters and gap-free events.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::Utc;
+use serde_json::json;
+use sqlx::{PgPool, Row};
+use uuid::Uuid;
+use warden::policy::lifecycle::Mode;
+use warden::store::{Counters, Lease, NewEvent, NewIteration, NewSession, Store, StoreError};
+
+const LEASE_TTL: Duration = Duration::from_secs(60);
+
+/// A running session held by a fresh owner; returns its lease.
+async fn running_session(store: &Store) -> Lease {
+    let config = common::test_config();
+    let new = NewSession {
+        id: Uuid::new_v4(),
+        goal: "count to five".into(),
+        mode: Mode::Fixed,
+        limits: config.defaults.limits_for(Mode::Fixed),
+        executor: json!({"kind": "scripted", "steps": []}),
+        original_goal: None,
+        refinement: None,
+        criteria: Vec::new(),
+        milestones: Vec::new(),
+        refinement_tokens: 0,
+    };
+    let (_, lease) = store
+        .insert_session(&new, Some(Uuid::new_v4()), LEASE_TTL, &[])
+        .await
+        .expect("session inserted");
+    lease.expect("a session with an owner has a lease")
+}
+
+fn iteration(number: i64) -> NewIteration {
+    let now = Utc::now();
+    NewIteration {
+        number,
+        run: 1,
+        action: format!("step-{number}"),
+        outcome: "success",
+        tokens: 10,
+        duration_ms: 0,
+        record: json!({"number": number}),
+        effects: json!({}),
+        transcript: None,
+        cycle: 1,
+        next_cycle: None,
+        started_at: now,
+        finished_at: now,
+    }
+}
+
+fn counters(number: i64) -> Counters {
+    Counters {
+        iterations: number,
+        tokens_used: number * 10,
+        ..Counters::default()
+    }
+}
+
+async fn commit(store: &Store, lease: Lease, number: i64) -> Result<(), StoreError> {
+    let events = vec![
+        NewEvent::new("iteration_started", json!({"number": number})),
+        NewEvent::new("iteration_completed", json!({"number": number})),
+    ];
+    store
+        .commit_iteration(
+            &lease,
+            iteration(number),
+            counters(number),
+            (None, None),
+            events,
+        )
+        .await
+        .map(|_| ())
+}
+
+/// Event sequence numbers of a session, in order.
+async fn event_seqs(pool: &PgPool, id: Uuid) -> Vec<i64> {
+    sqlx::query_scalar("SELECT seq FROM events WHERE session_id = $1 ORDER BY seq")
+        .bind(id)
+        .fetch_all(pool)
+        .await
+        .expect("events read")
+}
+
+#[sqlx::test]
+async fn concurrent_sessions_share_commits_and_keep_their_own_rows(pool: PgPool) {
+    const SESSIONS: usize = 120;
+    const STEPS: i64 = 5;
+    let store = Arc::new(Store::from_pool(pool.clone()));
+    let mut leases = Vec::new();
+    for _ in 0..SESSIONS {
+        leases.push(running_session(&store).await);
+    }
+    // One runner whose lease was taken over: every commit it tries must fail
+    // alone, whatever group it lands in.
+    let stolen = Lease {
+        session_id: leases[0].session_id,
+        token: Uuid::new_v4(),
+    };
+    let events_before = event_seqs(&pool, leases[1].session_id).await.len() as i64;
+
+    let mut tasks = tokio::task::JoinSet::new();
+    for (index, lease) in leases.iter().copied().enumerate() {
+        let store = store.clone();
+        let lease = if index == 0 { stolen } else { lease };
+        tasks.spawn(async move {
+            let mut results = Vec::new();
+            for number in 1..=STEPS {
+                results.push(commit(&store, lease, number).await);
+            }
+            (index, results)
+        });
+    }
+    while let Some(joined) = tasks.join_next().await {
+        let (index, results) = joined.expect("committer task ran");
+        for result in results {
+            match (index, result) {
+                (0, Err(StoreError::LeaseLost(id))) => assert_eq!(id, stolen.session_id),
+                (0, other) => panic!("the stolen lease committed: {other:?}"),
+                (_, Ok(())) => {}
+                (_, Err(err)) => panic!("session {index} failed to commit: {err}"),
+            }
+        }
+    }
+
+    for lease in &leases[1..] {
+        let row = sqlx::query(
+            "SELECT iterations, tokens_used, last_event_seq,
+                    (SELECT array_agg(number ORDER BY number) FROM iterations WHERE session_id = $1) AS numbers
+             FROM sessions WHERE id = $1",
+        )
+        .bind(lease.session_id)
+        .fetch_one(&pool)
+        .await
+        .expect("session read");
+        assert_eq!(row.get::<i64, _>("iterations"), STEPS);
+        assert_eq!(row.get::<i64, _>("tokens_used"), STEPS * 10);
+        assert_eq!(
+            row.get::<Vec<i64>, _>("numbers"),
+            (1..=STEPS).collect::<Vec<_>>()
+        );
+        let seqs = event_seqs(&pool, lease.session_id).await;
+        let expected: Vec<i64> = (1..=events_before + 2 * STEPS).collect();
+        assert_eq!(seqs, expected, "events are gap-free and numbered once");
+        assert_eq!(
+            row.get::<i64, _>("last_event_seq"),
+            *expected.last().unwrap_or(&0)
+        );
+    }
+    let stolen_rows: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM iterations WHERE session_id = $1")
+            .bind(stolen.session_id)
+            .fetch_one(&pool)
+            .await
+            .expect("iterations counted");
+    assert_eq!(stolen_rows, 0, "nothing was written under the stolen lease");
+
+    // Rows written by one transaction share its xmin: fewer transactions than
+    // iterations means commits were shared.
+    let (rows, transactions): (i64, i64) =
+        sqlx::query_as("SELECT count(*), count(DISTINCT xmin::text) FROM iterations")
+            .fetch_one(&pool)
+            .await
+            .expect("transactions counted");
+    assert_eq!(rows, (SESSIONS as i64 - 1) * STEPS);
+    assert!(
+        transactions < rows,
+        "{rows} iterations were committed in {transactions} transactions"
+    );
+}
+
+#[sqlx::test]
+async fn a_failing_iteration_does_not_fail_the_others_in_its_group(pool: PgPool) {
+    const SESSIONS: usize = 40;
+    let store = Arc::new(Store::from_pool(pool.clone()));
+    let mut leases = Vec::new();
+    for _ in 0..SESSIONS {
+        leases.push(running_session(&store).await);
+    }
+    let broken = leases[0];
+    commit(&store, broken, 1)
+        .await
+        .expect("first iteration commits");
+
+    // The broken session commits iteration 1 again (a primary-key violation)
+    // while the others commit theirs.
+    let mut tasks = tokio::task::JoinSet::new();
+    for (index, lease) in leases.iter().copied().enumerate() {
+        let store = store.clone();
+        tasks.spawn(async move { (index, commit(&store, lease, 1).await) });
+    }
+    while let Some(joined) = tasks.join_next().await {
+        let (index, result) = joined.expect("committer task ran");
+        match (index, result) {
+            (0, Err(StoreError::Database(_))) => {}
+            (0, other) => panic!("the duplicate iteration was accepted: {other:?}"),
+            (_, Ok(())) => {}
+            (_, Err(err)) => panic!("session {index} failed beside the broken one: {err}"),
+        }
+    }
+    let seqs = event_seqs(&pool, broken.session_id).await;
+    assert_eq!(
+        seqs.len(),
+        2,
+        "the failed commit appended no events: {seqs:?}"
+    );
+    let committed: i64 = sqlx::query_scalar("SELECT count(*) FROM iterations")
+        .fetch_one(&pool)
+        .await
+        .expect("iterations counted");
+    assert_eq!(committed, SESSIONS as i64);
+}
+
+#[sqlx::test]
+async fn old_and_new_runners_of_one_session_commit_at_once(pool: PgPool) {
+    const SESSIONS: usize = 60;
+    let store = Arc::new(Store::from_pool(pool.clone()));
+    let mut tasks = tokio::task::JoinSet::new();
+    let mut leases = Vec::new();
+    for _ in 0..SESSIONS {
+        let lease = running_session(&store).await;
+        leases.push(lease);
+        // A runner whose lease was taken over finishes a later step, without
+        // events, while the new holder commits its own: both land in the
+        // committer's queue together, often in one group.
+        let stale = Lease {
+            session_id: lease.session_id,
+            token: Uuid::new_v4(),
+        };
+        let current_store = store.clone();
+        tasks.spawn(async move { (true, commit(&current_store, lease, 1).await) });
+        let stale_store = store.clone();
+        tasks.spawn(async move {
+            let no_events = Vec::new();
+            let result = stale_store
+                .commit_iteration(&stale, iteration(2), counters(2), (None, None), no_events)
+                .await
+                .map(|_| ());
+            (false, result)
+        });
+    }
+    while let Some(joined) = tasks.join_next().await {
+        match joined.expect("committer task ran") {
+            (true, result) => result.expect("the lease holder commits"),
+            (false, result) => assert!(
+                matches!(result, Err(StoreError::LeaseLost(_))),
+                "the stale runner committed: {result:?}"
+            ),
+        }
+    }
+    for lease in leases {
+        let numbers: Vec<i64> = sqlx::query_scalar(
+            "SELECT number FROM iterations WHERE session_id = $1 ORDER BY number",
+        )
+        .bind(lease.session_id)
+        .fetch_all(&pool)
+        .await
+        .expect("iterations read");
+        assert_eq!(numbers, vec![1], "only the holder's iteration is stored");
+        assert_eq!(event_seqs(&pool, lease.session_id).await, vec![1, 2]);
+    }
+}

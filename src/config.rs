@@ -106,6 +106,13 @@ pub struct Config {
     pub database_url: String,
     /// `WARDEN_DB_MAX_CONNECTIONS`, default 16.
     pub db_max_connections: u32,
+    /// `WARDEN_LOOP_THREADS`: worker threads of the runtime that runs the
+    /// session loops, apart from the API's; default the number of cores, 0
+    /// runs the loops on the API's runtime.
+    pub loop_threads: usize,
+    /// `WARDEN_LOOP_NICE`: scheduling niceness of those threads (0–19,
+    /// default 10), so the API answers first when the CPU is saturated.
+    pub loop_nice: i32,
     /// `WARDEN_WORKSPACE_ROOT`, default ./workspaces.
     pub workspace_root: PathBuf,
     /// Session defaults.
@@ -358,6 +365,13 @@ impl Config {
             listen_addr,
             database_url,
             db_max_connections: env.parse("WARDEN_DB_MAX_CONNECTIONS", 16, 1, 1_000)?,
+            loop_threads: env.parse(
+                "WARDEN_LOOP_THREADS",
+                std::thread::available_parallelism().map_or(2, |n| n.get()),
+                0,
+                256,
+            )?,
+            loop_nice: env.parse("WARDEN_LOOP_NICE", 10, 0, 19)?,
             workspace_root: PathBuf::from(
                 env.raw("WARDEN_WORKSPACE_ROOT").unwrap_or("./workspaces"),
             ),

@@ -139,8 +139,13 @@ pub async fn get_session(
     State(state): State<AppState>,
     ApiPath(id): ApiPath<Uuid>,
 ) -> ApiResult<Json<SessionView>> {
-    let mut doc = view(&state, state.service.get(id).await?);
-    let velocity = state.service.store().velocity(id, 30).await?;
+    // Both reads at once: under load each waits on Postgres, so the status
+    // answers in the time of the slower one rather than of both.
+    let (session, velocity) = tokio::try_join!(
+        async { Ok::<_, ApiError>(state.service.get(id).await?) },
+        async { Ok::<_, ApiError>(state.service.store().velocity(id, 30).await?) },
+    )?;
+    let mut doc = view(&state, session);
     doc.velocity = Some(
         velocity
             .into_iter()

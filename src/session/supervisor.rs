@@ -43,6 +43,8 @@ struct Inner {
     metrics: Arc<Metrics>,
     /// Cancelled when the process shuts down: no new runners, background loops end.
     closing: CancellationToken,
+    /// The runtime the loops run on, so that busy sessions never delay the API.
+    loops: tokio::runtime::Handle,
 }
 
 /// This replica's registry of running sessions.
@@ -55,12 +57,13 @@ pub struct Supervisor {
 pub type Done = watch::Receiver<bool>;
 
 impl Supervisor {
-    /// A supervisor for replica `replica_id`.
+    /// A supervisor for replica `replica_id` whose loops run on `loops`.
     pub fn new(
         store: Store,
         config: Arc<Config>,
         replica_id: Uuid,
         metrics: Arc<Metrics>,
+        loops: tokio::runtime::Handle,
     ) -> Supervisor {
         let models = &config.models;
         let reflector = match (&models.endpoint, &models.reflection_model) {
@@ -87,6 +90,7 @@ impl Supervisor {
                 metrics,
                 runners: Mutex::new(HashMap::new()),
                 closing: CancellationToken::new(),
+                loops,
             }),
         }
     }
@@ -164,7 +168,7 @@ impl Supervisor {
         // Hold the registry lock across the spawn so the task cannot finish
         // and deregister before it is registered.
         let mut runners = self.runners();
-        let task = tokio::spawn(async move {
+        let task = self.inner.loops.spawn(async move {
             let exit = runner.run().await;
             me.deregister(lease);
             if matches!(exit, Exit::StoreFailed(_)) {

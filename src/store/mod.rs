@@ -71,6 +71,9 @@ pub struct Store {
     committer: Arc<OnceLock<GroupCommit>>,
 }
 
+/// Idle time after which a pooled connection is checked before it is used.
+const PING_WHEN_IDLE_FOR: std::time::Duration = std::time::Duration::from_secs(10);
+
 fn announcer() -> tokio::sync::broadcast::Sender<Uuid> {
     tokio::sync::broadcast::channel(4_096).0
 }
@@ -78,12 +81,27 @@ fn announcer() -> tokio::sync::broadcast::Sender<Uuid> {
 impl Store {
     /// Connects a pool to `url`.
     pub async fn connect(url: &str, max_connections: u32) -> Result<Store> {
-        let pool = PgPoolOptions::new()
+        let pool = Store::pool_options(max_connections).connect(url).await?;
+        Ok(Store::from_pool(pool))
+    }
+
+    /// The options of Warden's pools. A connection is pinged before use only
+    /// after it sat idle for a while: pinging on every acquire (sqlx's
+    /// default) doubles the round trips of a busy pool, and a connection
+    /// that breaks while busy is dropped by sqlx on its first error anyway.
+    pub fn pool_options(max_connections: u32) -> PgPoolOptions {
+        PgPoolOptions::new()
             .max_connections(max_connections)
             .acquire_timeout(std::time::Duration::from_secs(10))
-            .connect(url)
-            .await?;
-        Ok(Store::from_pool(pool))
+            .test_before_acquire(false)
+            .before_acquire(|conn, meta| {
+                Box::pin(async move {
+                    if meta.idle_for >= PING_WHEN_IDLE_FOR {
+                        sqlx::Connection::ping(conn).await?;
+                    }
+                    Ok(true)
+                })
+            })
     }
 
     /// Wraps an existing pool (tests hand one in per database).

@@ -92,6 +92,21 @@ pub struct Metrics {
     /// Wall time of an iteration minus the executor's own time: the loop,
     /// the policies and the commit.
     pub overhead_seconds: Histogram,
+    /// The part of the overhead spent waiting for durable writes.
+    pub writes_seconds: Histogram,
+    /// The overhead without the durable writes: the loop and the policies alone.
+    pub supervisor_seconds: Histogram,
+}
+
+/// Where the wall time of one iteration went.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct IterationTimes {
+    /// The whole iteration, from the top of the loop to its commit.
+    pub total: Duration,
+    /// The executor's own time (the step).
+    pub executor: Duration,
+    /// Waiting for durable writes: the iteration's commit and any checkpoint.
+    pub writes: Duration,
 }
 
 impl Default for Metrics {
@@ -106,6 +121,8 @@ impl Default for Metrics {
             model_seconds: Histogram::new(SLOW),
             stop_seconds: Histogram::new(FAST),
             overhead_seconds: Histogram::new(OVERHEAD),
+            writes_seconds: Histogram::new(OVERHEAD),
+            supervisor_seconds: Histogram::new(OVERHEAD),
         }
     }
 }
@@ -123,12 +140,16 @@ fn escape(label: &str) -> String {
 }
 
 impl Metrics {
-    /// Counts a committed iteration: its wall time and the part of it the executor did not spend.
-    pub fn iteration(&self, tokens: u64, took: Duration, overhead: Duration) {
+    /// Counts a committed iteration and where its wall time went.
+    pub fn iteration(&self, tokens: u64, times: IterationTimes) {
         self.iterations.fetch_add(1, Ordering::Relaxed);
         self.tokens.fetch_add(tokens, Ordering::Relaxed);
-        self.iteration_seconds.observe(took);
+        let overhead = times.total.saturating_sub(times.executor);
+        self.iteration_seconds.observe(times.total);
         self.overhead_seconds.observe(overhead);
+        self.writes_seconds.observe(times.writes);
+        self.supervisor_seconds
+            .observe(overhead.saturating_sub(times.writes));
     }
 
     /// Counts tokens spent outside iterations (reflection).
@@ -227,6 +248,16 @@ impl Metrics {
             "warden_iteration_overhead_seconds",
             "Iteration wall time minus the executor's time: loop, policies and commit.",
         );
+        self.writes_seconds.render(
+            &mut out,
+            "warden_iteration_writes_seconds",
+            "Time an iteration waited for durable writes (its commit, checkpoints).",
+        );
+        self.supervisor_seconds.render(
+            &mut out,
+            "warden_iteration_supervisor_seconds",
+            "Iteration overhead without durable writes: the loop and policies alone.",
+        );
         out
     }
 }
@@ -238,8 +269,22 @@ mod tests {
     #[test]
     fn renders_counters_labels_and_cumulative_buckets() {
         let m = Metrics::default();
-        m.iteration(10, Duration::from_millis(30), Duration::from_micros(80));
-        m.iteration(5, Duration::from_millis(300), Duration::from_micros(900));
+        m.iteration(
+            10,
+            IterationTimes {
+                total: Duration::from_micros(30_080),
+                executor: Duration::from_millis(30),
+                writes: Duration::from_micros(50),
+            },
+        );
+        m.iteration(
+            5,
+            IterationTimes {
+                total: Duration::from_micros(300_900),
+                executor: Duration::from_millis(300),
+                writes: Duration::from_micros(700),
+            },
+        );
         m.termination("goal_achieved");
         m.gate("continue");
         m.gate("continue");
@@ -260,6 +305,10 @@ mod tests {
         assert!(text.contains("warden_stop_latency_seconds_bucket{le=\"0.005\"} 1"));
         assert!(text.contains("warden_iteration_overhead_seconds_bucket{le=\"0.0001\"} 1"));
         assert!(text.contains("warden_iteration_overhead_seconds_bucket{le=\"0.001\"} 2"));
+        // The supervisor's own part is the overhead less the writes: 30 and 200 µs.
+        assert!(text.contains("warden_iteration_supervisor_seconds_bucket{le=\"0.00005\"} 1"));
+        assert!(text.contains("warden_iteration_supervisor_seconds_bucket{le=\"0.0002\"} 2"));
+        assert!(text.contains("warden_iteration_writes_seconds_bucket{le=\"0.001\"} 2"));
     }
 
     #[test]

@@ -58,17 +58,30 @@ impl Scale {
 
 struct Options {
     scale: Scale,
+    /// Phases to run: `throughput`, `stop`, `memory` (all when empty).
+    only: Vec<String>,
     admin_url: String,
     warden: PathBuf,
 }
 
 fn usage() -> &'static str {
-    "usage: warden-bench [--quick] [--database-url URL] [--warden PATH]\n\
+    "usage: warden-bench [--quick] [--sessions N,N..] [--window SECS] [--only PHASE]\n\
+                    [--database-url URL] [--warden PATH]\n\
      \n\
      --quick          a few sessions for a few seconds (a smoke run)\n\
+     --sessions N,..  session counts of the throughput phase (default 1,100,1000)\n\
+     --window SECS    how long each throughput measurement lasts (default 10)\n\
+     --only PHASE     run one phase: throughput, status, stop or memory (repeatable)\n\
      --database-url   a Postgres URL whose user may create databases\n\
                       (default: $DATABASE_URL, else postgres://postgres@127.0.0.1:5432/postgres)\n\
      --warden PATH    the warden binary (default: beside this program)"
+}
+
+impl Options {
+    /// Whether `phase` was asked for.
+    fn runs(&self, phase: &str) -> bool {
+        self.only.is_empty() || self.only.iter().any(|p| p == phase)
+    }
 }
 
 fn parse_args() -> BenchResult<Options> {
@@ -79,10 +92,39 @@ fn parse_args() -> BenchResult<Options> {
         .parent()
         .map(|dir| dir.join("warden"))
         .unwrap_or_else(|| PathBuf::from("warden"));
+    let mut only = Vec::new();
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         match arg.as_str() {
             "--quick" => scale = Scale::quick(),
+            "--sessions" => {
+                let list = args.next().ok_or("--sessions needs a value")?;
+                scale.throughput_sessions = list
+                    .split(',')
+                    .map(|n| n.trim().parse::<usize>().ok().filter(|n| *n > 0))
+                    .collect::<Option<Vec<_>>>()
+                    .ok_or_else(|| {
+                        format!("--sessions takes counts like 1,100,1000, not {list}")
+                    })?;
+            }
+            "--window" => {
+                let value = args.next().ok_or("--window needs a value")?;
+                let secs: f64 = value
+                    .parse()
+                    .ok()
+                    .filter(|s: &f64| *s > 0.0 && s.is_finite())
+                    .ok_or_else(|| format!("--window takes seconds, not {value}"))?;
+                scale.window = Duration::from_secs_f64(secs);
+            }
+            "--only" => {
+                let phase = args.next().ok_or("--only needs a value")?;
+                if !["throughput", "status", "stop", "memory"].contains(&phase.as_str()) {
+                    return Err(
+                        format!("--only takes throughput, stop or memory, not {phase}").into(),
+                    );
+                }
+                only.push(phase);
+            }
             "--database-url" => admin_url = args.next().ok_or("--database-url needs a value")?,
             "--warden" => warden = PathBuf::from(args.next().ok_or("--warden needs a value")?),
             "-h" | "--help" => {
@@ -101,6 +143,7 @@ fn parse_args() -> BenchResult<Options> {
     }
     Ok(Options {
         scale,
+        only,
         admin_url,
         warden,
     })
@@ -268,6 +311,7 @@ impl Server {
             // Benchmark sessions run unattended far past the gate's
             // "100 steps without a person" default.
             .env("WARDEN_GATE_STEP_LIMIT", "1000000")
+            .env("WARDEN_DB_MAX_CONNECTIONS", POOL.to_string())
             .env("RUST_LOG", "warn")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -466,6 +510,69 @@ async fn steady_query(
     out
 }
 
+/// p99 of `GET /api/autonomous/{id}` and of the list endpoint at a steady
+/// rate for the scale's window, beside the same reads made directly.
+async fn status_latency(
+    client: &reqwest::Client,
+    server: &Server,
+    ids: &[String],
+    scale: &Scale,
+    load: &str,
+) -> BenchResult<Vec<Row>> {
+    let reader = PgPoolOptions::new()
+        .max_connections(4)
+        .connect(&server.db_url)
+        .await?;
+    let uuids: Arc<Vec<uuid::Uuid>> = Arc::new(ids.iter().filter_map(|i| i.parse().ok()).collect());
+    let base = &server.base;
+    let rate = scale.status_rate_per_s;
+    let list_rate = (rate / 5).max(1);
+    let (mut get, mut list, mut raw_get, mut raw_list) = tokio::join!(
+        steady_get(client, rate, scale.window, |i| format!(
+            "{base}/api/autonomous/{}",
+            ids[i % ids.len().max(1)]
+        )),
+        steady_get(client, list_rate, scale.window, |_| format!(
+            "{base}/api/autonomous?limit=50"
+        )),
+        steady_query(
+            &reader,
+            rate,
+            scale.window,
+            "SELECT * FROM sessions WHERE id = $1",
+            uuids.clone()
+        ),
+        steady_query(
+            &reader,
+            list_rate,
+            scale.window,
+            "SELECT * FROM sessions ORDER BY created_at DESC, id DESC LIMIT 50",
+            uuids
+        ),
+    );
+    reader.close().await;
+    let get_p99 = quantile(&mut get, 0.99);
+    let raw_get_p99 = quantile(&mut raw_get, 0.99);
+    let list_p99 = quantile(&mut list, 0.99);
+    let raw_list_p99 = quantile(&mut raw_list, 0.99);
+    Ok(vec![
+        row(
+            format!("GET /api/autonomous/{{id}} p99 at {rate}/s, {load}"),
+            ms(get_p99),
+            format!("{} (SELECT by id)", ms(raw_get_p99)),
+            ratio(secs(get_p99), secs(raw_get_p99)),
+            "< 10 ms",
+        ),
+        row(
+            format!("GET /api/autonomous?limit=50 p99 at {list_rate}/s, {load}"),
+            ms(list_p99),
+            format!("{} (SELECT 50 rows)", ms(raw_list_p99)),
+            ratio(secs(list_p99), secs(raw_list_p99)),
+            "< 10 ms",
+        ),
+    ])
+}
+
 // ---------------------------------------------------------------- raw Postgres
 
 /// Single-row insert-and-update transactions by `concurrency` tasks sharing
@@ -589,7 +696,7 @@ async fn machine(admin: &PgPool) -> String {
         .await
         .unwrap_or_default();
     format!(
-        "{cores} cores ({cpu}); PostgreSQL {version} on the same machine, fsync={fsync}, synchronous_commit={sync}; Warden pool {POOL} connections"
+        "{cores} cores ({cpu}); PostgreSQL {version} on the same machine, fsync={fsync}, synchronous_commit={sync}; Warden's loops pool {POOL} connections, the API's a quarter of that"
     )
 }
 
@@ -617,188 +724,182 @@ async fn run() -> BenchResult<()> {
     eprintln!("warden-bench: {machine}");
     let mut rows = Vec::new();
 
-    // 1. Durable iterations per second, supervisor overhead, and status
-    //    latency at the largest size.
-    let largest = scale.throughput_sessions.iter().copied().max().unwrap_or(1);
-    for &n in &scale.throughput_sessions {
-        eprintln!("warden-bench: throughput with {n} sessions");
-        let (raw_rate, mut raw_lat) = raw_write(&opts.admin_url, &admin, n, scale.window).await?;
-        let server = Server::start(&opts, &admin, &format!("t{n}")).await?;
-        let ids = create_sessions(&client, &server.base, n, &cycling_session(0)).await?;
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        let before = server.scrape(&client).await?;
-        let t0 = Instant::now();
-        tokio::time::sleep(scale.window).await;
-        let after = server.scrape(&client).await?;
-        let elapsed = t0.elapsed().as_secs_f64();
-        let rate = (after.get("warden_iterations_total") - before.get("warden_iterations_total"))
-            / elapsed;
-        let running = after.get("warden_sessions{status=\"running\"}");
-        if running < n as f64 {
-            eprintln!("warden-bench: warning: only {running} of {n} sessions were still running");
-        }
-        rows.push(row(
-            format!("durable iterations/s, {n} session(s)"),
-            format!("{rate:.0}"),
-            format!("{raw_rate:.0} tx/s"),
-            ratio(Some(rate), Some(raw_rate)),
-            if n == 1_000 { "≥ 3,000" } else { "" },
-        ));
-        let name = "warden_iteration_overhead_seconds";
-        let raw_p50 = secs(quantile(&mut raw_lat, 0.5));
-        let raw_p99 = secs(quantile(&mut raw_lat, 0.99));
-        for (q, raw, label, target) in [(0.5, raw_p50, "p50", ""), (0.99, raw_p99, "p99", "< 1 ms")]
-        {
-            let ours = histogram_quantile(&before, &after, name, q);
+    if opts.runs("throughput") {
+        // 1. Durable iterations per second, supervisor overhead, and status
+        //    latency at the largest size.
+        let largest = scale.throughput_sessions.iter().copied().max().unwrap_or(1);
+        for &n in &scale.throughput_sessions {
+            eprintln!("warden-bench: throughput with {n} sessions");
+            let (raw_rate, mut raw_lat) =
+                raw_write(&opts.admin_url, &admin, n, scale.window).await?;
+            let server = Server::start(&opts, &admin, &format!("t{n}")).await?;
+            let ids = create_sessions(&client, &server.base, n, &cycling_session(0)).await?;
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            let before = server.scrape(&client).await?;
+            let t0 = Instant::now();
+            tokio::time::sleep(scale.window).await;
+            let after = server.scrape(&client).await?;
+            let elapsed = t0.elapsed().as_secs_f64();
+            let rate = (after.get("warden_iterations_total")
+                - before.get("warden_iterations_total"))
+                / elapsed;
+            let running = after.get("warden_sessions{status=\"running\"}");
+            if running < n as f64 {
+                eprintln!(
+                    "warden-bench: warning: only {running} of {n} sessions were still running"
+                );
+            }
             rows.push(row(
-                format!("supervisor overhead per iteration {label}, {n} session(s)"),
-                ms(ours.map(Duration::from_secs_f64)),
-                format!("{} per tx", ms(raw.map(Duration::from_secs_f64))),
-                ratio(ours, raw),
-                target,
+                format!("durable iterations/s, {n} session(s)"),
+                format!("{rate:.0}"),
+                format!("{raw_rate:.0} tx/s"),
+                ratio(Some(rate), Some(raw_rate)),
+                if n == 1_000 { "≥ 3,000" } else { "" },
             ));
-        }
+            let name = "warden_iteration_overhead_seconds";
+            let raw_p50 = secs(quantile(&mut raw_lat, 0.5));
+            let raw_p99 = secs(quantile(&mut raw_lat, 0.99));
+            for (q, raw, label, target) in
+                [(0.5, raw_p50, "p50", ""), (0.99, raw_p99, "p99", "< 1 ms")]
+            {
+                let ours = histogram_quantile(&before, &after, name, q);
+                rows.push(row(
+                    format!("supervisor overhead per iteration {label}, {n} session(s)"),
+                    ms(ours.map(Duration::from_secs_f64)),
+                    format!("{} per tx", ms(raw.map(Duration::from_secs_f64))),
+                    ratio(ours, raw),
+                    target,
+                ));
+            }
+            // The same overhead without the waits for durable writes (the
+            // commit, checkpoints): what the loop and its policies cost.
+            let name = "warden_iteration_supervisor_seconds";
+            for (q, label) in [(0.5, "p50"), (0.99, "p99")] {
+                let ours = histogram_quantile(&before, &after, name, q);
+                rows.push(row(
+                    format!("  of which loop and policies (durable writes excluded) {label}"),
+                    ms(ours.map(Duration::from_secs_f64)),
+                    "—".into(),
+                    "—".into(),
+                    "",
+                ));
+            }
 
-        if n == largest {
-            eprintln!("warden-bench: status and list latency with {n} sessions running");
-            let reader = PgPoolOptions::new()
-                .max_connections(4)
-                .connect(&server.db_url)
-                .await?;
-            let uuids: Arc<Vec<uuid::Uuid>> =
-                Arc::new(ids.iter().filter_map(|i| i.parse().ok()).collect());
-            let base = server.base.clone();
-            let ids_for_get = ids.clone();
-            let rate = scale.status_rate_per_s;
-            let (mut get, mut list, mut raw_get, mut raw_list) = tokio::join!(
-                steady_get(&client, rate, scale.window, |i| format!(
-                    "{base}/api/autonomous/{}",
-                    ids_for_get[i % ids_for_get.len()]
-                )),
-                steady_get(&client, (rate / 5).max(1), scale.window, |_| format!(
-                    "{base}/api/autonomous?limit=50"
-                )),
-                steady_query(
-                    &reader,
-                    rate,
-                    scale.window,
-                    "SELECT * FROM sessions WHERE id = $1",
-                    uuids.clone()
-                ),
-                steady_query(
-                    &reader,
-                    (rate / 5).max(1),
-                    scale.window,
-                    "SELECT * FROM sessions ORDER BY created_at DESC, id DESC LIMIT 50",
-                    uuids.clone()
-                ),
-            );
-            reader.close().await;
-            let get_p99 = quantile(&mut get, 0.99);
-            let raw_get_p99 = quantile(&mut raw_get, 0.99);
-            rows.push(row(
-                format!("GET /api/autonomous/{{id}} p99 at {rate}/s, {n} running"),
-                ms(get_p99),
-                format!("{} (SELECT by id)", ms(raw_get_p99)),
-                ratio(secs(get_p99), secs(raw_get_p99)),
-                "< 10 ms",
-            ));
-            let list_p99 = quantile(&mut list, 0.99);
-            let raw_list_p99 = quantile(&mut raw_list, 0.99);
-            rows.push(row(
-                format!(
-                    "GET /api/autonomous?limit=50 p99 at {}/s, {n} running",
-                    (rate / 5).max(1)
-                ),
-                ms(list_p99),
-                format!("{} (SELECT 50 rows)", ms(raw_list_p99)),
-                ratio(secs(list_p99), secs(raw_list_p99)),
-                "< 10 ms",
-            ));
+            if n == largest {
+                eprintln!("warden-bench: status and list latency with {n} sessions running");
+                let load = format!("{n} running flat out");
+                rows.extend(status_latency(&client, &server, &ids, &scale, &load).await?);
+            }
+            server.stop(&admin).await;
         }
+    }
+
+    if opts.runs("status") {
+        // 2. Status and list latency at a realistic load: as many sessions as
+        //    the largest throughput run, each step taking a second.
+        let n = scale.throughput_sessions.iter().copied().max().unwrap_or(1);
+        eprintln!("warden-bench: status and list latency with {n} sessions, 1-s steps");
+        let server = Server::start(&opts, &admin, "status").await?;
+        let ids = create_sessions(&client, &server.base, n, &cycling_session(1_000)).await?;
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let load = format!("{n} running, 1-s steps");
+        rows.extend(status_latency(&client, &server, &ids, &scale, &load).await?);
         server.stop(&admin).await;
     }
 
-    // 2. Stop latency with every session in the middle of a step.
-    let n = scale.stop_sessions;
-    eprintln!("warden-bench: stop latency with {n} sessions, one step in flight each");
-    let (_, mut raw_lat) = raw_write(&opts.admin_url, &admin, 4, Duration::from_secs(2)).await?;
-    let server = Server::start(&opts, &admin, "stop").await?;
-    let ids = create_sessions(&client, &server.base, n, &long_step_session()).await?;
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    let base = server.base.clone();
-    let results: Vec<Option<Duration>> = stream::iter(ids)
-        .map(|id| {
-            let (client, url) = (client.clone(), format!("{base}/api/autonomous/{id}/stop"));
-            async move {
-                let t = Instant::now();
-                let res = client.post(url).send().await.ok()?;
-                let body: Value = res.json().await.ok()?;
-                (body["status"] == "interrupted").then(|| t.elapsed())
-            }
-        })
-        .buffer_unordered(4)
-        .collect()
-        .await;
-    let failed = results.iter().filter(|r| r.is_none()).count();
-    if failed > 0 {
-        eprintln!("warden-bench: warning: {failed} stops did not answer `interrupted`");
-    }
-    let mut stops: Vec<Duration> = results.into_iter().flatten().collect();
-    server.stop(&admin).await;
-    let raw_p50 = quantile(&mut raw_lat, 0.5);
-    let raw_p99 = quantile(&mut raw_lat, 0.99);
-    for (q, raw, label, target) in [(0.5, raw_p50, "p50", ""), (0.99, raw_p99, "p99", "< 50 ms")] {
-        let ours = quantile(&mut stops, q);
-        rows.push(row(
-            format!("stop → interrupted persisted {label}, {n} running"),
-            ms(ours),
-            format!("{} per tx", ms(raw)),
-            ratio(secs(ours), secs(raw)),
-            target,
-        ));
+    if opts.runs("stop") {
+        // 3. Stop latency with every session in the middle of a step.
+        let n = scale.stop_sessions;
+        eprintln!("warden-bench: stop latency with {n} sessions, one step in flight each");
+        let (_, mut raw_lat) =
+            raw_write(&opts.admin_url, &admin, 4, Duration::from_secs(2)).await?;
+        let server = Server::start(&opts, &admin, "stop").await?;
+        let ids = create_sessions(&client, &server.base, n, &long_step_session()).await?;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let base = server.base.clone();
+        let results: Vec<Option<Duration>> = stream::iter(ids)
+            .map(|id| {
+                let (client, url) = (client.clone(), format!("{base}/api/autonomous/{id}/stop"));
+                async move {
+                    let t = Instant::now();
+                    let res = client.post(url).send().await.ok()?;
+                    let body: Value = res.json().await.ok()?;
+                    (body["status"] == "interrupted").then(|| t.elapsed())
+                }
+            })
+            .buffer_unordered(4)
+            .collect()
+            .await;
+        let failed = results.iter().filter(|r| r.is_none()).count();
+        if failed > 0 {
+            eprintln!("warden-bench: warning: {failed} stops did not answer `interrupted`");
+        }
+        let mut stops: Vec<Duration> = results.into_iter().flatten().collect();
+        server.stop(&admin).await;
+        let raw_p50 = quantile(&mut raw_lat, 0.5);
+        let raw_p99 = quantile(&mut raw_lat, 0.99);
+        for (q, raw, label, target) in
+            [(0.5, raw_p50, "p50", ""), (0.99, raw_p99, "p99", "< 50 ms")]
+        {
+            let ours = quantile(&mut stops, q);
+            rows.push(row(
+                format!("stop → interrupted persisted {label}, {n} running"),
+                ms(ours),
+                format!("{} per tx", ms(raw)),
+                ratio(secs(ours), secs(raw)),
+                target,
+            ));
+        }
     }
 
-    // 3. Memory per session whose steps wait one second.
-    let n = scale.memory_sessions;
-    eprintln!("warden-bench: resident memory with {n} sessions whose steps wait 1 s");
-    let server = Server::start(&opts, &admin, "mem").await?;
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let rss0 = server.rss_bytes();
-    let created = Instant::now();
-    create_sessions(&client, &server.base, n, &cycling_session(1_000)).await?;
-    let create_rate = n as f64 / created.elapsed().as_secs_f64();
-    tokio::time::sleep(Duration::from_secs(5)).await;
-    let before = server.scrape(&client).await?;
-    let t0 = Instant::now();
-    tokio::time::sleep(Duration::from_secs(5)).await;
-    let rss1 = server.rss_bytes();
-    let after = server.scrape(&client).await?;
-    let rate = (after.get("warden_iterations_total") - before.get("warden_iterations_total"))
-        / t0.elapsed().as_secs_f64();
-    server.stop(&admin).await;
-    let per_session = match (rss0, rss1) {
-        (Some(a), Some(b)) => format!("{:.1} KB", b.saturating_sub(a) as f64 / n as f64 / 1024.0),
-        _ => "— (no /proc)".into(),
-    };
-    rows.push(row(
-        format!("resident memory per waiting session, {n} sessions"),
-        per_session,
-        format!(
-            "base {:.1} MB → {:.1} MB",
-            rss0.unwrap_or(0) as f64 / 1_048_576.0,
-            rss1.unwrap_or(0) as f64 / 1_048_576.0
-        ),
-        "—".into(),
-        "≤ 100 KB",
-    ));
-    rows.push(row(
-        format!("  meanwhile: iterations/s of those {n} sessions; creates/s"),
-        format!("{rate:.0}; {create_rate:.0}"),
-        format!("demand {n}/s"),
-        "—".into(),
-        "",
-    ));
+    if opts.runs("memory") {
+        // 4. Memory per session whose steps wait one second.
+        let n = scale.memory_sessions;
+        eprintln!("warden-bench: resident memory with {n} sessions whose steps wait 1 s");
+        let server = Server::start(&opts, &admin, "mem").await?;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let rss0 = server.rss_bytes();
+        let created = Instant::now();
+        let ids = create_sessions(&client, &server.base, n, &cycling_session(1_000)).await?;
+        let create_rate = n as f64 / created.elapsed().as_secs_f64();
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        let before = server.scrape(&client).await?;
+        let t0 = Instant::now();
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        let rss1 = server.rss_bytes();
+        let after = server.scrape(&client).await?;
+        let rate = (after.get("warden_iterations_total") - before.get("warden_iterations_total"))
+            / t0.elapsed().as_secs_f64();
+        eprintln!("warden-bench: status and list latency with {n} sessions waiting");
+        let load = format!("{n} running, 1-s steps");
+        let latency = status_latency(&client, &server, &ids, &scale, &load).await?;
+        server.stop(&admin).await;
+        let per_session = match (rss0, rss1) {
+            (Some(a), Some(b)) => {
+                format!("{:.1} KB", b.saturating_sub(a) as f64 / n as f64 / 1024.0)
+            }
+            _ => "— (no /proc)".into(),
+        };
+        rows.push(row(
+            format!("resident memory per waiting session, {n} sessions"),
+            per_session,
+            format!(
+                "base {:.1} MB → {:.1} MB",
+                rss0.unwrap_or(0) as f64 / 1_048_576.0,
+                rss1.unwrap_or(0) as f64 / 1_048_576.0
+            ),
+            "—".into(),
+            "≤ 100 KB",
+        ));
+        rows.push(row(
+            format!("  meanwhile: iterations/s of those {n} sessions; creates/s"),
+            format!("{rate:.0}; {create_rate:.0}"),
+            format!("demand {n}/s"),
+            "—".into(),
+            "",
+        ));
+        rows.extend(latency);
+    }
 
     println!("Machine: {machine}\n");
     println!("| measurement | Warden | raw Postgres, same pattern | ratio | target |");

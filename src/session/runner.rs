@@ -16,7 +16,7 @@ use super::reflector::{Reflector, SessionFacts};
 use super::state::{self, AppliedReflection, LoopState, StepEffects};
 use crate::config::Config;
 use crate::executor::{Executor, ExecutorError, StepContext, StepResult};
-use crate::metrics::Metrics;
+use crate::metrics::{IterationTimes, Metrics};
 use crate::policy::checklist;
 use crate::policy::gate::{self, GateDecision, PauseCause, StopCause};
 use crate::policy::guardrails::{self, Usage};
@@ -167,6 +167,8 @@ impl Runner {
     async fn run_loop(&mut self) -> Result<Exit, StoreError> {
         loop {
             let loop_started = Instant::now();
+            // Time spent waiting for durable writes (checkpoints, the commit).
+            let mut writes = Duration::ZERO;
             // 1. Control: stop, shutdown, lost lease, decided ends, pause.
             if self.control.stop.is_cancelled() {
                 return self.finish(Reason::UserStop, None, Vec::new()).await;
@@ -193,7 +195,9 @@ impl Runner {
                 && self.state.last_checkpoint_step < done
                 && self.state.pending_end.is_none()
             {
+                let started = Instant::now();
                 self.checkpoint("interval").await?;
+                writes += started.elapsed();
             }
             if let Some(end) = self.state.pending_end.clone() {
                 return self.finish(end.reason, end.detail, Vec::new()).await;
@@ -279,7 +283,9 @@ impl Runner {
                     continue;
                 }
                 GateDecision::Checkpoint => {
+                    let started = Instant::now();
                     self.checkpoint("gate").await?;
+                    writes += started.elapsed();
                 }
                 GateDecision::Throttle | GateDecision::Continue => {}
             }
@@ -403,6 +409,7 @@ impl Runner {
                     .into_iter()
                     .map(|e| NewEvent::new(e.kind, e.data)),
             );
+            let commit_started = Instant::now();
             let flags = self
                 .commit(
                     &record,
@@ -413,13 +420,17 @@ impl Runner {
                     (started_at, finished_at),
                 )
                 .await?;
+            writes += commit_started.elapsed();
             self.state.apply(self.state.run, &record, &effects);
             self.guidance = None;
             self.apply_flags(flags);
             self.metrics.iteration(
                 record.tokens,
-                t0.elapsed(),
-                loop_started.elapsed().saturating_sub(executor_time),
+                IterationTimes {
+                    total: loop_started.elapsed(),
+                    executor: executor_time,
+                    writes,
+                },
             );
             // 6. Agent signals and stuck verdicts take effect at the top of the loop.
         }

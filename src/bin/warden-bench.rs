@@ -743,6 +743,9 @@ async fn run() -> BenchResult<()> {
             let rate = (after.get("warden_iterations_total")
                 - before.get("warden_iterations_total"))
                 / elapsed;
+            if rate <= 0.0 {
+                return Err(format!("no iterations were committed with {n} sessions").into());
+            }
             let running = after.get("warden_sessions{status=\"running\"}");
             if running < n as f64 {
                 eprintln!(
@@ -831,6 +834,9 @@ async fn run() -> BenchResult<()> {
             .collect()
             .await;
         let failed = results.iter().filter(|r| r.is_none()).count();
+        if failed == n {
+            return Err("no stop answered `interrupted`".into());
+        }
         if failed > 0 {
             eprintln!("warden-bench: warning: {failed} stops did not answer `interrupted`");
         }

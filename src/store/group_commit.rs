@@ -94,7 +94,7 @@ async fn run(pool: PgPool, mut rx: mpsc::UnboundedReceiver<(PendingCommit, Reply
 }
 
 async fn commit_group(pool: &PgPool, group: Vec<(PendingCommit, Reply)>) {
-    if distinct_sessions(&group) {
+    if group.len() > 1 && distinct_sessions(&group) {
         let pending: Vec<&PendingCommit> = group.iter().map(|(p, _)| p).collect();
         match commit_many(pool, &pending).await {
             Ok(mut committed) => {
@@ -107,12 +107,6 @@ async fn commit_group(pool: &PgPool, group: Vec<(PendingCommit, Reply)>) {
                 }
                 return;
             }
-            Err(err) if group.len() == 1 => {
-                if let Some((_, reply)) = group.into_iter().next() {
-                    let _ = reply.send(Err(err));
-                }
-                return;
-            }
             Err(err) => {
                 tracing::warn!(error = %err, size = group.len(),
                     "group commit failed; committing its iterations one by one");
@@ -120,17 +114,8 @@ async fn commit_group(pool: &PgPool, group: Vec<(PendingCommit, Reply)>) {
         }
     }
     for (pending, reply) in group {
-        let _ = reply.send(commit_alone(pool, &pending).await);
+        let _ = reply.send(commit_one(pool, &pending).await);
     }
-}
-
-/// One iteration in a group of its own.
-async fn commit_alone(pool: &PgPool, pending: &PendingCommit) -> Result<ControlFlags> {
-    let id = pending.lease.session_id;
-    commit_many(pool, &[pending])
-        .await?
-        .remove(&id)
-        .unwrap_or(Err(StoreError::LeaseLost(id)))
 }
 
 /// Whether no session appears twice in `group`. A session waits for each
@@ -141,6 +126,68 @@ fn distinct_sessions(group: &[(PendingCommit, Reply)]) -> bool {
     let mut ids: Vec<Uuid> = group.iter().map(|(p, _)| p.lease.session_id).collect();
     ids.sort_unstable();
     ids.windows(2).all(|w| w[0] != w[1])
+}
+
+/// One iteration in one statement: the fenced update of the session row
+/// feeds both inserts, which insert nothing when the lease was lost.
+pub(super) async fn commit_one(pool: &PgPool, p: &PendingCommit) -> Result<ControlFlags> {
+    let kinds: Vec<&str> = p.events.iter().map(|e| e.kind).collect();
+    let data: Vec<&Value> = p.events.iter().map(|e| &e.data).collect();
+    let (next_cycle, memory) = match &p.iteration.next_cycle {
+        Some((cycle, memory)) => (Some(*cycle), Some(memory.as_str())),
+        None => (None, None),
+    };
+    let it = &p.iteration;
+    let row = sqlx::query(
+        "WITH s AS (
+             UPDATE sessions SET last_event_seq = last_event_seq + cardinality($3::text[]),
+                    updated_at = now(), iterations = $5, tokens_used = $6, tool_calls = $7,
+                    consecutive_errors = $8, elapsed_ms = $9, percent_complete = $10,
+                    eta_seconds = $11, reflection_tokens = $12, agent_tokens = $6 - $12,
+                    guidance = NULL, cycle = COALESCE($13, cycle), memory = COALESCE($14, memory)
+             WHERE id = $1 AND lease_token = $2 AND status = 'running'
+             RETURNING last_event_seq, stop_requested, pause_requested, mode, limits
+         ), i AS (
+             INSERT INTO iterations (session_id, number, run, action, outcome, tokens, duration_ms,
+                                     record, effects, started_at, finished_at, transcript, cycle)
+             SELECT $1, $15, $16, $17, $18, $19, $20, $21, $22, $23, $24, $25, $26 FROM s
+         ), e AS (
+             INSERT INTO events (session_id, seq, kind, data)
+             SELECT $1, s.last_event_seq - cardinality($3::text[]) + t.ord, t.kind, t.data
+             FROM s, UNNEST($3::text[], $4::jsonb[]) WITH ORDINALITY AS t(kind, data, ord)
+         )
+         SELECT last_event_seq, stop_requested, pause_requested, mode, limits FROM s",
+    )
+    .bind(p.lease.session_id)
+    .bind(p.lease.token)
+    .bind(&kinds)
+    .bind(&data)
+    .bind(p.counters.iterations)
+    .bind(p.counters.tokens_used)
+    .bind(p.counters.tool_calls)
+    .bind(p.counters.consecutive_errors)
+    .bind(p.counters.elapsed_ms)
+    .bind(p.progress.0)
+    .bind(p.progress.1)
+    .bind(p.counters.reflection_tokens)
+    .bind(next_cycle)
+    .bind(memory)
+    .bind(it.number)
+    .bind(it.run)
+    .bind(&it.action)
+    .bind(it.outcome)
+    .bind(it.tokens)
+    .bind(it.duration_ms)
+    .bind(&it.record)
+    .bind(&it.effects)
+    .bind(it.started_at)
+    .bind(it.finished_at)
+    .bind(&it.transcript)
+    .bind(it.cycle)
+    .fetch_optional(pool)
+    .await?
+    .ok_or(StoreError::LeaseLost(p.lease.session_id))?;
+    control_flags(p.lease.session_id, &row)
 }
 
 /// The columns of a group, one array per column (Postgres `UNNEST` input).
@@ -221,10 +268,9 @@ impl<'a> Columns<'a> {
     }
 }
 
-/// A whole group in one statement (a lone iteration is a group of one). The
-/// session rows are locked in id order first, so two groups (or a group and
-/// the lease renewal) never deadlock. Returns the control flags of each
-/// session whose lease held; the others wrote nothing.
+/// A whole group in one statement. The session rows are locked in id order
+/// first, so two groups (or a group and the lease renewal) never deadlock.
+/// Returns the control flags of each session whose lease held.
 async fn commit_many(
     pool: &PgPool,
     group: &[&PendingCommit],

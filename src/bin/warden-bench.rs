@@ -440,14 +440,13 @@ async fn create_sessions(
     results.into_iter().collect()
 }
 
-/// Requests `path_for(i)` at a steady rate for `window`, whatever the
-/// answers' latency (an open loop), and returns each request's latency.
-async fn steady_get(
-    client: &reqwest::Client,
-    rate_per_s: u32,
-    window: Duration,
-    url_for: impl Fn(usize) -> String,
-) -> Vec<Duration> {
+/// Starts `request(i)` at a steady rate for `window`, whatever the answers'
+/// latency (an open loop), and returns the latency of each that succeeded.
+async fn open_loop<F, Fut>(rate_per_s: u32, window: Duration, request: F) -> Vec<Duration>
+where
+    F: Fn(usize) -> Fut,
+    Fut: std::future::Future<Output = bool> + Send + 'static,
+{
     let period = Duration::from_secs_f64(1.0 / f64::from(rate_per_s.max(1)));
     let mut tick = tokio::time::interval(period);
     let end = Instant::now() + window;
@@ -455,16 +454,11 @@ async fn steady_get(
     let mut i = 0usize;
     while Instant::now() < end {
         tick.tick().await;
-        let (client, url) = (client.clone(), url_for(i));
+        let sent = request(i);
         i += 1;
         tasks.push(tokio::spawn(async move {
             let t = Instant::now();
-            let ok = client
-                .get(url)
-                .send()
-                .await
-                .is_ok_and(|r| r.status().is_success());
-            ok.then(|| t.elapsed())
+            sent.await.then(|| t.elapsed())
         }));
     }
     let mut out = Vec::new();
@@ -476,7 +470,22 @@ async fn steady_get(
     out
 }
 
-/// The same, for a raw query on the benchmark's own pool.
+/// GETs `url_for(i)` in an open loop; a request counts when it answers 2xx.
+async fn steady_get(
+    client: &reqwest::Client,
+    rate_per_s: u32,
+    window: Duration,
+    url_for: impl Fn(usize) -> String,
+) -> Vec<Duration> {
+    open_loop(rate_per_s, window, |i| {
+        let request = client.get(url_for(i));
+        async move { request.send().await.is_ok_and(|r| r.status().is_success()) }
+    })
+    .await
+}
+
+/// The same, for a raw query on the benchmark's own pool (bound to the
+/// i-th id when it takes one).
 async fn steady_query(
     pool: &PgPool,
     rate_per_s: u32,
@@ -484,30 +493,19 @@ async fn steady_query(
     sql: &'static str,
     ids: Arc<Vec<uuid::Uuid>>,
 ) -> Vec<Duration> {
-    let period = Duration::from_secs_f64(1.0 / f64::from(rate_per_s.max(1)));
-    let mut tick = tokio::time::interval(period);
-    let end = Instant::now() + window;
-    let mut tasks = Vec::new();
-    let mut i = 0usize;
-    while Instant::now() < end {
-        tick.tick().await;
+    open_loop(rate_per_s, window, |i| {
         let pool = pool.clone();
-        let id = ids[i % ids.len().max(1)];
-        i += 1;
-        tasks.push(tokio::spawn(async move {
-            let t = Instant::now();
-            let q = sqlx::query(sql);
-            let q = if sql.contains("$1") { q.bind(id) } else { q };
-            q.fetch_all(&pool).await.ok().map(|_| t.elapsed())
-        }));
-    }
-    let mut out = Vec::new();
-    for task in tasks {
-        if let Ok(Some(d)) = task.await {
-            out.push(d);
+        let id = ids.get(i % ids.len().max(1)).copied();
+        async move {
+            let query = sqlx::query(sql);
+            let query = match id {
+                Some(id) if sql.contains("$1") => query.bind(id),
+                _ => query,
+            };
+            query.fetch_all(&pool).await.is_ok()
         }
-    }
-    out
+    })
+    .await
 }
 
 /// p99 of `GET /api/autonomous/{id}` and of the list endpoint at a steady

@@ -131,8 +131,13 @@ pub struct Application {
 impl Application {
     /// Connects to Postgres (applying migrations), then builds.
     pub async fn build(config: Config) -> Result<Application, AppError> {
-        // The API's own pool; the loops get `db_max_connections` of their own.
-        let api_connections = (config.db_max_connections / 4).max(2);
+        // The API's own pool; the loops get `db_max_connections` of their own,
+        // unless they share the API's runtime and so this pool.
+        let api_connections = if config.loop_threads == 0 {
+            config.db_max_connections
+        } else {
+            (config.db_max_connections / 4).max(2)
+        };
         let store = Store::connect(&config.database_url, api_connections).await?;
         store.migrate().await?;
         Application::build_with_store(config, store).await

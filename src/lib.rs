@@ -123,7 +123,8 @@ pub struct Application {
     server: JoinHandle<Result<(), std::io::Error>>,
     background: Vec<JoinHandle<()>>,
     stop_serving: CancellationToken,
-    loop_store: Store,
+    /// The loops' own pool, when they run on a runtime of their own.
+    loop_pool: Option<sqlx::PgPool>,
     // Last: dropped after everything that runs on it.
     _loops: LoopRuntime,
 }
@@ -202,7 +203,7 @@ impl Application {
             server,
             background,
             stop_serving,
-            loop_store,
+            loop_pool: loops.0.is_some().then(|| loop_store.pool().clone()),
             _loops: loops,
         })
     }
@@ -237,9 +238,9 @@ impl Application {
             task.abort();
         }
         let served = tokio::time::timeout(http::SHUTDOWN_GRACE, self.server).await;
-        if self._loops.0.is_some() {
-            // The loops' own pool; the API's belongs to whoever built the store.
-            self.loop_store.pool().close().await;
+        // The API's pool belongs to whoever built the store.
+        if let Some(pool) = &self.loop_pool {
+            pool.close().await;
         }
         tracing::info!(
             elapsed_ms = started.elapsed().as_millis() as u64,

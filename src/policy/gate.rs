@@ -5,6 +5,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::projection::{self, Projection};
+
 /// Thresholds of the gate.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct GateConfig {
@@ -24,6 +26,10 @@ pub struct GateConfig {
     pub slope_window: usize,
     /// Force a checkpoint after this many steps without one.
     pub checkpoint_every: u64,
+    /// Pause when the projected tokens to finish exceed the tokens left by more than this factor...
+    pub projection_margin: f64,
+    /// ...for this many evaluations in a row.
+    pub projection_evaluations: u32,
 }
 
 impl Default for GateConfig {
@@ -37,6 +43,8 @@ impl Default for GateConfig {
             slope_max: 0.02,
             slope_window: 10,
             checkpoint_every: 25,
+            projection_margin: 2.0,
+            projection_evaluations: 3,
         }
     }
 }
@@ -73,6 +81,10 @@ pub struct GateInputs<'a> {
     pub budget: Budget,
     /// Number of the last iteration covered by a checkpoint, 0 if none.
     pub last_checkpoint_step: u64,
+    /// What finishing will take at the progress rate so far; `None` before any progress.
+    pub projection: Option<Projection>,
+    /// Evaluations in a row, before this one, whose projection overran the budget.
+    pub overrun_streak: u32,
 }
 
 /// Which budget ran out.
@@ -110,6 +122,8 @@ pub enum PauseCause {
     ReworkLoop,
     /// The agent is too uncertain.
     Uncertainty,
+    /// At the progress rate so far, finishing needs far more tokens than are left.
+    ProjectedOverrun,
 }
 
 /// The gate's decision, highest priority first.
@@ -151,6 +165,12 @@ pub struct GateMetrics {
     pub steps_until_checkpoint: u64,
     /// Steps since the last start or resume.
     pub steps_since_start: u64,
+    /// The projection acted on.
+    #[serde(default)]
+    pub projection: Option<Projection>,
+    /// Evaluations in a row, this one included, whose projection overran the budget.
+    #[serde(default)]
+    pub overrun_streak: u32,
 }
 
 /// A decision together with the metrics it was based on.
@@ -216,6 +236,19 @@ pub fn evaluate(config: &GateConfig, inputs: &GateInputs<'_>) -> GateEvaluation 
             .checkpoint_every
             .saturating_sub(steps_since_checkpoint),
         steps_since_start: inputs.steps_since_start,
+        projection: inputs.projection,
+        overrun_streak: match &inputs.projection {
+            Some(p)
+                if projection::overruns(
+                    p,
+                    inputs.budget.tokens_remaining,
+                    config.projection_margin,
+                ) =>
+            {
+                inputs.overrun_streak.saturating_add(1)
+            }
+            _ => 0,
+        },
     };
     GateEvaluation {
         decision: decide(config, inputs, &metrics),
@@ -259,6 +292,10 @@ fn decide(config: &GateConfig, inputs: &GateInputs<'_>, metrics: &GateMetrics) -
     {
         GateDecision::Pause {
             cause: PauseCause::Uncertainty,
+        }
+    } else if metrics.overrun_streak >= config.projection_evaluations.max(1) {
+        GateDecision::Pause {
+            cause: PauseCause::ProjectedOverrun,
         }
     } else if metrics.spend_slope.is_some_and(|s| s > config.slope_max) {
         GateDecision::Throttle
@@ -313,6 +350,8 @@ mod tests {
                 time_remaining_ms: Some(60_000),
             },
             last_checkpoint_step: 10,
+            projection: None,
+            overrun_streak: 0,
         }
     }
 
@@ -347,6 +386,8 @@ mod tests {
                 slope_max: 0.02,
                 slope_window: 10,
                 checkpoint_every: 25,
+                projection_margin: 2.0,
+                projection_evaluations: 3,
             }
         );
         assert_eq!(
@@ -851,6 +892,8 @@ mod tests {
                     steps_since_checkpoint: 0,
                     steps_until_checkpoint: 25,
                     steps_since_start: 10,
+                    projection: None,
+                    overrun_streak: 0,
                 },
             }
         );
@@ -868,6 +911,8 @@ mod tests {
             uncertainty: None,
             budget: Budget::default(),
             last_checkpoint_step: 0,
+            projection: None,
+            overrun_streak: 0,
         };
         assert_eq!(
             evaluate(&GateConfig::default(), &inputs),
@@ -881,6 +926,8 @@ mod tests {
                     steps_since_checkpoint: 0,
                     steps_until_checkpoint: 25,
                     steps_since_start: 0,
+                    projection: None,
+                    overrun_streak: 0,
                 },
             }
         );
@@ -907,6 +954,110 @@ mod tests {
         let eval = evaluate(&config, &inputs);
         assert_eq!(eval.metrics.spend_slope, Some(0.5));
         assert_eq!(eval.decision, GateDecision::Throttle);
+    }
+
+    // ---- projected overrun ----
+
+    /// 10 % done after 1000 tokens: 9000 more to finish.
+    fn slow_projection() -> Option<Projection> {
+        projection::project(
+            &projection::ProgressSample {
+                percent_complete: 10.0,
+                tokens: 1000,
+                iterations: 2,
+            },
+            1000,
+            2,
+        )
+    }
+
+    fn projected(tokens_remaining: Option<u64>, streak: u32) -> GateEvaluation {
+        let mut inputs = calm();
+        inputs.projection = slow_projection();
+        inputs.budget.tokens_remaining = tokens_remaining;
+        inputs.overrun_streak = streak;
+        evaluate(&GateConfig::default(), &inputs)
+    }
+
+    #[test]
+    fn projected_overrun_pauses_on_the_third_evaluation_in_a_row() {
+        // 9000 needed, 1000 left: more than twice over.
+        for (streak, decision) in [
+            (0, GateDecision::Continue),
+            (1, GateDecision::Continue),
+            (2, pause(PauseCause::ProjectedOverrun)),
+            (7, pause(PauseCause::ProjectedOverrun)),
+        ] {
+            let eval = projected(Some(1000), streak);
+            assert_eq!(eval.decision, decision, "streak {streak}");
+            assert_eq!(eval.metrics.overrun_streak, streak + 1);
+            assert_eq!(eval.metrics.projection, slow_projection());
+        }
+    }
+
+    #[test]
+    fn a_projection_within_the_margin_resets_the_streak() {
+        // 9000 needed, 4500 left: exactly twice, not over.
+        let eval = projected(Some(4500), 5);
+        assert_eq!(eval.decision, GateDecision::Continue);
+        assert_eq!(eval.metrics.overrun_streak, 0);
+        let eval = projected(Some(4499), 2);
+        assert_eq!(eval.decision, pause(PauseCause::ProjectedOverrun));
+    }
+
+    #[test]
+    fn no_projection_or_no_token_budget_never_overruns() {
+        let mut inputs = calm();
+        inputs.overrun_streak = 9;
+        let eval = evaluate(&GateConfig::default(), &inputs);
+        assert_eq!(eval.decision, GateDecision::Continue);
+        assert_eq!(eval.metrics.overrun_streak, 0);
+        let eval = projected(None, 9);
+        assert_eq!(eval.decision, GateDecision::Continue);
+        assert_eq!(eval.metrics.overrun_streak, 0);
+    }
+
+    #[test]
+    fn projection_settings_are_honoured() {
+        let config = GateConfig {
+            projection_margin: 10.0,
+            projection_evaluations: 1,
+            ..GateConfig::default()
+        };
+        let mut inputs = calm();
+        inputs.projection = slow_projection();
+        inputs.budget.tokens_remaining = Some(900);
+        assert_eq!(evaluate(&config, &inputs).decision, GateDecision::Continue);
+        inputs.budget.tokens_remaining = Some(899);
+        assert_eq!(
+            evaluate(&config, &inputs).decision,
+            pause(PauseCause::ProjectedOverrun)
+        );
+        // Zero evaluations would pause on nothing: it counts as one.
+        let config = GateConfig {
+            projection_evaluations: 0,
+            ..GateConfig::default()
+        };
+        inputs.budget.tokens_remaining = Some(1000);
+        assert_eq!(
+            evaluate(&config, &inputs).decision,
+            pause(PauseCause::ProjectedOverrun)
+        );
+    }
+
+    #[test]
+    fn projected_overrun_ranks_below_the_other_pauses_and_above_throttle() {
+        let mut inputs = calm();
+        inputs.projection = slow_projection();
+        inputs.overrun_streak = 2;
+        inputs.token_deltas = &ACCELERATING;
+        assert_eq!(decide(&inputs), pause(PauseCause::ProjectedOverrun));
+        inputs.uncertainty = Some(0.95);
+        assert_eq!(decide(&inputs), pause(PauseCause::Uncertainty));
+        inputs.rework_flags = &REWORKY;
+        assert_eq!(decide(&inputs), pause(PauseCause::ReworkLoop));
+        inputs.budget.tokens_remaining = Some(0);
+        assert_eq!(decide(&inputs), budget_stop(BudgetKind::Tokens));
     }
 
     // ---- serialization ----
@@ -942,6 +1093,10 @@ mod tests {
                 pause(PauseCause::Uncertainty),
                 json!({ "decision": "pause", "cause": "uncertainty" }),
             ),
+            (
+                pause(PauseCause::ProjectedOverrun),
+                json!({ "decision": "pause", "cause": "projected_overrun" }),
+            ),
             (GateDecision::Throttle, json!({ "decision": "throttle" })),
             (
                 GateDecision::Checkpoint,
@@ -972,7 +1127,9 @@ mod tests {
                     "uncertainty": 0.1,
                     "steps_since_checkpoint": 0,
                     "steps_until_checkpoint": 25,
-                    "steps_since_start": 10
+                    "steps_since_start": 10,
+                    "projection": null,
+                    "overrun_streak": 0
                 }
             })
         );
@@ -989,7 +1146,8 @@ mod tests {
             json!({
                 "coherence_min": 0.4, "step_limit": 100, "rework_max": 0.3,
                 "rework_window": 10, "uncertainty_max": 0.8, "slope_max": 0.02,
-                "slope_window": 10, "checkpoint_every": 25
+                "slope_window": 10, "checkpoint_every": 25,
+                "projection_margin": 2.0, "projection_evaluations": 3
             })
         );
         assert_eq!(serde_json::from_value::<GateConfig>(value).unwrap(), config);
@@ -1020,6 +1178,8 @@ mod tests {
                 time_remaining_ms: None,
             },
             last_checkpoint_step: 1,
+            projection: None,
+            overrun_streak: 2,
         };
         assert_eq!(
             serde_json::to_value(inputs).unwrap(),
@@ -1028,7 +1188,7 @@ mod tests {
                 "rework_flags": [true], "tool_calls": 4, "coherence": null,
                 "uncertainty": 0.5,
                 "budget": { "tokens_remaining": null, "tool_calls_remaining": 0, "time_remaining_ms": null },
-                "last_checkpoint_step": 1
+                "last_checkpoint_step": 1, "projection": null, "overrun_streak": 2
             })
         );
     }

@@ -5,10 +5,11 @@
 use serde::{Deserialize, Serialize};
 
 use crate::policy::checklist::ChecklistItem;
-use crate::policy::gate::{Budget, GateInputs};
+use crate::policy::gate::{Budget, GateInputs, GateMetrics};
 use crate::policy::guardrails::{self, Limits, Usage};
 use crate::policy::history::{self, Outcome, Rework, StepRecord};
 use crate::policy::lifecycle::Reason;
+use crate::policy::projection::{self, OverrunStreak, ProgressSample};
 use crate::policy::reflection::{ReflectionState, Verdict};
 use crate::policy::sentinel::{self, Sentinel, SignalKind};
 use crate::policy::stuck::{self, StuckConfig, StuckPattern, StuckVerdict};
@@ -93,6 +94,15 @@ pub struct LoopState {
     /// Context cycle the agent works in (1-based).
     #[serde(default = "first_cycle")]
     pub cycle: u32,
+    /// The latest progress estimate with the spend it was measured at: the
+    /// rate the cost projection is based on.
+    #[serde(default)]
+    pub progress: Option<ProgressSample>,
+    /// Gate evaluations in a row whose projection overran the budget. Kept
+    /// in checkpoints but not rebuilt from iterations, so a restart can only
+    /// shorten it (pause later), never lengthen it.
+    #[serde(default)]
+    pub overrun: OverrunStreak,
 }
 
 fn first_cycle() -> u32 {
@@ -249,6 +259,12 @@ impl LoopState {
                 review_pending: signal.kind == SignalKind::Done,
             });
         }
+        if let Some(p) = effects.percent_complete
+            && effects.percent_complete != self.percent_complete
+        {
+            // A new estimate: the rate is measured at the spend it came with.
+            self.progress = Some(self.sample(p));
+        }
         if effects.percent_complete.is_some() {
             self.percent_complete = effects.percent_complete;
         }
@@ -272,8 +288,11 @@ impl LoopState {
         if !applied.milestones.is_empty() {
             self.milestones = applied.milestones.clone();
         }
-        if applied.percent_complete.is_some() {
-            self.percent_complete = applied.percent_complete;
+        if let Some(p) = applied.percent_complete {
+            // Every reflection is a fresh estimate, even one that repeats the
+            // last figure: no progress since then must raise the projection.
+            self.progress = Some(self.sample(p));
+            self.percent_complete = Some(p);
         }
         let claim = self.pending_end.take_if(|e| e.review_pending);
         match &applied.verdict {
@@ -314,6 +333,20 @@ impl LoopState {
         self.pending_nudge = None;
         self.pending_end = None;
         self.usage.consecutive_errors = 0;
+        self.overrun = OverrunStreak::default();
+    }
+
+    fn sample(&self, percent_complete: f64) -> ProgressSample {
+        ProgressSample {
+            percent_complete,
+            tokens: self.usage.tokens,
+            iterations: self.usage.iterations,
+        }
+    }
+
+    /// Remembers the gate's overrun streak after it evaluated `step`.
+    pub fn record_gate(&mut self, step: u64, metrics: &GateMetrics) {
+        self.overrun = self.overrun.after(step, metrics.overrun_streak > 0);
     }
 
     /// The gate's inputs for the next step.
@@ -334,6 +367,10 @@ impl LoopState {
                 time_remaining_ms: Some(guardrails::time_remaining_ms(limits, &self.usage)),
             },
             last_checkpoint_step: self.last_checkpoint_step,
+            projection: self.progress.and_then(|sample| {
+                projection::project(&sample, self.usage.tokens, self.usage.iterations)
+            }),
+            overrun_streak: self.overrun.before(self.usage.iterations + 1),
         }
     }
 
@@ -507,6 +544,75 @@ mod tests {
             reason: Reason::SlowProgress,
         }));
         assert_eq!(s.pending_end.unwrap().reason, Reason::SlowProgress);
+    }
+
+    #[test]
+    fn progress_estimates_carry_the_spend_they_were_measured_at() {
+        let mut s = LoopState::new(10);
+        let mut fx = effects(1);
+        fx.percent_complete = Some(10.0);
+        s.apply(1, &step(1, "a"), &fx);
+        let first = ProgressSample {
+            percent_complete: 10.0,
+            tokens: 100,
+            iterations: 1,
+        };
+        assert_eq!(s.progress, Some(first));
+        // The same figure carried to the next step is not a new estimate.
+        s.apply(1, &step(2, "b"), &fx);
+        assert_eq!(s.progress, Some(first));
+        fx.percent_complete = Some(20.0);
+        s.apply(1, &step(3, "c"), &fx);
+        assert_eq!(s.progress.map(|p| p.tokens), Some(300));
+        // A reflection is always a new estimate, its own tokens included.
+        let mut after = s.reflection;
+        after.tokens += 50;
+        s.apply_reflection(&AppliedReflection {
+            verdict: Verdict::Continue,
+            state_after: after,
+            percent_complete: Some(20.0),
+            reasoning: None,
+            criteria: Vec::new(),
+            milestones: Vec::new(),
+        });
+        assert_eq!(
+            s.progress,
+            Some(ProgressSample {
+                percent_complete: 20.0,
+                tokens: 350,
+                iterations: 3,
+            })
+        );
+    }
+
+    #[test]
+    fn gate_inputs_carry_the_projection_and_the_overrun_streak() {
+        use crate::policy::guardrails::tests::roomy;
+        let mut s = LoopState::new(10);
+        let limits = roomy();
+        assert_eq!(s.gate_inputs(&limits, &[]).projection, None);
+        let mut fx = effects(1);
+        fx.percent_complete = Some(25.0);
+        s.apply(1, &step(1, "a"), &fx);
+        let inputs = s.gate_inputs(&limits, &[]);
+        let p = inputs.projection.unwrap();
+        assert_eq!((p.tokens_to_finish, p.iterations_to_finish), (300, 3));
+        assert_eq!(inputs.overrun_streak, 0);
+        let metrics = crate::policy::gate::evaluate(&Default::default(), &inputs).metrics;
+        let over = |streak| GateMetrics {
+            overrun_streak: streak,
+            ..metrics
+        };
+        s.record_gate(2, &over(1));
+        assert_eq!(s.overrun.count, 1);
+        // Evaluating step 2 again (after a throttle) starts from before it.
+        assert_eq!(s.gate_inputs(&limits, &[]).overrun_streak, 0);
+        s.apply(1, &step(2, "b"), &fx);
+        assert_eq!(s.gate_inputs(&limits, &[]).overrun_streak, 1);
+        s.record_gate(3, &over(2));
+        assert_eq!(s.overrun.count, 2);
+        s.begin_run(2);
+        assert_eq!(s.overrun, OverrunStreak::default(), "a resume starts over");
     }
 
     #[test]

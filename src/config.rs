@@ -301,7 +301,7 @@ impl Config {
             step_limit: env.parse("WARDEN_GATE_STEP_LIMIT", 100, 1, 1_000_000)?,
             checkpoint_every: env.parse("WARDEN_GATE_CHECKPOINT_EVERY", 25, 1, 1_000_000)?,
             projection_margin: env.float("WARDEN_PROJECTION_MARGIN", 2.0, 1.0, 1_000.0)?,
-            projection_evaluations: env.parse("WARDEN_PROJECTION_EVALUATIONS", 3, 1, 1_000)?,
+            projection_evaluations: env.parse("WARDEN_PROJECTION_EVALUATIONS", 3, 1, 20)?,
             ..GateConfig::default()
         };
         let ttl = env.millis("WARDEN_LEASE_TTL_MS", 15_000, 200, 3_600_000)?;
@@ -449,6 +449,7 @@ mod tests {
             ("WARDEN_PROJECTION_MARGIN", "0.5"),
             ("WARDEN_PROJECTION_MARGIN", "NaN"),
             ("WARDEN_PROJECTION_EVALUATIONS", "0"),
+            ("WARDEN_PROJECTION_EVALUATIONS", "21"),
         ] {
             assert!(
                 Config::from_vars(&vars(&[(var, value)])).is_err(),

@@ -5,7 +5,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::projection::{self, Projection};
+use super::projection::{self, ProgressPoint, Projection};
 
 /// Thresholds of the gate.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -81,10 +81,12 @@ pub struct GateInputs<'a> {
     pub budget: Budget,
     /// Number of the last iteration covered by a checkpoint, 0 if none.
     pub last_checkpoint_step: u64,
-    /// What finishing will take at the progress rate so far; `None` before any progress.
-    pub projection: Option<Projection>,
-    /// Evaluations in a row, before this one, whose projection overran the budget.
-    pub overrun_streak: u32,
+    /// Spend and progress estimate after each recent committed step, oldest
+    /// first: the newest is what finishing takes now, the run of overruns
+    /// before it is how many evaluations in a row saw the budget fall short.
+    /// Not logged: the metrics carry the projection and the streak.
+    #[serde(skip)]
+    pub progress_trail: &'a [ProgressPoint],
 }
 
 /// Which budget ran out.
@@ -236,19 +238,15 @@ pub fn evaluate(config: &GateConfig, inputs: &GateInputs<'_>) -> GateEvaluation 
             .checkpoint_every
             .saturating_sub(steps_since_checkpoint),
         steps_since_start: inputs.steps_since_start,
-        projection: inputs.projection,
-        overrun_streak: match &inputs.projection {
-            Some(p)
-                if projection::overruns(
-                    p,
-                    inputs.budget.tokens_remaining,
-                    config.projection_margin,
-                ) =>
-            {
-                inputs.overrun_streak.saturating_add(1)
-            }
-            _ => 0,
-        },
+        projection: inputs
+            .progress_trail
+            .last()
+            .and_then(ProgressPoint::projection),
+        overrun_streak: projection::overrun_streak(
+            inputs.progress_trail,
+            inputs.budget.tokens_remaining,
+            config.projection_margin,
+        ),
     };
     GateEvaluation {
         decision: decide(config, inputs, &metrics),
@@ -350,8 +348,7 @@ mod tests {
                 time_remaining_ms: Some(60_000),
             },
             last_checkpoint_step: 10,
-            projection: None,
-            overrun_streak: 0,
+            progress_trail: &[],
         }
     }
 
@@ -911,8 +908,7 @@ mod tests {
             uncertainty: None,
             budget: Budget::default(),
             last_checkpoint_step: 0,
-            projection: None,
-            overrun_streak: 0,
+            progress_trail: &[],
         };
         assert_eq!(
             evaluate(&GateConfig::default(), &inputs),
@@ -958,61 +954,70 @@ mod tests {
 
     // ---- projected overrun ----
 
-    /// 10 % done after 1000 tokens: 9000 more to finish.
-    fn slow_projection() -> Option<Projection> {
-        projection::project(
-            &projection::ProgressSample {
+    /// 10 % done after 1000 tokens, `n` evaluations in a row: 9000 more to finish each time.
+    fn slow_trail(n: usize) -> Vec<ProgressPoint> {
+        let point = ProgressPoint {
+            tokens: 1000,
+            iterations: 2,
+            sample: Some(projection::ProgressSample {
                 percent_complete: 10.0,
                 tokens: 1000,
                 iterations: 2,
-            },
-            1000,
-            2,
-        )
+            }),
+        };
+        vec![point; n]
     }
 
-    fn projected(tokens_remaining: Option<u64>, streak: u32) -> GateEvaluation {
+    fn projected(trail: &[ProgressPoint], tokens_remaining: Option<u64>) -> GateEvaluation {
         let mut inputs = calm();
-        inputs.projection = slow_projection();
+        inputs.progress_trail = trail;
         inputs.budget.tokens_remaining = tokens_remaining;
-        inputs.overrun_streak = streak;
         evaluate(&GateConfig::default(), &inputs)
     }
 
     #[test]
     fn projected_overrun_pauses_on_the_third_evaluation_in_a_row() {
         // 9000 needed, 1000 left: more than twice over.
-        for (streak, decision) in [
-            (0, GateDecision::Continue),
+        for (n, decision) in [
             (1, GateDecision::Continue),
-            (2, pause(PauseCause::ProjectedOverrun)),
-            (7, pause(PauseCause::ProjectedOverrun)),
+            (2, GateDecision::Continue),
+            (3, pause(PauseCause::ProjectedOverrun)),
+            (8, pause(PauseCause::ProjectedOverrun)),
         ] {
-            let eval = projected(Some(1000), streak);
-            assert_eq!(eval.decision, decision, "streak {streak}");
-            assert_eq!(eval.metrics.overrun_streak, streak + 1);
-            assert_eq!(eval.metrics.projection, slow_projection());
+            let trail = slow_trail(n);
+            let eval = projected(&trail, Some(1000));
+            assert_eq!(eval.decision, decision, "{n} in a row");
+            assert_eq!(eval.metrics.overrun_streak, n as u32);
+            assert_eq!(
+                eval.metrics.projection.map(|p| p.tokens_to_finish),
+                Some(9000)
+            );
         }
     }
 
     #[test]
-    fn a_projection_within_the_margin_resets_the_streak() {
+    fn a_projection_within_the_margin_does_not_pause() {
         // 9000 needed, 4500 left: exactly twice, not over.
-        let eval = projected(Some(4500), 5);
+        let trail = slow_trail(5);
+        let eval = projected(&trail, Some(4500));
         assert_eq!(eval.decision, GateDecision::Continue);
         assert_eq!(eval.metrics.overrun_streak, 0);
-        let eval = projected(Some(4499), 2);
+        let eval = projected(&trail, Some(4499));
         assert_eq!(eval.decision, pause(PauseCause::ProjectedOverrun));
     }
 
     #[test]
     fn no_projection_or_no_token_budget_never_overruns() {
-        let mut inputs = calm();
-        inputs.overrun_streak = 9;
-        let eval = evaluate(&GateConfig::default(), &inputs);
+        let eval = evaluate(&GateConfig::default(), &calm());
         assert_eq!(eval.decision, GateDecision::Continue);
-        assert_eq!(eval.metrics.overrun_streak, 0);
-        let eval = projected(None, 9);
+        assert_eq!(eval.metrics.projection, None);
+        let mut blind = slow_trail(5);
+        for p in &mut blind {
+            p.sample = None;
+        }
+        assert_eq!(projected(&blind, Some(0)).metrics.overrun_streak, 0);
+        let trail = slow_trail(5);
+        let eval = projected(&trail, None);
         assert_eq!(eval.decision, GateDecision::Continue);
         assert_eq!(eval.metrics.overrun_streak, 0);
     }
@@ -1024,8 +1029,9 @@ mod tests {
             projection_evaluations: 1,
             ..GateConfig::default()
         };
+        let trail = slow_trail(1);
         let mut inputs = calm();
-        inputs.projection = slow_projection();
+        inputs.progress_trail = &trail;
         inputs.budget.tokens_remaining = Some(900);
         assert_eq!(evaluate(&config, &inputs).decision, GateDecision::Continue);
         inputs.budget.tokens_remaining = Some(899);
@@ -1047,9 +1053,9 @@ mod tests {
 
     #[test]
     fn projected_overrun_ranks_below_the_other_pauses_and_above_throttle() {
+        let trail = slow_trail(3);
         let mut inputs = calm();
-        inputs.projection = slow_projection();
-        inputs.overrun_streak = 2;
+        inputs.progress_trail = &trail;
         inputs.token_deltas = &ACCELERATING;
         assert_eq!(decide(&inputs), pause(PauseCause::ProjectedOverrun));
         inputs.uncertainty = Some(0.95);
@@ -1178,8 +1184,7 @@ mod tests {
                 time_remaining_ms: None,
             },
             last_checkpoint_step: 1,
-            projection: None,
-            overrun_streak: 2,
+            progress_trail: &[],
         };
         assert_eq!(
             serde_json::to_value(inputs).unwrap(),
@@ -1188,7 +1193,7 @@ mod tests {
                 "rework_flags": [true], "tool_calls": 4, "coherence": null,
                 "uncertainty": 0.5,
                 "budget": { "tokens_remaining": null, "tool_calls_remaining": 0, "time_remaining_ms": null },
-                "last_checkpoint_step": 1, "projection": null, "overrun_streak": 2
+                "last_checkpoint_step": 1
             })
         );
     }

@@ -83,39 +83,44 @@ pub fn overruns(projection: &Projection, tokens_remaining: Option<u64>, margin: 
         .is_some_and(|left| projection.tokens_to_finish as f64 > left as f64 * margin.max(1.0))
 }
 
-/// Consecutive gate evaluations, one per step, whose projection overran.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct OverrunStreak {
-    /// Step of the latest evaluation counted (0 before any).
-    pub step: u64,
-    /// Overrunning evaluations in a row, up to and including that step.
-    pub count: u32,
+/// The spend after a committed step and the progress estimate then in force:
+/// the state one gate evaluation saw. Folded from committed data, so a
+/// session rebuilt after a restart sees the same trail.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct ProgressPoint {
+    /// Tokens used by then.
+    pub tokens: u64,
+    /// Iterations committed by then.
+    pub iterations: u64,
+    /// The latest progress estimate by then.
+    pub sample: Option<ProgressSample>,
 }
 
-impl OverrunStreak {
-    /// The streak before an evaluation of `step`: a step evaluated again
-    /// (after a throttle) does not count twice, and a gap breaks the streak.
-    pub fn before(&self, step: u64) -> u32 {
-        if self.step + 1 == step {
-            self.count
-        } else if self.step == step {
-            self.count.saturating_sub(1)
-        } else {
-            0
-        }
+impl ProgressPoint {
+    /// The projection at this point.
+    pub fn projection(&self) -> Option<Projection> {
+        self.sample
+            .and_then(|s| project(&s, self.tokens, self.iterations))
     }
+}
 
-    /// The streak after an evaluation of `step` that did (or did not) overrun.
-    pub fn after(&self, step: u64, overran: bool) -> OverrunStreak {
-        OverrunStreak {
-            step,
-            count: if overran {
-                self.before(step).saturating_add(1)
-            } else {
-                0
-            },
-        }
-    }
+/// How many of the newest points in a row overran the tokens left at their
+/// time; `tokens_remaining` is what is left after the newest point.
+pub fn overrun_streak(trail: &[ProgressPoint], tokens_remaining: Option<u64>, margin: f64) -> u32 {
+    let (Some(newest), Some(left_now)) = (trail.last(), tokens_remaining) else {
+        return 0;
+    };
+    let streak = trail
+        .iter()
+        .rev()
+        .take_while(|point| {
+            let left_then = left_now.saturating_add(newest.tokens.saturating_sub(point.tokens));
+            point
+                .projection()
+                .is_some_and(|p| overruns(&p, Some(left_then), margin))
+        })
+        .count();
+    u32::try_from(streak).unwrap_or(u32::MAX)
 }
 
 #[cfg(test)]
@@ -198,34 +203,53 @@ mod tests {
         assert!(!overruns(&p, Some(9000), 0.5));
     }
 
-    #[test]
-    fn streak_counts_consecutive_steps() {
-        let s = OverrunStreak::default();
-        let s = s.after(1, true);
-        assert_eq!(s, OverrunStreak { step: 1, count: 1 });
-        let s = s.after(2, true);
-        assert_eq!(s.count, 2);
-        let s = s.after(3, false);
-        assert_eq!(s.count, 0);
-        let s = s.after(4, true);
-        assert_eq!(s.count, 1);
+    /// After step `n` of 100 equal steps of 100 tokens each.
+    fn point(n: u64) -> ProgressPoint {
+        ProgressPoint {
+            tokens: n * 100,
+            iterations: n,
+            sample: Some(sample(n as f64, n * 100, n)),
+        }
     }
 
     #[test]
-    fn a_step_evaluated_again_counts_once() {
-        let s = OverrunStreak::default().after(1, true).after(2, true);
-        assert_eq!(s.before(2), 1);
-        assert_eq!(s.after(2, true).count, 2);
-        assert_eq!(s.after(2, false).count, 0);
-        let quiet = OverrunStreak::default().after(1, true).after(2, false);
-        assert_eq!(quiet.before(2), 0);
+    fn a_point_projects_from_its_own_spend() {
+        let p = point(10).projection().unwrap();
+        assert_eq!((p.tokens_to_finish, p.iterations_to_finish), (9000, 90));
+        let none = ProgressPoint {
+            sample: None,
+            ..point(10)
+        };
+        assert_eq!(none.projection(), None);
     }
 
     #[test]
-    fn a_gap_breaks_the_streak() {
-        let s = OverrunStreak::default().after(1, true).after(2, true);
-        assert_eq!(s.before(5), 0);
-        assert_eq!(s.after(5, true).count, 1);
+    fn streak_counts_the_newest_overrunning_points() {
+        // 10 000 tokens needed in all; a budget of 2500 leaves 2500 - spent.
+        let trail: Vec<_> = (1..=5).map(point).collect();
+        // After step 5: 9500 needed, 2000 left: over by more than twice.
+        // After step 1: 9900 needed, 2400 left: over as well. All five count.
+        assert_eq!(overrun_streak(&trail, Some(2000), 2.0), 5);
+        // 4600 left now: after step k, 10000 - 100k needed against
+        // 2 × (5100 - 100k) allowed — over only from step 3 on.
+        assert_eq!(overrun_streak(&trail, Some(4600), 2.0), 3);
+        // A margin of 3 is over nowhere.
+        assert_eq!(overrun_streak(&trail, Some(4600), 3.0), 0);
+    }
+
+    #[test]
+    fn a_point_within_the_margin_breaks_the_streak() {
+        let mut trail: Vec<_> = (1..=5).map(point).collect();
+        trail[2].sample = None;
+        assert_eq!(overrun_streak(&trail, Some(2000), 2.0), 2);
+        trail[4].sample = None;
+        assert_eq!(overrun_streak(&trail, Some(2000), 2.0), 0);
+    }
+
+    #[test]
+    fn no_trail_or_no_budget_has_no_streak() {
+        assert_eq!(overrun_streak(&[], Some(0), 2.0), 0);
+        assert_eq!(overrun_streak(&[point(1)], None, 2.0), 0);
     }
 
     #[test]

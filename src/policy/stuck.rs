@@ -150,21 +150,36 @@ pub fn took_no_action(step: &StepRecord) -> bool {
             .any(|a| step.action.eq_ignore_ascii_case(a))
 }
 
+/// Whether the step never reached the agent: the executor failed (model or
+/// webhook unreachable) before any action, leaving no observation, message or
+/// tool call. A run of those is an outage for the error-streak guardrail to
+/// end, not a loop of the agent's, and nudging the agent cannot fix it.
+pub fn executor_failed(step: &StepRecord) -> bool {
+    step.outcome == Outcome::Error
+        && step.tool_calls == 0
+        && step.observation.is_empty()
+        && step.message.is_empty()
+}
+
 /// Finds a stuck pattern the newest step takes part in; `history` is oldest first.
 ///
 /// Waiting steps are left out of the repeat, message and alternation
 /// patterns (polling is meant to repeat itself); when the newest step is a
 /// waiting one only the context-overflow and wait-cap checks apply. The
 /// message rule only counts steps that took no action: different actions that
-/// happen to print the same text are progress, not a monologue.
+/// happen to print the same text are progress, not a monologue. Executor
+/// failures are left out like waiting steps.
 pub fn detect(
     config: &StuckConfig,
     history: &[StepRecord],
     total_wait_ms: u64,
 ) -> Option<StuckPattern> {
     let newest = history.last()?;
-    if !newest.waiting {
-        let active: Vec<&StepRecord> = history.iter().filter(|s| !s.waiting).collect();
+    if !newest.waiting && !executor_failed(newest) {
+        let active: Vec<&StepRecord> = history
+            .iter()
+            .filter(|s| !s.waiting && !executor_failed(s))
+            .collect();
         if let Some(pattern) = repeated_error(config, &active)
             .or_else(|| repeated_observation(config, &active))
             .or_else(|| repeated_message(config, &active))
@@ -783,6 +798,41 @@ mod tests {
         h.insert(3, waiting(100));
         h.insert(1, waiting(101));
         assert_eq!(detect_default(&h), alternation_pattern("open", "close"));
+    }
+
+    /// A step whose model call failed before the agent did anything.
+    fn outage(n: u64) -> StepRecord {
+        let mut s = step(n, "model_call");
+        s.outcome = Outcome::Error;
+        s.tool_calls = 0;
+        s.observation.clear();
+        s.message.clear();
+        s.error = Some("HTTP 500".into());
+        s
+    }
+
+    #[test]
+    fn executor_failures_are_an_outage_not_a_loop() {
+        let h: Vec<_> = (1..=8).map(outage).collect();
+        assert_eq!(detect_default(&h), None);
+        assert!(executor_failed(&outage(1)));
+        // An agent's own failing action with output is still a repeat.
+        let mut own = outage(1);
+        own.message = "tool crashed".into();
+        assert!(!executor_failed(&own));
+        let mut acted = outage(1);
+        acted.tool_calls = 1;
+        assert!(!executor_failed(&acted));
+        assert!(!executor_failed(&step(1, "model_call")), "a success");
+        // Outages neither count nor break the agent's own error run.
+        let h = vec![
+            failing(1, "test"),
+            outage(2),
+            failing(3, "test"),
+            outage(4),
+            failing(5, "test"),
+        ];
+        assert_eq!(detect_default(&h), error_pattern("test", 3));
     }
 
     #[test]

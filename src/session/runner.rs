@@ -240,7 +240,6 @@ impl Runner {
                 json!({ "step": step, "decision": evaluation.decision,
                         "metrics": evaluation.metrics, "inputs": inputs }),
             );
-            self.state.record_gate(step, &evaluation.metrics);
             match evaluation.decision {
                 GateDecision::Stop { cause } => {
                     let reason = match cause {

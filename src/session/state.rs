@@ -5,11 +5,11 @@
 use serde::{Deserialize, Serialize};
 
 use crate::policy::checklist::ChecklistItem;
-use crate::policy::gate::{Budget, GateInputs, GateMetrics};
+use crate::policy::gate::{Budget, GateInputs};
 use crate::policy::guardrails::{self, Limits, Usage};
 use crate::policy::history::{self, Outcome, Rework, StepRecord};
 use crate::policy::lifecycle::Reason;
-use crate::policy::projection::{self, OverrunStreak, ProgressSample};
+use crate::policy::projection::{ProgressPoint, ProgressSample};
 use crate::policy::reflection::{ReflectionState, Verdict};
 use crate::policy::sentinel::{self, Sentinel, SignalKind};
 use crate::policy::stuck::{self, StuckConfig, StuckPattern, StuckVerdict};
@@ -98,11 +98,10 @@ pub struct LoopState {
     /// rate the cost projection is based on.
     #[serde(default)]
     pub progress: Option<ProgressSample>,
-    /// Gate evaluations in a row whose projection overran the budget. Kept
-    /// in checkpoints but not rebuilt from iterations, so a restart can only
-    /// shorten it (pause later), never lengthen it.
+    /// Spend and progress estimate after each recent step of this run
+    /// (at most `HISTORY_WINDOW`): what the gate projects from.
     #[serde(default)]
-    pub overrun: OverrunStreak,
+    pub progress_trail: Vec<ProgressPoint>,
 }
 
 fn first_cycle() -> u32 {
@@ -268,6 +267,13 @@ impl LoopState {
         if effects.percent_complete.is_some() {
             self.percent_complete = effects.percent_complete;
         }
+        self.progress_trail.push(ProgressPoint {
+            tokens: self.usage.tokens,
+            iterations: self.usage.iterations,
+            sample: self.progress,
+        });
+        let excess = self.progress_trail.len().saturating_sub(HISTORY_WINDOW);
+        self.progress_trail.drain(..excess);
         if let Some(cycle) = effects.new_cycle {
             self.cycle = cycle;
         }
@@ -293,6 +299,11 @@ impl LoopState {
             // last figure: no progress since then must raise the projection.
             self.progress = Some(self.sample(p));
             self.percent_complete = Some(p);
+        }
+        // The next gate evaluation sees the state after the reflection.
+        if let Some(last) = self.progress_trail.last_mut() {
+            last.tokens = self.usage.tokens;
+            last.sample = self.progress;
         }
         let claim = self.pending_end.take_if(|e| e.review_pending);
         match &applied.verdict {
@@ -333,7 +344,8 @@ impl LoopState {
         self.pending_nudge = None;
         self.pending_end = None;
         self.usage.consecutive_errors = 0;
-        self.overrun = OverrunStreak::default();
+        // A person has looked: overruns seen before the resume no longer count.
+        self.progress_trail.clear();
     }
 
     fn sample(&self, percent_complete: f64) -> ProgressSample {
@@ -342,11 +354,6 @@ impl LoopState {
             tokens: self.usage.tokens,
             iterations: self.usage.iterations,
         }
-    }
-
-    /// Remembers the gate's overrun streak after it evaluated `step`.
-    pub fn record_gate(&mut self, step: u64, metrics: &GateMetrics) {
-        self.overrun = self.overrun.after(step, metrics.overrun_streak > 0);
     }
 
     /// The gate's inputs for the next step.
@@ -367,10 +374,7 @@ impl LoopState {
                 time_remaining_ms: Some(guardrails::time_remaining_ms(limits, &self.usage)),
             },
             last_checkpoint_step: self.last_checkpoint_step,
-            projection: self.progress.and_then(|sample| {
-                projection::project(&sample, self.usage.tokens, self.usage.iterations)
-            }),
-            overrun_streak: self.overrun.before(self.usage.iterations + 1),
+            progress_trail: &self.progress_trail,
         }
     }
 
@@ -586,33 +590,43 @@ mod tests {
     }
 
     #[test]
-    fn gate_inputs_carry_the_projection_and_the_overrun_streak() {
-        use crate::policy::guardrails::tests::roomy;
+    fn the_progress_trail_follows_steps_and_reflections() {
         let mut s = LoopState::new(10);
-        let limits = roomy();
-        assert_eq!(s.gate_inputs(&limits, &[]).projection, None);
         let mut fx = effects(1);
         fx.percent_complete = Some(25.0);
         s.apply(1, &step(1, "a"), &fx);
-        let inputs = s.gate_inputs(&limits, &[]);
-        let p = inputs.projection.unwrap();
-        assert_eq!((p.tokens_to_finish, p.iterations_to_finish), (300, 3));
-        assert_eq!(inputs.overrun_streak, 0);
-        let metrics = crate::policy::gate::evaluate(&Default::default(), &inputs).metrics;
-        let over = |streak| GateMetrics {
-            overrun_streak: streak,
-            ..metrics
-        };
-        s.record_gate(2, &over(1));
-        assert_eq!(s.overrun.count, 1);
-        // Evaluating step 2 again (after a throttle) starts from before it.
-        assert_eq!(s.gate_inputs(&limits, &[]).overrun_streak, 0);
         s.apply(1, &step(2, "b"), &fx);
-        assert_eq!(s.gate_inputs(&limits, &[]).overrun_streak, 1);
-        s.record_gate(3, &over(2));
-        assert_eq!(s.overrun.count, 2);
+        assert_eq!(s.progress_trail.len(), 2);
+        assert_eq!(s.progress_trail[1].tokens, 200);
+        let p = s.progress_trail[1].projection().unwrap();
+        // 25 % after 100 tokens: 400 in all, 200 spent.
+        assert_eq!((p.tokens_to_finish, p.iterations_to_finish), (200, 2));
+        // A reflection updates the newest point: the next evaluation sees it.
+        let mut after = s.reflection;
+        after.tokens += 50;
+        s.apply_reflection(&AppliedReflection {
+            verdict: Verdict::Continue,
+            state_after: after,
+            percent_complete: Some(50.0),
+            reasoning: None,
+            criteria: Vec::new(),
+            milestones: Vec::new(),
+        });
+        assert_eq!(s.progress_trail.len(), 2);
+        assert_eq!(s.progress_trail[1].tokens, 250);
+        assert_eq!(
+            s.progress_trail[1].sample.map(|p| p.percent_complete),
+            Some(50.0)
+        );
+        let limits = crate::policy::guardrails::tests::roomy();
+        assert_eq!(s.gate_inputs(&limits, &[]).progress_trail.len(), 2);
+        // The trail is bounded like the history, and a resume clears it.
+        for n in 3..=30 {
+            s.apply(1, &step(n, &format!("a{n}")), &fx);
+        }
+        assert_eq!(s.progress_trail.len(), HISTORY_WINDOW);
         s.begin_run(2);
-        assert_eq!(s.overrun, OverrunStreak::default(), "a resume starts over");
+        assert!(s.progress_trail.is_empty());
     }
 
     #[test]

@@ -355,7 +355,7 @@ fn corpus() -> Vec<Case> {
         "wall clock",
         "limits",
         scripted(goal, slow, false, json!({ "max_wall_time_ms": 500 })),
-        ends("stopped", "timeout", 3, 6),
+        ends("stopped", "timeout", 1, 6),
     );
     add(
         "steps without a person",

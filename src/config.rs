@@ -300,6 +300,8 @@ impl Config {
         let gate = GateConfig {
             step_limit: env.parse("WARDEN_GATE_STEP_LIMIT", 100, 1, 1_000_000)?,
             checkpoint_every: env.parse("WARDEN_GATE_CHECKPOINT_EVERY", 25, 1, 1_000_000)?,
+            projection_margin: env.float("WARDEN_PROJECTION_MARGIN", 2.0, 1.0, 1_000.0)?,
+            projection_evaluations: env.parse("WARDEN_PROJECTION_EVALUATIONS", 3, 1, 20)?,
             ..GateConfig::default()
         };
         let ttl = env.millis("WARDEN_LEASE_TTL_MS", 15_000, 200, 3_600_000)?;
@@ -430,6 +432,30 @@ mod tests {
         assert_eq!(c.defaults.limits_for(Mode::Continuous).max_iterations, 200);
         assert_eq!(c.throttle_cooldown, Duration::from_secs(5));
         assert_eq!(c.gate.step_limit, 100);
+        assert_eq!(c.gate.projection_margin, 2.0);
+        assert_eq!(c.gate.projection_evaluations, 3);
+    }
+
+    #[test]
+    fn projection_settings_are_read_and_checked() {
+        let c = Config::from_vars(&vars(&[
+            ("WARDEN_PROJECTION_MARGIN", "5.5"),
+            ("WARDEN_PROJECTION_EVALUATIONS", "7"),
+        ]))
+        .unwrap();
+        assert_eq!(c.gate.projection_margin, 5.5);
+        assert_eq!(c.gate.projection_evaluations, 7);
+        for (var, value) in [
+            ("WARDEN_PROJECTION_MARGIN", "0.5"),
+            ("WARDEN_PROJECTION_MARGIN", "NaN"),
+            ("WARDEN_PROJECTION_EVALUATIONS", "0"),
+            ("WARDEN_PROJECTION_EVALUATIONS", "21"),
+        ] {
+            assert!(
+                Config::from_vars(&vars(&[(var, value)])).is_err(),
+                "{var}={value}"
+            );
+        }
     }
 
     #[test]

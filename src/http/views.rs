@@ -9,6 +9,7 @@ use uuid::Uuid;
 use crate::policy::checklist::ChecklistItem;
 use crate::policy::guardrails::Limits;
 use crate::policy::lifecycle::{Mode, Reason, Status};
+use crate::policy::projection::{self, ProgressSample};
 use crate::store::{CheckpointRecord, EventRecord, IterationRecord, SessionRecord};
 
 /// Which executor a session uses.
@@ -109,6 +110,14 @@ pub struct SessionView {
     pub percent_complete: Option<f64>,
     /// Estimated seconds to completion at the current velocity.
     pub eta_seconds: Option<f64>,
+    /// Tokens still needed to finish at the progress rate so far (null before any progress).
+    pub projected_tokens_to_finish: Option<u64>,
+    /// Iterations still needed to finish at the progress rate so far.
+    pub projected_iterations_to_finish: Option<u64>,
+    /// Money those tokens cost at `WARDEN_TOKEN_PRICE_PER_MILLION` (null when no price is set).
+    pub projected_cost_to_finish: Option<f64>,
+    /// The estimate behind the projection: the latest percent complete and the spend so far.
+    pub projection_basis: Option<ProgressSample>,
     /// Limits in force.
     pub limits: Limits,
     /// The executor.
@@ -145,6 +154,9 @@ impl SessionView {
     /// Adds the money spent at `price_per_million` tokens.
     pub fn priced(mut self, price_per_million: Option<f64>) -> SessionView {
         self.cost = price_per_million.map(|p| self.tokens_used as f64 * p / 1_000_000.0);
+        self.projected_cost_to_finish = price_per_million
+            .zip(self.projected_tokens_to_finish)
+            .map(|(p, t)| t as f64 * p / 1_000_000.0);
         self
     }
 }
@@ -177,6 +189,16 @@ impl From<SessionRecord> for SessionView {
                 .map(str::to_string),
             kind,
         };
+        let projection = s.percent_complete.and_then(|percent_complete| {
+            let tokens = u64::try_from(s.counters.tokens_used).unwrap_or(0);
+            let iterations = u64::try_from(s.counters.iterations).unwrap_or(0);
+            let sample = ProgressSample {
+                percent_complete,
+                tokens,
+                iterations,
+            };
+            projection::project(&sample, tokens, iterations)
+        });
         let total = s.counters.tokens_used;
         let reflection = s.counters.reflection_tokens;
         let refinement = s.refinement_tokens;
@@ -218,6 +240,10 @@ impl From<SessionRecord> for SessionView {
             elapsed_ms: s.counters.elapsed_ms,
             percent_complete: s.percent_complete,
             eta_seconds: s.eta_seconds,
+            projected_tokens_to_finish: projection.map(|p| p.tokens_to_finish),
+            projected_iterations_to_finish: projection.map(|p| p.iterations_to_finish),
+            projected_cost_to_finish: None,
+            projection_basis: projection.map(|p| p.basis),
             limits: s.limits,
             executor,
             run: s.run,

@@ -1,6 +1,8 @@
 //! Goal pre-flight: spot goals with no concrete deliverable ("learn how to
 //! run a business") before they run away, and suggest a refinement that has
 //! an artifact, a measure and a scope. Rules only; a model may suggest better.
+//! It also spots goals that are not language at all (keyboard mashes,
+//! punctuation, one bare word): those cannot be refined, only replaced.
 
 use serde::{Deserialize, Serialize};
 
@@ -71,12 +73,26 @@ const MEASURES: [&str; 12] = [
     "ms",
 ];
 
+/// Runs of five keys along a keyboard row: no word in any language has them.
+const KEYBOARD_RUNS: [&str; 17] = [
+    "qwert", "werty", "ertyu", "rtyui", "tyuio", "yuiop", "asdfg", "sdfgh", "dfghj", "fghjk",
+    "ghjkl", "zxcvb", "xcvbn", "cvbnm", "asdf", "qwer", "zxcv",
+];
+
+/// The suggestion for a goal that names nothing: ask for the deliverable itself.
+pub const DELIVERABLE_PROMPT: &str = "Say what to deliver: name the file or artifact, what it must contain and how to tell it is done, e.g. \"Write NOTES.md listing the 5 open bugs in the parser with a fix for each\"";
+
 /// What the pre-flight found.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct AmbiguityReport {
     /// Whether the goal lacks a concrete deliverable.
     pub ambiguous: bool,
-    /// What matched, e.g. `vague_verb:learn`, `no_artifact`, `no_measure`.
+    /// The goal is not a readable request at all (`no_words`, `too_short`):
+    /// it waits for a new goal, whatever the refinement settings say.
+    #[serde(default)]
+    pub unreadable: bool,
+    /// What matched, e.g. `vague_verb:learn`, `no_artifact`, `no_measure`,
+    /// `no_words`, `keyboard_mash`, `too_short`.
     pub matched_patterns: Vec<String>,
     /// How sure the rules are that the goal is ambiguous, 0–1.
     pub confidence: f64,
@@ -110,8 +126,110 @@ fn contains_phrase(lower: &str, phrase: &str) -> bool {
     })
 }
 
+/// Why a goal is refused outright, if it is: one with no letters at all
+/// (punctuation, numbers) says nothing a refinement could start from.
+pub fn refusal(goal: &str) -> Option<String> {
+    (!goal.chars().any(char::is_alphabetic))
+        .then(|| format!("goal has no words: {DELIVERABLE_PROMPT}"))
+}
+
+fn is_vowel(c: char) -> bool {
+    "aeiouy".contains(c)
+}
+
+/// Longest run of consonants and longest run of one repeated letter.
+fn runs(lower: &str) -> (usize, usize) {
+    let (mut consonants, mut longest_consonants) = (0, 0);
+    let (mut same, mut longest_same) = (0, 0);
+    let mut prev = None;
+    for c in lower.chars() {
+        consonants = if is_vowel(c) { 0 } else { consonants + 1 };
+        longest_consonants = longest_consonants.max(consonants);
+        same = if prev == Some(c) { same + 1 } else { 1 };
+        longest_same = longest_same.max(same);
+        prev = Some(c);
+    }
+    (longest_consonants, longest_same)
+}
+
+/// Whether ASCII letters look typed by sliding along the keyboard.
+fn mashed(lower: &str) -> bool {
+    KEYBOARD_RUNS.iter().any(|run| lower.contains(run)) || runs(lower).0 > 4
+}
+
+/// Whether a token reads as a word: a file name or path, an acronym, a word
+/// in a script the rules cannot judge (accented Latin, CJK, Cyrillic…), or
+/// an ASCII word with vowels, no long consonant run and no keyboard run.
+fn readable(token: &str) -> bool {
+    let letters: String = token.chars().filter(|c| c.is_alphabetic()).collect();
+    if letters.is_empty() {
+        return false;
+    }
+    if has_file_name(token) || !letters.is_ascii() {
+        return true;
+    }
+    if letters.chars().all(|c| c.is_ascii_uppercase()) && (2..=6).contains(&letters.len()) {
+        return true;
+    }
+    let lower = letters.to_ascii_lowercase();
+    let vowels = lower.chars().filter(|&c| is_vowel(c)).count();
+    let (_, same) = runs(&lower);
+    vowels > 0 && !mashed(&lower) && same <= 2 && lower.len() <= 25 && vowels * 7 >= lower.len()
+}
+
+/// Tokens with at least one letter.
+fn letter_tokens(goal: &str) -> Vec<String> {
+    words(goal)
+        .into_iter()
+        .filter(|w| w.chars().any(char::is_alphabetic))
+        .collect()
+}
+
+/// Patterns saying the goal is not a readable request: `no_words` (not one
+/// token reads as a word), `keyboard_mash`, `too_short` (one word and no file).
+pub fn unreadable_patterns(goal: &str) -> Vec<String> {
+    let tokens = letter_tokens(goal);
+    let mut found = Vec::new();
+    if !tokens.iter().any(|t| readable(t)) {
+        found.push("no_words".to_string());
+        let mash = tokens.iter().any(|t| {
+            let letters: String = t.chars().filter(char::is_ascii_alphabetic).collect();
+            mashed(&letters.to_ascii_lowercase())
+        });
+        if mash {
+            found.push("keyboard_mash".to_string());
+        }
+    }
+    // Scripts without spaces (CJK) put a whole request in one token.
+    let long_unspaced = tokens.iter().any(|t| {
+        t.chars()
+            .filter(|c| c.is_alphabetic() && !c.is_ascii())
+            .count()
+            >= 4
+    });
+    if tokens.len() < 2 && !has_file_name(goal) && !long_unspaced {
+        found.push("too_short".to_string());
+    }
+    found
+}
+
 /// Rules-based pre-flight of a goal.
 pub fn assess(goal: &str) -> AmbiguityReport {
+    let unreadable = unreadable_patterns(goal);
+    if !unreadable.is_empty() {
+        let confidence = if unreadable.iter().any(|p| p == "no_words") {
+            0.95
+        } else {
+            0.8
+        };
+        return AmbiguityReport {
+            ambiguous: true,
+            unreadable: true,
+            matched_patterns: unreadable,
+            confidence,
+            suggested_goal: DELIVERABLE_PROMPT.to_string(),
+        };
+    }
     let lower = goal.to_lowercase();
     let mut matched: Vec<String> = VAGUE_VERBS
         .iter()
@@ -139,6 +257,7 @@ pub fn assess(goal: &str) -> AmbiguityReport {
     };
     AmbiguityReport {
         ambiguous,
+        unreadable: false,
         matched_patterns: if vague > 0 || !artifact {
             matched
         } else {
@@ -226,6 +345,111 @@ mod tests {
         assert!(with.ambiguous && without.ambiguous);
         assert!(with.confidence < without.confidence);
         assert!(!with.matched_patterns.contains(&"no_measure".to_string()));
+    }
+
+    /// Real goals in several languages, terse or long: none is unreadable.
+    const REAL_GOALS: [&str; 20] = [
+        "Écris README.md",
+        "README.md を作成して",
+        "fix flaky test in ci.yml",
+        "Create README.md with a project description",
+        "Schreibe eine Zusammenfassung der Tests in NOTES.md",
+        "Напиши отчёт о тестах",
+        "修复登录页面的测试",
+        "Escribe un informe de rendimiento",
+        "Przygotuj raport z testów",
+        "Bump tokio to 1.40 and fix the build",
+        "Add a CSV export endpoint",
+        "Write strengths and weaknesses in SWOT.md",
+        "npm audit fix",
+        "Refactor src/lib.rs",
+        "deploy api",
+        "Learn how to run a business",
+        "Make the tests pass",
+        "Rédige un résumé de l'article",
+        "Traduci il manuale in inglese",
+        "Add HTTP2 support to the proxy",
+    ];
+
+    /// Gibberish goals with letters, and the patterns each must show.
+    const GIBBERISH: [(&str, &[&str]); 10] = [
+        (
+            "lsdjflasjdf;ljasdlfja;sldjfalsdjf",
+            &["no_words", "keyboard_mash"],
+        ),
+        ("asdf asdf asdf", &["no_words", "keyboard_mash"]),
+        ("qwertyuiop", &["no_words", "keyboard_mash", "too_short"]),
+        ("jfkdlsa fjdkslaf", &["no_words", "keyboard_mash"]),
+        ("xkcd zzz bbb", &["no_words"]),
+        ("aaaaaaaaaa bbbb", &["no_words"]),
+        ("hello", &["too_short"]),
+        ("x", &["no_words", "too_short"]),
+        ("README", &["too_short"]),
+        ("?? ok !!", &["too_short"]),
+    ];
+
+    #[test]
+    fn real_goals_in_any_language_are_readable() {
+        for goal in REAL_GOALS {
+            assert_eq!(unreadable_patterns(goal), Vec::<String>::new(), "{goal}");
+            assert_eq!(refusal(goal), None, "{goal}");
+            assert!(!assess(goal).unreadable, "{goal}");
+        }
+    }
+
+    #[test]
+    fn terse_concrete_goals_run() {
+        for goal in [
+            "Écris README.md",
+            "README.md を作成して",
+            "fix flaky test in ci.yml",
+        ] {
+            let r = assess(goal);
+            assert!(!r.ambiguous, "{goal}: {r:?}");
+        }
+    }
+
+    #[test]
+    fn gibberish_goals_are_held_with_the_reason() {
+        for (goal, patterns) in GIBBERISH {
+            let r = assess(goal);
+            assert!(r.ambiguous && r.unreadable, "{goal}: {r:?}");
+            assert_eq!(r.matched_patterns, patterns.to_vec(), "{goal}");
+            assert_eq!(r.suggested_goal, DELIVERABLE_PROMPT, "{goal}");
+            assert!(r.confidence >= 0.8, "{goal}");
+            assert_eq!(refusal(goal), None, "{goal} has letters");
+        }
+        assert_eq!(assess("asdf asdf").confidence, 0.95);
+        assert_eq!(assess("hello").confidence, 0.8);
+        assert!(DELIVERABLE_PROMPT.contains("what to deliver"));
+    }
+
+    #[test]
+    fn goals_without_letters_are_refused() {
+        for goal in ["???!!!...", "12345", "42 1337 !!!", "..  --", "😀😀😀"] {
+            let why = refusal(goal).unwrap_or_else(|| panic!("{goal} must be refused"));
+            assert!(why.starts_with("goal has no words"), "{why}");
+            assert!(why.contains("what to deliver"), "{why}");
+        }
+    }
+
+    #[test]
+    fn word_rules_at_their_edges() {
+        // Acronyms of two to six capitals read as words, longer ones do not.
+        assert!(readable("SQL") && readable("HTTPS"));
+        assert!(!readable("QWXZPLKT"));
+        // Four consonants in a row is a word ("twelfth"), five is not.
+        assert!(readable("twelfth"));
+        assert!(!readable("sdlfjk"));
+        // A doubled letter is a word ("committee"), a tripled one is not.
+        assert!(readable("committee"));
+        assert!(!readable("cooool"));
+        // Vowels must be at least a seventh of the letters.
+        assert!(readable("rhythm"));
+        assert!(!readable("bcdfabcd"));
+        // File names and paths always read, however they are spelled.
+        assert!(readable("xqzw.rs") && readable("zz/kk"));
+        assert!(!readable("1234"));
     }
 
     #[test]

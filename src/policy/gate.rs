@@ -5,6 +5,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::projection::{self, ProgressPoint, Projection};
+
 /// Thresholds of the gate.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct GateConfig {
@@ -24,6 +26,10 @@ pub struct GateConfig {
     pub slope_window: usize,
     /// Force a checkpoint after this many steps without one.
     pub checkpoint_every: u64,
+    /// Pause when the projected tokens to finish exceed the tokens left by more than this factor...
+    pub projection_margin: f64,
+    /// ...for this many evaluations in a row.
+    pub projection_evaluations: u32,
 }
 
 impl Default for GateConfig {
@@ -37,6 +43,8 @@ impl Default for GateConfig {
             slope_max: 0.02,
             slope_window: 10,
             checkpoint_every: 25,
+            projection_margin: 2.0,
+            projection_evaluations: 3,
         }
     }
 }
@@ -73,6 +81,12 @@ pub struct GateInputs<'a> {
     pub budget: Budget,
     /// Number of the last iteration covered by a checkpoint, 0 if none.
     pub last_checkpoint_step: u64,
+    /// Spend and progress estimate after each recent committed step, oldest
+    /// first: the newest is what finishing takes now, the run of overruns
+    /// before it is how many evaluations in a row saw the budget fall short.
+    /// Not logged: the metrics carry the projection and the streak.
+    #[serde(skip)]
+    pub progress_trail: &'a [ProgressPoint],
 }
 
 /// Which budget ran out.
@@ -110,6 +124,8 @@ pub enum PauseCause {
     ReworkLoop,
     /// The agent is too uncertain.
     Uncertainty,
+    /// At the progress rate so far, finishing needs far more tokens than are left.
+    ProjectedOverrun,
 }
 
 /// The gate's decision, highest priority first.
@@ -151,6 +167,12 @@ pub struct GateMetrics {
     pub steps_until_checkpoint: u64,
     /// Steps since the last start or resume.
     pub steps_since_start: u64,
+    /// The projection acted on.
+    #[serde(default)]
+    pub projection: Option<Projection>,
+    /// Evaluations in a row, this one included, whose projection overran the budget.
+    #[serde(default)]
+    pub overrun_streak: u32,
 }
 
 /// A decision together with the metrics it was based on.
@@ -216,6 +238,15 @@ pub fn evaluate(config: &GateConfig, inputs: &GateInputs<'_>) -> GateEvaluation 
             .checkpoint_every
             .saturating_sub(steps_since_checkpoint),
         steps_since_start: inputs.steps_since_start,
+        projection: inputs
+            .progress_trail
+            .last()
+            .and_then(ProgressPoint::projection),
+        overrun_streak: projection::overrun_streak(
+            inputs.progress_trail,
+            inputs.budget.tokens_remaining,
+            config.projection_margin,
+        ),
     };
     GateEvaluation {
         decision: decide(config, inputs, &metrics),
@@ -259,6 +290,10 @@ fn decide(config: &GateConfig, inputs: &GateInputs<'_>, metrics: &GateMetrics) -
     {
         GateDecision::Pause {
             cause: PauseCause::Uncertainty,
+        }
+    } else if metrics.overrun_streak >= config.projection_evaluations.max(1) {
+        GateDecision::Pause {
+            cause: PauseCause::ProjectedOverrun,
         }
     } else if metrics.spend_slope.is_some_and(|s| s > config.slope_max) {
         GateDecision::Throttle
@@ -313,6 +348,7 @@ mod tests {
                 time_remaining_ms: Some(60_000),
             },
             last_checkpoint_step: 10,
+            progress_trail: &[],
         }
     }
 
@@ -347,6 +383,8 @@ mod tests {
                 slope_max: 0.02,
                 slope_window: 10,
                 checkpoint_every: 25,
+                projection_margin: 2.0,
+                projection_evaluations: 3,
             }
         );
         assert_eq!(
@@ -851,6 +889,8 @@ mod tests {
                     steps_since_checkpoint: 0,
                     steps_until_checkpoint: 25,
                     steps_since_start: 10,
+                    projection: None,
+                    overrun_streak: 0,
                 },
             }
         );
@@ -868,6 +908,7 @@ mod tests {
             uncertainty: None,
             budget: Budget::default(),
             last_checkpoint_step: 0,
+            progress_trail: &[],
         };
         assert_eq!(
             evaluate(&GateConfig::default(), &inputs),
@@ -881,6 +922,8 @@ mod tests {
                     steps_since_checkpoint: 0,
                     steps_until_checkpoint: 25,
                     steps_since_start: 0,
+                    projection: None,
+                    overrun_streak: 0,
                 },
             }
         );
@@ -907,6 +950,120 @@ mod tests {
         let eval = evaluate(&config, &inputs);
         assert_eq!(eval.metrics.spend_slope, Some(0.5));
         assert_eq!(eval.decision, GateDecision::Throttle);
+    }
+
+    // ---- projected overrun ----
+
+    /// 10 % done after 1000 tokens, `n` evaluations in a row: 9000 more to finish each time.
+    fn slow_trail(n: usize) -> Vec<ProgressPoint> {
+        let point = ProgressPoint {
+            tokens: 1000,
+            iterations: 2,
+            sample: Some(projection::ProgressSample {
+                percent_complete: 10.0,
+                tokens: 1000,
+                iterations: 2,
+            }),
+        };
+        vec![point; n]
+    }
+
+    fn projected(trail: &[ProgressPoint], tokens_remaining: Option<u64>) -> GateEvaluation {
+        let mut inputs = calm();
+        inputs.progress_trail = trail;
+        inputs.budget.tokens_remaining = tokens_remaining;
+        evaluate(&GateConfig::default(), &inputs)
+    }
+
+    #[test]
+    fn projected_overrun_pauses_on_the_third_evaluation_in_a_row() {
+        // 9000 needed, 1000 left: more than twice over.
+        for (n, decision) in [
+            (1, GateDecision::Continue),
+            (2, GateDecision::Continue),
+            (3, pause(PauseCause::ProjectedOverrun)),
+            (8, pause(PauseCause::ProjectedOverrun)),
+        ] {
+            let trail = slow_trail(n);
+            let eval = projected(&trail, Some(1000));
+            assert_eq!(eval.decision, decision, "{n} in a row");
+            assert_eq!(eval.metrics.overrun_streak, n as u32);
+            assert_eq!(
+                eval.metrics.projection.map(|p| p.tokens_to_finish),
+                Some(9000)
+            );
+        }
+    }
+
+    #[test]
+    fn a_projection_within_the_margin_does_not_pause() {
+        // 9000 needed, 4500 left: exactly twice, not over.
+        let trail = slow_trail(5);
+        let eval = projected(&trail, Some(4500));
+        assert_eq!(eval.decision, GateDecision::Continue);
+        assert_eq!(eval.metrics.overrun_streak, 0);
+        let eval = projected(&trail, Some(4499));
+        assert_eq!(eval.decision, pause(PauseCause::ProjectedOverrun));
+    }
+
+    #[test]
+    fn no_projection_or_no_token_budget_never_overruns() {
+        let eval = evaluate(&GateConfig::default(), &calm());
+        assert_eq!(eval.decision, GateDecision::Continue);
+        assert_eq!(eval.metrics.projection, None);
+        let mut blind = slow_trail(5);
+        for p in &mut blind {
+            p.sample = None;
+        }
+        assert_eq!(projected(&blind, Some(0)).metrics.overrun_streak, 0);
+        let trail = slow_trail(5);
+        let eval = projected(&trail, None);
+        assert_eq!(eval.decision, GateDecision::Continue);
+        assert_eq!(eval.metrics.overrun_streak, 0);
+    }
+
+    #[test]
+    fn projection_settings_are_honoured() {
+        let config = GateConfig {
+            projection_margin: 10.0,
+            projection_evaluations: 1,
+            ..GateConfig::default()
+        };
+        let trail = slow_trail(1);
+        let mut inputs = calm();
+        inputs.progress_trail = &trail;
+        inputs.budget.tokens_remaining = Some(900);
+        assert_eq!(evaluate(&config, &inputs).decision, GateDecision::Continue);
+        inputs.budget.tokens_remaining = Some(899);
+        assert_eq!(
+            evaluate(&config, &inputs).decision,
+            pause(PauseCause::ProjectedOverrun)
+        );
+        // Zero evaluations would pause on nothing: it counts as one.
+        let config = GateConfig {
+            projection_evaluations: 0,
+            ..GateConfig::default()
+        };
+        inputs.budget.tokens_remaining = Some(1000);
+        assert_eq!(
+            evaluate(&config, &inputs).decision,
+            pause(PauseCause::ProjectedOverrun)
+        );
+    }
+
+    #[test]
+    fn projected_overrun_ranks_below_the_other_pauses_and_above_throttle() {
+        let trail = slow_trail(3);
+        let mut inputs = calm();
+        inputs.progress_trail = &trail;
+        inputs.token_deltas = &ACCELERATING;
+        assert_eq!(decide(&inputs), pause(PauseCause::ProjectedOverrun));
+        inputs.uncertainty = Some(0.95);
+        assert_eq!(decide(&inputs), pause(PauseCause::Uncertainty));
+        inputs.rework_flags = &REWORKY;
+        assert_eq!(decide(&inputs), pause(PauseCause::ReworkLoop));
+        inputs.budget.tokens_remaining = Some(0);
+        assert_eq!(decide(&inputs), budget_stop(BudgetKind::Tokens));
     }
 
     // ---- serialization ----
@@ -942,6 +1099,10 @@ mod tests {
                 pause(PauseCause::Uncertainty),
                 json!({ "decision": "pause", "cause": "uncertainty" }),
             ),
+            (
+                pause(PauseCause::ProjectedOverrun),
+                json!({ "decision": "pause", "cause": "projected_overrun" }),
+            ),
             (GateDecision::Throttle, json!({ "decision": "throttle" })),
             (
                 GateDecision::Checkpoint,
@@ -972,7 +1133,9 @@ mod tests {
                     "uncertainty": 0.1,
                     "steps_since_checkpoint": 0,
                     "steps_until_checkpoint": 25,
-                    "steps_since_start": 10
+                    "steps_since_start": 10,
+                    "projection": null,
+                    "overrun_streak": 0
                 }
             })
         );
@@ -989,7 +1152,8 @@ mod tests {
             json!({
                 "coherence_min": 0.4, "step_limit": 100, "rework_max": 0.3,
                 "rework_window": 10, "uncertainty_max": 0.8, "slope_max": 0.02,
-                "slope_window": 10, "checkpoint_every": 25
+                "slope_window": 10, "checkpoint_every": 25,
+                "projection_margin": 2.0, "projection_evaluations": 3
             })
         );
         assert_eq!(serde_json::from_value::<GateConfig>(value).unwrap(), config);
@@ -1020,6 +1184,7 @@ mod tests {
                 time_remaining_ms: None,
             },
             last_checkpoint_step: 1,
+            progress_trail: &[],
         };
         assert_eq!(
             serde_json::to_value(inputs).unwrap(),

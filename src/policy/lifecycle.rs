@@ -107,11 +107,13 @@ pub enum Reason {
     ReflectionFailed,
     /// The session used all its context cycles.
     CycleLimit,
+    /// At the progress rate so far, finishing would need far more tokens than are left.
+    BudgetProjectedOverrun,
 }
 
 impl Reason {
     /// Every reason.
-    pub const ALL: [Reason; 20] = [
+    pub const ALL: [Reason; 21] = [
         Reason::GoalAchieved,
         Reason::AgentBlocked,
         Reason::AskUser,
@@ -132,6 +134,7 @@ impl Reason {
         Reason::InternalError,
         Reason::ReflectionFailed,
         Reason::CycleLimit,
+        Reason::BudgetProjectedOverrun,
     ];
 
     /// The snake_case name stored in Postgres and shown in JSON.
@@ -157,6 +160,7 @@ impl Reason {
             Reason::InternalError => "internal_error",
             Reason::ReflectionFailed => "reflection_failed",
             Reason::CycleLimit => "cycle_limit",
+            Reason::BudgetProjectedOverrun => "budget_projected_overrun",
         }
     }
 
@@ -176,7 +180,8 @@ impl Reason {
             | Reason::ReworkLoop
             | Reason::Uncertainty
             | Reason::UserPause
-            | Reason::ReflectionFailed => Status::Paused,
+            | Reason::ReflectionFailed
+            | Reason::BudgetProjectedOverrun => Status::Paused,
             Reason::CoherenceLow
             | Reason::Timeout
             | Reason::MaxIterations
@@ -386,6 +391,7 @@ mod tests {
             Uncertainty,
             UserPause,
             ReflectionFailed,
+            BudgetProjectedOverrun,
         ] {
             expect(r, Status::Paused);
         }

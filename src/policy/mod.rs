@@ -8,6 +8,7 @@ pub mod gate;
 pub mod guardrails;
 pub mod history;
 pub mod lifecycle;
+pub mod projection;
 pub mod reflection;
 pub mod sentinel;
 pub mod stuck;

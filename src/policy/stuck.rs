@@ -13,9 +13,9 @@ pub struct StuckConfig {
     pub same_observation: usize,
     /// Same action ending in failure or error this many times in a row.
     pub same_error: usize,
-    /// Same non-empty agent message this many times in a row.
+    /// Same non-empty agent message, in steps that took no action, this many times in a row.
     pub same_message: usize,
-    /// A,B,A,B… over this many steps.
+    /// A,B,A,B… (same calls, same results) over this many steps.
     pub alternation: usize,
     /// Look at this many recent steps for context-overflow wrap-ups.
     pub overflow_window: usize,
@@ -57,7 +57,7 @@ pub enum StuckPattern {
         /// How many times in a row.
         count: usize,
     },
-    /// The agent said the same thing again and again.
+    /// The agent said the same thing again and again without acting.
     RepeatedMessage {
         /// How many times in a row.
         count: usize,
@@ -138,19 +138,48 @@ pub fn respond(pattern: &StuckPattern, nudges_given: u32) -> StuckVerdict {
     }
 }
 
+/// Actions that are a bare message rather than an act on the world (the LLM
+/// executor names a turn without a tool call `respond`).
+pub const BARE_MESSAGE_ACTIONS: [&str; 4] = ["respond", "message", "say", "think"];
+
+/// Whether a step only talked: no tool call, and its action is a bare message.
+pub fn took_no_action(step: &StepRecord) -> bool {
+    step.tool_calls == 0
+        && BARE_MESSAGE_ACTIONS
+            .iter()
+            .any(|a| step.action.eq_ignore_ascii_case(a))
+}
+
+/// Whether the step never reached the agent: the executor failed (model or
+/// webhook unreachable) before any action, leaving no observation, message or
+/// tool call. A run of those is an outage for the error-streak guardrail to
+/// end, not a loop of the agent's, and nudging the agent cannot fix it.
+pub fn executor_failed(step: &StepRecord) -> bool {
+    step.outcome == Outcome::Error
+        && step.tool_calls == 0
+        && step.observation.is_empty()
+        && step.message.is_empty()
+}
+
 /// Finds a stuck pattern the newest step takes part in; `history` is oldest first.
 ///
 /// Waiting steps are left out of the repeat, message and alternation
 /// patterns (polling is meant to repeat itself); when the newest step is a
-/// waiting one only the context-overflow and wait-cap checks apply.
+/// waiting one only the context-overflow and wait-cap checks apply. The
+/// message rule only counts steps that took no action: different actions that
+/// happen to print the same text are progress, not a monologue. Executor
+/// failures are left out like waiting steps.
 pub fn detect(
     config: &StuckConfig,
     history: &[StepRecord],
     total_wait_ms: u64,
 ) -> Option<StuckPattern> {
     let newest = history.last()?;
-    if !newest.waiting {
-        let active: Vec<&StepRecord> = history.iter().filter(|s| !s.waiting).collect();
+    if !newest.waiting && !executor_failed(newest) {
+        let active: Vec<&StepRecord> = history
+            .iter()
+            .filter(|s| !s.waiting && !executor_failed(s))
+            .collect();
         if let Some(pattern) = repeated_error(config, &active)
             .or_else(|| repeated_observation(config, &active))
             .or_else(|| repeated_message(config, &active))
@@ -207,7 +236,10 @@ fn repeated_observation(config: &StuckConfig, active: &[&StepRecord]) -> Option<
 
 fn repeated_message(config: &StuckConfig, active: &[&StepRecord]) -> Option<StuckPattern> {
     let count = trailing_run(active, |s, newest| {
-        !newest.message.is_empty() && s.message == newest.message
+        took_no_action(newest)
+            && took_no_action(s)
+            && !newest.message.is_empty()
+            && s.message == newest.message
     });
     (count >= config.same_message.max(1)).then_some(StuckPattern::RepeatedMessage { count })
 }
@@ -233,9 +265,10 @@ fn alternation(config: &StuckConfig, active: &[&StepRecord]) -> Option<StuckPatt
     })
 }
 
-/// What makes two steps "the same call" for alternation.
-fn key(step: &StepRecord) -> (&str, &serde_json::Value) {
-    (&step.action, &step.arguments)
+/// What makes two steps "the same call" for alternation: the call and what it
+/// saw, so two calls that keep learning something new are not a loop.
+fn key(step: &StepRecord) -> (&str, &serde_json::Value, &str) {
+    (&step.action, &step.arguments, &step.observation)
 }
 
 fn context_overflow(config: &StuckConfig, history: &[StepRecord]) -> Option<StuckPattern> {
@@ -289,6 +322,14 @@ mod tests {
         s
     }
 
+    /// A step that only talked: a model turn without a tool call.
+    fn talking(n: u64, message: &str) -> StepRecord {
+        let mut s = step(n, "respond");
+        s.tool_calls = 0;
+        s.message = message.into();
+        s
+    }
+
     fn overflowing(mut s: StepRecord) -> StepRecord {
         s.context_overflow = true;
         s
@@ -304,10 +345,16 @@ mod tests {
         s
     }
 
-    /// Steps alternating between actions `a` and `b`, numbered from 1.
+    /// Steps alternating between actions `a` and `b`, numbered from 1, each
+    /// call seeing the same result as its previous occurrence.
     fn alternating(count: u64, a: &str, b: &str) -> Vec<StepRecord> {
         (1..=count)
-            .map(|n| step(n, if n % 2 == 1 { a } else { b }))
+            .map(|n| {
+                let action = if n % 2 == 1 { a } else { b };
+                let mut s = step(n, action);
+                s.observation = format!("result of {action}");
+                s
+            })
             .collect()
     }
 
@@ -472,15 +519,9 @@ mod tests {
 
     #[test]
     fn same_message_fires_at_three_not_two() {
-        let h: Vec<_> = varied(1, 2)
-            .into_iter()
-            .map(|s| with_message(s, "I will now fix it"))
-            .collect();
+        let h: Vec<_> = (1..=2).map(|n| talking(n, "I will now fix it")).collect();
         assert_eq!(detect_default(&h), None);
-        let h: Vec<_> = varied(1, 3)
-            .into_iter()
-            .map(|s| with_message(s, "I will now fix it"))
-            .collect();
+        let h: Vec<_> = (1..=3).map(|n| talking(n, "I will now fix it")).collect();
         assert_eq!(
             detect_default(&h),
             Some(StuckPattern::RepeatedMessage { count: 3 })
@@ -489,28 +530,89 @@ mod tests {
 
     #[test]
     fn a_different_message_breaks_the_run() {
-        let mut h: Vec<_> = varied(1, 3)
-            .into_iter()
-            .map(|s| with_message(s, "again"))
-            .collect();
+        let mut h: Vec<_> = (1..=3).map(|n| talking(n, "again")).collect();
         h[1].message = "something else".into();
         assert_eq!(detect_default(&h), None);
         // A message run that ended does not fire.
-        let mut h: Vec<_> = varied(1, 3)
-            .into_iter()
-            .map(|s| with_message(s, "again"))
-            .collect();
+        let mut h: Vec<_> = (1..=3).map(|n| talking(n, "again")).collect();
         h.push(step(4, "a4"));
         assert_eq!(detect_default(&h), None);
     }
 
     #[test]
     fn empty_messages_are_never_a_repeat() {
-        let h: Vec<_> = varied(1, 6)
-            .into_iter()
-            .map(|s| with_message(s, ""))
+        let h: Vec<_> = (1..=6).map(|n| talking(n, "")).collect();
+        assert_eq!(detect_default(&h), None);
+    }
+
+    #[test]
+    fn different_actions_with_the_same_message_are_progress() {
+        // A scripted session whose steps all print `ok`: message and
+        // observation are the same text, the actions differ.
+        let h: Vec<_> = (1..=10)
+            .map(|n| {
+                let mut s = step(n, &format!("write_part_{n}"));
+                s.tool_calls = 0;
+                s.message = "ok".into();
+                s.observation = "ok".into();
+                s
+            })
             .collect();
         assert_eq!(detect_default(&h), None);
+        // A model that says "Continuing." beside a different tool call each turn.
+        let h: Vec<_> = varied(1, 10)
+            .into_iter()
+            .map(|s| with_message(s, "Continuing."))
+            .collect();
+        assert_eq!(detect_default(&h), None);
+        // The same tool with changing arguments and the same short answer.
+        let h: Vec<_> = (1..=10)
+            .map(|n| {
+                let mut s = with_message(step(n, "write_file"), "ok");
+                s.arguments = json!({ "path": format!("part{n}.md") });
+                s.observation = "ok".into();
+                s
+            })
+            .collect();
+        assert_eq!(detect_default(&h), None);
+    }
+
+    #[test]
+    fn acting_steps_break_a_message_run() {
+        let h = vec![
+            talking(1, "thinking"),
+            talking(2, "thinking"),
+            with_message(step(3, "edit"), "thinking"),
+            talking(4, "thinking"),
+        ];
+        assert_eq!(detect_default(&h), None);
+        // A step naming a bare-message action but making tool calls acted.
+        let mut h: Vec<_> = (1..=3).map(|n| talking(n, "same")).collect();
+        h[1].tool_calls = 1;
+        assert_eq!(detect_default(&h), None);
+    }
+
+    #[test]
+    fn every_bare_message_action_counts_whatever_its_case() {
+        for action in BARE_MESSAGE_ACTIONS {
+            let h: Vec<_> = (1..=3)
+                .map(|n| {
+                    let mut s = talking(n, "hmm");
+                    s.action = action.to_uppercase();
+                    s
+                })
+                .collect();
+            assert_eq!(
+                detect_default(&h),
+                Some(StuckPattern::RepeatedMessage { count: 3 }),
+                "{action}"
+            );
+        }
+        assert!(took_no_action(&talking(1, "x")));
+        assert!(!took_no_action(&step(1, "respond")), "one tool call");
+        let mut s = step(1, "write_file");
+        s.tool_calls = 0;
+        assert!(!took_no_action(&s), "a scripted action is an action");
     }
 
     // ---- alternation ----
@@ -552,6 +654,7 @@ mod tests {
         let mut h: Vec<_> = (1..=6).map(|n| step(n, "read")).collect();
         for (i, s) in h.iter_mut().enumerate() {
             s.arguments = json!({ "path": if i % 2 == 0 { "a" } else { "b" } });
+            s.observation = format!("content {}", i % 2);
         }
         assert_eq!(detect_default(&h), alternation_pattern("read", "read"));
         // One call repeated (with changing results) is not an alternation.
@@ -561,6 +664,40 @@ mod tests {
         let mut h = alternating(6, "open", "close");
         h[3].arguments = json!({ "v": 2 });
         assert_eq!(detect_default(&h), None);
+    }
+
+    #[test]
+    fn productive_alternation_is_not_stuck() {
+        // Edit and test in turn, each edit different: arguments change.
+        let h: Vec<_> = (1..=12)
+            .map(|n| {
+                let mut s = step(n, if n % 2 == 1 { "edit" } else { "run_tests" });
+                s.observation = "ok".into();
+                if n % 2 == 1 {
+                    s.arguments = json!({ "path": "lib.rs", "patch": n });
+                }
+                s
+            })
+            .collect();
+        assert_eq!(detect_default(&h), None);
+        // The same two calls, but each sees something new: results change.
+        let h: Vec<_> = (1..=12)
+            .map(|n| {
+                let mut s = step(n, if n % 2 == 1 { "fetch_page" } else { "parse" });
+                s.observation = format!("page {}", n / 2);
+                s
+            })
+            .collect();
+        assert_eq!(detect_default(&h), None);
+        // Only when the results repeat too is it a loop.
+        let mut looped = h.clone();
+        for s in &mut looped {
+            s.observation = format!("same for {}", s.action);
+        }
+        assert_eq!(
+            detect_default(&looped),
+            alternation_pattern("fetch_page", "parse")
+        );
     }
 
     #[test]
@@ -647,11 +784,11 @@ mod tests {
     #[test]
     fn waiting_steps_neither_count_nor_break_message_and_alternation_runs() {
         let h = vec![
-            with_message(step(1, "a"), "retrying"),
+            talking(1, "retrying"),
             waiting(2),
-            with_message(step(3, "b"), "retrying"),
+            talking(3, "retrying"),
             waiting(4),
-            with_message(step(5, "c"), "retrying"),
+            talking(5, "retrying"),
         ];
         assert_eq!(
             detect_default(&h),
@@ -661,6 +798,41 @@ mod tests {
         h.insert(3, waiting(100));
         h.insert(1, waiting(101));
         assert_eq!(detect_default(&h), alternation_pattern("open", "close"));
+    }
+
+    /// A step whose model call failed before the agent did anything.
+    fn outage(n: u64) -> StepRecord {
+        let mut s = step(n, "model_call");
+        s.outcome = Outcome::Error;
+        s.tool_calls = 0;
+        s.observation.clear();
+        s.message.clear();
+        s.error = Some("HTTP 500".into());
+        s
+    }
+
+    #[test]
+    fn executor_failures_are_an_outage_not_a_loop() {
+        let h: Vec<_> = (1..=8).map(outage).collect();
+        assert_eq!(detect_default(&h), None);
+        assert!(executor_failed(&outage(1)));
+        // An agent's own failing action with output is still a repeat.
+        let mut own = outage(1);
+        own.message = "tool crashed".into();
+        assert!(!executor_failed(&own));
+        let mut acted = outage(1);
+        acted.tool_calls = 1;
+        assert!(!executor_failed(&acted));
+        assert!(!executor_failed(&step(1, "model_call")), "a success");
+        // Outages neither count nor break the agent's own error run.
+        let h = vec![
+            failing(1, "test"),
+            outage(2),
+            failing(3, "test"),
+            outage(4),
+            failing(5, "test"),
+        ];
+        assert_eq!(detect_default(&h), error_pattern("test", 3));
     }
 
     #[test]
@@ -720,10 +892,7 @@ mod tests {
         assert_eq!(detect(&config, &h, 0), error_pattern("t", 5));
         let h: Vec<_> = (1..=2).map(|n| same_obs(n, "ls")).collect();
         assert_eq!(detect(&config, &h, 0), observation_pattern("ls", 2));
-        let h = vec![
-            with_message(step(1, "a"), "m"),
-            with_message(step(2, "b"), "m"),
-        ];
+        let h = vec![talking(1, "m"), talking(2, "m")];
         assert_eq!(
             detect(&config, &h, 0),
             Some(StuckPattern::RepeatedMessage { count: 2 })
@@ -807,6 +976,7 @@ mod tests {
         let mut h: Vec<_> = (1..=6).map(|n| failing(n, "test")).collect();
         for (i, s) in h.iter_mut().enumerate() {
             s.arguments = json!({ "filter": i % 2 });
+            s.observation = format!("result {}", i % 2);
         }
         assert_eq!(detect_default(&h), error_pattern("test", 6));
         for s in &mut h {
@@ -828,9 +998,13 @@ mod tests {
     #[test]
     fn observation_beats_message() {
         let h: Vec<_> = (1..=4)
-            .map(|n| with_message(same_obs(n, "ls"), "again"))
+            .map(|n| {
+                let mut s = talking(n, "again");
+                s.observation = "same".into();
+                s
+            })
             .collect();
-        assert_eq!(detect_default(&h), observation_pattern("ls", 4));
+        assert_eq!(detect_default(&h), observation_pattern("respond", 4));
     }
 
     #[test]
@@ -856,9 +1030,12 @@ mod tests {
 
     #[test]
     fn message_beats_alternation() {
-        let h: Vec<_> = alternating(6, "a", "b")
+        let h: Vec<_> = alternating(6, "respond", "think")
             .into_iter()
-            .map(|s| with_message(s, "same"))
+            .map(|mut s| {
+                s.tool_calls = 0;
+                with_message(s, "same")
+            })
             .collect();
         assert_eq!(
             detect_default(&h),
@@ -868,10 +1045,7 @@ mod tests {
 
     #[test]
     fn message_beats_context_overflow() {
-        let h: Vec<_> = varied(1, 3)
-            .into_iter()
-            .map(|s| overflowing(with_message(s, "same")))
-            .collect();
+        let h: Vec<_> = (1..=3).map(|n| overflowing(talking(n, "same"))).collect();
         assert_eq!(
             detect_default(&h),
             Some(StuckPattern::RepeatedMessage { count: 3 })

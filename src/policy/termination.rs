@@ -172,6 +172,19 @@ pub fn record(reason: Reason, facts: Facts<'_>) -> Termination {
                 format!("{resume} once it answers again"),
             ],
         ),
+        Reason::BudgetProjectedOverrun => (
+            with_detail(
+                format!(
+                    "Paused: finishing would need far more than the {} tokens left of the budget {ran}",
+                    l.max_tokens.saturating_sub(u.tokens)
+                ),
+                facts.detail,
+            ),
+            vec![
+                format!("{resume} with a higher limits.max_tokens"),
+                "Or narrow the goal so less work is left".into(),
+            ],
+        ),
         Reason::CycleLimit => (
             format!("Stopped: all {} context cycles used {ran}", l.max_cycles),
             vec![format!("{resume} with a higher limits.max_cycles")],

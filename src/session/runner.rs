@@ -253,12 +253,18 @@ impl Runner {
                     let reason = match cause {
                         PauseCause::ReworkLoop => Reason::ReworkLoop,
                         PauseCause::Uncertainty => Reason::Uncertainty,
+                        PauseCause::ProjectedOverrun => Reason::BudgetProjectedOverrun,
                     };
-                    let detail = format!(
-                        "rework ratio {:.2} over the last {} steps",
-                        evaluation.metrics.rework_ratio, self.config.gate.rework_window
-                    );
-                    let detail = (reason == Reason::ReworkLoop).then_some(detail);
+                    let detail = match reason {
+                        Reason::ReworkLoop => Some(format!(
+                            "rework ratio {:.2} over the last {} steps",
+                            evaluation.metrics.rework_ratio, self.config.gate.rework_window
+                        )),
+                        Reason::BudgetProjectedOverrun => {
+                            evaluation.metrics.projection.map(|p| p.describe())
+                        }
+                        _ => None,
+                    };
                     return self.finish(reason, detail, vec![decision_event]).await;
                 }
                 GateDecision::Throttle if self.throttled_step != Some(step) => {

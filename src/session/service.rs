@@ -169,6 +169,9 @@ fn validate_goal(goal: &str) -> Result<String> {
             goal.len()
         )));
     }
+    if let Some(why) = ambiguity::refusal(goal) {
+        return Err(ServiceError::Invalid(why));
+    }
     Ok(goal.to_string())
 }
 
@@ -322,7 +325,9 @@ impl SessionService {
         let mut waits = false;
         if report.ambiguous && (self.config.require_concrete_goals || self.config.auto_refine_goals)
         {
-            let (suggested, source) = match &planner {
+            // An unreadable goal has no topic to refine: it waits for a new one.
+            let refiner = planner.as_ref().filter(|_| !report.unreadable);
+            let (suggested, source) = match refiner {
                 Some((client, model)) => match planner::refine_goal(client, model, &goal).await {
                     Ok(p) => {
                         refinement_tokens += p.tokens;
@@ -343,7 +348,7 @@ impl SessionService {
                 "choices": ["accept_suggestion", "custom", "proceed_with_time_limit"],
             });
             events.push(NewEvent::new("refinement_suggested", proposal.clone()));
-            if self.config.auto_refine_goals {
+            if self.config.auto_refine_goals && !report.unreadable {
                 run_goal = suggested;
                 events.push(NewEvent::new(
                     "goal_refined",

@@ -9,6 +9,7 @@ use crate::policy::gate::{Budget, GateInputs};
 use crate::policy::guardrails::{self, Limits, Usage};
 use crate::policy::history::{self, Outcome, Rework, StepRecord};
 use crate::policy::lifecycle::Reason;
+use crate::policy::projection::{ProgressPoint, ProgressSample};
 use crate::policy::reflection::{ReflectionState, Verdict};
 use crate::policy::sentinel::{self, Sentinel, SignalKind};
 use crate::policy::stuck::{self, StuckConfig, StuckPattern, StuckVerdict};
@@ -93,6 +94,14 @@ pub struct LoopState {
     /// Context cycle the agent works in (1-based).
     #[serde(default = "first_cycle")]
     pub cycle: u32,
+    /// The latest progress estimate with the spend it was measured at: the
+    /// rate the cost projection is based on.
+    #[serde(default)]
+    pub progress: Option<ProgressSample>,
+    /// Spend and progress estimate after each recent step of this run
+    /// (at most `HISTORY_WINDOW`): what the gate projects from.
+    #[serde(default)]
+    pub progress_trail: Vec<ProgressPoint>,
 }
 
 fn first_cycle() -> u32 {
@@ -249,9 +258,22 @@ impl LoopState {
                 review_pending: signal.kind == SignalKind::Done,
             });
         }
+        if let Some(p) = effects.percent_complete
+            && effects.percent_complete != self.percent_complete
+        {
+            // A new estimate: the rate is measured at the spend it came with.
+            self.progress = Some(self.sample(p));
+        }
         if effects.percent_complete.is_some() {
             self.percent_complete = effects.percent_complete;
         }
+        self.progress_trail.push(ProgressPoint {
+            tokens: self.usage.tokens,
+            iterations: self.usage.iterations,
+            sample: self.progress,
+        });
+        let excess = self.progress_trail.len().saturating_sub(HISTORY_WINDOW);
+        self.progress_trail.drain(..excess);
         if let Some(cycle) = effects.new_cycle {
             self.cycle = cycle;
         }
@@ -272,8 +294,16 @@ impl LoopState {
         if !applied.milestones.is_empty() {
             self.milestones = applied.milestones.clone();
         }
-        if applied.percent_complete.is_some() {
-            self.percent_complete = applied.percent_complete;
+        if let Some(p) = applied.percent_complete {
+            // Every reflection is a fresh estimate, even one that repeats the
+            // last figure: no progress since then must raise the projection.
+            self.progress = Some(self.sample(p));
+            self.percent_complete = Some(p);
+        }
+        // The next gate evaluation sees the state after the reflection.
+        if let Some(last) = self.progress_trail.last_mut() {
+            last.tokens = self.usage.tokens;
+            last.sample = self.progress;
         }
         let claim = self.pending_end.take_if(|e| e.review_pending);
         match &applied.verdict {
@@ -314,6 +344,16 @@ impl LoopState {
         self.pending_nudge = None;
         self.pending_end = None;
         self.usage.consecutive_errors = 0;
+        // A person has looked: overruns seen before the resume no longer count.
+        self.progress_trail.clear();
+    }
+
+    fn sample(&self, percent_complete: f64) -> ProgressSample {
+        ProgressSample {
+            percent_complete,
+            tokens: self.usage.tokens,
+            iterations: self.usage.iterations,
+        }
     }
 
     /// The gate's inputs for the next step.
@@ -334,6 +374,7 @@ impl LoopState {
                 time_remaining_ms: Some(guardrails::time_remaining_ms(limits, &self.usage)),
             },
             last_checkpoint_step: self.last_checkpoint_step,
+            progress_trail: &self.progress_trail,
         }
     }
 
@@ -507,6 +548,85 @@ mod tests {
             reason: Reason::SlowProgress,
         }));
         assert_eq!(s.pending_end.unwrap().reason, Reason::SlowProgress);
+    }
+
+    #[test]
+    fn progress_estimates_carry_the_spend_they_were_measured_at() {
+        let mut s = LoopState::new(10);
+        let mut fx = effects(1);
+        fx.percent_complete = Some(10.0);
+        s.apply(1, &step(1, "a"), &fx);
+        let first = ProgressSample {
+            percent_complete: 10.0,
+            tokens: 100,
+            iterations: 1,
+        };
+        assert_eq!(s.progress, Some(first));
+        // The same figure carried to the next step is not a new estimate.
+        s.apply(1, &step(2, "b"), &fx);
+        assert_eq!(s.progress, Some(first));
+        fx.percent_complete = Some(20.0);
+        s.apply(1, &step(3, "c"), &fx);
+        assert_eq!(s.progress.map(|p| p.tokens), Some(300));
+        // A reflection is always a new estimate, its own tokens included.
+        let mut after = s.reflection;
+        after.tokens += 50;
+        s.apply_reflection(&AppliedReflection {
+            verdict: Verdict::Continue,
+            state_after: after,
+            percent_complete: Some(20.0),
+            reasoning: None,
+            criteria: Vec::new(),
+            milestones: Vec::new(),
+        });
+        assert_eq!(
+            s.progress,
+            Some(ProgressSample {
+                percent_complete: 20.0,
+                tokens: 350,
+                iterations: 3,
+            })
+        );
+    }
+
+    #[test]
+    fn the_progress_trail_follows_steps_and_reflections() {
+        let mut s = LoopState::new(10);
+        let mut fx = effects(1);
+        fx.percent_complete = Some(25.0);
+        s.apply(1, &step(1, "a"), &fx);
+        s.apply(1, &step(2, "b"), &fx);
+        assert_eq!(s.progress_trail.len(), 2);
+        assert_eq!(s.progress_trail[1].tokens, 200);
+        let p = s.progress_trail[1].projection().unwrap();
+        // 25 % after 100 tokens: 400 in all, 200 spent.
+        assert_eq!((p.tokens_to_finish, p.iterations_to_finish), (200, 2));
+        // A reflection updates the newest point: the next evaluation sees it.
+        let mut after = s.reflection;
+        after.tokens += 50;
+        s.apply_reflection(&AppliedReflection {
+            verdict: Verdict::Continue,
+            state_after: after,
+            percent_complete: Some(50.0),
+            reasoning: None,
+            criteria: Vec::new(),
+            milestones: Vec::new(),
+        });
+        assert_eq!(s.progress_trail.len(), 2);
+        assert_eq!(s.progress_trail[1].tokens, 250);
+        assert_eq!(
+            s.progress_trail[1].sample.map(|p| p.percent_complete),
+            Some(50.0)
+        );
+        let limits = crate::policy::guardrails::tests::roomy();
+        assert_eq!(s.gate_inputs(&limits, &[]).progress_trail.len(), 2);
+        // The trail is bounded like the history, and a resume clears it.
+        for n in 3..=30 {
+            s.apply(1, &step(n, &format!("a{n}")), &fx);
+        }
+        assert_eq!(s.progress_trail.len(), HISTORY_WINDOW);
+        s.begin_run(2);
+        assert!(s.progress_trail.is_empty());
     }
 
     #[test]

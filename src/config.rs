@@ -5,8 +5,10 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::str::FromStr;
+use std::sync::Arc;
 use std::time::Duration;
 
+use crate::egress::EgressPolicy;
 use crate::llm::LlmSettings;
 use crate::policy::gate::GateConfig;
 use crate::policy::guardrails::Limits;
@@ -139,6 +141,9 @@ pub struct Config {
     pub auto_refine_goals: bool,
     /// `WARDEN_TOKEN_PRICE_PER_MILLION`: price of a million tokens, for the `cost` field.
     pub token_price_per_million: Option<f64>,
+    /// The outbound-request policy for client-chosen URLs:
+    /// `WARDEN_EGRESS_ALLOW` and `WARDEN_EGRESS_MAX_RESPONSE_BYTES`.
+    pub egress: Arc<EgressPolicy>,
 }
 
 /// Reads configuration values from a source of variables.
@@ -361,6 +366,21 @@ impl Config {
             reflection_top_p: env.float("AUTONOMOUS_REFLECTION_TOP_P", 0.6, 0.0, 1.0)?,
             max_file_bytes: env.parse("WARDEN_MAX_FILE_BYTES", 1_048_576, 1, 104_857_600)?,
         };
+        let egress = EgressPolicy::new()
+            .with_allow_list(env.raw("WARDEN_EGRESS_ALLOW").unwrap_or(""))
+            .map_err(|why| ConfigError::Invalid {
+                var: "WARDEN_EGRESS_ALLOW",
+                value: env.raw("WARDEN_EGRESS_ALLOW").unwrap_or("").to_string(),
+                expected: format!(
+                    "comma-separated hosts, host:port, addresses or CIDR ranges: {why}"
+                ),
+            })?
+            .with_max_response_bytes(env.parse(
+                "WARDEN_EGRESS_MAX_RESPONSE_BYTES",
+                crate::egress::DEFAULT_MAX_RESPONSE_BYTES,
+                1_024,
+                1_073_741_824,
+            )?);
         let require_concrete_goals = env.bool("AUTONOMOUS_REQUIRE_CONCRETE_GOALS", true)?;
         let auto_refine_goals = env.bool("AUTONOMOUS_AUTO_REFINE_GOALS", false)?;
         Ok(Config {
@@ -398,6 +418,7 @@ impl Config {
                     Some(env.float("WARDEN_TOKEN_PRICE_PER_MILLION", 0.0, 0.0, 1_000_000.0)?)
                 }
             },
+            egress: Arc::new(egress),
         })
     }
 }

@@ -22,6 +22,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 use uuid::Uuid;
 
+use crate::egress::EgressPolicy;
 use crate::llm::{LlmClient, LlmSettings, Message};
 use crate::policy::history::{FileWrite, Outcome, StepRecord};
 use crate::policy::sentinel::Sentinel;
@@ -277,6 +278,8 @@ pub struct ExecutorDeps {
     pub context_budget_tokens: u64,
     /// Success criteria, shown to the agent.
     pub criteria: Vec<String>,
+    /// The outbound-request policy for URLs the session's creator chose.
+    pub egress: Arc<EgressPolicy>,
 }
 
 impl ExecutorSpec {
@@ -358,19 +361,21 @@ impl ExecutorSpec {
                 temperature,
             } => {
                 let defaults = deps.llm.clone();
-                let base_url = base_url
-                    .clone()
-                    .or_else(|| defaults.as_ref().map(|d| d.base_url.clone()))
-                    .ok_or("no model endpoint: set WARDEN_LLM_BASE_URL or executor.base_url")?;
+                let endpoint = ModelEndpoint::choose(base_url.as_deref(), defaults.as_ref())?;
                 let model = model
                     .clone()
                     .or_else(|| deps.llm_model.clone())
                     .ok_or("no model name: set WARDEN_LLM_MODEL or executor.model")?;
                 let settings = LlmSettings {
-                    base_url,
-                    api_key: api_key
-                        .clone()
-                        .or_else(|| defaults.as_ref().and_then(|d| d.api_key.clone())),
+                    base_url: endpoint.base_url.clone(),
+                    // The server's own key goes only to the server's own
+                    // endpoint; a session naming another brings its own.
+                    api_key: api_key.clone().or_else(|| {
+                        endpoint
+                            .is_operators
+                            .then(|| defaults.as_ref().and_then(|d| d.api_key.clone()))
+                            .flatten()
+                    }),
                     timeout: timeout_ms.map(Duration::from_millis).unwrap_or(
                         defaults
                             .as_ref()
@@ -381,7 +386,15 @@ impl ExecutorSpec {
                         .as_ref()
                         .map_or(Duration::from_millis(500), |d| d.retry_base),
                 };
-                let client = LlmClient::new(settings).map_err(|e| e.to_string())?;
+                let client = if endpoint.is_operators {
+                    LlmClient::new(settings).map_err(|e| e.to_string())?
+                } else {
+                    let http = deps
+                        .egress
+                        .client_for(&settings.base_url, settings.timeout)
+                        .map_err(|e| format!("executor.base_url {e}"))?;
+                    LlmClient::with_http(settings, http, deps.egress.max_response_bytes())
+                };
                 let workspace = workspace::Workspace::open(&deps.workspace_root, deps.session_id)
                     .map_err(|e| format!("cannot open the session workspace: {e}"))?;
                 Ok(Box::new(LlmExecutor::new(
@@ -397,24 +410,95 @@ impl ExecutorSpec {
                 WebhookExecutor::new(
                     url.clone(),
                     Duration::from_millis(timeout_ms.unwrap_or(60_000)),
+                    &deps.egress,
                 )
-                .map_err(|e| e.to_string())?,
+                .map_err(|e| format!("executor.url {e}"))?,
             )),
         }
     }
 
-    /// The spec as shown to clients: secrets removed.
+    /// Checks every URL the client chose against the outbound-request
+    /// policy, resolving host names now, so a refused destination is a 422
+    /// at creation rather than a failing session. `operator_base_url` (the
+    /// server's own endpoint) is trusted. The message names the field.
+    pub async fn vet_urls(
+        &self,
+        egress: &EgressPolicy,
+        operator_base_url: Option<&str>,
+    ) -> Result<(), String> {
+        let (field, url) = match self {
+            ExecutorSpec::Scripted { .. } => return Ok(()),
+            ExecutorSpec::Llm { base_url, .. } => match base_url {
+                Some(url) if !same_endpoint(Some(url), operator_base_url) => {
+                    ("executor.base_url", url)
+                }
+                _ => return Ok(()),
+            },
+            ExecutorSpec::Webhook { url, .. } => ("executor.url", url),
+        };
+        egress
+            .vet_url(url)
+            .await
+            .map_err(|e| format!("{field} {e}"))
+    }
+
+    /// The spec as shown to clients: secrets removed, URLs without
+    /// credentials or query.
     pub fn redacted(&self) -> serde_json::Value {
         let mut value = serde_json::to_value(self).unwrap_or_default();
-        if let Some(obj) = value.as_object_mut()
-            && obj.contains_key("api_key")
-        {
-            obj.insert(
-                "api_key".into(),
-                serde_json::Value::String("<redacted>".into()),
-            );
+        if let Some(obj) = value.as_object_mut() {
+            if obj.get("api_key").is_some_and(|k| !k.is_null()) {
+                obj.insert(
+                    "api_key".into(),
+                    serde_json::Value::String("<redacted>".into()),
+                );
+            }
+            for field in ["base_url", "url"] {
+                if let Some(serde_json::Value::String(url)) = obj.get_mut(field) {
+                    *url = crate::egress::redact_url(url);
+                }
+            }
         }
         value
+    }
+}
+
+/// The model endpoint a session calls, and whether it is the operator's own.
+struct ModelEndpoint {
+    base_url: String,
+    /// The server's `WARDEN_LLM_BASE_URL`: trusted, and the only endpoint
+    /// that may receive the server's `WARDEN_LLM_API_KEY`.
+    is_operators: bool,
+}
+
+impl ModelEndpoint {
+    fn choose(
+        session_base_url: Option<&str>,
+        defaults: Option<&LlmSettings>,
+    ) -> Result<ModelEndpoint, String> {
+        let operators = defaults.map(|d| d.base_url.as_str());
+        match session_base_url {
+            Some(url) => Ok(ModelEndpoint {
+                base_url: url.to_string(),
+                is_operators: same_endpoint(Some(url), operators),
+            }),
+            None => operators
+                .map(|url| ModelEndpoint {
+                    base_url: url.to_string(),
+                    is_operators: true,
+                })
+                .ok_or_else(|| {
+                    "no model endpoint: set WARDEN_LLM_BASE_URL or executor.base_url".to_string()
+                }),
+        }
+    }
+}
+
+/// Whether two base URLs name the same endpoint (a trailing `/` aside).
+fn same_endpoint(a: Option<&str>, b: Option<&str>) -> bool {
+    match (a, b) {
+        (Some(a), Some(b)) => a.trim_end_matches('/') == b.trim_end_matches('/'),
+        _ => false,
     }
 }
 

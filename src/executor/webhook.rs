@@ -1,6 +1,7 @@
 //! The webhook executor: Warden supervises an agent written in any language
 //! by POSTing each step's context to its URL and reading back the outcome.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::FutureExt;
@@ -10,6 +11,9 @@ use utoipa::ToSchema;
 use uuid::Uuid;
 
 use super::{Executor, ExecutorError, StepContext, StepOutput, StepResult};
+use crate::egress::{
+    EgressError, EgressPolicy, read_capped, transport_error, upstream_error_summary,
+};
 use crate::policy::history::Outcome;
 use crate::policy::sentinel::{Sentinel, SignalKind};
 
@@ -100,14 +104,22 @@ pub struct WebhookResponse {
 pub struct WebhookExecutor {
     http: reqwest::Client,
     url: String,
+    /// Largest answer read.
+    max_body: usize,
 }
 
 impl WebhookExecutor {
-    /// An executor posting to `url`, each step within `timeout`.
-    pub fn new(url: String, timeout: Duration) -> Result<WebhookExecutor, reqwest::Error> {
+    /// An executor posting to `url` under the outbound-request policy, each
+    /// step within `timeout`.
+    pub fn new(
+        url: String,
+        timeout: Duration,
+        egress: &Arc<EgressPolicy>,
+    ) -> Result<WebhookExecutor, EgressError> {
         Ok(WebhookExecutor {
-            http: reqwest::Client::builder().timeout(timeout).build()?,
+            http: egress.client_for(&url, timeout)?,
             url,
+            max_body: egress.max_response_bytes(),
         })
     }
 
@@ -144,19 +156,20 @@ impl WebhookExecutor {
             .json(&request)
             .send()
             .await
-            .map_err(|e| failed(format!("agent unreachable: {e}")))?;
+            .map_err(|e| failed(format!("agent unreachable: {}", transport_error(&e))))?;
         let status = response.status();
-        let body = response
-            .text()
+        let body = read_capped(response, self.max_body)
             .await
             .map_err(|e| failed(format!("agent answer unreadable: {e}")))?;
         if !status.is_success() {
+            // Only a summary: the answer of a URL a client chose must not
+            // travel back to that client (SSRF).
             return Err(failed(format!(
-                "agent answered {status}: {}",
-                body.chars().take(300).collect::<String>()
+                "agent answered {}",
+                upstream_error_summary(status, &body)
             )));
         }
-        let answer: WebhookResponse = serde_json::from_str(&body)
+        let answer: WebhookResponse = serde_json::from_slice(&body)
             .map_err(|e| failed(format!("agent answer is not a step outcome: {e}")))?;
         let outcome = answer.outcome.unwrap_or(Outcome::Success);
         let signal = answer.signal.map(|s| Sentinel {

@@ -4,6 +4,9 @@ use std::fmt;
 use std::time::Duration;
 
 use super::wire::{ChatRequest, ChatResponse, Message};
+use crate::egress::{
+    DEFAULT_MAX_RESPONSE_BYTES, read_capped, transport_error, upstream_error_summary,
+};
 
 /// Where and how to reach a model server.
 #[derive(Clone)]
@@ -62,11 +65,11 @@ pub struct Completion {
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum LlmError {
     /// The server answered with an error status.
-    #[error("model server answered {status}: {body}")]
+    #[error("model server answered {body}")]
     Status {
         /// HTTP status.
         status: u16,
-        /// Start of the body.
+        /// The status line and the server's own error message, sanitized.
         body: String,
     },
     /// The server could not be reached or the call timed out.
@@ -92,6 +95,8 @@ impl LlmError {
 pub struct LlmClient {
     http: reqwest::Client,
     settings: LlmSettings,
+    /// Largest answer read.
+    max_body: usize,
 }
 
 fn estimate_tokens(text: usize) -> u64 {
@@ -100,13 +105,29 @@ fn estimate_tokens(text: usize) -> u64 {
 }
 
 impl LlmClient {
-    /// A client for `settings`.
+    /// A client for the operator's own endpoint (`WARDEN_LLM_BASE_URL`):
+    /// trusted, so it is not held to the outbound-request policy.
     pub fn new(settings: LlmSettings) -> Result<LlmClient, LlmError> {
         let http = reqwest::Client::builder()
             .timeout(settings.timeout)
+            .redirect(reqwest::redirect::Policy::none())
             .build()
-            .map_err(|e| LlmError::Transport(e.to_string()))?;
-        Ok(LlmClient { http, settings })
+            .map_err(|e| LlmError::Transport(e.without_url().to_string()))?;
+        Ok(LlmClient::with_http(
+            settings,
+            http,
+            DEFAULT_MAX_RESPONSE_BYTES,
+        ))
+    }
+
+    /// A client over `http` (e.g. one built under the outbound-request
+    /// policy), reading answers up to `max_body` bytes.
+    pub fn with_http(settings: LlmSettings, http: reqwest::Client, max_body: usize) -> LlmClient {
+        LlmClient {
+            http,
+            settings,
+            max_body,
+        }
     }
 
     /// The settings in use.
@@ -157,7 +178,7 @@ impl LlmClient {
         let response = builder
             .send()
             .await
-            .map_err(|e| (LlmError::Transport(e.to_string()), None))?;
+            .map_err(|e| (LlmError::Transport(transport_error(&e)), None))?;
         let status = response.status();
         let retry_after = response
             .headers()
@@ -165,29 +186,22 @@ impl LlmClient {
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.trim().parse::<u64>().ok())
             .map(Duration::from_secs);
-        let body = response
-            .text()
+        let body = read_capped(response, self.max_body)
             .await
-            .map_err(|e| (LlmError::Transport(e.to_string()), None))?;
+            .map_err(|e| (LlmError::Transport(e), None))?;
         if !status.is_success() {
-            let body: String = body.chars().take(500).collect();
+            // Only a summary: the answer of an endpoint a client chose must
+            // not travel back to that client (SSRF).
             return Err((
                 LlmError::Status {
                     status: status.as_u16(),
-                    body,
+                    body: upstream_error_summary(status, &body),
                 },
                 retry_after,
             ));
         }
-        let parsed: ChatResponse = serde_json::from_str(&body).map_err(|e| {
-            (
-                LlmError::InvalidResponse(format!(
-                    "{e}; body starts {:?}",
-                    body.chars().take(200).collect::<String>()
-                )),
-                None,
-            )
-        })?;
+        let parsed: ChatResponse = serde_json::from_slice(&body)
+            .map_err(|e| (LlmError::InvalidResponse(e.to_string()), None))?;
         let choice = parsed.choices.into_iter().next().ok_or_else(|| {
             (
                 LlmError::InvalidResponse("no choices in the answer".into()),

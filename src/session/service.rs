@@ -250,6 +250,7 @@ pub async fn build_executor(
         memory: session.memory.clone(),
         context_budget_tokens: session.limits.context_budget_tokens,
         criteria: session.criteria.iter().map(|c| c.text.clone()).collect(),
+        egress: config.egress.clone(),
     };
     spec.build(deps).map_err(ServiceError::Unavailable)
 }
@@ -301,6 +302,17 @@ impl SessionService {
                 ));
             }
         }
+        req.executor
+            .vet_urls(
+                &self.config.egress,
+                self.config
+                    .models
+                    .endpoint
+                    .as_ref()
+                    .map(|e| e.base_url.as_str()),
+            )
+            .await
+            .map_err(ServiceError::Invalid)?;
         let mut criteria = checklist::from_texts("success_criteria", &req.success_criteria)
             .map_err(ServiceError::Invalid)?;
         let mut milestones =

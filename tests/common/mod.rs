@@ -42,6 +42,9 @@ pub fn config_with(extra: &[(&str, &str)]) -> Config {
         ("WARDEN_LLM_RETRY_BASE_MS", "10"),
         ("WARDEN_LLM_MAX_RETRIES", "2"),
         ("WARDEN_WORKSPACE_ROOT", workspaces.as_str()),
+        // The fake agents and model servers listen on loopback; the
+        // egress tests override this to prove the default refuses them.
+        ("WARDEN_EGRESS_ALLOW", "127.0.0.1"),
     ]
     .into_iter()
     .map(|(k, v)| (k.to_string(), v.to_string()))

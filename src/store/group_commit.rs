@@ -12,16 +12,15 @@ use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
 use serde_json::Value;
-use sqlx::postgres::PgRow;
-use sqlx::{PgPool, Row};
+use sqlx::PgPool;
+use sqlx::types::Json;
 use tokio::sync::{Semaphore, mpsc, oneshot};
 use uuid::Uuid;
 
-use super::events::NewEvent;
-use super::iterations::{NewIteration, control_flags};
-use super::leases::Lease;
-use super::sessions::{ControlFlags, Counters};
+use super::rows::{ControlFlags, ControlRow, Counters, Lease, NewEvent, NewIteration};
 use super::{Result, StoreError};
+use crate::policy::guardrails::Limits;
+use crate::policy::lifecycle::{Mode, Status};
 
 /// Most iterations in one group: keeps one statement's work (and the time the
 /// last member waits for the first) bounded.
@@ -140,14 +139,15 @@ pub(super) async fn commit_one(pool: &PgPool, p: &PendingCommit) -> Result<Contr
         None => (None, None),
     };
     let it = &p.iteration;
-    let row = sqlx::query(
-        "WITH s AS (
+    let flags = sqlx::query_as!(
+        ControlRow,
+        r#"WITH s AS (
              UPDATE sessions SET last_event_seq = last_event_seq + cardinality($3::text[]),
                     updated_at = now(), iterations = $5, tokens_used = $6, tool_calls = $7,
                     consecutive_errors = $8, elapsed_ms = $9, percent_complete = $10,
-                    eta_seconds = $11, reflection_tokens = $12, agent_tokens = $6 - $12,
+                    eta_seconds = $11, reflection_tokens = $12, agent_tokens = $6::bigint - $12::bigint,
                     guidance = NULL, cycle = COALESCE($13, cycle), memory = COALESCE($14, memory)
-             WHERE id = $1 AND lease_token = $2 AND status = 'running'
+             WHERE id = $1 AND lease_token = $2 AND status = $27
              RETURNING last_event_seq, stop_requested, pause_requested, mode, limits
          ), i AS (
              INSERT INTO iterations (session_id, number, run, action, outcome, tokens, duration_ms,
@@ -158,38 +158,40 @@ pub(super) async fn commit_one(pool: &PgPool, p: &PendingCommit) -> Result<Contr
              SELECT $1, s.last_event_seq - cardinality($3::text[]) + t.ord, t.kind, t.data
              FROM s, UNNEST($3::text[], $4::jsonb[]) WITH ORDINALITY AS t(kind, data, ord)
          )
-         SELECT last_event_seq, stop_requested, pause_requested, mode, limits FROM s",
+         SELECT stop_requested AS "stop_requested!", pause_requested AS "pause_requested!",
+                mode AS "mode!: Mode", limits AS "limits!: Json<Limits>" FROM s"#,
+        p.lease.session_id,
+        p.lease.token,
+        &kinds as &[&str],
+        &data as &[&Value],
+        p.counters.iterations,
+        p.counters.tokens_used,
+        p.counters.tool_calls,
+        p.counters.consecutive_errors,
+        p.counters.elapsed_ms,
+        p.progress.0,
+        p.progress.1,
+        p.counters.reflection_tokens,
+        next_cycle,
+        memory,
+        it.number,
+        it.run,
+        &it.action,
+        it.outcome,
+        it.tokens,
+        it.duration_ms,
+        &it.record,
+        &it.effects,
+        it.started_at,
+        it.finished_at,
+        it.transcript.as_ref(),
+        it.cycle,
+        Status::Running as Status,
     )
-    .bind(p.lease.session_id)
-    .bind(p.lease.token)
-    .bind(&kinds)
-    .bind(&data)
-    .bind(p.counters.iterations)
-    .bind(p.counters.tokens_used)
-    .bind(p.counters.tool_calls)
-    .bind(p.counters.consecutive_errors)
-    .bind(p.counters.elapsed_ms)
-    .bind(p.progress.0)
-    .bind(p.progress.1)
-    .bind(p.counters.reflection_tokens)
-    .bind(next_cycle)
-    .bind(memory)
-    .bind(it.number)
-    .bind(it.run)
-    .bind(&it.action)
-    .bind(it.outcome)
-    .bind(it.tokens)
-    .bind(it.duration_ms)
-    .bind(&it.record)
-    .bind(&it.effects)
-    .bind(it.started_at)
-    .bind(it.finished_at)
-    .bind(&it.transcript)
-    .bind(it.cycle)
     .fetch_optional(pool)
     .await?
     .ok_or(StoreError::LeaseLost(p.lease.session_id))?;
-    control_flags(p.lease.session_id, &row)
+    Ok(flags.into())
 }
 
 /// The columns of a group, one array per column (Postgres `UNNEST` input).
@@ -278,8 +280,8 @@ async fn commit_many(
     group: &[&PendingCommit],
 ) -> Result<std::collections::HashMap<Uuid, Result<ControlFlags>>> {
     let c = Columns::of(group);
-    let rows: Vec<PgRow> = sqlx::query(
-        "WITH input AS (
+    let rows = sqlx::query!(
+        r#"WITH input AS (
              SELECT * FROM UNNEST($1::uuid[], $2::uuid[], $3::int[], $4::bigint[], $5::bigint[],
                                   $6::bigint[], $7::int[], $8::bigint[], $9::float8[], $10::float8[],
                                   $11::bigint[], $12::int[], $13::text[], $14::bigint[], $15::int[],
@@ -292,7 +294,7 @@ async fn commit_many(
                       started_at, finished_at, transcript, cycle)
          ), locked AS (
              SELECT s.id FROM sessions s JOIN input i ON s.id = i.id AND s.lease_token = i.token
-             WHERE s.status = 'running' ORDER BY s.id FOR UPDATE OF s
+             WHERE s.status = $30 ORDER BY s.id FOR UPDATE OF s
          ), s AS (
              UPDATE sessions SET last_event_seq = sessions.last_event_seq + i.event_count,
                     updated_at = now(), iterations = i.iterations, tokens_used = i.tokens_used,
@@ -303,7 +305,7 @@ async fn commit_many(
                     cycle = COALESCE(i.next_cycle, sessions.cycle),
                     memory = COALESCE(i.memory, sessions.memory)
              FROM input i JOIN locked l ON l.id = i.id
-             WHERE sessions.id = i.id AND sessions.lease_token = i.token AND sessions.status = 'running'
+             WHERE sessions.id = i.id AND sessions.lease_token = i.token AND sessions.status = $30
              RETURNING sessions.id, sessions.last_event_seq, sessions.stop_requested,
                        sessions.pause_requested, sessions.mode, sessions.limits
          ), it AS (
@@ -318,43 +320,51 @@ async fn commit_many(
              FROM UNNEST($26::uuid[], $27::int[], $28::text[], $29::jsonb[]) AS e(id, ord, kind, data)
              JOIN input i ON i.id = e.id JOIN s ON s.id = e.id
          )
-         SELECT id, last_event_seq, stop_requested, pause_requested, mode, limits FROM s",
-    )
-    .bind(&c.id)
-    .bind(&c.token)
-    .bind(&c.event_count)
-    .bind(&c.iterations)
-    .bind(&c.tokens_used)
-    .bind(&c.tool_calls)
-    .bind(&c.consecutive_errors)
-    .bind(&c.elapsed_ms)
-    .bind(&c.percent)
-    .bind(&c.eta)
-    .bind(&c.reflection_tokens)
-    .bind(&c.next_cycle)
-    .bind(&c.memory)
-    .bind(&c.number)
-    .bind(&c.run)
-    .bind(&c.action)
-    .bind(&c.outcome)
-    .bind(&c.tokens)
-    .bind(&c.duration_ms)
-    .bind(&c.record)
-    .bind(&c.effects)
-    .bind(&c.started_at)
-    .bind(&c.finished_at)
-    .bind(&c.transcript)
-    .bind(&c.cycle)
-    .bind(&c.event_session)
-    .bind(&c.event_ord)
-    .bind(&c.event_kind)
-    .bind(&c.event_data)
+         SELECT id AS "id!", stop_requested AS "stop_requested!",
+                pause_requested AS "pause_requested!", mode AS "mode!: Mode",
+                limits AS "limits!: Json<Limits>" FROM s"#,
+&c.id as &[Uuid],
+&c.token as &[Uuid],
+&c.event_count as &[i32],
+&c.iterations as &[i64],
+&c.tokens_used as &[i64],
+&c.tool_calls as &[i64],
+&c.consecutive_errors as &[i32],
+&c.elapsed_ms as &[i64],
+&c.percent as &[Option<f64>],
+&c.eta as &[Option<f64>],
+&c.reflection_tokens as &[i64],
+&c.next_cycle as &[Option<i32>],
+&c.memory as &[Option<&str>],
+&c.number as &[i64],
+&c.run as &[i32],
+&c.action as &[&str],
+&c.outcome as &[&str],
+&c.tokens as &[i64],
+&c.duration_ms as &[i64],
+&c.record as &[&Value],
+&c.effects as &[&Value],
+&c.started_at as &[DateTime<Utc>],
+&c.finished_at as &[DateTime<Utc>],
+&c.transcript as &[Option<&Value>],
+&c.cycle as &[i32],
+&c.event_session as &[Uuid],
+&c.event_ord as &[i32],
+&c.event_kind as &[&str],
+&c.event_data as &[&Value],
+Status::Running as Status,
+)
     .fetch_all(pool)
     .await?;
     let mut committed = std::collections::HashMap::with_capacity(rows.len());
-    for row in rows {
-        let id: Uuid = row.try_get("id")?;
-        committed.insert(id, control_flags(id, &row));
+    for r in rows {
+        let flags = ControlRow {
+            stop_requested: r.stop_requested,
+            pause_requested: r.pause_requested,
+            mode: r.mode,
+            limits: r.limits,
+        };
+        committed.insert(r.id, Ok(flags.into()));
     }
     Ok(committed)
 }

@@ -157,7 +157,9 @@ impl Store {
 
     /// Answers when Postgres answers.
     pub async fn ping(&self) -> Result<()> {
-        sqlx::query_scalar!("SELECT 1").fetch_one(&self.pool).await?;
+        sqlx::query_scalar!("SELECT 1")
+            .fetch_one(&self.pool)
+            .await?;
         Ok(())
     }
 

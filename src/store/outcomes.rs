@@ -29,7 +29,7 @@ minutes,
     pub async fn sessions_by_status(&self) -> Result<BTreeMap<String, i64>> {
         let mut out = BTreeMap::new();
         for row in
-            sqlx::query!(r#"SELECT status, count(*) AS "count!" FROM sessions GROUP BY status"#,)
+            sqlx::query!(r#"SELECT status, count(*) AS "count!" FROM sessions GROUP BY status"#)
                 .fetch_all(&self.pool)
                 .await?
         {

@@ -591,3 +591,53 @@ pub struct Outcomes {
     /// Sessions reopened by a user after completing.
     pub reopened_after_completion: i64,
 }
+
+#[cfg(test)]
+mod tests {
+    use sqlx::PgPool;
+    use uuid::Uuid;
+
+    use crate::policy::lifecycle::{Mode, Reason, Status};
+
+    /// Every lifecycle value binds as a name the schema's CHECK constraints
+    /// accept and reads back as itself. (Runtime queries: test code is not
+    /// part of the offline query data.)
+    #[sqlx::test]
+    async fn lifecycle_enums_round_trip_through_the_schema(pool: PgPool) {
+        let modes = [Mode::Fixed, Mode::Continuous];
+        for (i, reason) in Reason::ALL.into_iter().enumerate() {
+            let (mode, status) = (modes[i % modes.len()], Status::ALL[i % Status::ALL.len()]);
+            let id = Uuid::new_v4();
+            sqlx::query(
+                "INSERT INTO sessions (id, goal, mode, status, reason, limits, executor)
+                 VALUES ($1, 'goal', $2, $3, $4, '{}', '{}')",
+            )
+            .bind(id)
+            .bind(mode)
+            .bind(status)
+            .bind(reason)
+            .execute(&pool)
+            .await
+            .unwrap();
+            let back: (Mode, Status, Option<Reason>) =
+                sqlx::query_as("SELECT mode, status, reason FROM sessions WHERE id = $1")
+                    .bind(id)
+                    .fetch_one(&pool)
+                    .await
+                    .unwrap();
+            assert_eq!(back, (mode, status, Some(reason)));
+        }
+    }
+
+    #[sqlx::test]
+    async fn an_unknown_name_does_not_decode(pool: PgPool) {
+        let status = sqlx::query_scalar::<_, Status>("SELECT 'runing'::text")
+            .fetch_one(&pool)
+            .await;
+        assert!(status.is_err());
+        let mode = sqlx::query_scalar::<_, Mode>("SELECT 'Fixed'::text")
+            .fetch_one(&pool)
+            .await;
+        assert!(mode.is_err());
+    }
+}

@@ -368,3 +368,139 @@ Status::Running as Status,
     }
     Ok(committed)
 }
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    const LIMITS: Limits = Limits {
+        max_iterations: 10,
+        max_wall_time_ms: 60_000,
+        max_tokens: 1_000,
+        max_consecutive_errors: 3,
+        reflection_interval: 5,
+        checkpoint_interval: 5,
+        max_tool_calls: None,
+        max_cycles: 10,
+        context_budget_tokens: 32_000,
+    };
+
+    async fn running_session(pool: &PgPool, mode: Mode) -> Lease {
+        let lease = Lease {
+            session_id: Uuid::new_v4(),
+            token: Uuid::new_v4(),
+        };
+        sqlx::query(
+            "INSERT INTO sessions (id, goal, mode, status, limits, executor, lease_token)
+             VALUES ($1, 'goal', $2, 'running', $3, '{}', $4)",
+        )
+        .bind(lease.session_id)
+        .bind(mode)
+        .bind(Json(LIMITS))
+        .bind(lease.token)
+        .execute(pool)
+        .await
+        .unwrap();
+        lease
+    }
+
+    fn pending(lease: Lease, events: usize, next_cycle: Option<(i32, String)>) -> PendingCommit {
+        let now = Utc::now();
+        PendingCommit {
+            lease,
+            iteration: NewIteration {
+                number: 1,
+                run: 1,
+                action: "act".into(),
+                outcome: "success",
+                tokens: 7,
+                duration_ms: 3,
+                record: json!({ "action": "act" }),
+                effects: json!({}),
+                transcript: None,
+                cycle: 0,
+                next_cycle,
+                started_at: now,
+                finished_at: now,
+            },
+            counters: Counters {
+                iterations: 1,
+                tokens_used: 7,
+                ..Counters::default()
+            },
+            progress: (Some(50.0), None),
+            events: (0..events)
+                .map(|i| NewEvent::new("iteration_completed", json!({ "i": i })))
+                .collect(),
+        }
+    }
+
+    async fn event_seqs(pool: &PgPool, session_id: Uuid) -> Vec<i64> {
+        sqlx::query_scalar("SELECT seq FROM events WHERE session_id = $1 ORDER BY seq")
+            .bind(session_id)
+            .fetch_all(pool)
+            .await
+            .unwrap()
+    }
+
+    /// The grouped statement commits each member whose lease holds, numbers
+    /// its events in order, and leaves out a member whose lease is lost. A
+    /// failing group falls back to one-by-one commits, which would hide a
+    /// broken statement from every test that goes through the committer.
+    #[sqlx::test]
+    async fn a_group_commits_its_members_in_one_statement(pool: PgPool) {
+        let a = running_session(&pool, Mode::Fixed).await;
+        let b = running_session(&pool, Mode::Continuous).await;
+        let lost = Lease {
+            token: Uuid::new_v4(),
+            ..running_session(&pool, Mode::Fixed).await
+        };
+        let group = [
+            pending(a, 2, None),
+            pending(b, 1, Some((1, "memory".into()))),
+            pending(lost, 1, None),
+        ];
+        let members: Vec<&PendingCommit> = group.iter().collect();
+
+        let committed = commit_many(&pool, &members).await.unwrap();
+
+        assert_eq!(committed.len(), 2);
+        let flags = |id: Uuid| committed[&id].as_ref().unwrap().settings;
+        assert_eq!(flags(a.session_id).mode, Mode::Fixed);
+        assert_eq!(flags(a.session_id).limits, LIMITS);
+        assert_eq!(flags(b.session_id).mode, Mode::Continuous);
+        assert_eq!(event_seqs(&pool, a.session_id).await, vec![1, 2]);
+        assert_eq!(event_seqs(&pool, b.session_id).await, vec![1]);
+        assert!(event_seqs(&pool, lost.session_id).await.is_empty());
+        let (cycle, memory, iterations): (i32, String, i64) =
+            sqlx::query_as("SELECT cycle, memory, iterations FROM sessions WHERE id = $1")
+                .bind(b.session_id)
+                .fetch_one(&pool)
+                .await
+                .unwrap();
+        assert_eq!((cycle, memory.as_str(), iterations), (1, "memory", 1));
+        let stored: i64 = sqlx::query_scalar("SELECT count(*) FROM iterations")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+        assert_eq!(stored, 2);
+    }
+
+    #[sqlx::test]
+    async fn a_lone_commit_is_fenced_by_its_lease(pool: PgPool) {
+        let held = running_session(&pool, Mode::Continuous).await;
+        let flags = commit_one(&pool, &pending(held, 2, None)).await.unwrap();
+        assert_eq!(flags.settings.mode, Mode::Continuous);
+        assert_eq!(event_seqs(&pool, held.session_id).await, vec![1, 2]);
+
+        let lost = Lease {
+            token: Uuid::new_v4(),
+            ..running_session(&pool, Mode::Fixed).await
+        };
+        let refused = commit_one(&pool, &pending(lost, 1, None)).await;
+        assert!(matches!(refused, Err(StoreError::LeaseLost(id)) if id == lost.session_id));
+        assert!(event_seqs(&pool, lost.session_id).await.is_empty());
+    }
+}

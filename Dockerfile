@@ -3,6 +3,9 @@
 FROM rust:1.95-bookworm AS build
 WORKDIR /src
 COPY Cargo.toml Cargo.lock ./
+# The offline query data: the build has no database to check queries against.
+COPY .cargo ./.cargo
+COPY .sqlx ./.sqlx
 COPY src ./src
 COPY migrations ./migrations
 COPY web ./web

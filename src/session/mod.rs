@@ -13,4 +13,4 @@ mod supervisor;
 pub use service::{
     CreateSession, RefinementChoice, ResumeSession, ServiceError, SessionService, UpdateSession,
 };
-pub use supervisor::{CONTROL_CHANNEL, Supervisor};
+pub use supervisor::Supervisor;

@@ -25,8 +25,8 @@ use crate::policy::lifecycle::{
 use crate::policy::termination::{self, Facts};
 use crate::policy::{ambiguity, checklist};
 use crate::store::{
-    self, Lease, NewEvent, NewSession, SessionCursor, SessionRecord, SessionSettings, Store,
-    StoreError,
+    self, ControlAction, Lease, NewEvent, NewSession, SessionCursor, SessionRecord,
+    SessionSettings, Store, StoreError,
 };
 
 /// Longest goal accepted, in bytes.
@@ -589,7 +589,7 @@ impl SessionService {
     /// A stop for a session this replica does not run: tell its owner, and
     /// if it has no live owner, record the stop here.
     async fn stop_elsewhere(&self, id: Uuid) -> Result<()> {
-        self.store.notify_control("stop", id).await?;
+        self.store.notify_control(ControlAction::Stop, id).await?;
         let deadline = Instant::now() + self.config.control_wait;
         loop {
             let session = self.get(id).await?;
@@ -680,7 +680,7 @@ impl SessionService {
                 self.store.announce(id);
                 match self.supervisor.signal_pause(id) {
                     Some(done) => wait_done(Some(done), self.config.control_wait).await,
-                    None => self.store.notify_control("pause", id).await?,
+                    None => self.store.notify_control(ControlAction::Pause, id).await?,
                 }
             }
         }

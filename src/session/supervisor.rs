@@ -21,10 +21,9 @@ use super::state::LoopState;
 use crate::config::Config;
 use crate::llm::LlmClient;
 use crate::metrics::Metrics;
-use crate::store::{Lease, SessionRecord, SessionSettings, Store};
-
-/// The Postgres channel that carries stop and pause requests between replicas.
-pub const CONTROL_CHANNEL: &str = "warden_control";
+use crate::store::{
+    CONTROL_CHANNEL, ControlAction, ControlNote, Lease, SessionRecord, SessionSettings, Store,
+};
 
 struct RunnerHandle {
     lease: Lease,
@@ -351,20 +350,16 @@ impl Supervisor {
     }
 
     fn on_control_note(&self, payload: &str) {
-        let Some((action, id)) = payload.split_once(':') else {
+        let Ok(note) = payload.parse::<ControlNote>() else {
             return;
         };
-        let Ok(id) = id.parse::<Uuid>() else {
-            return;
-        };
-        match action {
-            "stop" => {
-                self.signal_stop(id);
+        match note.action {
+            ControlAction::Stop => {
+                self.signal_stop(note.session_id);
             }
-            "pause" => {
-                self.signal_pause(id);
+            ControlAction::Pause => {
+                self.signal_pause(note.session_id);
             }
-            _ => {}
         }
     }
 

@@ -1,40 +1,11 @@
 //! The append-only event log, numbered per session.
 
-use chrono::{DateTime, Utc};
 use serde_json::Value;
-use sqlx::{PgConnection, Row};
+use sqlx::PgConnection;
 use uuid::Uuid;
 
+use super::rows::{EventRecord, NewEvent};
 use super::{Result, Store};
-
-/// An event about to be appended.
-#[derive(Debug, Clone, PartialEq)]
-pub struct NewEvent {
-    /// Event kind, e.g. `iteration_completed`.
-    pub kind: &'static str,
-    /// Event payload.
-    pub data: Value,
-}
-
-impl NewEvent {
-    /// Builds an event.
-    pub fn new(kind: &'static str, data: Value) -> NewEvent {
-        NewEvent { kind, data }
-    }
-}
-
-/// An event as stored.
-#[derive(Debug, Clone, sqlx::FromRow)]
-pub struct EventRecord {
-    /// Per-session sequence number, from 1, without gaps.
-    pub seq: i64,
-    /// Kind.
-    pub kind: String,
-    /// Payload.
-    pub data: Value,
-    /// When it was appended.
-    pub created_at: DateTime<Utc>,
-}
 
 /// Inserts `events` numbered after `last_seq`, which the caller has already
 /// reserved by advancing `sessions.last_event_seq` in the same transaction.
@@ -51,14 +22,14 @@ pub(super) async fn insert_numbered(
     let seqs: Vec<i64> = (first..=last_seq).collect();
     let kinds: Vec<&str> = events.iter().map(|e| e.kind).collect();
     let data: Vec<Value> = events.iter().map(|e| e.data.clone()).collect();
-    sqlx::query(
+    sqlx::query!(
         "INSERT INTO events (session_id, seq, kind, data)
          SELECT $1, s, k, d FROM UNNEST($2::bigint[], $3::text[], $4::jsonb[]) AS t(s, k, d)",
+        session_id,
+        &seqs,
+        &kinds as &[&str],
+        &data,
     )
-    .bind(session_id)
-    .bind(&seqs)
-    .bind(&kinds)
-    .bind(&data)
     .execute(conn)
     .await?;
     Ok(())
@@ -70,14 +41,13 @@ pub async fn append(conn: &mut PgConnection, session_id: Uuid, events: &[NewEven
     if events.is_empty() {
         return Ok(());
     }
-    let last: i64 = sqlx::query(
+    let last = sqlx::query_scalar!(
         "UPDATE sessions SET last_event_seq = last_event_seq + $2 WHERE id = $1 RETURNING last_event_seq",
+        session_id,
+        events.len() as i64,
     )
-    .bind(session_id)
-    .bind(events.len() as i64)
     .fetch_one(&mut *conn)
-    .await?
-    .try_get(0)?;
+    .await?;
     insert_numbered(conn, session_id, last, events).await
 }
 
@@ -90,24 +60,23 @@ impl Store {
         limit: i64,
         kinds: Option<&[&str]>,
     ) -> Result<Vec<EventRecord>> {
-        let kinds: Option<Vec<String>> = kinds.map(|k| k.iter().map(|s| s.to_string()).collect());
-        Ok(sqlx::query_as::<_, EventRecord>(
+        Ok(sqlx::query_as!(
+            EventRecord,
             "SELECT seq, kind, data, created_at FROM events
              WHERE session_id = $1 AND seq > $2 AND ($4::text[] IS NULL OR kind = ANY($4))
              ORDER BY seq LIMIT $3",
+            session_id,
+            after_seq,
+            limit,
+            kinds as Option<&[&str]>,
         )
-        .bind(session_id)
-        .bind(after_seq)
-        .bind(limit)
-        .bind(kinds)
         .fetch_all(&self.pool)
         .await?)
     }
-}
 
-impl Store {
     /// Decision events of a session after `after_seq`; gate evaluations that
-    /// decided `continue` only when asked for.
+    /// decided `continue` only when asked for. The kinds are literals so the
+    /// planner can use the partial index of decision events.
     pub async fn decisions(
         &self,
         session_id: Uuid,
@@ -115,17 +84,18 @@ impl Store {
         limit: i64,
         include_continue: bool,
     ) -> Result<Vec<EventRecord>> {
-        Ok(sqlx::query_as::<_, EventRecord>(
+        Ok(sqlx::query_as!(
+            EventRecord,
             "SELECT seq, kind, data, created_at FROM events
              WHERE session_id = $1 AND seq > $2
                AND kind IN ('gate_decision', 'stuck_detected', 'guardrail_tripped', 'status_changed')
                AND ($4 OR NOT (kind = 'gate_decision' AND data->'decision'->>'decision' = 'continue'))
              ORDER BY seq LIMIT $3",
+            session_id,
+            after_seq,
+            limit,
+            include_continue,
         )
-        .bind(session_id)
-        .bind(after_seq)
-        .bind(limit)
-        .bind(include_continue)
         .fetch_all(&self.pool)
         .await?)
     }

@@ -12,16 +12,15 @@ use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
 use serde_json::Value;
-use sqlx::postgres::PgRow;
-use sqlx::{PgPool, Row};
+use sqlx::PgPool;
+use sqlx::types::Json;
 use tokio::sync::{Semaphore, mpsc, oneshot};
 use uuid::Uuid;
 
-use super::events::NewEvent;
-use super::iterations::{NewIteration, control_flags};
-use super::leases::Lease;
-use super::sessions::{ControlFlags, Counters};
+use super::rows::{ControlFlags, ControlRow, Counters, Lease, NewEvent, NewIteration};
 use super::{Result, StoreError};
+use crate::policy::guardrails::Limits;
+use crate::policy::lifecycle::{Mode, Status};
 
 /// Most iterations in one group: keeps one statement's work (and the time the
 /// last member waits for the first) bounded.
@@ -140,14 +139,15 @@ pub(super) async fn commit_one(pool: &PgPool, p: &PendingCommit) -> Result<Contr
         None => (None, None),
     };
     let it = &p.iteration;
-    let row = sqlx::query(
-        "WITH s AS (
+    let flags = sqlx::query_as!(
+        ControlRow,
+        r#"WITH s AS (
              UPDATE sessions SET last_event_seq = last_event_seq + cardinality($3::text[]),
                     updated_at = now(), iterations = $5, tokens_used = $6, tool_calls = $7,
                     consecutive_errors = $8, elapsed_ms = $9, percent_complete = $10,
-                    eta_seconds = $11, reflection_tokens = $12, agent_tokens = $6 - $12,
+                    eta_seconds = $11, reflection_tokens = $12, agent_tokens = $6::bigint - $12::bigint,
                     guidance = NULL, cycle = COALESCE($13, cycle), memory = COALESCE($14, memory)
-             WHERE id = $1 AND lease_token = $2 AND status = 'running'
+             WHERE id = $1 AND lease_token = $2 AND status = $27
              RETURNING last_event_seq, stop_requested, pause_requested, mode, limits
          ), i AS (
              INSERT INTO iterations (session_id, number, run, action, outcome, tokens, duration_ms,
@@ -158,38 +158,40 @@ pub(super) async fn commit_one(pool: &PgPool, p: &PendingCommit) -> Result<Contr
              SELECT $1, s.last_event_seq - cardinality($3::text[]) + t.ord, t.kind, t.data
              FROM s, UNNEST($3::text[], $4::jsonb[]) WITH ORDINALITY AS t(kind, data, ord)
          )
-         SELECT last_event_seq, stop_requested, pause_requested, mode, limits FROM s",
+         SELECT stop_requested AS "stop_requested!", pause_requested AS "pause_requested!",
+                mode AS "mode!: Mode", limits AS "limits!: Json<Limits>" FROM s"#,
+        p.lease.session_id,
+        p.lease.token,
+        &kinds as &[&str],
+        &data as &[&Value],
+        p.counters.iterations,
+        p.counters.tokens_used,
+        p.counters.tool_calls,
+        p.counters.consecutive_errors,
+        p.counters.elapsed_ms,
+        p.progress.0,
+        p.progress.1,
+        p.counters.reflection_tokens,
+        next_cycle,
+        memory,
+        it.number,
+        it.run,
+        &it.action,
+        it.outcome,
+        it.tokens,
+        it.duration_ms,
+        &it.record,
+        &it.effects,
+        it.started_at,
+        it.finished_at,
+        it.transcript.as_ref(),
+        it.cycle,
+        Status::Running as Status,
     )
-    .bind(p.lease.session_id)
-    .bind(p.lease.token)
-    .bind(&kinds)
-    .bind(&data)
-    .bind(p.counters.iterations)
-    .bind(p.counters.tokens_used)
-    .bind(p.counters.tool_calls)
-    .bind(p.counters.consecutive_errors)
-    .bind(p.counters.elapsed_ms)
-    .bind(p.progress.0)
-    .bind(p.progress.1)
-    .bind(p.counters.reflection_tokens)
-    .bind(next_cycle)
-    .bind(memory)
-    .bind(it.number)
-    .bind(it.run)
-    .bind(&it.action)
-    .bind(it.outcome)
-    .bind(it.tokens)
-    .bind(it.duration_ms)
-    .bind(&it.record)
-    .bind(&it.effects)
-    .bind(it.started_at)
-    .bind(it.finished_at)
-    .bind(&it.transcript)
-    .bind(it.cycle)
     .fetch_optional(pool)
     .await?
     .ok_or(StoreError::LeaseLost(p.lease.session_id))?;
-    control_flags(p.lease.session_id, &row)
+    Ok(flags.into())
 }
 
 /// The columns of a group, one array per column (Postgres `UNNEST` input).
@@ -278,8 +280,8 @@ async fn commit_many(
     group: &[&PendingCommit],
 ) -> Result<std::collections::HashMap<Uuid, Result<ControlFlags>>> {
     let c = Columns::of(group);
-    let rows: Vec<PgRow> = sqlx::query(
-        "WITH input AS (
+    let rows = sqlx::query!(
+        r#"WITH input AS (
              SELECT * FROM UNNEST($1::uuid[], $2::uuid[], $3::int[], $4::bigint[], $5::bigint[],
                                   $6::bigint[], $7::int[], $8::bigint[], $9::float8[], $10::float8[],
                                   $11::bigint[], $12::int[], $13::text[], $14::bigint[], $15::int[],
@@ -292,7 +294,7 @@ async fn commit_many(
                       started_at, finished_at, transcript, cycle)
          ), locked AS (
              SELECT s.id FROM sessions s JOIN input i ON s.id = i.id AND s.lease_token = i.token
-             WHERE s.status = 'running' ORDER BY s.id FOR UPDATE OF s
+             WHERE s.status = $30 ORDER BY s.id FOR UPDATE OF s
          ), s AS (
              UPDATE sessions SET last_event_seq = sessions.last_event_seq + i.event_count,
                     updated_at = now(), iterations = i.iterations, tokens_used = i.tokens_used,
@@ -303,7 +305,7 @@ async fn commit_many(
                     cycle = COALESCE(i.next_cycle, sessions.cycle),
                     memory = COALESCE(i.memory, sessions.memory)
              FROM input i JOIN locked l ON l.id = i.id
-             WHERE sessions.id = i.id AND sessions.lease_token = i.token AND sessions.status = 'running'
+             WHERE sessions.id = i.id AND sessions.lease_token = i.token AND sessions.status = $30
              RETURNING sessions.id, sessions.last_event_seq, sessions.stop_requested,
                        sessions.pause_requested, sessions.mode, sessions.limits
          ), it AS (
@@ -318,43 +320,187 @@ async fn commit_many(
              FROM UNNEST($26::uuid[], $27::int[], $28::text[], $29::jsonb[]) AS e(id, ord, kind, data)
              JOIN input i ON i.id = e.id JOIN s ON s.id = e.id
          )
-         SELECT id, last_event_seq, stop_requested, pause_requested, mode, limits FROM s",
-    )
-    .bind(&c.id)
-    .bind(&c.token)
-    .bind(&c.event_count)
-    .bind(&c.iterations)
-    .bind(&c.tokens_used)
-    .bind(&c.tool_calls)
-    .bind(&c.consecutive_errors)
-    .bind(&c.elapsed_ms)
-    .bind(&c.percent)
-    .bind(&c.eta)
-    .bind(&c.reflection_tokens)
-    .bind(&c.next_cycle)
-    .bind(&c.memory)
-    .bind(&c.number)
-    .bind(&c.run)
-    .bind(&c.action)
-    .bind(&c.outcome)
-    .bind(&c.tokens)
-    .bind(&c.duration_ms)
-    .bind(&c.record)
-    .bind(&c.effects)
-    .bind(&c.started_at)
-    .bind(&c.finished_at)
-    .bind(&c.transcript)
-    .bind(&c.cycle)
-    .bind(&c.event_session)
-    .bind(&c.event_ord)
-    .bind(&c.event_kind)
-    .bind(&c.event_data)
+         SELECT id AS "id!", stop_requested AS "stop_requested!",
+                pause_requested AS "pause_requested!", mode AS "mode!: Mode",
+                limits AS "limits!: Json<Limits>" FROM s"#,
+&c.id as &[Uuid],
+&c.token as &[Uuid],
+&c.event_count as &[i32],
+&c.iterations as &[i64],
+&c.tokens_used as &[i64],
+&c.tool_calls as &[i64],
+&c.consecutive_errors as &[i32],
+&c.elapsed_ms as &[i64],
+&c.percent as &[Option<f64>],
+&c.eta as &[Option<f64>],
+&c.reflection_tokens as &[i64],
+&c.next_cycle as &[Option<i32>],
+&c.memory as &[Option<&str>],
+&c.number as &[i64],
+&c.run as &[i32],
+&c.action as &[&str],
+&c.outcome as &[&str],
+&c.tokens as &[i64],
+&c.duration_ms as &[i64],
+&c.record as &[&Value],
+&c.effects as &[&Value],
+&c.started_at as &[DateTime<Utc>],
+&c.finished_at as &[DateTime<Utc>],
+&c.transcript as &[Option<&Value>],
+&c.cycle as &[i32],
+&c.event_session as &[Uuid],
+&c.event_ord as &[i32],
+&c.event_kind as &[&str],
+&c.event_data as &[&Value],
+Status::Running as Status,
+)
     .fetch_all(pool)
     .await?;
     let mut committed = std::collections::HashMap::with_capacity(rows.len());
-    for row in rows {
-        let id: Uuid = row.try_get("id")?;
-        committed.insert(id, control_flags(id, &row));
+    for r in rows {
+        let flags = ControlRow {
+            stop_requested: r.stop_requested,
+            pause_requested: r.pause_requested,
+            mode: r.mode,
+            limits: r.limits,
+        };
+        committed.insert(r.id, Ok(flags.into()));
     }
     Ok(committed)
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    const LIMITS: Limits = Limits {
+        max_iterations: 10,
+        max_wall_time_ms: 60_000,
+        max_tokens: 1_000,
+        max_consecutive_errors: 3,
+        reflection_interval: 5,
+        checkpoint_interval: 5,
+        max_tool_calls: None,
+        max_cycles: 10,
+        context_budget_tokens: 32_000,
+    };
+
+    async fn running_session(pool: &PgPool, mode: Mode) -> Lease {
+        let lease = Lease {
+            session_id: Uuid::new_v4(),
+            token: Uuid::new_v4(),
+        };
+        sqlx::query(
+            "INSERT INTO sessions (id, goal, mode, status, limits, executor, lease_token)
+             VALUES ($1, 'goal', $2, 'running', $3, '{}', $4)",
+        )
+        .bind(lease.session_id)
+        .bind(mode)
+        .bind(Json(LIMITS))
+        .bind(lease.token)
+        .execute(pool)
+        .await
+        .unwrap();
+        lease
+    }
+
+    fn pending(lease: Lease, events: usize, next_cycle: Option<(i32, String)>) -> PendingCommit {
+        let now = Utc::now();
+        PendingCommit {
+            lease,
+            iteration: NewIteration {
+                number: 1,
+                run: 1,
+                action: "act".into(),
+                outcome: "success",
+                tokens: 7,
+                duration_ms: 3,
+                record: json!({ "action": "act" }),
+                effects: json!({}),
+                transcript: None,
+                cycle: 0,
+                next_cycle,
+                started_at: now,
+                finished_at: now,
+            },
+            counters: Counters {
+                iterations: 1,
+                tokens_used: 7,
+                ..Counters::default()
+            },
+            progress: (Some(50.0), None),
+            events: (0..events)
+                .map(|i| NewEvent::new("iteration_completed", json!({ "i": i })))
+                .collect(),
+        }
+    }
+
+    async fn event_seqs(pool: &PgPool, session_id: Uuid) -> Vec<i64> {
+        sqlx::query_scalar("SELECT seq FROM events WHERE session_id = $1 ORDER BY seq")
+            .bind(session_id)
+            .fetch_all(pool)
+            .await
+            .unwrap()
+    }
+
+    /// The grouped statement commits each member whose lease holds, numbers
+    /// its events in order, and leaves out a member whose lease is lost. A
+    /// failing group falls back to one-by-one commits, which would hide a
+    /// broken statement from every test that goes through the committer.
+    #[sqlx::test]
+    async fn a_group_commits_its_members_in_one_statement(pool: PgPool) {
+        let a = running_session(&pool, Mode::Fixed).await;
+        let b = running_session(&pool, Mode::Continuous).await;
+        let lost = Lease {
+            token: Uuid::new_v4(),
+            ..running_session(&pool, Mode::Fixed).await
+        };
+        let group = [
+            pending(a, 2, None),
+            pending(b, 1, Some((1, "memory".into()))),
+            pending(lost, 1, None),
+        ];
+        let members: Vec<&PendingCommit> = group.iter().collect();
+
+        let committed = commit_many(&pool, &members).await.unwrap();
+
+        assert_eq!(committed.len(), 2);
+        let flags = |id: Uuid| committed[&id].as_ref().unwrap().settings;
+        assert_eq!(flags(a.session_id).mode, Mode::Fixed);
+        assert_eq!(flags(a.session_id).limits, LIMITS);
+        assert_eq!(flags(b.session_id).mode, Mode::Continuous);
+        assert_eq!(event_seqs(&pool, a.session_id).await, vec![1, 2]);
+        assert_eq!(event_seqs(&pool, b.session_id).await, vec![1]);
+        assert!(event_seqs(&pool, lost.session_id).await.is_empty());
+        let (cycle, memory, iterations): (i32, String, i64) =
+            sqlx::query_as("SELECT cycle, memory, iterations FROM sessions WHERE id = $1")
+                .bind(b.session_id)
+                .fetch_one(&pool)
+                .await
+                .unwrap();
+        assert_eq!((cycle, memory.as_str(), iterations), (1, "memory", 1));
+        let stored: i64 = sqlx::query_scalar("SELECT count(*) FROM iterations")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+        assert_eq!(stored, 2);
+    }
+
+    #[sqlx::test]
+    async fn a_lone_commit_is_fenced_by_its_lease(pool: PgPool) {
+        let held = running_session(&pool, Mode::Continuous).await;
+        let flags = commit_one(&pool, &pending(held, 2, None)).await.unwrap();
+        assert_eq!(flags.settings.mode, Mode::Continuous);
+        assert_eq!(event_seqs(&pool, held.session_id).await, vec![1, 2]);
+
+        let lost = Lease {
+            token: Uuid::new_v4(),
+            ..running_session(&pool, Mode::Fixed).await
+        };
+        let refused = commit_one(&pool, &pending(lost, 1, None)).await;
+        assert!(matches!(refused, Err(StoreError::LeaseLost(id)) if id == lost.session_id));
+        assert!(event_seqs(&pool, lost.session_id).await.is_empty());
+    }
 }

@@ -1,92 +1,22 @@
 //! The loop's writes: committed iterations, checkpoints and the final status,
 //! each fenced by the lease so a replica that lost a session writes nothing.
 
-use chrono::{DateTime, Utc};
 use serde_json::Value;
-use sqlx::postgres::PgRow;
+use sqlx::PgConnection;
 use sqlx::types::Json;
-use sqlx::{PgConnection, Row};
 use uuid::Uuid;
 
-use super::events::{self, NewEvent};
+use super::checkpoints::insert_checkpoint;
+use super::events;
 use super::group_commit::PendingCommit;
-use super::leases::Lease;
-use super::sessions::{ControlFlags, Counters, SessionSettings};
+use super::rows::{
+    CheckpointRecord, ControlFlags, ControlRow, Counters, IterationRecord, Lease, NewEvent,
+    NewIteration,
+};
 use super::{Result, Store, StoreError};
 use crate::policy::guardrails::Limits;
-use crate::policy::lifecycle::Mode;
+use crate::policy::lifecycle::{Mode, Reason, Status};
 use crate::policy::termination::Termination;
-
-/// An iteration about to be committed.
-#[derive(Debug, Clone)]
-pub struct NewIteration {
-    /// Number, 1-based and gap-free per session.
-    pub number: i64,
-    /// Run it belongs to.
-    pub run: i32,
-    /// Action name.
-    pub action: String,
-    /// `success`, `failure` or `error`.
-    pub outcome: &'static str,
-    /// Tokens used.
-    pub tokens: i64,
-    /// Wall time, ms.
-    pub duration_ms: i64,
-    /// The full step record (JSON).
-    pub record: Value,
-    /// What the policies concluded from it (JSON).
-    pub effects: Value,
-    /// The step's conversation (model executors).
-    pub transcript: Option<Value>,
-    /// Context cycle it ran in.
-    pub cycle: i32,
-    /// The cycle and memory the session moves to after this step, when it changes.
-    pub next_cycle: Option<(i32, String)>,
-    /// Start time.
-    pub started_at: DateTime<Utc>,
-    /// End time.
-    pub finished_at: DateTime<Utc>,
-}
-
-/// An iteration as stored.
-#[derive(Debug, Clone, sqlx::FromRow)]
-pub struct IterationRecord {
-    /// Number.
-    pub number: i64,
-    /// Run.
-    pub run: i32,
-    /// Action name.
-    pub action: String,
-    /// Outcome.
-    pub outcome: String,
-    /// Tokens.
-    pub tokens: i64,
-    /// Wall time, ms.
-    pub duration_ms: i64,
-    /// Step record.
-    pub record: Value,
-    /// Policy effects.
-    pub effects: Value,
-    /// Start.
-    pub started_at: DateTime<Utc>,
-    /// End.
-    pub finished_at: DateTime<Utc>,
-}
-
-/// A checkpoint as stored.
-#[derive(Debug, Clone, sqlx::FromRow)]
-pub struct CheckpointRecord {
-    /// Id, increasing.
-    pub id: i64,
-    /// Last iteration it covers.
-    pub iteration: i64,
-    /// Why it was taken.
-    pub reason: String,
-    /// Loop state snapshot.
-    pub state: Value,
-    /// When.
-    pub created_at: DateTime<Utc>,
-}
 
 /// Advances the session's event counter under the lease fence and returns
 /// the new last sequence number with the current control flags.
@@ -95,54 +25,26 @@ async fn fenced_update(
     lease: &Lease,
     events: usize,
 ) -> Result<(i64, ControlFlags)> {
-    let row = sqlx::query(
-        "UPDATE sessions SET last_event_seq = last_event_seq + $3, updated_at = now()
-         WHERE id = $1 AND lease_token = $2 AND status = 'running'
-         RETURNING last_event_seq, stop_requested, pause_requested, mode, limits",
+    let row = sqlx::query!(
+        r#"UPDATE sessions SET last_event_seq = last_event_seq + $3, updated_at = now()
+           WHERE id = $1 AND lease_token = $2 AND status = $4
+           RETURNING last_event_seq, stop_requested, pause_requested, mode AS "mode: Mode",
+                     limits AS "limits: Json<Limits>""#,
+        lease.session_id,
+        lease.token,
+        events as i64,
+        Status::Running as Status,
     )
-    .bind(lease.session_id)
-    .bind(lease.token)
-    .bind(events as i64)
     .fetch_optional(&mut *conn)
     .await?
     .ok_or(StoreError::LeaseLost(lease.session_id))?;
-    Ok((row.try_get(0)?, control_flags(lease.session_id, &row)?))
-}
-
-/// The control flags in a row returned by a fenced update of `session_id`.
-pub(super) fn control_flags(session_id: Uuid, row: &PgRow) -> Result<ControlFlags> {
-    let mode: String = row.try_get("mode")?;
-    let limits: Json<Limits> = row.try_get("limits")?;
-    Ok(ControlFlags {
-        stop_requested: row.try_get("stop_requested")?,
-        pause_requested: row.try_get("pause_requested")?,
-        settings: SessionSettings {
-            mode: Mode::parse(&mode).ok_or_else(|| StoreError::Corrupt {
-                id: session_id,
-                detail: format!("mode {mode}"),
-            })?,
-            limits: limits.0,
-        },
-    })
-}
-
-pub(super) async fn insert_checkpoint(
-    conn: &mut PgConnection,
-    session_id: Uuid,
-    iteration: i64,
-    reason: &str,
-    state: &Value,
-) -> Result<()> {
-    sqlx::query(
-        "INSERT INTO checkpoints (session_id, iteration, reason, state) VALUES ($1, $2, $3, $4)",
-    )
-    .bind(session_id)
-    .bind(iteration)
-    .bind(reason)
-    .bind(state)
-    .execute(conn)
-    .await?;
-    Ok(())
+    let flags = ControlRow {
+        stop_requested: row.stop_requested,
+        pause_requested: row.pause_requested,
+        mode: row.mode,
+        limits: row.limits,
+    };
+    Ok((row.last_event_seq, flags.into()))
 }
 
 impl Store {
@@ -195,11 +97,13 @@ impl Store {
         );
         let (last_seq, _) = fenced_update(&mut tx, lease, 1).await?;
         insert_checkpoint(&mut tx, lease.session_id, iteration, reason, state).await?;
-        sqlx::query("UPDATE sessions SET last_checkpoint_iteration = $2 WHERE id = $1")
-            .bind(lease.session_id)
-            .bind(iteration)
-            .execute(&mut *tx)
-            .await?;
+        sqlx::query!(
+            "UPDATE sessions SET last_checkpoint_iteration = $2 WHERE id = $1",
+            lease.session_id,
+            iteration,
+        )
+        .execute(&mut *tx)
+        .await?;
         events::insert_numbered(&mut tx, lease.session_id, last_seq, &[event]).await?;
         tx.commit().await?;
         self.announce(lease.session_id);
@@ -219,6 +123,10 @@ impl Store {
     ) -> Result<()> {
         let mut tx = self.pool.begin().await?;
         let (last_seq, _) = fenced_update(&mut tx, lease, events.len()).await?;
+        // A completed session is all done; a paused one keeps its estimate
+        // and has not ended.
+        let completed = termination.status == Status::Completed;
+        let paused = termination.status == Status::Paused;
         insert_checkpoint(
             &mut tx,
             lease.session_id,
@@ -227,31 +135,33 @@ impl Store {
             checkpoint.1,
         )
         .await?;
-        sqlx::query(
-            "UPDATE sessions SET status = $2, reason = $3, summary = $4, next_steps = $5,
+        sqlx::query!(
+"UPDATE sessions SET status = $2, reason = $3, summary = $4, next_steps = $5,
                     checkpoint_saved = true, last_checkpoint_iteration = $6,
                     iterations = $7, tokens_used = $8, tool_calls = $9, consecutive_errors = $10, elapsed_ms = $11,
-                    reflection_tokens = $12, agent_tokens = $8 - $12, reason_detail = $13,
-                    percent_complete = CASE WHEN $2 = 'completed' THEN 100 ELSE percent_complete END,
-                    eta_seconds = CASE WHEN $2 = 'paused' THEN eta_seconds ELSE NULL END,
+                    reflection_tokens = $12, agent_tokens = $8::bigint - $12::bigint, reason_detail = $13,
+                    percent_complete = CASE WHEN $14 THEN 100 ELSE percent_complete END,
+                    eta_seconds = CASE WHEN $15 THEN eta_seconds ELSE NULL END,
                     stop_requested = false, pause_requested = false,
                     owner = NULL, lease_token = NULL, lease_expires_at = NULL,
-                    ended_at = CASE WHEN $2 = 'paused' THEN NULL ELSE now() END
+                    ended_at = CASE WHEN $15 THEN NULL ELSE now() END
              WHERE id = $1",
-        )
-        .bind(lease.session_id)
-        .bind(termination.status.as_str())
-        .bind(termination.reason.as_str())
-        .bind(&termination.summary)
-        .bind(Json(&termination.next_steps))
-        .bind(checkpoint.0)
-        .bind(counters.iterations)
-        .bind(counters.tokens_used)
-        .bind(counters.tool_calls)
-        .bind(counters.consecutive_errors)
-        .bind(counters.elapsed_ms)
-        .bind(counters.reflection_tokens)
-        .bind(detail)
+lease.session_id,
+termination.status as Status,
+termination.reason as Reason,
+termination.summary.as_str(),
+Json(&termination.next_steps) as _,
+checkpoint.0,
+counters.iterations,
+counters.tokens_used,
+counters.tool_calls,
+counters.consecutive_errors,
+counters.elapsed_ms,
+counters.reflection_tokens,
+detail,
+completed,
+paused,
+)
         .execute(&mut *tx)
         .await?;
         events::insert_numbered(&mut tx, lease.session_id, last_seq, events).await?;
@@ -282,14 +192,14 @@ impl Store {
             checkpoint.1,
         )
         .await?;
-        sqlx::query(
+        sqlx::query!(
             "UPDATE sessions SET last_checkpoint_iteration = $2, elapsed_ms = $3,
                     owner = NULL, lease_token = NULL, lease_expires_at = NULL
              WHERE id = $1",
+            lease.session_id,
+            checkpoint.0,
+            counters.elapsed_ms,
         )
-        .bind(lease.session_id)
-        .bind(checkpoint.0)
-        .bind(counters.elapsed_ms)
         .execute(&mut *tx)
         .await?;
         events::insert_numbered(&mut tx, lease.session_id, last_seq, &[event]).await?;
@@ -303,11 +213,12 @@ impl Store {
         &self,
         session_id: Uuid,
     ) -> Result<(Option<CheckpointRecord>, Vec<IterationRecord>)> {
-        let checkpoint = sqlx::query_as::<_, CheckpointRecord>(
+        let checkpoint = sqlx::query_as!(
+            CheckpointRecord,
             "SELECT id, iteration, reason, state, created_at FROM checkpoints
              WHERE session_id = $1 ORDER BY id DESC LIMIT 1",
+            session_id,
         )
-        .bind(session_id)
         .fetch_optional(&self.pool)
         .await?;
         let after = checkpoint.as_ref().map_or(0, |c| c.iteration);
@@ -318,15 +229,15 @@ impl Store {
     /// The conversation of the last `steps` committed iterations of the
     /// current context cycle, oldest first.
     pub async fn transcript(&self, session_id: Uuid, steps: i64) -> Result<Vec<Value>> {
-        let rows: Vec<Value> = sqlx::query_scalar(
-            "SELECT transcript FROM (
+        let rows: Vec<Value> = sqlx::query_scalar!(
+r#"SELECT transcript AS "transcript!" FROM (
                  SELECT i.number, i.transcript FROM iterations i JOIN sessions s ON s.id = i.session_id
                  WHERE i.session_id = $1 AND i.transcript IS NOT NULL AND i.cycle = s.cycle
                  ORDER BY i.number DESC LIMIT $2) t
-             ORDER BY number",
-        )
-        .bind(session_id)
-        .bind(steps)
+             ORDER BY number"#,
+session_id,
+steps,
+)
         .fetch_all(&self.pool)
         .await?;
         Ok(rows)
@@ -339,13 +250,14 @@ impl Store {
         after: i64,
         limit: i64,
     ) -> Result<Vec<IterationRecord>> {
-        Ok(sqlx::query_as::<_, IterationRecord>(
-            "SELECT number, run, action, outcome, tokens, duration_ms, record, effects, started_at, finished_at
+        Ok(sqlx::query_as!(
+IterationRecord,
+"SELECT number, run, action, outcome, tokens, duration_ms, record, effects, started_at, finished_at
              FROM iterations WHERE session_id = $1 AND number > $2 ORDER BY number LIMIT $3",
-        )
-        .bind(session_id)
-        .bind(after)
-        .bind(limit)
+session_id,
+after,
+limit,
+)
         .fetch_all(&self.pool)
         .await?)
     }
@@ -357,13 +269,14 @@ impl Store {
         after: i64,
         limit: i64,
     ) -> Result<Vec<CheckpointRecord>> {
-        Ok(sqlx::query_as::<_, CheckpointRecord>(
+        Ok(sqlx::query_as!(
+            CheckpointRecord,
             "SELECT id, iteration, reason, state, created_at FROM checkpoints
              WHERE session_id = $1 AND id > $2 ORDER BY id LIMIT $3",
+            session_id,
+            after,
+            limit,
         )
-        .bind(session_id)
-        .bind(after)
-        .bind(limit)
         .fetch_all(&self.pool)
         .await?)
     }

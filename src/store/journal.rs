@@ -3,7 +3,7 @@
 
 use serde_json::Value;
 
-use super::leases::Lease;
+use super::rows::Lease;
 use super::{Result, Store, StoreError};
 
 impl Store {
@@ -16,16 +16,16 @@ impl Store {
         tool: &str,
         arguments: &Value,
     ) -> Result<Option<Value>> {
-        let row: Option<Option<Value>> = sqlx::query_scalar(
+        let row: Option<Option<Value>> = sqlx::query_scalar!(
             "SELECT result FROM tool_calls
              WHERE session_id = $1 AND iteration = $2 AND call_index = $3
                AND tool = $4 AND arguments = $5 AND status = 'finished'",
+            lease.session_id,
+            iteration,
+            index,
+            tool,
+            arguments,
         )
-        .bind(lease.session_id)
-        .bind(iteration)
-        .bind(index)
-        .bind(tool)
-        .bind(arguments)
         .fetch_optional(&self.pool)
         .await?;
         Ok(row.flatten())
@@ -40,20 +40,20 @@ impl Store {
         tool: &str,
         arguments: &Value,
     ) -> Result<()> {
-        let written = sqlx::query(
+        let written = sqlx::query!(
             "INSERT INTO tool_calls (session_id, iteration, call_index, tool, arguments, status)
              SELECT $1, $2, $3, $4, $5, 'started'
              WHERE EXISTS (SELECT 1 FROM sessions WHERE id = $1 AND lease_token = $6)
              ON CONFLICT (session_id, iteration, call_index) DO UPDATE
                  SET tool = EXCLUDED.tool, arguments = EXCLUDED.arguments, status = 'started',
                      result = NULL, started_at = now(), finished_at = NULL",
+            lease.session_id,
+            iteration,
+            index,
+            tool,
+            arguments,
+            lease.token,
         )
-        .bind(lease.session_id)
-        .bind(iteration)
-        .bind(index)
-        .bind(tool)
-        .bind(arguments)
-        .bind(lease.token)
         .execute(&self.pool)
         .await?;
         if written.rows_affected() == 0 {
@@ -70,16 +70,16 @@ impl Store {
         index: i32,
         result: &Value,
     ) -> Result<()> {
-        sqlx::query(
+        sqlx::query!(
             "UPDATE tool_calls SET status = 'finished', result = $4, finished_at = now()
              WHERE session_id = $1 AND iteration = $2 AND call_index = $3
                AND EXISTS (SELECT 1 FROM sessions WHERE id = $1 AND lease_token = $5)",
+            lease.session_id,
+            iteration,
+            index,
+            result,
+            lease.token,
         )
-        .bind(lease.session_id)
-        .bind(iteration)
-        .bind(index)
-        .bind(result)
-        .bind(lease.token)
         .execute(&self.pool)
         .await?;
         Ok(())

@@ -1,42 +1,12 @@
 //! Replica leases: which process runs which session. A lease is renewed by
 //! a heartbeat; a session whose lease expired is claimed by any live replica.
 
-use sqlx::Row;
 use uuid::Uuid;
 
-use super::events::{self, NewEvent};
+use super::events;
+use super::rows::{Claimed, Lease, NewEvent, Renewed};
 use super::{Result, Store};
-
-/// Proof that this replica runs a session; every loop write is fenced by it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Lease {
-    /// Session.
-    pub session_id: Uuid,
-    /// Token of this acquisition; changes whenever another replica takes over.
-    pub token: Uuid,
-}
-
-/// A lease that was renewed, with the durable control flags read in passing.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Renewed {
-    /// Session.
-    pub session_id: Uuid,
-    /// A stop was requested.
-    pub stop_requested: bool,
-    /// A pause was requested.
-    pub pause_requested: bool,
-}
-
-/// An orphaned session this replica just took over.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Claimed {
-    /// The new lease.
-    pub lease: Lease,
-    /// A stop had been requested: end it instead of running it.
-    pub stop_requested: bool,
-    /// The replica that held it before, if any.
-    pub previous_owner: Option<Uuid>,
-}
+use crate::policy::lifecycle::Status;
 
 impl Store {
     /// Renews the leases this replica holds; those not returned are lost.
@@ -50,32 +20,32 @@ impl Store {
         }
         let ids: Vec<Uuid> = leases.iter().map(|l| l.session_id).collect();
         let tokens: Vec<Uuid> = leases.iter().map(|l| l.token).collect();
-        let rows = sqlx::query(
-            // Rows are locked in id order, as group commits lock them, so a
+        let rows = sqlx::query!(
+// Rows are locked in id order, as group commits lock them, so a
             // renewal and a group commit never wait on each other in a cycle.
             "WITH locked AS (
                  SELECT s.id FROM sessions s JOIN UNNEST($1::uuid[], $2::uuid[]) AS t(id, token)
                      ON s.id = t.id AND s.lease_token = t.token
-                 WHERE s.status = 'running' ORDER BY s.id FOR UPDATE OF s)
+                 WHERE s.status = $4 ORDER BY s.id FOR UPDATE OF s)
              UPDATE sessions s SET lease_expires_at = now() + make_interval(secs => $3), heartbeat_at = now()
              FROM locked l, UNNEST($1::uuid[], $2::uuid[]) AS t(id, token)
-             WHERE s.id = l.id AND s.id = t.id AND s.lease_token = t.token AND s.status = 'running'
+             WHERE s.id = l.id AND s.id = t.id AND s.lease_token = t.token AND s.status = $4
              RETURNING s.id, s.stop_requested, s.pause_requested",
-        )
-        .bind(&ids)
-        .bind(&tokens)
-        .bind(ttl.as_secs_f64())
+&ids,
+&tokens,
+ttl.as_secs_f64(),
+Status::Running as Status,
+)
         .fetch_all(&self.pool)
         .await?;
-        rows.into_iter()
-            .map(|r| {
-                Ok(Renewed {
-                    session_id: r.try_get(0)?,
-                    stop_requested: r.try_get(1)?,
-                    pause_requested: r.try_get(2)?,
-                })
+        Ok(rows
+            .into_iter()
+            .map(|r| Renewed {
+                session_id: r.id,
+                stop_requested: r.stop_requested,
+                pause_requested: r.pause_requested,
             })
-            .collect()
+            .collect())
     }
 
     /// Takes over running sessions whose lease has expired (or was released).
@@ -88,30 +58,32 @@ impl Store {
         limit: i64,
     ) -> Result<Vec<Claimed>> {
         let mut tx = self.pool.begin().await?;
-        let rows = sqlx::query(
-            "WITH orphans AS (
+        // `status = 'running'` stays a literal: it is the predicate of the
+        // partial index `sessions_running_leases` this scan relies on.
+        let rows = sqlx::query!(
+            r#"WITH orphans AS (
                  SELECT id, owner AS previous_owner FROM sessions
                  WHERE status = 'running' AND (lease_expires_at IS NULL OR lease_expires_at < now())
                  ORDER BY lease_expires_at NULLS FIRST LIMIT $3 FOR UPDATE SKIP LOCKED)
              UPDATE sessions s SET owner = $1, lease_token = gen_random_uuid(),
                     lease_expires_at = now() + make_interval(secs => $2), heartbeat_at = now()
              FROM orphans o WHERE s.id = o.id
-             RETURNING s.id, s.lease_token, s.stop_requested, o.previous_owner",
+             RETURNING s.id, s.lease_token AS "lease_token!", s.stop_requested, o.previous_owner"#,
+            owner,
+            ttl.as_secs_f64(),
+            limit,
         )
-        .bind(owner)
-        .bind(ttl.as_secs_f64())
-        .bind(limit)
         .fetch_all(&mut *tx)
         .await?;
         let mut claimed = Vec::with_capacity(rows.len());
         for r in rows {
             let c = Claimed {
                 lease: Lease {
-                    session_id: r.try_get(0)?,
-                    token: r.try_get(1)?,
+                    session_id: r.id,
+                    token: r.lease_token,
                 },
-                stop_requested: r.try_get(2)?,
-                previous_owner: r.try_get(3)?,
+                stop_requested: r.stop_requested,
+                previous_owner: r.previous_owner,
             };
             events::append(
                 &mut tx,

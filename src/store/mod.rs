@@ -2,6 +2,14 @@
 //! Postgres is the source of truth; every write made on behalf of a running
 //! session is fenced by the lease token of the replica that runs it.
 
+//!
+//! Modules depend one way: `rows` (every row type) depends on no other store
+//! module; `events` and `checkpoints` write rows; `group_commit` writes
+//! iterations in groups; `iterations` and `sessions` build on those; the
+//! rest read and write one table each. `control` owns the NOTIFY channel.
+
+mod checkpoints;
+mod control;
 mod events;
 mod group_commit;
 mod iterations;
@@ -9,20 +17,21 @@ mod journal;
 mod leases;
 mod outcomes;
 mod reflections;
+mod rows;
 mod sessions;
 mod tasks;
 
-pub use events::{EventRecord, NewEvent};
-pub use iterations::{CheckpointRecord, IterationRecord, NewIteration};
-pub use leases::{Claimed, Lease, Renewed};
-pub use outcomes::Outcomes;
-pub use reflections::{NewReflection, ReflectionRecord};
-pub use sessions::{
-    ControlFlags, Counters, NewSession, RefinementRecord, SessionCursor, SessionRecord,
-    SessionSettings, end_unowned, insert_refinement, lock as lock_session, request_pause,
-    request_stop, resume as resume_session, start_refined, update_settings,
+pub use control::{BadControlNote, CONTROL_CHANNEL, ControlAction, ControlNote};
+pub use rows::{
+    CheckpointRecord, Claimed, ControlFlags, Counters, EventRecord, IterationRecord, Lease,
+    NewEvent, NewIteration, NewReflection, NewSession, Outcomes, RefinementRecord,
+    ReflectionRecord, Renewed, SessionCursor, SessionRecord, SessionSettings, TASK_STATUSES, Task,
+    TaskWrite,
 };
-pub use tasks::{TASK_STATUSES, Task, TaskWrite};
+pub use sessions::{
+    end_unowned, insert_refinement, lock as lock_session, request_pause, request_stop,
+    resume as resume_session, start_refined, update_settings,
+};
 
 use std::sync::{Arc, OnceLock};
 
@@ -148,7 +157,9 @@ impl Store {
 
     /// Answers when Postgres answers.
     pub async fn ping(&self) -> Result<()> {
-        sqlx::query("SELECT 1").execute(&self.pool).await?;
+        sqlx::query_scalar!("SELECT 1")
+            .fetch_one(&self.pool)
+            .await?;
         Ok(())
     }
 

@@ -2,24 +2,9 @@
 
 use std::collections::BTreeMap;
 
-use sqlx::Row;
-
+use super::rows::Outcomes;
 use super::{Result, Store};
-
-/// How sessions turned out.
-#[derive(Debug, Clone, PartialEq, Default)]
-pub struct Outcomes {
-    /// Sessions by status.
-    pub by_status: BTreeMap<String, i64>,
-    /// Waiting or ended sessions by reason.
-    pub by_reason: BTreeMap<String, i64>,
-    /// Average iterations of completed sessions.
-    pub average_iterations_to_completion: Option<f64>,
-    /// Sessions that ever completed.
-    pub ever_completed: i64,
-    /// Sessions reopened by a user after completing.
-    pub reopened_after_completion: i64,
-}
+use crate::policy::lifecycle::Status;
 
 impl Store {
     /// Iterations committed per minute over the last `minutes` minutes, oldest first.
@@ -28,28 +13,27 @@ impl Store {
         session_id: uuid::Uuid,
         minutes: i32,
     ) -> Result<Vec<(chrono::DateTime<chrono::Utc>, i64)>> {
-        let rows = sqlx::query(
-            "SELECT date_trunc('minute', finished_at) AS minute, count(*) FROM iterations
+        let rows = sqlx::query!(
+r#"SELECT date_trunc('minute', finished_at) AS "minute!", count(*) AS "count!" FROM iterations
              WHERE session_id = $1 AND finished_at > now() - make_interval(mins => $2)
-             GROUP BY minute ORDER BY minute",
-        )
-        .bind(session_id)
-        .bind(minutes)
+             GROUP BY 1 ORDER BY 1"#,
+session_id,
+minutes,
+)
         .fetch_all(&self.pool)
         .await?;
-        rows.into_iter()
-            .map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
-            .collect()
+        Ok(rows.into_iter().map(|r| (r.minute, r.count)).collect())
     }
 
     /// Number of sessions in each status.
     pub async fn sessions_by_status(&self) -> Result<BTreeMap<String, i64>> {
         let mut out = BTreeMap::new();
-        for row in sqlx::query("SELECT status, count(*) FROM sessions GROUP BY status")
-            .fetch_all(&self.pool)
-            .await?
+        for row in
+            sqlx::query!(r#"SELECT status, count(*) AS "count!" FROM sessions GROUP BY status"#)
+                .fetch_all(&self.pool)
+                .await?
         {
-            out.insert(row.try_get(0)?, row.try_get(1)?);
+            out.insert(row.status, row.count);
         }
         Ok(out)
     }
@@ -60,29 +44,33 @@ impl Store {
             by_status: self.sessions_by_status().await?,
             ..Outcomes::default()
         };
-        for row in sqlx::query(
-            "SELECT reason, count(*) FROM sessions
-             WHERE reason IS NOT NULL AND status <> 'running' GROUP BY reason",
+        for row in sqlx::query!(
+            r#"SELECT reason AS "reason!", count(*) AS "count!" FROM sessions
+             WHERE reason IS NOT NULL AND status <> $1 GROUP BY reason"#,
+            Status::Running as Status,
         )
         .fetch_all(&self.pool)
         .await?
         {
-            out.by_reason.insert(row.try_get(0)?, row.try_get(1)?);
+            out.by_reason.insert(row.reason, row.count);
         }
-        out.average_iterations_to_completion = sqlx::query_scalar(
-            "SELECT avg(iterations)::float8 FROM sessions WHERE status = 'completed'",
+        out.average_iterations_to_completion = sqlx::query_scalar!(
+            "SELECT avg(iterations)::float8 FROM sessions WHERE status = $1",
+            Status::Completed as Status,
         )
         .fetch_one(&self.pool)
         .await?;
-        out.ever_completed = sqlx::query_scalar(
-            "SELECT count(DISTINCT session_id) FROM events
-             WHERE kind = 'status_changed' AND data->>'to' = 'completed'",
+        out.ever_completed = sqlx::query_scalar!(
+            r#"SELECT count(DISTINCT session_id) AS "count!" FROM events
+             WHERE kind = 'status_changed' AND data->>'to' = $1"#,
+            Status::Completed as Status,
         )
         .fetch_one(&self.pool)
         .await?;
-        out.reopened_after_completion = sqlx::query_scalar(
-            "SELECT count(DISTINCT session_id) FROM events
-             WHERE kind = 'resumed' AND data->>'from_status' = 'completed'",
+        out.reopened_after_completion = sqlx::query_scalar!(
+            r#"SELECT count(DISTINCT session_id) AS "count!" FROM events
+             WHERE kind = 'resumed' AND data->>'from_status' = $1"#,
+            Status::Completed as Status,
         )
         .fetch_one(&self.pool)
         .await?;

@@ -1,0 +1,643 @@
+//! The store's row types in one place: what callers hand in to be written
+//! (`New*`) and what they get back (`*Record`), plus the Postgres mapping of
+//! the lifecycle enums. Every other store module depends on this one and
+//! this one on none of them.
+
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use sqlx::Postgres;
+use sqlx::encode::IsNull;
+use sqlx::error::BoxDynError;
+use sqlx::postgres::{PgArgumentBuffer, PgTypeInfo, PgValueRef};
+use sqlx::types::Json;
+use utoipa::ToSchema;
+use uuid::Uuid;
+
+use crate::policy::checklist::ChecklistItem;
+use crate::policy::guardrails::{Limits, Usage};
+use crate::policy::lifecycle::{Mode, Reason, Status};
+
+/// Stores a lifecycle enum as its snake_case name in a `text` column. Written
+/// by hand rather than derived so policy stays free of sqlx, and so binding
+/// one costs no type lookup (a derived `type_name = "text"` is resolved by
+/// name on each connection).
+macro_rules! text_enum {
+    ($ty:ty, $what:literal) => {
+        impl sqlx::Type<Postgres> for $ty {
+            fn type_info() -> PgTypeInfo {
+                <&str as sqlx::Type<Postgres>>::type_info()
+            }
+
+            fn compatible(ty: &PgTypeInfo) -> bool {
+                <&str as sqlx::Type<Postgres>>::compatible(ty)
+            }
+        }
+
+        impl sqlx::Encode<'_, Postgres> for $ty {
+            fn encode_by_ref(&self, buf: &mut PgArgumentBuffer) -> Result<IsNull, BoxDynError> {
+                <&str as sqlx::Encode<Postgres>>::encode(self.as_str(), buf)
+            }
+        }
+
+        impl sqlx::Decode<'_, Postgres> for $ty {
+            fn decode(value: PgValueRef<'_>) -> Result<Self, BoxDynError> {
+                let name = <&str as sqlx::Decode<Postgres>>::decode(value)?;
+                <$ty>::parse(name).ok_or_else(|| format!("unknown {} {name:?}", $what).into())
+            }
+        }
+    };
+}
+
+text_enum!(Status, "status");
+text_enum!(Mode, "mode");
+text_enum!(Reason, "reason");
+
+/// Proof that this replica runs a session; every loop write is fenced by it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Lease {
+    /// Session.
+    pub session_id: Uuid,
+    /// Token of this acquisition; changes whenever another replica takes over.
+    pub token: Uuid,
+}
+
+/// A lease that was renewed, with the durable control flags read in passing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Renewed {
+    /// Session.
+    pub session_id: Uuid,
+    /// A stop was requested.
+    pub stop_requested: bool,
+    /// A pause was requested.
+    pub pause_requested: bool,
+}
+
+/// An orphaned session this replica just took over.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Claimed {
+    /// The new lease.
+    pub lease: Lease,
+    /// A stop had been requested: end it instead of running it.
+    pub stop_requested: bool,
+    /// The replica that held it before, if any.
+    pub previous_owner: Option<Uuid>,
+}
+
+/// An event about to be appended.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewEvent {
+    /// Event kind, e.g. `iteration_completed`.
+    pub kind: &'static str,
+    /// Event payload.
+    pub data: Value,
+}
+
+impl NewEvent {
+    /// Builds an event.
+    pub fn new(kind: &'static str, data: Value) -> NewEvent {
+        NewEvent { kind, data }
+    }
+}
+
+/// An event as stored.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct EventRecord {
+    /// Per-session sequence number, from 1, without gaps.
+    pub seq: i64,
+    /// Kind.
+    pub kind: String,
+    /// Payload.
+    pub data: Value,
+    /// When it was appended.
+    pub created_at: DateTime<Utc>,
+}
+
+/// The counters the loop keeps on the session row.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Counters {
+    /// Iterations committed.
+    pub iterations: i64,
+    /// Tokens used.
+    pub tokens_used: i64,
+    /// Tool calls made.
+    pub tool_calls: i64,
+    /// Current error streak.
+    pub consecutive_errors: i32,
+    /// Running wall time, ms.
+    pub elapsed_ms: i64,
+    /// Tokens spent on reflection (part of `tokens_used`).
+    pub reflection_tokens: i64,
+}
+
+impl Counters {
+    /// The counters as guardrail usage.
+    pub fn usage(&self) -> Usage {
+        Usage {
+            iterations: self.iterations.max(0) as u64,
+            elapsed_ms: self.elapsed_ms.max(0) as u64,
+            tokens: self.tokens_used.max(0) as u64,
+            consecutive_errors: self.consecutive_errors.max(0) as u32,
+            tool_calls: self.tool_calls.max(0) as u64,
+        }
+    }
+
+    /// Counters from guardrail usage and the reflection share of its tokens.
+    pub fn from_usage(u: &Usage, reflection_tokens: u64) -> Counters {
+        let big = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+        Counters {
+            iterations: big(u.iterations),
+            tokens_used: big(u.tokens),
+            tool_calls: big(u.tool_calls),
+            consecutive_errors: i32::try_from(u.consecutive_errors).unwrap_or(i32::MAX),
+            elapsed_ms: big(u.elapsed_ms),
+            reflection_tokens: big(reflection_tokens),
+        }
+    }
+}
+
+/// One session as stored.
+#[derive(Debug, Clone)]
+pub struct SessionRecord {
+    /// Id.
+    pub id: Uuid,
+    /// The goal text.
+    pub goal: String,
+    /// Fixed or continuous.
+    pub mode: Mode,
+    /// Current status.
+    pub status: Status,
+    /// Why it waits or ended.
+    pub reason: Option<Reason>,
+    /// Human summary of the termination.
+    pub summary: Option<String>,
+    /// Detail of the reason: the agent's question, the blocker, the stuck pattern.
+    pub reason_detail: Option<String>,
+    /// The goal as first given, when refinement changed it.
+    pub original_goal: Option<String>,
+    /// The pending or last refinement proposal.
+    pub refinement: Option<Value>,
+    /// Success criteria checklist.
+    pub criteria: Vec<ChecklistItem>,
+    /// Milestones checklist.
+    pub milestones: Vec<ChecklistItem>,
+    /// Current context cycle.
+    pub cycle: i32,
+    /// Memory carried across context cycles.
+    pub memory: String,
+    /// Tokens spent writing refinements and checklists (part of `tokens_used`).
+    pub refinement_tokens: i64,
+    /// Latest reflection (assessment and decision).
+    pub last_reflection: Option<Value>,
+    /// What to do next.
+    pub next_steps: Vec<String>,
+    /// Progress estimate, percent.
+    pub percent_complete: Option<f64>,
+    /// Estimated seconds to completion.
+    pub eta_seconds: Option<f64>,
+    /// Limits in force.
+    pub limits: Limits,
+    /// Executor specification as given.
+    pub executor: Value,
+    /// Usage counters.
+    pub counters: Counters,
+    /// Run number: 1 at creation, +1 on every resume.
+    pub run: i32,
+    /// Whether the latest stop saved a checkpoint.
+    pub checkpoint_saved: bool,
+    /// Iteration covered by the latest checkpoint.
+    pub last_checkpoint_iteration: i64,
+    /// A user asked to stop.
+    pub stop_requested: bool,
+    /// A user asked to pause.
+    pub pause_requested: bool,
+    /// Guidance for the next iteration.
+    pub guidance: Option<String>,
+    /// Sequence number of the latest event.
+    pub last_event_seq: i64,
+    /// Replica holding the lease.
+    pub owner: Option<Uuid>,
+    /// When the lease ends unless renewed.
+    pub lease_expires_at: Option<DateTime<Utc>>,
+    /// Last heartbeat.
+    pub heartbeat_at: Option<DateTime<Utc>>,
+    /// Creation time.
+    pub created_at: DateTime<Utc>,
+    /// Last change.
+    pub updated_at: DateTime<Utc>,
+    /// When it ended (terminal statuses).
+    pub ended_at: Option<DateTime<Utc>>,
+}
+
+/// A session row as selected (see `select_session!`), typed by the query macros.
+pub(super) struct SessionRow {
+    pub id: Uuid,
+    pub goal: String,
+    pub mode: Mode,
+    pub status: Status,
+    pub reason: Option<Reason>,
+    pub summary: Option<String>,
+    pub reason_detail: Option<String>,
+    pub original_goal: Option<String>,
+    pub refinement: Option<Value>,
+    pub criteria: Json<Vec<ChecklistItem>>,
+    pub milestones: Json<Vec<ChecklistItem>>,
+    pub cycle: i32,
+    pub memory: String,
+    pub refinement_tokens: i64,
+    pub last_reflection: Option<Value>,
+    pub reflection_tokens: i64,
+    pub next_steps: Json<Vec<String>>,
+    pub percent_complete: Option<f64>,
+    pub eta_seconds: Option<f64>,
+    pub limits: Json<Limits>,
+    pub executor: Value,
+    pub iterations: i64,
+    pub tokens_used: i64,
+    pub tool_calls: i64,
+    pub consecutive_errors: i32,
+    pub elapsed_ms: i64,
+    pub run: i32,
+    pub checkpoint_saved: bool,
+    pub last_checkpoint_iteration: i64,
+    pub stop_requested: bool,
+    pub pause_requested: bool,
+    pub guidance: Option<String>,
+    pub last_event_seq: i64,
+    pub owner: Option<Uuid>,
+    pub lease_expires_at: Option<DateTime<Utc>>,
+    pub heartbeat_at: Option<DateTime<Utc>>,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+    pub ended_at: Option<DateTime<Utc>>,
+}
+
+impl From<SessionRow> for SessionRecord {
+    fn from(r: SessionRow) -> SessionRecord {
+        SessionRecord {
+            id: r.id,
+            goal: r.goal,
+            mode: r.mode,
+            status: r.status,
+            reason: r.reason,
+            summary: r.summary,
+            reason_detail: r.reason_detail,
+            original_goal: r.original_goal,
+            refinement: r.refinement,
+            criteria: r.criteria.0,
+            milestones: r.milestones.0,
+            cycle: r.cycle,
+            memory: r.memory,
+            refinement_tokens: r.refinement_tokens,
+            last_reflection: r.last_reflection,
+            next_steps: r.next_steps.0,
+            percent_complete: r.percent_complete,
+            eta_seconds: r.eta_seconds,
+            limits: r.limits.0,
+            executor: r.executor,
+            counters: Counters {
+                iterations: r.iterations,
+                tokens_used: r.tokens_used,
+                tool_calls: r.tool_calls,
+                consecutive_errors: r.consecutive_errors,
+                elapsed_ms: r.elapsed_ms,
+                reflection_tokens: r.reflection_tokens,
+            },
+            run: r.run,
+            checkpoint_saved: r.checkpoint_saved,
+            last_checkpoint_iteration: r.last_checkpoint_iteration,
+            stop_requested: r.stop_requested,
+            pause_requested: r.pause_requested,
+            guidance: r.guidance,
+            last_event_seq: r.last_event_seq,
+            owner: r.owner,
+            lease_expires_at: r.lease_expires_at,
+            heartbeat_at: r.heartbeat_at,
+            created_at: r.created_at,
+            updated_at: r.updated_at,
+            ended_at: r.ended_at,
+        }
+    }
+}
+
+/// A session about to be created.
+#[derive(Debug, Clone)]
+pub struct NewSession {
+    /// Fresh id.
+    pub id: Uuid,
+    /// The goal.
+    pub goal: String,
+    /// Mode.
+    pub mode: Mode,
+    /// Resolved limits.
+    pub limits: Limits,
+    /// Executor specification.
+    pub executor: Value,
+    /// The goal as first given, when a refinement replaced it.
+    pub original_goal: Option<String>,
+    /// Refinement proposal (for sessions awaiting refinement, or applied automatically).
+    pub refinement: Option<Value>,
+    /// Success criteria.
+    pub criteria: Vec<ChecklistItem>,
+    /// Milestones.
+    pub milestones: Vec<ChecklistItem>,
+    /// Tokens spent on refinement and checklists before the first step.
+    pub refinement_tokens: i64,
+}
+
+/// The settings the loop re-reads after each committed iteration.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SessionSettings {
+    /// Mode in force.
+    pub mode: Mode,
+    /// Limits in force.
+    pub limits: Limits,
+}
+
+/// The durable control flags and settings, as seen by the loop.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ControlFlags {
+    /// Stop requested by a user.
+    pub stop_requested: bool,
+    /// Pause requested by a user.
+    pub pause_requested: bool,
+    /// Current settings.
+    pub settings: SessionSettings,
+}
+
+/// Position in the session list: the last row of the previous page.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SessionCursor {
+    /// Its creation time.
+    pub created_at: DateTime<Utc>,
+    /// Its id (tie-breaker).
+    pub id: Uuid,
+}
+
+/// The flags and settings a fenced update of a running session returns.
+pub(super) struct ControlRow {
+    pub stop_requested: bool,
+    pub pause_requested: bool,
+    pub mode: Mode,
+    pub limits: Json<Limits>,
+}
+
+impl From<ControlRow> for ControlFlags {
+    fn from(r: ControlRow) -> ControlFlags {
+        ControlFlags {
+            stop_requested: r.stop_requested,
+            pause_requested: r.pause_requested,
+            settings: SessionSettings {
+                mode: r.mode,
+                limits: r.limits.0,
+            },
+        }
+    }
+}
+
+/// A refinement as stored.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct RefinementRecord {
+    /// Number, from 1.
+    pub number: i32,
+    /// `suggested`, `accept_suggestion`, `custom`, `proceed_with_time_limit`, `auto`, `resume`.
+    pub kind: String,
+    /// Goal before.
+    pub goal_before: String,
+    /// Goal after.
+    pub goal_after: String,
+    /// Details (patterns, confidence, limits).
+    pub data: Value,
+    /// When.
+    pub created_at: DateTime<Utc>,
+}
+
+/// An iteration about to be committed.
+#[derive(Debug, Clone)]
+pub struct NewIteration {
+    /// Number, 1-based and gap-free per session.
+    pub number: i64,
+    /// Run it belongs to.
+    pub run: i32,
+    /// Action name.
+    pub action: String,
+    /// `success`, `failure` or `error`.
+    pub outcome: &'static str,
+    /// Tokens used.
+    pub tokens: i64,
+    /// Wall time, ms.
+    pub duration_ms: i64,
+    /// The full step record (JSON).
+    pub record: Value,
+    /// What the policies concluded from it (JSON).
+    pub effects: Value,
+    /// The step's conversation (model executors).
+    pub transcript: Option<Value>,
+    /// Context cycle it ran in.
+    pub cycle: i32,
+    /// The cycle and memory the session moves to after this step, when it changes.
+    pub next_cycle: Option<(i32, String)>,
+    /// Start time.
+    pub started_at: DateTime<Utc>,
+    /// End time.
+    pub finished_at: DateTime<Utc>,
+}
+
+/// An iteration as stored.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct IterationRecord {
+    /// Number.
+    pub number: i64,
+    /// Run.
+    pub run: i32,
+    /// Action name.
+    pub action: String,
+    /// Outcome.
+    pub outcome: String,
+    /// Tokens.
+    pub tokens: i64,
+    /// Wall time, ms.
+    pub duration_ms: i64,
+    /// Step record.
+    pub record: Value,
+    /// Policy effects.
+    pub effects: Value,
+    /// Start.
+    pub started_at: DateTime<Utc>,
+    /// End.
+    pub finished_at: DateTime<Utc>,
+}
+
+/// A checkpoint as stored.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct CheckpointRecord {
+    /// Id, increasing.
+    pub id: i64,
+    /// Last iteration it covers.
+    pub iteration: i64,
+    /// Why it was taken.
+    pub reason: String,
+    /// Loop state snapshot.
+    pub state: Value,
+    /// When.
+    pub created_at: DateTime<Utc>,
+}
+
+/// A reflection about to be stored.
+#[derive(Debug, Clone)]
+pub struct NewReflection {
+    /// 1-based number.
+    pub number: i32,
+    /// Iteration it followed.
+    pub after_iteration: i64,
+    /// `interval` or `agent_claimed_done`.
+    pub trigger: String,
+    /// Whether the reflector answered validly.
+    pub ok: bool,
+    /// The validated assessment.
+    pub assessment: Option<Value>,
+    /// Why it failed.
+    pub error: Option<String>,
+    /// Verdict, state after, feedback.
+    pub decision: Value,
+    /// Interval until the next reflection.
+    pub next_interval: i32,
+    /// Tokens it used.
+    pub tokens: i64,
+    /// The model's raw answer.
+    pub raw: Option<String>,
+}
+
+/// A stored reflection.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct ReflectionRecord {
+    /// Number.
+    pub number: i32,
+    /// Iteration it followed.
+    pub after_iteration: i64,
+    /// Trigger.
+    pub trigger: String,
+    /// Valid answer?
+    pub ok: bool,
+    /// Assessment.
+    pub assessment: Option<Value>,
+    /// Failure.
+    pub error: Option<String>,
+    /// Decision.
+    pub decision: Value,
+    /// Next interval.
+    pub next_interval: i32,
+    /// Tokens.
+    pub tokens: i64,
+    /// Raw answer.
+    pub raw: Option<String>,
+    /// When.
+    pub created_at: DateTime<Utc>,
+}
+
+/// One task.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, sqlx::FromRow, ToSchema)]
+pub struct Task {
+    /// Id within the session, from 1.
+    pub id: i32,
+    /// What to do.
+    pub title: String,
+    /// `pending`, `in_progress`, `done` or `blocked`.
+    pub status: String,
+    /// Notes.
+    pub notes: String,
+    /// Higher first.
+    pub priority: i32,
+    /// Last change.
+    pub updated_at: DateTime<Utc>,
+}
+
+/// A change to the queue: a new task (no id) or an update of given fields.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct TaskWrite {
+    /// Task to update; absent for a new task.
+    #[serde(default)]
+    pub id: Option<i32>,
+    /// Title (required for a new task).
+    #[serde(default)]
+    pub title: Option<String>,
+    /// New status.
+    #[serde(default)]
+    pub status: Option<String>,
+    /// New notes.
+    #[serde(default)]
+    pub notes: Option<String>,
+    /// New priority.
+    #[serde(default)]
+    pub priority: Option<i32>,
+}
+
+/// Statuses a task may have.
+pub const TASK_STATUSES: [&str; 4] = ["pending", "in_progress", "done", "blocked"];
+
+/// How sessions turned out.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Outcomes {
+    /// Sessions by status.
+    pub by_status: BTreeMap<String, i64>,
+    /// Waiting or ended sessions by reason.
+    pub by_reason: BTreeMap<String, i64>,
+    /// Average iterations of completed sessions.
+    pub average_iterations_to_completion: Option<f64>,
+    /// Sessions that ever completed.
+    pub ever_completed: i64,
+    /// Sessions reopened by a user after completing.
+    pub reopened_after_completion: i64,
+}
+
+#[cfg(test)]
+mod tests {
+    use sqlx::PgPool;
+    use uuid::Uuid;
+
+    use crate::policy::lifecycle::{Mode, Reason, Status};
+
+    /// Every lifecycle value binds as a name the schema's CHECK constraints
+    /// accept and reads back as itself. (Runtime queries: test code is not
+    /// part of the offline query data.)
+    #[sqlx::test]
+    async fn lifecycle_enums_round_trip_through_the_schema(pool: PgPool) {
+        let modes = [Mode::Fixed, Mode::Continuous];
+        for (i, reason) in Reason::ALL.into_iter().enumerate() {
+            let (mode, status) = (modes[i % modes.len()], Status::ALL[i % Status::ALL.len()]);
+            let id = Uuid::new_v4();
+            sqlx::query(
+                "INSERT INTO sessions (id, goal, mode, status, reason, limits, executor)
+                 VALUES ($1, 'goal', $2, $3, $4, '{}', '{}')",
+            )
+            .bind(id)
+            .bind(mode)
+            .bind(status)
+            .bind(reason)
+            .execute(&pool)
+            .await
+            .unwrap();
+            let back: (Mode, Status, Option<Reason>) =
+                sqlx::query_as("SELECT mode, status, reason FROM sessions WHERE id = $1")
+                    .bind(id)
+                    .fetch_one(&pool)
+                    .await
+                    .unwrap();
+            assert_eq!(back, (mode, status, Some(reason)));
+        }
+    }
+
+    #[sqlx::test]
+    async fn an_unknown_name_does_not_decode(pool: PgPool) {
+        let status = sqlx::query_scalar::<_, Status>("SELECT 'runing'::text")
+            .fetch_one(&pool)
+            .await;
+        assert!(status.is_err());
+        let mode = sqlx::query_scalar::<_, Mode>("SELECT 'Fixed'::text")
+            .fetch_one(&pool)
+            .await;
+        assert!(mode.is_err());
+    }
+}

@@ -4,6 +4,7 @@
 //! `http` → `session` → (`executor`, `store`) → `policy`.
 
 pub mod config;
+pub mod event;
 pub mod executor;
 pub mod http;
 pub mod llm;

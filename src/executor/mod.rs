@@ -22,6 +22,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 use uuid::Uuid;
 
+use crate::event::SessionEvent;
 use crate::llm::{LlmClient, LlmSettings, Message};
 use crate::policy::history::{FileWrite, Outcome, StepRecord};
 use crate::policy::sentinel::Sentinel;
@@ -44,15 +45,6 @@ pub struct StepContext<'a> {
     pub history: &'a [StepRecord],
     /// Most tokens this step may use: a model call never asks for more.
     pub token_allowance: u64,
-}
-
-/// Something an executor wants in the session log.
-#[derive(Debug, Clone, PartialEq)]
-pub struct ExecutorEvent {
-    /// Event kind.
-    pub kind: &'static str,
-    /// Payload.
-    pub data: serde_json::Value,
 }
 
 /// What one step produced.
@@ -85,7 +77,7 @@ pub struct StepOutput {
     /// The conversation of this step (model executors), replayed on resume.
     pub transcript: Option<serde_json::Value>,
     /// Events to record with the iteration.
-    pub events: Vec<ExecutorEvent>,
+    pub events: Vec<SessionEvent>,
     /// This step found the context window nearly full and started a wrap-up.
     pub context_overflow: bool,
     /// The agent moved to a new context cycle after this step, with this memory.

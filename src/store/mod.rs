@@ -12,7 +12,7 @@ mod reflections;
 mod sessions;
 mod tasks;
 
-pub use events::{EventRecord, NewEvent};
+pub use events::{EventRecord, NewEvent, append as append_events};
 pub use iterations::{CheckpointRecord, IterationRecord, NewIteration};
 pub use leases::{Claimed, Lease, Renewed};
 pub use outcomes::Outcomes;

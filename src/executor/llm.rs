@@ -604,7 +604,7 @@ impl LlmExecutor {
             observation.truncate(cut);
             observation.push('…');
         }
-        let transcript = serde_json::to_value(&step_messages).ok();
+        let transcript = Some(step_messages.clone());
         self.transcript.push_back(step_messages);
         while self.transcript.len() > TRANSCRIPT_STEPS {
             self.transcript.pop_front();

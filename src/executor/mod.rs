@@ -75,7 +75,7 @@ pub struct StepOutput {
     /// A signal given through a loop-breaking tool or the webhook's answer.
     pub signal: Option<Sentinel>,
     /// The conversation of this step (model executors), replayed on resume.
-    pub transcript: Option<serde_json::Value>,
+    pub transcript: Option<Vec<Message>>,
     /// Events to record with the iteration.
     pub events: Vec<SessionEvent>,
     /// This step found the context window nearly full and started a wrap-up.
@@ -396,8 +396,8 @@ impl ExecutorSpec {
     }
 
     /// The spec as shown to clients: secrets removed.
-    pub fn redacted(&self) -> serde_json::Value {
-        let mut value = serde_json::to_value(self).unwrap_or_default();
+    pub fn redacted(&self) -> Result<serde_json::Value, serde_json::Error> {
+        let mut value = serde_json::to_value(self)?;
         if let Some(obj) = value.as_object_mut()
             && obj.contains_key("api_key")
         {
@@ -406,7 +406,7 @@ impl ExecutorSpec {
                 serde_json::Value::String("<redacted>".into()),
             );
         }
-        value
+        Ok(value)
     }
 }
 

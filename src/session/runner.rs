@@ -18,6 +18,7 @@ use super::state::{self, AppliedReflection, LoopState, StepEffects};
 use crate::config::Config;
 use crate::event::{AbandonedBecause, SessionEvent};
 use crate::executor::{CycleChange, Executor, ExecutorError, StepContext, StepResult};
+use crate::llm::Message;
 use crate::metrics::{IterationTimes, Metrics};
 use crate::policy::checklist;
 use crate::policy::gate::{self, GateDecision, PauseCause, StopCause};
@@ -155,7 +156,7 @@ struct Executed {
     record: StepRecord,
     percent: Option<f64>,
     signal: Option<Sentinel>,
-    transcript: Option<serde_json::Value>,
+    transcript: Option<Vec<Message>>,
     events: Vec<SessionEvent>,
     cycle_change: Option<CycleChange>,
     started_at: DateTime<Utc>,
@@ -569,7 +570,9 @@ impl<S: LoopStore> Runner<S> {
             duration_ms: record.duration_ms as i64,
             record: to_stored("iteration record", &record)?,
             effects: to_stored("iteration effects", &effects)?,
-            transcript,
+            transcript: transcript
+                .map(|t| to_stored("transcript", &t))
+                .transpose()?,
             cycle: i32::try_from(self.state.cycle).unwrap_or(i32::MAX),
             next_cycle: cycle_change
                 .map(|c| (i32::try_from(c.cycle).unwrap_or(i32::MAX), c.memory)),

@@ -74,6 +74,7 @@ pub enum SessionEvent {
     /// The session's status changed; ends of a run carry the termination record.
     StatusChanged {
         /// Previous status; null at creation.
+        #[schema(required = true)]
         from: Option<Status>,
         /// New status.
         to: Status,
@@ -142,11 +143,12 @@ pub enum SessionEvent {
         /// How long it ran, ms.
         duration_ms: u64,
         /// Whether (and why) it was rework.
-        #[schema(value_type = Option<Object>)]
+        #[schema(value_type = Option<Object>, required = true)]
         rework: Option<Rework>,
         /// Session tokens after it.
         tokens_used: u64,
         /// Progress estimate after it, percent.
+        #[schema(required = true)]
         percent_complete: Option<f64>,
     },
     /// Stuck detection saw a pattern.
@@ -212,12 +214,14 @@ pub enum SessionEvent {
         /// The run that starts.
         run: i32,
         /// Guidance for the next step.
+        #[schema(required = true)]
         guidance: Option<String>,
         /// A completed session was reopened.
         reopened: bool,
         /// Status it was resumed from.
         from_status: Status,
         /// Reason it had stopped for.
+        #[schema(required = true)]
         from_reason: Option<Reason>,
     },
     /// A stop was requested.
@@ -235,9 +239,10 @@ pub enum SessionEvent {
         /// Whether the model answered usably.
         ok: bool,
         /// The model's assessment.
-        #[schema(value_type = Option<Object>)]
+        #[schema(value_type = Option<Object>, required = true)]
         assessment: Option<Value>,
         /// Why it failed.
+        #[schema(required = true)]
         error: Option<String>,
         /// What was decided.
         #[schema(value_type = Object)]
@@ -259,6 +264,7 @@ pub enum SessionEvent {
         /// The new owner.
         owner: Uuid,
         /// The owner before, if any.
+        #[schema(required = true)]
         previous_owner: Option<Uuid>,
     },
     /// The replica released the lease at shutdown.

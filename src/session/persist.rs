@@ -85,3 +85,85 @@ pub async fn create_session(
     store.announce(new.id);
     Ok((record, lease))
 }
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+    use sqlx::PgPool;
+
+    use super::*;
+    use crate::policy::guardrails::Limits;
+    use crate::policy::lifecycle::{Mode, Status};
+
+    fn new_session(goal: &str, original: &str) -> NewSession {
+        NewSession {
+            id: Uuid::new_v4(),
+            goal: goal.into(),
+            mode: Mode::Fixed,
+            limits: Limits {
+                max_iterations: 5,
+                max_wall_time_ms: 60_000,
+                max_tokens: 1_000,
+                max_consecutive_errors: 3,
+                reflection_interval: 5,
+                checkpoint_interval: 5,
+                max_tool_calls: None,
+                max_cycles: 10,
+                context_budget_tokens: 32_000,
+            },
+            executor: json!({ "kind": "scripted", "steps": [] }),
+            original_goal: Some(original.into()),
+            refinement: Some(json!({ "suggested_goal": goal })),
+            criteria: Vec::new(),
+            milestones: Vec::new(),
+            refinement_tokens: 0,
+        }
+    }
+
+    #[sqlx::test(migrations = "./migrations")]
+    async fn the_session_and_its_first_refinement_are_written_together(pool: PgPool) {
+        let store = Store::from_pool(pool);
+        let new = new_session("Write README.md", "make it better");
+        let proposal = json!({ "suggested_goal": "Write README.md" });
+        let events = [NewEvent::new("stop_requested", json!({}))];
+        let (record, lease) = create_session(
+            &store,
+            &new,
+            Some(Uuid::new_v4()),
+            Duration::from_secs(60),
+            &events,
+            Some(FirstRefinement {
+                from: "make it better",
+                proposal: &proposal,
+            }),
+        )
+        .await
+        .unwrap();
+        assert_eq!(record.status, Status::Running);
+        assert!(lease.is_some());
+        let refinements = store.refinements(new.id).await.unwrap();
+        assert_eq!(refinements.len(), 1);
+        assert_eq!(store.events(new.id, 0, 10, None).await.unwrap().len(), 1);
+    }
+
+    #[sqlx::test(migrations = "./migrations")]
+    async fn a_failed_refinement_leaves_no_session_behind(pool: PgPool) {
+        let store = Store::from_pool(pool);
+        let new = new_session("Write README.md", "make it better");
+        // Postgres text cannot hold NUL: the refinement insert fails after the session's.
+        let result = create_session(
+            &store,
+            &new,
+            None,
+            Duration::from_secs(60),
+            &[],
+            Some(FirstRefinement {
+                from: "bad\0goal",
+                proposal: &json!({}),
+            }),
+        )
+        .await;
+        assert!(result.is_err());
+        assert!(store.session(new.id).await.unwrap().is_none());
+    }
+}

@@ -594,6 +594,17 @@ mod tests {
             .map(|k| k.trim().trim_matches('\''))
             .collect();
         assert_eq!(in_index, DECISION_KINDS);
+        // The decisions query repeats the list as literals (a bound array
+        // would not let the planner prove the index predicate).
+        let query: String = include_str!("store/events.rs")
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" ");
+        let literal = DECISION_KINDS.map(|k| format!("'{k}'")).join(", ");
+        assert!(
+            query.contains(&format!("kind IN ({literal})")),
+            "the decisions query in store/events.rs lists other kinds than DECISION_KINDS"
+        );
         assert!(SessionEvent::status(None, Status::Running).is_decision());
         assert!(!SessionEvent::StopRequested {}.is_decision());
     }

@@ -5,6 +5,7 @@
 
 pub mod config;
 pub mod egress;
+pub mod event;
 pub mod executor;
 pub mod http;
 pub mod llm;

@@ -11,9 +11,10 @@ use serde_json::{Value, json};
 
 use super::workspace::{ToolError, Workspace};
 use super::{
-    CycleChange, Executor, ExecutorDeps, ExecutorError, ExecutorEvent, StepContext, StepOutput,
-    StepResult, TaskQueue, ToolJournal,
+    CycleChange, Executor, ExecutorDeps, ExecutorError, StepContext, StepOutput, StepResult,
+    TaskQueue, ToolJournal,
 };
+use crate::event::SessionEvent;
 use crate::llm::{ChatRequest, LlmClient, Message, ToolCall, ToolSpec};
 use crate::policy::history::{FileWrite, Outcome};
 use crate::policy::sentinel::{Sentinel, SignalKind};
@@ -120,7 +121,7 @@ struct ToolOutcome {
     /// Loop-breaking signal.
     signal: Option<Sentinel>,
     /// Event to record.
-    event: Option<ExecutorEvent>,
+    event: Option<SessionEvent>,
 }
 
 impl ToolOutcome {
@@ -466,18 +467,19 @@ impl LlmExecutor {
                     kind: SignalKind::Done,
                     reason: Some(result.clone()),
                 }),
-                event: Some(ExecutorEvent {
-                    kind: "completion_verified",
-                    data: json!({ "result": result, "deliverables": deliverables }),
+                event: Some(SessionEvent::CompletionVerified {
+                    result: result.clone(),
+                    deliverables,
                 }),
                 ..ToolOutcome::ok("completion accepted: every deliverable exists")
             }
         } else {
             let missing: Vec<String> = missing.into_iter().cloned().collect();
             ToolOutcome {
-                event: Some(ExecutorEvent {
-                    kind: "completion_rejected",
-                    data: json!({ "result": result, "deliverables": deliverables, "missing": missing }),
+                event: Some(SessionEvent::CompletionRejected {
+                    result,
+                    deliverables,
+                    missing: missing.clone(),
                 }),
                 ..ToolOutcome::error(format!(
                     "completion rejected: these deliverables do not exist in the workspace: {}. Create them, then call task_completion again.",
@@ -602,7 +604,7 @@ impl LlmExecutor {
             observation.truncate(cut);
             observation.push('…');
         }
-        let transcript = serde_json::to_value(&step_messages).ok();
+        let transcript = Some(step_messages.clone());
         self.transcript.push_back(step_messages);
         while self.transcript.len() > TRANSCRIPT_STEPS {
             self.transcript.pop_front();
@@ -618,10 +620,10 @@ impl LlmExecutor {
             {
                 self.wrap_up_left = Some(WRAP_UP_TURNS);
                 context_overflow = true;
-                events.push(ExecutorEvent {
-                    kind: "context_wrap_up",
-                    data: json!({ "cycle": self.cycle, "prompt_tokens": completion.usage.prompt,
-                                  "context_budget_tokens": self.context_budget }),
+                events.push(SessionEvent::ContextWrapUp {
+                    cycle: self.cycle,
+                    prompt_tokens: completion.usage.prompt,
+                    context_budget_tokens: self.context_budget,
                 });
             }
             None => {}
@@ -632,18 +634,18 @@ impl LlmExecutor {
                     match self.next_cycle().await {
                         Ok((change, summary_tokens)) => {
                             tokens += summary_tokens;
-                            events.push(ExecutorEvent {
-                                kind: "cycle_started",
-                                data: json!({ "cycle": change.cycle, "memory_chars": change.memory.chars().count() }),
+                            events.push(SessionEvent::CycleStarted {
+                                cycle: change.cycle,
+                                memory_chars: change.memory.chars().count(),
                             });
                             cycle_change = Some(change);
                         }
                         Err(e) => {
                             // Try again after the next step rather than lose the cycle.
                             self.wrap_up_left = Some(1);
-                            events.push(ExecutorEvent {
-                                kind: "cycle_summary_failed",
-                                data: json!({ "cycle": self.cycle, "error": e }),
+                            events.push(SessionEvent::CycleSummaryFailed {
+                                cycle: self.cycle,
+                                error: e,
                             });
                         }
                     }

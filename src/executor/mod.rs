@@ -23,6 +23,7 @@ use utoipa::ToSchema;
 use uuid::Uuid;
 
 use crate::egress::EgressPolicy;
+use crate::event::SessionEvent;
 use crate::llm::{LlmClient, LlmSettings, Message};
 use crate::policy::history::{FileWrite, Outcome, StepRecord};
 use crate::policy::sentinel::Sentinel;
@@ -45,15 +46,6 @@ pub struct StepContext<'a> {
     pub history: &'a [StepRecord],
     /// Most tokens this step may use: a model call never asks for more.
     pub token_allowance: u64,
-}
-
-/// Something an executor wants in the session log.
-#[derive(Debug, Clone, PartialEq)]
-pub struct ExecutorEvent {
-    /// Event kind.
-    pub kind: &'static str,
-    /// Payload.
-    pub data: serde_json::Value,
 }
 
 /// What one step produced.
@@ -84,9 +76,9 @@ pub struct StepOutput {
     /// A signal given through a loop-breaking tool or the webhook's answer.
     pub signal: Option<Sentinel>,
     /// The conversation of this step (model executors), replayed on resume.
-    pub transcript: Option<serde_json::Value>,
+    pub transcript: Option<Vec<Message>>,
     /// Events to record with the iteration.
-    pub events: Vec<ExecutorEvent>,
+    pub events: Vec<SessionEvent>,
     /// This step found the context window nearly full and started a wrap-up.
     pub context_overflow: bool,
     /// The agent moved to a new context cycle after this step, with this memory.
@@ -444,8 +436,8 @@ impl ExecutorSpec {
 
     /// The spec as shown to clients: secrets removed, URLs without
     /// credentials or query.
-    pub fn redacted(&self) -> serde_json::Value {
-        let mut value = serde_json::to_value(self).unwrap_or_default();
+    pub fn redacted(&self) -> Result<serde_json::Value, serde_json::Error> {
+        let mut value = serde_json::to_value(self)?;
         if let Some(obj) = value.as_object_mut() {
             if obj.get("api_key").is_some_and(|k| !k.is_null()) {
                 obj.insert(
@@ -459,7 +451,7 @@ impl ExecutorSpec {
                 }
             }
         }
-        value
+        Ok(value)
     }
 }
 

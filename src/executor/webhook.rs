@@ -47,7 +47,8 @@ pub struct WebhookHistoryItem {
     /// Action.
     pub action: String,
     /// `success`, `failure` or `error`.
-    pub outcome: String,
+    #[schema(value_type = String)]
+    pub outcome: Outcome,
     /// Output of the step.
     pub output: String,
 }
@@ -134,10 +135,7 @@ impl WebhookExecutor {
             .map(|s| WebhookHistoryItem {
                 number: s.number,
                 action: s.action.clone(),
-                outcome: serde_json::to_value(s.outcome)
-                    .ok()
-                    .and_then(|v| v.as_str().map(str::to_string))
-                    .unwrap_or_default(),
+                outcome: s.outcome,
                 output: s.observation.clone(),
             })
             .collect();

@@ -32,7 +32,7 @@ pub async fn healthz() -> Json<Health> {
         (status = 503, description = "Postgres does not answer", body = Health),
     ))]
 pub async fn readyz(State(state): State<AppState>) -> (StatusCode, Json<Health>) {
-    match state.service.store().ping().await {
+    match state.service.reads().ping().await {
         Ok(()) => (
             StatusCode::OK,
             Json(Health {
@@ -59,7 +59,7 @@ pub async fn readyz(State(state): State<AppState>) -> (StatusCode, Json<Health>)
     ))]
 pub async fn metrics(State(state): State<AppState>) -> axum::response::Response {
     use axum::response::IntoResponse;
-    match state.service.store().sessions_by_status().await {
+    match state.service.reads().sessions_by_status().await {
         Ok(sessions) => (
             [(
                 axum::http::header::CONTENT_TYPE,

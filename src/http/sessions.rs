@@ -19,7 +19,7 @@ use super::views::{
     OutcomeMetrics, RefinementList, ReflectionPage, SessionPage, SessionView, TaskList,
     VelocityPoint,
 };
-use crate::session::{CreateSession, RefinementChoice, ResumeSession, UpdateSession};
+use crate::session::{CreateSession, LoggedEvent, RefinementChoice, ResumeSession, UpdateSession};
 use crate::store::SessionCursor;
 
 /// The session routes, relative to `/api/autonomous`.
@@ -143,7 +143,7 @@ pub async fn get_session(
     // answers in the time of the slower one rather than of both.
     let (session, velocity) = tokio::try_join!(
         async { Ok::<_, ApiError>(state.service.get(id).await?) },
-        async { Ok::<_, ApiError>(state.service.store().velocity(id, 30).await?) },
+        async { Ok::<_, ApiError>(state.service.reads().velocity(id, 30).await?) },
     )?;
     let mut doc = view(&state, session);
     doc.velocity = Some(
@@ -255,7 +255,7 @@ pub async fn list_iterations(
     let limit = page_limit(q.limit, 100, 500)?;
     let rows = state
         .service
-        .store()
+        .reads()
         .iterations(id, q.after.unwrap_or(0), limit)
         .await?;
     let next_after = (rows.len() as i64 == limit)
@@ -285,7 +285,7 @@ pub async fn list_checkpoints(
     let limit = page_limit(q.limit, 100, 500)?;
     let rows = state
         .service
-        .store()
+        .reads()
         .checkpoints(id, q.after.unwrap_or(0), limit)
         .await?;
     let next_after = (rows.len() as i64 == limit)
@@ -319,13 +319,13 @@ pub async fn list_events(
     ApiQuery(q): ApiQuery<AfterPage>,
 ) -> ApiResult<Response> {
     ensure_exists(&state, id).await?;
-    let store = state.service.store().clone();
+    let reads = state.service.reads().clone();
     if stream::wants_stream(&headers) {
         let after = stream::last_event_id(&headers).or(q.after).unwrap_or(0);
-        return Ok(stream::session_events(store, id, after));
+        return Ok(stream::session_events(reads, id, after));
     }
     let limit = page_limit(q.limit, 100, 500)?;
-    let rows = store.events(id, q.after.unwrap_or(0), limit, None).await?;
+    let rows = reads.events(id, q.after.unwrap_or(0), limit).await?;
     Ok(Json(event_page(rows, limit)).into_response())
 }
 
@@ -340,10 +340,10 @@ pub async fn session_changes(State(state): State<AppState>, headers: HeaderMap) 
     let since = stream::last_event_id(&headers)
         .and_then(DateTime::<Utc>::from_timestamp_micros)
         .unwrap_or(DateTime::<Utc>::UNIX_EPOCH);
-    stream::session_changes(state.service.store().clone(), since)
+    stream::session_changes(state.service.reads().clone(), since)
 }
 
-fn event_page(rows: Vec<crate::store::EventRecord>, limit: i64) -> EventPage {
+fn event_page(rows: Vec<LoggedEvent>, limit: i64) -> EventPage {
     let next_after = (rows.len() as i64 == limit)
         .then(|| rows.last().map(|r| r.seq))
         .flatten();
@@ -372,7 +372,7 @@ pub async fn list_decisions(
     let limit = page_limit(q.limit, 100, 500)?;
     let rows = state
         .service
-        .store()
+        .reads()
         .decisions(
             id,
             q.after.unwrap_or(0),
@@ -400,7 +400,7 @@ pub async fn list_reflections(
     ensure_exists(&state, id).await?;
     let limit = page_limit(q.limit, 100, 500)?;
     let after = i32::try_from(q.after.unwrap_or(0)).unwrap_or(i32::MAX);
-    let rows = state.service.store().reflections(id, after, limit).await?;
+    let rows = state.service.reads().reflections(id, after, limit).await?;
     let next_after = (rows.len() as i64 == limit)
         .then(|| rows.last().map(|r| i64::from(r.number)))
         .flatten();
@@ -445,7 +445,7 @@ pub async fn list_refinements(
     ApiPath(id): ApiPath<Uuid>,
 ) -> ApiResult<Json<RefinementList>> {
     ensure_exists(&state, id).await?;
-    let rows = state.service.store().refinements(id).await?;
+    let rows = state.service.reads().refinements(id).await?;
     Ok(Json(RefinementList {
         items: rows.into_iter().map(Into::into).collect(),
     }))
@@ -466,7 +466,7 @@ pub async fn list_tasks(
 ) -> ApiResult<Json<TaskList>> {
     ensure_exists(&state, id).await?;
     Ok(Json(TaskList {
-        items: state.service.store().tasks(id).await?,
+        items: state.service.reads().tasks(id).await?,
     }))
 }
 
@@ -477,5 +477,5 @@ pub async fn list_tasks(
     responses((status = 200, description = "Outcome metrics", body = OutcomeMetrics))
 )]
 pub async fn outcomes(State(state): State<AppState>) -> ApiResult<Json<OutcomeMetrics>> {
-    Ok(Json(state.service.store().outcomes().await?.into()))
+    Ok(Json(state.service.reads().outcomes().await?.into()))
 }

@@ -19,7 +19,7 @@ use uuid::Uuid;
 
 use super::views::{EventView, SessionView};
 use crate::policy::lifecycle::Status;
-use crate::store::{EventRecord, Store};
+use crate::session::{LoggedEvent, SessionReads};
 
 /// How often a stream re-reads Postgres without an announcement.
 const POLL: Duration = Duration::from_millis(500);
@@ -42,17 +42,6 @@ pub fn last_event_id(headers: &HeaderMap) -> Option<i64> {
         .and_then(|v| v.trim().parse().ok())
 }
 
-/// The status change that ends a session's loop (the stream's last event).
-fn is_terminal(event: &EventRecord) -> bool {
-    event.kind == "status_changed"
-        && event
-            .data
-            .get("to")
-            .and_then(|t| t.as_str())
-            .and_then(Status::parse)
-            .is_some_and(|s| !matches!(s, Status::Running | Status::AwaitingRefinement))
-}
-
 /// Waits for an announcement about `id` (or any lag) or until `POLL` elapses.
 async fn wait_for(rx: &mut broadcast::Receiver<Uuid>, id: Option<Uuid>) {
     let deadline = tokio::time::Instant::now() + POLL;
@@ -73,16 +62,16 @@ async fn wait_for(rx: &mut broadcast::Receiver<Uuid>, id: Option<Uuid>) {
 }
 
 struct SessionTail {
-    store: Store,
+    store: SessionReads,
     id: Uuid,
     after: i64,
     rx: broadcast::Receiver<Uuid>,
-    pending: VecDeque<EventRecord>,
+    pending: VecDeque<LoggedEvent>,
     finished: bool,
 }
 
 fn session_stream(
-    store: Store,
+    store: SessionReads,
     id: Uuid,
     after: i64,
 ) -> impl Stream<Item = Result<Event, Infallible>> {
@@ -97,12 +86,13 @@ fn session_stream(
     futures::stream::unfold(tail, |mut t| async move {
         loop {
             if let Some(event) = t.pending.pop_front() {
-                if is_terminal(&event) {
+                // The status change that ends the loop is the stream's last event.
+                if event.event.ends_loop() {
                     t.finished = true;
                     t.pending.clear();
                 }
                 let seq = event.seq;
-                let kind = event.kind.clone();
+                let kind = event.event.kind();
                 let view = EventView::from(event);
                 let sse = Event::default()
                     .id(seq.to_string())
@@ -114,7 +104,7 @@ fn session_stream(
             if t.finished {
                 return None;
             }
-            match t.store.events(t.id, t.after, PAGE, None).await {
+            match t.store.events(t.id, t.after, PAGE).await {
                 Ok(rows) if !rows.is_empty() => {
                     t.after = rows.last().map_or(t.after, |r| r.seq);
                     t.pending.extend(rows);
@@ -147,14 +137,14 @@ fn session_stream(
 }
 
 /// The SSE response for one session's log after `after`.
-pub fn session_events(store: Store, id: Uuid, after: i64) -> Response {
+pub fn session_events(store: SessionReads, id: Uuid, after: i64) -> Response {
     Sse::new(session_stream(store, id, after))
         .keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
         .into_response()
 }
 
 struct ListTail {
-    store: Store,
+    store: SessionReads,
     since: DateTime<Utc>,
     rx: broadcast::Receiver<Uuid>,
     sent: HashMap<Uuid, (Status, i64, DateTime<Utc>)>,
@@ -162,7 +152,7 @@ struct ListTail {
 }
 
 fn list_stream(
-    store: Store,
+    store: SessionReads,
     since: DateTime<Utc>,
 ) -> impl Stream<Item = Result<Event, Infallible>> {
     let tail = ListTail {
@@ -212,7 +202,7 @@ fn list_stream(
 }
 
 /// The SSE response of every session change after `since`.
-pub fn session_changes(store: Store, since: DateTime<Utc>) -> Response {
+pub fn session_changes(store: SessionReads, since: DateTime<Utc>) -> Response {
     Sse::new(list_stream(store, since))
         .keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
         .into_response()

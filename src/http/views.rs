@@ -6,11 +6,13 @@ use serde::Serialize;
 use utoipa::{IntoParams, ToSchema};
 use uuid::Uuid;
 
+use crate::event::SessionEvent;
 use crate::policy::checklist::ChecklistItem;
 use crate::policy::guardrails::Limits;
 use crate::policy::lifecycle::{Mode, Reason, Status};
 use crate::policy::projection::{self, ProgressSample};
-use crate::store::{CheckpointRecord, EventRecord, IterationRecord, SessionRecord};
+use crate::session::LoggedEvent;
+use crate::store::{CheckpointRecord, IterationRecord, SessionRecord};
 
 /// Which executor a session uses.
 #[derive(Debug, Clone, Serialize, ToSchema)]
@@ -362,27 +364,24 @@ pub struct CheckpointPage {
     pub next_after: Option<i64>,
 }
 
-/// An entry of the session log.
+/// An entry of the session log: its sequence number, its kind and payload
+/// (`kind`, `data`: one of the session event kinds), and when it was appended.
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct EventView {
     /// Per-session sequence number, gap-free.
     pub seq: i64,
-    /// Kind: `session_created`, `gate_decision`, `iteration_completed`, `stuck_detected`,
-    /// `status_changed`, `checkpoint_saved`, `limits_changed`, `stop_requested`...
-    pub kind: String,
-    /// Payload; for decisions, the inputs and metrics.
-    #[schema(value_type = Object)]
-    pub data: serde_json::Value,
+    /// The event: `kind` and its `data`.
+    #[serde(flatten)]
+    pub event: SessionEvent,
     /// When it was appended.
     pub created_at: DateTime<Utc>,
 }
 
-impl From<EventRecord> for EventView {
-    fn from(e: EventRecord) -> EventView {
+impl From<LoggedEvent> for EventView {
+    fn from(e: LoggedEvent) -> EventView {
         EventView {
             seq: e.seq,
-            kind: e.kind,
-            data: e.data,
+            event: e.event,
             created_at: e.created_at,
         }
     }

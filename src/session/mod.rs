@@ -1,16 +1,26 @@
 //! Sessions at run time: the per-session loop, the supervisor that owns the
 //! loops of this replica, and the operations the HTTP layer calls.
+//!
+//! Inside, dependencies point one way: `service` → `supervisor` → `runner`;
+//! both `service` and `supervisor` rebuild sessions through `rehydrate`; the
+//! HTTP layer reads through `reads` and acts through `service`.
 
+mod error;
+pub mod events;
 mod journal;
 mod lease_clock;
+pub mod loop_store;
+mod persist;
 mod planner;
+pub mod reads;
 pub mod reflector;
+pub mod rehydrate;
 pub mod runner;
 pub mod service;
 pub mod state;
 mod supervisor;
 
-pub use service::{
-    CreateSession, RefinementChoice, ResumeSession, ServiceError, SessionService, UpdateSession,
-};
+pub use error::{Result, ServiceError};
+pub use reads::{LoggedEvent, SessionReads};
+pub use service::{CreateSession, RefinementChoice, ResumeSession, SessionService, UpdateSession};
 pub use supervisor::Supervisor;

@@ -6,27 +6,30 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use chrono::Utc;
-use serde_json::json;
+use chrono::{DateTime, Utc};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
+use super::events::{self, to_stored};
 use super::lease_clock::LeaseClock;
+use super::loop_store::{LoopStore, ReflectionCommit};
 use super::reflector::{Reflector, SessionFacts};
 use super::state::{self, AppliedReflection, LoopState, StepEffects};
 use crate::config::Config;
-use crate::executor::{Executor, ExecutorError, StepContext, StepResult};
+use crate::event::{AbandonedBecause, SessionEvent};
+use crate::executor::{CycleChange, Executor, ExecutorError, StepContext, StepResult};
+use crate::llm::Message;
 use crate::metrics::{IterationTimes, Metrics};
 use crate::policy::checklist;
 use crate::policy::gate::{self, GateDecision, PauseCause, StopCause};
 use crate::policy::guardrails::{self, Usage};
 use crate::policy::history::{Outcome, StepRecord};
-use crate::policy::lifecycle::{Mode, Reason};
+use crate::policy::lifecycle::{Mode, Reason, Status};
 use crate::policy::reflection::{self, Trigger};
+use crate::policy::sentinel::Sentinel;
 use crate::policy::termination::{self, Facts};
 use crate::store::{
-    ControlFlags, Counters, Lease, NewEvent, NewIteration, NewReflection, SessionSettings, Store,
-    StoreError,
+    ControlFlags, Counters, Lease, NewIteration, NewReflection, SessionSettings, Store, StoreError,
 };
 
 /// Signals a runner obeys; shared with the supervisor.
@@ -67,9 +70,35 @@ pub enum Exit {
     StoreFailed(String),
 }
 
+/// What a runner is built from.
+pub struct RunnerDeps<S = Store> {
+    /// Where the loop writes.
+    pub store: S,
+    /// Process configuration (gate, stuck detection, models).
+    pub config: Arc<Config>,
+    /// The lease this replica holds on the session.
+    pub lease: Lease,
+    /// The goal being run.
+    pub goal: String,
+    /// Mode and limits in force.
+    pub settings: SessionSettings,
+    /// Performs the steps.
+    pub executor: Box<dyn Executor>,
+    /// The state rebuilt from the session's log.
+    pub state: LoopState,
+    /// Guidance for the next step, from a resume.
+    pub guidance: Option<String>,
+    /// The signals to obey.
+    pub control: Control,
+    /// The reflection model, when one is configured.
+    pub reflector: Option<Arc<Reflector>>,
+    /// Process metrics.
+    pub metrics: Arc<Metrics>,
+}
+
 /// Everything a runner needs to drive one session.
-pub struct Runner {
-    store: Store,
+pub struct Runner<S = Store> {
+    store: S,
     config: Arc<Config>,
     lease: Lease,
     goal: String,
@@ -87,6 +116,54 @@ pub struct Runner {
     throttled_step: Option<u64>,
 }
 
+/// What a step of the loop tells the loop.
+enum Flow<T = ()> {
+    /// Go on to the next step with this.
+    Go(T),
+    /// Start the next pass from the top.
+    Again,
+    /// The loop is over.
+    Exit(Exit),
+}
+
+/// Runs a step and acts on its [`Flow`] inside the loop.
+macro_rules! step {
+    ($flow:expr) => {
+        match $flow? {
+            Flow::Go(value) => value,
+            Flow::Again => continue,
+            Flow::Exit(exit) => return Ok(exit),
+        }
+    };
+}
+
+/// Timing of one pass, for the iteration metrics.
+struct Pass {
+    started: Instant,
+    /// Time spent waiting for durable writes (checkpoints, the commit).
+    writes: Duration,
+}
+
+/// The gate let a step run: its number and the decision to log with it.
+struct Gated {
+    step: u64,
+    decision: SessionEvent,
+}
+
+/// A step the executor finished, ready to commit.
+struct Executed {
+    decision: SessionEvent,
+    record: StepRecord,
+    percent: Option<f64>,
+    signal: Option<Sentinel>,
+    transcript: Option<Vec<Message>>,
+    events: Vec<SessionEvent>,
+    cycle_change: Option<CycleChange>,
+    started_at: DateTime<Utc>,
+    finished_at: DateTime<Utc>,
+    executor_time: Duration,
+}
+
 /// What happened to the step in flight.
 enum StepEnd {
     Done(Result<StepResult, ExecutorError>),
@@ -95,35 +172,22 @@ enum StepEnd {
     TimedOut,
 }
 
-impl Runner {
+impl<S: LoopStore> Runner<S> {
     /// Prepares a runner for a session whose lease this replica holds.
-    #[allow(clippy::too_many_arguments)]
-    pub fn new(
-        store: Store,
-        config: Arc<Config>,
-        lease: Lease,
-        goal: String,
-        settings: SessionSettings,
-        executor: Box<dyn Executor>,
-        state: LoopState,
-        guidance: Option<String>,
-        control: Control,
-        reflector: Option<Arc<Reflector>>,
-        metrics: Arc<Metrics>,
-    ) -> Runner {
+    pub fn new(deps: RunnerDeps<S>) -> Runner<S> {
         Runner {
-            metrics,
-            reflector,
-            store,
-            config,
-            lease,
-            goal,
-            settings,
-            base_elapsed_ms: state.usage.elapsed_ms,
-            executor,
-            state,
-            guidance,
-            control,
+            base_elapsed_ms: deps.state.usage.elapsed_ms,
+            store: deps.store,
+            config: deps.config,
+            lease: deps.lease,
+            goal: deps.goal,
+            settings: deps.settings,
+            executor: deps.executor,
+            state: deps.state,
+            guidance: deps.guidance,
+            control: deps.control,
+            reflector: deps.reflector,
+            metrics: deps.metrics,
             started: Instant::now(),
             throttled_step: None,
         }
@@ -164,282 +228,389 @@ impl Runner {
         }
     }
 
+    /// One pass per step. What a step concluded (agent signals, stuck
+    /// verdicts, reflections, checkpoints due) takes effect at the top of the
+    /// next pass, after the control signals.
     async fn run_loop(&mut self) -> Result<Exit, StoreError> {
         loop {
-            let loop_started = Instant::now();
-            // Time spent waiting for durable writes (checkpoints, the commit).
-            let mut writes = Duration::ZERO;
-            // 1. Control: stop, shutdown, lost lease, decided ends, pause.
-            if self.control.stop.is_cancelled() {
-                return self.finish(Reason::UserStop, None, Vec::new()).await;
-            }
-            if self.control.shutdown.is_cancelled() {
-                return self.release().await;
-            }
-            if !self.control.lease_clock.is_valid() {
-                tracing::warn!("lease not renewed in time; handing the session over");
-                return Ok(Exit::LeaseLost);
-            }
-            // 7. Reflection (continuous mode), including the second vote on
-            // the agent's done-claim, then 8. the periodic checkpoint.
-            if let Some(trigger) = self.reflection_due() {
-                if let Some(exit) = self.reflect(trigger).await? {
-                    return Ok(exit);
-                }
-                continue;
-            }
-            let done = self.state.usage.iterations;
-            let interval = u64::from(self.settings.limits.checkpoint_interval.max(1));
-            if done > 0
-                && done.is_multiple_of(interval)
-                && self.state.last_checkpoint_step < done
-                && self.state.pending_end.is_none()
-            {
-                let started = Instant::now();
-                self.checkpoint("interval").await?;
-                writes += started.elapsed();
-            }
-            if let Some(end) = self.state.pending_end.clone() {
-                return self.finish(end.reason, end.detail, Vec::new()).await;
-            }
-            if self.state.cycle > self.settings.limits.max_cycles {
-                return self.finish(Reason::CycleLimit, None, Vec::new()).await;
-            }
-            if self.control.pause.load(Ordering::SeqCst) {
-                return self.finish(Reason::UserPause, None, Vec::new()).await;
-            }
-
-            // 2. Guardrails.
-            let usage = self.current_usage();
-            let limits = self.settings.limits;
-            if let Some(breach) = guardrails::check(&limits, &usage) {
-                let event = NewEvent::new(
-                    "guardrail_tripped",
-                    json!({ "breach": breach, "usage": usage, "limits": limits }),
-                );
-                return self.finish(breach.reason(), None, vec![event]).await;
-            }
-
-            // 3. Continue gate.
-            let step = usage.iterations + 1;
-            let deltas = self.state.token_deltas();
-            let mut inputs = self.state.gate_inputs(&limits, &deltas);
-            inputs.budget.time_remaining_ms = Some(guardrails::time_remaining_ms(&limits, &usage));
-            inputs.coherence = self.state.reflection.coherence;
-            inputs.uncertainty = self.state.reflection.uncertainty;
-            let evaluation = gate::evaluate(&self.config.gate, &inputs);
-            self.metrics.gate(match evaluation.decision {
-                GateDecision::Stop { .. } => "stop",
-                GateDecision::Pause { .. } => "pause",
-                GateDecision::Throttle => "throttle",
-                GateDecision::Checkpoint => "checkpoint",
-                GateDecision::Continue => "continue",
-            });
-            let decision_event = NewEvent::new(
-                "gate_decision",
-                json!({ "step": step, "decision": evaluation.decision,
-                        "metrics": evaluation.metrics, "inputs": inputs }),
-            );
-            match evaluation.decision {
-                GateDecision::Stop { cause } => {
-                    let reason = match cause {
-                        StopCause::CoherenceLow => Reason::CoherenceLow,
-                        StopCause::StepLimit => Reason::StepLimit,
-                        StopCause::BudgetExhausted { .. } => Reason::BudgetExhausted,
-                    };
-                    return self.finish(reason, None, vec![decision_event]).await;
-                }
-                GateDecision::Pause { cause } => {
-                    let reason = match cause {
-                        PauseCause::ReworkLoop => Reason::ReworkLoop,
-                        PauseCause::Uncertainty => Reason::Uncertainty,
-                        PauseCause::ProjectedOverrun => Reason::BudgetProjectedOverrun,
-                    };
-                    let detail = match reason {
-                        Reason::ReworkLoop => Some(format!(
-                            "rework ratio {:.2} over the last {} steps",
-                            evaluation.metrics.rework_ratio, self.config.gate.rework_window
-                        )),
-                        Reason::BudgetProjectedOverrun => {
-                            evaluation.metrics.projection.map(|p| p.describe())
-                        }
-                        _ => None,
-                    };
-                    return self.finish(reason, detail, vec![decision_event]).await;
-                }
-                GateDecision::Throttle if self.throttled_step != Some(step) => {
-                    self.throttled_step = Some(step);
-                    let flags = self
-                        .store
-                        .append_fenced(&self.lease, &[decision_event])
-                        .await?;
-                    self.apply_flags(flags);
-                    let remaining =
-                        guardrails::time_remaining_ms(&self.settings.limits, &self.current_usage());
-                    let cooldown = self
-                        .config
-                        .throttle_cooldown
-                        .min(Duration::from_millis(remaining));
-                    // The stop checks keep running during the cooldown.
-                    tokio::select! {
-                        _ = self.control.stop.cancelled() => {}
-                        _ = self.control.shutdown.cancelled() => {}
-                        _ = tokio::time::sleep(cooldown) => {}
-                    }
-                    continue;
-                }
-                GateDecision::Checkpoint => {
-                    let started = Instant::now();
-                    self.checkpoint("gate").await?;
-                    writes += started.elapsed();
-                }
-                GateDecision::Throttle | GateDecision::Continue => {}
-            }
-
-            // 4. Execute, abandoning the step on stop, shutdown or timeout.
-            let remaining = guardrails::time_remaining_ms(&limits, &self.current_usage());
-            let started_at = Utc::now();
-            let t0 = Instant::now();
-            let nudge = self.state.pending_nudge.clone();
-            let end = {
-                let ctx = StepContext {
-                    session_id: self.lease.session_id,
-                    goal: &self.goal,
-                    iteration: step,
-                    guidance: self.guidance.as_deref(),
-                    nudge: nudge.as_deref(),
-                    history: &self.state.history,
-                    token_allowance: guardrails::tokens_remaining(&limits, &self.state.usage),
-                };
-                tokio::select! {
-                    biased;
-                    _ = self.control.stop.cancelled() => StepEnd::Stopped,
-                    _ = self.control.shutdown.cancelled() => StepEnd::Shutdown,
-                    _ = tokio::time::sleep(Duration::from_millis(remaining)) => StepEnd::TimedOut,
-                    result = self.executor.execute(ctx) => StepEnd::Done(result),
-                }
+            let mut pass = Pass {
+                started: Instant::now(),
+                writes: Duration::ZERO,
             };
-            let abandoned =
-                |why: &str| NewEvent::new("step_abandoned", json!({ "step": step, "why": why }));
-            let result = match end {
-                StepEnd::Stopped => {
-                    let events = vec![decision_event, abandoned("user_stop")];
-                    return self.finish(Reason::UserStop, None, events).await;
-                }
-                StepEnd::Shutdown => return self.release().await,
-                StepEnd::TimedOut => {
-                    let events = vec![decision_event, abandoned("timeout")];
-                    return self.finish(Reason::Timeout, None, events).await;
-                }
-                StepEnd::Done(result) => result,
-            };
-            let executor_time = t0.elapsed();
-            let duration_ms = executor_time.as_millis() as u64;
-            let finished_at = Utc::now();
-            let mut cycle_change = None;
-            let (record, percent, signal, transcript, executor_events) = match result {
-                Ok(StepResult::Exhausted) => {
-                    return self
-                        .finish(Reason::ExecutorExhausted, None, vec![decision_event])
-                        .await;
-                }
-                Ok(StepResult::Step(out)) => {
-                    let out = *out;
-                    cycle_change = out.cycle_change;
-                    if let Some(latency) = out.model_latency {
-                        self.metrics.model_seconds.observe(latency);
-                    }
-                    (
-                        StepRecord {
-                            number: step,
-                            action: out.action,
-                            arguments: out.arguments,
-                            outcome: out.outcome,
-                            observation: out.observation,
-                            message: out.message,
-                            error: out.error,
-                            tokens: out.tokens,
-                            tool_calls: out.tool_calls,
-                            files_written: out.files_written,
-                            waiting: out.waiting,
-                            duration_ms,
-                            context_overflow: false,
-                        },
-                        out.percent_complete,
-                        out.signal,
-                        out.transcript,
-                        out.events,
-                    )
-                }
-                Err(ExecutorError::Failed {
-                    action,
-                    message,
-                    tokens,
-                }) => (
-                    StepRecord {
-                        number: step,
-                        action,
-                        arguments: serde_json::Value::Null,
-                        outcome: Outcome::Error,
-                        observation: String::new(),
-                        message: String::new(),
-                        error: Some(message),
-                        tokens,
-                        tool_calls: 0,
-                        files_written: Vec::new(),
-                        waiting: false,
-                        duration_ms,
-                        context_overflow: false,
-                    },
-                    None,
-                    None,
-                    None,
-                    Vec::new(),
-                ),
-            };
-
-            // 5. Persist the iteration, its counters and what the policies concluded.
-            let elapsed_ms = self.elapsed_ms();
-            let mut effects = state::assess(
-                &self.state,
-                &record,
-                signal,
-                &self.config.stuck,
-                elapsed_ms,
-                percent,
-            );
-            effects.new_cycle = cycle_change.as_ref().map(|c| c.cycle);
-            let mut events = vec![decision_event];
-            events.extend(
-                executor_events
-                    .into_iter()
-                    .map(|e| NewEvent::new(e.kind, e.data)),
-            );
-            let commit_started = Instant::now();
-            let flags = self
-                .commit(
-                    &record,
-                    &effects,
-                    events,
-                    transcript,
-                    cycle_change.map(|c| (i32::try_from(c.cycle).unwrap_or(i32::MAX), c.memory)),
-                    (started_at, finished_at),
-                )
-                .await?;
-            writes += commit_started.elapsed();
-            self.state.apply(self.state.run, &record, &effects);
-            self.guidance = None;
-            self.apply_flags(flags);
-            self.metrics.iteration(
-                record.tokens,
-                IterationTimes {
-                    total: loop_started.elapsed(),
-                    executor: executor_time,
-                    writes,
-                },
-            );
-            // 6. Agent signals and stuck verdicts take effect at the top of the loop.
+            step!(self.control().await);
+            step!(self.reflect_if_due().await);
+            self.checkpoint_if_due(&mut pass).await?;
+            step!(self.settled().await);
+            let usage = step!(self.guardrails().await);
+            let gated = step!(self.gate(&usage, &mut pass).await);
+            let executed = step!(self.execute(gated).await);
+            self.commit(executed, &mut pass).await?;
         }
+    }
+
+    /// Control: a user stop, a shutdown, a lease this replica can no longer trust.
+    async fn control(&mut self) -> Result<Flow, StoreError> {
+        if self.control.stop.is_cancelled() {
+            return Ok(Flow::Exit(
+                self.finish(Reason::UserStop, None, Vec::new()).await?,
+            ));
+        }
+        if self.control.shutdown.is_cancelled() {
+            return Ok(Flow::Exit(self.release().await?));
+        }
+        if !self.control.lease_clock.is_valid() {
+            tracing::warn!("lease not renewed in time; handing the session over");
+            return Ok(Flow::Exit(Exit::LeaseLost));
+        }
+        Ok(Flow::Go(()))
+    }
+
+    /// Signals: a reflection due in continuous mode (including the second
+    /// vote on the agent's done-claim); the pass starts over after it.
+    async fn reflect_if_due(&mut self) -> Result<Flow, StoreError> {
+        let Some(trigger) = self.reflection_due() else {
+            return Ok(Flow::Go(()));
+        };
+        Ok(match self.reflect(trigger).await? {
+            Some(exit) => Flow::Exit(exit),
+            None => Flow::Again,
+        })
+    }
+
+    /// Checkpoint: every `checkpoint_interval` committed steps, unless the run is ending.
+    async fn checkpoint_if_due(&mut self, pass: &mut Pass) -> Result<(), StoreError> {
+        let done = self.state.usage.iterations;
+        let interval = u64::from(self.settings.limits.checkpoint_interval.max(1));
+        if done > 0
+            && done.is_multiple_of(interval)
+            && self.state.last_checkpoint_step < done
+            && self.state.pending_end.is_none()
+        {
+            let started = Instant::now();
+            self.checkpoint("interval").await?;
+            pass.writes += started.elapsed();
+        }
+        Ok(())
+    }
+
+    /// Ends already decided: an agent signal or stuck verdict, the cycle
+    /// limit, a user pause.
+    async fn settled(&mut self) -> Result<Flow, StoreError> {
+        let end = if let Some(end) = self.state.pending_end.clone() {
+            Some((end.reason, end.detail))
+        } else if self.state.cycle > self.settings.limits.max_cycles {
+            Some((Reason::CycleLimit, None))
+        } else if self.control.pause.load(Ordering::SeqCst) {
+            Some((Reason::UserPause, None))
+        } else {
+            None
+        };
+        Ok(match end {
+            Some((reason, detail)) => Flow::Exit(self.finish(reason, detail, Vec::new()).await?),
+            None => Flow::Go(()),
+        })
+    }
+
+    /// Guardrails: a limit reached ends the run.
+    async fn guardrails(&mut self) -> Result<Flow<Usage>, StoreError> {
+        let usage = self.current_usage();
+        let limits = self.settings.limits;
+        let Some(breach) = guardrails::check(&limits, &usage) else {
+            return Ok(Flow::Go(usage));
+        };
+        let event = SessionEvent::GuardrailTripped {
+            breach,
+            usage,
+            limits,
+        };
+        let exit = self.finish(breach.reason(), None, vec![event]).await?;
+        Ok(Flow::Exit(exit))
+    }
+
+    /// Gate: stop, pause, throttle (a cooldown, then a new pass), checkpoint
+    /// or continue.
+    async fn gate(&mut self, usage: &Usage, pass: &mut Pass) -> Result<Flow<Gated>, StoreError> {
+        let step = usage.iterations + 1;
+        let limits = self.settings.limits;
+        let deltas = self.state.token_deltas();
+        let mut inputs = self.state.gate_inputs(&limits, &deltas);
+        inputs.budget.time_remaining_ms = Some(guardrails::time_remaining_ms(&limits, usage));
+        inputs.coherence = self.state.reflection.coherence;
+        inputs.uncertainty = self.state.reflection.uncertainty;
+        let evaluation = gate::evaluate(&self.config.gate, &inputs);
+        self.metrics.gate(match evaluation.decision {
+            GateDecision::Stop { .. } => "stop",
+            GateDecision::Pause { .. } => "pause",
+            GateDecision::Throttle => "throttle",
+            GateDecision::Checkpoint => "checkpoint",
+            GateDecision::Continue => "continue",
+        });
+        let decision = SessionEvent::GateDecision {
+            step,
+            decision: evaluation.decision,
+            metrics: evaluation.metrics,
+            inputs: to_stored("gate inputs", &inputs)?,
+        };
+        match evaluation.decision {
+            GateDecision::Stop { cause } => {
+                let reason = match cause {
+                    StopCause::CoherenceLow => Reason::CoherenceLow,
+                    StopCause::StepLimit => Reason::StepLimit,
+                    StopCause::BudgetExhausted { .. } => Reason::BudgetExhausted,
+                };
+                let exit = self.finish(reason, None, vec![decision]).await?;
+                return Ok(Flow::Exit(exit));
+            }
+            GateDecision::Pause { cause } => {
+                let reason = match cause {
+                    PauseCause::ReworkLoop => Reason::ReworkLoop,
+                    PauseCause::Uncertainty => Reason::Uncertainty,
+                    PauseCause::ProjectedOverrun => Reason::BudgetProjectedOverrun,
+                };
+                let detail = match reason {
+                    Reason::ReworkLoop => Some(format!(
+                        "rework ratio {:.2} over the last {} steps",
+                        evaluation.metrics.rework_ratio, self.config.gate.rework_window
+                    )),
+                    Reason::BudgetProjectedOverrun => {
+                        evaluation.metrics.projection.map(|p| p.describe())
+                    }
+                    _ => None,
+                };
+                let exit = self.finish(reason, detail, vec![decision]).await?;
+                return Ok(Flow::Exit(exit));
+            }
+            GateDecision::Throttle if self.throttled_step != Some(step) => {
+                self.throttled_step = Some(step);
+                self.throttle(decision).await?;
+                return Ok(Flow::Again);
+            }
+            GateDecision::Checkpoint => {
+                let started = Instant::now();
+                self.checkpoint("gate").await?;
+                pass.writes += started.elapsed();
+            }
+            GateDecision::Throttle | GateDecision::Continue => {}
+        }
+        Ok(Flow::Go(Gated { step, decision }))
+    }
+
+    /// Logs a throttle decision and waits out the cooldown; the stop checks
+    /// keep running during it.
+    async fn throttle(&mut self, decision: SessionEvent) -> Result<(), StoreError> {
+        let flags = self
+            .store
+            .append_fenced(&self.lease, &events::encode(&[decision])?)
+            .await?;
+        self.apply_flags(flags);
+        let remaining = guardrails::time_remaining_ms(&self.settings.limits, &self.current_usage());
+        let cooldown = self
+            .config
+            .throttle_cooldown
+            .min(Duration::from_millis(remaining));
+        tokio::select! {
+            _ = self.control.stop.cancelled() => {}
+            _ = self.control.shutdown.cancelled() => {}
+            _ = tokio::time::sleep(cooldown) => {}
+        }
+        Ok(())
+    }
+
+    /// Execute: runs the step, abandoning it on stop, shutdown or timeout.
+    async fn execute(&mut self, gated: Gated) -> Result<Flow<Executed>, StoreError> {
+        let Gated { step, decision } = gated;
+        let limits = self.settings.limits;
+        let remaining = guardrails::time_remaining_ms(&limits, &self.current_usage());
+        let started_at = Utc::now();
+        let t0 = Instant::now();
+        let nudge = self.state.pending_nudge.clone();
+        let end = {
+            let ctx = StepContext {
+                session_id: self.lease.session_id,
+                goal: &self.goal,
+                iteration: step,
+                guidance: self.guidance.as_deref(),
+                nudge: nudge.as_deref(),
+                history: &self.state.history,
+                token_allowance: guardrails::tokens_remaining(&limits, &self.state.usage),
+            };
+            tokio::select! {
+                biased;
+                _ = self.control.stop.cancelled() => StepEnd::Stopped,
+                _ = self.control.shutdown.cancelled() => StepEnd::Shutdown,
+                _ = tokio::time::sleep(Duration::from_millis(remaining)) => StepEnd::TimedOut,
+                result = self.executor.execute(ctx) => StepEnd::Done(result),
+            }
+        };
+        let abandoned = |why| SessionEvent::StepAbandoned { step, why };
+        let result = match end {
+            StepEnd::Stopped => {
+                let events = vec![decision, abandoned(AbandonedBecause::UserStop)];
+                return Ok(Flow::Exit(
+                    self.finish(Reason::UserStop, None, events).await?,
+                ));
+            }
+            StepEnd::Shutdown => return Ok(Flow::Exit(self.release().await?)),
+            StepEnd::TimedOut => {
+                let events = vec![decision, abandoned(AbandonedBecause::Timeout)];
+                return Ok(Flow::Exit(
+                    self.finish(Reason::Timeout, None, events).await?,
+                ));
+            }
+            StepEnd::Done(result) => result,
+        };
+        let executor_time = t0.elapsed();
+        let duration_ms = executor_time.as_millis() as u64;
+        let mut executed = Executed {
+            decision,
+            record: StepRecord {
+                number: step,
+                action: String::new(),
+                arguments: serde_json::Value::Null,
+                outcome: Outcome::Error,
+                observation: String::new(),
+                message: String::new(),
+                error: None,
+                tokens: 0,
+                tool_calls: 0,
+                files_written: Vec::new(),
+                waiting: false,
+                duration_ms,
+                context_overflow: false,
+            },
+            percent: None,
+            signal: None,
+            transcript: None,
+            events: Vec::new(),
+            cycle_change: None,
+            started_at,
+            finished_at: Utc::now(),
+            executor_time,
+        };
+        match result {
+            Ok(StepResult::Exhausted) => {
+                let events = vec![executed.decision];
+                let exit = self.finish(Reason::ExecutorExhausted, None, events).await?;
+                return Ok(Flow::Exit(exit));
+            }
+            Ok(StepResult::Step(out)) => {
+                let out = *out;
+                if let Some(latency) = out.model_latency {
+                    self.metrics.model_seconds.observe(latency);
+                }
+                executed.record = StepRecord {
+                    action: out.action,
+                    arguments: out.arguments,
+                    outcome: out.outcome,
+                    observation: out.observation,
+                    message: out.message,
+                    error: out.error,
+                    tokens: out.tokens,
+                    tool_calls: out.tool_calls,
+                    files_written: out.files_written,
+                    waiting: out.waiting,
+                    ..executed.record
+                };
+                executed.percent = out.percent_complete;
+                executed.signal = out.signal;
+                executed.transcript = out.transcript;
+                executed.events = out.events;
+                executed.cycle_change = out.cycle_change;
+            }
+            Err(ExecutorError::Failed {
+                action,
+                message,
+                tokens,
+            }) => {
+                executed.record = StepRecord {
+                    action,
+                    error: Some(message),
+                    tokens,
+                    ..executed.record
+                };
+            }
+        }
+        Ok(Flow::Go(executed))
+    }
+
+    /// Commit: persists the iteration, its counters and what the policies
+    /// concluded, then takes in the durable flags.
+    async fn commit(&mut self, executed: Executed, pass: &mut Pass) -> Result<(), StoreError> {
+        let Executed {
+            decision,
+            record,
+            percent,
+            signal,
+            transcript,
+            events: executor_events,
+            cycle_change,
+            started_at,
+            finished_at,
+            executor_time,
+        } = executed;
+        let elapsed_ms = self.elapsed_ms();
+        let mut effects = state::assess(
+            &self.state,
+            &record,
+            signal,
+            &self.config.stuck,
+            elapsed_ms,
+            percent,
+        );
+        effects.new_cycle = cycle_change.as_ref().map(|c| c.cycle);
+        let usage = state::usage_after(&self.state.usage, &record, effects.elapsed_ms);
+        let mut events = Vec::with_capacity(executor_events.len() + 4);
+        events.push(decision);
+        events.extend(executor_events);
+        events.extend(step_events(&record, &effects, &usage));
+        let iteration = NewIteration {
+            number: record.number as i64,
+            run: self.state.run,
+            action: record.action.clone(),
+            outcome: match record.outcome {
+                Outcome::Success => "success",
+                Outcome::Failure => "failure",
+                Outcome::Error => "error",
+            },
+            tokens: record.tokens as i64,
+            duration_ms: record.duration_ms as i64,
+            record: to_stored("iteration record", &record)?,
+            effects: to_stored("iteration effects", &effects)?,
+            transcript: transcript
+                .map(|t| to_stored("transcript", &t))
+                .transpose()?,
+            cycle: i32::try_from(self.state.cycle).unwrap_or(i32::MAX),
+            next_cycle: cycle_change
+                .map(|c| (i32::try_from(c.cycle).unwrap_or(i32::MAX), c.memory)),
+            started_at,
+            finished_at,
+        };
+        let eta = state::eta_seconds(effects.percent_complete, effects.elapsed_ms);
+        let events = events::encode(&events)?;
+        let commit_started = Instant::now();
+        let flags = self
+            .store
+            .commit_iteration(
+                &self.lease,
+                iteration,
+                Counters::from_usage(&usage, self.state.reflection.tokens),
+                (effects.percent_complete, eta),
+                events,
+            )
+            .await?;
+        pass.writes += commit_started.elapsed();
+        self.state.apply(self.state.run, &record, &effects);
+        self.guidance = None;
+        self.apply_flags(flags);
+        self.metrics.iteration(
+            record.tokens,
+            IterationTimes {
+                total: pass.started.elapsed(),
+                executor: executor_time,
+                writes: pass.writes,
+            },
+        );
+        Ok(())
     }
 
     /// Whether a reflection runs now: continuous mode, a reflector, and the
@@ -568,9 +739,10 @@ impl Runner {
                 .assessment
                 .as_ref()
                 .ok()
-                .and_then(|a| serde_json::to_value(a).ok()),
+                .map(|a| to_stored("reflection assessment", a))
+                .transpose()?,
             error: answer.assessment.as_ref().err().cloned(),
-            decision: serde_json::to_value(&applied).unwrap_or_default(),
+            decision: to_stored("reflection decision", &applied)?,
             next_interval: i32::try_from(state_after.interval).unwrap_or(i32::MAX),
             tokens: answer.tokens as i64,
             raw: answer.raw.clone(),
@@ -585,83 +757,18 @@ impl Runner {
         self.store
             .insert_reflection(
                 &self.lease,
-                &record,
-                counters,
-                next.percent_complete,
-                eta,
-                &next.criteria,
-                &next.milestones,
+                ReflectionCommit {
+                    record: &record,
+                    counters,
+                    percent_complete: next.percent_complete,
+                    eta_seconds: eta,
+                    criteria: &next.criteria,
+                    milestones: &next.milestones,
+                },
             )
             .await?;
         self.state = next;
         Ok(None)
-    }
-
-    async fn commit(
-        &mut self,
-        record: &StepRecord,
-        effects: &StepEffects,
-        mut events: Vec<NewEvent>,
-        transcript: Option<serde_json::Value>,
-        next_cycle: Option<(i32, String)>,
-        (started_at, finished_at): (chrono::DateTime<Utc>, chrono::DateTime<Utc>),
-    ) -> Result<ControlFlags, StoreError> {
-        let usage = state::usage_after(&self.state.usage, record, effects.elapsed_ms);
-        events.push(NewEvent::new(
-            "iteration_completed",
-            json!({
-                "number": record.number,
-                "action": record.action,
-                "outcome": record.outcome,
-                "tokens": record.tokens,
-                "duration_ms": record.duration_ms,
-                "rework": effects.rework,
-                "tokens_used": usage.tokens,
-                "percent_complete": effects.percent_complete,
-            }),
-        ));
-        if let Some(finding) = &effects.stuck {
-            events.push(NewEvent::new(
-                "stuck_detected",
-                json!({ "step": record.number, "pattern": finding.pattern, "verdict": finding.verdict,
-                        "description": finding.pattern.describe() }),
-            ));
-        }
-        if let Some(signal) = &effects.signal {
-            events.push(NewEvent::new(
-                "agent_signal",
-                json!({ "step": record.number, "signal": signal }),
-            ));
-        }
-        let iteration = NewIteration {
-            number: record.number as i64,
-            run: self.state.run,
-            action: record.action.clone(),
-            outcome: match record.outcome {
-                Outcome::Success => "success",
-                Outcome::Failure => "failure",
-                Outcome::Error => "error",
-            },
-            tokens: record.tokens as i64,
-            duration_ms: record.duration_ms as i64,
-            record: serde_json::to_value(record).unwrap_or_default(),
-            effects: serde_json::to_value(effects).unwrap_or_default(),
-            transcript,
-            cycle: i32::try_from(self.state.cycle).unwrap_or(i32::MAX),
-            next_cycle,
-            started_at,
-            finished_at,
-        };
-        let eta = state::eta_seconds(effects.percent_complete, effects.elapsed_ms);
-        self.store
-            .commit_iteration(
-                &self.lease,
-                iteration,
-                Counters::from_usage(&usage, self.state.reflection.tokens),
-                (effects.percent_complete, eta),
-                events,
-            )
-            .await
     }
 
     /// Takes in what Postgres says now: new settings, and stop or pause
@@ -679,16 +786,16 @@ impl Runner {
         }
     }
 
-    fn snapshot(&self) -> serde_json::Value {
+    fn snapshot(&self) -> Result<serde_json::Value, StoreError> {
         let mut state = self.state.clone();
         state.usage.elapsed_ms = self.elapsed_ms();
-        serde_json::to_value(&state).unwrap_or_default()
+        to_stored("checkpoint state", &state)
     }
 
     async fn checkpoint(&mut self, why: &str) -> Result<(), StoreError> {
         let n = self.state.usage.iterations;
         self.state.last_checkpoint_step = n;
-        let snapshot = self.snapshot();
+        let snapshot = self.snapshot()?;
         self.store
             .save_checkpoint(&self.lease, n as i64, why, &snapshot)
             .await
@@ -698,7 +805,7 @@ impl Runner {
         &mut self,
         reason: Reason,
         detail: Option<String>,
-        mut events: Vec<NewEvent>,
+        mut events: Vec<SessionEvent>,
     ) -> Result<Exit, StoreError> {
         let usage = self.current_usage();
         self.state.usage = usage;
@@ -711,20 +818,9 @@ impl Runner {
                 detail: detail.as_deref(),
             },
         );
-        events.push(NewEvent::new(
-            "status_changed",
-            json!({
-                "from": "running",
-                "to": record.status,
-                "reason": record.reason,
-                "summary": record.summary,
-                "next_steps": record.next_steps,
-                "iterations": usage.iterations,
-                "tokens_used": usage.tokens,
-                "checkpoint_saved": true,
-            }),
-        ));
-        let snapshot = self.snapshot();
+        events.push(SessionEvent::run_ended(Status::Running, &record, &usage));
+        let events = events::encode(&events)?;
+        let snapshot = self.snapshot()?;
         self.store
             .finish(
                 &self.lease,
@@ -743,7 +839,7 @@ impl Runner {
         let usage = self.current_usage();
         self.state.usage = usage;
         self.state.last_checkpoint_step = usage.iterations;
-        let snapshot = self.snapshot();
+        let snapshot = self.snapshot()?;
         self.store
             .release(
                 &self.lease,
@@ -752,5 +848,351 @@ impl Runner {
             )
             .await?;
         Ok(Exit::Released)
+    }
+}
+
+/// The events a committed step adds to the log after the executor's own.
+fn step_events(record: &StepRecord, effects: &StepEffects, usage: &Usage) -> Vec<SessionEvent> {
+    let mut events = vec![SessionEvent::IterationCompleted {
+        number: record.number,
+        action: record.action.clone(),
+        outcome: record.outcome,
+        tokens: record.tokens,
+        duration_ms: record.duration_ms,
+        rework: effects.rework.clone(),
+        tokens_used: usage.tokens,
+        percent_complete: effects.percent_complete,
+    }];
+    if let Some(finding) = &effects.stuck {
+        events.push(SessionEvent::StuckDetected {
+            step: record.number,
+            pattern: finding.pattern.clone(),
+            verdict: finding.verdict.clone(),
+            description: finding.pattern.describe(),
+        });
+    }
+    if let Some(signal) = &effects.signal {
+        events.push(SessionEvent::AgentSignal {
+            step: record.number,
+            signal: signal.clone(),
+        });
+    }
+    events
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+    use std::sync::Mutex;
+    use std::sync::atomic::AtomicUsize;
+
+    use futures::FutureExt;
+    use futures::future::BoxFuture;
+    use serde_json::Value;
+
+    use super::*;
+    use crate::executor::StepOutput;
+    use crate::policy::guardrails::Limits;
+    use crate::policy::termination::Termination;
+    use crate::store::NewEvent;
+
+    /// What the loop wrote, in order.
+    #[derive(Default)]
+    struct Written {
+        events: Vec<NewEvent>,
+        commits: Vec<NewIteration>,
+        checkpoints: Vec<(i64, String)>,
+        finished: Option<Termination>,
+        released: bool,
+        fail_commits: bool,
+    }
+
+    /// The loop's storage, in memory.
+    #[derive(Clone)]
+    struct FakeStore {
+        written: Arc<Mutex<Written>>,
+        settings: SessionSettings,
+    }
+
+    impl FakeStore {
+        fn new(settings: SessionSettings) -> FakeStore {
+            FakeStore {
+                written: Arc::default(),
+                settings,
+            }
+        }
+
+        fn written(&self) -> std::sync::MutexGuard<'_, Written> {
+            self.written.lock().unwrap()
+        }
+
+        fn flags(&self) -> ControlFlags {
+            ControlFlags {
+                stop_requested: false,
+                pause_requested: false,
+                settings: self.settings,
+            }
+        }
+
+        fn kinds(&self) -> Vec<&'static str> {
+            self.written().events.iter().map(|e| e.kind).collect()
+        }
+    }
+
+    impl LoopStore for FakeStore {
+        async fn append_fenced(
+            &self,
+            _lease: &Lease,
+            events: &[NewEvent],
+        ) -> Result<ControlFlags, StoreError> {
+            self.written().events.extend_from_slice(events);
+            Ok(self.flags())
+        }
+
+        async fn commit_iteration(
+            &self,
+            lease: &Lease,
+            iteration: NewIteration,
+            _counters: Counters,
+            _progress: (Option<f64>, Option<f64>),
+            events: Vec<NewEvent>,
+        ) -> Result<ControlFlags, StoreError> {
+            let mut written = self.written();
+            if written.fail_commits {
+                return Err(StoreError::LeaseLost(lease.session_id));
+            }
+            written.commits.push(iteration);
+            written.events.extend(events);
+            Ok(self.flags())
+        }
+
+        async fn insert_reflection(
+            &self,
+            _lease: &Lease,
+            _reflection: ReflectionCommit<'_>,
+        ) -> Result<(), StoreError> {
+            Ok(())
+        }
+
+        async fn save_checkpoint(
+            &self,
+            _lease: &Lease,
+            iteration: i64,
+            reason: &str,
+            state: &Value,
+        ) -> Result<(), StoreError> {
+            assert!(state.is_object(), "a checkpoint is never null");
+            self.written()
+                .checkpoints
+                .push((iteration, reason.to_string()));
+            Ok(())
+        }
+
+        async fn finish(
+            &self,
+            _lease: &Lease,
+            termination: &Termination,
+            _detail: Option<&str>,
+            _counters: Counters,
+            _checkpoint: (i64, &Value),
+            events: &[NewEvent],
+        ) -> Result<(), StoreError> {
+            let mut written = self.written();
+            written.finished = Some(termination.clone());
+            written.events.extend_from_slice(events);
+            Ok(())
+        }
+
+        async fn release(
+            &self,
+            _lease: &Lease,
+            _counters: Counters,
+            _checkpoint: (i64, &Value),
+        ) -> Result<(), StoreError> {
+            self.written().released = true;
+            Ok(())
+        }
+    }
+
+    /// Succeeds with a new action every step and counts its calls.
+    struct Counting(Arc<AtomicUsize>);
+
+    impl Executor for Counting {
+        fn execute<'a>(
+            &'a mut self,
+            ctx: StepContext<'a>,
+        ) -> BoxFuture<'a, Result<StepResult, ExecutorError>> {
+            self.0.fetch_add(1, Ordering::SeqCst);
+            // A new action, message and file every step, so stuck detection stays quiet.
+            let out = StepOutput {
+                tokens: 10,
+                files_written: vec![crate::policy::history::FileWrite {
+                    path: format!("part_{}.md", ctx.iteration),
+                    digest: format!("{:x}", ctx.iteration),
+                }],
+                ..StepOutput::simple(
+                    format!("action_{}", ctx.iteration),
+                    format!("wrote part {}", ctx.iteration),
+                )
+            };
+            async move { Ok(StepResult::Step(Box::new(out))) }.boxed()
+        }
+    }
+
+    fn limits(max_iterations: u64, checkpoint_interval: u32) -> Limits {
+        Limits {
+            max_iterations,
+            max_wall_time_ms: 600_000,
+            max_tokens: 1_000_000,
+            max_consecutive_errors: 3,
+            reflection_interval: 100,
+            checkpoint_interval,
+            max_tool_calls: None,
+            max_cycles: 10,
+            context_budget_tokens: 32_000,
+        }
+    }
+
+    fn config() -> Arc<Config> {
+        let vars = HashMap::from([(
+            "DATABASE_URL".to_string(),
+            "postgres://localhost/unused".to_string(),
+        )]);
+        Arc::new(Config::from_vars(&vars).unwrap())
+    }
+
+    /// A runner over the fake store, with the executor's call counter.
+    fn runner(limits: Limits) -> (Runner<FakeStore>, FakeStore, Arc<AtomicUsize>) {
+        let settings = SessionSettings {
+            mode: Mode::Fixed,
+            limits,
+        };
+        let store = FakeStore::new(settings);
+        let calls = Arc::new(AtomicUsize::new(0));
+        let clock = Arc::new(LeaseClock::new(
+            Instant::now(),
+            Duration::from_secs(600),
+            Duration::from_secs(1),
+        ));
+        let runner = Runner::new(RunnerDeps {
+            store: store.clone(),
+            config: config(),
+            lease: Lease {
+                session_id: Uuid::new_v4(),
+                token: Uuid::new_v4(),
+            },
+            goal: "write the report".into(),
+            settings,
+            executor: Box::new(Counting(calls.clone())),
+            state: LoopState::new(limits.reflection_interval),
+            guidance: None,
+            control: Control::new(clock),
+            reflector: None,
+            metrics: Arc::new(Metrics::default()),
+        });
+        (runner, store, calls)
+    }
+
+    fn last_status(store: &FakeStore) -> SessionEvent {
+        let written = store.written();
+        let last = written.events.last().expect("the run logged its end");
+        SessionEvent::from_parts(last.kind, &last.data).unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_stop_requested_before_a_step_is_honoured_before_executing() {
+        let (runner, store, calls) = runner(limits(10, 5));
+        runner.control.stop.cancel();
+        assert_eq!(runner.run().await, Exit::Finished(Reason::UserStop));
+        assert_eq!(calls.load(Ordering::SeqCst), 0);
+        assert!(store.written().commits.is_empty());
+        assert!(matches!(
+            last_status(&store),
+            SessionEvent::StatusChanged {
+                reason: Some(Reason::UserStop),
+                ..
+            }
+        ));
+    }
+
+    #[tokio::test]
+    async fn a_shutdown_releases_without_finishing() {
+        let (runner, store, calls) = runner(limits(10, 5));
+        runner.control.shutdown.cancel();
+        assert_eq!(runner.run().await, Exit::Released);
+        assert_eq!(calls.load(Ordering::SeqCst), 0);
+        assert!(store.written().released);
+        assert!(store.written().finished.is_none());
+    }
+
+    #[tokio::test]
+    async fn a_guardrail_trip_ends_the_run_with_its_reason() {
+        let (runner, store, calls) = runner(limits(3, 100));
+        assert_eq!(runner.run().await, Exit::Finished(Reason::MaxIterations));
+        assert_eq!(calls.load(Ordering::SeqCst), 3);
+        assert_eq!(store.written().commits.len(), 3);
+        let kinds = store.kinds();
+        assert_eq!(
+            kinds[kinds.len() - 2..],
+            ["guardrail_tripped", "status_changed"]
+        );
+        assert_eq!(
+            store.written().finished.as_ref().map(|t| t.reason),
+            Some(Reason::MaxIterations)
+        );
+    }
+
+    #[tokio::test]
+    async fn every_commit_logs_the_gate_decision_and_the_step() {
+        let (runner, store, _) = runner(limits(2, 100));
+        runner.run().await;
+        let kinds = store.kinds();
+        assert_eq!(
+            kinds[..4],
+            [
+                "gate_decision",
+                "iteration_completed",
+                "gate_decision",
+                "iteration_completed"
+            ]
+        );
+        let written = store.written();
+        let first = &written.commits[0];
+        assert_eq!((first.number, first.action.as_str()), (1, "action_1"));
+        assert!(first.record.is_object() && first.effects.is_object());
+    }
+
+    #[tokio::test]
+    async fn a_failed_commit_ends_the_loop_instead_of_being_swallowed() {
+        let (runner, store, calls) = runner(limits(10, 100));
+        store.written().fail_commits = true;
+        assert_eq!(runner.run().await, Exit::LeaseLost);
+        assert_eq!(calls.load(Ordering::SeqCst), 1);
+        assert!(store.written().finished.is_none());
+    }
+
+    #[tokio::test]
+    async fn a_checkpoint_is_saved_every_interval() {
+        let (runner, store, _) = runner(limits(5, 2));
+        assert_eq!(runner.run().await, Exit::Finished(Reason::MaxIterations));
+        assert_eq!(
+            store.written().checkpoints,
+            [(2, "interval".to_string()), (4, "interval".to_string())]
+        );
+    }
+
+    #[tokio::test]
+    async fn a_pause_finishes_after_the_step_in_flight() {
+        let (mut runner, store, calls) = runner(limits(10, 100));
+        runner.control.pause.store(true, Ordering::SeqCst);
+        assert_eq!(
+            runner.run_loop().await.unwrap(),
+            Exit::Finished(Reason::UserPause)
+        );
+        assert_eq!(calls.load(Ordering::SeqCst), 0);
+        assert_eq!(
+            store.written().finished.as_ref().map(|t| t.status),
+            Some(Status::Paused)
+        );
     }
 }

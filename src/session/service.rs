@@ -10,70 +10,32 @@ use serde_json::json;
 use utoipa::ToSchema;
 use uuid::Uuid;
 
-use super::journal::{StoreJournal, StoreTaskQueue};
+pub use super::error::{Result, ServiceError};
+use super::events::{self, to_stored};
+use super::persist::{self, FirstRefinement};
 use super::planner;
-use super::state::{AppliedReflection, LoopState, StepEffects};
+use super::reads::SessionReads;
+use super::rehydrate::load_for_run;
+use super::state::LoopState;
 use super::supervisor::{Done, Supervisor};
 use crate::config::Config;
-use crate::executor::{Executor, ExecutorDeps, ExecutorSpec};
-use crate::llm::{LlmClient, Message};
-use crate::policy::guardrails::{self, Breach, LimitOutOfRange, LimitsPatch};
-use crate::policy::history::StepRecord;
-use crate::policy::lifecycle::{
-    self, IllegalTransition, Mode, PausePlan, Reason, Status, StopPlan,
-};
+use crate::event::{RefinementProposal, SessionEvent};
+use crate::executor::ExecutorSpec;
+use crate::llm::LlmClient;
+use crate::policy::ambiguity;
+use crate::policy::checklist::{self, ChecklistItem};
+use crate::policy::guardrails::{self, Breach, Limits, LimitsPatch};
+use crate::policy::lifecycle::{self, Mode, PausePlan, Reason, Status, StopPlan};
 use crate::policy::termination::{self, Facts};
-use crate::policy::{ambiguity, checklist};
 use crate::store::{
-    self, ControlAction, Lease, NewEvent, NewSession, SessionCursor, SessionRecord,
-    SessionSettings, Store, StoreError,
+    self, ControlAction, NewSession, SessionCursor, SessionRecord, SessionSettings, Store,
+    StoreError,
 };
 
 /// Longest goal accepted, in bytes.
 pub const MAX_GOAL_BYTES: usize = 10_000;
 /// Longest guidance accepted, in bytes.
 pub const MAX_GUIDANCE_BYTES: usize = 10_000;
-
-/// Why a session operation failed.
-#[derive(Debug, thiserror::Error)]
-pub enum ServiceError {
-    /// No session has that id.
-    #[error("no session with id {0}")]
-    NotFound(Uuid),
-    /// The state machine refuses the operation.
-    #[error(transparent)]
-    Conflict(#[from] IllegalTransition),
-    /// A resume would stop again at once on an exhausted budget.
-    #[error("cannot resume: {field} is exhausted ({used} used of {limit}); raise it in \"limits\"")]
-    LimitExhausted {
-        /// The guardrail that would trip.
-        breach: Breach,
-        /// The limit field to raise.
-        field: &'static str,
-        /// Amount used.
-        used: u64,
-        /// Current limit.
-        limit: u64,
-    },
-    /// The request is well-formed JSON but its content is not acceptable.
-    #[error("{0}")]
-    Invalid(String),
-    /// Storage failed.
-    #[error(transparent)]
-    Store(#[from] StoreError),
-    /// The service is shutting down or could not start the loop.
-    #[error("{0}")]
-    Unavailable(String),
-}
-
-impl From<LimitOutOfRange> for ServiceError {
-    fn from(err: LimitOutOfRange) -> Self {
-        ServiceError::Invalid(format!("limits.{err}"))
-    }
-}
-
-/// Shorthand for service results.
-pub type Result<T, E = ServiceError> = std::result::Result<T, E>;
 
 /// Request to create a session.
 #[derive(Debug, Clone, Deserialize, ToSchema)]
@@ -154,8 +116,39 @@ pub struct UpdateSession {
 #[derive(Clone)]
 pub struct SessionService {
     store: Store,
+    reads: SessionReads,
     config: Arc<Config>,
     supervisor: Supervisor,
+}
+
+/// A create request, checked and resolved against the defaults.
+struct NewRequest {
+    /// The goal as given, trimmed.
+    goal: String,
+    mode: Mode,
+    limits: Limits,
+    executor: serde_json::Value,
+    criteria: Vec<ChecklistItem>,
+    milestones: Vec<ChecklistItem>,
+    /// The model endpoint for refinement and checklists, when configured.
+    planner: Option<(LlmClient, String)>,
+    req: CreateSession,
+}
+
+/// What pre-flight decided before anything is written.
+struct Preflight {
+    /// The goal the session runs.
+    goal: String,
+    /// The refinement proposal, for an ambiguous goal.
+    proposal: Option<RefinementProposal>,
+    /// The session waits for the user to answer the proposal.
+    waits: bool,
+    criteria: Vec<ChecklistItem>,
+    milestones: Vec<ChecklistItem>,
+    /// Tokens the model calls used.
+    tokens: u64,
+    /// What pre-flight did, for the log.
+    events: Vec<SessionEvent>,
 }
 
 fn validate_goal(goal: &str) -> Result<String> {
@@ -175,86 +168,6 @@ fn validate_goal(goal: &str) -> Result<String> {
     Ok(goal.to_string())
 }
 
-/// Loads a session and rebuilds its loop state from its latest checkpoint
-/// plus the iterations committed after it.
-pub async fn load_for_run(store: &Store, id: Uuid) -> Result<(SessionRecord, LoopState)> {
-    let session = store.session(id).await?.ok_or(ServiceError::NotFound(id))?;
-    let (checkpoint, iterations) = store.rebuild_inputs(id).await?;
-    let corrupt = |detail: String| StoreError::Corrupt { id, detail };
-    let covered = checkpoint.as_ref().map_or(0, |c| c.iteration);
-    let mut state = match checkpoint {
-        Some(c) => serde_json::from_value::<LoopState>(c.state)
-            .map_err(|e| corrupt(format!("checkpoint {}: {e}", c.id)))?,
-        None => LoopState::for_session(&session),
-    };
-    let mut reflections = store
-        .reflections_after_iteration(id, covered)
-        .await?
-        .into_iter()
-        .peekable();
-    for it in iterations {
-        let record: StepRecord = serde_json::from_value(it.record)
-            .map_err(|e| corrupt(format!("iteration {}: {e}", it.number)))?;
-        let effects: StepEffects = serde_json::from_value(it.effects)
-            .map_err(|e| corrupt(format!("iteration {} effects: {e}", it.number)))?;
-        state.apply(it.run, &record, &effects);
-        // Reflections replay right after the iteration they followed.
-        while let Some(r) = reflections.next_if(|r| r.after_iteration <= it.number) {
-            let applied: AppliedReflection = serde_json::from_value(r.decision)
-                .map_err(|e| corrupt(format!("reflection {}: {e}", r.number)))?;
-            state.apply_reflection(&applied);
-        }
-    }
-    // A newer run than the state knows means a person resumed after the
-    // last stored step: the per-run counters start over.
-    if session.run > state.run {
-        state.begin_run(session.run);
-    }
-    Ok((session, state))
-}
-
-/// Builds the executor of a session whose lease this replica holds,
-/// continuing its conversation from the stored transcript.
-pub async fn build_executor(
-    store: &Store,
-    config: &Config,
-    session: &SessionRecord,
-    lease: Lease,
-) -> Result<Box<dyn Executor>> {
-    let spec: ExecutorSpec =
-        serde_json::from_value(session.executor.clone()).map_err(|e| StoreError::Corrupt {
-            id: session.id,
-            detail: format!("executor: {e}"),
-        })?;
-    let transcript = match spec {
-        ExecutorSpec::Llm { .. } => store
-            .transcript(session.id, 30)
-            .await?
-            .into_iter()
-            .filter_map(|v| serde_json::from_value::<Vec<Message>>(v).ok())
-            .collect(),
-        _ => Vec::new(),
-    };
-    let deps = ExecutorDeps {
-        session_id: session.id,
-        goal: session.goal.clone(),
-        llm: config.models.endpoint.clone(),
-        llm_model: config.models.model.clone(),
-        llm_max_tokens: config.models.max_tokens_per_call,
-        workspace_root: config.workspace_root.clone(),
-        max_file_bytes: config.models.max_file_bytes,
-        journal: Arc::new(StoreJournal::new(store.clone(), lease)),
-        transcript,
-        tasks: Arc::new(StoreTaskQueue::new(store.clone(), lease)),
-        cycle: u32::try_from(session.cycle).unwrap_or(1),
-        memory: session.memory.clone(),
-        context_budget_tokens: session.limits.context_budget_tokens,
-        criteria: session.criteria.iter().map(|c| c.text.clone()).collect(),
-        egress: config.egress.clone(),
-    };
-    spec.build(deps).map_err(ServiceError::Unavailable)
-}
-
 async fn wait_done(done: Option<Done>, timeout: Duration) {
     if let Some(mut done) = done {
         let _ = tokio::time::timeout(timeout, done.wait_for(|d| *d)).await;
@@ -265,10 +178,16 @@ impl SessionService {
     /// The service over `store`, running loops under `supervisor`.
     pub fn new(store: Store, config: Arc<Config>, supervisor: Supervisor) -> SessionService {
         SessionService {
+            reads: SessionReads::new(store.clone()),
             store,
             config,
             supervisor,
         }
+    }
+
+    /// The read model the read-only endpoints use.
+    pub fn reads(&self) -> &SessionReads {
+        &self.reads
     }
 
     /// Price of a million tokens, when configured.
@@ -276,14 +195,25 @@ impl SessionService {
         self.config.token_price_per_million
     }
 
-    /// The storage handle (read-only endpoints use it directly).
-    pub fn store(&self) -> &Store {
-        &self.store
-    }
-
-    /// Creates a session and starts its loop.
+    /// Creates a session and starts its loop: validate, pre-flight (goal
+    /// refinement, generated checklists), then persist in one transaction.
     #[tracing::instrument(skip_all)]
     pub async fn create(&self, req: CreateSession) -> Result<SessionRecord> {
+        let request = self.validate_create(req)?;
+        let plan = self.preflight(&request).await?;
+        let acquired = Instant::now();
+        let (record, lease) = self.persist_new(request, plan).await?;
+        tracing::info!(session_id = %record.id, status = record.status.as_str(), "session created");
+        if let Some(lease) = lease {
+            self.supervisor
+                .spawn(lease, acquired, &record, LoopState::for_session(&record))
+                .await?;
+        }
+        Ok(record)
+    }
+
+    /// Validate: the goal, the executor, the checklists and the limits.
+    fn validate_create(&self, req: CreateSession) -> Result<NewRequest> {
         let goal = validate_goal(&req.goal)?;
         req.executor.validate().map_err(ServiceError::Invalid)?;
         if let ExecutorSpec::Llm {
@@ -302,20 +232,9 @@ impl SessionService {
                 ));
             }
         }
-        req.executor
-            .vet_urls(
-                &self.config.egress,
-                self.config
-                    .models
-                    .endpoint
-                    .as_ref()
-                    .map(|e| e.base_url.as_str()),
-            )
-            .await
+        let criteria = checklist::from_texts("success_criteria", &req.success_criteria)
             .map_err(ServiceError::Invalid)?;
-        let mut criteria = checklist::from_texts("success_criteria", &req.success_criteria)
-            .map_err(ServiceError::Invalid)?;
-        let mut milestones =
+        let milestones =
             checklist::from_texts("milestones", &req.milestones).map_err(ServiceError::Invalid)?;
         let mode = req.mode.unwrap_or(self.config.defaults.mode);
         let limits = self.config.defaults.limits_for(mode).apply(&req.limits)?;
@@ -327,136 +246,171 @@ impl SessionService {
                 "generate_criteria needs a model endpoint (WARDEN_LLM_BASE_URL and WARDEN_LLM_MODEL)".into(),
             ));
         }
-        let mut refinement_tokens = 0u64;
-        let mut events = Vec::new();
-
-        // Pre-flight: an ambiguous goal waits for the user, or is refined at once.
-        let report = ambiguity::assess(&goal);
-        let mut run_goal = goal.clone();
-        let mut refinement = None;
-        let mut waits = false;
-        if report.ambiguous && (self.config.require_concrete_goals || self.config.auto_refine_goals)
-        {
-            // An unreadable goal has no topic to refine: it waits for a new one.
-            let refiner = planner.as_ref().filter(|_| !report.unreadable);
-            let (suggested, source) = match refiner {
-                Some((client, model)) => match planner::refine_goal(client, model, &goal).await {
-                    Ok(p) => {
-                        refinement_tokens += p.tokens;
-                        (p.value, "model")
-                    }
-                    Err(err) => {
-                        tracing::warn!(error = %err, "model refinement failed; using the rules");
-                        (report.suggested_goal.clone(), "rules")
-                    }
-                },
-                None => (report.suggested_goal.clone(), "rules"),
-            };
-            let proposal = json!({
-                "suggested_goal": suggested,
-                "matched_patterns": report.matched_patterns,
-                "confidence": report.confidence,
-                "source": source,
-                "choices": ["accept_suggestion", "custom", "proceed_with_time_limit"],
-            });
-            events.push(NewEvent::new("refinement_suggested", proposal.clone()));
-            if self.config.auto_refine_goals && !report.unreadable {
-                run_goal = suggested;
-                events.push(NewEvent::new(
-                    "goal_refined",
-                    json!({ "kind": "auto", "from": goal, "to": run_goal }),
-                ));
-            } else {
-                waits = true;
-            }
-            refinement = Some(proposal);
-        }
-        if req.generate_criteria
-            && criteria.is_empty()
-            && milestones.is_empty()
-            && let Some((client, model)) = &planner
-        {
-            match planner::plan_checklists(client, model, &run_goal).await {
-                Ok(p) => {
-                    refinement_tokens += p.tokens;
-                    criteria = checklist::from_texts("success_criteria", &p.value.0)
-                        .map_err(ServiceError::Invalid)?;
-                    milestones = checklist::from_texts("milestones", &p.value.1)
-                        .map_err(ServiceError::Invalid)?;
-                    events.push(NewEvent::new(
-                        "criteria_generated",
-                        json!({ "criteria": p.value.0, "milestones": p.value.1 }),
-                    ));
-                }
-                Err(err) => {
-                    return Err(ServiceError::Unavailable(format!(
-                        "could not generate success criteria: {err}"
-                    )));
-                }
-            }
-        }
-        let new = NewSession {
-            id: Uuid::new_v4(),
-            goal: run_goal.clone(),
+        Ok(NewRequest {
+            goal,
             mode,
             limits,
             executor,
-            original_goal: (run_goal != goal).then(|| goal.clone()),
-            refinement,
             criteria,
             milestones,
-            refinement_tokens: i64::try_from(refinement_tokens).unwrap_or(i64::MAX),
+            planner,
+            req,
+        })
+    }
+
+    /// Pre-flight: an ambiguous goal waits for the user or is refined at
+    /// once; checklists are generated when asked for.
+    async fn preflight(&self, request: &NewRequest) -> Result<Preflight> {
+        let mut plan = Preflight {
+            goal: request.goal.clone(),
+            proposal: None,
+            waits: false,
+            criteria: request.criteria.clone(),
+            milestones: request.milestones.clone(),
+            tokens: 0,
+            events: Vec::new(),
         };
-        let status = if waits {
+        request
+            .req
+            .executor
+            .vet_urls(
+                &self.config.egress,
+                self.config
+                    .models
+                    .endpoint
+                    .as_ref()
+                    .map(|e| e.base_url.as_str()),
+            )
+            .await
+            .map_err(ServiceError::Invalid)?;
+        let report = ambiguity::assess(&request.goal);
+        if report.ambiguous && (self.config.require_concrete_goals || self.config.auto_refine_goals)
+        {
+            // An unreadable goal has no topic to refine: it waits for a new one.
+            let refiner = request.planner.as_ref().filter(|_| !report.unreadable);
+            let (suggested, source) = match refiner {
+                Some((client, model)) => {
+                    match planner::refine_goal(client, model, &request.goal).await {
+                        Ok(p) => {
+                            plan.tokens += p.tokens;
+                            (p.value, "model")
+                        }
+                        Err(err) => {
+                            tracing::warn!(error = %err, "model refinement failed; using the rules");
+                            (report.suggested_goal.clone(), "rules")
+                        }
+                    }
+                }
+                None => (report.suggested_goal.clone(), "rules"),
+            };
+            let proposal = RefinementProposal {
+                suggested_goal: suggested.clone(),
+                matched_patterns: report.matched_patterns.clone(),
+                confidence: report.confidence,
+                source: source.into(),
+                choices: ["accept_suggestion", "custom", "proceed_with_time_limit"]
+                    .map(String::from)
+                    .to_vec(),
+            };
+            plan.events
+                .push(SessionEvent::RefinementSuggested(proposal.clone()));
+            if self.config.auto_refine_goals && !report.unreadable {
+                plan.events.push(SessionEvent::GoalRefined {
+                    kind: "auto".into(),
+                    from: request.goal.clone(),
+                    to: suggested.clone(),
+                    limits: None,
+                });
+                plan.goal = suggested;
+            } else {
+                plan.waits = true;
+            }
+            plan.proposal = Some(proposal);
+        }
+        if request.req.generate_criteria
+            && plan.criteria.is_empty()
+            && plan.milestones.is_empty()
+            && let Some((client, model)) = &request.planner
+        {
+            let p = planner::plan_checklists(client, model, &plan.goal)
+                .await
+                .map_err(|err| {
+                    ServiceError::Unavailable(format!("could not generate success criteria: {err}"))
+                })?;
+            plan.tokens += p.tokens;
+            plan.criteria = checklist::from_texts("success_criteria", &p.value.0)
+                .map_err(ServiceError::Invalid)?;
+            plan.milestones =
+                checklist::from_texts("milestones", &p.value.1).map_err(ServiceError::Invalid)?;
+            plan.events.push(SessionEvent::CriteriaGenerated {
+                criteria: p.value.0,
+                milestones: p.value.1,
+            });
+        }
+        Ok(plan)
+    }
+
+    /// Persist: the session, its log and its first refinement, in one transaction.
+    async fn persist_new(
+        &self,
+        request: NewRequest,
+        plan: Preflight,
+    ) -> Result<(SessionRecord, Option<store::Lease>)> {
+        let NewRequest {
+            goal,
+            mode,
+            limits,
+            executor,
+            req,
+            ..
+        } = request;
+        let status = if plan.waits {
             Status::AwaitingRefinement
         } else {
             Status::Running
         };
-        events.insert(
-            0,
-            NewEvent::new(
-                "session_created",
-                json!({ "goal": goal, "mode": mode, "limits": limits, "executor": req.executor.kind(),
-                        "success_criteria": req.success_criteria, "milestones": req.milestones }),
-            ),
-        );
-        events.push(NewEvent::new(
-            "status_changed",
-            json!({ "from": null, "to": status }),
-        ));
-        let acquired = Instant::now();
-        let owner = (!waits).then(|| self.supervisor.replica_id());
-        let (record, lease) = self
-            .store
-            .insert_session(&new, owner, self.config.lease.ttl, &events)
-            .await?;
-        if record.original_goal.is_some() {
-            let mut conn = self
-                .store
-                .pool()
-                .acquire()
-                .await
-                .map_err(StoreError::from)?;
-            store::insert_refinement(
-                &mut conn,
-                record.id,
-                "auto",
-                &goal,
-                &record.goal,
-                record
-                    .refinement
-                    .as_ref()
-                    .unwrap_or(&serde_json::Value::Null),
-            )
-            .await?;
-        }
-        tracing::info!(session_id = %record.id, status = status.as_str(), "session created");
-        if let Some(lease) = lease {
-            self.supervisor
-                .spawn(lease, acquired, &record, LoopState::for_session(&record))
-                .await?;
-        }
-        Ok(record)
+        let mut log = Vec::with_capacity(plan.events.len() + 2);
+        log.push(SessionEvent::SessionCreated {
+            goal: goal.clone(),
+            mode,
+            limits,
+            executor: req.executor.kind().into(),
+            success_criteria: req.success_criteria,
+            milestones: req.milestones,
+        });
+        log.extend(plan.events);
+        log.push(SessionEvent::status(None, status));
+        let proposal = plan
+            .proposal
+            .as_ref()
+            .map(|p| to_stored("refinement proposal", p))
+            .transpose()?;
+        let new = NewSession {
+            id: Uuid::new_v4(),
+            original_goal: (plan.goal != goal).then(|| goal.clone()),
+            goal: plan.goal,
+            mode,
+            limits,
+            executor,
+            refinement: proposal,
+            criteria: plan.criteria,
+            milestones: plan.milestones,
+            refinement_tokens: i64::try_from(plan.tokens).unwrap_or(i64::MAX),
+        };
+        let first_refinement = new.original_goal.as_ref().map(|from| FirstRefinement {
+            from,
+            proposal: new.refinement.as_ref().unwrap_or(&serde_json::Value::Null),
+        });
+        let owner = (!plan.waits).then(|| self.supervisor.replica_id());
+        Ok(persist::create_session(
+            &self.store,
+            &new,
+            owner,
+            self.config.lease.ttl,
+            &events::encode(&log)?,
+            first_refinement,
+        )
+        .await?)
     }
 
     /// Answers a refinement proposal and starts the session.
@@ -494,16 +448,15 @@ impl SessionService {
         };
         let data = json!({ "limits": limits, "proposal": session.refinement });
         store::insert_refinement(&mut tx, id, kind, &session.goal, &goal, &data).await?;
-        let events = [
-            NewEvent::new(
-                "goal_refined",
-                json!({ "kind": kind, "from": session.goal, "to": goal, "limits": limits }),
-            ),
-            NewEvent::new(
-                "status_changed",
-                json!({ "from": session.status, "to": Status::Running }),
-            ),
-        ];
+        let events = events::encode(&[
+            SessionEvent::GoalRefined {
+                kind: kind.into(),
+                from: session.goal.clone(),
+                to: goal.clone(),
+                limits: Some(limits),
+            },
+            SessionEvent::status(Some(session.status), Status::Running),
+        ])?;
         let acquired = Instant::now();
         let lease = store::start_refined(
             &mut tx,
@@ -636,27 +589,18 @@ impl SessionService {
         );
         let mut snapshot = state.clone();
         snapshot.last_checkpoint_step = usage.iterations;
-        let snapshot = serde_json::to_value(&snapshot)
-            .map_err(|e| ServiceError::Unavailable(format!("cannot snapshot state: {e}")))?;
-        let event = NewEvent::new(
-            "status_changed",
-            json!({
-                "from": session.status,
-                "to": termination.status,
-                "reason": termination.reason,
-                "summary": termination.summary,
-                "next_steps": termination.next_steps,
-                "iterations": usage.iterations,
-                "tokens_used": usage.tokens,
-                "checkpoint_saved": true,
-            }),
-        );
+        let snapshot = to_stored("checkpoint state", &snapshot)?;
+        let events = events::encode(&[SessionEvent::run_ended(
+            session.status,
+            &termination,
+            &usage,
+        )])?;
         store::end_unowned(
             conn,
             session.id,
             &termination,
             Some((usage.iterations as i64, snapshot)),
-            &[event],
+            &events,
         )
         .await?;
         Ok(())
@@ -730,10 +674,11 @@ impl SessionService {
         }
         let mut events = Vec::new();
         if limits != session.limits {
-            events.push(NewEvent::new(
-                "limits_changed",
-                json!({ "from": session.limits, "to": limits, "by": "resume" }),
-            ));
+            events.push(SessionEvent::LimitsChanged {
+                from: session.limits,
+                to: limits,
+                by: "resume".into(),
+            });
         }
         if let Some(goal) = &new_goal
             && *goal != session.goal
@@ -747,20 +692,22 @@ impl SessionService {
                 &json!({ "guidance": guidance }),
             )
             .await?;
-            events.push(NewEvent::new(
-                "goal_refined",
-                json!({ "kind": "resume", "from": session.goal, "to": goal }),
-            ));
+            events.push(SessionEvent::GoalRefined {
+                kind: "resume".into(),
+                from: session.goal.clone(),
+                to: goal.clone(),
+                limits: None,
+            });
         }
-        events.push(NewEvent::new(
-            "resumed",
-            json!({ "run": session.run + 1, "guidance": guidance, "reopened": req.reopen,
-                    "from_status": session.status, "from_reason": session.reason }),
-        ));
-        events.push(NewEvent::new(
-            "status_changed",
-            json!({ "from": session.status, "to": Status::Running }),
-        ));
+        events.push(SessionEvent::Resumed {
+            run: session.run + 1,
+            guidance: guidance.map(str::to_string),
+            reopened: req.reopen,
+            from_status: session.status,
+            from_reason: session.reason,
+        });
+        events.push(SessionEvent::status(Some(session.status), Status::Running));
+        let events = events::encode(&events)?;
         let acquired = Instant::now();
         let lease = store::resume_session(
             &mut tx,
@@ -797,19 +744,20 @@ impl SessionService {
         };
         let mut events = Vec::new();
         if settings.mode != session.mode {
-            events.push(NewEvent::new(
-                "mode_changed",
-                json!({ "from": session.mode, "to": settings.mode }),
-            ));
+            events.push(SessionEvent::ModeChanged {
+                from: session.mode,
+                to: settings.mode,
+            });
         }
         if settings.limits != session.limits {
-            events.push(NewEvent::new(
-                "limits_changed",
-                json!({ "from": session.limits, "to": settings.limits, "by": "update" }),
-            ));
+            events.push(SessionEvent::LimitsChanged {
+                from: session.limits,
+                to: settings.limits,
+                by: "update".into(),
+            });
         }
         if !events.is_empty() {
-            store::update_settings(&mut tx, id, settings, &events).await?;
+            store::update_settings(&mut tx, id, settings, &events::encode(&events)?).await?;
         }
         tx.commit().await.map_err(StoreError::from)?;
         self.store.announce(id);

@@ -13,10 +13,11 @@ use tokio::task::AbortHandle;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
+use super::error::ServiceError;
 use super::lease_clock::LeaseClock;
 use super::reflector::Reflector;
-use super::runner::{Control, Exit, Runner};
-use super::service::{ServiceError, build_executor};
+use super::rehydrate::{build_executor, load_for_run};
+use super::runner::{Control, Exit, Runner, RunnerDeps};
 use super::state::LoopState;
 use crate::config::Config;
 use crate::llm::LlmClient;
@@ -146,22 +147,22 @@ impl Supervisor {
         if session.pause_requested {
             control.pause.store(true, Ordering::SeqCst);
         }
-        let runner = Runner::new(
-            self.inner.store.clone(),
-            config.clone(),
+        let runner = Runner::new(RunnerDeps {
+            store: self.inner.store.clone(),
+            config: config.clone(),
             lease,
-            session.goal.clone(),
-            SessionSettings {
+            goal: session.goal.clone(),
+            settings: SessionSettings {
                 mode: session.mode,
                 limits: session.limits,
             },
             executor,
             state,
-            session.guidance.clone(),
-            control.clone(),
-            self.inner.reflector.clone(),
-            self.inner.metrics.clone(),
-        );
+            guidance: session.guidance.clone(),
+            control: control.clone(),
+            reflector: self.inner.reflector.clone(),
+            metrics: self.inner.metrics.clone(),
+        });
         let (done_tx, done_rx) = watch::channel(false);
         let me = self.clone();
         // Hold the registry lock across the spawn so the task cannot finish
@@ -281,7 +282,7 @@ impl Supervisor {
         let mut resumed = 0;
         for c in claimed {
             let id = c.lease.session_id;
-            match super::service::load_for_run(store, id).await {
+            match load_for_run(store, id).await {
                 Ok((session, state)) => {
                     tracing::info!(session_id = %id, previous_owner = ?c.previous_owner, "rescuing session");
                     if let Err(err) = self.spawn(c.lease, started, &session, state).await {

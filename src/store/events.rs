@@ -4,8 +4,10 @@ use serde_json::Value;
 use sqlx::PgConnection;
 use uuid::Uuid;
 
+use crate::event::SessionEvent;
+
 use super::rows::{EventRecord, NewEvent};
-use super::{Result, Store};
+use super::{Result, Store, StoreError};
 
 /// Inserts `events` numbered after `last_seq`, which the caller has already
 /// reserved by advancing `sessions.last_event_seq` in the same transaction.
@@ -98,5 +100,18 @@ impl Store {
         )
         .fetch_all(&self.pool)
         .await?)
+    }
+}
+
+impl NewEvent {
+    /// The row of a typed event: the only way the store makes one. A payload
+    /// that cannot be encoded is an error, never a stored `null`.
+    pub fn from_event(event: &SessionEvent) -> Result<NewEvent> {
+        let (kind, data) = event.to_parts().map_err(|e| {
+            StoreError::Database(sqlx::Error::Encode(
+                format!("cannot encode event {}: {e}", event.kind()).into(),
+            ))
+        })?;
+        Ok(NewEvent::new(kind, data))
     }
 }

@@ -14,6 +14,7 @@ use super::rows::{
     NewIteration,
 };
 use super::{Result, Store, StoreError};
+use crate::event::SessionEvent;
 use crate::policy::guardrails::Limits;
 use crate::policy::lifecycle::{Mode, Reason, Status};
 use crate::policy::termination::Termination;
@@ -91,10 +92,10 @@ impl Store {
         state: &Value,
     ) -> Result<()> {
         let mut tx = self.pool.begin().await?;
-        let event = NewEvent::new(
-            "checkpoint_saved",
-            serde_json::json!({ "iteration": iteration, "reason": reason }),
-        );
+        let event = NewEvent::from_event(&SessionEvent::CheckpointSaved {
+            iteration,
+            reason: reason.to_string(),
+        })?;
         let (last_seq, _) = fenced_update(&mut tx, lease, 1).await?;
         insert_checkpoint(&mut tx, lease.session_id, iteration, reason, state).await?;
         sqlx::query!(
@@ -179,10 +180,10 @@ paused,
         checkpoint: (i64, &Value),
     ) -> Result<()> {
         let mut tx = self.pool.begin().await?;
-        let event = NewEvent::new(
-            "lease_released",
-            serde_json::json!({ "iteration": checkpoint.0, "reason": "shutdown" }),
-        );
+        let event = NewEvent::from_event(&SessionEvent::LeaseReleased {
+            iteration: checkpoint.0,
+            reason: "shutdown".into(),
+        })?;
         let (last_seq, _) = fenced_update(&mut tx, lease, 1).await?;
         insert_checkpoint(
             &mut tx,

@@ -6,6 +6,7 @@ use uuid::Uuid;
 use super::events;
 use super::rows::{Claimed, Lease, NewEvent, Renewed};
 use super::{Result, Store};
+use crate::event::SessionEvent;
 use crate::policy::lifecycle::Status;
 
 impl Store {
@@ -88,10 +89,10 @@ Status::Running as Status,
             events::append(
                 &mut tx,
                 c.lease.session_id,
-                &[NewEvent::new(
-                    "lease_acquired",
-                    serde_json::json!({ "owner": owner, "previous_owner": c.previous_owner }),
-                )],
+                &[NewEvent::from_event(&SessionEvent::LeaseAcquired {
+                    owner,
+                    previous_owner: c.previous_owner,
+                })?],
             )
             .await?;
             claimed.push(c);

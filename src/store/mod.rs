@@ -22,6 +22,7 @@ mod sessions;
 mod tasks;
 
 pub use control::{BadControlNote, CONTROL_CHANNEL, ControlAction, ControlNote};
+pub use events::append as append_events;
 pub use rows::{
     CheckpointRecord, Claimed, ControlFlags, Counters, EventRecord, IterationRecord, Lease,
     NewEvent, NewIteration, NewReflection, NewSession, Outcomes, RefinementRecord,

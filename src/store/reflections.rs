@@ -6,6 +6,7 @@ use sqlx::types::Json;
 use super::events;
 use super::rows::{Counters, Lease, NewEvent, NewReflection, ReflectionRecord};
 use super::{Result, Store, StoreError};
+use crate::event::SessionEvent;
 use crate::policy::checklist::ChecklistItem;
 use crate::policy::lifecycle::Status;
 
@@ -23,17 +24,17 @@ impl Store {
         milestones: &[ChecklistItem],
     ) -> Result<()> {
         let mut tx = self.pool.begin().await?;
-        let summary = serde_json::json!({
-            "number": reflection.number,
-            "after_iteration": reflection.after_iteration,
-            "trigger": reflection.trigger,
-            "ok": reflection.ok,
-            "assessment": reflection.assessment,
-            "error": reflection.error,
-            "decision": reflection.decision,
-            "next_interval": reflection.next_interval,
-            "tokens": reflection.tokens,
-        });
+        let summary = NewEvent::from_event(&SessionEvent::Reflection {
+            number: reflection.number,
+            after_iteration: reflection.after_iteration,
+            trigger: reflection.trigger.clone(),
+            ok: reflection.ok,
+            assessment: reflection.assessment.clone(),
+            error: reflection.error.clone(),
+            decision: reflection.decision.clone(),
+            next_interval: reflection.next_interval,
+            tokens: reflection.tokens,
+        })?;
         let last: Option<i64> = sqlx::query_scalar!(
             "UPDATE sessions SET last_event_seq = last_event_seq + 1, last_reflection = $3,
                     tokens_used = $4, reflection_tokens = $5, agent_tokens = $4::bigint - $5::bigint,
@@ -44,7 +45,7 @@ impl Store {
              RETURNING last_event_seq",
             lease.session_id,
             lease.token,
-            &summary,
+            &summary.data,
             counters.tokens_used,
             counters.reflection_tokens,
             percent_complete,
@@ -73,13 +74,7 @@ reflection.raw.as_deref(),
 )
         .execute(&mut *tx)
         .await?;
-        events::insert_numbered(
-            &mut tx,
-            lease.session_id,
-            last,
-            &[NewEvent::new("reflection", summary)],
-        )
-        .await?;
+        events::insert_numbered(&mut tx, lease.session_id, last, &[summary]).await?;
         tx.commit().await?;
         self.announce(lease.session_id);
         Ok(())

@@ -14,6 +14,7 @@ use super::rows::{
     SessionSettings,
 };
 use super::{Result, Store, StoreError};
+use crate::event::SessionEvent;
 use crate::policy::checklist::ChecklistItem;
 use crate::policy::guardrails::Limits;
 use crate::policy::lifecycle::{Mode, Reason, Status};
@@ -191,7 +192,7 @@ pub async fn request_stop(conn: &mut PgConnection, id: Uuid) -> Result<()> {
     events::append(
         conn,
         id,
-        &[NewEvent::new("stop_requested", serde_json::json!({}))],
+        &[NewEvent::from_event(&SessionEvent::StopRequested {})?],
     )
     .await
 }
@@ -207,7 +208,7 @@ pub async fn request_pause(conn: &mut PgConnection, id: Uuid) -> Result<()> {
     events::append(
         conn,
         id,
-        &[NewEvent::new("pause_requested", serde_json::json!({}))],
+        &[NewEvent::from_event(&SessionEvent::PauseRequested {})?],
     )
     .await
 }

@@ -1,0 +1,611 @@
+//! The session log's vocabulary: every kind of event a session records, with
+//! its payload. Events are only made and read through [`SessionEvent`]; on
+//! the wire and in Postgres an event is `{kind, data}` (adjacently tagged),
+//! so the stored and served format is the one the log always had.
+//!
+//! This module depends on nothing above `policy`, so the store, the
+//! executors, the session layer and the HTTP layer can all use it.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use utoipa::ToSchema;
+use uuid::Uuid;
+
+use crate::policy::gate::{GateDecision, GateMetrics};
+use crate::policy::guardrails::{Breach, Limits, Usage};
+use crate::policy::history::{Outcome, Rework};
+use crate::policy::lifecycle::{Mode, Reason, Status};
+use crate::policy::sentinel::Sentinel;
+use crate::policy::stuck::{StuckPattern, StuckVerdict};
+
+/// Kinds the decisions view reads; the partial index `events_decisions` in
+/// `migrations/0001_sessions.sql` covers exactly these (a test checks it).
+pub const DECISION_KINDS: [&str; 4] = [
+    "gate_decision",
+    "stuck_detected",
+    "guardrail_tripped",
+    "status_changed",
+];
+
+/// Why a step in flight was abandoned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum AbandonedBecause {
+    /// A user stop cancelled it.
+    UserStop,
+    /// The wall-clock limit ran out during it.
+    Timeout,
+}
+
+/// A refinement proposal for an ambiguous goal; also kept on the session.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct RefinementProposal {
+    /// The goal Warden suggests running instead.
+    pub suggested_goal: String,
+    /// The ambiguity patterns the goal matched.
+    pub matched_patterns: Vec<String>,
+    /// How sure the ambiguity check is, 0..1.
+    pub confidence: f64,
+    /// Who wrote the suggestion: `model` or `rules`.
+    pub source: String,
+    /// The answers the user may give.
+    pub choices: Vec<String>,
+}
+
+/// One entry of a session's log: its kind (`kind`) and payload (`data`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(tag = "kind", content = "data", rename_all = "snake_case")]
+pub enum SessionEvent {
+    /// The session was created.
+    SessionCreated {
+        /// The goal as given.
+        goal: String,
+        /// Mode.
+        mode: Mode,
+        /// Effective limits.
+        limits: Limits,
+        /// Executor kind.
+        executor: String,
+        /// Success criteria as given.
+        success_criteria: Vec<String>,
+        /// Milestones as given.
+        milestones: Vec<String>,
+    },
+    /// The session's status changed; ends of a run carry the termination record.
+    StatusChanged {
+        /// Previous status; null at creation.
+        #[schema(required = true)]
+        from: Option<Status>,
+        /// New status.
+        to: Status,
+        /// Termination reason (ends of a run only).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        reason: Option<Reason>,
+        /// Termination summary (ends of a run only).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        summary: Option<String>,
+        /// Suggested next steps (ends of a run only).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        next_steps: Option<Vec<String>>,
+        /// Iterations done (ends of a run only).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        iterations: Option<u64>,
+        /// Tokens used (ends of a run only).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        tokens_used: Option<u64>,
+        /// A checkpoint was saved with the change (ends of a run only).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        checkpoint_saved: Option<bool>,
+    },
+    /// The continue gate decided before a step.
+    GateDecision {
+        /// The step about to run.
+        step: u64,
+        /// The decision.
+        #[schema(value_type = Object)]
+        decision: GateDecision,
+        /// The metrics it was based on.
+        #[schema(value_type = Object)]
+        metrics: GateMetrics,
+        /// The inputs the metrics came from.
+        #[schema(value_type = Object)]
+        inputs: Value,
+    },
+    /// A guardrail limit was reached.
+    GuardrailTripped {
+        /// Which limit.
+        #[schema(value_type = String)]
+        breach: Breach,
+        /// Usage at the time.
+        #[schema(value_type = Object)]
+        usage: Usage,
+        /// The limits.
+        limits: Limits,
+    },
+    /// A step in flight was abandoned.
+    StepAbandoned {
+        /// The step.
+        step: u64,
+        /// Why.
+        why: AbandonedBecause,
+    },
+    /// A step was committed.
+    IterationCompleted {
+        /// Step number.
+        number: u64,
+        /// Action taken.
+        action: String,
+        /// How it ended.
+        #[schema(value_type = String)]
+        outcome: Outcome,
+        /// Tokens the step used.
+        tokens: u64,
+        /// How long it ran, ms.
+        duration_ms: u64,
+        /// Whether (and why) it was rework.
+        #[schema(value_type = Option<Object>, required = true)]
+        rework: Option<Rework>,
+        /// Session tokens after it.
+        tokens_used: u64,
+        /// Progress estimate after it, percent.
+        #[schema(required = true)]
+        percent_complete: Option<f64>,
+    },
+    /// Stuck detection saw a pattern.
+    StuckDetected {
+        /// The step it was seen after.
+        step: u64,
+        /// The pattern.
+        #[schema(value_type = Object)]
+        pattern: StuckPattern,
+        /// What was done about it.
+        #[schema(value_type = Object)]
+        verdict: StuckVerdict,
+        /// The pattern in words.
+        description: String,
+    },
+    /// The agent gave a stop signal.
+    AgentSignal {
+        /// The step that carried it.
+        step: u64,
+        /// The signal.
+        #[schema(value_type = Object)]
+        signal: Sentinel,
+    },
+    /// An ambiguous goal got a refinement proposal.
+    RefinementSuggested(RefinementProposal),
+    /// The goal was refined (automatically, by the user, or on resume).
+    GoalRefined {
+        /// `auto`, `accept_suggestion`, `custom`, `proceed_with_time_limit` or `resume`.
+        kind: String,
+        /// Goal before.
+        from: String,
+        /// Goal after.
+        to: String,
+        /// Limits after (refinement answers only).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        limits: Option<Limits>,
+    },
+    /// Success criteria and milestones were written by the model.
+    CriteriaGenerated {
+        /// Success criteria.
+        criteria: Vec<String>,
+        /// Milestones.
+        milestones: Vec<String>,
+    },
+    /// The limits changed.
+    LimitsChanged {
+        /// Limits before.
+        from: Limits,
+        /// Limits after.
+        to: Limits,
+        /// `resume` or `update`.
+        by: String,
+    },
+    /// The mode changed.
+    ModeChanged {
+        /// Mode before.
+        from: Mode,
+        /// Mode after.
+        to: Mode,
+    },
+    /// A person resumed the session.
+    Resumed {
+        /// The run that starts.
+        run: i32,
+        /// Guidance for the next step.
+        #[schema(required = true)]
+        guidance: Option<String>,
+        /// A completed session was reopened.
+        reopened: bool,
+        /// Status it was resumed from.
+        from_status: Status,
+        /// Reason it had stopped for.
+        #[schema(required = true)]
+        from_reason: Option<Reason>,
+    },
+    /// A stop was requested.
+    StopRequested {},
+    /// A pause was requested.
+    PauseRequested {},
+    /// A reflection ran.
+    Reflection {
+        /// Reflection number.
+        number: i32,
+        /// The iteration it followed.
+        after_iteration: i64,
+        /// `interval` or `agent_claimed_done`.
+        trigger: String,
+        /// Whether the model answered usably.
+        ok: bool,
+        /// The model's assessment.
+        #[schema(value_type = Option<Object>, required = true)]
+        assessment: Option<Value>,
+        /// Why it failed.
+        #[schema(required = true)]
+        error: Option<String>,
+        /// What was decided.
+        #[schema(value_type = Object)]
+        decision: Value,
+        /// Iterations until the next reflection.
+        next_interval: i32,
+        /// Tokens it used.
+        tokens: i64,
+    },
+    /// A checkpoint was saved.
+    CheckpointSaved {
+        /// Iterations it covers.
+        iteration: i64,
+        /// Why it was taken.
+        reason: String,
+    },
+    /// A replica took the session's lease.
+    LeaseAcquired {
+        /// The new owner.
+        owner: Uuid,
+        /// The owner before, if any.
+        #[schema(required = true)]
+        previous_owner: Option<Uuid>,
+    },
+    /// The replica released the lease at shutdown.
+    LeaseReleased {
+        /// Iterations the release checkpoint covers.
+        iteration: i64,
+        /// Why.
+        reason: String,
+    },
+    /// The agent's completion claim was checked and accepted.
+    CompletionVerified {
+        /// The agent's result text.
+        result: String,
+        /// Declared deliverables.
+        deliverables: Vec<String>,
+    },
+    /// The agent's completion claim was rejected: deliverables are missing.
+    CompletionRejected {
+        /// The agent's result text.
+        result: String,
+        /// Declared deliverables.
+        deliverables: Vec<String>,
+        /// Those that do not exist.
+        missing: Vec<String>,
+    },
+    /// The context window is nearly full: the agent wraps up its cycle.
+    ContextWrapUp {
+        /// The cycle.
+        cycle: u32,
+        /// Prompt tokens of the last call.
+        prompt_tokens: u64,
+        /// The context budget.
+        context_budget_tokens: u64,
+    },
+    /// A new context cycle started.
+    CycleStarted {
+        /// Its number.
+        cycle: u32,
+        /// Size of the memory carried into it.
+        memory_chars: usize,
+    },
+    /// Summarising a cycle failed; retried after the next step.
+    CycleSummaryFailed {
+        /// The cycle.
+        cycle: u32,
+        /// Why.
+        error: String,
+    },
+}
+
+impl SessionEvent {
+    /// The kind as stored (the serde tag).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            SessionEvent::SessionCreated { .. } => "session_created",
+            SessionEvent::StatusChanged { .. } => "status_changed",
+            SessionEvent::GateDecision { .. } => "gate_decision",
+            SessionEvent::GuardrailTripped { .. } => "guardrail_tripped",
+            SessionEvent::StepAbandoned { .. } => "step_abandoned",
+            SessionEvent::IterationCompleted { .. } => "iteration_completed",
+            SessionEvent::StuckDetected { .. } => "stuck_detected",
+            SessionEvent::AgentSignal { .. } => "agent_signal",
+            SessionEvent::RefinementSuggested(_) => "refinement_suggested",
+            SessionEvent::GoalRefined { .. } => "goal_refined",
+            SessionEvent::CriteriaGenerated { .. } => "criteria_generated",
+            SessionEvent::LimitsChanged { .. } => "limits_changed",
+            SessionEvent::ModeChanged { .. } => "mode_changed",
+            SessionEvent::Resumed { .. } => "resumed",
+            SessionEvent::StopRequested {} => "stop_requested",
+            SessionEvent::PauseRequested {} => "pause_requested",
+            SessionEvent::Reflection { .. } => "reflection",
+            SessionEvent::CheckpointSaved { .. } => "checkpoint_saved",
+            SessionEvent::LeaseAcquired { .. } => "lease_acquired",
+            SessionEvent::LeaseReleased { .. } => "lease_released",
+            SessionEvent::CompletionVerified { .. } => "completion_verified",
+            SessionEvent::CompletionRejected { .. } => "completion_rejected",
+            SessionEvent::ContextWrapUp { .. } => "context_wrap_up",
+            SessionEvent::CycleStarted { .. } => "cycle_started",
+            SessionEvent::CycleSummaryFailed { .. } => "cycle_summary_failed",
+        }
+    }
+
+    /// The change of status into `to` that ends a run, with its termination record.
+    pub fn run_ended(
+        from: Status,
+        termination: &crate::policy::termination::Termination,
+        usage: &Usage,
+    ) -> SessionEvent {
+        SessionEvent::StatusChanged {
+            from: Some(from),
+            to: termination.status,
+            reason: Some(termination.reason),
+            summary: Some(termination.summary.clone()),
+            next_steps: Some(termination.next_steps.clone()),
+            iterations: Some(usage.iterations),
+            tokens_used: Some(usage.tokens),
+            checkpoint_saved: Some(true),
+        }
+    }
+
+    /// A plain change of status, without a termination record.
+    pub fn status(from: Option<Status>, to: Status) -> SessionEvent {
+        SessionEvent::StatusChanged {
+            from,
+            to,
+            reason: None,
+            summary: None,
+            next_steps: None,
+            iterations: None,
+            tokens_used: None,
+            checkpoint_saved: None,
+        }
+    }
+
+    /// Splits the event into its stored kind and payload; fails only when a
+    /// payload cannot be represented as JSON (never stored as `null`).
+    pub fn to_parts(&self) -> Result<(&'static str, Value), serde_json::Error> {
+        let kind = self.kind();
+        match serde_json::to_value(self)? {
+            Value::Object(mut tagged) => {
+                let data = tagged
+                    .remove("data")
+                    .unwrap_or_else(|| Value::Object(Default::default()));
+                Ok((kind, data))
+            }
+            other => Err(serde::ser::Error::custom(format!(
+                "event {kind} serialized to {other}, not an object"
+            ))),
+        }
+    }
+
+    /// Reads a stored event back from its kind and payload.
+    pub fn from_parts(kind: &str, data: &Value) -> Result<SessionEvent, serde_json::Error> {
+        serde_json::from_value(serde_json::json!({ "kind": kind, "data": data }))
+    }
+
+    /// Whether this status change ends the session's loop (nothing follows
+    /// it until a person acts).
+    pub fn ends_loop(&self) -> bool {
+        matches!(self, SessionEvent::StatusChanged { to, .. }
+            if !matches!(to, Status::Running | Status::AwaitingRefinement))
+    }
+
+    /// Whether the decisions view lists this kind.
+    pub fn is_decision(&self) -> bool {
+        DECISION_KINDS.contains(&self.kind())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn limits() -> Limits {
+        Limits {
+            max_iterations: 50,
+            max_wall_time_ms: 60_000,
+            max_tokens: 1_000,
+            max_consecutive_errors: 3,
+            reflection_interval: 5,
+            checkpoint_interval: 10,
+            max_tool_calls: None,
+            max_cycles: 10,
+            context_budget_tokens: 32_000,
+        }
+    }
+
+    /// One event of every kind, with the payload the log had before the enum.
+    fn samples() -> Vec<(SessionEvent, Value)> {
+        let l = limits();
+        let lj = serde_json::to_value(l).unwrap();
+        vec![
+            (
+                SessionEvent::SessionCreated {
+                    goal: "g".into(),
+                    mode: Mode::Fixed,
+                    limits: l,
+                    executor: "scripted".into(),
+                    success_criteria: vec!["c".into()],
+                    milestones: vec![],
+                },
+                json!({ "goal": "g", "mode": "fixed", "limits": lj, "executor": "scripted",
+                        "success_criteria": ["c"], "milestones": [] }),
+            ),
+            (
+                SessionEvent::status(None, Status::Running),
+                json!({ "from": null, "to": "running" }),
+            ),
+            (
+                SessionEvent::StatusChanged {
+                    from: Some(Status::Running),
+                    to: Status::Stopped,
+                    reason: Some(Reason::UserStop),
+                    summary: Some("s".into()),
+                    next_steps: Some(vec!["n".into()]),
+                    iterations: Some(3),
+                    tokens_used: Some(10),
+                    checkpoint_saved: Some(true),
+                },
+                json!({ "from": "running", "to": "stopped", "reason": "user_stop", "summary": "s",
+                        "next_steps": ["n"], "iterations": 3, "tokens_used": 10,
+                        "checkpoint_saved": true }),
+            ),
+            (
+                SessionEvent::StepAbandoned {
+                    step: 4,
+                    why: AbandonedBecause::Timeout,
+                },
+                json!({ "step": 4, "why": "timeout" }),
+            ),
+            (
+                SessionEvent::IterationCompleted {
+                    number: 1,
+                    action: "a".into(),
+                    outcome: Outcome::Success,
+                    tokens: 5,
+                    duration_ms: 7,
+                    rework: None,
+                    tokens_used: 5,
+                    percent_complete: Some(12.5),
+                },
+                json!({ "number": 1, "action": "a", "outcome": "success", "tokens": 5,
+                        "duration_ms": 7, "rework": null, "tokens_used": 5,
+                        "percent_complete": 12.5 }),
+            ),
+            (
+                SessionEvent::RefinementSuggested(RefinementProposal {
+                    suggested_goal: "s".into(),
+                    matched_patterns: vec!["p".into()],
+                    confidence: 0.5,
+                    source: "rules".into(),
+                    choices: vec!["custom".into()],
+                }),
+                json!({ "suggested_goal": "s", "matched_patterns": ["p"], "confidence": 0.5,
+                        "source": "rules", "choices": ["custom"] }),
+            ),
+            (
+                SessionEvent::GoalRefined {
+                    kind: "auto".into(),
+                    from: "a".into(),
+                    to: "b".into(),
+                    limits: None,
+                },
+                json!({ "kind": "auto", "from": "a", "to": "b" }),
+            ),
+            (
+                SessionEvent::Resumed {
+                    run: 2,
+                    guidance: None,
+                    reopened: false,
+                    from_status: Status::Paused,
+                    from_reason: Some(Reason::UserPause),
+                },
+                json!({ "run": 2, "guidance": null, "reopened": false, "from_status": "paused",
+                        "from_reason": "user_pause" }),
+            ),
+            (SessionEvent::StopRequested {}, json!({})),
+            (SessionEvent::PauseRequested {}, json!({})),
+            (
+                SessionEvent::LeaseAcquired {
+                    owner: Uuid::nil(),
+                    previous_owner: None,
+                },
+                json!({ "owner": Uuid::nil(), "previous_owner": null }),
+            ),
+            (
+                SessionEvent::CycleStarted {
+                    cycle: 2,
+                    memory_chars: 40,
+                },
+                json!({ "cycle": 2, "memory_chars": 40 }),
+            ),
+        ]
+    }
+
+    #[test]
+    fn payloads_keep_the_stored_format_and_read_back() {
+        for (event, data) in samples() {
+            let (kind, got) = event.to_parts().unwrap();
+            assert_eq!(got, data, "payload of {kind}");
+            let back = SessionEvent::from_parts(kind, &data).unwrap();
+            assert_eq!(back, event, "read back {kind}");
+        }
+    }
+
+    #[test]
+    fn kind_is_the_serde_tag() {
+        for (event, _) in samples() {
+            let tagged = serde_json::to_value(&event).unwrap();
+            assert_eq!(tagged["kind"], event.kind());
+        }
+    }
+
+    #[test]
+    fn unknown_kinds_and_wrong_payloads_are_errors() {
+        assert!(SessionEvent::from_parts("no_such_kind", &json!({})).is_err());
+        assert!(SessionEvent::from_parts("step_abandoned", &json!({ "step": "x" })).is_err());
+    }
+
+    #[test]
+    fn only_final_status_changes_end_the_loop() {
+        assert!(!SessionEvent::status(None, Status::Running).ends_loop());
+        assert!(!SessionEvent::status(None, Status::AwaitingRefinement).ends_loop());
+        assert!(SessionEvent::status(Some(Status::Running), Status::Paused).ends_loop());
+        assert!(!SessionEvent::StopRequested {}.ends_loop());
+    }
+
+    /// The decisions query is served by a partial index; its predicate must
+    /// list exactly the decision kinds, or the query falls off the index.
+    #[test]
+    fn decision_kinds_match_the_partial_index() {
+        let migration = include_str!("../migrations/0001_sessions.sql");
+        let start = migration
+            .find("CREATE INDEX events_decisions")
+            .expect("the migration defines events_decisions");
+        let index = &migration[start..];
+        let index = &index[..index.find(';').expect("the statement ends")];
+        let list = index
+            .split_once("kind IN (")
+            .and_then(|(_, rest)| rest.split_once(')'))
+            .map(|(list, _)| list)
+            .expect("the index predicate is a kind IN (...) list");
+        let in_index: Vec<&str> = list
+            .split(',')
+            .map(|k| k.trim().trim_matches('\''))
+            .collect();
+        assert_eq!(in_index, DECISION_KINDS);
+        // The decisions query repeats the list as literals (a bound array
+        // would not let the planner prove the index predicate).
+        let query: String = include_str!("store/events.rs")
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" ");
+        let literal = DECISION_KINDS.map(|k| format!("'{k}'")).join(", ");
+        assert!(
+            query.contains(&format!("kind IN ({literal})")),
+            "the decisions query in store/events.rs lists other kinds than DECISION_KINDS"
+        );
+        assert!(SessionEvent::status(None, Status::Running).is_decision());
+        assert!(!SessionEvent::StopRequested {}.is_decision());
+    }
+}

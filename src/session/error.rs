@@ -1,0 +1,49 @@
+//! The session layer's one error type, shared by the service, the
+//! supervisor and rehydration; mapped once to problem+json at the HTTP edge.
+
+use uuid::Uuid;
+
+use crate::policy::guardrails::{Breach, LimitOutOfRange};
+use crate::policy::lifecycle::IllegalTransition;
+use crate::store::StoreError;
+
+/// Why a session operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ServiceError {
+    /// No session has that id.
+    #[error("no session with id {0}")]
+    NotFound(Uuid),
+    /// The state machine refuses the operation.
+    #[error(transparent)]
+    Conflict(#[from] IllegalTransition),
+    /// A resume would stop again at once on an exhausted budget.
+    #[error("cannot resume: {field} is exhausted ({used} used of {limit}); raise it in \"limits\"")]
+    LimitExhausted {
+        /// The guardrail that would trip.
+        breach: Breach,
+        /// The limit field to raise.
+        field: &'static str,
+        /// Amount used.
+        used: u64,
+        /// Current limit.
+        limit: u64,
+    },
+    /// The request is well-formed JSON but its content is not acceptable.
+    #[error("{0}")]
+    Invalid(String),
+    /// Storage failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The service is shutting down or could not start the loop.
+    #[error("{0}")]
+    Unavailable(String),
+}
+
+impl From<LimitOutOfRange> for ServiceError {
+    fn from(err: LimitOutOfRange) -> Self {
+        ServiceError::Invalid(format!("limits.{err}"))
+    }
+}
+
+/// Shorthand for service results.
+pub type Result<T, E = ServiceError> = std::result::Result<T, E>;

@@ -1,0 +1,161 @@
+//! The handful of storage operations a session loop performs, as a narrow
+//! trait: Postgres in production, an in-memory fake in the loop's unit tests.
+
+use std::future::Future;
+
+use serde_json::Value;
+
+use crate::policy::checklist::ChecklistItem;
+use crate::policy::termination::Termination;
+use crate::store::{
+    ControlFlags, Counters, Lease, NewEvent, NewIteration, NewReflection, Store, StoreError,
+};
+
+/// A reflection with what it changed on the session row.
+#[derive(Debug, Clone)]
+pub struct ReflectionCommit<'a> {
+    /// The reflection row.
+    pub record: &'a NewReflection,
+    /// Counters after it.
+    pub counters: Counters,
+    /// Progress estimate after it, percent.
+    pub percent_complete: Option<f64>,
+    /// Estimated seconds to completion.
+    pub eta_seconds: Option<f64>,
+    /// Success criteria, ticked.
+    pub criteria: &'a [ChecklistItem],
+    /// Milestones, ticked.
+    pub milestones: &'a [ChecklistItem],
+}
+
+/// What the loop writes; every write is fenced by the lease.
+pub trait LoopStore: Send + Sync + 'static {
+    /// Appends events outside an iteration; returns the durable control flags.
+    fn append_fenced(
+        &self,
+        lease: &Lease,
+        events: &[NewEvent],
+    ) -> impl Future<Output = Result<ControlFlags, StoreError>> + Send;
+
+    /// Commits one iteration with its counters, progress and events.
+    fn commit_iteration(
+        &self,
+        lease: &Lease,
+        iteration: NewIteration,
+        counters: Counters,
+        progress: (Option<f64>, Option<f64>),
+        events: Vec<NewEvent>,
+    ) -> impl Future<Output = Result<ControlFlags, StoreError>> + Send;
+
+    /// Stores a reflection and its effects on the session.
+    fn insert_reflection(
+        &self,
+        lease: &Lease,
+        reflection: ReflectionCommit<'_>,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Saves a checkpoint of the loop state.
+    fn save_checkpoint(
+        &self,
+        lease: &Lease,
+        iteration: i64,
+        reason: &str,
+        state: &Value,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Ends the run: final status, counters, a checkpoint and the events.
+    fn finish(
+        &self,
+        lease: &Lease,
+        termination: &Termination,
+        detail: Option<&str>,
+        counters: Counters,
+        checkpoint: (i64, &Value),
+        events: &[NewEvent],
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Checkpoints and gives the lease up at shutdown.
+    fn release(
+        &self,
+        lease: &Lease,
+        counters: Counters,
+        checkpoint: (i64, &Value),
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+}
+
+impl LoopStore for Store {
+    fn append_fenced(
+        &self,
+        lease: &Lease,
+        events: &[NewEvent],
+    ) -> impl Future<Output = Result<ControlFlags, StoreError>> + Send {
+        Store::append_fenced(self, lease, events)
+    }
+
+    fn commit_iteration(
+        &self,
+        lease: &Lease,
+        iteration: NewIteration,
+        counters: Counters,
+        progress: (Option<f64>, Option<f64>),
+        events: Vec<NewEvent>,
+    ) -> impl Future<Output = Result<ControlFlags, StoreError>> + Send {
+        Store::commit_iteration(self, lease, iteration, counters, progress, events)
+    }
+
+    fn insert_reflection(
+        &self,
+        lease: &Lease,
+        r: ReflectionCommit<'_>,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        Store::insert_reflection(
+            self,
+            lease,
+            r.record,
+            r.counters,
+            r.percent_complete,
+            r.eta_seconds,
+            r.criteria,
+            r.milestones,
+        )
+    }
+
+    fn save_checkpoint(
+        &self,
+        lease: &Lease,
+        iteration: i64,
+        reason: &str,
+        state: &Value,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        Store::save_checkpoint(self, lease, iteration, reason, state)
+    }
+
+    fn finish(
+        &self,
+        lease: &Lease,
+        termination: &Termination,
+        detail: Option<&str>,
+        counters: Counters,
+        checkpoint: (i64, &Value),
+        events: &[NewEvent],
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        Store::finish(
+            self,
+            lease,
+            termination,
+            detail,
+            counters,
+            checkpoint,
+            events,
+        )
+    }
+
+    fn release(
+        &self,
+        lease: &Lease,
+        counters: Counters,
+        checkpoint: (i64, &Value),
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        Store::release(self, lease, counters, checkpoint)
+    }
+}

@@ -1,0 +1,169 @@
+//! Writing a new session: the row, its first events and (for a goal refined
+//! at once) its first refinement, in one transaction, so a crash never
+//! leaves a refined session without its refinement history.
+//!
+//! The session INSERT mirrors `Store::insert_session`, but on the caller's
+//! connection; it belongs in the store and moves there once the store's
+//! queries are compile-time checked.
+
+use std::time::Duration;
+
+use serde_json::Value;
+use sqlx::PgConnection;
+use sqlx::types::Json;
+use uuid::Uuid;
+
+use crate::store::{self, Lease, NewEvent, NewSession, SessionRecord, Store, StoreError};
+
+/// The first refinement of a goal refined before the session started.
+pub struct FirstRefinement<'a> {
+    /// The goal as given.
+    pub from: &'a str,
+    /// The proposal it was refined by.
+    pub proposal: &'a Value,
+}
+
+/// Inserts a session on `conn`: running under a lease held by `owner` when
+/// given, otherwise waiting for refinement.
+async fn insert_session(
+    conn: &mut PgConnection,
+    new: &NewSession,
+    owner: Option<Uuid>,
+    lease_ttl: Duration,
+) -> Result<Option<Lease>, StoreError> {
+    let token = owner.map(|_| Uuid::new_v4());
+    sqlx::query(
+        "INSERT INTO sessions (id, goal, mode, status, limits, executor, owner, lease_token, lease_expires_at, heartbeat_at,
+                               original_goal, refinement, criteria, milestones, refinement_tokens, tokens_used)
+         VALUES ($1, $2, $3, CASE WHEN $6::uuid IS NULL THEN 'awaiting_refinement' ELSE 'running' END, $4, $5,
+                 $6, $7, CASE WHEN $6::uuid IS NULL THEN NULL ELSE now() + make_interval(secs => $8) END,
+                 CASE WHEN $6::uuid IS NULL THEN NULL ELSE now() END, $9, $10, $11, $12, $13, $13)",
+    )
+    .bind(new.id)
+    .bind(&new.goal)
+    .bind(new.mode.as_str())
+    .bind(Json(new.limits))
+    .bind(&new.executor)
+    .bind(owner)
+    .bind(token)
+    .bind(lease_ttl.as_secs_f64())
+    .bind(&new.original_goal)
+    .bind(&new.refinement)
+    .bind(Json(&new.criteria))
+    .bind(Json(&new.milestones))
+    .bind(new.refinement_tokens)
+    .execute(conn)
+    .await?;
+    Ok(token.map(|token| Lease {
+        session_id: new.id,
+        token,
+    }))
+}
+
+/// Creates a session with its events and first refinement in one transaction.
+pub async fn create_session(
+    store: &Store,
+    new: &NewSession,
+    owner: Option<Uuid>,
+    lease_ttl: Duration,
+    events: &[NewEvent],
+    refinement: Option<FirstRefinement<'_>>,
+) -> Result<(SessionRecord, Option<Lease>), StoreError> {
+    let mut tx = store.begin().await?;
+    let lease = insert_session(&mut tx, new, owner, lease_ttl).await?;
+    store::append_events(&mut tx, new.id, events).await?;
+    if let Some(r) = refinement {
+        store::insert_refinement(&mut tx, new.id, "auto", r.from, &new.goal, r.proposal).await?;
+    }
+    let record = store::lock_session(&mut tx, new.id)
+        .await?
+        .ok_or(StoreError::Corrupt {
+            id: new.id,
+            detail: "session vanished right after insert".into(),
+        })?;
+    tx.commit().await?;
+    store.announce(new.id);
+    Ok((record, lease))
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+    use sqlx::PgPool;
+
+    use super::*;
+    use crate::policy::guardrails::Limits;
+    use crate::policy::lifecycle::{Mode, Status};
+
+    fn new_session(goal: &str, original: &str) -> NewSession {
+        NewSession {
+            id: Uuid::new_v4(),
+            goal: goal.into(),
+            mode: Mode::Fixed,
+            limits: Limits {
+                max_iterations: 5,
+                max_wall_time_ms: 60_000,
+                max_tokens: 1_000,
+                max_consecutive_errors: 3,
+                reflection_interval: 5,
+                checkpoint_interval: 5,
+                max_tool_calls: None,
+                max_cycles: 10,
+                context_budget_tokens: 32_000,
+            },
+            executor: json!({ "kind": "scripted", "steps": [] }),
+            original_goal: Some(original.into()),
+            refinement: Some(json!({ "suggested_goal": goal })),
+            criteria: Vec::new(),
+            milestones: Vec::new(),
+            refinement_tokens: 0,
+        }
+    }
+
+    #[sqlx::test(migrations = "./migrations")]
+    async fn the_session_and_its_first_refinement_are_written_together(pool: PgPool) {
+        let store = Store::from_pool(pool);
+        let new = new_session("Write README.md", "make it better");
+        let proposal = json!({ "suggested_goal": "Write README.md" });
+        let events = [NewEvent::new("stop_requested", json!({}))];
+        let (record, lease) = create_session(
+            &store,
+            &new,
+            Some(Uuid::new_v4()),
+            Duration::from_secs(60),
+            &events,
+            Some(FirstRefinement {
+                from: "make it better",
+                proposal: &proposal,
+            }),
+        )
+        .await
+        .unwrap();
+        assert_eq!(record.status, Status::Running);
+        assert!(lease.is_some());
+        let refinements = store.refinements(new.id).await.unwrap();
+        assert_eq!(refinements.len(), 1);
+        assert_eq!(store.events(new.id, 0, 10, None).await.unwrap().len(), 1);
+    }
+
+    #[sqlx::test(migrations = "./migrations")]
+    async fn a_failed_refinement_leaves_no_session_behind(pool: PgPool) {
+        let store = Store::from_pool(pool);
+        let new = new_session("Write README.md", "make it better");
+        // Postgres text cannot hold NUL: the refinement insert fails after the session's.
+        let result = create_session(
+            &store,
+            &new,
+            None,
+            Duration::from_secs(60),
+            &[],
+            Some(FirstRefinement {
+                from: "bad\0goal",
+                proposal: &json!({}),
+            }),
+        )
+        .await;
+        assert!(result.is_err());
+        assert!(store.session(new.id).await.unwrap().is_none());
+    }
+}

@@ -1,0 +1,154 @@
+//! The read model: what the HTTP read endpoints and live streams may see of
+//! sessions and their history. Events come back typed; a stored event that
+//! does not decode is reported as corrupt data, not passed through.
+
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, Utc};
+use tokio::sync::broadcast;
+use uuid::Uuid;
+
+use super::error::Result;
+use super::events;
+use crate::event::SessionEvent;
+use crate::store::{
+    CheckpointRecord, EventRecord, IterationRecord, Outcomes, RefinementRecord, ReflectionRecord,
+    SessionRecord, Store, Task,
+};
+
+/// An event of a session's log, decoded.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LoggedEvent {
+    /// Per-session sequence number, gap-free.
+    pub seq: i64,
+    /// The event.
+    pub event: SessionEvent,
+    /// When it was appended.
+    pub created_at: DateTime<Utc>,
+}
+
+/// Read-only access to sessions and their history.
+#[derive(Debug, Clone)]
+pub struct SessionReads {
+    store: Store,
+}
+
+impl SessionReads {
+    /// Reads over `store`.
+    pub fn new(store: Store) -> SessionReads {
+        SessionReads { store }
+    }
+
+    /// Whether Postgres answers.
+    pub async fn ping(&self) -> Result<()> {
+        Ok(self.store.ping().await?)
+    }
+
+    /// Sessions per status, fleet-wide.
+    pub async fn sessions_by_status(&self) -> Result<BTreeMap<String, i64>> {
+        Ok(self.store.sessions_by_status().await?)
+    }
+
+    /// One session, if it exists.
+    pub async fn session(&self, id: Uuid) -> Result<Option<SessionRecord>> {
+        Ok(self.store.session(id).await?)
+    }
+
+    /// Iterations per minute over the last `minutes` minutes.
+    pub async fn velocity(&self, id: Uuid, minutes: i32) -> Result<Vec<(DateTime<Utc>, i64)>> {
+        Ok(self.store.velocity(id, minutes).await?)
+    }
+
+    /// Iterations numbered after `after`, in order.
+    pub async fn iterations(
+        &self,
+        id: Uuid,
+        after: i64,
+        limit: i64,
+    ) -> Result<Vec<IterationRecord>> {
+        Ok(self.store.iterations(id, after, limit).await?)
+    }
+
+    /// Checkpoints with ids after `after`, oldest first.
+    pub async fn checkpoints(
+        &self,
+        id: Uuid,
+        after: i64,
+        limit: i64,
+    ) -> Result<Vec<CheckpointRecord>> {
+        Ok(self.store.checkpoints(id, after, limit).await?)
+    }
+
+    /// Events after `after_seq`, oldest first.
+    pub async fn events(&self, id: Uuid, after_seq: i64, limit: i64) -> Result<Vec<LoggedEvent>> {
+        let rows = self.store.events(id, after_seq, limit, None).await?;
+        decode_all(id, rows)
+    }
+
+    /// Decision events after `after_seq`; gate evaluations that decided
+    /// `continue` only when asked for.
+    pub async fn decisions(
+        &self,
+        id: Uuid,
+        after_seq: i64,
+        limit: i64,
+        include_continue: bool,
+    ) -> Result<Vec<LoggedEvent>> {
+        let rows = self
+            .store
+            .decisions(id, after_seq, limit, include_continue)
+            .await?;
+        decode_all(id, rows)
+    }
+
+    /// Reflections numbered after `after`.
+    pub async fn reflections(
+        &self,
+        id: Uuid,
+        after: i32,
+        limit: i64,
+    ) -> Result<Vec<ReflectionRecord>> {
+        Ok(self.store.reflections(id, after, limit).await?)
+    }
+
+    /// The refinement history of a session's goal.
+    pub async fn refinements(&self, id: Uuid) -> Result<Vec<RefinementRecord>> {
+        Ok(self.store.refinements(id).await?)
+    }
+
+    /// The agent's task queue.
+    pub async fn tasks(&self, id: Uuid) -> Result<Vec<Task>> {
+        Ok(self.store.tasks(id).await?)
+    }
+
+    /// Outcome metrics over all sessions.
+    pub async fn outcomes(&self) -> Result<Outcomes> {
+        Ok(self.store.outcomes().await?)
+    }
+
+    /// Sessions changed since `since`, oldest change first.
+    pub async fn sessions_changed_since(
+        &self,
+        since: DateTime<Utc>,
+        limit: i64,
+    ) -> Result<Vec<SessionRecord>> {
+        Ok(self.store.sessions_changed_since(since, limit).await?)
+    }
+
+    /// Wakes on every in-process append to a session's log.
+    pub fn subscribe(&self) -> broadcast::Receiver<Uuid> {
+        self.store.subscribe()
+    }
+}
+
+fn decode_all(id: Uuid, rows: Vec<EventRecord>) -> Result<Vec<LoggedEvent>> {
+    rows.into_iter()
+        .map(|r| {
+            Ok(LoggedEvent {
+                event: events::decode(id, &r)?,
+                seq: r.seq,
+                created_at: r.created_at,
+            })
+        })
+        .collect()
+}

@@ -2,7 +2,7 @@
 //! steps at once are committed in shared transactions (group commit), and
 //! each still gets exactly its own rows, counters and gap-free events.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::Duration;

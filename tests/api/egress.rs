@@ -3,7 +3,7 @@
 //! followed, an allow-list opens exactly what it names, and the server's
 //! own model key never travels to an endpoint a client chose.
 
-mod common;
+use crate::common;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};

@@ -2,7 +2,7 @@
 //! rescued by the next one through lease expiry; a graceful shutdown hands
 //! them over at once; a stopped session never comes back.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -2,7 +2,7 @@
 //! server: tools in the workspace, verified completion, questions, retries,
 //! budgets, reflection, and the webhook executor against an in-process agent.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

@@ -3,7 +3,7 @@
 //! premature, runaway or wrong reason. It proves the stopping policy, not
 //! the counters: every case must end exactly as labelled.
 
-mod common;
+use crate::common;
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};

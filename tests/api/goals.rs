@@ -2,7 +2,7 @@
 //! choices, success criteria and milestones ticked by reflection, context
 //! cycles with memory and a task queue, and outcome metrics.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

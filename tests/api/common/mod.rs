@@ -1,8 +1,6 @@
 //! Shared harness: a real Warden on a random port over a fresh Postgres
 //! database (one per test, from `#[sqlx::test]`), driven through HTTP.
 
-#![allow(dead_code)]
-
 pub mod fake_llm;
 
 use std::collections::HashMap;
@@ -20,7 +18,23 @@ pub struct TestApp {
     pub app: Option<Application>,
     pub base: String,
     pub client: reqwest::Client,
-    pub pool: PgPool,
+}
+
+/// With `TEST_LOG` set, the servers' logs go to the test output (captured
+/// per test by the harness, shown for failures or with `--nocapture`).
+pub fn init_logs() {
+    static INIT: std::sync::Once = std::sync::Once::new();
+    if std::env::var_os("TEST_LOG").is_none() {
+        return;
+    }
+    INIT.call_once(|| {
+        let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_test_writer()
+            .try_init();
+    });
 }
 
 /// Configuration for tests: short leases so crash recovery is quick, a
@@ -63,6 +77,7 @@ impl TestApp {
 
     /// Starts Warden on `pool` with `config`.
     pub async fn spawn_with(pool: PgPool, config: Config) -> TestApp {
+        init_logs();
         let app = Application::build_with_store(config, Store::from_pool(pool.clone()))
             .await
             .expect("warden starts");
@@ -71,7 +86,6 @@ impl TestApp {
             app: Some(app),
             base,
             client: reqwest::Client::new(),
-            pool,
         }
     }
 

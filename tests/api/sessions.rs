@@ -1,7 +1,7 @@
 //! The session lifecycle over the real HTTP API and Postgres: completion,
 //! sentinels, every guardrail, stop, pause, resume and live updates.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

@@ -3,7 +3,7 @@
 //! stalled clients that do not slow sessions, the global session stream,
 //! and Prometheus counters that match what ran.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -157,7 +157,6 @@ async fn service(pool: PgPool) -> (ServiceProcess, TestApp) {
         app: None,
         base: process.base.clone(),
         client: reqwest::Client::new(),
-        pool,
     };
     (process, app)
 }

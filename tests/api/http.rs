@@ -1,7 +1,7 @@
 //! The HTTP contract: bad input answers a clear 4xx problem document and
 //! changes nothing; health probes; the committed OpenAPI document.
 
-mod common;
+use crate::common;
 
 use common::{TestApp, distinct_steps};
 use reqwest::StatusCode;

@@ -1,0 +1,16 @@
+//! Warden's integration tests, one binary: each module drives a real
+//! Warden over HTTP against its own Postgres database (`#[sqlx::test]`).
+//! One binary links once and shares the harness; `TEST_LOG=1 cargo test`
+//! prints the servers' logs (`RUST_LOG` filters them, default `info`).
+
+mod common;
+
+mod egress;
+mod goals;
+mod http;
+mod model;
+mod recovery;
+mod sessions;
+mod store;
+mod streams;
+mod termination;

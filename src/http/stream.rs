@@ -42,17 +42,6 @@ pub fn last_event_id(headers: &HeaderMap) -> Option<i64> {
         .and_then(|v| v.trim().parse().ok())
 }
 
-/// The status change that ends a session's loop (the stream's last event).
-fn is_terminal(event: &EventRecord) -> bool {
-    event.kind == "status_changed"
-        && event
-            .data
-            .get("to")
-            .and_then(|t| t.as_str())
-            .and_then(Status::parse)
-            .is_some_and(|s| !matches!(s, Status::Running | Status::AwaitingRefinement))
-}
-
 /// Waits for an announcement about `id` (or any lag) or until `POLL` elapses.
 async fn wait_for(rx: &mut broadcast::Receiver<Uuid>, id: Option<Uuid>) {
     let deadline = tokio::time::Instant::now() + POLL;
@@ -78,7 +67,6 @@ struct SessionTail {
     after: i64,
     rx: broadcast::Receiver<Uuid>,
     pending: VecDeque<EventRecord>,
-    finished: bool,
 }
 
 fn session_stream(
@@ -92,15 +80,13 @@ fn session_stream(
         id,
         after,
         pending: VecDeque::new(),
-        finished: false,
     };
     futures::stream::unfold(tail, |mut t| async move {
         loop {
+            // An end event in the log need not be the end: a resumed session
+            // has one per run. The stream ends below, once caught up with a
+            // session whose current state is ended.
             if let Some(event) = t.pending.pop_front() {
-                if is_terminal(&event) {
-                    t.finished = true;
-                    t.pending.clear();
-                }
                 let seq = event.seq;
                 let kind = event.kind.clone();
                 let view = EventView::from(event);
@@ -110,9 +96,6 @@ fn session_stream(
                     .json_data(&view)
                     .unwrap_or_else(|_| Event::default().comment("unserializable event"));
                 return Some((Ok(sse), t));
-            }
-            if t.finished {
-                return None;
             }
             match t.store.events(t.id, t.after, PAGE, None).await {
                 Ok(rows) if !rows.is_empty() => {

@@ -367,3 +367,74 @@ mod shape {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use serde_json::{Value, json};
+
+    use super::shape::check;
+
+    fn checked(mut body: Value, schema: &str) -> Result<Value, (String, String)> {
+        check(&mut body, schema).map(|()| body)
+    }
+
+    #[test]
+    fn whole_floats_become_integers_where_the_document_says_integer() {
+        let body = checked(
+            json!({ "max_iterations": 5.0, "max_cycles": 2 }),
+            "LimitsPatch",
+        );
+        assert_eq!(body, Ok(json!({ "max_iterations": 5, "max_cycles": 2 })));
+        // A fraction stays a float, for serde to refuse by type.
+        let body = checked(json!({ "max_iterations": 5.5 }), "LimitsPatch");
+        assert_eq!(body, Ok(json!({ "max_iterations": 5.5 })));
+    }
+
+    #[test]
+    fn integers_outside_their_format_are_refused_with_their_path() {
+        let (path, detail) = checked(json!({ "max_cycles": 3_000_000_000u64 }), "LimitsPatch")
+            .expect_err("beyond int32");
+        assert_eq!(path, "max_cycles");
+        assert!(detail.contains("out of range"), "{detail}");
+        let step = json!({ "action": "a", "tokens": u64::MAX });
+        let (path, _) = checked(step, "ScriptedStep").expect_err("beyond int64");
+        assert_eq!(path, "tokens");
+    }
+
+    #[test]
+    fn nul_anywhere_is_refused_with_its_path() {
+        let step = json!({ "action": "a", "arguments": { "list": ["ok", "x\u{0}y"] } });
+        let (path, _) = checked(step, "ScriptedStep").expect_err("NUL");
+        assert_eq!(path, "arguments.list[1]");
+    }
+
+    #[test]
+    fn tagged_variants_are_checked_as_the_tag_selects() {
+        let choice = json!({ "choice": "accept_suggestion", "goal": "g" });
+        let (path, detail) = checked(choice, "RefinementChoice").expect_err("unknown field");
+        assert_eq!(path, "");
+        assert!(detail.contains("unknown field `goal`"), "{detail}");
+        assert!(
+            checked(
+                json!({ "choice": "custom", "goal": "g" }),
+                "RefinementChoice"
+            )
+            .is_ok()
+        );
+        // An unknown tag is left to serde, which names the variants.
+        assert!(checked(json!({ "choice": "maybe" }), "RefinementChoice").is_ok());
+        let spec = json!({ "kind": "scripted", "steps": [{ "action": "a" }, ["b"]] });
+        let (path, detail) = checked(spec, "ExecutorSpec").expect_err("array step");
+        assert_eq!(path, "steps[1]");
+        assert_eq!(detail, "expected an object, got an array");
+    }
+
+    #[test]
+    fn free_form_objects_take_anything_and_nullable_fields_take_null() {
+        let step = json!({ "action": "a", "arguments": { "any": [1, { "x": null }] } });
+        assert!(checked(step, "ScriptedStep").is_ok());
+        assert!(checked(json!({ "goal": null, "guidance": null }), "ResumeSession").is_ok());
+        let (path, _) = checked(json!({ "limits": null }), "ResumeSession").expect_err("null");
+        assert_eq!(path, "limits");
+    }
+}

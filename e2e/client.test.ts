@@ -80,3 +80,41 @@ test("errors come back as typed problem documents", async () => {
   assert.equal(missing.response.status, 404);
   assert.equal(missing.error?.code, "session_not_found");
 });
+
+test("resume without a body, and a documented 400 as a typed problem", async () => {
+  const created = await client.POST("/api/autonomous", {
+    body: {
+      goal: "Ask for help, then finish",
+      executor: {
+        kind: "scripted",
+        steps: [
+          { action: "ask", output: "<<WARDEN_GOAL_BLOCKED: need a hint>>" },
+          { action: "finish", output: "<<WARDEN_GOAL_DONE: finished>>" },
+        ],
+      },
+    },
+  });
+  assert.equal(created.response.status, 201);
+  const id = created.data!.id;
+  const waiting = await until(id, (s) => s.status !== "running");
+  assert.notEqual(waiting.status, "completed");
+
+  // The request body of resume is optional in the document: no body at all.
+  const resumed = await client.POST("/api/autonomous/{id}/resume", { params: { path: { id } } });
+  assert.equal(resumed.response.status, 200, JSON.stringify(resumed.error));
+  assert.equal(resumed.data!.run, 2);
+  const done = await until(id, (s) => s.status !== "running");
+  assert.equal(done.status, "completed");
+
+  // An out-of-range page size is a documented 400 with a problem body.
+  const tooBig = await client.GET("/api/autonomous/{id}/iterations", {
+    params: { path: { id }, query: { limit: 501 } },
+  });
+  assert.equal(tooBig.response.status, 400);
+  assert.equal(tooBig.error?.code, "bad_request");
+  assert.match(tooBig.error?.detail ?? "", /limit/);
+
+  const badId = await client.GET("/api/autonomous/{id}", { params: { path: { id: "not-a-uuid" } } });
+  assert.equal(badId.response.status, 400);
+  assert.equal(badId.error?.status, 400);
+});

@@ -114,6 +114,11 @@ test("create from the form, watch it live, stop, resume, finish", async () => {
   await page.waitForFunction(() => document.querySelectorAll("#iteration-log tr[data-n]").length === 11);
   assert.deepEqual(await logNumbers(), Array.from({ length: 11 }, (_, i) => i + 1), "no step lost or repeated");
   assert.equal(await page.textContent("#percent"), "100%");
+  // The drawn bar agrees with the number at once (no fill caught mid-animation).
+  const drawn = await page.$eval("#progress-bar", (el) =>
+    Math.round((100 * el.getBoundingClientRect().width) / el.parentElement.getBoundingClientRect().width),
+  );
+  assert.equal(drawn, 100, `a completed session draws a full bar, not ${drawn}%`);
   assert.equal(await page.textContent("#iterations-count"), "11");
   assert.equal(await page.textContent("#tokens"), String(10 * 25 + 10));
   assert.match((await page.textContent("#summary")) ?? "", /eleven steps run/);

@@ -8,7 +8,9 @@ mod webhook;
 pub mod workspace;
 
 pub use llm::{LlmExecutor, SYSTEM_PROMPT};
-pub use scripted::{ScriptedExecutor, ScriptedStep};
+pub use scripted::{
+    MAX_ACTION_CHARS, MAX_DELAY_MS, MAX_OUTPUT_CHARS, ScriptedExecutor, ScriptedStep,
+};
 pub use webhook::{
     WebhookExecutor, WebhookHistoryItem, WebhookRequest, WebhookResponse, WebhookSignal,
 };
@@ -238,6 +240,12 @@ pub enum ExecutorSpec {
 
 /// Most scripted steps one session may carry.
 pub const MAX_SCRIPTED_STEPS: usize = 10_000;
+/// Allowed timeout of one model call or webhook step, ms.
+pub const TIMEOUT_MS: std::ops::RangeInclusive<u64> = 100..=3_600_000;
+/// Allowed most tokens one model call may generate.
+pub const MAX_TOKENS_PER_CALL: std::ops::RangeInclusive<u64> = 1..=1_000_000;
+/// Allowed sampling temperature.
+pub const TEMPERATURE: std::ops::RangeInclusive<f64> = 0.0..=2.0;
 
 /// Defaults and shared parts executors are built from.
 #[derive(Clone)]
@@ -308,21 +316,29 @@ impl ExecutorSpec {
                 if model.as_deref().is_some_and(|m| m.trim().is_empty()) {
                     return Err("executor.model must not be empty".into());
                 }
-                if timeout_ms.is_some_and(|t| !(100..=3_600_000).contains(&t)) {
-                    return Err("executor.timeout_ms must be between 100 and 3600000".into());
+                if timeout_ms.is_some_and(|t| !TIMEOUT_MS.contains(&t)) {
+                    return Err(timeout_out_of_range());
                 }
-                if max_tokens_per_call.is_some_and(|t| !(1..=1_000_000).contains(&t)) {
-                    return Err("executor.max_tokens_per_call must be between 1 and 1000000".into());
+                if max_tokens_per_call.is_some_and(|t| !MAX_TOKENS_PER_CALL.contains(&t)) {
+                    return Err(format!(
+                        "executor.max_tokens_per_call must be between {} and {}",
+                        MAX_TOKENS_PER_CALL.start(),
+                        MAX_TOKENS_PER_CALL.end()
+                    ));
                 }
-                if temperature.is_some_and(|t| !(0.0..=2.0).contains(&t)) {
-                    return Err("executor.temperature must be between 0 and 2".into());
+                if temperature.is_some_and(|t| !TEMPERATURE.contains(&t)) {
+                    return Err(format!(
+                        "executor.temperature must be between {} and {}",
+                        TEMPERATURE.start(),
+                        TEMPERATURE.end()
+                    ));
                 }
                 Ok(())
             }
             ExecutorSpec::Webhook { url, timeout_ms } => {
                 check_url("executor.url", url)?;
-                if timeout_ms.is_some_and(|t| !(100..=3_600_000).contains(&t)) {
-                    return Err("executor.timeout_ms must be between 100 and 3600000".into());
+                if timeout_ms.is_some_and(|t| !TIMEOUT_MS.contains(&t)) {
+                    return Err(timeout_out_of_range());
                 }
                 Ok(())
             }
@@ -494,15 +510,25 @@ fn same_endpoint(a: Option<&str>, b: Option<&str>) -> bool {
     }
 }
 
+fn timeout_out_of_range() -> String {
+    format!(
+        "executor.timeout_ms must be between {} and {}",
+        TIMEOUT_MS.start(),
+        TIMEOUT_MS.end()
+    )
+}
+
 fn check_url(field: &str, url: &str) -> Result<(), String> {
+    // Printable ASCII only (an IDN goes in its punycode form): the same
+    // characters the OpenAPI document's pattern allows.
     let ok = (url.starts_with("http://") || url.starts_with("https://"))
         && url.len() > "https://".len()
-        && !url.chars().any(char::is_whitespace);
+        && url.chars().all(|c| c.is_ascii_graphic());
     if ok {
         Ok(())
     } else {
         Err(format!(
-            "{field} must be an http:// or https:// URL, got {url:?}"
+            "{field} must be an http:// or https:// URL of printable ASCII, got {url:?}"
         ))
     }
 }

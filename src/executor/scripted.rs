@@ -13,6 +13,10 @@ use crate::policy::history::{FileWrite, Outcome};
 
 /// Longest delay one scripted step may ask for (one hour).
 pub const MAX_DELAY_MS: u64 = 3_600_000;
+/// Longest action name, in characters (as JSON Schema's `maxLength` counts).
+pub const MAX_ACTION_CHARS: usize = 200;
+/// Longest step output, in characters.
+pub const MAX_OUTPUT_CHARS: usize = 1_000_000;
 
 fn default_outcome() -> Outcome {
     Outcome::Success
@@ -56,8 +60,10 @@ pub struct ScriptedStep {
 impl ScriptedStep {
     /// Checks one step; the message starts with the offending field.
     pub fn validate(&self) -> Result<(), String> {
-        if self.action.trim().is_empty() || self.action.len() > 200 {
-            return Err("action must be 1 to 200 characters".into());
+        if self.action.trim().is_empty() || self.action.chars().count() > MAX_ACTION_CHARS {
+            return Err(format!(
+                "action must be 1 to {MAX_ACTION_CHARS} characters, not only whitespace"
+            ));
         }
         if self.delay_ms > MAX_DELAY_MS {
             return Err(format!(
@@ -65,8 +71,10 @@ impl ScriptedStep {
                 self.delay_ms
             ));
         }
-        if self.output.len() > 1_000_000 {
-            return Err("output must be at most 1,000,000 bytes".into());
+        if self.output.chars().count() > MAX_OUTPUT_CHARS {
+            return Err(format!(
+                "output must be at most {MAX_OUTPUT_CHARS} characters"
+            ));
         }
         Ok(())
     }

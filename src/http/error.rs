@@ -47,6 +47,11 @@ impl ApiError {
         }
     }
 
+    /// The HTTP status this error answers with.
+    pub fn status(&self) -> StatusCode {
+        self.status
+    }
+
     /// 400 with code `bad_request`.
     pub fn bad_request(detail: impl Into<String>) -> ApiError {
         ApiError::new(StatusCode::BAD_REQUEST, "bad_request", detail)

@@ -6,6 +6,8 @@ use axum::extract::{FromRequest, FromRequestParts, Request};
 use axum::http::header;
 use axum::http::{HeaderMap, StatusCode};
 use serde::de::DeserializeOwned;
+use serde_json::Value;
+use utoipa::ToSchema;
 
 use super::error::ApiError;
 
@@ -23,9 +25,13 @@ pub struct ApiQuery<T>(pub T);
 #[derive(Debug)]
 pub struct ApiJson<T>(pub T);
 
-/// A JSON body that may be absent (an empty body means the default).
+/// A JSON body that may be absent or `null` (both mean the default).
 #[derive(Debug)]
 pub struct OptionalJson<T>(pub T);
+
+/// The request body limit in force, so a 413 can say it in bytes.
+#[derive(Debug, Clone, Copy)]
+pub struct BodyLimit(pub usize);
 
 fn check_content_type(headers: &HeaderMap) -> Result<(), ApiError> {
     let content_type = headers
@@ -44,29 +50,42 @@ fn check_content_type(headers: &HeaderMap) -> Result<(), ApiError> {
     }
 }
 
-/// Parses in two passes so that malformed JSON (400) is told apart from
-/// well-formed JSON of the wrong shape (422) whatever comes first in the text.
-fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
-    let value: serde_json::Value = serde_json::from_slice(bytes)?;
+fn invalid(path: &str, detail: impl std::fmt::Display) -> ApiError {
+    let detail = if path.is_empty() || path == "." {
+        format!("invalid request body: {detail}")
+    } else {
+        format!("invalid request body at `{path}`: {detail}")
+    };
+    ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_request", detail)
+}
+
+/// Deserializes a parsed body, reporting the full path of what is wrong.
+fn deserialize<T: DeserializeOwned + ToSchema>(mut value: Value) -> Result<T, ApiError> {
+    shape::check(&mut value, &T::name()).map_err(|(path, detail)| invalid(&path, detail))?;
     serde_path_to_error::deserialize(value).map_err(|err| {
         let path = err.path().to_string();
-        let inner = err.into_inner();
-        let detail = if path == "." {
-            format!("invalid request body: {inner}")
-        } else {
-            format!("invalid request body at `{path}`: {inner}")
-        };
-        ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_request", detail)
+        invalid(&path, err.into_inner())
     })
 }
 
 async fn body_of<S: Send + Sync>(req: Request, state: &S) -> Result<(HeaderMap, Bytes), ApiError> {
     let headers = req.headers().clone();
-    let bytes = Bytes::from_request(req, state).await?;
+    let limit = req.extensions().get::<BodyLimit>().copied();
+    let bytes = Bytes::from_request(req, state).await.map_err(|rejection| {
+        let mut err = ApiError::from(rejection);
+        if let (Some(BodyLimit(max)), StatusCode::PAYLOAD_TOO_LARGE) = (limit, err.status()) {
+            err = ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "payload_too_large",
+                format!("the request body is larger than the limit of {max} bytes"),
+            );
+        }
+        err
+    })?;
     Ok((headers, bytes))
 }
 
-impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for ApiJson<T> {
+impl<T: DeserializeOwned + ToSchema, S: Send + Sync> FromRequest<S> for ApiJson<T> {
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
@@ -75,11 +94,14 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for ApiJson<T> {
         if bytes.iter().all(u8::is_ascii_whitespace) {
             return Err(ApiError::bad_request("a JSON request body is required"));
         }
-        Ok(ApiJson(parse(&bytes)?))
+        // Parsed first so malformed JSON (400) is told apart from well-formed
+        // JSON of the wrong shape (422) whatever comes first in the text.
+        let value: Value = serde_json::from_slice(&bytes)?;
+        Ok(ApiJson(deserialize(value)?))
     }
 }
 
-impl<T: DeserializeOwned + Default, S: Send + Sync> FromRequest<S> for OptionalJson<T> {
+impl<T: DeserializeOwned + ToSchema + Default, S: Send + Sync> FromRequest<S> for OptionalJson<T> {
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
@@ -88,6 +110,331 @@ impl<T: DeserializeOwned + Default, S: Send + Sync> FromRequest<S> for OptionalJ
             return Ok(OptionalJson(T::default()));
         }
         check_content_type(&headers)?;
-        Ok(OptionalJson(parse(&bytes)?))
+        match serde_json::from_slice(&bytes)? {
+            Value::Null => Ok(OptionalJson(T::default())),
+            value => Ok(OptionalJson(deserialize(value)?)),
+        }
+    }
+}
+
+/// Checks a body against the shapes the OpenAPI document gives it, before
+/// serde sees it: serde would take a JSON array for a struct, ignore extra
+/// fields of a unit variant, lose the path inside a tagged enum, and refuse
+/// `5.0` where JSON Schema's `integer` (and so the document) allows it.
+mod shape {
+    use serde_json::{Map, Value};
+
+    use crate::http::openapi;
+
+    /// Where (a path like `executor.steps[0]`) and what is wrong.
+    pub type Mismatch = (String, String);
+
+    /// Checks `value` against the component schema called `name`.
+    pub fn check(value: &mut Value, name: &str) -> Result<(), Mismatch> {
+        storable(value, &mut String::new())?;
+        let doc = openapi::spec();
+        match doc.pointer(&format!("/components/schemas/{name}")) {
+            Some(schema) => walk(doc, value, schema, &mut String::new()),
+            None => Ok(()),
+        }
+    }
+
+    /// Postgres stores no NUL in text or jsonb: refused here as a 422 rather
+    /// than failing the insert as a 500. (Numbers next to `f64::MAX`, which
+    /// jsonb gives back in plain decimal, parse back thanks to serde_json's
+    /// `float_roundtrip`.)
+    fn storable(value: &Value, path: &mut String) -> Result<(), Mismatch> {
+        let nul = |path: &str| {
+            Err((
+                path.to_string(),
+                "strings may not contain NUL (\\u0000)".to_string(),
+            ))
+        };
+        match value {
+            Value::String(s) if s.contains('\0') => nul(path),
+            Value::Array(items) => {
+                for (i, item) in items.iter().enumerate() {
+                    let len = path.len();
+                    path.push_str(&format!("[{i}]"));
+                    storable(item, path)?;
+                    path.truncate(len);
+                }
+                Ok(())
+            }
+            Value::Object(fields) => {
+                for (name, field) in fields {
+                    if name.contains('\0') {
+                        return nul(path);
+                    }
+                    let len = path.len();
+                    if !path.is_empty() {
+                        path.push('.');
+                    }
+                    path.push_str(name);
+                    storable(field, path)?;
+                    path.truncate(len);
+                }
+                Ok(())
+            }
+            _ => Ok(()),
+        }
+    }
+
+    fn resolve<'a>(doc: &'a Value, schema: &'a Value) -> &'a Value {
+        match schema.get("$ref").and_then(Value::as_str) {
+            Some(reference) => reference
+                .strip_prefix('#')
+                .and_then(|pointer| doc.pointer(pointer))
+                .map_or(schema, |target| resolve(doc, target)),
+            None => schema,
+        }
+    }
+
+    fn types(schema: &Value) -> Vec<&str> {
+        match schema.get("type") {
+            Some(Value::String(t)) => vec![t.as_str()],
+            Some(Value::Array(ts)) => ts.iter().filter_map(Value::as_str).collect(),
+            _ => Vec::new(),
+        }
+    }
+
+    fn kind(value: &Value) -> &'static str {
+        match value {
+            Value::Null => "null",
+            Value::Bool(_) => "a boolean",
+            Value::Number(_) => "a number",
+            Value::String(_) => "a string",
+            Value::Array(_) => "an array",
+            Value::Object(_) => "an object",
+        }
+    }
+
+    /// Whether a `oneOf` branch is the one meant for `value`: same JSON type,
+    /// and every property pinned to an enum (a tag) matches.
+    fn selects(doc: &Value, branch: &Value, value: &Value) -> bool {
+        let branch = resolve(doc, branch);
+        let ts = types(branch);
+        match value {
+            Value::Null => ts.contains(&"null"),
+            Value::Object(fields) => {
+                if !ts.is_empty() && !ts.contains(&"object") {
+                    return false;
+                }
+                let props = branch.get("properties");
+                let required = branch.get("required").and_then(Value::as_array);
+                required
+                    .into_iter()
+                    .flatten()
+                    .filter_map(Value::as_str)
+                    .all(|name| {
+                        let tag = props
+                            .and_then(|p| p.get(name))
+                            .and_then(|p| resolve(doc, p).get("enum"))
+                            .and_then(Value::as_array);
+                        match tag {
+                            Some(allowed) => fields.get(name).is_some_and(|v| allowed.contains(v)),
+                            None => true,
+                        }
+                    })
+            }
+            _ => !ts.contains(&"object") || ts.len() > 1,
+        }
+    }
+
+    fn walk(
+        doc: &Value,
+        value: &mut Value,
+        schema: &Value,
+        path: &mut String,
+    ) -> Result<(), Mismatch> {
+        let schema = resolve(doc, schema);
+        for part in schema
+            .get("allOf")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
+            walk(doc, value, part, path)?;
+        }
+        if let Some(branches) = schema.get("oneOf").and_then(Value::as_array) {
+            // No branch fits: serde names what is wrong (an unknown tag, say).
+            return match branches.iter().find(|b| selects(doc, b, value)) {
+                Some(branch) => walk(doc, value, branch, path),
+                None => Ok(()),
+            };
+        }
+        let ts = types(schema);
+        if value.is_null() && ts.contains(&"null") {
+            return Ok(());
+        }
+        if ts.contains(&"integer") {
+            if let Some(whole) = integral(value) {
+                *value = whole;
+            }
+            return check_format(value, schema, path);
+        }
+        if ts.contains(&"object") {
+            let got = kind(value);
+            let Value::Object(fields) = value else {
+                return Err((path.clone(), format!("expected an object, got {got}")));
+            };
+            return walk_object(doc, fields, schema, path);
+        }
+        if ts.contains(&"array")
+            && let (Value::Array(items), Some(item_schema)) = (value, schema.get("items"))
+        {
+            for (i, item) in items.iter_mut().enumerate() {
+                let len = path.len();
+                path.push_str(&format!("[{i}]"));
+                walk(doc, item, item_schema, path)?;
+                path.truncate(len);
+            }
+        }
+        Ok(())
+    }
+
+    /// An integer inside the range its documented `format` (int32, int64) gives.
+    fn check_format(value: &Value, schema: &Value, path: &str) -> Result<(), Mismatch> {
+        let Value::Number(n) = value else {
+            return Ok(());
+        };
+        let (min, max) = match schema.get("format").and_then(Value::as_str) {
+            Some("int32") => (i64::from(i32::MIN), i64::from(i32::MAX)),
+            Some("int64") => (i64::MIN, i64::MAX),
+            _ => return Ok(()),
+        };
+        match n.as_i64() {
+            Some(i) if (min..=max).contains(&i) => Ok(()),
+            None if n.is_f64() => Ok(()), // not an integer: serde says so
+            _ => Err((
+                path.to_string(),
+                format!("{n} is out of range (at most {max})"),
+            )),
+        }
+    }
+
+    /// A float with no fractional part (`5.0`) as the integer it is.
+    fn integral(value: &Value) -> Option<Value> {
+        if !value.is_f64() {
+            return None;
+        }
+        let f = value.as_f64()?;
+        // Exact within ±2^53; beyond that serde reports the type as before.
+        const EXACT: f64 = 9_007_199_254_740_992.0;
+        if f.fract() != 0.0 || f.abs() > EXACT {
+            return None;
+        }
+        Some(Value::from(f as i64))
+    }
+
+    fn walk_object(
+        doc: &Value,
+        fields: &mut Map<String, Value>,
+        schema: &Value,
+        path: &mut String,
+    ) -> Result<(), Mismatch> {
+        // A free-form object (no declared properties) takes anything.
+        let Some(props) = schema.get("properties").and_then(Value::as_object) else {
+            return Ok(());
+        };
+        let open = schema
+            .get("additionalProperties")
+            .is_some_and(|a| a != &Value::Bool(false));
+        for (name, field) in fields.iter_mut() {
+            let len = path.len();
+            if !path.is_empty() {
+                path.push('.');
+            }
+            path.push_str(name);
+            match props.get(name) {
+                Some(prop) => walk(doc, field, prop, path)?,
+                None if open => {}
+                None => {
+                    path.truncate(len);
+                    let mut known: Vec<&str> = props.keys().map(String::as_str).collect();
+                    known.sort_unstable();
+                    return Err((
+                        path.clone(),
+                        format!(
+                            "unknown field `{name}`, expected one of `{}`",
+                            known.join("`, `")
+                        ),
+                    ));
+                }
+            }
+            path.truncate(len);
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::{Value, json};
+
+    use super::shape::check;
+
+    fn checked(mut body: Value, schema: &str) -> Result<Value, (String, String)> {
+        check(&mut body, schema).map(|()| body)
+    }
+
+    #[test]
+    fn whole_floats_become_integers_where_the_document_says_integer() {
+        let body = checked(
+            json!({ "max_iterations": 5.0, "max_cycles": 2 }),
+            "LimitsPatch",
+        );
+        assert_eq!(body, Ok(json!({ "max_iterations": 5, "max_cycles": 2 })));
+        // A fraction stays a float, for serde to refuse by type.
+        let body = checked(json!({ "max_iterations": 5.5 }), "LimitsPatch");
+        assert_eq!(body, Ok(json!({ "max_iterations": 5.5 })));
+    }
+
+    #[test]
+    fn integers_outside_their_format_are_refused_with_their_path() {
+        let (path, detail) = checked(json!({ "max_cycles": 3_000_000_000u64 }), "LimitsPatch")
+            .expect_err("beyond int32");
+        assert_eq!(path, "max_cycles");
+        assert!(detail.contains("out of range"), "{detail}");
+        let step = json!({ "action": "a", "tokens": u64::MAX });
+        let (path, _) = checked(step, "ScriptedStep").expect_err("beyond int64");
+        assert_eq!(path, "tokens");
+    }
+
+    #[test]
+    fn nul_anywhere_is_refused_with_its_path() {
+        let step = json!({ "action": "a", "arguments": { "list": ["ok", "x\u{0}y"] } });
+        let (path, _) = checked(step, "ScriptedStep").expect_err("NUL");
+        assert_eq!(path, "arguments.list[1]");
+    }
+
+    #[test]
+    fn tagged_variants_are_checked_as_the_tag_selects() {
+        let choice = json!({ "choice": "accept_suggestion", "goal": "g" });
+        let (path, detail) = checked(choice, "RefinementChoice").expect_err("unknown field");
+        assert_eq!(path, "");
+        assert!(detail.contains("unknown field `goal`"), "{detail}");
+        assert!(
+            checked(
+                json!({ "choice": "custom", "goal": "g" }),
+                "RefinementChoice"
+            )
+            .is_ok()
+        );
+        // An unknown tag is left to serde, which names the variants.
+        assert!(checked(json!({ "choice": "maybe" }), "RefinementChoice").is_ok());
+        let spec = json!({ "kind": "scripted", "steps": [{ "action": "a" }, ["b"]] });
+        let (path, detail) = checked(spec, "ExecutorSpec").expect_err("array step");
+        assert_eq!(path, "steps[1]");
+        assert_eq!(detail, "expected an object, got an array");
+    }
+
+    #[test]
+    fn free_form_objects_take_anything_and_nullable_fields_take_null() {
+        let step = json!({ "action": "a", "arguments": { "any": [1, { "x": null }] } });
+        assert!(checked(step, "ScriptedStep").is_ok());
+        assert!(checked(json!({ "goal": null, "guidance": null }), "ResumeSession").is_ok());
+        let (path, _) = checked(json!({ "limits": null }), "ResumeSession").expect_err("null");
+        assert_eq!(path, "limits");
     }
 }

@@ -50,9 +50,12 @@ pub fn router(state: AppState, max_body_bytes: usize) -> Router {
         .merge(health::router())
         .merge(openapi::router())
         .route("/", axum::routing::get(dashboard))
+        // Every route, health and docs included, answers a wrong method with a problem.
+        .method_not_allowed_fallback(|| async { ApiError::method_not_allowed() })
         .fallback(|| async { ApiError::no_route() })
         .with_state(state)
         .layer(DefaultBodyLimit::max(max_body_bytes))
+        .layer(axum::Extension(extract::BodyLimit(max_body_bytes)))
         .layer(CatchPanicLayer::custom(panic_response))
         .layer(
             TraceLayer::new_for_http().make_span_with(|req: &Request<_>| {

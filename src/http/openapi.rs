@@ -1,13 +1,27 @@
 //! The OpenAPI document (generated from the handlers and types by utoipa,
 //! committed as `openapi/openapi.json`) and a docs page that works offline.
+//!
+//! Two things utoipa cannot say from attributes are added here: the bounds
+//! the validators enforce, taken from their own constants so the document
+//! cannot drift from them, and the error answers every operation shares.
+
+use std::sync::LazyLock;
 
 use axum::Router;
+use serde_json::{Map, Value, json};
 use utoipa::OpenApi;
-use utoipa_swagger_ui::SwaggerUi;
+use utoipa_swagger_ui::{Config, SwaggerUi};
 
 use super::AppState;
+use super::sessions::{MAX_LIST_LIMIT, MAX_PAGE_LIMIT};
+use crate::executor::{MAX_ACTION_CHARS, MAX_DELAY_MS, MAX_OUTPUT_CHARS};
+use crate::executor::{MAX_SCRIPTED_STEPS, MAX_TOKENS_PER_CALL, TEMPERATURE, TIMEOUT_MS};
+use crate::policy::checklist::{MAX_ITEM_CHARS, MAX_ITEMS};
+use crate::policy::guardrails::RANGES;
+use crate::policy::history::Outcome;
+use crate::session::service::{MAX_GOAL_CHARS, MAX_GUIDANCE_CHARS};
 
-/// The API description.
+/// The API description as utoipa derives it (see [`spec`] for the served one).
 #[derive(OpenApi)]
 #[openapi(
     info(
@@ -38,6 +52,8 @@ use super::AppState;
         super::health::metrics,
     ),
     components(schemas(
+        super::views::EventView,
+        super::views::SessionView,
         crate::executor::WebhookRequest,
         crate::executor::WebhookResponse,
         crate::executor::WebhookHistoryItem,
@@ -52,19 +68,596 @@ use super::AppState;
 )]
 pub struct ApiDoc;
 
+static SPEC: LazyLock<Value> = LazyLock::new(build);
+
+/// The document as served: utoipa's, with bounds and shared errors added.
+pub fn spec() -> &'static Value {
+    &SPEC
+}
+
 /// The document as served and committed (pretty JSON, trailing newline).
 pub fn document() -> String {
-    let mut json = ApiDoc::openapi()
-        .to_pretty_json()
-        .unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"));
+    let mut json =
+        serde_json::to_string_pretty(spec()).unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"));
     json.push('\n');
     json
 }
 
 /// `/openapi.json` and the docs page at `/docs`.
 pub fn router() -> Router<AppState> {
-    // SwaggerUi serves both the page (vendored assets, no CDN) and the document.
+    // SwaggerUi serves both the page (vendored assets, no CDN) and the
+    // document; `validatorUrl: none` keeps it from fetching a badge from an
+    // outside validator, so nothing the page loads leaves this server.
     SwaggerUi::new("/docs")
-        .url("/openapi.json", ApiDoc::openapi())
+        .external_url_unchecked("/openapi.json", spec().clone())
+        .config(Config::new(["/openapi.json"]).validator_url("none"))
         .into()
+}
+
+fn build() -> Value {
+    let mut doc = serde_json::to_value(ApiDoc::openapi())
+        .unwrap_or_else(|e| json!({ "error": e.to_string() }));
+    add_bounds(&mut doc);
+    add_shared_errors(&mut doc);
+    add_streams(&mut doc);
+    doc
+}
+
+/// One Server-Sent Event whose `data` is a JSON document of schema `payload`.
+fn sse_frame(description: &str, payload: &str) -> Value {
+    json!({
+        "type": "object",
+        "description": description,
+        "required": ["data"],
+        "properties": {
+            "event": { "type": "string", "description": "The SSE `event` field." },
+            "id": { "type": "string", "description": "The SSE `id` field; send it back as `Last-Event-ID` to continue." },
+            "retry": { "type": "integer", "description": "The SSE `retry` field (not sent)." },
+            "data": {
+                "type": "string",
+                "description": format!("The SSE `data` field: one `{payload}` as JSON text."),
+                "contentMediaType": "application/json",
+                "contentSchema": { "$ref": format!("#/components/schemas/{payload}") }
+            }
+        }
+    })
+}
+
+/// `text/event-stream` answers: in OpenAPI 3.1 the media type's schema
+/// describes one event (the fields of an SSE frame, `data` being JSON text of
+/// the payload schema), never the stream as one JSON document.
+fn add_streams(doc: &mut Value) {
+    let frames = [
+        (
+            "/api/autonomous/{id}/events",
+            "SessionLogFrame",
+            sse_frame(
+                "One event of a session's log: `event` is its kind, `id` its sequence number.",
+                "EventView",
+            ),
+        ),
+        (
+            "/api/autonomous/events",
+            "SessionChangeFrame",
+            sse_frame(
+                "One change of a session: `event` is `session`, `id` the change time in microseconds.",
+                "SessionView",
+            ),
+        ),
+    ];
+    for (path, name, frame) in frames {
+        if let Some(schemas) = doc
+            .pointer_mut("/components/schemas")
+            .and_then(Value::as_object_mut)
+        {
+            schemas.insert(name.to_string(), frame);
+        }
+        let media = format!(
+            "/paths/{}/get/responses/200/content/text~1event-stream",
+            json_pointer_escape(path)
+        );
+        if let Some(media) = doc.pointer_mut(&media) {
+            media["schema"] = json!({ "$ref": format!("#/components/schemas/{name}") });
+        }
+    }
+}
+
+/// One constraint: where (a JSON pointer to a schema) and what to add.
+pub type Bound = (String, &'static str, Value);
+
+fn prop(schema: &str, field: &str) -> String {
+    format!("/components/schemas/{schema}/properties/{field}")
+}
+
+fn branch(schema: &str, index: usize, field: &str) -> String {
+    format!("/components/schemas/{schema}/oneOf/{index}/properties/{field}")
+}
+
+fn range(at: String, min: impl Into<Value>, max: impl Into<Value>) -> [Bound; 2] {
+    [
+        (at.clone(), "minimum", min.into()),
+        (at, "maximum", max.into()),
+    ]
+}
+
+/// Every bound the validators enforce, from their own constants.
+pub fn bounds() -> Vec<Bound> {
+    let mut out: Vec<Bound> = Vec::new();
+    for (field, min, max) in RANGES {
+        out.extend(range(prop("LimitsPatch", field), min, max));
+    }
+    let (wall_min, wall_max) = RANGES
+        .iter()
+        .find(|(f, _, _)| *f == "max_wall_time_ms")
+        .map_or((0, 0), |(_, min, max)| (*min, *max));
+    // RefinementChoice: accept_suggestion (0), custom (1), proceed_with_time_limit (2).
+    out.extend(range(
+        branch("RefinementChoice", 2, "max_wall_time_ms"),
+        wall_min,
+        wall_max,
+    ));
+    for goal in [
+        prop("CreateSession", "goal"),
+        prop("ResumeSession", "goal"),
+        branch("RefinementChoice", 1, "goal"),
+    ] {
+        out.push((goal.clone(), "maxLength", MAX_GOAL_CHARS.into()));
+    }
+    for goal in [
+        prop("CreateSession", "goal"),
+        prop("ResumeSession", "goal"),
+        branch("RefinementChoice", 1, "goal"),
+    ] {
+        out.push((goal.clone(), "minLength", 1.into()));
+        out.push((goal, "pattern", "\\S".into()));
+    }
+    out.push((
+        prop("ResumeSession", "guidance"),
+        "maxLength",
+        MAX_GUIDANCE_CHARS.into(),
+    ));
+    for list in ["success_criteria", "milestones"] {
+        let at = prop("CreateSession", list);
+        out.push((at.clone(), "maxItems", MAX_ITEMS.into()));
+        let item = format!("{at}/items");
+        out.push((item.clone(), "minLength", 1.into()));
+        out.push((item.clone(), "maxLength", MAX_ITEM_CHARS.into()));
+        out.push((item, "pattern", "\\S".into()));
+    }
+    let action = prop("ScriptedStep", "action");
+    out.push((action.clone(), "minLength", 1.into()));
+    out.push((action.clone(), "maxLength", MAX_ACTION_CHARS.into()));
+    out.push((action, "pattern", "\\S".into()));
+    out.push((
+        prop("ScriptedStep", "delay_ms"),
+        "maximum",
+        MAX_DELAY_MS.into(),
+    ));
+    out.push((
+        prop("ScriptedStep", "output"),
+        "maxLength",
+        MAX_OUTPUT_CHARS.into(),
+    ));
+    let outcomes = [Outcome::Success, Outcome::Failure, Outcome::Error]
+        .iter()
+        .filter_map(|o| serde_json::to_value(o).ok())
+        .collect::<Vec<_>>();
+    out.push((prop("ScriptedStep", "outcome"), "enum", outcomes.into()));
+    // ExecutorSpec: scripted (0), llm (1), webhook (2).
+    let steps = branch("ExecutorSpec", 0, "steps");
+    out.push((steps.clone(), "minItems", 1.into()));
+    out.push((steps, "maxItems", MAX_SCRIPTED_STEPS.into()));
+    for timeout in [
+        branch("ExecutorSpec", 1, "timeout_ms"),
+        branch("ExecutorSpec", 2, "timeout_ms"),
+    ] {
+        out.extend(range(timeout, *TIMEOUT_MS.start(), *TIMEOUT_MS.end()));
+    }
+    out.extend(range(
+        branch("ExecutorSpec", 1, "max_tokens_per_call"),
+        *MAX_TOKENS_PER_CALL.start(),
+        *MAX_TOKENS_PER_CALL.end(),
+    ));
+    out.extend(range(
+        branch("ExecutorSpec", 1, "temperature"),
+        *TEMPERATURE.start(),
+        *TEMPERATURE.end(),
+    ));
+    out.push((branch("ExecutorSpec", 1, "model"), "pattern", "\\S".into()));
+    // `check_url`: http:// or https://, something after it, printable ASCII.
+    let url = "^(https?://[!-~]{2,}|https://[!-~])$";
+    out.push((branch("ExecutorSpec", 1, "base_url"), "pattern", url.into()));
+    out.push((branch("ExecutorSpec", 2, "url"), "pattern", url.into()));
+    // `decode_cursor`: micros since the epoch (at most 18 digits, so within
+    // Postgres' range), `_`, a UUID.
+    out.push((
+        format!("{}/cursor", query_parameters("/api/autonomous")),
+        "pattern",
+        "^[0-9]{1,18}_[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"
+            .into(),
+    ));
+    for (path, max) in [
+        ("/api/autonomous", MAX_LIST_LIMIT),
+        ("/api/autonomous/{id}/iterations", MAX_PAGE_LIMIT),
+        ("/api/autonomous/{id}/checkpoints", MAX_PAGE_LIMIT),
+        ("/api/autonomous/{id}/events", MAX_PAGE_LIMIT),
+        ("/api/autonomous/{id}/decisions", MAX_PAGE_LIMIT),
+        ("/api/autonomous/{id}/reflections", MAX_PAGE_LIMIT),
+    ] {
+        let at = format!("{}/limit", query_parameters(path));
+        out.extend(range(at, 1, max));
+    }
+    out
+}
+
+/// Where [`bounds`] names a query parameter of a GET: resolved by [`add_bounds`].
+fn query_parameters(path: &str) -> String {
+    format!("query:{path}")
+}
+
+fn json_pointer_escape(segment: &str) -> String {
+    segment.replace('~', "~0").replace('/', "~1")
+}
+
+/// The pointer to the schema of a query parameter, or `at` if it is one.
+fn locate(doc: &Value, at: &str) -> Option<String> {
+    let Some(rest) = at.strip_prefix("query:") else {
+        return Some(at.to_string());
+    };
+    let (path, name) = rest.rsplit_once('/')?;
+    let op = format!("/paths/{}/get", json_pointer_escape(path));
+    let params = doc.pointer(&format!("{op}/parameters"))?.as_array()?;
+    let index = params.iter().position(|p| {
+        p.get("name") == Some(&json!(name)) && p.get("in") == Some(&json!("query"))
+    })?;
+    Some(format!("{op}/parameters/{index}/schema"))
+}
+
+fn add_bounds(doc: &mut Value) {
+    for (at, key, value) in bounds() {
+        let target = locate(doc, &at).and_then(|p| doc.pointer_mut(&p));
+        match target.and_then(Value::as_object_mut) {
+            Some(schema) => {
+                schema.insert(key.to_string(), value);
+            }
+            // The bounds test fails on this; the document still serves.
+            None => tracing::warn!(at, key, "OpenAPI bound names no schema"),
+        }
+    }
+    // Files a scripted step claims to write: both fields required, as serde has them.
+    if let Some(files) = doc.pointer_mut(&prop("ScriptedStep", "files")) {
+        files["items"] = json!({
+            "type": "object",
+            "required": ["path", "digest"],
+            "properties": {
+                "path": { "type": "string", "description": "Path relative to the session workspace." },
+                "digest": { "type": "string", "description": "Digest of the content written (any stable hash, hex)." }
+            },
+            "additionalProperties": false
+        });
+    }
+    // Variants of tagged enums reject unknown fields like every other body.
+    for name in ["ExecutorSpec", "RefinementChoice"] {
+        let pointer = format!("/components/schemas/{name}/oneOf");
+        for variant in doc
+            .pointer_mut(&pointer)
+            .and_then(Value::as_array_mut)
+            .into_iter()
+            .flatten()
+        {
+            if let Some(obj) = variant.as_object_mut() {
+                obj.insert("additionalProperties".into(), Value::Bool(false));
+            }
+        }
+    }
+}
+
+fn problem(description: &str) -> Value {
+    json!({
+        "description": description,
+        "content": {
+            "application/problem+json": {
+                "schema": { "$ref": "#/components/schemas/Problem" }
+            }
+        }
+    })
+}
+
+/// The answers any operation can give for its kind of input: path and query
+/// parameters (400), a JSON body (400, 413, 415, 422), storage (500, 503).
+fn add_shared_errors(doc: &mut Value) {
+    let shared = [
+        (
+            "BadRequest",
+            "Not a UUID, a parameter out of range or unknown, or malformed JSON",
+        ),
+        (
+            "PayloadTooLarge",
+            "The body is larger than the configured limit (the detail says it in bytes)",
+        ),
+        (
+            "UnsupportedMediaType",
+            "The body is not sent as application/json",
+        ),
+        (
+            "InvalidBody",
+            "Well-formed JSON of the wrong shape: unknown field, wrong type or value out of range (the detail names the path); \
+no string may contain NUL (U+0000), which Postgres cannot store",
+        ),
+        (
+            "InternalError",
+            "An internal error; it is logged, never detailed",
+        ),
+        (
+            "Unavailable",
+            "Postgres does not answer, or the service is shutting down; retry shortly",
+        ),
+    ];
+    let components = doc
+        .as_object_mut()
+        .map(|d| d.entry("components").or_insert_with(|| json!({})));
+    if let Some(Value::Object(components)) = components {
+        let responses = components.entry("responses").or_insert_with(|| json!({}));
+        for (name, description) in shared {
+            responses[name] = problem(description);
+        }
+    }
+    let Some(paths) = doc.get_mut("paths").and_then(Value::as_object_mut) else {
+        return;
+    };
+    for item in paths.values_mut().filter_map(Value::as_object_mut) {
+        for op in item.values_mut().filter_map(Value::as_object_mut) {
+            add_operation_errors(op);
+        }
+    }
+}
+
+fn add_operation_errors(op: &mut Map<String, Value>) {
+    let param_in = |place: &str| {
+        op.get("parameters")
+            .and_then(Value::as_array)
+            .is_some_and(|ps| ps.iter().any(|p| p.get("in") == Some(&json!(place))))
+    };
+    let mut codes = Vec::new();
+    if param_in("path") || param_in("query") {
+        codes.push(("400", "BadRequest"));
+    }
+    if op.contains_key("requestBody") {
+        codes.extend([
+            ("400", "BadRequest"),
+            ("413", "PayloadTooLarge"),
+            ("415", "UnsupportedMediaType"),
+            ("422", "InvalidBody"),
+        ]);
+    }
+    let tags = op.get("tags").cloned().unwrap_or(Value::Null);
+    if tags != json!(["health"]) {
+        codes.extend([("500", "InternalError"), ("503", "Unavailable")]);
+    }
+    let Some(responses) = op.get_mut("responses").and_then(Value::as_object_mut) else {
+        return;
+    };
+    for (code, name) in codes {
+        // An operation's own wording of the same status stays.
+        responses
+            .entry(code)
+            .or_insert_with(|| json!({ "$ref": format!("#/components/responses/{name}") }));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn committed() -> Value {
+        let text =
+            std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/openapi/openapi.json"))
+                .expect("openapi/openapi.json is committed");
+        serde_json::from_str(&text).expect("the committed document is JSON")
+    }
+
+    const BOUND_KEYS: [&str; 7] = [
+        "minimum",
+        "maximum",
+        "minLength",
+        "maxLength",
+        "minItems",
+        "maxItems",
+        "pattern",
+    ];
+
+    /// Every bound keyword in the document, with its pointer.
+    fn documented(value: &Value, at: &str, out: &mut Vec<(String, String, Value)>) {
+        match value {
+            Value::Object(map) => {
+                // Under `properties` the keys are field names, not keywords
+                // (an event has a field called `pattern`).
+                let names_fields = at.ends_with("/properties");
+                for (k, v) in map {
+                    if !names_fields && BOUND_KEYS.contains(&k.as_str()) {
+                        out.push((at.to_string(), k.clone(), v.clone()));
+                    }
+                    documented(v, &format!("{at}/{}", json_pointer_escape(k)), out);
+                }
+            }
+            Value::Array(items) => {
+                for (i, v) in items.iter().enumerate() {
+                    documented(v, &format!("{at}/{i}"), out);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    #[test]
+    fn every_documented_bound_is_a_validator_constant() {
+        let doc = committed();
+        let expected: Vec<(String, String, Value)> = bounds()
+            .into_iter()
+            .filter(|(_, k, _)| BOUND_KEYS.contains(k))
+            .map(|(at, k, v)| {
+                let pointer =
+                    locate(&doc, &at).unwrap_or_else(|| panic!("{at} is in the document"));
+                (pointer, k.to_string(), v)
+            })
+            .collect();
+        for (at, key, value) in &expected {
+            let got = doc.pointer(at).and_then(|s| s.get(key));
+            assert_eq!(got, Some(value), "{at} documents {key} = {value}");
+        }
+        let mut found = Vec::new();
+        documented(&doc, "", &mut found);
+        for (at, key, value) in found {
+            // utoipa's own `minimum: 0` for unsigned types is what serde enforces.
+            if key == "minimum" && value == json!(0) {
+                continue;
+            }
+            assert!(
+                expected
+                    .iter()
+                    .any(|(a, k, v)| *a == at && *k == key && *v == value),
+                "{at} documents {key} = {value}, which no validator constant gives"
+            );
+        }
+    }
+
+    #[test]
+    fn the_limit_ranges_are_the_guardrails_ranges() {
+        let doc = committed();
+        for (field, min, max) in RANGES {
+            let schema = doc
+                .pointer(&prop("LimitsPatch", field))
+                .expect("field documented");
+            assert_eq!(schema["minimum"], json!(min), "{field}");
+            assert_eq!(schema["maximum"], json!(max), "{field}");
+            // And the validator agrees at the edges.
+            let base: crate::policy::guardrails::Limits = serde_json::from_value(json!({
+                "max_iterations": 1, "max_wall_time_ms": 100, "max_tokens": 1,
+                "max_consecutive_errors": 1, "reflection_interval": 1, "checkpoint_interval": 1
+            }))
+            .expect("limits");
+            let patch = |v: u64| -> crate::policy::guardrails::LimitsPatch {
+                serde_json::from_value(json!({ field: v })).expect("patch")
+            };
+            assert!(base.apply(&patch(min)).is_ok(), "{field} = {min}");
+            assert!(base.apply(&patch(max)).is_ok(), "{field} = {max}");
+            assert!(base.apply(&patch(max + 1)).is_err(), "{field} = {max} + 1");
+            if min > 0 {
+                assert!(base.apply(&patch(min - 1)).is_err(), "{field} = {min} - 1");
+            }
+        }
+    }
+
+    /// Reads the bounds from the committed document and holds each
+    /// validator to them at both edges.
+    #[test]
+    fn the_validators_agree_with_the_documented_bounds_at_their_edges() {
+        use crate::executor::{ExecutorSpec, ScriptedStep};
+        let doc = committed();
+        let num = |at: &str, key: &str| -> u64 {
+            let at = locate(&doc, at).expect("located");
+            doc.pointer(&at)
+                .and_then(|s| s.get(key))
+                .and_then(Value::as_u64)
+                .unwrap_or_else(|| panic!("{at} documents {key}"))
+        };
+        let step = |v: Value| {
+            serde_json::from_value::<ScriptedStep>(v)
+                .expect("a step")
+                .validate()
+        };
+        let action = num(&prop("ScriptedStep", "action"), "maxLength") as usize;
+        assert!(step(json!({ "action": "a".repeat(action) })).is_ok());
+        assert!(
+            step(json!({ "action": "é".repeat(action) })).is_ok(),
+            "characters, not bytes"
+        );
+        assert!(step(json!({ "action": "a".repeat(action + 1) })).is_err());
+        assert!(step(json!({ "action": " " })).is_err(), "pattern \\S");
+        let delay = num(&prop("ScriptedStep", "delay_ms"), "maximum");
+        assert!(step(json!({ "action": "a", "delay_ms": delay })).is_ok());
+        assert!(step(json!({ "action": "a", "delay_ms": delay + 1 })).is_err());
+        let output = num(&prop("ScriptedStep", "output"), "maxLength") as usize;
+        assert!(step(json!({ "action": "a", "output": "ü".repeat(output) })).is_ok());
+        assert!(step(json!({ "action": "a", "output": "u".repeat(output + 1) })).is_err());
+
+        let spec = |v: Value| {
+            serde_json::from_value::<ExecutorSpec>(v)
+                .expect("a spec")
+                .validate()
+        };
+        let steps = num(&branch("ExecutorSpec", 0, "steps"), "maxItems") as usize;
+        let script =
+            |n: usize| json!({ "kind": "scripted", "steps": vec![json!({ "action": "a" }); n] });
+        assert!(spec(script(steps)).is_ok());
+        assert!(spec(script(steps + 1)).is_err());
+        assert!(spec(script(0)).is_err(), "minItems 1");
+        for (variant, field) in [
+            (1, "timeout_ms"),
+            (1, "max_tokens_per_call"),
+            (2, "timeout_ms"),
+        ] {
+            let at = branch("ExecutorSpec", variant, field);
+            let (min, max) = (num(&at, "minimum"), num(&at, "maximum"));
+            let with = |v: u64| match variant {
+                1 => json!({ "kind": "llm", field: v }),
+                _ => json!({ "kind": "webhook", "url": "http://agent.test/step", field: v }),
+            };
+            assert!(
+                spec(with(min)).is_ok() && spec(with(max)).is_ok(),
+                "{field}"
+            );
+            assert!(
+                spec(with(min - 1)).is_err() && spec(with(max + 1)).is_err(),
+                "{field}"
+            );
+        }
+        let at = locate(&doc, &branch("ExecutorSpec", 1, "temperature")).expect("temperature");
+        let (min, max) = (
+            doc.pointer(&at).expect("t")["minimum"].as_f64(),
+            doc.pointer(&at).expect("t")["maximum"].as_f64(),
+        );
+        let (min, max) = (min.expect("minimum"), max.expect("maximum"));
+        let temp = |t: f64| spec(json!({ "kind": "llm", "temperature": t }));
+        assert!(temp(min).is_ok() && temp(max).is_ok());
+        assert!(temp(min - 0.01).is_err() && temp(max + 0.01).is_err());
+
+        let items = num(&prop("CreateSession", "milestones"), "maxItems") as usize;
+        let text = num(
+            &format!("{}/items", prop("CreateSession", "milestones")),
+            "maxLength",
+        ) as usize;
+        let list =
+            |n: usize, t: &str| crate::policy::checklist::from_texts("m", &vec![t.to_string(); n]);
+        assert!(list(items, &"ß".repeat(text)).is_ok());
+        assert!(list(items + 1, "x").is_err());
+        assert!(list(1, &"x".repeat(text + 1)).is_err());
+        assert!(list(1, "  ").is_err(), "pattern \\S");
+    }
+
+    #[test]
+    fn every_operation_documents_the_shared_errors() {
+        let doc = spec();
+        let paths = doc["paths"].as_object().expect("paths");
+        for (path, item) in paths {
+            for (method, op) in item.as_object().expect("path item") {
+                let responses = op["responses"].as_object().expect("responses");
+                let has = |code: &str| responses.contains_key(code);
+                if path.contains("{id}") {
+                    assert!(has("400") && has("404"), "{method} {path}: 400 and 404");
+                }
+                if op.get("requestBody").is_some() {
+                    for code in ["400", "413", "415", "422"] {
+                        assert!(has(code), "{method} {path}: {code}");
+                    }
+                }
+                if !path.starts_with("/healthz")
+                    && !path.starts_with("/readyz")
+                    && !path.starts_with("/metrics")
+                {
+                    assert!(has("500") && has("503"), "{method} {path}: 500 and 503");
+                }
+            }
+        }
+    }
 }

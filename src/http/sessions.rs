@@ -15,9 +15,8 @@ use super::error::{ApiError, ApiResult, Problem};
 use super::extract::{ApiJson, ApiPath, ApiQuery, OptionalJson};
 use super::stream;
 use super::views::{
-    AfterPage, CheckpointPage, DecisionQuery, EventPage, EventView, IterationPage, ListQuery,
-    OutcomeMetrics, RefinementList, ReflectionPage, SessionPage, SessionView, TaskList,
-    VelocityPoint,
+    AfterPage, CheckpointPage, DecisionQuery, EventPage, IterationPage, ListQuery, OutcomeMetrics,
+    RefinementList, ReflectionPage, SessionPage, SessionView, TaskList, VelocityPoint,
 };
 use crate::session::{CreateSession, LoggedEvent, RefinementChoice, ResumeSession, UpdateSession};
 use crate::store::SessionCursor;
@@ -47,6 +46,11 @@ fn view(state: &AppState, session: crate::store::SessionRecord) -> SessionView {
     SessionView::from(session).priced(state.service.token_price())
 }
 
+/// Largest page of the session list.
+pub const MAX_LIST_LIMIT: i64 = 200;
+/// Largest page of a session's iterations, checkpoints, events, decisions or reflections.
+pub const MAX_PAGE_LIMIT: i64 = 500;
+
 fn page_limit(limit: Option<i64>, default: i64, max: i64) -> ApiResult<i64> {
     match limit {
         None => Ok(default),
@@ -62,9 +66,14 @@ fn encode_cursor(c: &SessionCursor) -> String {
 }
 
 fn decode_cursor(raw: &str) -> ApiResult<SessionCursor> {
+    let raw = raw.trim();
     let invalid = || ApiError::bad_request(format!("cursor {raw:?} is not a cursor from this API"));
     let (micros, id) = raw.split_once('_').ok_or_else(invalid)?;
     let micros: i64 = micros.parse().map_err(|_| invalid())?;
+    // Before the epoch no session was created; far ones are outside Postgres' range.
+    if !(0..=999_999_999_999_999_999).contains(&micros) {
+        return Err(invalid());
+    }
     let created_at = DateTime::<Utc>::from_timestamp_micros(micros).ok_or_else(invalid)?;
     let id: Uuid = id.parse().map_err(|_| invalid())?;
     Ok(SessionCursor { created_at, id })
@@ -107,7 +116,7 @@ pub async fn list_sessions(
     State(state): State<AppState>,
     ApiQuery(q): ApiQuery<ListQuery>,
 ) -> ApiResult<Json<SessionPage>> {
-    let limit = page_limit(q.limit, 50, 200)?;
+    let limit = page_limit(q.limit, 50, MAX_LIST_LIMIT)?;
     let after = q.cursor.as_deref().map(decode_cursor).transpose()?;
     let rows = state.service.list(q.status, after, limit).await?;
     let next_cursor = (rows.len() as i64 == limit)
@@ -195,7 +204,8 @@ pub async fn pause_session(
 #[utoipa::path(
     post, path = "/api/autonomous/{id}/resume", tag = "control",
     params(("id" = Uuid, Path, description = "Session id")),
-    request_body(content = Option<ResumeSession>, description = "Optional guidance and limits"),
+    request_body(content = Option<ResumeSession>,
+        description = "Optional guidance, limits, goal or reopen; an absent or `null` body means no changes"),
     responses(
         (status = 200, description = "The session, running again", body = SessionView),
         (status = 404, description = "No such session", body = Problem, content_type = "application/problem+json"),
@@ -252,7 +262,7 @@ pub async fn list_iterations(
     ApiQuery(q): ApiQuery<AfterPage>,
 ) -> ApiResult<Json<IterationPage>> {
     ensure_exists(&state, id).await?;
-    let limit = page_limit(q.limit, 100, 500)?;
+    let limit = page_limit(q.limit, 100, MAX_PAGE_LIMIT)?;
     let rows = state
         .service
         .reads()
@@ -282,7 +292,7 @@ pub async fn list_checkpoints(
     ApiQuery(q): ApiQuery<AfterPage>,
 ) -> ApiResult<Json<CheckpointPage>> {
     ensure_exists(&state, id).await?;
-    let limit = page_limit(q.limit, 100, 500)?;
+    let limit = page_limit(q.limit, 100, MAX_PAGE_LIMIT)?;
     let rows = state
         .service
         .reads()
@@ -305,9 +315,11 @@ pub async fn list_checkpoints(
     get, path = "/api/autonomous/{id}/events", tag = "history",
     params(("id" = Uuid, Path, description = "Session id"), AfterPage),
     responses(
-        (status = 200, description = "A page of events, or the live stream", content(
+        (status = 200, description = "A page of events (`EventPage`), or with `Accept: text/event-stream` the \
+live stream: Server-Sent Events whose `event` is the event kind, `id` the sequence number and `data` one \
+`EventView` as JSON", content(
             (EventPage = "application/json"),
-            (EventView = "text/event-stream"),
+            (String = "text/event-stream"),
         )),
         (status = 404, description = "No such session", body = Problem, content_type = "application/problem+json"),
     )
@@ -324,7 +336,7 @@ pub async fn list_events(
         let after = stream::last_event_id(&headers).or(q.after).unwrap_or(0);
         return Ok(stream::session_events(reads, id, after));
     }
-    let limit = page_limit(q.limit, 100, 500)?;
+    let limit = page_limit(q.limit, 100, MAX_PAGE_LIMIT)?;
     let rows = reads.events(id, q.after.unwrap_or(0), limit).await?;
     Ok(Json(event_page(rows, limit)).into_response())
 }
@@ -333,14 +345,41 @@ pub async fn list_events(
 /// status or progress changes, its status document (`event: session`).
 #[utoipa::path(
     get, path = "/api/autonomous/events", tag = "sessions",
-    responses((status = 200, description = "Server-Sent Events of session status documents",
-        content((SessionView = "text/event-stream"))))
+    responses(
+        (status = 200, description = "Server-Sent Events, each `event: session` with `data` one \
+`SessionView` as JSON and `id` its change time (send it back as `Last-Event-ID` to continue)",
+            content((String = "text/event-stream"))),
+        (status = 406, description = "The request accepts no `text/event-stream`", body = Problem, content_type = "application/problem+json"),
+    )
 )]
 pub async fn session_changes(State(state): State<AppState>, headers: HeaderMap) -> Response {
+    // This URL has no other form: a client that takes no event stream is told
+    // so at once instead of being held on an endless answer.
+    if !accepts_stream(&headers) {
+        return ApiError::new(
+            StatusCode::NOT_ACCEPTABLE,
+            "not_acceptable",
+            "this endpoint answers only text/event-stream; send Accept: text/event-stream",
+        )
+        .into_response();
+    }
     let since = stream::last_event_id(&headers)
         .and_then(DateTime::<Utc>::from_timestamp_micros)
         .unwrap_or(DateTime::<Utc>::UNIX_EPOCH);
     stream::session_changes(state.service.reads().clone(), since)
+}
+
+/// Whether the `Accept` header (absent means anything) allows an event stream.
+fn accepts_stream(headers: &HeaderMap) -> bool {
+    let Some(accept) = headers.get(header::ACCEPT) else {
+        return true;
+    };
+    accept.to_str().is_ok_and(|v| {
+        v.split(',').any(|range| {
+            let mime = range.split(';').next().unwrap_or("").trim();
+            matches!(mime, "*/*" | "text/*" | "text/event-stream")
+        })
+    })
 }
 
 fn event_page(rows: Vec<LoggedEvent>, limit: i64) -> EventPage {
@@ -369,7 +408,7 @@ pub async fn list_decisions(
     ApiQuery(q): ApiQuery<DecisionQuery>,
 ) -> ApiResult<Json<EventPage>> {
     ensure_exists(&state, id).await?;
-    let limit = page_limit(q.limit, 100, 500)?;
+    let limit = page_limit(q.limit, 100, MAX_PAGE_LIMIT)?;
     let rows = state
         .service
         .reads()
@@ -398,7 +437,7 @@ pub async fn list_reflections(
     ApiQuery(q): ApiQuery<AfterPage>,
 ) -> ApiResult<Json<ReflectionPage>> {
     ensure_exists(&state, id).await?;
-    let limit = page_limit(q.limit, 100, 500)?;
+    let limit = page_limit(q.limit, 100, MAX_PAGE_LIMIT)?;
     let after = i32::try_from(q.after.unwrap_or(0)).unwrap_or(i32::MAX);
     let rows = state.service.reads().reflections(id, after, limit).await?;
     let next_after = (rows.len() as i64 == limit)

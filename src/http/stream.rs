@@ -67,7 +67,6 @@ struct SessionTail {
     after: i64,
     rx: broadcast::Receiver<Uuid>,
     pending: VecDeque<LoggedEvent>,
-    finished: bool,
 }
 
 fn session_stream(
@@ -81,16 +80,13 @@ fn session_stream(
         id,
         after,
         pending: VecDeque::new(),
-        finished: false,
     };
     futures::stream::unfold(tail, |mut t| async move {
         loop {
+            // An end event in the log need not be the end: a resumed session
+            // has one per run. The stream ends below, once caught up with a
+            // session whose current state is ended.
             if let Some(event) = t.pending.pop_front() {
-                // The status change that ends the loop is the stream's last event.
-                if event.event.ends_loop() {
-                    t.finished = true;
-                    t.pending.clear();
-                }
                 let seq = event.seq;
                 let kind = event.event.kind();
                 let view = EventView::from(event);
@@ -100,9 +96,6 @@ fn session_stream(
                     .json_data(&view)
                     .unwrap_or_else(|_| Event::default().comment("unserializable event"));
                 return Some((Ok(sse), t));
-            }
-            if t.finished {
-                return None;
             }
             match t.store.events(t.id, t.after, PAGE).await {
                 Ok(rows) if !rows.is_empty() => {

@@ -7,8 +7,8 @@ use utoipa::ToSchema;
 
 /// Most items one checklist may hold.
 pub const MAX_ITEMS: usize = 20;
-/// Longest item text, in bytes.
-pub const MAX_ITEM_BYTES: usize = 500;
+/// Longest item text, in characters (as JSON Schema's `maxLength` counts).
+pub const MAX_ITEM_CHARS: usize = 500;
 
 /// One criterion or milestone.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
@@ -34,8 +34,10 @@ pub fn from_texts(field: &str, texts: &[String]) -> Result<Vec<ChecklistItem>, S
         .enumerate()
         .map(|(i, t)| {
             let text = t.trim();
-            if text.is_empty() || text.len() > MAX_ITEM_BYTES {
-                Err(format!("{field}[{i}] must be 1 to {MAX_ITEM_BYTES} bytes"))
+            if text.is_empty() || text.chars().count() > MAX_ITEM_CHARS {
+                Err(format!(
+                    "{field}[{i}] must be 1 to {MAX_ITEM_CHARS} characters"
+                ))
             } else {
                 Ok(ChecklistItem {
                     text: text.to_string(),

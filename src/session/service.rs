@@ -32,10 +32,10 @@ use crate::store::{
     StoreError,
 };
 
-/// Longest goal accepted, in bytes.
-pub const MAX_GOAL_BYTES: usize = 10_000;
-/// Longest guidance accepted, in bytes.
-pub const MAX_GUIDANCE_BYTES: usize = 10_000;
+/// Longest goal accepted, in characters (as JSON Schema's `maxLength` counts).
+pub const MAX_GOAL_CHARS: usize = 10_000;
+/// Longest guidance accepted, in characters.
+pub const MAX_GUIDANCE_CHARS: usize = 10_000;
 
 /// Request to create a session.
 #[derive(Debug, Clone, Deserialize, ToSchema)]
@@ -156,10 +156,10 @@ fn validate_goal(goal: &str) -> Result<String> {
     if goal.is_empty() {
         return Err(ServiceError::Invalid("goal must not be empty".into()));
     }
-    if goal.len() > MAX_GOAL_BYTES {
+    if goal.chars().count() > MAX_GOAL_CHARS {
         return Err(ServiceError::Invalid(format!(
-            "goal must be at most {MAX_GOAL_BYTES} bytes, got {}",
-            goal.len()
+            "goal must be at most {MAX_GOAL_CHARS} characters, got {}",
+            goal.chars().count()
         )));
     }
     if let Some(why) = ambiguity::refusal(goal) {
@@ -640,11 +640,11 @@ impl SessionService {
             .map(str::trim)
             .filter(|g| !g.is_empty());
         if let Some(g) = guidance
-            && g.len() > MAX_GUIDANCE_BYTES
+            && g.chars().count() > MAX_GUIDANCE_CHARS
         {
             return Err(ServiceError::Invalid(format!(
-                "guidance must be at most {MAX_GUIDANCE_BYTES} bytes, got {}",
-                g.len()
+                "guidance must be at most {MAX_GUIDANCE_CHARS} characters, got {}",
+                g.chars().count()
             )));
         }
         let mut tx = self.store.begin().await?;

@@ -9,6 +9,7 @@ mod egress;
 mod goals;
 mod http;
 mod model;
+mod openapi;
 mod recovery;
 mod sessions;
 mod store;

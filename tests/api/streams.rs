@@ -360,3 +360,35 @@ async fn metrics_parse_and_match_the_sessions_that_ran(pool: PgPool) {
         5.0
     );
 }
+
+#[sqlx::test]
+async fn replay_of_a_resumed_session_runs_through_every_run_to_the_live_tail(pool: PgPool) {
+    let (_process, app) = service(pool).await;
+    let id = app.create_scripted(script(6, 100), json!({})).await;
+    app.wait_until(&id, Duration::from_secs(20), |s| {
+        s["iterations"].as_i64() >= Some(1)
+    })
+    .await;
+    let (status, body) = app.post(&format!("/api/autonomous/{id}/stop"), None).await;
+    assert_eq!(status, reqwest::StatusCode::OK, "{body}");
+    assert_eq!(body["status"], "interrupted");
+    let (status, body) = app
+        .post(&format!("/api/autonomous/{id}/resume"), None)
+        .await;
+    assert_eq!(status, reqwest::StatusCode::OK, "{body}");
+    // From 0 while the second run is live: past the first run's end event,
+    // through the second run, to its end.
+    let path = format!("/api/autonomous/{id}/events");
+    let frames = collect(app.base.clone(), path, None, |_| false, 10_000).await;
+    let s = app.session(&id).await;
+    assert_eq!(s["status"], "completed");
+    let expected: Vec<i64> = (1..=s["last_event_seq"].as_i64().unwrap()).collect();
+    assert_eq!(ids(&frames), expected, "every event of both runs, in order");
+    let ends: Vec<&Value> = frames
+        .iter()
+        .filter(|f| f.event.as_deref() == Some("status_changed"))
+        .map(|f| &f.data["data"]["to"])
+        .filter(|to| *to != "running")
+        .collect();
+    assert_eq!(ends, [&json!("interrupted"), &json!("completed")]);
+}

@@ -38,6 +38,39 @@ pub enum ConfigError {
     },
 }
 
+/// A secret string whose `Debug` never shows it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl Secret {
+    /// Wraps a secret.
+    pub fn new(value: impl Into<String>) -> Secret {
+        Secret(value.into())
+    }
+
+    /// The secret itself, for the one place that must send or show it.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Secret(<redacted>)")
+    }
+}
+
+/// Who may call the API (issue 15): see `crate::auth`.
+#[derive(Debug, Clone, Default)]
+pub struct AuthConfig {
+    /// `WARDEN_ADMIN_TOKEN`: an admin key from the environment.
+    pub admin_token: Option<Secret>,
+    /// `WARDEN_METRICS_TOKEN`: a token that may read `/metrics` only.
+    pub metrics_token: Option<Secret>,
+    /// `WARDEN_AUTH=off`: no keys required, on any address (warned at start).
+    pub off: bool,
+}
+
 /// Defaults a new session gets when its create request leaves them out.
 #[derive(Debug, Clone)]
 pub struct SessionDefaults {
@@ -105,7 +138,7 @@ pub struct Config {
     /// `WARDEN_LISTEN_ADDR`, default 127.0.0.1:8080.
     pub listen_addr: SocketAddr,
     /// `DATABASE_URL`.
-    pub database_url: String,
+    pub database_url: Secret,
     /// `WARDEN_DB_MAX_CONNECTIONS`, default 16.
     pub db_max_connections: u32,
     /// `WARDEN_LOOP_THREADS`: worker threads of the runtime that runs the
@@ -144,6 +177,8 @@ pub struct Config {
     /// The outbound-request policy for client-chosen URLs:
     /// `WARDEN_EGRESS_ALLOW` and `WARDEN_EGRESS_MAX_RESPONSE_BYTES`.
     pub egress: Arc<EgressPolicy>,
+    /// Keys and tokens (`WARDEN_ADMIN_TOKEN`, `WARDEN_METRICS_TOKEN`, `WARDEN_AUTH`).
+    pub auth: AuthConfig,
 }
 
 /// Reads configuration values from a source of variables.
@@ -157,6 +192,21 @@ impl Env<'_> {
             .get(var)
             .map(String::as_str)
             .filter(|v| !v.trim().is_empty())
+    }
+
+    /// A secret of at least `min_len` characters; the error never shows it.
+    fn secret(&self, var: &'static str, min_len: usize) -> Result<Option<Secret>, ConfigError> {
+        match self.raw(var).map(str::trim) {
+            None => Ok(None),
+            Some(v) if v.len() >= min_len => Ok(Some(Secret::new(v))),
+            Some(_) => Err(ConfigError::Invalid {
+                var,
+                value: "<redacted>".into(),
+                expected: format!(
+                    "a secret of at least {min_len} characters (e.g. openssl rand -hex 32)"
+                ),
+            }),
+        }
     }
 
     fn parse<T>(&self, var: &'static str, default: T, min: T, max: T) -> Result<T, ConfigError>
@@ -264,7 +314,8 @@ impl Config {
         if !database_url.starts_with("postgres://") && !database_url.starts_with("postgresql://") {
             return Err(ConfigError::Invalid {
                 var: "DATABASE_URL",
-                value: database_url,
+                // It may carry a password.
+                value: "<redacted>".into(),
                 expected: "a postgres:// URL".into(),
             });
         }
@@ -385,7 +436,7 @@ impl Config {
         let auto_refine_goals = env.bool("AUTONOMOUS_AUTO_REFINE_GOALS", false)?;
         Ok(Config {
             listen_addr,
-            database_url,
+            database_url: Secret::new(database_url),
             db_max_connections: env.parse("WARDEN_DB_MAX_CONNECTIONS", 16, 1, 1_000)?,
             loop_threads: env.parse(
                 "WARDEN_LOOP_THREADS",
@@ -419,6 +470,21 @@ impl Config {
                 }
             },
             egress: Arc::new(egress),
+            auth: AuthConfig {
+                admin_token: env.secret("WARDEN_ADMIN_TOKEN", 16)?,
+                metrics_token: env.secret("WARDEN_METRICS_TOKEN", 16)?,
+                off: match env.raw("WARDEN_AUTH").map(str::trim) {
+                    None | Some("on") => false,
+                    Some("off") => true,
+                    Some(other) => {
+                        return Err(ConfigError::Invalid {
+                            var: "WARDEN_AUTH",
+                            value: other.to_string(),
+                            expected: "on or off".into(),
+                        });
+                    }
+                },
+            },
         })
     }
 }
@@ -534,6 +600,43 @@ mod tests {
         assert_eq!(c.models.reflection_temperature, 0.7);
         assert_eq!(c.models.reflection_top_p, 0.6);
         assert!(c.models.reflection_available());
+    }
+
+    #[test]
+    fn secrets_are_read_and_never_shown() {
+        let c = Config::from_vars(&vars(&[
+            ("DATABASE_URL", "postgres://u:hunter2-db@h/warden"),
+            ("WARDEN_ADMIN_TOKEN", "admin-token-0123456789"),
+            ("WARDEN_METRICS_TOKEN", "metrics-token-0123456789"),
+        ]))
+        .unwrap();
+        assert_eq!(
+            c.auth.admin_token.as_ref().map(Secret::expose),
+            Some("admin-token-0123456789")
+        );
+        assert!(!c.auth.off);
+        let shown = format!("{c:?}");
+        for secret in [
+            "hunter2-db",
+            "admin-token-0123456789",
+            "metrics-token-0123456789",
+        ] {
+            assert!(!shown.contains(secret), "{secret} in {shown}");
+        }
+        let err = Config::from_vars(&vars(&[("WARDEN_ADMIN_TOKEN", "short")])).unwrap_err();
+        assert!(
+            err.to_string().contains("WARDEN_ADMIN_TOKEN") && !err.to_string().contains("short")
+        );
+        let err =
+            Config::from_vars(&vars(&[("DATABASE_URL", "mysql://u:pw-secret@h/x")])).unwrap_err();
+        assert!(!err.to_string().contains("pw-secret"));
+        assert!(
+            Config::from_vars(&vars(&[("WARDEN_AUTH", "off")]))
+                .unwrap()
+                .auth
+                .off
+        );
+        assert!(Config::from_vars(&vars(&[("WARDEN_AUTH", "maybe")])).is_err());
     }
 
     #[test]

@@ -3,6 +3,7 @@
 //! Layers, with dependencies pointing one way:
 //! `http` → `session` → (`executor`, `store`) → `policy`.
 
+pub mod auth;
 pub mod config;
 pub mod egress;
 pub mod event;
@@ -44,6 +45,16 @@ pub enum AppError {
     /// The server failed.
     #[error("server error: {0}")]
     Serve(std::io::Error),
+    /// Asked to listen beyond loopback with no way to authenticate.
+    #[error(
+        "refusing to listen on {0} without authentication: set WARDEN_ADMIN_TOKEN (an admin key, e.g. `openssl rand -hex 32`) \
+or create a key with `warden keys create --tenant NAME --role admin`; or listen on 127.0.0.1; \
+or set WARDEN_AUTH=off to serve everyone who can reach the port"
+    )]
+    Unprotected(SocketAddr),
+    /// Keys could not be read at start.
+    #[error("cannot read API keys: {0}")]
+    Auth(#[from] auth::AuthError),
     /// The runtime for the session loops could not be started.
     #[error("cannot start the session runtime: {0}")]
     Runtime(std::io::Error),
@@ -141,7 +152,7 @@ impl Application {
         } else {
             (config.db_max_connections / 4).max(2)
         };
-        let store = Store::connect(&config.database_url, api_connections).await?;
+        let store = Store::connect(config.database_url.expose(), api_connections).await?;
         store.migrate().await?;
         Application::build_with_store(config, store).await
     }
@@ -150,6 +161,24 @@ impl Application {
     /// sessions, and starts serving.
     pub async fn build_with_store(config: Config, store: Store) -> Result<Application, AppError> {
         let config = Arc::new(config);
+        let auth = auth::Authenticator::new(
+            store.clone(),
+            config.auth.admin_token.as_ref(),
+            config.auth.metrics_token.as_ref(),
+            config.auth.off,
+        )
+        .await?;
+        match auth.mode() {
+            auth::AuthMode::On => tracing::info!("API keys required"),
+            auth::AuthMode::Off => tracing::warn!(
+                "WARDEN_AUTH=off: AUTHENTICATION IS DISABLED; anyone who can reach {} can read and control every session",
+                config.listen_addr
+            ),
+            auth::AuthMode::Protected if config.listen_addr.ip().is_loopback() => tracing::warn!(
+                "authentication is off (no WARDEN_ADMIN_TOKEN and no API keys): serving loopback only"
+            ),
+            auth::AuthMode::Protected => return Err(AppError::Unprotected(config.listen_addr)),
+        }
         let listener = TcpListener::bind(config.listen_addr)
             .await
             .map_err(|source| AppError::Bind {
@@ -191,7 +220,14 @@ impl Application {
             tokio::spawn(supervisor.clone().maintain()),
             tokio::spawn(supervisor.clone().listen()),
         ];
-        let app = http::router(http::AppState { service, metrics }, config.max_body_bytes);
+        let app = http::router(
+            http::AppState {
+                service,
+                metrics,
+                auth,
+            },
+            config.max_body_bytes,
+        );
         let stop_serving = CancellationToken::new();
         let graceful = stop_serving.clone();
         let server = tokio::spawn(async move {

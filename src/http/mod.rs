@@ -2,9 +2,11 @@
 //! document and the docs page. Handlers only translate between HTTP and the
 //! session service.
 
+mod auth;
 pub mod error;
 mod extract;
 mod health;
+pub mod keys;
 pub mod openapi;
 pub mod sessions;
 pub mod stream;
@@ -28,6 +30,8 @@ pub struct AppState {
     pub service: SessionService,
     /// This process's metrics.
     pub metrics: std::sync::Arc<crate::metrics::Metrics>,
+    /// Who may call what.
+    pub auth: crate::auth::Authenticator,
 }
 
 fn panic_response(_: Box<dyn std::any::Any + Send + 'static>) -> axum::response::Response {
@@ -45,14 +49,22 @@ fn panic_response(_: Box<dyn std::any::Any + Send + 'static>) -> axum::response:
 pub fn router(state: AppState, max_body_bytes: usize) -> Router {
     let api =
         sessions::router().method_not_allowed_fallback(|| async { ApiError::method_not_allowed() });
+    let keys =
+        keys::router().method_not_allowed_fallback(|| async { ApiError::method_not_allowed() });
     Router::new()
         .nest("/api/autonomous", api)
+        .nest("/api/keys", keys)
         .merge(health::router())
         .merge(openapi::router())
         .route("/", axum::routing::get(dashboard))
         // Every route, health and docs included, answers a wrong method with a problem.
         .method_not_allowed_fallback(|| async { ApiError::method_not_allowed() })
         .fallback(|| async { ApiError::no_route() })
+        // Every request, known route or not, passes the one auth gate.
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            auth::guard,
+        ))
         .with_state(state)
         .layer(DefaultBodyLimit::max(max_body_bytes))
         .layer(axum::Extension(extract::BodyLimit(max_body_bytes)))

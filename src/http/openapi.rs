@@ -50,6 +50,9 @@ use crate::session::service::{MAX_GOAL_CHARS, MAX_GUIDANCE_CHARS};
         super::health::healthz,
         super::health::readyz,
         super::health::metrics,
+        super::keys::create_key,
+        super::keys::list_keys,
+        super::keys::revoke_key,
     ),
     components(schemas(
         super::views::EventView,
@@ -64,6 +67,7 @@ use crate::session::service::{MAX_GOAL_CHARS, MAX_GUIDANCE_CHARS};
         (name = "control", description = "Stop, pause, resume and retune sessions"),
         (name = "history", description = "Iterations, checkpoints, events and decisions"),
         (name = "health", description = "Probes"),
+        (name = "keys", description = "API keys (admin)"),
     )
 )]
 pub struct ApiDoc;
@@ -385,6 +389,14 @@ fn add_shared_errors(doc: &mut Value) {
 no string may contain NUL (U+0000), which Postgres cannot store",
         ),
         (
+            "Unauthorized",
+            "No key, a malformed, unknown or revoked key: send Authorization: Bearer <key>",
+        ),
+        (
+            "Forbidden",
+            "The key's role may not do this, or a cross-site request (foreign Origin, not JSON) was refused",
+        ),
+        (
             "InternalError",
             "An internal error; it is logged, never detailed",
         ),
@@ -401,13 +413,36 @@ no string may contain NUL (U+0000), which Postgres cannot store",
         for (name, description) in shared {
             responses[name] = problem(description);
         }
+        let schemes = components
+            .entry("securitySchemes")
+            .or_insert_with(|| json!({}));
+        schemes["bearer"] = json!({
+            "type": "http",
+            "scheme": "bearer",
+            "description": "An API key (wdn_…) from POST /api/keys, `warden keys create` or WARDEN_ADMIN_TOKEN",
+        });
     }
     let Some(paths) = doc.get_mut("paths").and_then(Value::as_object_mut) else {
         return;
     };
-    for item in paths.values_mut().filter_map(Value::as_object_mut) {
+    for (path, item) in paths.iter_mut() {
+        let Some(item) = item.as_object_mut() else {
+            continue;
+        };
+        // The probes are the only operations open without a key.
+        let open = matches!(path.as_str(), "/healthz" | "/readyz");
         for op in item.values_mut().filter_map(Value::as_object_mut) {
             add_operation_errors(op);
+            if !open {
+                op.insert("security".into(), json!([{ "bearer": [] }]));
+                if let Some(responses) = op.get_mut("responses").and_then(Value::as_object_mut) {
+                    for (code, name) in [("401", "Unauthorized"), ("403", "Forbidden")] {
+                        responses.entry(code).or_insert_with(
+                            || json!({ "$ref": format!("#/components/responses/{name}") }),
+                        );
+                    }
+                }
+            }
         }
     }
 }

@@ -1,12 +1,12 @@
 //! `/api/autonomous`: create, list, inspect, stop, pause, resume and update
 //! sessions, and read their iterations, checkpoints, events and decisions.
 
-use axum::Json;
 use axum::Router;
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+use axum::{Extension, Json};
 use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
@@ -18,6 +18,7 @@ use super::views::{
     AfterPage, CheckpointPage, DecisionQuery, EventPage, IterationPage, ListQuery, OutcomeMetrics,
     RefinementList, ReflectionPage, SessionPage, SessionView, TaskList, VelocityPoint,
 };
+use crate::auth::Principal;
 use crate::session::{CreateSession, LoggedEvent, RefinementChoice, ResumeSession, UpdateSession};
 use crate::store::SessionCursor;
 
@@ -93,9 +94,14 @@ fn decode_cursor(raw: &str) -> ApiResult<SessionCursor> {
 )]
 pub async fn create_session(
     State(state): State<AppState>,
+    Extension(caller): Extension<Principal>,
     ApiJson(req): ApiJson<CreateSession>,
 ) -> ApiResult<(StatusCode, HeaderMap, Json<SessionView>)> {
-    let session = state.service.create(req).await?;
+    let tenant = caller.create_tenant();
+    if !crate::auth::valid_tenant(tenant) {
+        return Err(ApiError::bad_request(format!("invalid tenant {tenant:?}")));
+    }
+    let session = state.service.create(req, tenant).await?;
     let mut headers = HeaderMap::new();
     if let Ok(location) = HeaderValue::from_str(&format!("/api/autonomous/{}", session.id)) {
         headers.insert(header::LOCATION, location);
@@ -114,11 +120,15 @@ pub async fn create_session(
 )]
 pub async fn list_sessions(
     State(state): State<AppState>,
+    Extension(caller): Extension<Principal>,
     ApiQuery(q): ApiQuery<ListQuery>,
 ) -> ApiResult<Json<SessionPage>> {
     let limit = page_limit(q.limit, 50, MAX_LIST_LIMIT)?;
     let after = q.cursor.as_deref().map(decode_cursor).transpose()?;
-    let rows = state.service.list(q.status, after, limit).await?;
+    let rows = state
+        .service
+        .list(q.status, after, limit, caller.scope.as_deref())
+        .await?;
     let next_cursor = (rows.len() as i64 == limit)
         .then(|| rows.last())
         .flatten()
@@ -352,7 +362,11 @@ pub async fn list_events(
         (status = 406, description = "The request accepts no `text/event-stream`", body = Problem, content_type = "application/problem+json"),
     )
 )]
-pub async fn session_changes(State(state): State<AppState>, headers: HeaderMap) -> Response {
+pub async fn session_changes(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Principal>,
+    headers: HeaderMap,
+) -> Response {
     // This URL has no other form: a client that takes no event stream is told
     // so at once instead of being held on an endless answer.
     if !accepts_stream(&headers) {
@@ -366,7 +380,7 @@ pub async fn session_changes(State(state): State<AppState>, headers: HeaderMap) 
     let since = stream::last_event_id(&headers)
         .and_then(DateTime::<Utc>::from_timestamp_micros)
         .unwrap_or(DateTime::<Utc>::UNIX_EPOCH);
-    stream::session_changes(state.service.reads().clone(), since)
+    stream::session_changes(state.service.reads().clone(), since, caller.scope)
 }
 
 /// Whether the `Accept` header (absent means anything) allows an event stream.
@@ -515,6 +529,16 @@ pub async fn list_tasks(
     get, path = "/api/autonomous/outcomes", tag = "sessions",
     responses((status = 200, description = "Outcome metrics", body = OutcomeMetrics))
 )]
-pub async fn outcomes(State(state): State<AppState>) -> ApiResult<Json<OutcomeMetrics>> {
-    Ok(Json(state.service.reads().outcomes().await?.into()))
+pub async fn outcomes(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Principal>,
+) -> ApiResult<Json<OutcomeMetrics>> {
+    Ok(Json(
+        state
+            .service
+            .reads()
+            .outcomes(caller.scope.as_deref())
+            .await?
+            .into(),
+    ))
 }

@@ -142,16 +142,19 @@ struct ListTail {
     rx: broadcast::Receiver<Uuid>,
     sent: HashMap<Uuid, (Status, i64, DateTime<Utc>)>,
     pending: VecDeque<SessionView>,
+    tenant: Option<String>,
 }
 
 fn list_stream(
     store: SessionReads,
     since: DateTime<Utc>,
+    tenant: Option<String>,
 ) -> impl Stream<Item = Result<Event, Infallible>> {
     let tail = ListTail {
         rx: store.subscribe(),
         store,
         since,
+        tenant,
         sent: HashMap::new(),
         pending: VecDeque::new(),
     };
@@ -169,7 +172,11 @@ fn list_stream(
             // Re-read a little before the last change seen: commits can land
             // out of timestamp order. `sent` drops what was already delivered.
             let from = t.since - chrono::Duration::seconds(2);
-            match t.store.sessions_changed_since(from, 500).await {
+            match t
+                .store
+                .sessions_changed_since(from, 500, t.tenant.as_deref())
+                .await
+            {
                 Ok(rows) => {
                     for s in rows {
                         let key = (s.status, s.counters.iterations, s.updated_at);
@@ -194,9 +201,13 @@ fn list_stream(
     })
 }
 
-/// The SSE response of every session change after `since`.
-pub fn session_changes(store: SessionReads, since: DateTime<Utc>) -> Response {
-    Sse::new(list_stream(store, since))
+/// The SSE response of every session change after `since`, of one tenant (`None`: all).
+pub fn session_changes(
+    store: SessionReads,
+    since: DateTime<Utc>,
+    tenant: Option<String>,
+) -> Response {
+    Sse::new(list_stream(store, since, tenant))
         .keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
         .into_response()
 }

@@ -431,6 +431,9 @@ pub struct ListQuery {
     pub cursor: Option<String>,
     /// Page size, 1 – 200 (default 50).
     pub limit: Option<i64>,
+    /// Admins only: the sessions of this tenant (default: every tenant).
+    /// Other keys always see their own tenant's.
+    pub tenant: Option<String>,
 }
 
 /// A stored reflection.

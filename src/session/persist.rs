@@ -34,10 +34,10 @@ async fn insert_session(
     let token = owner.map(|_| Uuid::new_v4());
     sqlx::query(
         "INSERT INTO sessions (id, goal, mode, status, limits, executor, owner, lease_token, lease_expires_at, heartbeat_at,
-                               original_goal, refinement, criteria, milestones, refinement_tokens, tokens_used)
+                               original_goal, refinement, criteria, milestones, refinement_tokens, tokens_used, tenant)
          VALUES ($1, $2, $3, CASE WHEN $6::uuid IS NULL THEN 'awaiting_refinement' ELSE 'running' END, $4, $5,
                  $6, $7, CASE WHEN $6::uuid IS NULL THEN NULL ELSE now() + make_interval(secs => $8) END,
-                 CASE WHEN $6::uuid IS NULL THEN NULL ELSE now() END, $9, $10, $11, $12, $13, $13)",
+                 CASE WHEN $6::uuid IS NULL THEN NULL ELSE now() END, $9, $10, $11, $12, $13, $13, $14)",
     )
     .bind(new.id)
     .bind(&new.goal)
@@ -52,6 +52,7 @@ async fn insert_session(
     .bind(Json(&new.criteria))
     .bind(Json(&new.milestones))
     .bind(new.refinement_tokens)
+    .bind(&new.tenant)
     .execute(conn)
     .await?;
     Ok(token.map(|token| Lease {
@@ -112,6 +113,7 @@ mod tests {
                 context_budget_tokens: 32_000,
             },
             executor: json!({ "kind": "scripted", "steps": [] }),
+            tenant: "default".into(),
             original_goal: Some(original.into()),
             refinement: Some(json!({ "suggested_goal": goal })),
             criteria: Vec::new(),

@@ -121,18 +121,22 @@ impl SessionReads {
         Ok(self.store.tasks(id).await?)
     }
 
-    /// Outcome metrics over all sessions.
-    pub async fn outcomes(&self) -> Result<Outcomes> {
-        Ok(self.store.outcomes().await?)
+    /// Outcome metrics over the sessions of one tenant (`None`: all).
+    pub async fn outcomes(&self, tenant: Option<&str>) -> Result<Outcomes> {
+        Ok(self.store.outcomes(tenant).await?)
     }
 
-    /// Sessions changed since `since`, oldest change first.
+    /// Sessions of one tenant (`None`: all) changed since `since`, oldest change first.
     pub async fn sessions_changed_since(
         &self,
         since: DateTime<Utc>,
         limit: i64,
+        tenant: Option<&str>,
     ) -> Result<Vec<SessionRecord>> {
-        Ok(self.store.sessions_changed_since(since, limit).await?)
+        Ok(self
+            .store
+            .sessions_changed_since(since, limit, tenant)
+            .await?)
     }
 
     /// Wakes on every in-process append to a session's log.

@@ -198,11 +198,11 @@ impl SessionService {
     /// Creates a session and starts its loop: validate, pre-flight (goal
     /// refinement, generated checklists), then persist in one transaction.
     #[tracing::instrument(skip_all)]
-    pub async fn create(&self, req: CreateSession) -> Result<SessionRecord> {
+    pub async fn create(&self, req: CreateSession, tenant: &str) -> Result<SessionRecord> {
         let request = self.validate_create(req)?;
         let plan = self.preflight(&request).await?;
         let acquired = Instant::now();
-        let (record, lease) = self.persist_new(request, plan).await?;
+        let (record, lease) = self.persist_new(request, plan, tenant).await?;
         tracing::info!(session_id = %record.id, status = record.status.as_str(), "session created");
         if let Some(lease) = lease {
             self.supervisor
@@ -355,6 +355,7 @@ impl SessionService {
         &self,
         request: NewRequest,
         plan: Preflight,
+        tenant: &str,
     ) -> Result<(SessionRecord, Option<store::Lease>)> {
         let NewRequest {
             goal,
@@ -396,6 +397,7 @@ impl SessionService {
             criteria: plan.criteria,
             milestones: plan.milestones,
             refinement_tokens: i64::try_from(plan.tokens).unwrap_or(i64::MAX),
+            tenant: tenant.to_string(),
         };
         let first_refinement = new.original_goal.as_ref().map(|from| FirstRefinement {
             from,
@@ -498,8 +500,12 @@ impl SessionService {
         status: Option<Status>,
         after: Option<SessionCursor>,
         limit: i64,
+        tenant: Option<&str>,
     ) -> Result<Vec<SessionRecord>> {
-        Ok(self.store.list_sessions(status, after, limit).await?)
+        Ok(self
+            .store
+            .list_sessions(status, after, limit, tenant)
+            .await?)
     }
 
     /// Stops a session: persisted first, then signalled; waits for the loop to land.

@@ -14,6 +14,7 @@ mod events;
 mod group_commit;
 mod iterations;
 mod journal;
+mod keys;
 mod leases;
 mod outcomes;
 mod reflections;
@@ -23,6 +24,7 @@ mod tasks;
 
 pub use control::{BadControlNote, CONTROL_CHANNEL, ControlAction, ControlNote};
 pub use events::append as append_events;
+pub use keys::{KeyRecord, NewKey};
 pub use rows::{
     CheckpointRecord, Claimed, ControlFlags, Counters, EventRecord, IterationRecord, Lease,
     NewEvent, NewIteration, NewReflection, NewSession, Outcomes, RefinementRecord,

@@ -38,16 +38,25 @@ minutes,
         Ok(out)
     }
 
-    /// Outcome metrics over every stored session.
-    pub async fn outcomes(&self) -> Result<Outcomes> {
-        let mut out = Outcomes {
-            by_status: self.sessions_by_status().await?,
-            ..Outcomes::default()
-        };
+    /// Outcome metrics over the stored sessions of one tenant (`None`: every tenant).
+    pub async fn outcomes(&self, tenant: Option<&str>) -> Result<Outcomes> {
+        let mut out = Outcomes::default();
+        for row in sqlx::query!(
+            r#"SELECT status, count(*) AS "count!" FROM sessions
+             WHERE ($1::text IS NULL OR tenant = $1) GROUP BY status"#,
+            tenant,
+        )
+        .fetch_all(&self.pool)
+        .await?
+        {
+            out.by_status.insert(row.status, row.count);
+        }
         for row in sqlx::query!(
             r#"SELECT reason AS "reason!", count(*) AS "count!" FROM sessions
-             WHERE reason IS NOT NULL AND status <> $1 GROUP BY reason"#,
+             WHERE reason IS NOT NULL AND status <> $1 AND ($2::text IS NULL OR tenant = $2)
+             GROUP BY reason"#,
             Status::Running as Status,
+            tenant,
         )
         .fetch_all(&self.pool)
         .await?
@@ -55,22 +64,30 @@ minutes,
             out.by_reason.insert(row.reason, row.count);
         }
         out.average_iterations_to_completion = sqlx::query_scalar!(
-            "SELECT avg(iterations)::float8 FROM sessions WHERE status = $1",
+            "SELECT avg(iterations)::float8 FROM sessions
+             WHERE status = $1 AND ($2::text IS NULL OR tenant = $2)",
             Status::Completed as Status,
+            tenant,
         )
         .fetch_one(&self.pool)
         .await?;
         out.ever_completed = sqlx::query_scalar!(
-            r#"SELECT count(DISTINCT session_id) AS "count!" FROM events
-             WHERE kind = 'status_changed' AND data->>'to' = $1"#,
+            r#"SELECT count(DISTINCT e.session_id) AS "count!" FROM events e
+             JOIN sessions s ON s.id = e.session_id
+             WHERE e.kind = 'status_changed' AND e.data->>'to' = $1
+               AND ($2::text IS NULL OR s.tenant = $2)"#,
             Status::Completed as Status,
+            tenant,
         )
         .fetch_one(&self.pool)
         .await?;
         out.reopened_after_completion = sqlx::query_scalar!(
-            r#"SELECT count(DISTINCT session_id) AS "count!" FROM events
-             WHERE kind = 'resumed' AND data->>'from_status' = $1"#,
+            r#"SELECT count(DISTINCT e.session_id) AS "count!" FROM events e
+             JOIN sessions s ON s.id = e.session_id
+             WHERE e.kind = 'resumed' AND e.data->>'from_status' = $1
+               AND ($2::text IS NULL OR s.tenant = $2)"#,
             Status::Completed as Status,
+            tenant,
         )
         .fetch_one(&self.pool)
         .await?;

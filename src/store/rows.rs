@@ -345,6 +345,8 @@ pub struct NewSession {
     pub milestones: Vec<ChecklistItem>,
     /// Tokens spent on refinement and checklists before the first step.
     pub refinement_tokens: i64,
+    /// The tenant of the key that created it.
+    pub tenant: String,
 }
 
 /// The settings the loop re-reads after each committed iteration.

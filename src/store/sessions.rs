@@ -67,10 +67,10 @@ impl Store {
         };
         sqlx::query!(
             "INSERT INTO sessions (id, goal, mode, status, limits, executor, owner, lease_token, lease_expires_at, heartbeat_at,
-                                   original_goal, refinement, criteria, milestones, refinement_tokens, tokens_used)
+                                   original_goal, refinement, criteria, milestones, refinement_tokens, tokens_used, tenant)
              VALUES ($1, $2, $3, $14, $4, $5,
                      $6, $7, CASE WHEN $6::uuid IS NULL THEN NULL ELSE now() + make_interval(secs => $8) END,
-                     CASE WHEN $6::uuid IS NULL THEN NULL ELSE now() END, $9, $10, $11, $12, $13, $13)",
+                     CASE WHEN $6::uuid IS NULL THEN NULL ELSE now() END, $9, $10, $11, $12, $13, $13, $15)",
             new.id,
             &new.goal,
             new.mode as Mode,
@@ -85,6 +85,7 @@ impl Store {
             Json(&new.milestones) as _,
             new.refinement_tokens,
             status as Status,
+            &new.tenant,
         )
         .execute(&mut *tx)
         .await?;
@@ -110,37 +111,45 @@ impl Store {
         Ok(row.map(SessionRecord::from))
     }
 
-    /// A page of sessions, newest first, optionally of one status.
+    /// A page of sessions, newest first, optionally of one status and of
+    /// one tenant (`None`: every tenant).
     pub async fn list_sessions(
         &self,
         status: Option<Status>,
         after: Option<SessionCursor>,
         limit: i64,
+        tenant: Option<&str>,
     ) -> Result<Vec<SessionRecord>> {
         let rows = select_session!(
             "WHERE ($1::text IS NULL OR status = $1)
                AND ($2::timestamptz IS NULL OR (created_at, id) < ($2, $3))
+               AND ($5::text IS NULL OR tenant = $5)
              ORDER BY created_at DESC, id DESC LIMIT $4",
             status as Option<Status>,
             after.map(|c| c.created_at),
             after.map(|c| c.id),
             limit,
+            tenant,
         )
         .fetch_all(&self.pool)
         .await?;
         Ok(rows.into_iter().map(SessionRecord::from).collect())
     }
 
-    /// Sessions changed at or after `since`, oldest change first.
+    /// Sessions changed at or after `since`, oldest change first, of one
+    /// tenant (`None`: every tenant).
     pub async fn sessions_changed_since(
         &self,
         since: DateTime<Utc>,
         limit: i64,
+        tenant: Option<&str>,
     ) -> Result<Vec<SessionRecord>> {
         let rows = select_session!(
-            "WHERE updated_at >= $1 ORDER BY updated_at, id LIMIT $2",
+            "WHERE updated_at >= $1 AND ($3::text IS NULL OR tenant = $3)
+             ORDER BY updated_at, id LIMIT $2",
             since,
             limit,
+            tenant,
         )
         .fetch_all(&self.pool)
         .await?;

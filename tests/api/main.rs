@@ -5,6 +5,7 @@
 
 mod common;
 
+mod auth;
 mod egress;
 mod goals;
 mod http;

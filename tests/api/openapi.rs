@@ -141,11 +141,17 @@ async fn resume_takes_no_body_or_null_as_no_changes(pool: PgPool) {
         assert_eq!(doc["limits"], before["limits"], "no changes");
     }
     // A non-JSON body is still refused.
-    let missing = uuid::Uuid::new_v4();
+    let id = app
+        .create_scripted(
+            json!([{ "action": "a", "output": "<<WARDEN_GOAL_BLOCKED: help>>" }]),
+            json!({}),
+        )
+        .await;
+    app.wait_settled(&id).await;
     let (status, ct, _) = send(
         &app,
         reqwest::Method::POST,
-        &format!("/api/autonomous/{missing}/resume"),
+        &format!("/api/autonomous/{id}/resume"),
         Some("text/plain"),
         "hello",
     )

@@ -30,6 +30,7 @@ async fn running_session(store: &Store) -> Lease {
         criteria: Vec::new(),
         milestones: Vec::new(),
         refinement_tokens: 0,
+        tenant: "test".into(),
     };
     let (_, lease) = store
         .insert_session(&new, Some(Uuid::new_v4()), LEASE_TTL, &[])

@@ -40,7 +40,8 @@ impl RawSse {
             .unwrap_or_default();
         write!(
             sock,
-            "GET {path} HTTP/1.1\r\nHost: {addr}\r\nAccept: text/event-stream\r\n{last}Connection: close\r\n\r\n"
+            "GET {path} HTTP/1.1\r\nHost: {addr}\r\nAccept: text/event-stream\r\n{last}Authorization: Bearer {}\r\nConnection: close\r\n\r\n",
+            crate::common::ADMIN_TOKEN
         )
         .unwrap();
         let mut reader = std::io::BufReader::new(sock);
@@ -153,11 +154,7 @@ async fn collect(
 /// Warden as a separate process (streams are tested as a network client sees them).
 async fn service(pool: PgPool) -> (ServiceProcess, TestApp) {
     let process = ServiceProcess::start(&pool).await;
-    let app = TestApp {
-        app: None,
-        base: process.base.clone(),
-        client: reqwest::Client::new(),
-    };
+    let app = TestApp::connect(None, process.base.clone()).await;
     (process, app)
 }
 
@@ -328,7 +325,7 @@ async fn metrics_parse_and_match_the_sessions_that_ran(pool: PgPool) {
     app.post(&format!("/api/autonomous/{long}/stop"), None)
         .await;
 
-    let res = app.client.get(app.url("/metrics")).send().await.unwrap();
+    let res = app.admin_get("/metrics").await;
     assert_eq!(res.status(), 200);
     assert!(
         res.headers()["content-type"]

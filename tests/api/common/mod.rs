@@ -13,11 +13,46 @@ use warden::Application;
 use warden::config::Config;
 use warden::store::Store;
 
-/// A running Warden instance and an HTTP client for it.
+/// The admin token every test server gets (`WARDEN_ADMIN_TOKEN`).
+pub const ADMIN_TOKEN: &str = "test-admin-token-0f1e2d3c4b5a69788796a5b4c3d2e1f0";
+/// The tenant of the key the harness sends by default.
+pub const TEST_TENANT: &str = "test";
+
+/// A running Warden instance and an HTTP client for it. The client sends an
+/// operator key of tenant `test` (created through `/api/keys`) by default.
 pub struct TestApp {
     pub app: Option<Application>,
     pub base: String,
     pub client: reqwest::Client,
+    /// The key `client` sends (empty when the server runs without auth).
+    pub key: String,
+}
+
+/// A client that sends `key` as a bearer token on every request.
+pub fn client_with_key(key: &str) -> reqwest::Client {
+    let mut headers = reqwest::header::HeaderMap::new();
+    let value = reqwest::header::HeaderValue::from_str(&format!("Bearer {key}")).expect("header");
+    headers.insert(reqwest::header::AUTHORIZATION, value);
+    reqwest::Client::builder()
+        .default_headers(headers)
+        .build()
+        .expect("client")
+}
+
+/// Creates a key through `POST /api/keys` with the admin token; returns
+/// the answer (its `secret` is the key).
+pub async fn create_key(base: &str, tenant: &str, role: &str) -> Value {
+    let res = reqwest::Client::new()
+        .post(format!("{base}/api/keys"))
+        .bearer_auth(ADMIN_TOKEN)
+        .json(&json!({ "tenant": tenant, "role": role }))
+        .send()
+        .await
+        .expect("sent");
+    let status = res.status();
+    let doc: Value = res.json().await.expect("json");
+    assert_eq!(status, StatusCode::CREATED, "key not created: {doc}");
+    doc
 }
 
 /// With `TEST_LOG` set, the servers' logs go to the test output (captured
@@ -59,6 +94,7 @@ pub fn config_with(extra: &[(&str, &str)]) -> Config {
         // The fake agents and model servers listen on loopback; the
         // egress tests override this to prove the default refuses them.
         ("WARDEN_EGRESS_ALLOW", "127.0.0.1"),
+        ("WARDEN_ADMIN_TOKEN", ADMIN_TOKEN),
     ]
     .into_iter()
     .map(|(k, v)| (k.to_string(), v.to_string()))
@@ -82,11 +118,46 @@ impl TestApp {
             .await
             .expect("warden starts");
         let base = format!("http://{}", app.addr());
-        TestApp {
-            app: Some(app),
-            base,
-            client: reqwest::Client::new(),
+        TestApp::connect(Some(app), base).await
+    }
+
+    /// A client of the Warden at `base`: with an operator key of tenant
+    /// `test` when the server requires keys, without one when auth is off.
+    pub async fn connect(app: Option<Application>, base: String) -> TestApp {
+        let probe = reqwest::Client::new()
+            .get(format!("{base}/api/keys"))
+            .send()
+            .await
+            .expect("sent");
+        if probe.status() == StatusCode::UNAUTHORIZED {
+            let key = create_key(&base, TEST_TENANT, "operator").await["secret"]
+                .as_str()
+                .expect("secret")
+                .to_string();
+            TestApp {
+                app,
+                base,
+                client: client_with_key(&key),
+                key,
+            }
+        } else {
+            TestApp {
+                app,
+                base,
+                client: reqwest::Client::new(),
+                key: String::new(),
+            }
         }
+    }
+
+    /// GET with the admin token instead of the default key.
+    pub async fn admin_get(&self, path: &str) -> reqwest::Response {
+        reqwest::Client::new()
+            .get(self.url(path))
+            .bearer_auth(ADMIN_TOKEN)
+            .send()
+            .await
+            .expect("sent")
     }
 
     pub fn url(&self, path: &str) -> String {
@@ -258,14 +329,26 @@ pub fn assert_gap_free(iterations: &[Value]) {
 
 /// A Warden binary running as its own process over the test's database, for
 /// tests that must see the service exactly as a client on the network does.
+/// Its log (stdout and stderr) goes to a file, read by [`ServiceProcess::logs`].
 pub struct ServiceProcess {
     child: std::process::Child,
     pub base: String,
+    log: std::path::PathBuf,
 }
 
 impl ServiceProcess {
     /// Starts `target/.../warden` on a free port against `pool`'s database.
     pub async fn start(pool: &PgPool) -> ServiceProcess {
+        ServiceProcess::start_with(pool, &[]).await
+    }
+
+    /// Everything the process has logged so far.
+    pub fn logs(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// As [`ServiceProcess::start`], with extra environment variables.
+    pub async fn start_with(pool: &PgPool, extra: &[(&str, &str)]) -> ServiceProcess {
         let opts = pool.connect_options();
         let db = opts.get_database().unwrap_or("postgres").to_string();
         let base_url = std::env::var("DATABASE_URL").expect("DATABASE_URL is set for tests");
@@ -281,15 +364,23 @@ impl ServiceProcess {
             .and_then(|l| l.local_addr())
             .map(|a| a.port())
             .expect("a free port");
-        let child = std::process::Command::new(env!("CARGO_BIN_EXE_warden"))
+        let log = std::env::temp_dir().join(format!("warden-test-{}.log", uuid::Uuid::new_v4()));
+        let out = std::fs::File::create(&log).expect("log file");
+        let err = out.try_clone().expect("log file");
+        let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_warden"));
+        command
             .env("DATABASE_URL", format!("{server_url}/{db}"))
             .env("WARDEN_LISTEN_ADDR", format!("127.0.0.1:{port}"))
             .env("WARDEN_LEASE_TTL_MS", "2000")
             .env("WARDEN_HEARTBEAT_INTERVAL_MS", "500")
+            .env("WARDEN_ADMIN_TOKEN", ADMIN_TOKEN)
             .env("RUST_LOG", "warn")
-            .stdout(std::process::Stdio::null())
-            .spawn()
-            .expect("warden starts");
+            .stdout(out)
+            .stderr(err);
+        for (k, v) in extra {
+            command.env(k, v);
+        }
+        let child = command.spawn().expect("warden starts");
         let base = format!("http://127.0.0.1:{port}");
         let client = reqwest::Client::new();
         let deadline = Instant::now() + Duration::from_secs(20);
@@ -302,7 +393,7 @@ impl ServiceProcess {
             assert!(Instant::now() < deadline, "warden did not become ready");
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        ServiceProcess { child, base }
+        ServiceProcess { child, base, log }
     }
 }
 
@@ -310,5 +401,6 @@ impl Drop for ServiceProcess {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        let _ = std::fs::remove_file(&self.log);
     }
 }

@@ -1,0 +1,441 @@
+//! API keys, roles and tenants: who may call what. Keys are random 256-bit
+//! secrets shown once; only their SHA-256 and a short public prefix are
+//! stored. Requests authenticate from an in-memory cache of key hashes with a
+//! short TTL (a revocation through this replica takes effect at once), so the
+//! status read costs no extra query.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq;
+use utoipa::ToSchema;
+use uuid::Uuid;
+
+pub use crate::config::Secret;
+use crate::store::{KeyRecord, NewKey, Store, StoreError};
+
+/// Every key starts with this, so a leaked one is recognisable in a scan.
+pub const KEY_PREFIX: &str = "wdn_";
+/// How long a cached key is trusted before it is read again (revocations
+/// made through another replica take effect within this time).
+pub const KEY_CACHE_TTL: Duration = Duration::from_secs(5);
+/// `last_used_at` is written at most this often per key.
+pub const LAST_USED_INTERVAL: Duration = Duration::from_secs(60);
+/// The tenant of sessions created without a key (auth off, or from before keys).
+pub const DEFAULT_TENANT: &str = "default";
+
+/// What a key may do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Role {
+    /// Keys, every tenant, `/metrics`.
+    Admin,
+    /// Create and control its tenant's sessions.
+    Operator,
+    /// Read its tenant's sessions and streams.
+    Viewer,
+}
+
+impl Role {
+    /// The stored name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Admin => "admin",
+            Role::Operator => "operator",
+            Role::Viewer => "viewer",
+        }
+    }
+
+    /// Parses a stored or command-line name.
+    pub fn parse(raw: &str) -> Option<Role> {
+        match raw {
+            "admin" => Some(Role::Admin),
+            "operator" => Some(Role::Operator),
+            "viewer" => Some(Role::Viewer),
+            _ => None,
+        }
+    }
+
+    /// Whether this role may change state (create, control).
+    pub fn can_write(self) -> bool {
+        matches!(self, Role::Admin | Role::Operator)
+    }
+}
+
+/// Whether a tenant name is acceptable: short, and safe to show and log.
+pub fn valid_tenant(tenant: &str) -> bool {
+    (1..=64).contains(&tenant.len())
+        && tenant
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+}
+
+/// The caller of a request, once authenticated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Principal {
+    /// Its role.
+    pub role: Role,
+    /// The tenant it acts for (an admin may name another with `?tenant=`).
+    pub tenant: String,
+    /// Who acted, for the event log: a key's public prefix, never its secret.
+    pub actor: String,
+    /// The tenants this request may see: `None` for every tenant.
+    pub scope: Option<String>,
+}
+
+impl Principal {
+    /// Everything allowed: auth is off.
+    pub fn unrestricted(scope: Option<String>) -> Principal {
+        Principal {
+            role: Role::Admin,
+            tenant: scope.clone().unwrap_or_else(|| DEFAULT_TENANT.into()),
+            actor: "auth-off".into(),
+            scope,
+        }
+    }
+
+    /// The tenant a session created by this caller belongs to.
+    pub fn create_tenant(&self) -> &str {
+        self.scope.as_deref().unwrap_or(&self.tenant)
+    }
+}
+
+/// A new key, with the secret that is shown this once.
+#[derive(Debug, Clone)]
+pub struct IssuedKey {
+    /// The stored record.
+    pub record: KeyRecord,
+    /// The whole key: `wdn_<prefix>_<secret>`.
+    pub secret: Secret,
+}
+
+/// Why a key could not be issued or checked.
+#[derive(Debug, thiserror::Error)]
+pub enum AuthError {
+    /// Storage failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The OS random source failed.
+    #[error("no randomness for a new key: {0}")]
+    Random(String),
+    /// The tenant name is not acceptable.
+    #[error("invalid tenant {0:?}: 1 to 64 letters, digits, '-', '_' or '.'")]
+    InvalidTenant(String),
+}
+
+fn hex(bytes: &[u8]) -> String {
+    use std::fmt::Write;
+    bytes.iter().fold(String::new(), |mut s, b| {
+        let _ = write!(s, "{b:02x}");
+        s
+    })
+}
+
+/// SHA-256 of a key, the only form in which it is kept.
+pub fn hash_key(key: &str) -> [u8; 32] {
+    Sha256::digest(key.as_bytes()).into()
+}
+
+/// The public prefix of a well-formed key (`wdn_` and 8 hex digits), or
+/// `None` when `key` is not shaped like a Warden key.
+pub fn key_prefix(key: &str) -> Option<&str> {
+    let rest = key.strip_prefix(KEY_PREFIX)?;
+    let (public, secret) = rest.split_once('_')?;
+    let hex_ok = |s: &str, n: usize| s.len() == n && s.bytes().all(|b| b.is_ascii_hexdigit());
+    (hex_ok(public, 8) && hex_ok(secret, 64)).then(|| &key[..KEY_PREFIX.len() + 8])
+}
+
+/// Makes a fresh key: 32 random bits of public prefix, 256 of secret.
+pub fn generate_key() -> Result<Secret, AuthError> {
+    let mut bytes = [0u8; 36];
+    getrandom::fill(&mut bytes).map_err(|e| AuthError::Random(e.to_string()))?;
+    Ok(Secret::new(format!(
+        "{KEY_PREFIX}{}_{}",
+        hex(&bytes[..4]),
+        hex(&bytes[4..])
+    )))
+}
+
+/// Whether authentication is enforced, and why not when it is not.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AuthMode {
+    /// Keys are required (an admin token is set or keys exist).
+    On,
+    /// No admin token and no keys: served on loopback only, everything open.
+    Protected,
+    /// `WARDEN_AUTH=off`: everything open, as the operator asked.
+    Off,
+}
+
+#[derive(Debug, Clone)]
+struct CachedKey {
+    /// `None`: no such key (so a made-up prefix is not read on every request).
+    key: Option<KeyRecord>,
+    fetched: Instant,
+}
+
+struct Inner {
+    store: Store,
+    admin_hash: Option<[u8; 32]>,
+    metrics_hash: Option<[u8; 32]>,
+    forced_off: bool,
+    any_keys: AtomicBool,
+    keys: Mutex<HashMap<String, CachedKey>>,
+    used: Mutex<HashMap<Uuid, Instant>>,
+    tenants: Mutex<HashMap<Uuid, String>>,
+}
+
+/// Checks keys and answers which tenant a session belongs to.
+#[derive(Clone)]
+pub struct Authenticator(Arc<Inner>);
+
+/// Largest number of session tenants kept in memory (a session's tenant never changes).
+const TENANT_CACHE_MAX: usize = 100_000;
+
+impl Authenticator {
+    /// An authenticator over `store`; `admin_token` and `metrics_token` come
+    /// from the environment, `forced_off` is `WARDEN_AUTH=off`.
+    pub async fn new(
+        store: Store,
+        admin_token: Option<&Secret>,
+        metrics_token: Option<&Secret>,
+        forced_off: bool,
+    ) -> Result<Authenticator, AuthError> {
+        let any_keys = store.any_active_key().await?;
+        Ok(Authenticator(Arc::new(Inner {
+            store,
+            admin_hash: admin_token.map(|t| hash_key(t.expose())),
+            metrics_hash: metrics_token.map(|t| hash_key(t.expose())),
+            forced_off,
+            any_keys: AtomicBool::new(any_keys),
+            keys: Mutex::new(HashMap::new()),
+            used: Mutex::new(HashMap::new()),
+            tenants: Mutex::new(HashMap::new()),
+        })))
+    }
+
+    /// Whether keys are required right now.
+    pub fn mode(&self) -> AuthMode {
+        if self.0.forced_off {
+            AuthMode::Off
+        } else if self.0.admin_hash.is_some() || self.0.any_keys.load(Ordering::Relaxed) {
+            AuthMode::On
+        } else {
+            AuthMode::Protected
+        }
+    }
+
+    /// Whether `token` is the metrics token.
+    pub fn is_metrics_token(&self, token: &str) -> bool {
+        self.0
+            .metrics_hash
+            .is_some_and(|h| bool::from(h.ct_eq(&hash_key(token))))
+    }
+
+    /// The principal `token` authenticates, or `None` (unknown, malformed
+    /// or revoked: the caller cannot tell which).
+    pub async fn authenticate(&self, token: &str) -> Result<Option<Principal>, AuthError> {
+        let presented = hash_key(token);
+        if self
+            .0
+            .admin_hash
+            .is_some_and(|h| bool::from(h.ct_eq(&presented)))
+        {
+            return Ok(Some(Principal {
+                role: Role::Admin,
+                tenant: DEFAULT_TENANT.into(),
+                actor: "admin-token".into(),
+                scope: None,
+            }));
+        }
+        let Some(prefix) = key_prefix(token) else {
+            return Ok(None);
+        };
+        let Some(key) = self.cached_key(prefix).await? else {
+            return Ok(None);
+        };
+        if key.revoked_at.is_some() || !bool::from(key.hash.as_slice().ct_eq(&presented)) {
+            return Ok(None);
+        }
+        let Some(role) = Role::parse(&key.role) else {
+            tracing::error!(key = %key.prefix, role = %key.role, "stored key has an unknown role");
+            return Ok(None);
+        };
+        self.note_use(key.id);
+        Ok(Some(Principal {
+            role,
+            tenant: key.tenant.clone(),
+            actor: key.prefix.clone(),
+            scope: (role != Role::Admin).then(|| key.tenant.clone()),
+        }))
+    }
+
+    async fn cached_key(&self, prefix: &str) -> Result<Option<KeyRecord>, AuthError> {
+        if let Ok(keys) = self.0.keys.lock()
+            && let Some(hit) = keys.get(prefix)
+            && hit.fetched.elapsed() < KEY_CACHE_TTL
+        {
+            return Ok(hit.key.clone());
+        }
+        let key = self.0.store.key_by_prefix(prefix).await?;
+        if let Ok(mut keys) = self.0.keys.lock() {
+            // Bounded: made-up prefixes must not grow it without end.
+            if keys.len() > 10_000 {
+                keys.retain(|_, v| v.fetched.elapsed() < KEY_CACHE_TTL);
+            }
+            keys.insert(
+                prefix.to_string(),
+                CachedKey {
+                    key: key.clone(),
+                    fetched: Instant::now(),
+                },
+            );
+        }
+        Ok(key)
+    }
+
+    /// Writes `last_used_at` in the background, at most once a minute per key.
+    fn note_use(&self, id: Uuid) {
+        let due = match self.0.used.lock() {
+            Ok(mut used) => {
+                let due = used
+                    .get(&id)
+                    .is_none_or(|at| at.elapsed() >= LAST_USED_INTERVAL);
+                if due {
+                    used.insert(id, Instant::now());
+                }
+                due
+            }
+            Err(_) => false,
+        };
+        if due {
+            let store = self.0.store.clone();
+            tokio::spawn(async move {
+                if let Err(err) = store.touch_key(id).await {
+                    tracing::warn!(error = %err, "could not record a key's last use");
+                }
+            });
+        }
+    }
+
+    /// The tenant of a session, `None` when there is no such session.
+    pub async fn session_tenant(&self, id: Uuid) -> Result<Option<String>, AuthError> {
+        if let Ok(tenants) = self.0.tenants.lock()
+            && let Some(t) = tenants.get(&id)
+        {
+            return Ok(Some(t.clone()));
+        }
+        let tenant = self.0.store.session_tenant(id).await?;
+        if let (Some(t), Ok(mut tenants)) = (&tenant, self.0.tenants.lock()) {
+            if tenants.len() >= TENANT_CACHE_MAX {
+                tenants.clear();
+            }
+            tenants.insert(id, t.clone());
+        }
+        Ok(tenant)
+    }
+
+    /// Creates a key; its secret is in the answer and nowhere else.
+    pub async fn issue(
+        &self,
+        tenant: &str,
+        role: Role,
+        name: Option<&str>,
+    ) -> Result<IssuedKey, AuthError> {
+        let issued = issue_key(&self.0.store, tenant, role, name).await?;
+        self.0.any_keys.store(true, Ordering::Relaxed);
+        Ok(issued)
+    }
+
+    /// Revokes a key; effective at once on this replica.
+    pub async fn revoke(&self, id: Uuid) -> Result<Option<KeyRecord>, AuthError> {
+        let key = self.0.store.revoke_key(id).await?;
+        if let (Some(k), Ok(mut keys)) = (&key, self.0.keys.lock()) {
+            keys.remove(&k.prefix);
+        }
+        Ok(key)
+    }
+
+    /// The stored keys (hashes included; callers show only public fields).
+    pub async fn list(&self, tenant: Option<&str>) -> Result<Vec<KeyRecord>, AuthError> {
+        Ok(self.0.store.list_keys(tenant).await?)
+    }
+}
+
+/// Creates and stores a key (for the API and the `warden keys` command).
+pub async fn issue_key(
+    store: &Store,
+    tenant: &str,
+    role: Role,
+    name: Option<&str>,
+) -> Result<IssuedKey, AuthError> {
+    if !valid_tenant(tenant) {
+        return Err(AuthError::InvalidTenant(tenant.to_string()));
+    }
+    let secret = generate_key()?;
+    let prefix = key_prefix(secret.expose())
+        .ok_or_else(|| AuthError::Random("generated key is malformed".into()))?;
+    let record = store
+        .insert_key(&NewKey {
+            id: Uuid::new_v4(),
+            prefix,
+            hash: &hash_key(secret.expose()),
+            tenant,
+            role: role.as_str(),
+            name,
+        })
+        .await?;
+    Ok(IssuedKey { record, secret })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn generated_keys_are_well_formed_and_distinct() {
+        let a = generate_key().unwrap();
+        let b = generate_key().unwrap();
+        assert_ne!(a, b);
+        assert_eq!(a.expose().len(), 4 + 8 + 1 + 64);
+        assert_eq!(key_prefix(a.expose()), Some(&a.expose()[..12]));
+        assert!(!format!("{a:?}").contains(a.expose()));
+    }
+
+    #[test]
+    fn malformed_keys_have_no_prefix() {
+        for bad in [
+            "",
+            "wdn_",
+            "wdn_abcd1234",
+            "wdn_abcd1234_",
+            "xyz_abcd1234_0000000000000000000000000000000000000000000000000000000000000000",
+            "wdn_abcd123g_0000000000000000000000000000000000000000000000000000000000000000",
+            "wdn_abcd1234_000000000000000000000000000000000000000000000000000000000000000",
+        ] {
+            assert_eq!(key_prefix(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn roles_parse_and_gate_writes() {
+        for r in [Role::Admin, Role::Operator, Role::Viewer] {
+            assert_eq!(Role::parse(r.as_str()), Some(r));
+        }
+        assert_eq!(Role::parse("root"), None);
+        assert!(Role::Operator.can_write());
+        assert!(!Role::Viewer.can_write());
+    }
+
+    #[test]
+    fn tenants_are_checked() {
+        assert!(valid_tenant("acme-1.prod_eu"));
+        for bad in ["", "a b", "x/y", &"a".repeat(65)] {
+            assert!(!valid_tenant(bad), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,273 @@
+//! The one gate every request passes: cross-site checks, then what the
+//! method and path require (open, metrics, admin, read, write), then the
+//! session's tenant. Routes are classified by path prefix here, so a new
+//! route is protected without doing anything (the auth-matrix test checks).
+
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, Method, StatusCode, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use uuid::Uuid;
+
+use super::AppState;
+use super::error::ApiError;
+use crate::auth::{AuthMode, Principal, Role};
+
+/// What a request needs, decided from its method and path alone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    /// Health probes, the dashboard page and the API documents.
+    Open,
+    /// `/metrics`: an admin key or `WARDEN_METRICS_TOKEN`.
+    Metrics,
+    /// Keys: admin only.
+    Admin,
+    /// Reads: any valid key.
+    Read,
+    /// Changes: operator or admin.
+    Write,
+}
+
+/// The access a request needs. Anything not named as open needs a key.
+pub fn access(method: &Method, path: &str) -> Access {
+    let read = matches!(*method, Method::GET | Method::HEAD);
+    let open_path = matches!(path, "/" | "/healthz" | "/readyz" | "/openapi.json")
+        || path == "/docs"
+        || path.starts_with("/docs/");
+    if read && open_path {
+        Access::Open
+    } else if read && path == "/metrics" {
+        Access::Metrics
+    } else if path == "/api/keys" || path.starts_with("/api/keys/") {
+        Access::Admin
+    } else if read {
+        Access::Read
+    } else {
+        Access::Write
+    }
+}
+
+/// The session a path is about: `/api/autonomous/{uuid}[/...]`.
+fn session_in(path: &str) -> Option<Uuid> {
+    let rest = path.strip_prefix("/api/autonomous/")?;
+    rest.split('/').next()?.parse().ok()
+}
+
+fn bearer(headers: &HeaderMap) -> Option<&str> {
+    let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
+    let (scheme, token) = value.split_once(' ')?;
+    scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
+}
+
+fn unauthorized() -> Response {
+    let mut res = ApiError::new(
+        StatusCode::UNAUTHORIZED,
+        "unauthorized",
+        "a valid API key is required: send Authorization: Bearer <key>",
+    )
+    .into_response();
+    res.headers_mut().insert(
+        header::WWW_AUTHENTICATE,
+        axum::http::HeaderValue::from_static("Bearer"),
+    );
+    res
+}
+
+fn forbidden(detail: &str) -> Response {
+    ApiError::new(StatusCode::FORBIDDEN, "forbidden", detail).into_response()
+}
+
+/// Whether a Host (or Origin authority) names this machine only.
+fn loopback_host(host: &str) -> bool {
+    let name = match host.strip_prefix('[') {
+        Some(v6) => v6.split(']').next().unwrap_or(""),
+        None => host.rsplit_once(':').map_or(host, |(h, _)| h),
+    };
+    let name = name.trim_end_matches('.').to_ascii_lowercase();
+    name == "localhost"
+        || name.ends_with(".localhost")
+        || name
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
+/// Cross-site rules for requests that change state: a browser on another
+/// site can send a "simple" form POST with cookies-less credentials, but not
+/// a JSON content type nor a foreign Origin that matches our Host.
+fn cross_site(req: &Request, auth_open: bool) -> Option<Response> {
+    let headers = req.headers();
+    let host = headers.get(header::HOST).and_then(|h| h.to_str().ok());
+    if auth_open && !host.is_some_and(loopback_host) {
+        // DNS rebinding: a foreign name resolving to 127.0.0.1.
+        return Some(forbidden(
+            "authentication is off, so only loopback host names are served",
+        ));
+    }
+    if matches!(*req.method(), Method::GET | Method::HEAD | Method::OPTIONS) {
+        return None;
+    }
+    if let Some(origin) = headers.get(header::ORIGIN) {
+        let authority = origin
+            .to_str()
+            .ok()
+            .and_then(|o| o.split_once("://").map(|(_, a)| a));
+        let same = matches!((authority, host), (Some(a), Some(h)) if a.eq_ignore_ascii_case(h));
+        if !same {
+            return Some(forbidden(
+                "the Origin of this request does not match its Host",
+            ));
+        }
+    }
+    if bearer(headers).is_none() {
+        let json = headers
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| {
+                v.split(';')
+                    .next()
+                    .is_some_and(|m| m.trim().eq_ignore_ascii_case("application/json"))
+            });
+        if !json {
+            return Some(
+                ApiError::new(
+                    StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                    "unsupported_media_type",
+                    "a request that changes state without a bearer key must send Content-Type: application/json",
+                )
+                .into_response(),
+            );
+        }
+    }
+    None
+}
+
+/// `?tenant=` from the query string, for admins.
+fn tenant_param(req: &Request) -> Option<String> {
+    req.uri().query()?.split('&').find_map(|pair| {
+        let (k, v) = pair.split_once('=')?;
+        (k == "tenant" && !v.is_empty()).then(|| v.to_string())
+    })
+}
+
+/// The gate: every request of the router passes here.
+pub async fn guard(State(state): State<AppState>, mut req: Request, next: Next) -> Response {
+    let mode = state.auth.mode();
+    let open = mode != AuthMode::On;
+    if let Some(refused) = cross_site(&req, mode == AuthMode::Protected) {
+        return refused;
+    }
+    let path = req.uri().path().to_string();
+    let need = access(req.method(), &path);
+    if need == Access::Open {
+        return next.run(req).await;
+    }
+    let scope_param = tenant_param(&req);
+    if open {
+        req.extensions_mut()
+            .insert(Principal::unrestricted(scope_param));
+        return next.run(req).await;
+    }
+    let Some(token) = bearer(req.headers()).map(str::to_string) else {
+        return unauthorized();
+    };
+    if need == Access::Metrics && state.auth.is_metrics_token(&token) {
+        return next.run(req).await;
+    }
+    let mut principal = match state.auth.authenticate(&token).await {
+        Ok(Some(p)) => p,
+        Ok(None) => return unauthorized(),
+        Err(err) => {
+            tracing::error!(error = %err, "cannot check an API key");
+            return ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "unavailable",
+                "keys cannot be checked right now; retry shortly",
+            )
+            .into_response();
+        }
+    };
+    let allowed = match need {
+        Access::Open | Access::Read => true,
+        Access::Metrics | Access::Admin => principal.role == Role::Admin,
+        Access::Write => principal.role.can_write(),
+    };
+    if !allowed {
+        return forbidden(&format!(
+            "a key with role {} may not do this",
+            principal.role.as_str()
+        ));
+    }
+    if principal.role == Role::Admin {
+        principal.scope = scope_param;
+    }
+    if let (Some(id), Some(scope)) = (session_in(&path), principal.scope.as_deref()) {
+        match state.auth.session_tenant(id).await {
+            Ok(Some(t)) if t == scope => {}
+            // Another tenant's session is indistinguishable from a missing one.
+            Ok(_) => {
+                return ApiError::from(crate::session::ServiceError::NotFound(id)).into_response();
+            }
+            Err(err) => {
+                tracing::error!(error = %err, "cannot read a session's tenant");
+                return ApiError::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "unavailable",
+                    "the session cannot be checked right now; retry shortly",
+                )
+                .into_response();
+            }
+        }
+    }
+    req.extensions_mut().insert(principal);
+    next.run(req).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_named_reads_are_open() {
+        for (m, p) in [
+            (Method::GET, "/healthz"),
+            (Method::GET, "/readyz"),
+            (Method::GET, "/"),
+            (Method::GET, "/openapi.json"),
+            (Method::GET, "/docs/"),
+        ] {
+            assert_eq!(access(&m, p), Access::Open, "{m} {p}");
+        }
+        assert_eq!(access(&Method::POST, "/healthz"), Access::Write);
+        assert_eq!(access(&Method::GET, "/metrics"), Access::Metrics);
+        assert_eq!(access(&Method::GET, "/api/keys"), Access::Admin);
+        assert_eq!(access(&Method::DELETE, "/api/keys/x"), Access::Admin);
+        assert_eq!(access(&Method::GET, "/api/autonomous"), Access::Read);
+        assert_eq!(access(&Method::GET, "/anything-new"), Access::Read);
+        assert_eq!(access(&Method::PATCH, "/api/autonomous/x"), Access::Write);
+        assert_eq!(access(&Method::GET, "/docsx"), Access::Read);
+    }
+
+    #[test]
+    fn loopback_hosts() {
+        for h in [
+            "localhost",
+            "localhost:8080",
+            "127.0.0.1:1",
+            "[::1]:80",
+            "a.localhost",
+        ] {
+            assert!(loopback_host(h), "{h}");
+        }
+        for h in ["evil.example", "10.0.0.1:80", "localhost.evil.com", "[::2]"] {
+            assert!(!loopback_host(h), "{h}");
+        }
+    }
+
+    #[test]
+    fn session_ids_in_paths() {
+        let id = Uuid::new_v4();
+        assert_eq!(session_in(&format!("/api/autonomous/{id}/stop")), Some(id));
+        assert_eq!(session_in(&format!("/api/autonomous/{id}")), Some(id));
+        assert_eq!(session_in("/api/autonomous/outcomes"), None);
+    }
+}

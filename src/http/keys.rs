@@ -1,0 +1,173 @@
+//! `/api/keys`: create, list and revoke API keys (admin only; the gate in
+//! `auth.rs` enforces it). A key's secret is answered once, at creation.
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::routing::{delete, post};
+use axum::{Json, Router};
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+use uuid::Uuid;
+
+use super::AppState;
+use super::error::{ApiError, ApiResult, Problem};
+use super::extract::{ApiJson, ApiPath};
+use crate::auth::{AuthError, Role};
+use crate::store::KeyRecord;
+
+/// The key routes, relative to `/api/keys`.
+pub fn router() -> Router<AppState> {
+    Router::new()
+        .route("/", post(create_key).get(list_keys))
+        .route("/{id}", delete(revoke_key))
+}
+
+/// A key to create.
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateKey {
+    /// Tenant the key acts for: 1 to 64 letters, digits, `-`, `_` or `.`.
+    #[schema(min_length = 1, max_length = 64, pattern = "^[A-Za-z0-9._-]+$")]
+    pub tenant: String,
+    /// What the key may do.
+    pub role: Role,
+    /// An optional label, for people.
+    #[schema(max_length = 200)]
+    #[serde(default)]
+    pub name: Option<String>,
+}
+
+/// A stored key: public fields only, never the secret nor its hash.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct KeyView {
+    /// Key id (for revocation).
+    pub id: Uuid,
+    /// Public prefix, e.g. `wdn_ab12cd34`: what logs and events show.
+    pub prefix: String,
+    /// Tenant.
+    pub tenant: String,
+    /// Role.
+    pub role: String,
+    /// Label.
+    pub name: Option<String>,
+    /// Creation time.
+    pub created_at: DateTime<Utc>,
+    /// Last authenticated request (updated at most once a minute).
+    pub last_used_at: Option<DateTime<Utc>>,
+    /// Revocation time.
+    pub revoked_at: Option<DateTime<Utc>>,
+}
+
+impl From<KeyRecord> for KeyView {
+    fn from(k: KeyRecord) -> KeyView {
+        KeyView {
+            id: k.id,
+            prefix: k.prefix,
+            tenant: k.tenant,
+            role: k.role,
+            name: k.name,
+            created_at: k.created_at,
+            last_used_at: k.last_used_at,
+            revoked_at: k.revoked_at,
+        }
+    }
+}
+
+/// A new key with its secret, shown this once.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct CreatedKey {
+    /// The stored key.
+    #[serde(flatten)]
+    pub key: KeyView,
+    /// The key to send as `Authorization: Bearer <key>`; it is not kept.
+    pub secret: String,
+}
+
+/// Every key.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct KeyList {
+    /// Keys, newest first.
+    pub items: Vec<KeyView>,
+}
+
+impl From<AuthError> for ApiError {
+    fn from(err: AuthError) -> ApiError {
+        match err {
+            AuthError::InvalidTenant(_) => ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "invalid_request",
+                err.to_string(),
+            ),
+            AuthError::Store(store) => ApiError::from(store),
+            AuthError::Random(_) => ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "unavailable",
+                "no key can be made right now",
+            ),
+        }
+    }
+}
+
+/// Create an API key (admin). The answer holds its secret, shown only here.
+#[utoipa::path(
+    post, path = "/api/keys", tag = "keys",
+    request_body = CreateKey,
+    responses((status = 201, description = "Key created", body = CreatedKey))
+)]
+pub async fn create_key(
+    State(state): State<AppState>,
+    ApiJson(req): ApiJson<CreateKey>,
+) -> ApiResult<(StatusCode, Json<CreatedKey>)> {
+    let issued = state
+        .auth
+        .issue(&req.tenant, req.role, req.name.as_deref())
+        .await?;
+    tracing::info!(key = %issued.record.prefix, tenant = %req.tenant, role = req.role.as_str(), "API key created");
+    Ok((
+        StatusCode::CREATED,
+        Json(CreatedKey {
+            key: issued.record.into(),
+            secret: issued.secret.expose().to_string(),
+        }),
+    ))
+}
+
+/// List API keys (admin): public fields only.
+#[utoipa::path(
+    get, path = "/api/keys", tag = "keys",
+    responses((status = 200, description = "Every key", body = KeyList))
+)]
+pub async fn list_keys(State(state): State<AppState>) -> ApiResult<Json<KeyList>> {
+    let keys = state.auth.list(None).await?;
+    Ok(Json(KeyList {
+        items: keys.into_iter().map(Into::into).collect(),
+    }))
+}
+
+/// Revoke an API key (admin); effective at once on this replica, within
+/// seconds on the others.
+#[utoipa::path(
+    delete, path = "/api/keys/{id}", tag = "keys",
+    params(("id" = Uuid, Path, description = "Key id")),
+    responses(
+        (status = 200, description = "The revoked key", body = KeyView),
+        (status = 404, description = "No such key", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn revoke_key(
+    State(state): State<AppState>,
+    ApiPath(id): ApiPath<Uuid>,
+) -> ApiResult<Json<KeyView>> {
+    match state.auth.revoke(id).await? {
+        Some(key) => {
+            tracing::info!(key = %key.prefix, "API key revoked");
+            Ok(Json(key.into()))
+        }
+        None => Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "key_not_found",
+            format!("no key {id}"),
+        )),
+    }
+}

@@ -1,0 +1,548 @@
+//! Keys, roles, tenants and cross-site rules (issue 15): an auth matrix
+//! generated from the committed OpenAPI document, tenant isolation, key
+//! revocation, protected mode, and no secret in any answer or log line.
+
+use reqwest::{Method, StatusCode};
+use serde_json::{Value, json};
+use sqlx::PgPool;
+use warden::Application;
+use warden::store::Store;
+
+use crate::common::{
+    ADMIN_TOKEN, ServiceProcess, TestApp, client_with_key, config_with, create_key,
+};
+
+fn committed_document() -> Value {
+    let text =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/openapi/openapi.json"))
+            .expect("openapi/openapi.json is committed");
+    serde_json::from_str(&text).expect("JSON")
+}
+
+/// Every operation of the document: (method, path template).
+fn operations(doc: &Value) -> Vec<(Method, String)> {
+    let mut out = Vec::new();
+    for (path, item) in doc["paths"].as_object().expect("paths") {
+        for method in item.as_object().expect("path item").keys() {
+            let method = Method::from_bytes(method.to_uppercase().as_bytes()).expect("method");
+            out.push((method, path.clone()));
+        }
+    }
+    out
+}
+
+async fn call(
+    app: &TestApp,
+    method: &Method,
+    path: &str,
+    key: Option<&str>,
+) -> (StatusCode, String, Value) {
+    let mut req = reqwest::Client::new()
+        .request(method.clone(), app.url(path))
+        .header("content-type", "application/json")
+        .body("{}");
+    if let Some(key) = key {
+        req = req.bearer_auth(key);
+    }
+    let res = req.send().await.expect("sent");
+    let status = res.status();
+    let ct = res
+        .headers()
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_string();
+    let body = res.json().await.unwrap_or(Value::Null);
+    (status, ct, body)
+}
+
+fn secret(doc: &Value) -> String {
+    doc["secret"].as_str().expect("secret").to_string()
+}
+
+#[sqlx::test]
+async fn auth_matrix_over_every_documented_operation(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    let operator_a = secret(&create_key(&app.base, "a", "operator").await);
+    let viewer_a = secret(&create_key(&app.base, "a", "viewer").await);
+    let operator_b = secret(&create_key(&app.base, "b", "operator").await);
+    let revoked = create_key(&app.base, "a", "operator").await;
+    let revoked_key = secret(&revoked);
+    let res = reqwest::Client::new()
+        .delete(app.url(&format!("/api/keys/{}", revoked["id"].as_str().unwrap())))
+        .bearer_auth(ADMIN_TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    let spare_key = create_key(&app.base, "a", "viewer").await["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+
+    let a = TestApp::connect(None, app.base.clone()).await;
+    let a = TestApp {
+        client: client_with_key(&operator_a),
+        key: operator_a.clone(),
+        ..a
+    };
+    let session = a
+        .create_scripted(json!([{ "action": "a", "delay_ms": 60000 }]), json!({}))
+        .await;
+
+    let doc = committed_document();
+    let ops = operations(&doc);
+    assert!(ops.len() >= 20, "the document lists every operation");
+    let malformed = "wdn_not-a-key";
+    for (method, template) in &ops {
+        let id = if template.starts_with("/api/keys/") {
+            spare_key.as_str()
+        } else {
+            session.as_str()
+        };
+        let path = template.replace("{id}", id);
+        if matches!(template.as_str(), "/healthz" | "/readyz") {
+            let (status, _, _) = call(&app, method, &path, None).await;
+            assert_eq!(status, StatusCode::OK, "{method} {template} is open");
+            assert!(
+                doc["paths"][template][method.as_str().to_lowercase()]
+                    .get("security")
+                    .is_none()
+            );
+            continue;
+        }
+        assert!(
+            doc["paths"][template][method.as_str().to_lowercase()]
+                .get("security")
+                .is_some(),
+            "{method} {template} documents that it needs a key"
+        );
+        let mut cases: Vec<(&str, Option<&str>, StatusCode)> = vec![
+            ("no key", None, StatusCode::UNAUTHORIZED),
+            ("malformed key", Some(malformed), StatusCode::UNAUTHORIZED),
+            ("revoked key", Some(&revoked_key), StatusCode::UNAUTHORIZED),
+        ];
+        let admin_only = template.starts_with("/api/keys") || template == "/metrics";
+        if *method != Method::GET || admin_only {
+            cases.push(("viewer", Some(&viewer_a), StatusCode::FORBIDDEN));
+        }
+        if admin_only {
+            cases.push(("operator", Some(&operator_b), StatusCode::FORBIDDEN));
+        } else if template.contains("{id}") {
+            cases.push((
+                "operator of another tenant",
+                Some(&operator_b),
+                StatusCode::NOT_FOUND,
+            ));
+        }
+        for (case, key, expected) in cases {
+            let (status, ct, body) = call(&app, method, &path, key).await;
+            assert_eq!(status, expected, "{method} {template} with {case}: {body}");
+            assert_eq!(ct, "application/problem+json", "{method} {template} {case}");
+            assert_eq!(
+                body["status"],
+                expected.as_u16(),
+                "{method} {template} {case}"
+            );
+        }
+    }
+
+    // Collections of another tenant hold nothing of tenant a.
+    let b = client_with_key(&operator_b);
+    let list: Value = b
+        .get(app.url("/api/autonomous"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(list["items"], json!([]));
+    let outcomes: Value = b
+        .get(app.url("/api/autonomous/outcomes"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(outcomes["by_status"], json!({}), "{outcomes}");
+    // The same answer as a session that does not exist.
+    let (_, _, other) = call(
+        &app,
+        &Method::GET,
+        &format!("/api/autonomous/{session}"),
+        Some(&operator_b),
+    )
+    .await;
+    let missing = uuid::Uuid::new_v4();
+    let (_, _, none) = call(
+        &app,
+        &Method::GET,
+        &format!("/api/autonomous/{missing}"),
+        Some(&operator_b),
+    )
+    .await;
+    assert_eq!(other["code"], none["code"]);
+    assert_eq!(
+        other["detail"].as_str().unwrap().replace(&session, "ID"),
+        none["detail"]
+            .as_str()
+            .unwrap()
+            .replace(&missing.to_string(), "ID")
+    );
+    a.post(&format!("/api/autonomous/{session}/stop"), None)
+        .await;
+}
+
+#[sqlx::test]
+async fn tenants_see_only_their_sessions_and_admins_see_all(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    let b_key = secret(&create_key(&app.base, "b", "operator").await);
+    let viewer_b = secret(&create_key(&app.base, "b", "viewer").await);
+    let mine = app
+        .create_scripted(
+            json!([{ "action": "finish", "output": "<<WARDEN_GOAL_DONE: ok>>" }]),
+            json!({}),
+        )
+        .await;
+    let b = TestApp {
+        client: client_with_key(&b_key),
+        key: b_key.clone(),
+        ..TestApp::connect(None, app.base.clone()).await
+    };
+    let theirs = b
+        .create_scripted(
+            json!([{ "action": "finish", "output": "<<WARDEN_GOAL_DONE: ok>>" }]),
+            json!({}),
+        )
+        .await;
+    app.wait_settled(&mine).await;
+    b.wait_settled(&theirs).await;
+
+    let ids = |v: &Value| -> Vec<String> {
+        v["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s["id"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let (_, list) = app.get("/api/autonomous").await;
+    assert_eq!(ids(&list), vec![mine.clone()]);
+    let (_, list) = b.get("/api/autonomous").await;
+    assert_eq!(ids(&list), vec![theirs.clone()]);
+    let (status, _) = b.get(&format!("/api/autonomous/{mine}/iterations")).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    // A viewer reads its tenant's sessions, and cannot stop them.
+    let viewer = client_with_key(&viewer_b);
+    let res = viewer
+        .get(app.url(&format!("/api/autonomous/{theirs}")))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    let res = viewer
+        .post(app.url(&format!("/api/autonomous/{theirs}/stop")))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::FORBIDDEN);
+
+    let admin: Value = app.admin_get("/api/autonomous").await.json().await.unwrap();
+    let mut all = ids(&admin);
+    all.sort();
+    let mut both = vec![mine.clone(), theirs.clone()];
+    both.sort();
+    assert_eq!(all, both);
+    let only_b: Value = app
+        .admin_get("/api/autonomous?tenant=b")
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(ids(&only_b), vec![theirs.clone()]);
+    let outcomes: Value = b.get("/api/autonomous/outcomes").await.1;
+    assert_eq!(outcomes["by_status"], json!({ "completed": 1 }));
+
+    // The live list stream of tenant b carries only b's session.
+    let res = b
+        .client
+        .get(app.url("/api/autonomous/events"))
+        .header("accept", "text/event-stream")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    let mut res = res;
+    let mut text = String::new();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(3);
+    while std::time::Instant::now() < deadline && !text.contains(&theirs) {
+        match tokio::time::timeout(std::time::Duration::from_millis(500), res.chunk()).await {
+            Ok(Ok(Some(chunk))) => text.push_str(&String::from_utf8_lossy(&chunk)),
+            _ => break,
+        }
+    }
+    assert!(text.contains(&theirs), "{text}");
+    assert!(!text.contains(&mine), "{text}");
+}
+
+#[sqlx::test]
+async fn keys_are_listed_without_secrets_and_revoked_at_once(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    let created = create_key(&app.base, "acme", "viewer").await;
+    let key = secret(&created);
+    assert!(key.starts_with("wdn_") && key.len() >= 40);
+    assert!(key.starts_with(created["prefix"].as_str().unwrap()));
+    let viewer = client_with_key(&key);
+    let res = viewer.get(app.url("/api/autonomous")).send().await.unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+
+    let listed = app.admin_get("/api/keys").await.text().await.unwrap();
+    assert!(!listed.contains(&key), "no secret in the key list");
+    assert!(!listed.contains("hash"));
+    let listed: Value = serde_json::from_str(&listed).unwrap();
+    let row = listed["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|k| k["id"] == created["id"])
+        .cloned()
+        .unwrap();
+    assert_eq!(row["tenant"], "acme");
+    assert_eq!(row["role"], "viewer");
+    // last_used_at is written in the background, once.
+    let mut used = row["last_used_at"].is_string();
+    for _ in 0..50 {
+        if used {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        let listed: Value = app.admin_get("/api/keys").await.json().await.unwrap();
+        used = listed["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|k| k["id"] == created["id"] && k["last_used_at"].is_string());
+    }
+    assert!(used, "last_used_at is recorded");
+
+    let res = reqwest::Client::new()
+        .delete(app.url(&format!("/api/keys/{}", created["id"].as_str().unwrap())))
+        .bearer_auth(ADMIN_TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    let res = viewer.get(app.url("/api/autonomous")).send().await.unwrap();
+    assert_eq!(
+        res.status(),
+        StatusCode::UNAUTHORIZED,
+        "revocation is immediate"
+    );
+
+    // Bad requests to the key endpoints.
+    let res = reqwest::Client::new()
+        .post(app.url("/api/keys"))
+        .bearer_auth(ADMIN_TOKEN)
+        .json(&json!({ "tenant": "a b", "role": "viewer" }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::UNPROCESSABLE_ENTITY);
+    let res = reqwest::Client::new()
+        .post(app.url("/api/keys"))
+        .bearer_auth(ADMIN_TOKEN)
+        .json(&json!({ "tenant": "a", "role": "root" }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::UNPROCESSABLE_ENTITY);
+}
+
+#[sqlx::test]
+async fn cross_site_requests_cannot_change_state(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    let res = app
+        .client
+        .post(app.url("/api/autonomous"))
+        .header("origin", "http://evil.example")
+        .json(
+            &json!({ "goal": "Create README.md with a project description", "executor": { "kind": "scripted", "steps": [{ "action": "a" }] } }),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::FORBIDDEN);
+    // The same origin is fine.
+    let res = app
+        .client
+        .post(app.url("/api/autonomous"))
+        .header("origin", app.base.clone())
+        .json(
+            &json!({ "goal": "Create README.md with a project description", "executor": { "kind": "scripted", "steps": [{ "action": "a" }] } }),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::CREATED);
+}
+
+#[sqlx::test]
+async fn auth_off_serves_loopback_names_and_json_writes_only(pool: PgPool) {
+    let config = config_with(&[("WARDEN_ADMIN_TOKEN", "")]);
+    assert!(config.auth.admin_token.is_none());
+    let app = TestApp::spawn_with(pool, config).await;
+    assert!(
+        app.key.is_empty(),
+        "protected mode: no key needed on loopback"
+    );
+    let id = app
+        .create_scripted(
+            json!([{ "action": "finish", "output": "<<WARDEN_GOAL_DONE: ok>>" }]),
+            json!({}),
+        )
+        .await;
+    app.wait_settled(&id).await;
+    // A form post (no JSON content type, as another site could send) is refused.
+    let res = app
+        .client
+        .post(app.url(&format!("/api/autonomous/{id}/stop")))
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body("a=b")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::UNSUPPORTED_MEDIA_TYPE);
+    // DNS rebinding: a foreign name pointing at 127.0.0.1.
+    let res = app
+        .client
+        .get(app.url("/api/autonomous"))
+        .header("host", "evil.example")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::FORBIDDEN);
+    let res = app
+        .client
+        .get(app.url("/api/autonomous"))
+        .header("host", "localhost")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+}
+
+#[sqlx::test]
+async fn no_auth_beyond_loopback_refuses_to_start_unless_forced_off(pool: PgPool) {
+    let config = config_with(&[
+        ("WARDEN_ADMIN_TOKEN", ""),
+        ("WARDEN_LISTEN_ADDR", "0.0.0.0:0"),
+    ]);
+    let err = match Application::build_with_store(config, Store::from_pool(pool.clone())).await {
+        Ok(_) => panic!("started without auth on every interface"),
+        Err(err) => err.to_string(),
+    };
+    assert!(
+        err.contains("WARDEN_ADMIN_TOKEN") && err.contains("WARDEN_AUTH=off"),
+        "{err}"
+    );
+    let config = config_with(&[
+        ("WARDEN_ADMIN_TOKEN", ""),
+        ("WARDEN_LISTEN_ADDR", "0.0.0.0:0"),
+        ("WARDEN_AUTH", "off"),
+    ]);
+    let app = Application::build_with_store(config, Store::from_pool(pool.clone()))
+        .await
+        .expect("WARDEN_AUTH=off starts");
+    app.shutdown().await.unwrap();
+    // With an admin token, every interface is fine.
+    let config = config_with(&[("WARDEN_LISTEN_ADDR", "0.0.0.0:0")]);
+    let app = Application::build_with_store(config, Store::from_pool(pool))
+        .await
+        .expect("with a token it starts");
+    app.shutdown().await.unwrap();
+}
+
+#[sqlx::test]
+async fn no_answer_and_no_log_line_carries_a_secret(pool: PgPool) {
+    let metrics_token = "metrics-token-5e6f7a8b9c0d1e2f";
+    let llm_key = "sk-server-llm-key-1a2b3c4d5e6f";
+    let process = ServiceProcess::start_with(
+        &pool,
+        &[
+            ("RUST_LOG", "debug"),
+            ("WARDEN_METRICS_TOKEN", metrics_token),
+            ("WARDEN_LLM_BASE_URL", "http://127.0.0.1:9/v1"),
+            ("WARDEN_LLM_API_KEY", llm_key),
+        ],
+    )
+    .await;
+    let mut answers = Vec::new();
+    let operator = create_key(&process.base, "acme", "operator").await;
+    answers.push(operator.to_string().replace(&secret(&operator), ""));
+    let op_key = secret(&operator);
+    let viewer = create_key(&process.base, "acme", "viewer").await;
+    answers.push(viewer.to_string().replace(&secret(&viewer), ""));
+    let viewer_key = secret(&viewer);
+    let client = client_with_key(&op_key);
+    let base = &process.base;
+    let res = client
+        .post(format!("{base}/api/autonomous"))
+        .json(&json!({ "goal": "Create README.md with a project description",
+                        "executor": { "kind": "scripted", "steps": [{ "action": "finish", "output": "<<WARDEN_GOAL_DONE: ok>>" }] } }))
+        .send()
+        .await
+        .unwrap();
+    let created: Value = res.json().await.unwrap();
+    let id = created["id"].as_str().unwrap().to_string();
+    answers.push(created.to_string());
+    let almost = format!("{}0", &op_key[..op_key.len() - 1]);
+    for (key, path) in [
+        (op_key.as_str(), format!("/api/autonomous/{id}")),
+        (op_key.as_str(), "/api/autonomous".to_string()),
+        (viewer_key.as_str(), format!("/api/autonomous/{id}/events")),
+        (viewer_key.as_str(), "/api/keys".to_string()),
+        (almost.as_str(), "/api/autonomous".to_string()),
+        (metrics_token, "/metrics".to_string()),
+        (ADMIN_TOKEN, "/api/keys".to_string()),
+        ("wdn_garbage", "/api/autonomous".to_string()),
+    ] {
+        let res = reqwest::Client::new()
+            .get(format!("{base}{path}"))
+            .bearer_auth(key)
+            .send()
+            .await
+            .unwrap();
+        answers.push(res.text().await.unwrap());
+    }
+    let res = client_with_key(&viewer_key)
+        .post(format!("{base}/api/autonomous/{id}/stop"))
+        .send()
+        .await
+        .unwrap();
+    answers.push(res.text().await.unwrap());
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let logs = process.logs();
+    assert!(
+        logs.contains("DEBUG") || logs.contains("INFO"),
+        "the log was captured: {logs}"
+    );
+    for secret in [
+        ADMIN_TOKEN,
+        metrics_token,
+        llm_key,
+        op_key.as_str(),
+        viewer_key.as_str(),
+        &op_key[13..],
+        &viewer_key[13..],
+    ] {
+        for (i, answer) in answers.iter().enumerate() {
+            assert!(
+                !answer.contains(secret),
+                "answer {i} holds a secret: {answer}"
+            );
+        }
+        assert!(!logs.contains(secret), "a log line holds a secret");
+    }
+}

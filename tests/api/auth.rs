@@ -546,3 +546,50 @@ async fn no_answer_and_no_log_line_carries_a_secret(pool: PgPool) {
         assert!(!logs.contains(secret), "a log line holds a secret");
     }
 }
+
+#[sqlx::test]
+async fn the_keys_command_creates_lists_and_revokes(pool: PgPool) {
+    let opts = pool.connect_options();
+    let db = opts.get_database().unwrap_or("postgres").to_string();
+    let admin_url = std::env::var("DATABASE_URL").expect("DATABASE_URL");
+    let url = format!("{}/{db}", &admin_url[..admin_url.rfind('/').unwrap()]);
+    let warden = |args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_warden"))
+            .arg("keys")
+            .args(args)
+            .env("DATABASE_URL", &url)
+            .output()
+            .expect("runs");
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).to_string(),
+        )
+    };
+    let (ok, key) = warden(&["create", "--tenant", "acme", "--role", "operator"]);
+    assert!(ok);
+    let key = key.trim().to_string();
+    assert!(key.starts_with("wdn_"), "{key}");
+    let (ok, listed) = warden(&["list"]);
+    assert!(ok);
+    assert!(listed.contains(&key[..12]) && listed.contains("acme") && !listed.contains(&key));
+    let id = listed
+        .lines()
+        .find(|l| l.contains(&key[..12]))
+        .and_then(|l| l.split('\t').next())
+        .unwrap()
+        .to_string();
+
+    // A server over the same database accepts the key, then not once revoked.
+    let app = TestApp::spawn(pool).await;
+    let client = client_with_key(&key);
+    let res = client.get(app.url("/api/autonomous")).send().await.unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    let (ok, _) = warden(&["revoke", &id]);
+    assert!(ok);
+    // Another process revoked it: this replica's cache lets it go within its TTL.
+    tokio::time::sleep(warden::auth::KEY_CACHE_TTL + std::time::Duration::from_millis(200)).await;
+    let res = client.get(app.url("/api/autonomous")).send().await.unwrap();
+    assert_eq!(res.status(), StatusCode::UNAUTHORIZED);
+    assert!(!warden(&["create", "--tenant", "a b", "--role", "viewer"]).0);
+    assert!(!warden(&["create", "--tenant", "a", "--role", "root"]).0);
+}

@@ -21,6 +21,9 @@ RUN apt-get update \
 COPY --from=build /src/target/release/warden /usr/local/bin/warden
 USER warden
 WORKDIR /var/lib/warden
+# 0.0.0.0 inside the container, so Warden refuses to start without
+# WARDEN_ADMIN_TOKEN (or keys); publish it on the host's loopback:
+#   docker run -e WARDEN_ADMIN_TOKEN=… -p 127.0.0.1:8080:8080 …
 ENV WARDEN_LISTEN_ADDR=0.0.0.0:8080 \
     WARDEN_WORKSPACE_ROOT=/var/lib/warden/workspaces
 EXPOSE 8080

@@ -10,7 +10,17 @@ import type { paths, components } from "./generated/schema.js";
 type Session = components["schemas"]["SessionView"];
 
 const baseUrl = process.env.WARDEN_URL ?? "http://127.0.0.1:8080";
-const client = createClient<paths>({ baseUrl });
+// An operator key made by run.sh through POST /api/keys (the document's bearer scheme).
+const key = process.env.WARDEN_KEY ?? "";
+const client = createClient<paths>({ baseUrl, headers: { authorization: `Bearer ${key}` } });
+
+test("without a key the client is refused with a problem", async () => {
+  const anonymous = createClient<paths>({ baseUrl });
+  const { error, response } = await anonymous.GET("/api/autonomous", {});
+  assert.equal(response.status, 401);
+  assert.equal(response.headers.get("content-type"), "application/problem+json");
+  assert.ok(error);
+});
 
 async function status(id: string): Promise<Session> {
   const { data, error } = await client.GET("/api/autonomous/{id}", { params: { path: { id } } });

@@ -7,6 +7,8 @@ import { mkdirSync } from "node:fs";
 import { chromium } from "playwright-core";
 
 const baseUrl = process.env.WARDEN_URL ?? "http://127.0.0.1:8080";
+// An operator key made by run.sh through POST /api/keys.
+const key = process.env.WARDEN_KEY ?? "";
 const executablePath = process.env.CHROMIUM_PATH ?? "/usr/bin/chromium";
 const shots = new URL("./screenshots/", import.meta.url).pathname;
 mkdirSync(shots, { recursive: true });
@@ -61,6 +63,25 @@ async function progressWidth() {
 async function logNumbers() {
   return page.$$eval("#iteration-log tr[data-n]", (rows) => rows.map((r) => Number(r.dataset.n)));
 }
+
+test("a wrong key is refused; a good one logs in and stays out of the URL", async () => {
+  await page.goto(baseUrl + "/");
+  await page.waitForSelector("#login-form");
+  await page.fill("#api-key", "wdn_00000000_" + "0".repeat(64));
+  await page.click("#login-form button[type=submit]");
+  await page.waitForFunction(() => /refused/.test(document.querySelector("#login-error")?.textContent ?? ""));
+  assert.equal(await page.$("#create-form"), null, "nothing is shown with a wrong key");
+  await page.screenshot({ path: shots + "00-key-refused.png", fullPage: true });
+  await page.fill("#api-key", key);
+  await page.click("#login-form button[type=submit]");
+  await page.waitForSelector("#create-form");
+  assert.equal(await page.evaluate(() => sessionStorage.getItem("warden.key")), key);
+  assert.ok(!page.url().includes("wdn_"), "the key is never in a URL");
+  // The browser logs the refused key's 401 as a console error; nothing else may be.
+  const others = pageErrors.filter((e) => !/401/.test(e));
+  assert.deepEqual(others, []);
+  pageErrors.length = 0;
+});
 
 test("create from the form, watch it live, stop, resume, finish", async () => {
   await page.goto(baseUrl + "/");
@@ -138,7 +159,7 @@ test("the list follows sessions it did not start", async () => {
   // Created by another client while the list is open.
   const res = await fetch(baseUrl + "/api/autonomous", {
     method: "POST",
-    headers: { "content-type": "application/json" },
+    headers: { "content-type": "application/json", authorization: `Bearer ${key}` },
     body: JSON.stringify({
       goal: "Summarise the changelog into CHANGES.md",
       executor: {

@@ -83,6 +83,10 @@ export WARDEN_URL="http://127.0.0.1:$PORT"
 echo "e2e: starting warden on $WARDEN_URL"
 # The model endpoint is a closed port: `llm` sessions can be created (and
 # fail on their first call), and `generate_criteria` answers its documented 503.
+# Keys are required: an admin token from the environment, and an operator key
+# made through the API below for the client and dashboard tests.
+WARDEN_ADMIN_TOKEN="e2e-admin-$(node -e 'console.log(require("crypto").randomBytes(16).toString("hex"))')"
+export WARDEN_ADMIN_TOKEN
 DATABASE_URL="$DB_URL" WARDEN_LISTEN_ADDR="127.0.0.1:$PORT" WARDEN_WORKSPACE_ROOT="$WORKSPACES" \
   WARDEN_LLM_BASE_URL="http://127.0.0.1:9/v1" WARDEN_LLM_MODEL=e2e WARDEN_LLM_MAX_RETRIES=0 \
   WARDEN_LOG_FORMAT=json RUST_LOG="${RUST_LOG:-warden=info}" \
@@ -99,6 +103,12 @@ for _ in $(seq 1 100); do
 done
 curl -fsS "$WARDEN_URL/readyz" >/dev/null
 
+echo "e2e: creating an operator key through POST /api/keys"
+WARDEN_KEY="$(curl -fsS -X POST "$WARDEN_URL/api/keys" -H "authorization: Bearer $WARDEN_ADMIN_TOKEN" \
+  -H 'content-type: application/json' -d '{"tenant":"e2e","role":"operator"}' \
+  | node -e 'let s="";process.stdin.on("data",d=>s+=d).on("end",()=>console.log(JSON.parse(s).secret))')"
+export WARDEN_KEY
+
 echo "e2e: node --test (generated client, dashboard in Chromium)"
 node --test --test-concurrency=1 dist/client.test.js dashboard.test.mjs
 
@@ -106,7 +116,7 @@ echo "e2e: schemathesis against the committed openapi/openapi.json"
 # NUL is left out of generated strings: the document says (422 InvalidBody)
 # that Postgres cannot store it, which no JSON Schema keyword expresses.
 "$VENV/bin/schemathesis" --config-file schemathesis.toml run ../openapi/openapi.json \
-  --url "$WARDEN_URL" --checks all --max-examples "${SCHEMATHESIS_EXAMPLES:-30}" \
+  --url "$WARDEN_URL" --header "Authorization: Bearer $WARDEN_ADMIN_TOKEN" --checks all --max-examples "${SCHEMATHESIS_EXAMPLES:-30}" \
   ${SCHEMATHESIS_SEED:+--seed "$SCHEMATHESIS_SEED"} --request-timeout 10 \
   --generation-allow-x00 false --generation-database none --suppress-health-check all \
   --max-failures 20 --no-color

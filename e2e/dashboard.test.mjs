@@ -118,6 +118,9 @@ test("create from the form, watch it live, stop, resume, finish", async () => {
   await page.click("#stop-btn");
   await page.waitForFunction(() => document.querySelector("#status")?.textContent === "interrupted");
   assert.equal(await page.textContent("#reason"), "user_stop");
+  // The control event names the key that acted, by its public prefix only.
+  await page.waitForFunction(() => /^stopped by key wdn_[0-9a-f]{8}$/.test(document.querySelector("#control-actor")?.textContent ?? ""));
+  assert.equal(await page.textContent("#control-actor"), `stopped by key ${key.slice(0, 12)}`);
   const summary = (await page.textContent("#summary")) ?? "";
   assert.ok(summary.length > 0, "the termination summary is shown");
   assert.ok(await page.isEnabled("#resume-btn"));

@@ -16,4 +16,8 @@ CREATE TABLE api_keys (
 
 ALTER TABLE sessions ADD COLUMN tenant text NOT NULL DEFAULT 'default';
 
+-- Which key acted: a request's transaction sets warden.actor (a key's public
+-- prefix, never its secret) and every event it appends records it.
+ALTER TABLE events ADD COLUMN actor text DEFAULT nullif(current_setting('warden.actor', true), '');
+
 CREATE INDEX sessions_tenant_created ON sessions (tenant, created_at DESC, id DESC);

@@ -165,6 +165,11 @@ pub async fn guard(State(state): State<AppState>, mut req: Request, next: Next) 
     if open {
         req.extensions_mut()
             .insert(Principal::unrestricted(scope_param));
+        if need == Access::Write {
+            return crate::store::ACTOR
+                .scope("auth-off".to_string(), next.run(req))
+                .await;
+        }
         return next.run(req).await;
     }
     let Some(token) = bearer(req.headers()).map(str::to_string) else {
@@ -218,8 +223,13 @@ pub async fn guard(State(state): State<AppState>, mut req: Request, next: Next) 
             }
         }
     }
+    let actor = principal.actor.clone();
     req.extensions_mut().insert(principal);
-    next.run(req).await
+    if need == Access::Write {
+        crate::store::ACTOR.scope(actor, next.run(req)).await
+    } else {
+        next.run(req).await
+    }
 }
 
 #[cfg(test)]

@@ -375,6 +375,9 @@ pub struct EventView {
     pub event: SessionEvent,
     /// When it was appended.
     pub created_at: DateTime<Utc>,
+    /// Which key's request appended it (its public prefix, e.g. `wdn_ab12cd34`;
+    /// `admin-token`, `auth-off`), or null when the loop did.
+    pub actor: Option<String>,
 }
 
 impl From<LoggedEvent> for EventView {
@@ -383,6 +386,7 @@ impl From<LoggedEvent> for EventView {
             seq: e.seq,
             event: e.event,
             created_at: e.created_at,
+            actor: e.actor,
         }
     }
 }

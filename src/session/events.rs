@@ -68,6 +68,7 @@ mod tests {
             kind: "step_abandoned".into(),
             data: serde_json::json!({ "step": "seven" }),
             created_at: chrono::Utc::now(),
+            actor: None,
         };
         let err = decode(Uuid::nil(), &record).unwrap_err();
         assert!(matches!(err, StoreError::Corrupt { .. }), "{err}");

@@ -25,6 +25,8 @@ pub struct LoggedEvent {
     pub event: SessionEvent,
     /// When it was appended.
     pub created_at: DateTime<Utc>,
+    /// The public prefix of the key whose request appended it, if any.
+    pub actor: Option<String>,
 }
 
 /// Read-only access to sessions and their history.
@@ -152,6 +154,7 @@ fn decode_all(id: Uuid, rows: Vec<EventRecord>) -> Result<Vec<LoggedEvent>> {
                 event: events::decode(id, &r)?,
                 seq: r.seq,
                 created_at: r.created_at,
+                actor: r.actor,
             })
         })
         .collect()

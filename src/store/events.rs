@@ -64,7 +64,7 @@ impl Store {
     ) -> Result<Vec<EventRecord>> {
         Ok(sqlx::query_as!(
             EventRecord,
-            "SELECT seq, kind, data, created_at FROM events
+            "SELECT seq, kind, data, created_at, actor FROM events
              WHERE session_id = $1 AND seq > $2 AND ($4::text[] IS NULL OR kind = ANY($4))
              ORDER BY seq LIMIT $3",
             session_id,
@@ -88,7 +88,7 @@ impl Store {
     ) -> Result<Vec<EventRecord>> {
         Ok(sqlx::query_as!(
             EventRecord,
-            "SELECT seq, kind, data, created_at FROM events
+            "SELECT seq, kind, data, created_at, actor FROM events
              WHERE session_id = $1 AND seq > $2
                AND kind IN ('gate_decision', 'stuck_detected', 'guardrail_tripped', 'status_changed')
                AND ($4 OR NOT (kind = 'gate_decision' AND data->'decision'->>'decision' = 'continue'))

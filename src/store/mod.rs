@@ -43,6 +43,13 @@ use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
 use uuid::Uuid;
 
+tokio::task_local! {
+    /// Who the current request acts for (an API key's public prefix, never
+    /// its secret): set by the HTTP auth gate, recorded on every event the
+    /// request's transactions append.
+    pub static ACTOR: String;
+}
+
 /// Errors of the storage layer.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {

@@ -113,6 +113,8 @@ pub struct EventRecord {
     pub data: Value,
     /// When it was appended.
     pub created_at: DateTime<Utc>,
+    /// The public prefix of the key whose request appended it, if any.
+    pub actor: Option<String>,
 }
 
 /// The counters the loop keeps on the session row.

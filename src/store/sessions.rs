@@ -46,7 +46,13 @@ macro_rules! select_session {
 impl Store {
     /// Begins a transaction.
     pub async fn begin(&self) -> Result<Transaction<'static, Postgres>> {
-        Ok(self.pool.begin().await?)
+        let mut tx = self.pool.begin().await?;
+        if let Ok(actor) = super::ACTOR.try_with(String::clone) {
+            sqlx::query_scalar!("SELECT set_config('warden.actor', $1, true)", actor)
+                .fetch_one(&mut *tx)
+                .await?;
+        }
+        Ok(tx)
     }
 
     /// Creates a session: running under a lease held by `owner` when

@@ -593,3 +593,27 @@ async fn the_keys_command_creates_lists_and_revokes(pool: PgPool) {
     assert!(!warden(&["create", "--tenant", "a b", "--role", "viewer"]).0);
     assert!(!warden(&["create", "--tenant", "a", "--role", "root"]).0);
 }
+
+#[sqlx::test]
+async fn control_events_name_the_key_that_acted(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    let id = app
+        .create_scripted(json!([{ "action": "a", "delay_ms": 60000 }]), json!({}))
+        .await;
+    let (status, _) = app.post(&format!("/api/autonomous/{id}/stop"), None).await;
+    assert_eq!(status, StatusCode::OK);
+    let events = app.events(&id).await;
+    let prefix = &app.key[..12];
+    let actor = |kind: &str| {
+        events
+            .iter()
+            .find(|e| e["kind"] == kind)
+            .map(|e| e["actor"].clone())
+            .unwrap_or(Value::Null)
+    };
+    assert_eq!(actor("session_created"), json!(prefix));
+    assert_eq!(actor("stop_requested"), json!(prefix));
+    // What the loop writes by itself names no key; no event carries the secret.
+    assert!(events.iter().any(|e| e["actor"].is_null()), "{events:?}");
+    assert!(!serde_json::to_string(&events).unwrap().contains(&app.key));
+}

@@ -127,6 +127,12 @@ pub struct Config {
     pub lease: LeaseConfig,
     /// `WARDEN_STOP_WAIT_MS`: how long stop/pause requests wait for the loop to land, default 5000.
     pub control_wait: Duration,
+    /// `WARDEN_MAX_ATTEMPTS`: consecutive failed attempts (rescues without a
+    /// committed iteration) after which a session ends `failed`, default 5.
+    pub max_attempts: i32,
+    /// `WARDEN_DB_ACQUIRE_TIMEOUT_MS`: how long an API request waits for a
+    /// pooled connection before answering 503, default 2000.
+    pub db_acquire_timeout: Duration,
     /// `WARDEN_MAX_BODY_BYTES`, default 1 MiB.
     pub max_body_bytes: usize,
     /// `WARDEN_LOG_FORMAT`: `text` or `json`.
@@ -385,6 +391,8 @@ impl Config {
                 margin: ttl / 5,
             },
             control_wait: env.millis("WARDEN_STOP_WAIT_MS", 5_000, 0, 600_000)?,
+            max_attempts: env.parse("WARDEN_MAX_ATTEMPTS", 5, 1, 1_000)?,
+            db_acquire_timeout: env.millis("WARDEN_DB_ACQUIRE_TIMEOUT_MS", 2_000, 50, 60_000)?,
             max_body_bytes: env.parse("WARDEN_MAX_BODY_BYTES", 1_048_576, 1_024, 67_108_864)?,
             log_json,
             models,

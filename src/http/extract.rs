@@ -48,6 +48,15 @@ fn check_content_type(headers: &HeaderMap) -> Result<(), ApiError> {
 /// well-formed JSON of the wrong shape (422) whatever comes first in the text.
 fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
     let value: serde_json::Value = serde_json::from_slice(bytes)?;
+    // Postgres stores no NUL character: refuse it here, naming the field,
+    // rather than fail (500) when the text reaches the database.
+    if let Some(path) = crate::session::control::find_nul(&value) {
+        return Err(ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_request",
+            format!("invalid request body at `{path}`: text must not contain NUL (\\u0000)"),
+        ));
+    }
     serde_path_to_error::deserialize(value).map_err(|err| {
         let path = err.path().to_string();
         let inner = err.into_inner();

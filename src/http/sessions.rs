@@ -65,6 +65,11 @@ fn decode_cursor(raw: &str) -> ApiResult<SessionCursor> {
     let invalid = || ApiError::bad_request(format!("cursor {raw:?} is not a cursor from this API"));
     let (micros, id) = raw.split_once('_').ok_or_else(invalid)?;
     let micros: i64 = micros.parse().map_err(|_| invalid())?;
+    // Cursors from this API are creation times since 1970; others would
+    // overflow Postgres's timestamp range (a 500) or chrono's.
+    if micros < 0 {
+        return Err(invalid());
+    }
     let created_at = DateTime::<Utc>::from_timestamp_micros(micros).ok_or_else(invalid)?;
     let id: Uuid = id.parse().map_err(|_| invalid())?;
     Ok(SessionCursor { created_at, id })
@@ -322,6 +327,11 @@ pub async fn list_events(
     let store = state.service.store().clone();
     if stream::wants_stream(&headers) {
         let after = stream::last_event_id(&headers).or(q.after).unwrap_or(0);
+        if after < 0 {
+            return Err(ApiError::bad_request(format!(
+                "Last-Event-ID must be an event sequence number (0 or more), got {after}"
+            )));
+        }
         return Ok(stream::session_events(store, id, after));
     }
     let limit = page_limit(q.limit, 100, 500)?;
@@ -333,15 +343,38 @@ pub async fn list_events(
 /// status or progress changes, its status document (`event: session`).
 #[utoipa::path(
     get, path = "/api/autonomous/events", tag = "sessions",
-    responses((status = 200, description = "Server-Sent Events of session status documents",
-        content((SessionView = "text/event-stream"))))
+    responses(
+        (status = 200, description = "Server-Sent Events of session status documents",
+            content((SessionView = "text/event-stream"))),
+        (status = 400, description = "Last-Event-ID is not an id of this stream", body = Problem, content_type = "application/problem+json"),
+    )
 )]
-pub async fn session_changes(State(state): State<AppState>, headers: HeaderMap) -> Response {
-    let since = stream::last_event_id(&headers)
-        .and_then(DateTime::<Utc>::from_timestamp_micros)
-        .unwrap_or(DateTime::<Utc>::UNIX_EPOCH);
-    stream::session_changes(state.service.store().clone(), since)
+pub async fn session_changes(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+) -> ApiResult<Response> {
+    let since = match stream::last_event_id(&headers) {
+        None => DateTime::<Utc>::UNIX_EPOCH,
+        // Ids of this stream are change times in µs since 1970; anything
+        // else would overflow the time arithmetic of the stream (a panic).
+        Some(micros) => (0..=MAX_CHANGE_MICROS)
+            .contains(&micros)
+            .then(|| DateTime::<Utc>::from_timestamp_micros(micros))
+            .flatten()
+            .ok_or_else(|| {
+                ApiError::bad_request(format!(
+                    "Last-Event-ID must be an id this stream sent (a time in µs since 1970), got {micros}"
+                ))
+            })?,
+    };
+    Ok(stream::session_changes(
+        state.service.store().clone(),
+        since,
+    ))
 }
+
+/// Largest `Last-Event-ID` of the change stream: the start of year 9999, in µs.
+const MAX_CHANGE_MICROS: i64 = 253_370_764_800_000_000;
 
 fn event_page(rows: Vec<crate::store::EventRecord>, limit: i64) -> EventPage {
     let next_after = (rows.len() as i64 == limit)

@@ -1,6 +1,7 @@
 //! Sessions at run time: the per-session loop, the supervisor that owns the
 //! loops of this replica, and the operations the HTTP layer calls.
 
+pub mod control;
 mod journal;
 mod lease_clock;
 mod planner;

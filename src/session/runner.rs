@@ -313,6 +313,7 @@ impl Runner {
                     result = self.executor.execute(ctx) => StepEnd::Done(result),
                 }
             };
+            let sanitized;
             let abandoned =
                 |why: &str| NewEvent::new("step_abandoned", json!({ "step": step, "why": why }));
             let result = match end {
@@ -325,7 +326,11 @@ impl Runner {
                     let events = vec![decision_event, abandoned("timeout")];
                     return self.finish(Reason::Timeout, None, events).await;
                 }
-                StepEnd::Done(result) => result,
+                StepEnd::Done(mut result) => {
+                    // Agent output is made storable before anything commits it.
+                    sanitized = super::control::make_storable(&mut result);
+                    result
+                }
             };
             let executor_time = t0.elapsed();
             let duration_ms = executor_time.as_millis() as u64;
@@ -409,6 +414,12 @@ impl Runner {
                     .into_iter()
                     .map(|e| NewEvent::new(e.kind, e.data)),
             );
+            if sanitized > 0 {
+                events.push(NewEvent::new(
+                    "agent_output_sanitized",
+                    json!({ "step": step, "nul_replaced": sanitized, "with": "\u{fffd}" }),
+                ));
+            }
             let commit_started = Instant::now();
             let flags = self
                 .commit(
@@ -636,7 +647,8 @@ impl Runner {
                 Outcome::Failure => "failure",
                 Outcome::Error => "error",
             },
-            tokens: record.tokens as i64,
+            // Saturates: an agent may report u64::MAX tokens.
+            tokens: i64::try_from(record.tokens).unwrap_or(i64::MAX),
             duration_ms: record.duration_ms as i64,
             record: serde_json::to_value(record).unwrap_or_default(),
             effects: serde_json::to_value(effects).unwrap_or_default(),
@@ -688,7 +700,24 @@ impl Runner {
             .await
     }
 
+    /// Ends the session for `reason`; a stop requested meanwhile wins over
+    /// a pause (the store checks the flag under the row lock it writes with).
     async fn finish(
+        &mut self,
+        reason: Reason,
+        detail: Option<String>,
+        events: Vec<NewEvent>,
+    ) -> Result<Exit, StoreError> {
+        match self.finish_once(reason, detail, events.clone()).await {
+            Err(StoreError::StopPending(_)) => {
+                self.control.stop.cancel();
+                self.finish_once(Reason::UserStop, None, events).await
+            }
+            other => other,
+        }
+    }
+
+    async fn finish_once(
         &mut self,
         reason: Reason,
         detail: Option<String>,

@@ -546,7 +546,8 @@ impl SessionService {
                 self.store.announce(id);
             }
             StopPlan::InterruptNow => {
-                let (_, state) = load_for_run(&self.store, id).await?;
+                // On the locked connection: never a second one while the lock is held.
+                let state = super::control::rebuild_locked(&mut tx, &session).await?;
                 self.end_unowned(&mut tx, &session, &state, Reason::UserStop)
                     .await?;
                 tx.commit().await.map_err(StoreError::from)?;
@@ -582,11 +583,12 @@ impl SessionService {
             if self.store.lease_lapsed(id).await? {
                 let mut tx = self.store.begin().await?;
                 let locked = store::lock_session(&mut tx, id).await?;
+                // Everything under the lock is read on its own connection.
                 if let Some(locked) = locked
                     && locked.status == Status::Running
-                    && self.store.lease_lapsed(id).await?
+                    && super::control::lease_lapsed_locked(&mut tx, id).await?
                 {
-                    let (_, state) = load_for_run(&self.store, id).await?;
+                    let state = super::control::rebuild_locked(&mut tx, &locked).await?;
                     self.end_unowned(&mut tx, &locked, &state, Reason::UserStop)
                         .await?;
                 }

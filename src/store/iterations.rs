@@ -218,7 +218,12 @@ impl Store {
         events: &[NewEvent],
     ) -> Result<()> {
         let mut tx = self.pool.begin().await?;
-        let (last_seq, _) = fenced_update(&mut tx, lease, events.len()).await?;
+        let (last_seq, flags) = fenced_update(&mut tx, lease, events.len()).await?;
+        // The flags were read under the row lock this transaction now holds:
+        // a stop committed before it wins over a pause (dropping `tx` rolls back).
+        if flags.stop_requested && termination.status == crate::policy::lifecycle::Status::Paused {
+            return Err(StoreError::StopPending(lease.session_id));
+        }
         insert_checkpoint(
             &mut tx,
             lease.session_id,

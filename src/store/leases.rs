@@ -21,6 +21,8 @@ pub struct Lease {
 pub struct Renewed {
     /// Session.
     pub session_id: Uuid,
+    /// The token renewed (a replica may hold a stale one of the same session).
+    pub token: Uuid,
     /// A stop was requested.
     pub stop_requested: bool,
     /// A pause was requested.
@@ -60,7 +62,7 @@ impl Store {
              UPDATE sessions s SET lease_expires_at = now() + make_interval(secs => $3), heartbeat_at = now()
              FROM locked l, UNNEST($1::uuid[], $2::uuid[]) AS t(id, token)
              WHERE s.id = l.id AND s.id = t.id AND s.lease_token = t.token AND s.status = 'running'
-             RETURNING s.id, s.stop_requested, s.pause_requested",
+             RETURNING s.id, s.stop_requested, s.pause_requested, s.lease_token",
         )
         .bind(&ids)
         .bind(&tokens)
@@ -73,6 +75,7 @@ impl Store {
                     session_id: r.try_get(0)?,
                     stop_requested: r.try_get(1)?,
                     pause_requested: r.try_get(2)?,
+                    token: r.try_get(3)?,
                 })
             })
             .collect()

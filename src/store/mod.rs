@@ -2,6 +2,7 @@
 //! Postgres is the source of truth; every write made on behalf of a running
 //! session is fenced by the lease token of the replica that runs it.
 
+mod control;
 mod events;
 mod group_commit;
 mod iterations;
@@ -12,6 +13,9 @@ mod reflections;
 mod sessions;
 mod tasks;
 
+pub use control::{
+    Attempt, RebuildInputs, is_unavailable, lease_lapsed_on, rebuild_inputs_on, storable_text,
+};
 pub use events::{EventRecord, NewEvent};
 pub use iterations::{CheckpointRecord, IterationRecord, NewIteration};
 pub use leases::{Claimed, Lease, Renewed};
@@ -46,6 +50,10 @@ pub enum StoreError {
     /// The iteration committer stopped (the runtime is shutting down).
     #[error("the iteration committer has stopped")]
     CommitterGone,
+    /// The loop tried to pause a session a user has asked to stop; nothing
+    /// was written, and the loop must record the stop instead.
+    #[error("session {0} has a stop request pending; a stop wins over a pause")]
+    StopPending(Uuid),
     /// A stored value could not be decoded.
     #[error("stored data for session {id} is invalid: {detail}")]
     Corrupt {

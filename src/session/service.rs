@@ -498,9 +498,14 @@ impl SessionService {
             &events,
         )
         .await?;
+        // Read back on the locked connection: a handful of pool acquires
+        // here would delay the loop's start behind every queued request.
+        let session = store::lock_session(&mut tx, id)
+            .await?
+            .ok_or(ServiceError::NotFound(id))?;
+        let state = super::control::rebuild_locked(&mut tx, &session).await?;
         tx.commit().await.map_err(StoreError::from)?;
         self.store.announce(id);
-        let (session, state) = load_for_run(&self.store, id).await?;
         self.supervisor
             .spawn(lease, acquired, &session, state)
             .await?;
@@ -758,9 +763,14 @@ impl SessionService {
             &events,
         )
         .await?;
+        // Read back on the locked connection: a handful of pool acquires
+        // here would delay the loop's start behind every queued request.
+        let session = store::lock_session(&mut tx, id)
+            .await?
+            .ok_or(ServiceError::NotFound(id))?;
+        let state = super::control::rebuild_locked(&mut tx, &session).await?;
         tx.commit().await.map_err(StoreError::from)?;
         self.store.announce(id);
-        let (session, state) = load_for_run(&self.store, id).await?;
         self.supervisor
             .spawn(lease, acquired, &session, state)
             .await?;

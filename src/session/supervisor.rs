@@ -142,7 +142,11 @@ impl Supervisor {
             config.lease.ttl,
             config.lease.margin,
         ));
-        self.refresh_if_stale(&clock, lease).await?;
+        if !self.refresh_if_stale(&clock, lease).await? {
+            // A rescue took the session over meanwhile: it runs there.
+            tracing::info!(session_id = %lease.session_id, "session taken over before its loop started");
+            return Ok(());
+        }
         let control = Control::new(clock);
         if session.stop_requested {
             control.stop.cancel();
@@ -229,21 +233,24 @@ impl Supervisor {
     /// Renews `lease` at once when its clock would lapse before the next
     /// heartbeat: the clock starts when the acquiring request began, which
     /// may be long before the lease was written (a wait for a connection,
-    /// building the executor), and the runner would quit at once.
-    async fn refresh_if_stale(&self, clock: &LeaseClock, lease: Lease) -> Result<(), ServiceError> {
+    /// building the executor), and the runner would quit at once. False
+    /// when the lease is no longer held (the session was taken over).
+    async fn refresh_if_stale(
+        &self,
+        clock: &LeaseClock,
+        lease: Lease,
+    ) -> Result<bool, ServiceError> {
         let cfg = self.inner.config.lease;
         if clock.is_valid_at(Instant::now() + cfg.heartbeat) {
-            return Ok(());
+            return Ok(true);
         }
         let started = Instant::now();
         let renewed = self.inner.store.renew_leases(&[lease], cfg.ttl).await?;
         if renewed.is_empty() {
-            return Err(ServiceError::Unavailable(
-                "the session was taken over before its loop could start".into(),
-            ));
+            return Ok(false);
         }
         clock.renewed(started, cfg.ttl, cfg.margin);
-        Ok(())
+        Ok(true)
     }
 
     /// After a runner stopped on a storage error: keep the error on the

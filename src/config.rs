@@ -78,6 +78,9 @@ pub struct ModelConfig {
     pub endpoint: Option<LlmSettings>,
     /// `WARDEN_LLM_MODEL`.
     pub model: Option<String>,
+    /// Timeout and retries of every model call, also to endpoints a
+    /// session names itself.
+    pub call: crate::llm::CallPolicy,
     /// `WARDEN_LLM_MAX_TOKENS`: most tokens one call may generate, default 2048.
     pub max_tokens_per_call: u64,
     /// `AUTONOMOUS_REFLECTION_MODEL`, default `WARDEN_LLM_MODEL`.
@@ -331,25 +334,24 @@ impl Config {
                 });
             }
         };
-        let timeout = env.millis("WARDEN_LLM_TIMEOUT_MS", 120_000, 100, 3_600_000)?;
+        // Read whether or not a default endpoint is set: sessions that
+        // name their own endpoint are bound by them too.
+        let call = crate::llm::CallPolicy {
+            timeout: env.millis("WARDEN_LLM_TIMEOUT_MS", 120_000, 100, 3_600_000)?,
+            max_retries: env.parse("WARDEN_LLM_MAX_RETRIES", 3, 0, 10)?,
+            retry_base: env.millis("WARDEN_LLM_RETRY_BASE_MS", 500, 1, 60_000)?,
+        };
         let endpoint = env.url("WARDEN_LLM_BASE_URL")?.map(|base_url| LlmSettings {
             base_url,
             api_key: env.raw("WARDEN_LLM_API_KEY").map(|k| k.trim().to_string()),
-            timeout,
-            max_retries: 3,
-            retry_base: Duration::from_millis(500),
+            timeout: call.timeout,
+            max_retries: call.max_retries,
+            retry_base: call.retry_base,
         });
-        let endpoint = match endpoint {
-            Some(mut e) => {
-                e.max_retries = env.parse("WARDEN_LLM_MAX_RETRIES", 3, 0, 10)?;
-                e.retry_base = env.millis("WARDEN_LLM_RETRY_BASE_MS", 500, 1, 60_000)?;
-                Some(e)
-            }
-            None => None,
-        };
         let model = env.raw("WARDEN_LLM_MODEL").map(|m| m.trim().to_string());
         let models = ModelConfig {
             endpoint,
+            call,
             reflection_model: env
                 .raw("AUTONOMOUS_REFLECTION_MODEL")
                 .map(|m| m.trim().to_string())

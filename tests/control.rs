@@ -969,3 +969,37 @@ async fn control_path_hammer(pool: PgPool) {
         panic!("{violations:?}\n{row:?}\n{events:#?}");
     }
 }
+
+// Defect 8: a session naming its own model endpoint fell back to a 120 s
+// timeout and 3 retries, ignoring WARDEN_LLM_TIMEOUT_MS / _MAX_RETRIES /
+// _RETRY_BASE_MS (the tests set 2 retries, 10 ms backoff; here 300 ms).
+#[sqlx::test]
+async fn model_calls_honour_the_environment_for_any_endpoint(pool: PgPool) {
+    let _serial = SERIAL.lock().await;
+    let llm = common::fake_llm::FakeLlm::start().await;
+    // The first attempt hangs past the timeout; the fake answers 500 after.
+    llm.agent(common::fake_llm::Answer::ok(json!({})).delayed(3_000));
+    let config = config_with(&[("WARDEN_LLM_TIMEOUT_MS", "300")]);
+    assert!(config.models.endpoint.is_none(), "no default endpoint here");
+    let app = TestApp::spawn_with(pool, config).await;
+    let started = Instant::now();
+    let id = app
+        .create(json!({
+            "goal": "Create README.md with a project description",
+            "limits": { "max_iterations": 1 },
+            "executor": { "kind": "llm", "base_url": llm.base_url(), "model": "m" }
+        }))
+        .await["id"]
+        .as_str()
+        .expect("id")
+        .to_string();
+    let s = app.wait_settled(&id).await;
+    let took = started.elapsed();
+    assert_eq!(s["iterations"], 1, "{s}");
+    assert_eq!(
+        llm.agent_requests().len(),
+        3,
+        "one call and WARDEN_LLM_MAX_RETRIES=2 retries"
+    );
+    assert!(took < Duration::from_millis(2_500), "took {took:?}");
+}

@@ -237,6 +237,7 @@ pub async fn build_executor(
         goal: session.goal.clone(),
         llm: config.models.endpoint.clone(),
         llm_model: config.models.model.clone(),
+        llm_call: config.models.call,
         llm_max_tokens: config.models.max_tokens_per_call,
         workspace_root: config.workspace_root.clone(),
         max_file_bytes: config.models.max_file_bytes,

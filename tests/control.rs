@@ -1234,3 +1234,63 @@ async fn a_database_outage_is_answered_503_and_survived() {
     }
     drop(server);
 }
+
+// Defect 4, second half: a runner's lease clock started when the acquiring
+// request began; started late (a long wait for a connection), the runner
+// trusted an expired clock, quit, and the session was rescued a TTL later.
+#[sqlx::test]
+async fn a_runner_started_late_renews_its_lease_instead_of_quitting(pool: PgPool) {
+    let _serial = SERIAL.lock().await;
+    let app = TestApp::spawn(pool.clone()).await;
+    let supervisor = app.app.as_ref().expect("running").supervisor().clone();
+    let store = Store::from_pool(pool.clone());
+    let new = NewSession {
+        id: Uuid::new_v4(),
+        goal: "Create README.md".into(),
+        mode: Mode::Fixed,
+        limits: warden::policy::guardrails::Limits {
+            max_iterations: 100_000,
+            ..test_config().defaults.limits
+        },
+        executor: json!({ "kind": "scripted", "steps": distinct_steps(400, 1, 30) }),
+        original_goal: None,
+        refinement: None,
+        criteria: Vec::new(),
+        milestones: Vec::new(),
+        refinement_tokens: 0,
+    };
+    let (record, lease) = store
+        .insert_session(
+            &new,
+            Some(supervisor.replica_id()),
+            Duration::from_secs(1),
+            &[],
+        )
+        .await
+        .expect("inserted");
+    // As if the acquiring request had waited 5 s for a connection.
+    let acquired = Instant::now()
+        .checked_sub(Duration::from_secs(5))
+        .expect("an earlier instant");
+    supervisor
+        .spawn(
+            lease.expect("a lease"),
+            acquired,
+            &record,
+            LoopState::for_session(&record),
+        )
+        .await
+        .expect("started");
+    let id = new.id.to_string();
+    tokio::time::sleep(Duration::from_millis(2_000)).await;
+    let s = app.session(&id).await;
+    assert_eq!(s["status"], "running", "{s}");
+    assert!(s["iterations"].as_i64().unwrap_or(0) >= 10, "{s}");
+    let takeovers = app
+        .events(&id)
+        .await
+        .into_iter()
+        .filter(|e| e["kind"] == "lease_acquired")
+        .count();
+    assert_eq!(takeovers, 0, "the runner quit on a stale clock");
+}

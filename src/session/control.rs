@@ -130,6 +130,28 @@ pub fn make_storable(result: &mut Result<StepResult, ExecutorError>) -> usize {
     }
 }
 
+/// Makes a reflection model's answer storable (NUL characters replaced in
+/// its raw text, its error and every text of its assessment); returns how
+/// many were replaced.
+pub fn make_reflection_storable(answer: &mut super::reflector::ReflectionAnswer) -> usize {
+    let mut n = answer.raw.as_mut().map_or(0, strip_nul);
+    match &mut answer.assessment {
+        Ok(a) => {
+            n += strip_nul(&mut a.reasoning);
+            for s in a
+                .next_steps
+                .iter_mut()
+                .chain(a.milestones_done.iter_mut())
+                .chain(a.criteria_met.iter_mut())
+            {
+                n += strip_nul(s);
+            }
+        }
+        Err(e) => n += strip_nul(e),
+    }
+    n
+}
+
 /// The first string in `value` (or key) that holds a NUL character, as a
 /// path such as `executor.steps[0].output`; `None` when there is none.
 pub fn find_nul(value: &Value) -> Option<String> {

@@ -503,7 +503,7 @@ impl Runner {
                 }
             } => Some(answer),
         };
-        let Some(answer) = answer else {
+        let Some(mut answer) = answer else {
             return if self.control.stop.is_cancelled() {
                 self.finish(Reason::UserStop, None, Vec::new())
                     .await
@@ -512,6 +512,8 @@ impl Runner {
                 self.release().await.map(Some)
             };
         };
+        // Model text is made storable before it reaches the state or a row.
+        super::control::make_reflection_storable(&mut answer);
         let base = self.settings.limits.reflection_interval;
         let prior = self.state.reflection;
         let mut criteria = self.state.criteria.clone();

@@ -314,6 +314,7 @@ pub async fn list_checkpoints(
             (EventPage = "application/json"),
             (EventView = "text/event-stream"),
         )),
+        (status = 400, description = "Bad limit, or a negative Last-Event-ID", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such session", body = Problem, content_type = "application/problem+json"),
     )
 )]

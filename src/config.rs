@@ -458,6 +458,35 @@ mod tests {
     }
 
     #[test]
+    fn failure_model_outage_and_model_call_settings() {
+        let c = Config::from_vars(&vars(&[])).unwrap();
+        assert_eq!(c.max_attempts, 5);
+        assert_eq!(c.db_acquire_timeout, Duration::from_secs(2));
+        assert_eq!(c.models.call, crate::llm::CallPolicy::default());
+        // Read without a default endpoint: sessions naming their own obey them.
+        let c = Config::from_vars(&vars(&[
+            ("WARDEN_MAX_ATTEMPTS", "3"),
+            ("WARDEN_DB_ACQUIRE_TIMEOUT_MS", "500"),
+            ("WARDEN_LLM_TIMEOUT_MS", "300"),
+            ("WARDEN_LLM_MAX_RETRIES", "0"),
+            ("WARDEN_LLM_RETRY_BASE_MS", "20"),
+        ]))
+        .unwrap();
+        assert!(c.models.endpoint.is_none());
+        assert_eq!(c.max_attempts, 3);
+        assert_eq!(c.db_acquire_timeout, Duration::from_millis(500));
+        assert_eq!(
+            c.models.call,
+            crate::llm::CallPolicy {
+                timeout: Duration::from_millis(300),
+                max_retries: 0,
+                retry_base: Duration::from_millis(20),
+            }
+        );
+        assert!(Config::from_vars(&vars(&[("WARDEN_MAX_ATTEMPTS", "0")])).is_err());
+    }
+
+    #[test]
     fn bad_values_name_the_variable() {
         for (var, value) in [
             ("AUTONOMOUS_MAX_ITERATIONS", "lots"),

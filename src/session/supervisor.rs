@@ -406,8 +406,16 @@ impl Supervisor {
         for c in claimed {
             let id = c.lease.session_id;
             // The failure model: every rescue without progress since the
-            // previous one is a failed attempt; after too many, end it.
-            match store.count_attempt(&c.lease).await {
+            // previous one is a failed attempt; after too many, end it. A
+            // session released on shutdown (no previous owner) did not fail.
+            let counted = match c.previous_owner {
+                Some(_) => store.count_attempt(&c.lease).await,
+                None => Ok(Some(crate::store::Attempt {
+                    attempts: 0,
+                    last_error: None,
+                })),
+            };
+            match counted {
                 Ok(Some(attempt)) if attempt.attempts >= max_attempts => {
                     self.fail_attempts(c.lease, &attempt).await;
                     continue;

@@ -227,3 +227,25 @@ pub fn is_unavailable(err: &sqlx::Error) -> bool {
         _ => false,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn connection_failures_are_unavailable_query_faults_are_not() {
+        assert!(is_unavailable(&sqlx::Error::PoolTimedOut));
+        assert!(is_unavailable(&sqlx::Error::PoolClosed));
+        assert!(is_unavailable(&sqlx::Error::Io(std::io::Error::from(
+            std::io::ErrorKind::ConnectionReset
+        ))));
+        assert!(!is_unavailable(&sqlx::Error::RowNotFound));
+        assert!(!is_unavailable(&sqlx::Error::ColumnNotFound("x".into())));
+    }
+
+    #[test]
+    fn storable_text_replaces_nul() {
+        assert_eq!(storable_text("a\0b\0"), "a\u{FFFD}b\u{FFFD}");
+        assert_eq!(storable_text("plain"), "plain");
+    }
+}

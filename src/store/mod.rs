@@ -2,7 +2,6 @@
 //! Postgres is the source of truth; every write made on behalf of a running
 //! session is fenced by the lease token of the replica that runs it.
 
-mod control;
 mod events;
 mod group_commit;
 mod iterations;
@@ -10,17 +9,18 @@ mod journal;
 mod leases;
 mod outcomes;
 mod reflections;
+mod resilience;
 mod sessions;
 mod tasks;
 
-pub use control::{
-    Attempt, RebuildInputs, is_unavailable, lease_lapsed_on, rebuild_inputs_on, storable_text,
-};
 pub use events::{EventRecord, NewEvent};
 pub use iterations::{CheckpointRecord, IterationRecord, NewIteration};
 pub use leases::{Claimed, Lease, Renewed};
 pub use outcomes::Outcomes;
 pub use reflections::{NewReflection, ReflectionRecord};
+pub use resilience::{
+    Attempt, RebuildInputs, is_unavailable, lease_lapsed_on, rebuild_inputs_on, storable_text,
+};
 pub use sessions::{
     ControlFlags, Counters, NewSession, RefinementRecord, SessionCursor, SessionRecord,
     SessionSettings, end_unowned, insert_refinement, lock as lock_session, request_pause,

@@ -15,7 +15,7 @@ use super::events::{self, to_stored};
 use super::persist::{self, FirstRefinement};
 use super::planner;
 use super::reads::SessionReads;
-use super::rehydrate::load_for_run;
+use super::rehydrate::rebuild_locked;
 use super::state::LoopState;
 use super::supervisor::{Done, Supervisor};
 use crate::config::Config;
@@ -468,9 +468,14 @@ impl SessionService {
             &events,
         )
         .await?;
+        // Read back on the locked connection: a handful of pool acquires
+        // here would delay the loop's start behind every queued request.
+        let session = store::lock_session(&mut tx, id)
+            .await?
+            .ok_or(ServiceError::NotFound(id))?;
+        let state = rebuild_locked(&mut tx, &session).await?;
         tx.commit().await.map_err(StoreError::from)?;
         self.store.announce(id);
-        let (session, state) = load_for_run(&self.store, id).await?;
         self.supervisor
             .spawn(lease, acquired, &session, state)
             .await?;
@@ -516,7 +521,8 @@ impl SessionService {
                 self.store.announce(id);
             }
             StopPlan::InterruptNow => {
-                let (_, state) = load_for_run(&self.store, id).await?;
+                // On the locked connection: never a second one while the lock is held.
+                let state = rebuild_locked(&mut tx, &session).await?;
                 self.end_unowned(&mut tx, &session, &state, Reason::UserStop)
                     .await?;
                 tx.commit().await.map_err(StoreError::from)?;
@@ -552,11 +558,12 @@ impl SessionService {
             if self.store.lease_lapsed(id).await? {
                 let mut tx = self.store.begin().await?;
                 let locked = store::lock_session(&mut tx, id).await?;
+                // Everything under the lock is read on its own connection.
                 if let Some(locked) = locked
                     && locked.status == Status::Running
-                    && self.store.lease_lapsed(id).await?
+                    && super::control::lease_lapsed_locked(&mut tx, id).await?
                 {
-                    let (_, state) = load_for_run(&self.store, id).await?;
+                    let state = rebuild_locked(&mut tx, &locked).await?;
                     self.end_unowned(&mut tx, &locked, &state, Reason::UserStop)
                         .await?;
                 }
@@ -720,9 +727,14 @@ impl SessionService {
             &events,
         )
         .await?;
+        // Read back on the locked connection: a handful of pool acquires
+        // here would delay the loop's start behind every queued request.
+        let session = store::lock_session(&mut tx, id)
+            .await?
+            .ok_or(ServiceError::NotFound(id))?;
+        let state = rebuild_locked(&mut tx, &session).await?;
         tx.commit().await.map_err(StoreError::from)?;
         self.store.announce(id);
-        let (session, state) = load_for_run(&self.store, id).await?;
         self.supervisor
             .spawn(lease, acquired, &session, state)
             .await?;

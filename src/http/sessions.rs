@@ -86,6 +86,7 @@ fn decode_cursor(raw: &str) -> ApiResult<SessionCursor> {
     responses(
         (status = 201, description = "Session created and running", body = SessionView),
         (status = 400, description = "Malformed JSON", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "The executor's URL is refused by the outbound-request policy (code `egress_denied`)", body = Problem, content_type = "application/problem+json"),
         (status = 413, description = "Body too large", body = Problem, content_type = "application/problem+json"),
         (status = 415, description = "Not JSON", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Unknown field, wrong type or out-of-range limit", body = Problem, content_type = "application/problem+json"),

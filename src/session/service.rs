@@ -152,7 +152,7 @@ struct Preflight {
 }
 
 fn validate_goal(goal: &str) -> Result<String> {
-    let goal = goal.trim();
+    let goal = crate::policy::text::trim(goal);
     if goal.is_empty() {
         return Err(ServiceError::Invalid("goal must not be empty".into()));
     }
@@ -282,7 +282,7 @@ impl SessionService {
                     .map(|e| e.base_url.as_str()),
             )
             .await
-            .map_err(ServiceError::Invalid)?;
+            .map_err(ServiceError::EgressDenied)?;
         let report = ambiguity::assess(&request.goal);
         if report.ambiguous && (self.config.require_concrete_goals || self.config.auto_refine_goals)
         {

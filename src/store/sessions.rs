@@ -49,8 +49,8 @@ impl Store {
         Ok(self.pool.begin().await?)
     }
 
-    /// Creates a session: running under a lease held by `owner` when
-    /// `owner` is given, otherwise waiting for refinement.
+    /// Creates a session with its first events in a transaction of its own
+    /// (see [`insert`]).
     pub async fn insert_session(
         &self,
         new: &NewSession,
@@ -59,35 +59,7 @@ impl Store {
         events: &[NewEvent],
     ) -> Result<(SessionRecord, Option<Lease>)> {
         let mut tx = self.pool.begin().await?;
-        let token = owner.map(|_| Uuid::new_v4());
-        let status = if owner.is_some() {
-            Status::Running
-        } else {
-            Status::AwaitingRefinement
-        };
-        sqlx::query!(
-            "INSERT INTO sessions (id, goal, mode, status, limits, executor, owner, lease_token, lease_expires_at, heartbeat_at,
-                                   original_goal, refinement, criteria, milestones, refinement_tokens, tokens_used)
-             VALUES ($1, $2, $3, $14, $4, $5,
-                     $6, $7, CASE WHEN $6::uuid IS NULL THEN NULL ELSE now() + make_interval(secs => $8) END,
-                     CASE WHEN $6::uuid IS NULL THEN NULL ELSE now() END, $9, $10, $11, $12, $13, $13)",
-            new.id,
-            &new.goal,
-            new.mode as Mode,
-            Json(new.limits) as _,
-            &new.executor,
-            owner,
-            token,
-            lease_ttl.as_secs_f64(),
-            new.original_goal.as_deref(),
-            new.refinement.as_ref(),
-            Json(&new.criteria) as _,
-            Json(&new.milestones) as _,
-            new.refinement_tokens,
-            status as Status,
-        )
-        .execute(&mut *tx)
-        .await?;
+        let lease = insert(&mut tx, new, owner, lease_ttl).await?;
         events::append(&mut tx, new.id, events).await?;
         let record = lock(&mut tx, new.id).await?.ok_or(StoreError::Corrupt {
             id: new.id,
@@ -95,10 +67,6 @@ impl Store {
         })?;
         tx.commit().await?;
         self.announce(new.id);
-        let lease = token.map(|token| Lease {
-            session_id: new.id,
-            token,
-        });
         Ok((record, lease))
     }
 
@@ -171,6 +139,50 @@ impl Store {
         .fetch_all(&self.pool)
         .await?)
     }
+}
+
+/// Inserts a session on the caller's connection: running under a lease held
+/// by `owner` when `owner` is given (the lease is returned), otherwise
+/// waiting for refinement. The caller announces it once committed.
+pub async fn insert(
+    conn: &mut PgConnection,
+    new: &NewSession,
+    owner: Option<Uuid>,
+    lease_ttl: std::time::Duration,
+) -> Result<Option<Lease>> {
+    let token = owner.map(|_| Uuid::new_v4());
+    let status = if owner.is_some() {
+        Status::Running
+    } else {
+        Status::AwaitingRefinement
+    };
+    sqlx::query!(
+        "INSERT INTO sessions (id, goal, mode, status, limits, executor, owner, lease_token, lease_expires_at, heartbeat_at,
+                               original_goal, refinement, criteria, milestones, refinement_tokens, tokens_used)
+         VALUES ($1, $2, $3, $14, $4, $5,
+                 $6, $7, CASE WHEN $6::uuid IS NULL THEN NULL ELSE now() + make_interval(secs => $8) END,
+                 CASE WHEN $6::uuid IS NULL THEN NULL ELSE now() END, $9, $10, $11, $12, $13, $13)",
+        new.id,
+        &new.goal,
+        new.mode as Mode,
+        Json(new.limits) as _,
+        &new.executor,
+        owner,
+        token,
+        lease_ttl.as_secs_f64(),
+        new.original_goal.as_deref(),
+        new.refinement.as_ref(),
+        Json(&new.criteria) as _,
+        Json(&new.milestones) as _,
+        new.refinement_tokens,
+        status as Status,
+    )
+    .execute(conn)
+    .await?;
+    Ok(token.map(|token| Lease {
+        session_id: new.id,
+        token,
+    }))
 }
 
 /// Reads and row-locks one session inside a transaction.

@@ -49,7 +49,7 @@ mod tests {
     use sqlx::PgPool;
 
     use super::*;
-    use crate::policy::guardrails::Limits;
+    use crate::policy::guardrails::tests::roomy;
     use crate::policy::lifecycle::{Mode, Status};
 
     fn new_session(goal: &str, original: &str) -> NewSession {
@@ -57,17 +57,7 @@ mod tests {
             id: Uuid::new_v4(),
             goal: goal.into(),
             mode: Mode::Fixed,
-            limits: Limits {
-                max_iterations: 5,
-                max_wall_time_ms: 60_000,
-                max_tokens: 1_000,
-                max_consecutive_errors: 3,
-                reflection_interval: 5,
-                checkpoint_interval: 5,
-                max_tool_calls: None,
-                max_cycles: 10,
-                context_budget_tokens: 32_000,
-            },
+            limits: roomy(),
             executor: json!({ "kind": "scripted", "steps": [] }),
             original_goal: Some(original.into()),
             refinement: Some(json!({ "suggested_goal": goal })),

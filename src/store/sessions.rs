@@ -195,34 +195,27 @@ pub async fn lock(conn: &mut PgConnection, id: Uuid) -> Result<Option<SessionRec
 
 /// Records a user's stop request (the durable flag every replica obeys).
 pub async fn request_stop(conn: &mut PgConnection, id: Uuid) -> Result<()> {
-    sqlx::query!(
-        "UPDATE sessions SET stop_requested = true, updated_at = now() WHERE id = $1",
-        id,
-    )
-    .execute(&mut *conn)
-    .await?;
-    events::append(
-        conn,
-        id,
-        &[NewEvent::from_event(&SessionEvent::StopRequested {})?],
-    )
-    .await
+    request(conn, id, SessionEvent::StopRequested {}).await
 }
 
 /// Records a user's pause request.
 pub async fn request_pause(conn: &mut PgConnection, id: Uuid) -> Result<()> {
+    request(conn, id, SessionEvent::PauseRequested {}).await
+}
+
+/// Sets the durable flag of a stop or pause `request` and logs it.
+async fn request(conn: &mut PgConnection, id: Uuid, request: SessionEvent) -> Result<()> {
+    let stop = matches!(request, SessionEvent::StopRequested {});
     sqlx::query!(
-        "UPDATE sessions SET pause_requested = true, updated_at = now() WHERE id = $1",
+        "UPDATE sessions SET stop_requested = stop_requested OR $2,
+                             pause_requested = pause_requested OR NOT $2, updated_at = now()
+         WHERE id = $1",
         id,
+        stop,
     )
     .execute(&mut *conn)
     .await?;
-    events::append(
-        conn,
-        id,
-        &[NewEvent::from_event(&SessionEvent::PauseRequested {})?],
-    )
-    .await
+    events::append(conn, id, &[NewEvent::from_event(&request)?]).await
 }
 
 /// Changes mode and limits of a session.

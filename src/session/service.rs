@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 use serde_json::json;
+use sqlx::{Postgres, Transaction};
 use utoipa::ToSchema;
 use uuid::Uuid;
 
@@ -28,7 +29,7 @@ use crate::policy::guardrails::{self, Breach, Limits, LimitsPatch};
 use crate::policy::lifecycle::{self, Mode, PausePlan, Reason, Status, StopPlan};
 use crate::policy::termination::{self, Facts};
 use crate::store::{
-    self, ControlAction, NewSession, SessionCursor, SessionRecord, SessionSettings, Store,
+    self, ControlAction, Lease, NewSession, SessionCursor, SessionRecord, SessionSettings, Store,
     StoreError,
 };
 
@@ -468,8 +469,25 @@ impl SessionService {
             &events,
         )
         .await?;
+        self.start_run(tx, id, lease, acquired).await
+    }
+
+    /// Commits a change to session `id` and wakes its readers.
+    async fn commit(&self, tx: Transaction<'static, Postgres>, id: Uuid) -> Result<()> {
         tx.commit().await.map_err(StoreError::from)?;
         self.store.announce(id);
+        Ok(())
+    }
+
+    /// Commits a (re)start of session `id` under `lease` and runs its loop here.
+    async fn start_run(
+        &self,
+        tx: Transaction<'static, Postgres>,
+        id: Uuid,
+        lease: Lease,
+        acquired: Instant,
+    ) -> Result<SessionRecord> {
+        self.commit(tx, id).await?;
         let (session, state) = load_for_run(&self.store, id).await?;
         self.supervisor
             .spawn(lease, acquired, &session, state)
@@ -512,20 +530,17 @@ impl SessionService {
             .ok_or(ServiceError::NotFound(id))?;
         match lifecycle::plan_stop(session.status)? {
             StopPlan::AlreadyStopped => {
-                tx.commit().await.map_err(StoreError::from)?;
-                self.store.announce(id);
+                self.commit(tx, id).await?;
             }
             StopPlan::InterruptNow => {
                 let (_, state) = load_for_run(&self.store, id).await?;
                 self.end_unowned(&mut tx, &session, &state, Reason::UserStop)
                     .await?;
-                tx.commit().await.map_err(StoreError::from)?;
-                self.store.announce(id);
+                self.commit(tx, id).await?;
             }
             StopPlan::SignalRunner => {
                 store::request_stop(&mut tx, id).await?;
-                tx.commit().await.map_err(StoreError::from)?;
-                self.store.announce(id);
+                self.commit(tx, id).await?;
                 match self.supervisor.signal_stop(id) {
                     Some(done) => wait_done(Some(done), self.config.control_wait).await,
                     None => self.stop_elsewhere(id).await?,
@@ -560,8 +575,7 @@ impl SessionService {
                     self.end_unowned(&mut tx, &locked, &state, Reason::UserStop)
                         .await?;
                 }
-                tx.commit().await.map_err(StoreError::from)?;
-                self.store.announce(id);
+                self.commit(tx, id).await?;
                 return Ok(());
             }
             if Instant::now() >= deadline {
@@ -615,13 +629,11 @@ impl SessionService {
             .ok_or(ServiceError::NotFound(id))?;
         match lifecycle::plan_pause(session.status)? {
             PausePlan::AlreadyPaused => {
-                tx.commit().await.map_err(StoreError::from)?;
-                self.store.announce(id);
+                self.commit(tx, id).await?;
             }
             PausePlan::SignalRunner => {
                 store::request_pause(&mut tx, id).await?;
-                tx.commit().await.map_err(StoreError::from)?;
-                self.store.announce(id);
+                self.commit(tx, id).await?;
                 match self.supervisor.signal_pause(id) {
                     Some(done) => wait_done(Some(done), self.config.control_wait).await,
                     None => self.store.notify_control(ControlAction::Pause, id).await?,
@@ -720,13 +732,7 @@ impl SessionService {
             &events,
         )
         .await?;
-        tx.commit().await.map_err(StoreError::from)?;
-        self.store.announce(id);
-        let (session, state) = load_for_run(&self.store, id).await?;
-        self.supervisor
-            .spawn(lease, acquired, &session, state)
-            .await?;
-        Ok(session)
+        self.start_run(tx, id, lease, acquired).await
     }
 
     /// Changes the mode or limits of a session; a running loop applies them
@@ -759,8 +765,7 @@ impl SessionService {
         if !events.is_empty() {
             store::update_settings(&mut tx, id, settings, &events::encode(&events)?).await?;
         }
-        tx.commit().await.map_err(StoreError::from)?;
-        self.store.announce(id);
+        self.commit(tx, id).await?;
         self.get(id).await
     }
 }

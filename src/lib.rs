@@ -1,6 +1,6 @@
 //! Warden: runs and supervises long-running autonomous agent sessions.
 //!
-//! Layers, with dependencies pointing one way:
+//! Layers, with dependencies pointing one way (checked by `layers.rs`):
 //! `http` → `session` → (`executor`, `store`) → `policy`.
 
 pub mod config;
@@ -8,6 +8,8 @@ pub mod egress;
 pub mod event;
 pub mod executor;
 pub mod http;
+#[cfg(test)]
+mod layers;
 pub mod llm;
 pub mod metrics;
 pub mod policy;

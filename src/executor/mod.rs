@@ -315,7 +315,7 @@ impl ExecutorSpec {
                 if let Some(url) = base_url {
                     check_url("executor.base_url", url)?;
                 }
-                if model.as_deref().is_some_and(|m| m.trim().is_empty()) {
+                if model.as_deref().is_some_and(crate::policy::text::is_blank) {
                     return Err("executor.model must not be empty".into());
                 }
                 if timeout_ms.is_some_and(|t| !TIMEOUT_MS.contains(&t)) {
@@ -426,7 +426,7 @@ impl ExecutorSpec {
     }
 
     /// Checks every URL the client chose against the outbound-request
-    /// policy, resolving host names now, so a refused destination is a 422
+    /// policy, resolving host names now, so a refused destination is a 403
     /// at creation rather than a failing session. `operator_base_url` (the
     /// server's own endpoint) is trusted. The message names the field.
     pub async fn vet_urls(

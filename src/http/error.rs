@@ -125,6 +125,9 @@ impl From<ServiceError> for ApiError {
             ServiceError::Invalid(detail) => {
                 ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_request", detail)
             }
+            ServiceError::EgressDenied(detail) => {
+                ApiError::new(StatusCode::FORBIDDEN, "egress_denied", detail)
+            }
             ServiceError::Unavailable(detail) => {
                 tracing::error!(%detail, "service unavailable");
                 ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", detail)

@@ -61,6 +61,14 @@ fn page_limit(limit: Option<i64>, default: i64, max: i64) -> ApiResult<i64> {
     }
 }
 
+/// The key to continue after: the last row's, when the page came back full
+/// (a shorter page is the last one).
+fn next_after<T, K>(rows: &[T], limit: i64, key: impl Fn(&T) -> K) -> Option<K> {
+    (rows.len() as i64 == limit)
+        .then(|| rows.last().map(key))
+        .flatten()
+}
+
 fn encode_cursor(c: &SessionCursor) -> String {
     format!("{}_{}", c.created_at.timestamp_micros(), c.id)
 }
@@ -86,6 +94,7 @@ fn decode_cursor(raw: &str) -> ApiResult<SessionCursor> {
     responses(
         (status = 201, description = "Session created and running", body = SessionView),
         (status = 400, description = "Malformed JSON", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "The executor's URL is refused by the outbound-request policy (code `egress_denied`)", body = Problem, content_type = "application/problem+json"),
         (status = 413, description = "Body too large", body = Problem, content_type = "application/problem+json"),
         (status = 415, description = "Not JSON", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Unknown field, wrong type or out-of-range limit", body = Problem, content_type = "application/problem+json"),
@@ -119,15 +128,12 @@ pub async fn list_sessions(
     let limit = page_limit(q.limit, 50, MAX_LIST_LIMIT)?;
     let after = q.cursor.as_deref().map(decode_cursor).transpose()?;
     let rows = state.service.list(q.status, after, limit).await?;
-    let next_cursor = (rows.len() as i64 == limit)
-        .then(|| rows.last())
-        .flatten()
-        .map(|s| {
-            encode_cursor(&SessionCursor {
-                created_at: s.created_at,
-                id: s.id,
-            })
-        });
+    let next_cursor = next_after(&rows, limit, |s| {
+        encode_cursor(&SessionCursor {
+            created_at: s.created_at,
+            id: s.id,
+        })
+    });
     Ok(Json(SessionPage {
         items: rows.into_iter().map(|s| view(&state, s)).collect(),
         next_cursor,
@@ -268,9 +274,7 @@ pub async fn list_iterations(
         .reads()
         .iterations(id, q.after.unwrap_or(0), limit)
         .await?;
-    let next_after = (rows.len() as i64 == limit)
-        .then(|| rows.last().map(|r| r.number))
-        .flatten();
+    let next_after = next_after(&rows, limit, |r| r.number);
     Ok(Json(IterationPage {
         items: rows.into_iter().map(Into::into).collect(),
         next_after,
@@ -298,9 +302,7 @@ pub async fn list_checkpoints(
         .reads()
         .checkpoints(id, q.after.unwrap_or(0), limit)
         .await?;
-    let next_after = (rows.len() as i64 == limit)
-        .then(|| rows.last().map(|r| r.id))
-        .flatten();
+    let next_after = next_after(&rows, limit, |r| r.id);
     Ok(Json(CheckpointPage {
         items: rows.into_iter().map(Into::into).collect(),
         next_after,
@@ -409,9 +411,7 @@ fn accepts_stream(headers: &HeaderMap) -> bool {
 }
 
 fn event_page(rows: Vec<LoggedEvent>, limit: i64) -> EventPage {
-    let next_after = (rows.len() as i64 == limit)
-        .then(|| rows.last().map(|r| r.seq))
-        .flatten();
+    let next_after = next_after(&rows, limit, |r| r.seq);
     EventPage {
         items: rows.into_iter().map(Into::into).collect(),
         next_after,
@@ -466,9 +466,7 @@ pub async fn list_reflections(
     let limit = page_limit(q.limit, 100, MAX_PAGE_LIMIT)?;
     let after = i32::try_from(q.after.unwrap_or(0)).unwrap_or(i32::MAX);
     let rows = state.service.reads().reflections(id, after, limit).await?;
-    let next_after = (rows.len() as i64 == limit)
-        .then(|| rows.last().map(|r| i64::from(r.number)))
-        .flatten();
+    let next_after = next_after(&rows, limit, |r| i64::from(r.number));
     Ok(Json(ReflectionPage {
         items: rows.into_iter().map(Into::into).collect(),
         next_after,

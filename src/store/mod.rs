@@ -32,8 +32,8 @@ pub use rows::{
     TASK_STATUSES, Task, TaskWrite,
 };
 pub use sessions::{
-    end_unowned, insert_refinement, lock as lock_session, request_pause, request_stop,
-    resume as resume_session, start_refined, update_settings,
+    end_unowned, insert as insert_session, insert_refinement, lock as lock_session, request_pause,
+    request_stop, resume as resume_session, start_refined, update_settings,
 };
 
 use std::sync::{Arc, OnceLock};

@@ -143,7 +143,12 @@ impl Application {
         } else {
             (config.db_max_connections / 4).max(2)
         };
-        let store = Store::connect(&config.database_url, api_connections).await?;
+        let store = Store::connect_api(
+            &config.database_url,
+            api_connections,
+            config.db_acquire_timeout,
+        )
+        .await?;
         store.migrate().await?;
         Application::build_with_store(config, store).await
     }

@@ -258,6 +258,8 @@ pub struct ExecutorDeps {
     pub llm: Option<LlmSettings>,
     /// Default model name.
     pub llm_model: Option<String>,
+    /// Timeout and retries of model calls (the environment's).
+    pub llm_call: crate::llm::CallPolicy,
     /// Default most tokens per call.
     pub llm_max_tokens: u64,
     /// Where workspaces live.
@@ -384,15 +386,13 @@ impl ExecutorSpec {
                             .then(|| defaults.as_ref().and_then(|d| d.api_key.clone()))
                             .flatten()
                     }),
-                    timeout: timeout_ms.map(Duration::from_millis).unwrap_or(
-                        defaults
-                            .as_ref()
-                            .map_or(Duration::from_secs(120), |d| d.timeout),
-                    ),
-                    max_retries: defaults.as_ref().map_or(3, |d| d.max_retries),
-                    retry_base: defaults
-                        .as_ref()
-                        .map_or(Duration::from_millis(500), |d| d.retry_base),
+                    // The environment's policy, whichever endpoint; a
+                    // session's own timeout overrides only the timeout.
+                    timeout: timeout_ms
+                        .map(Duration::from_millis)
+                        .unwrap_or(deps.llm_call.timeout),
+                    max_retries: deps.llm_call.max_retries,
+                    retry_base: deps.llm_call.retry_base,
                 };
                 let client = if endpoint.is_operators {
                     LlmClient::new(settings).map_err(|e| e.to_string())?

@@ -323,6 +323,7 @@ live stream: Server-Sent Events whose `event` is the event kind, `id` the sequen
             (EventPage = "application/json"),
             (String = "text/event-stream"),
         )),
+        (status = 400, description = "Bad limit, or a negative Last-Event-ID", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such session", body = Problem, content_type = "application/problem+json"),
     )
 )]
@@ -336,6 +337,11 @@ pub async fn list_events(
     let reads = state.service.reads().clone();
     if stream::wants_stream(&headers) {
         let after = stream::last_event_id(&headers).or(q.after).unwrap_or(0);
+        if after < 0 {
+            return Err(ApiError::bad_request(format!(
+                "Last-Event-ID must be an event sequence number (0 or more), got {after}"
+            )));
+        }
         return Ok(stream::session_events(reads, id, after));
     }
     let limit = page_limit(q.limit, 100, MAX_PAGE_LIMIT)?;
@@ -351,25 +357,45 @@ pub async fn list_events(
         (status = 200, description = "Server-Sent Events, each `event: session` with `data` one \
 `SessionView` as JSON and `id` its change time (send it back as `Last-Event-ID` to continue)",
             content((String = "text/event-stream"))),
+        (status = 400, description = "Last-Event-ID is not an id of this stream", body = Problem, content_type = "application/problem+json"),
         (status = 406, description = "The request accepts no `text/event-stream`", body = Problem, content_type = "application/problem+json"),
     )
 )]
-pub async fn session_changes(State(state): State<AppState>, headers: HeaderMap) -> Response {
+pub async fn session_changes(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+) -> ApiResult<Response> {
     // This URL has no other form: a client that takes no event stream is told
     // so at once instead of being held on an endless answer.
     if !accepts_stream(&headers) {
-        return ApiError::new(
+        return Err(ApiError::new(
             StatusCode::NOT_ACCEPTABLE,
             "not_acceptable",
             "this endpoint answers only text/event-stream; send Accept: text/event-stream",
-        )
-        .into_response();
+        ));
     }
-    let since = stream::last_event_id(&headers)
-        .and_then(DateTime::<Utc>::from_timestamp_micros)
-        .unwrap_or(DateTime::<Utc>::UNIX_EPOCH);
-    stream::session_changes(state.service.reads().clone(), since)
+    let since = match stream::last_event_id(&headers) {
+        None => DateTime::<Utc>::UNIX_EPOCH,
+        // Ids of this stream are change times in µs since 1970; anything
+        // else would overflow the time arithmetic of the stream (a panic).
+        Some(micros) => (0..=MAX_CHANGE_MICROS)
+            .contains(&micros)
+            .then(|| DateTime::<Utc>::from_timestamp_micros(micros))
+            .flatten()
+            .ok_or_else(|| {
+                ApiError::bad_request(format!(
+                    "Last-Event-ID must be an id this stream sent (a time in µs since 1970), got {micros}"
+                ))
+            })?,
+    };
+    Ok(stream::session_changes(
+        state.service.reads().clone(),
+        since,
+    ))
 }
+
+/// Largest `Last-Event-ID` of the change stream: the start of year 9999, in µs.
+const MAX_CHANGE_MICROS: i64 = 253_370_764_800_000_000;
 
 /// Whether the `Accept` header (absent means anything) allows an event stream.
 fn accepts_stream(headers: &HeaderMap) -> bool {

@@ -23,6 +23,29 @@ pub struct LlmSettings {
     pub retry_base: Duration,
 }
 
+/// How model calls time out and retry (`WARDEN_LLM_TIMEOUT_MS`,
+/// `WARDEN_LLM_MAX_RETRIES`, `WARDEN_LLM_RETRY_BASE_MS`), whatever endpoint
+/// a session names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CallPolicy {
+    /// Timeout of one HTTP attempt.
+    pub timeout: Duration,
+    /// Retries after the first attempt.
+    pub max_retries: u32,
+    /// First backoff delay.
+    pub retry_base: Duration,
+}
+
+impl Default for CallPolicy {
+    fn default() -> CallPolicy {
+        CallPolicy {
+            timeout: Duration::from_secs(120),
+            max_retries: 3,
+            retry_base: Duration::from_millis(500),
+        }
+    }
+}
+
 impl fmt::Debug for LlmSettings {
     // The API key never reaches a log line.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

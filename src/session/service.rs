@@ -16,7 +16,7 @@ use super::events::{self, to_stored};
 use super::persist::{self, FirstRefinement};
 use super::planner;
 use super::reads::SessionReads;
-use super::rehydrate::load_for_run;
+use super::rehydrate::rebuild_locked;
 use super::state::LoopState;
 use super::supervisor::{Done, Supervisor};
 use crate::config::Config;
@@ -482,13 +482,18 @@ impl SessionService {
     /// Commits a (re)start of session `id` under `lease` and runs its loop here.
     async fn start_run(
         &self,
-        tx: Transaction<'static, Postgres>,
+        mut tx: Transaction<'static, Postgres>,
         id: Uuid,
         lease: Lease,
         acquired: Instant,
     ) -> Result<SessionRecord> {
+        // Read back on the locked connection: a handful of pool acquires
+        // here would delay the loop's start behind every queued request.
+        let session = store::lock_session(&mut tx, id)
+            .await?
+            .ok_or(ServiceError::NotFound(id))?;
+        let state = rebuild_locked(&mut tx, &session).await?;
         self.commit(tx, id).await?;
-        let (session, state) = load_for_run(&self.store, id).await?;
         self.supervisor
             .spawn(lease, acquired, &session, state)
             .await?;
@@ -533,7 +538,8 @@ impl SessionService {
                 self.commit(tx, id).await?;
             }
             StopPlan::InterruptNow => {
-                let (_, state) = load_for_run(&self.store, id).await?;
+                // On the locked connection: never a second one while the lock is held.
+                let state = rebuild_locked(&mut tx, &session).await?;
                 self.end_unowned(&mut tx, &session, &state, Reason::UserStop)
                     .await?;
                 self.commit(tx, id).await?;
@@ -567,11 +573,12 @@ impl SessionService {
             if self.store.lease_lapsed(id).await? {
                 let mut tx = self.store.begin().await?;
                 let locked = store::lock_session(&mut tx, id).await?;
+                // Everything under the lock is read on its own connection.
                 if let Some(locked) = locked
                     && locked.status == Status::Running
-                    && self.store.lease_lapsed(id).await?
+                    && super::control::lease_lapsed_locked(&mut tx, id).await?
                 {
-                    let (_, state) = load_for_run(&self.store, id).await?;
+                    let state = rebuild_locked(&mut tx, &locked).await?;
                     self.end_unowned(&mut tx, &locked, &state, Reason::UserStop)
                         .await?;
                 }

@@ -5,6 +5,7 @@
 
 mod common;
 
+mod control;
 mod egress;
 mod goals;
 mod http;

@@ -113,6 +113,9 @@ pub struct ModelConfig {
     pub endpoint: Option<LlmSettings>,
     /// `WARDEN_LLM_MODEL`.
     pub model: Option<String>,
+    /// Timeout and retries of every model call, also to endpoints a
+    /// session names itself.
+    pub call: crate::llm::CallPolicy,
     /// `WARDEN_LLM_MAX_TOKENS`: most tokens one call may generate, default 2048.
     pub max_tokens_per_call: u64,
     /// `AUTONOMOUS_REFLECTION_MODEL`, default `WARDEN_LLM_MODEL`.
@@ -162,6 +165,12 @@ pub struct Config {
     pub lease: LeaseConfig,
     /// `WARDEN_STOP_WAIT_MS`: how long stop/pause requests wait for the loop to land, default 5000.
     pub control_wait: Duration,
+    /// `WARDEN_MAX_ATTEMPTS`: consecutive failed attempts (rescues without a
+    /// committed iteration) after which a session ends `failed`, default 5.
+    pub max_attempts: i32,
+    /// `WARDEN_DB_ACQUIRE_TIMEOUT_MS`: how long an API request waits for a
+    /// pooled connection before answering 503, default 2000.
+    pub db_acquire_timeout: Duration,
     /// `WARDEN_MAX_BODY_BYTES`, default 1 MiB.
     pub max_body_bytes: usize,
     /// `WARDEN_LOG_FORMAT`: `text` or `json`.
@@ -383,25 +392,24 @@ impl Config {
                 });
             }
         };
-        let timeout = env.millis("WARDEN_LLM_TIMEOUT_MS", 120_000, 100, 3_600_000)?;
+        // Read whether or not a default endpoint is set: sessions that
+        // name their own endpoint are bound by them too.
+        let call = crate::llm::CallPolicy {
+            timeout: env.millis("WARDEN_LLM_TIMEOUT_MS", 120_000, 100, 3_600_000)?,
+            max_retries: env.parse("WARDEN_LLM_MAX_RETRIES", 3, 0, 10)?,
+            retry_base: env.millis("WARDEN_LLM_RETRY_BASE_MS", 500, 1, 60_000)?,
+        };
         let endpoint = env.url("WARDEN_LLM_BASE_URL")?.map(|base_url| LlmSettings {
             base_url,
             api_key: env.raw("WARDEN_LLM_API_KEY").map(|k| k.trim().to_string()),
-            timeout,
-            max_retries: 3,
-            retry_base: Duration::from_millis(500),
+            timeout: call.timeout,
+            max_retries: call.max_retries,
+            retry_base: call.retry_base,
         });
-        let endpoint = match endpoint {
-            Some(mut e) => {
-                e.max_retries = env.parse("WARDEN_LLM_MAX_RETRIES", 3, 0, 10)?;
-                e.retry_base = env.millis("WARDEN_LLM_RETRY_BASE_MS", 500, 1, 60_000)?;
-                Some(e)
-            }
-            None => None,
-        };
         let model = env.raw("WARDEN_LLM_MODEL").map(|m| m.trim().to_string());
         let models = ModelConfig {
             endpoint,
+            call,
             reflection_model: env
                 .raw("AUTONOMOUS_REFLECTION_MODEL")
                 .map(|m| m.trim().to_string())
@@ -458,6 +466,8 @@ impl Config {
                 margin: ttl / 5,
             },
             control_wait: env.millis("WARDEN_STOP_WAIT_MS", 5_000, 0, 600_000)?,
+            max_attempts: env.parse("WARDEN_MAX_ATTEMPTS", 5, 1, 1_000)?,
+            db_acquire_timeout: env.millis("WARDEN_DB_ACQUIRE_TIMEOUT_MS", 2_000, 50, 60_000)?,
             max_body_bytes: env.parse("WARDEN_MAX_BODY_BYTES", 1_048_576, 1_024, 67_108_864)?,
             log_json,
             models,
@@ -558,6 +568,35 @@ mod tests {
         assert_eq!(c.defaults.limits.max_tokens, 1234);
         assert_eq!(c.listen_addr.port(), 9000);
         assert!(c.log_json);
+    }
+
+    #[test]
+    fn failure_model_outage_and_model_call_settings() {
+        let c = Config::from_vars(&vars(&[])).unwrap();
+        assert_eq!(c.max_attempts, 5);
+        assert_eq!(c.db_acquire_timeout, Duration::from_secs(2));
+        assert_eq!(c.models.call, crate::llm::CallPolicy::default());
+        // Read without a default endpoint: sessions naming their own obey them.
+        let c = Config::from_vars(&vars(&[
+            ("WARDEN_MAX_ATTEMPTS", "3"),
+            ("WARDEN_DB_ACQUIRE_TIMEOUT_MS", "500"),
+            ("WARDEN_LLM_TIMEOUT_MS", "300"),
+            ("WARDEN_LLM_MAX_RETRIES", "0"),
+            ("WARDEN_LLM_RETRY_BASE_MS", "20"),
+        ]))
+        .unwrap();
+        assert!(c.models.endpoint.is_none());
+        assert_eq!(c.max_attempts, 3);
+        assert_eq!(c.db_acquire_timeout, Duration::from_millis(500));
+        assert_eq!(
+            c.models.call,
+            crate::llm::CallPolicy {
+                timeout: Duration::from_millis(300),
+                max_retries: 0,
+                retry_base: Duration::from_millis(20),
+            }
+        );
+        assert!(Config::from_vars(&vars(&[("WARDEN_MAX_ATTEMPTS", "0")])).is_err());
     }
 
     #[test]

@@ -96,6 +96,12 @@ pub enum SessionEvent {
         /// A checkpoint was saved with the change (ends of a run only).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         checkpoint_saved: Option<bool>,
+        /// The error a `failed` session gave up on (the failure model only).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        error: Option<String>,
+        /// Failed attempts in a row before it gave up (the failure model only).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        attempts: Option<i32>,
     },
     /// The continue gate decided before a step.
     GateDecision {
@@ -128,6 +134,16 @@ pub enum SessionEvent {
         step: u64,
         /// Why.
         why: AbandonedBecause,
+    },
+    /// NUL characters in an agent's output (which Postgres cannot store)
+    /// were replaced before the step was committed.
+    AgentOutputSanitized {
+        /// The step.
+        step: u64,
+        /// How many characters were replaced.
+        nul_replaced: usize,
+        /// What each was replaced with.
+        with: String,
     },
     /// A step was committed.
     IterationCompleted {
@@ -324,6 +340,7 @@ impl SessionEvent {
             SessionEvent::GateDecision { .. } => "gate_decision",
             SessionEvent::GuardrailTripped { .. } => "guardrail_tripped",
             SessionEvent::StepAbandoned { .. } => "step_abandoned",
+            SessionEvent::AgentOutputSanitized { .. } => "agent_output_sanitized",
             SessionEvent::IterationCompleted { .. } => "iteration_completed",
             SessionEvent::StuckDetected { .. } => "stuck_detected",
             SessionEvent::AgentSignal { .. } => "agent_signal",
@@ -362,6 +379,30 @@ impl SessionEvent {
             iterations: Some(usage.iterations),
             tokens_used: Some(usage.tokens),
             checkpoint_saved: Some(true),
+            error: None,
+            attempts: None,
+        }
+    }
+
+    /// The change of status that ends a session the failure model gave up
+    /// on after `attempts` failed attempts: no checkpoint, `error` recorded.
+    pub fn failed(
+        termination: &crate::policy::termination::Termination,
+        usage: &Usage,
+        error: &str,
+        attempts: i32,
+    ) -> SessionEvent {
+        SessionEvent::StatusChanged {
+            from: Some(Status::Running),
+            to: termination.status,
+            reason: Some(termination.reason),
+            summary: Some(termination.summary.clone()),
+            next_steps: Some(termination.next_steps.clone()),
+            iterations: Some(usage.iterations),
+            tokens_used: Some(usage.tokens),
+            checkpoint_saved: Some(false),
+            error: Some(error.to_string()),
+            attempts: Some(attempts),
         }
     }
 
@@ -376,6 +417,8 @@ impl SessionEvent {
             iterations: None,
             tokens_used: None,
             checkpoint_saved: None,
+            error: None,
+            attempts: None,
         }
     }
 
@@ -465,10 +508,37 @@ mod tests {
                     iterations: Some(3),
                     tokens_used: Some(10),
                     checkpoint_saved: Some(true),
+                    error: None,
+                    attempts: None,
                 },
                 json!({ "from": "running", "to": "stopped", "reason": "user_stop", "summary": "s",
                         "next_steps": ["n"], "iterations": 3, "tokens_used": 10,
                         "checkpoint_saved": true }),
+            ),
+            (
+                SessionEvent::StatusChanged {
+                    from: Some(Status::Running),
+                    to: Status::Failed,
+                    reason: Some(Reason::InternalError),
+                    summary: Some("s".into()),
+                    next_steps: Some(vec![]),
+                    iterations: Some(0),
+                    tokens_used: Some(0),
+                    checkpoint_saved: Some(false),
+                    error: Some("e".into()),
+                    attempts: Some(5),
+                },
+                json!({ "from": "running", "to": "failed", "reason": "internal_error", "summary": "s",
+                        "next_steps": [], "iterations": 0, "tokens_used": 0,
+                        "checkpoint_saved": false, "error": "e", "attempts": 5 }),
+            ),
+            (
+                SessionEvent::AgentOutputSanitized {
+                    step: 2,
+                    nul_replaced: 3,
+                    with: "\u{fffd}".into(),
+                },
+                json!({ "step": 2, "nul_replaced": 3, "with": "\u{fffd}" }),
             ),
             (
                 SessionEvent::StepAbandoned {

@@ -1,6 +1,6 @@
 //! Warden: runs and supervises long-running autonomous agent sessions.
 //!
-//! Layers, with dependencies pointing one way:
+//! Layers, with dependencies pointing one way (checked by `layers.rs`):
 //! `http` → `session` → (`executor`, `store`) → `policy`.
 
 pub mod auth;
@@ -9,6 +9,8 @@ pub mod egress;
 pub mod event;
 pub mod executor;
 pub mod http;
+#[cfg(test)]
+mod layers;
 pub mod llm;
 pub mod metrics;
 pub mod policy;
@@ -152,7 +154,12 @@ impl Application {
         } else {
             (config.db_max_connections / 4).max(2)
         };
-        let store = Store::connect(config.database_url.expose(), api_connections).await?;
+        let store = Store::connect_api(
+            config.database_url.expose(),
+            api_connections,
+            config.db_acquire_timeout,
+        )
+        .await?;
         store.migrate().await?;
         Application::build_with_store(config, store).await
     }

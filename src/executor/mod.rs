@@ -258,6 +258,8 @@ pub struct ExecutorDeps {
     pub llm: Option<LlmSettings>,
     /// Default model name.
     pub llm_model: Option<String>,
+    /// Timeout and retries of model calls (the environment's).
+    pub llm_call: crate::llm::CallPolicy,
     /// Default most tokens per call.
     pub llm_max_tokens: u64,
     /// Where workspaces live.
@@ -313,7 +315,7 @@ impl ExecutorSpec {
                 if let Some(url) = base_url {
                     check_url("executor.base_url", url)?;
                 }
-                if model.as_deref().is_some_and(|m| m.trim().is_empty()) {
+                if model.as_deref().is_some_and(crate::policy::text::is_blank) {
                     return Err("executor.model must not be empty".into());
                 }
                 if timeout_ms.is_some_and(|t| !TIMEOUT_MS.contains(&t)) {
@@ -384,15 +386,13 @@ impl ExecutorSpec {
                             .then(|| defaults.as_ref().and_then(|d| d.api_key.clone()))
                             .flatten()
                     }),
-                    timeout: timeout_ms.map(Duration::from_millis).unwrap_or(
-                        defaults
-                            .as_ref()
-                            .map_or(Duration::from_secs(120), |d| d.timeout),
-                    ),
-                    max_retries: defaults.as_ref().map_or(3, |d| d.max_retries),
-                    retry_base: defaults
-                        .as_ref()
-                        .map_or(Duration::from_millis(500), |d| d.retry_base),
+                    // The environment's policy, whichever endpoint; a
+                    // session's own timeout overrides only the timeout.
+                    timeout: timeout_ms
+                        .map(Duration::from_millis)
+                        .unwrap_or(deps.llm_call.timeout),
+                    max_retries: deps.llm_call.max_retries,
+                    retry_base: deps.llm_call.retry_base,
                 };
                 let client = if endpoint.is_operators {
                     LlmClient::new(settings).map_err(|e| e.to_string())?
@@ -426,7 +426,7 @@ impl ExecutorSpec {
     }
 
     /// Checks every URL the client chose against the outbound-request
-    /// policy, resolving host names now, so a refused destination is a 422
+    /// policy, resolving host names now, so a refused destination is a 403
     /// at creation rather than a failing session. `operator_base_url` (the
     /// server's own endpoint) is trusted. The message names the field.
     pub async fn vet_urls(

@@ -60,7 +60,9 @@ pub struct ScriptedStep {
 impl ScriptedStep {
     /// Checks one step; the message starts with the offending field.
     pub fn validate(&self) -> Result<(), String> {
-        if self.action.trim().is_empty() || self.action.chars().count() > MAX_ACTION_CHARS {
+        if crate::policy::text::is_blank(&self.action)
+            || self.action.chars().count() > MAX_ACTION_CHARS
+        {
             return Err(format!(
                 "action must be 1 to {MAX_ACTION_CHARS} characters, not only whitespace"
             ));

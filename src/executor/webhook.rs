@@ -151,6 +151,12 @@ impl WebhookExecutor {
         let response = self
             .http
             .post(&self.url)
+            // The same for every attempt at this iteration (a rescued session
+            // repeats the step it could not commit), so the agent can deduplicate.
+            .header(
+                "Idempotency-Key",
+                format!("{}:{}", ctx.session_id, ctx.iteration),
+            )
             .json(&request)
             .send()
             .await

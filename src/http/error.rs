@@ -100,6 +100,12 @@ impl IntoResponse for ApiError {
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/problem+json"),
         );
+        if self.code == "database_unavailable" {
+            // An outage is usually short: tell clients when to come back.
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
         response
     }
 }
@@ -119,6 +125,9 @@ impl From<ServiceError> for ApiError {
             ServiceError::Invalid(detail) => {
                 ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_request", detail)
             }
+            ServiceError::EgressDenied(detail) => {
+                ApiError::new(StatusCode::FORBIDDEN, "egress_denied", detail)
+            }
             ServiceError::Unavailable(detail) => {
                 tracing::error!(%detail, "service unavailable");
                 ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", detail)
@@ -131,7 +140,7 @@ impl From<ServiceError> for ApiError {
 impl From<StoreError> for ApiError {
     fn from(err: StoreError) -> ApiError {
         match &err {
-            StoreError::Database(sqlx::Error::PoolTimedOut | sqlx::Error::Io(_)) => {
+            StoreError::Database(db) if crate::store::is_unavailable(db) => {
                 tracing::error!(error = %err, "database unavailable");
                 ApiError::new(
                     StatusCode::SERVICE_UNAVAILABLE,

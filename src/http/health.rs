@@ -32,7 +32,10 @@ pub async fn healthz() -> Json<Health> {
         (status = 503, description = "Postgres does not answer", body = Health),
     ))]
 pub async fn readyz(State(state): State<AppState>) -> (StatusCode, Json<Health>) {
-    match state.service.reads().ping().await {
+    // Its own short timeout: a probe must answer within a second, also
+    // while Postgres is down and the pool waits for a connection.
+    let within = std::time::Duration::from_millis(800);
+    match state.service.reads().ping_within(within).await {
         Ok(()) => (
             StatusCode::OK,
             Json(Health {

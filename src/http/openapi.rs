@@ -16,6 +16,7 @@ use super::AppState;
 use super::sessions::{MAX_LIST_LIMIT, MAX_PAGE_LIMIT};
 use crate::executor::{MAX_ACTION_CHARS, MAX_DELAY_MS, MAX_OUTPUT_CHARS};
 use crate::executor::{MAX_SCRIPTED_STEPS, MAX_TOKENS_PER_CALL, TEMPERATURE, TIMEOUT_MS};
+use crate::policy::ambiguity::GOAL_HAS_LETTER_PATTERN;
 use crate::policy::checklist::{MAX_ITEM_CHARS, MAX_ITEMS};
 use crate::policy::guardrails::RANGES;
 use crate::policy::history::Outcome;
@@ -213,7 +214,7 @@ pub fn bounds() -> Vec<Bound> {
         branch("RefinementChoice", 1, "goal"),
     ] {
         out.push((goal.clone(), "minLength", 1.into()));
-        out.push((goal, "pattern", "\\S".into()));
+        out.push((goal, "pattern", GOAL_HAS_LETTER_PATTERN.into()));
     }
     out.push((
         prop("ResumeSession", "guidance"),

@@ -62,6 +62,14 @@ fn page_limit(limit: Option<i64>, default: i64, max: i64) -> ApiResult<i64> {
     }
 }
 
+/// The key to continue after: the last row's, when the page came back full
+/// (a shorter page is the last one).
+fn next_after<T, K>(rows: &[T], limit: i64, key: impl Fn(&T) -> K) -> Option<K> {
+    (rows.len() as i64 == limit)
+        .then(|| rows.last().map(key))
+        .flatten()
+}
+
 fn encode_cursor(c: &SessionCursor) -> String {
     format!("{}_{}", c.created_at.timestamp_micros(), c.id)
 }
@@ -87,6 +95,7 @@ fn decode_cursor(raw: &str) -> ApiResult<SessionCursor> {
     responses(
         (status = 201, description = "Session created and running", body = SessionView),
         (status = 400, description = "Malformed JSON", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "The executor's URL is refused by the outbound-request policy (code `egress_denied`)", body = Problem, content_type = "application/problem+json"),
         (status = 413, description = "Body too large", body = Problem, content_type = "application/problem+json"),
         (status = 415, description = "Not JSON", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Unknown field, wrong type or out-of-range limit", body = Problem, content_type = "application/problem+json"),
@@ -129,15 +138,12 @@ pub async fn list_sessions(
         .service
         .list(q.status, after, limit, caller.scope.as_deref())
         .await?;
-    let next_cursor = (rows.len() as i64 == limit)
-        .then(|| rows.last())
-        .flatten()
-        .map(|s| {
-            encode_cursor(&SessionCursor {
-                created_at: s.created_at,
-                id: s.id,
-            })
-        });
+    let next_cursor = next_after(&rows, limit, |s| {
+        encode_cursor(&SessionCursor {
+            created_at: s.created_at,
+            id: s.id,
+        })
+    });
     Ok(Json(SessionPage {
         items: rows.into_iter().map(|s| view(&state, s)).collect(),
         next_cursor,
@@ -278,9 +284,7 @@ pub async fn list_iterations(
         .reads()
         .iterations(id, q.after.unwrap_or(0), limit)
         .await?;
-    let next_after = (rows.len() as i64 == limit)
-        .then(|| rows.last().map(|r| r.number))
-        .flatten();
+    let next_after = next_after(&rows, limit, |r| r.number);
     Ok(Json(IterationPage {
         items: rows.into_iter().map(Into::into).collect(),
         next_after,
@@ -308,9 +312,7 @@ pub async fn list_checkpoints(
         .reads()
         .checkpoints(id, q.after.unwrap_or(0), limit)
         .await?;
-    let next_after = (rows.len() as i64 == limit)
-        .then(|| rows.last().map(|r| r.id))
-        .flatten();
+    let next_after = next_after(&rows, limit, |r| r.id);
     Ok(Json(CheckpointPage {
         items: rows.into_iter().map(Into::into).collect(),
         next_after,
@@ -331,6 +333,7 @@ live stream: Server-Sent Events whose `event` is the event kind, `id` the sequen
             (EventPage = "application/json"),
             (String = "text/event-stream"),
         )),
+        (status = 400, description = "Bad limit, or a negative Last-Event-ID", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such session", body = Problem, content_type = "application/problem+json"),
     )
 )]
@@ -344,6 +347,11 @@ pub async fn list_events(
     let reads = state.service.reads().clone();
     if stream::wants_stream(&headers) {
         let after = stream::last_event_id(&headers).or(q.after).unwrap_or(0);
+        if after < 0 {
+            return Err(ApiError::bad_request(format!(
+                "Last-Event-ID must be an event sequence number (0 or more), got {after}"
+            )));
+        }
         return Ok(stream::session_events(reads, id, after));
     }
     let limit = page_limit(q.limit, 100, MAX_PAGE_LIMIT)?;
@@ -359,6 +367,7 @@ pub async fn list_events(
         (status = 200, description = "Server-Sent Events, each `event: session` with `data` one \
 `SessionView` as JSON and `id` its change time (send it back as `Last-Event-ID` to continue)",
             content((String = "text/event-stream"))),
+        (status = 400, description = "Last-Event-ID is not an id of this stream", body = Problem, content_type = "application/problem+json"),
         (status = 406, description = "The request accepts no `text/event-stream`", body = Problem, content_type = "application/problem+json"),
     )
 )]
@@ -366,22 +375,39 @@ pub async fn session_changes(
     State(state): State<AppState>,
     Extension(caller): Extension<Principal>,
     headers: HeaderMap,
-) -> Response {
+) -> ApiResult<Response> {
     // This URL has no other form: a client that takes no event stream is told
     // so at once instead of being held on an endless answer.
     if !accepts_stream(&headers) {
-        return ApiError::new(
+        return Err(ApiError::new(
             StatusCode::NOT_ACCEPTABLE,
             "not_acceptable",
             "this endpoint answers only text/event-stream; send Accept: text/event-stream",
-        )
-        .into_response();
+        ));
     }
-    let since = stream::last_event_id(&headers)
-        .and_then(DateTime::<Utc>::from_timestamp_micros)
-        .unwrap_or(DateTime::<Utc>::UNIX_EPOCH);
-    stream::session_changes(state.service.reads().clone(), since, caller.scope)
+    let since = match stream::last_event_id(&headers) {
+        None => DateTime::<Utc>::UNIX_EPOCH,
+        // Ids of this stream are change times in µs since 1970; anything
+        // else would overflow the time arithmetic of the stream (a panic).
+        Some(micros) => (0..=MAX_CHANGE_MICROS)
+            .contains(&micros)
+            .then(|| DateTime::<Utc>::from_timestamp_micros(micros))
+            .flatten()
+            .ok_or_else(|| {
+                ApiError::bad_request(format!(
+                    "Last-Event-ID must be an id this stream sent (a time in µs since 1970), got {micros}"
+                ))
+            })?,
+    };
+    Ok(stream::session_changes(
+        state.service.reads().clone(),
+        since,
+        caller.scope,
+    ))
 }
+
+/// Largest `Last-Event-ID` of the change stream: the start of year 9999, in µs.
+const MAX_CHANGE_MICROS: i64 = 253_370_764_800_000_000;
 
 /// Whether the `Accept` header (absent means anything) allows an event stream.
 fn accepts_stream(headers: &HeaderMap) -> bool {
@@ -397,9 +423,7 @@ fn accepts_stream(headers: &HeaderMap) -> bool {
 }
 
 fn event_page(rows: Vec<LoggedEvent>, limit: i64) -> EventPage {
-    let next_after = (rows.len() as i64 == limit)
-        .then(|| rows.last().map(|r| r.seq))
-        .flatten();
+    let next_after = next_after(&rows, limit, |r| r.seq);
     EventPage {
         items: rows.into_iter().map(Into::into).collect(),
         next_after,
@@ -454,9 +478,7 @@ pub async fn list_reflections(
     let limit = page_limit(q.limit, 100, MAX_PAGE_LIMIT)?;
     let after = i32::try_from(q.after.unwrap_or(0)).unwrap_or(i32::MAX);
     let rows = state.service.reads().reflections(id, after, limit).await?;
-    let next_after = (rows.len() as i64 == limit)
-        .then(|| rows.last().map(|r| i64::from(r.number)))
-        .flatten();
+    let next_after = next_after(&rows, limit, |r| i64::from(r.number));
     Ok(Json(ReflectionPage {
         items: rows.into_iter().map(Into::into).collect(),
         next_after,

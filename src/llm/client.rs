@@ -3,7 +3,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use super::wire::{ChatRequest, ChatResponse, Message};
+use super::wire::{ChatRequest, ChatResponse, Message, Usage};
 use crate::egress::{
     DEFAULT_MAX_RESPONSE_BYTES, read_capped, transport_error, upstream_error_summary,
 };
@@ -21,6 +21,29 @@ pub struct LlmSettings {
     pub max_retries: u32,
     /// First backoff delay; doubles per retry, capped at 30 s.
     pub retry_base: Duration,
+}
+
+/// How model calls time out and retry (`WARDEN_LLM_TIMEOUT_MS`,
+/// `WARDEN_LLM_MAX_RETRIES`, `WARDEN_LLM_RETRY_BASE_MS`), whatever endpoint
+/// a session names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CallPolicy {
+    /// Timeout of one HTTP attempt.
+    pub timeout: Duration,
+    /// Retries after the first attempt.
+    pub max_retries: u32,
+    /// First backoff delay.
+    pub retry_base: Duration,
+}
+
+impl Default for CallPolicy {
+    fn default() -> CallPolicy {
+        CallPolicy {
+            timeout: Duration::from_secs(120),
+            max_retries: 3,
+            retry_base: Duration::from_millis(500),
+        }
+    }
 }
 
 impl fmt::Debug for LlmSettings {
@@ -102,6 +125,39 @@ pub struct LlmClient {
 fn estimate_tokens(text: usize) -> u64 {
     // About four characters per token; only used when a server omits usage.
     (text as u64).div_ceil(4)
+}
+
+/// The tokens a call is charged: as the server reported them (a missing
+/// total is prompt + completion), or estimated from the text both ways when
+/// it reported none.
+fn charged(reported: Option<Usage>, request: &ChatRequest, answer: &Message) -> TokenUsage {
+    if let Some(u) = reported {
+        let prompt = u.prompt_tokens.unwrap_or(0);
+        let completion = u.completion_tokens.unwrap_or(0);
+        return TokenUsage {
+            prompt,
+            completion,
+            total: u.total_tokens.unwrap_or(prompt + completion),
+        };
+    }
+    let prompt_chars: usize = request
+        .messages
+        .iter()
+        .map(|m| m.content.as_deref().map_or(0, str::len))
+        .sum();
+    let completion_chars = answer.content.as_deref().map_or(0, str::len)
+        + answer
+            .tool_calls
+            .iter()
+            .map(|c| c.function.arguments.len() + c.function.name.len())
+            .sum::<usize>();
+    let prompt = estimate_tokens(prompt_chars);
+    let completion = estimate_tokens(completion_chars);
+    TokenUsage {
+        prompt,
+        completion,
+        total: prompt + completion,
+    }
 }
 
 impl LlmClient {
@@ -209,38 +265,7 @@ impl LlmClient {
             )
         })?;
         let usage_reported = parsed.usage.is_some();
-        let usage = match parsed.usage {
-            Some(u) => {
-                let prompt = u.prompt_tokens.unwrap_or(0);
-                let completion = u.completion_tokens.unwrap_or(0);
-                TokenUsage {
-                    prompt,
-                    completion,
-                    total: u.total_tokens.unwrap_or(prompt + completion),
-                }
-            }
-            None => {
-                let prompt_chars: usize = request
-                    .messages
-                    .iter()
-                    .map(|m| m.content.as_deref().map_or(0, str::len))
-                    .sum();
-                let completion_chars = choice.message.content.as_deref().map_or(0, str::len)
-                    + choice
-                        .message
-                        .tool_calls
-                        .iter()
-                        .map(|c| c.function.arguments.len() + c.function.name.len())
-                        .sum::<usize>();
-                let prompt = estimate_tokens(prompt_chars);
-                let completion = estimate_tokens(completion_chars);
-                TokenUsage {
-                    prompt,
-                    completion,
-                    total: prompt + completion,
-                }
-            }
-        };
+        let usage = charged(parsed.usage, request, &choice.message);
         Ok(Completion {
             message: choice.message,
             usage,
@@ -248,5 +273,53 @@ impl LlmClient {
             finish_reason: choice.finish_reason,
             attempts: 1,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn request(prompt: &str) -> ChatRequest {
+        ChatRequest {
+            model: "m".into(),
+            messages: vec![Message::text("user", prompt)],
+            tools: Vec::new(),
+            max_tokens: 100,
+            temperature: None,
+            top_p: None,
+        }
+    }
+
+    fn response(body: serde_json::Value) -> ChatResponse {
+        serde_json::from_value(body).unwrap()
+    }
+
+    #[test]
+    fn reported_usage_is_charged_and_a_missing_total_is_the_sum() {
+        let r = response(json!({
+            "choices": [{ "message": { "role": "assistant", "content": "hi" } }],
+            "usage": { "prompt_tokens": 7, "completion_tokens": 3 }
+        }));
+        let answer = &r.choices[0].message;
+        let usage = charged(r.usage, &request("a long prompt"), answer);
+        assert_eq!((usage.prompt, usage.completion, usage.total), (7, 3, 10));
+    }
+
+    #[test]
+    fn without_usage_both_directions_are_estimated_from_their_text() {
+        let r = response(json!({
+            "choices": [{ "message": {
+                "role": "assistant", "content": "12345",
+                "tool_calls": [{ "function": { "name": "ls", "arguments": "{}" } }]
+            } }]
+        }));
+        assert!(r.usage.is_none());
+        let answer = &r.choices[0].message;
+        // 9 prompt characters; 5 of content + 2 of name + 2 of arguments.
+        let usage = charged(r.usage, &request("123456789"), answer);
+        assert_eq!((usage.prompt, usage.completion, usage.total), (3, 3, 6));
     }
 }

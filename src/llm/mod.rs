@@ -6,5 +6,5 @@
 mod client;
 mod wire;
 
-pub use client::{Completion, LlmClient, LlmError, LlmSettings, TokenUsage};
+pub use client::{CallPolicy, Completion, LlmClient, LlmError, LlmSettings, TokenUsage};
 pub use wire::{ChatRequest, FunctionCall, Message, ToolCall, ToolSpec};

@@ -126,6 +126,11 @@ fn contains_phrase(lower: &str, phrase: &str) -> bool {
     })
 }
 
+/// The same rule as [`refusal`] in the API document's terms: a goal must
+/// contain a letter (any script). `[^\W\d_]` is a word character that is
+/// neither a digit nor `_`: a letter, in Unicode-aware regex engines.
+pub const GOAL_HAS_LETTER_PATTERN: &str = r"[^\W\d_]";
+
 /// Why a goal is refused outright, if it is: one with no letters at all
 /// (punctuation, numbers) says nothing a refinement could start from.
 pub fn refusal(goal: &str) -> Option<String> {

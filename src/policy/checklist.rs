@@ -33,7 +33,7 @@ pub fn from_texts(field: &str, texts: &[String]) -> Result<Vec<ChecklistItem>, S
         .iter()
         .enumerate()
         .map(|(i, t)| {
-            let text = t.trim();
+            let text = super::text::trim(t);
             if text.is_empty() || text.chars().count() > MAX_ITEM_CHARS {
                 Err(format!(
                     "{field}[{i}] must be 1 to {MAX_ITEM_CHARS} characters"

@@ -13,3 +13,4 @@ pub mod reflection;
 pub mod sentinel;
 pub mod stuck;
 pub mod termination;
+pub mod text;

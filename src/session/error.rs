@@ -31,6 +31,10 @@ pub enum ServiceError {
     /// The request is well-formed JSON but its content is not acceptable.
     #[error("{0}")]
     Invalid(String),
+    /// A client-chosen URL is refused by the outbound-request policy: a
+    /// server-side decision no schema can express, so not a 422.
+    #[error("{0}")]
+    EgressDenied(String),
     /// Storage failed.
     #[error(transparent)]
     Store(#[from] StoreError),

@@ -29,6 +29,16 @@ fn index(i: u32) -> i32 {
     i32::try_from(i).unwrap_or(i32::MAX)
 }
 
+/// A tool call's name and arguments with NUL characters (which Postgres
+/// cannot store) replaced, the same way at record and at lookup.
+fn storable(tool: &str, value: &Value) -> (String, Value) {
+    let mut tool = tool.to_string();
+    let mut value = value.clone();
+    super::control::strip_nul(&mut tool);
+    super::control::strip_nul_value(&mut value);
+    (tool, value)
+}
+
 impl ToolJournal for StoreJournal {
     fn recorded<'a>(
         &'a self,
@@ -38,8 +48,15 @@ impl ToolJournal for StoreJournal {
         arguments: &'a Value,
     ) -> BoxFuture<'a, Result<Option<Value>, String>> {
         async move {
+            let (tool, arguments) = storable(tool, arguments);
             self.store
-                .journaled_result(&self.lease, number(iteration), index(call), tool, arguments)
+                .journaled_result(
+                    &self.lease,
+                    number(iteration),
+                    index(call),
+                    &tool,
+                    &arguments,
+                )
                 .await
                 .map_err(|e| e.to_string())
         }
@@ -54,8 +71,15 @@ impl ToolJournal for StoreJournal {
         arguments: &'a Value,
     ) -> BoxFuture<'a, Result<(), String>> {
         async move {
+            let (tool, arguments) = storable(tool, arguments);
             self.store
-                .journal_intent(&self.lease, number(iteration), index(call), tool, arguments)
+                .journal_intent(
+                    &self.lease,
+                    number(iteration),
+                    index(call),
+                    &tool,
+                    &arguments,
+                )
                 .await
                 .map_err(|e| e.to_string())
         }
@@ -69,8 +93,9 @@ impl ToolJournal for StoreJournal {
         result: &'a Value,
     ) -> BoxFuture<'a, Result<(), String>> {
         async move {
+            let (_, result) = storable("", result);
             self.store
-                .journal_result(&self.lease, number(iteration), index(call), result)
+                .journal_result(&self.lease, number(iteration), index(call), &result)
                 .await
                 .map_err(|e| e.to_string())
         }
@@ -104,7 +129,17 @@ impl TaskQueue for StoreTaskQueue {
 
     fn write<'a>(&'a self, writes: &'a [TaskWrite]) -> BoxFuture<'a, Result<Vec<Task>, String>> {
         async move {
-            match self.store.write_tasks(&self.lease, writes).await {
+            // The model's text, made storable like every agent output.
+            let mut writes = writes.to_vec();
+            for w in &mut writes {
+                for text in [&mut w.title, &mut w.status, &mut w.notes]
+                    .into_iter()
+                    .flatten()
+                {
+                    super::control::strip_nul(text);
+                }
+            }
+            match self.store.write_tasks(&self.lease, &writes).await {
                 Ok(result) => result,
                 Err(e) => Err(e.to_string()),
             }

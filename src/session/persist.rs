@@ -1,16 +1,10 @@
 //! Writing a new session: the row, its first events and (for a goal refined
 //! at once) its first refinement, in one transaction, so a crash never
 //! leaves a refined session without its refinement history.
-//!
-//! The session INSERT mirrors `Store::insert_session`, but on the caller's
-//! connection; it belongs in the store and moves there once the store's
-//! queries are compile-time checked.
 
 use std::time::Duration;
 
 use serde_json::Value;
-use sqlx::PgConnection;
-use sqlx::types::Json;
 use uuid::Uuid;
 
 use crate::store::{self, Lease, NewEvent, NewSession, SessionRecord, Store, StoreError};
@@ -23,44 +17,6 @@ pub struct FirstRefinement<'a> {
     pub proposal: &'a Value,
 }
 
-/// Inserts a session on `conn`: running under a lease held by `owner` when
-/// given, otherwise waiting for refinement.
-async fn insert_session(
-    conn: &mut PgConnection,
-    new: &NewSession,
-    owner: Option<Uuid>,
-    lease_ttl: Duration,
-) -> Result<Option<Lease>, StoreError> {
-    let token = owner.map(|_| Uuid::new_v4());
-    sqlx::query(
-        "INSERT INTO sessions (id, goal, mode, status, limits, executor, owner, lease_token, lease_expires_at, heartbeat_at,
-                               original_goal, refinement, criteria, milestones, refinement_tokens, tokens_used, tenant)
-         VALUES ($1, $2, $3, CASE WHEN $6::uuid IS NULL THEN 'awaiting_refinement' ELSE 'running' END, $4, $5,
-                 $6, $7, CASE WHEN $6::uuid IS NULL THEN NULL ELSE now() + make_interval(secs => $8) END,
-                 CASE WHEN $6::uuid IS NULL THEN NULL ELSE now() END, $9, $10, $11, $12, $13, $13, $14)",
-    )
-    .bind(new.id)
-    .bind(&new.goal)
-    .bind(new.mode.as_str())
-    .bind(Json(new.limits))
-    .bind(&new.executor)
-    .bind(owner)
-    .bind(token)
-    .bind(lease_ttl.as_secs_f64())
-    .bind(&new.original_goal)
-    .bind(&new.refinement)
-    .bind(Json(&new.criteria))
-    .bind(Json(&new.milestones))
-    .bind(new.refinement_tokens)
-    .bind(&new.tenant)
-    .execute(conn)
-    .await?;
-    Ok(token.map(|token| Lease {
-        session_id: new.id,
-        token,
-    }))
-}
-
 /// Creates a session with its events and first refinement in one transaction.
 pub async fn create_session(
     store: &Store,
@@ -71,7 +27,7 @@ pub async fn create_session(
     refinement: Option<FirstRefinement<'_>>,
 ) -> Result<(SessionRecord, Option<Lease>), StoreError> {
     let mut tx = store.begin().await?;
-    let lease = insert_session(&mut tx, new, owner, lease_ttl).await?;
+    let lease = store::insert_session(&mut tx, new, owner, lease_ttl).await?;
     store::append_events(&mut tx, new.id, events).await?;
     if let Some(r) = refinement {
         store::insert_refinement(&mut tx, new.id, "auto", r.from, &new.goal, r.proposal).await?;
@@ -93,7 +49,7 @@ mod tests {
     use sqlx::PgPool;
 
     use super::*;
-    use crate::policy::guardrails::Limits;
+    use crate::policy::guardrails::tests::roomy;
     use crate::policy::lifecycle::{Mode, Status};
 
     fn new_session(goal: &str, original: &str) -> NewSession {
@@ -101,17 +57,7 @@ mod tests {
             id: Uuid::new_v4(),
             goal: goal.into(),
             mode: Mode::Fixed,
-            limits: Limits {
-                max_iterations: 5,
-                max_wall_time_ms: 60_000,
-                max_tokens: 1_000,
-                max_consecutive_errors: 3,
-                reflection_interval: 5,
-                checkpoint_interval: 5,
-                max_tool_calls: None,
-                max_cycles: 10,
-                context_budget_tokens: 32_000,
-            },
+            limits: roomy(),
             executor: json!({ "kind": "scripted", "steps": [] }),
             tenant: "default".into(),
             original_goal: Some(original.into()),

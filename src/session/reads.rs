@@ -41,9 +41,10 @@ impl SessionReads {
         SessionReads { store }
     }
 
-    /// Whether Postgres answers.
-    pub async fn ping(&self) -> Result<()> {
-        Ok(self.store.ping().await?)
+    /// Answers when Postgres answers within `timeout` (readiness probes
+    /// must answer quickly, also while the database is down).
+    pub async fn ping_within(&self, timeout: std::time::Duration) -> Result<()> {
+        Ok(self.store.ping_within(timeout).await?)
     }
 
     /// Sessions per status, fleet-wide.

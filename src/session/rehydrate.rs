@@ -4,6 +4,7 @@
 
 use std::sync::Arc;
 
+use sqlx::PgConnection;
 use uuid::Uuid;
 
 use super::error::{Result, ServiceError};
@@ -13,26 +14,38 @@ use crate::config::Config;
 use crate::executor::{Executor, ExecutorDeps, ExecutorSpec};
 use crate::llm::Message;
 use crate::policy::history::StepRecord;
-use crate::store::{Lease, SessionRecord, Store, StoreError};
+use crate::store::{self, Lease, RebuildInputs, SessionRecord, Store, StoreError};
 
 /// Loads a session and rebuilds its loop state from its latest checkpoint
 /// plus the iterations committed after it.
 pub async fn load_for_run(store: &Store, id: Uuid) -> Result<(SessionRecord, LoopState)> {
     let session = store.session(id).await?.ok_or(ServiceError::NotFound(id))?;
-    let (checkpoint, iterations) = store.rebuild_inputs(id).await?;
+    let inputs = store.rebuild_inputs(id).await?;
+    let state = replay(&session, inputs)?;
+    Ok((session, state))
+}
+
+/// Rebuilds the loop state of a session the caller has row-locked on
+/// `conn`. Everything is read on that same connection: a handler that held
+/// the lock and asked the pool for a second connection could exhaust the
+/// pool with a handful of concurrent stops (issue 13, defect 1).
+pub async fn rebuild_locked(conn: &mut PgConnection, session: &SessionRecord) -> Result<LoopState> {
+    let inputs = store::rebuild_inputs_on(conn, session.id).await?;
+    Ok(replay(session, inputs)?)
+}
+
+/// Rebuilds the loop state of `session` from what `inputs` holds: its latest
+/// checkpoint plus the iterations (and reflections) committed after it.
+pub fn replay(session: &SessionRecord, inputs: RebuildInputs) -> Result<LoopState, StoreError> {
+    let id = session.id;
     let corrupt = |detail: String| StoreError::Corrupt { id, detail };
-    let covered = checkpoint.as_ref().map_or(0, |c| c.iteration);
-    let mut state = match checkpoint {
+    let mut state = match inputs.checkpoint {
         Some(c) => serde_json::from_value::<LoopState>(c.state)
             .map_err(|e| corrupt(format!("checkpoint {}: {e}", c.id)))?,
-        None => LoopState::for_session(&session),
+        None => LoopState::for_session(session),
     };
-    let mut reflections = store
-        .reflections_after_iteration(id, covered)
-        .await?
-        .into_iter()
-        .peekable();
-    for it in iterations {
+    let mut reflections = inputs.reflections.into_iter().peekable();
+    for it in inputs.iterations {
         let record: StepRecord = serde_json::from_value(it.record)
             .map_err(|e| corrupt(format!("iteration {}: {e}", it.number)))?;
         let effects: StepEffects = serde_json::from_value(it.effects)
@@ -50,7 +63,7 @@ pub async fn load_for_run(store: &Store, id: Uuid) -> Result<(SessionRecord, Loo
     if session.run > state.run {
         state.begin_run(session.run);
     }
-    Ok((session, state))
+    Ok(state)
 }
 
 /// Builds the executor of a session whose lease this replica holds,
@@ -80,6 +93,7 @@ pub async fn build_executor(
         goal: session.goal.clone(),
         llm: config.models.endpoint.clone(),
         llm_model: config.models.model.clone(),
+        llm_call: config.models.call,
         llm_max_tokens: config.models.max_tokens_per_call,
         workspace_root: config.workspace_root.clone(),
         max_file_bytes: config.models.max_file_bytes,

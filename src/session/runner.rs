@@ -162,6 +162,8 @@ struct Executed {
     started_at: DateTime<Utc>,
     finished_at: DateTime<Utc>,
     executor_time: Duration,
+    /// NUL characters replaced in the executor's answer.
+    sanitized: usize,
 }
 
 /// What happened to the step in flight.
@@ -442,6 +444,7 @@ impl<S: LoopStore> Runner<S> {
                 result = self.executor.execute(ctx) => StepEnd::Done(result),
             }
         };
+        let sanitized;
         let abandoned = |why| SessionEvent::StepAbandoned { step, why };
         let result = match end {
             StepEnd::Stopped => {
@@ -457,7 +460,11 @@ impl<S: LoopStore> Runner<S> {
                     self.finish(Reason::Timeout, None, events).await?,
                 ));
             }
-            StepEnd::Done(result) => result,
+            StepEnd::Done(mut result) => {
+                // Agent output is made storable before anything commits it.
+                sanitized = super::control::make_storable(&mut result);
+                result
+            }
         };
         let executor_time = t0.elapsed();
         let duration_ms = executor_time.as_millis() as u64;
@@ -486,6 +493,7 @@ impl<S: LoopStore> Runner<S> {
             started_at,
             finished_at: Utc::now(),
             executor_time,
+            sanitized,
         };
         match result {
             Ok(StepResult::Exhausted) => {
@@ -547,6 +555,7 @@ impl<S: LoopStore> Runner<S> {
             started_at,
             finished_at,
             executor_time,
+            sanitized,
         } = executed;
         let elapsed_ms = self.elapsed_ms();
         let mut effects = state::assess(
@@ -563,6 +572,13 @@ impl<S: LoopStore> Runner<S> {
         events.push(decision);
         events.extend(executor_events);
         events.extend(step_events(&record, &effects, &usage));
+        if sanitized > 0 {
+            events.push(SessionEvent::AgentOutputSanitized {
+                step: record.number,
+                nul_replaced: sanitized,
+                with: "\u{fffd}".into(),
+            });
+        }
         let iteration = NewIteration {
             number: record.number as i64,
             run: self.state.run,
@@ -572,7 +588,8 @@ impl<S: LoopStore> Runner<S> {
                 Outcome::Failure => "failure",
                 Outcome::Error => "error",
             },
-            tokens: record.tokens as i64,
+            // Saturates: an agent may report u64::MAX tokens.
+            tokens: i64::try_from(record.tokens).unwrap_or(i64::MAX),
             duration_ms: record.duration_ms as i64,
             record: to_stored("iteration record", &record)?,
             effects: to_stored("iteration effects", &effects)?,
@@ -669,7 +686,7 @@ impl<S: LoopStore> Runner<S> {
                 }
             } => Some(answer),
         };
-        let Some(answer) = answer else {
+        let Some(mut answer) = answer else {
             return if self.control.stop.is_cancelled() {
                 self.finish(Reason::UserStop, None, Vec::new())
                     .await
@@ -678,6 +695,8 @@ impl<S: LoopStore> Runner<S> {
                 self.release().await.map(Some)
             };
         };
+        // Model text is made storable before it reaches the state or a row.
+        super::control::make_reflection_storable(&mut answer);
         let base = self.settings.limits.reflection_interval;
         let prior = self.state.reflection;
         let mut criteria = self.state.criteria.clone();
@@ -801,7 +820,24 @@ impl<S: LoopStore> Runner<S> {
             .await
     }
 
+    /// Ends the session for `reason`; a stop requested meanwhile wins over
+    /// a pause (the store checks the flag under the row lock it writes with).
     async fn finish(
+        &mut self,
+        reason: Reason,
+        detail: Option<String>,
+        events: Vec<SessionEvent>,
+    ) -> Result<Exit, StoreError> {
+        match self.finish_once(reason, detail, events.clone()).await {
+            Err(StoreError::StopPending(_)) => {
+                self.control.stop.cancel();
+                self.finish_once(Reason::UserStop, None, events).await
+            }
+            other => other,
+        }
+    }
+
+    async fn finish_once(
         &mut self,
         reason: Reason,
         detail: Option<String>,

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 use serde_json::json;
+use sqlx::{Postgres, Transaction};
 use utoipa::ToSchema;
 use uuid::Uuid;
 
@@ -15,7 +16,7 @@ use super::events::{self, to_stored};
 use super::persist::{self, FirstRefinement};
 use super::planner;
 use super::reads::SessionReads;
-use super::rehydrate::load_for_run;
+use super::rehydrate::rebuild_locked;
 use super::state::LoopState;
 use super::supervisor::{Done, Supervisor};
 use crate::config::Config;
@@ -28,7 +29,7 @@ use crate::policy::guardrails::{self, Breach, Limits, LimitsPatch};
 use crate::policy::lifecycle::{self, Mode, PausePlan, Reason, Status, StopPlan};
 use crate::policy::termination::{self, Facts};
 use crate::store::{
-    self, ControlAction, NewSession, SessionCursor, SessionRecord, SessionSettings, Store,
+    self, ControlAction, Lease, NewSession, SessionCursor, SessionRecord, SessionSettings, Store,
     StoreError,
 };
 
@@ -152,7 +153,7 @@ struct Preflight {
 }
 
 fn validate_goal(goal: &str) -> Result<String> {
-    let goal = goal.trim();
+    let goal = crate::policy::text::trim(goal);
     if goal.is_empty() {
         return Err(ServiceError::Invalid("goal must not be empty".into()));
     }
@@ -282,7 +283,7 @@ impl SessionService {
                     .map(|e| e.base_url.as_str()),
             )
             .await
-            .map_err(ServiceError::Invalid)?;
+            .map_err(ServiceError::EgressDenied)?;
         let report = ambiguity::assess(&request.goal);
         if report.ambiguous && (self.config.require_concrete_goals || self.config.auto_refine_goals)
         {
@@ -470,9 +471,31 @@ impl SessionService {
             &events,
         )
         .await?;
+        self.start_run(tx, id, lease, acquired).await
+    }
+
+    /// Commits a change to session `id` and wakes its readers.
+    async fn commit(&self, tx: Transaction<'static, Postgres>, id: Uuid) -> Result<()> {
         tx.commit().await.map_err(StoreError::from)?;
         self.store.announce(id);
-        let (session, state) = load_for_run(&self.store, id).await?;
+        Ok(())
+    }
+
+    /// Commits a (re)start of session `id` under `lease` and runs its loop here.
+    async fn start_run(
+        &self,
+        mut tx: Transaction<'static, Postgres>,
+        id: Uuid,
+        lease: Lease,
+        acquired: Instant,
+    ) -> Result<SessionRecord> {
+        // Read back on the locked connection: a handful of pool acquires
+        // here would delay the loop's start behind every queued request.
+        let session = store::lock_session(&mut tx, id)
+            .await?
+            .ok_or(ServiceError::NotFound(id))?;
+        let state = rebuild_locked(&mut tx, &session).await?;
+        self.commit(tx, id).await?;
         self.supervisor
             .spawn(lease, acquired, &session, state)
             .await?;
@@ -518,20 +541,18 @@ impl SessionService {
             .ok_or(ServiceError::NotFound(id))?;
         match lifecycle::plan_stop(session.status)? {
             StopPlan::AlreadyStopped => {
-                tx.commit().await.map_err(StoreError::from)?;
-                self.store.announce(id);
+                self.commit(tx, id).await?;
             }
             StopPlan::InterruptNow => {
-                let (_, state) = load_for_run(&self.store, id).await?;
+                // On the locked connection: never a second one while the lock is held.
+                let state = rebuild_locked(&mut tx, &session).await?;
                 self.end_unowned(&mut tx, &session, &state, Reason::UserStop)
                     .await?;
-                tx.commit().await.map_err(StoreError::from)?;
-                self.store.announce(id);
+                self.commit(tx, id).await?;
             }
             StopPlan::SignalRunner => {
                 store::request_stop(&mut tx, id).await?;
-                tx.commit().await.map_err(StoreError::from)?;
-                self.store.announce(id);
+                self.commit(tx, id).await?;
                 match self.supervisor.signal_stop(id) {
                     Some(done) => wait_done(Some(done), self.config.control_wait).await,
                     None => self.stop_elsewhere(id).await?,
@@ -558,16 +579,16 @@ impl SessionService {
             if self.store.lease_lapsed(id).await? {
                 let mut tx = self.store.begin().await?;
                 let locked = store::lock_session(&mut tx, id).await?;
+                // Everything under the lock is read on its own connection.
                 if let Some(locked) = locked
                     && locked.status == Status::Running
-                    && self.store.lease_lapsed(id).await?
+                    && super::control::lease_lapsed_locked(&mut tx, id).await?
                 {
-                    let (_, state) = load_for_run(&self.store, id).await?;
+                    let state = rebuild_locked(&mut tx, &locked).await?;
                     self.end_unowned(&mut tx, &locked, &state, Reason::UserStop)
                         .await?;
                 }
-                tx.commit().await.map_err(StoreError::from)?;
-                self.store.announce(id);
+                self.commit(tx, id).await?;
                 return Ok(());
             }
             if Instant::now() >= deadline {
@@ -621,13 +642,11 @@ impl SessionService {
             .ok_or(ServiceError::NotFound(id))?;
         match lifecycle::plan_pause(session.status)? {
             PausePlan::AlreadyPaused => {
-                tx.commit().await.map_err(StoreError::from)?;
-                self.store.announce(id);
+                self.commit(tx, id).await?;
             }
             PausePlan::SignalRunner => {
                 store::request_pause(&mut tx, id).await?;
-                tx.commit().await.map_err(StoreError::from)?;
-                self.store.announce(id);
+                self.commit(tx, id).await?;
                 match self.supervisor.signal_pause(id) {
                     Some(done) => wait_done(Some(done), self.config.control_wait).await,
                     None => self.store.notify_control(ControlAction::Pause, id).await?,
@@ -726,13 +745,7 @@ impl SessionService {
             &events,
         )
         .await?;
-        tx.commit().await.map_err(StoreError::from)?;
-        self.store.announce(id);
-        let (session, state) = load_for_run(&self.store, id).await?;
-        self.supervisor
-            .spawn(lease, acquired, &session, state)
-            .await?;
-        Ok(session)
+        self.start_run(tx, id, lease, acquired).await
     }
 
     /// Changes the mode or limits of a session; a running loop applies them
@@ -765,8 +778,7 @@ impl SessionService {
         if !events.is_empty() {
             store::update_settings(&mut tx, id, settings, &events::encode(&events)?).await?;
         }
-        tx.commit().await.map_err(StoreError::from)?;
-        self.store.announce(id);
+        self.commit(tx, id).await?;
         self.get(id).await
     }
 }

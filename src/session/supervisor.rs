@@ -20,10 +20,14 @@ use super::rehydrate::{build_executor, load_for_run};
 use super::runner::{Control, Exit, Runner, RunnerDeps};
 use super::state::LoopState;
 use crate::config::Config;
+use crate::event::SessionEvent;
 use crate::llm::LlmClient;
 use crate::metrics::Metrics;
+use crate::policy::lifecycle::Reason;
+use crate::policy::termination::{self, Facts};
 use crate::store::{
-    CONTROL_CHANNEL, ControlAction, ControlNote, Lease, SessionRecord, SessionSettings, Store,
+    Attempt, CONTROL_CHANNEL, ControlAction, ControlNote, Lease, SessionRecord, SessionSettings,
+    Store,
 };
 
 struct RunnerHandle {
@@ -37,7 +41,9 @@ struct Inner {
     replica_id: Uuid,
     store: Store,
     config: Arc<Config>,
-    runners: Mutex<HashMap<Uuid, RunnerHandle>>,
+    /// Keyed by (session id, lease token): a late start of an old lease
+    /// must never replace the live runner of the same session.
+    runners: Mutex<HashMap<(Uuid, Uuid), RunnerHandle>>,
     /// The reflection model, when one is configured.
     reflector: Option<Arc<Reflector>>,
     metrics: Arc<Metrics>,
@@ -105,7 +111,7 @@ impl Supervisor {
         self.inner.replica_id
     }
 
-    fn runners(&self) -> MutexGuard<'_, HashMap<Uuid, RunnerHandle>> {
+    fn runners(&self) -> MutexGuard<'_, HashMap<(Uuid, Uuid), RunnerHandle>> {
         // A poisoned lock only means a panic elsewhere; the map is still consistent.
         self.inner
             .runners
@@ -140,6 +146,11 @@ impl Supervisor {
             config.lease.ttl,
             config.lease.margin,
         ));
+        if !self.refresh_if_stale(&clock, lease).await? {
+            // A rescue took the session over meanwhile: it runs there.
+            tracing::info!(session_id = %lease.session_id, "session taken over before its loop started");
+            return Ok(());
+        }
         let control = Control::new(clock);
         if session.stop_requested {
             control.stop.cancel();
@@ -171,13 +182,13 @@ impl Supervisor {
         let task = self.inner.loops.spawn(async move {
             let exit = runner.run().await;
             me.deregister(lease);
-            if matches!(exit, Exit::StoreFailed(_)) {
-                tracing::warn!(session_id = %lease.session_id, "session left to lease expiry after a storage failure");
+            if let Exit::StoreFailed(err) = &exit {
+                me.after_store_failure(lease, err).await;
             }
             let _ = done_tx.send(true);
         });
         runners.insert(
-            lease.session_id,
+            (lease.session_id, lease.token),
             RunnerHandle {
                 lease,
                 control,
@@ -189,31 +200,125 @@ impl Supervisor {
     }
 
     fn deregister(&self, lease: Lease) {
-        let mut runners = self.runners();
-        if runners.get(&lease.session_id).map(|h| h.lease) == Some(lease) {
-            runners.remove(&lease.session_id);
-        }
+        self.runners().remove(&(lease.session_id, lease.token));
     }
 
-    /// Signals a local runner to stop; `None` when the session does not run here.
+    /// Signals every local runner of `id` to stop; the completion signal of
+    /// one of them, `None` when the session does not run here.
     pub fn signal_stop(&self, id: Uuid) -> Option<Done> {
         let runners = self.runners();
-        let handle = runners.get(&id)?;
-        handle.control.stop.cancel();
-        Some(handle.done.clone())
+        let mut done = None;
+        for handle in runners.values().filter(|h| h.lease.session_id == id) {
+            handle.control.stop.cancel();
+            done = Some(handle.done.clone());
+        }
+        done
     }
 
-    /// Signals a local runner to pause after its step; `None` when not here.
+    /// Signals every local runner of `id` to pause after its step; `None` when not here.
     pub fn signal_pause(&self, id: Uuid) -> Option<Done> {
         let runners = self.runners();
-        let handle = runners.get(&id)?;
-        handle.control.pause.store(true, Ordering::SeqCst);
-        Some(handle.done.clone())
+        let mut done = None;
+        for handle in runners.values().filter(|h| h.lease.session_id == id) {
+            handle.control.pause.store(true, Ordering::SeqCst);
+            done = Some(handle.done.clone());
+        }
+        done
     }
 
     /// The completion signal of a local runner, if the session runs here.
     pub fn done_signal(&self, id: Uuid) -> Option<Done> {
-        self.runners().get(&id).map(|h| h.done.clone())
+        self.runners()
+            .values()
+            .find(|h| h.lease.session_id == id)
+            .map(|h| h.done.clone())
+    }
+
+    /// Renews `lease` at once when its clock would lapse before the next
+    /// heartbeat: the clock starts when the acquiring request began, which
+    /// may be long before the lease was written (a wait for a connection,
+    /// building the executor), and the runner would quit at once. False
+    /// when the lease is no longer held (the session was taken over).
+    async fn refresh_if_stale(
+        &self,
+        clock: &LeaseClock,
+        lease: Lease,
+    ) -> Result<bool, ServiceError> {
+        let cfg = self.inner.config.lease;
+        if clock.is_valid_at(Instant::now() + cfg.heartbeat) {
+            return Ok(true);
+        }
+        let started = Instant::now();
+        let renewed = self.inner.store.renew_leases(&[lease], cfg.ttl).await?;
+        if renewed.is_empty() {
+            return Ok(false);
+        }
+        clock.renewed(started, cfg.ttl, cfg.margin);
+        Ok(true)
+    }
+
+    /// After a runner stopped on a storage error: keep the error on the
+    /// session (the failure model reports it) and give the lease up, so the
+    /// next rescue (which counts the attempt) comes a heartbeat later, not a
+    /// TTL. Best effort: the database may be what failed.
+    async fn after_store_failure(&self, lease: Lease, err: &str) {
+        let store = &self.inner.store;
+        if let Err(e) = store.record_error(&lease, err).await {
+            tracing::warn!(session_id = %lease.session_id, error = %e, "cannot record the loop's error");
+        }
+        if let Err(e) = store.expire_lease(&lease).await {
+            tracing::warn!(session_id = %lease.session_id, error = %e, "session left to lease expiry after a storage failure");
+        }
+    }
+
+    /// Ends a session that failed `attempt.attempts` attempts in a row:
+    /// `failed / internal_error`, with the last error in its record.
+    async fn fail_attempts(&self, lease: Lease, attempt: &Attempt) {
+        let store = &self.inner.store;
+        let id = lease.session_id;
+        let error = attempt
+            .last_error
+            .clone()
+            .unwrap_or_else(|| "the session's loop stopped without recording an error".into());
+        let error = format!(
+            "gave up after {} failed attempts; last error: {error}",
+            attempt.attempts
+        );
+        let (usage, limits) = match store.session(id).await {
+            Ok(Some(s)) => (s.counters.usage(), s.limits),
+            Ok(None) => return,
+            Err(e) => {
+                tracing::warn!(session_id = %id, error = %e, "cannot read the failing session");
+                return;
+            }
+        };
+        let termination = termination::record(
+            Reason::InternalError,
+            Facts {
+                usage: &usage,
+                limits: &limits,
+                detail: Some(&error),
+            },
+        );
+        let event = SessionEvent::failed(&termination, &usage, &error, attempt.attempts);
+        let events = match super::events::encode(&[event]) {
+            Ok(events) => events,
+            Err(e) => {
+                tracing::warn!(session_id = %id, error = %e, "cannot record the failure");
+                return;
+            }
+        };
+        match store
+            .fail_session(&lease, &termination, &error, &events)
+            .await
+        {
+            Ok(true) => {
+                tracing::error!(session_id = %id, %error, "session failed");
+                self.inner.metrics.termination(termination.reason.as_str());
+            }
+            Ok(false) => {}
+            Err(e) => tracing::warn!(session_id = %id, error = %e, "cannot record the failure"),
+        }
     }
 
     /// Renews every local lease once; runners whose lease was lost are told to stop writing.
@@ -226,35 +331,49 @@ impl Supervisor {
         let lease_cfg = self.inner.config.lease;
         match self.inner.store.renew_leases(&leases, lease_cfg.ttl).await {
             Ok(renewed) => {
-                let renewed: HashMap<Uuid, _> =
-                    renewed.into_iter().map(|r| (r.session_id, r)).collect();
-                let runners = self.runners();
-                for lease in leases {
-                    let Some(handle) = runners.get(&lease.session_id) else {
-                        continue;
-                    };
-                    if handle.lease != lease {
-                        continue;
+                // Keyed by lease, not session: a stale runner of the same
+                // session must not have its clock renewed.
+                let renewed: HashMap<(Uuid, Uuid), _> = renewed
+                    .into_iter()
+                    .map(|r| ((r.session_id, r.token), r))
+                    .collect();
+                let mut exited = Vec::new();
+                {
+                    let runners = self.runners();
+                    for lease in leases {
+                        let Some(handle) = runners.get(&(lease.session_id, lease.token)) else {
+                            // Its runner ended while the renewal ran: the renewal
+                            // must not delay the rescue of what it left behind.
+                            if renewed.contains_key(&(lease.session_id, lease.token)) {
+                                exited.push(lease);
+                            }
+                            continue;
+                        };
+                        match renewed.get(&(lease.session_id, lease.token)) {
+                            Some(r) => {
+                                handle.control.lease_clock.renewed(
+                                    started,
+                                    lease_cfg.ttl,
+                                    lease_cfg.margin,
+                                );
+                                if r.stop_requested {
+                                    handle.control.stop.cancel();
+                                }
+                                if r.pause_requested {
+                                    handle.control.pause.store(true, Ordering::SeqCst);
+                                }
+                            }
+                            // Finished meanwhile, or taken over: the runner's own
+                            // fenced writes and lease clock end it either way.
+                            None => {
+                                tracing::debug!(session_id = %lease.session_id, "lease not renewed")
+                            }
+                        }
                     }
-                    match renewed.get(&lease.session_id) {
-                        Some(r) => {
-                            handle.control.lease_clock.renewed(
-                                started,
-                                lease_cfg.ttl,
-                                lease_cfg.margin,
-                            );
-                            if r.stop_requested {
-                                handle.control.stop.cancel();
-                            }
-                            if r.pause_requested {
-                                handle.control.pause.store(true, Ordering::SeqCst);
-                            }
-                        }
-                        // Finished meanwhile, or taken over: the runner's own
-                        // fenced writes and lease clock end it either way.
-                        None => {
-                            tracing::debug!(session_id = %lease.session_id, "lease not renewed")
-                        }
+                }
+                for lease in exited {
+                    if let Err(e) = self.inner.store.expire_lease(&lease).await {
+                        tracing::warn!(session_id = %lease.session_id, error = %e, "cannot give up an exited runner's lease");
                     }
                 }
             }
@@ -280,19 +399,44 @@ impl Supervisor {
             }
         };
         let mut resumed = 0;
+        let max_attempts = self.inner.config.max_attempts;
         for c in claimed {
             let id = c.lease.session_id;
+            // The failure model: every rescue without progress since the
+            // previous one is a failed attempt; after too many, end it. A
+            // session released on shutdown (no previous owner) did not fail.
+            let counted = match c.previous_owner {
+                Some(_) => store.count_attempt(&c.lease).await,
+                None => Ok(Some(Attempt {
+                    attempts: 0,
+                    last_error: None,
+                })),
+            };
+            match counted {
+                Ok(Some(attempt)) if attempt.attempts >= max_attempts => {
+                    self.fail_attempts(c.lease, &attempt).await;
+                    continue;
+                }
+                Ok(Some(_)) => {}
+                Ok(None) => continue,
+                Err(err) => {
+                    tracing::warn!(session_id = %id, error = %err, "cannot count the attempt; leaving the session to the next rescue");
+                    continue;
+                }
+            }
             match load_for_run(store, id).await {
                 Ok((session, state)) => {
                     tracing::info!(session_id = %id, previous_owner = ?c.previous_owner, "rescuing session");
                     if let Err(err) = self.spawn(c.lease, started, &session, state).await {
                         tracing::error!(session_id = %id, error = %err, "cannot rescue session");
+                        self.after_store_failure(c.lease, &err.to_string()).await;
                     } else {
                         resumed += 1;
                     }
                 }
                 Err(err) => {
-                    tracing::error!(session_id = %id, error = %err, "cannot rebuild session")
+                    tracing::error!(session_id = %id, error = %err, "cannot rebuild session");
+                    self.after_store_failure(c.lease, &err.to_string()).await;
                 }
             }
         }

@@ -123,7 +123,12 @@ impl Store {
         events: &[NewEvent],
     ) -> Result<()> {
         let mut tx = self.pool.begin().await?;
-        let (last_seq, _) = fenced_update(&mut tx, lease, events.len()).await?;
+        let (last_seq, flags) = fenced_update(&mut tx, lease, events.len()).await?;
+        // The flags were read under the row lock this transaction now holds:
+        // a stop committed before it wins over a pause (dropping `tx` rolls back).
+        if flags.stop_requested && termination.status == Status::Paused {
+            return Err(StoreError::StopPending(lease.session_id));
+        }
         // A completed session is all done; a paused one keeps its estimate
         // and has not ended.
         let completed = termination.status == Status::Completed;
@@ -207,24 +212,6 @@ paused,
         tx.commit().await?;
         self.announce(lease.session_id);
         Ok(())
-    }
-
-    /// The latest checkpoint of a session and every iteration committed after it.
-    pub async fn rebuild_inputs(
-        &self,
-        session_id: Uuid,
-    ) -> Result<(Option<CheckpointRecord>, Vec<IterationRecord>)> {
-        let checkpoint = sqlx::query_as!(
-            CheckpointRecord,
-            "SELECT id, iteration, reason, state, created_at FROM checkpoints
-             WHERE session_id = $1 ORDER BY id DESC LIMIT 1",
-            session_id,
-        )
-        .fetch_optional(&self.pool)
-        .await?;
-        let after = checkpoint.as_ref().map_or(0, |c| c.iteration);
-        let iterations = self.iterations(session_id, after, i64::MAX).await?;
-        Ok((checkpoint, iterations))
     }
 
     /// The conversation of the last `steps` committed iterations of the

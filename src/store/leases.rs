@@ -24,14 +24,14 @@ impl Store {
         let rows = sqlx::query!(
 // Rows are locked in id order, as group commits lock them, so a
             // renewal and a group commit never wait on each other in a cycle.
-            "WITH locked AS (
+            r#"WITH locked AS (
                  SELECT s.id FROM sessions s JOIN UNNEST($1::uuid[], $2::uuid[]) AS t(id, token)
                      ON s.id = t.id AND s.lease_token = t.token
                  WHERE s.status = $4 ORDER BY s.id FOR UPDATE OF s)
              UPDATE sessions s SET lease_expires_at = now() + make_interval(secs => $3), heartbeat_at = now()
              FROM locked l, UNNEST($1::uuid[], $2::uuid[]) AS t(id, token)
              WHERE s.id = l.id AND s.id = t.id AND s.lease_token = t.token AND s.status = $4
-             RETURNING s.id, s.stop_requested, s.pause_requested",
+             RETURNING s.id, s.stop_requested, s.pause_requested, s.lease_token AS "lease_token!""#,
 &ids,
 &tokens,
 ttl.as_secs_f64(),
@@ -43,6 +43,7 @@ Status::Running as Status,
             .into_iter()
             .map(|r| Renewed {
                 session_id: r.id,
+                token: r.lease_token,
                 stop_requested: r.stop_requested,
                 pause_requested: r.pause_requested,
             })

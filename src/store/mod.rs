@@ -18,6 +18,7 @@ mod keys;
 mod leases;
 mod outcomes;
 mod reflections;
+mod resilience;
 mod rows;
 mod sessions;
 mod tasks;
@@ -25,15 +26,16 @@ mod tasks;
 pub use control::{BadControlNote, CONTROL_CHANNEL, ControlAction, ControlNote};
 pub use events::append as append_events;
 pub use keys::{KeyRecord, NewKey};
+pub use resilience::{is_unavailable, lease_lapsed_on, rebuild_inputs_on, storable_text};
 pub use rows::{
-    CheckpointRecord, Claimed, ControlFlags, Counters, EventRecord, IterationRecord, Lease,
-    NewEvent, NewIteration, NewReflection, NewSession, Outcomes, RefinementRecord,
-    ReflectionRecord, Renewed, SessionCursor, SessionRecord, SessionSettings, TASK_STATUSES, Task,
-    TaskWrite,
+    Attempt, CheckpointRecord, Claimed, ControlFlags, Counters, EventRecord, IterationRecord,
+    Lease, NewEvent, NewIteration, NewReflection, NewSession, Outcomes, RebuildInputs,
+    RefinementRecord, ReflectionRecord, Renewed, SessionCursor, SessionRecord, SessionSettings,
+    TASK_STATUSES, Task, TaskWrite,
 };
 pub use sessions::{
-    end_unowned, insert_refinement, lock as lock_session, request_pause, request_stop,
-    resume as resume_session, start_refined, update_settings,
+    end_unowned, insert as insert_session, insert_refinement, lock as lock_session, request_pause,
+    request_stop, resume as resume_session, start_refined, update_settings,
 };
 
 use std::sync::{Arc, OnceLock};
@@ -65,6 +67,10 @@ pub enum StoreError {
     /// The iteration committer stopped (the runtime is shutting down).
     #[error("the iteration committer has stopped")]
     CommitterGone,
+    /// The loop tried to pause a session a user has asked to stop; nothing
+    /// was written, and the loop must record the stop instead.
+    #[error("session {0} has a stop request pending; a stop wins over a pause")]
+    StopPending(Uuid),
     /// A stored value could not be decoded.
     #[error("stored data for session {id} is invalid: {detail}")]
     Corrupt {

@@ -98,21 +98,4 @@ limit,
         .fetch_all(&self.pool)
         .await?)
     }
-
-    /// Reflections that followed iterations after `iteration` (for rebuilding state).
-    pub async fn reflections_after_iteration(
-        &self,
-        session_id: uuid::Uuid,
-        iteration: i64,
-    ) -> Result<Vec<ReflectionRecord>> {
-        Ok(sqlx::query_as!(
-ReflectionRecord,
-"SELECT number, after_iteration, trigger, ok, assessment, error, decision, next_interval, tokens, raw, created_at
-             FROM reflections WHERE session_id = $1 AND after_iteration > $2 ORDER BY number",
-session_id,
-iteration,
-)
-        .fetch_all(&self.pool)
-        .await?)
-    }
 }

@@ -69,6 +69,8 @@ pub struct Lease {
 pub struct Renewed {
     /// Session.
     pub session_id: Uuid,
+    /// The token renewed (a replica may hold a stale one of the same session).
+    pub token: Uuid,
     /// A stop was requested.
     pub stop_requested: bool,
     /// A pause was requested.
@@ -644,4 +646,25 @@ mod tests {
             .await;
         assert!(mode.is_err());
     }
+}
+
+/// What rebuilding a session's loop state reads: its latest checkpoint, the
+/// iterations after it and the reflections that followed them.
+#[derive(Debug, Clone, Default)]
+pub struct RebuildInputs {
+    /// Latest checkpoint.
+    pub checkpoint: Option<CheckpointRecord>,
+    /// Iterations committed after it, in order.
+    pub iterations: Vec<IterationRecord>,
+    /// Reflections after those iterations, in order.
+    pub reflections: Vec<ReflectionRecord>,
+}
+
+/// An attempt at running a session, as counted when a rescue took it over.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Attempt {
+    /// Consecutive rescues without progress, this one included.
+    pub attempts: i32,
+    /// The error the previous attempt ended on, when it could record one.
+    pub last_error: Option<String>,
 }

@@ -55,8 +55,8 @@ impl Store {
         Ok(tx)
     }
 
-    /// Creates a session: running under a lease held by `owner` when
-    /// `owner` is given, otherwise waiting for refinement.
+    /// Creates a session with its first events in a transaction of its own
+    /// (see [`insert`]).
     pub async fn insert_session(
         &self,
         new: &NewSession,
@@ -65,36 +65,7 @@ impl Store {
         events: &[NewEvent],
     ) -> Result<(SessionRecord, Option<Lease>)> {
         let mut tx = self.pool.begin().await?;
-        let token = owner.map(|_| Uuid::new_v4());
-        let status = if owner.is_some() {
-            Status::Running
-        } else {
-            Status::AwaitingRefinement
-        };
-        sqlx::query!(
-            "INSERT INTO sessions (id, goal, mode, status, limits, executor, owner, lease_token, lease_expires_at, heartbeat_at,
-                                   original_goal, refinement, criteria, milestones, refinement_tokens, tokens_used, tenant)
-             VALUES ($1, $2, $3, $14, $4, $5,
-                     $6, $7, CASE WHEN $6::uuid IS NULL THEN NULL ELSE now() + make_interval(secs => $8) END,
-                     CASE WHEN $6::uuid IS NULL THEN NULL ELSE now() END, $9, $10, $11, $12, $13, $13, $15)",
-            new.id,
-            &new.goal,
-            new.mode as Mode,
-            Json(new.limits) as _,
-            &new.executor,
-            owner,
-            token,
-            lease_ttl.as_secs_f64(),
-            new.original_goal.as_deref(),
-            new.refinement.as_ref(),
-            Json(&new.criteria) as _,
-            Json(&new.milestones) as _,
-            new.refinement_tokens,
-            status as Status,
-            &new.tenant,
-        )
-        .execute(&mut *tx)
-        .await?;
+        let lease = insert(&mut tx, new, owner, lease_ttl).await?;
         events::append(&mut tx, new.id, events).await?;
         let record = lock(&mut tx, new.id).await?.ok_or(StoreError::Corrupt {
             id: new.id,
@@ -102,10 +73,6 @@ impl Store {
         })?;
         tx.commit().await?;
         self.announce(new.id);
-        let lease = token.map(|token| Lease {
-            session_id: new.id,
-            token,
-        });
         Ok((record, lease))
     }
 
@@ -188,6 +155,51 @@ impl Store {
     }
 }
 
+/// Inserts a session on the caller's connection: running under a lease held
+/// by `owner` when `owner` is given (the lease is returned), otherwise
+/// waiting for refinement. The caller announces it once committed.
+pub async fn insert(
+    conn: &mut PgConnection,
+    new: &NewSession,
+    owner: Option<Uuid>,
+    lease_ttl: std::time::Duration,
+) -> Result<Option<Lease>> {
+    let token = owner.map(|_| Uuid::new_v4());
+    let status = if owner.is_some() {
+        Status::Running
+    } else {
+        Status::AwaitingRefinement
+    };
+    sqlx::query!(
+        "INSERT INTO sessions (id, goal, mode, status, limits, executor, owner, lease_token, lease_expires_at, heartbeat_at,
+                               original_goal, refinement, criteria, milestones, refinement_tokens, tokens_used, tenant)
+         VALUES ($1, $2, $3, $14, $4, $5,
+                 $6, $7, CASE WHEN $6::uuid IS NULL THEN NULL ELSE now() + make_interval(secs => $8) END,
+                 CASE WHEN $6::uuid IS NULL THEN NULL ELSE now() END, $9, $10, $11, $12, $13, $13, $15)",
+        new.id,
+        &new.goal,
+        new.mode as Mode,
+        Json(new.limits) as _,
+        &new.executor,
+        owner,
+        token,
+        lease_ttl.as_secs_f64(),
+        new.original_goal.as_deref(),
+        new.refinement.as_ref(),
+        Json(&new.criteria) as _,
+        Json(&new.milestones) as _,
+        new.refinement_tokens,
+        status as Status,
+        &new.tenant,
+    )
+    .execute(conn)
+    .await?;
+    Ok(token.map(|token| Lease {
+        session_id: new.id,
+        token,
+    }))
+}
+
 /// Reads and row-locks one session inside a transaction.
 pub async fn lock(conn: &mut PgConnection, id: Uuid) -> Result<Option<SessionRecord>> {
     let row = select_session!("WHERE id = $1 FOR UPDATE", id)
@@ -198,34 +210,27 @@ pub async fn lock(conn: &mut PgConnection, id: Uuid) -> Result<Option<SessionRec
 
 /// Records a user's stop request (the durable flag every replica obeys).
 pub async fn request_stop(conn: &mut PgConnection, id: Uuid) -> Result<()> {
-    sqlx::query!(
-        "UPDATE sessions SET stop_requested = true, updated_at = now() WHERE id = $1",
-        id,
-    )
-    .execute(&mut *conn)
-    .await?;
-    events::append(
-        conn,
-        id,
-        &[NewEvent::from_event(&SessionEvent::StopRequested {})?],
-    )
-    .await
+    request(conn, id, SessionEvent::StopRequested {}).await
 }
 
 /// Records a user's pause request.
 pub async fn request_pause(conn: &mut PgConnection, id: Uuid) -> Result<()> {
+    request(conn, id, SessionEvent::PauseRequested {}).await
+}
+
+/// Sets the durable flag of a stop or pause `request` and logs it.
+async fn request(conn: &mut PgConnection, id: Uuid, request: SessionEvent) -> Result<()> {
+    let stop = matches!(request, SessionEvent::StopRequested {});
     sqlx::query!(
-        "UPDATE sessions SET pause_requested = true, updated_at = now() WHERE id = $1",
+        "UPDATE sessions SET stop_requested = stop_requested OR $2,
+                             pause_requested = pause_requested OR NOT $2, updated_at = now()
+         WHERE id = $1",
         id,
+        stop,
     )
     .execute(&mut *conn)
     .await?;
-    events::append(
-        conn,
-        id,
-        &[NewEvent::from_event(&SessionEvent::PauseRequested {})?],
-    )
-    .await
+    events::append(conn, id, &[NewEvent::from_event(&request)?]).await
 }
 
 /// Changes mode and limits of a session.

@@ -98,7 +98,8 @@ async fn internal_destinations_are_refused_and_never_reached(pool: PgPool) {
     for url in &urls {
         for body in [webhook(url), llm(url)] {
             let (status, problem) = app.post("/api/autonomous", Some(body)).await;
-            assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{url}: {problem}");
+            assert_eq!(status, StatusCode::FORBIDDEN, "{url}: {problem}");
+            assert_eq!(problem["code"], "egress_denied", "{url}: {problem}");
             let detail = problem["detail"].as_str().unwrap_or_default();
             assert!(
                 detail.contains("executor.url") || detail.contains("executor.base_url"),
@@ -174,7 +175,7 @@ async fn the_allow_list_opens_exactly_what_it_names(pool: PgPool) {
 
     let closed = TestApp::spawn_with(pool.clone(), closed_config(&[])).await;
     let (status, problem) = closed.post("/api/autonomous", Some(webhook(&url))).await;
-    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{problem}");
+    assert_eq!(status, StatusCode::FORBIDDEN, "{problem}");
     assert!(
         problem["detail"]
             .as_str()

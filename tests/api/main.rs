@@ -6,6 +6,7 @@
 mod common;
 
 mod auth;
+mod control;
 mod egress;
 mod goals;
 mod http;

@@ -92,6 +92,11 @@ async fn a_stopped_session_stays_stopped_across_restarts(pool: PgPool) {
     let id = first
         .create_scripted(distinct_steps(50, 10, 50), json!({}))
         .await;
+    // A second session still running when the instance dies: the next
+    // instance's rescue must take it over, which proves a rescue ran.
+    let running = first
+        .create_scripted(script_ending_done(30, 50), json!({}))
+        .await;
     first
         .wait_until(&id, Duration::from_secs(10), |s| {
             s["iterations"].as_i64() >= Some(2)
@@ -102,14 +107,31 @@ async fn a_stopped_session_stays_stopped_across_restarts(pool: PgPool) {
         .await;
     assert_eq!(stopped["status"], "interrupted");
     let iterations = stopped["iterations"].clone();
+    let seq_at_stop = first.session(&id).await["last_event_seq"].clone();
+    assert_eq!(first.session(&running).await["status"], "running");
     first.crash();
 
     let second = TestApp::spawn(pool).await;
-    // Longer than a lease and several rescue rounds.
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let rescued = second.wait_settled(&running).await;
+    assert_eq!(rescued["status"], "completed", "{rescued}");
+    let takeover = second
+        .events(&running)
+        .await
+        .into_iter()
+        .find(|e| e["kind"] == "lease_acquired" && e["data"]["previous_owner"].is_string());
+    assert!(
+        takeover.is_some(),
+        "the new instance rescued the running session"
+    );
+
+    // The same rescue rounds passed the stopped session over.
     let s = second.session(&id).await;
     assert_eq!(s["status"], "interrupted");
     assert_eq!(s["iterations"], iterations);
+    assert_eq!(
+        s["last_event_seq"], seq_at_stop,
+        "nothing happened to it since"
+    );
 }
 
 #[sqlx::test]

@@ -6,7 +6,7 @@
 use crate::common;
 
 use std::collections::BTreeMap;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::{ServiceProcess, TestApp, distinct_steps};
 use serde_json::{Value, json};
@@ -211,39 +211,135 @@ async fn a_reconnect_with_last_event_id_loses_and_repeats_nothing(pool: PgPool) 
     assert_eq!(tail.last().unwrap().data["data"]["to"], "completed");
 }
 
+/// A client that opens a stream and never reads a byte. Its receive buffer
+/// is the smallest the kernel allows and it advertises a small segment size,
+/// from which the server sizes its send buffer: a hundred KB or so of events
+/// fill both, and the server's writes to it block.
+struct Stalled {
+    sock: std::net::TcpStream,
+}
+
+impl Stalled {
+    fn open(base: &str, path: &str) -> Stalled {
+        use socket2::{Domain, Protocol, Socket, Type};
+        use std::io::Write;
+        let addr: std::net::SocketAddr = base
+            .trim_start_matches("http://")
+            .parse()
+            .expect("an address");
+        let socket = Socket::new(Domain::IPV4, Type::STREAM, Some(Protocol::TCP)).unwrap();
+        socket.set_recv_buffer_size(1).unwrap(); // rounded up to the kernel's minimum
+        socket.set_tcp_mss(536).unwrap();
+        socket.connect(&addr.into()).unwrap();
+        let mut sock: std::net::TcpStream = socket.into();
+        write!(
+            sock,
+            "GET {path} HTTP/1.1\r\nHost: {addr}\r\nAccept: text/event-stream\r\nConnection: close\r\n\r\n"
+        )
+        .unwrap();
+        Stalled { sock }
+    }
+
+    /// Bytes the server has written but not had acknowledged, and bytes
+    /// waiting unread here, from the kernel's table of TCP sockets.
+    fn queues(&self) -> (u64, u64) {
+        let local = self.sock.local_addr().unwrap();
+        let server = self.sock.peer_addr().unwrap();
+        let table = std::fs::read_to_string("/proc/net/tcp").expect("/proc/net/tcp");
+        let queue = |from: std::net::SocketAddr, to: std::net::SocketAddr, rx: bool| {
+            let hex = |a: std::net::SocketAddr| match a.ip() {
+                std::net::IpAddr::V4(ip) => {
+                    format!("{:08X}:{:04X}", u32::from_le_bytes(ip.octets()), a.port())
+                }
+                std::net::IpAddr::V6(_) => panic!("the service listens on IPv4"),
+            };
+            let (from, to) = (hex(from), hex(to));
+            table
+                .lines()
+                .map(|l| l.split_whitespace().collect::<Vec<_>>())
+                .find(|f| f.len() > 4 && f[1] == from && f[2] == to)
+                .map(|f| {
+                    let (tx, rx_q) = f[4].split_once(':').expect("tx_queue:rx_queue");
+                    u64::from_str_radix(if rx { rx_q } else { tx }, 16).expect("hex")
+                })
+                .unwrap_or_else(|| panic!("socket {from} -> {to} not in /proc/net/tcp"))
+        };
+        (queue(server, local, false), queue(local, server, true))
+    }
+
+    /// Reads the rest of the response; the server closes it after the
+    /// terminal event. Returns every byte it sent, headers included.
+    fn drain(mut self) -> u64 {
+        use std::io::Read;
+        self.sock
+            .set_read_timeout(Some(Duration::from_secs(20)))
+            .unwrap();
+        let mut all = Vec::new();
+        self.sock
+            .read_to_end(&mut all)
+            .expect("the stream to its end");
+        assert!(
+            String::from_utf8_lossy(&all).contains("\"to\":\"completed\""),
+            "the stalled client still gets the whole stream"
+        );
+        all.len() as u64
+    }
+}
+
 #[sqlx::test]
 async fn clients_that_never_read_do_not_slow_a_session(pool: PgPool) {
     let (_process, app) = service(pool).await;
-    let baseline = Instant::now();
+    // Long actions (4-byte characters) make each step's events weigh a few
+    // KB, so the stream outgrows what the stalled sockets can hold.
+    // 90 steps stay under the gate's step limit (100 without a check-in).
+    let pad = "\u{1D11E}".repeat(190);
+    let mut steps = script(90, 0);
+    for step in steps.as_array_mut().unwrap() {
+        let action = format!("{} {pad}", step["action"].as_str().unwrap());
+        step["action"] = json!(action);
+    }
     let id = app
-        .create_scripted(script(80, 0), json!({ "max_iterations": 1000 }))
+        .create_scripted(steps, json!({ "max_iterations": 1000 }))
         .await;
-    app.wait_settled(&id).await;
-    let baseline = baseline.elapsed();
-
-    let id = app
-        .create_scripted(script(80, 0), json!({ "max_iterations": 1000 }))
-        .await;
-    // Five clients open the stream and never read a byte.
     let path = format!("/api/autonomous/{id}/events");
     let mut stalled = Vec::new();
-    for _ in 0..5 {
+    for _ in 0..3 {
         let (base, path) = (app.base.clone(), path.clone());
         stalled.push(
-            tokio::task::spawn_blocking(move || RawSse::open(&base, &path, None))
+            tokio::task::spawn_blocking(move || Stalled::open(&base, &path))
                 .await
                 .unwrap(),
         );
     }
-    let watched = Instant::now();
-    let s = app.wait_settled(&id).await;
-    let watched = watched.elapsed();
-    assert_eq!(s["status"], "completed");
-    assert!(
-        watched < baseline * 3 + Duration::from_secs(1),
-        "with stalled readers {watched:?}, without {baseline:?}"
-    );
-    drop(stalled);
+    // The session ends on its own while they stay connected, unread.
+    let s = app
+        .wait_until(&id, Duration::from_secs(60), |s| s["status"] != "running")
+        .await;
+    assert_eq!(s["status"], "completed", "{s}");
+    assert_eq!(s["iterations"], 91);
+
+    // Proof they were stalled: once the queues settle, the server has held
+    // back bytes that neither socket took (it could not write them).
+    for client in stalled {
+        let mut queues = client.queues();
+        loop {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            let now = client.queues();
+            if now == queues {
+                break;
+            }
+            queues = now;
+        }
+        let (in_flight, unread) = queues;
+        let sent = tokio::task::spawn_blocking(move || client.drain())
+            .await
+            .unwrap();
+        assert!(
+            sent > in_flight + unread,
+            "the server could write the whole stream ({sent} bytes: {in_flight} in its \
+             send queue, {unread} unread here): the client was not stalled"
+        );
+    }
 }
 
 #[sqlx::test]

@@ -825,6 +825,11 @@ async fn the_labelled_corpus_ends_every_session_right(pool: PgPool) {
             ("WARDEN_LLM_MODEL", "fake-model"),
             ("WARDEN_WORKSPACE_ROOT", ws.as_str()),
             ("WARDEN_TOKEN_PRICE_PER_MILLION", "2.0"),
+            // The corpus judges the policy, not crash recovery: a lease long
+            // enough that a loaded CI machine never hands a session over
+            // mid-case (the model's scripted answers are consumed once).
+            ("WARDEN_LEASE_TTL_MS", "30000"),
+            ("WARDEN_HEARTBEAT_INTERVAL_MS", "1000"),
         ]),
     )
     .await;

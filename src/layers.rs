@@ -17,6 +17,7 @@ const LAYERS: &[(&str, u8)] = &[
     ("store", 2),
     ("config", 2),
     ("executor", 3),
+    ("auth", 3),
     ("session", 4),
     ("http", 5),
 ];

@@ -234,7 +234,8 @@ impl Stalled {
         let mut sock: std::net::TcpStream = socket.into();
         write!(
             sock,
-            "GET {path} HTTP/1.1\r\nHost: {addr}\r\nAccept: text/event-stream\r\nConnection: close\r\n\r\n"
+            "GET {path} HTTP/1.1\r\nHost: {addr}\r\nAccept: text/event-stream\r\nAuthorization: Bearer {}\r\nConnection: close\r\n\r\n",
+            crate::common::ADMIN_TOKEN
         )
         .unwrap();
         Stalled { sock }

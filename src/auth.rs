@@ -66,9 +66,16 @@ impl Role {
     }
 }
 
+/// Longest tenant name.
+pub const MAX_TENANT_CHARS: usize = 64;
+/// Tenant names in the API document's terms: what [`valid_tenant`] accepts.
+pub const TENANT_PATTERN: &str = "^[A-Za-z0-9._-]+$";
+/// Longest key label.
+pub const MAX_KEY_NAME_CHARS: usize = 200;
+
 /// Whether a tenant name is acceptable: short, and safe to show and log.
 pub fn valid_tenant(tenant: &str) -> bool {
-    (1..=64).contains(&tenant.len())
+    (1..=MAX_TENANT_CHARS).contains(&tenant.len())
         && tenant
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))

@@ -94,7 +94,7 @@ fn loopback_host(host: &str) -> bool {
 /// Cross-site rules for requests that change state: a browser on another
 /// site can send a "simple" form POST with cookies-less credentials, but not
 /// a JSON content type nor a foreign Origin that matches our Host.
-fn cross_site(req: &Request, auth_open: bool) -> Option<Response> {
+fn cross_site(req: &Request, auth_open: bool, auth_off: bool) -> Option<Response> {
     let headers = req.headers();
     let host = headers.get(header::HOST).and_then(|h| h.to_str().ok());
     if auth_open && !host.is_some_and(loopback_host) {
@@ -118,7 +118,9 @@ fn cross_site(req: &Request, auth_open: bool) -> Option<Response> {
             ));
         }
     }
-    if bearer(headers).is_none() {
+    // With authentication on, a state change without a key is refused as
+    // unauthenticated (401) before anything else.
+    if auth_off && bearer(headers).is_none() {
         let json = headers
             .get(header::CONTENT_TYPE)
             .and_then(|v| v.to_str().ok())
@@ -153,7 +155,7 @@ fn tenant_param(req: &Request) -> Option<String> {
 pub async fn guard(State(state): State<AppState>, mut req: Request, next: Next) -> Response {
     let mode = state.auth.mode();
     let open = mode != AuthMode::On;
-    if let Some(refused) = cross_site(&req, mode == AuthMode::Protected) {
+    if let Some(refused) = cross_site(&req, mode == AuthMode::Protected, open) {
         return refused;
     }
     let path = req.uri().path().to_string();

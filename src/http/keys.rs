@@ -117,7 +117,11 @@ pub async fn create_key(
     State(state): State<AppState>,
     ApiJson(req): ApiJson<CreateKey>,
 ) -> ApiResult<(StatusCode, Json<CreatedKey>)> {
-    if req.name.as_ref().is_some_and(|n| n.chars().count() > 200) {
+    if req
+        .name
+        .as_ref()
+        .is_some_and(|n| n.chars().count() > crate::auth::MAX_KEY_NAME_CHARS)
+    {
         return Err(ApiError::new(
             StatusCode::UNPROCESSABLE_ENTITY,
             "invalid_request",

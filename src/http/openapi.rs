@@ -188,6 +188,24 @@ fn range(at: String, min: impl Into<Value>, max: impl Into<Value>) -> [Bound; 2]
 /// Every bound the validators enforce, from their own constants.
 pub fn bounds() -> Vec<Bound> {
     let mut out: Vec<Bound> = Vec::new();
+    out.extend([
+        (prop("CreateKey", "tenant"), "minLength", 1.into()),
+        (
+            prop("CreateKey", "tenant"),
+            "maxLength",
+            crate::auth::MAX_TENANT_CHARS.into(),
+        ),
+        (
+            prop("CreateKey", "tenant"),
+            "pattern",
+            crate::auth::TENANT_PATTERN.into(),
+        ),
+        (
+            prop("CreateKey", "name"),
+            "maxLength",
+            crate::auth::MAX_KEY_NAME_CHARS.into(),
+        ),
+    ]);
     for (field, min, max) in RANGES {
         out.extend(range(prop("LimitsPatch", field), min, max));
     }
@@ -432,8 +450,20 @@ no string may contain NUL (U+0000), which Postgres cannot store",
         };
         // The probes are the only operations open without a key.
         let open = matches!(path.as_str(), "/healthz" | "/readyz");
-        for op in item.values_mut().filter_map(Value::as_object_mut) {
+        for (method, op) in item.iter_mut() {
+            let Some(op) = op.as_object_mut() else {
+                continue;
+            };
             add_operation_errors(op);
+            // With authentication off, a state change without a key must be
+            // sent as JSON, body or not (the cross-site rule).
+            if matches!(method.as_str(), "post" | "patch" | "delete")
+                && let Some(responses) = op.get_mut("responses").and_then(Value::as_object_mut)
+            {
+                responses.entry("415").or_insert_with(
+                    || json!({ "$ref": "#/components/responses/UnsupportedMediaType" }),
+                );
+            }
             if !open {
                 op.insert("security".into(), json!([{ "bearer": [] }]));
                 if let Some(responses) = op.get_mut("responses").and_then(Value::as_object_mut) {

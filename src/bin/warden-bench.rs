@@ -823,7 +823,13 @@ async fn run() -> BenchResult<()> {
                 let (client, url) = (client.clone(), format!("{base}/api/autonomous/{id}/stop"));
                 async move {
                     let t = Instant::now();
-                    let res = client.post(url).send().await.ok()?;
+                    // No key on loopback: a state change must say it is JSON.
+                    let res = client
+                        .post(url)
+                        .header(reqwest::header::CONTENT_TYPE, "application/json")
+                        .send()
+                        .await
+                        .ok()?;
                     let body: Value = res.json().await.ok()?;
                     (body["status"] == "interrupted").then(|| t.elapsed())
                 }

@@ -370,18 +370,7 @@ impl SessionEvent {
         termination: &crate::policy::termination::Termination,
         usage: &Usage,
     ) -> SessionEvent {
-        SessionEvent::StatusChanged {
-            from: Some(from),
-            to: termination.status,
-            reason: Some(termination.reason),
-            summary: Some(termination.summary.clone()),
-            next_steps: Some(termination.next_steps.clone()),
-            iterations: Some(usage.iterations),
-            tokens_used: Some(usage.tokens),
-            checkpoint_saved: Some(true),
-            error: None,
-            attempts: None,
-        }
+        Self::ended(from, termination, usage, true, None)
     }
 
     /// The change of status that ends a session the failure model gave up
@@ -392,17 +381,34 @@ impl SessionEvent {
         error: &str,
         attempts: i32,
     ) -> SessionEvent {
+        Self::ended(
+            Status::Running,
+            termination,
+            usage,
+            false,
+            Some((error.to_string(), attempts)),
+        )
+    }
+
+    fn ended(
+        from: Status,
+        termination: &crate::policy::termination::Termination,
+        usage: &Usage,
+        checkpoint_saved: bool,
+        failure: Option<(String, i32)>,
+    ) -> SessionEvent {
+        let (error, attempts) = failure.unzip();
         SessionEvent::StatusChanged {
-            from: Some(Status::Running),
+            from: Some(from),
             to: termination.status,
             reason: Some(termination.reason),
             summary: Some(termination.summary.clone()),
             next_steps: Some(termination.next_steps.clone()),
             iterations: Some(usage.iterations),
             tokens_used: Some(usage.tokens),
-            checkpoint_saved: Some(false),
-            error: Some(error.to_string()),
-            attempts: Some(attempts),
+            checkpoint_saved: Some(checkpoint_saved),
+            error,
+            attempts,
         }
     }
 

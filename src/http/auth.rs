@@ -155,7 +155,9 @@ fn tenant_param(req: &Request) -> Option<String> {
 pub async fn guard(State(state): State<AppState>, mut req: Request, next: Next) -> Response {
     let mode = state.auth.mode();
     let open = mode != AuthMode::On;
-    if let Some(refused) = cross_site(&req, mode == AuthMode::Protected, open) {
+    // Protected mode and `WARDEN_AUTH=off` alike: without keys, a foreign
+    // Host name is a DNS-rebinding page, whatever address we listen on.
+    if let Some(refused) = cross_site(&req, open, open) {
         return refused;
     }
     let path = req.uri().path().to_string();

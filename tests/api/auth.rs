@@ -434,6 +434,46 @@ async fn auth_off_serves_loopback_names_and_json_writes_only(pool: PgPool) {
 }
 
 #[sqlx::test]
+async fn forced_off_serves_loopback_host_names_only(pool: PgPool) {
+    // WARDEN_AUTH=off (here with an admin token set too, which it overrides):
+    // a page on a foreign name that resolves to this machine must not be
+    // able to read or drive sessions, just as in protected mode.
+    let app = TestApp::spawn_with(pool, config_with(&[("WARDEN_AUTH", "off")])).await;
+    assert!(app.key.is_empty(), "auth off: no key needed");
+    for host in ["evil.example", "evil.example:8080", "10.0.0.1", "localhost.evil.com"] {
+        let res = app
+            .client
+            .get(app.url("/api/autonomous"))
+            .header("host", host)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status(), StatusCode::FORBIDDEN, "{host}");
+        let body: Value = res.json().await.unwrap();
+        assert!(body["detail"].as_str().unwrap().contains("loopback"), "{body}");
+        let res = app
+            .client
+            .post(app.url("/api/autonomous"))
+            .header("host", host)
+            .json(&json!({ "goal": "Create README.md with a project description", "executor": { "kind": "scripted", "steps": [{ "action": "a" }] } }))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status(), StatusCode::FORBIDDEN, "{host}");
+    }
+    for host in ["localhost", "localhost:1234", "127.0.0.1:9", "[::1]:80"] {
+        let res = app
+            .client
+            .get(app.url("/api/autonomous"))
+            .header("host", host)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status(), StatusCode::OK, "{host}");
+    }
+}
+
+#[sqlx::test]
 async fn no_auth_beyond_loopback_refuses_to_start_unless_forced_off(pool: PgPool) {
     let config = config_with(&[
         ("WARDEN_ADMIN_TOKEN", ""),

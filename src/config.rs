@@ -14,6 +14,7 @@ use crate::policy::gate::GateConfig;
 use crate::policy::guardrails::Limits;
 use crate::policy::lifecycle::Mode;
 use crate::policy::stuck::StuckConfig;
+use crate::secrets::SecretKey;
 
 /// A configuration value that could not be used.
 #[derive(Debug, thiserror::Error)]
@@ -188,6 +189,131 @@ pub struct Config {
     pub egress: Arc<EgressPolicy>,
     /// Keys and tokens (`WARDEN_ADMIN_TOKEN`, `WARDEN_METRICS_TOKEN`, `WARDEN_AUTH`).
     pub auth: AuthConfig,
+    // Issue 15, items 6 and 7: secrets at rest and quotas.
+    /// The key that seals sessions' own secrets (`WARDEN_SECRET_KEY` or
+    /// `WARDEN_SECRET_KEY_FILE`).
+    pub secret_key: SecretKeySource,
+    /// Quotas (`WARDEN_TENANT_MAX_RUNNING`, …).
+    pub quotas: Quotas,
+}
+
+/// Where the key sealing sessions' secrets comes from.
+#[derive(Debug, Clone, PartialEq)]
+pub enum SecretKeySource {
+    /// `WARDEN_SECRET_KEY`, or the key already read from its file.
+    Key(SecretKey),
+    /// `WARDEN_SECRET_KEY_FILE` (default `.warden/secret.key`): read at
+    /// start, or generated there (0600) on first start.
+    File(PathBuf),
+}
+
+impl SecretKeySource {
+    /// The key, once loaded (`Application::build` loads a file's).
+    pub fn key(&self) -> Option<&SecretKey> {
+        match self {
+            SecretKeySource::Key(k) => Some(k),
+            SecretKeySource::File(_) => None,
+        }
+    }
+}
+
+/// Quotas (issue 15, item 7); every one has a documented default.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Quotas {
+    /// `WARDEN_TENANT_MAX_RUNNING`: sessions of one tenant that may be
+    /// active at once (running, awaiting refinement), default 20.
+    pub tenant_max_running: i64,
+    /// `WARDEN_MAX_TOOL_CALLS_PER_STEP`: tool calls of one model answer
+    /// that are executed, default 16; the rest get an error result.
+    pub max_tool_calls_per_step: usize,
+    /// `WARDEN_WORKSPACE_MAX_BYTES`: bytes of files in one session's workspace, default 100 MiB.
+    pub workspace_max_bytes: u64,
+    /// `WARDEN_WORKSPACE_MAX_FILES`: files in one session's workspace, default 10 000.
+    pub workspace_max_files: u64,
+    /// `WARDEN_TENANT_MAX_STREAMS`: live event streams one tenant may hold open, default 32.
+    pub tenant_max_streams: usize,
+    /// `WARDEN_REQUEST_TIMEOUT_MS`: longest a request (streams aside) may take, default 30 s.
+    pub request_timeout: Duration,
+    /// `WARDEN_MAX_CONCURRENT_REQUESTS`: requests served at once (streams
+    /// aside); more are refused at once with 503, default 512.
+    pub max_concurrent_requests: usize,
+}
+
+impl Default for Quotas {
+    fn default() -> Quotas {
+        Quotas {
+            tenant_max_running: 20,
+            max_tool_calls_per_step: 16,
+            workspace_max_bytes: 104_857_600,
+            workspace_max_files: 10_000,
+            tenant_max_streams: 32,
+            request_timeout: Duration::from_secs(30),
+            max_concurrent_requests: 512,
+        }
+    }
+}
+
+impl Env<'_> {
+    /// `WARDEN_SECRET_KEY` (wins) or `WARDEN_SECRET_KEY_FILE`.
+    fn secret_key(&self) -> Result<SecretKeySource, ConfigError> {
+        if let Some(raw) = self.raw("WARDEN_SECRET_KEY") {
+            return SecretKey::parse(raw)
+                .map(SecretKeySource::Key)
+                .map_err(|expected| ConfigError::Invalid {
+                    var: "WARDEN_SECRET_KEY",
+                    value: "<redacted>".into(),
+                    expected,
+                });
+        }
+        Ok(SecretKeySource::File(PathBuf::from(
+            self.raw("WARDEN_SECRET_KEY_FILE")
+                .map(str::trim)
+                .unwrap_or(".warden/secret.key"),
+        )))
+    }
+
+    fn quotas(&self) -> Result<Quotas, ConfigError> {
+        let d = Quotas::default();
+        Ok(Quotas {
+            tenant_max_running: self.parse(
+                "WARDEN_TENANT_MAX_RUNNING",
+                d.tenant_max_running,
+                1,
+                1_000_000,
+            )?,
+            max_tool_calls_per_step: self.parse(
+                "WARDEN_MAX_TOOL_CALLS_PER_STEP",
+                d.max_tool_calls_per_step,
+                1,
+                1_000,
+            )?,
+            workspace_max_bytes: self.parse(
+                "WARDEN_WORKSPACE_MAX_BYTES",
+                d.workspace_max_bytes,
+                1_024,
+                1_099_511_627_776,
+            )?,
+            workspace_max_files: self.parse(
+                "WARDEN_WORKSPACE_MAX_FILES",
+                d.workspace_max_files,
+                1,
+                10_000_000,
+            )?,
+            tenant_max_streams: self.parse(
+                "WARDEN_TENANT_MAX_STREAMS",
+                d.tenant_max_streams,
+                1,
+                1_000_000,
+            )?,
+            request_timeout: self.millis("WARDEN_REQUEST_TIMEOUT_MS", 30_000, 100, 3_600_000)?,
+            max_concurrent_requests: self.parse(
+                "WARDEN_MAX_CONCURRENT_REQUESTS",
+                d.max_concurrent_requests,
+                1,
+                1_000_000,
+            )?,
+        })
+    }
 }
 
 /// Reads configuration values from a source of variables.
@@ -495,6 +621,8 @@ impl Config {
                     }
                 },
             },
+            secret_key: env.secret_key()?,
+            quotas: env.quotas()?,
         })
     }
 }
@@ -676,6 +804,62 @@ mod tests {
                 .off
         );
         assert!(Config::from_vars(&vars(&[("WARDEN_AUTH", "maybe")])).is_err());
+    }
+
+    #[test]
+    fn secret_key_and_quotas_are_read_and_checked() {
+        let c = Config::from_vars(&vars(&[])).unwrap();
+        assert_eq!(
+            c.secret_key,
+            SecretKeySource::File(PathBuf::from(".warden/secret.key"))
+        );
+        assert_eq!(c.quotas, Quotas::default());
+        let hex = "ab".repeat(32);
+        let c = Config::from_vars(&vars(&[
+            ("WARDEN_SECRET_KEY", hex.as_str()),
+            ("WARDEN_TENANT_MAX_RUNNING", "3"),
+            ("WARDEN_MAX_TOOL_CALLS_PER_STEP", "2"),
+            ("WARDEN_WORKSPACE_MAX_BYTES", "4096"),
+            ("WARDEN_WORKSPACE_MAX_FILES", "5"),
+            ("WARDEN_TENANT_MAX_STREAMS", "6"),
+            ("WARDEN_REQUEST_TIMEOUT_MS", "700"),
+            ("WARDEN_MAX_CONCURRENT_REQUESTS", "8"),
+        ]))
+        .unwrap();
+        assert!(c.secret_key.key().is_some());
+        assert!(!format!("{c:?}").contains(&hex));
+        assert_eq!(
+            c.quotas,
+            Quotas {
+                tenant_max_running: 3,
+                max_tool_calls_per_step: 2,
+                workspace_max_bytes: 4096,
+                workspace_max_files: 5,
+                tenant_max_streams: 6,
+                request_timeout: Duration::from_millis(700),
+                max_concurrent_requests: 8,
+            }
+        );
+        // A key of the wrong length stops start-up, naming the variable, never the value.
+        for bad in ["abcd".repeat(15), "ab".repeat(33), "c2hvcnQ=".into()] {
+            let err = Config::from_vars(&vars(&[("WARDEN_SECRET_KEY", bad.as_str())]))
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains("WARDEN_SECRET_KEY") && err.contains("256-bit") && !err.contains(&bad),
+                "{err}"
+            );
+        }
+        for var in [
+            "WARDEN_TENANT_MAX_RUNNING",
+            "WARDEN_MAX_TOOL_CALLS_PER_STEP",
+            "WARDEN_WORKSPACE_MAX_FILES",
+            "WARDEN_TENANT_MAX_STREAMS",
+            "WARDEN_MAX_CONCURRENT_REQUESTS",
+        ] {
+            let err = Config::from_vars(&vars(&[(var, "0")])).unwrap_err();
+            assert!(err.to_string().contains(var), "{err}");
+        }
     }
 
     #[test]

@@ -322,6 +322,16 @@ pub enum SessionEvent {
         /// Size of the memory carried into it.
         memory_chars: usize,
     },
+    /// The model asked for more tool calls in one answer than
+    /// `WARDEN_MAX_TOOL_CALLS_PER_STEP` allows; the rest got an error result.
+    ToolCallsLimited {
+        /// Tool calls the answer asked for.
+        requested: usize,
+        /// Tool calls executed (the first ones).
+        executed: usize,
+        /// The limit.
+        limit: usize,
+    },
     /// Summarising a cycle failed; retried after the next step.
     CycleSummaryFailed {
         /// The cycle.
@@ -361,6 +371,7 @@ impl SessionEvent {
             SessionEvent::ContextWrapUp { .. } => "context_wrap_up",
             SessionEvent::CycleStarted { .. } => "cycle_started",
             SessionEvent::CycleSummaryFailed { .. } => "cycle_summary_failed",
+            SessionEvent::ToolCallsLimited { .. } => "tool_calls_limited",
         }
     }
 

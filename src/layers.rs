@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 const LAYERS: &[(&str, u8)] = &[
     ("policy", 0),
     ("egress", 0),
+    ("secrets", 0),
     ("event", 1),
     ("llm", 1),
     ("metrics", 1),

@@ -14,6 +14,7 @@ mod layers;
 pub mod llm;
 pub mod metrics;
 pub mod policy;
+pub mod secrets;
 pub mod session;
 pub mod store;
 
@@ -57,6 +58,9 @@ or set WARDEN_AUTH=off to serve everyone who can reach the port"
     /// Keys could not be read at start.
     #[error("cannot read API keys: {0}")]
     Auth(#[from] auth::AuthError),
+    /// The secret key could not be loaded, or sessions' plaintext keys not sealed.
+    #[error("secrets at rest: {0}")]
+    Secrets(String),
     /// The runtime for the session loops could not be started.
     #[error("cannot start the session runtime: {0}")]
     Runtime(std::io::Error),
@@ -166,7 +170,11 @@ impl Application {
 
     /// Builds on an existing store: binds the listener, rescues orphaned
     /// sessions, and starts serving.
-    pub async fn build_with_store(config: Config, store: Store) -> Result<Application, AppError> {
+    pub async fn build_with_store(
+        mut config: Config,
+        store: Store,
+    ) -> Result<Application, AppError> {
+        load_secret_key(&mut config, &store).await?;
         let config = Arc::new(config);
         let auth = auth::Authenticator::new(
             store.clone(),
@@ -232,8 +240,13 @@ impl Application {
                 service,
                 metrics,
                 auth,
+                streams: http::stream::StreamSlots::new(config.quotas.tenant_max_streams),
             },
             config.max_body_bytes,
+            http::RequestLimits::new(
+                config.quotas.request_timeout,
+                config.quotas.max_concurrent_requests,
+            ),
         );
         let stop_serving = CancellationToken::new();
         let graceful = stop_serving.clone();
@@ -307,6 +320,44 @@ impl Application {
             task.abort();
         }
     }
+}
+
+/// Loads the key sealing sessions' secrets (generating its file on first
+/// start), then seals any plaintext key an earlier version stored. The log
+/// says where the key is and its public id, never the key.
+async fn load_secret_key(config: &mut Config, store: &Store) -> Result<(), AppError> {
+    let key = match &config.secret_key {
+        config::SecretKeySource::Key(key) => {
+            tracing::info!(key_id = key.id(), "secret key from WARDEN_SECRET_KEY");
+            key.clone()
+        }
+        config::SecretKeySource::File(path) => {
+            let (key, created) = secrets::SecretKey::load_or_create(path)
+                .map_err(|e| AppError::Secrets(e.to_string()))?;
+            if created {
+                tracing::warn!(
+                    path = %path.display(),
+                    key_id = key.id(),
+                    "generated a secret key for sessions' API keys and saved it (mode 0600); \
+                keep it and back it up, or set WARDEN_SECRET_KEY: without it, sessions' own API keys cannot be read"
+                );
+            } else {
+                tracing::info!(path = %path.display(), key_id = key.id(), "secret key read from its file");
+            }
+            key
+        }
+    };
+    let moved = session::seal_plaintext_keys(store, &key)
+        .await
+        .map_err(|e| AppError::Secrets(format!("cannot seal stored plaintext keys: {e}")))?;
+    if moved > 0 {
+        tracing::info!(
+            sessions = moved,
+            "sealed API keys stored in plaintext by an earlier version"
+        );
+    }
+    config.secret_key = config::SecretKeySource::Key(key);
+    Ok(())
 }
 
 /// Resolves on SIGINT or SIGTERM.

@@ -168,6 +168,8 @@ pub struct LlmExecutor {
     temperature: Option<f64>,
     workspace: Workspace,
     max_file_bytes: u64,
+    /// `WARDEN_MAX_TOOL_CALLS_PER_STEP`: calls of one answer that run.
+    max_tool_calls: usize,
     journal: Arc<dyn ToolJournal>,
     tasks: Arc<dyn TaskQueue>,
     transcript: VecDeque<Vec<Message>>,
@@ -237,6 +239,7 @@ impl LlmExecutor {
             temperature,
             workspace,
             max_file_bytes: deps.max_file_bytes,
+            max_tool_calls: deps.max_tool_calls_per_step.max(1),
             journal: deps.journal,
             tasks: deps.tasks,
             transcript: kept,
@@ -575,8 +578,20 @@ impl LlmExecutor {
         let mut events = Vec::new();
         let mut signal = None;
         let mut failed = Vec::new();
+        let executed = calls.len().min(self.max_tool_calls);
+        if executed < calls.len() {
+            events.push(SessionEvent::ToolCallsLimited {
+                requested: calls.len(),
+                executed,
+                limit: self.max_tool_calls,
+            });
+        }
         for (index, call) in calls.iter().enumerate() {
-            let outcome = self.run_tool(ctx.iteration, index as u32, call).await;
+            let outcome = if index < executed {
+                self.run_tool(ctx.iteration, index as u32, call).await
+            } else {
+                ToolOutcome::error(over_tool_call_limit(self.max_tool_calls))
+            };
             observations.push(format!("{}: {}", call.function.name, outcome.content));
             step_messages.push(Message::tool_result(&call.id, outcome.content.clone()));
             if outcome.failed {
@@ -664,7 +679,7 @@ impl LlmExecutor {
             message: message_text,
             error: (!failed.is_empty()).then(|| failed.join("; ")),
             tokens,
-            tool_calls: calls.len() as u64,
+            tool_calls: executed as u64,
             files_written: files,
             waiting: false,
             percent_complete: None,
@@ -676,6 +691,15 @@ impl LlmExecutor {
             model_latency: Some(called.elapsed()),
         })))
     }
+}
+
+/// The result a tool call beyond the per-step limit gets, so the model
+/// learns the limit instead of seeing its calls vanish.
+fn over_tool_call_limit(limit: usize) -> String {
+    format!(
+        "not executed: at most {limit} tool calls of one answer run (WARDEN_MAX_TOOL_CALLS_PER_STEP); \
+make the remaining calls in your next answer"
+    )
 }
 
 impl Executor for LlmExecutor {

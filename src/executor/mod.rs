@@ -214,9 +214,11 @@ pub enum ExecutorSpec {
         /// Base URL up to `/v1` (default `WARDEN_LLM_BASE_URL`).
         #[serde(default)]
         base_url: Option<String>,
-        /// API key for that endpoint (default `WARDEN_LLM_API_KEY`); never shown back.
+        /// API key for that endpoint (default `WARDEN_LLM_API_KEY`); stored
+        /// encrypted apart from the session, never shown back.
         #[serde(default)]
-        api_key: Option<String>,
+        #[schema(value_type = Option<String>)]
+        api_key: Option<ApiKey>,
         /// Timeout of one model call in ms (default `WARDEN_LLM_TIMEOUT_MS`).
         #[serde(default)]
         timeout_ms: Option<u64>,
@@ -236,6 +238,30 @@ pub enum ExecutorSpec {
         #[serde(default)]
         timeout_ms: Option<u64>,
     },
+}
+
+/// A session's own model API key: its `Debug` never shows it, and it is
+/// taken out of the spec before the spec is stored (see [`ExecutorSpec::take_api_key`]).
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct ApiKey(String);
+
+impl ApiKey {
+    /// Wraps a key.
+    pub fn new(key: impl Into<String>) -> ApiKey {
+        ApiKey(key.into())
+    }
+
+    /// The key itself, for sealing and for the one request header it goes in.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for ApiKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ApiKey(<redacted>)")
+    }
 }
 
 /// Most scripted steps one session may carry.
@@ -266,6 +292,12 @@ pub struct ExecutorDeps {
     pub workspace_root: PathBuf,
     /// Largest file a tool may read or write.
     pub max_file_bytes: u64,
+    /// Tool calls of one model answer that are executed.
+    pub max_tool_calls_per_step: usize,
+    /// Most bytes of files in the session's workspace.
+    pub workspace_max_bytes: u64,
+    /// Most files in the session's workspace.
+    pub workspace_max_files: u64,
     /// The tool-call journal of this session.
     pub journal: Arc<dyn ToolJournal>,
     /// The conversation of the current cycle, one entry per committed step.
@@ -380,12 +412,15 @@ impl ExecutorSpec {
                     base_url: endpoint.base_url.clone(),
                     // The server's own key goes only to the server's own
                     // endpoint; a session naming another brings its own.
-                    api_key: api_key.clone().or_else(|| {
-                        endpoint
-                            .is_operators
-                            .then(|| defaults.as_ref().and_then(|d| d.api_key.clone()))
-                            .flatten()
-                    }),
+                    api_key: api_key
+                        .as_ref()
+                        .map(|k| k.expose().to_string())
+                        .or_else(|| {
+                            endpoint
+                                .is_operators
+                                .then(|| defaults.as_ref().and_then(|d| d.api_key.clone()))
+                                .flatten()
+                        }),
                     // The environment's policy, whichever endpoint; a
                     // session's own timeout overrides only the timeout.
                     timeout: timeout_ms
@@ -404,7 +439,8 @@ impl ExecutorSpec {
                     LlmClient::with_http(settings, http, deps.egress.max_response_bytes())
                 };
                 let workspace = workspace::Workspace::open(&deps.workspace_root, deps.session_id)
-                    .map_err(|e| format!("cannot open the session workspace: {e}"))?;
+                    .map_err(|e| format!("cannot open the session workspace: {e}"))?
+                    .with_quota(deps.workspace_max_bytes, deps.workspace_max_files);
                 Ok(Box::new(LlmExecutor::new(
                     client,
                     model,
@@ -448,6 +484,26 @@ impl ExecutorSpec {
             .vet_url(url)
             .await
             .map_err(|e| format!("{field} {e}"))
+    }
+
+    /// Takes the session's own API key out of the spec (it is stored
+    /// sealed, apart from the spec).
+    pub fn take_api_key(&mut self) -> Option<ApiKey> {
+        match self {
+            ExecutorSpec::Llm { api_key, .. } => api_key.take(),
+            _ => None,
+        }
+    }
+
+    /// Puts a key read back from its sealed store into the spec (model
+    /// executors only; a key already in the spec wins).
+    pub fn with_api_key(mut self, key: ApiKey) -> ExecutorSpec {
+        if let ExecutorSpec::Llm { api_key, .. } = &mut self
+            && api_key.is_none()
+        {
+            *api_key = Some(key);
+        }
+        self
     }
 
     /// The spec as shown to clients: secrets removed, URLs without

@@ -29,6 +29,9 @@ pub enum ToolError {
         /// The limit.
         limit: u64,
     },
+    /// The write would take the workspace over one of its quotas.
+    #[error("workspace quota: {0}")]
+    Quota(String),
     /// Bad or missing arguments.
     #[error("invalid arguments: {0}")]
     Arguments(String),
@@ -47,6 +50,19 @@ impl From<io::Error> for ToolError {
 #[derive(Debug, Clone)]
 pub struct Workspace {
     root: PathBuf,
+    /// Most bytes of files (`WARDEN_WORKSPACE_MAX_BYTES`).
+    max_bytes: u64,
+    /// Most files (`WARDEN_WORKSPACE_MAX_FILES`).
+    max_files: u64,
+}
+
+/// What a workspace holds: bytes and files.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Usage {
+    /// Bytes of regular files.
+    pub bytes: u64,
+    /// Regular files.
+    pub files: u64,
 }
 
 /// A stable 64-bit FNV-1a digest, hex: stored with file writes to spot a
@@ -67,7 +83,65 @@ impl Workspace {
         fs::create_dir_all(&dir)?;
         Ok(Workspace {
             root: dir.canonicalize()?,
+            max_bytes: u64::MAX,
+            max_files: u64::MAX,
         })
+    }
+
+    /// The same workspace held to `max_bytes` of files and `max_files` files.
+    pub fn with_quota(mut self, max_bytes: u64, max_files: u64) -> Workspace {
+        self.max_bytes = max_bytes;
+        self.max_files = max_files;
+        self
+    }
+
+    /// Bytes and files in the workspace now (symlinks are not followed).
+    pub fn usage(&self) -> Result<Usage, ToolError> {
+        let mut usage = Usage::default();
+        let mut dirs = vec![self.root.clone()];
+        while let Some(dir) = dirs.pop() {
+            for entry in fs::read_dir(&dir)? {
+                let entry = entry?;
+                let kind = entry.file_type()?;
+                if kind.is_dir() {
+                    dirs.push(entry.path());
+                } else if kind.is_file() {
+                    usage.files += 1;
+                    usage.bytes += entry.metadata()?.len();
+                }
+            }
+        }
+        Ok(usage)
+    }
+
+    /// Refuses a write of `size` bytes to `path` (replacing what is there)
+    /// that would take the workspace over its quotas.
+    fn check_quota(&self, path: &Path, size: u64) -> Result<(), ToolError> {
+        if self.max_bytes == u64::MAX && self.max_files == u64::MAX {
+            return Ok(());
+        }
+        let usage = self.usage()?;
+        let replaced = fs::symlink_metadata(path)
+            .ok()
+            .filter(|m| m.is_file())
+            .map(|m| m.len());
+        let files = usage.files + u64::from(replaced.is_none());
+        let bytes = usage.bytes - replaced.unwrap_or(0).min(usage.bytes) + size;
+        if files > self.max_files {
+            return Err(ToolError::Quota(format!(
+                "the workspace already holds {} files, the most WARDEN_WORKSPACE_MAX_FILES={} allows; \
+overwrite or reuse an existing file",
+                usage.files, self.max_files
+            )));
+        }
+        if bytes > self.max_bytes {
+            return Err(ToolError::Quota(format!(
+                "writing {size} bytes would bring the workspace to {bytes} bytes, over \
+WARDEN_WORKSPACE_MAX_BYTES={}; write less or overwrite a large file",
+                self.max_bytes
+            )));
+        }
+        Ok(())
     }
 
     /// The workspace directory.
@@ -139,6 +213,8 @@ impl Workspace {
                 "{relative:?} is a symlink or directory; refusing to overwrite it"
             )));
         }
+        // Before anything is created, so a refused write leaves nothing behind.
+        self.check_quota(&path, size)?;
         if let Some(parent) = path.parent() {
             fs::create_dir_all(parent)?;
             // Re-check after creating directories: a racing symlink must not lead out.
@@ -147,7 +223,17 @@ impl Workspace {
                 return Err(ToolError::Escape(relative.to_string()));
             }
         }
-        fs::write(&path, content)?;
+        // Through a temporary file and a rename: a failed write (a full
+        // disk) leaves the old content, never half of the new one.
+        let tmp = path.with_file_name(format!(
+            ".{}.warden-tmp",
+            path.file_name()
+                .map_or_else(String::new, |n| n.to_string_lossy().to_string())
+        ));
+        if let Err(err) = fs::write(&tmp, content).and_then(|()| fs::rename(&tmp, &path)) {
+            let _ = fs::remove_file(&tmp);
+            return Err(err.into());
+        }
         Ok(FileWrite {
             path: relative.trim().trim_start_matches("./").to_string(),
             digest: digest(content.as_bytes()),
@@ -212,6 +298,62 @@ mod tests {
                 let _ = std::fs::remove_dir_all(&self.0);
             }
         }
+    }
+
+    #[test]
+    fn writes_over_the_workspace_quotas_fail_naming_them_and_leave_nothing() {
+        let (ws, _dir) = quota_workspace(100, 3);
+        ws.write("a.txt", &"a".repeat(40), 1_000).unwrap();
+        ws.write("d/b.txt", &"b".repeat(40), 1_000).unwrap();
+        // Bytes: 80 used, 30 more would be 110 > 100.
+        let err = ws.write("c.txt", &"c".repeat(30), 1_000).unwrap_err();
+        assert!(matches!(err, ToolError::Quota(_)), "{err}");
+        assert!(
+            err.to_string().contains("WARDEN_WORKSPACE_MAX_BYTES"),
+            "{err}"
+        );
+        assert!(!ws.has_file("c.txt"));
+        let err = ws
+            .write("new/dir/c.txt", &"c".repeat(30), 1_000)
+            .unwrap_err();
+        assert!(matches!(err, ToolError::Quota(_)));
+        assert!(!ws.root().join("new").exists(), "no directory left behind");
+        // Overwriting counts the replaced file out: 40 + 60 = 100 fits.
+        ws.write("a.txt", &"a".repeat(60), 1_000).unwrap();
+        assert_eq!(
+            ws.usage().unwrap(),
+            Usage {
+                bytes: 100,
+                files: 2
+            }
+        );
+        ws.write("a.txt", "x", 1_000).unwrap();
+        ws.write("c.txt", "c", 1_000).unwrap();
+        // Files: 3 held, a fourth is refused; an overwrite is fine.
+        let err = ws.write("e.txt", "e", 1_000).unwrap_err();
+        assert!(
+            err.to_string().contains("WARDEN_WORKSPACE_MAX_FILES"),
+            "{err}"
+        );
+        assert!(!ws.has_file("e.txt"));
+        ws.write("c.txt", "cc", 1_000).unwrap();
+        assert_eq!(
+            ws.usage().unwrap(),
+            Usage {
+                bytes: 43,
+                files: 3
+            }
+        );
+        // No temporary file is left either.
+        assert_eq!(ws.list("").unwrap(), vec!["a.txt", "c.txt", "d/"]);
+    }
+
+    fn quota_workspace(bytes: u64, files: u64) -> (Workspace, PathBuf) {
+        let base = std::env::temp_dir().join(format!("warden-ws-quota-{}", Uuid::new_v4()));
+        let ws = Workspace::open(&base, Uuid::new_v4())
+            .unwrap()
+            .with_quota(bytes, files);
+        (ws, base)
     }
 
     #[test]

@@ -100,7 +100,10 @@ impl IntoResponse for ApiError {
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/problem+json"),
         );
-        if self.code == "database_unavailable" {
+        if matches!(
+            self.code,
+            "database_unavailable" | "overloaded" | "request_timeout"
+        ) {
             // An outage is usually short: tell clients when to come back.
             response
                 .headers_mut()
@@ -132,6 +135,10 @@ impl From<ServiceError> for ApiError {
                 tracing::error!(%detail, "service unavailable");
                 ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", detail)
             }
+            ServiceError::Quota { code, detail } => {
+                ApiError::new(StatusCode::TOO_MANY_REQUESTS, code, detail)
+            }
+            ServiceError::Secret(_) => ApiError::internal(&err),
             ServiceError::Store(store) => ApiError::from(store),
         }
     }

@@ -32,6 +32,74 @@ pub struct AppState {
     pub metrics: std::sync::Arc<crate::metrics::Metrics>,
     /// Who may call what.
     pub auth: crate::auth::Authenticator,
+    /// Live-stream slots per tenant.
+    pub streams: stream::StreamSlots,
+}
+
+/// The request timeout and the global concurrency limit
+/// (`WARDEN_REQUEST_TIMEOUT_MS`, `WARDEN_MAX_CONCURRENT_REQUESTS`).
+#[derive(Clone)]
+pub struct RequestLimits {
+    timeout: Duration,
+    permits: std::sync::Arc<tokio::sync::Semaphore>,
+    max: usize,
+}
+
+impl RequestLimits {
+    /// At most `max` requests at once, each for at most `timeout`.
+    pub fn new(timeout: Duration, max: usize) -> RequestLimits {
+        RequestLimits {
+            timeout,
+            permits: std::sync::Arc::new(tokio::sync::Semaphore::new(max)),
+            max,
+        }
+    }
+}
+
+/// Whether a request is exempt from the timeout and the concurrency limit:
+/// the probes (they must answer under load) and live streams (they are
+/// meant to last; their own quota is per tenant).
+fn unlimited(req: &Request<axum::body::Body>) -> bool {
+    matches!(req.uri().path(), "/healthz" | "/readyz")
+        || req.uri().path() == "/api/autonomous/events"
+        || stream::wants_stream(req.headers())
+}
+
+/// Sheds load rather than queueing it: a request over the concurrency
+/// limit is answered 503 at once, and one that runs past the timeout is
+/// cancelled (its transaction rolls back) and answered 503.
+async fn request_limits(
+    axum::extract::State(limits): axum::extract::State<RequestLimits>,
+    req: Request<axum::body::Body>,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    if unlimited(&req) {
+        return next.run(req).await;
+    }
+    let Ok(_permit) = limits.permits.clone().try_acquire_owned() else {
+        return ApiError::new(
+            axum::http::StatusCode::SERVICE_UNAVAILABLE,
+            "overloaded",
+            format!(
+                "{} requests are in progress, the most WARDEN_MAX_CONCURRENT_REQUESTS allows; retry shortly",
+                limits.max
+            ),
+        )
+        .into_response();
+    };
+    match tokio::time::timeout(limits.timeout, next.run(req)).await {
+        Ok(response) => response,
+        Err(_) => ApiError::new(
+            axum::http::StatusCode::SERVICE_UNAVAILABLE,
+            "request_timeout",
+            format!(
+                "the request took longer than WARDEN_REQUEST_TIMEOUT_MS={} and was cancelled; retry shortly",
+                limits.timeout.as_millis()
+            ),
+        )
+        .into_response(),
+    }
 }
 
 fn panic_response(_: Box<dyn std::any::Any + Send + 'static>) -> axum::response::Response {
@@ -46,7 +114,7 @@ fn panic_response(_: Box<dyn std::any::Any + Send + 'static>) -> axum::response:
 }
 
 /// The whole application router.
-pub fn router(state: AppState, max_body_bytes: usize) -> Router {
+pub fn router(state: AppState, max_body_bytes: usize, limits: RequestLimits) -> Router {
     let api =
         sessions::router().method_not_allowed_fallback(|| async { ApiError::method_not_allowed() });
     let keys =
@@ -68,6 +136,10 @@ pub fn router(state: AppState, max_body_bytes: usize) -> Router {
         .with_state(state)
         .layer(DefaultBodyLimit::max(max_body_bytes))
         .layer(axum::Extension(extract::BodyLimit(max_body_bytes)))
+        .layer(axum::middleware::from_fn_with_state(
+            limits,
+            request_limits,
+        ))
         .layer(CatchPanicLayer::custom(panic_response))
         .layer(
             TraceLayer::new_for_http().make_span_with(|req: &Request<_>| {

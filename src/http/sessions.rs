@@ -99,6 +99,7 @@ fn decode_cursor(raw: &str) -> ApiResult<SessionCursor> {
         (status = 413, description = "Body too large", body = Problem, content_type = "application/problem+json"),
         (status = 415, description = "Not JSON", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Unknown field, wrong type or out-of-range limit", body = Problem, content_type = "application/problem+json"),
+        (status = 429, description = "The tenant has WARDEN_TENANT_MAX_RUNNING active sessions (`tenant_running_limit`)", body = Problem, content_type = "application/problem+json"),
     )
 )]
 pub async fn create_session(
@@ -227,6 +228,7 @@ pub async fn pause_session(
         (status = 404, description = "No such session", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "Not resumable, or a budget is exhausted and must be raised", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Invalid guidance or limits", body = Problem, content_type = "application/problem+json"),
+        (status = 429, description = "The tenant has WARDEN_TENANT_MAX_RUNNING active sessions (`tenant_running_limit`)", body = Problem, content_type = "application/problem+json"),
     )
 )]
 pub async fn resume_session(
@@ -335,10 +337,12 @@ live stream: Server-Sent Events whose `event` is the event kind, `id` the sequen
         )),
         (status = 400, description = "Bad limit, or a negative Last-Event-ID", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such session", body = Problem, content_type = "application/problem+json"),
+        (status = 429, description = "The tenant has WARDEN_TENANT_MAX_STREAMS live streams open (`stream_limit`)", body = Problem, content_type = "application/problem+json"),
     )
 )]
 pub async fn list_events(
     State(state): State<AppState>,
+    Extension(caller): Extension<Principal>,
     ApiPath(id): ApiPath<Uuid>,
     headers: HeaderMap,
     ApiQuery(q): ApiQuery<AfterPage>,
@@ -352,7 +356,8 @@ pub async fn list_events(
                 "Last-Event-ID must be an event sequence number (0 or more), got {after}"
             )));
         }
-        return Ok(stream::session_events(reads, id, after));
+        let slot = state.streams.acquire(&caller.tenant)?;
+        return Ok(stream::session_events(reads, id, after, slot));
     }
     let limit = page_limit(q.limit, 100, MAX_PAGE_LIMIT)?;
     let rows = reads.events(id, q.after.unwrap_or(0), limit).await?;
@@ -369,6 +374,7 @@ pub async fn list_events(
             content((String = "text/event-stream"))),
         (status = 400, description = "Last-Event-ID is not an id of this stream", body = Problem, content_type = "application/problem+json"),
         (status = 406, description = "The request accepts no `text/event-stream`", body = Problem, content_type = "application/problem+json"),
+        (status = 429, description = "The tenant has WARDEN_TENANT_MAX_STREAMS live streams open (`stream_limit`)", body = Problem, content_type = "application/problem+json"),
     )
 )]
 pub async fn session_changes(
@@ -399,10 +405,12 @@ pub async fn session_changes(
                 ))
             })?,
     };
+    let slot = state.streams.acquire(&caller.tenant)?;
     Ok(stream::session_changes(
         state.service.reads().clone(),
         since,
         caller.scope,
+        slot,
     ))
 }
 

@@ -21,6 +21,73 @@ use super::views::{EventView, SessionView};
 use crate::policy::lifecycle::Status;
 use crate::session::{LoggedEvent, SessionReads};
 
+/// Live-stream connections per tenant (`WARDEN_TENANT_MAX_STREAMS`): a
+/// slot is taken when a stream starts and given back when its response
+/// body is dropped, that is when the client goes away.
+#[derive(Clone)]
+pub struct StreamSlots {
+    max: usize,
+    open: std::sync::Arc<std::sync::Mutex<HashMap<String, usize>>>,
+}
+
+/// One open stream's hold on its tenant's slots.
+pub struct StreamSlot {
+    tenant: String,
+    open: std::sync::Arc<std::sync::Mutex<HashMap<String, usize>>>,
+}
+
+impl StreamSlots {
+    /// At most `max` open streams per tenant.
+    pub fn new(max: usize) -> StreamSlots {
+        StreamSlots {
+            max,
+            open: Default::default(),
+        }
+    }
+
+    /// A slot for one more stream of `tenant`, or the 429 that says the limit.
+    pub fn acquire(&self, tenant: &str) -> Result<StreamSlot, super::error::ApiError> {
+        let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
+        let count = open.entry(tenant.to_string()).or_insert(0);
+        if *count >= self.max {
+            return Err(super::error::ApiError::new(
+                axum::http::StatusCode::TOO_MANY_REQUESTS,
+                "stream_limit",
+                format!(
+                    "tenant {tenant:?} already has {} live streams open, the most WARDEN_TENANT_MAX_STREAMS={} allows; close one first",
+                    *count, self.max
+                ),
+            ));
+        }
+        *count += 1;
+        Ok(StreamSlot {
+            tenant: tenant.to_string(),
+            open: self.open.clone(),
+        })
+    }
+}
+
+impl Drop for StreamSlot {
+    fn drop(&mut self) {
+        let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(count) = open.get_mut(&self.tenant) {
+            *count = count.saturating_sub(1);
+            if *count == 0 {
+                open.remove(&self.tenant);
+            }
+        }
+    }
+}
+
+/// Holds `slot` for as long as the stream lives.
+fn holding<S: Stream>(stream: S, slot: StreamSlot) -> impl Stream<Item = S::Item> {
+    use futures::StreamExt;
+    stream.map(move |item| {
+        let _held = &slot;
+        item
+    })
+}
+
 /// How often a stream re-reads Postgres without an announcement.
 const POLL: Duration = Duration::from_millis(500);
 /// Events read per query.
@@ -130,8 +197,8 @@ fn session_stream(
 }
 
 /// The SSE response for one session's log after `after`.
-pub fn session_events(store: SessionReads, id: Uuid, after: i64) -> Response {
-    Sse::new(session_stream(store, id, after))
+pub fn session_events(store: SessionReads, id: Uuid, after: i64, slot: StreamSlot) -> Response {
+    Sse::new(holding(session_stream(store, id, after), slot))
         .keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
         .into_response()
 }
@@ -206,8 +273,9 @@ pub fn session_changes(
     store: SessionReads,
     since: DateTime<Utc>,
     tenant: Option<String>,
+    slot: StreamSlot,
 ) -> Response {
-    Sse::new(list_stream(store, since, tenant))
+    Sse::new(holding(list_stream(store, since, tenant), slot))
         .keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
         .into_response()
 }

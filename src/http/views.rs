@@ -172,11 +172,12 @@ impl From<SessionRecord> for SessionView {
             .unwrap_or("unknown")
             .to_string();
         let executor = ExecutorSummary {
-            steps: s
-                .executor
-                .get("steps")
-                .and_then(|v| v.as_array())
-                .map(Vec::len),
+            // An array in a full record, a count in a listed one.
+            steps: s.executor.get("steps").and_then(|v| {
+                v.as_array()
+                    .map(Vec::len)
+                    .or_else(|| v.as_u64().and_then(|n| usize::try_from(n).ok()))
+            }),
             repeat: s.executor.get("repeat").and_then(|v| v.as_bool()),
             model: s
                 .executor

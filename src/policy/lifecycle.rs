@@ -109,11 +109,14 @@ pub enum Reason {
     CycleLimit,
     /// At the progress rate so far, finishing would need far more tokens than are left.
     BudgetProjectedOverrun,
+    /// The session's own secret (its `api_key`) cannot be decrypted with the
+    /// configured secret key (`WARDEN_SECRET_KEY`).
+    SecretUnreadable,
 }
 
 impl Reason {
     /// Every reason.
-    pub const ALL: [Reason; 21] = [
+    pub const ALL: [Reason; 22] = [
         Reason::GoalAchieved,
         Reason::AgentBlocked,
         Reason::AskUser,
@@ -135,6 +138,7 @@ impl Reason {
         Reason::ReflectionFailed,
         Reason::CycleLimit,
         Reason::BudgetProjectedOverrun,
+        Reason::SecretUnreadable,
     ];
 
     /// The snake_case name stored in Postgres and shown in JSON.
@@ -161,6 +165,7 @@ impl Reason {
             Reason::ReflectionFailed => "reflection_failed",
             Reason::CycleLimit => "cycle_limit",
             Reason::BudgetProjectedOverrun => "budget_projected_overrun",
+            Reason::SecretUnreadable => "secret_unreadable",
         }
     }
 
@@ -192,7 +197,7 @@ impl Reason {
             | Reason::ExecutorExhausted
             | Reason::CycleLimit => Status::Stopped,
             Reason::UserStop => Status::Interrupted,
-            Reason::InternalError => Status::Failed,
+            Reason::InternalError | Reason::SecretUnreadable => Status::Failed,
         }
     }
 }
@@ -410,6 +415,7 @@ mod tests {
         }
         expect(UserStop, Status::Interrupted);
         expect(InternalError, Status::Failed);
+        expect(SecretUnreadable, Status::Failed);
     }
 
     #[test]

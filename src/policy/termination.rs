@@ -193,6 +193,16 @@ pub fn record(reason: Reason, facts: Facts<'_>) -> Termination {
             with_detail(format!("Failed on an internal error {ran}"), facts.detail),
             vec![format!("{resume} to retry from the last checkpoint")],
         ),
+        Reason::SecretUnreadable => (
+            with_detail(
+                format!("Failed: the session's api_key cannot be decrypted with the configured secret key {ran}"),
+                facts.detail,
+            ),
+            vec![
+                "Start Warden with the WARDEN_SECRET_KEY (or WARDEN_SECRET_KEY_FILE) the session was created under".into(),
+                format!("{resume} once it is back"),
+            ],
+        ),
     };
     Termination {
         status: reason.status(),

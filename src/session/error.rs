@@ -35,6 +35,17 @@ pub enum ServiceError {
     /// server-side decision no schema can express, so not a 422.
     #[error("{0}")]
     EgressDenied(String),
+    /// A quota would be exceeded (issue 15, item 7); `code` names it.
+    #[error("{detail}")]
+    Quota {
+        /// Stable code, e.g. `tenant_running_limit`.
+        code: &'static str,
+        /// What the limit is and which setting raises it.
+        detail: String,
+    },
+    /// A session's sealed secret could not be sealed or opened.
+    #[error(transparent)]
+    Secret(#[from] crate::secrets::SecretsError),
     /// Storage failed.
     #[error(transparent)]
     Store(#[from] StoreError),

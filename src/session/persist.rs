@@ -7,6 +7,10 @@ use std::time::Duration;
 use serde_json::Value;
 use uuid::Uuid;
 
+use sqlx::PgConnection;
+
+use super::ServiceError;
+use crate::secrets::Sealed;
 use crate::store::{self, Lease, NewEvent, NewSession, SessionRecord, Store, StoreError};
 
 /// The first refinement of a goal refined before the session started.
@@ -25,9 +29,15 @@ pub async fn create_session(
     lease_ttl: Duration,
     events: &[NewEvent],
     refinement: Option<FirstRefinement<'_>>,
-) -> Result<(SessionRecord, Option<Lease>), StoreError> {
+    api_key: Option<&Sealed>,
+    tenant_max_running: i64,
+) -> Result<(SessionRecord, Option<Lease>), ServiceError> {
     let mut tx = store.begin().await?;
+    check_tenant_room(&mut tx, &new.tenant, tenant_max_running).await?;
     let lease = store::insert_session(&mut tx, new, owner, lease_ttl).await?;
+    if let Some(sealed) = api_key {
+        store::insert_secret(&mut tx, new.id, crate::secrets::API_KEY, sealed).await?;
+    }
     store::append_events(&mut tx, new.id, events).await?;
     if let Some(r) = refinement {
         store::insert_refinement(&mut tx, new.id, "auto", r.from, &new.goal, r.proposal).await?;
@@ -38,9 +48,51 @@ pub async fn create_session(
             id: new.id,
             detail: "session vanished right after insert".into(),
         })?;
-    tx.commit().await?;
+    tx.commit().await.map_err(StoreError::from)?;
     store.announce(new.id);
     Ok((record, lease))
+}
+
+/// Moves every plaintext `api_key` earlier versions left in sessions'
+/// executor JSON into `session_secrets`, sealed under `key`; returns how
+/// many. Run at start, before any loop is rebuilt.
+pub async fn seal_plaintext_keys(
+    store: &Store,
+    key: &crate::secrets::SecretKey,
+) -> Result<usize, ServiceError> {
+    let mut moved = 0;
+    loop {
+        let batch = store.plaintext_keys(100).await?;
+        if batch.is_empty() {
+            return Ok(moved);
+        }
+        for found in batch {
+            let sealed = key.seal(found.session_id, crate::secrets::API_KEY, &found.api_key)?;
+            store.seal_plaintext_key(found.session_id, &sealed).await?;
+            moved += 1;
+        }
+    }
+}
+
+/// Refuses one more active session of `tenant` when it has `max` already
+/// (`WARDEN_TENANT_MAX_RUNNING`). Holds the tenant's quota lock until the
+/// caller's transaction ends, so concurrent creates are counted one by one.
+pub async fn check_tenant_room(
+    conn: &mut PgConnection,
+    tenant: &str,
+    max: i64,
+) -> Result<(), ServiceError> {
+    let active = store::quotas::lock_and_count_active(conn, tenant).await?;
+    if active >= max {
+        return Err(ServiceError::Quota {
+            code: "tenant_running_limit",
+            detail: format!(
+                "tenant {tenant:?} already has {active} active sessions (running or awaiting refinement), \
+the most WARDEN_TENANT_MAX_RUNNING={max} allows: stop or wait for one to end"
+            ),
+        });
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -84,6 +136,8 @@ mod tests {
                 from: "make it better",
                 proposal: &proposal,
             }),
+            None,
+            100,
         )
         .await
         .unwrap();
@@ -109,6 +163,8 @@ mod tests {
                 from: "bad\0goal",
                 proposal: &json!({}),
             }),
+            None,
+            100,
         )
         .await;
         assert!(result.is_err());

@@ -11,9 +11,10 @@ use super::error::{Result, ServiceError};
 use super::journal::{StoreJournal, StoreTaskQueue};
 use super::state::{AppliedReflection, LoopState, StepEffects};
 use crate::config::Config;
-use crate::executor::{Executor, ExecutorDeps, ExecutorSpec};
+use crate::executor::{ApiKey, Executor, ExecutorDeps, ExecutorSpec};
 use crate::llm::Message;
 use crate::policy::history::StepRecord;
+use crate::secrets::API_KEY;
 use crate::store::{self, Lease, RebuildInputs, SessionRecord, Store, StoreError};
 
 /// Loads a session and rebuilds its loop state from its latest checkpoint
@@ -74,11 +75,21 @@ pub async fn build_executor(
     session: &SessionRecord,
     lease: Lease,
 ) -> Result<Box<dyn Executor>> {
-    let spec: ExecutorSpec =
+    let mut spec: ExecutorSpec =
         serde_json::from_value(session.executor.clone()).map_err(|e| StoreError::Corrupt {
             id: session.id,
             detail: format!("executor: {e}"),
         })?;
+    if matches!(spec, ExecutorSpec::Llm { .. })
+        && let Some(sealed) = store.session_secret(session.id, API_KEY).await?
+    {
+        // A spec from before sealing may still carry its key: it wins (and
+        // is moved at the next start).
+        let key = config.secret_key.key().ok_or_else(|| {
+            ServiceError::Unavailable("the secret key (WARDEN_SECRET_KEY) is not loaded".into())
+        })?;
+        spec = spec.with_api_key(ApiKey::new(key.open(session.id, API_KEY, &sealed)?));
+    }
     let transcript = match spec {
         ExecutorSpec::Llm { .. } => store
             .transcript(session.id, 30)
@@ -97,6 +108,9 @@ pub async fn build_executor(
         llm_max_tokens: config.models.max_tokens_per_call,
         workspace_root: config.workspace_root.clone(),
         max_file_bytes: config.models.max_file_bytes,
+        max_tool_calls_per_step: config.quotas.max_tool_calls_per_step,
+        workspace_max_bytes: config.quotas.workspace_max_bytes,
+        workspace_max_files: config.quotas.workspace_max_files,
         journal: Arc::new(StoreJournal::new(store.clone(), lease)),
         transcript,
         tasks: Arc::new(StoreTaskQueue::new(store.clone(), lease)),

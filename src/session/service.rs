@@ -129,6 +129,8 @@ struct NewRequest {
     mode: Mode,
     limits: Limits,
     executor: serde_json::Value,
+    /// The session's own model API key, stored sealed apart from `executor`.
+    api_key: Option<crate::executor::ApiKey>,
     criteria: Vec<ChecklistItem>,
     milestones: Vec<ChecklistItem>,
     /// The model endpoint for refinement and checklists, when configured.
@@ -239,7 +241,10 @@ impl SessionService {
             checklist::from_texts("milestones", &req.milestones).map_err(ServiceError::Invalid)?;
         let mode = req.mode.unwrap_or(self.config.defaults.mode);
         let limits = self.config.defaults.limits_for(mode).apply(&req.limits)?;
-        let executor = serde_json::to_value(&req.executor)
+        // The key never enters the stored spec: it is sealed on its own.
+        let mut public_spec = req.executor.clone();
+        let api_key = public_spec.take_api_key();
+        let executor = serde_json::to_value(&public_spec)
             .map_err(|e| ServiceError::Invalid(format!("executor: {e}")))?;
         let planner = self.planner();
         if req.generate_criteria && planner.is_none() {
@@ -252,6 +257,7 @@ impl SessionService {
             mode,
             limits,
             executor,
+            api_key,
             criteria,
             milestones,
             planner,
@@ -363,6 +369,7 @@ impl SessionService {
             mode,
             limits,
             executor,
+            api_key,
             req,
             ..
         } = request;
@@ -387,8 +394,17 @@ impl SessionService {
             .as_ref()
             .map(|p| to_stored("refinement proposal", p))
             .transpose()?;
+        let id = Uuid::new_v4();
+        let sealed = match &api_key {
+            Some(key) => Some(self.sealing_key()?.seal(
+                id,
+                crate::secrets::API_KEY,
+                key.expose(),
+            )?),
+            None => None,
+        };
         let new = NewSession {
-            id: Uuid::new_v4(),
+            id,
             original_goal: (plan.goal != goal).then(|| goal.clone()),
             goal: plan.goal,
             mode,
@@ -405,15 +421,24 @@ impl SessionService {
             proposal: new.refinement.as_ref().unwrap_or(&serde_json::Value::Null),
         });
         let owner = (!plan.waits).then(|| self.supervisor.replica_id());
-        Ok(persist::create_session(
+        persist::create_session(
             &self.store,
             &new,
             owner,
             self.config.lease.ttl,
             &events::encode(&log)?,
             first_refinement,
+            sealed.as_ref(),
+            self.config.quotas.tenant_max_running,
         )
-        .await?)
+        .await
+    }
+
+    /// The key sessions' secrets are sealed with (loaded at start).
+    fn sealing_key(&self) -> Result<&crate::secrets::SecretKey> {
+        self.config.secret_key.key().ok_or_else(|| {
+            ServiceError::Unavailable("the secret key (WARDEN_SECRET_KEY) is not loaded".into())
+        })
     }
 
     /// Answers a refinement proposal and starts the session.
@@ -677,6 +702,10 @@ impl SessionService {
             .await?
             .ok_or(ServiceError::NotFound(id))?;
         lifecycle::check_resume(session.status, req.reopen)?;
+        if let Some(tenant) = store::quotas::tenant_of(&mut tx, id).await? {
+            persist::check_tenant_room(&mut tx, &tenant, self.config.quotas.tenant_max_running)
+                .await?;
+        }
         let new_goal = req.goal.as_deref().map(validate_goal).transpose()?;
         let limits = session.limits.apply(&req.limits)?;
         let usage = session.counters.usage();

@@ -140,7 +140,17 @@ impl Supervisor {
             ));
         }
         let config = &self.inner.config;
-        let executor = build_executor(&self.inner.store, config, session, lease).await?;
+        let executor = match build_executor(&self.inner.store, config, session, lease).await {
+            Ok(executor) => executor,
+            // Retrying cannot help: the key it was sealed under is not here.
+            Err(ServiceError::Secret(err)) => {
+                let error = err.to_string();
+                self.fail_now(lease, Reason::SecretUnreadable, &error, 0)
+                    .await;
+                return Ok(());
+            }
+            Err(err) => return Err(err),
+        };
         let clock = Arc::new(LeaseClock::new(
             acquired,
             config.lease.ttl,
@@ -274,8 +284,6 @@ impl Supervisor {
     /// Ends a session that failed `attempt.attempts` attempts in a row:
     /// `failed / internal_error`, with the last error in its record.
     async fn fail_attempts(&self, lease: Lease, attempt: &Attempt) {
-        let store = &self.inner.store;
-        let id = lease.session_id;
         let error = attempt
             .last_error
             .clone()
@@ -284,6 +292,15 @@ impl Supervisor {
             "gave up after {} failed attempts; last error: {error}",
             attempt.attempts
         );
+        self.fail_now(lease, Reason::InternalError, &error, attempt.attempts)
+            .await;
+    }
+
+    /// Ends a session this replica holds the lease of `failed` for `reason`,
+    /// with `error` in its record.
+    async fn fail_now(&self, lease: Lease, reason: Reason, error: &str, attempts: i32) {
+        let store = &self.inner.store;
+        let id = lease.session_id;
         let (usage, limits) = match store.session(id).await {
             Ok(Some(s)) => (s.counters.usage(), s.limits),
             Ok(None) => return,
@@ -293,14 +310,14 @@ impl Supervisor {
             }
         };
         let termination = termination::record(
-            Reason::InternalError,
+            reason,
             Facts {
                 usage: &usage,
                 limits: &limits,
-                detail: Some(&error),
+                detail: Some(error),
             },
         );
-        let event = SessionEvent::failed(&termination, &usage, &error, attempt.attempts);
+        let event = SessionEvent::failed(&termination, &usage, error, attempts);
         let events = match super::events::encode(&[event]) {
             Ok(events) => events,
             Err(e) => {
@@ -309,7 +326,7 @@ impl Supervisor {
             }
         };
         match store
-            .fail_session(&lease, &termination, &error, &events)
+            .fail_session(&lease, &termination, error, &events)
             .await
         {
             Ok(true) => {

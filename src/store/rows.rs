@@ -203,7 +203,7 @@ pub struct SessionRecord {
     pub eta_seconds: Option<f64>,
     /// Limits in force.
     pub limits: Limits,
-    /// Executor specification as given.
+    /// Executor specification as given (its API key aside); in lists, its summary.
     pub executor: Value,
     /// Usage counters.
     pub counters: Counters,

@@ -24,6 +24,21 @@ use crate::policy::termination::Termination;
 /// followed by `$tail` (the query text must be literals for the macro).
 macro_rules! select_session {
     ($tail:literal $(, $arg:expr)* $(,)?) => {
+        select_session_with!("executor", $tail $(, $arg)*)
+    };
+}
+
+/// As `select_session!`, for lists: the executor column is the small
+/// `executor_summary` Postgres keeps beside it (kind, step count, repeat,
+/// model, URL), so a page of sessions never reads their executor JSON.
+macro_rules! select_session_summary {
+    ($tail:literal $(, $arg:expr)* $(,)?) => {
+        select_session_with!(r#"executor_summary AS "executor!""#, $tail $(, $arg)*)
+    };
+}
+
+macro_rules! select_session_with {
+    ($executor:literal, $tail:literal $(, $arg:expr)* $(,)?) => {
         sqlx::query_as!(
             SessionRow,
             r#"SELECT id, goal, mode AS "mode: Mode", status AS "status: Status",
@@ -32,7 +47,7 @@ macro_rules! select_session {
                       milestones AS "milestones: Json<Vec<ChecklistItem>>", cycle, memory,
                       refinement_tokens, last_reflection, reflection_tokens,
                       next_steps AS "next_steps: Json<Vec<String>>", percent_complete, eta_seconds,
-                      limits AS "limits: Json<Limits>", executor, iterations, tokens_used,
+                      limits AS "limits: Json<Limits>", "# + $executor + r#", iterations, tokens_used,
                       tool_calls, consecutive_errors, elapsed_ms, run, checkpoint_saved,
                       last_checkpoint_iteration, stop_requested, pause_requested, guidance,
                       last_event_seq, owner, lease_expires_at, heartbeat_at, created_at,
@@ -85,7 +100,8 @@ impl Store {
     }
 
     /// A page of sessions, newest first, optionally of one status and of
-    /// one tenant (`None`: every tenant).
+    /// one tenant (`None`: every tenant). Their `executor` is the summary
+    /// (`steps` is a count), not the specification.
     pub async fn list_sessions(
         &self,
         status: Option<Status>,
@@ -93,7 +109,7 @@ impl Store {
         limit: i64,
         tenant: Option<&str>,
     ) -> Result<Vec<SessionRecord>> {
-        let rows = select_session!(
+        let rows = select_session_summary!(
             "WHERE ($1::text IS NULL OR status = $1)
                AND ($2::timestamptz IS NULL OR (created_at, id) < ($2, $3))
                AND ($5::text IS NULL OR tenant = $5)
@@ -110,14 +126,14 @@ impl Store {
     }
 
     /// Sessions changed at or after `since`, oldest change first, of one
-    /// tenant (`None`: every tenant).
+    /// tenant (`None`: every tenant); `executor` is the summary, as in lists.
     pub async fn sessions_changed_since(
         &self,
         since: DateTime<Utc>,
         limit: i64,
         tenant: Option<&str>,
     ) -> Result<Vec<SessionRecord>> {
-        let rows = select_session!(
+        let rows = select_session_summary!(
             "WHERE updated_at >= $1 AND ($3::text IS NULL OR tenant = $3)
              ORDER BY updated_at, id LIMIT $2",
             since,

@@ -440,7 +440,12 @@ async fn forced_off_serves_loopback_host_names_only(pool: PgPool) {
     // able to read or drive sessions, just as in protected mode.
     let app = TestApp::spawn_with(pool, config_with(&[("WARDEN_AUTH", "off")])).await;
     assert!(app.key.is_empty(), "auth off: no key needed");
-    for host in ["evil.example", "evil.example:8080", "10.0.0.1", "localhost.evil.com"] {
+    for host in [
+        "evil.example",
+        "evil.example:8080",
+        "10.0.0.1",
+        "localhost.evil.com",
+    ] {
         let res = app
             .client
             .get(app.url("/api/autonomous"))
@@ -450,7 +455,10 @@ async fn forced_off_serves_loopback_host_names_only(pool: PgPool) {
             .unwrap();
         assert_eq!(res.status(), StatusCode::FORBIDDEN, "{host}");
         let body: Value = res.json().await.unwrap();
-        assert!(body["detail"].as_str().unwrap().contains("loopback"), "{body}");
+        assert!(
+            body["detail"].as_str().unwrap().contains("loopback"),
+            "{body}"
+        );
         let res = app
             .client
             .post(app.url("/api/autonomous"))

@@ -15,6 +15,9 @@ use warden::store::Store;
 
 /// The admin token every test server gets (`WARDEN_ADMIN_TOKEN`).
 pub const ADMIN_TOKEN: &str = "test-admin-token-0f1e2d3c4b5a69788796a5b4c3d2e1f0";
+/// The key sealing sessions' secrets in every test server (`WARDEN_SECRET_KEY`).
+pub const TEST_SECRET_KEY: &str =
+    "77617264656e207465737420736563726574206b657920333220627974657321";
 /// The tenant of the key the harness sends by default.
 pub const TEST_TENANT: &str = "test";
 
@@ -95,6 +98,9 @@ pub fn config_with(extra: &[(&str, &str)]) -> Config {
         // egress tests override this to prove the default refuses them.
         ("WARDEN_EGRESS_ALLOW", "127.0.0.1"),
         ("WARDEN_ADMIN_TOKEN", ADMIN_TOKEN),
+        // One key for every test server, so a restarted one opens what an
+        // earlier one sealed (and none writes a key file into the checkout).
+        ("WARDEN_SECRET_KEY", TEST_SECRET_KEY),
     ]
     .into_iter()
     .map(|(k, v)| (k.to_string(), v.to_string()))
@@ -374,6 +380,7 @@ impl ServiceProcess {
             .env("WARDEN_LEASE_TTL_MS", "2000")
             .env("WARDEN_HEARTBEAT_INTERVAL_MS", "500")
             .env("WARDEN_ADMIN_TOKEN", ADMIN_TOKEN)
+            .env("WARDEN_SECRET_KEY", TEST_SECRET_KEY)
             .env("RUST_LOG", "warn")
             .stdout(out)
             .stderr(err);

@@ -1,0 +1,381 @@
+//! Secrets at rest (issue 15, item 6): a session's own `api_key` is sealed
+//! with XChaCha20-Poly1305 under a 256-bit key the operator provides
+//! (`WARDEN_SECRET_KEY`) or one generated on first start and kept in a file
+//! outside the database (`WARDEN_SECRET_KEY_FILE`). A database dump alone
+//! then reveals no session's key. Each sealed value carries the id of the
+//! key that sealed it, so a wrong key is named instead of guessed at, and
+//! keys can be rotated later. Nothing here is ever logged or `Debug`-printed.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use base64::Engine;
+use chacha20poly1305::aead::{Aead, Payload};
+use chacha20poly1305::{KeyInit, XChaCha20Poly1305, XNonce};
+use sha2::{Digest, Sha256};
+use uuid::Uuid;
+
+/// Name of a session's own model API key among its secrets.
+pub const API_KEY: &str = "api_key";
+
+/// Length of a secret key, bytes (256 bits).
+pub const KEY_BYTES: usize = 32;
+/// Length of a nonce, bytes (XChaCha20: random nonces are safe at this size).
+pub const NONCE_BYTES: usize = 24;
+
+/// Why a secret could not be sealed, opened or a key loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum SecretsError {
+    /// The value was sealed under another key than the one configured.
+    #[error(
+        "the session's secret was encrypted under key {sealed_with}, but the configured secret key \
+(WARDEN_SECRET_KEY or WARDEN_SECRET_KEY_FILE) is {current}: start Warden with the key it was created under"
+    )]
+    WrongKey {
+        /// Id of the key that sealed it.
+        sealed_with: String,
+        /// Id of the configured key.
+        current: String,
+    },
+    /// Same key id but the ciphertext does not authenticate.
+    #[error("the session's secret does not decrypt (damaged or tampered with)")]
+    Corrupt,
+    /// The key file could not be read or written.
+    #[error("secret key file {path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// Cause.
+        source: std::io::Error,
+    },
+    /// The key file does not hold a key.
+    #[error("secret key file {path}: {why}")]
+    BadKeyFile {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong (never the content).
+        why: String,
+    },
+    /// The OS random source failed.
+    #[error("no randomness for the secret key or a nonce: {0}")]
+    Random(String),
+}
+
+/// A 256-bit key for sealing secrets; its `Debug` shows only its id.
+#[derive(Clone)]
+pub struct SecretKey {
+    bytes: [u8; KEY_BYTES],
+    id: String,
+}
+
+impl std::fmt::Debug for SecretKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "SecretKey({}, <redacted>)", self.id)
+    }
+}
+
+impl PartialEq for SecretKey {
+    fn eq(&self, other: &SecretKey) -> bool {
+        self.id == other.id
+    }
+}
+
+impl SecretKey {
+    /// A key from its bytes.
+    pub fn from_bytes(bytes: [u8; KEY_BYTES]) -> SecretKey {
+        // The id names the key without revealing it: a domain-separated hash.
+        let mut h = Sha256::new();
+        h.update(b"warden secret key id\0");
+        h.update(bytes);
+        let digest = h.finalize();
+        let id = format!(
+            "k{}",
+            digest[..6]
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect::<String>()
+        );
+        SecretKey { bytes, id }
+    }
+
+    /// Parses a key given as 64 hex digits or base64 (standard or URL-safe,
+    /// padded or not) of exactly 32 bytes. The error never shows the value.
+    pub fn parse(text: &str) -> Result<SecretKey, String> {
+        let text = text.trim();
+        let bytes = if text.len() == KEY_BYTES * 2 && text.bytes().all(|b| b.is_ascii_hexdigit()) {
+            (0..KEY_BYTES)
+                .map(|i| u8::from_str_radix(&text[2 * i..2 * i + 2], 16))
+                .collect::<Result<Vec<u8>, _>>()
+                .map_err(|_| "not hex".to_string())?
+        } else {
+            let engines = [
+                &base64::engine::general_purpose::STANDARD,
+                &base64::engine::general_purpose::STANDARD_NO_PAD,
+                &base64::engine::general_purpose::URL_SAFE,
+                &base64::engine::general_purpose::URL_SAFE_NO_PAD,
+            ];
+            engines
+                .iter()
+                .find_map(|e| e.decode(text).ok())
+                .ok_or_else(|| {
+                    format!(
+                        "a 256-bit key as 64 hex digits or base64 of {KEY_BYTES} bytes (e.g. openssl rand -hex 32)"
+                    )
+                })?
+        };
+        let bytes: [u8; KEY_BYTES] = bytes.try_into().map_err(|b: Vec<u8>| {
+            format!(
+                "a 256-bit key: {KEY_BYTES} bytes as 64 hex digits or base64, got {} bytes (e.g. openssl rand -hex 32)",
+                b.len()
+            )
+        })?;
+        Ok(SecretKey::from_bytes(bytes))
+    }
+
+    /// A new random key.
+    pub fn generate() -> Result<SecretKey, SecretsError> {
+        let mut bytes = [0u8; KEY_BYTES];
+        getrandom::fill(&mut bytes).map_err(|e| SecretsError::Random(e.to_string()))?;
+        Ok(SecretKey::from_bytes(bytes))
+    }
+
+    /// The key's public id (stored beside every value it seals).
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    fn hex(&self) -> String {
+        self.bytes.iter().map(|b| format!("{b:02x}")).collect()
+    }
+
+    /// Reads the key kept in `path`, or, when there is none, generates one
+    /// and writes it there readable by the owner only (0600; the directory
+    /// is created 0700). Returns the key and whether it was created.
+    pub fn load_or_create(path: &Path) -> Result<(SecretKey, bool), SecretsError> {
+        let io = |source| SecretsError::Io {
+            path: path.to_path_buf(),
+            source,
+        };
+        match std::fs::read_to_string(path) {
+            Ok(text) => return SecretKey::from_file_text(path, &text).map(|k| (k, false)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(io(e)),
+        }
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            let mut builder = std::fs::DirBuilder::new();
+            builder.recursive(true);
+            #[cfg(unix)]
+            std::os::unix::fs::DirBuilderExt::mode(&mut builder, 0o700);
+            builder.create(dir).map_err(io)?;
+        }
+        let key = SecretKey::generate()?;
+        let mut options = std::fs::OpenOptions::new();
+        options.write(true).create_new(true);
+        #[cfg(unix)]
+        std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+        match options.open(path) {
+            Ok(mut file) => {
+                file.write_all(format!("{}\n", key.hex()).as_bytes())
+                    .and_then(|()| file.sync_all())
+                    .map_err(io)?;
+                Ok((key, true))
+            }
+            // Another process on this machine created it first: use theirs.
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                let text = std::fs::read_to_string(path).map_err(io)?;
+                SecretKey::from_file_text(path, &text).map(|k| (k, false))
+            }
+            Err(e) => Err(io(e)),
+        }
+    }
+
+    fn from_file_text(path: &Path, text: &str) -> Result<SecretKey, SecretsError> {
+        SecretKey::parse(text).map_err(|why| SecretsError::BadKeyFile {
+            path: path.to_path_buf(),
+            why: format!("expected {why}"),
+        })
+    }
+
+    fn cipher(&self) -> XChaCha20Poly1305 {
+        XChaCha20Poly1305::new((&self.bytes).into())
+    }
+
+    /// Seals `plaintext` as the secret `name` of session `session`. The
+    /// session id and name are authenticated with it, so a sealed value
+    /// copied onto another session or field does not open.
+    pub fn seal(&self, session: Uuid, name: &str, plaintext: &str) -> Result<Sealed, SecretsError> {
+        let mut nonce = [0u8; NONCE_BYTES];
+        getrandom::fill(&mut nonce).map_err(|e| SecretsError::Random(e.to_string()))?;
+        let aad = associated_data(session, name);
+        let ciphertext = self
+            .cipher()
+            .encrypt(
+                &XNonce::from(nonce),
+                Payload {
+                    msg: plaintext.as_bytes(),
+                    aad: &aad,
+                },
+            )
+            .map_err(|_| SecretsError::Corrupt)?;
+        Ok(Sealed {
+            key_id: self.id.clone(),
+            nonce: nonce.to_vec(),
+            ciphertext,
+        })
+    }
+
+    /// Opens what [`SecretKey::seal`] sealed for the same session and name.
+    pub fn open(&self, session: Uuid, name: &str, sealed: &Sealed) -> Result<String, SecretsError> {
+        if sealed.key_id != self.id {
+            return Err(SecretsError::WrongKey {
+                sealed_with: sealed.key_id.clone(),
+                current: self.id.clone(),
+            });
+        }
+        let nonce: [u8; NONCE_BYTES] = sealed
+            .nonce
+            .as_slice()
+            .try_into()
+            .map_err(|_| SecretsError::Corrupt)?;
+        let aad = associated_data(session, name);
+        let plain = self
+            .cipher()
+            .decrypt(
+                &XNonce::from(nonce),
+                Payload {
+                    msg: &sealed.ciphertext,
+                    aad: &aad,
+                },
+            )
+            .map_err(|_| SecretsError::Corrupt)?;
+        String::from_utf8(plain).map_err(|_| SecretsError::Corrupt)
+    }
+}
+
+fn associated_data(session: Uuid, name: &str) -> Vec<u8> {
+    let mut aad = Vec::with_capacity(16 + name.len());
+    aad.extend_from_slice(session.as_bytes());
+    aad.extend_from_slice(name.as_bytes());
+    aad
+}
+
+/// A sealed secret as stored: which key, the nonce and the ciphertext.
+#[derive(Clone, PartialEq)]
+pub struct Sealed {
+    /// Id of the key that sealed it.
+    pub key_id: String,
+    /// Random nonce.
+    pub nonce: Vec<u8>,
+    /// Ciphertext with its authentication tag.
+    pub ciphertext: Vec<u8>,
+}
+
+impl std::fmt::Debug for Sealed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "Sealed({}, {} bytes)",
+            self.key_id,
+            self.ciphertext.len()
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const HEX: &str = "000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f";
+
+    #[test]
+    fn keys_parse_from_hex_or_base64_of_32_bytes_only() {
+        let hex = SecretKey::parse(HEX).unwrap();
+        let bytes: Vec<u8> = (0u8..32).collect();
+        for engine in [
+            &base64::engine::general_purpose::STANDARD,
+            &base64::engine::general_purpose::URL_SAFE_NO_PAD,
+        ] {
+            let b64 = SecretKey::parse(&engine.encode(&bytes)).unwrap();
+            assert_eq!(b64, hex);
+        }
+        for bad in [
+            "",
+            "00",
+            &HEX[..62],
+            &format!("{HEX}00"),
+            "not a key at all!",
+            &base64::engine::general_purpose::STANDARD.encode([1u8; 16]),
+        ] {
+            let err = SecretKey::parse(bad).unwrap_err();
+            assert!(err.contains("256-bit"), "{bad}: {err}");
+            assert!(
+                bad.is_empty() || !err.contains(bad),
+                "the value is not echoed"
+            );
+        }
+        let debug = format!("{hex:?}");
+        assert!(!debug.contains("0001020304") && debug.contains(hex.id()));
+    }
+
+    #[test]
+    fn sealed_values_open_only_with_their_key_session_and_name() {
+        let key = SecretKey::parse(HEX).unwrap();
+        let other = SecretKey::generate().unwrap();
+        let session = Uuid::new_v4();
+        let sealed = key.seal(session, "api_key", "sk-plain-123").unwrap();
+        assert!(!sealed.ciphertext.windows(12).any(|w| w == b"sk-plain-123"));
+        assert_eq!(sealed.key_id, key.id());
+        assert_eq!(
+            key.open(session, "api_key", &sealed).unwrap(),
+            "sk-plain-123"
+        );
+        // Two seals of the same value differ (random nonce).
+        assert_ne!(
+            key.seal(session, "api_key", "sk-plain-123").unwrap(),
+            sealed
+        );
+        assert!(matches!(
+            other.open(session, "api_key", &sealed),
+            Err(SecretsError::WrongKey { .. })
+        ));
+        assert!(matches!(
+            key.open(Uuid::new_v4(), "api_key", &sealed),
+            Err(SecretsError::Corrupt)
+        ));
+        assert!(matches!(
+            key.open(session, "other", &sealed),
+            Err(SecretsError::Corrupt)
+        ));
+        let mut tampered = sealed.clone();
+        tampered.ciphertext[0] ^= 1;
+        assert!(matches!(
+            key.open(session, "api_key", &tampered),
+            Err(SecretsError::Corrupt)
+        ));
+        assert!(!format!("{sealed:?}").contains("sk-plain"));
+    }
+
+    #[test]
+    fn a_key_file_is_created_once_owner_only_and_reused() {
+        let dir = std::env::temp_dir().join(format!("warden-key-{}", Uuid::new_v4()));
+        let path = dir.join("nested").join("secret.key");
+        let (first, created) = SecretKey::load_or_create(&path).unwrap();
+        assert!(created);
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+            assert_eq!(mode & 0o777, 0o600);
+        }
+        let (again, created) = SecretKey::load_or_create(&path).unwrap();
+        assert!(!created);
+        assert_eq!(again, first);
+        std::fs::write(&path, "garbage").unwrap();
+        let err = SecretKey::load_or_create(&path).unwrap_err().to_string();
+        assert!(
+            err.contains("secret.key") && !err.contains("garbage"),
+            "{err}"
+        );
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}

@@ -216,7 +216,7 @@ pub enum ExecutorSpec {
         base_url: Option<String>,
         /// API key for that endpoint (default `WARDEN_LLM_API_KEY`); stored
         /// encrypted apart from the session, never shown back.
-        #[serde(default)]
+        #[serde(default, skip_serializing_if = "Option::is_none")]
         #[schema(value_type = Option<String>)]
         api_key: Option<ApiKey>,
         /// Timeout of one model call in ms (default `WARDEN_LLM_TIMEOUT_MS`).

@@ -189,7 +189,8 @@ impl From<SessionRecord> for SessionView {
                 .get("url")
                 .or_else(|| s.executor.get("base_url"))
                 .and_then(|v| v.as_str())
-                .map(str::to_string),
+                // Credentials in the userinfo or the query are never shown back.
+                .map(crate::egress::redact_url),
             kind,
         };
         let projection = s.percent_complete.and_then(|percent_complete| {

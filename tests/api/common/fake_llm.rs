@@ -50,6 +50,8 @@ struct Script {
     agent: VecDeque<Answer>,
     reflection: VecDeque<Answer>,
     requests: Vec<Value>,
+    /// The Authorization header of every request, in order.
+    authorizations: Vec<Option<String>>,
 }
 
 /// The fake server.
@@ -59,7 +61,11 @@ pub struct FakeLlm {
     script: Arc<Mutex<Script>>,
 }
 
-async fn chat(State(script): State<Arc<Mutex<Script>>>, Json(body): Json<Value>) -> Response {
+async fn chat(
+    State(script): State<Arc<Mutex<Script>>>,
+    headers: axum::http::HeaderMap,
+    Json(body): Json<Value>,
+) -> Response {
     let is_agent = body
         .get("tools")
         .and_then(Value::as_array)
@@ -67,6 +73,12 @@ async fn chat(State(script): State<Arc<Mutex<Script>>>, Json(body): Json<Value>)
     let answer = {
         let mut s = script.lock().unwrap();
         s.requests.push(body);
+        s.authorizations.push(
+            headers
+                .get(axum::http::header::AUTHORIZATION)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_string),
+        );
         if is_agent {
             s.agent.pop_front()
         } else {
@@ -120,6 +132,11 @@ impl FakeLlm {
 
     pub fn requests(&self) -> Vec<Value> {
         self.script.lock().unwrap().requests.clone()
+    }
+
+    /// The Authorization header of every request, in order.
+    pub fn authorizations(&self) -> Vec<Option<String>> {
+        self.script.lock().unwrap().authorizations.clone()
     }
 
     pub fn agent_requests(&self) -> Vec<Value> {

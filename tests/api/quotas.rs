@@ -1,0 +1,253 @@
+//! Quotas (issue 15, item 7): running sessions per tenant (race-safe),
+//! live streams per tenant, the request timeout and the global concurrency
+//! limit, and lists that answer as before from summary columns.
+
+use std::time::Duration;
+
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+use sqlx::PgPool;
+
+use crate::common::{TestApp, config_with};
+
+fn endless() -> Value {
+    json!({
+        "goal": "Create README.md with a project description",
+        "executor": { "kind": "scripted", "repeat": true,
+                      "steps": [{ "action": "wait", "output": "still here", "delay_ms": 200 }] }
+    })
+}
+
+#[sqlx::test]
+async fn running_sessions_per_tenant_are_capped_even_under_concurrent_creates(pool: PgPool) {
+    let app = TestApp::spawn_with(pool, config_with(&[("WARDEN_TENANT_MAX_RUNNING", "2")])).await;
+    let sends = (0..6).map(|_| {
+        app.client
+            .post(app.url("/api/autonomous"))
+            .json(&endless())
+            .send()
+    });
+    let answers = futures::future::join_all(sends).await;
+    let mut created = Vec::new();
+    let mut refused = 0;
+    for res in answers {
+        let res = res.unwrap();
+        let status = res.status();
+        let body: Value = res.json().await.unwrap();
+        match status {
+            StatusCode::CREATED => created.push(body["id"].as_str().unwrap().to_string()),
+            StatusCode::TOO_MANY_REQUESTS => {
+                assert_eq!(body["code"], "tenant_running_limit", "{body}");
+                assert!(
+                    body["detail"]
+                        .as_str()
+                        .unwrap()
+                        .contains("WARDEN_TENANT_MAX_RUNNING"),
+                    "{body}"
+                );
+                refused += 1;
+            }
+            other => panic!("{other}: {body}"),
+        }
+    }
+    assert_eq!((created.len(), refused), (2, 4));
+    // Another tenant has its own room.
+    let other = crate::common::create_key(&app.base, "other", "operator").await;
+    let res = crate::common::client_with_key(other["secret"].as_str().unwrap())
+        .post(app.url("/api/autonomous"))
+        .json(&endless())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::CREATED);
+    // A stopped session frees its slot; resuming it needs one again.
+    let (status, _) = app
+        .post(&format!("/api/autonomous/{}/stop", created[0]), None)
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    let res = app
+        .client
+        .post(app.url("/api/autonomous"))
+        .json(&endless())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::CREATED);
+    let (status, body) = app
+        .post(
+            &format!("/api/autonomous/{}/resume", created[0]),
+            Some(json!({})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{body}");
+    assert_eq!(body["code"], "tenant_running_limit");
+}
+
+async fn open_stream(app: &TestApp) -> reqwest::Response {
+    app.client
+        .get(app.url("/api/autonomous/events"))
+        .header("accept", "text/event-stream")
+        .send()
+        .await
+        .unwrap()
+}
+
+#[sqlx::test]
+async fn live_streams_per_tenant_are_capped_and_a_closed_one_frees_its_slot(pool: PgPool) {
+    let app = TestApp::spawn_with(pool, config_with(&[("WARDEN_TENANT_MAX_STREAMS", "2")])).await;
+    let first = open_stream(&app).await;
+    let second = open_stream(&app).await;
+    assert_eq!(first.status(), StatusCode::OK);
+    assert_eq!(second.status(), StatusCode::OK);
+    let third = open_stream(&app).await;
+    assert_eq!(third.status(), StatusCode::TOO_MANY_REQUESTS);
+    let body: Value = third.json().await.unwrap();
+    assert_eq!(body["code"], "stream_limit", "{body}");
+    assert!(
+        body["detail"]
+            .as_str()
+            .unwrap()
+            .contains("WARDEN_TENANT_MAX_STREAMS")
+    );
+    // A session's own stream counts too.
+    let id = app.create(endless()).await["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let res = app
+        .client
+        .get(app.url(&format!("/api/autonomous/{id}/events")))
+        .header("accept", "text/event-stream")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    drop(first);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let reopened = loop {
+        let res = open_stream(&app).await;
+        if res.status() == StatusCode::OK {
+            break res;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the closed stream's slot never came back"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    drop((second, reopened));
+}
+
+#[sqlx::test]
+async fn slow_requests_time_out_and_excess_requests_are_shed(pool: PgPool) {
+    let app = TestApp::spawn_with(
+        pool,
+        config_with(&[
+            ("WARDEN_REQUEST_TIMEOUT_MS", "400"),
+            ("WARDEN_MAX_CONCURRENT_REQUESTS", "1"),
+            ("WARDEN_STOP_WAIT_MS", "10000"),
+        ]),
+    )
+    .await;
+    // A pause waits for the step in flight (3 s here): past the timeout.
+    let id = app
+        .create(json!({
+            "goal": "Create README.md with a project description",
+            "executor": { "kind": "scripted", "repeat": true,
+                          "steps": [{ "action": "wait", "output": "x", "delay_ms": 3000 }] }
+        }))
+        .await["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let pause = app
+        .client
+        .post(app.url(&format!("/api/autonomous/{id}/pause")))
+        .json(&json!({}))
+        .send();
+    let other = async {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        app.client
+            .get(app.url("/api/autonomous"))
+            .send()
+            .await
+            .unwrap()
+    };
+    let (paused, shed) = tokio::join!(pause, other);
+    let paused = paused.unwrap();
+    assert_eq!(paused.status(), StatusCode::SERVICE_UNAVAILABLE);
+    let body: Value = paused.json().await.unwrap();
+    assert_eq!(body["code"], "request_timeout", "{body}");
+    assert!(
+        body["detail"]
+            .as_str()
+            .unwrap()
+            .contains("WARDEN_REQUEST_TIMEOUT_MS")
+    );
+    assert_eq!(shed.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert!(shed.headers().contains_key("retry-after"));
+    let body: Value = shed.json().await.unwrap();
+    assert_eq!(body["code"], "overloaded", "{body}");
+    // Streams and probes are neither timed out nor counted.
+    let mut stream = app
+        .client
+        .get(app.url("/api/autonomous/events"))
+        .header("accept", "text/event-stream")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(stream.status(), StatusCode::OK);
+    let (status, _) = app.get("/api/autonomous").await;
+    assert_eq!(
+        status,
+        StatusCode::OK,
+        "an open stream holds no request slot"
+    );
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let chunk = tokio::time::timeout(Duration::from_secs(5), stream.chunk()).await;
+    assert!(
+        matches!(chunk, Ok(Ok(Some(_)))),
+        "the stream outlived the timeout: {chunk:?}"
+    );
+}
+
+#[sqlx::test]
+async fn lists_show_the_executor_summary_from_summary_columns(pool: PgPool) {
+    let app = TestApp::spawn(pool.clone()).await;
+    let steps: Vec<Value> = (0..2_000)
+        .map(|i| json!({ "action": format!("step {i}"), "output": "o".repeat(400) }))
+        .collect();
+    let id = app
+        .create(json!({
+            "goal": "Create README.md with a project description",
+            "limits": { "max_iterations": 1 },
+            "executor": { "kind": "scripted", "steps": steps }
+        }))
+        .await["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    app.wait_settled(&id).await;
+    let (_, one) = app.get(&format!("/api/autonomous/{id}")).await;
+    let (status, list) = app.get("/api/autonomous").await;
+    assert_eq!(status, StatusCode::OK);
+    let listed = list["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["id"] == id.as_str())
+        .cloned()
+        .unwrap();
+    assert_eq!(listed["executor"], one["executor"]);
+    assert_eq!(listed["executor"]["steps"], 2_000);
+    assert_eq!(listed["executor"]["kind"], "scripted");
+    // The summary Postgres keeps is small whatever the spec's size.
+    let (spec, summary): (i32, i32) = sqlx::query_as(
+        "SELECT pg_column_size(executor), pg_column_size(executor_summary) FROM sessions WHERE id = $1::uuid",
+    )
+    .bind(&id)
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert!(summary < 200 && spec > 10 * summary, "{spec} vs {summary}");
+}

@@ -1,0 +1,229 @@
+//! Secrets at rest (issue 15, item 6): a session's own `api_key` is sealed
+//! apart from its record, reaches its model after a restart, is moved out of
+//! rows earlier versions wrote, and a wrong secret key fails the session
+//! clearly instead of crashing the server.
+
+use std::time::Duration;
+
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+use sqlx::PgPool;
+
+use crate::common::TestApp;
+use crate::common::config_with;
+use crate::common::fake_llm::{FakeLlm, text, tool_calls};
+
+const OWN_KEY: &str = "sk-own-session-key-4b3a2918";
+
+fn llm_session(fake: &FakeLlm, key: &str, max_iterations: u64) -> Value {
+    json!({
+        "goal": "Create README.md with a project description",
+        "mode": "fixed",
+        "limits": { "max_iterations": max_iterations },
+        "executor": { "kind": "llm", "base_url": fake.base_url(), "model": "m", "api_key": key }
+    })
+}
+
+/// Rows of `table` whose text form contains `needle`.
+async fn rows_containing(pool: &PgPool, table: &str, needle: &str) -> i64 {
+    let sql = match table {
+        "sessions" => "SELECT count(*) FROM sessions t WHERE t::text LIKE '%' || $1 || '%'",
+        "session_secrets" => {
+            "SELECT count(*) FROM session_secrets t WHERE t::text LIKE '%' || $1 || '%'"
+        }
+        "events" => "SELECT count(*) FROM events t WHERE t::text LIKE '%' || $1 || '%'",
+        "iterations" => "SELECT count(*) FROM iterations t WHERE t::text LIKE '%' || $1 || '%'",
+        other => panic!("no query for {other}"),
+    };
+    sqlx::query_scalar::<_, i64>(sql)
+        .bind(needle)
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+#[sqlx::test]
+async fn a_sessions_own_key_is_sealed_and_reaches_its_model_after_a_restart(pool: PgPool) {
+    let fake = FakeLlm::start().await;
+    // The first answer is slow: the instance dies while it is in flight.
+    fake.agent(
+        tool_calls(
+            &[(
+                "write_file",
+                json!({ "path": "README.md", "content": "# x" }),
+            )],
+            10,
+        )
+        .delayed(3_000),
+    )
+    .agent(text("README.md written\n<<WARDEN_GOAL_DONE: done>>", 10));
+    let mut first = TestApp::spawn(pool.clone()).await;
+    let doc = first.create(llm_session(&fake, OWN_KEY, 10)).await;
+    let id = doc["id"].as_str().unwrap().to_string();
+    assert!(
+        !doc.to_string().contains(OWN_KEY),
+        "never shown back: {doc}"
+    );
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while fake.authorizations().is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the model was never called"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    first.crash();
+
+    let second = TestApp::spawn(pool.clone()).await;
+    let s = second.wait_settled(&id).await;
+    assert_eq!(s["status"], "completed", "{s}");
+    let seen = fake.authorizations();
+    assert!(seen.len() >= 2, "called again after the restart: {seen:?}");
+    let expected = format!("Bearer {OWN_KEY}");
+    assert!(
+        seen.iter().all(|a| a.as_deref() == Some(expected.as_str())),
+        "{seen:?}"
+    );
+    // The plaintext is nowhere in the database.
+    for table in ["sessions", "session_secrets", "events", "iterations"] {
+        assert_eq!(rows_containing(&pool, table, OWN_KEY).await, 0, "{table}");
+    }
+    let sealed: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM session_secrets WHERE session_id = $1::uuid AND name = 'api_key'",
+    )
+    .bind(&id)
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(sealed, 1);
+    let executor: Value = sqlx::query_scalar("SELECT executor FROM sessions WHERE id = $1::uuid")
+        .bind(&id)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert!(executor.get("api_key").is_none(), "{executor}");
+}
+
+#[sqlx::test]
+async fn plaintext_keys_of_earlier_versions_are_sealed_at_start(pool: PgPool) {
+    let fake = FakeLlm::start().await;
+    fake.agent(text("working on it", 10));
+    let mut first = TestApp::spawn(pool.clone()).await;
+    let doc = first
+        .create(llm_session(&fake, "sk-placeholder-0000", 1))
+        .await;
+    let id = doc["id"].as_str().unwrap().to_string();
+    let s = first.wait_settled(&id).await;
+    assert_eq!(s["status"], "stopped", "{s}");
+    first.shutdown().await;
+    // What an earlier version stored: the key in the executor JSON.
+    let legacy = "sk-legacy-plaintext-7c6d5e";
+    sqlx::query("DELETE FROM session_secrets WHERE session_id = $1::uuid")
+        .bind(&id)
+        .execute(&pool)
+        .await
+        .unwrap();
+    sqlx::query("UPDATE sessions SET executor = executor || jsonb_build_object('api_key', $2::text) WHERE id = $1::uuid")
+        .bind(&id)
+        .bind(legacy)
+        .execute(&pool)
+        .await
+        .unwrap();
+
+    let second = TestApp::spawn(pool.clone()).await;
+    assert_eq!(
+        rows_containing(&pool, "sessions", legacy).await,
+        0,
+        "moved at start"
+    );
+    let sealed: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM session_secrets WHERE session_id = $1::uuid")
+            .bind(&id)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(sealed, 1);
+    fake.agent(text("done\n<<WARDEN_GOAL_DONE: ok>>", 10));
+    let (status, body) = second
+        .post(
+            &format!("/api/autonomous/{id}/resume"),
+            Some(json!({ "limits": { "max_iterations": 3 } })),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let s = second.wait_settled(&id).await;
+    assert_eq!(s["status"], "completed", "{s}");
+    assert_eq!(
+        fake.authorizations().last().cloned().flatten().as_deref(),
+        Some(format!("Bearer {legacy}").as_str())
+    );
+}
+
+#[sqlx::test]
+async fn a_wrong_secret_key_fails_the_session_naming_the_secret(pool: PgPool) {
+    let fake = FakeLlm::start().await;
+    fake.agent(text("slow", 10).delayed(5_000));
+    let mut first = TestApp::spawn(pool.clone()).await;
+    let doc = first.create(llm_session(&fake, OWN_KEY, 10)).await;
+    let id = doc["id"].as_str().unwrap().to_string();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while fake.authorizations().is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the model was never called"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    first.crash();
+    let other_key = "ff".repeat(32);
+    let second = TestApp::spawn_with(
+        pool.clone(),
+        config_with(&[("WARDEN_SECRET_KEY", other_key.as_str())]),
+    )
+    .await;
+    let s = second
+        .wait_until(&id, Duration::from_secs(10), |s| s["status"] == "failed")
+        .await;
+    assert_eq!(s["reason"], "secret_unreadable", "{s}");
+    assert!(
+        s["summary"].as_str().unwrap_or("").contains("api_key"),
+        "{s}"
+    );
+    // The server goes on serving.
+    let (status, _) = second.get("/api/autonomous").await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(fake.authorizations().len(), 1, "no call without the key");
+}
+
+#[sqlx::test]
+async fn urls_shown_back_drop_userinfo_and_query(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    // Nothing listens on port 9: every step fails, and its error is shown too.
+    let doc = app
+        .create(json!({
+            "goal": "Create README.md with a project description",
+            "limits": { "max_iterations": 2, "max_consecutive_errors": 2 },
+            "executor": { "kind": "webhook",
+                          "url": "http://agent:pw-in-userinfo@127.0.0.1:9/step?token=tok-in-query#frag" }
+        }))
+        .await;
+    let id = doc["id"].as_str().unwrap().to_string();
+    assert_eq!(doc["executor"]["url"], "http://127.0.0.1:9/step", "{doc}");
+    app.wait_settled(&id).await;
+    let (_, one) = app.get(&format!("/api/autonomous/{id}")).await;
+    let (_, list) = app.get("/api/autonomous").await;
+    let iterations = app.iterations(&id).await;
+    let events = app.events(&id).await;
+    for shown in [
+        one.to_string(),
+        list.to_string(),
+        json!(iterations).to_string(),
+        json!(events).to_string(),
+    ] {
+        assert!(
+            !shown.contains("pw-in-userinfo") && !shown.contains("tok-in-query"),
+            "{shown}"
+        );
+    }
+    assert_eq!(one["executor"]["url"], "http://127.0.0.1:9/step");
+}

@@ -16,7 +16,8 @@ RUN apt-get update \
     && apt-get install -y --no-install-recommends ca-certificates \
     && rm -rf /var/lib/apt/lists/* \
     && useradd --system --uid 10001 --home-dir /var/lib/warden warden \
-    && mkdir -p /var/lib/warden/workspaces \
+    && mkdir -p /var/lib/warden/workspaces /var/lib/warden/keys \
+    && chmod 700 /var/lib/warden/keys \
     && chown -R warden /var/lib/warden
 COPY --from=build /src/target/release/warden /usr/local/bin/warden
 USER warden
@@ -24,8 +25,11 @@ WORKDIR /var/lib/warden
 # 0.0.0.0 inside the container, so Warden refuses to start without
 # WARDEN_ADMIN_TOKEN (or keys); publish it on the host's loopback:
 #   docker run -e WARDEN_ADMIN_TOKEN=… -p 127.0.0.1:8080:8080 …
+# The key sealing sessions' API keys, unless WARDEN_SECRET_KEY is given:
+# generated on first start; keep /var/lib/warden/keys on a volume.
 ENV WARDEN_LISTEN_ADDR=0.0.0.0:8080 \
-    WARDEN_WORKSPACE_ROOT=/var/lib/warden/workspaces
+    WARDEN_WORKSPACE_ROOT=/var/lib/warden/workspaces \
+    WARDEN_SECRET_KEY_FILE=/var/lib/warden/keys/secret.key
 EXPOSE 8080
 HEALTHCHECK --interval=5s --timeout=3s --start-period=10s --retries=5 CMD ["warden", "healthcheck"]
 ENTRYPOINT ["warden"]

@@ -710,3 +710,16 @@ impl Executor for LlmExecutor {
         self.step(ctx).boxed()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn calls_over_the_per_step_limit_are_answered_with_the_limit() {
+        let told = over_tool_call_limit(3);
+        assert!(told.starts_with("not executed"), "{told}");
+        assert!(told.contains("at most 3 tool calls"), "{told}");
+        assert!(told.contains("WARDEN_MAX_TOOL_CALLS_PER_STEP"), "{told}");
+    }
+}

@@ -588,3 +588,34 @@ fn check_url(field: &str, url: &str) -> Result<(), String> {
         ))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn llm_with_key() -> ExecutorSpec {
+        serde_json::from_value(serde_json::json!({
+            "kind": "llm", "base_url": "https://u:pw@llm.example/v1?k=q", "api_key": "sk-spec-secret-1"
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn the_api_key_never_shows_in_debug_and_is_taken_out_before_storing() {
+        let mut spec = llm_with_key();
+        assert!(!format!("{spec:?}").contains("sk-spec-secret-1"));
+        let key = spec.take_api_key().expect("the key");
+        assert_eq!(key.expose(), "sk-spec-secret-1");
+        assert!(!format!("{key:?}").contains("sk-spec-secret-1"));
+        let stored = serde_json::to_value(&spec).unwrap();
+        assert!(stored.get("api_key").is_none(), "{stored}");
+        // Read back and given its key again, it is the spec as created.
+        let back: ExecutorSpec = serde_json::from_value(stored).unwrap();
+        assert_eq!(back.with_api_key(key), llm_with_key());
+        let shown = llm_with_key().redacted().unwrap().to_string();
+        assert!(
+            !shown.contains("sk-spec") && !shown.contains("pw") && !shown.contains("k=q"),
+            "{shown}"
+        );
+    }
+}

@@ -21,6 +21,15 @@ pub struct FirstRefinement<'a> {
     pub proposal: &'a Value,
 }
 
+/// What a new session brings beside its row: its sealed API key, and the
+/// tenant quota it must fit in.
+pub struct Admission<'a> {
+    /// The session's own model API key, sealed.
+    pub api_key: Option<&'a Sealed>,
+    /// `WARDEN_TENANT_MAX_RUNNING`.
+    pub tenant_max_running: i64,
+}
+
 /// Creates a session with its events and first refinement in one transaction.
 pub async fn create_session(
     store: &Store,
@@ -29,9 +38,12 @@ pub async fn create_session(
     lease_ttl: Duration,
     events: &[NewEvent],
     refinement: Option<FirstRefinement<'_>>,
-    api_key: Option<&Sealed>,
-    tenant_max_running: i64,
+    admission: Admission<'_>,
 ) -> Result<(SessionRecord, Option<Lease>), ServiceError> {
+    let Admission {
+        api_key,
+        tenant_max_running,
+    } = admission;
     let mut tx = store.begin().await?;
     check_tenant_room(&mut tx, &new.tenant, tenant_max_running).await?;
     let lease = store::insert_session(&mut tx, new, owner, lease_ttl).await?;
@@ -136,8 +148,10 @@ mod tests {
                 from: "make it better",
                 proposal: &proposal,
             }),
-            None,
-            100,
+            Admission {
+                api_key: None,
+                tenant_max_running: 100,
+            },
         )
         .await
         .unwrap();
@@ -163,8 +177,10 @@ mod tests {
                 from: "bad\0goal",
                 proposal: &json!({}),
             }),
-            None,
-            100,
+            Admission {
+                api_key: None,
+                tenant_max_running: 100,
+            },
         )
         .await;
         assert!(result.is_err());

@@ -428,8 +428,10 @@ impl SessionService {
             self.config.lease.ttl,
             &events::encode(&log)?,
             first_refinement,
-            sealed.as_ref(),
-            self.config.quotas.tenant_max_running,
+            persist::Admission {
+                api_key: sealed.as_ref(),
+                tenant_max_running: self.config.quotas.tenant_max_running,
+            },
         )
         .await
     }

@@ -251,3 +251,79 @@ async fn lists_show_the_executor_summary_from_summary_columns(pool: PgPool) {
     .unwrap();
     assert!(summary < 200 && spec > 10 * summary, "{spec} vs {summary}");
 }
+
+#[sqlx::test]
+async fn tool_calls_per_step_and_workspace_files_are_capped(pool: PgPool) {
+    use crate::common::fake_llm::{FakeLlm, text, tool_calls};
+    let fake = FakeLlm::start().await;
+    fake.agent(tool_calls(
+        &[
+            ("write_file", json!({ "path": "a.md", "content": "a" })),
+            ("write_file", json!({ "path": "b.md", "content": "b" })),
+            ("write_file", json!({ "path": "c.md", "content": "c" })),
+        ],
+        30,
+    ))
+    .agent(text("<<WARDEN_GOAL_BLOCKED: limits>>", 10));
+    let base = fake.base_url();
+    let app = TestApp::spawn_with(
+        pool,
+        config_with(&[
+            ("WARDEN_LLM_BASE_URL", base.as_str()),
+            ("WARDEN_LLM_MODEL", "fake-model"),
+            ("WARDEN_MAX_TOOL_CALLS_PER_STEP", "2"),
+            ("WARDEN_WORKSPACE_MAX_FILES", "1"),
+        ]),
+    )
+    .await;
+    let id = app
+        .create(json!({
+            "goal": "Create README.md with a project description",
+            "mode": "fixed",
+            "executor": { "kind": "llm" }
+        }))
+        .await["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let s = app.wait_settled(&id).await;
+    assert_eq!(s["reason"], "agent_blocked", "{s}");
+    let first = &app.iterations(&id).await[0];
+    let observation = first["record"]["observation"].as_str().unwrap();
+    assert!(observation.contains("wrote a.md"), "{observation}");
+    assert_eq!(
+        observation.matches("WARDEN_WORKSPACE_MAX_FILES").count(),
+        1,
+        "b.md is refused by the workspace quota: {observation}"
+    );
+    assert_eq!(
+        observation
+            .matches("WARDEN_MAX_TOOL_CALLS_PER_STEP")
+            .count(),
+        1,
+        "c.md is not executed: {observation}"
+    );
+    let events = app.events(&id).await;
+    let limited = events
+        .iter()
+        .find(|e| e["kind"] == "tool_calls_limited")
+        .expect("the limit is recorded");
+    assert_eq!(
+        limited["data"],
+        json!({ "requested": 3, "executed": 2, "limit": 2 })
+    );
+    // The model is told, in the result of the call that did not run.
+    let second = &fake.agent_requests()[1];
+    let told = second["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["role"] == "tool")
+        .filter(|m| {
+            m["content"]
+                .as_str()
+                .is_some_and(|c| c.contains("not executed"))
+        })
+        .count();
+    assert_eq!(told, 1, "{second}");
+}

@@ -221,7 +221,8 @@ impl SecretKeySource {
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Quotas {
     /// `WARDEN_TENANT_MAX_RUNNING`: sessions of one tenant that may be
-    /// active at once (running, awaiting refinement), default 20.
+    /// active at once (running, awaiting refinement), default 1000: a
+    /// bound against one tenant taking every replica, not a capacity plan.
     pub tenant_max_running: i64,
     /// `WARDEN_MAX_TOOL_CALLS_PER_STEP`: tool calls of one model answer
     /// that are executed, default 16; the rest get an error result.
@@ -242,7 +243,7 @@ pub struct Quotas {
 impl Default for Quotas {
     fn default() -> Quotas {
         Quotas {
-            tenant_max_running: 20,
+            tenant_max_running: 1_000,
             max_tool_calls_per_step: 16,
             workspace_max_bytes: 104_857_600,
             workspace_max_files: 10_000,

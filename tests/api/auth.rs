@@ -523,6 +523,7 @@ async fn no_answer_and_no_log_line_carries_a_secret(pool: PgPool) {
             ("WARDEN_METRICS_TOKEN", metrics_token),
             ("WARDEN_LLM_BASE_URL", "http://127.0.0.1:9/v1"),
             ("WARDEN_LLM_API_KEY", llm_key),
+            ("WARDEN_EGRESS_ALLOW", "127.0.0.1"),
         ],
     )
     .await;
@@ -545,6 +546,32 @@ async fn no_answer_and_no_log_line_carries_a_secret(pool: PgPool) {
     let created: Value = res.json().await.unwrap();
     let id = created["id"].as_str().unwrap().to_string();
     answers.push(created.to_string());
+    // A session with its own model key: sealed at rest, never shown or logged
+    // (its endpoint refuses connections, so its failing calls are logged too).
+    let session_key = "sk-session-own-77aa66bb55cc";
+    let res = client
+        .post(format!("{base}/api/autonomous"))
+        .json(
+            &json!({ "goal": "Create README.md with a project description",
+                        "limits": { "max_iterations": 2 },
+                        "executor": { "kind": "llm", "base_url": "http://127.0.0.1:10/v1",
+                                      "model": "m", "api_key": session_key } }),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::CREATED);
+    let llm_session: Value = res.json().await.unwrap();
+    answers.push(llm_session.to_string());
+    let res = client
+        .get(format!(
+            "{base}/api/autonomous/{}",
+            llm_session["id"].as_str().unwrap()
+        ))
+        .send()
+        .await
+        .unwrap();
+    answers.push(res.text().await.unwrap());
     let almost = format!("{}0", &op_key[..op_key.len() - 1]);
     for (key, path) in [
         (op_key.as_str(), format!("/api/autonomous/{id}")),
@@ -584,6 +611,8 @@ async fn no_answer_and_no_log_line_carries_a_secret(pool: PgPool) {
         viewer_key.as_str(),
         &op_key[13..],
         &viewer_key[13..],
+        session_key,
+        crate::common::TEST_SECRET_KEY,
     ] {
         for (i, answer) in answers.iter().enumerate() {
             assert!(

@@ -421,7 +421,8 @@ no string may contain NUL (U+0000), which Postgres cannot store",
         ),
         (
             "Unavailable",
-            "Postgres does not answer, or the service is shutting down; retry shortly",
+            "Postgres does not answer, the service is shutting down, more than WARDEN_MAX_CONCURRENT_REQUESTS \
+requests are in progress (`overloaded`) or the request ran past WARDEN_REQUEST_TIMEOUT_MS (`request_timeout`); retry shortly",
         ),
     ];
     let components = doc

@@ -526,6 +526,13 @@ impl SessionService {
         self.supervisor
             .spawn(lease, acquired, &session, state)
             .await?;
+        if self.supervisor.done_signal(id).is_none() {
+            // No loop runs: it ended already, or the session could not
+            // start (its secret does not decrypt). Answer what it is now.
+            if let Some(now) = self.store.session(id).await? {
+                return Ok(now);
+            }
+        }
         Ok(session)
     }
 

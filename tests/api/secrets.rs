@@ -189,9 +189,15 @@ async fn a_wrong_secret_key_fails_the_session_naming_the_secret(pool: PgPool) {
         s["summary"].as_str().unwrap_or("").contains("api_key"),
         "{s}"
     );
-    // The server goes on serving.
+    // The server goes on serving; a resume under the wrong key says why it cannot run.
     let (status, _) = second.get("/api/autonomous").await;
     assert_eq!(status, StatusCode::OK);
+    let (status, body) = second
+        .post(&format!("/api/autonomous/{id}/resume"), Some(json!({})))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["status"], "failed", "{body}");
+    assert_eq!(body["reason"], "secret_unreadable", "{body}");
     assert_eq!(fake.authorizations().len(), 1, "no call without the key");
 }
 

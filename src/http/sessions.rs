@@ -93,7 +93,7 @@ fn decode_cursor(raw: &str) -> ApiResult<SessionCursor> {
     post, path = "/api/autonomous", tag = "sessions",
     request_body = CreateSession,
     responses(
-        (status = 201, description = "Session created and running", body = SessionView),
+        (status = 201, description = "Session created: running, `queued` when no replica has room (see `queue_position`), or `awaiting_refinement`", body = SessionView),
         (status = 400, description = "Malformed JSON", body = Problem, content_type = "application/problem+json"),
         (status = 403, description = "The executor's URL is refused by the outbound-request policy (code `egress_denied`)", body = Problem, content_type = "application/problem+json"),
         (status = 413, description = "Body too large", body = Problem, content_type = "application/problem+json"),
@@ -223,7 +223,7 @@ pub async fn pause_session(
     request_body(content = Option<ResumeSession>,
         description = "Optional guidance, limits, goal or reopen; an absent or `null` body means no changes"),
     responses(
-        (status = 200, description = "The session, running again", body = SessionView),
+        (status = 200, description = "The session, running again (or `queued` when no replica has room)", body = SessionView),
         (status = 404, description = "No such session", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "Not resumable, or a budget is exhausted and must be raised", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Invalid guidance or limits", body = Problem, content_type = "application/problem+json"),

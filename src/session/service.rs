@@ -18,7 +18,7 @@ use super::planner;
 use super::reads::SessionReads;
 use super::rehydrate::rebuild_locked;
 use super::state::LoopState;
-use super::supervisor::{Done, Supervisor};
+use super::supervisor::{Done, Slot, Supervisor};
 use crate::config::Config;
 use crate::event::{RefinementProposal, SessionEvent};
 use crate::executor::ExecutorSpec;
@@ -203,11 +203,24 @@ impl SessionService {
         let request = self.validate_create(req)?;
         let plan = self.preflight(&request).await?;
         let acquired = Instant::now();
-        let (record, lease) = self.persist_new(request, plan, tenant).await?;
+        let slot = if plan.waits {
+            None
+        } else {
+            self.supervisor.try_reserve()
+        };
+        let (record, lease) = self
+            .persist_new(request, plan, tenant, slot.is_some())
+            .await?;
         tracing::info!(session_id = %record.id, status = record.status.as_str(), "session created");
-        if let Some(lease) = lease {
+        if let (Some(lease), Some(slot)) = (lease, slot) {
             self.supervisor
-                .spawn(lease, acquired, &record, LoopState::for_session(&record))
+                .spawn_in(
+                    slot,
+                    lease,
+                    acquired,
+                    &record,
+                    LoopState::for_session(&record),
+                )
                 .await?;
         }
         Ok(record)
@@ -351,12 +364,14 @@ impl SessionService {
         Ok(plan)
     }
 
-    /// Persist: the session, its log and its first refinement, in one transaction.
+    /// Persist: the session, its log and its first refinement, in one
+    /// transaction; it runs here when `slot_reserved`, else it is queued.
     async fn persist_new(
         &self,
         request: NewRequest,
         plan: Preflight,
         tenant: &str,
+        slot_reserved: bool,
     ) -> Result<(SessionRecord, Option<store::Lease>)> {
         let NewRequest {
             goal,
@@ -366,12 +381,7 @@ impl SessionService {
             req,
             ..
         } = request;
-        let status = if plan.waits {
-            Status::AwaitingRefinement
-        } else {
-            Status::Running
-        };
-        let mut log = Vec::with_capacity(plan.events.len() + 2);
+        let mut log = Vec::with_capacity(plan.events.len() + 1);
         log.push(SessionEvent::SessionCreated {
             goal: goal.clone(),
             mode,
@@ -381,7 +391,6 @@ impl SessionService {
             milestones: req.milestones,
         });
         log.extend(plan.events);
-        log.push(SessionEvent::status(None, status));
         let proposal = plan
             .proposal
             .as_ref()
@@ -404,11 +413,18 @@ impl SessionService {
             from,
             proposal: new.refinement.as_ref().unwrap_or(&serde_json::Value::Null),
         });
-        let owner = (!plan.waits).then(|| self.supervisor.replica_id());
+        let start = if plan.waits {
+            persist::Start::AwaitRefinement
+        } else {
+            persist::Start::Admit {
+                owner: self.supervisor.replica_id(),
+                slot_reserved,
+            }
+        };
         Ok(persist::create_session(
             &self.store,
             &new,
-            owner,
+            start,
             self.config.lease.ttl,
             &events::encode(&log)?,
             first_refinement,
@@ -451,6 +467,7 @@ impl SessionService {
         };
         let data = json!({ "limits": limits, "proposal": session.refinement });
         store::insert_refinement(&mut tx, id, kind, &session.goal, &goal, &data).await?;
+        let (slot, status) = self.admit(&mut tx).await?;
         let events = events::encode(&[
             SessionEvent::GoalRefined {
                 kind: kind.into(),
@@ -458,7 +475,7 @@ impl SessionService {
                 to: goal.clone(),
                 limits: Some(limits),
             },
-            SessionEvent::status(Some(session.status), Status::Running),
+            SessionEvent::status(Some(session.status), status),
         ])?;
         let acquired = Instant::now();
         let lease = store::start_refined(
@@ -466,12 +483,25 @@ impl SessionService {
             id,
             &goal,
             limits,
-            self.supervisor.replica_id(),
+            (status == Status::Running).then(|| self.supervisor.replica_id()),
             self.config.lease.ttl,
             &events,
         )
         .await?;
-        self.start_run(tx, id, lease, acquired).await
+        self.start_run(tx, id, lease.zip(slot), acquired).await
+    }
+
+    /// Where a session ready to run goes (see [`lifecycle::admission`]): a
+    /// place here when one is free and nobody waits before it, else the
+    /// queue. The place is kept only when it runs here.
+    async fn admit(&self, conn: &mut sqlx::PgConnection) -> Result<(Option<Slot>, Status)> {
+        let slot = self.supervisor.try_reserve();
+        let queue_empty = match slot {
+            Some(_) => !store::queue_waiting(conn).await?,
+            None => false,
+        };
+        let status = lifecycle::admission(slot.is_some(), queue_empty);
+        Ok((slot.filter(|_| status == Status::Running), status))
     }
 
     /// Commits a change to session `id` and wakes its readers.
@@ -481,12 +511,13 @@ impl SessionService {
         Ok(())
     }
 
-    /// Commits a (re)start of session `id` under `lease` and runs its loop here.
+    /// Commits a (re)start of session `id` and, under `run` (its lease and
+    /// place here), runs its loop here; without one it was queued.
     async fn start_run(
         &self,
         mut tx: Transaction<'static, Postgres>,
         id: Uuid,
-        lease: Lease,
+        run: Option<(Lease, Slot)>,
         acquired: Instant,
     ) -> Result<SessionRecord> {
         // Read back on the locked connection: a handful of pool acquires
@@ -494,10 +525,14 @@ impl SessionService {
         let session = store::lock_session(&mut tx, id)
             .await?
             .ok_or(ServiceError::NotFound(id))?;
+        let Some((lease, slot)) = run else {
+            self.commit(tx, id).await?;
+            return Ok(session);
+        };
         let state = rebuild_locked(&mut tx, &session).await?;
         self.commit(tx, id).await?;
         self.supervisor
-            .spawn(lease, acquired, &session, state)
+            .spawn_in(slot, lease, acquired, &session, state)
             .await?;
         Ok(session)
     }
@@ -731,7 +766,8 @@ impl SessionService {
             from_status: session.status,
             from_reason: session.reason,
         });
-        events.push(SessionEvent::status(Some(session.status), Status::Running));
+        let (slot, status) = self.admit(&mut tx).await?;
+        events.push(SessionEvent::status(Some(session.status), status));
         let events = events::encode(&events)?;
         let acquired = Instant::now();
         let lease = store::resume_session(
@@ -740,12 +776,12 @@ impl SessionService {
             new_goal.as_deref(),
             limits,
             guidance,
-            self.supervisor.replica_id(),
+            (status == Status::Running).then(|| self.supervisor.replica_id()),
             self.config.lease.ttl,
             &events,
         )
         .await?;
-        self.start_run(tx, id, lease, acquired).await
+        self.start_run(tx, id, lease.zip(slot), acquired).await
     }
 
     /// Changes the mode or limits of a session; a running loop applies them

@@ -3,12 +3,12 @@
 //! owner died, and relays stop/pause requests that reached other replicas.
 
 use std::collections::HashMap;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use sqlx::postgres::PgListener;
-use tokio::sync::watch;
+use tokio::sync::{Notify, watch};
 use tokio::task::AbortHandle;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
@@ -35,6 +35,30 @@ struct RunnerHandle {
     control: Control,
     done: watch::Receiver<bool>,
     abort: AbortHandle,
+    /// Its place under `WARDEN_MAX_RUNNING`, freed when the runner ends.
+    _slot: Slot,
+}
+
+/// How many places under `WARDEN_MAX_RUNNING` are taken, and a wake-up for
+/// the claimer when one frees.
+#[derive(Default)]
+struct Capacity {
+    taken: AtomicUsize,
+    freed: Notify,
+}
+
+/// A place under `WARDEN_MAX_RUNNING`, taken before a session is admitted
+/// to run here and held by its runner; dropping it frees the place and
+/// wakes the claimer, so a queued session starts at once.
+pub struct Slot {
+    capacity: Arc<Capacity>,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.capacity.taken.fetch_sub(1, Ordering::SeqCst);
+        self.capacity.freed.notify_one();
+    }
 }
 
 struct Inner {
@@ -51,6 +75,8 @@ struct Inner {
     closing: CancellationToken,
     /// The runtime the loops run on, so that busy sessions never delay the API.
     loops: tokio::runtime::Handle,
+    /// Places taken under `WARDEN_MAX_RUNNING`.
+    capacity: Arc<Capacity>,
 }
 
 /// This replica's registry of running sessions.
@@ -97,6 +123,7 @@ impl Supervisor {
                 runners: Mutex::new(HashMap::new()),
                 closing: CancellationToken::new(),
                 loops,
+                capacity: Arc::default(),
             }),
         }
     }
@@ -124,10 +151,74 @@ impl Supervisor {
         self.runners().len()
     }
 
-    /// Starts the loop of a session whose lease this replica has just taken.
+    /// Takes a place under `WARDEN_MAX_RUNNING`, if one is free.
+    pub fn try_reserve(&self) -> Option<Slot> {
+        let max = self.inner.config.max_running;
+        let taken = &self.inner.capacity.taken;
+        let mut current = taken.load(Ordering::SeqCst);
+        loop {
+            if current >= max || self.inner.closing.is_cancelled() {
+                return None;
+            }
+            match taken.compare_exchange(current, current + 1, Ordering::SeqCst, Ordering::SeqCst) {
+                Ok(_) => {
+                    return Some(Slot {
+                        capacity: self.inner.capacity.clone(),
+                    });
+                }
+                Err(now) => current = now,
+            }
+        }
+    }
+
+    /// Free places under `WARDEN_MAX_RUNNING`, at most `n`: how many a
+    /// claim may take. Not reserved while the claim's query runs (that would
+    /// turn away the creates meanwhile), so a create racing a claim can put
+    /// this replica over the cap by the sessions admitted in that moment.
+    fn free_up_to(&self, n: usize) -> usize {
+        if self.inner.closing.is_cancelled() {
+            return 0;
+        }
+        self.inner
+            .config
+            .max_running
+            .saturating_sub(self.taken())
+            .min(n)
+    }
+
+    /// A place for a session this replica has just claimed.
+    fn take_slot(&self) -> Slot {
+        self.inner.capacity.taken.fetch_add(1, Ordering::SeqCst);
+        Slot {
+            capacity: self.inner.capacity.clone(),
+        }
+    }
+
+    /// Places taken under `WARDEN_MAX_RUNNING` (runners, and sessions being admitted).
+    pub fn taken(&self) -> usize {
+        self.inner.capacity.taken.load(Ordering::SeqCst)
+    }
+
+    /// Starts the loop of a session whose lease this replica already holds,
+    /// counting it against `WARDEN_MAX_RUNNING` without checking it (the
+    /// lease was taken before; refusing it would only strand the session).
     /// `acquired` is when the acquiring query was sent.
     pub async fn spawn(
         &self,
+        lease: Lease,
+        acquired: Instant,
+        session: &SessionRecord,
+        state: LoopState,
+    ) -> Result<(), ServiceError> {
+        let slot = self.take_slot();
+        self.spawn_in(slot, lease, acquired, session, state).await
+    }
+
+    /// Starts the loop of a session whose lease this replica has just taken,
+    /// in the place `slot`. `acquired` is when the acquiring query was sent.
+    pub async fn spawn_in(
+        &self,
+        slot: Slot,
         lease: Lease,
         acquired: Instant,
         session: &SessionRecord,
@@ -194,6 +285,7 @@ impl Supervisor {
                 control,
                 done: done_rx,
                 abort: task.abort_handle(),
+                _slot: slot,
             },
         );
         Ok(())
@@ -381,15 +473,29 @@ impl Supervisor {
         }
     }
 
-    /// Takes over sessions whose owner stopped renewing its lease.
+    /// Takes over sessions whose owner stopped renewing its lease (or
+    /// released it on shutdown), as many as this replica has room for, at
+    /// most `WARDEN_CLAIMS_PER_TICK`.
     pub async fn rescue(&self) -> usize {
+        self.rescue_up_to(self.inner.config.claims_per_tick).await
+    }
+
+    async fn rescue_up_to(&self, budget: usize) -> usize {
         if self.inner.closing.is_cancelled() {
+            return 0;
+        }
+        let free = self.free_up_to(budget);
+        if free == 0 {
             return 0;
         }
         let started = Instant::now();
         let store = &self.inner.store;
         let claimed = match store
-            .claim_orphans(self.inner.replica_id, self.inner.config.lease.ttl, 100)
+            .claim_orphans(
+                self.inner.replica_id,
+                self.inner.config.lease.ttl,
+                free as i64,
+            )
             .await
         {
             Ok(claimed) => claimed,
@@ -424,10 +530,11 @@ impl Supervisor {
                     continue;
                 }
             }
+            let slot = self.take_slot();
             match load_for_run(store, id).await {
                 Ok((session, state)) => {
                     tracing::info!(session_id = %id, previous_owner = ?c.previous_owner, "rescuing session");
-                    if let Err(err) = self.spawn(c.lease, started, &session, state).await {
+                    if let Err(err) = self.spawn_in(slot, c.lease, started, &session, state).await {
                         tracing::error!(session_id = %id, error = %err, "cannot rescue session");
                         self.after_store_failure(c.lease, &err.to_string()).await;
                     } else {
@@ -443,7 +550,65 @@ impl Supervisor {
         resumed
     }
 
-    /// Heartbeat and rescue, forever (until shutdown).
+    /// Claims queued sessions, oldest first, as many as this replica has
+    /// room for and at most `budget`; returns how many started here.
+    pub async fn claim_queued(&self, budget: usize) -> usize {
+        if self.inner.closing.is_cancelled() {
+            return 0;
+        }
+        let free = self.free_up_to(budget);
+        if free == 0 {
+            return 0;
+        }
+        let started = Instant::now();
+        let store = &self.inner.store;
+        let claimed = match store
+            .claim_queued(
+                self.inner.replica_id,
+                self.inner.config.lease.ttl,
+                free as i64,
+            )
+            .await
+        {
+            Ok(claimed) => claimed,
+            Err(err) => {
+                tracing::warn!(error = %err, "queue claim failed");
+                return 0;
+            }
+        };
+        let mut spawned = 0;
+        for lease in claimed {
+            let id = lease.session_id;
+            let slot = self.take_slot();
+            let result = match load_for_run(store, id).await {
+                Ok((session, state)) => self.spawn_in(slot, lease, started, &session, state).await,
+                Err(err) => Err(err),
+            };
+            match result {
+                Ok(()) => {
+                    tracing::info!(session_id = %id, "queued session started");
+                    spawned += 1;
+                }
+                Err(err) => {
+                    tracing::error!(session_id = %id, error = %err, "cannot start a queued session");
+                    self.after_store_failure(lease, &err.to_string()).await;
+                }
+            }
+        }
+        spawned
+    }
+
+    /// One tick of the fleet's work: renew leases, rescue orphans, then
+    /// claim from the queue, at most `WARDEN_CLAIMS_PER_TICK` in all.
+    pub async fn tick(&self) {
+        self.heartbeat().await;
+        let budget = self.inner.config.claims_per_tick;
+        let rescued = self.rescue_up_to(budget).await;
+        self.claim_queued(budget.saturating_sub(rescued)).await;
+    }
+
+    /// Heartbeat, rescue and claims, forever (until shutdown); a place
+    /// freed by an ending runner claims the next queued session at once.
     pub async fn maintain(self) {
         let interval = self.inner.config.lease.heartbeat;
         let mut ticker = tokio::time::interval(interval);
@@ -451,10 +616,11 @@ impl Supervisor {
         loop {
             tokio::select! {
                 _ = self.inner.closing.cancelled() => return,
-                _ = ticker.tick() => {}
+                _ = ticker.tick() => self.tick().await,
+                _ = self.inner.capacity.freed.notified() => {
+                    self.claim_queued(self.inner.config.claims_per_tick).await;
+                }
             }
-            self.heartbeat().await;
-            self.rescue().await;
         }
     }
 

@@ -233,6 +233,10 @@ pub struct SessionRecord {
     pub updated_at: DateTime<Utc>,
     /// When it ended (terminal statuses).
     pub ended_at: Option<DateTime<Utc>>,
+    /// The tenant it belongs to.
+    pub tenant: String,
+    /// Place in the fleet's queue while `queued` (1 = next to start).
+    pub queue_position: Option<i64>,
 }
 
 /// A session row as selected (see `select_session!`), typed by the query macros.
@@ -276,6 +280,8 @@ pub(super) struct SessionRow {
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
     pub ended_at: Option<DateTime<Utc>>,
+    pub tenant: String,
+    pub queue_position: Option<i64>,
 }
 
 impl From<SessionRow> for SessionRecord {
@@ -322,6 +328,8 @@ impl From<SessionRow> for SessionRecord {
             created_at: r.created_at,
             updated_at: r.updated_at,
             ended_at: r.ended_at,
+            tenant: r.tenant,
+            queue_position: r.queue_position,
         }
     }
 }

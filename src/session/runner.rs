@@ -599,9 +599,33 @@ impl<S: LoopStore> Runner<S> {
             cycle: i32::try_from(self.state.cycle).unwrap_or(i32::MAX),
             next_cycle: cycle_change
                 .map(|c| (i32::try_from(c.cycle).unwrap_or(i32::MAX), c.memory)),
+            checkpoint: None,
             started_at,
             finished_at,
         };
+        // The interval checkpoint is folded into this commit (one flush, not
+        // two): a snapshot of the state as it will be once the step applies.
+        // Not when the step ends the run: the end writes its own checkpoint.
+        let mut next = None;
+        let mut iteration = iteration;
+        let interval = u64::from(self.settings.limits.checkpoint_interval.max(1));
+        if usage.iterations.is_multiple_of(interval)
+            && self.state.last_checkpoint_step < usage.iterations
+        {
+            let mut after = self.state.clone();
+            after.apply(self.state.run, &record, &effects);
+            if after.pending_end.is_none() {
+                after.last_checkpoint_step = usage.iterations;
+                let mut snapshot = after.clone();
+                snapshot.usage.elapsed_ms = self.elapsed_ms();
+                iteration.checkpoint = Some(to_stored("checkpoint state", &snapshot)?);
+                events.push(SessionEvent::CheckpointSaved {
+                    iteration: usage.iterations as i64,
+                    reason: "interval".into(),
+                });
+                next = Some(after);
+            }
+        }
         let eta = state::eta_seconds(effects.percent_complete, effects.elapsed_ms);
         let events = events::encode(&events)?;
         let commit_started = Instant::now();
@@ -616,7 +640,10 @@ impl<S: LoopStore> Runner<S> {
             )
             .await?;
         pass.writes += commit_started.elapsed();
-        self.state.apply(self.state.run, &record, &effects);
+        match next {
+            Some(after) => self.state = after,
+            None => self.state.apply(self.state.run, &record, &effects),
+        }
         self.guidance = None;
         self.apply_flags(flags);
         self.metrics.iteration(
@@ -967,6 +994,8 @@ mod tests {
                 stop_requested: false,
                 pause_requested: false,
                 settings: self.settings,
+                last_event_seq: 0,
+                updated_at: Utc::now(),
             }
         }
 
@@ -996,6 +1025,11 @@ mod tests {
             let mut written = self.written();
             if written.fail_commits {
                 return Err(StoreError::LeaseLost(lease.session_id));
+            }
+            if iteration.checkpoint.is_some() {
+                written
+                    .checkpoints
+                    .push((iteration.number, "interval".to_string()));
             }
             written.commits.push(iteration);
             written.events.extend(events);
@@ -1208,13 +1242,28 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_checkpoint_is_saved_every_interval() {
+    async fn a_checkpoint_is_saved_every_interval_in_the_iterations_own_commit() {
         let (runner, store, _) = runner(limits(5, 2));
         assert_eq!(runner.run().await, Exit::Finished(Reason::MaxIterations));
+        let written = store.written();
         assert_eq!(
-            store.written().checkpoints,
+            written.checkpoints,
             [(2, "interval".to_string()), (4, "interval".to_string())]
         );
+        // Folded: carried by iterations 2 and 4, with their event in the same commit.
+        let folded: Vec<i64> = written
+            .commits
+            .iter()
+            .filter(|c| c.checkpoint.is_some())
+            .map(|c| c.number)
+            .collect();
+        assert_eq!(folded, [2, 4]);
+        let saved = written
+            .events
+            .iter()
+            .filter(|e| e.kind == "checkpoint_saved")
+            .count();
+        assert_eq!(saved, 2);
     }
 
     #[tokio::test]

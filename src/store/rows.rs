@@ -379,6 +379,10 @@ pub struct ControlFlags {
     pub pause_requested: bool,
     /// Current settings.
     pub settings: SessionSettings,
+    /// The session's latest event sequence number after the write.
+    pub last_event_seq: i64,
+    /// The session row's `updated_at` after the write.
+    pub updated_at: DateTime<Utc>,
 }
 
 /// Position in the session list: the last row of the previous page.
@@ -396,6 +400,8 @@ pub(super) struct ControlRow {
     pub pause_requested: bool,
     pub mode: Mode,
     pub limits: Json<Limits>,
+    pub last_event_seq: i64,
+    pub updated_at: DateTime<Utc>,
 }
 
 impl From<ControlRow> for ControlFlags {
@@ -407,6 +413,8 @@ impl From<ControlRow> for ControlFlags {
                 mode: r.mode,
                 limits: r.limits.0,
             },
+            last_event_seq: r.last_event_seq,
+            updated_at: r.updated_at,
         }
     }
 }
@@ -453,6 +461,9 @@ pub struct NewIteration {
     pub cycle: i32,
     /// The cycle and memory the session moves to after this step, when it changes.
     pub next_cycle: Option<(i32, String)>,
+    /// An interval checkpoint of the loop state after this step, committed
+    /// in the iteration's own transaction (one flush, not two).
+    pub checkpoint: Option<Value>,
     /// Start time.
     pub started_at: DateTime<Utc>,
     /// End time.

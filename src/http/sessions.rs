@@ -162,14 +162,11 @@ pub async fn list_sessions(
 )]
 pub async fn get_session(
     State(state): State<AppState>,
+    Extension(caller): Extension<Principal>,
     ApiPath(id): ApiPath<Uuid>,
-) -> ApiResult<Json<SessionView>> {
-    // Both reads at once: under load each waits on Postgres, so the status
-    // answers in the time of the slower one rather than of both.
-    let (session, velocity) = tokio::try_join!(
-        async { Ok::<_, ApiError>(state.service.get(id).await?) },
-        async { Ok::<_, ApiError>(state.service.reads().velocity(id, 30).await?) },
-    )?;
+) -> ApiResult<(HeaderMap, Json<SessionView>)> {
+    let (session, velocity, from_memory) =
+        state.service.status(id, caller.scope.as_deref()).await?;
     let mut doc = view(&state, session);
     doc.velocity = Some(
         velocity
@@ -177,8 +174,17 @@ pub async fn get_session(
             .map(|(minute, iterations)| VelocityPoint { minute, iterations })
             .collect(),
     );
-    Ok(Json(doc))
+    let mut headers = HeaderMap::new();
+    headers.insert(
+        STATUS_SOURCE,
+        HeaderValue::from_static(if from_memory { "memory" } else { "database" }),
+    );
+    Ok((headers, Json(doc)))
 }
+
+/// Response header of `GET /{id}`: `memory` when the replica running the
+/// session answered from its loop's committed state, `database` otherwise.
+pub const STATUS_SOURCE: &str = "warden-status-source";
 
 /// Stop a session at once (idempotent). The in-flight step is abandoned,
 /// a checkpoint saved, and the session ends `interrupted / user_stop`.

@@ -12,6 +12,7 @@ use uuid::Uuid;
 
 use super::events::{self, to_stored};
 use super::lease_clock::LeaseClock;
+use super::live::{CommittedStep, LiveView};
 use super::loop_store::{LoopStore, ReflectionCommit};
 use super::reflector::{Reflector, SessionFacts};
 use super::state::{self, AppliedReflection, LoopState, StepEffects};
@@ -94,6 +95,8 @@ pub struct RunnerDeps<S = Store> {
     pub reflector: Option<Arc<Reflector>>,
     /// Process metrics.
     pub metrics: Arc<Metrics>,
+    /// The status this replica serves from memory, kept to what is committed.
+    pub view: Arc<LiveView>,
 }
 
 /// Everything a runner needs to drive one session.
@@ -109,6 +112,7 @@ pub struct Runner<S = Store> {
     control: Control,
     reflector: Option<Arc<Reflector>>,
     metrics: Arc<Metrics>,
+    view: Arc<LiveView>,
     /// Running time accumulated before this process picked the session up.
     base_elapsed_ms: u64,
     started: Instant,
@@ -190,6 +194,7 @@ impl<S: LoopStore> Runner<S> {
             control: deps.control,
             reflector: deps.reflector,
             metrics: deps.metrics,
+            view: deps.view,
             started: Instant::now(),
             throttled_step: None,
         }
@@ -404,6 +409,7 @@ impl<S: LoopStore> Runner<S> {
             .store
             .append_fenced(&self.lease, &events::encode(&[decision])?)
             .await?;
+        self.view.appended(&flags);
         self.apply_flags(flags);
         let remaining = guardrails::time_remaining_ms(&self.settings.limits, &self.current_usage());
         let cooldown = self
@@ -628,18 +634,40 @@ impl<S: LoopStore> Runner<S> {
         }
         let eta = state::eta_seconds(effects.percent_complete, effects.elapsed_ms);
         let events = events::encode(&events)?;
+        let counters = Counters::from_usage(&usage, self.state.reflection.tokens);
+        let next_cycle = iteration.next_cycle.clone();
+        let checkpointed = iteration.checkpoint.is_some().then_some(iteration.number);
         let commit_started = Instant::now();
         let flags = self
             .store
             .commit_iteration(
                 &self.lease,
                 iteration,
-                Counters::from_usage(&usage, self.state.reflection.tokens),
+                counters,
                 (effects.percent_complete, eta),
                 events,
             )
             .await?;
         pass.writes += commit_started.elapsed();
+        // Committed: now the status served from memory may show it.
+        let percent = effects.percent_complete;
+        self.view.committed(CommittedStep {
+            flags: &flags,
+            finished_at,
+            apply: &|r| {
+                r.counters = counters;
+                r.percent_complete = percent;
+                r.eta_seconds = eta;
+                r.guidance = None;
+                if let Some((cycle, memory)) = &next_cycle {
+                    r.cycle = *cycle;
+                    r.memory.clone_from(memory);
+                }
+                if let Some(n) = checkpointed {
+                    r.last_checkpoint_iteration = n;
+                }
+            },
+        });
         match next {
             Some(after) => self.state = after,
             None => self.state.apply(self.state.run, &record, &effects),
@@ -813,6 +841,7 @@ impl<S: LoopStore> Runner<S> {
                 },
             )
             .await?;
+        self.view.invalidate();
         self.state = next;
         Ok(None)
     }
@@ -844,7 +873,9 @@ impl<S: LoopStore> Runner<S> {
         let snapshot = self.snapshot()?;
         self.store
             .save_checkpoint(&self.lease, n as i64, why, &snapshot)
-            .await
+            .await?;
+        self.view.invalidate();
+        Ok(())
     }
 
     /// Ends the session for `reason`; a stop requested meanwhile wins over
@@ -884,6 +915,8 @@ impl<S: LoopStore> Runner<S> {
         events.push(SessionEvent::run_ended(Status::Running, &record, &usage));
         let events = events::encode(&events)?;
         let snapshot = self.snapshot()?;
+        // Before the end commits: from then on only Postgres knows the status.
+        self.view.close();
         self.store
             .finish(
                 &self.lease,
@@ -903,6 +936,7 @@ impl<S: LoopStore> Runner<S> {
         self.state.usage = usage;
         self.state.last_checkpoint_step = usage.iterations;
         let snapshot = self.snapshot()?;
+        self.view.close();
         self.store
             .release(
                 &self.lease,
@@ -1159,6 +1193,7 @@ mod tests {
             control: Control::new(clock),
             reflector: None,
             metrics: Arc::new(Metrics::default()),
+            view: Arc::default(),
         });
         (runner, store, calls)
     }

@@ -13,6 +13,7 @@ use uuid::Uuid;
 
 pub use super::error::{Result, ServiceError};
 use super::events::{self, to_stored};
+use super::live::{VELOCITY_MINUTES, Velocity};
 use super::persist::{self, FirstRefinement};
 use super::planner;
 use super::reads::SessionReads;
@@ -544,6 +545,40 @@ impl SessionService {
         LlmClient::new(endpoint).ok().map(|c| (c, model))
     }
 
+    /// A session's status and its velocity (iterations per minute, last 30
+    /// minutes), as committed: from this replica's memory when it runs the
+    /// session, else from Postgres. `tenant` (when given) must own it; any
+    /// other tenant's session is not found, like a missing one. The flag
+    /// says whether memory answered.
+    pub async fn status(
+        &self,
+        id: Uuid,
+        tenant: Option<&str>,
+    ) -> Result<(SessionRecord, Velocity, bool)> {
+        let visible = |s: &SessionRecord| tenant.is_none_or(|t| t == s.tenant);
+        if let Some((session, velocity)) = self.supervisor.live(id) {
+            if !visible(&session) {
+                return Err(ServiceError::NotFound(id));
+            }
+            return Ok((session, velocity, true));
+        }
+        let refill = self.supervisor.refillable(id);
+        // Both reads at once: under load each waits on Postgres, so the
+        // status answers in the time of the slower one rather than of both.
+        let (session, velocity) =
+            tokio::try_join!(self.get(id), self.reads.velocity(id, VELOCITY_MINUTES))?;
+        if !visible(&session) {
+            return Err(ServiceError::NotFound(id));
+        }
+        if let Some((view, generation)) = refill
+            && session.status == Status::Running
+            && session.owner == Some(self.supervisor.replica_id())
+        {
+            view.refill(generation, &session, &velocity);
+        }
+        Ok((session, velocity, false))
+    }
+
     /// One session.
     pub async fn get(&self, id: Uuid) -> Result<SessionRecord> {
         self.store
@@ -811,10 +846,18 @@ impl SessionService {
                 by: "update".into(),
             });
         }
-        if !events.is_empty() {
+        let changed = !events.is_empty();
+        if changed {
             store::update_settings(&mut tx, id, settings, &events::encode(&events)?).await?;
         }
         self.commit(tx, id).await?;
+        if changed && session.status == Status::Running {
+            // Whoever runs it serves its status from memory: tell it.
+            self.supervisor.invalidate(id);
+            if let Err(err) = self.store.notify_control(ControlAction::Changed, id).await {
+                tracing::warn!(session_id = %id, error = %err, "cannot announce the settings change; its owner shows it after its next step");
+            }
+        }
         self.get(id).await
     }
 }

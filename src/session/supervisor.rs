@@ -15,6 +15,7 @@ use uuid::Uuid;
 
 use super::error::ServiceError;
 use super::lease_clock::LeaseClock;
+use super::live::{LiveView, Velocity};
 use super::reflector::Reflector;
 use super::rehydrate::{build_executor, load_for_run};
 use super::runner::{Control, Exit, Runner, RunnerDeps};
@@ -37,6 +38,8 @@ struct RunnerHandle {
     abort: AbortHandle,
     /// Its place under `WARDEN_MAX_RUNNING`, freed when the runner ends.
     _slot: Slot,
+    /// The status it keeps in memory.
+    view: Arc<LiveView>,
 }
 
 /// How many places under `WARDEN_MAX_RUNNING` are taken, and a wake-up for
@@ -237,7 +240,8 @@ impl Supervisor {
             config.lease.ttl,
             config.lease.margin,
         ));
-        if !self.refresh_if_stale(&clock, lease).await? {
+        let view = Arc::new(LiveView::new(session));
+        if !self.refresh_if_stale(&clock, lease, &view).await? {
             // A rescue took the session over meanwhile: it runs there.
             tracing::info!(session_id = %lease.session_id, "session taken over before its loop started");
             return Ok(());
@@ -264,6 +268,7 @@ impl Supervisor {
             control: control.clone(),
             reflector: self.inner.reflector.clone(),
             metrics: self.inner.metrics.clone(),
+            view: view.clone(),
         });
         let (done_tx, done_rx) = watch::channel(false);
         let me = self.clone();
@@ -286,6 +291,7 @@ impl Supervisor {
                 done: done_rx,
                 abort: task.abort_handle(),
                 _slot: slot,
+                view,
             },
         );
         Ok(())
@@ -302,6 +308,7 @@ impl Supervisor {
         let mut done = None;
         for handle in runners.values().filter(|h| h.lease.session_id == id) {
             handle.control.stop.cancel();
+            handle.view.invalidate();
             done = Some(handle.done.clone());
         }
         done
@@ -313,9 +320,43 @@ impl Supervisor {
         let mut done = None;
         for handle in runners.values().filter(|h| h.lease.session_id == id) {
             handle.control.pause.store(true, Ordering::SeqCst);
+            handle.view.invalidate();
             done = Some(handle.done.clone());
         }
         done
+    }
+
+    /// The one local runner of `id` whose lease this replica still trusts.
+    fn trusted_view(&self, id: Uuid) -> Option<Arc<LiveView>> {
+        let runners = self.runners();
+        let mut of_session = runners.values().filter(|h| h.lease.session_id == id);
+        let handle = of_session.next()?;
+        // Two runners of one session (a stale one finishing): ask Postgres.
+        if of_session.next().is_some() || !handle.control.lease_clock.is_valid() {
+            return None;
+        }
+        Some(handle.view.clone())
+    }
+
+    /// The committed status and velocity of `id` from memory, when it runs
+    /// here under a lease this replica trusts and the view is fresh.
+    pub fn live(&self, id: Uuid) -> Option<(SessionRecord, Velocity)> {
+        self.trusted_view(id)?.snapshot()
+    }
+
+    /// The view of `id` to refill from a Postgres read, with its generation
+    /// taken before the read.
+    pub fn refillable(&self, id: Uuid) -> Option<(Arc<LiveView>, u64)> {
+        let view = self.trusted_view(id)?;
+        let generation = view.generation();
+        Some((view, generation))
+    }
+
+    /// Something changed on `id` that its view cannot apply field by field.
+    pub fn invalidate(&self, id: Uuid) {
+        for handle in self.runners().values().filter(|h| h.lease.session_id == id) {
+            handle.view.invalidate();
+        }
     }
 
     /// The completion signal of a local runner, if the session runs here.
@@ -335,6 +376,7 @@ impl Supervisor {
         &self,
         clock: &LeaseClock,
         lease: Lease,
+        view: &LiveView,
     ) -> Result<bool, ServiceError> {
         let cfg = self.inner.config.lease;
         if clock.is_valid_at(Instant::now() + cfg.heartbeat) {
@@ -342,10 +384,11 @@ impl Supervisor {
         }
         let started = Instant::now();
         let renewed = self.inner.store.renew_leases(&[lease], cfg.ttl).await?;
-        if renewed.is_empty() {
+        let Some(r) = renewed.first() else {
             return Ok(false);
-        }
+        };
         clock.renewed(started, cfg.ttl, cfg.margin);
+        view.lease_renewed(r.lease_expires_at, r.heartbeat_at);
         Ok(true)
     }
 
@@ -448,6 +491,9 @@ impl Supervisor {
                                     lease_cfg.ttl,
                                     lease_cfg.margin,
                                 );
+                                handle
+                                    .view
+                                    .lease_renewed(r.lease_expires_at, r.heartbeat_at);
                                 if r.stop_requested {
                                     handle.control.stop.cancel();
                                 }
@@ -671,6 +717,7 @@ impl Supervisor {
             ControlAction::Pause => {
                 self.signal_pause(note.session_id);
             }
+            ControlAction::Changed => self.invalidate(note.session_id),
         }
     }
 

@@ -75,6 +75,10 @@ pub struct Renewed {
     pub stop_requested: bool,
     /// A pause was requested.
     pub pause_requested: bool,
+    /// Until when the lease now runs.
+    pub lease_expires_at: DateTime<Utc>,
+    /// When it was renewed.
+    pub heartbeat_at: DateTime<Utc>,
 }
 
 /// An orphaned session this replica just took over.

@@ -210,3 +210,100 @@ async fn a_draining_replica_hands_its_sessions_to_a_peer_within_a_heartbeat(pool
         );
     }
 }
+
+/// The status document as Postgres alone would give it.
+async fn status_from_postgres(pool: &PgPool, id: &str) -> Value {
+    let store = warden::store::Store::from_pool(pool.clone());
+    let uuid: uuid::Uuid = id.parse().expect("uuid");
+    let record = store.session(uuid).await.expect("read").expect("exists");
+    let velocity = store.velocity(uuid, 30).await.expect("velocity");
+    let mut doc = warden::http::views::SessionView::from(record);
+    doc.velocity = Some(
+        velocity
+            .into_iter()
+            .map(|(minute, iterations)| warden::http::views::VelocityPoint { minute, iterations })
+            .collect(),
+    );
+    serde_json::to_value(doc).expect("json")
+}
+
+async fn status_with_source(app: &TestApp, id: &str) -> (String, Value) {
+    let res = app
+        .client
+        .get(app.url(&format!("/api/autonomous/{id}")))
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(res.status(), StatusCode::OK);
+    let source = res
+        .headers()
+        .get("warden-status-source")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_string();
+    (source, res.json().await.expect("json"))
+}
+
+/// `GET /{id}` of a session this replica runs answers from the loop's
+/// memory, field for field what Postgres holds, also after a settings
+/// change; another tenant still gets a 404; once it ends, Postgres answers.
+#[sqlx::test]
+async fn the_status_of_a_running_session_comes_from_memory_and_equals_postgres(pool: PgPool) {
+    // A long heartbeat: no lease renewal between the two reads compared.
+    let app = TestApp::spawn_with(
+        pool.clone(),
+        config_with(&[
+            ("WARDEN_LEASE_TTL_MS", "60000"),
+            ("WARDEN_HEARTBEAT_INTERVAL_MS", "30000"),
+        ]),
+    )
+    .await;
+    let mut steps = distinct_steps(12, 7, 0)
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    steps.push(json!({ "action": "wait", "tokens": 1, "output": "waiting", "delay_ms": 60_000 }));
+    let id = app
+        .create_scripted(Value::Array(steps), json!({ "checkpoint_interval": 5 }))
+        .await;
+    // Twelve quick steps (two folded checkpoints), then one in flight for a minute.
+    app.wait_until(&id, Duration::from_secs(10), |s| s["iterations"] == 12)
+        .await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let (source, memory) = status_with_source(&app, &id).await;
+    assert_eq!(source, "memory");
+    assert_eq!(memory, status_from_postgres(&pool, &id).await);
+    assert_eq!(memory["last_checkpoint_iteration"], 10);
+    assert_eq!(memory["velocity"][0]["iterations"], 12, "{memory}");
+
+    // A settings change shows at once and memory answers again after it.
+    let (status, _) = app
+        .patch(
+            &format!("/api/autonomous/{id}"),
+            json!({ "limits": { "max_iterations": 40 } }),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    let (_, first) = status_with_source(&app, &id).await;
+    assert_eq!(first["limits"]["max_iterations"], 40);
+    let (source, memory) = status_with_source(&app, &id).await;
+    assert_eq!(source, "memory", "refilled by the read after the change");
+    assert_eq!(memory, status_from_postgres(&pool, &id).await);
+
+    // Another tenant's key: a 404, as for a missing session.
+    let other = common::create_key(&app.base, "other-tenant", "viewer").await["secret"]
+        .as_str()
+        .expect("secret")
+        .to_string();
+    let res = common::client_with_key(&other)
+        .get(app.url(&format!("/api/autonomous/{id}")))
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(res.status(), StatusCode::NOT_FOUND);
+
+    stop(&app, &id).await;
+    let (source, ended) = status_with_source(&app, &id).await;
+    assert_eq!(source, "database");
+    assert_eq!(ended["status"], "interrupted");
+}

@@ -61,7 +61,8 @@ impl Scale {
             stop_sessions: 20,
             memory_sessions: 200,
             status_rate_per_s: 20,
-            replicas: vec![1, 2],
+            // Two replicas exercise the claims and the cross-replica stops.
+            replicas: vec![2],
             replica_sessions: 20,
             replica_stops: 10,
         }
@@ -318,7 +319,14 @@ impl Server {
         let db_name = format!("warden_bench_{}_{phase}", std::process::id());
         create_database(admin, &db_name).await?;
         let db_url = database_url(&opts.admin_url, &db_name);
-        Server::launch(opts, &db_name, &db_url, true, &[("WARDEN_MAX_RUNNING", "1000000")]).await
+        Server::launch(
+            opts,
+            &db_name,
+            &db_url,
+            true,
+            &[("WARDEN_MAX_RUNNING", "1000000")],
+        )
+        .await
     }
 
     /// A warden process on database `db_name` (dropped by [`Server::stop`]
@@ -476,8 +484,8 @@ async fn create_sessions_on(
                 let res = client.post(&url).json(body).send().await?;
                 let status = res.status();
                 let created: Value = res.json().await?;
-                let started = created["status"] == "running"
-                    || (queue_ok && created["status"] == "queued");
+                let started =
+                    created["status"] == "running" || (queue_ok && created["status"] == "queued");
                 if !status.is_success() || !started {
                     return Err(format!("create answered {status}: {created}").into());
                 }
@@ -767,7 +775,10 @@ async fn measure_fleet(
         replica_ids.push(doc["owner"].as_str().unwrap_or_default().to_string());
         stop_session(client, base, id).await;
     }
-    let db = PgPoolOptions::new().max_connections(2).connect(db_url).await?;
+    let db = PgPoolOptions::new()
+        .max_connections(2)
+        .connect(db_url)
+        .await?;
     create_sessions_on(client, &bases, n, &cycling_session(0), true).await?;
     // Until every session runs somewhere (queued ones are claimed on a heartbeat).
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -829,9 +840,7 @@ async fn measure_fleet(
         stops = stream::iter(targets)
             .map(|(base, id)| async move {
                 let t = Instant::now();
-                stop_session(client, &base, &id)
-                    .await
-                    .then(|| t.elapsed())
+                stop_session(client, &base, &id).await.then(|| t.elapsed())
             })
             .buffer_unordered(4)
             .filter_map(|d| async move { d })
@@ -850,7 +859,11 @@ async fn measure_fleet(
     let none = || "— (one replica)".to_string();
     rows.push(row(
         format!("cross-replica stop → interrupted p50 / p99, {label}"),
-        if k > 1 { format!("{} / {}", ms(p50), ms(p99)) } else { none() },
+        if k > 1 {
+            format!("{} / {}", ms(p50), ms(p99))
+        } else {
+            none()
+        },
         "—".into(),
         "—".into(),
         "",

@@ -171,3 +171,134 @@ fn apply_flags(record: &mut SessionRecord, flags: &ControlFlags) {
     record.last_event_seq = flags.last_event_seq;
     record.updated_at = flags.updated_at;
 }
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+    use uuid::Uuid;
+
+    use super::*;
+    use crate::policy::guardrails::tests::roomy;
+    use crate::policy::lifecycle::{Mode, Status};
+    use crate::store::{Counters, SessionSettings};
+
+    fn record() -> SessionRecord {
+        let now = Utc::now();
+        SessionRecord {
+            id: Uuid::new_v4(),
+            goal: "Write README.md".into(),
+            mode: Mode::Fixed,
+            status: Status::Running,
+            reason: None,
+            summary: None,
+            reason_detail: None,
+            original_goal: None,
+            refinement: None,
+            criteria: Vec::new(),
+            milestones: Vec::new(),
+            cycle: 1,
+            memory: String::new(),
+            refinement_tokens: 0,
+            last_reflection: None,
+            next_steps: Vec::new(),
+            percent_complete: None,
+            eta_seconds: None,
+            limits: roomy(),
+            executor: json!({ "kind": "scripted" }),
+            counters: Counters::default(),
+            run: 1,
+            checkpoint_saved: false,
+            last_checkpoint_iteration: 0,
+            stop_requested: false,
+            pause_requested: false,
+            guidance: None,
+            last_event_seq: 2,
+            owner: Some(Uuid::new_v4()),
+            lease_expires_at: Some(now),
+            heartbeat_at: Some(now),
+            created_at: now,
+            updated_at: now,
+            ended_at: None,
+            tenant: "t".into(),
+            queue_position: None,
+        }
+    }
+
+    fn flags(seq: i64) -> ControlFlags {
+        ControlFlags {
+            stop_requested: false,
+            pause_requested: true,
+            settings: SessionSettings {
+                mode: Mode::Continuous,
+                limits: roomy(),
+            },
+            last_event_seq: seq,
+            updated_at: Utc::now(),
+        }
+    }
+
+    fn commit(view: &LiveView, iterations: i64, seq: i64) {
+        view.committed(CommittedStep {
+            flags: &flags(seq),
+            finished_at: Utc::now(),
+            apply: &|r| r.counters.iterations = iterations,
+        });
+    }
+
+    #[test]
+    fn a_commit_applies_its_counters_flags_and_velocity() {
+        let view = LiveView::new(&record());
+        commit(&view, 1, 4);
+        commit(&view, 2, 6);
+        let (r, velocity) = view.snapshot().expect("fresh");
+        assert_eq!(r.counters.iterations, 2);
+        assert_eq!(r.last_event_seq, 6);
+        assert_eq!(r.mode, Mode::Continuous);
+        assert!(r.pause_requested);
+        assert_eq!(velocity.iter().map(|(_, n)| n).sum::<i64>(), 2);
+    }
+
+    #[test]
+    fn a_stale_view_answers_nothing_until_a_read_refills_it() {
+        let view = LiveView::new(&record());
+        view.invalidate();
+        assert!(view.snapshot().is_none());
+        let generation = view.generation();
+        let mut read = record();
+        read.counters.iterations = 7;
+        view.refill(generation, &read, &Vec::new());
+        assert_eq!(view.snapshot().expect("refilled").0.counters.iterations, 7);
+    }
+
+    #[test]
+    fn a_read_that_a_write_overtook_is_not_taken() {
+        let view = LiveView::new(&record());
+        view.invalidate();
+        let generation = view.generation();
+        // The loop commits while the read is in flight: the read may predate it.
+        commit(&view, 3, 8);
+        view.refill(generation, &record(), &Vec::new());
+        assert!(view.snapshot().is_none());
+    }
+
+    #[test]
+    fn a_session_with_history_waits_for_its_velocity() {
+        let mut r = record();
+        r.counters.iterations = 5;
+        let view = LiveView::new(&r);
+        assert!(view.snapshot().is_none(), "its velocity is in Postgres");
+        let generation = view.generation();
+        view.refill(generation, &r, &vec![(minute(Utc::now()), 5)]);
+        assert_eq!(view.snapshot().expect("refilled").1[0].1, 5);
+    }
+
+    #[test]
+    fn a_closed_view_never_answers_again() {
+        let view = LiveView::new(&record());
+        view.close();
+        let generation = view.generation();
+        view.refill(generation, &record(), &Vec::new());
+        commit(&view, 1, 3);
+        assert!(view.snapshot().is_none());
+    }
+}

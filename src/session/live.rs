@@ -30,6 +30,9 @@ struct ViewState {
     generation: u64,
     /// The run is ending or ended: answer from Postgres from now on.
     closed: bool,
+    /// An iteration commit is on its way: a read meanwhile may or may not
+    /// include it, so it cannot refill (the velocity would count it twice).
+    committing: bool,
 }
 
 /// The in-memory status of one running session.
@@ -62,6 +65,7 @@ impl LiveView {
                 record: Some(record.clone()),
                 generation: 0,
                 closed: false,
+                committing: false,
             }),
         }
     }
@@ -101,7 +105,7 @@ impl LiveView {
     /// `generation` was taken (else the read may predate it).
     pub fn refill(&self, generation: u64, record: &SessionRecord, velocity: &Velocity) {
         let mut state = self.state();
-        if state.closed || state.generation != generation {
+        if state.closed || state.committing || state.generation != generation {
             return;
         }
         state.record = Some(record.clone());
@@ -123,10 +127,18 @@ impl LiveView {
         state.record = None;
     }
 
+    /// An iteration commit is about to be sent.
+    pub fn committing(&self) {
+        let mut state = self.state();
+        state.generation += 1;
+        state.committing = true;
+    }
+
     /// Applies a committed iteration.
     pub fn committed(&self, step: CommittedStep<'_>) {
         let mut state = self.state();
         state.generation += 1;
+        state.committing = false;
         if let Some(velocity) = state.velocity.as_mut() {
             let m = minute(step.finished_at);
             match velocity.last_mut() {
@@ -279,6 +291,24 @@ mod tests {
         commit(&view, 3, 8);
         view.refill(generation, &record(), &Vec::new());
         assert!(view.snapshot().is_none());
+    }
+
+    #[test]
+    fn a_read_during_a_commit_is_not_taken() {
+        let view = LiveView::new(&record());
+        view.invalidate();
+        view.committing();
+        // Taken while the commit is on its way: the read may include it.
+        let generation = view.generation();
+        view.refill(generation, &record(), &vec![(minute(Utc::now()), 1)]);
+        assert!(view.snapshot().is_none());
+        commit(&view, 1, 4);
+        let generation = view.generation();
+        view.refill(generation, &record(), &Vec::new());
+        assert!(
+            view.snapshot().is_some(),
+            "after the commit, reads refill again"
+        );
     }
 
     #[test]

@@ -638,6 +638,7 @@ impl<S: LoopStore> Runner<S> {
         let next_cycle = iteration.next_cycle.clone();
         let checkpointed = iteration.checkpoint.is_some().then_some(iteration.number);
         let commit_started = Instant::now();
+        self.view.committing();
         let flags = self
             .store
             .commit_iteration(

@@ -10,6 +10,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use futures::{StreamExt, stream};
@@ -38,6 +39,8 @@ struct Scale {
     replica_sessions: usize,
     /// Cross-replica stops timed per replica count.
     replica_stops: usize,
+    /// How long the memory phase lets its sessions settle, and then measures.
+    memory_settle: Duration,
 }
 
 impl Scale {
@@ -51,6 +54,7 @@ impl Scale {
             replicas: vec![1, 2, 3],
             replica_sessions: 1_000,
             replica_stops: 200,
+            memory_settle: Duration::from_secs(5),
         }
     }
 
@@ -65,6 +69,7 @@ impl Scale {
             replicas: vec![2],
             replica_sessions: 20,
             replica_stops: 10,
+            memory_settle: Duration::from_secs(1),
         }
     }
 }
@@ -529,15 +534,30 @@ where
 }
 
 /// GETs `url_for(i)` in an open loop; a request counts when it answers 2xx.
+/// `from_memory` counts the answers Warden says came from memory.
 async fn steady_get(
     client: &reqwest::Client,
     rate_per_s: u32,
     window: Duration,
     url_for: impl Fn(usize) -> String,
+    from_memory: Arc<AtomicUsize>,
 ) -> Vec<Duration> {
     open_loop(rate_per_s, window, |i| {
         let request = client.get(url_for(i));
-        async move { request.send().await.is_ok_and(|r| r.status().is_success()) }
+        let from_memory = from_memory.clone();
+        async move {
+            let Ok(res) = request.send().await else {
+                return false;
+            };
+            if res
+                .headers()
+                .get("warden-status-source")
+                .is_some_and(|v| v == "memory")
+            {
+                from_memory.fetch_add(1, Ordering::Relaxed);
+            }
+            res.status().is_success()
+        }
     })
     .await
 }
@@ -583,14 +603,22 @@ async fn status_latency(
     let base = &server.base;
     let rate = scale.status_rate_per_s;
     let list_rate = (rate / 5).max(1);
+    let memory = Arc::new(AtomicUsize::new(0));
     let (mut get, mut list, mut raw_get, mut raw_list) = tokio::join!(
-        steady_get(client, rate, scale.window, |i| format!(
-            "{base}/api/autonomous/{}",
-            ids[i % ids.len().max(1)]
-        )),
-        steady_get(client, list_rate, scale.window, |_| format!(
-            "{base}/api/autonomous?limit=50"
-        )),
+        steady_get(
+            client,
+            rate,
+            scale.window,
+            |i| format!("{base}/api/autonomous/{}", ids[i % ids.len().max(1)]),
+            memory.clone()
+        ),
+        steady_get(
+            client,
+            list_rate,
+            scale.window,
+            |_| format!("{base}/api/autonomous?limit=50"),
+            Arc::new(AtomicUsize::new(0))
+        ),
         steady_query(
             &reader,
             rate,
@@ -607,6 +635,8 @@ async fn status_latency(
         ),
     );
     reader.close().await;
+    let answered = get.len();
+    let memory_share = 100.0 * memory.load(Ordering::Relaxed) as f64 / answered.max(1) as f64;
     let get_p99 = quantile(&mut get, 0.99);
     let raw_get_p99 = quantile(&mut raw_get, 0.99);
     let list_p99 = quantile(&mut list, 0.99);
@@ -626,6 +656,13 @@ async fn status_latency(
             "≤ 0.5× raw and < 10 ms",
         )
         .judged(get_met),
+        row(
+            "  of which answered from the running replica's memory",
+            format!("{memory_share:.0} %"),
+            "—".into(),
+            "—".into(),
+            "",
+        ),
         row(
             format!("GET /api/autonomous?limit=50 p99 at {list_rate}/s, {load}"),
             ms(list_p99),
@@ -1165,10 +1202,10 @@ async fn run() -> BenchResult<()> {
         let created = Instant::now();
         let ids = create_sessions(&client, &server.base, n, &cycling_session(1_000)).await?;
         let create_rate = n as f64 / created.elapsed().as_secs_f64();
-        tokio::time::sleep(Duration::from_secs(5)).await;
+        tokio::time::sleep(scale.memory_settle).await;
         let before = server.scrape(&client).await?;
         let t0 = Instant::now();
-        tokio::time::sleep(Duration::from_secs(5)).await;
+        tokio::time::sleep(scale.memory_settle).await;
         let rss1 = server.rss_bytes();
         let after = server.scrape(&client).await?;
         let rate = (after.get("warden_iterations_total") - before.get("warden_iterations_total"))

@@ -164,6 +164,13 @@ pub struct Config {
     pub throttle_cooldown: Duration,
     /// Lease timing.
     pub lease: LeaseConfig,
+    /// `WARDEN_MAX_RUNNING`: sessions this replica runs at once, default
+    /// 1000; beyond it sessions wait `queued` for any replica with room.
+    pub max_running: usize,
+    /// `WARDEN_CLAIMS_PER_TICK`: most queued or orphaned sessions one
+    /// replica claims per heartbeat, default 100, so a replica that starts
+    /// (or a queue that fills) never takes on a burst all at once.
+    pub claims_per_tick: usize,
     /// `WARDEN_STOP_WAIT_MS`: how long stop/pause requests wait for the loop to land, default 5000.
     pub control_wait: Duration,
     /// `WARDEN_MAX_ATTEMPTS`: consecutive failed attempts (rescues without a
@@ -592,6 +599,8 @@ impl Config {
                 heartbeat,
                 margin: ttl / 5,
             },
+            max_running: env.parse("WARDEN_MAX_RUNNING", 1_000, 1, 1_000_000)?,
+            claims_per_tick: env.parse("WARDEN_CLAIMS_PER_TICK", 100, 1, 100_000)?,
             control_wait: env.millis("WARDEN_STOP_WAIT_MS", 5_000, 0, 600_000)?,
             max_attempts: env.parse("WARDEN_MAX_ATTEMPTS", 5, 1, 1_000)?,
             db_acquire_timeout: env.millis("WARDEN_DB_ACQUIRE_TIMEOUT_MS", 2_000, 50, 60_000)?,

@@ -229,7 +229,10 @@ impl Application {
         let service = SessionService::new(store, config.clone(), supervisor.clone());
 
         let rescued = supervisor.rescue().await;
-        tracing::info!(%addr, %replica_id, rescued, "warden listening");
+        let claimed = supervisor
+            .claim_queued(config.claims_per_tick.saturating_sub(rescued))
+            .await;
+        tracing::info!(%addr, %replica_id, rescued, claimed, max_running = config.max_running, "warden listening");
 
         let background = vec![
             tokio::spawn(supervisor.clone().maintain()),

@@ -93,7 +93,7 @@ fn decode_cursor(raw: &str) -> ApiResult<SessionCursor> {
     post, path = "/api/autonomous", tag = "sessions",
     request_body = CreateSession,
     responses(
-        (status = 201, description = "Session created and running", body = SessionView),
+        (status = 201, description = "Session created: running, `queued` when no replica has room (see `queue_position`), or `awaiting_refinement`", body = SessionView),
         (status = 400, description = "Malformed JSON", body = Problem, content_type = "application/problem+json"),
         (status = 403, description = "The executor's URL is refused by the outbound-request policy (code `egress_denied`)", body = Problem, content_type = "application/problem+json"),
         (status = 413, description = "Body too large", body = Problem, content_type = "application/problem+json"),
@@ -163,14 +163,11 @@ pub async fn list_sessions(
 )]
 pub async fn get_session(
     State(state): State<AppState>,
+    Extension(caller): Extension<Principal>,
     ApiPath(id): ApiPath<Uuid>,
-) -> ApiResult<Json<SessionView>> {
-    // Both reads at once: under load each waits on Postgres, so the status
-    // answers in the time of the slower one rather than of both.
-    let (session, velocity) = tokio::try_join!(
-        async { Ok::<_, ApiError>(state.service.get(id).await?) },
-        async { Ok::<_, ApiError>(state.service.reads().velocity(id, 30).await?) },
-    )?;
+) -> ApiResult<(HeaderMap, Json<SessionView>)> {
+    let (session, velocity, from_memory) =
+        state.service.status(id, caller.scope.as_deref()).await?;
     let mut doc = view(&state, session);
     doc.velocity = Some(
         velocity
@@ -178,8 +175,17 @@ pub async fn get_session(
             .map(|(minute, iterations)| VelocityPoint { minute, iterations })
             .collect(),
     );
-    Ok(Json(doc))
+    let mut headers = HeaderMap::new();
+    headers.insert(
+        STATUS_SOURCE,
+        HeaderValue::from_static(if from_memory { "memory" } else { "database" }),
+    );
+    Ok((headers, Json(doc)))
 }
+
+/// Response header of `GET /{id}`: `memory` when the replica running the
+/// session answered from its loop's committed state, `database` otherwise.
+pub const STATUS_SOURCE: &str = "warden-status-source";
 
 /// Stop a session at once (idempotent). The in-flight step is abandoned,
 /// a checkpoint saved, and the session ends `interrupted / user_stop`.
@@ -224,7 +230,7 @@ pub async fn pause_session(
     request_body(content = Option<ResumeSession>,
         description = "Optional guidance, limits, goal or reopen; an absent or `null` body means no changes"),
     responses(
-        (status = 200, description = "The session, running again", body = SessionView),
+        (status = 200, description = "The session, running again (or `queued` when no replica has room)", body = SessionView),
         (status = 404, description = "No such session", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "Not resumable, or a budget is exhausted and must be raised", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Invalid guidance or limits", body = Problem, content_type = "application/problem+json"),

@@ -64,6 +64,8 @@ pub struct SessionView {
     pub mode: Mode,
     /// Current status.
     pub status: Status,
+    /// Place in the fleet's queue while `queued` (1 starts next; null otherwise).
+    pub queue_position: Option<i64>,
     /// Why it waits or ended (null while running).
     pub reason: Option<Reason>,
     /// Human summary of why it waits or ended.
@@ -211,6 +213,7 @@ impl From<SessionRecord> for SessionView {
             goal: s.goal,
             mode: s.mode,
             status: s.status,
+            queue_position: s.queue_position,
             reason: s.reason,
             summary: s.summary,
             question: s

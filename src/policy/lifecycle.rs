@@ -10,6 +10,8 @@ use utoipa::ToSchema;
 pub enum Status {
     /// The goal was judged ambiguous; waiting for the user's choice.
     AwaitingRefinement,
+    /// Waiting for a replica with capacity to claim it (`WARDEN_MAX_RUNNING`).
+    Queued,
     /// The loop task is (or should be) executing.
     Running,
     /// Waiting for a person.
@@ -26,8 +28,9 @@ pub enum Status {
 
 impl Status {
     /// Every status, in display order.
-    pub const ALL: [Status; 7] = [
+    pub const ALL: [Status; 8] = [
         Status::AwaitingRefinement,
+        Status::Queued,
         Status::Running,
         Status::Paused,
         Status::Completed,
@@ -40,6 +43,7 @@ impl Status {
     pub fn as_str(self) -> &'static str {
         match self {
             Status::AwaitingRefinement => "awaiting_refinement",
+            Status::Queued => "queued",
             Status::Running => "running",
             Status::Paused => "paused",
             Status::Completed => "completed",
@@ -258,7 +262,7 @@ pub enum StopPlan {
 pub fn plan_stop(from: Status) -> Result<StopPlan, IllegalTransition> {
     match from {
         Status::Running => Ok(StopPlan::SignalRunner),
-        Status::Paused | Status::AwaitingRefinement => Ok(StopPlan::InterruptNow),
+        Status::Paused | Status::AwaitingRefinement | Status::Queued => Ok(StopPlan::InterruptNow),
         Status::Interrupted => Ok(StopPlan::AlreadyStopped),
         Status::Completed | Status::Stopped | Status::Failed => Err(IllegalTransition {
             action: "stop",
@@ -287,6 +291,11 @@ pub fn plan_pause(from: Status) -> Result<PausePlan, IllegalTransition> {
             from,
             hint: "it is not running yet; answer its refinement first",
         }),
+        Status::Queued => Err(IllegalTransition {
+            action: "pause",
+            from,
+            hint: "it waits for a replica with capacity and has not run yet; stop it, or pause it once it runs",
+        }),
         Status::Completed | Status::Stopped | Status::Interrupted | Status::Failed => {
             Err(IllegalTransition {
                 action: "pause",
@@ -308,6 +317,11 @@ pub fn check_resume(from: Status, reopen: bool) -> Result<(), IllegalTransition>
             from,
             hint: "it is already running",
         }),
+        Status::Queued => Err(IllegalTransition {
+            action: "resume",
+            from,
+            hint: "it is already queued and starts when a replica has capacity",
+        }),
         Status::Completed => Err(IllegalTransition {
             action: "resume",
             from,
@@ -318,6 +332,18 @@ pub fn check_resume(from: Status, reopen: bool) -> Result<(), IllegalTransition>
             from,
             hint: "answer its refinement with POST /api/autonomous/{id}/refinement",
         }),
+    }
+}
+
+/// Where a session that is ready to run goes: `running` on this replica
+/// when it reserved a slot under `WARDEN_MAX_RUNNING` and nobody is queued
+/// before it (a newcomer never overtakes a waiting session), else `queued`
+/// until a replica with capacity claims it, oldest first.
+pub fn admission(slot_reserved: bool, queue_empty: bool) -> Status {
+    if slot_reserved && queue_empty {
+        Status::Running
+    } else {
+        Status::Queued
     }
 }
 
@@ -426,6 +452,7 @@ mod tests {
             plan_stop(Status::AwaitingRefinement),
             Ok(StopPlan::InterruptNow)
         );
+        assert_eq!(plan_stop(Status::Queued), Ok(StopPlan::InterruptNow));
         assert_eq!(plan_stop(Status::Interrupted), Ok(StopPlan::AlreadyStopped));
         for s in [Status::Completed, Status::Stopped, Status::Failed] {
             let err = plan_stop(s).unwrap_err();
@@ -440,6 +467,7 @@ mod tests {
         assert_eq!(plan_pause(Status::Paused), Ok(PausePlan::AlreadyPaused));
         for s in [
             Status::AwaitingRefinement,
+            Status::Queued,
             Status::Completed,
             Status::Stopped,
             Status::Interrupted,
@@ -447,6 +475,12 @@ mod tests {
         ] {
             assert!(plan_pause(s).is_err(), "{s:?}");
         }
+        assert!(
+            plan_pause(Status::Queued)
+                .unwrap_err()
+                .to_string()
+                .contains("queued")
+        );
     }
 
     #[test]
@@ -463,6 +497,23 @@ mod tests {
         assert!(check_resume(Status::Completed, true).is_ok());
         assert!(check_resume(Status::Running, true).is_err());
         assert!(check_resume(Status::AwaitingRefinement, true).is_err());
+        assert!(check_resume(Status::Queued, true).is_err());
+        assert!(!Status::Queued.is_resumable());
+    }
+
+    #[test]
+    fn admission_runs_only_with_a_slot_and_nobody_waiting() {
+        assert_eq!(admission(true, true), Status::Running);
+        assert_eq!(admission(true, false), Status::Queued);
+        assert_eq!(admission(false, true), Status::Queued);
+        assert_eq!(admission(false, false), Status::Queued);
+    }
+
+    #[test]
+    fn a_queued_session_may_be_updated_but_not_finished_or_refined() {
+        assert!(check_update(Status::Queued).is_ok());
+        assert!(check_finish(Status::Queued, Reason::UserStop).is_err());
+        assert!(check_refine(Status::Queued).is_err());
     }
 
     #[test]

@@ -10,6 +10,7 @@ mod error;
 pub mod events;
 mod journal;
 mod lease_clock;
+pub mod live;
 pub mod loop_store;
 mod persist;
 mod planner;

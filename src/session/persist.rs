@@ -10,8 +10,25 @@ use uuid::Uuid;
 use sqlx::PgConnection;
 
 use super::ServiceError;
+use crate::event::SessionEvent;
+use crate::policy::lifecycle::{self, Status};
 use crate::secrets::Sealed;
 use crate::store::{self, Lease, NewEvent, NewSession, SessionRecord, Store, StoreError};
+
+/// How a new session starts.
+#[derive(Debug, Clone, Copy)]
+pub enum Start {
+    /// Its goal waits for the user's refinement choice.
+    AwaitRefinement,
+    /// It runs under a lease of `owner` when that replica reserved a place
+    /// and nobody is queued before it; otherwise it joins the queue.
+    Admit {
+        /// The replica that would run it.
+        owner: Uuid,
+        /// Whether that replica has a place for it.
+        slot_reserved: bool,
+    },
+}
 
 /// The first refinement of a goal refined before the session started.
 pub struct FirstRefinement<'a> {
@@ -30,11 +47,12 @@ pub struct Admission<'a> {
     pub tenant_max_running: i64,
 }
 
-/// Creates a session with its events and first refinement in one transaction.
+/// Creates a session with its events (then the status it starts in) and
+/// first refinement in one transaction.
 pub async fn create_session(
     store: &Store,
     new: &NewSession,
-    owner: Option<Uuid>,
+    start: Start,
     lease_ttl: Duration,
     events: &[NewEvent],
     refinement: Option<FirstRefinement<'_>>,
@@ -46,11 +64,26 @@ pub async fn create_session(
     } = admission;
     let mut tx = store.begin().await?;
     check_tenant_room(&mut tx, &new.tenant, tenant_max_running).await?;
-    let lease = store::insert_session(&mut tx, new, owner, lease_ttl).await?;
+    let (status, owner) = match start {
+        Start::AwaitRefinement => (Status::AwaitingRefinement, None),
+        Start::Admit {
+            owner,
+            slot_reserved,
+        } => {
+            let queue_empty = slot_reserved && !store::queue_waiting(&mut tx).await?;
+            (
+                lifecycle::admission(slot_reserved, queue_empty),
+                Some(owner),
+            )
+        }
+    };
+    let lease = store::insert_session(&mut tx, new, status, owner, lease_ttl).await?;
     if let Some(sealed) = api_key {
         store::insert_secret(&mut tx, new.id, crate::secrets::API_KEY, sealed).await?;
     }
-    store::append_events(&mut tx, new.id, events).await?;
+    let mut log = events.to_vec();
+    log.push(NewEvent::from_event(&SessionEvent::status(None, status))?);
+    store::append_events(&mut tx, new.id, &log).await?;
     if let Some(r) = refinement {
         store::insert_refinement(&mut tx, new.id, "auto", r.from, &new.goal, r.proposal).await?;
     }
@@ -99,7 +132,7 @@ pub async fn check_tenant_room(
         return Err(ServiceError::Quota {
             code: "tenant_running_limit",
             detail: format!(
-                "tenant {tenant:?} already has {active} active sessions (running or awaiting refinement), \
+                "tenant {tenant:?} already has {active} active sessions (running, queued or awaiting refinement), \
 the most WARDEN_TENANT_MAX_RUNNING={max} allows: stop or wait for one to end"
             ),
         });
@@ -141,7 +174,10 @@ mod tests {
         let (record, lease) = create_session(
             &store,
             &new,
-            Some(Uuid::new_v4()),
+            Start::Admit {
+                owner: Uuid::new_v4(),
+                slot_reserved: true,
+            },
             Duration::from_secs(60),
             &events,
             Some(FirstRefinement {
@@ -159,7 +195,8 @@ mod tests {
         assert!(lease.is_some());
         let refinements = store.refinements(new.id).await.unwrap();
         assert_eq!(refinements.len(), 1);
-        assert_eq!(store.events(new.id, 0, 10, None).await.unwrap().len(), 1);
+        // The given event, then the status it started in.
+        assert_eq!(store.events(new.id, 0, 10, None).await.unwrap().len(), 2);
     }
 
     #[sqlx::test(migrations = "./migrations")]
@@ -170,7 +207,7 @@ mod tests {
         let result = create_session(
             &store,
             &new,
-            None,
+            Start::AwaitRefinement,
             Duration::from_secs(60),
             &[],
             Some(FirstRefinement {

@@ -12,6 +12,7 @@ use uuid::Uuid;
 
 use super::events::{self, to_stored};
 use super::lease_clock::LeaseClock;
+use super::live::{CommittedStep, LiveView};
 use super::loop_store::{LoopStore, ReflectionCommit};
 use super::reflector::{Reflector, SessionFacts};
 use super::state::{self, AppliedReflection, LoopState, StepEffects};
@@ -94,6 +95,8 @@ pub struct RunnerDeps<S = Store> {
     pub reflector: Option<Arc<Reflector>>,
     /// Process metrics.
     pub metrics: Arc<Metrics>,
+    /// The status this replica serves from memory, kept to what is committed.
+    pub view: Arc<LiveView>,
 }
 
 /// Everything a runner needs to drive one session.
@@ -109,6 +112,7 @@ pub struct Runner<S = Store> {
     control: Control,
     reflector: Option<Arc<Reflector>>,
     metrics: Arc<Metrics>,
+    view: Arc<LiveView>,
     /// Running time accumulated before this process picked the session up.
     base_elapsed_ms: u64,
     started: Instant,
@@ -190,6 +194,7 @@ impl<S: LoopStore> Runner<S> {
             control: deps.control,
             reflector: deps.reflector,
             metrics: deps.metrics,
+            view: deps.view,
             started: Instant::now(),
             throttled_step: None,
         }
@@ -404,6 +409,7 @@ impl<S: LoopStore> Runner<S> {
             .store
             .append_fenced(&self.lease, &events::encode(&[decision])?)
             .await?;
+        self.view.appended(&flags);
         self.apply_flags(flags);
         let remaining = guardrails::time_remaining_ms(&self.settings.limits, &self.current_usage());
         let cooldown = self
@@ -599,24 +605,74 @@ impl<S: LoopStore> Runner<S> {
             cycle: i32::try_from(self.state.cycle).unwrap_or(i32::MAX),
             next_cycle: cycle_change
                 .map(|c| (i32::try_from(c.cycle).unwrap_or(i32::MAX), c.memory)),
+            checkpoint: None,
             started_at,
             finished_at,
         };
+        // The interval checkpoint is folded into this commit (one flush, not
+        // two): a snapshot of the state as it will be once the step applies.
+        // Not when the step ends the run: the end writes its own checkpoint.
+        let mut next = None;
+        let mut iteration = iteration;
+        let interval = u64::from(self.settings.limits.checkpoint_interval.max(1));
+        if usage.iterations.is_multiple_of(interval)
+            && self.state.last_checkpoint_step < usage.iterations
+        {
+            let mut after = self.state.clone();
+            after.apply(self.state.run, &record, &effects);
+            if after.pending_end.is_none() {
+                after.last_checkpoint_step = usage.iterations;
+                let mut snapshot = after.clone();
+                snapshot.usage.elapsed_ms = self.elapsed_ms();
+                iteration.checkpoint = Some(to_stored("checkpoint state", &snapshot)?);
+                events.push(SessionEvent::CheckpointSaved {
+                    iteration: usage.iterations as i64,
+                    reason: "interval".into(),
+                });
+                next = Some(after);
+            }
+        }
         let eta = state::eta_seconds(effects.percent_complete, effects.elapsed_ms);
         let events = events::encode(&events)?;
+        let counters = Counters::from_usage(&usage, self.state.reflection.tokens);
+        let next_cycle = iteration.next_cycle.clone();
+        let checkpointed = iteration.checkpoint.is_some().then_some(iteration.number);
         let commit_started = Instant::now();
+        self.view.committing();
         let flags = self
             .store
             .commit_iteration(
                 &self.lease,
                 iteration,
-                Counters::from_usage(&usage, self.state.reflection.tokens),
+                counters,
                 (effects.percent_complete, eta),
                 events,
             )
             .await?;
         pass.writes += commit_started.elapsed();
-        self.state.apply(self.state.run, &record, &effects);
+        // Committed: now the status served from memory may show it.
+        let percent = effects.percent_complete;
+        self.view.committed(CommittedStep {
+            flags: &flags,
+            finished_at,
+            apply: &|r| {
+                r.counters = counters;
+                r.percent_complete = percent;
+                r.eta_seconds = eta;
+                r.guidance = None;
+                if let Some((cycle, memory)) = &next_cycle {
+                    r.cycle = *cycle;
+                    r.memory.clone_from(memory);
+                }
+                if let Some(n) = checkpointed {
+                    r.last_checkpoint_iteration = n;
+                }
+            },
+        });
+        match next {
+            Some(after) => self.state = after,
+            None => self.state.apply(self.state.run, &record, &effects),
+        }
         self.guidance = None;
         self.apply_flags(flags);
         self.metrics.iteration(
@@ -786,6 +842,7 @@ impl<S: LoopStore> Runner<S> {
                 },
             )
             .await?;
+        self.view.invalidate();
         self.state = next;
         Ok(None)
     }
@@ -817,7 +874,9 @@ impl<S: LoopStore> Runner<S> {
         let snapshot = self.snapshot()?;
         self.store
             .save_checkpoint(&self.lease, n as i64, why, &snapshot)
-            .await
+            .await?;
+        self.view.invalidate();
+        Ok(())
     }
 
     /// Ends the session for `reason`; a stop requested meanwhile wins over
@@ -857,6 +916,8 @@ impl<S: LoopStore> Runner<S> {
         events.push(SessionEvent::run_ended(Status::Running, &record, &usage));
         let events = events::encode(&events)?;
         let snapshot = self.snapshot()?;
+        // Before the end commits: from then on only Postgres knows the status.
+        self.view.close();
         self.store
             .finish(
                 &self.lease,
@@ -876,6 +937,7 @@ impl<S: LoopStore> Runner<S> {
         self.state.usage = usage;
         self.state.last_checkpoint_step = usage.iterations;
         let snapshot = self.snapshot()?;
+        self.view.close();
         self.store
             .release(
                 &self.lease,
@@ -967,6 +1029,8 @@ mod tests {
                 stop_requested: false,
                 pause_requested: false,
                 settings: self.settings,
+                last_event_seq: 0,
+                updated_at: Utc::now(),
             }
         }
 
@@ -996,6 +1060,11 @@ mod tests {
             let mut written = self.written();
             if written.fail_commits {
                 return Err(StoreError::LeaseLost(lease.session_id));
+            }
+            if iteration.checkpoint.is_some() {
+                written
+                    .checkpoints
+                    .push((iteration.number, "interval".to_string()));
             }
             written.commits.push(iteration);
             written.events.extend(events);
@@ -1125,6 +1194,7 @@ mod tests {
             control: Control::new(clock),
             reflector: None,
             metrics: Arc::new(Metrics::default()),
+            view: Arc::default(),
         });
         (runner, store, calls)
     }
@@ -1208,13 +1278,28 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_checkpoint_is_saved_every_interval() {
+    async fn a_checkpoint_is_saved_every_interval_in_the_iterations_own_commit() {
         let (runner, store, _) = runner(limits(5, 2));
         assert_eq!(runner.run().await, Exit::Finished(Reason::MaxIterations));
+        let written = store.written();
         assert_eq!(
-            store.written().checkpoints,
+            written.checkpoints,
             [(2, "interval".to_string()), (4, "interval".to_string())]
         );
+        // Folded: carried by iterations 2 and 4, with their event in the same commit.
+        let folded: Vec<i64> = written
+            .commits
+            .iter()
+            .filter(|c| c.checkpoint.is_some())
+            .map(|c| c.number)
+            .collect();
+        assert_eq!(folded, [2, 4]);
+        let saved = written
+            .events
+            .iter()
+            .filter(|e| e.kind == "checkpoint_saved")
+            .count();
+        assert_eq!(saved, 2);
     }
 
     #[tokio::test]

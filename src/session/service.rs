@@ -13,12 +13,13 @@ use uuid::Uuid;
 
 pub use super::error::{Result, ServiceError};
 use super::events::{self, to_stored};
+use super::live::{VELOCITY_MINUTES, Velocity};
 use super::persist::{self, FirstRefinement};
 use super::planner;
 use super::reads::SessionReads;
 use super::rehydrate::rebuild_locked;
 use super::state::LoopState;
-use super::supervisor::{Done, Supervisor};
+use super::supervisor::{Done, Slot, Supervisor};
 use crate::config::Config;
 use crate::event::{RefinementProposal, SessionEvent};
 use crate::executor::ExecutorSpec;
@@ -205,11 +206,24 @@ impl SessionService {
         let request = self.validate_create(req)?;
         let plan = self.preflight(&request).await?;
         let acquired = Instant::now();
-        let (record, lease) = self.persist_new(request, plan, tenant).await?;
+        let slot = if plan.waits {
+            None
+        } else {
+            self.supervisor.try_reserve()
+        };
+        let (record, lease) = self
+            .persist_new(request, plan, tenant, slot.is_some())
+            .await?;
         tracing::info!(session_id = %record.id, status = record.status.as_str(), "session created");
-        if let Some(lease) = lease {
+        if let (Some(lease), Some(slot)) = (lease, slot) {
             self.supervisor
-                .spawn(lease, acquired, &record, LoopState::for_session(&record))
+                .spawn_in(
+                    slot,
+                    lease,
+                    acquired,
+                    &record,
+                    LoopState::for_session(&record),
+                )
                 .await?;
         }
         Ok(record)
@@ -357,12 +371,14 @@ impl SessionService {
         Ok(plan)
     }
 
-    /// Persist: the session, its log and its first refinement, in one transaction.
+    /// Persist: the session, its log and its first refinement, in one
+    /// transaction; it runs here when `slot_reserved`, else it is queued.
     async fn persist_new(
         &self,
         request: NewRequest,
         plan: Preflight,
         tenant: &str,
+        slot_reserved: bool,
     ) -> Result<(SessionRecord, Option<store::Lease>)> {
         let NewRequest {
             goal,
@@ -373,12 +389,7 @@ impl SessionService {
             req,
             ..
         } = request;
-        let status = if plan.waits {
-            Status::AwaitingRefinement
-        } else {
-            Status::Running
-        };
-        let mut log = Vec::with_capacity(plan.events.len() + 2);
+        let mut log = Vec::with_capacity(plan.events.len() + 1);
         log.push(SessionEvent::SessionCreated {
             goal: goal.clone(),
             mode,
@@ -388,7 +399,6 @@ impl SessionService {
             milestones: req.milestones,
         });
         log.extend(plan.events);
-        log.push(SessionEvent::status(None, status));
         let proposal = plan
             .proposal
             .as_ref()
@@ -420,11 +430,18 @@ impl SessionService {
             from,
             proposal: new.refinement.as_ref().unwrap_or(&serde_json::Value::Null),
         });
-        let owner = (!plan.waits).then(|| self.supervisor.replica_id());
+        let start = if plan.waits {
+            persist::Start::AwaitRefinement
+        } else {
+            persist::Start::Admit {
+                owner: self.supervisor.replica_id(),
+                slot_reserved,
+            }
+        };
         persist::create_session(
             &self.store,
             &new,
-            owner,
+            start,
             self.config.lease.ttl,
             &events::encode(&log)?,
             first_refinement,
@@ -478,6 +495,7 @@ impl SessionService {
         };
         let data = json!({ "limits": limits, "proposal": session.refinement });
         store::insert_refinement(&mut tx, id, kind, &session.goal, &goal, &data).await?;
+        let (slot, status) = self.admit(&mut tx).await?;
         let events = events::encode(&[
             SessionEvent::GoalRefined {
                 kind: kind.into(),
@@ -485,7 +503,7 @@ impl SessionService {
                 to: goal.clone(),
                 limits: Some(limits),
             },
-            SessionEvent::status(Some(session.status), Status::Running),
+            SessionEvent::status(Some(session.status), status),
         ])?;
         let acquired = Instant::now();
         let lease = store::start_refined(
@@ -493,12 +511,25 @@ impl SessionService {
             id,
             &goal,
             limits,
-            self.supervisor.replica_id(),
+            (status == Status::Running).then(|| self.supervisor.replica_id()),
             self.config.lease.ttl,
             &events,
         )
         .await?;
-        self.start_run(tx, id, lease, acquired).await
+        self.start_run(tx, id, lease.zip(slot), acquired).await
+    }
+
+    /// Where a session ready to run goes (see [`lifecycle::admission`]): a
+    /// place here when one is free and nobody waits before it, else the
+    /// queue. The place is kept only when it runs here.
+    async fn admit(&self, conn: &mut sqlx::PgConnection) -> Result<(Option<Slot>, Status)> {
+        let slot = self.supervisor.try_reserve();
+        let queue_empty = match slot {
+            Some(_) => !store::queue_waiting(conn).await?,
+            None => false,
+        };
+        let status = lifecycle::admission(slot.is_some(), queue_empty);
+        Ok((slot.filter(|_| status == Status::Running), status))
     }
 
     /// Commits a change to session `id` and wakes its readers.
@@ -508,12 +539,13 @@ impl SessionService {
         Ok(())
     }
 
-    /// Commits a (re)start of session `id` under `lease` and runs its loop here.
+    /// Commits a (re)start of session `id` and, under `run` (its lease and
+    /// place here), runs its loop here; without one it was queued.
     async fn start_run(
         &self,
         mut tx: Transaction<'static, Postgres>,
         id: Uuid,
-        lease: Lease,
+        run: Option<(Lease, Slot)>,
         acquired: Instant,
     ) -> Result<SessionRecord> {
         // Read back on the locked connection: a handful of pool acquires
@@ -521,10 +553,14 @@ impl SessionService {
         let session = store::lock_session(&mut tx, id)
             .await?
             .ok_or(ServiceError::NotFound(id))?;
+        let Some((lease, slot)) = run else {
+            self.commit(tx, id).await?;
+            return Ok(session);
+        };
         let state = rebuild_locked(&mut tx, &session).await?;
         self.commit(tx, id).await?;
         self.supervisor
-            .spawn(lease, acquired, &session, state)
+            .spawn_in(slot, lease, acquired, &session, state)
             .await?;
         if self.supervisor.done_signal(id).is_none() {
             // No loop runs: it ended already, or the session could not
@@ -541,6 +577,40 @@ impl SessionService {
         let endpoint = self.config.models.endpoint.clone()?;
         let model = self.config.models.model.clone()?;
         LlmClient::new(endpoint).ok().map(|c| (c, model))
+    }
+
+    /// A session's status and its velocity (iterations per minute, last 30
+    /// minutes), as committed: from this replica's memory when it runs the
+    /// session, else from Postgres. `tenant` (when given) must own it; any
+    /// other tenant's session is not found, like a missing one. The flag
+    /// says whether memory answered.
+    pub async fn status(
+        &self,
+        id: Uuid,
+        tenant: Option<&str>,
+    ) -> Result<(SessionRecord, Velocity, bool)> {
+        let visible = |s: &SessionRecord| tenant.is_none_or(|t| t == s.tenant);
+        if let Some((session, velocity)) = self.supervisor.live(id) {
+            if !visible(&session) {
+                return Err(ServiceError::NotFound(id));
+            }
+            return Ok((session, velocity, true));
+        }
+        let refill = self.supervisor.refillable(id);
+        // Both reads at once: under load each waits on Postgres, so the
+        // status answers in the time of the slower one rather than of both.
+        let (session, velocity) =
+            tokio::try_join!(self.get(id), self.reads.velocity(id, VELOCITY_MINUTES))?;
+        if !visible(&session) {
+            return Err(ServiceError::NotFound(id));
+        }
+        if let Some((view, generation)) = refill
+            && session.status == Status::Running
+            && session.owner == Some(self.supervisor.replica_id())
+        {
+            view.refill(generation, &session, &velocity);
+        }
+        Ok((session, velocity, false))
     }
 
     /// One session.
@@ -769,7 +839,8 @@ impl SessionService {
             from_status: session.status,
             from_reason: session.reason,
         });
-        events.push(SessionEvent::status(Some(session.status), Status::Running));
+        let (slot, status) = self.admit(&mut tx).await?;
+        events.push(SessionEvent::status(Some(session.status), status));
         let events = events::encode(&events)?;
         let acquired = Instant::now();
         let lease = store::resume_session(
@@ -778,12 +849,12 @@ impl SessionService {
             new_goal.as_deref(),
             limits,
             guidance,
-            self.supervisor.replica_id(),
+            (status == Status::Running).then(|| self.supervisor.replica_id()),
             self.config.lease.ttl,
             &events,
         )
         .await?;
-        self.start_run(tx, id, lease, acquired).await
+        self.start_run(tx, id, lease.zip(slot), acquired).await
     }
 
     /// Changes the mode or limits of a session; a running loop applies them
@@ -813,10 +884,18 @@ impl SessionService {
                 by: "update".into(),
             });
         }
-        if !events.is_empty() {
+        let changed = !events.is_empty();
+        if changed {
             store::update_settings(&mut tx, id, settings, &events::encode(&events)?).await?;
         }
         self.commit(tx, id).await?;
+        if changed && session.status == Status::Running {
+            // Whoever runs it serves its status from memory: tell it.
+            self.supervisor.invalidate(id);
+            if let Err(err) = self.store.notify_control(ControlAction::Changed, id).await {
+                tracing::warn!(session_id = %id, error = %err, "cannot announce the settings change; its owner shows it after its next step");
+            }
+        }
         self.get(id).await
     }
 }

@@ -3,18 +3,19 @@
 //! owner died, and relays stop/pause requests that reached other replicas.
 
 use std::collections::HashMap;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use sqlx::postgres::PgListener;
-use tokio::sync::watch;
+use tokio::sync::{Notify, watch};
 use tokio::task::AbortHandle;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use super::error::ServiceError;
 use super::lease_clock::LeaseClock;
+use super::live::{LiveView, Velocity};
 use super::reflector::Reflector;
 use super::rehydrate::{build_executor, load_for_run};
 use super::runner::{Control, Exit, Runner, RunnerDeps};
@@ -35,6 +36,32 @@ struct RunnerHandle {
     control: Control,
     done: watch::Receiver<bool>,
     abort: AbortHandle,
+    /// Its place under `WARDEN_MAX_RUNNING`, freed when the runner ends.
+    _slot: Slot,
+    /// The status it keeps in memory.
+    view: Arc<LiveView>,
+}
+
+/// How many places under `WARDEN_MAX_RUNNING` are taken, and a wake-up for
+/// the claimer when one frees.
+#[derive(Default)]
+struct Capacity {
+    taken: AtomicUsize,
+    freed: Notify,
+}
+
+/// A place under `WARDEN_MAX_RUNNING`, taken before a session is admitted
+/// to run here and held by its runner; dropping it frees the place and
+/// wakes the claimer, so a queued session starts at once.
+pub struct Slot {
+    capacity: Arc<Capacity>,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.capacity.taken.fetch_sub(1, Ordering::SeqCst);
+        self.capacity.freed.notify_one();
+    }
 }
 
 struct Inner {
@@ -51,6 +78,8 @@ struct Inner {
     closing: CancellationToken,
     /// The runtime the loops run on, so that busy sessions never delay the API.
     loops: tokio::runtime::Handle,
+    /// Places taken under `WARDEN_MAX_RUNNING`.
+    capacity: Arc<Capacity>,
 }
 
 /// This replica's registry of running sessions.
@@ -97,6 +126,7 @@ impl Supervisor {
                 runners: Mutex::new(HashMap::new()),
                 closing: CancellationToken::new(),
                 loops,
+                capacity: Arc::default(),
             }),
         }
     }
@@ -124,10 +154,74 @@ impl Supervisor {
         self.runners().len()
     }
 
-    /// Starts the loop of a session whose lease this replica has just taken.
+    /// Takes a place under `WARDEN_MAX_RUNNING`, if one is free.
+    pub fn try_reserve(&self) -> Option<Slot> {
+        let max = self.inner.config.max_running;
+        let taken = &self.inner.capacity.taken;
+        let mut current = taken.load(Ordering::SeqCst);
+        loop {
+            if current >= max || self.inner.closing.is_cancelled() {
+                return None;
+            }
+            match taken.compare_exchange(current, current + 1, Ordering::SeqCst, Ordering::SeqCst) {
+                Ok(_) => {
+                    return Some(Slot {
+                        capacity: self.inner.capacity.clone(),
+                    });
+                }
+                Err(now) => current = now,
+            }
+        }
+    }
+
+    /// Free places under `WARDEN_MAX_RUNNING`, at most `n`: how many a
+    /// claim may take. Not reserved while the claim's query runs (that would
+    /// turn away the creates meanwhile), so a create racing a claim can put
+    /// this replica over the cap by the sessions admitted in that moment.
+    fn free_up_to(&self, n: usize) -> usize {
+        if self.inner.closing.is_cancelled() {
+            return 0;
+        }
+        self.inner
+            .config
+            .max_running
+            .saturating_sub(self.taken())
+            .min(n)
+    }
+
+    /// A place for a session this replica has just claimed.
+    fn take_slot(&self) -> Slot {
+        self.inner.capacity.taken.fetch_add(1, Ordering::SeqCst);
+        Slot {
+            capacity: self.inner.capacity.clone(),
+        }
+    }
+
+    /// Places taken under `WARDEN_MAX_RUNNING` (runners, and sessions being admitted).
+    pub fn taken(&self) -> usize {
+        self.inner.capacity.taken.load(Ordering::SeqCst)
+    }
+
+    /// Starts the loop of a session whose lease this replica already holds,
+    /// counting it against `WARDEN_MAX_RUNNING` without checking it (the
+    /// lease was taken before; refusing it would only strand the session).
     /// `acquired` is when the acquiring query was sent.
     pub async fn spawn(
         &self,
+        lease: Lease,
+        acquired: Instant,
+        session: &SessionRecord,
+        state: LoopState,
+    ) -> Result<(), ServiceError> {
+        let slot = self.take_slot();
+        self.spawn_in(slot, lease, acquired, session, state).await
+    }
+
+    /// Starts the loop of a session whose lease this replica has just taken,
+    /// in the place `slot`. `acquired` is when the acquiring query was sent.
+    pub async fn spawn_in(
+        &self,
+        slot: Slot,
         lease: Lease,
         acquired: Instant,
         session: &SessionRecord,
@@ -156,7 +250,8 @@ impl Supervisor {
             config.lease.ttl,
             config.lease.margin,
         ));
-        if !self.refresh_if_stale(&clock, lease).await? {
+        let view = Arc::new(LiveView::new(session));
+        if !self.refresh_if_stale(&clock, lease, &view).await? {
             // A rescue took the session over meanwhile: it runs there.
             tracing::info!(session_id = %lease.session_id, "session taken over before its loop started");
             return Ok(());
@@ -183,6 +278,7 @@ impl Supervisor {
             control: control.clone(),
             reflector: self.inner.reflector.clone(),
             metrics: self.inner.metrics.clone(),
+            view: view.clone(),
         });
         let (done_tx, done_rx) = watch::channel(false);
         let me = self.clone();
@@ -204,6 +300,8 @@ impl Supervisor {
                 control,
                 done: done_rx,
                 abort: task.abort_handle(),
+                _slot: slot,
+                view,
             },
         );
         Ok(())
@@ -220,6 +318,7 @@ impl Supervisor {
         let mut done = None;
         for handle in runners.values().filter(|h| h.lease.session_id == id) {
             handle.control.stop.cancel();
+            handle.view.invalidate();
             done = Some(handle.done.clone());
         }
         done
@@ -231,9 +330,43 @@ impl Supervisor {
         let mut done = None;
         for handle in runners.values().filter(|h| h.lease.session_id == id) {
             handle.control.pause.store(true, Ordering::SeqCst);
+            handle.view.invalidate();
             done = Some(handle.done.clone());
         }
         done
+    }
+
+    /// The one local runner of `id` whose lease this replica still trusts.
+    fn trusted_view(&self, id: Uuid) -> Option<Arc<LiveView>> {
+        let runners = self.runners();
+        let mut of_session = runners.values().filter(|h| h.lease.session_id == id);
+        let handle = of_session.next()?;
+        // Two runners of one session (a stale one finishing): ask Postgres.
+        if of_session.next().is_some() || !handle.control.lease_clock.is_valid() {
+            return None;
+        }
+        Some(handle.view.clone())
+    }
+
+    /// The committed status and velocity of `id` from memory, when it runs
+    /// here under a lease this replica trusts and the view is fresh.
+    pub fn live(&self, id: Uuid) -> Option<(SessionRecord, Velocity)> {
+        self.trusted_view(id)?.snapshot()
+    }
+
+    /// The view of `id` to refill from a Postgres read, with its generation
+    /// taken before the read.
+    pub fn refillable(&self, id: Uuid) -> Option<(Arc<LiveView>, u64)> {
+        let view = self.trusted_view(id)?;
+        let generation = view.generation();
+        Some((view, generation))
+    }
+
+    /// Something changed on `id` that its view cannot apply field by field.
+    pub fn invalidate(&self, id: Uuid) {
+        for handle in self.runners().values().filter(|h| h.lease.session_id == id) {
+            handle.view.invalidate();
+        }
     }
 
     /// The completion signal of a local runner, if the session runs here.
@@ -253,6 +386,7 @@ impl Supervisor {
         &self,
         clock: &LeaseClock,
         lease: Lease,
+        view: &LiveView,
     ) -> Result<bool, ServiceError> {
         let cfg = self.inner.config.lease;
         if clock.is_valid_at(Instant::now() + cfg.heartbeat) {
@@ -260,10 +394,11 @@ impl Supervisor {
         }
         let started = Instant::now();
         let renewed = self.inner.store.renew_leases(&[lease], cfg.ttl).await?;
-        if renewed.is_empty() {
+        let Some(r) = renewed.first() else {
             return Ok(false);
-        }
+        };
         clock.renewed(started, cfg.ttl, cfg.margin);
+        view.lease_renewed(r.lease_expires_at, r.heartbeat_at);
         Ok(true)
     }
 
@@ -373,6 +508,9 @@ impl Supervisor {
                                     lease_cfg.ttl,
                                     lease_cfg.margin,
                                 );
+                                handle
+                                    .view
+                                    .lease_renewed(r.lease_expires_at, r.heartbeat_at);
                                 if r.stop_requested {
                                     handle.control.stop.cancel();
                                 }
@@ -398,15 +536,29 @@ impl Supervisor {
         }
     }
 
-    /// Takes over sessions whose owner stopped renewing its lease.
+    /// Takes over sessions whose owner stopped renewing its lease (or
+    /// released it on shutdown), as many as this replica has room for, at
+    /// most `WARDEN_CLAIMS_PER_TICK`.
     pub async fn rescue(&self) -> usize {
+        self.rescue_up_to(self.inner.config.claims_per_tick).await
+    }
+
+    async fn rescue_up_to(&self, budget: usize) -> usize {
         if self.inner.closing.is_cancelled() {
+            return 0;
+        }
+        let free = self.free_up_to(budget);
+        if free == 0 {
             return 0;
         }
         let started = Instant::now();
         let store = &self.inner.store;
         let claimed = match store
-            .claim_orphans(self.inner.replica_id, self.inner.config.lease.ttl, 100)
+            .claim_orphans(
+                self.inner.replica_id,
+                self.inner.config.lease.ttl,
+                free as i64,
+            )
             .await
         {
             Ok(claimed) => claimed,
@@ -441,10 +593,11 @@ impl Supervisor {
                     continue;
                 }
             }
+            let slot = self.take_slot();
             match load_for_run(store, id).await {
                 Ok((session, state)) => {
                     tracing::info!(session_id = %id, previous_owner = ?c.previous_owner, "rescuing session");
-                    if let Err(err) = self.spawn(c.lease, started, &session, state).await {
+                    if let Err(err) = self.spawn_in(slot, c.lease, started, &session, state).await {
                         tracing::error!(session_id = %id, error = %err, "cannot rescue session");
                         self.after_store_failure(c.lease, &err.to_string()).await;
                     } else {
@@ -460,7 +613,65 @@ impl Supervisor {
         resumed
     }
 
-    /// Heartbeat and rescue, forever (until shutdown).
+    /// Claims queued sessions, oldest first, as many as this replica has
+    /// room for and at most `budget`; returns how many started here.
+    pub async fn claim_queued(&self, budget: usize) -> usize {
+        if self.inner.closing.is_cancelled() {
+            return 0;
+        }
+        let free = self.free_up_to(budget);
+        if free == 0 {
+            return 0;
+        }
+        let started = Instant::now();
+        let store = &self.inner.store;
+        let claimed = match store
+            .claim_queued(
+                self.inner.replica_id,
+                self.inner.config.lease.ttl,
+                free as i64,
+            )
+            .await
+        {
+            Ok(claimed) => claimed,
+            Err(err) => {
+                tracing::warn!(error = %err, "queue claim failed");
+                return 0;
+            }
+        };
+        let mut spawned = 0;
+        for lease in claimed {
+            let id = lease.session_id;
+            let slot = self.take_slot();
+            let result = match load_for_run(store, id).await {
+                Ok((session, state)) => self.spawn_in(slot, lease, started, &session, state).await,
+                Err(err) => Err(err),
+            };
+            match result {
+                Ok(()) => {
+                    tracing::info!(session_id = %id, "queued session started");
+                    spawned += 1;
+                }
+                Err(err) => {
+                    tracing::error!(session_id = %id, error = %err, "cannot start a queued session");
+                    self.after_store_failure(lease, &err.to_string()).await;
+                }
+            }
+        }
+        spawned
+    }
+
+    /// One tick of the fleet's work: renew leases, rescue orphans, then
+    /// claim from the queue, at most `WARDEN_CLAIMS_PER_TICK` in all.
+    pub async fn tick(&self) {
+        self.heartbeat().await;
+        let budget = self.inner.config.claims_per_tick;
+        let rescued = self.rescue_up_to(budget).await;
+        self.claim_queued(budget.saturating_sub(rescued)).await;
+    }
+
+    /// Heartbeat, rescue and claims, forever (until shutdown); a place
+    /// freed by an ending runner claims the next queued session at once.
     pub async fn maintain(self) {
         let interval = self.inner.config.lease.heartbeat;
         let mut ticker = tokio::time::interval(interval);
@@ -468,10 +679,11 @@ impl Supervisor {
         loop {
             tokio::select! {
                 _ = self.inner.closing.cancelled() => return,
-                _ = ticker.tick() => {}
+                _ = ticker.tick() => self.tick().await,
+                _ = self.inner.capacity.freed.notified() => {
+                    self.claim_queued(self.inner.config.claims_per_tick).await;
+                }
             }
-            self.heartbeat().await;
-            self.rescue().await;
         }
     }
 
@@ -522,6 +734,7 @@ impl Supervisor {
             ControlAction::Pause => {
                 self.signal_pause(note.session_id);
             }
+            ControlAction::Changed => self.invalidate(note.session_id),
         }
     }
 

@@ -19,6 +19,9 @@ pub enum ControlAction {
     Stop,
     /// Pause the session.
     Pause,
+    /// Settings (mode, limits) changed: the owner refreshes what it serves
+    /// from memory.
+    Changed,
 }
 
 impl ControlAction {
@@ -27,6 +30,7 @@ impl ControlAction {
         match self {
             ControlAction::Stop => "stop",
             ControlAction::Pause => "pause",
+            ControlAction::Changed => "changed",
         }
     }
 }
@@ -61,6 +65,7 @@ impl FromStr for ControlNote {
         let action = match action {
             "stop" => ControlAction::Stop,
             "pause" => ControlAction::Pause,
+            "changed" => ControlAction::Changed,
             _ => return Err(bad()),
         };
         let session_id = id.parse().map_err(|_| bad())?;
@@ -92,7 +97,11 @@ mod tests {
 
     #[test]
     fn a_note_survives_the_wire() {
-        for action in [ControlAction::Stop, ControlAction::Pause] {
+        for action in [
+            ControlAction::Stop,
+            ControlAction::Pause,
+            ControlAction::Changed,
+        ] {
             let note = ControlNote {
                 action,
                 session_id: Uuid::new_v4(),

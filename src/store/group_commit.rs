@@ -139,6 +139,7 @@ pub(super) async fn commit_one(pool: &PgPool, p: &PendingCommit) -> Result<Contr
         None => (None, None),
     };
     let it = &p.iteration;
+    // An interval checkpoint rides in the same statement: one WAL flush.
     let flags = sqlx::query_as!(
         ControlRow,
         r#"WITH s AS (
@@ -146,20 +147,26 @@ pub(super) async fn commit_one(pool: &PgPool, p: &PendingCommit) -> Result<Contr
                     updated_at = now(), iterations = $5, tokens_used = $6, tool_calls = $7,
                     consecutive_errors = $8, elapsed_ms = $9, percent_complete = $10,
                     eta_seconds = $11, reflection_tokens = $12, agent_tokens = $6::bigint - $12::bigint,
-                    guidance = NULL, cycle = COALESCE($13, cycle), memory = COALESCE($14, memory)
+                    guidance = NULL, cycle = COALESCE($13, cycle), memory = COALESCE($14, memory),
+                    last_checkpoint_iteration = CASE WHEN $28::jsonb IS NULL
+                                                     THEN last_checkpoint_iteration ELSE $15 END
              WHERE id = $1 AND lease_token = $2 AND status = $27
-             RETURNING last_event_seq, stop_requested, pause_requested, mode, limits
+             RETURNING last_event_seq, stop_requested, pause_requested, mode, limits, updated_at
          ), i AS (
              INSERT INTO iterations (session_id, number, run, action, outcome, tokens, duration_ms,
                                      record, effects, started_at, finished_at, transcript, cycle)
              SELECT $1, $15, $16, $17, $18, $19, $20, $21, $22, $23, $24, $25, $26 FROM s
+         ), c AS (
+             INSERT INTO checkpoints (session_id, iteration, reason, state)
+             SELECT $1, $15, 'interval', $28 FROM s WHERE $28::jsonb IS NOT NULL
          ), e AS (
              INSERT INTO events (session_id, seq, kind, data)
              SELECT $1, s.last_event_seq - cardinality($3::text[]) + t.ord, t.kind, t.data
              FROM s, UNNEST($3::text[], $4::jsonb[]) WITH ORDINALITY AS t(kind, data, ord)
          )
          SELECT stop_requested AS "stop_requested!", pause_requested AS "pause_requested!",
-                mode AS "mode!: Mode", limits AS "limits!: Json<Limits>" FROM s"#,
+                mode AS "mode!: Mode", limits AS "limits!: Json<Limits>",
+                last_event_seq AS "last_event_seq!", updated_at AS "updated_at!" FROM s"#,
         p.lease.session_id,
         p.lease.token,
         &kinds as &[&str],
@@ -187,6 +194,7 @@ pub(super) async fn commit_one(pool: &PgPool, p: &PendingCommit) -> Result<Contr
         it.transcript.as_ref(),
         it.cycle,
         Status::Running as Status,
+        it.checkpoint.as_ref(),
     )
     .fetch_optional(pool)
     .await?
@@ -222,6 +230,7 @@ struct Columns<'a> {
     finished_at: Vec<DateTime<Utc>>,
     transcript: Vec<Option<&'a Value>>,
     cycle: Vec<i32>,
+    checkpoint: Vec<Option<&'a Value>>,
     // Events, flattened: the session each belongs to and its place among them.
     event_session: Vec<Uuid>,
     event_ord: Vec<i32>,
@@ -261,6 +270,7 @@ impl<'a> Columns<'a> {
             c.finished_at.push(it.finished_at);
             c.transcript.push(it.transcript.as_ref());
             c.cycle.push(it.cycle);
+            c.checkpoint.push(it.checkpoint.as_ref());
             for (ord, e) in p.events.iter().enumerate() {
                 c.event_session.push(p.lease.session_id);
                 c.event_ord.push(i32::try_from(ord + 1).unwrap_or(i32::MAX));
@@ -287,11 +297,11 @@ async fn commit_many(
                                   $11::bigint[], $12::int[], $13::text[], $14::bigint[], $15::int[],
                                   $16::text[], $17::text[], $18::bigint[], $19::bigint[], $20::jsonb[],
                                   $21::jsonb[], $22::timestamptz[], $23::timestamptz[], $24::jsonb[],
-                                  $25::int[])
+                                  $25::int[], $31::jsonb[])
                  AS t(id, token, event_count, iterations, tokens_used, tool_calls,
                       consecutive_errors, elapsed_ms, percent, eta, reflection_tokens, next_cycle,
                       memory, number, run, action, outcome, tokens, duration_ms, record, effects,
-                      started_at, finished_at, transcript, cycle)
+                      started_at, finished_at, transcript, cycle, checkpoint)
          ), locked AS (
              SELECT s.id FROM sessions s JOIN input i ON s.id = i.id AND s.lease_token = i.token
              WHERE s.status = $30 ORDER BY s.id FOR UPDATE OF s
@@ -303,11 +313,18 @@ async fn commit_many(
                     reflection_tokens = i.reflection_tokens,
                     agent_tokens = i.tokens_used - i.reflection_tokens, guidance = NULL,
                     cycle = COALESCE(i.next_cycle, sessions.cycle),
-                    memory = COALESCE(i.memory, sessions.memory)
+                    memory = COALESCE(i.memory, sessions.memory),
+                    last_checkpoint_iteration = CASE WHEN i.checkpoint IS NULL
+                                                     THEN sessions.last_checkpoint_iteration
+                                                     ELSE i.number END
              FROM input i JOIN locked l ON l.id = i.id
              WHERE sessions.id = i.id AND sessions.lease_token = i.token AND sessions.status = $30
              RETURNING sessions.id, sessions.last_event_seq, sessions.stop_requested,
-                       sessions.pause_requested, sessions.mode, sessions.limits
+                       sessions.pause_requested, sessions.mode, sessions.limits, sessions.updated_at
+         ), cp AS (
+             INSERT INTO checkpoints (session_id, iteration, reason, state)
+             SELECT i.id, i.number, 'interval', i.checkpoint
+             FROM input i JOIN s ON s.id = i.id WHERE i.checkpoint IS NOT NULL
          ), it AS (
              INSERT INTO iterations (session_id, number, run, action, outcome, tokens, duration_ms,
                                      record, effects, started_at, finished_at, transcript, cycle)
@@ -322,7 +339,8 @@ async fn commit_many(
          )
          SELECT id AS "id!", stop_requested AS "stop_requested!",
                 pause_requested AS "pause_requested!", mode AS "mode!: Mode",
-                limits AS "limits!: Json<Limits>" FROM s"#,
+                limits AS "limits!: Json<Limits>", last_event_seq AS "last_event_seq!",
+                updated_at AS "updated_at!" FROM s"#,
 &c.id as &[Uuid],
 &c.token as &[Uuid],
 &c.event_count as &[i32],
@@ -353,6 +371,7 @@ async fn commit_many(
 &c.event_kind as &[&str],
 &c.event_data as &[&Value],
 Status::Running as Status,
+&c.checkpoint as &[Option<&Value>],
 )
     .fetch_all(pool)
     .await?;
@@ -363,6 +382,8 @@ Status::Running as Status,
             pause_requested: r.pause_requested,
             mode: r.mode,
             limits: r.limits,
+            last_event_seq: r.last_event_seq,
+            updated_at: r.updated_at,
         };
         committed.insert(r.id, Ok(flags.into()));
     }
@@ -422,6 +443,7 @@ mod tests {
                 transcript: None,
                 cycle: 0,
                 next_cycle,
+                checkpoint: None,
                 started_at: now,
                 finished_at: now,
             },
@@ -457,8 +479,10 @@ mod tests {
             token: Uuid::new_v4(),
             ..running_session(&pool, Mode::Fixed).await
         };
+        let mut with_checkpoint = pending(a, 2, None);
+        with_checkpoint.iteration.checkpoint = Some(json!({ "state": "after step 1" }));
         let group = [
-            pending(a, 2, None),
+            with_checkpoint,
             pending(b, 1, Some((1, "memory".into()))),
             pending(lost, 1, None),
         ];
@@ -486,14 +510,44 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(stored, 2);
+        // The folded checkpoint is in the same statement, for its member only.
+        let checkpoints: Vec<(uuid::Uuid, i64, String)> =
+            sqlx::query_as("SELECT session_id, iteration, reason FROM checkpoints")
+                .fetch_all(&pool)
+                .await
+                .unwrap();
+        assert_eq!(checkpoints, vec![(a.session_id, 1, "interval".to_string())]);
+        let covered: Vec<i64> = sqlx::query_scalar(
+            "SELECT last_checkpoint_iteration FROM sessions WHERE id = ANY($1) ORDER BY id = $2 DESC",
+        )
+        .bind(vec![a.session_id, b.session_id])
+        .bind(a.session_id)
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+        assert_eq!(covered, vec![1, 0]);
     }
 
     #[sqlx::test]
     async fn a_lone_commit_is_fenced_by_its_lease(pool: PgPool) {
         let held = running_session(&pool, Mode::Continuous).await;
-        let flags = commit_one(&pool, &pending(held, 2, None)).await.unwrap();
+        let mut with_checkpoint = pending(held, 2, None);
+        with_checkpoint.iteration.checkpoint = Some(json!({ "state": 1 }));
+        let flags = commit_one(&pool, &with_checkpoint).await.unwrap();
         assert_eq!(flags.settings.mode, Mode::Continuous);
+        assert_eq!(flags.last_event_seq, 2);
         assert_eq!(event_seqs(&pool, held.session_id).await, vec![1, 2]);
+        let checkpoints: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM checkpoints WHERE session_id = $1 AND iteration = 1",
+        )
+        .bind(held.session_id)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+        assert_eq!(
+            checkpoints, 1,
+            "the checkpoint rode in the iteration's statement"
+        );
 
         let lost = Lease {
             token: Uuid::new_v4(),

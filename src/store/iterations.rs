@@ -30,7 +30,7 @@ async fn fenced_update(
         r#"UPDATE sessions SET last_event_seq = last_event_seq + $3, updated_at = now()
            WHERE id = $1 AND lease_token = $2 AND status = $4
            RETURNING last_event_seq, stop_requested, pause_requested, mode AS "mode: Mode",
-                     limits AS "limits: Json<Limits>""#,
+                     limits AS "limits: Json<Limits>", updated_at"#,
         lease.session_id,
         lease.token,
         events as i64,
@@ -44,6 +44,8 @@ async fn fenced_update(
         pause_requested: row.pause_requested,
         mode: row.mode,
         limits: row.limits,
+        last_event_seq: row.last_event_seq,
+        updated_at: row.updated_at,
     };
     Ok((row.last_event_seq, flags.into()))
 }

@@ -31,7 +31,8 @@ impl Store {
              UPDATE sessions s SET lease_expires_at = now() + make_interval(secs => $3), heartbeat_at = now()
              FROM locked l, UNNEST($1::uuid[], $2::uuid[]) AS t(id, token)
              WHERE s.id = l.id AND s.id = t.id AND s.lease_token = t.token AND s.status = $4
-             RETURNING s.id, s.stop_requested, s.pause_requested, s.lease_token AS "lease_token!""#,
+             RETURNING s.id, s.stop_requested, s.pause_requested, s.lease_token AS "lease_token!",
+                       s.lease_expires_at AS "lease_expires_at!", s.heartbeat_at AS "heartbeat_at!""#,
 &ids,
 &tokens,
 ttl.as_secs_f64(),
@@ -46,6 +47,8 @@ Status::Running as Status,
                 token: r.lease_token,
                 stop_requested: r.stop_requested,
                 pause_requested: r.pause_requested,
+                lease_expires_at: r.lease_expires_at,
+                heartbeat_at: r.heartbeat_at,
             })
             .collect())
     }

@@ -6,7 +6,8 @@
 //! Modules depend one way: `rows` (every row type) depends on no other store
 //! module; `events` and `checkpoints` write rows; `group_commit` writes
 //! iterations in groups; `iterations` and `sessions` build on those; the
-//! rest read and write one table each. `control` owns the NOTIFY channel.
+//! rest read and write one table each. `control` owns the NOTIFY channel;
+//! `queue` claims the sessions that wait for a replica with capacity.
 
 mod checkpoints;
 mod control;
@@ -18,6 +19,7 @@ mod keys;
 mod leases;
 mod outcomes;
 pub mod quotas;
+mod queue;
 mod reflections;
 mod resilience;
 mod rows;
@@ -28,6 +30,7 @@ mod tasks;
 pub use control::{BadControlNote, CONTROL_CHANNEL, ControlAction, ControlNote};
 pub use events::append as append_events;
 pub use keys::{KeyRecord, NewKey};
+pub use queue::queue_waiting;
 pub use resilience::{is_unavailable, lease_lapsed_on, rebuild_inputs_on, storable_text};
 pub use rows::{
     Attempt, CheckpointRecord, Claimed, ControlFlags, Counters, EventRecord, IterationRecord,

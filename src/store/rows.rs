@@ -75,6 +75,10 @@ pub struct Renewed {
     pub stop_requested: bool,
     /// A pause was requested.
     pub pause_requested: bool,
+    /// Until when the lease now runs.
+    pub lease_expires_at: DateTime<Utc>,
+    /// When it was renewed.
+    pub heartbeat_at: DateTime<Utc>,
 }
 
 /// An orphaned session this replica just took over.
@@ -233,6 +237,10 @@ pub struct SessionRecord {
     pub updated_at: DateTime<Utc>,
     /// When it ended (terminal statuses).
     pub ended_at: Option<DateTime<Utc>>,
+    /// The tenant it belongs to.
+    pub tenant: String,
+    /// Place in the fleet's queue while `queued` (1 = next to start).
+    pub queue_position: Option<i64>,
 }
 
 /// A session row as selected (see `select_session!`), typed by the query macros.
@@ -276,6 +284,8 @@ pub(super) struct SessionRow {
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
     pub ended_at: Option<DateTime<Utc>>,
+    pub tenant: String,
+    pub queue_position: Option<i64>,
 }
 
 impl From<SessionRow> for SessionRecord {
@@ -322,6 +332,8 @@ impl From<SessionRow> for SessionRecord {
             created_at: r.created_at,
             updated_at: r.updated_at,
             ended_at: r.ended_at,
+            tenant: r.tenant,
+            queue_position: r.queue_position,
         }
     }
 }
@@ -371,6 +383,10 @@ pub struct ControlFlags {
     pub pause_requested: bool,
     /// Current settings.
     pub settings: SessionSettings,
+    /// The session's latest event sequence number after the write.
+    pub last_event_seq: i64,
+    /// The session row's `updated_at` after the write.
+    pub updated_at: DateTime<Utc>,
 }
 
 /// Position in the session list: the last row of the previous page.
@@ -388,6 +404,8 @@ pub(super) struct ControlRow {
     pub pause_requested: bool,
     pub mode: Mode,
     pub limits: Json<Limits>,
+    pub last_event_seq: i64,
+    pub updated_at: DateTime<Utc>,
 }
 
 impl From<ControlRow> for ControlFlags {
@@ -399,6 +417,8 @@ impl From<ControlRow> for ControlFlags {
                 mode: r.mode,
                 limits: r.limits.0,
             },
+            last_event_seq: r.last_event_seq,
+            updated_at: r.updated_at,
         }
     }
 }
@@ -445,6 +465,9 @@ pub struct NewIteration {
     pub cycle: i32,
     /// The cycle and memory the session moves to after this step, when it changes.
     pub next_cycle: Option<(i32, String)>,
+    /// An interval checkpoint of the loop state after this step, committed
+    /// in the iteration's own transaction (one flush, not two).
+    pub checkpoint: Option<Value>,
     /// Start time.
     pub started_at: DateTime<Utc>,
     /// End time.

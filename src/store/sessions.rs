@@ -51,7 +51,11 @@ macro_rules! select_session_with {
                       tool_calls, consecutive_errors, elapsed_ms, run, checkpoint_saved,
                       last_checkpoint_iteration, stop_requested, pause_requested, guidance,
                       last_event_seq, owner, lease_expires_at, heartbeat_at, created_at,
-                      updated_at, ended_at
+                      updated_at, ended_at, tenant,
+                      CASE WHEN status = 'queued' THEN
+                          (SELECT count(*) FROM sessions q WHERE q.status = 'queued'
+                              AND (q.queued_at, q.id) <= (sessions.queued_at, sessions.id))
+                      END AS queue_position
                FROM sessions "# + $tail
             $(, $arg)*
         )
@@ -80,7 +84,12 @@ impl Store {
         events: &[NewEvent],
     ) -> Result<(SessionRecord, Option<Lease>)> {
         let mut tx = self.pool.begin().await?;
-        let lease = insert(&mut tx, new, owner, lease_ttl).await?;
+        let status = if owner.is_some() {
+            Status::Running
+        } else {
+            Status::AwaitingRefinement
+        };
+        let lease = insert(&mut tx, new, status, owner, lease_ttl).await?;
         events::append(&mut tx, new.id, events).await?;
         let record = lock(&mut tx, new.id).await?.ok_or(StoreError::Corrupt {
             id: new.id,
@@ -171,27 +180,27 @@ impl Store {
     }
 }
 
-/// Inserts a session on the caller's connection: running under a lease held
-/// by `owner` when `owner` is given (the lease is returned), otherwise
-/// waiting for refinement. The caller announces it once committed.
+/// Inserts a session on the caller's connection in `status`: `running`
+/// under a lease held by `owner` (the lease is returned), `queued` (it
+/// joins the queue now) or waiting for refinement. The caller announces it
+/// once committed.
 pub async fn insert(
     conn: &mut PgConnection,
     new: &NewSession,
+    status: Status,
     owner: Option<Uuid>,
     lease_ttl: std::time::Duration,
 ) -> Result<Option<Lease>> {
+    let owner = owner.filter(|_| status == Status::Running);
     let token = owner.map(|_| Uuid::new_v4());
-    let status = if owner.is_some() {
-        Status::Running
-    } else {
-        Status::AwaitingRefinement
-    };
     sqlx::query!(
         "INSERT INTO sessions (id, goal, mode, status, limits, executor, owner, lease_token, lease_expires_at, heartbeat_at,
-                               original_goal, refinement, criteria, milestones, refinement_tokens, tokens_used, tenant)
+                               original_goal, refinement, criteria, milestones, refinement_tokens, tokens_used, tenant,
+                               queued_at)
          VALUES ($1, $2, $3, $14, $4, $5,
                  $6, $7, CASE WHEN $6::uuid IS NULL THEN NULL ELSE now() + make_interval(secs => $8) END,
-                 CASE WHEN $6::uuid IS NULL THEN NULL ELSE now() END, $9, $10, $11, $12, $13, $13, $15)",
+                 CASE WHEN $6::uuid IS NULL THEN NULL ELSE now() END, $9, $10, $11, $12, $13, $13, $15,
+                 CASE WHEN $14 = 'queued' THEN now() END)",
         new.id,
         &new.goal,
         new.mode as Mode,
@@ -267,7 +276,8 @@ pub async fn update_settings(
     events::append(conn, id, events).await
 }
 
-/// Puts a resumable session back to running under a fresh lease held by `owner`.
+/// Puts a resumable session back to running under a fresh lease held by
+/// `owner` (returned), or, without one, in the queue.
 #[allow(clippy::too_many_arguments)]
 pub async fn resume(
     conn: &mut PgConnection,
@@ -275,17 +285,24 @@ pub async fn resume(
     goal: Option<&str>,
     limits: Limits,
     guidance: Option<&str>,
-    owner: Uuid,
+    owner: Option<Uuid>,
     lease_ttl: std::time::Duration,
     events: &[NewEvent],
-) -> Result<Lease> {
-    let token = Uuid::new_v4();
+) -> Result<Option<Lease>> {
+    let token = owner.map(|_| Uuid::new_v4());
+    let status = if owner.is_some() {
+        Status::Running
+    } else {
+        Status::Queued
+    };
     sqlx::query!(
         "UPDATE sessions SET status = $8, reason = NULL, summary = NULL, reason_detail = NULL, next_steps = '[]',
                 ended_at = NULL, checkpoint_saved = false, stop_requested = false, pause_requested = false,
                 consecutive_errors = 0, run = run + 1, limits = $2, guidance = $3,
-                owner = $4, lease_token = $5, lease_expires_at = now() + make_interval(secs => $6),
-                heartbeat_at = now(), updated_at = now(),
+                owner = $4, lease_token = $5,
+                lease_expires_at = CASE WHEN $4::uuid IS NULL THEN NULL ELSE now() + make_interval(secs => $6) END,
+                heartbeat_at = CASE WHEN $4::uuid IS NULL THEN NULL ELSE now() END, updated_at = now(),
+                queued_at = CASE WHEN $4::uuid IS NULL THEN now() END,
                 original_goal = CASE WHEN $7::text IS NULL OR $7 = goal THEN original_goal
                                      ELSE COALESCE(original_goal, goal) END,
                 goal = COALESCE($7, goal)
@@ -297,15 +314,15 @@ pub async fn resume(
         token,
         lease_ttl.as_secs_f64(),
         goal,
-        Status::Running as Status,
+        status as Status,
     )
     .execute(&mut *conn)
     .await?;
     events::append(conn, id, events).await?;
-    Ok(Lease {
+    Ok(token.map(|token| Lease {
         session_id: id,
         token,
-    })
+    }))
 }
 
 /// Ends a session that no loop is running (paused, awaiting refinement, or
@@ -370,22 +387,31 @@ pub async fn insert_refinement(
     Ok(())
 }
 
-/// Starts a session that waited for refinement, with its chosen goal and limits.
+/// Starts a session that waited for refinement, with its chosen goal and
+/// limits: running under a lease held by `owner` (returned), or, without
+/// one, in the queue.
 pub async fn start_refined(
     conn: &mut PgConnection,
     id: Uuid,
     goal: &str,
     limits: Limits,
-    owner: Uuid,
+    owner: Option<Uuid>,
     lease_ttl: std::time::Duration,
     events: &[NewEvent],
-) -> Result<Lease> {
-    let token = Uuid::new_v4();
+) -> Result<Option<Lease>> {
+    let token = owner.map(|_| Uuid::new_v4());
+    let status = if owner.is_some() {
+        Status::Running
+    } else {
+        Status::Queued
+    };
     sqlx::query!(
         "UPDATE sessions SET status = $7, reason = NULL, summary = NULL, reason_detail = NULL,
                 original_goal = CASE WHEN goal = $2 THEN original_goal ELSE COALESCE(original_goal, goal) END,
                 goal = $2, limits = $3, owner = $4, lease_token = $5,
-                lease_expires_at = now() + make_interval(secs => $6), heartbeat_at = now(), updated_at = now()
+                lease_expires_at = CASE WHEN $4::uuid IS NULL THEN NULL ELSE now() + make_interval(secs => $6) END,
+                heartbeat_at = CASE WHEN $4::uuid IS NULL THEN NULL ELSE now() END, updated_at = now(),
+                queued_at = CASE WHEN $4::uuid IS NULL THEN now() END
          WHERE id = $1",
         id,
         goal,
@@ -393,13 +419,13 @@ pub async fn start_refined(
         owner,
         token,
         lease_ttl.as_secs_f64(),
-        Status::Running as Status,
+        status as Status,
     )
     .execute(&mut *conn)
     .await?;
     events::append(conn, id, events).await?;
-    Ok(Lease {
+    Ok(token.map(|token| Lease {
         session_id: id,
         token,
-    })
+    }))
 }

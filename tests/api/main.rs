@@ -8,6 +8,7 @@ mod common;
 mod auth;
 mod control;
 mod egress;
+mod fleet;
 mod goals;
 mod http;
 mod model;

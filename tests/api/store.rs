@@ -53,6 +53,7 @@ fn iteration(number: i64) -> NewIteration {
         transcript: None,
         cycle: 1,
         next_cycle: None,
+        checkpoint: None,
         started_at: now,
         finished_at: now,
     }

@@ -1,0 +1,334 @@
+//! A running session's status as this replica knows it from its own loop,
+//! so `GET /{id}` for a session running here answers without Postgres.
+//!
+//! The view only ever holds what is committed: the loop applies a write to
+//! it after Postgres confirmed the write, and hides it before the write that
+//! ends the run. Writes the loop does not see field by field (a reflection,
+//! a user's stop, pause or settings change, on this replica or announced by
+//! another) make it stale; a status read from Postgres then refills it,
+//! unless a write happened while that read ran (the generation changed).
+
+use std::sync::{Mutex, MutexGuard};
+
+use chrono::{DateTime, DurationRound, TimeDelta, Utc};
+
+use crate::store::{ControlFlags, SessionRecord};
+
+/// Iterations committed per minute, oldest minute first.
+pub type Velocity = Vec<(DateTime<Utc>, i64)>;
+
+/// How far back the status's velocity goes, in minutes.
+pub const VELOCITY_MINUTES: i32 = 30;
+
+#[derive(Default)]
+struct ViewState {
+    /// The committed row; `None` while stale.
+    record: Option<SessionRecord>,
+    /// Iterations per minute; `None` until known.
+    velocity: Option<Velocity>,
+    /// Bumped by every write, so a refill read before one is discarded.
+    generation: u64,
+    /// The run is ending or ended: answer from Postgres from now on.
+    closed: bool,
+    /// An iteration commit is on its way: a read meanwhile may or may not
+    /// include it, so it cannot refill (the velocity would count it twice).
+    committing: bool,
+}
+
+/// The in-memory status of one running session.
+#[derive(Default)]
+pub struct LiveView {
+    state: Mutex<ViewState>,
+}
+
+/// What the loop committed with an iteration, to apply to the view.
+pub struct CommittedStep<'a> {
+    /// The durable flags and settings the commit returned.
+    pub flags: &'a ControlFlags,
+    /// When the iteration finished (its velocity minute).
+    pub finished_at: DateTime<Utc>,
+    /// How the row changed: counters, progress, cycle.
+    pub apply: &'a dyn Fn(&mut SessionRecord),
+}
+
+fn minute(at: DateTime<Utc>) -> DateTime<Utc> {
+    at.duration_trunc(TimeDelta::minutes(1)).unwrap_or(at)
+}
+
+impl LiveView {
+    /// A view of `record` as just committed; a session without iterations
+    /// has an empty velocity, others learn theirs from the first refill.
+    pub fn new(record: &SessionRecord) -> LiveView {
+        LiveView {
+            state: Mutex::new(ViewState {
+                velocity: (record.counters.iterations == 0).then(Vec::new),
+                record: Some(record.clone()),
+                generation: 0,
+                closed: false,
+                committing: false,
+            }),
+        }
+    }
+
+    fn state(&self) -> MutexGuard<'_, ViewState> {
+        // A poisoned lock only means a panic elsewhere; the view is replaced whole.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The committed status and velocity, when fresh.
+    pub fn snapshot(&self) -> Option<(SessionRecord, Velocity)> {
+        let state = self.state();
+        if state.closed {
+            return None;
+        }
+        let record = state.record.clone()?;
+        let since = Utc::now() - TimeDelta::minutes(i64::from(VELOCITY_MINUTES));
+        // Postgres counts iterations finished after `since`; a minute is
+        // shown when any of its iterations is.
+        let since = minute(since);
+        let velocity = state
+            .velocity
+            .as_ref()?
+            .iter()
+            .filter(|(m, _)| *m >= since)
+            .copied()
+            .collect();
+        Some((record, velocity))
+    }
+
+    /// The generation to pass to [`LiveView::refill`] after a read.
+    pub fn generation(&self) -> u64 {
+        self.state().generation
+    }
+
+    /// Takes a status read from Postgres, if no write happened since
+    /// `generation` was taken (else the read may predate it).
+    pub fn refill(&self, generation: u64, record: &SessionRecord, velocity: &Velocity) {
+        let mut state = self.state();
+        if state.closed || state.committing || state.generation != generation {
+            return;
+        }
+        state.record = Some(record.clone());
+        state.velocity = Some(velocity.clone());
+    }
+
+    /// Something changed that the view cannot apply field by field.
+    pub fn invalidate(&self) {
+        let mut state = self.state();
+        state.generation += 1;
+        state.record = None;
+    }
+
+    /// The run is about to end: from now on Postgres answers.
+    pub fn close(&self) {
+        let mut state = self.state();
+        state.generation += 1;
+        state.closed = true;
+        state.record = None;
+    }
+
+    /// An iteration commit is about to be sent.
+    pub fn committing(&self) {
+        let mut state = self.state();
+        state.generation += 1;
+        state.committing = true;
+    }
+
+    /// Applies a committed iteration.
+    pub fn committed(&self, step: CommittedStep<'_>) {
+        let mut state = self.state();
+        state.generation += 1;
+        state.committing = false;
+        if let Some(velocity) = state.velocity.as_mut() {
+            let m = minute(step.finished_at);
+            match velocity.last_mut() {
+                Some((last, n)) if *last == m => *n += 1,
+                _ => velocity.push((m, 1)),
+            }
+            let keep = minute(Utc::now() - TimeDelta::minutes(i64::from(VELOCITY_MINUTES) + 1));
+            velocity.retain(|(m, _)| *m >= keep);
+        }
+        if let Some(record) = state.record.as_mut() {
+            (step.apply)(record);
+            apply_flags(record, step.flags);
+        }
+    }
+
+    /// Applies a committed write that returned the row's flags (a logged
+    /// decision outside an iteration).
+    pub fn appended(&self, flags: &ControlFlags) {
+        let mut state = self.state();
+        state.generation += 1;
+        if let Some(record) = state.record.as_mut() {
+            apply_flags(record, flags);
+        }
+    }
+
+    /// The lease was renewed until `expires_at`.
+    pub fn lease_renewed(&self, expires_at: DateTime<Utc>, heartbeat_at: DateTime<Utc>) {
+        let mut state = self.state();
+        state.generation += 1;
+        if let Some(record) = state.record.as_mut() {
+            record.lease_expires_at = Some(expires_at);
+            record.heartbeat_at = Some(heartbeat_at);
+        }
+    }
+}
+
+fn apply_flags(record: &mut SessionRecord, flags: &ControlFlags) {
+    record.stop_requested = flags.stop_requested;
+    record.pause_requested = flags.pause_requested;
+    record.mode = flags.settings.mode;
+    record.limits = flags.settings.limits;
+    record.last_event_seq = flags.last_event_seq;
+    record.updated_at = flags.updated_at;
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+    use uuid::Uuid;
+
+    use super::*;
+    use crate::policy::guardrails::tests::roomy;
+    use crate::policy::lifecycle::{Mode, Status};
+    use crate::store::{Counters, SessionSettings};
+
+    fn record() -> SessionRecord {
+        let now = Utc::now();
+        SessionRecord {
+            id: Uuid::new_v4(),
+            goal: "Write README.md".into(),
+            mode: Mode::Fixed,
+            status: Status::Running,
+            reason: None,
+            summary: None,
+            reason_detail: None,
+            original_goal: None,
+            refinement: None,
+            criteria: Vec::new(),
+            milestones: Vec::new(),
+            cycle: 1,
+            memory: String::new(),
+            refinement_tokens: 0,
+            last_reflection: None,
+            next_steps: Vec::new(),
+            percent_complete: None,
+            eta_seconds: None,
+            limits: roomy(),
+            executor: json!({ "kind": "scripted" }),
+            counters: Counters::default(),
+            run: 1,
+            checkpoint_saved: false,
+            last_checkpoint_iteration: 0,
+            stop_requested: false,
+            pause_requested: false,
+            guidance: None,
+            last_event_seq: 2,
+            owner: Some(Uuid::new_v4()),
+            lease_expires_at: Some(now),
+            heartbeat_at: Some(now),
+            created_at: now,
+            updated_at: now,
+            ended_at: None,
+            tenant: "t".into(),
+            queue_position: None,
+        }
+    }
+
+    fn flags(seq: i64) -> ControlFlags {
+        ControlFlags {
+            stop_requested: false,
+            pause_requested: true,
+            settings: SessionSettings {
+                mode: Mode::Continuous,
+                limits: roomy(),
+            },
+            last_event_seq: seq,
+            updated_at: Utc::now(),
+        }
+    }
+
+    fn commit(view: &LiveView, iterations: i64, seq: i64) {
+        view.committed(CommittedStep {
+            flags: &flags(seq),
+            finished_at: Utc::now(),
+            apply: &|r| r.counters.iterations = iterations,
+        });
+    }
+
+    #[test]
+    fn a_commit_applies_its_counters_flags_and_velocity() {
+        let view = LiveView::new(&record());
+        commit(&view, 1, 4);
+        commit(&view, 2, 6);
+        let (r, velocity) = view.snapshot().expect("fresh");
+        assert_eq!(r.counters.iterations, 2);
+        assert_eq!(r.last_event_seq, 6);
+        assert_eq!(r.mode, Mode::Continuous);
+        assert!(r.pause_requested);
+        assert_eq!(velocity.iter().map(|(_, n)| n).sum::<i64>(), 2);
+    }
+
+    #[test]
+    fn a_stale_view_answers_nothing_until_a_read_refills_it() {
+        let view = LiveView::new(&record());
+        view.invalidate();
+        assert!(view.snapshot().is_none());
+        let generation = view.generation();
+        let mut read = record();
+        read.counters.iterations = 7;
+        view.refill(generation, &read, &Vec::new());
+        assert_eq!(view.snapshot().expect("refilled").0.counters.iterations, 7);
+    }
+
+    #[test]
+    fn a_read_that_a_write_overtook_is_not_taken() {
+        let view = LiveView::new(&record());
+        view.invalidate();
+        let generation = view.generation();
+        // The loop commits while the read is in flight: the read may predate it.
+        commit(&view, 3, 8);
+        view.refill(generation, &record(), &Vec::new());
+        assert!(view.snapshot().is_none());
+    }
+
+    #[test]
+    fn a_read_during_a_commit_is_not_taken() {
+        let view = LiveView::new(&record());
+        view.invalidate();
+        view.committing();
+        // Taken while the commit is on its way: the read may include it.
+        let generation = view.generation();
+        view.refill(generation, &record(), &vec![(minute(Utc::now()), 1)]);
+        assert!(view.snapshot().is_none());
+        commit(&view, 1, 4);
+        let generation = view.generation();
+        view.refill(generation, &record(), &Vec::new());
+        assert!(
+            view.snapshot().is_some(),
+            "after the commit, reads refill again"
+        );
+    }
+
+    #[test]
+    fn a_session_with_history_waits_for_its_velocity() {
+        let mut r = record();
+        r.counters.iterations = 5;
+        let view = LiveView::new(&r);
+        assert!(view.snapshot().is_none(), "its velocity is in Postgres");
+        let generation = view.generation();
+        view.refill(generation, &r, &vec![(minute(Utc::now()), 5)]);
+        assert_eq!(view.snapshot().expect("refilled").1[0].1, 5);
+    }
+
+    #[test]
+    fn a_closed_view_never_answers_again() {
+        let view = LiveView::new(&record());
+        view.close();
+        let generation = view.generation();
+        view.refill(generation, &record(), &Vec::new());
+        commit(&view, 1, 3);
+        assert!(view.snapshot().is_none());
+    }
+}

@@ -32,6 +32,8 @@ struct Scale {
     stop_sessions: usize,
     memory_sessions: usize,
     status_rate_per_s: u32,
+    /// Session counts of the embedded phase (one connection: fewer).
+    embedded_sessions: Vec<usize>,
 }
 
 impl Scale {
@@ -42,6 +44,7 @@ impl Scale {
             stop_sessions: 1_000,
             memory_sessions: 10_000,
             status_rate_per_s: 100,
+            embedded_sessions: vec![1, 32],
         }
     }
 
@@ -52,6 +55,7 @@ impl Scale {
             stop_sessions: 20,
             memory_sessions: 200,
             status_rate_per_s: 20,
+            embedded_sessions: vec![1, 8],
         }
     }
 }
@@ -71,7 +75,8 @@ fn usage() -> &'static str {
      --quick          a few sessions for a few seconds (a smoke run)\n\
      --sessions N,..  session counts of the throughput phase (default 1,100,1000)\n\
      --window SECS    how long each throughput measurement lasts (default 10)\n\
-     --only PHASE     run one phase: throughput, status, stop or memory (repeatable)\n\
+     --only PHASE     run one phase: throughput, status, stop, memory or embedded\n\
+                      (repeatable; embedded: the same on the embedded PostgreSQL)\n\
      --database-url   a Postgres URL whose user may create databases\n\
                       (default: $DATABASE_URL, else postgres://postgres@127.0.0.1:5432/postgres)\n\
      --warden PATH    the warden binary (default: beside this program)"
@@ -118,10 +123,12 @@ fn parse_args() -> BenchResult<Options> {
             }
             "--only" => {
                 let phase = args.next().ok_or("--only needs a value")?;
-                if !["throughput", "status", "stop", "memory"].contains(&phase.as_str()) {
-                    return Err(
-                        format!("--only takes throughput, stop or memory, not {phase}").into(),
-                    );
+                if !["throughput", "status", "stop", "memory", "embedded"].contains(&phase.as_str())
+                {
+                    return Err(format!(
+                        "--only takes throughput, status, stop, memory or embedded, not {phase}"
+                    )
+                    .into());
                 }
                 only.push(phase);
             }
@@ -270,6 +277,8 @@ struct Server {
     db_name: String,
     db_url: String,
     workspaces: PathBuf,
+    /// The embedded PostgreSQL's data directory (embedded phase), removed at stop.
+    data_dir: Option<PathBuf>,
 }
 
 async fn create_database(admin: &PgPool, name: &str) -> BenchResult<()> {
@@ -301,11 +310,34 @@ impl Server {
         let db_name = format!("warden_bench_{}_{phase}", std::process::id());
         create_database(admin, &db_name).await?;
         let db_url = database_url(&opts.admin_url, &db_name);
+        let mut command = Command::new(&opts.warden);
+        command.env("DATABASE_URL", &db_url);
+        Server::spawn(command, db_name, db_url, None).await
+    }
+
+    /// A warden on the embedded PostgreSQL (no `DATABASE_URL`) in a fresh
+    /// data directory.
+    async fn start_embedded(opts: &Options, phase: &str) -> BenchResult<Server> {
+        let name = format!("warden_bench_{}_{phase}", std::process::id());
+        let data_dir = std::env::temp_dir().join(format!("{name}_data"));
+        let _ = std::fs::remove_dir_all(&data_dir);
+        let mut command = Command::new(&opts.warden);
+        command
+            .env_remove("DATABASE_URL")
+            .env("WARDEN_DATA_DIR", &data_dir);
+        Server::spawn(command, name, String::new(), Some(data_dir)).await
+    }
+
+    async fn spawn(
+        mut command: Command,
+        db_name: String,
+        db_url: String,
+        data_dir: Option<PathBuf>,
+    ) -> BenchResult<Server> {
         let port = free_port()?;
         let workspaces = std::env::temp_dir().join(&db_name);
         std::fs::create_dir_all(&workspaces)?;
-        let child = Command::new(&opts.warden)
-            .env("DATABASE_URL", &db_url)
+        let child = command
             .env("WARDEN_LISTEN_ADDR", format!("127.0.0.1:{port}"))
             .env("WARDEN_WORKSPACE_ROOT", &workspaces)
             // Benchmark sessions run unattended far past the gate's
@@ -323,6 +355,7 @@ impl Server {
             db_name,
             db_url,
             workspaces,
+            data_dir,
         };
         let client = reqwest::Client::new();
         let deadline = Instant::now() + Duration::from_secs(30);
@@ -368,6 +401,11 @@ impl Server {
     async fn stop(mut self, admin: &PgPool) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.workspaces);
+        if let Some(dir) = &self.data_dir {
+            let _ = std::fs::remove_dir_all(dir);
+            return;
+        }
         let _ = sqlx::query(sqlx::AssertSqlSafe(format!(
             "DROP DATABASE IF EXISTS {} WITH (FORCE)",
             self.db_name
@@ -911,6 +949,10 @@ async fn run() -> BenchResult<()> {
         rows.extend(latency);
     }
 
+    if opts.runs("embedded") {
+        rows.extend(embedded_phase(&opts, &admin, &client, &scale).await?);
+    }
+
     println!("Machine: {machine}\n");
     println!("| measurement | Warden | raw Postgres, same pattern | ratio | target |");
     println!("|---|---:|---:|---:|---|");
@@ -922,6 +964,116 @@ async fn run() -> BenchResult<()> {
     }
     admin.close().await;
     Ok(())
+}
+
+/// Phase 5: the same service on the embedded PostgreSQL (no `DATABASE_URL`:
+/// one process, one connection shared by the API and the loops): throughput,
+/// status latency under that load, stop latency. No raw column: nothing but
+/// the warden process can reach its database.
+async fn embedded_phase(
+    opts: &Options,
+    admin: &PgPool,
+    client: &reqwest::Client,
+    scale: &Scale,
+) -> BenchResult<Vec<Row>> {
+    let mut rows = Vec::new();
+    let largest = scale.embedded_sessions.iter().copied().max().unwrap_or(1);
+    for &n in &scale.embedded_sessions {
+        eprintln!("warden-bench: embedded PostgreSQL, throughput with {n} sessions");
+        let server = Server::start_embedded(opts, &format!("e{n}")).await?;
+        let ids = create_sessions(client, &server.base, n, &cycling_session(0)).await?;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let before = server.scrape(client).await?;
+        let t0 = Instant::now();
+        tokio::time::sleep(scale.window).await;
+        let after = server.scrape(client).await?;
+        let rate = (after.get("warden_iterations_total") - before.get("warden_iterations_total"))
+            / t0.elapsed().as_secs_f64();
+        if rate <= 0.0 {
+            return Err(format!("embedded: no iterations were committed with {n} sessions").into());
+        }
+        rows.push(row(
+            format!("embedded: durable iterations/s, {n} session(s)"),
+            format!("{rate:.0}"),
+            "—".into(),
+            "—".into(),
+            "",
+        ));
+        if n == largest {
+            eprintln!("warden-bench: embedded PostgreSQL, status latency with {n} sessions");
+            let base = &server.base;
+            let rate = scale.status_rate_per_s;
+            let (mut get, mut list) = tokio::join!(
+                steady_get(client, rate, scale.window, |i| format!(
+                    "{base}/api/autonomous/{}",
+                    ids[i % ids.len().max(1)]
+                )),
+                steady_get(client, (rate / 5).max(1), scale.window, |_| format!(
+                    "{base}/api/autonomous?limit=50"
+                )),
+            );
+            for (what, samples) in [("GET /{id}", &mut get), ("list", &mut list)] {
+                for q in [0.5, 0.99] {
+                    rows.push(row(
+                        format!(
+                            "embedded: {what} p{}, {n} running flat out",
+                            (q * 100.0) as u32
+                        ),
+                        ms(quantile(samples, q)),
+                        "—".into(),
+                        "—".into(),
+                        "",
+                    ));
+                }
+            }
+        }
+        server.stop(admin).await;
+    }
+
+    let n = largest;
+    eprintln!("warden-bench: embedded PostgreSQL, stop latency with {n} sessions");
+    let server = Server::start_embedded(opts, "estop").await?;
+    let ids = create_sessions(client, &server.base, n, &long_step_session()).await?;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let base = server.base.clone();
+    let mut stops: Vec<Duration> = stream::iter(ids)
+        .map(|id| {
+            let (client, url) = (client.clone(), format!("{base}/api/autonomous/{id}/stop"));
+            async move {
+                let t = Instant::now();
+                let res = client
+                    .post(url)
+                    .header(reqwest::header::CONTENT_TYPE, "application/json")
+                    .send()
+                    .await
+                    .ok()?;
+                let body: Value = res.json().await.ok()?;
+                (body["status"] == "interrupted").then(|| t.elapsed())
+            }
+        })
+        .buffer_unordered(4)
+        .collect::<Vec<_>>()
+        .await
+        .into_iter()
+        .flatten()
+        .collect();
+    server.stop(admin).await;
+    if stops.is_empty() {
+        return Err("embedded: no stop answered `interrupted`".into());
+    }
+    for q in [0.5, 0.99] {
+        rows.push(row(
+            format!(
+                "embedded: stop → interrupted persisted p{}, {n} running",
+                (q * 100.0) as u32
+            ),
+            ms(quantile(&mut stops, q)),
+            "—".into(),
+            "—".into(),
+            "",
+        ));
+    }
+    Ok(rows)
 }
 
 #[cfg(test)]

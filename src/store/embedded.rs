@@ -154,20 +154,20 @@ impl Embedded {
     pub fn dump_sql(data_dir: &Path) -> Result<String, EmbeddedError> {
         // pg_dump reaches the server over TCP only: a short-lived loopback
         // listener, started after taking the directory's lock.
-        let data_dir =
-            std::fs::canonicalize(data_dir).map_err(|source| EmbeddedError::DataDir {
-                path: data_dir.to_path_buf(),
-                source,
-            })?;
         if !data_dir.join("pg").is_dir() {
             return Err(EmbeddedError::DataDir {
-                path: data_dir,
+                path: data_dir.to_path_buf(),
                 source: std::io::Error::new(
                     std::io::ErrorKind::NotFound,
                     "no embedded database here (it is created when Warden first starts without DATABASE_URL)",
                 ),
             });
         }
+        let data_dir =
+            std::fs::canonicalize(data_dir).map_err(|source| EmbeddedError::DataDir {
+                path: data_dir.to_path_buf(),
+                source,
+            })?;
         let lock = OpenOptions::new()
             .create(true)
             .truncate(false)
@@ -202,7 +202,7 @@ impl Embedded {
         drop(lock);
         let sql = sql?;
         stopped?;
-        Ok(sql)
+        Ok(for_older_servers(&sql))
     }
 }
 
@@ -240,6 +240,29 @@ impl Embedded {
             tracing::warn!(error = %format!("{err:#}"), "embedded PostgreSQL did not stop cleanly");
         }
     }
+}
+
+/// The bundled pg_dump is version 17, whose header sets
+/// `transaction_timeout`, a setting older servers refuse (and `psql -v
+/// ON_ERROR_STOP=1` stops there). It only ever sets it to 0, the default, so
+/// the dump loads into every supported server (14+) without it. Only the
+/// header's line goes: the same text inside a stored value stays.
+fn for_older_servers(sql: &str) -> String {
+    let mut header = true;
+    let mut out = String::with_capacity(sql.len());
+    for line in sql.split_inclusive('\n') {
+        let bare = line.trim_end_matches(['\n', '\r']);
+        header = header
+            && (bare.is_empty()
+                || bare.starts_with("--")
+                || bare.starts_with("SET ")
+                || bare.starts_with("SELECT pg_catalog.set_config("));
+        if header && bare == "SET transaction_timeout = 0;" {
+            continue;
+        }
+        out.push_str(line);
+    }
+    out
 }
 
 fn socket_path(dir: &Path) -> Result<PathBuf, EmbeddedError> {
@@ -297,6 +320,18 @@ mod tests {
         let again = Embedded::open(&dir).expect("free again after the first stopped");
         again.stop();
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn the_dump_loads_into_servers_before_17() {
+        let dump = "--\n-- PostgreSQL database dump\n\nSET lock_timeout = 0;\nSET transaction_timeout = 0;\n\
+CREATE TABLE t (x text);\nCOPY t (x) FROM stdin;\nSET transaction_timeout = 0;\n\\.\n";
+        assert_eq!(
+            for_older_servers(dump),
+            "--\n-- PostgreSQL database dump\n\nSET lock_timeout = 0;\n\
+CREATE TABLE t (x text);\nCOPY t (x) FROM stdin;\nSET transaction_timeout = 0;\n\\.\n",
+            "the header's line goes, the stored value's stays"
+        );
     }
 
     #[test]

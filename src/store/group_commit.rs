@@ -449,8 +449,10 @@ mod tests {
     /// its events in order, and leaves out a member whose lease is lost. A
     /// failing group falls back to one-by-one commits, which would hide a
     /// broken statement from every test that goes through the committer.
-    #[sqlx::test]
-    async fn a_group_commits_its_members_in_one_statement(pool: PgPool) {
+    #[tokio::test]
+    async fn a_group_commits_its_members_in_one_statement() {
+        let db = crate::store::testing::TestDb::new().await;
+        let pool = db.pool.clone();
         let a = running_session(&pool, Mode::Fixed).await;
         let b = running_session(&pool, Mode::Continuous).await;
         let lost = Lease {
@@ -488,8 +490,10 @@ mod tests {
         assert_eq!(stored, 2);
     }
 
-    #[sqlx::test]
-    async fn a_lone_commit_is_fenced_by_its_lease(pool: PgPool) {
+    #[tokio::test]
+    async fn a_lone_commit_is_fenced_by_its_lease() {
+        let db = crate::store::testing::TestDb::new().await;
+        let pool = db.pool.clone();
         let held = running_session(&pool, Mode::Continuous).await;
         let flags = commit_one(&pool, &pending(held, 2, None)).await.unwrap();
         assert_eq!(flags.settings.mode, Mode::Continuous);

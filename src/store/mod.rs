@@ -25,6 +25,8 @@ mod resilience;
 mod rows;
 mod sessions;
 mod tasks;
+#[cfg(test)]
+pub(crate) mod testing;
 
 pub use control::{BadControlNote, CONTROL_CHANNEL, ControlAction, ControlNote};
 pub use events::append as append_events;

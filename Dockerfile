@@ -9,7 +9,9 @@ COPY .sqlx ./.sqlx
 COPY src ./src
 COPY migrations ./migrations
 COPY web ./web
-RUN cargo build --release --locked
+# Without the embedded PostgreSQL (`embedded` feature): a container runs on a
+# Postgres server (DATABASE_URL), and the image stays small.
+RUN cargo build --release --locked --no-default-features
 
 FROM debian:bookworm-slim
 RUN apt-get update \

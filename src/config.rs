@@ -141,8 +141,12 @@ impl ModelConfig {
 pub struct Config {
     /// `WARDEN_LISTEN_ADDR`, default 127.0.0.1:8080.
     pub listen_addr: SocketAddr,
-    /// `DATABASE_URL`.
-    pub database_url: Secret,
+    /// `DATABASE_URL`: a Postgres server. Unset (with the `embedded`
+    /// feature): an embedded PostgreSQL in `data_dir`.
+    pub database_url: Option<Secret>,
+    /// `WARDEN_DATA_DIR`, default ./.warden: the embedded PostgreSQL's data
+    /// (unused with `DATABASE_URL`).
+    pub data_dir: PathBuf,
     /// `WARDEN_DB_MAX_CONNECTIONS`, default 16.
     pub db_max_connections: u32,
     /// `WARDEN_LOOP_THREADS`: worker threads of the runtime that runs the
@@ -447,21 +451,29 @@ impl Config {
                 value: listen_raw.to_string(),
                 expected: "an address like 127.0.0.1:8080".into(),
             })?;
-        let database_url = env
-            .raw("DATABASE_URL")
-            .ok_or(ConfigError::Missing {
+        let database_url = env.raw("DATABASE_URL").map(str::to_string);
+        #[cfg(not(feature = "embedded"))]
+        if database_url.is_none() {
+            return Err(ConfigError::Missing {
                 var: "DATABASE_URL",
-                why: "Warden keeps every session in Postgres, e.g. postgres://postgres@127.0.0.1:5432/warden",
-            })?
-            .to_string();
-        if !database_url.starts_with("postgres://") && !database_url.starts_with("postgresql://") {
+                why: "Warden keeps every session in Postgres, e.g. postgres://postgres@127.0.0.1:5432/warden \
+(this build has no embedded PostgreSQL: the `embedded` feature is off)",
+            });
+        }
+        if let Some(url) = &database_url
+            && !url.starts_with("postgres://")
+            && !url.starts_with("postgresql://")
+        {
             return Err(ConfigError::Invalid {
                 var: "DATABASE_URL",
                 // It may carry a password.
                 value: "<redacted>".into(),
-                expected: "a postgres:// URL".into(),
+                expected: "a postgres:// URL (or unset it for the embedded PostgreSQL)".into(),
             });
         }
+        let data_dir = env
+            .raw("WARDEN_DATA_DIR")
+            .map_or_else(|| PathBuf::from("./.warden"), |d| PathBuf::from(d.trim()));
         let mode = match env.raw("AUTONOMOUS_MODE") {
             None => Mode::Fixed,
             Some(raw) => Mode::parse(raw.trim()).ok_or_else(|| ConfigError::Invalid {
@@ -578,7 +590,8 @@ impl Config {
         let auto_refine_goals = env.bool("AUTONOMOUS_AUTO_REFINE_GOALS", false)?;
         Ok(Config {
             listen_addr,
-            database_url: Secret::new(database_url),
+            database_url: database_url.map(Secret::new),
+            data_dir,
             db_max_connections: env.parse("WARDEN_DB_MAX_CONNECTIONS", 16, 1, 1_000)?,
             loop_threads: env.parse(
                 "WARDEN_LOOP_THREADS",
@@ -872,9 +885,24 @@ mod tests {
         }
     }
 
+    #[cfg(not(feature = "embedded"))]
     #[test]
-    fn database_url_is_required() {
+    fn database_url_is_required_without_the_embedded_server() {
         let err = Config::from_vars(&HashMap::new()).unwrap_err();
         assert!(err.to_string().contains("DATABASE_URL"));
+    }
+
+    #[cfg(feature = "embedded")]
+    #[test]
+    fn without_database_url_the_embedded_server_keeps_data_in_dot_warden() {
+        let c = Config::from_vars(&HashMap::new()).unwrap();
+        assert!(c.database_url.is_none());
+        assert_eq!(c.data_dir, PathBuf::from("./.warden"));
+        let c = Config::from_vars(&HashMap::from([(
+            "WARDEN_DATA_DIR".to_string(),
+            "/var/lib/warden/db".to_string(),
+        )]))
+        .unwrap();
+        assert_eq!(c.data_dir, PathBuf::from("/var/lib/warden/db"));
     }
 }

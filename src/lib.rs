@@ -64,6 +64,14 @@ or set WARDEN_AUTH=off to serve everyone who can reach the port"
     /// The runtime for the session loops could not be started.
     #[error("cannot start the session runtime: {0}")]
     Runtime(std::io::Error),
+    /// The embedded PostgreSQL could not start.
+    #[cfg(feature = "embedded")]
+    #[error(transparent)]
+    Embedded(#[from] store::embedded::EmbeddedError),
+    /// No `DATABASE_URL` in a build without the embedded PostgreSQL.
+    #[cfg(not(feature = "embedded"))]
+    #[error("DATABASE_URL is unset and this build has no embedded PostgreSQL")]
+    NoDatabase,
 }
 
 /// The runtime that runs the session loops, apart from the one that serves
@@ -144,13 +152,21 @@ pub struct Application {
     stop_serving: CancellationToken,
     /// The loops' own pool, when they run on a runtime of their own.
     loop_pool: Option<sqlx::PgPool>,
+    /// The embedded PostgreSQL this instance started, and its one pool
+    /// (closed before the server stops).
+    #[cfg(feature = "embedded")]
+    embedded: Option<(sqlx::PgPool, store::embedded::Embedded)>,
     // Last: dropped after everything that runs on it.
     _loops: LoopRuntime,
 }
 
 impl Application {
-    /// Connects to Postgres (applying migrations), then builds.
+    /// Connects to Postgres (applying migrations), then builds. Without
+    /// `DATABASE_URL`, starts the embedded PostgreSQL in the data directory.
     pub async fn build(config: Config) -> Result<Application, AppError> {
+        let Some(url) = &config.database_url else {
+            return Application::build_embedded(config).await;
+        };
         // The API's own pool; the loops get `db_max_connections` of their own,
         // unless they share the API's runtime and so this pool.
         let api_connections = if config.loop_threads == 0 {
@@ -158,14 +174,43 @@ impl Application {
         } else {
             (config.db_max_connections / 4).max(2)
         };
-        let store = Store::connect_api(
-            config.database_url.expose(),
-            api_connections,
-            config.db_acquire_timeout,
-        )
-        .await?;
+        let store =
+            Store::connect_api(url.expose(), api_connections, config.db_acquire_timeout).await?;
         store.migrate().await?;
         Application::build_with_store(config, store).await
+    }
+
+    /// Starts the embedded PostgreSQL on `config.data_dir` and builds on it:
+    /// one connection shared by the API and the loops (which then run on
+    /// the API's runtime), control notes in this process.
+    #[cfg(feature = "embedded")]
+    async fn build_embedded(mut config: Config) -> Result<Application, AppError> {
+        let dir = config.data_dir.clone();
+        let embedded = tokio::task::spawn_blocking(move || store::embedded::Embedded::open(&dir))
+            .await
+            .map_err(|e| AppError::Runtime(std::io::Error::other(e)))??;
+        tracing::info!(
+            data_dir = %embedded.data_dir().unwrap_or(&config.data_dir).display(),
+            "DATABASE_URL is unset: embedded PostgreSQL, one process, data in WARDEN_DATA_DIR \
+        (survives a killed process, not a power loss: set DATABASE_URL for production)"
+        );
+        let pool = Store::pool_options(store::embedded::EMBEDDED_CONNECTIONS)
+            .acquire_timeout(config.db_acquire_timeout.max(Duration::from_secs(10)))
+            .connect_with(embedded.connect_options())
+            .await
+            .map_err(StoreError::from)?;
+        let store = Store::single_process(pool.clone());
+        store.migrate().await?;
+        config.db_max_connections = store::embedded::EMBEDDED_CONNECTIONS;
+        let mut app = Application::build_with_store(config, store).await?;
+        app.embedded = Some((pool, embedded));
+        Ok(app)
+    }
+
+    #[cfg(not(feature = "embedded"))]
+    async fn build_embedded(_config: Config) -> Result<Application, AppError> {
+        // Config refuses a missing DATABASE_URL in this build.
+        Err(AppError::NoDatabase)
     }
 
     /// Builds on an existing store: binds the listener, rescues orphaned
@@ -175,6 +220,10 @@ impl Application {
         store: Store,
     ) -> Result<Application, AppError> {
         load_secret_key(&mut config, &store).await?;
+        if store.is_single_process() {
+            // One backend: the loops share the API's pool, so its runtime.
+            config.loop_threads = 0;
+        }
         let config = Arc::new(config);
         let auth = auth::Authenticator::new(
             store.clone(),
@@ -265,6 +314,8 @@ impl Application {
             background,
             stop_serving,
             loop_pool: loops.0.is_some().then(|| loop_store.pool().clone()),
+            #[cfg(feature = "embedded")]
+            embedded: None,
             _loops: loops,
         })
     }
@@ -302,6 +353,14 @@ impl Application {
         // The API's pool belongs to whoever built the store.
         if let Some(pool) = &self.loop_pool {
             pool.close().await;
+        }
+        // The embedded server waits for its one client to leave before it stops.
+        #[cfg(feature = "embedded")]
+        if let Some((pool, embedded)) = self.embedded {
+            pool.close().await;
+            if let Err(e) = tokio::task::spawn_blocking(move || embedded.stop()).await {
+                tracing::warn!(error = %e, "embedded PostgreSQL did not stop cleanly");
+            }
         }
         tracing::info!(
             elapsed_ms = started.elapsed().as_millis() as u64,

@@ -15,9 +15,10 @@ async fn main() -> ExitCode {
         }
         Some("healthcheck") => return healthcheck(),
         Some("keys") => return keys(std::env::args().skip(2).collect()).await,
+        Some("db") => return db(std::env::args().skip(2).collect()).await,
         Some(other) => {
             eprintln!(
-                "warden: unknown command {other:?}; commands: openapi, healthcheck, keys (none starts the service)"
+                "warden: unknown command {other:?}; commands: openapi, healthcheck, keys, db (none starts the service)"
             );
             return ExitCode::from(2);
         }
@@ -99,26 +100,153 @@ fn healthcheck() -> ExitCode {
     }
 }
 
+const DB_USAGE: &str = "usage: warden db dump > warden.sql
+(writes the embedded PostgreSQL in WARDEN_DATA_DIR, default ./.warden, as SQL;
+stop Warden first: the embedded server has one connection)";
+
+/// `warden db dump`: the embedded database as SQL (the bundled `pg_dump`),
+/// to load into a Postgres server before setting `DATABASE_URL`.
+async fn db(args: Vec<String>) -> ExitCode {
+    if args.first().map(String::as_str) != Some("dump") || args.len() > 1 {
+        eprintln!("{DB_USAGE}");
+        return ExitCode::from(2);
+    }
+    dump().await
+}
+
+#[cfg(feature = "embedded")]
+async fn dump() -> ExitCode {
+    use std::io::Write;
+    if std::env::var_os("DATABASE_URL").is_some_and(|v| !v.is_empty()) {
+        eprintln!(
+            "warden db dump: DATABASE_URL is set, so Warden does not use the embedded database; \
+dump a server with its own pg_dump (unset DATABASE_URL to dump WARDEN_DATA_DIR)"
+        );
+        return ExitCode::from(2);
+    }
+    let dir = data_dir();
+    let dumped =
+        tokio::task::spawn_blocking(move || warden::store::embedded::Embedded::dump_sql(&dir))
+            .await;
+    match dumped {
+        Ok(Ok(sql)) => {
+            let mut out = std::io::stdout().lock();
+            match out.write_all(sql.as_bytes()).and_then(|()| out.flush()) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(err) => {
+                    eprintln!("warden db dump: cannot write the dump: {err}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+        Ok(Err(err)) => {
+            eprintln!("warden db dump: {err}");
+            ExitCode::FAILURE
+        }
+        Err(err) => {
+            eprintln!("warden db dump: {err}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+#[cfg(not(feature = "embedded"))]
+async fn dump() -> ExitCode {
+    eprintln!(
+        "warden db dump: this build has no embedded PostgreSQL (the `embedded` feature is off)"
+    );
+    ExitCode::from(2)
+}
+
+/// `WARDEN_DATA_DIR` as the service reads it.
+#[cfg(feature = "embedded")]
+fn data_dir() -> std::path::PathBuf {
+    std::env::var("WARDEN_DATA_DIR")
+        .ok()
+        .filter(|d| !d.trim().is_empty())
+        .map_or_else(|| "./.warden".into(), |d| d.trim().into())
+}
+
 const KEYS_USAGE: &str =
     "usage: warden keys create --tenant NAME --role admin|operator|viewer [--name LABEL]
        warden keys list
        warden keys revoke ID
-(reads DATABASE_URL; a created key is printed once and never stored)";
+(reads DATABASE_URL, or the embedded database in WARDEN_DATA_DIR when it is unset
+and Warden is stopped; a created key is printed once and never stored)";
+
+/// The store the CLI commands use: `DATABASE_URL`, or the embedded
+/// database (kept running until the returned guard drops).
+async fn cli_store() -> Result<(warden::store::Store, CliDb), String> {
+    if let Ok(url) = std::env::var("DATABASE_URL")
+        && !url.trim().is_empty()
+    {
+        let store = warden::store::Store::connect(&url, 2)
+            .await
+            .map_err(|e| e.to_string())?;
+        return Ok((store, CliDb::default()));
+    }
+    embedded_cli_store().await
+}
+
+/// What keeps the CLI's embedded database open.
+#[derive(Default)]
+struct CliDb {
+    #[cfg(feature = "embedded")]
+    embedded: Option<(sqlx::PgPool, warden::store::embedded::Embedded)>,
+}
+
+impl CliDb {
+    async fn close(self) {
+        #[cfg(feature = "embedded")]
+        if let Some((pool, embedded)) = self.embedded {
+            pool.close().await;
+            let _ = tokio::task::spawn_blocking(move || embedded.stop()).await;
+        }
+    }
+}
+
+#[cfg(feature = "embedded")]
+async fn embedded_cli_store() -> Result<(warden::store::Store, CliDb), String> {
+    use warden::store::embedded::{EMBEDDED_CONNECTIONS, Embedded};
+    let dir = data_dir();
+    let embedded = tokio::task::spawn_blocking(move || Embedded::open(&dir))
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| e.to_string())?;
+    let pool = warden::store::Store::pool_options(EMBEDDED_CONNECTIONS)
+        .connect_with(embedded.connect_options())
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok((
+        warden::store::Store::single_process(pool.clone()),
+        CliDb {
+            embedded: Some((pool, embedded)),
+        },
+    ))
+}
+
+#[cfg(not(feature = "embedded"))]
+async fn embedded_cli_store() -> Result<(warden::store::Store, CliDb), String> {
+    Err("DATABASE_URL must be set (this build has no embedded PostgreSQL)".into())
+}
 
 /// `warden keys ...`: create, list and revoke API keys straight in the
 /// database, for first setup without `WARDEN_ADMIN_TOKEN`.
 async fn keys(args: Vec<String>) -> ExitCode {
-    let Ok(url) = std::env::var("DATABASE_URL") else {
-        eprintln!("warden keys: DATABASE_URL must be set");
-        return ExitCode::from(2);
-    };
-    let store = match warden::store::Store::connect(&url, 2).await {
-        Ok(store) => store,
+    let (store, db) = match cli_store().await {
+        Ok(opened) => opened,
         Err(err) => {
             eprintln!("warden keys: {err}");
             return ExitCode::FAILURE;
         }
     };
+    let code = keys_on(&store, args).await;
+    drop(store);
+    db.close().await;
+    code
+}
+
+async fn keys_on(store: &warden::store::Store, args: Vec<String>) -> ExitCode {
     if let Err(err) = store.migrate().await {
         eprintln!("warden keys: {err}");
         return ExitCode::FAILURE;
@@ -139,7 +267,7 @@ async fn keys(args: Vec<String>) -> ExitCode {
                 eprintln!("warden keys: unknown role {role:?}; one of admin, operator, viewer");
                 return ExitCode::from(2);
             };
-            match warden::auth::issue_key(&store, tenant, role, flag("--name")).await {
+            match warden::auth::issue_key(store, tenant, role, flag("--name")).await {
                 Ok(issued) => {
                     eprintln!(
                         "created key {} ({}) for tenant {} with role {}; it is shown only now:",

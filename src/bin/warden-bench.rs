@@ -41,6 +41,8 @@ struct Scale {
     replica_stops: usize,
     /// How long the memory phase lets its sessions settle, and then measures.
     memory_settle: Duration,
+    /// Session counts of the embedded phase (one connection: fewer).
+    embedded_sessions: Vec<usize>,
 }
 
 impl Scale {
@@ -55,6 +57,7 @@ impl Scale {
             replica_sessions: 1_000,
             replica_stops: 200,
             memory_settle: Duration::from_secs(5),
+            embedded_sessions: vec![1, 32],
         }
     }
 
@@ -70,6 +73,7 @@ impl Scale {
             replica_sessions: 20,
             replica_stops: 10,
             memory_settle: Duration::from_secs(1),
+            embedded_sessions: vec![1, 8],
         }
     }
 }
@@ -83,7 +87,14 @@ struct Options {
 }
 
 /// The phases, in the order they run.
-const PHASES: [&str; 5] = ["throughput", "status", "stop", "memory", "replicas"];
+const PHASES: [&str; 6] = [
+    "throughput",
+    "status",
+    "stop",
+    "memory",
+    "replicas",
+    "embedded",
+];
 
 fn usage() -> &'static str {
     "usage: warden-bench [--quick] [--sessions N,N..] [--window SECS] [--only PHASE]\n\
@@ -92,7 +103,8 @@ fn usage() -> &'static str {
      --quick          a few sessions for a few seconds (a smoke run)\n\
      --sessions N,..  session counts of the throughput phase (default 1,32,1000)\n\
      --window SECS    how long each throughput measurement lasts (default 10)\n\
-     --only PHASE     run one phase: throughput, status, stop, memory or replicas (repeatable)\n\
+     --only PHASE     run one phase: throughput, status, stop, memory, replicas or embedded
+                      (repeatable; embedded: the same on the embedded PostgreSQL)
      --database-url   a Postgres URL whose user may create databases\n\
                       (default: $DATABASE_URL, else postgres://postgres@127.0.0.1:5432/postgres)\n\
      --warden PATH    the warden binary (default: beside this program)"
@@ -291,6 +303,8 @@ struct Server {
     workspaces: PathBuf,
     /// Whether stopping this server drops its database (others may share it).
     owns_db: bool,
+    /// The embedded PostgreSQL's data directory (embedded phase), removed at stop.
+    data_dir: Option<PathBuf>,
 }
 
 async fn create_database(admin: &PgPool, name: &str) -> BenchResult<()> {
@@ -330,25 +344,50 @@ impl Server {
             &db_url,
             true,
             &[("WARDEN_MAX_RUNNING", "1000000")],
+            None,
+        )
+        .await
+    }
+
+    /// A warden on the embedded PostgreSQL (no `DATABASE_URL`) in a fresh
+    /// data directory, removed by [`Server::stop`].
+    async fn start_embedded(opts: &Options, phase: &str) -> BenchResult<Server> {
+        let name = format!("warden_bench_{}_{phase}", std::process::id());
+        let data_dir = std::env::temp_dir().join(format!("{name}_data"));
+        let _ = std::fs::remove_dir_all(&data_dir);
+        Server::launch(
+            opts,
+            &name,
+            "",
+            false,
+            &[("WARDEN_MAX_RUNNING", "1000000")],
+            Some(data_dir),
         )
         .await
     }
 
     /// A warden process on database `db_name` (dropped by [`Server::stop`]
-    /// only when `owns_db`), with extra environment `env`.
+    /// only when `owns_db`), or on the embedded PostgreSQL in `data_dir`,
+    /// with extra environment `env`.
     async fn launch(
         opts: &Options,
         db_name: &str,
         db_url: &str,
         owns_db: bool,
         env: &[(&str, &str)],
+        data_dir: Option<PathBuf>,
     ) -> BenchResult<Server> {
         let port = free_port()?;
         let workspaces = std::env::temp_dir().join(format!("{db_name}_{port}"));
         std::fs::create_dir_all(&workspaces)?;
         let mut command = Command::new(&opts.warden);
+        match &data_dir {
+            Some(dir) => command
+                .env_remove("DATABASE_URL")
+                .env("WARDEN_DATA_DIR", dir),
+            None => command.env("DATABASE_URL", db_url),
+        };
         command
-            .env("DATABASE_URL", db_url)
             .env("WARDEN_LISTEN_ADDR", format!("127.0.0.1:{port}"))
             .env("WARDEN_WORKSPACE_ROOT", &workspaces)
             // Benchmark sessions run unattended far past the gate's
@@ -370,6 +409,7 @@ impl Server {
             db_url: db_url.to_string(),
             workspaces,
             owns_db,
+            data_dir,
         };
         let client = reqwest::Client::new();
         let deadline = Instant::now() + Duration::from_secs(30);
@@ -415,6 +455,9 @@ impl Server {
     async fn stop(mut self, admin: &PgPool) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        if let Some(dir) = &self.data_dir {
+            let _ = std::fs::remove_dir_all(dir);
+        }
         if self.owns_db {
             let _ = sqlx::query(sqlx::AssertSqlSafe(format!(
                 "DROP DATABASE IF EXISTS {} WITH (FORCE)",
@@ -779,7 +822,7 @@ async fn replica_fleet(
     ];
     let mut servers = Vec::with_capacity(k);
     for i in 0..k {
-        servers.push(Server::launch(opts, &db_name, &db_url, i == 0, &env).await?);
+        servers.push(Server::launch(opts, &db_name, &db_url, i == 0, &env, None).await?);
     }
     let result = measure_fleet(client, &servers, &db_url, scale, raw_rate).await;
     // The first owns the database: stop it last.
@@ -1255,6 +1298,10 @@ async fn run() -> BenchResult<()> {
         }
     }
 
+    if opts.runs("embedded") {
+        rows.extend(embedded_phase(&opts, &admin, &client, &scale).await?);
+    }
+
     println!("Machine: {machine}\n");
     println!("| measurement | Warden | raw Postgres, same pattern | ratio | target | met |");
     println!("|---|---:|---:|---:|---|---|");
@@ -1266,6 +1313,123 @@ async fn run() -> BenchResult<()> {
     }
     admin.close().await;
     Ok(())
+}
+
+/// Phase 5: the same service on the embedded PostgreSQL (no `DATABASE_URL`:
+/// one process, one connection shared by the API and the loops): throughput,
+/// status latency under that load, stop latency. No raw column: nothing but
+/// the warden process can reach its database.
+async fn embedded_phase(
+    opts: &Options,
+    admin: &PgPool,
+    client: &reqwest::Client,
+    scale: &Scale,
+) -> BenchResult<Vec<Row>> {
+    let mut rows = Vec::new();
+    let largest = scale.embedded_sessions.iter().copied().max().unwrap_or(1);
+    for &n in &scale.embedded_sessions {
+        eprintln!("warden-bench: embedded PostgreSQL, throughput with {n} sessions");
+        let server = Server::start_embedded(opts, &format!("e{n}")).await?;
+        let ids = create_sessions(client, &server.base, n, &cycling_session(0)).await?;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let before = server.scrape(client).await?;
+        let t0 = Instant::now();
+        tokio::time::sleep(scale.window).await;
+        let after = server.scrape(client).await?;
+        let rate = (after.get("warden_iterations_total") - before.get("warden_iterations_total"))
+            / t0.elapsed().as_secs_f64();
+        if rate <= 0.0 {
+            return Err(format!("embedded: no iterations were committed with {n} sessions").into());
+        }
+        rows.push(row(
+            format!("embedded: durable iterations/s, {n} session(s)"),
+            format!("{rate:.0}"),
+            "—".into(),
+            "—".into(),
+            "",
+        ));
+        if n == largest {
+            eprintln!("warden-bench: embedded PostgreSQL, status latency with {n} sessions");
+            let base = &server.base;
+            let rate = scale.status_rate_per_s;
+            let (mut get, mut list) = tokio::join!(
+                steady_get(
+                    client,
+                    rate,
+                    scale.window,
+                    |i| format!("{base}/api/autonomous/{}", ids[i % ids.len().max(1)]),
+                    Arc::new(AtomicUsize::new(0)),
+                ),
+                steady_get(
+                    client,
+                    (rate / 5).max(1),
+                    scale.window,
+                    |_| format!("{base}/api/autonomous?limit=50"),
+                    Arc::new(AtomicUsize::new(0)),
+                ),
+            );
+            for (what, samples) in [("GET /{id}", &mut get), ("list", &mut list)] {
+                for q in [0.5, 0.99] {
+                    rows.push(row(
+                        format!(
+                            "embedded: {what} p{}, {n} running flat out",
+                            (q * 100.0) as u32
+                        ),
+                        ms(quantile(samples, q)),
+                        "—".into(),
+                        "—".into(),
+                        "",
+                    ));
+                }
+            }
+        }
+        server.stop(admin).await;
+    }
+
+    let n = largest;
+    eprintln!("warden-bench: embedded PostgreSQL, stop latency with {n} sessions");
+    let server = Server::start_embedded(opts, "estop").await?;
+    let ids = create_sessions(client, &server.base, n, &long_step_session()).await?;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let base = server.base.clone();
+    let mut stops: Vec<Duration> = stream::iter(ids)
+        .map(|id| {
+            let (client, url) = (client.clone(), format!("{base}/api/autonomous/{id}/stop"));
+            async move {
+                let t = Instant::now();
+                let res = client
+                    .post(url)
+                    .header(reqwest::header::CONTENT_TYPE, "application/json")
+                    .send()
+                    .await
+                    .ok()?;
+                let body: Value = res.json().await.ok()?;
+                (body["status"] == "interrupted").then(|| t.elapsed())
+            }
+        })
+        .buffer_unordered(4)
+        .collect::<Vec<_>>()
+        .await
+        .into_iter()
+        .flatten()
+        .collect();
+    server.stop(admin).await;
+    if stops.is_empty() {
+        return Err("embedded: no stop answered `interrupted`".into());
+    }
+    for q in [0.5, 0.99] {
+        rows.push(row(
+            format!(
+                "embedded: stop → interrupted persisted p{}, {n} running",
+                (q * 100.0) as u32
+            ),
+            ms(quantile(&mut stops, q)),
+            "—".into(),
+            "—".into(),
+            "",
+        ));
+    }
+    Ok(rows)
 }
 
 #[cfg(test)]

@@ -143,7 +143,6 @@ the most WARDEN_TENANT_MAX_RUNNING={max} allows: stop or wait for one to end"
 #[cfg(test)]
 mod tests {
     use serde_json::json;
-    use sqlx::PgPool;
 
     use super::*;
     use crate::policy::guardrails::tests::roomy;
@@ -165,8 +164,10 @@ mod tests {
         }
     }
 
-    #[sqlx::test(migrations = "./migrations")]
-    async fn the_session_and_its_first_refinement_are_written_together(pool: PgPool) {
+    #[tokio::test]
+    async fn the_session_and_its_first_refinement_are_written_together() {
+        let db = crate::store::testing::TestDb::new().await;
+        let pool = db.pool.clone();
         let store = Store::from_pool(pool);
         let new = new_session("Write README.md", "make it better");
         let proposal = json!({ "suggested_goal": "Write README.md" });
@@ -199,8 +200,10 @@ mod tests {
         assert_eq!(store.events(new.id, 0, 10, None).await.unwrap().len(), 2);
     }
 
-    #[sqlx::test(migrations = "./migrations")]
-    async fn a_failed_refinement_leaves_no_session_behind(pool: PgPool) {
+    #[tokio::test]
+    async fn a_failed_refinement_leaves_no_session_behind() {
+        let db = crate::store::testing::TestDb::new().await;
+        let pool = db.pool.clone();
         let store = Store::from_pool(pool);
         let new = new_session("Write README.md", "make it better");
         // Postgres text cannot hold NUL: the refinement insert fails after the session's.

@@ -689,7 +689,28 @@ impl Supervisor {
 
     /// Relays stop and pause requests sent to other replicas (NOTIFY makes
     /// them fast; the durable flags read at each commit and heartbeat are the truth).
+    /// On the embedded server they come through an in-process channel.
     pub async fn listen(self) {
+        if let Some(mut notes) = self.inner.store.local_control() {
+            loop {
+                let note = tokio::select! {
+                    _ = self.inner.closing.cancelled() => return,
+                    note = notes.recv() => note,
+                };
+                match note {
+                    Ok(note) => self.on_control(note),
+                    // Missed notes: the durable flags still reach each loop
+                    // at its next commit or heartbeat.
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(missed)) => {
+                        tracing::warn!(
+                            missed,
+                            "control notes lagged; the durable flags still apply"
+                        );
+                    }
+                    Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+                }
+            }
+        }
         loop {
             if self.inner.closing.is_cancelled() {
                 return;
@@ -727,6 +748,10 @@ impl Supervisor {
         let Ok(note) = payload.parse::<ControlNote>() else {
             return;
         };
+        self.on_control(note);
+    }
+
+    fn on_control(&self, note: ControlNote) {
         match note.action {
             ControlAction::Stop => {
                 self.signal_stop(note.session_id);

@@ -1,6 +1,7 @@
 //! The control channel: a Postgres NOTIFY that carries stop and pause
 //! requests to every replica. NOTIFY only makes them fast; the durable flags
 //! on the session row, read at each commit and heartbeat, are the truth.
+//! On the embedded server the notes travel in this process instead.
 
 use std::fmt;
 use std::str::FromStr;
@@ -80,6 +81,12 @@ impl Store {
             action,
             session_id: id,
         };
+        if let Some(local) = &self.local_control {
+            // No receiver means no supervisor is listening (shutting down):
+            // the durable flag still reaches the loop at its next commit.
+            let _ = local.send(note);
+            return Ok(());
+        }
         sqlx::query!(
             "SELECT pg_notify($1, $2)",
             CONTROL_CHANNEL,

@@ -471,8 +471,10 @@ mod tests {
     /// its events in order, and leaves out a member whose lease is lost. A
     /// failing group falls back to one-by-one commits, which would hide a
     /// broken statement from every test that goes through the committer.
-    #[sqlx::test]
-    async fn a_group_commits_its_members_in_one_statement(pool: PgPool) {
+    #[tokio::test]
+    async fn a_group_commits_its_members_in_one_statement() {
+        let db = crate::store::testing::TestDb::new().await;
+        let pool = db.pool.clone();
         let a = running_session(&pool, Mode::Fixed).await;
         let b = running_session(&pool, Mode::Continuous).await;
         let lost = Lease {
@@ -528,8 +530,10 @@ mod tests {
         assert_eq!(covered, vec![1, 0]);
     }
 
-    #[sqlx::test]
-    async fn a_lone_commit_is_fenced_by_its_lease(pool: PgPool) {
+    #[tokio::test]
+    async fn a_lone_commit_is_fenced_by_its_lease() {
+        let db = crate::store::testing::TestDb::new().await;
+        let pool = db.pool.clone();
         let held = running_session(&pool, Mode::Continuous).await;
         let mut with_checkpoint = pending(held, 2, None);
         with_checkpoint.iteration.checkpoint = Some(json!({ "state": 1 }));

@@ -6,11 +6,14 @@
 //! Modules depend one way: `rows` (every row type) depends on no other store
 //! module; `events` and `checkpoints` write rows; `group_commit` writes
 //! iterations in groups; `iterations` and `sessions` build on those; the
-//! rest read and write one table each. `control` owns the NOTIFY channel;
+//! rest read and write one table each. `control` owns the NOTIFY channel
+//! (an in-process channel on the embedded server); `embedded` runs that server;
 //! `queue` claims the sessions that wait for a replica with capacity.
 
 mod checkpoints;
 mod control;
+#[cfg(feature = "embedded")]
+pub mod embedded;
 mod events;
 mod group_commit;
 mod iterations;
@@ -18,14 +21,16 @@ mod journal;
 mod keys;
 mod leases;
 mod outcomes;
-pub mod quotas;
 mod queue;
+pub mod quotas;
 mod reflections;
 mod resilience;
 mod rows;
 mod secrets;
 mod sessions;
 mod tasks;
+#[cfg(test)]
+pub(crate) mod testing;
 
 pub use control::{BadControlNote, CONTROL_CHANNEL, ControlAction, ControlNote};
 pub use events::append as append_events;
@@ -100,6 +105,9 @@ pub struct Store {
     appended: tokio::sync::broadcast::Sender<Uuid>,
     /// The iteration committer, started on first use (it needs a runtime).
     committer: Arc<OnceLock<GroupCommit>>,
+    /// On the embedded server (one process, one backend, no second
+    /// connection to LISTEN on): control notes travel in this process.
+    local_control: Option<tokio::sync::broadcast::Sender<ControlNote>>,
 }
 
 /// Idle time after which a pooled connection is checked before it is used.
@@ -141,7 +149,30 @@ impl Store {
             pool,
             appended: announcer(),
             committer: Arc::new(OnceLock::new()),
+            local_control: None,
         }
+    }
+
+    /// Wraps the pool of an embedded server: control notes go through an
+    /// in-process channel instead of LISTEN/NOTIFY (the one backend has no
+    /// connection to spare for a listener, and no other process shares it).
+    pub fn single_process(pool: PgPool) -> Store {
+        Store {
+            local_control: Some(tokio::sync::broadcast::channel(1_024).0),
+            ..Store::from_pool(pool)
+        }
+    }
+
+    /// Whether this store is the single process on its database (the
+    /// embedded server): no second pool, no LISTEN.
+    pub fn is_single_process(&self) -> bool {
+        self.local_control.is_some()
+    }
+
+    /// The in-process control notes, when this store carries them (see
+    /// [`Store::single_process`]); `None` means: LISTEN on Postgres.
+    pub fn local_control(&self) -> Option<tokio::sync::broadcast::Receiver<ControlNote>> {
+        self.local_control.as_ref().map(|tx| tx.subscribe())
     }
 
     fn group_commit(&self) -> &GroupCommit {
@@ -157,6 +188,7 @@ impl Store {
             pool,
             appended: self.appended.clone(),
             committer: Arc::new(OnceLock::new()),
+            local_control: self.local_control.clone(),
         }
     }
 

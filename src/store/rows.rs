@@ -623,7 +623,6 @@ pub struct Outcomes {
 
 #[cfg(test)]
 mod tests {
-    use sqlx::PgPool;
     use uuid::Uuid;
 
     use crate::policy::lifecycle::{Mode, Reason, Status};
@@ -631,8 +630,10 @@ mod tests {
     /// Every lifecycle value binds as a name the schema's CHECK constraints
     /// accept and reads back as itself. (Runtime queries: test code is not
     /// part of the offline query data.)
-    #[sqlx::test]
-    async fn lifecycle_enums_round_trip_through_the_schema(pool: PgPool) {
+    #[tokio::test]
+    async fn lifecycle_enums_round_trip_through_the_schema() {
+        let db = crate::store::testing::TestDb::new().await;
+        let pool = db.pool.clone();
         let modes = [Mode::Fixed, Mode::Continuous];
         for (i, reason) in Reason::ALL.into_iter().enumerate() {
             let (mode, status) = (modes[i % modes.len()], Status::ALL[i % Status::ALL.len()]);
@@ -658,8 +659,10 @@ mod tests {
         }
     }
 
-    #[sqlx::test]
-    async fn an_unknown_name_does_not_decode(pool: PgPool) {
+    #[tokio::test]
+    async fn an_unknown_name_does_not_decode() {
+        let db = crate::store::testing::TestDb::new().await;
+        let pool = db.pool.clone();
         let status = sqlx::query_scalar::<_, Status>("SELECT 'runing'::text")
             .fetch_one(&pool)
             .await;

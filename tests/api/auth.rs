@@ -4,9 +4,7 @@
 
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
-use sqlx::PgPool;
 use warden::Application;
-use warden::store::Store;
 
 use crate::common::{
     ADMIN_TOKEN, ServiceProcess, TestApp, client_with_key, config_with, create_key,
@@ -60,8 +58,10 @@ fn secret(doc: &Value) -> String {
     doc["secret"].as_str().expect("secret").to_string()
 }
 
-#[sqlx::test]
-async fn auth_matrix_over_every_documented_operation(pool: PgPool) {
+#[tokio::test]
+async fn auth_matrix_over_every_documented_operation() {
+    let db = crate::common::TestDb::new().await;
+    let pool = db.pool.clone();
     let app = TestApp::spawn(pool).await;
     let operator_a = secret(&create_key(&app.base, "a", "operator").await);
     let viewer_a = secret(&create_key(&app.base, "a", "viewer").await);
@@ -195,8 +195,10 @@ async fn auth_matrix_over_every_documented_operation(pool: PgPool) {
         .await;
 }
 
-#[sqlx::test]
-async fn tenants_see_only_their_sessions_and_admins_see_all(pool: PgPool) {
+#[tokio::test]
+async fn tenants_see_only_their_sessions_and_admins_see_all() {
+    let db = crate::common::TestDb::new().await;
+    let pool = db.pool.clone();
     let app = TestApp::spawn(pool).await;
     let b_key = secret(&create_key(&app.base, "b", "operator").await);
     let viewer_b = secret(&create_key(&app.base, "b", "viewer").await);
@@ -287,8 +289,10 @@ async fn tenants_see_only_their_sessions_and_admins_see_all(pool: PgPool) {
     assert!(!text.contains(&mine), "{text}");
 }
 
-#[sqlx::test]
-async fn keys_are_listed_without_secrets_and_revoked_at_once(pool: PgPool) {
+#[tokio::test]
+async fn keys_are_listed_without_secrets_and_revoked_at_once() {
+    let db = crate::common::TestDb::new().await;
+    let pool = db.pool.clone();
     let app = TestApp::spawn(pool).await;
     let created = create_key(&app.base, "acme", "viewer").await;
     let key = secret(&created);
@@ -360,8 +364,10 @@ async fn keys_are_listed_without_secrets_and_revoked_at_once(pool: PgPool) {
     assert_eq!(res.status(), StatusCode::UNPROCESSABLE_ENTITY);
 }
 
-#[sqlx::test]
-async fn cross_site_requests_cannot_change_state(pool: PgPool) {
+#[tokio::test]
+async fn cross_site_requests_cannot_change_state() {
+    let db = crate::common::TestDb::new().await;
+    let pool = db.pool.clone();
     let app = TestApp::spawn(pool).await;
     let res = app
         .client
@@ -388,8 +394,10 @@ async fn cross_site_requests_cannot_change_state(pool: PgPool) {
     assert_eq!(res.status(), StatusCode::CREATED);
 }
 
-#[sqlx::test]
-async fn auth_off_serves_loopback_names_and_json_writes_only(pool: PgPool) {
+#[tokio::test]
+async fn auth_off_serves_loopback_names_and_json_writes_only() {
+    let db = crate::common::TestDb::new().await;
+    let pool = db.pool.clone();
     let config = config_with(&[("WARDEN_ADMIN_TOKEN", "")]);
     assert!(config.auth.admin_token.is_none());
     let app = TestApp::spawn_with(pool, config).await;
@@ -433,8 +441,10 @@ async fn auth_off_serves_loopback_names_and_json_writes_only(pool: PgPool) {
     assert_eq!(res.status(), StatusCode::OK);
 }
 
-#[sqlx::test]
-async fn forced_off_serves_loopback_host_names_only(pool: PgPool) {
+#[tokio::test]
+async fn forced_off_serves_loopback_host_names_only() {
+    let db = crate::common::TestDb::new().await;
+    let pool = db.pool.clone();
     // WARDEN_AUTH=off (here with an admin token set too, which it overrides):
     // a page on a foreign name that resolves to this machine must not be
     // able to read or drive sessions, just as in protected mode.
@@ -481,16 +491,19 @@ async fn forced_off_serves_loopback_host_names_only(pool: PgPool) {
     }
 }
 
-#[sqlx::test]
-async fn no_auth_beyond_loopback_refuses_to_start_unless_forced_off(pool: PgPool) {
+#[tokio::test]
+async fn no_auth_beyond_loopback_refuses_to_start_unless_forced_off() {
+    let db = crate::common::TestDb::new().await;
+    let pool = db.pool.clone();
     let config = config_with(&[
         ("WARDEN_ADMIN_TOKEN", ""),
         ("WARDEN_LISTEN_ADDR", "0.0.0.0:0"),
     ]);
-    let err = match Application::build_with_store(config, Store::from_pool(pool.clone())).await {
-        Ok(_) => panic!("started without auth on every interface"),
-        Err(err) => err.to_string(),
-    };
+    let err =
+        match Application::build_with_store(config, crate::common::store_on(pool.clone())).await {
+            Ok(_) => panic!("started without auth on every interface"),
+            Err(err) => err.to_string(),
+        };
     assert!(
         err.contains("WARDEN_ADMIN_TOKEN") && err.contains("WARDEN_AUTH=off"),
         "{err}"
@@ -500,20 +513,22 @@ async fn no_auth_beyond_loopback_refuses_to_start_unless_forced_off(pool: PgPool
         ("WARDEN_LISTEN_ADDR", "0.0.0.0:0"),
         ("WARDEN_AUTH", "off"),
     ]);
-    let app = Application::build_with_store(config, Store::from_pool(pool.clone()))
+    let app = Application::build_with_store(config, crate::common::store_on(pool.clone()))
         .await
         .expect("WARDEN_AUTH=off starts");
     app.shutdown().await.unwrap();
     // With an admin token, every interface is fine.
     let config = config_with(&[("WARDEN_LISTEN_ADDR", "0.0.0.0:0")]);
-    let app = Application::build_with_store(config, Store::from_pool(pool))
+    let app = Application::build_with_store(config, crate::common::store_on(pool))
         .await
         .expect("with a token it starts");
     app.shutdown().await.unwrap();
 }
 
-#[sqlx::test]
-async fn no_answer_and_no_log_line_carries_a_secret(pool: PgPool) {
+#[tokio::test]
+async fn no_answer_and_no_log_line_carries_a_secret() {
+    let db = crate::common::TestDb::new().await;
+    let pool = db.pool.clone();
     let metrics_token = "metrics-token-5e6f7a8b9c0d1e2f";
     let llm_key = "sk-server-llm-key-1a2b3c4d5e6f";
     let process = ServiceProcess::start_with(
@@ -624,8 +639,15 @@ async fn no_answer_and_no_log_line_carries_a_secret(pool: PgPool) {
     }
 }
 
-#[sqlx::test]
-async fn the_keys_command_creates_lists_and_revokes(pool: PgPool) {
+#[tokio::test]
+async fn the_keys_command_creates_lists_and_revokes() {
+    if crate::common::needs_server_postgres(
+        "the keys command as a process beside the test, both on the test's database",
+    ) {
+        return;
+    }
+    let db = crate::common::TestDb::new().await;
+    let pool = db.pool.clone();
     let opts = pool.connect_options();
     let db = opts.get_database().unwrap_or("postgres").to_string();
     let admin_url = std::env::var("DATABASE_URL").expect("DATABASE_URL");
@@ -671,8 +693,10 @@ async fn the_keys_command_creates_lists_and_revokes(pool: PgPool) {
     assert!(!warden(&["create", "--tenant", "a", "--role", "root"]).0);
 }
 
-#[sqlx::test]
-async fn control_events_name_the_key_that_acted(pool: PgPool) {
+#[tokio::test]
+async fn control_events_name_the_key_that_acted() {
+    let db = crate::common::TestDb::new().await;
+    let pool = db.pool.clone();
     let app = TestApp::spawn(pool).await;
     let id = app
         .create_scripted(json!([{ "action": "a", "delay_ms": 60000 }]), json!({}))
@@ -693,4 +717,56 @@ async fn control_events_name_the_key_that_acted(pool: PgPool) {
     // What the loop writes by itself names no key; no event carries the secret.
     assert!(events.iter().any(|e| e["actor"].is_null()), "{events:?}");
     assert!(!serde_json::to_string(&events).unwrap().contains(&app.key));
+}
+
+/// On the embedded PostgreSQL (no DATABASE_URL) the keys command works on
+/// the data directory, and `warden db dump` writes it as SQL a server can
+/// load: the schema and the rows. Needs no server: runs on both passes.
+#[cfg(feature = "embedded")]
+#[tokio::test]
+async fn keys_and_db_dump_work_on_the_embedded_data_directory() {
+    let dir = std::env::temp_dir().join(format!("warden-dump-{}", uuid::Uuid::new_v4().simple()));
+    let warden = |args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_warden"))
+            .args(args)
+            .env_remove("DATABASE_URL")
+            .env("PGHOST", "127.0.0.1")
+            .env("PGPORT", "1")
+            .env("WARDEN_DATA_DIR", &dir)
+            .output()
+            .expect("runs");
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).to_string(),
+            String::from_utf8_lossy(&out.stderr).to_string(),
+        )
+    };
+    let (ok, _, err) = warden(&["db", "dump"]);
+    assert!(!ok, "nothing to dump yet");
+    assert!(err.contains("no embedded database here"), "{err}");
+
+    let (ok, key, err) = warden(&["keys", "create", "--tenant", "acme", "--role", "operator"]);
+    assert!(ok, "{err}");
+    let prefix = key.trim()[..12].to_string();
+    let (ok, listed, err) = warden(&["keys", "list"]);
+    assert!(ok, "{err}");
+    assert!(
+        listed.contains(&prefix) && listed.contains("acme"),
+        "{listed}"
+    );
+
+    let (ok, sql, err) = warden(&["db", "dump"]);
+    assert!(ok, "{err}");
+    assert!(
+        sql.contains("CREATE TABLE public.sessions"),
+        "the schema is dumped"
+    );
+    assert!(sql.contains(&prefix), "the rows are dumped");
+    assert!(
+        !sql.contains(key.trim()),
+        "a key's secret is never stored, so never dumped"
+    );
+    let (ok, _, err) = warden(&["db", "dump", "extra"]);
+    assert!(!ok && err.contains("usage: warden db dump"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
 }

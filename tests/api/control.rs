@@ -15,7 +15,7 @@ use warden::policy::guardrails::Usage;
 use warden::policy::lifecycle::{Mode, Reason};
 use warden::policy::termination::{self, Facts};
 use warden::session::state::LoopState;
-use warden::store::{self, Counters, Lease, NewSession, Store, StoreError};
+use warden::store::{self, Counters, Lease, NewSession, StoreError};
 
 use crate::common::{self, TestApp, config_with, distinct_steps, test_config};
 
@@ -157,8 +157,15 @@ async fn wait_db(pool: &PgPool, id: &str, timeout: Duration, done: impl Fn(&str,
 
 // Defect 1: stops of sessions no local loop runs held a row lock and asked
 // the pool for a second connection; 4 of them at once froze the API.
-#[sqlx::test]
-async fn concurrent_stops_of_paused_sessions_do_not_freeze_the_api(pool: PgPool) {
+#[tokio::test]
+async fn concurrent_stops_of_paused_sessions_do_not_freeze_the_api() {
+    if crate::common::needs_server_postgres(
+        "a warden process beside the test, both on the test's database",
+    ) {
+        return;
+    }
+    let db = crate::common::TestDb::new().await;
+    let pool = db.pool.clone();
     let _serial = SERIAL.lock().await;
     let server = Server::start(&pool, &[]).await;
     let client = reqwest::Client::new();
@@ -215,10 +222,12 @@ async fn concurrent_stops_of_paused_sessions_do_not_freeze_the_api(pool: PgPool)
 
 // Defect 2: the loop finishing a pause cleared a stop committed meanwhile.
 // The store refuses the pause under the row lock; the loop records the stop.
-#[sqlx::test]
-async fn the_loop_cannot_pause_over_a_pending_stop(pool: PgPool) {
+#[tokio::test]
+async fn the_loop_cannot_pause_over_a_pending_stop() {
+    let db = crate::common::TestDb::new().await;
+    let pool = db.pool.clone();
     let _serial = SERIAL.lock().await;
-    let store = Store::from_pool(pool.clone());
+    let store = crate::common::store_on(pool.clone());
     store.migrate().await.expect("migrated");
     let limits = test_config().defaults.limits;
     let new = NewSession {
@@ -295,8 +304,10 @@ async fn the_loop_cannot_pause_over_a_pending_stop(pool: PgPool) {
 }
 
 // Defect 2, end to end: a stop sent right behind a pause wins.
-#[sqlx::test]
-async fn a_stop_racing_a_pause_ends_interrupted(pool: PgPool) {
+#[tokio::test]
+async fn a_stop_racing_a_pause_ends_interrupted() {
+    let db = crate::common::TestDb::new().await;
+    let pool = db.pool.clone();
     let _serial = SERIAL.lock().await;
     let app = TestApp::spawn(pool.clone()).await;
     for round in 0..6u64 {
@@ -330,8 +341,10 @@ async fn a_stop_racing_a_pause_ends_interrupted(pool: PgPool) {
 
 // Defect 3: a late start of a stale lease replaced the live runner in the
 // registry; the live one then lost its renewals and was rescued.
-#[sqlx::test]
-async fn a_late_runner_start_does_not_replace_the_live_runner(pool: PgPool) {
+#[tokio::test]
+async fn a_late_runner_start_does_not_replace_the_live_runner() {
+    let db = crate::common::TestDb::new().await;
+    let pool = db.pool.clone();
     let _serial = SERIAL.lock().await;
     let app = TestApp::spawn(pool.clone()).await;
     let id = app.create(long_session(50)).await["id"]
@@ -343,7 +356,7 @@ async fn a_late_runner_start_does_not_replace_the_live_runner(pool: PgPool) {
     })
     .await;
     let uuid: Uuid = id.parse().expect("uuid");
-    let store = Store::from_pool(pool.clone());
+    let store = crate::common::store_on(pool.clone());
     let record = store.session(uuid).await.expect("read").expect("exists");
     let stale = Lease {
         session_id: uuid,
@@ -423,8 +436,10 @@ mod agent {
 }
 
 // Defect 5: NUL in client text answered 500; now 422 naming the field.
-#[sqlx::test]
-async fn nul_in_client_text_is_refused_naming_the_field(pool: PgPool) {
+#[tokio::test]
+async fn nul_in_client_text_is_refused_naming_the_field() {
+    let db = crate::common::TestDb::new().await;
+    let pool = db.pool.clone();
     let _serial = SERIAL.lock().await;
     let app = TestApp::spawn(pool).await;
     let step = |output: &str| json!([{ "action": "a", "output": output }]);
@@ -477,8 +492,10 @@ async fn nul_in_client_text_is_refused_naming_the_field(pool: PgPool) {
 
 // Defect 5 and the poison-pill test, first half: an agent that answers a
 // NUL and then valid text keeps working; the NUL is replaced and recorded.
-#[sqlx::test]
-async fn an_agent_answering_nul_keeps_working(pool: PgPool) {
+#[tokio::test]
+async fn an_agent_answering_nul_keeps_working() {
+    let db = crate::common::TestDb::new().await;
+    let pool = db.pool.clone();
     let _serial = SERIAL.lock().await;
     let (url, keys) = agent::start(|n| {
         if n == 1 {
@@ -521,8 +538,10 @@ async fn an_agent_answering_nul_keeps_working(pool: PgPool) {
 // never be stored ends the session failed after N attempts, the agent called
 // at most N times with one Idempotency-Key; an exited runner's lease is given
 // up at once, so the attempts come a heartbeat apart, not a TTL.
-#[sqlx::test]
-async fn an_unstorable_answer_fails_the_session_after_n_attempts(pool: PgPool) {
+#[tokio::test]
+async fn an_unstorable_answer_fails_the_session_after_n_attempts() {
+    let db = crate::common::TestDb::new().await;
+    let pool = db.pool.clone();
     let _serial = SERIAL.lock().await;
     // Fault injection: iterations with this action cannot be stored.
     sqlx::query("ALTER TABLE iterations ADD CONSTRAINT poison CHECK (action <> 'poison')")
@@ -596,8 +615,15 @@ async fn an_unstorable_answer_fails_the_session_after_n_attempts(pool: PgPool) {
 
 // Defect 7: connection-level failures answer 503 with Retry-After, and
 // /readyz answers within a second.
-#[sqlx::test]
-async fn a_lost_database_answers_503_quickly(pool: PgPool) {
+#[tokio::test]
+async fn a_lost_database_answers_503_quickly() {
+    if crate::common::needs_server_postgres(
+        "a second connection that terminates the service's backends",
+    ) {
+        return;
+    }
+    let db = crate::common::TestDb::new().await;
+    let pool = db.pool.clone();
     let _serial = SERIAL.lock().await;
     let app = TestApp::spawn(pool.clone()).await;
     let id = app
@@ -654,8 +680,10 @@ async fn a_lost_database_answers_503_quickly(pool: PgPool) {
 
 // Defect 9: hostile stream ids and cursors are 400, not a panic or a 500;
 // a webhook's u64::MAX tokens saturate instead of storing -1.
-#[sqlx::test]
-async fn hostile_ids_cursors_and_token_counts(pool: PgPool) {
+#[tokio::test]
+async fn hostile_ids_cursors_and_token_counts() {
+    let db = crate::common::TestDb::new().await;
+    let pool = db.pool.clone();
     let _serial = SERIAL.lock().await;
     let app = TestApp::spawn(pool.clone()).await;
     let res = app
@@ -729,8 +757,15 @@ impl Rng {
 // The control-path hammer: >= 100 concurrent clients doing random
 // create/stop/pause/resume/PATCH/GET over a pool of sessions for a few
 // seconds against a real server process (default pool sizes).
-#[sqlx::test]
-async fn control_path_hammer(pool: PgPool) {
+#[tokio::test]
+async fn control_path_hammer() {
+    if crate::common::needs_server_postgres(
+        "a warden process beside the test, both on the test's database",
+    ) {
+        return;
+    }
+    let db = crate::common::TestDb::new().await;
+    let pool = db.pool.clone();
     let _serial = SERIAL.lock().await;
     const CLIENTS: u64 = 120;
     const FOR: Duration = Duration::from_secs(5);
@@ -974,8 +1009,10 @@ async fn control_path_hammer(pool: PgPool) {
 // Defect 8: a session naming its own model endpoint fell back to a 120 s
 // timeout and 3 retries, ignoring WARDEN_LLM_TIMEOUT_MS / _MAX_RETRIES /
 // _RETRY_BASE_MS (the tests set 2 retries, 10 ms backoff; here 300 ms).
-#[sqlx::test]
-async fn model_calls_honour_the_environment_for_any_endpoint(pool: PgPool) {
+#[tokio::test]
+async fn model_calls_honour_the_environment_for_any_endpoint() {
+    let db = crate::common::TestDb::new().await;
+    let pool = db.pool.clone();
     let _serial = SERIAL.lock().await;
     let llm = common::fake_llm::FakeLlm::start().await;
     // The first attempt hangs past the timeout; the fake answers 500 after.
@@ -1142,6 +1179,9 @@ async fn committed(client: &reqwest::Client, base: &str, id: &str) -> Vec<Value>
 // and no committed iteration changes.
 #[tokio::test]
 async fn a_database_outage_is_answered_503_and_survived() {
+    if crate::common::needs_server_postgres("a private Postgres cluster to stop and restart") {
+        return;
+    }
     let _serial = SERIAL.lock().await;
     let Some(cluster) = PrivateCluster::create() else {
         eprintln!(
@@ -1262,12 +1302,14 @@ async fn a_database_outage_is_answered_503_and_survived() {
 // Defect 4, second half: a runner's lease clock started when the acquiring
 // request began; started late (a long wait for a connection), the runner
 // trusted an expired clock, quit, and the session was rescued a TTL later.
-#[sqlx::test]
-async fn a_runner_started_late_renews_its_lease_instead_of_quitting(pool: PgPool) {
+#[tokio::test]
+async fn a_runner_started_late_renews_its_lease_instead_of_quitting() {
+    let db = crate::common::TestDb::new().await;
+    let pool = db.pool.clone();
     let _serial = SERIAL.lock().await;
     let app = TestApp::spawn(pool.clone()).await;
     let supervisor = app.app.as_ref().expect("running").supervisor().clone();
-    let store = Store::from_pool(pool.clone());
+    let store = crate::common::store_on(pool.clone());
     let new = NewSession {
         id: Uuid::new_v4(),
         goal: "Create README.md".into(),

@@ -16,7 +16,6 @@ use axum::routing::{any, post};
 use common::{TestApp, config_with};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
-use sqlx::PgPool;
 
 /// A listener that must never be reached: it counts every connection.
 struct Tripwire {
@@ -79,8 +78,10 @@ fn llm(base_url: &str) -> Value {
     })
 }
 
-#[sqlx::test]
-async fn internal_destinations_are_refused_and_never_reached(pool: PgPool) {
+#[tokio::test]
+async fn internal_destinations_are_refused_and_never_reached() {
+    let db = crate::common::TestDb::new().await;
+    let pool = db.pool.clone();
     let app = TestApp::spawn_with(pool, closed_config(&[])).await;
     let trap = Tripwire::start().await;
     let port = trap.port;
@@ -111,8 +112,10 @@ async fn internal_destinations_are_refused_and_never_reached(pool: PgPool) {
     assert_eq!(trap.hits(), 0, "a refused destination was contacted");
 }
 
-#[sqlx::test]
-async fn redirects_to_internal_destinations_are_not_followed(pool: PgPool) {
+#[tokio::test]
+async fn redirects_to_internal_destinations_are_not_followed() {
+    let db = crate::common::TestDb::new().await;
+    let pool = db.pool.clone();
     let trap = Tripwire::start().await;
     let targets = [
         format!("http://127.0.0.1:{}/secret", trap.port),
@@ -155,8 +158,10 @@ async fn redirects_to_internal_destinations_are_not_followed(pool: PgPool) {
     assert_eq!(trap.hits(), 0, "a redirect was followed");
 }
 
-#[sqlx::test]
-async fn the_allow_list_opens_exactly_what_it_names(pool: PgPool) {
+#[tokio::test]
+async fn the_allow_list_opens_exactly_what_it_names() {
+    let db = crate::common::TestDb::new().await;
+    let pool = db.pool.clone();
     let calls = Arc::new(AtomicUsize::new(0));
     let counter = calls.clone();
     let agent = serve(Router::new().route(
@@ -224,8 +229,10 @@ async fn key_recorder() -> (u16, Arc<Mutex<Vec<Option<String>>>>) {
     (port, seen)
 }
 
-#[sqlx::test]
-async fn the_server_key_never_reaches_a_foreign_endpoint(pool: PgPool) {
+#[tokio::test]
+async fn the_server_key_never_reaches_a_foreign_endpoint() {
+    let db = crate::common::TestDb::new().await;
+    let pool = db.pool.clone();
     let (operator, operator_seen) = key_recorder().await;
     let (foreign, foreign_seen) = key_recorder().await;
     let operator_url = format!("http://127.0.0.1:{operator}/v1");

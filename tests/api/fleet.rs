@@ -33,8 +33,10 @@ async fn stop(app: &TestApp, id: &str) -> Value {
     s
 }
 
-#[sqlx::test]
-async fn beyond_capacity_sessions_queue_with_their_place_and_start_oldest_first(pool: PgPool) {
+#[tokio::test]
+async fn beyond_capacity_sessions_queue_with_their_place_and_start_oldest_first() {
+    let db = crate::common::TestDb::new().await;
+    let pool = db.pool.clone();
     let app = TestApp::spawn_with(pool, config_with(&[("WARDEN_MAX_RUNNING", "2")])).await;
     let mut ids = Vec::new();
     for i in 0..5 {
@@ -107,8 +109,10 @@ async fn beyond_capacity_sessions_queue_with_their_place_and_start_oldest_first(
     assert!(!started, "a stopped queued session never started");
 }
 
-#[sqlx::test]
-async fn a_session_resumed_beyond_capacity_is_queued(pool: PgPool) {
+#[tokio::test]
+async fn a_session_resumed_beyond_capacity_is_queued() {
+    let db = crate::common::TestDb::new().await;
+    let pool = db.pool.clone();
     let app = TestApp::spawn_with(pool, config_with(&[("WARDEN_MAX_RUNNING", "1")])).await;
     let first = app.create(long_steps()).await["id"]
         .as_str()
@@ -145,8 +149,10 @@ async fn a_session_resumed_beyond_capacity_is_queued(pool: PgPool) {
 /// Shutting replica A down hands its sessions to replica B within about a
 /// heartbeat, far inside the lease TTL (10 s here), and their iterations
 /// continue gap-free.
-#[sqlx::test]
-async fn a_draining_replica_hands_its_sessions_to_a_peer_within_a_heartbeat(pool: PgPool) {
+#[tokio::test]
+async fn a_draining_replica_hands_its_sessions_to_a_peer_within_a_heartbeat() {
+    let db = crate::common::TestDb::new().await;
+    let pool = db.pool.clone();
     const HEARTBEAT_MS: u64 = 500;
     let cfg = || {
         config_with(&[
@@ -247,8 +253,10 @@ async fn status_with_source(app: &TestApp, id: &str) -> (String, Value) {
 /// `GET /{id}` of a session this replica runs answers from the loop's
 /// memory, field for field what Postgres holds, also after a settings
 /// change; another tenant still gets a 404; once it ends, Postgres answers.
-#[sqlx::test]
-async fn the_status_of_a_running_session_comes_from_memory_and_equals_postgres(pool: PgPool) {
+#[tokio::test]
+async fn the_status_of_a_running_session_comes_from_memory_and_equals_postgres() {
+    let db = crate::common::TestDb::new().await;
+    let pool = db.pool.clone();
     // A long heartbeat: no lease renewal between the two reads compared.
     let app = TestApp::spawn_with(
         pool.clone(),

@@ -10,7 +10,6 @@ use common::fake_llm::{FakeLlm, text, tool_calls};
 use common::{TestApp, config_with};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
-use sqlx::PgPool;
 
 fn done_script() -> Value {
     json!({ "kind": "scripted", "steps": [
@@ -24,8 +23,10 @@ async fn create_vague(app: &TestApp) -> Value {
         .await
 }
 
-#[sqlx::test]
-async fn a_vague_goal_waits_for_refinement_and_each_choice_starts_it(pool: PgPool) {
+#[tokio::test]
+async fn a_vague_goal_waits_for_refinement_and_each_choice_starts_it() {
+    let db = crate::common::TestDb::new().await;
+    let pool = db.pool.clone();
     let app = TestApp::spawn(pool).await;
 
     let concrete = app
@@ -139,8 +140,10 @@ async fn a_vague_goal_waits_for_refinement_and_each_choice_starts_it(pool: PgPoo
     assert_eq!(s["status"], "interrupted");
 }
 
-#[sqlx::test]
-async fn auto_refinement_applies_the_suggestion_without_waiting(pool: PgPool) {
+#[tokio::test]
+async fn auto_refinement_applies_the_suggestion_without_waiting() {
+    let db = crate::common::TestDb::new().await;
+    let pool = db.pool.clone();
     let app = TestApp::spawn_with(
         pool,
         config_with(&[("AUTONOMOUS_AUTO_REFINE_GOALS", "true")]),
@@ -155,8 +158,10 @@ async fn auto_refinement_applies_the_suggestion_without_waiting(pool: PgPool) {
     assert_eq!(history["items"][0]["kind"], "auto");
 }
 
-#[sqlx::test]
-async fn without_require_concrete_goals_a_vague_goal_runs(pool: PgPool) {
+#[tokio::test]
+async fn without_require_concrete_goals_a_vague_goal_runs() {
+    let db = crate::common::TestDb::new().await;
+    let pool = db.pool.clone();
     let app = TestApp::spawn_with(
         pool,
         config_with(&[("AUTONOMOUS_REQUIRE_CONCRETE_GOALS", "false")]),
@@ -167,8 +172,10 @@ async fn without_require_concrete_goals_a_vague_goal_runs(pool: PgPool) {
     assert_eq!(s["goal"], "Learn how to run a business");
 }
 
-#[sqlx::test]
-async fn the_model_writes_the_suggestion_when_one_is_configured(pool: PgPool) {
+#[tokio::test]
+async fn the_model_writes_the_suggestion_when_one_is_configured() {
+    let db = crate::common::TestDb::new().await;
+    let pool = db.pool.clone();
     let fake = FakeLlm::start().await;
     fake.reflection(text(
         "Write BUSINESS_PLAN.md covering pricing, costs and first customers",
@@ -197,8 +204,10 @@ async fn the_model_writes_the_suggestion_when_one_is_configured(pool: PgPool) {
     );
 }
 
-#[sqlx::test]
-async fn resume_with_a_refined_goal_is_recorded(pool: PgPool) {
+#[tokio::test]
+async fn resume_with_a_refined_goal_is_recorded() {
+    let db = crate::common::TestDb::new().await;
+    let pool = db.pool.clone();
     let app = TestApp::spawn(pool).await;
     let s = app
         .create(
@@ -242,8 +251,10 @@ fn reflection_answer(
     text(&body.to_string(), 20)
 }
 
-#[sqlx::test]
-async fn milestones_progress_from_reflection_and_unmet_criteria_refuse_completion(pool: PgPool) {
+#[tokio::test]
+async fn milestones_progress_from_reflection_and_unmet_criteria_refuse_completion() {
+    let db = crate::common::TestDb::new().await;
+    let pool = db.pool.clone();
     let fake = FakeLlm::start().await;
     fake.reflection(reflection_answer(
         "PARTIAL",
@@ -319,8 +330,10 @@ async fn milestones_progress_from_reflection_and_unmet_criteria_refuse_completio
     );
 }
 
-#[sqlx::test]
-async fn context_cycles_carry_memory_and_tasks_across_a_restart(pool: PgPool) {
+#[tokio::test]
+async fn context_cycles_carry_memory_and_tasks_across_a_restart() {
+    let db = crate::common::TestDb::new().await;
+    let pool = db.pool.clone();
     let fake = FakeLlm::start().await;
     fake.agent(tool_calls(
         &[(
@@ -452,8 +465,10 @@ async fn context_cycles_carry_memory_and_tasks_across_a_restart(pool: PgPool) {
     );
 }
 
-#[sqlx::test]
-async fn outcome_metrics_match_the_sessions(pool: PgPool) {
+#[tokio::test]
+async fn outcome_metrics_match_the_sessions() {
+    let db = crate::common::TestDb::new().await;
+    let pool = db.pool.clone();
     let app = TestApp::spawn(pool).await;
     let two = app
         .create(json!({ "goal": "Create A.md", "executor": done_script() }))

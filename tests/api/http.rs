@@ -6,7 +6,6 @@ use crate::common;
 use common::{TestApp, distinct_steps};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
-use sqlx::PgPool;
 
 async fn raw_post(
     app: &TestApp,
@@ -46,8 +45,10 @@ fn assert_problem(status: StatusCode, ct: &str, body: &Value, expected: StatusCo
     assert!(body["title"].is_string());
 }
 
-#[sqlx::test]
-async fn bad_create_requests_get_clear_problems_and_create_nothing(pool: PgPool) {
+#[tokio::test]
+async fn bad_create_requests_get_clear_problems_and_create_nothing() {
+    let db = crate::common::TestDb::new().await;
+    let pool = db.pool.clone();
     let app = TestApp::spawn(pool.clone()).await;
     let valid_executor = json!({ "kind": "scripted", "steps": [{ "action": "a" }] });
     let cases: Vec<(String, StatusCode, &str)> = vec![
@@ -99,8 +100,10 @@ async fn bad_create_requests_get_clear_problems_and_create_nothing(pool: PgPool)
     assert_eq!(count, 0, "no bad request created a session");
 }
 
-#[sqlx::test]
-async fn unknown_ids_routes_and_methods_answer_problems(pool: PgPool) {
+#[tokio::test]
+async fn unknown_ids_routes_and_methods_answer_problems() {
+    let db = crate::common::TestDb::new().await;
+    let pool = db.pool.clone();
     let app = TestApp::spawn(pool).await;
     let missing = uuid::Uuid::new_v4();
     for path in [
@@ -161,8 +164,10 @@ async fn unknown_ids_routes_and_methods_answer_problems(pool: PgPool) {
     );
 }
 
-#[sqlx::test]
-async fn bad_resume_and_update_bodies_change_nothing(pool: PgPool) {
+#[tokio::test]
+async fn bad_resume_and_update_bodies_change_nothing() {
+    let db = crate::common::TestDb::new().await;
+    let pool = db.pool.clone();
     let app = TestApp::spawn(pool).await;
     let id = app
         .create_scripted(
@@ -216,8 +221,10 @@ async fn bad_resume_and_update_bodies_change_nothing(pool: PgPool) {
     assert_eq!(after["last_event_seq"], before["last_event_seq"]);
 }
 
-#[sqlx::test]
-async fn health_and_readiness(pool: PgPool) {
+#[tokio::test]
+async fn health_and_readiness() {
+    let db = crate::common::TestDb::new().await;
+    let pool = db.pool.clone();
     let app = TestApp::spawn(pool).await;
     let (status, body) = app.get("/healthz").await;
     assert_eq!(status, StatusCode::OK);
@@ -227,8 +234,10 @@ async fn health_and_readiness(pool: PgPool) {
     assert_eq!(body["status"], "ok");
 }
 
-#[sqlx::test]
-async fn dashboard_is_served_self_contained(pool: PgPool) {
+#[tokio::test]
+async fn dashboard_is_served_self_contained() {
+    let db = crate::common::TestDb::new().await;
+    let pool = db.pool.clone();
     let app = TestApp::spawn(pool).await;
     let res = reqwest::get(app.url("/")).await.expect("GET /");
     assert_eq!(res.status(), StatusCode::OK);
@@ -247,8 +256,10 @@ async fn dashboard_is_served_self_contained(pool: PgPool) {
     }
 }
 
-#[sqlx::test]
-async fn status_reports_cost_and_velocity(pool: PgPool) {
+#[tokio::test]
+async fn status_reports_cost_and_velocity() {
+    let db = crate::common::TestDb::new().await;
+    let pool = db.pool.clone();
     let config = common::config_with(&[("WARDEN_TOKEN_PRICE_PER_MILLION", "2.5")]);
     let app = TestApp::spawn_with(pool.clone(), config).await;
     let id = app
@@ -277,8 +288,10 @@ async fn status_reports_cost_and_velocity(pool: PgPool) {
     assert!(page["items"][0].get("velocity").is_none_or(Value::is_null));
 }
 
-#[sqlx::test]
-async fn status_document_has_the_contract_fields(pool: PgPool) {
+#[tokio::test]
+async fn status_document_has_the_contract_fields() {
+    let db = crate::common::TestDb::new().await;
+    let pool = db.pool.clone();
     let app = TestApp::spawn(pool).await;
     let id = app
         .create_scripted(distinct_steps(2, 5, 0), json!({ "max_iterations": 7 }))
@@ -309,8 +322,10 @@ async fn status_document_has_the_contract_fields(pool: PgPool) {
     assert_eq!(s["executor"]["steps"], 2);
 }
 
-#[sqlx::test]
-async fn served_openapi_matches_the_committed_document(pool: PgPool) {
+#[tokio::test]
+async fn served_openapi_matches_the_committed_document() {
+    let db = crate::common::TestDb::new().await;
+    let pool = db.pool.clone();
     let app = TestApp::spawn(pool).await;
     let (status, served) = app.get("/openapi.json").await;
     assert_eq!(status, StatusCode::OK);

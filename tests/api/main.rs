@@ -1,5 +1,7 @@
 //! Warden's integration tests, one binary: each module drives a real
-//! Warden over HTTP against its own Postgres database (`#[sqlx::test]`).
+//! Warden over HTTP against its own database (`common::TestDb`: a private
+//! database on the `DATABASE_URL` server, or, with it unset, a temporary
+//! embedded PostgreSQL).
 //! One binary links once and shares the harness; `TEST_LOG=1 cargo test`
 //! prints the servers' logs (`RUST_LOG` filters them, default `info`).
 

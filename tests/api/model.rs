@@ -42,8 +42,10 @@ fn messages_text(request: &Value) -> String {
     request["messages"].to_string()
 }
 
-#[sqlx::test]
-async fn writes_a_file_and_completes_with_a_verified_deliverable(pool: PgPool) {
+#[tokio::test]
+async fn writes_a_file_and_completes_with_a_verified_deliverable() {
+    let db = crate::common::TestDb::new().await;
+    let pool = db.pool.clone();
     let fake = FakeLlm::start().await;
     fake.agent(tool_calls(
         &[(
@@ -100,8 +102,10 @@ async fn writes_a_file_and_completes_with_a_verified_deliverable(pool: PgPool) {
     assert!(messages_text(&requests[1]).contains("wrote README.md"));
 }
 
-#[sqlx::test]
-async fn a_false_completion_claim_is_rejected_and_the_loop_continues(pool: PgPool) {
+#[tokio::test]
+async fn a_false_completion_claim_is_rejected_and_the_loop_continues() {
+    let db = crate::common::TestDb::new().await;
+    let pool = db.pool.clone();
     let fake = FakeLlm::start().await;
     fake.agent(tool_calls(
         &[(
@@ -141,8 +145,10 @@ async fn a_false_completion_claim_is_rejected_and_the_loop_continues(pool: PgPoo
     assert!(messages_text(&fake.agent_requests()[1]).contains("completion rejected"));
 }
 
-#[sqlx::test]
-async fn ask_question_pauses_and_the_answer_reaches_the_next_request(pool: PgPool) {
+#[tokio::test]
+async fn ask_question_pauses_and_the_answer_reaches_the_next_request() {
+    let db = crate::common::TestDb::new().await;
+    let pool = db.pool.clone();
     let fake = FakeLlm::start().await;
     fake.agent(tool_calls(
         &[(
@@ -192,8 +198,10 @@ async fn ask_question_pauses_and_the_answer_reaches_the_next_request(pool: PgPoo
     assert_gap_free(&app.iterations(&id).await);
 }
 
-#[sqlx::test]
-async fn a_done_sentinel_in_plain_text_completes(pool: PgPool) {
+#[tokio::test]
+async fn a_done_sentinel_in_plain_text_completes() {
+    let db = crate::common::TestDb::new().await;
+    let pool = db.pool.clone();
     let fake = FakeLlm::start().await;
     fake.agent(text(
         "I cannot call tools, but the work is finished.\n<<WARDEN_GOAL_DONE: nothing left>>",
@@ -207,8 +215,10 @@ async fn a_done_sentinel_in_plain_text_completes(pool: PgPool) {
     assert!(s["summary"].as_str().unwrap().contains("nothing left"));
 }
 
-#[sqlx::test]
-async fn server_errors_are_retried_then_count_as_iteration_errors(pool: PgPool) {
+#[tokio::test]
+async fn server_errors_are_retried_then_count_as_iteration_errors() {
+    let db = crate::common::TestDb::new().await;
+    let pool = db.pool.clone();
     let fake = FakeLlm::start().await;
     // Two 500s, then an answer: one successful iteration after retries.
     fake.agent(Answer::status(500))
@@ -243,8 +253,10 @@ async fn server_errors_are_retried_then_count_as_iteration_errors(pool: PgPool) 
     assert_eq!(fake.agent_requests().len(), 9);
 }
 
-#[sqlx::test]
-async fn model_timeouts_count_as_errors(pool: PgPool) {
+#[tokio::test]
+async fn model_timeouts_count_as_errors() {
+    let db = crate::common::TestDb::new().await;
+    let pool = db.pool.clone();
     let fake = FakeLlm::start().await;
     for _ in 0..6 {
         fake.agent(text("slow", 10).delayed(2_000));
@@ -270,8 +282,10 @@ async fn model_timeouts_count_as_errors(pool: PgPool) {
     );
 }
 
-#[sqlx::test]
-async fn usage_tokens_reach_the_cost_limit_and_calls_never_ask_beyond_it(pool: PgPool) {
+#[tokio::test]
+async fn usage_tokens_reach_the_cost_limit_and_calls_never_ask_beyond_it() {
+    let db = crate::common::TestDb::new().await;
+    let pool = db.pool.clone();
     let fake = FakeLlm::start().await;
     for i in 0..5 {
         fake.agent(tool_calls(
@@ -303,8 +317,10 @@ async fn usage_tokens_reach_the_cost_limit_and_calls_never_ask_beyond_it(pool: P
     );
 }
 
-#[sqlx::test]
-async fn path_traversal_by_the_model_is_refused_and_recorded(pool: PgPool) {
+#[tokio::test]
+async fn path_traversal_by_the_model_is_refused_and_recorded() {
+    let db = crate::common::TestDb::new().await;
+    let pool = db.pool.clone();
     let fake = FakeLlm::start().await;
     fake.agent(tool_calls(
         &[
@@ -339,8 +355,10 @@ async fn path_traversal_by_the_model_is_refused_and_recorded(pool: PgPool) {
     );
 }
 
-#[sqlx::test]
-async fn reflection_yes_completes_and_intervals_adapt(pool: PgPool) {
+#[tokio::test]
+async fn reflection_yes_completes_and_intervals_adapt() {
+    let db = crate::common::TestDb::new().await;
+    let pool = db.pool.clone();
     let fake = FakeLlm::start().await;
     for i in 0..7 {
         fake.agent(tool_calls(
@@ -380,8 +398,10 @@ async fn reflection_yes_completes_and_intervals_adapt(pool: PgPool) {
     assert_eq!(s["percent_complete"], 100.0);
 }
 
-#[sqlx::test]
-async fn reflection_loop_and_stuck_pauses_the_session(pool: PgPool) {
+#[tokio::test]
+async fn reflection_loop_and_stuck_pauses_the_session() {
+    let db = crate::common::TestDb::new().await;
+    let pool = db.pool.clone();
     let fake = FakeLlm::start().await;
     for i in 0..4 {
         fake.agent(tool_calls(
@@ -406,8 +426,10 @@ async fn reflection_loop_and_stuck_pauses_the_session(pool: PgPool) {
     assert_eq!(decisions.last().unwrap()["data"]["reason"], "stuck");
 }
 
-#[sqlx::test]
-async fn a_malformed_reflection_is_recorded_and_the_session_continues(pool: PgPool) {
+#[tokio::test]
+async fn a_malformed_reflection_is_recorded_and_the_session_continues() {
+    let db = crate::common::TestDb::new().await;
+    let pool = db.pool.clone();
     let fake = FakeLlm::start().await;
     for i in 0..3 {
         fake.agent(tool_calls(
@@ -457,8 +479,10 @@ async fn a_malformed_reflection_is_recorded_and_the_session_continues(pool: PgPo
     assert_eq!(reflections[1]["trigger"], "agent_claimed_done");
 }
 
-#[sqlx::test]
-async fn the_reviewer_disagreeing_twice_with_the_agent_asks_the_user(pool: PgPool) {
+#[tokio::test]
+async fn the_reviewer_disagreeing_twice_with_the_agent_asks_the_user() {
+    let db = crate::common::TestDb::new().await;
+    let pool = db.pool.clone();
     let fake = FakeLlm::start().await;
     for _ in 0..2 {
         fake.agent(tool_calls(
@@ -487,8 +511,10 @@ async fn the_reviewer_disagreeing_twice_with_the_agent_asks_the_user(pool: PgPoo
     assert!(messages_text(&fake.agent_requests()[1]).contains("disagrees"));
 }
 
-#[sqlx::test]
-async fn stop_abandons_an_in_flight_model_call(pool: PgPool) {
+#[tokio::test]
+async fn stop_abandons_an_in_flight_model_call() {
+    let db = crate::common::TestDb::new().await;
+    let pool = db.pool.clone();
     let fake = FakeLlm::start().await;
     fake.agent(text("thinking very slowly", 10).delayed(10_000));
     let app = app_with_model(pool, &fake).await;
@@ -542,8 +568,10 @@ mod webhook_agent {
     }
 }
 
-#[sqlx::test]
-async fn a_webhook_agent_runs_to_completion(pool: PgPool) {
+#[tokio::test]
+async fn a_webhook_agent_runs_to_completion() {
+    let db = crate::common::TestDb::new().await;
+    let pool = db.pool.clone();
     let (url, seen) = webhook_agent::start().await;
     let app = TestApp::spawn(pool).await;
     let doc = app
@@ -571,8 +599,10 @@ async fn a_webhook_agent_runs_to_completion(pool: PgPool) {
     assert_eq!(requests[2]["history"][1]["output"], "edited part 2");
 }
 
-#[sqlx::test]
-async fn an_unreachable_webhook_counts_as_errors(pool: PgPool) {
+#[tokio::test]
+async fn an_unreachable_webhook_counts_as_errors() {
+    let db = crate::common::TestDb::new().await;
+    let pool = db.pool.clone();
     let app = TestApp::spawn(pool).await;
     let doc = app
         .create(json!({
@@ -585,8 +615,10 @@ async fn an_unreachable_webhook_counts_as_errors(pool: PgPool) {
     assert_eq!(s["reason"], "error_threshold", "{s}");
 }
 
-#[sqlx::test]
-async fn llm_sessions_need_an_endpoint(pool: PgPool) {
+#[tokio::test]
+async fn llm_sessions_need_an_endpoint() {
+    let db = crate::common::TestDb::new().await;
+    let pool = db.pool.clone();
     let app = TestApp::spawn(pool).await;
     let (status, problem) = app
         .post(
@@ -611,8 +643,10 @@ async fn llm_sessions_need_an_endpoint(pool: PgPool) {
     assert!(problem["detail"].as_str().unwrap().contains("executor.url"));
 }
 
-#[sqlx::test]
-async fn a_journaled_tool_result_is_replayed_instead_of_run_again(pool: PgPool) {
+#[tokio::test]
+async fn a_journaled_tool_result_is_replayed_instead_of_run_again() {
+    let db = crate::common::TestDb::new().await;
+    let pool = db.pool.clone();
     let fake = FakeLlm::start().await;
     let args = json!({ "path": "deploy.log", "content": "deployed once" });
     // The first answer arrives late, so the journal entry below is in place
@@ -656,8 +690,10 @@ async fn a_journaled_tool_result_is_replayed_instead_of_run_again(pool: PgPool) 
     );
 }
 
-#[sqlx::test]
-async fn a_restart_mid_session_keeps_the_conversation(pool: PgPool) {
+#[tokio::test]
+async fn a_restart_mid_session_keeps_the_conversation() {
+    let db = crate::common::TestDb::new().await;
+    let pool = db.pool.clone();
     let fake = FakeLlm::start().await;
     fake.agent(tool_calls(
         &[(

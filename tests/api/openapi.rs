@@ -6,7 +6,6 @@ use crate::common;
 use common::TestApp;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
-use sqlx::PgPool;
 
 async fn send(
     app: &TestApp,
@@ -44,8 +43,10 @@ fn assert_invalid(got: (StatusCode, String, Value), mention: &str) {
 
 const JSON: Option<&str> = Some("application/json");
 
-#[sqlx::test]
-async fn arrays_in_place_of_objects_are_rejected_with_their_path(pool: PgPool) {
+#[tokio::test]
+async fn arrays_in_place_of_objects_are_rejected_with_their_path() {
+    let db = crate::common::TestDb::new().await;
+    let pool = db.pool.clone();
     let app = TestApp::spawn(pool.clone()).await;
     let post = reqwest::Method::POST;
     let create = |body: Value| {
@@ -120,8 +121,10 @@ async fn arrays_in_place_of_objects_are_rejected_with_their_path(pool: PgPool) {
     );
 }
 
-#[sqlx::test]
-async fn resume_takes_no_body_or_null_as_no_changes(pool: PgPool) {
+#[tokio::test]
+async fn resume_takes_no_body_or_null_as_no_changes() {
+    let db = crate::common::TestDb::new().await;
+    let pool = db.pool.clone();
     let app = TestApp::spawn(pool).await;
     for body in [None, Some("null"), Some("  ")] {
         let id = app
@@ -160,8 +163,10 @@ async fn resume_takes_no_body_or_null_as_no_changes(pool: PgPool) {
     assert_eq!(ct, "application/problem+json");
 }
 
-#[sqlx::test]
-async fn every_4xx_is_a_problem_and_413_names_the_limit(pool: PgPool) {
+#[tokio::test]
+async fn every_4xx_is_a_problem_and_413_names_the_limit() {
+    let db = crate::common::TestDb::new().await;
+    let pool = db.pool.clone();
     let config = common::test_config();
     let limit = config.max_body_bytes;
     let app = TestApp::spawn_with(pool, config).await;
@@ -205,8 +210,10 @@ async fn every_4xx_is_a_problem_and_413_names_the_limit(pool: PgPool) {
     );
 }
 
-#[sqlx::test]
-async fn the_session_list_stream_refuses_clients_that_take_no_stream(pool: PgPool) {
+#[tokio::test]
+async fn the_session_list_stream_refuses_clients_that_take_no_stream() {
+    let db = crate::common::TestDb::new().await;
+    let pool = db.pool.clone();
     let app = TestApp::spawn(pool).await;
     let res = app
         .client
@@ -219,8 +226,10 @@ async fn the_session_list_stream_refuses_clients_that_take_no_stream(pool: PgPoo
     assert_eq!(res.headers()["content-type"], "application/problem+json");
 }
 
-#[sqlx::test]
-async fn the_docs_page_loads_nothing_from_elsewhere(pool: PgPool) {
+#[tokio::test]
+async fn the_docs_page_loads_nothing_from_elsewhere() {
+    let db = crate::common::TestDb::new().await;
+    let pool = db.pool.clone();
     let app = TestApp::spawn(pool).await;
     let res = app
         .client
@@ -235,8 +244,10 @@ async fn the_docs_page_loads_nothing_from_elsewhere(pool: PgPool) {
     assert!(compact.contains(r#""url":"/openapi.json""#), "{script}");
 }
 
-#[sqlx::test]
-async fn documented_answers_of_the_event_operations_are_streams_as_text(pool: PgPool) {
+#[tokio::test]
+async fn documented_answers_of_the_event_operations_are_streams_as_text() {
+    let db = crate::common::TestDb::new().await;
+    let pool = db.pool.clone();
     let app = TestApp::spawn(pool).await;
     let (_, doc) = app.get("/openapi.json").await;
     for path in ["/api/autonomous/{id}/events", "/api/autonomous/events"] {

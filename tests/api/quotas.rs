@@ -6,7 +6,6 @@ use std::time::Duration;
 
 use reqwest::StatusCode;
 use serde_json::{Value, json};
-use sqlx::PgPool;
 
 use crate::common::{TestApp, config_with};
 
@@ -18,8 +17,10 @@ fn endless() -> Value {
     })
 }
 
-#[sqlx::test]
-async fn running_sessions_per_tenant_are_capped_even_under_concurrent_creates(pool: PgPool) {
+#[tokio::test]
+async fn running_sessions_per_tenant_are_capped_even_under_concurrent_creates() {
+    let db = crate::common::TestDb::new().await;
+    let pool = db.pool.clone();
     let app = TestApp::spawn_with(pool, config_with(&[("WARDEN_TENANT_MAX_RUNNING", "2")])).await;
     let sends = (0..6).map(|_| {
         app.client
@@ -92,8 +93,10 @@ async fn open_stream(app: &TestApp) -> reqwest::Response {
         .unwrap()
 }
 
-#[sqlx::test]
-async fn live_streams_per_tenant_are_capped_and_a_closed_one_frees_its_slot(pool: PgPool) {
+#[tokio::test]
+async fn live_streams_per_tenant_are_capped_and_a_closed_one_frees_its_slot() {
+    let db = crate::common::TestDb::new().await;
+    let pool = db.pool.clone();
     let app = TestApp::spawn_with(pool, config_with(&[("WARDEN_TENANT_MAX_STREAMS", "2")])).await;
     let first = open_stream(&app).await;
     let second = open_stream(&app).await;
@@ -138,8 +141,10 @@ async fn live_streams_per_tenant_are_capped_and_a_closed_one_frees_its_slot(pool
     drop((second, reopened));
 }
 
-#[sqlx::test]
-async fn slow_requests_time_out_and_excess_requests_are_shed(pool: PgPool) {
+#[tokio::test]
+async fn slow_requests_time_out_and_excess_requests_are_shed() {
+    let db = crate::common::TestDb::new().await;
+    let pool = db.pool.clone();
     let app = TestApp::spawn_with(
         pool,
         config_with(&[
@@ -211,8 +216,10 @@ async fn slow_requests_time_out_and_excess_requests_are_shed(pool: PgPool) {
     );
 }
 
-#[sqlx::test]
-async fn lists_show_the_executor_summary_from_summary_columns(pool: PgPool) {
+#[tokio::test]
+async fn lists_show_the_executor_summary_from_summary_columns() {
+    let db = crate::common::TestDb::new().await;
+    let pool = db.pool.clone();
     let app = TestApp::spawn(pool.clone()).await;
     let steps: Vec<Value> = (0..2_000)
         .map(|i| json!({ "action": format!("step {i}"), "output": "o".repeat(400) }))
@@ -252,8 +259,10 @@ async fn lists_show_the_executor_summary_from_summary_columns(pool: PgPool) {
     assert!(summary < 200 && spec > 10 * summary, "{spec} vs {summary}");
 }
 
-#[sqlx::test]
-async fn tool_calls_per_step_and_workspace_files_are_capped(pool: PgPool) {
+#[tokio::test]
+async fn tool_calls_per_step_and_workspace_files_are_capped() {
+    let db = crate::common::TestDb::new().await;
+    let pool = db.pool.clone();
     use crate::common::fake_llm::{FakeLlm, text, tool_calls};
     let fake = FakeLlm::start().await;
     fake.agent(tool_calls(

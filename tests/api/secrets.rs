@@ -42,8 +42,10 @@ async fn rows_containing(pool: &PgPool, table: &str, needle: &str) -> i64 {
         .unwrap()
 }
 
-#[sqlx::test]
-async fn a_sessions_own_key_is_sealed_and_reaches_its_model_after_a_restart(pool: PgPool) {
+#[tokio::test]
+async fn a_sessions_own_key_is_sealed_and_reaches_its_model_after_a_restart() {
+    let db = crate::common::TestDb::new().await;
+    let pool = db.pool.clone();
     let fake = FakeLlm::start().await;
     // The first answer is slow: the instance dies while it is in flight.
     fake.agent(
@@ -104,8 +106,10 @@ async fn a_sessions_own_key_is_sealed_and_reaches_its_model_after_a_restart(pool
     assert!(executor.get("api_key").is_none(), "{executor}");
 }
 
-#[sqlx::test]
-async fn plaintext_keys_of_earlier_versions_are_sealed_at_start(pool: PgPool) {
+#[tokio::test]
+async fn plaintext_keys_of_earlier_versions_are_sealed_at_start() {
+    let db = crate::common::TestDb::new().await;
+    let pool = db.pool.clone();
     let fake = FakeLlm::start().await;
     fake.agent(text("working on it", 10));
     let mut first = TestApp::spawn(pool.clone()).await;
@@ -159,8 +163,10 @@ async fn plaintext_keys_of_earlier_versions_are_sealed_at_start(pool: PgPool) {
     );
 }
 
-#[sqlx::test]
-async fn a_wrong_secret_key_fails_the_session_naming_the_secret(pool: PgPool) {
+#[tokio::test]
+async fn a_wrong_secret_key_fails_the_session_naming_the_secret() {
+    let db = crate::common::TestDb::new().await;
+    let pool = db.pool.clone();
     let fake = FakeLlm::start().await;
     fake.agent(text("slow", 10).delayed(5_000));
     let mut first = TestApp::spawn(pool.clone()).await;
@@ -201,8 +207,10 @@ async fn a_wrong_secret_key_fails_the_session_naming_the_secret(pool: PgPool) {
     assert_eq!(fake.authorizations().len(), 1, "no call without the key");
 }
 
-#[sqlx::test]
-async fn urls_shown_back_drop_userinfo_and_query(pool: PgPool) {
+#[tokio::test]
+async fn urls_shown_back_drop_userinfo_and_query() {
+    let db = crate::common::TestDb::new().await;
+    let pool = db.pool.clone();
     let app = TestApp::spawn(pool).await;
     // Nothing listens on port 9: every step fails, and its error is shown too.
     let doc = app

@@ -8,10 +8,11 @@ use std::time::{Duration, Instant};
 use common::{TestApp, assert_gap_free, distinct_steps};
 use reqwest::StatusCode;
 use serde_json::json;
-use sqlx::PgPool;
 
-#[sqlx::test]
-async fn done_sentinel_completes_the_session(pool: PgPool) {
+#[tokio::test]
+async fn done_sentinel_completes_the_session() {
+    let db = crate::common::TestDb::new().await;
+    let pool = db.pool.clone();
     let app = TestApp::spawn(pool).await;
     let created = app
         .create(json!({
@@ -40,8 +41,10 @@ async fn done_sentinel_completes_the_session(pool: PgPool) {
     assert_gap_free(&app.iterations(id).await);
 }
 
-#[sqlx::test]
-async fn blocked_sentinel_pauses_with_agent_blocked(pool: PgPool) {
+#[tokio::test]
+async fn blocked_sentinel_pauses_with_agent_blocked() {
+    let db = crate::common::TestDb::new().await;
+    let pool = db.pool.clone();
     let app = TestApp::spawn(pool).await;
     let id = app
         .create_scripted(
@@ -60,8 +63,10 @@ async fn blocked_sentinel_pauses_with_agent_blocked(pool: PgPool) {
     assert!(s["summary"].as_str().unwrap().contains("need deploy key"));
 }
 
-#[sqlx::test]
-async fn quoted_sentinel_does_not_stop(pool: PgPool) {
+#[tokio::test]
+async fn quoted_sentinel_does_not_stop() {
+    let db = crate::common::TestDb::new().await;
+    let pool = db.pool.clone();
     let app = TestApp::spawn(pool).await;
     let id = app
         .create_scripted(
@@ -77,8 +82,10 @@ async fn quoted_sentinel_does_not_stop(pool: PgPool) {
     assert_eq!(s["iterations"], 2);
 }
 
-#[sqlx::test]
-async fn script_running_out_stops_with_executor_exhausted(pool: PgPool) {
+#[tokio::test]
+async fn script_running_out_stops_with_executor_exhausted() {
+    let db = crate::common::TestDb::new().await;
+    let pool = db.pool.clone();
     let app = TestApp::spawn(pool).await;
     let id = app
         .create_scripted(distinct_steps(2, 10, 0), json!({}))
@@ -89,8 +96,10 @@ async fn script_running_out_stops_with_executor_exhausted(pool: PgPool) {
     assert_eq!(s["iterations"], 2);
 }
 
-#[sqlx::test]
-async fn iteration_cap_stops_with_max_iterations(pool: PgPool) {
+#[tokio::test]
+async fn iteration_cap_stops_with_max_iterations() {
+    let db = crate::common::TestDb::new().await;
+    let pool = db.pool.clone();
     let app = TestApp::spawn(pool).await;
     let id = app
         .create_scripted(distinct_steps(10, 10, 0), json!({ "max_iterations": 3 }))
@@ -108,8 +117,10 @@ async fn iteration_cap_stops_with_max_iterations(pool: PgPool) {
     );
 }
 
-#[sqlx::test]
-async fn token_budget_stops_with_cost_limit(pool: PgPool) {
+#[tokio::test]
+async fn token_budget_stops_with_cost_limit() {
+    let db = crate::common::TestDb::new().await;
+    let pool = db.pool.clone();
     let app = TestApp::spawn(pool).await;
     let id = app
         .create_scripted(distinct_steps(10, 100, 0), json!({ "max_tokens": 250 }))
@@ -121,8 +132,10 @@ async fn token_budget_stops_with_cost_limit(pool: PgPool) {
     assert_eq!(s["tokens_used"], 300);
 }
 
-#[sqlx::test]
-async fn wall_clock_stops_a_long_step_with_timeout(pool: PgPool) {
+#[tokio::test]
+async fn wall_clock_stops_a_long_step_with_timeout() {
+    let db = crate::common::TestDb::new().await;
+    let pool = db.pool.clone();
     let app = TestApp::spawn(pool).await;
     let started = Instant::now();
     let id = app
@@ -139,8 +152,10 @@ async fn wall_clock_stops_a_long_step_with_timeout(pool: PgPool) {
     assert!(s["elapsed_ms"].as_i64().unwrap() >= 300);
 }
 
-#[sqlx::test]
-async fn consecutive_errors_stop_with_error_threshold(pool: PgPool) {
+#[tokio::test]
+async fn consecutive_errors_stop_with_error_threshold() {
+    let db = crate::common::TestDb::new().await;
+    let pool = db.pool.clone();
     let app = TestApp::spawn(pool).await;
     let steps: Vec<_> = (1..=6)
         .map(|i| json!({ "action": format!("call_{i}"), "outcome": "error", "output": format!("error {i}") }))
@@ -161,8 +176,10 @@ async fn consecutive_errors_stop_with_error_threshold(pool: PgPool) {
     );
 }
 
-#[sqlx::test]
-async fn fixed_mode_defaults_to_fifty_iterations(pool: PgPool) {
+#[tokio::test]
+async fn fixed_mode_defaults_to_fifty_iterations() {
+    let db = crate::common::TestDb::new().await;
+    let pool = db.pool.clone();
     let app = TestApp::spawn(pool).await;
     let created = app
         .create(json!({
@@ -188,8 +205,10 @@ async fn fixed_mode_defaults_to_fifty_iterations(pool: PgPool) {
     assert_eq!(continuous["limits"]["max_consecutive_errors"], 5);
 }
 
-#[sqlx::test]
-async fn stop_lands_during_a_long_step_and_resume_continues(pool: PgPool) {
+#[tokio::test]
+async fn stop_lands_during_a_long_step_and_resume_continues() {
+    let db = crate::common::TestDb::new().await;
+    let pool = db.pool.clone();
     let app = TestApp::spawn(pool).await;
     let id = app
         .create_scripted(
@@ -259,8 +278,10 @@ async fn stop_lands_during_a_long_step_and_resume_continues(pool: PgPool) {
     assert_eq!(status, StatusCode::CONFLICT);
 }
 
-#[sqlx::test]
-async fn budgets_count_across_resume_and_raising_them_is_recorded(pool: PgPool) {
+#[tokio::test]
+async fn budgets_count_across_resume_and_raising_them_is_recorded() {
+    let db = crate::common::TestDb::new().await;
+    let pool = db.pool.clone();
     let app = TestApp::spawn(pool).await;
     let id = app
         .create_scripted(distinct_steps(20, 100, 0), json!({ "max_tokens": 250 }))
@@ -307,8 +328,10 @@ async fn budgets_count_across_resume_and_raising_them_is_recorded(pool: PgPool) 
     assert_eq!(seqs, (1..=seqs.len() as i64).collect::<Vec<_>>());
 }
 
-#[sqlx::test]
-async fn pause_lets_the_step_finish_then_resume_runs_on(pool: PgPool) {
+#[tokio::test]
+async fn pause_lets_the_step_finish_then_resume_runs_on() {
+    let db = crate::common::TestDb::new().await;
+    let pool = db.pool.clone();
     let app = TestApp::spawn(pool).await;
     let mut steps = distinct_steps(4, 10, 400).as_array().unwrap().clone();
     steps.push(json!({ "action": "finish", "output": "<<WARDEN_GOAL_DONE>>" }));
@@ -341,8 +364,10 @@ async fn pause_lets_the_step_finish_then_resume_runs_on(pool: PgPool) {
     assert_gap_free(&app.iterations(&id).await);
 }
 
-#[sqlx::test]
-async fn stopping_a_paused_session_interrupts_it(pool: PgPool) {
+#[tokio::test]
+async fn stopping_a_paused_session_interrupts_it() {
+    let db = crate::common::TestDb::new().await;
+    let pool = db.pool.clone();
     let app = TestApp::spawn(pool).await;
     let id = app
         .create_scripted(
@@ -360,8 +385,10 @@ async fn stopping_a_paused_session_interrupts_it(pool: PgPool) {
     assert_eq!(problem["code"], "illegal_transition");
 }
 
-#[sqlx::test]
-async fn patch_switches_mode_and_limits_on_a_live_session(pool: PgPool) {
+#[tokio::test]
+async fn patch_switches_mode_and_limits_on_a_live_session() {
+    let db = crate::common::TestDb::new().await;
+    let pool = db.pool.clone();
     let app = TestApp::spawn(pool).await;
     let id = app
         .create_scripted(distinct_steps(50, 10, 100), json!({}))
@@ -388,8 +415,10 @@ async fn patch_switches_mode_and_limits_on_a_live_session(pool: PgPool) {
     assert!(kinds.contains(&"limits_changed".to_string()));
 }
 
-#[sqlx::test]
-async fn repeating_a_failing_action_is_nudged_then_paused_as_stuck(pool: PgPool) {
+#[tokio::test]
+async fn repeating_a_failing_action_is_nudged_then_paused_as_stuck() {
+    let db = crate::common::TestDb::new().await;
+    let pool = db.pool.clone();
     let app = TestApp::spawn(pool).await;
     let created = app
         .create(json!({
@@ -428,8 +457,10 @@ async fn repeating_a_failing_action_is_nudged_then_paused_as_stuck(pool: PgPool)
     );
 }
 
-#[sqlx::test]
-async fn accelerating_spend_is_throttled_and_recorded(pool: PgPool) {
+#[tokio::test]
+async fn accelerating_spend_is_throttled_and_recorded() {
+    let db = crate::common::TestDb::new().await;
+    let pool = db.pool.clone();
     let app = TestApp::spawn(pool).await;
     let steps: Vec<_> = (1..=13u64)
         .map(|i| json!({ "action": format!("s{i}"), "tokens": 10 * i * i, "output": format!("o{i}") }))
@@ -454,8 +485,10 @@ async fn accelerating_spend_is_throttled_and_recorded(pool: PgPool) {
     );
 }
 
-#[sqlx::test]
-async fn steady_spend_is_not_throttled(pool: PgPool) {
+#[tokio::test]
+async fn steady_spend_is_not_throttled() {
+    let db = crate::common::TestDb::new().await;
+    let pool = db.pool.clone();
     let app = TestApp::spawn(pool).await;
     let id = app
         .create_scripted(distinct_steps(15, 100, 0), json!({}))
@@ -479,8 +512,10 @@ async fn steady_spend_is_not_throttled(pool: PgPool) {
     );
 }
 
-#[sqlx::test]
-async fn rework_ratio_pauses_with_rework_loop(pool: PgPool) {
+#[tokio::test]
+async fn rework_ratio_pauses_with_rework_loop() {
+    let db = crate::common::TestDb::new().await;
+    let pool = db.pool.clone();
     let app = TestApp::spawn(pool).await;
     // Every other step redoes the same `edit` with the same arguments.
     let steps: Vec<_> = (1..=12)
@@ -504,8 +539,10 @@ async fn rework_ratio_pauses_with_rework_loop(pool: PgPool) {
     assert!(pause["data"]["metrics"]["rework_ratio"].as_f64().unwrap() > 0.3);
 }
 
-#[sqlx::test]
-async fn the_step_limit_stops_and_a_resume_grants_another_stretch(pool: PgPool) {
+#[tokio::test]
+async fn the_step_limit_stops_and_a_resume_grants_another_stretch() {
+    let db = crate::common::TestDb::new().await;
+    let pool = db.pool.clone();
     let mut config = common::test_config();
     config.gate.step_limit = 4;
     let app = TestApp::spawn_with(pool, config).await;
@@ -522,8 +559,10 @@ async fn the_step_limit_stops_and_a_resume_grants_another_stretch(pool: PgPool) 
     assert_eq!(s["iterations"], 8);
 }
 
-#[sqlx::test]
-async fn list_filters_by_status_and_pages_stably(pool: PgPool) {
+#[tokio::test]
+async fn list_filters_by_status_and_pages_stably() {
+    let db = crate::common::TestDb::new().await;
+    let pool = db.pool.clone();
     let app = TestApp::spawn(pool).await;
     let mut ids = Vec::new();
     for _ in 0..5 {
@@ -564,4 +603,48 @@ async fn list_filters_by_status_and_pages_stably(pool: PgPool) {
     let (_, paused) = app.get("/api/autonomous?status=paused").await;
     assert_eq!(paused["items"].as_array().unwrap().len(), 1);
     assert_eq!(paused["items"][0]["id"], blocked.as_str());
+}
+
+/// The API answers while many sessions run: on the embedded PostgreSQL the
+/// loops and the API share one connection, and nothing may hold it across
+/// an await on anything but the database (issue 17). The bound is a
+/// liveness check (a frozen API never answers), not a latency figure.
+#[tokio::test]
+async fn status_reads_answer_while_many_sessions_run() {
+    let db = crate::common::TestDb::new().await;
+    let pool = db.pool.clone();
+    let app = TestApp::spawn(pool).await;
+    let mut ids = Vec::new();
+    for _ in 0..24 {
+        // Distinct steps (no rework), each waiting a little as a model call does.
+        ids.push(
+            app.create_scripted(distinct_steps(95, 1, 15), json!({}))
+                .await,
+        );
+    }
+    let started = Instant::now();
+    let mut reads = 0;
+    while started.elapsed() < Duration::from_secs(3) {
+        for id in ids.iter().step_by(5) {
+            let asked = Instant::now();
+            let s = tokio::time::timeout(Duration::from_secs(10), app.session(id))
+                .await
+                .expect("a status read answered while sessions ran");
+            assert!(asked.elapsed() < Duration::from_secs(10));
+            assert_eq!(s["id"], id.as_str(), "{s}");
+            reads += 1;
+        }
+        let (status, _) = tokio::time::timeout(Duration::from_secs(10), app.get("/api/autonomous"))
+            .await
+            .expect("a list answered while sessions ran");
+        assert_eq!(status, StatusCode::OK);
+    }
+    assert!(reads > 0);
+    for id in &ids {
+        let s = app.wait_settled(id).await;
+        // The fixed mode's iteration limit (50) ends them.
+        assert_eq!(s["status"], "stopped", "{s}");
+        assert_eq!(s["iterations"], 50, "{s}");
+        assert_gap_free(&app.iterations(id).await);
+    }
 }

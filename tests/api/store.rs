@@ -93,11 +93,13 @@ async fn event_seqs(pool: &PgPool, id: Uuid) -> Vec<i64> {
         .expect("events read")
 }
 
-#[sqlx::test]
-async fn concurrent_sessions_share_commits_and_keep_their_own_rows(pool: PgPool) {
+#[tokio::test]
+async fn concurrent_sessions_share_commits_and_keep_their_own_rows() {
+    let db = crate::common::TestDb::new().await;
+    let pool = db.pool.clone();
     const SESSIONS: usize = 120;
     const STEPS: i64 = 5;
-    let store = Arc::new(Store::from_pool(pool.clone()));
+    let store = Arc::new(crate::common::store_on(pool.clone()));
     let mut leases = Vec::new();
     for _ in 0..SESSIONS {
         leases.push(running_session(&store).await);
@@ -180,10 +182,12 @@ async fn concurrent_sessions_share_commits_and_keep_their_own_rows(pool: PgPool)
     );
 }
 
-#[sqlx::test]
-async fn a_failing_iteration_does_not_fail_the_others_in_its_group(pool: PgPool) {
+#[tokio::test]
+async fn a_failing_iteration_does_not_fail_the_others_in_its_group() {
+    let db = crate::common::TestDb::new().await;
+    let pool = db.pool.clone();
     const SESSIONS: usize = 40;
-    let store = Arc::new(Store::from_pool(pool.clone()));
+    let store = Arc::new(crate::common::store_on(pool.clone()));
     let mut leases = Vec::new();
     for _ in 0..SESSIONS {
         leases.push(running_session(&store).await);
@@ -222,10 +226,12 @@ async fn a_failing_iteration_does_not_fail_the_others_in_its_group(pool: PgPool)
     assert_eq!(committed, SESSIONS as i64);
 }
 
-#[sqlx::test]
-async fn old_and_new_runners_of_one_session_commit_at_once(pool: PgPool) {
+#[tokio::test]
+async fn old_and_new_runners_of_one_session_commit_at_once() {
+    let db = crate::common::TestDb::new().await;
+    let pool = db.pool.clone();
     const SESSIONS: usize = 60;
-    let store = Arc::new(Store::from_pool(pool.clone()));
+    let store = Arc::new(crate::common::store_on(pool.clone()));
     let mut tasks = tokio::task::JoinSet::new();
     let mut leases = Vec::new();
     for _ in 0..SESSIONS {

@@ -174,8 +174,10 @@ fn ids(frames: &[Frame]) -> Vec<i64> {
         .collect()
 }
 
-#[sqlx::test]
-async fn a_stream_delivers_every_event_in_order_and_ends_after_the_terminal_one(pool: PgPool) {
+#[tokio::test]
+async fn a_stream_delivers_every_event_in_order_and_ends_after_the_terminal_one() {
+    let db = crate::common::TestDb::new().await;
+    let pool = db.pool.clone();
     let (_process, app) = service(pool).await;
     let id = app.create_scripted(script(5, 40), json!({})).await;
     let path = format!("/api/autonomous/{id}/events");
@@ -194,8 +196,10 @@ async fn a_stream_delivers_every_event_in_order_and_ends_after_the_terminal_one(
     assert_eq!(iterations, 6);
 }
 
-#[sqlx::test]
-async fn a_reconnect_with_last_event_id_loses_and_repeats_nothing(pool: PgPool) {
+#[tokio::test]
+async fn a_reconnect_with_last_event_id_loses_and_repeats_nothing() {
+    let db = crate::common::TestDb::new().await;
+    let pool = db.pool.clone();
     let (_process, app) = service(pool).await;
     let id = app.create_scripted(script(8, 60), json!({})).await;
     let path = format!("/api/autonomous/{id}/events");
@@ -287,8 +291,10 @@ impl Stalled {
     }
 }
 
-#[sqlx::test]
-async fn clients_that_never_read_do_not_slow_a_session(pool: PgPool) {
+#[tokio::test]
+async fn clients_that_never_read_do_not_slow_a_session() {
+    let db = crate::common::TestDb::new().await;
+    let pool = db.pool.clone();
     let (_process, app) = service(pool).await;
     // Long actions (4-byte characters) make each step's events weigh a few
     // KB, so the stream outgrows what the stalled sockets can hold.
@@ -343,8 +349,10 @@ async fn clients_that_never_read_do_not_slow_a_session(pool: PgPool) {
     }
 }
 
-#[sqlx::test]
-async fn the_session_list_stream_shows_status_changes(pool: PgPool) {
+#[tokio::test]
+async fn the_session_list_stream_shows_status_changes() {
+    let db = crate::common::TestDb::new().await;
+    let pool = db.pool.clone();
     let (_process, app) = service(pool).await;
     let reader = tokio::spawn(collect(
         app.base.clone(),
@@ -407,8 +415,10 @@ fn parse_prometheus(text: &str) -> BTreeMap<String, f64> {
     out
 }
 
-#[sqlx::test]
-async fn metrics_parse_and_match_the_sessions_that_ran(pool: PgPool) {
+#[tokio::test]
+async fn metrics_parse_and_match_the_sessions_that_ran() {
+    let db = crate::common::TestDb::new().await;
+    let pool = db.pool.clone();
     let app = TestApp::spawn(pool).await;
     let done = app.create_scripted(script(2, 0), json!({})).await;
     let capped = app
@@ -455,8 +465,10 @@ async fn metrics_parse_and_match_the_sessions_that_ran(pool: PgPool) {
     );
 }
 
-#[sqlx::test]
-async fn replay_of_a_resumed_session_runs_through_every_run_to_the_live_tail(pool: PgPool) {
+#[tokio::test]
+async fn replay_of_a_resumed_session_runs_through_every_run_to_the_live_tail() {
+    let db = crate::common::TestDb::new().await;
+    let pool = db.pool.clone();
     let (_process, app) = service(pool).await;
     let id = app.create_scripted(script(6, 100), json!({})).await;
     app.wait_until(&id, Duration::from_secs(20), |s| {

@@ -18,7 +18,6 @@ use common::fake_llm::{Answer, assessment, text, tool_calls};
 use common::{TestApp, config_with};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
-use sqlx::PgPool;
 
 /// Answers for one case, found by a key its goal carries into every prompt.
 #[derive(Default)]
@@ -810,8 +809,10 @@ async fn run(app: &TestApp, case: &Case) -> Outcome {
     }
 }
 
-#[sqlx::test]
-async fn the_labelled_corpus_ends_every_session_right(pool: PgPool) {
+#[tokio::test]
+async fn the_labelled_corpus_ends_every_session_right() {
+    let db = crate::common::TestDb::new().await;
+    let pool = db.pool.clone();
     let routes: Routes = Arc::default();
     let base = start_model(routes.clone()).await;
     let ws = std::env::temp_dir()

@@ -1,5 +1,9 @@
 //! Shared harness: a real Warden on a random port over a fresh Postgres
-//! database (one per test, from `#[sqlx::test]`), driven through HTTP.
+//! database (one per test, see [`TestDb`]), driven through HTTP.
+//!
+//! With `DATABASE_URL` set, each test gets a private database on that
+//! server. Unset, each test gets its own temporary embedded PostgreSQL, and
+//! nothing here reads `PGHOST`, `PGPORT` or any default server address.
 
 pub mod fake_llm;
 
@@ -12,6 +16,143 @@ use sqlx::PgPool;
 use warden::Application;
 use warden::config::Config;
 use warden::store::Store;
+
+/// Whether the tests run on embedded PostgreSQL (`DATABASE_URL` unset).
+pub fn embedded() -> bool {
+    server_url().is_none()
+}
+
+/// The Postgres server of the tests, when `DATABASE_URL` names one.
+pub fn server_url() -> Option<String> {
+    std::env::var("DATABASE_URL")
+        .ok()
+        .filter(|u| !u.trim().is_empty())
+}
+
+/// For a test that needs what one embedded backend cannot give (two
+/// processes on one database, LISTEN/NOTIFY across processes, a private
+/// server to break): true, after saying so, when it must not run here.
+pub fn needs_server_postgres(why: &str) -> bool {
+    if embedded() {
+        eprintln!("skipped on embedded PostgreSQL (runs with DATABASE_URL): {why}");
+        return true;
+    }
+    false
+}
+
+/// A migrated database of one test, dropped with it: a private database on
+/// the `DATABASE_URL` server, or a temporary embedded PostgreSQL.
+pub struct TestDb {
+    pub pool: PgPool,
+    guard: DbGuard,
+}
+
+enum DbGuard {
+    Server {
+        admin_url: String,
+        name: String,
+    },
+    #[cfg(feature = "embedded")]
+    Embedded(Option<Box<warden::store::embedded::Embedded>>),
+}
+
+impl TestDb {
+    pub async fn new() -> TestDb {
+        let (pool, guard) = match server_url() {
+            Some(url) => {
+                let mut admin = <sqlx::PgConnection as sqlx::Connection>::connect(&url)
+                    .await
+                    .expect("DATABASE_URL answers");
+                let name = format!("warden_test_{}", uuid::Uuid::new_v4().simple());
+                sqlx::raw_sql(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
+                    .execute(&mut admin)
+                    .await
+                    .expect("test database created");
+                let _ = sqlx::Connection::close(admin).await;
+                let options: sqlx::postgres::PgConnectOptions =
+                    url.parse().expect("DATABASE_URL parses");
+                let pool = sqlx::postgres::PgPoolOptions::new()
+                    .max_connections(20)
+                    .connect_with(options.database(&name))
+                    .await
+                    .expect("test database answers");
+                (
+                    pool,
+                    DbGuard::Server {
+                        admin_url: url,
+                        name,
+                    },
+                )
+            }
+            #[cfg(not(feature = "embedded"))]
+            None => panic!(
+                "DATABASE_URL is unset and this build has no embedded PostgreSQL (feature `embedded`)"
+            ),
+            #[cfg(feature = "embedded")]
+            None => {
+                let embedded =
+                    tokio::task::spawn_blocking(warden::store::embedded::Embedded::temporary)
+                        .await
+                        .expect("embedded start joined")
+                        .expect("embedded PostgreSQL starts");
+                let pool = Store::pool_options(warden::store::embedded::EMBEDDED_CONNECTIONS)
+                    .connect_with(embedded.connect_options())
+                    .await
+                    .expect("embedded PostgreSQL answers");
+                (pool, DbGuard::Embedded(Some(Box::new(embedded))))
+            }
+        };
+        Store::from_pool(pool.clone())
+            .migrate()
+            .await
+            .expect("migrations apply");
+        TestDb { pool, guard }
+    }
+}
+
+/// The store over `pool` as the test's database needs it: one process and
+/// in-process control notes on embedded PostgreSQL.
+pub fn store_on(pool: PgPool) -> Store {
+    if embedded() {
+        Store::single_process(pool)
+    } else {
+        Store::from_pool(pool)
+    }
+}
+
+impl Drop for TestDb {
+    fn drop(&mut self) {
+        match &mut self.guard {
+            // Stops on a thread of its own once the pool's connection closes.
+            #[cfg(feature = "embedded")]
+            DbGuard::Embedded(embedded) => drop(embedded.take()),
+            DbGuard::Server { admin_url, name } => {
+                let (url, name) = (admin_url.clone(), name.clone());
+                // Dropped inside the test's runtime: drop the database from
+                // a thread with a runtime of its own, and wait for it.
+                let dropped = std::thread::spawn(move || {
+                    let rt = tokio::runtime::Builder::new_current_thread()
+                        .enable_all()
+                        .build()
+                        .expect("runtime");
+                    rt.block_on(async move {
+                        if let Ok(mut admin) =
+                            <sqlx::PgConnection as sqlx::Connection>::connect(&url).await
+                        {
+                            // The name is ours: warden_test_ and a UUID's hex.
+                            let _ = sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+                                "DROP DATABASE IF EXISTS {name} WITH (FORCE)"
+                            )))
+                            .execute(&mut admin)
+                            .await;
+                        }
+                    });
+                });
+                let _ = dropped.join();
+            }
+        }
+    }
+}
 
 /// The admin token every test server gets (`WARDEN_ADMIN_TOKEN`).
 pub const ADMIN_TOKEN: &str = "test-admin-token-0f1e2d3c4b5a69788796a5b4c3d2e1f0";
@@ -120,7 +261,7 @@ impl TestApp {
     /// Starts Warden on `pool` with `config`.
     pub async fn spawn_with(pool: PgPool, config: Config) -> TestApp {
         init_logs();
-        let app = Application::build_with_store(config, Store::from_pool(pool.clone()))
+        let app = Application::build_with_store(config, store_on(pool.clone()))
             .await
             .expect("warden starts");
         let base = format!("http://{}", app.addr());
@@ -340,6 +481,8 @@ pub struct ServiceProcess {
     child: std::process::Child,
     pub base: String,
     log: std::path::PathBuf,
+    /// Its embedded PostgreSQL's data, removed on drop.
+    data_dir: Option<std::path::PathBuf>,
 }
 
 impl ServiceProcess {
@@ -353,18 +496,33 @@ impl ServiceProcess {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
-    /// As [`ServiceProcess::start`], with extra environment variables.
+    /// As [`ServiceProcess::start`], with extra environment variables. On
+    /// embedded PostgreSQL the process runs its own, in a data directory of
+    /// its own (the test's embedded server has one backend, held by `pool`).
     pub async fn start_with(pool: &PgPool, extra: &[(&str, &str)]) -> ServiceProcess {
-        let opts = pool.connect_options();
-        let db = opts.get_database().unwrap_or("postgres").to_string();
-        let base_url = std::env::var("DATABASE_URL").expect("DATABASE_URL is set for tests");
-        let server_url = match base_url.rfind('/') {
-            Some(i)
-                if base_url[..i].contains("://") && i > base_url.find("://").unwrap_or(0) + 2 =>
-            {
-                base_url[..i].to_string()
-            }
-            _ => base_url.clone(),
+        let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_warden"));
+        let data_dir = if embedded() {
+            let dir =
+                std::env::temp_dir().join(format!("warden-svc-{}", uuid::Uuid::new_v4().simple()));
+            command
+                .env_remove("DATABASE_URL")
+                .env("WARDEN_DATA_DIR", &dir);
+            Some(dir)
+        } else {
+            let opts = pool.connect_options();
+            let db = opts.get_database().unwrap_or("postgres").to_string();
+            let base_url = server_url().expect("DATABASE_URL is set");
+            let server_url = match base_url.rfind('/') {
+                Some(i)
+                    if base_url[..i].contains("://")
+                        && i > base_url.find("://").unwrap_or(0) + 2 =>
+                {
+                    base_url[..i].to_string()
+                }
+                _ => base_url.clone(),
+            };
+            command.env("DATABASE_URL", format!("{server_url}/{db}"));
+            None
         };
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())
@@ -373,9 +531,7 @@ impl ServiceProcess {
         let log = std::env::temp_dir().join(format!("warden-test-{}.log", uuid::Uuid::new_v4()));
         let out = std::fs::File::create(&log).expect("log file");
         let err = out.try_clone().expect("log file");
-        let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_warden"));
         command
-            .env("DATABASE_URL", format!("{server_url}/{db}"))
             .env("WARDEN_LISTEN_ADDR", format!("127.0.0.1:{port}"))
             .env("WARDEN_LEASE_TTL_MS", "2000")
             .env("WARDEN_HEARTBEAT_INTERVAL_MS", "500")
@@ -390,7 +546,7 @@ impl ServiceProcess {
         let child = command.spawn().expect("warden starts");
         let base = format!("http://127.0.0.1:{port}");
         let client = reqwest::Client::new();
-        let deadline = Instant::now() + Duration::from_secs(20);
+        let deadline = Instant::now() + Duration::from_secs(60);
         loop {
             if let Ok(res) = client.get(format!("{base}/readyz")).send().await
                 && res.status() == StatusCode::OK
@@ -400,7 +556,12 @@ impl ServiceProcess {
             assert!(Instant::now() < deadline, "warden did not become ready");
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        ServiceProcess { child, base, log }
+        ServiceProcess {
+            child,
+            base,
+            log,
+            data_dir,
+        }
     }
 }
 
@@ -409,5 +570,8 @@ impl Drop for ServiceProcess {
         let _ = self.child.kill();
         let _ = self.child.wait();
         let _ = std::fs::remove_file(&self.log);
+        if let Some(dir) = &self.data_dir {
+            let _ = std::fs::remove_dir_all(dir);
+        }
     }
 }

@@ -169,18 +169,29 @@ impl SecretKey {
             builder.create(dir).map_err(io)?;
         }
         let key = SecretKey::generate()?;
+        // Written whole under a private name, then linked into place: a
+        // replica starting beside this one (a shared volume) sees either no
+        // file or a complete one, never a half-written key.
+        let mut tag = [0u8; 8];
+        getrandom::fill(&mut tag).map_err(|e| SecretsError::Random(e.to_string()))?;
+        let draft = path.with_extension(format!(
+            "draft-{}-{}",
+            std::process::id(),
+            tag.iter().map(|b| format!("{b:02x}")).collect::<String>()
+        ));
         let mut options = std::fs::OpenOptions::new();
         options.write(true).create_new(true);
         #[cfg(unix)]
         std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
-        match options.open(path) {
-            Ok(mut file) => {
-                file.write_all(format!("{}\n", key.hex()).as_bytes())
-                    .and_then(|()| file.sync_all())
-                    .map_err(io)?;
-                Ok((key, true))
-            }
-            // Another process on this machine created it first: use theirs.
+        let written = options.open(&draft).and_then(|mut file| {
+            file.write_all(format!("{}\n", key.hex()).as_bytes())?;
+            file.sync_all()
+        });
+        let published = written.and_then(|()| std::fs::hard_link(&draft, path));
+        let _ = std::fs::remove_file(&draft);
+        match published {
+            Ok(()) => Ok((key, true)),
+            // Another process created it first: use theirs.
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
                 let text = std::fs::read_to_string(path).map_err(io)?;
                 SecretKey::from_file_text(path, &text).map(|k| (k, false))
@@ -376,6 +387,26 @@ mod tests {
             err.contains("secret.key") && !err.contains("garbage"),
             "{err}"
         );
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn replicas_starting_together_agree_on_one_complete_key() {
+        let dir = std::env::temp_dir().join(format!("warden-key-{}", Uuid::new_v4()));
+        let path = dir.join("secret.key");
+        let keys: Vec<_> = std::thread::scope(|scope| {
+            let starts: Vec<_> = (0..8)
+                .map(|_| scope.spawn(|| SecretKey::load_or_create(&path)))
+                .collect();
+            starts
+                .into_iter()
+                .map(|s| s.join().expect("joined").expect("a key"))
+                .collect()
+        });
+        assert_eq!(keys.iter().filter(|(_, created)| *created).count(), 1);
+        assert!(keys.iter().all(|(k, _)| *k == keys[0].0));
+        // No drafts are left beside the key.
+        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 1);
         let _ = std::fs::remove_dir_all(dir);
     }
 }

@@ -192,14 +192,17 @@ impl Application {
         tracing::info!(
             data_dir = %embedded.data_dir().unwrap_or(&config.data_dir).display(),
             "DATABASE_URL is unset: embedded PostgreSQL, one process, data in WARDEN_DATA_DIR \
-        (survives a killed process, not a power loss: set DATABASE_URL for production)"
+        (set DATABASE_URL to share a Postgres server between replicas)"
         );
         let pool = Store::pool_options(store::embedded::EMBEDDED_CONNECTIONS)
             .acquire_timeout(config.db_acquire_timeout.max(Duration::from_secs(10)))
             .connect_with(embedded.connect_options())
             .await
             .map_err(StoreError::from)?;
-        let store = Store::single_process(pool.clone());
+        let flusher =
+            store::flush::DiskFlush::of_directory(embedded.data_dir().unwrap_or(&config.data_dir))
+                .map_err(StoreError::from)?;
+        let store = Store::single_process(pool.clone()).flushing_with(flusher);
         store.migrate().await?;
         config.db_max_connections = store::embedded::EMBEDDED_CONNECTIONS;
         let mut app = Application::build_with_store(config, store).await?;

@@ -217,8 +217,11 @@ async fn embedded_cli_store() -> Result<(warden::store::Store, CliDb), String> {
         .connect_with(embedded.connect_options())
         .await
         .map_err(|e| e.to_string())?;
+    let flusher =
+        warden::store::flush::DiskFlush::of_directory(embedded.data_dir().unwrap_or(&data_dir()))
+            .map_err(|e| e.to_string())?;
     Ok((
-        warden::store::Store::single_process(pool.clone()),
+        warden::store::Store::single_process(pool.clone()).flushing_with(flusher),
         CliDb {
             embedded: Some((pool, embedded)),
         },

@@ -94,6 +94,7 @@ pub async fn create_session(
             detail: "session vanished right after insert".into(),
         })?;
     tx.commit().await.map_err(StoreError::from)?;
+    store.durable().await?;
     store.announce(new.id);
     Ok((record, lease))
 }

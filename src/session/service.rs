@@ -535,6 +535,8 @@ impl SessionService {
     /// Commits a change to session `id` and wakes its readers.
     async fn commit(&self, tx: Transaction<'static, Postgres>, id: Uuid) -> Result<()> {
         tx.commit().await.map_err(StoreError::from)?;
+        // What the answer reports must survive a crash of the machine too.
+        self.store.durable().await?;
         self.store.announce(id);
         Ok(())
     }

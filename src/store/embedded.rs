@@ -9,8 +9,9 @@
 //!
 //! Durability: a commit reaches the kernel before it is acknowledged, so a
 //! killed process (kill -9) loses nothing committed. The WASM runtime does
-//! not pass fsync through to the host, so an operating-system crash or a
-//! power loss may lose recent commits: production belongs on a server.
+//! not pass fsync through to the host, so the store flushes the data
+//! directory's filesystem itself before a commit counts (see
+//! `store::flush`).
 
 use std::fs::{File, OpenOptions, TryLockError};
 use std::path::{Path, PathBuf};

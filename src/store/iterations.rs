@@ -71,6 +71,9 @@ impl Store {
             events,
         };
         let flags = self.group_commit().commit(pending).await?;
+        // Committed is not yet durable on the embedded server: the next
+        // iteration starts only once it is on the disk.
+        self.durable().await?;
         self.announce(lease.session_id);
         Ok(flags)
     }
@@ -81,6 +84,7 @@ impl Store {
         let (last_seq, flags) = fenced_update(&mut tx, lease, events.len()).await?;
         events::insert_numbered(&mut tx, lease.session_id, last_seq, events).await?;
         tx.commit().await?;
+        self.durable().await?;
         self.announce(lease.session_id);
         Ok(flags)
     }
@@ -109,6 +113,7 @@ impl Store {
         .await?;
         events::insert_numbered(&mut tx, lease.session_id, last_seq, &[event]).await?;
         tx.commit().await?;
+        self.durable().await?;
         self.announce(lease.session_id);
         Ok(())
     }
@@ -174,6 +179,7 @@ paused,
         .await?;
         events::insert_numbered(&mut tx, lease.session_id, last_seq, events).await?;
         tx.commit().await?;
+        self.durable().await?;
         self.announce(lease.session_id);
         Ok(())
     }
@@ -212,6 +218,7 @@ paused,
         .await?;
         events::insert_numbered(&mut tx, lease.session_id, last_seq, &[event]).await?;
         tx.commit().await?;
+        self.durable().await?;
         self.announce(lease.session_id);
         Ok(())
     }

@@ -15,6 +15,7 @@ mod control;
 #[cfg(feature = "embedded")]
 pub mod embedded;
 mod events;
+pub mod flush;
 mod group_commit;
 mod iterations;
 mod journal;
@@ -82,6 +83,9 @@ pub enum StoreError {
     /// was written, and the loop must record the stop instead.
     #[error("session {0} has a stop request pending; a stop wins over a pause")]
     StopPending(Uuid),
+    /// The embedded database's files could not be flushed to the disk.
+    #[error(transparent)]
+    Flush(#[from] flush::FlushError),
     /// A stored value could not be decoded.
     #[error("stored data for session {id} is invalid: {detail}")]
     Corrupt {
@@ -108,6 +112,9 @@ pub struct Store {
     /// On the embedded server (one process, one backend, no second
     /// connection to LISTEN on): control notes travel in this process.
     local_control: Option<tokio::sync::broadcast::Sender<ControlNote>>,
+    /// On the embedded server, the flush that puts commits on the disk
+    /// (its engine does not fsync; see `flush`).
+    disk_flush: Option<flush::DiskFlush>,
 }
 
 /// Idle time after which a pooled connection is checked before it is used.
@@ -150,6 +157,7 @@ impl Store {
             appended: announcer(),
             committer: Arc::new(OnceLock::new()),
             local_control: None,
+            disk_flush: None,
         }
     }
 
@@ -160,6 +168,25 @@ impl Store {
         Store {
             local_control: Some(tokio::sync::broadcast::channel(1_024).0),
             ..Store::from_pool(pool)
+        }
+    }
+
+    /// Makes the commits that promise durability wait for `flusher` (the
+    /// embedded server, whose engine does not fsync).
+    pub fn flushing_with(self, flusher: flush::DiskFlush) -> Store {
+        Store {
+            disk_flush: Some(flusher),
+            ..self
+        }
+    }
+
+    /// Returns once what was committed before the call is on the disk: at
+    /// once on a Postgres server (its commit already was), after a flush of
+    /// the data directory on the embedded one.
+    pub async fn durable(&self) -> Result<()> {
+        match &self.disk_flush {
+            Some(flusher) => Ok(flusher.flush().await?),
+            None => Ok(()),
         }
     }
 
@@ -189,6 +216,7 @@ impl Store {
             appended: self.appended.clone(),
             committer: Arc::new(OnceLock::new()),
             local_control: self.local_control.clone(),
+            disk_flush: self.disk_flush.clone(),
         }
     }
 

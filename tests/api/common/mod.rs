@@ -114,7 +114,10 @@ impl TestDb {
 /// in-process control notes on embedded PostgreSQL.
 pub fn store_on(pool: PgPool) -> Store {
     if embedded() {
-        Store::single_process(pool)
+        // As the server flushes its temporary data directory to the disk.
+        let flusher = warden::store::flush::DiskFlush::of_directory(&std::env::temp_dir())
+            .expect("the temporary directory opens");
+        Store::single_process(pool).flushing_with(flusher)
     } else {
         Store::from_pool(pool)
     }

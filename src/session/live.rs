@@ -55,6 +55,31 @@ fn minute(at: DateTime<Utc>) -> DateTime<Utc> {
     at.duration_trunc(TimeDelta::minutes(1)).unwrap_or(at)
 }
 
+/// `record` as the view keeps it: a scripted executor's steps as their
+/// count, the form a listed record has too (the status shows only the
+/// count), so a waiting session does not hold its script twice.
+fn compact(record: &SessionRecord) -> SessionRecord {
+    let mut kept = SessionRecord {
+        executor: serde_json::Value::Null,
+        ..record.clone()
+    };
+    kept.executor = match &record.executor {
+        serde_json::Value::Object(fields) => serde_json::Value::Object(
+            fields
+                .iter()
+                .map(|(k, v)| match v {
+                    serde_json::Value::Array(steps) if k == "steps" => {
+                        (k.clone(), serde_json::Value::from(steps.len()))
+                    }
+                    other => (k.clone(), other.clone()),
+                })
+                .collect(),
+        ),
+        other => other.clone(),
+    };
+    kept
+}
+
 impl LiveView {
     /// A view of `record` as just committed; a session without iterations
     /// has an empty velocity, others learn theirs from the first refill.
@@ -62,7 +87,7 @@ impl LiveView {
         LiveView {
             state: Mutex::new(ViewState {
                 velocity: (record.counters.iterations == 0).then(Vec::new),
-                record: Some(record.clone()),
+                record: Some(compact(record)),
                 generation: 0,
                 closed: false,
                 committing: false,
@@ -108,7 +133,7 @@ impl LiveView {
         if state.closed || state.committing || state.generation != generation {
             return;
         }
-        state.record = Some(record.clone());
+        state.record = Some(compact(record));
         state.velocity = Some(velocity.clone());
     }
 

@@ -544,9 +544,6 @@ impl Supervisor {
     }
 
     async fn rescue_up_to(&self, budget: usize) -> usize {
-        if self.inner.closing.is_cancelled() {
-            return 0;
-        }
         let free = self.free_up_to(budget);
         if free == 0 {
             return 0;
@@ -593,21 +590,9 @@ impl Supervisor {
                     continue;
                 }
             }
-            let slot = self.take_slot();
-            match load_for_run(store, id).await {
-                Ok((session, state)) => {
-                    tracing::info!(session_id = %id, previous_owner = ?c.previous_owner, "rescuing session");
-                    if let Err(err) = self.spawn_in(slot, c.lease, started, &session, state).await {
-                        tracing::error!(session_id = %id, error = %err, "cannot rescue session");
-                        self.after_store_failure(c.lease, &err.to_string()).await;
-                    } else {
-                        resumed += 1;
-                    }
-                }
-                Err(err) => {
-                    tracing::error!(session_id = %id, error = %err, "cannot rebuild session");
-                    self.after_store_failure(c.lease, &err.to_string()).await;
-                }
+            tracing::info!(session_id = %id, previous_owner = ?c.previous_owner, "rescuing session");
+            if self.start_claimed(c.lease, started).await {
+                resumed += 1;
             }
         }
         resumed
@@ -616,9 +601,6 @@ impl Supervisor {
     /// Claims queued sessions, oldest first, as many as this replica has
     /// room for and at most `budget`; returns how many started here.
     pub async fn claim_queued(&self, budget: usize) -> usize {
-        if self.inner.closing.is_cancelled() {
-            return 0;
-        }
         let free = self.free_up_to(budget);
         if free == 0 {
             return 0;
@@ -642,23 +624,35 @@ impl Supervisor {
         let mut spawned = 0;
         for lease in claimed {
             let id = lease.session_id;
-            let slot = self.take_slot();
-            let result = match load_for_run(store, id).await {
-                Ok((session, state)) => self.spawn_in(slot, lease, started, &session, state).await,
-                Err(err) => Err(err),
-            };
-            match result {
-                Ok(()) => {
-                    tracing::info!(session_id = %id, "queued session started");
-                    spawned += 1;
-                }
-                Err(err) => {
-                    tracing::error!(session_id = %id, error = %err, "cannot start a queued session");
-                    self.after_store_failure(lease, &err.to_string()).await;
-                }
+            if self.start_claimed(lease, started).await {
+                tracing::info!(session_id = %id, "queued session started");
+                spawned += 1;
             }
         }
         spawned
+    }
+
+    /// Runs a session this replica has just claimed (rescued or from the
+    /// queue) in a place of its own; when it cannot be rebuilt or started,
+    /// the failure model takes the lease back. Whether it runs.
+    async fn start_claimed(&self, lease: Lease, claimed_at: Instant) -> bool {
+        let id = lease.session_id;
+        let slot = self.take_slot();
+        let started = match load_for_run(&self.inner.store, id).await {
+            Ok((session, state)) => {
+                self.spawn_in(slot, lease, claimed_at, &session, state)
+                    .await
+            }
+            Err(err) => Err(err),
+        };
+        match started {
+            Ok(()) => true,
+            Err(err) => {
+                tracing::error!(session_id = %id, error = %err, "cannot start a claimed session");
+                self.after_store_failure(lease, &err.to_string()).await;
+                false
+            }
+        }
     }
 
     /// One tick of the fleet's work: renew leases, rescue orphans, then

@@ -2,7 +2,7 @@
 # as an unprivileged user. Migrations are embedded in the binary.
 FROM rust:1.95-bookworm AS build
 WORKDIR /src
-COPY Cargo.toml Cargo.lock ./
+COPY Cargo.toml Cargo.lock build.rs ./
 # The offline query data: the build has no database to check queries against.
 COPY .cargo ./.cargo
 COPY .sqlx ./.sqlx

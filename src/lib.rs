@@ -260,7 +260,17 @@ impl Application {
             // The loops' connections are made on the loops' runtime, so their
             // I/O is driven there too.
             Some(rt) => {
-                let options = store.pool().connect_options().as_ref().clone();
+                // Every statement of the loops reaches a session by its key.
+                // Without seq scans the planner takes the key on a database
+                // whose statistics are stale (any fresh one): it otherwise
+                // believed `sessions` a few pages long and scanned all of it
+                // for each group commit, halving the rate at 1,000 sessions.
+                let options = store
+                    .pool()
+                    .connect_options()
+                    .as_ref()
+                    .clone()
+                    .options([("enable_seqscan", "off")]);
                 let max = config.db_max_connections;
                 let pool = rt
                     .spawn(async move { Store::pool_options(max).connect_with(options).await })

@@ -16,11 +16,12 @@ pub(super) async fn insert_checkpoint(
     state: &Value,
 ) -> Result<()> {
     sqlx::query!(
-        "INSERT INTO checkpoints (session_id, iteration, reason, state) VALUES ($1, $2, $3, $4)",
+        "INSERT INTO checkpoints (session_id, iteration, reason, state)
+         VALUES ($1, $2, $3, $4::text::json)",
         session_id,
         iteration,
         reason,
-        state,
+        state.to_string(),
     )
     .execute(conn)
     .await?;

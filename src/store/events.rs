@@ -1,6 +1,5 @@
 //! The append-only event log, numbered per session.
 
-use serde_json::Value;
 use sqlx::PgConnection;
 use uuid::Uuid;
 
@@ -23,10 +22,11 @@ pub(super) async fn insert_numbered(
     let first = last_seq - events.len() as i64 + 1;
     let seqs: Vec<i64> = (first..=last_seq).collect();
     let kinds: Vec<&str> = events.iter().map(|e| e.kind).collect();
-    let data: Vec<Value> = events.iter().map(|e| e.data.clone()).collect();
+    // Text into the `json` column: validated, not parsed into `jsonb`.
+    let data: Vec<String> = events.iter().map(|e| e.data.to_string()).collect();
     sqlx::query!(
         "INSERT INTO events (session_id, seq, kind, data)
-         SELECT $1, s, k, d FROM UNNEST($2::bigint[], $3::text[], $4::jsonb[]) AS t(s, k, d)",
+         SELECT $1, s, k, d::json FROM UNNEST($2::bigint[], $3::text[], $4::text[]) AS t(s, k, d)",
         session_id,
         &seqs,
         &kinds as &[&str],

@@ -94,7 +94,10 @@ async fn run(pool: PgPool, mut rx: mpsc::UnboundedReceiver<(PendingCommit, Reply
 
 async fn commit_group(pool: &PgPool, group: Vec<(PendingCommit, Reply)>) {
     if group.len() > 1 && distinct_sessions(&group) {
-        let pending: Vec<&PendingCommit> = group.iter().map(|(p, _)| p).collect();
+        let mut pending: Vec<&PendingCommit> = group.iter().map(|(p, _)| p).collect();
+        // The statement locks the rows in this order: always by id, as the
+        // lease renewal does, so two statements never wait on each other.
+        pending.sort_unstable_by_key(|p| p.lease.session_id);
         match commit_many(pool, &pending).await {
             Ok(mut committed) => {
                 for (pending, reply) in group {
@@ -133,13 +136,15 @@ fn distinct_sessions(group: &[(PendingCommit, Reply)]) -> bool {
 /// statement's arrays made one session about a third slower (warden-bench).
 pub(super) async fn commit_one(pool: &PgPool, p: &PendingCommit) -> Result<ControlFlags> {
     let kinds: Vec<&str> = p.events.iter().map(|e| e.kind).collect();
-    let data: Vec<&Value> = p.events.iter().map(|e| &e.data).collect();
+    let data: Vec<String> = p.events.iter().map(|e| e.data.to_string()).collect();
     let (next_cycle, memory) = match &p.iteration.next_cycle {
         Some((cycle, memory)) => (Some(*cycle), Some(memory.as_str())),
         None => (None, None),
     };
     let it = &p.iteration;
+    let json = JsonColumns::of(it);
     // An interval checkpoint rides in the same statement: one WAL flush.
+    // JSON goes in as text into `json` columns (see `JsonColumns`).
     let flags = sqlx::query_as!(
         ControlRow,
         r#"WITH s AS (
@@ -148,21 +153,22 @@ pub(super) async fn commit_one(pool: &PgPool, p: &PendingCommit) -> Result<Contr
                     consecutive_errors = $8, elapsed_ms = $9, percent_complete = $10,
                     eta_seconds = $11, reflection_tokens = $12, agent_tokens = $6::bigint - $12::bigint,
                     guidance = NULL, cycle = COALESCE($13, cycle), memory = COALESCE($14, memory),
-                    last_checkpoint_iteration = CASE WHEN $28::jsonb IS NULL
+                    last_checkpoint_iteration = CASE WHEN $28::text IS NULL
                                                      THEN last_checkpoint_iteration ELSE $15 END
-             WHERE id = $1 AND lease_token = $2 AND status = $27
+             WHERE id = $1 AND lease_token = $2 AND status IS NOT DISTINCT FROM $27
              RETURNING last_event_seq, stop_requested, pause_requested, mode, limits, updated_at
          ), i AS (
              INSERT INTO iterations (session_id, number, run, action, outcome, tokens, duration_ms,
                                      record, effects, started_at, finished_at, transcript, cycle)
-             SELECT $1, $15, $16, $17, $18, $19, $20, $21, $22, $23, $24, $25, $26 FROM s
+             SELECT $1, $15, $16, $17, $18, $19, $20, $21::text::json, $22::text::json, $23, $24,
+                    $25::text::json, $26 FROM s
          ), c AS (
              INSERT INTO checkpoints (session_id, iteration, reason, state)
-             SELECT $1, $15, 'interval', $28 FROM s WHERE $28::jsonb IS NOT NULL
+             SELECT $1, $15, 'interval', $28::text::json FROM s WHERE $28::text IS NOT NULL
          ), e AS (
              INSERT INTO events (session_id, seq, kind, data)
-             SELECT $1, s.last_event_seq - cardinality($3::text[]) + t.ord, t.kind, t.data
-             FROM s, UNNEST($3::text[], $4::jsonb[]) WITH ORDINALITY AS t(kind, data, ord)
+             SELECT $1, s.last_event_seq - cardinality($3::text[]) + t.ord, t.kind, t.data::json
+             FROM s, UNNEST($3::text[], $4::text[]) WITH ORDINALITY AS t(kind, data, ord)
          )
          SELECT stop_requested AS "stop_requested!", pause_requested AS "pause_requested!",
                 mode AS "mode!: Mode", limits AS "limits!: Json<Limits>",
@@ -170,7 +176,7 @@ pub(super) async fn commit_one(pool: &PgPool, p: &PendingCommit) -> Result<Contr
         p.lease.session_id,
         p.lease.token,
         &kinds as &[&str],
-        &data as &[&Value],
+        &data as &[String],
         p.counters.iterations,
         p.counters.tokens_used,
         p.counters.tool_calls,
@@ -187,19 +193,42 @@ pub(super) async fn commit_one(pool: &PgPool, p: &PendingCommit) -> Result<Contr
         it.outcome,
         it.tokens,
         it.duration_ms,
-        &it.record,
-        &it.effects,
+        &json.record,
+        &json.effects,
         it.started_at,
         it.finished_at,
-        it.transcript.as_ref(),
+        json.transcript.as_deref(),
         it.cycle,
         Status::Running as Status,
-        it.checkpoint.as_ref(),
+        json.checkpoint.as_deref(),
     )
     .fetch_optional(pool)
     .await?
     .ok_or(StoreError::LeaseLost(p.lease.session_id))?;
     Ok(flags.into())
+}
+
+/// An iteration's JSON as text. The log's JSON columns are `json`, not
+/// `jsonb`: the binary form was parsed and built for every row written
+/// (the largest item of a commit's CPU in Postgres) and is read only to be
+/// sent on, so they take the text the loop serialized, validated and stored
+/// as it is.
+struct JsonColumns {
+    record: String,
+    effects: String,
+    transcript: Option<String>,
+    checkpoint: Option<String>,
+}
+
+impl JsonColumns {
+    fn of(it: &NewIteration) -> JsonColumns {
+        JsonColumns {
+            record: it.record.to_string(),
+            effects: it.effects.to_string(),
+            transcript: it.transcript.as_ref().map(Value::to_string),
+            checkpoint: it.checkpoint.as_ref().map(Value::to_string),
+        }
+    }
 }
 
 /// The columns of a group, one array per column (Postgres `UNNEST` input).
@@ -224,18 +253,18 @@ struct Columns<'a> {
     outcome: Vec<&'a str>,
     tokens: Vec<i64>,
     duration_ms: Vec<i64>,
-    record: Vec<&'a Value>,
-    effects: Vec<&'a Value>,
+    record: Vec<String>,
+    effects: Vec<String>,
     started_at: Vec<DateTime<Utc>>,
     finished_at: Vec<DateTime<Utc>>,
-    transcript: Vec<Option<&'a Value>>,
+    transcript: Vec<Option<String>>,
     cycle: Vec<i32>,
-    checkpoint: Vec<Option<&'a Value>>,
+    checkpoint: Vec<Option<String>>,
     // Events, flattened: the session each belongs to and its place among them.
     event_session: Vec<Uuid>,
     event_ord: Vec<i32>,
     event_kind: Vec<&'a str>,
-    event_data: Vec<&'a Value>,
+    event_data: Vec<String>,
 }
 
 impl<'a> Columns<'a> {
@@ -264,18 +293,19 @@ impl<'a> Columns<'a> {
             c.outcome.push(it.outcome);
             c.tokens.push(it.tokens);
             c.duration_ms.push(it.duration_ms);
-            c.record.push(&it.record);
-            c.effects.push(&it.effects);
+            let json = JsonColumns::of(it);
+            c.record.push(json.record);
+            c.effects.push(json.effects);
             c.started_at.push(it.started_at);
             c.finished_at.push(it.finished_at);
-            c.transcript.push(it.transcript.as_ref());
+            c.transcript.push(json.transcript);
             c.cycle.push(it.cycle);
-            c.checkpoint.push(it.checkpoint.as_ref());
+            c.checkpoint.push(json.checkpoint);
             for (ord, e) in p.events.iter().enumerate() {
                 c.event_session.push(p.lease.session_id);
                 c.event_ord.push(i32::try_from(ord + 1).unwrap_or(i32::MAX));
                 c.event_kind.push(e.kind);
-                c.event_data.push(&e.data);
+                c.event_data.push(e.data.to_string());
             }
         }
         c
@@ -295,16 +325,21 @@ async fn commit_many(
              SELECT * FROM UNNEST($1::uuid[], $2::uuid[], $3::int[], $4::bigint[], $5::bigint[],
                                   $6::bigint[], $7::int[], $8::bigint[], $9::float8[], $10::float8[],
                                   $11::bigint[], $12::int[], $13::text[], $14::bigint[], $15::int[],
-                                  $16::text[], $17::text[], $18::bigint[], $19::bigint[], $20::jsonb[],
-                                  $21::jsonb[], $22::timestamptz[], $23::timestamptz[], $24::jsonb[],
-                                  $25::int[], $31::jsonb[])
+                                  $16::text[], $17::text[], $18::bigint[], $19::bigint[], $20::text[],
+                                  $21::text[], $22::timestamptz[], $23::timestamptz[], $24::text[],
+                                  $25::int[], $31::text[])
                  AS t(id, token, event_count, iterations, tokens_used, tool_calls,
                       consecutive_errors, elapsed_ms, percent, eta, reflection_tokens, next_cycle,
                       memory, number, run, action, outcome, tokens, duration_ms, record, effects,
                       started_at, finished_at, transcript, cycle, checkpoint)
          ), locked AS (
-             SELECT s.id FROM sessions s JOIN input i ON s.id = i.id AND s.lease_token = i.token
-             WHERE s.status = $30 ORDER BY s.id FOR UPDATE OF s
+             -- One primary-key probe per member, in the input's (id) order:
+             -- a join here let stale statistics pick a scan of every session.
+             SELECT l.id FROM input i CROSS JOIN LATERAL (
+                 SELECT s.id FROM sessions s
+                 WHERE s.id = i.id AND s.lease_token = i.token
+                   AND s.status IS NOT DISTINCT FROM $30
+                 FOR UPDATE) l
          ), s AS (
              UPDATE sessions SET last_event_seq = sessions.last_event_seq + i.event_count,
                     updated_at = now(), iterations = i.iterations, tokens_used = i.tokens_used,
@@ -318,23 +353,25 @@ async fn commit_many(
                                                      THEN sessions.last_checkpoint_iteration
                                                      ELSE i.number END
              FROM input i JOIN locked l ON l.id = i.id
-             WHERE sessions.id = i.id AND sessions.lease_token = i.token AND sessions.status = $30
+             WHERE sessions.id = i.id AND sessions.lease_token = i.token
+                   AND sessions.status IS NOT DISTINCT FROM $30
              RETURNING sessions.id, sessions.last_event_seq, sessions.stop_requested,
                        sessions.pause_requested, sessions.mode, sessions.limits, sessions.updated_at
          ), cp AS (
              INSERT INTO checkpoints (session_id, iteration, reason, state)
-             SELECT i.id, i.number, 'interval', i.checkpoint
+             SELECT i.id, i.number, 'interval', i.checkpoint::json
              FROM input i JOIN s ON s.id = i.id WHERE i.checkpoint IS NOT NULL
          ), it AS (
              INSERT INTO iterations (session_id, number, run, action, outcome, tokens, duration_ms,
                                      record, effects, started_at, finished_at, transcript, cycle)
-             SELECT i.id, i.number, i.run, i.action, i.outcome, i.tokens, i.duration_ms, i.record,
-                    i.effects, i.started_at, i.finished_at, i.transcript, i.cycle
+             SELECT i.id, i.number, i.run, i.action, i.outcome, i.tokens, i.duration_ms,
+                    i.record::json, i.effects::json, i.started_at, i.finished_at,
+                    i.transcript::json, i.cycle
              FROM input i JOIN s ON s.id = i.id
          ), ev AS (
              INSERT INTO events (session_id, seq, kind, data)
-             SELECT e.id, s.last_event_seq - i.event_count + e.ord, e.kind, e.data
-             FROM UNNEST($26::uuid[], $27::int[], $28::text[], $29::jsonb[]) AS e(id, ord, kind, data)
+             SELECT e.id, s.last_event_seq - i.event_count + e.ord, e.kind, e.data::json
+             FROM UNNEST($26::uuid[], $27::int[], $28::text[], $29::text[]) AS e(id, ord, kind, data)
              JOIN input i ON i.id = e.id JOIN s ON s.id = e.id
          )
          SELECT id AS "id!", stop_requested AS "stop_requested!",
@@ -360,18 +397,18 @@ async fn commit_many(
 &c.outcome as &[&str],
 &c.tokens as &[i64],
 &c.duration_ms as &[i64],
-&c.record as &[&Value],
-&c.effects as &[&Value],
+&c.record as &[String],
+&c.effects as &[String],
 &c.started_at as &[DateTime<Utc>],
 &c.finished_at as &[DateTime<Utc>],
-&c.transcript as &[Option<&Value>],
+&c.transcript as &[Option<String>],
 &c.cycle as &[i32],
 &c.event_session as &[Uuid],
 &c.event_ord as &[i32],
 &c.event_kind as &[&str],
-&c.event_data as &[&Value],
+&c.event_data as &[String],
 Status::Running as Status,
-&c.checkpoint as &[Option<&Value>],
+&c.checkpoint as &[Option<String>],
 )
     .fetch_all(pool)
     .await?;

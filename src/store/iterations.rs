@@ -28,7 +28,7 @@ async fn fenced_update(
 ) -> Result<(i64, ControlFlags)> {
     let row = sqlx::query!(
         r#"UPDATE sessions SET last_event_seq = last_event_seq + $3, updated_at = now()
-           WHERE id = $1 AND lease_token = $2 AND status = $4
+           WHERE id = $1 AND lease_token = $2 AND status IS NOT DISTINCT FROM $4
            RETURNING last_event_seq, stop_requested, pause_requested, mode AS "mode: Mode",
                      limits AS "limits: Json<Limits>", updated_at"#,
         lease.session_id,

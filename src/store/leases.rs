@@ -27,10 +27,11 @@ impl Store {
             r#"WITH locked AS (
                  SELECT s.id FROM sessions s JOIN UNNEST($1::uuid[], $2::uuid[]) AS t(id, token)
                      ON s.id = t.id AND s.lease_token = t.token
-                 WHERE s.status = $4 ORDER BY s.id FOR UPDATE OF s)
+                 WHERE s.status IS NOT DISTINCT FROM $4 ORDER BY s.id FOR UPDATE OF s)
              UPDATE sessions s SET lease_expires_at = now() + make_interval(secs => $3), heartbeat_at = now()
              FROM locked l, UNNEST($1::uuid[], $2::uuid[]) AS t(id, token)
-             WHERE s.id = l.id AND s.id = t.id AND s.lease_token = t.token AND s.status = $4
+             WHERE s.id = l.id AND s.id = t.id AND s.lease_token = t.token
+               AND s.status IS NOT DISTINCT FROM $4
              RETURNING s.id, s.stop_requested, s.pause_requested, s.lease_token AS "lease_token!",
                        s.lease_expires_at AS "lease_expires_at!", s.heartbeat_at AS "heartbeat_at!""#,
 &ids,

@@ -41,7 +41,7 @@ impl Store {
                     percent_complete = COALESCE($6, percent_complete),
                     eta_seconds = COALESCE($7, eta_seconds), criteria = $8, milestones = $9,
                     updated_at = now()
-             WHERE id = $1 AND lease_token = $2 AND status = $10
+             WHERE id = $1 AND lease_token = $2 AND status IS NOT DISTINCT FROM $10
              RETURNING last_event_seq",
             lease.session_id,
             lease.token,

@@ -108,7 +108,7 @@ impl Store {
                     attempts = CASE WHEN attempt_run = run AND attempt_iteration = iterations
                                     THEN attempts + 1 ELSE 1 END,
                     attempt_run = run, attempt_iteration = iterations
-             WHERE id = $1 AND lease_token = $2 AND status = $3
+             WHERE id = $1 AND lease_token = $2 AND status IS NOT DISTINCT FROM $3
              RETURNING attempts, last_error",
             lease.session_id,
             lease.token,
@@ -123,7 +123,7 @@ impl Store {
     pub async fn record_error(&self, lease: &Lease, error: &str) -> Result<()> {
         sqlx::query!(
             "UPDATE sessions SET last_error = $3
-             WHERE id = $1 AND lease_token = $2 AND status = $4",
+             WHERE id = $1 AND lease_token = $2 AND status IS NOT DISTINCT FROM $4",
             lease.session_id,
             lease.token,
             storable_text(error),
@@ -152,7 +152,7 @@ impl Store {
                     stop_requested = false, pause_requested = false,
                     owner = NULL, lease_token = NULL, lease_expires_at = NULL,
                     ended_at = now(), updated_at = now()
-             WHERE id = $1 AND lease_token = $2 AND status = $8",
+             WHERE id = $1 AND lease_token = $2 AND status IS NOT DISTINCT FROM $8",
             lease.session_id,
             lease.token,
             termination.status as Status,
@@ -182,7 +182,7 @@ impl Store {
     pub async fn expire_lease(&self, lease: &Lease) -> Result<()> {
         sqlx::query!(
             "UPDATE sessions SET lease_expires_at = now()
-             WHERE id = $1 AND lease_token = $2 AND status = $3",
+             WHERE id = $1 AND lease_token = $2 AND status IS NOT DISTINCT FROM $3",
             lease.session_id,
             lease.token,
             Status::Running as Status,

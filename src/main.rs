@@ -6,6 +6,12 @@ use tracing_subscriber::EnvFilter;
 use warden::Application;
 use warden::config::Config;
 
+/// mimalloc, not the system allocator: with it warden-bench measured 1.6x
+/// the iterations/s at 1,000 sessions and 1.2x at one (the loop allocates
+/// and frees small JSON values from several threads); see BENCHMARKS.md.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[tokio::main]
 async fn main() -> ExitCode {
     match std::env::args().nth(1).as_deref() {

@@ -296,9 +296,12 @@ impl Application {
             .await;
         tracing::info!(%addr, %replica_id, rescued, claimed, max_running = config.max_running, "warden listening");
 
+        // Lease renewals, claims and control notes are loop work, on the
+        // loops' pool: they run on the loops' runtime, so a heartbeat that
+        // renews thousands of leases never holds an API thread.
         let background = vec![
-            tokio::spawn(supervisor.clone().maintain()),
-            tokio::spawn(supervisor.clone().listen()),
+            loops.handle().spawn(supervisor.clone().maintain()),
+            loops.handle().spawn(supervisor.clone().listen()),
         ];
         let app = http::router(
             http::AppState {

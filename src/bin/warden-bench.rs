@@ -520,6 +520,11 @@ async fn create_sessions(
 
 /// Creates `n` sessions, the i-th on `bases[i % len]`; `queued` answers
 /// count as created when `queue_ok` (a fleet at capacity).
+/// Tries per create when Warden answers 503 (overloaded, or its pool busy).
+const CREATE_ATTEMPTS: u32 = 10;
+/// Creates that answered 503 and were sent again, over the whole run.
+static CREATES_RETRIED: AtomicUsize = AtomicUsize::new(0);
+
 async fn create_sessions_on(
     client: &reqwest::Client,
     bases: &[String],
@@ -532,7 +537,26 @@ async fn create_sessions_on(
             let client = client.clone();
             let url = format!("{}/api/autonomous", bases[i % bases.len().max(1)]);
             async move {
-                let res = client.post(&url).json(body).send().await?;
+                let mut attempts = 0;
+                let res = loop {
+                    let res = client.post(&url).json(body).send().await?;
+                    attempts += 1;
+                    // An overloaded Warden answers 503 with Retry-After, as
+                    // it should; a client waits and retries, a few times.
+                    if res.status() != reqwest::StatusCode::SERVICE_UNAVAILABLE
+                        || attempts >= CREATE_ATTEMPTS
+                    {
+                        break res;
+                    }
+                    let wait = res
+                        .headers()
+                        .get(reqwest::header::RETRY_AFTER)
+                        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
+                        .unwrap_or(1)
+                        .min(5);
+                    CREATES_RETRIED.fetch_add(1, Ordering::Relaxed);
+                    tokio::time::sleep(Duration::from_secs(wait)).await;
+                };
                 let status = res.status();
                 let created: Value = res.json().await?;
                 let started =
@@ -1323,6 +1347,12 @@ async fn run() -> BenchResult<()> {
         println!(
             "| {} | {} | {} | {} | {} | {} |",
             r.what, r.ours, r.raw, r.ratio, r.target, r.met
+        );
+    }
+    let retried = CREATES_RETRIED.load(Ordering::Relaxed);
+    if retried > 0 {
+        println!(
+            "\n{retried} create(s) answered 503 (Retry-After) under load and were sent again."
         );
     }
     admin.close().await;

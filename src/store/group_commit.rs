@@ -9,6 +9,7 @@
 //! one bad iteration cannot fail another session's.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use chrono::{DateTime, Utc};
 use serde_json::Value;
@@ -45,6 +46,17 @@ type Reply = oneshot::Sender<Result<ControlFlags>>;
 #[derive(Debug, Clone)]
 pub(super) struct GroupCommit {
     queue: mpsc::UnboundedSender<(PendingCommit, Reply)>,
+    shared: Arc<Shared>,
+}
+
+/// What the committer and the sessions that commit both see.
+#[derive(Debug)]
+struct Shared {
+    pool: PgPool,
+    /// Slots for statements in flight; the idle committer holds one.
+    in_flight: Arc<Semaphore>,
+    /// Iterations sent to the committer that it has not taken yet.
+    queued: AtomicUsize,
 }
 
 impl GroupCommit {
@@ -53,25 +65,43 @@ impl GroupCommit {
         // Unbounded is bounded in practice: a session has at most one
         // iteration waiting, so the queue never holds more than the sessions.
         let (queue, rx) = mpsc::unbounded_channel();
-        tokio::spawn(run(pool, rx));
-        GroupCommit { queue }
+        let shared = Arc::new(Shared {
+            pool,
+            in_flight: Arc::new(Semaphore::new(IN_FLIGHT)),
+            queued: AtomicUsize::new(0),
+        });
+        tokio::spawn(run(shared.clone(), rx));
+        GroupCommit { queue, shared }
     }
 
     /// Commits `pending` with whatever else is waiting; resolves once it is durable.
     pub async fn commit(&self, pending: PendingCommit) -> Result<ControlFlags> {
+        // Nothing waiting and nothing in flight (the idle committer holds
+        // the one slot taken): there is no group to join, so the iteration
+        // commits from here, without two hand-offs between tasks on the way
+        // (a lone session's commit latency is its whole iteration rate).
+        // One such commit at a time: a second sees a slot fewer and queues.
+        if self.shared.queued.load(Ordering::Acquire) == 0
+            && self.shared.in_flight.available_permits() == IN_FLIGHT - 1
+            && let Ok(_slot) = self.shared.in_flight.try_acquire()
+        {
+            return commit_one(&self.shared.pool, &pending).await;
+        }
         let (reply, answer) = oneshot::channel();
-        self.queue
-            .send((pending, reply))
-            .map_err(|_| StoreError::CommitterGone)?;
+        self.shared.queued.fetch_add(1, Ordering::AcqRel);
+        if self.queue.send((pending, reply)).is_err() {
+            self.shared.queued.fetch_sub(1, Ordering::AcqRel);
+            return Err(StoreError::CommitterGone);
+        }
         answer.await.map_err(|_| StoreError::CommitterGone)?
     }
 }
 
-async fn run(pool: PgPool, mut rx: mpsc::UnboundedReceiver<(PendingCommit, Reply)>) {
-    let in_flight = Arc::new(Semaphore::new(IN_FLIGHT));
+async fn run(shared: Arc<Shared>, mut rx: mpsc::UnboundedReceiver<(PendingCommit, Reply)>) {
+    let taken = |group_len: usize| shared.queued.fetch_sub(group_len, Ordering::AcqRel);
     loop {
         // Wait for a free slot first: whatever arrives meanwhile joins the group.
-        let Ok(slot) = in_flight.clone().acquire_owned().await else {
+        let Ok(slot) = shared.in_flight.clone().acquire_owned().await else {
             return;
         };
         let Some(first) = rx.recv().await else {
@@ -84,7 +114,8 @@ async fn run(pool: PgPool, mut rx: mpsc::UnboundedReceiver<(PendingCommit, Reply
                 Err(_) => break,
             }
         }
-        let pool = pool.clone();
+        taken(group.len());
+        let pool = shared.pool.clone();
         tokio::spawn(async move {
             commit_group(&pool, group).await;
             drop(slot);

@@ -199,10 +199,10 @@ impl Application {
             .connect_with(embedded.connect_options())
             .await
             .map_err(StoreError::from)?;
-        let flusher =
-            store::flush::DiskFlush::of_directory(embedded.data_dir().unwrap_or(&config.data_dir))
-                .map_err(StoreError::from)?;
-        let store = Store::single_process(pool.clone()).flushing_with(flusher);
+        let store = Store::embedded(
+            pool.clone(),
+            embedded.data_dir().unwrap_or(&config.data_dir),
+        )?;
         store.migrate().await?;
         config.db_max_connections = store::embedded::EMBEDDED_CONNECTIONS;
         let mut app = Application::build_with_store(config, store).await?;

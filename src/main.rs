@@ -223,11 +223,11 @@ async fn embedded_cli_store() -> Result<(warden::store::Store, CliDb), String> {
         .connect_with(embedded.connect_options())
         .await
         .map_err(|e| e.to_string())?;
-    let flusher =
-        warden::store::flush::DiskFlush::of_directory(embedded.data_dir().unwrap_or(&data_dir()))
+    let store =
+        warden::store::Store::embedded(pool.clone(), embedded.data_dir().unwrap_or(&data_dir()))
             .map_err(|e| e.to_string())?;
     Ok((
-        warden::store::Store::single_process(pool.clone()).flushing_with(flusher),
+        store,
         CliDb {
             embedded: Some((pool, embedded)),
         },

@@ -98,7 +98,6 @@ impl GroupCommit {
 }
 
 async fn run(shared: Arc<Shared>, mut rx: mpsc::UnboundedReceiver<(PendingCommit, Reply)>) {
-    let taken = |group_len: usize| shared.queued.fetch_sub(group_len, Ordering::AcqRel);
     loop {
         // Wait for a free slot first: whatever arrives meanwhile joins the group.
         let Ok(slot) = shared.in_flight.clone().acquire_owned().await else {
@@ -114,7 +113,7 @@ async fn run(shared: Arc<Shared>, mut rx: mpsc::UnboundedReceiver<(PendingCommit
                 Err(_) => break,
             }
         }
-        taken(group.len());
+        shared.queued.fetch_sub(group.len(), Ordering::AcqRel);
         let pool = shared.pool.clone();
         tokio::spawn(async move {
             commit_group(&pool, group).await;

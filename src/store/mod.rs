@@ -178,6 +178,13 @@ impl Store {
         }
     }
 
+    /// The store of the embedded server: one process, and every commit that
+    /// promises durability flushed to the filesystem of `data_dir`.
+    pub fn embedded(pool: PgPool, data_dir: &std::path::Path) -> Result<Store> {
+        let flusher = flush::DiskFlush::of_directory(data_dir)?;
+        Ok(Store::single_process(pool).flushing_with(flusher))
+    }
+
     /// Makes the commits that promise durability wait for `flusher` (the
     /// embedded server, whose engine does not fsync).
     pub fn flushing_with(self, flusher: flush::DiskFlush) -> Store {

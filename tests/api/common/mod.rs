@@ -115,9 +115,7 @@ impl TestDb {
 pub fn store_on(pool: PgPool) -> Store {
     if embedded() {
         // As the server flushes its temporary data directory to the disk.
-        let flusher = warden::store::flush::DiskFlush::of_directory(&std::env::temp_dir())
-            .expect("the temporary directory opens");
-        Store::single_process(pool).flushing_with(flusher)
+        Store::embedded(pool, &std::env::temp_dir()).expect("the temporary directory opens")
     } else {
         Store::from_pool(pool)
     }

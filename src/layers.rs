@@ -12,6 +12,7 @@ const LAYERS: &[(&str, u8)] = &[
     ("policy", 0),
     ("egress", 0),
     ("secrets", 0),
+    ("threads", 0),
     ("event", 1),
     ("llm", 1),
     ("metrics", 1),

@@ -17,6 +17,7 @@ pub mod policy;
 pub mod secrets;
 pub mod session;
 pub mod store;
+pub mod threads;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -87,7 +88,7 @@ impl LoopRuntime {
         tokio::runtime::Builder::new_multi_thread()
             .worker_threads(threads)
             .thread_name("warden-loop")
-            .on_thread_start(move || lower_thread_priority(nice))
+            .on_thread_start(move || threads::lower_priority(nice))
             .enable_all()
             .build()
             .map(|rt| LoopRuntime(Some(rt)))
@@ -101,37 +102,6 @@ impl LoopRuntime {
         }
     }
 }
-
-/// Makes the calling thread `nice` steps nicer than the process. When the
-/// loops and Postgres keep every core busy, the kernel then runs the API's
-/// threads first, so status requests do not queue behind loop work (the
-/// benchmark's status p99 fell by more than half with it).
-#[cfg(target_os = "linux")]
-fn lower_thread_priority(nice: i32) {
-    if nice == 0 {
-        return;
-    }
-    // SAFETY: setpriority only reads its scalar arguments. On Linux,
-    // PRIO_PROCESS with who = 0 applies to the calling thread alone.
-    let (current, changed) = unsafe {
-        let current = libc::getpriority(libc::PRIO_PROCESS, 0);
-        (
-            current,
-            libc::setpriority(libc::PRIO_PROCESS, 0, current + nice),
-        )
-    };
-    if changed != 0 {
-        tracing::warn!(
-            nice,
-            current,
-            error = %std::io::Error::last_os_error(),
-            "could not lower the priority of a session-loop thread"
-        );
-    }
-}
-
-#[cfg(not(target_os = "linux"))]
-fn lower_thread_priority(_nice: i32) {}
 
 impl Drop for LoopRuntime {
     fn drop(&mut self) {

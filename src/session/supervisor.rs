@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, Instant};
 
 use sqlx::postgres::PgListener;
@@ -30,6 +30,11 @@ use crate::store::{
     Attempt, CONTROL_CHANNEL, ControlAction, ControlNote, Lease, SessionRecord, SessionSettings,
     Store,
 };
+
+/// This replica's runners by session id: one each, two for a moment while
+/// the stale runner of an old lease finishes. Keyed by session so a status
+/// read finds its session without scanning the others.
+type Registry = HashMap<Uuid, Vec<RunnerHandle>>;
 
 struct RunnerHandle {
     lease: Lease,
@@ -68,9 +73,11 @@ struct Inner {
     replica_id: Uuid,
     store: Store,
     config: Arc<Config>,
-    /// Keyed by (session id, lease token): a late start of an old lease
-    /// must never replace the live runner of the same session.
-    runners: Mutex<HashMap<(Uuid, Uuid), RunnerHandle>>,
+    /// Each runner under its lease token too: a late start of an old lease
+    /// must never replace the live runner of the same session. Read-locked
+    /// by status reads and the lease renewals alike, so neither waits for
+    /// the other; no holder does more than a lookup or a copy under it.
+    runners: RwLock<Registry>,
     /// The reflection model, when one is configured.
     reflector: Option<Arc<Reflector>>,
     metrics: Arc<Metrics>,
@@ -123,7 +130,7 @@ impl Supervisor {
                 config,
                 reflector,
                 metrics,
-                runners: Mutex::new(HashMap::new()),
+                runners: RwLock::new(HashMap::new()),
                 closing: CancellationToken::new(),
                 loops,
                 capacity: Arc::default(),
@@ -141,12 +148,31 @@ impl Supervisor {
         self.inner.replica_id
     }
 
-    fn runners(&self) -> MutexGuard<'_, HashMap<(Uuid, Uuid), RunnerHandle>> {
+    fn runners(&self) -> RwLockReadGuard<'_, Registry> {
         // A poisoned lock only means a panic elsewhere; the map is still consistent.
         self.inner
             .runners
-            .lock()
+            .read()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn runners_mut(&self) -> RwLockWriteGuard<'_, Registry> {
+        self.inner
+            .runners
+            .write()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// The local runners of session `id`.
+    fn of_session(runners: &Registry, id: Uuid) -> &[RunnerHandle] {
+        runners.get(&id).map_or(&[], Vec::as_slice)
+    }
+
+    /// Whether the runner of `lease` is still registered here.
+    fn registered(&self, lease: &Lease) -> bool {
+        Self::of_session(&self.runners(), lease.session_id)
+            .iter()
+            .any(|h| h.lease.token == lease.token)
     }
 
     /// Number of sessions running here.
@@ -284,7 +310,7 @@ impl Supervisor {
         let me = self.clone();
         // Hold the registry lock across the spawn so the task cannot finish
         // and deregister before it is registered.
-        let mut runners = self.runners();
+        let mut runners = self.runners_mut();
         let task = self.inner.loops.spawn(async move {
             let exit = runner.run().await;
             me.deregister(lease);
@@ -293,22 +319,28 @@ impl Supervisor {
             }
             let _ = done_tx.send(true);
         });
-        runners.insert(
-            (lease.session_id, lease.token),
-            RunnerHandle {
+        runners
+            .entry(lease.session_id)
+            .or_default()
+            .push(RunnerHandle {
                 lease,
                 control,
                 done: done_rx,
                 abort: task.abort_handle(),
                 _slot: slot,
                 view,
-            },
-        );
+            });
         Ok(())
     }
 
     fn deregister(&self, lease: Lease) {
-        self.runners().remove(&(lease.session_id, lease.token));
+        let mut runners = self.runners_mut();
+        if let Some(handles) = runners.get_mut(&lease.session_id) {
+            handles.retain(|h| h.lease.token != lease.token);
+            if handles.is_empty() {
+                runners.remove(&lease.session_id);
+            }
+        }
     }
 
     /// Signals every local runner of `id` to stop; the completion signal of
@@ -316,7 +348,7 @@ impl Supervisor {
     pub fn signal_stop(&self, id: Uuid) -> Option<Done> {
         let runners = self.runners();
         let mut done = None;
-        for handle in runners.values().filter(|h| h.lease.session_id == id) {
+        for handle in Self::of_session(&runners, id) {
             handle.control.stop.cancel();
             handle.view.invalidate();
             done = Some(handle.done.clone());
@@ -328,7 +360,7 @@ impl Supervisor {
     pub fn signal_pause(&self, id: Uuid) -> Option<Done> {
         let runners = self.runners();
         let mut done = None;
-        for handle in runners.values().filter(|h| h.lease.session_id == id) {
+        for handle in Self::of_session(&runners, id) {
             handle.control.pause.store(true, Ordering::SeqCst);
             handle.view.invalidate();
             done = Some(handle.done.clone());
@@ -339,10 +371,11 @@ impl Supervisor {
     /// The one local runner of `id` whose lease this replica still trusts.
     fn trusted_view(&self, id: Uuid) -> Option<Arc<LiveView>> {
         let runners = self.runners();
-        let mut of_session = runners.values().filter(|h| h.lease.session_id == id);
-        let handle = of_session.next()?;
         // Two runners of one session (a stale one finishing): ask Postgres.
-        if of_session.next().is_some() || !handle.control.lease_clock.is_valid() {
+        let [handle] = Self::of_session(&runners, id) else {
+            return None;
+        };
+        if !handle.control.lease_clock.is_valid() {
             return None;
         }
         Some(handle.view.clone())
@@ -364,16 +397,15 @@ impl Supervisor {
 
     /// Something changed on `id` that its view cannot apply field by field.
     pub fn invalidate(&self, id: Uuid) {
-        for handle in self.runners().values().filter(|h| h.lease.session_id == id) {
+        for handle in Self::of_session(&self.runners(), id) {
             handle.view.invalidate();
         }
     }
 
     /// The completion signal of a local runner, if the session runs here.
     pub fn done_signal(&self, id: Uuid) -> Option<Done> {
-        self.runners()
-            .values()
-            .find(|h| h.lease.session_id == id)
+        Self::of_session(&self.runners(), id)
+            .first()
             .map(|h| h.done.clone())
     }
 
@@ -475,10 +507,20 @@ impl Supervisor {
 
     /// Renews every local lease once; runners whose lease was lost are told to stop writing.
     pub async fn heartbeat(&self) {
-        let leases: Vec<Lease> = self.runners().values().map(|h| h.lease).collect();
-        if leases.is_empty() {
+        // Copies of what the renewal touches, taken in one pass: the
+        // registry is not held while Postgres answers or while thousands of
+        // clocks and views are updated (on a niced loop thread that may be
+        // descheduled meanwhile, a status read would wait for it).
+        let held: Vec<(Lease, Control, Arc<LiveView>)> = self
+            .runners()
+            .values()
+            .flatten()
+            .map(|h| (h.lease, h.control.clone(), h.view.clone()))
+            .collect();
+        if held.is_empty() {
             return;
         }
+        let leases: Vec<Lease> = held.iter().map(|(lease, _, _)| *lease).collect();
         let started = Instant::now();
         let lease_cfg = self.inner.config.lease;
         match self.inner.store.renew_leases(&leases, lease_cfg.ttl).await {
@@ -490,39 +532,33 @@ impl Supervisor {
                     .map(|r| ((r.session_id, r.token), r))
                     .collect();
                 let mut exited = Vec::new();
-                {
-                    let runners = self.runners();
-                    for lease in leases {
-                        let Some(handle) = runners.get(&(lease.session_id, lease.token)) else {
-                            // Its runner ended while the renewal ran: the renewal
-                            // must not delay the rescue of what it left behind.
-                            if renewed.contains_key(&(lease.session_id, lease.token)) {
-                                exited.push(lease);
+                for (lease, control, view) in held {
+                    let key = (lease.session_id, lease.token);
+                    if !self.registered(&lease) {
+                        // Its runner ended while the renewal ran: the renewal
+                        // must not delay the rescue of what it left behind.
+                        if renewed.contains_key(&key) {
+                            exited.push(lease);
+                        }
+                        continue;
+                    }
+                    match renewed.get(&key) {
+                        Some(r) => {
+                            control
+                                .lease_clock
+                                .renewed(started, lease_cfg.ttl, lease_cfg.margin);
+                            view.lease_renewed(r.lease_expires_at, r.heartbeat_at);
+                            if r.stop_requested {
+                                control.stop.cancel();
                             }
-                            continue;
-                        };
-                        match renewed.get(&(lease.session_id, lease.token)) {
-                            Some(r) => {
-                                handle.control.lease_clock.renewed(
-                                    started,
-                                    lease_cfg.ttl,
-                                    lease_cfg.margin,
-                                );
-                                handle
-                                    .view
-                                    .lease_renewed(r.lease_expires_at, r.heartbeat_at);
-                                if r.stop_requested {
-                                    handle.control.stop.cancel();
-                                }
-                                if r.pause_requested {
-                                    handle.control.pause.store(true, Ordering::SeqCst);
-                                }
+                            if r.pause_requested {
+                                control.pause.store(true, Ordering::SeqCst);
                             }
-                            // Finished meanwhile, or taken over: the runner's own
-                            // fenced writes and lease clock end it either way.
-                            None => {
-                                tracing::debug!(session_id = %lease.session_id, "lease not renewed")
-                            }
+                        }
+                        // Finished meanwhile, or taken over: the runner's own
+                        // fenced writes and lease clock end it either way.
+                        None => {
+                            tracing::debug!(session_id = %lease.session_id, "lease not renewed")
                         }
                     }
                 }
@@ -764,6 +800,7 @@ impl Supervisor {
             let runners = self.runners();
             runners
                 .values()
+                .flatten()
                 .map(|h| {
                     h.control.shutdown.cancel();
                     h.done.clone()
@@ -781,7 +818,7 @@ impl Supervisor {
     /// Kills every runner without a checkpoint, as a crash would (tests use it).
     pub fn abort_all(&self) {
         self.inner.closing.cancel();
-        for handle in self.runners().values() {
+        for handle in self.runners().values().flatten() {
             handle.abort.abort();
         }
     }

@@ -738,8 +738,9 @@ async fn sample_reads(
 ///
 /// The requests are sent and timed from one thread of their own (a
 /// current-thread runtime): on the benchmark's multi-thread runtime each
-/// answer crossed threads two or three times, and waking a parked thread
-/// added a quarter of a millisecond to every figure, Warden's and raw alike.
+/// answer crossed threads two or three times, and each wake-up of a parked
+/// thread went into the figures, Warden's and raw alike (p50 with 1-s
+/// steps 0.30 -> 0.24 ms for both).
 async fn status_latency(
     server: &Server,
     ids: &[String],

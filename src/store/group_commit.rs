@@ -28,7 +28,11 @@ use crate::policy::lifecycle::{Mode, Status};
 const MAX_GROUP: usize = 128;
 /// Groups being committed at once. While they are in flight the next group
 /// gathers; the rest of the pool stays free for the API and the leases.
-const IN_FLIGHT: usize = 4;
+/// Two, not more: with four, 32 sessions flat out formed groups of ~8 and
+/// made 1.19x the raw rate; with two, larger groups share each flush
+/// (1.34-1.39x), and 1,000 sessions are unchanged. Not fewer: the idle
+/// committer holds one slot, and a lone iteration commits in the other.
+const IN_FLIGHT: usize = 2;
 
 /// One iteration waiting to be committed.
 #[derive(Debug)]

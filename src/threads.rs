@@ -51,6 +51,8 @@ mod tests {
         .expect("the probe thread ran");
         assert_eq!(thread, (process + 3).min(19));
         // The calling thread, and so the API's, keeps its own.
-        assert_eq!(unsafe { libc::getpriority(libc::PRIO_PROCESS, 0) }, process);
+        // SAFETY: as above.
+        let caller = unsafe { libc::getpriority(libc::PRIO_PROCESS, 0) };
+        assert_eq!(caller, process);
     }
 }

@@ -674,7 +674,7 @@ async fn sample_reads(
     db_url: String,
     base: String,
     ids: Vec<String>,
-    rate: u32,
+    (rate, list_rate): (u32, u32),
     window: Duration,
 ) -> BenchResult<ReadSamples> {
     let client = reqwest::Client::builder()
@@ -685,7 +685,6 @@ async fn sample_reads(
         .connect(&db_url)
         .await?;
     let uuids: Arc<Vec<uuid::Uuid>> = Arc::new(ids.iter().filter_map(|i| i.parse().ok()).collect());
-    let list_rate = (rate / 5).max(1);
     let memory = Arc::new(AtomicUsize::new(0));
     let ids = &ids;
     let base = &base;
@@ -760,7 +759,7 @@ async fn status_latency(
             .enable_all()
             .build()
             .map_err(|e| -> Box<dyn std::error::Error + Send + Sync> { e.into() })?
-            .block_on(sample_reads(db_url, base, ids, rate, window))
+            .block_on(sample_reads(db_url, base, ids, (rate, list_rate), window))
     })
     .await??;
     let ReadSamples {

@@ -14,7 +14,7 @@ use crate::policy::gate::GateConfig;
 use crate::policy::guardrails::Limits;
 use crate::policy::lifecycle::Mode;
 use crate::policy::stuck::StuckConfig;
-use crate::secrets::SecretKey;
+use crate::secrets::{Keyring, SecretKey};
 
 /// A configuration value that could not be used.
 #[derive(Debug, thiserror::Error)]
@@ -204,6 +204,10 @@ pub struct Config {
     /// The key that seals sessions' own secrets (`WARDEN_SECRET_KEY` or
     /// `WARDEN_SECRET_KEY_FILE`).
     pub secret_key: SecretKeySource,
+    /// `WARDEN_SECRET_KEY_PREVIOUS`: earlier keys (comma-separated) that
+    /// still open what they sealed; at start what they sealed is sealed
+    /// again under the current key (a rotation).
+    pub secret_key_previous: Vec<SecretKey>,
     /// Quotas (`WARDEN_TENANT_MAX_RUNNING`, …).
     pub quotas: Quotas,
 }
@@ -225,6 +229,15 @@ impl SecretKeySource {
             SecretKeySource::Key(k) => Some(k),
             SecretKeySource::File(_) => None,
         }
+    }
+}
+
+impl Config {
+    /// The current key and the previous ones, once the current is loaded.
+    pub fn keyring(&self) -> Option<Keyring> {
+        self.secret_key
+            .key()
+            .map(|k| Keyring::new(k.clone(), self.secret_key_previous.clone()))
     }
 }
 
@@ -282,6 +295,25 @@ impl Env<'_> {
                 .map(str::trim)
                 .unwrap_or(".warden/secret.key"),
         )))
+    }
+
+    /// `WARDEN_SECRET_KEY_PREVIOUS`: keys as `WARDEN_SECRET_KEY`, comma-separated.
+    fn secret_key_previous(&self) -> Result<Vec<SecretKey>, ConfigError> {
+        let Some(raw) = self.raw("WARDEN_SECRET_KEY_PREVIOUS") else {
+            return Ok(Vec::new());
+        };
+        raw.split(',')
+            .map(str::trim)
+            .filter(|k| !k.is_empty())
+            .enumerate()
+            .map(|(i, k)| {
+                SecretKey::parse(k).map_err(|expected| ConfigError::Invalid {
+                    var: "WARDEN_SECRET_KEY_PREVIOUS",
+                    value: format!("<redacted key {}>", i + 1),
+                    expected: format!("comma-separated keys, each {expected}"),
+                })
+            })
+            .collect()
     }
 
     fn quotas(&self) -> Result<Quotas, ConfigError> {
@@ -645,6 +677,7 @@ impl Config {
                 },
             },
             secret_key: env.secret_key()?,
+            secret_key_previous: env.secret_key_previous()?,
             quotas: env.quotas()?,
         })
     }
@@ -851,6 +884,31 @@ mod tests {
         .unwrap();
         assert!(c.secret_key.key().is_some());
         assert!(!format!("{c:?}").contains(&hex));
+        assert!(c.secret_key_previous.is_empty());
+        // Previous keys: comma-separated, blanks skipped, never echoed.
+        let (old1, old2) = ("01".repeat(32), "02".repeat(32));
+        let previous = format!(" {old1} ,,{old2}");
+        let rotating = Config::from_vars(&vars(&[
+            ("WARDEN_SECRET_KEY", hex.as_str()),
+            ("WARDEN_SECRET_KEY_PREVIOUS", previous.as_str()),
+        ]))
+        .unwrap();
+        assert_eq!(rotating.secret_key_previous.len(), 2);
+        let ring = rotating.keyring().unwrap();
+        assert_eq!(ring.ids().len(), 3);
+        assert!(!format!("{rotating:?}").contains(&old1));
+        let bad = format!("{old1},{}", "03".repeat(31));
+        let err = Config::from_vars(&vars(&[("WARDEN_SECRET_KEY_PREVIOUS", bad.as_str())]))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("WARDEN_SECRET_KEY_PREVIOUS")
+                && err.contains("key 2")
+                && !err.contains(&old1),
+            "{err}"
+        );
+        // Without a loaded key there is no ring yet.
+        assert!(Config::from_vars(&vars(&[])).unwrap().keyring().is_none());
         assert_eq!(
             c.quotas,
             Quotas {

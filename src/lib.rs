@@ -395,6 +395,43 @@ async fn load_secret_key(config: &mut Config, store: &Store) -> Result<(), AppEr
             key
         }
     };
+    let ring = secrets::Keyring::new(key.clone(), config.secret_key_previous.clone());
+    let ours = key.id().to_string();
+    match store.register_secret_key(&ring).await? {
+        secrets::KeyRegistration::Current => {}
+        secrets::KeyRegistration::Register => {
+            tracing::info!(key_id = %ours, "registered this replica's secret key as the database's");
+        }
+        secrets::KeyRegistration::Rotate { from } => {
+            tracing::warn!(from = %from, to = %ours, "secret key rotated: what the previous key sealed is sealed again under the new one");
+        }
+        secrets::KeyRegistration::Refuse { found } => {
+            return Err(AppError::Secrets(format!(
+                "this database's secrets are sealed under key {found}, but this replica's key \
+(WARDEN_SECRET_KEY or WARDEN_SECRET_KEY_FILE) is {ours} and WARDEN_SECRET_KEY_PREVIOUS does not hold {found}: \
+give every replica the same key, or, to rotate, start with the new key and the old one in WARDEN_SECRET_KEY_PREVIOUS"
+            )));
+        }
+    }
+    if !config.secret_key_previous.is_empty() {
+        let resealed = session::reseal_under_current(store, &ring)
+            .await
+            .map_err(|e| {
+                AppError::Secrets(format!("cannot seal secrets again under the new key: {e}"))
+            })?;
+        tracing::info!(
+            resealed = resealed.resealed,
+            unreadable = resealed.unreadable,
+            "secrets sealed by previous keys moved to the current key"
+        );
+    }
+    let foreign = store.secrets_not_under(&ring.ids()).await?;
+    if foreign > 0 {
+        tracing::warn!(
+            secrets = foreign,
+            "secrets sealed under keys this replica does not have: their sessions end secret_unreadable when they run"
+        );
+    }
     let moved = session::seal_plaintext_keys(store, &key)
         .await
         .map_err(|e| AppError::Secrets(format!("cannot seal stored plaintext keys: {e}")))?;

@@ -292,11 +292,246 @@ impl std::fmt::Debug for Sealed {
     }
 }
 
+/// The key that seals new secrets, and earlier keys that still open what
+/// they sealed (`WARDEN_SECRET_KEY_PREVIOUS`, while a rotation is under way).
+#[derive(Clone, Debug)]
+pub struct Keyring {
+    current: SecretKey,
+    previous: Vec<SecretKey>,
+}
+
+impl Keyring {
+    /// A ring of `current` and `previous` (a previous key equal to the current one is dropped).
+    pub fn new(current: SecretKey, previous: Vec<SecretKey>) -> Keyring {
+        let mut kept: Vec<SecretKey> = Vec::with_capacity(previous.len());
+        for key in previous {
+            if key != current && !kept.contains(&key) {
+                kept.push(key);
+            }
+        }
+        Keyring {
+            current,
+            previous: kept,
+        }
+    }
+
+    /// The key new secrets are sealed with.
+    pub fn current(&self) -> &SecretKey {
+        &self.current
+    }
+
+    /// Ids of the previous keys.
+    pub fn previous_ids(&self) -> Vec<String> {
+        self.previous.iter().map(|k| k.id.clone()).collect()
+    }
+
+    /// Ids of every key in the ring, the current one first.
+    pub fn ids(&self) -> Vec<String> {
+        std::iter::once(&self.current)
+            .chain(&self.previous)
+            .map(|k| k.id.clone())
+            .collect()
+    }
+
+    /// Opens a secret sealed by any key of the ring.
+    pub fn open(&self, session: Uuid, name: &str, sealed: &Sealed) -> Result<String, SecretsError> {
+        let key = std::iter::once(&self.current)
+            .chain(&self.previous)
+            .find(|k| k.id == sealed.key_id)
+            .ok_or_else(|| SecretsError::WrongKey {
+                sealed_with: sealed.key_id.clone(),
+                current: self.current.id.clone(),
+            })?;
+        key.open(session, name, sealed)
+    }
+}
+
+/// What a replica does at start about the database's registered sealing key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KeyRegistration {
+    /// The registered key is this replica's current key.
+    Current,
+    /// Nothing is registered and nothing is sealed under a foreign key:
+    /// register this replica's key (first start on this database).
+    Register,
+    /// The registered key is one of this replica's previous keys: its
+    /// current key takes over, and what the old one sealed is sealed again.
+    Rotate {
+        /// Id of the key being replaced.
+        from: String,
+    },
+    /// The database's secrets are sealed under a key this replica does not
+    /// have: starting would fail every session it claims.
+    Refuse {
+        /// Id of the key the database uses.
+        found: String,
+    },
+}
+
+/// Decides from the registered key id, or, when none is registered yet (a
+/// database from before the registry), from a key id found on a sealed
+/// secret that no key of `ring` has.
+pub fn registration(
+    registered: Option<&str>,
+    unknown_seal: Option<&str>,
+    ring: &Keyring,
+) -> KeyRegistration {
+    match (registered, unknown_seal) {
+        (Some(id), _) if id == ring.current.id => KeyRegistration::Current,
+        (Some(id), _) if ring.previous.iter().any(|k| k.id == id) => KeyRegistration::Rotate {
+            from: id.to_string(),
+        },
+        (Some(id), _) | (None, Some(id)) => KeyRegistration::Refuse {
+            found: id.to_string(),
+        },
+        (None, None) => KeyRegistration::Register,
+    }
+}
+
+/// What a replica does with a claimed session whose secret is sealed under
+/// a key it does not have.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ForeignSeal {
+    /// The fleet's registered key sealed it: this replica's key was rotated
+    /// away while it ran. Give the lease up for a replica that has the key
+    /// (the failure model bounds the attempts).
+    HandOver,
+    /// No replica is known to have the key: end the session, naming it.
+    Fail,
+}
+
+/// Decides from the key that sealed the secret and the registered key.
+pub fn foreign_seal(sealed_with: &str, registered: Option<&str>) -> ForeignSeal {
+    if registered == Some(sealed_with) {
+        ForeignSeal::HandOver
+    } else {
+        ForeignSeal::Fail
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     const HEX: &str = "000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f";
+
+    fn key(byte: u8) -> SecretKey {
+        SecretKey::from_bytes([byte; KEY_BYTES])
+    }
+
+    #[test]
+    fn a_ring_opens_what_any_of_its_keys_sealed_and_seals_with_the_current() {
+        let (old, new, stranger) = (key(1), key(2), key(3));
+        let session = Uuid::new_v4();
+        let by_old = old.seal(session, API_KEY, "sk-old").unwrap();
+        let ring = Keyring::new(new.clone(), vec![old.clone(), new.clone(), old.clone()]);
+        assert_eq!(ring.current(), &new);
+        assert_eq!(
+            ring.previous_ids(),
+            vec![old.id().to_string()],
+            "deduplicated, current dropped"
+        );
+        assert_eq!(ring.ids(), vec![new.id().to_string(), old.id().to_string()]);
+        assert_eq!(ring.open(session, API_KEY, &by_old).unwrap(), "sk-old");
+        let by_new = ring.current().seal(session, API_KEY, "sk-new").unwrap();
+        assert_eq!(by_new.key_id, new.id());
+        assert_eq!(ring.open(session, API_KEY, &by_new).unwrap(), "sk-new");
+        let by_stranger = stranger.seal(session, API_KEY, "sk-x").unwrap();
+        match ring.open(session, API_KEY, &by_stranger) {
+            Err(SecretsError::WrongKey {
+                sealed_with,
+                current,
+            }) => {
+                assert_eq!(sealed_with, stranger.id());
+                assert_eq!(current, new.id());
+            }
+            other => panic!("expected WrongKey, got {other:?}"),
+        }
+        // The key id matches but the value was tampered with.
+        let mut tampered = by_old.clone();
+        tampered.ciphertext[0] ^= 1;
+        assert!(matches!(
+            ring.open(session, API_KEY, &tampered),
+            Err(SecretsError::Corrupt)
+        ));
+        assert!(
+            !format!("{ring:?}").contains("0101010101"),
+            "no key bytes in Debug"
+        );
+    }
+
+    #[test]
+    fn registration_covers_every_case() {
+        let (old, new, stranger) = (key(1), key(2), key(3));
+        let ring = Keyring::new(new.clone(), vec![old.clone()]);
+        let alone = Keyring::new(new.clone(), Vec::new());
+        use KeyRegistration::*;
+        let cases: &[(Option<&str>, Option<&str>, &Keyring, KeyRegistration)] = &[
+            // First start on a fresh database, or one from before the registry.
+            (None, None, &ring, Register),
+            (None, None, &alone, Register),
+            // Before the registry, a secret sealed under a key nobody here has.
+            (
+                None,
+                Some(stranger.id()),
+                &ring,
+                Refuse {
+                    found: stranger.id().into(),
+                },
+            ),
+            // Registered: ours, or one we are rotating away from.
+            (Some(new.id()), None, &ring, Current),
+            (Some(new.id()), None, &alone, Current),
+            (
+                Some(old.id()),
+                None,
+                &ring,
+                Rotate {
+                    from: old.id().into(),
+                },
+            ),
+            // A replica started with the old key after the rotation.
+            (
+                Some(new.id()),
+                None,
+                &Keyring::new(old.clone(), Vec::new()),
+                Refuse {
+                    found: new.id().into(),
+                },
+            ),
+            // Another fleet's key, with or without a previous key here.
+            (
+                Some(stranger.id()),
+                None,
+                &ring,
+                Refuse {
+                    found: stranger.id().into(),
+                },
+            ),
+            (
+                Some(stranger.id()),
+                None,
+                &alone,
+                Refuse {
+                    found: stranger.id().into(),
+                },
+            ),
+        ];
+        for (registered, unknown, ring, expected) in cases {
+            assert_eq!(
+                &registration(*registered, *unknown, ring),
+                expected,
+                "registered {registered:?}, unknown seal {unknown:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_foreign_seal_is_handed_over_only_when_the_fleet_has_its_key() {
+        assert_eq!(foreign_seal("k2", Some("k2")), ForeignSeal::HandOver);
+        assert_eq!(foreign_seal("k2", Some("k1")), ForeignSeal::Fail);
+        assert_eq!(foreign_seal("k2", None), ForeignSeal::Fail);
+    }
 
     #[test]
     fn keys_parse_from_hex_or_base64_of_32_bytes_only() {

@@ -23,7 +23,7 @@ pub mod state;
 mod supervisor;
 
 pub use error::{Result, ServiceError};
-pub use persist::seal_plaintext_keys;
+pub use persist::{Resealed, reseal_under_current, seal_plaintext_keys};
 pub use reads::{LoggedEvent, SessionReads};
 pub use service::{CreateSession, RefinementChoice, ResumeSession, SessionService, UpdateSession};
 pub use supervisor::Supervisor;

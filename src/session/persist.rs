@@ -120,6 +120,58 @@ pub async fn seal_plaintext_keys(
     }
 }
 
+/// What a rotation sealed again, and what it could not open.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Resealed {
+    /// Secrets now sealed under the current key.
+    pub resealed: usize,
+    /// Secrets under a previous key that did not open (damaged); left as they are.
+    pub unreadable: usize,
+}
+
+/// Seals again, under the ring's current key, every secret a previous key
+/// of the ring sealed. Pages through them once, so a secret that does not
+/// open is reported, not retried.
+pub async fn reseal_under_current(
+    store: &Store,
+    ring: &crate::secrets::Keyring,
+) -> Result<Resealed, ServiceError> {
+    let previous = ring.previous_ids();
+    let mut done = Resealed::default();
+    let mut after = None;
+    loop {
+        let batch = store.secrets_sealed_under(&previous, after, 200).await?;
+        let Some(last) = batch.last() else {
+            return Ok(done);
+        };
+        after = Some((last.session_id, last.name.clone()));
+        for secret in batch {
+            let plain = match ring.open(secret.session_id, &secret.name, &secret.sealed) {
+                Ok(plain) => plain,
+                Err(err) => {
+                    tracing::warn!(session_id = %secret.session_id, name = %secret.name, error = %err, "a secret under a previous key does not open");
+                    done.unreadable += 1;
+                    continue;
+                }
+            };
+            let sealed = ring
+                .current()
+                .seal(secret.session_id, &secret.name, &plain)?;
+            if store
+                .reseal_secret(
+                    secret.session_id,
+                    &secret.name,
+                    &secret.sealed.key_id,
+                    &sealed,
+                )
+                .await?
+            {
+                done.resealed += 1;
+            }
+        }
+    }
+}
+
 /// Refuses one more active session of `tenant` when it has `max` already
 /// (`WARDEN_TENANT_MAX_RUNNING`). Holds the tenant's quota lock until the
 /// caller's transaction ends, so concurrent creates are counted one by one.

@@ -85,10 +85,10 @@ pub async fn build_executor(
     {
         // A spec from before sealing may still carry its key: it wins (and
         // is moved at the next start).
-        let key = config.secret_key.key().ok_or_else(|| {
+        let ring = config.keyring().ok_or_else(|| {
             ServiceError::Unavailable("the secret key (WARDEN_SECRET_KEY) is not loaded".into())
         })?;
-        spec = spec.with_api_key(ApiKey::new(key.open(session.id, API_KEY, &sealed)?));
+        spec = spec.with_api_key(ApiKey::new(ring.open(session.id, API_KEY, &sealed)?));
     }
     let transcript = match spec {
         ExecutorSpec::Llm { .. } => store

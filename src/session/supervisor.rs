@@ -26,6 +26,7 @@ use crate::llm::LlmClient;
 use crate::metrics::Metrics;
 use crate::policy::lifecycle::Reason;
 use crate::policy::termination::{self, Facts};
+use crate::secrets::{self, ForeignSeal, SecretsError};
 use crate::store::{
     Attempt, CONTROL_CHANNEL, ControlAction, ControlNote, Lease, SessionRecord, SessionSettings,
     Store,
@@ -262,8 +263,20 @@ impl Supervisor {
         let config = &self.inner.config;
         let executor = match build_executor(&self.inner.store, config, session, lease).await {
             Ok(executor) => executor,
-            // Retrying cannot help: the key it was sealed under is not here.
             Err(ServiceError::Secret(err)) => {
+                // Sealed under the fleet's key after this replica's was
+                // rotated away: a replica with the key takes it over.
+                if let SecretsError::WrongKey { sealed_with, .. } = &err {
+                    let registered = self.inner.store.registered_secret_key().await?;
+                    if secrets::foreign_seal(sealed_with, registered.as_deref())
+                        == ForeignSeal::HandOver
+                    {
+                        tracing::error!(session_id = %lease.session_id, error = %err, "this replica's secret key was rotated away; handing the session over");
+                        self.after_store_failure(lease, &err.to_string()).await;
+                        return Ok(());
+                    }
+                }
+                // Retrying cannot help: no replica is known to have the key.
                 let error = err.to_string();
                 self.fail_now(lease, Reason::SecretUnreadable, &error, 0)
                     .await;

@@ -51,7 +51,7 @@ pub use rows::{
     RefinementRecord, ReflectionRecord, Renewed, SessionCursor, SessionRecord, SessionSettings,
     TASK_STATUSES, Task, TaskWrite,
 };
-pub use secrets::{PlaintextKey, insert_secret};
+pub use secrets::{PlaintextKey, StoredSecret, insert_secret};
 pub use sessions::{
     end_unowned, insert as insert_session, insert_refinement, lock as lock_session, request_pause,
     request_stop, resume as resume_session, start_refined, update_settings,

@@ -6,7 +6,7 @@ use sqlx::PgConnection;
 use uuid::Uuid;
 
 use super::{Result, Store};
-use crate::secrets::Sealed;
+use crate::secrets::{KeyRegistration, Keyring, Sealed};
 
 /// Stores `sealed` as the secret `name` of session `id` (in the caller's transaction).
 pub async fn insert_secret(
@@ -45,7 +45,140 @@ impl std::fmt::Debug for PlaintextKey {
     }
 }
 
+/// A stored secret with its place (session and name).
+#[derive(Debug)]
+pub struct StoredSecret {
+    /// The session.
+    pub session_id: Uuid,
+    /// The secret's name.
+    pub name: String,
+    /// Its sealed value.
+    pub sealed: Sealed,
+}
+
 impl Store {
+    /// Checks `ring` against the registered sealing key and registers its
+    /// current key when that is the decision (see
+    /// [`crate::secrets::registration`]). One replica at a time: the
+    /// registry is locked until the decision is written.
+    pub async fn register_secret_key(&self, ring: &Keyring) -> Result<KeyRegistration> {
+        let mut tx = self.pool.begin().await?;
+        sqlx::query!("LOCK TABLE secret_key IN EXCLUSIVE MODE")
+            .execute(&mut *tx)
+            .await?;
+        let registered = sqlx::query_scalar!("SELECT key_id FROM secret_key")
+            .fetch_optional(&mut *tx)
+            .await?;
+        let unknown_seal = match registered {
+            Some(_) => None,
+            None => {
+                sqlx::query_scalar!(
+                    "SELECT key_id FROM session_secrets WHERE key_id <> ALL($1) LIMIT 1",
+                    &ring.ids()
+                )
+                .fetch_optional(&mut *tx)
+                .await?
+            }
+        };
+        let decision =
+            crate::secrets::registration(registered.as_deref(), unknown_seal.as_deref(), ring);
+        if matches!(
+            decision,
+            KeyRegistration::Register | KeyRegistration::Rotate { .. }
+        ) {
+            sqlx::query!(
+                "INSERT INTO secret_key (key_id) VALUES ($1)
+                 ON CONFLICT (only_row) DO UPDATE SET key_id = EXCLUDED.key_id, set_at = now()",
+                ring.current().id()
+            )
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(decision)
+    }
+
+    /// The registered sealing key's id, if one is registered.
+    pub async fn registered_secret_key(&self) -> Result<Option<String>> {
+        Ok(sqlx::query_scalar!("SELECT key_id FROM secret_key")
+            .fetch_optional(&self.pool)
+            .await?)
+    }
+
+    /// Up to `limit` secrets sealed under one of `key_ids`, in (session,
+    /// name) order after `after`: a caller pages through them once, so a
+    /// secret that cannot be sealed again is not read again.
+    pub async fn secrets_sealed_under(
+        &self,
+        key_ids: &[String],
+        after: Option<(Uuid, String)>,
+        limit: i64,
+    ) -> Result<Vec<StoredSecret>> {
+        let (after_id, after_name) = match after {
+            Some((id, name)) => (Some(id), Some(name)),
+            None => (None, None),
+        };
+        let rows = sqlx::query!(
+            "SELECT session_id, name, key_id, nonce, ciphertext FROM session_secrets
+             WHERE key_id = ANY($1)
+               AND ($2::uuid IS NULL OR (session_id, name) > ($2::uuid, $3::text))
+             ORDER BY session_id, name
+             LIMIT $4",
+            key_ids,
+            after_id,
+            after_name,
+            limit,
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows
+            .into_iter()
+            .map(|r| StoredSecret {
+                session_id: r.session_id,
+                name: r.name,
+                sealed: Sealed {
+                    key_id: r.key_id,
+                    nonce: r.nonce,
+                    ciphertext: r.ciphertext,
+                },
+            })
+            .collect())
+    }
+
+    /// Replaces a secret sealed under `old_key_id` with `sealed`; false when
+    /// it changed meanwhile (another replica sealed it again first).
+    pub async fn reseal_secret(
+        &self,
+        session_id: Uuid,
+        name: &str,
+        old_key_id: &str,
+        sealed: &Sealed,
+    ) -> Result<bool> {
+        let done = sqlx::query!(
+            "UPDATE session_secrets SET key_id = $4, nonce = $5, ciphertext = $6
+             WHERE session_id = $1 AND name = $2 AND key_id = $3",
+            session_id,
+            name,
+            old_key_id,
+            &sealed.key_id,
+            &sealed.nonce,
+            &sealed.ciphertext,
+        )
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    /// How many secrets are sealed under keys outside `key_ids`.
+    pub async fn secrets_not_under(&self, key_ids: &[String]) -> Result<i64> {
+        Ok(sqlx::query_scalar!(
+            r#"SELECT count(*) AS "n!" FROM session_secrets WHERE key_id <> ALL($1)"#,
+            key_ids
+        )
+        .fetch_one(&self.pool)
+        .await?)
+    }
+
     /// The sealed secret `name` of session `id`, if it has one.
     pub async fn session_secret(&self, id: Uuid, name: &str) -> Result<Option<Sealed>> {
         let row = sqlx::query!(

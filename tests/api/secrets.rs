@@ -1,7 +1,8 @@
 //! Secrets at rest (issue 15, item 6): a session's own `api_key` is sealed
 //! apart from its record, reaches its model after a restart, is moved out of
-//! rows earlier versions wrote, and a wrong secret key fails the session
-//! clearly instead of crashing the server.
+//! rows earlier versions wrote; a replica with another key refuses to start,
+//! a rotation moves the fleet to a new key, and a secret no replica can open
+//! fails its session clearly instead of crashing the server.
 
 use std::time::Duration;
 
@@ -9,9 +10,10 @@ use reqwest::StatusCode;
 use serde_json::{Value, json};
 use sqlx::PgPool;
 
-use crate::common::TestApp;
-use crate::common::config_with;
+use warden::Application;
+
 use crate::common::fake_llm::{FakeLlm, text, tool_calls};
+use crate::common::{TEST_SECRET_KEY, TestApp, config_with, store_on, test_config};
 
 const OWN_KEY: &str = "sk-own-session-key-4b3a2918";
 
@@ -163,14 +165,20 @@ async fn plaintext_keys_of_earlier_versions_are_sealed_at_start() {
     );
 }
 
-#[tokio::test]
-async fn a_wrong_secret_key_fails_the_session_naming_the_secret() {
-    let db = crate::common::TestDb::new().await;
-    let pool = db.pool.clone();
-    let fake = FakeLlm::start().await;
+/// The id of a key given as hex (what logs and errors name).
+fn key_id(hex: &str) -> String {
+    warden::secrets::SecretKey::parse(hex)
+        .expect("a test key")
+        .id()
+        .to_string()
+}
+
+/// Starts a session whose first model call hangs, waits for that call, and
+/// kills the instance: the session is left running, its key sealed.
+async fn orphan_llm_session(pool: &PgPool, fake: &FakeLlm) -> String {
     fake.agent(text("slow", 10).delayed(5_000));
     let mut first = TestApp::spawn(pool.clone()).await;
-    let doc = first.create(llm_session(&fake, OWN_KEY, 10)).await;
+    let doc = first.create(llm_session(fake, OWN_KEY, 10)).await;
     let id = doc["id"].as_str().unwrap().to_string();
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     while fake.authorizations().is_empty() {
@@ -181,12 +189,174 @@ async fn a_wrong_secret_key_fails_the_session_naming_the_secret() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     first.crash();
-    let other_key = "ff".repeat(32);
-    let second = TestApp::spawn_with(
-        pool.clone(),
-        config_with(&[("WARDEN_SECRET_KEY", other_key.as_str())]),
+    id
+}
+
+async fn sealed_key_id(pool: &PgPool, id: &str) -> String {
+    sqlx::query_scalar("SELECT key_id FROM session_secrets WHERE session_id = $1::uuid")
+        .bind(id)
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+async fn registered_key_id(pool: &PgPool) -> Option<String> {
+    sqlx::query_scalar("SELECT key_id FROM secret_key")
+        .fetch_optional(pool)
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_replica_with_another_secret_key_refuses_to_start_and_a_rotation_moves_the_fleet() {
+    let db = crate::common::TestDb::new().await;
+    let pool = db.pool.clone();
+    let fake = FakeLlm::start().await;
+    let id = orphan_llm_session(&pool, &fake).await;
+    let (old, new) = (key_id(TEST_SECRET_KEY), "ab".repeat(32));
+    assert_eq!(
+        registered_key_id(&pool).await.as_deref(),
+        Some(old.as_str())
+    );
+
+    // Another key alone: the replica does not start (it would fail every
+    // session it claims), and says which keys and what to do.
+    let refused = Application::build_with_store(
+        config_with(&[("WARDEN_SECRET_KEY", new.as_str())]),
+        store_on(pool.clone()),
     )
     .await;
+    let err = match refused {
+        Ok(_) => panic!("a replica with another key started"),
+        Err(err) => err.to_string(),
+    };
+    assert!(
+        err.contains(&old)
+            && err.contains(&key_id(&new))
+            && err.contains("WARDEN_SECRET_KEY_PREVIOUS"),
+        "{err}"
+    );
+    assert!(!err.contains(&new), "the key itself is never shown: {err}");
+    let status: String = sqlx::query_scalar("SELECT status FROM sessions WHERE id = $1::uuid")
+        .bind(&id)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(status, "running", "the refused replica touched no session");
+
+    // The new key with the old one as previous: a rotation. The secret is
+    // sealed again under the new key and the session runs on with its key.
+    fake.agent(text("done\n<<WARDEN_GOAL_DONE: ok>>", 10));
+    let second = TestApp::spawn_with(
+        pool.clone(),
+        config_with(&[
+            ("WARDEN_SECRET_KEY", new.as_str()),
+            ("WARDEN_SECRET_KEY_PREVIOUS", TEST_SECRET_KEY),
+        ]),
+    )
+    .await;
+    assert_eq!(sealed_key_id(&pool, &id).await, key_id(&new));
+    assert_eq!(registered_key_id(&pool).await, Some(key_id(&new)));
+    let s = second.wait_settled(&id).await;
+    assert_eq!(s["status"], "completed", "{s}");
+    assert_eq!(
+        fake.authorizations().last().cloned().flatten().as_deref(),
+        Some(format!("Bearer {OWN_KEY}").as_str())
+    );
+    assert_eq!(rows_containing(&pool, "session_secrets", OWN_KEY).await, 0);
+
+    // After the rotation the old key alone is the foreign one.
+    let stale = Application::build_with_store(test_config(), store_on(pool.clone())).await;
+    assert!(stale.is_err(), "a replica left on the old key started");
+}
+
+#[tokio::test]
+async fn a_replica_whose_key_was_rotated_away_hands_sessions_over_instead_of_failing_them() {
+    let db = crate::common::TestDb::new().await;
+    let pool = db.pool.clone();
+    let fake = FakeLlm::start().await;
+    let new = "cd".repeat(32);
+    // A keeps running on the old key, with room and attempts to spare.
+    let mut stale = TestApp::spawn_with(
+        pool.clone(),
+        config_with(&[("WARDEN_MAX_ATTEMPTS", "1000")]),
+    )
+    .await;
+    // B rotates the fleet to the new key; one long session fills it.
+    let mut fresh = TestApp::spawn_with(
+        pool.clone(),
+        config_with(&[
+            ("WARDEN_SECRET_KEY", new.as_str()),
+            ("WARDEN_SECRET_KEY_PREVIOUS", TEST_SECRET_KEY),
+            ("WARDEN_MAX_RUNNING", "1"),
+        ]),
+    )
+    .await;
+    let blocker = fresh
+        .create(json!({
+            "goal": "Create README.md with a project description",
+            "limits": { "max_iterations": 1 },
+            "executor": { "kind": "scripted",
+                          "steps": [{ "action": "wait", "output": "x", "delay_ms": 60_000 }] }
+        }))
+        .await;
+    let blocker = blocker["id"].as_str().unwrap().to_string();
+    fresh
+        .wait_until(&blocker, Duration::from_secs(5), |s| {
+            s["status"] == "running"
+        })
+        .await;
+    // Created on B (sealed under the new key) but queued there: A claims it.
+    fake.agent(text("done\n<<WARDEN_GOAL_DONE: ok>>", 10));
+    let doc = fresh.create(llm_session(&fake, OWN_KEY, 3)).await;
+    let id = doc["id"].as_str().unwrap().to_string();
+    assert_eq!(sealed_key_id(&pool, &id).await, key_id(&new));
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let last_error = loop {
+        let (status, error): (String, Option<String>) =
+            sqlx::query_as("SELECT status, last_error FROM sessions WHERE id = $1::uuid")
+                .bind(&id)
+                .fetch_one(&pool)
+                .await
+                .unwrap();
+        assert_ne!(status, "failed", "the stale replica failed the session");
+        if let Some(error) = error {
+            break error;
+        }
+        assert!(std::time::Instant::now() < deadline, "A never claimed it");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(last_error.contains(&key_id(&new)), "{last_error}");
+    assert!(fake.authorizations().is_empty(), "no call without the key");
+    // A goes away and B gets room: B takes the session over and runs it
+    // with its own key.
+    stale.crash();
+    let (status, body) = fresh
+        .post(&format!("/api/autonomous/{blocker}/stop"), None)
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let s = fresh.wait_settled(&id).await;
+    assert_eq!(s["status"], "completed", "{s}");
+    assert_eq!(
+        fake.authorizations().last().cloned().flatten().as_deref(),
+        Some(format!("Bearer {OWN_KEY}").as_str())
+    );
+    fresh.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_secret_under_a_key_no_replica_has_fails_the_session_naming_the_secret() {
+    let db = crate::common::TestDb::new().await;
+    let pool = db.pool.clone();
+    let fake = FakeLlm::start().await;
+    let id = orphan_llm_session(&pool, &fake).await;
+    // As if sealed by a key long gone (a database restored beside a lost key).
+    sqlx::query("UPDATE session_secrets SET key_id = 'k0123456789ab' WHERE session_id = $1::uuid")
+        .bind(&id)
+        .execute(&pool)
+        .await
+        .unwrap();
+    let second = TestApp::spawn(pool.clone()).await;
     let s = second
         .wait_until(&id, Duration::from_secs(10), |s| s["status"] == "failed")
         .await;
@@ -195,7 +365,7 @@ async fn a_wrong_secret_key_fails_the_session_naming_the_secret() {
         s["summary"].as_str().unwrap_or("").contains("api_key"),
         "{s}"
     );
-    // The server goes on serving; a resume under the wrong key says why it cannot run.
+    // The server goes on serving; a resume says why it cannot run.
     let (status, _) = second.get("/api/autonomous").await;
     assert_eq!(status, StatusCode::OK);
     let (status, body) = second

@@ -325,8 +325,13 @@ async fn a_stop_racing_a_pause_ends_interrupted() {
             tokio::time::sleep(Duration::from_millis(round * 6)).await;
             app.post(&format!("/api/autonomous/{id}/stop"), None).await
         };
-        let ((p, _), (st, doc)) = tokio::join!(pause, stop);
-        assert_eq!(p, StatusCode::OK);
+        let ((p, paused), (st, doc)) = tokio::join!(pause, stop);
+        // Sent together, the stop may land first: then the pause finds the
+        // session ended and says so (409); it never undoes the stop.
+        assert!(
+            p == StatusCode::OK || p == StatusCode::CONFLICT,
+            "round {round}: pause answered {p}: {paused}"
+        );
         assert_eq!(st, StatusCode::OK, "{doc}");
         let s = app
             .wait_until(&id, Duration::from_secs(10), |s| s["status"] != "running")

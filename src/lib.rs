@@ -425,13 +425,6 @@ give every replica the same key, or, to rotate, start with the new key and the o
             "secrets sealed by previous keys moved to the current key"
         );
     }
-    let foreign = store.secrets_not_under(&ring.ids()).await?;
-    if foreign > 0 {
-        tracing::warn!(
-            secrets = foreign,
-            "secrets sealed under keys this replica does not have: their sessions end secret_unreadable when they run"
-        );
-    }
     let moved = session::seal_plaintext_keys(store, &key)
         .await
         .map_err(|e| AppError::Secrets(format!("cannot seal stored plaintext keys: {e}")))?;

@@ -169,16 +169,6 @@ impl Store {
         Ok(done.rows_affected() == 1)
     }
 
-    /// How many secrets are sealed under keys outside `key_ids`.
-    pub async fn secrets_not_under(&self, key_ids: &[String]) -> Result<i64> {
-        Ok(sqlx::query_scalar!(
-            r#"SELECT count(*) AS "n!" FROM session_secrets WHERE key_id <> ALL($1)"#,
-            key_ids
-        )
-        .fetch_one(&self.pool)
-        .await?)
-    }
-
     /// The sealed secret `name` of session `id`, if it has one.
     pub async fn session_secret(&self, id: Uuid, name: &str) -> Result<Option<Sealed>> {
         let row = sqlx::query!(

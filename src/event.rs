@@ -8,6 +8,7 @@
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use serde_json::value::RawValue;
 use utoipa::ToSchema;
 use uuid::Uuid;
 
@@ -439,21 +440,31 @@ impl SessionEvent {
         }
     }
 
-    /// Splits the event into its stored kind and payload; fails only when a
-    /// payload cannot be represented as JSON (never stored as `null`).
-    pub fn to_parts(&self) -> Result<(&'static str, Value), serde_json::Error> {
-        let kind = self.kind();
-        match serde_json::to_value(self)? {
-            Value::Object(mut tagged) => {
-                let data = tagged
-                    .remove("data")
-                    .unwrap_or_else(|| Value::Object(Default::default()));
-                Ok((kind, data))
-            }
-            other => Err(serde::ser::Error::custom(format!(
-                "event {kind} serialized to {other}, not an object"
-            ))),
+    /// Splits the event into its stored kind and its payload as JSON text;
+    /// fails only when a payload cannot be represented as JSON (never
+    /// stored as `null`). Serialized once, as text, and the payload cut out
+    /// of it: the tagged form is `{"kind":"…","data":…}` as serde_json
+    /// writes it, and only if it is not (a variant without data) is the
+    /// text parsed to find the payload.
+    pub fn to_parts(&self) -> Result<(&'static str, String), serde_json::Error> {
+        /// The tagged form with its payload left as written.
+        #[derive(Deserialize)]
+        struct Tagged<'a> {
+            #[serde(borrow)]
+            data: Option<&'a RawValue>,
         }
+        let kind = self.kind();
+        let tagged_text = serde_json::to_string(self)?;
+        let prefix = format!("{{\"kind\":\"{kind}\",\"data\":");
+        if let Some(data) = tagged_text
+            .strip_prefix(&prefix)
+            .and_then(|rest| rest.strip_suffix('}'))
+        {
+            return Ok((kind, data.to_owned()));
+        }
+        let tagged: Tagged<'_> = serde_json::from_str(&tagged_text)?;
+        let data = tagged.data.map_or("{}", RawValue::get);
+        Ok((kind, data.to_owned()))
     }
 
     /// Reads a stored event back from its kind and payload.
@@ -633,6 +644,7 @@ mod tests {
     fn payloads_keep_the_stored_format_and_read_back() {
         for (event, data) in samples() {
             let (kind, got) = event.to_parts().unwrap();
+            let got: Value = serde_json::from_str(&got).unwrap();
             assert_eq!(got, data, "payload of {kind}");
             let back = SessionEvent::from_parts(kind, &data).unwrap();
             assert_eq!(back, event, "read back {kind}");

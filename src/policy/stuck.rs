@@ -2,6 +2,8 @@
 //! agent going round in circles. It sits beside reflection because it needs no
 //! model, costs nothing per step, and cannot be talked out of what it sees.
 
+use std::borrow::Borrow;
+
 use serde::{Deserialize, Serialize};
 
 use super::history::{Outcome, StepRecord};
@@ -169,15 +171,19 @@ pub fn executor_failed(step: &StepRecord) -> bool {
 /// message rule only counts steps that took no action: different actions that
 /// happen to print the same text are progress, not a monologue. Executor
 /// failures are left out like waiting steps.
-pub fn detect(
+///
+/// `history` may hold the records or references to them: the loop judges
+/// its window plus the newest step without copying the window.
+pub fn detect<S: Borrow<StepRecord>>(
     config: &StuckConfig,
-    history: &[StepRecord],
+    history: &[S],
     total_wait_ms: u64,
 ) -> Option<StuckPattern> {
-    let newest = history.last()?;
+    let newest = history.last()?.borrow();
     if !newest.waiting && !executor_failed(newest) {
         let active: Vec<&StepRecord> = history
             .iter()
+            .map(Borrow::borrow)
             .filter(|s| !s.waiting && !executor_failed(s))
             .collect();
         if let Some(pattern) = repeated_error(config, &active)
@@ -271,12 +277,18 @@ fn key(step: &StepRecord) -> (&str, &serde_json::Value, &str) {
     (&step.action, &step.arguments, &step.observation)
 }
 
-fn context_overflow(config: &StuckConfig, history: &[StepRecord]) -> Option<StuckPattern> {
-    if !history.last()?.context_overflow {
+fn context_overflow<S: Borrow<StepRecord>>(
+    config: &StuckConfig,
+    history: &[S],
+) -> Option<StuckPattern> {
+    if !history.last()?.borrow().context_overflow {
         return None;
     }
     let window = &history[history.len().saturating_sub(config.overflow_window)..];
-    let count = window.iter().filter(|s| s.context_overflow).count();
+    let count = window
+        .iter()
+        .filter(|s| Borrow::<StepRecord>::borrow(*s).context_overflow)
+        .count();
     (count >= config.overflow_repeats.max(1)).then_some(StuckPattern::ContextOverflow { count })
 }
 
@@ -400,7 +412,7 @@ mod tests {
     #[test]
     fn empty_and_short_histories_are_not_stuck() {
         assert_eq!(detect_default(&[]), None);
-        assert_eq!(detect(&cfg(), &[], u64::MAX), None);
+        assert_eq!(detect::<StepRecord>(&cfg(), &[], u64::MAX), None);
         assert_eq!(detect_default(&[step(1, "a")]), None);
         assert_eq!(detect_default(&[failing(1, "a")]), None);
         assert_eq!(detect_default(&[failing(1, "a"), failing(2, "a")]), None);

@@ -4,7 +4,7 @@
 use uuid::Uuid;
 
 use crate::event::SessionEvent;
-use crate::store::{EventRecord, NewEvent, StoreError};
+use crate::store::{EventRecord, JsonText, NewEvent, StoreError};
 
 /// A value that could not be encoded for storage, as a storage error: the
 /// write it belonged to fails instead of storing `null`.
@@ -20,6 +20,14 @@ pub fn to_stored<T: serde::Serialize + ?Sized>(
     value: &T,
 ) -> Result<serde_json::Value, StoreError> {
     serde_json::to_value(value).map_err(|e| encode_error(what, e))
+}
+
+/// Serializes `value` for storage as JSON text, with no `Value` on the way.
+pub fn to_stored_text<T: serde::Serialize + ?Sized>(
+    what: &str,
+    value: &T,
+) -> Result<JsonText, StoreError> {
+    JsonText::of(value).map_err(|e| encode_error(what, e))
 }
 
 /// Encodes events for the store.

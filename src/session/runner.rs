@@ -10,7 +10,7 @@ use chrono::{DateTime, Utc};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use super::events::{self, to_stored};
+use super::events::{self, to_stored, to_stored_text};
 use super::lease_clock::LeaseClock;
 use super::live::{CommittedStep, LiveView};
 use super::loop_store::{LoopStore, ReflectionCommit};
@@ -596,10 +596,10 @@ impl<S: LoopStore> Runner<S> {
             // Saturates: an agent may report u64::MAX tokens.
             tokens: i64::try_from(record.tokens).unwrap_or(i64::MAX),
             duration_ms: record.duration_ms as i64,
-            record: to_stored("iteration record", &record)?,
-            effects: to_stored("iteration effects", &effects)?,
+            record: to_stored_text("iteration record", &record)?,
+            effects: to_stored_text("iteration effects", &effects)?,
             transcript: transcript
-                .map(|t| to_stored("transcript", &t))
+                .map(|t| to_stored_text("transcript", &t))
                 .transpose()?,
             cycle: i32::try_from(self.state.cycle).unwrap_or(i32::MAX),
             next_cycle: cycle_change
@@ -621,9 +621,13 @@ impl<S: LoopStore> Runner<S> {
             after.apply(self.state.run, &record, &effects);
             if after.pending_end.is_none() {
                 after.last_checkpoint_step = usage.iterations;
-                let mut snapshot = after.clone();
-                snapshot.usage.elapsed_ms = self.elapsed_ms();
-                iteration.checkpoint = Some(to_stored("checkpoint state", &snapshot)?);
+                // The snapshot differs from `after` only in its clock: set
+                // it for the serialization instead of copying the state.
+                let step_elapsed_ms = after.usage.elapsed_ms;
+                after.usage.elapsed_ms = self.elapsed_ms();
+                let snapshot = to_stored_text("checkpoint state", &after);
+                after.usage.elapsed_ms = step_elapsed_ms;
+                iteration.checkpoint = Some(snapshot?);
                 events.push(SessionEvent::CheckpointSaved {
                     iteration: usage.iterations as i64,
                     reason: "interval".into(),
@@ -1205,7 +1209,7 @@ mod tests {
     fn last_status(store: &FakeStore) -> SessionEvent {
         let written = store.written();
         let last = written.events.last().expect("the run logged its end");
-        SessionEvent::from_parts(last.kind, &last.data).unwrap()
+        SessionEvent::from_parts(last.kind, &last.data.to_value().unwrap()).unwrap()
     }
 
     #[tokio::test]
@@ -1268,7 +1272,8 @@ mod tests {
         let written = store.written();
         let first = &written.commits[0];
         assert_eq!((first.number, first.action.as_str()), (1, "action_1"));
-        assert!(first.record.is_object() && first.effects.is_object());
+        assert!(first.record.to_value().unwrap().is_object());
+        assert!(first.effects.to_value().unwrap().is_object());
     }
 
     #[tokio::test]

@@ -137,8 +137,9 @@ pub fn assess(
     percent_complete: Option<f64>,
 ) -> StepEffects {
     let rework = history::rework(&state.history, record);
-    let mut window: Vec<StepRecord> = state.history.clone();
-    window.push(record.clone());
+    // References, not copies: the window is judged, never kept.
+    let mut window: Vec<&StepRecord> = state.history.iter().collect();
+    window.push(record);
     let total_wait = state.total_wait_ms
         + if record.waiting {
             record.duration_ms

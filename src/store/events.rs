@@ -5,7 +5,7 @@ use uuid::Uuid;
 
 use crate::event::SessionEvent;
 
-use super::rows::{EventRecord, NewEvent};
+use super::rows::{EventRecord, JsonText, NewEvent};
 use super::{Result, Store, StoreError};
 
 /// Inserts `events` numbered after `last_seq`, which the caller has already
@@ -23,14 +23,14 @@ pub(super) async fn insert_numbered(
     let seqs: Vec<i64> = (first..=last_seq).collect();
     let kinds: Vec<&str> = events.iter().map(|e| e.kind).collect();
     // Text into the `json` column: validated, not parsed into `jsonb`.
-    let data: Vec<String> = events.iter().map(|e| e.data.to_string()).collect();
+    let data: Vec<&str> = events.iter().map(|e| e.data.as_str()).collect();
     sqlx::query!(
         "INSERT INTO events (session_id, seq, kind, data)
          SELECT $1, s, k, d::json FROM UNNEST($2::bigint[], $3::text[], $4::text[]) AS t(s, k, d)",
         session_id,
         &seqs,
         &kinds as &[&str],
-        &data,
+        &data as &[&str],
     )
     .execute(conn)
     .await?;
@@ -112,6 +112,9 @@ impl NewEvent {
                 format!("cannot encode event {}: {e}", event.kind()).into(),
             ))
         })?;
-        Ok(NewEvent::new(kind, data))
+        Ok(NewEvent {
+            kind,
+            data: JsonText::from_serialized(data),
+        })
     }
 }

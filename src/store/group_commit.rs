@@ -12,13 +12,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use chrono::{DateTime, Utc};
-use serde_json::Value;
 use sqlx::PgPool;
 use sqlx::types::Json;
 use tokio::sync::{Semaphore, mpsc, oneshot};
 use uuid::Uuid;
 
-use super::rows::{ControlFlags, ControlRow, Counters, Lease, NewEvent, NewIteration};
+use super::rows::{ControlFlags, ControlRow, Counters, JsonText, Lease, NewEvent, NewIteration};
 use super::{Result, StoreError};
 use crate::policy::guardrails::Limits;
 use crate::policy::lifecycle::{Mode, Status};
@@ -170,15 +169,15 @@ fn distinct_sessions(group: &[(PendingCommit, Reply)]) -> bool {
 /// statement's arrays made one session about a third slower (warden-bench).
 pub(super) async fn commit_one(pool: &PgPool, p: &PendingCommit) -> Result<ControlFlags> {
     let kinds: Vec<&str> = p.events.iter().map(|e| e.kind).collect();
-    let data: Vec<String> = p.events.iter().map(|e| e.data.to_string()).collect();
+    let data: Vec<&str> = p.events.iter().map(|e| e.data.as_str()).collect();
     let (next_cycle, memory) = match &p.iteration.next_cycle {
         Some((cycle, memory)) => (Some(*cycle), Some(memory.as_str())),
         None => (None, None),
     };
     let it = &p.iteration;
-    let json = JsonColumns::of(it);
     // An interval checkpoint rides in the same statement: one WAL flush.
-    // JSON goes in as text into `json` columns (see `JsonColumns`).
+    // JSON goes in as text into `json` columns: validated and stored as
+    // sent, never parsed into `jsonb` (migrations/0008_lighter_commits.sql).
     let flags = sqlx::query_as!(
         ControlRow,
         r#"WITH s AS (
@@ -210,7 +209,7 @@ pub(super) async fn commit_one(pool: &PgPool, p: &PendingCommit) -> Result<Contr
         p.lease.session_id,
         p.lease.token,
         &kinds as &[&str],
-        &data as &[String],
+        &data as &[&str],
         p.counters.iterations,
         p.counters.tokens_used,
         p.counters.tool_calls,
@@ -227,42 +226,19 @@ pub(super) async fn commit_one(pool: &PgPool, p: &PendingCommit) -> Result<Contr
         it.outcome,
         it.tokens,
         it.duration_ms,
-        &json.record,
-        &json.effects,
+        it.record.as_str(),
+        it.effects.as_str(),
         it.started_at,
         it.finished_at,
-        json.transcript.as_deref(),
+        it.transcript.as_ref().map(JsonText::as_str),
         it.cycle,
         Status::Running as Status,
-        json.checkpoint.as_deref(),
+        it.checkpoint.as_ref().map(JsonText::as_str),
     )
     .fetch_optional(pool)
     .await?
     .ok_or(StoreError::LeaseLost(p.lease.session_id))?;
     Ok(flags.into())
-}
-
-/// An iteration's JSON as text. The log's JSON columns are `json`, not
-/// `jsonb`: the binary form was parsed and built for every row written
-/// (the largest item of a commit's CPU in Postgres) and is read only to be
-/// sent on, so they take the text the loop serialized, validated and stored
-/// as it is.
-struct JsonColumns {
-    record: String,
-    effects: String,
-    transcript: Option<String>,
-    checkpoint: Option<String>,
-}
-
-impl JsonColumns {
-    fn of(it: &NewIteration) -> JsonColumns {
-        JsonColumns {
-            record: it.record.to_string(),
-            effects: it.effects.to_string(),
-            transcript: it.transcript.as_ref().map(Value::to_string),
-            checkpoint: it.checkpoint.as_ref().map(Value::to_string),
-        }
-    }
 }
 
 /// The columns of a group, one array per column (Postgres `UNNEST` input).
@@ -287,18 +263,18 @@ struct Columns<'a> {
     outcome: Vec<&'a str>,
     tokens: Vec<i64>,
     duration_ms: Vec<i64>,
-    record: Vec<String>,
-    effects: Vec<String>,
+    record: Vec<&'a str>,
+    effects: Vec<&'a str>,
     started_at: Vec<DateTime<Utc>>,
     finished_at: Vec<DateTime<Utc>>,
-    transcript: Vec<Option<String>>,
+    transcript: Vec<Option<&'a str>>,
     cycle: Vec<i32>,
-    checkpoint: Vec<Option<String>>,
+    checkpoint: Vec<Option<&'a str>>,
     // Events, flattened: the session each belongs to and its place among them.
     event_session: Vec<Uuid>,
     event_ord: Vec<i32>,
     event_kind: Vec<&'a str>,
-    event_data: Vec<String>,
+    event_data: Vec<&'a str>,
 }
 
 impl<'a> Columns<'a> {
@@ -327,19 +303,20 @@ impl<'a> Columns<'a> {
             c.outcome.push(it.outcome);
             c.tokens.push(it.tokens);
             c.duration_ms.push(it.duration_ms);
-            let json = JsonColumns::of(it);
-            c.record.push(json.record);
-            c.effects.push(json.effects);
+            c.record.push(it.record.as_str());
+            c.effects.push(it.effects.as_str());
             c.started_at.push(it.started_at);
             c.finished_at.push(it.finished_at);
-            c.transcript.push(json.transcript);
+            c.transcript
+                .push(it.transcript.as_ref().map(JsonText::as_str));
             c.cycle.push(it.cycle);
-            c.checkpoint.push(json.checkpoint);
+            c.checkpoint
+                .push(it.checkpoint.as_ref().map(JsonText::as_str));
             for (ord, e) in p.events.iter().enumerate() {
                 c.event_session.push(p.lease.session_id);
                 c.event_ord.push(i32::try_from(ord + 1).unwrap_or(i32::MAX));
                 c.event_kind.push(e.kind);
-                c.event_data.push(e.data.to_string());
+                c.event_data.push(e.data.as_str());
             }
         }
         c
@@ -431,18 +408,18 @@ async fn commit_many(
 &c.outcome as &[&str],
 &c.tokens as &[i64],
 &c.duration_ms as &[i64],
-&c.record as &[String],
-&c.effects as &[String],
+&c.record as &[&str],
+&c.effects as &[&str],
 &c.started_at as &[DateTime<Utc>],
 &c.finished_at as &[DateTime<Utc>],
-&c.transcript as &[Option<String>],
+&c.transcript as &[Option<&str>],
 &c.cycle as &[i32],
 &c.event_session as &[Uuid],
 &c.event_ord as &[i32],
 &c.event_kind as &[&str],
-&c.event_data as &[String],
+&c.event_data as &[&str],
 Status::Running as Status,
-&c.checkpoint as &[Option<String>],
+&c.checkpoint as &[Option<&str>],
 )
     .fetch_all(pool)
     .await?;
@@ -509,8 +486,8 @@ mod tests {
                 outcome: "success",
                 tokens: 7,
                 duration_ms: 3,
-                record: json!({ "action": "act" }),
-                effects: json!({}),
+                record: JsonText::from(&json!({ "action": "act" })),
+                effects: JsonText::from(&json!({})),
                 transcript: None,
                 cycle: 0,
                 next_cycle,
@@ -553,7 +530,8 @@ mod tests {
             ..running_session(&pool, Mode::Fixed).await
         };
         let mut with_checkpoint = pending(a, 2, None);
-        with_checkpoint.iteration.checkpoint = Some(json!({ "state": "after step 1" }));
+        with_checkpoint.iteration.checkpoint =
+            Some(JsonText::from(&json!({ "state": "after step 1" })));
         let group = [
             with_checkpoint,
             pending(b, 1, Some((1, "memory".into()))),
@@ -607,7 +585,7 @@ mod tests {
         let pool = db.pool.clone();
         let held = running_session(&pool, Mode::Continuous).await;
         let mut with_checkpoint = pending(held, 2, None);
-        with_checkpoint.iteration.checkpoint = Some(json!({ "state": 1 }));
+        with_checkpoint.iteration.checkpoint = Some(JsonText::from(&json!({ "state": 1 })));
         let flags = commit_one(&pool, &with_checkpoint).await.unwrap();
         assert_eq!(flags.settings.mode, Mode::Continuous);
         assert_eq!(flags.last_event_seq, 2);

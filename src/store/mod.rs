@@ -47,7 +47,7 @@ pub use queue::queue_waiting;
 pub use resilience::{is_unavailable, lease_lapsed_on, rebuild_inputs_on, storable_text};
 pub use rows::{
     Attempt, CheckpointRecord, Claimed, ControlFlags, Counters, EventRecord, IterationRecord,
-    Lease, NewEvent, NewIteration, NewReflection, NewSession, Outcomes, RebuildInputs,
+    JsonText, Lease, NewEvent, NewIteration, NewReflection, NewSession, Outcomes, RebuildInputs,
     RefinementRecord, ReflectionRecord, Renewed, SessionCursor, SessionRecord, SessionSettings,
     TASK_STATUSES, Task, TaskWrite,
 };

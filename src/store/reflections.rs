@@ -35,6 +35,12 @@ impl Store {
             next_interval: reflection.next_interval,
             tokens: reflection.tokens,
         })?;
+        // The session row keeps it as `jsonb` (a rare write, read by the API).
+        let last_reflection = summary.data.to_value().map_err(|e| {
+            StoreError::Database(sqlx::Error::Encode(
+                format!("cannot encode reflection summary: {e}").into(),
+            ))
+        })?;
         let last: Option<i64> = sqlx::query_scalar!(
             "UPDATE sessions SET last_event_seq = last_event_seq + 1, last_reflection = $3,
                     tokens_used = $4, reflection_tokens = $5, agent_tokens = $4::bigint - $5::bigint,
@@ -45,7 +51,7 @@ impl Store {
              RETURNING last_event_seq",
             lease.session_id,
             lease.token,
-            &summary.data,
+            &last_reflection,
             counters.tokens_used,
             counters.reflection_tokens,
             percent_complete,

@@ -12,7 +12,9 @@ use serde_json::json;
 use sqlx::{PgPool, Row};
 use uuid::Uuid;
 use warden::policy::lifecycle::Mode;
-use warden::store::{Counters, Lease, NewEvent, NewIteration, NewSession, Store, StoreError};
+use warden::store::{
+    Counters, JsonText, Lease, NewEvent, NewIteration, NewSession, Store, StoreError,
+};
 
 const LEASE_TTL: Duration = Duration::from_secs(60);
 
@@ -48,8 +50,8 @@ fn iteration(number: i64) -> NewIteration {
         outcome: "success",
         tokens: 10,
         duration_ms: 0,
-        record: json!({"number": number}),
-        effects: json!({}),
+        record: JsonText::from(&json!({"number": number})),
+        effects: JsonText::from(&json!({})),
         transcript: None,
         cycle: 1,
         next_cycle: None,

@@ -32,6 +32,15 @@ const MAX_GROUP: usize = 128;
 /// (1.34-1.39x), and 1,000 sessions are unchanged. Not fewer: the idle
 /// committer holds one slot, and a lone iteration commits in the other.
 const IN_FLIGHT: usize = 2;
+/// Fewest members a group needs to start while another is in flight; a
+/// smaller one waits for that one to end, and whatever arrives meanwhile
+/// joins it. Started at once, such groups formed right behind a large one
+/// (32 sessions flat out: 9.3 members on average, most under 8), each
+/// paying a statement's fixed cost for a few rows. Measured at 32 sessions
+/// (warden-bench): 8 made 1.48x raw, 16 1.79x, 32 1.64x, never starting
+/// beside (128) 1.55x; with 16, 1,000 sessions went from 2.2x to 2.6x and
+/// one session (which commits alone) is unchanged.
+const MIN_BESIDE: usize = 16;
 
 /// One iteration waiting to be committed.
 #[derive(Debug)]
@@ -110,10 +119,23 @@ async fn run(shared: Arc<Shared>, mut rx: mpsc::UnboundedReceiver<(PendingCommit
             return;
         };
         let mut group = vec![first];
-        while group.len() < MAX_GROUP {
-            match rx.try_recv() {
-                Ok(next) => group.push(next),
-                Err(_) => break,
+        drain(&mut rx, &mut group);
+        // Another group in flight and only a few waiting: let more join
+        // until it ends, rather than start a small group beside it.
+        while group.len() < MIN_BESIDE && shared.in_flight.available_permits() < IN_FLIGHT - 1 {
+            tokio::select! {
+                biased;
+                other = shared.in_flight.acquire() => {
+                    drop(other);
+                    break;
+                }
+                next = rx.recv() => match next {
+                    Some(next) => {
+                        group.push(next);
+                        drain(&mut rx, &mut group);
+                    }
+                    None => break,
+                },
             }
         }
         shared.queued.fetch_sub(group.len(), Ordering::AcqRel);
@@ -122,6 +144,19 @@ async fn run(shared: Arc<Shared>, mut rx: mpsc::UnboundedReceiver<(PendingCommit
             commit_group(&pool, group).await;
             drop(slot);
         });
+    }
+}
+
+/// Moves whatever is waiting into `group`, up to [`MAX_GROUP`].
+fn drain(
+    rx: &mut mpsc::UnboundedReceiver<(PendingCommit, Reply)>,
+    group: &mut Vec<(PendingCommit, Reply)>,
+) {
+    while group.len() < MAX_GROUP {
+        match rx.try_recv() {
+            Ok(next) => group.push(next),
+            Err(_) => break,
+        }
     }
 }
 
@@ -440,6 +475,8 @@ Status::Running as Status,
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use serde_json::json;
 
     use super::*;
@@ -609,5 +646,68 @@ mod tests {
         let refused = commit_one(&pool, &pending(lost, 1, None)).await;
         assert!(matches!(refused, Err(StoreError::LeaseLost(id)) if id == lost.session_id));
         assert!(event_seqs(&pool, lost.session_id).await.is_empty());
+    }
+
+    /// A small group waits for the one in flight instead of starting beside
+    /// it, and commits as soon as that one ends; a group of `MIN_BESIDE`
+    /// starts beside it at once.
+    #[tokio::test]
+    async fn a_small_group_waits_for_the_one_in_flight_and_a_large_one_does_not() {
+        let db = crate::store::testing::TestDb::new().await;
+        let pool = db.pool.clone();
+        let committer = GroupCommit::start(pool.clone());
+        // The idle committer takes its slot; the test then holds the other,
+        // standing for a group in flight.
+        while committer.shared.in_flight.available_permits() == IN_FLIGHT {
+            tokio::task::yield_now().await;
+        }
+        let in_flight = committer
+            .shared
+            .in_flight
+            .clone()
+            .try_acquire_owned()
+            .unwrap();
+
+        let lone = running_session(&pool, Mode::Fixed).await;
+        let waiting = tokio::spawn({
+            let committer = committer.clone();
+            async move { committer.commit(pending(lone, 1, None)).await }
+        });
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(
+            !waiting.is_finished(),
+            "a group of one started beside another"
+        );
+        assert!(event_seqs(&pool, lone.session_id).await.is_empty());
+        drop(in_flight);
+        let flags = tokio::time::timeout(Duration::from_secs(10), waiting)
+            .await
+            .expect("the small group commits once the other ends")
+            .unwrap()
+            .unwrap();
+        assert_eq!(flags.last_event_seq, 1);
+
+        let in_flight = committer
+            .shared
+            .in_flight
+            .clone()
+            .acquire_owned()
+            .await
+            .unwrap();
+        let mut large = Vec::new();
+        for _ in 0..MIN_BESIDE {
+            let lease = running_session(&pool, Mode::Fixed).await;
+            let committer = committer.clone();
+            large.push(tokio::spawn(async move {
+                committer.commit(pending(lease, 1, None)).await
+            }));
+        }
+        for member in large {
+            let committed = tokio::time::timeout(Duration::from_secs(10), member)
+                .await
+                .expect("a group of MIN_BESIDE starts beside the one in flight");
+            assert_eq!(committed.unwrap().unwrap().last_event_seq, 1);
+        }
+        drop(in_flight);
     }
 }

@@ -455,9 +455,10 @@ impl SessionEvent {
         }
         let kind = self.kind();
         let tagged_text = serde_json::to_string(self)?;
-        let prefix = format!("{{\"kind\":\"{kind}\",\"data\":");
         if let Some(data) = tagged_text
-            .strip_prefix(&prefix)
+            .strip_prefix("{\"kind\":\"")
+            .and_then(|rest| rest.strip_prefix(kind))
+            .and_then(|rest| rest.strip_prefix("\",\"data\":"))
             .and_then(|rest| rest.strip_suffix('}'))
         {
             return Ok((kind, data.to_owned()));

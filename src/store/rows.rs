@@ -94,9 +94,9 @@ pub struct Claimed {
 
 /// JSON text serialized straight from a typed value, for the log's `json`
 /// columns: Postgres validates it and stores it as sent, never parsing it
-/// into `jsonb` (migrations/0008_lighter_commits.sql). Built
-/// without a `serde_json::Value` on the way: building that tree, printing it
-/// and freeing it was the largest share of the loop's CPU per iteration.
+/// into `jsonb` (migrations/0008_lighter_commits.sql). Built without a
+/// `serde_json::Value` on the way: building that tree, printing it and
+/// freeing it was the largest share of the loop's CPU per iteration.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct JsonText(String);
 

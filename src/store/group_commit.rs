@@ -178,10 +178,11 @@ fn drain(
 /// `Sync` and its answer); giving one back after each commit woke a
 /// Postgres backend and a loop thread once more per iteration (15 % of the
 /// loops' CPU in a profile of one session; both processes' CPU per
-/// iteration went from 0.63 to 0.55 ms without it). At most [`IN_FLIGHT`] statements run at
-/// once, so that many are kept (fewer on a small pool); a connection whose
-/// statement failed goes back to the pool, which tests it, and all go back
-/// when the pool closes (closing waits for every connection).
+/// iteration went from 0.63 to 0.55 ms without it). At most [`IN_FLIGHT`]
+/// statements run at once, so that many are kept (fewer on a small pool);
+/// a connection whose statement failed goes back to the pool, which tests
+/// it, and all go back when the pool closes (closing waits for every
+/// connection).
 #[derive(Debug)]
 struct KeptConnections {
     pool: PgPool,

@@ -16,7 +16,7 @@ use utoipa::ToSchema;
 use uuid::Uuid;
 
 pub use crate::config::Secret;
-use crate::store::{KeyRecord, NewKey, Store, StoreError};
+use crate::store::{KeyRecord, NewKey, Store, StoreError, TenantScope};
 
 /// Every key starts with this, so a leaked one is recognisable in a scan.
 pub const KEY_PREFIX: &str = "wdn_";
@@ -90,24 +90,24 @@ pub struct Principal {
     pub tenant: String,
     /// Who acted, for the event log: a key's public prefix, never its secret.
     pub actor: String,
-    /// The tenants this request may see: `None` for every tenant.
-    pub scope: Option<String>,
+    /// The sessions this request may reach: one tenant's, or every tenant's.
+    pub scope: TenantScope,
 }
 
 impl Principal {
     /// Everything allowed: auth is off.
-    pub fn unrestricted(scope: Option<String>) -> Principal {
+    pub fn unrestricted(tenant: Option<String>) -> Principal {
         Principal {
             role: Role::Admin,
-            tenant: scope.clone().unwrap_or_else(|| DEFAULT_TENANT.into()),
+            tenant: tenant.clone().unwrap_or_else(|| DEFAULT_TENANT.into()),
             actor: "auth-off".into(),
-            scope,
+            scope: tenant.map_or(TenantScope::Global, TenantScope::Tenant),
         }
     }
 
     /// The tenant a session created by this caller belongs to.
     pub fn create_tenant(&self) -> &str {
-        self.scope.as_deref().unwrap_or(&self.tenant)
+        self.scope.tenant().unwrap_or(&self.tenant)
     }
 }
 
@@ -193,15 +193,11 @@ struct Inner {
     any_keys: AtomicBool,
     keys: Mutex<HashMap<String, CachedKey>>,
     used: Mutex<HashMap<Uuid, Instant>>,
-    tenants: Mutex<HashMap<Uuid, String>>,
 }
 
-/// Checks keys and answers which tenant a session belongs to.
+/// Checks keys and says who the caller is.
 #[derive(Clone)]
 pub struct Authenticator(Arc<Inner>);
-
-/// Largest number of session tenants kept in memory (a session's tenant never changes).
-const TENANT_CACHE_MAX: usize = 100_000;
 
 impl Authenticator {
     /// An authenticator over `store`; `admin_token` and `metrics_token` come
@@ -221,7 +217,6 @@ impl Authenticator {
             any_keys: AtomicBool::new(any_keys),
             keys: Mutex::new(HashMap::new()),
             used: Mutex::new(HashMap::new()),
-            tenants: Mutex::new(HashMap::new()),
         })))
     }
 
@@ -256,7 +251,7 @@ impl Authenticator {
                 role: Role::Admin,
                 tenant: DEFAULT_TENANT.into(),
                 actor: "admin-token".into(),
-                scope: None,
+                scope: TenantScope::Global,
             }));
         }
         let Some(prefix) = key_prefix(token) else {
@@ -277,7 +272,11 @@ impl Authenticator {
             role,
             tenant: key.tenant.clone(),
             actor: key.prefix.clone(),
-            scope: (role != Role::Admin).then(|| key.tenant.clone()),
+            scope: if role == Role::Admin {
+                TenantScope::Global
+            } else {
+                TenantScope::tenant_only(&key.tenant)
+            },
         }))
     }
 
@@ -327,23 +326,6 @@ impl Authenticator {
                 }
             });
         }
-    }
-
-    /// The tenant of a session, `None` when there is no such session.
-    pub async fn session_tenant(&self, id: Uuid) -> Result<Option<String>, AuthError> {
-        if let Ok(tenants) = self.0.tenants.lock()
-            && let Some(t) = tenants.get(&id)
-        {
-            return Ok(Some(t.clone()));
-        }
-        let tenant = self.0.store.session_tenant(id).await?;
-        if let (Some(t), Ok(mut tenants)) = (&tenant, self.0.tenants.lock()) {
-            if tenants.len() >= TENANT_CACHE_MAX {
-                tenants.clear();
-            }
-            tenants.insert(id, t.clone());
-        }
-        Ok(tenant)
     }
 
     /// Creates a key; its secret is in the answer and nowhere else.

@@ -2,12 +2,14 @@
 //! unknown fields, bad ids and oversized bodies all answer the same way.
 
 use axum::body::Bytes;
-use axum::extract::{FromRequest, FromRequestParts, Request};
+use axum::extract::{FromRequest, FromRequestParts, RawPathParams, Request};
 use axum::http::header;
+use axum::http::request::Parts;
 use axum::http::{HeaderMap, StatusCode};
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 use utoipa::ToSchema;
+use uuid::Uuid;
 
 use super::error::ApiError;
 
@@ -15,6 +17,57 @@ use super::error::ApiError;
 #[derive(Debug, FromRequestParts)]
 #[from_request(via(axum::extract::Path), rejection(ApiError))]
 pub struct ApiPath<T>(pub T);
+
+/// The `{id}` of a session route. Only the canonical spelling is taken:
+/// 36 characters, hex digits (either case) in groups of 8-4-4-4-12 joined by
+/// `-`, written as such on the wire. Every other spelling (percent-encoded
+/// characters, braces, `urn:uuid:`, no dashes) answers the same 404 as a
+/// missing session, so one session has one address.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SessionId(pub Uuid);
+
+impl<S: Send + Sync> FromRequestParts<S> for SessionId {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        // axum hands path parameters over percent-decoded; the id must also
+        // stand in the request's path exactly as decoded (a canonical id has
+        // nothing to encode), or it was spelled with escapes.
+        let params = RawPathParams::from_request_parts(parts, state)
+            .await
+            .map_err(|_| session_not_found())?;
+        let decoded = params
+            .iter()
+            .find(|(name, _)| *name == "id")
+            .map(|(_, value)| value)
+            .ok_or_else(session_not_found)?;
+        let written_plainly = parts.uri.path().split('/').any(|s| s == decoded);
+        canonical_uuid(decoded)
+            .filter(|_| written_plainly)
+            .map(SessionId)
+            .ok_or_else(session_not_found)
+    }
+}
+
+fn session_not_found() -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "session_not_found",
+        "no such session (a session id is written as 8-4-4-4-12 hex digits)",
+    )
+}
+
+/// `text` as a UUID when it is in the canonical hyphenated form (hex digits
+/// of either case), else `None`.
+pub fn canonical_uuid(text: &str) -> Option<Uuid> {
+    let bytes = text.as_bytes();
+    let canonical = bytes.len() == 36
+        && bytes.iter().enumerate().all(|(i, b)| match i {
+            8 | 13 | 18 | 23 => *b == b'-',
+            _ => b.is_ascii_hexdigit(),
+        });
+    canonical.then(|| Uuid::try_parse(text).ok()).flatten()
+}
 
 /// Query parameters, rejected as a 400 problem.
 #[derive(Debug, FromRequestParts)]
@@ -436,5 +489,38 @@ mod tests {
         assert!(checked(json!({ "goal": null, "guidance": null }), "ResumeSession").is_ok());
         let (path, _) = checked(json!({ "limits": null }), "ResumeSession").expect_err("null");
         assert_eq!(path, "limits");
+    }
+
+    #[test]
+    fn only_the_canonical_spelling_is_a_session_id() {
+        let id = "6f1c2e0a-9b3d-4c5e-8f70-112233445566";
+        let parsed = super::canonical_uuid(id).expect("canonical");
+        assert_eq!(parsed.to_string(), id);
+        assert_eq!(
+            super::canonical_uuid(&id.to_ascii_uppercase()),
+            Some(parsed)
+        );
+        let mut mixed = id.to_string();
+        mixed.replace_range(0..1, "6");
+        mixed.replace_range(1..2, "F");
+        assert_eq!(super::canonical_uuid(&mixed), Some(parsed));
+        for other in [
+            format!("{{{id}}}"),
+            format!("urn:uuid:{id}"),
+            id.replace('-', ""),
+            format!("%36{}", &id[1..]),
+            id.replace('-', "%2D"),
+            format!("{id}/"),
+            format!(" {id}"),
+            format!("{id} "),
+            id[..35].to_string(),
+            format!("{id}0"),
+            id.replacen('-', "_", 1),
+            id.replacen('f', "g", 1),
+            "6f1c2e0a9-b3d-4c5e-8f70-112233445566".into(),
+            String::new(),
+        ] {
+            assert_eq!(super::canonical_uuid(&other), None, "{other:?}");
+        }
     }
 }

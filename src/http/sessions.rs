@@ -12,7 +12,7 @@ use uuid::Uuid;
 
 use super::AppState;
 use super::error::{ApiError, ApiResult, Problem};
-use super::extract::{ApiJson, ApiPath, ApiQuery, OptionalJson};
+use super::extract::{ApiJson, ApiQuery, OptionalJson, SessionId};
 use super::stream;
 use super::views::{
     AfterPage, CheckpointPage, DecisionQuery, EventPage, IterationPage, ListQuery, OutcomeMetrics,
@@ -20,7 +20,7 @@ use super::views::{
 };
 use crate::auth::Principal;
 use crate::session::{CreateSession, LoggedEvent, RefinementChoice, ResumeSession, UpdateSession};
-use crate::store::SessionCursor;
+use crate::store::{SessionCursor, TenantScope};
 
 /// The session routes, relative to `/api/autonomous`.
 pub fn router() -> Router<AppState> {
@@ -137,7 +137,7 @@ pub async fn list_sessions(
     let after = q.cursor.as_deref().map(decode_cursor).transpose()?;
     let rows = state
         .service
-        .list(q.status, after, limit, caller.scope.as_deref())
+        .list(q.status, after, limit, &caller.scope)
         .await?;
     let next_cursor = next_after(&rows, limit, |s| {
         encode_cursor(&SessionCursor {
@@ -157,17 +157,15 @@ pub async fn list_sessions(
     params(("id" = Uuid, Path, description = "Session id")),
     responses(
         (status = 200, description = "The session", body = SessionView),
-        (status = 400, description = "Not a UUID", body = Problem, content_type = "application/problem+json"),
-        (status = 404, description = "No such session", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such session (or not one of the caller's tenant, or an id not written in the canonical 8-4-4-4-12 form)", body = Problem, content_type = "application/problem+json"),
     )
 )]
 pub async fn get_session(
     State(state): State<AppState>,
     Extension(caller): Extension<Principal>,
-    ApiPath(id): ApiPath<Uuid>,
+    SessionId(id): SessionId,
 ) -> ApiResult<(HeaderMap, Json<SessionView>)> {
-    let (session, velocity, from_memory) =
-        state.service.status(id, caller.scope.as_deref()).await?;
+    let (session, velocity, from_memory) = state.service.status(id, &caller.scope).await?;
     let mut doc = view(&state, session);
     doc.velocity = Some(
         velocity
@@ -200,9 +198,13 @@ pub const STATUS_SOURCE: &str = "warden-status-source";
 )]
 pub async fn stop_session(
     State(state): State<AppState>,
-    ApiPath(id): ApiPath<Uuid>,
+    Extension(caller): Extension<Principal>,
+    SessionId(id): SessionId,
 ) -> ApiResult<Json<SessionView>> {
-    Ok(Json(view(&state, state.service.stop(id).await?)))
+    Ok(Json(view(
+        &state,
+        state.service.stop(id, &caller.scope).await?,
+    )))
 }
 
 /// Pause a session once its step in flight finishes (`paused / user_pause`).
@@ -217,9 +219,13 @@ pub async fn stop_session(
 )]
 pub async fn pause_session(
     State(state): State<AppState>,
-    ApiPath(id): ApiPath<Uuid>,
+    Extension(caller): Extension<Principal>,
+    SessionId(id): SessionId,
 ) -> ApiResult<Json<SessionView>> {
-    Ok(Json(view(&state, state.service.pause(id).await?)))
+    Ok(Json(view(
+        &state,
+        state.service.pause(id, &caller.scope).await?,
+    )))
 }
 
 /// Resume a paused, stopped, interrupted or failed session from its last
@@ -239,10 +245,12 @@ pub async fn pause_session(
 )]
 pub async fn resume_session(
     State(state): State<AppState>,
-    ApiPath(id): ApiPath<Uuid>,
+    Extension(caller): Extension<Principal>,
+    SessionId(id): SessionId,
     OptionalJson(req): OptionalJson<ResumeSession>,
 ) -> ApiResult<Json<SessionView>> {
-    Ok(Json(view(&state, state.service.resume(id, req).await?)))
+    let session = state.service.resume(id, &caller.scope, req).await?;
+    Ok(Json(view(&state, session)))
 }
 
 /// Change the mode or limits of a session; a running session applies them
@@ -260,14 +268,18 @@ pub async fn resume_session(
 )]
 pub async fn update_session(
     State(state): State<AppState>,
-    ApiPath(id): ApiPath<Uuid>,
+    Extension(caller): Extension<Principal>,
+    SessionId(id): SessionId,
     ApiJson(req): ApiJson<UpdateSession>,
 ) -> ApiResult<Json<SessionView>> {
-    Ok(Json(view(&state, state.service.update(id, req).await?)))
+    let session = state.service.update(id, &caller.scope, req).await?;
+    Ok(Json(view(&state, session)))
 }
 
-async fn ensure_exists(state: &AppState, id: Uuid) -> ApiResult<()> {
-    state.service.get(id).await?;
+/// A 404 for a session `scope` does not reach, before reading its history
+/// (whose reads carry the same scope, so an empty page is never a leak).
+async fn ensure_exists(state: &AppState, id: Uuid, scope: &TenantScope) -> ApiResult<()> {
+    state.service.get(id, scope).await?;
     Ok(())
 }
 
@@ -282,15 +294,16 @@ async fn ensure_exists(state: &AppState, id: Uuid) -> ApiResult<()> {
 )]
 pub async fn list_iterations(
     State(state): State<AppState>,
-    ApiPath(id): ApiPath<Uuid>,
+    Extension(caller): Extension<Principal>,
+    SessionId(id): SessionId,
     ApiQuery(q): ApiQuery<AfterPage>,
 ) -> ApiResult<Json<IterationPage>> {
-    ensure_exists(&state, id).await?;
+    ensure_exists(&state, id, &caller.scope).await?;
     let limit = page_limit(q.limit, 100, MAX_PAGE_LIMIT)?;
     let rows = state
         .service
         .reads()
-        .iterations(id, q.after.unwrap_or(0), limit)
+        .iterations(id, &caller.scope, q.after.unwrap_or(0), limit)
         .await?;
     let next_after = next_after(&rows, limit, |r| r.number);
     Ok(Json(IterationPage {
@@ -310,15 +323,16 @@ pub async fn list_iterations(
 )]
 pub async fn list_checkpoints(
     State(state): State<AppState>,
-    ApiPath(id): ApiPath<Uuid>,
+    Extension(caller): Extension<Principal>,
+    SessionId(id): SessionId,
     ApiQuery(q): ApiQuery<AfterPage>,
 ) -> ApiResult<Json<CheckpointPage>> {
-    ensure_exists(&state, id).await?;
+    ensure_exists(&state, id, &caller.scope).await?;
     let limit = page_limit(q.limit, 100, MAX_PAGE_LIMIT)?;
     let rows = state
         .service
         .reads()
-        .checkpoints(id, q.after.unwrap_or(0), limit)
+        .checkpoints(id, &caller.scope, q.after.unwrap_or(0), limit)
         .await?;
     let next_after = next_after(&rows, limit, |r| r.id);
     Ok(Json(CheckpointPage {
@@ -349,11 +363,11 @@ live stream: Server-Sent Events whose `event` is the event kind, `id` the sequen
 pub async fn list_events(
     State(state): State<AppState>,
     Extension(caller): Extension<Principal>,
-    ApiPath(id): ApiPath<Uuid>,
+    SessionId(id): SessionId,
     headers: HeaderMap,
     ApiQuery(q): ApiQuery<AfterPage>,
 ) -> ApiResult<Response> {
-    ensure_exists(&state, id).await?;
+    ensure_exists(&state, id, &caller.scope).await?;
     let reads = state.service.reads().clone();
     if stream::wants_stream(&headers) {
         let after = stream::last_event_id(&headers).or(q.after).unwrap_or(0);
@@ -363,10 +377,12 @@ pub async fn list_events(
             )));
         }
         let slot = state.streams.acquire(&caller.tenant)?;
-        return Ok(stream::session_events(reads, id, after, slot));
+        return Ok(stream::session_events(reads, id, caller.scope, after, slot));
     }
     let limit = page_limit(q.limit, 100, MAX_PAGE_LIMIT)?;
-    let rows = reads.events(id, q.after.unwrap_or(0), limit).await?;
+    let rows = reads
+        .events(id, &caller.scope, q.after.unwrap_or(0), limit)
+        .await?;
     Ok(Json(event_page(rows, limit)).into_response())
 }
 
@@ -456,16 +472,18 @@ fn event_page(rows: Vec<LoggedEvent>, limit: i64) -> EventPage {
 )]
 pub async fn list_decisions(
     State(state): State<AppState>,
-    ApiPath(id): ApiPath<Uuid>,
+    Extension(caller): Extension<Principal>,
+    SessionId(id): SessionId,
     ApiQuery(q): ApiQuery<DecisionQuery>,
 ) -> ApiResult<Json<EventPage>> {
-    ensure_exists(&state, id).await?;
+    ensure_exists(&state, id, &caller.scope).await?;
     let limit = page_limit(q.limit, 100, MAX_PAGE_LIMIT)?;
     let rows = state
         .service
         .reads()
         .decisions(
             id,
+            &caller.scope,
             q.after.unwrap_or(0),
             limit,
             q.include_continue.unwrap_or(false),
@@ -485,13 +503,18 @@ pub async fn list_decisions(
 )]
 pub async fn list_reflections(
     State(state): State<AppState>,
-    ApiPath(id): ApiPath<Uuid>,
+    Extension(caller): Extension<Principal>,
+    SessionId(id): SessionId,
     ApiQuery(q): ApiQuery<AfterPage>,
 ) -> ApiResult<Json<ReflectionPage>> {
-    ensure_exists(&state, id).await?;
+    ensure_exists(&state, id, &caller.scope).await?;
     let limit = page_limit(q.limit, 100, MAX_PAGE_LIMIT)?;
     let after = i32::try_from(q.after.unwrap_or(0)).unwrap_or(i32::MAX);
-    let rows = state.service.reads().reflections(id, after, limit).await?;
+    let rows = state
+        .service
+        .reads()
+        .reflections(id, &caller.scope, after, limit)
+        .await?;
     let next_after = next_after(&rows, limit, |r| i64::from(r.number));
     Ok(Json(ReflectionPage {
         items: rows.into_iter().map(Into::into).collect(),
@@ -514,10 +537,12 @@ pub async fn list_reflections(
 )]
 pub async fn refine_session(
     State(state): State<AppState>,
-    ApiPath(id): ApiPath<Uuid>,
+    Extension(caller): Extension<Principal>,
+    SessionId(id): SessionId,
     ApiJson(choice): ApiJson<RefinementChoice>,
 ) -> ApiResult<Json<SessionView>> {
-    Ok(Json(view(&state, state.service.refine(id, choice).await?)))
+    let session = state.service.refine(id, &caller.scope, choice).await?;
+    Ok(Json(view(&state, session)))
 }
 
 /// The refinement history of a session's goal.
@@ -531,10 +556,11 @@ pub async fn refine_session(
 )]
 pub async fn list_refinements(
     State(state): State<AppState>,
-    ApiPath(id): ApiPath<Uuid>,
+    Extension(caller): Extension<Principal>,
+    SessionId(id): SessionId,
 ) -> ApiResult<Json<RefinementList>> {
-    ensure_exists(&state, id).await?;
-    let rows = state.service.reads().refinements(id).await?;
+    ensure_exists(&state, id, &caller.scope).await?;
+    let rows = state.service.reads().refinements(id, &caller.scope).await?;
     Ok(Json(RefinementList {
         items: rows.into_iter().map(Into::into).collect(),
     }))
@@ -551,11 +577,12 @@ pub async fn list_refinements(
 )]
 pub async fn list_tasks(
     State(state): State<AppState>,
-    ApiPath(id): ApiPath<Uuid>,
+    Extension(caller): Extension<Principal>,
+    SessionId(id): SessionId,
 ) -> ApiResult<Json<TaskList>> {
-    ensure_exists(&state, id).await?;
+    ensure_exists(&state, id, &caller.scope).await?;
     Ok(Json(TaskList {
-        items: state.service.reads().tasks(id).await?,
+        items: state.service.reads().tasks(id, &caller.scope).await?,
     }))
 }
 
@@ -570,11 +597,6 @@ pub async fn outcomes(
     Extension(caller): Extension<Principal>,
 ) -> ApiResult<Json<OutcomeMetrics>> {
     Ok(Json(
-        state
-            .service
-            .reads()
-            .outcomes(caller.scope.as_deref())
-            .await?
-            .into(),
+        state.service.reads().outcomes(&caller.scope).await?.into(),
     ))
 }

@@ -20,6 +20,7 @@ use uuid::Uuid;
 use super::views::{EventView, SessionView};
 use crate::policy::lifecycle::Status;
 use crate::session::{LoggedEvent, SessionReads};
+use crate::store::TenantScope;
 
 /// Live-stream connections per tenant (`WARDEN_TENANT_MAX_STREAMS`): a
 /// slot is taken when a stream starts and given back when its response
@@ -131,6 +132,7 @@ async fn wait_for(rx: &mut broadcast::Receiver<Uuid>, id: Option<Uuid>) {
 struct SessionTail {
     store: SessionReads,
     id: Uuid,
+    scope: TenantScope,
     after: i64,
     rx: broadcast::Receiver<Uuid>,
     pending: VecDeque<LoggedEvent>,
@@ -139,12 +141,14 @@ struct SessionTail {
 fn session_stream(
     store: SessionReads,
     id: Uuid,
+    scope: TenantScope,
     after: i64,
 ) -> impl Stream<Item = Result<Event, Infallible>> {
     let tail = SessionTail {
         rx: store.subscribe(),
         store,
         id,
+        scope,
         after,
         pending: VecDeque::new(),
     };
@@ -164,7 +168,7 @@ fn session_stream(
                     .unwrap_or_else(|_| Event::default().comment("unserializable event"));
                 return Some((Ok(sse), t));
             }
-            match t.store.events(t.id, t.after, PAGE).await {
+            match t.store.events(t.id, &t.scope, t.after, PAGE).await {
                 Ok(rows) if !rows.is_empty() => {
                     t.after = rows.last().map_or(t.after, |r| r.seq);
                     t.pending.extend(rows);
@@ -179,7 +183,7 @@ fn session_stream(
             // Caught up with a session whose loop already ended: read once
             // more if its last events landed after the read above, then
             // nothing more will come.
-            match t.store.session(t.id).await {
+            match t.store.session(t.id, &t.scope).await {
                 Ok(Some(s))
                     if !matches!(s.status, Status::Running | Status::AwaitingRefinement) =>
                 {
@@ -196,9 +200,15 @@ fn session_stream(
     })
 }
 
-/// The SSE response for one session's log after `after`.
-pub fn session_events(store: SessionReads, id: Uuid, after: i64, slot: StreamSlot) -> Response {
-    Sse::new(holding(session_stream(store, id, after), slot))
+/// The SSE response for one session's log after `after`, read within `scope`.
+pub fn session_events(
+    store: SessionReads,
+    id: Uuid,
+    scope: TenantScope,
+    after: i64,
+    slot: StreamSlot,
+) -> Response {
+    Sse::new(holding(session_stream(store, id, scope, after), slot))
         .keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
         .into_response()
 }
@@ -209,19 +219,19 @@ struct ListTail {
     rx: broadcast::Receiver<Uuid>,
     sent: HashMap<Uuid, (Status, i64, DateTime<Utc>)>,
     pending: VecDeque<SessionView>,
-    tenant: Option<String>,
+    scope: TenantScope,
 }
 
 fn list_stream(
     store: SessionReads,
     since: DateTime<Utc>,
-    tenant: Option<String>,
+    scope: TenantScope,
 ) -> impl Stream<Item = Result<Event, Infallible>> {
     let tail = ListTail {
         rx: store.subscribe(),
         store,
         since,
-        tenant,
+        scope,
         sent: HashMap::new(),
         pending: VecDeque::new(),
     };
@@ -239,11 +249,7 @@ fn list_stream(
             // Re-read a little before the last change seen: commits can land
             // out of timestamp order. `sent` drops what was already delivered.
             let from = t.since - chrono::Duration::seconds(2);
-            match t
-                .store
-                .sessions_changed_since(from, 500, t.tenant.as_deref())
-                .await
-            {
+            match t.store.sessions_changed_since(from, 500, &t.scope).await {
                 Ok(rows) => {
                     for s in rows {
                         let key = (s.status, s.counters.iterations, s.updated_at);
@@ -268,14 +274,14 @@ fn list_stream(
     })
 }
 
-/// The SSE response of every session change after `since`, of one tenant (`None`: all).
+/// The SSE response of every change after `since` of a session `scope` reaches.
 pub fn session_changes(
     store: SessionReads,
     since: DateTime<Utc>,
-    tenant: Option<String>,
+    scope: TenantScope,
     slot: StreamSlot,
 ) -> Response {
-    Sse::new(holding(list_stream(store, since, tenant), slot))
+    Sse::new(holding(list_stream(store, since, scope), slot))
         .keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
         .into_response()
 }

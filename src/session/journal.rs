@@ -120,7 +120,8 @@ impl TaskQueue for StoreTaskQueue {
     fn read(&self) -> BoxFuture<'_, Result<Vec<Task>, String>> {
         async move {
             self.store
-                .tasks(self.lease.session_id)
+                // Read under the lease: this replica runs the session.
+                .tasks(self.lease.session_id, &crate::store::TenantScope::Global)
                 .await
                 .map_err(|e| e.to_string())
         }

@@ -13,7 +13,9 @@ use super::ServiceError;
 use crate::event::SessionEvent;
 use crate::policy::lifecycle::{self, Status};
 use crate::secrets::Sealed;
-use crate::store::{self, Lease, NewEvent, NewSession, SessionRecord, Store, StoreError};
+use crate::store::{
+    self, Lease, NewEvent, NewSession, SessionRecord, Store, StoreError, TenantScope,
+};
 
 /// How a new session starts.
 #[derive(Debug, Clone, Copy)]
@@ -84,15 +86,20 @@ pub async fn create_session(
     let mut log = events.to_vec();
     log.push(NewEvent::from_event(&SessionEvent::status(None, status))?);
     store::append_events(&mut tx, new.id, &log).await?;
+    let scope = TenantScope::tenant_only(&new.tenant);
     if let Some(r) = refinement {
-        store::insert_refinement(&mut tx, new.id, "auto", r.from, &new.goal, r.proposal).await?;
+        store::insert_refinement(
+            &mut tx, new.id, &scope, "auto", r.from, &new.goal, r.proposal,
+        )
+        .await?;
     }
-    let record = store::lock_session(&mut tx, new.id)
-        .await?
-        .ok_or(StoreError::Corrupt {
-            id: new.id,
-            detail: "session vanished right after insert".into(),
-        })?;
+    let record =
+        store::lock_session(&mut tx, new.id, &scope)
+            .await?
+            .ok_or(StoreError::Corrupt {
+                id: new.id,
+                detail: "session vanished right after insert".into(),
+            })?;
     tx.commit().await.map_err(StoreError::from)?;
     store.durable().await?;
     store.announce(new.id);
@@ -247,10 +254,20 @@ mod tests {
         .unwrap();
         assert_eq!(record.status, Status::Running);
         assert!(lease.is_some());
-        let refinements = store.refinements(new.id).await.unwrap();
+        let refinements = store
+            .refinements(new.id, &TenantScope::Global)
+            .await
+            .unwrap();
         assert_eq!(refinements.len(), 1);
         // The given event, then the status it started in.
-        assert_eq!(store.events(new.id, 0, 10, None).await.unwrap().len(), 2);
+        assert_eq!(
+            store
+                .events(new.id, 0, 10, None, &TenantScope::Global)
+                .await
+                .unwrap()
+                .len(),
+            2
+        );
     }
 
     #[tokio::test]
@@ -277,6 +294,12 @@ mod tests {
         )
         .await;
         assert!(result.is_err());
-        assert!(store.session(new.id).await.unwrap().is_none());
+        assert!(
+            store
+                .session(new.id, &TenantScope::Global)
+                .await
+                .unwrap()
+                .is_none()
+        );
     }
 }

@@ -13,7 +13,7 @@ use super::events;
 use crate::event::SessionEvent;
 use crate::store::{
     CheckpointRecord, EventRecord, IterationRecord, Outcomes, RefinementRecord, ReflectionRecord,
-    SessionRecord, Store, Task,
+    SessionRecord, Store, Task, TenantScope,
 };
 
 /// An event of a session's log, decoded.
@@ -52,39 +52,52 @@ impl SessionReads {
         Ok(self.store.sessions_by_status().await?)
     }
 
-    /// One session, if it exists.
-    pub async fn session(&self, id: Uuid) -> Result<Option<SessionRecord>> {
-        Ok(self.store.session(id).await?)
+    /// One session, if it exists and `scope` reaches it.
+    pub async fn session(&self, id: Uuid, scope: &TenantScope) -> Result<Option<SessionRecord>> {
+        Ok(self.store.session(id, scope).await?)
     }
 
     /// Iterations per minute over the last `minutes` minutes.
-    pub async fn velocity(&self, id: Uuid, minutes: i32) -> Result<Vec<(DateTime<Utc>, i64)>> {
-        Ok(self.store.velocity(id, minutes).await?)
+    pub async fn velocity(
+        &self,
+        id: Uuid,
+        scope: &TenantScope,
+        minutes: i32,
+    ) -> Result<Vec<(DateTime<Utc>, i64)>> {
+        Ok(self.store.velocity(id, minutes, scope).await?)
     }
 
     /// Iterations numbered after `after`, in order.
     pub async fn iterations(
         &self,
         id: Uuid,
+        scope: &TenantScope,
         after: i64,
         limit: i64,
     ) -> Result<Vec<IterationRecord>> {
-        Ok(self.store.iterations(id, after, limit).await?)
+        Ok(self.store.iterations(id, after, limit, scope).await?)
     }
 
     /// Checkpoints with ids after `after`, oldest first.
     pub async fn checkpoints(
         &self,
         id: Uuid,
+        scope: &TenantScope,
         after: i64,
         limit: i64,
     ) -> Result<Vec<CheckpointRecord>> {
-        Ok(self.store.checkpoints(id, after, limit).await?)
+        Ok(self.store.checkpoints(id, after, limit, scope).await?)
     }
 
     /// Events after `after_seq`, oldest first.
-    pub async fn events(&self, id: Uuid, after_seq: i64, limit: i64) -> Result<Vec<LoggedEvent>> {
-        let rows = self.store.events(id, after_seq, limit, None).await?;
+    pub async fn events(
+        &self,
+        id: Uuid,
+        scope: &TenantScope,
+        after_seq: i64,
+        limit: i64,
+    ) -> Result<Vec<LoggedEvent>> {
+        let rows = self.store.events(id, after_seq, limit, None, scope).await?;
         decode_all(id, rows)
     }
 
@@ -93,13 +106,14 @@ impl SessionReads {
     pub async fn decisions(
         &self,
         id: Uuid,
+        scope: &TenantScope,
         after_seq: i64,
         limit: i64,
         include_continue: bool,
     ) -> Result<Vec<LoggedEvent>> {
         let rows = self
             .store
-            .decisions(id, after_seq, limit, include_continue)
+            .decisions(id, after_seq, limit, include_continue, scope)
             .await?;
         decode_all(id, rows)
     }
@@ -108,37 +122,42 @@ impl SessionReads {
     pub async fn reflections(
         &self,
         id: Uuid,
+        scope: &TenantScope,
         after: i32,
         limit: i64,
     ) -> Result<Vec<ReflectionRecord>> {
-        Ok(self.store.reflections(id, after, limit).await?)
+        Ok(self.store.reflections(id, after, limit, scope).await?)
     }
 
     /// The refinement history of a session's goal.
-    pub async fn refinements(&self, id: Uuid) -> Result<Vec<RefinementRecord>> {
-        Ok(self.store.refinements(id).await?)
+    pub async fn refinements(
+        &self,
+        id: Uuid,
+        scope: &TenantScope,
+    ) -> Result<Vec<RefinementRecord>> {
+        Ok(self.store.refinements(id, scope).await?)
     }
 
     /// The agent's task queue.
-    pub async fn tasks(&self, id: Uuid) -> Result<Vec<Task>> {
-        Ok(self.store.tasks(id).await?)
+    pub async fn tasks(&self, id: Uuid, scope: &TenantScope) -> Result<Vec<Task>> {
+        Ok(self.store.tasks(id, scope).await?)
     }
 
-    /// Outcome metrics over the sessions of one tenant (`None`: all).
-    pub async fn outcomes(&self, tenant: Option<&str>) -> Result<Outcomes> {
-        Ok(self.store.outcomes(tenant).await?)
+    /// Outcome metrics over the sessions `scope` reaches.
+    pub async fn outcomes(&self, scope: &TenantScope) -> Result<Outcomes> {
+        Ok(self.store.outcomes(scope).await?)
     }
 
-    /// Sessions of one tenant (`None`: all) changed since `since`, oldest change first.
+    /// Sessions `scope` reaches changed since `since`, oldest change first.
     pub async fn sessions_changed_since(
         &self,
         since: DateTime<Utc>,
         limit: i64,
-        tenant: Option<&str>,
+        scope: &TenantScope,
     ) -> Result<Vec<SessionRecord>> {
         Ok(self
             .store
-            .sessions_changed_since(since, limit, tenant)
+            .sessions_changed_since(since, limit, scope)
             .await?)
     }
 

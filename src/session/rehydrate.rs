@@ -15,12 +15,16 @@ use crate::executor::{ApiKey, Executor, ExecutorDeps, ExecutorSpec};
 use crate::llm::Message;
 use crate::policy::history::StepRecord;
 use crate::secrets::API_KEY;
-use crate::store::{self, Lease, RebuildInputs, SessionRecord, Store, StoreError};
+use crate::store::{self, Lease, RebuildInputs, SessionRecord, Store, StoreError, TenantScope};
 
 /// Loads a session and rebuilds its loop state from its latest checkpoint
-/// plus the iterations committed after it.
+/// plus the iterations committed after it. Called by the replica that holds
+/// or is taking the session's lease, for whichever tenant owns it.
 pub async fn load_for_run(store: &Store, id: Uuid) -> Result<(SessionRecord, LoopState)> {
-    let session = store.session(id).await?.ok_or(ServiceError::NotFound(id))?;
+    let session = store
+        .session(id, &TenantScope::Global)
+        .await?
+        .ok_or(ServiceError::NotFound(id))?;
     let inputs = store.rebuild_inputs(id).await?;
     let state = replay(&session, inputs)?;
     Ok((session, state))
@@ -81,7 +85,13 @@ pub async fn build_executor(
             detail: format!("executor: {e}"),
         })?;
     if matches!(spec, ExecutorSpec::Llm { .. })
-        && let Some(sealed) = store.session_secret(session.id, API_KEY).await?
+        && let Some(sealed) = store
+            .session_secret(
+                session.id,
+                API_KEY,
+                &TenantScope::tenant_only(&session.tenant),
+            )
+            .await?
     {
         // A spec from before sealing may still carry its key: it wins (and
         // is moved at the next start).

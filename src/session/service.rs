@@ -31,7 +31,7 @@ use crate::policy::lifecycle::{self, Mode, PausePlan, Reason, Status, StopPlan};
 use crate::policy::termination::{self, Facts};
 use crate::store::{
     self, ControlAction, Lease, NewSession, SessionCursor, SessionRecord, SessionSettings, Store,
-    StoreError,
+    StoreError, TenantScope,
 };
 
 /// Longest goal accepted, in characters (as JSON Schema's `maxLength` counts).
@@ -462,9 +462,14 @@ impl SessionService {
 
     /// Answers a refinement proposal and starts the session.
     #[tracing::instrument(skip(self, choice))]
-    pub async fn refine(&self, id: Uuid, choice: RefinementChoice) -> Result<SessionRecord> {
+    pub async fn refine(
+        &self,
+        id: Uuid,
+        scope: &TenantScope,
+        choice: RefinementChoice,
+    ) -> Result<SessionRecord> {
         let mut tx = self.store.begin().await?;
-        let session = store::lock_session(&mut tx, id)
+        let session = store::lock_session(&mut tx, id, scope)
             .await?
             .ok_or(ServiceError::NotFound(id))?;
         lifecycle::check_refine(session.status)?;
@@ -494,7 +499,7 @@ impl SessionService {
             }
         };
         let data = json!({ "limits": limits, "proposal": session.refinement });
-        store::insert_refinement(&mut tx, id, kind, &session.goal, &goal, &data).await?;
+        store::insert_refinement(&mut tx, id, scope, kind, &session.goal, &goal, &data).await?;
         let (slot, status) = self.admit(&mut tx).await?;
         let events = events::encode(&[
             SessionEvent::GoalRefined {
@@ -509,6 +514,7 @@ impl SessionService {
         let lease = store::start_refined(
             &mut tx,
             id,
+            scope,
             &goal,
             limits,
             (status == Status::Running).then(|| self.supervisor.replica_id()),
@@ -516,7 +522,8 @@ impl SessionService {
             &events,
         )
         .await?;
-        self.start_run(tx, id, lease.zip(slot), acquired).await
+        self.start_run(tx, id, scope, lease.zip(slot), acquired)
+            .await
     }
 
     /// Where a session ready to run goes (see [`lifecycle::admission`]): a
@@ -547,12 +554,13 @@ impl SessionService {
         &self,
         mut tx: Transaction<'static, Postgres>,
         id: Uuid,
+        scope: &TenantScope,
         run: Option<(Lease, Slot)>,
         acquired: Instant,
     ) -> Result<SessionRecord> {
         // Read back on the locked connection: a handful of pool acquires
         // here would delay the loop's start behind every queued request.
-        let session = store::lock_session(&mut tx, id)
+        let session = store::lock_session(&mut tx, id, scope)
             .await?
             .ok_or(ServiceError::NotFound(id))?;
         let Some((lease, slot)) = run else {
@@ -567,7 +575,7 @@ impl SessionService {
         if self.supervisor.done_signal(id).is_none() {
             // No loop runs: it ended already, or the session could not
             // start (its secret does not decrypt). Answer what it is now.
-            if let Some(now) = self.store.session(id).await? {
+            if let Some(now) = self.store.session(id, scope).await? {
                 return Ok(now);
             }
         }
@@ -583,17 +591,16 @@ impl SessionService {
 
     /// A session's status and its velocity (iterations per minute, last 30
     /// minutes), as committed: from this replica's memory when it runs the
-    /// session, else from Postgres. `tenant` (when given) must own it; any
-    /// other tenant's session is not found, like a missing one. The flag
-    /// says whether memory answered.
+    /// session, else from Postgres. A session outside `scope` is not found,
+    /// like a missing one, on both paths. The flag says whether memory
+    /// answered.
     pub async fn status(
         &self,
         id: Uuid,
-        tenant: Option<&str>,
+        scope: &TenantScope,
     ) -> Result<(SessionRecord, Velocity, bool)> {
-        let visible = |s: &SessionRecord| tenant.is_none_or(|t| t == s.tenant);
         if let Some((session, velocity)) = self.supervisor.live(id) {
-            if !visible(&session) {
+            if !scope.allows(&session.tenant) {
                 return Err(ServiceError::NotFound(id));
             }
             return Ok((session, velocity, true));
@@ -601,11 +608,10 @@ impl SessionService {
         let refill = self.supervisor.refillable(id);
         // Both reads at once: under load each waits on Postgres, so the
         // status answers in the time of the slower one rather than of both.
-        let (session, velocity) =
-            tokio::try_join!(self.get(id), self.reads.velocity(id, VELOCITY_MINUTES))?;
-        if !visible(&session) {
-            return Err(ServiceError::NotFound(id));
-        }
+        let (session, velocity) = tokio::try_join!(
+            self.get(id, scope),
+            self.reads.velocity(id, scope, VELOCITY_MINUTES)
+        )?;
         if let Some((view, generation)) = refill
             && session.status == Status::Running
             && session.owner == Some(self.supervisor.replica_id())
@@ -615,10 +621,10 @@ impl SessionService {
         Ok((session, velocity, false))
     }
 
-    /// One session.
-    pub async fn get(&self, id: Uuid) -> Result<SessionRecord> {
+    /// One session, if `scope` reaches it.
+    pub async fn get(&self, id: Uuid, scope: &TenantScope) -> Result<SessionRecord> {
         self.store
-            .session(id)
+            .session(id, scope)
             .await?
             .ok_or(ServiceError::NotFound(id))
     }
@@ -629,20 +635,20 @@ impl SessionService {
         status: Option<Status>,
         after: Option<SessionCursor>,
         limit: i64,
-        tenant: Option<&str>,
+        scope: &TenantScope,
     ) -> Result<Vec<SessionRecord>> {
         Ok(self
             .store
-            .list_sessions(status, after, limit, tenant)
+            .list_sessions(status, after, limit, scope)
             .await?)
     }
 
     /// Stops a session: persisted first, then signalled; waits for the loop to land.
     #[tracing::instrument(skip(self))]
-    pub async fn stop(&self, id: Uuid) -> Result<SessionRecord> {
+    pub async fn stop(&self, id: Uuid, scope: &TenantScope) -> Result<SessionRecord> {
         let received = Instant::now();
         let mut tx = self.store.begin().await?;
-        let session = store::lock_session(&mut tx, id)
+        let session = store::lock_session(&mut tx, id, scope)
             .await?
             .ok_or(ServiceError::NotFound(id))?;
         match lifecycle::plan_stop(session.status)? {
@@ -652,16 +658,16 @@ impl SessionService {
             StopPlan::InterruptNow => {
                 // On the locked connection: never a second one while the lock is held.
                 let state = rebuild_locked(&mut tx, &session).await?;
-                self.end_unowned(&mut tx, &session, &state, Reason::UserStop)
+                self.end_unowned(&mut tx, &session, scope, &state, Reason::UserStop)
                     .await?;
                 self.commit(tx, id).await?;
             }
             StopPlan::SignalRunner => {
-                store::request_stop(&mut tx, id).await?;
+                store::request_stop(&mut tx, id, scope).await?;
                 self.commit(tx, id).await?;
                 match self.supervisor.signal_stop(id) {
                     Some(done) => wait_done(Some(done), self.config.control_wait).await,
-                    None => self.stop_elsewhere(id).await?,
+                    None => self.stop_elsewhere(id, scope).await?,
                 }
                 self.supervisor
                     .metrics()
@@ -669,29 +675,29 @@ impl SessionService {
                     .observe(received.elapsed());
             }
         }
-        self.get(id).await
+        self.get(id, scope).await
     }
 
     /// A stop for a session this replica does not run: tell its owner, and
     /// if it has no live owner, record the stop here.
-    async fn stop_elsewhere(&self, id: Uuid) -> Result<()> {
+    async fn stop_elsewhere(&self, id: Uuid, scope: &TenantScope) -> Result<()> {
         self.store.notify_control(ControlAction::Stop, id).await?;
         let deadline = Instant::now() + self.config.control_wait;
         loop {
-            let session = self.get(id).await?;
+            let session = self.get(id, scope).await?;
             if session.status != Status::Running {
                 return Ok(());
             }
-            if self.store.lease_lapsed(id).await? {
+            if self.store.lease_lapsed(id, scope).await? {
                 let mut tx = self.store.begin().await?;
-                let locked = store::lock_session(&mut tx, id).await?;
+                let locked = store::lock_session(&mut tx, id, scope).await?;
                 // Everything under the lock is read on its own connection.
                 if let Some(locked) = locked
                     && locked.status == Status::Running
                     && super::control::lease_lapsed_locked(&mut tx, id).await?
                 {
                     let state = rebuild_locked(&mut tx, &locked).await?;
-                    self.end_unowned(&mut tx, &locked, &state, Reason::UserStop)
+                    self.end_unowned(&mut tx, &locked, scope, &state, Reason::UserStop)
                         .await?;
                 }
                 self.commit(tx, id).await?;
@@ -708,6 +714,7 @@ impl SessionService {
         &self,
         conn: &mut sqlx::PgConnection,
         session: &SessionRecord,
+        scope: &TenantScope,
         state: &LoopState,
         reason: Reason,
     ) -> Result<()> {
@@ -731,6 +738,7 @@ impl SessionService {
         store::end_unowned(
             conn,
             session.id,
+            scope,
             &termination,
             Some((usage.iterations as i64, snapshot)),
             &events,
@@ -741,9 +749,9 @@ impl SessionService {
 
     /// Pauses a session after its step in flight.
     #[tracing::instrument(skip(self))]
-    pub async fn pause(&self, id: Uuid) -> Result<SessionRecord> {
+    pub async fn pause(&self, id: Uuid, scope: &TenantScope) -> Result<SessionRecord> {
         let mut tx = self.store.begin().await?;
-        let session = store::lock_session(&mut tx, id)
+        let session = store::lock_session(&mut tx, id, scope)
             .await?
             .ok_or(ServiceError::NotFound(id))?;
         match lifecycle::plan_pause(session.status)? {
@@ -751,7 +759,7 @@ impl SessionService {
                 self.commit(tx, id).await?;
             }
             PausePlan::SignalRunner => {
-                store::request_pause(&mut tx, id).await?;
+                store::request_pause(&mut tx, id, scope).await?;
                 self.commit(tx, id).await?;
                 match self.supervisor.signal_pause(id) {
                     Some(done) => wait_done(Some(done), self.config.control_wait).await,
@@ -759,12 +767,17 @@ impl SessionService {
                 }
             }
         }
-        self.get(id).await
+        self.get(id, scope).await
     }
 
     /// Resumes a paused, stopped, interrupted or failed session.
     #[tracing::instrument(skip(self, req))]
-    pub async fn resume(&self, id: Uuid, req: ResumeSession) -> Result<SessionRecord> {
+    pub async fn resume(
+        &self,
+        id: Uuid,
+        scope: &TenantScope,
+        req: ResumeSession,
+    ) -> Result<SessionRecord> {
         let guidance = req
             .guidance
             .as_deref()
@@ -779,14 +792,16 @@ impl SessionService {
             )));
         }
         let mut tx = self.store.begin().await?;
-        let session = store::lock_session(&mut tx, id)
+        let session = store::lock_session(&mut tx, id, scope)
             .await?
             .ok_or(ServiceError::NotFound(id))?;
         lifecycle::check_resume(session.status, req.reopen)?;
-        if let Some(tenant) = store::quotas::tenant_of(&mut tx, id).await? {
-            persist::check_tenant_room(&mut tx, &tenant, self.config.quotas.tenant_max_running)
-                .await?;
-        }
+        persist::check_tenant_room(
+            &mut tx,
+            &session.tenant,
+            self.config.quotas.tenant_max_running,
+        )
+        .await?;
         let new_goal = req.goal.as_deref().map(validate_goal).transpose()?;
         let limits = session.limits.apply(&req.limits)?;
         let usage = session.counters.usage();
@@ -821,6 +836,7 @@ impl SessionService {
             store::insert_refinement(
                 &mut tx,
                 id,
+                scope,
                 "resume",
                 &session.goal,
                 goal,
@@ -848,6 +864,7 @@ impl SessionService {
         let lease = store::resume_session(
             &mut tx,
             id,
+            scope,
             new_goal.as_deref(),
             limits,
             guidance,
@@ -856,15 +873,21 @@ impl SessionService {
             &events,
         )
         .await?;
-        self.start_run(tx, id, lease.zip(slot), acquired).await
+        self.start_run(tx, id, scope, lease.zip(slot), acquired)
+            .await
     }
 
     /// Changes the mode or limits of a session; a running loop applies them
     /// from its next iteration.
     #[tracing::instrument(skip(self, req))]
-    pub async fn update(&self, id: Uuid, req: UpdateSession) -> Result<SessionRecord> {
+    pub async fn update(
+        &self,
+        id: Uuid,
+        scope: &TenantScope,
+        req: UpdateSession,
+    ) -> Result<SessionRecord> {
         let mut tx = self.store.begin().await?;
-        let session = store::lock_session(&mut tx, id)
+        let session = store::lock_session(&mut tx, id, scope)
             .await?
             .ok_or(ServiceError::NotFound(id))?;
         lifecycle::check_update(session.status)?;
@@ -888,7 +911,7 @@ impl SessionService {
         }
         let changed = !events.is_empty();
         if changed {
-            store::update_settings(&mut tx, id, settings, &events::encode(&events)?).await?;
+            store::update_settings(&mut tx, id, scope, settings, &events::encode(&events)?).await?;
         }
         self.commit(tx, id).await?;
         if changed && session.status == Status::Running {
@@ -898,6 +921,6 @@ impl SessionService {
                 tracing::warn!(session_id = %id, error = %err, "cannot announce the settings change; its owner shows it after its next step");
             }
         }
-        self.get(id).await
+        self.get(id, scope).await
     }
 }

@@ -481,7 +481,8 @@ impl Supervisor {
     async fn fail_now(&self, lease: Lease, reason: Reason, error: &str, attempts: i32) {
         let store = &self.inner.store;
         let id = lease.session_id;
-        let (usage, limits) = match store.session(id).await {
+        // This replica holds the lease: the session is its own to end.
+        let (usage, limits) = match store.session(id, &crate::store::TenantScope::Global).await {
             Ok(Some(s)) => (s.counters.usage(), s.limits),
             Ok(None) => return,
             Err(e) => {

@@ -6,7 +6,7 @@ use uuid::Uuid;
 use crate::event::SessionEvent;
 
 use super::rows::{EventRecord, JsonText, NewEvent};
-use super::{Result, Store, StoreError};
+use super::{Result, Store, StoreError, TenantScope};
 
 /// Inserts `events` numbered after `last_seq`, which the caller has already
 /// reserved by advancing `sessions.last_event_seq` in the same transaction.
@@ -61,16 +61,19 @@ impl Store {
         after_seq: i64,
         limit: i64,
         kinds: Option<&[&str]>,
+        scope: &TenantScope,
     ) -> Result<Vec<EventRecord>> {
         Ok(sqlx::query_as!(
             EventRecord,
             "SELECT seq, kind, data, created_at, actor FROM events
              WHERE session_id = $1 AND seq > $2 AND ($4::text[] IS NULL OR kind = ANY($4))
+               AND EXISTS (SELECT 1 FROM sessions s WHERE s.id = $1 AND ($5::text IS NULL OR s.tenant = $5))
              ORDER BY seq LIMIT $3",
             session_id,
             after_seq,
             limit,
             kinds as Option<&[&str]>,
+            scope.tenant(),
         )
         .fetch_all(&self.pool)
         .await?)
@@ -85,6 +88,7 @@ impl Store {
         after_seq: i64,
         limit: i64,
         include_continue: bool,
+        scope: &TenantScope,
     ) -> Result<Vec<EventRecord>> {
         Ok(sqlx::query_as!(
             EventRecord,
@@ -92,11 +96,13 @@ impl Store {
              WHERE session_id = $1 AND seq > $2
                AND kind IN ('gate_decision', 'stuck_detected', 'guardrail_tripped', 'status_changed')
                AND ($4 OR NOT (kind = 'gate_decision' AND data->'decision'->>'decision' = 'continue'))
+               AND EXISTS (SELECT 1 FROM sessions s WHERE s.id = $1 AND ($5::text IS NULL OR s.tenant = $5))
              ORDER BY seq LIMIT $3",
             session_id,
             after_seq,
             limit,
             include_continue,
+            scope.tenant(),
         )
         .fetch_all(&self.pool)
         .await?)

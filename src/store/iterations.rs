@@ -13,7 +13,7 @@ use super::rows::{
     CheckpointRecord, ControlFlags, ControlRow, Counters, IterationRecord, Lease, NewEvent,
     NewIteration,
 };
-use super::{Result, Store, StoreError};
+use super::{Result, Store, StoreError, TenantScope};
 use crate::event::SessionEvent;
 use crate::policy::guardrails::Limits;
 use crate::policy::lifecycle::{Mode, Reason, Status};
@@ -246,14 +246,18 @@ steps,
         session_id: Uuid,
         after: i64,
         limit: i64,
+        scope: &TenantScope,
     ) -> Result<Vec<IterationRecord>> {
         Ok(sqlx::query_as!(
 IterationRecord,
 "SELECT number, run, action, outcome, tokens, duration_ms, record, effects, started_at, finished_at
-             FROM iterations WHERE session_id = $1 AND number > $2 ORDER BY number LIMIT $3",
+             FROM iterations WHERE session_id = $1 AND number > $2
+               AND EXISTS (SELECT 1 FROM sessions s WHERE s.id = $1 AND ($4::text IS NULL OR s.tenant = $4))
+             ORDER BY number LIMIT $3",
 session_id,
 after,
 limit,
+scope.tenant(),
 )
         .fetch_all(&self.pool)
         .await?)
@@ -265,14 +269,18 @@ limit,
         session_id: Uuid,
         after: i64,
         limit: i64,
+        scope: &TenantScope,
     ) -> Result<Vec<CheckpointRecord>> {
         Ok(sqlx::query_as!(
             CheckpointRecord,
             "SELECT id, iteration, reason, state, created_at FROM checkpoints
-             WHERE session_id = $1 AND id > $2 ORDER BY id LIMIT $3",
+             WHERE session_id = $1 AND id > $2
+               AND EXISTS (SELECT 1 FROM sessions s WHERE s.id = $1 AND ($4::text IS NULL OR s.tenant = $4))
+             ORDER BY id LIMIT $3",
             session_id,
             after,
             limit,
+            scope.tenant(),
         )
         .fetch_all(&self.pool)
         .await?)

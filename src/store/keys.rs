@@ -116,13 +116,4 @@ impl Store {
             .await?;
         Ok(())
     }
-
-    /// The tenant a session belongs to, or `None` when there is no such session.
-    pub async fn session_tenant(&self, id: Uuid) -> Result<Option<String>> {
-        Ok(
-            sqlx::query_scalar!("SELECT tenant FROM sessions WHERE id = $1", id)
-                .fetch_optional(&self.pool)
-                .await?,
-        )
-    }
 }

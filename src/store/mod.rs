@@ -34,6 +34,7 @@ pub mod quotas;
 mod reflections;
 mod resilience;
 mod rows;
+mod scope;
 mod secrets;
 mod sessions;
 mod tasks;
@@ -51,6 +52,7 @@ pub use rows::{
     RefinementRecord, ReflectionRecord, Renewed, SessionCursor, SessionRecord, SessionSettings,
     TASK_STATUSES, Task, TaskWrite,
 };
+pub use scope::TenantScope;
 pub use secrets::{PlaintextKey, StoredSecret, insert_secret};
 pub use sessions::{
     end_unowned, insert as insert_session, insert_refinement, lock as lock_session, request_pause,

@@ -12,13 +12,16 @@ impl Store {
         &self,
         session_id: uuid::Uuid,
         minutes: i32,
+        scope: &super::TenantScope,
     ) -> Result<Vec<(chrono::DateTime<chrono::Utc>, i64)>> {
         let rows = sqlx::query!(
 r#"SELECT date_trunc('minute', finished_at) AS "minute!", count(*) AS "count!" FROM iterations
              WHERE session_id = $1 AND finished_at > now() - make_interval(mins => $2)
+               AND EXISTS (SELECT 1 FROM sessions s WHERE s.id = $1 AND ($3::text IS NULL OR s.tenant = $3))
              GROUP BY 1 ORDER BY 1"#,
 session_id,
 minutes,
+scope.tenant(),
 )
         .fetch_all(&self.pool)
         .await?;
@@ -39,7 +42,8 @@ minutes,
     }
 
     /// Outcome metrics over the stored sessions of one tenant (`None`: every tenant).
-    pub async fn outcomes(&self, tenant: Option<&str>) -> Result<Outcomes> {
+    pub async fn outcomes(&self, scope: &super::TenantScope) -> Result<Outcomes> {
+        let tenant = scope.tenant();
         let mut out = Outcomes::default();
         for row in sqlx::query!(
             r#"SELECT status, count(*) AS "count!" FROM sessions

@@ -2,7 +2,6 @@
 //! transaction lock so concurrent creates cannot both see room for one.
 
 use sqlx::PgConnection;
-use uuid::Uuid;
 
 use super::Result;
 
@@ -24,13 +23,4 @@ pub async fn lock_and_count_active(conn: &mut PgConnection, tenant: &str) -> Res
     .fetch_one(&mut *conn)
     .await?;
     Ok(active)
-}
-
-/// The tenant of session `id`.
-pub async fn tenant_of(conn: &mut PgConnection, id: Uuid) -> Result<Option<String>> {
-    Ok(
-        sqlx::query_scalar!("SELECT tenant FROM sessions WHERE id = $1", id)
-            .fetch_optional(conn)
-            .await?,
-    )
 }

@@ -92,14 +92,18 @@ reflection.raw.as_deref(),
         session_id: uuid::Uuid,
         after: i32,
         limit: i64,
+        scope: &super::TenantScope,
     ) -> Result<Vec<ReflectionRecord>> {
         Ok(sqlx::query_as!(
 ReflectionRecord,
 "SELECT number, after_iteration, trigger, ok, assessment, error, decision, next_interval, tokens, raw, created_at
-             FROM reflections WHERE session_id = $1 AND number > $2 ORDER BY number LIMIT $3",
+             FROM reflections WHERE session_id = $1 AND number > $2
+               AND EXISTS (SELECT 1 FROM sessions s WHERE s.id = $1 AND ($4::text IS NULL OR s.tenant = $4))
+             ORDER BY number LIMIT $3",
 session_id,
 after,
 limit,
+scope.tenant(),
 )
         .fetch_all(&self.pool)
         .await?)

@@ -5,7 +5,7 @@
 use sqlx::PgConnection;
 use uuid::Uuid;
 
-use super::{Result, Store};
+use super::{Result, Store, TenantScope};
 use crate::secrets::{KeyRegistration, Keyring, Sealed};
 
 /// Stores `sealed` as the secret `name` of session `id` (in the caller's transaction).
@@ -169,13 +169,21 @@ impl Store {
         Ok(done.rows_affected() == 1)
     }
 
-    /// The sealed secret `name` of session `id`, if it has one.
-    pub async fn session_secret(&self, id: Uuid, name: &str) -> Result<Option<Sealed>> {
+    /// The sealed secret `name` of session `id`, if it has one and `scope`
+    /// reaches the session.
+    pub async fn session_secret(
+        &self,
+        id: Uuid,
+        name: &str,
+        scope: &TenantScope,
+    ) -> Result<Option<Sealed>> {
         let row = sqlx::query!(
             "SELECT key_id, nonce, ciphertext FROM session_secrets
-             WHERE session_id = $1 AND name = $2",
+             WHERE session_id = $1 AND name = $2
+               AND EXISTS (SELECT 1 FROM sessions s WHERE s.id = $1 AND ($3::text IS NULL OR s.tenant = $3))",
             id,
             name,
+            scope.tenant(),
         )
         .fetch_optional(&self.pool)
         .await?;

@@ -13,7 +13,7 @@ use super::rows::{
     Lease, NewEvent, NewSession, RefinementRecord, SessionCursor, SessionRecord, SessionRow,
     SessionSettings,
 };
-use super::{Result, Store, StoreError};
+use super::{Result, Store, StoreError, TenantScope};
 use crate::event::SessionEvent;
 use crate::policy::checklist::ChecklistItem;
 use crate::policy::guardrails::Limits;
@@ -91,32 +91,39 @@ impl Store {
         };
         let lease = insert(&mut tx, new, status, owner, lease_ttl).await?;
         events::append(&mut tx, new.id, events).await?;
-        let record = lock(&mut tx, new.id).await?.ok_or(StoreError::Corrupt {
-            id: new.id,
-            detail: "session vanished right after insert".into(),
-        })?;
+        let scope = TenantScope::tenant_only(&new.tenant);
+        let record = lock(&mut tx, new.id, &scope)
+            .await?
+            .ok_or(StoreError::Corrupt {
+                id: new.id,
+                detail: "session vanished right after insert".into(),
+            })?;
         tx.commit().await?;
         self.announce(new.id);
         Ok((record, lease))
     }
 
-    /// One session by id.
-    pub async fn session(&self, id: Uuid) -> Result<Option<SessionRecord>> {
-        let row = select_session!("WHERE id = $1", id)
-            .fetch_optional(&self.pool)
-            .await?;
+    /// One session by id, if `scope` reaches it.
+    pub async fn session(&self, id: Uuid, scope: &TenantScope) -> Result<Option<SessionRecord>> {
+        let row = select_session!(
+            "WHERE id = $1 AND ($2::text IS NULL OR tenant = $2)",
+            id,
+            scope.tenant()
+        )
+        .fetch_optional(&self.pool)
+        .await?;
         Ok(row.map(SessionRecord::from))
     }
 
-    /// A page of sessions, newest first, optionally of one status and of
-    /// one tenant (`None`: every tenant). Their `executor` is the summary
-    /// (`steps` is a count), not the specification.
+    /// A page of the sessions `scope` reaches, newest first, optionally of
+    /// one status. Their `executor` is the summary (`steps` is a count), not
+    /// the specification.
     pub async fn list_sessions(
         &self,
         status: Option<Status>,
         after: Option<SessionCursor>,
         limit: i64,
-        tenant: Option<&str>,
+        scope: &TenantScope,
     ) -> Result<Vec<SessionRecord>> {
         let rows = select_session_summary!(
             "WHERE ($1::text IS NULL OR status = $1)
@@ -127,27 +134,27 @@ impl Store {
             after.map(|c| c.created_at),
             after.map(|c| c.id),
             limit,
-            tenant,
+            scope.tenant(),
         )
         .fetch_all(&self.pool)
         .await?;
         Ok(rows.into_iter().map(SessionRecord::from).collect())
     }
 
-    /// Sessions changed at or after `since`, oldest change first, of one
-    /// tenant (`None`: every tenant); `executor` is the summary, as in lists.
+    /// Sessions `scope` reaches changed at or after `since`, oldest change
+    /// first; `executor` is the summary, as in lists.
     pub async fn sessions_changed_since(
         &self,
         since: DateTime<Utc>,
         limit: i64,
-        tenant: Option<&str>,
+        scope: &TenantScope,
     ) -> Result<Vec<SessionRecord>> {
         let rows = select_session_summary!(
             "WHERE updated_at >= $1 AND ($3::text IS NULL OR tenant = $3)
              ORDER BY updated_at, id LIMIT $2",
             since,
             limit,
-            tenant,
+            scope.tenant(),
         )
         .fetch_all(&self.pool)
         .await?;
@@ -155,12 +162,13 @@ impl Store {
     }
 
     /// Whether a running session's lease has lapsed (its owner is gone).
-    pub async fn lease_lapsed(&self, id: Uuid) -> Result<bool> {
+    pub async fn lease_lapsed(&self, id: Uuid, scope: &TenantScope) -> Result<bool> {
         let lapsed = sqlx::query_scalar!(
             r#"SELECT status = $2 AND (lease_expires_at IS NULL OR lease_expires_at < now()) AS "lapsed!"
-               FROM sessions WHERE id = $1"#,
+               FROM sessions WHERE id = $1 AND ($3::text IS NULL OR tenant = $3)"#,
             id,
             Status::Running as Status,
+            scope.tenant(),
         )
         .fetch_optional(&self.pool)
         .await?;
@@ -168,12 +176,19 @@ impl Store {
     }
 
     /// The refinement history of a session.
-    pub async fn refinements(&self, id: Uuid) -> Result<Vec<RefinementRecord>> {
+    pub async fn refinements(
+        &self,
+        id: Uuid,
+        scope: &TenantScope,
+    ) -> Result<Vec<RefinementRecord>> {
         Ok(sqlx::query_as!(
             RefinementRecord,
             "SELECT number, kind, goal_before, goal_after, data, created_at FROM refinements
-             WHERE session_id = $1 ORDER BY number",
+             WHERE session_id = $1
+               AND EXISTS (SELECT 1 FROM sessions s WHERE s.id = $1 AND ($2::text IS NULL OR s.tenant = $2))
+             ORDER BY number",
             id,
+            scope.tenant(),
         )
         .fetch_all(&self.pool)
         .await?)
@@ -225,36 +240,63 @@ pub async fn insert(
     }))
 }
 
-/// Reads and row-locks one session inside a transaction.
-pub async fn lock(conn: &mut PgConnection, id: Uuid) -> Result<Option<SessionRecord>> {
-    let row = select_session!("WHERE id = $1 FOR UPDATE", id)
-        .fetch_optional(conn)
-        .await?;
+/// Reads and row-locks one session inside a transaction, if `scope`
+/// reaches it.
+pub async fn lock(
+    conn: &mut PgConnection,
+    id: Uuid,
+    scope: &TenantScope,
+) -> Result<Option<SessionRecord>> {
+    let row = select_session!(
+        "WHERE id = $1 AND ($2::text IS NULL OR tenant = $2) FOR UPDATE",
+        id,
+        scope.tenant()
+    )
+    .fetch_optional(conn)
+    .await?;
     Ok(row.map(SessionRecord::from))
 }
 
 /// Records a user's stop request (the durable flag every replica obeys).
-pub async fn request_stop(conn: &mut PgConnection, id: Uuid) -> Result<()> {
-    request(conn, id, SessionEvent::StopRequested {}).await
+pub async fn request_stop(conn: &mut PgConnection, id: Uuid, scope: &TenantScope) -> Result<()> {
+    request(conn, id, scope, SessionEvent::StopRequested {}).await
 }
 
 /// Records a user's pause request.
-pub async fn request_pause(conn: &mut PgConnection, id: Uuid) -> Result<()> {
-    request(conn, id, SessionEvent::PauseRequested {}).await
+pub async fn request_pause(conn: &mut PgConnection, id: Uuid, scope: &TenantScope) -> Result<()> {
+    request(conn, id, scope, SessionEvent::PauseRequested {}).await
+}
+
+/// The error of a scoped write that matched no row: the caller locked the
+/// session under the same scope first, so this is never a user's mistake.
+fn unreached(id: Uuid) -> StoreError {
+    StoreError::Corrupt {
+        id,
+        detail: "a locked session was not reached by its own scope".into(),
+    }
 }
 
 /// Sets the durable flag of a stop or pause `request` and logs it.
-async fn request(conn: &mut PgConnection, id: Uuid, request: SessionEvent) -> Result<()> {
+async fn request(
+    conn: &mut PgConnection,
+    id: Uuid,
+    scope: &TenantScope,
+    request: SessionEvent,
+) -> Result<()> {
     let stop = matches!(request, SessionEvent::StopRequested {});
-    sqlx::query!(
+    let done = sqlx::query!(
         "UPDATE sessions SET stop_requested = stop_requested OR $2,
                              pause_requested = pause_requested OR NOT $2, updated_at = now()
-         WHERE id = $1",
+         WHERE id = $1 AND ($3::text IS NULL OR tenant = $3)",
         id,
         stop,
+        scope.tenant(),
     )
     .execute(&mut *conn)
     .await?;
+    if done.rows_affected() == 0 {
+        return Err(unreached(id));
+    }
     events::append(conn, id, &[NewEvent::from_event(&request)?]).await
 }
 
@@ -262,17 +304,23 @@ async fn request(conn: &mut PgConnection, id: Uuid, request: SessionEvent) -> Re
 pub async fn update_settings(
     conn: &mut PgConnection,
     id: Uuid,
+    scope: &TenantScope,
     settings: SessionSettings,
     events: &[NewEvent],
 ) -> Result<()> {
-    sqlx::query!(
-        "UPDATE sessions SET mode = $2, limits = $3, updated_at = now() WHERE id = $1",
+    let done = sqlx::query!(
+        "UPDATE sessions SET mode = $2, limits = $3, updated_at = now()
+         WHERE id = $1 AND ($4::text IS NULL OR tenant = $4)",
         id,
         settings.mode as Mode,
         Json(settings.limits) as _,
+        scope.tenant(),
     )
     .execute(&mut *conn)
     .await?;
+    if done.rows_affected() == 0 {
+        return Err(unreached(id));
+    }
     events::append(conn, id, events).await
 }
 
@@ -282,6 +330,7 @@ pub async fn update_settings(
 pub async fn resume(
     conn: &mut PgConnection,
     id: Uuid,
+    scope: &TenantScope,
     goal: Option<&str>,
     limits: Limits,
     guidance: Option<&str>,
@@ -295,7 +344,7 @@ pub async fn resume(
     } else {
         Status::Queued
     };
-    sqlx::query!(
+    let done = sqlx::query!(
         "UPDATE sessions SET status = $8, reason = NULL, summary = NULL, reason_detail = NULL, next_steps = '[]',
                 ended_at = NULL, checkpoint_saved = false, stop_requested = false, pause_requested = false,
                 consecutive_errors = 0, run = run + 1, limits = $2, guidance = $3,
@@ -306,7 +355,7 @@ pub async fn resume(
                 original_goal = CASE WHEN $7::text IS NULL OR $7 = goal THEN original_goal
                                      ELSE COALESCE(original_goal, goal) END,
                 goal = COALESCE($7, goal)
-         WHERE id = $1",
+         WHERE id = $1 AND ($9::text IS NULL OR tenant = $9)",
         id,
         Json(limits) as _,
         guidance,
@@ -315,9 +364,13 @@ pub async fn resume(
         lease_ttl.as_secs_f64(),
         goal,
         status as Status,
+        scope.tenant(),
     )
     .execute(&mut *conn)
     .await?;
+    if done.rows_affected() == 0 {
+        return Err(unreached(id));
+    }
     events::append(conn, id, events).await?;
     Ok(token.map(|token| Lease {
         session_id: id,
@@ -330,6 +383,7 @@ pub async fn resume(
 pub async fn end_unowned(
     conn: &mut PgConnection,
     id: Uuid,
+    scope: &TenantScope,
     termination: &Termination,
     checkpoint: Option<(i64, Value)>,
     events: &[NewEvent],
@@ -342,14 +396,14 @@ pub async fn end_unowned(
         termination.status,
         Status::Paused | Status::AwaitingRefinement
     );
-    sqlx::query!(
+    let done = sqlx::query!(
         "UPDATE sessions SET status = $2, reason = $3, summary = $4, next_steps = $5,
                 checkpoint_saved = $6, stop_requested = false, pause_requested = false,
                 last_checkpoint_iteration = COALESCE($7, last_checkpoint_iteration),
                 owner = NULL, lease_token = NULL, lease_expires_at = NULL,
                 ended_at = CASE WHEN $8 THEN NULL ELSE now() END,
                 updated_at = now()
-         WHERE id = $1",
+         WHERE id = $1 AND ($9::text IS NULL OR tenant = $9)",
         id,
         termination.status as Status,
         termination.reason as Reason,
@@ -358,9 +412,13 @@ pub async fn end_unowned(
         checkpoint.is_some(),
         checkpoint.as_ref().map(|(n, _)| *n),
         waits,
+        scope.tenant(),
     )
     .execute(&mut *conn)
     .await?;
+    if done.rows_affected() == 0 {
+        return Err(unreached(id));
+    }
     events::append(conn, id, events).await
 }
 
@@ -368,31 +426,39 @@ pub async fn end_unowned(
 pub async fn insert_refinement(
     conn: &mut PgConnection,
     id: Uuid,
+    scope: &TenantScope,
     kind: &str,
     goal_before: &str,
     goal_after: &str,
     data: &Value,
 ) -> Result<()> {
-    sqlx::query!(
+    let done = sqlx::query!(
         "INSERT INTO refinements (session_id, number, kind, goal_before, goal_after, data)
-         SELECT $1, COALESCE(MAX(number), 0) + 1, $2, $3, $4, $5 FROM refinements WHERE session_id = $1",
+         SELECT $1, COALESCE(MAX(number), 0) + 1, $2, $3, $4, $5 FROM refinements WHERE session_id = $1
+         HAVING EXISTS (SELECT 1 FROM sessions s WHERE s.id = $1 AND ($6::text IS NULL OR s.tenant = $6))",
         id,
         kind,
         goal_before,
         goal_after,
         data,
+        scope.tenant(),
     )
     .execute(conn)
     .await?;
+    if done.rows_affected() == 0 {
+        return Err(unreached(id));
+    }
     Ok(())
 }
 
 /// Starts a session that waited for refinement, with its chosen goal and
 /// limits: running under a lease held by `owner` (returned), or, without
 /// one, in the queue.
+#[allow(clippy::too_many_arguments)]
 pub async fn start_refined(
     conn: &mut PgConnection,
     id: Uuid,
+    scope: &TenantScope,
     goal: &str,
     limits: Limits,
     owner: Option<Uuid>,
@@ -405,14 +471,14 @@ pub async fn start_refined(
     } else {
         Status::Queued
     };
-    sqlx::query!(
+    let done = sqlx::query!(
         "UPDATE sessions SET status = $7, reason = NULL, summary = NULL, reason_detail = NULL,
                 original_goal = CASE WHEN goal = $2 THEN original_goal ELSE COALESCE(original_goal, goal) END,
                 goal = $2, limits = $3, owner = $4, lease_token = $5,
                 lease_expires_at = CASE WHEN $4::uuid IS NULL THEN NULL ELSE now() + make_interval(secs => $6) END,
                 heartbeat_at = CASE WHEN $4::uuid IS NULL THEN NULL ELSE now() END, updated_at = now(),
                 queued_at = CASE WHEN $4::uuid IS NULL THEN now() END
-         WHERE id = $1",
+         WHERE id = $1 AND ($8::text IS NULL OR tenant = $8)",
         id,
         goal,
         Json(limits) as _,
@@ -420,9 +486,13 @@ pub async fn start_refined(
         token,
         lease_ttl.as_secs_f64(),
         status as Status,
+        scope.tenant(),
     )
     .execute(&mut *conn)
     .await?;
+    if done.rows_affected() == 0 {
+        return Err(unreached(id));
+    }
     events::append(conn, id, events).await?;
     Ok(token.map(|token| Lease {
         session_id: id,

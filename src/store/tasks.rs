@@ -4,16 +4,19 @@
 use uuid::Uuid;
 
 use super::rows::{Lease, TASK_STATUSES, Task, TaskWrite};
-use super::{Result, Store, StoreError};
+use super::{Result, Store, StoreError, TenantScope};
 
 impl Store {
     /// The task queue of a session, highest priority first.
-    pub async fn tasks(&self, session_id: Uuid) -> Result<Vec<Task>> {
+    pub async fn tasks(&self, session_id: Uuid, scope: &TenantScope) -> Result<Vec<Task>> {
         Ok(sqlx::query_as!(
             Task,
             "SELECT id, title, status, notes, priority, updated_at FROM tasks
-             WHERE session_id = $1 ORDER BY priority DESC, id",
+             WHERE session_id = $1
+               AND EXISTS (SELECT 1 FROM sessions s WHERE s.id = $1 AND ($2::text IS NULL OR s.tenant = $2))
+             ORDER BY priority DESC, id",
             session_id,
+            scope.tenant(),
         )
         .fetch_all(&self.pool)
         .await?)
@@ -86,6 +89,9 @@ w.priority,
             }
         }
         tx.commit().await?;
-        Ok(Ok(self.tasks(lease.session_id).await?))
+        // The lease was just proven: the session is this replica's to read.
+        Ok(Ok(self
+            .tasks(lease.session_id, &TenantScope::Global)
+            .await?))
     }
 }

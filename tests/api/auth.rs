@@ -35,10 +35,12 @@ async fn call(
     path: &str,
     key: Option<&str>,
 ) -> (StatusCode, String, Value) {
+    // A body the operation takes, so the answer is about the key and the
+    // session, not about the body.
+    let body = crate::common::valid_body(method, &template_of(path)).unwrap_or(json!({}));
     let mut req = reqwest::Client::new()
         .request(method.clone(), app.url(path))
-        .header("content-type", "application/json")
-        .body("{}");
+        .json(&body);
     if let Some(key) = key {
         req = req.bearer_auth(key);
     }
@@ -52,6 +54,20 @@ async fn call(
         .to_string();
     let body = res.json().await.unwrap_or(Value::Null);
     (status, ct, body)
+}
+
+/// The template of a session path: its id segment as `{id}`.
+fn template_of(path: &str) -> String {
+    path.split('/')
+        .map(|segment| {
+            if uuid::Uuid::try_parse(segment).is_ok() {
+                "{id}"
+            } else {
+                segment
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("/")
 }
 
 fn secret(doc: &Value) -> String {

@@ -15,7 +15,7 @@ use warden::policy::guardrails::Usage;
 use warden::policy::lifecycle::{Mode, Reason};
 use warden::policy::termination::{self, Facts};
 use warden::session::state::LoopState;
-use warden::store::{self, Counters, Lease, NewSession, StoreError};
+use warden::store::{self, Counters, Lease, NewSession, StoreError, TenantScope};
 
 use crate::common::{self, TestApp, config_with, distinct_steps, test_config};
 
@@ -249,7 +249,7 @@ async fn the_loop_cannot_pause_over_a_pending_stop() {
         .expect("inserted");
     let lease = lease.expect("a lease");
     let mut tx = store.begin().await.expect("tx");
-    store::request_stop(&mut tx, new.id)
+    store::request_stop(&mut tx, new.id, &TenantScope::Global)
         .await
         .expect("stop recorded");
     tx.commit().await.expect("committed");
@@ -276,7 +276,11 @@ async fn the_loop_cannot_pause_over_a_pending_stop() {
         matches!(answer, Err(StoreError::StopPending(id)) if id == new.id),
         "{answer:?}"
     );
-    let s = store.session(new.id).await.expect("read").expect("exists");
+    let s = store
+        .session(new.id, &TenantScope::Global)
+        .await
+        .expect("read")
+        .expect("exists");
     assert_eq!(s.status.as_str(), "running");
     assert!(s.stop_requested, "the stop request must survive");
     // The stop itself is accepted.
@@ -299,7 +303,11 @@ async fn the_loop_cannot_pause_over_a_pending_stop() {
         )
         .await
         .expect("the stop is recorded");
-    let s = store.session(new.id).await.expect("read").expect("exists");
+    let s = store
+        .session(new.id, &TenantScope::Global)
+        .await
+        .expect("read")
+        .expect("exists");
     assert_eq!(s.status.as_str(), "interrupted");
 }
 
@@ -362,7 +370,11 @@ async fn a_late_runner_start_does_not_replace_the_live_runner() {
     .await;
     let uuid: Uuid = id.parse().expect("uuid");
     let store = crate::common::store_on(pool.clone());
-    let record = store.session(uuid).await.expect("read").expect("exists");
+    let record = store
+        .session(uuid, &TenantScope::Global)
+        .await
+        .expect("read")
+        .expect("exists");
     let stale = Lease {
         session_id: uuid,
         token: Uuid::new_v4(),

@@ -221,8 +221,15 @@ async fn a_draining_replica_hands_its_sessions_to_a_peer_within_a_heartbeat() {
 async fn status_from_postgres(pool: &PgPool, id: &str) -> Value {
     let store = warden::store::Store::from_pool(pool.clone());
     let uuid: uuid::Uuid = id.parse().expect("uuid");
-    let record = store.session(uuid).await.expect("read").expect("exists");
-    let velocity = store.velocity(uuid, 30).await.expect("velocity");
+    let record = store
+        .session(uuid, &warden::store::TenantScope::Global)
+        .await
+        .expect("read")
+        .expect("exists");
+    let velocity = store
+        .velocity(uuid, 30, &warden::store::TenantScope::Global)
+        .await
+        .expect("velocity");
     let mut doc = warden::http::views::SessionView::from(record);
     doc.velocity = Some(
         velocity

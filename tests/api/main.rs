@@ -13,6 +13,7 @@ mod egress;
 mod fleet;
 mod goals;
 mod http;
+mod isolation;
 mod model;
 mod openapi;
 mod quotas;

@@ -576,3 +576,17 @@ impl Drop for ServiceProcess {
         }
     }
 }
+
+/// A body the operation accepts, so that what answers is the session
+/// lookup and not the body check (a malformed body is refused the same way
+/// for every id, existing or not).
+pub fn valid_body(method: &reqwest::Method, template: &str) -> Option<Value> {
+    match (method.as_str(), template) {
+        ("PATCH", "/api/autonomous/{id}") => Some(json!({ "limits": { "max_iterations": 7 } })),
+        ("POST", "/api/autonomous/{id}/resume") => Some(json!({ "guidance": "go on" })),
+        ("POST", "/api/autonomous/{id}/refinement") => {
+            Some(json!({ "choice": "custom", "goal": "Write the changelog" }))
+        }
+        _ => None,
+    }
+}

@@ -1,0 +1,203 @@
+//! Tenant isolation, generated from the committed OpenAPI document: every
+//! operation on a session (`{id}` in its path) is called by another
+//! tenant's operator and viewer with every spelling of the victim's id that
+//! a URL parser, a percent-decoder or a lenient UUID parser could take for
+//! it. Each answer must be the answer for a session that does not exist,
+//! and afterwards the victim's session must be exactly as it was. A new
+//! route that forgets its tenant scope fails here.
+
+use reqwest::{Method, StatusCode};
+use serde_json::{Value, json};
+
+use crate::common::{TestApp, TestDb, client_with_key, create_key, valid_body};
+
+fn committed_document() -> Value {
+    let text =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/openapi/openapi.json"))
+            .expect("openapi/openapi.json is committed");
+    serde_json::from_str(&text).expect("JSON")
+}
+
+/// Every documented operation on one session: (method, path template).
+fn session_operations(doc: &Value) -> Vec<(Method, String, bool)> {
+    let mut out = Vec::new();
+    for (path, item) in doc["paths"].as_object().expect("paths") {
+        if !path.starts_with("/api/autonomous/{id}") {
+            continue;
+        }
+        for (method, op) in item.as_object().expect("path item") {
+            let method = Method::from_bytes(method.to_uppercase().as_bytes()).expect("method");
+            out.push((method, path.clone(), op.get("requestBody").is_some()));
+        }
+    }
+    out
+}
+
+/// Every spelling of `id` (canonical, lower case) this test tries, with a
+/// name for the failure message. Each is a path segment as sent on the wire.
+fn spellings(id: &str) -> Vec<(String, String)> {
+    let mut out = vec![
+        ("canonical".to_string(), id.to_string()),
+        ("upper case".to_string(), id.to_ascii_uppercase()),
+        ("dashes as %2D".to_string(), id.replace('-', "%2D")),
+        ("dashes as %2d".to_string(), id.replace('-', "%2d")),
+        ("braced".to_string(), format!("%7B{id}%7D")),
+        ("urn:uuid:".to_string(), format!("urn:uuid:{id}")),
+        ("no dashes".to_string(), id.replace('-', "")),
+        (
+            "all percent-encoded".to_string(),
+            id.bytes().map(|b| format!("%{b:02X}")).collect(),
+        ),
+    ];
+    for (i, b) in id.bytes().enumerate() {
+        let mut encoded = id[..i].to_string();
+        encoded.push_str(&format!("%{b:02X}"));
+        encoded.push_str(&id[i + 1..]);
+        out.push((format!("character {i} percent-encoded"), encoded));
+    }
+    out
+}
+
+/// The paths of one operation for one spelling: the spelling in place of
+/// `{id}`, plus a trailing slash and a doubled slash around it.
+fn paths(template: &str, spelled: &str) -> Vec<(String, String)> {
+    let path = template.replace("{id}", spelled);
+    let doubled = template.replace("/{id}", &format!("//{spelled}"));
+    vec![
+        (String::new(), path.clone()),
+        (" with a trailing slash".into(), format!("{path}/")),
+        (" with a doubled slash".into(), doubled),
+    ]
+}
+
+/// What the server answers: status, content type, problem code.
+async fn answer(
+    app: &TestApp,
+    client: &reqwest::Client,
+    method: &Method,
+    path: &str,
+    body: Option<&Value>,
+) -> (StatusCode, String, Value) {
+    let mut req = client.request(method.clone(), app.url(path));
+    if let Some(body) = body {
+        req = req.json(body);
+    }
+    let res = req.send().await.expect("sent");
+    let status = res.status();
+    let ct = res
+        .headers()
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_string();
+    (status, ct, res.json().await.unwrap_or(Value::Null))
+}
+
+/// What must not move on the victim's session.
+fn fingerprint(session: &Value) -> Value {
+    json!({
+        "status": session["status"],
+        "iterations": session["iterations"],
+        "limits": session["limits"],
+        "mode": session["mode"],
+        "goal": session["goal"],
+        "stop_requested": session["stop_requested"],
+        "pause_requested": session["pause_requested"],
+        "last_event_seq": session["last_event_seq"],
+    })
+}
+
+#[tokio::test]
+async fn no_spelling_of_an_id_reaches_another_tenants_session() {
+    let db = TestDb::new().await;
+    let app = TestApp::spawn(db.pool.clone()).await;
+    let secret = |doc: Value| doc["secret"].as_str().expect("secret").to_string();
+    let victim_key = secret(create_key(&app.base, "victim", "operator").await);
+    let attackers = [
+        (
+            "operator",
+            client_with_key(&secret(create_key(&app.base, "intruder", "operator").await)),
+        ),
+        (
+            "viewer",
+            client_with_key(&secret(create_key(&app.base, "intruder", "viewer").await)),
+        ),
+    ];
+    let victim = TestApp {
+        client: client_with_key(&victim_key),
+        key: victim_key.clone(),
+        ..TestApp::connect(None, app.base.clone()).await
+    };
+    // Running, inside a step that outlasts the test: nothing moves on its own.
+    let id = victim
+        .create_scripted(json!([{ "action": "a", "delay_ms": 600_000 }]), json!({}))
+        .await;
+    let before = victim.session(&id).await;
+    assert_eq!(before["status"], "running", "{before}");
+    let events_before = victim.events(&id).await.len();
+
+    let doc = committed_document();
+    let ops = session_operations(&doc);
+    assert!(
+        ops.len() >= 13,
+        "the document lists the session operations: {ops:?}"
+    );
+    let missing = uuid::Uuid::new_v4().to_string();
+    let mut checked = 0;
+    for (method, template, has_body) in &ops {
+        let body = valid_body(method, template);
+        assert!(
+            !has_body || body.is_some(),
+            "{method} {template} takes a body: give it a valid one in valid_body()"
+        );
+        for (role, key) in &attackers {
+            // The answer for a session that does not exist is the standard.
+            let missing_path = template.replace("{id}", &missing);
+            let (expected, ct, problem) =
+                answer(&app, key, method, &missing_path, body.as_ref()).await;
+            let wanted = if *role == "viewer" && *method != Method::GET {
+                // A viewer may change nothing, of any session: the same 403
+                // for every id, so it tells nothing either.
+                StatusCode::FORBIDDEN
+            } else {
+                StatusCode::NOT_FOUND
+            };
+            assert_eq!(expected, wanted, "{method} {template} as {role}: {problem}");
+            assert_eq!(ct, "application/problem+json", "{method} {template}");
+            for (spelling, spelled) in spellings(&id) {
+                for (shape, path) in paths(template, &spelled) {
+                    let (status, ct, got) = answer(&app, key, method, &path, body.as_ref()).await;
+                    let case = format!("{method} {path} ({spelling}{shape}) as the {role}");
+                    assert_eq!(status, expected, "{case}: {got}");
+                    assert_eq!(ct, "application/problem+json", "{case}");
+                    assert_eq!(got["status"], expected.as_u16(), "{case}: {got}");
+                    if shape.is_empty() {
+                        // Not even the problem's code differs from a missing session's.
+                        assert_eq!(got["code"], problem["code"], "{case}: {got}");
+                    }
+                    checked += 1;
+                }
+            }
+        }
+    }
+    assert!(checked > 1_000, "{checked} calls checked");
+
+    // The victim's session is exactly as it was.
+    let after = victim.session(&id).await;
+    assert_eq!(fingerprint(&after), fingerprint(&before));
+    assert_eq!(victim.events(&id).await.len(), events_before);
+    // Its owner reaches it by its canonical id in either case, and by no other spelling.
+    let (status, _) = victim
+        .get(&format!("/api/autonomous/{}", id.to_ascii_uppercase()))
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    let (status, _) = victim
+        .get(&format!("/api/autonomous/{}", id.replace('-', "%2D")))
+        .await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    let (status, stopped) = victim
+        .post(&format!("/api/autonomous/{id}/stop"), None)
+        .await;
+    assert_eq!(status, StatusCode::OK, "{stopped}");
+    assert_eq!(stopped["status"], "interrupted", "{stopped}");
+}

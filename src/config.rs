@@ -158,6 +158,9 @@ pub struct Config {
     pub loop_nice: i32,
     /// `WARDEN_WORKSPACE_ROOT`, default ./workspaces.
     pub workspace_root: PathBuf,
+    /// `WARDEN_WORKSPACE_RETENTION`, default 7d: how long the workspace of
+    /// an ended session is kept on the disk.
+    pub workspace_retention: Duration,
     /// Session defaults.
     pub defaults: SessionDefaults,
     /// The continue gate's thresholds.
@@ -453,6 +456,17 @@ impl Env<'_> {
         }
     }
 
+    /// A span of time written as a number with a unit: `90s`, `30m`,
+    /// `12h`, `7d`.
+    fn span(&self, var: &'static str, default: &str) -> Result<Duration, ConfigError> {
+        let text = self.raw(var).unwrap_or(default).trim();
+        parse_span(text).ok_or_else(|| ConfigError::Invalid {
+            var,
+            value: text.to_string(),
+            expected: "a whole number with a unit s, m, h or d (e.g. 7d, 12h, 30m)".into(),
+        })
+    }
+
     fn millis(
         &self,
         var: &'static str,
@@ -463,6 +477,24 @@ impl Env<'_> {
         self.parse(var, default, min, max)
             .map(Duration::from_millis)
     }
+}
+
+/// A span such as `7d`, `12h`, `30m` or `90s` (at most 100 years).
+fn parse_span(text: &str) -> Option<Duration> {
+    let unit_at = text.len().checked_sub(1)?;
+    let (number, unit) = text.split_at(unit_at);
+    let seconds_per = match unit {
+        "s" => 1,
+        "m" => 60,
+        "h" => 3_600,
+        "d" => 86_400,
+        _ => return None,
+    };
+    if number.is_empty() || !number.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let seconds = number.parse::<u64>().ok()?.checked_mul(seconds_per)?;
+    (seconds <= 100 * 365 * 86_400).then(|| Duration::from_secs(seconds))
 }
 
 impl Config {
@@ -635,6 +667,7 @@ impl Config {
             workspace_root: PathBuf::from(
                 env.raw("WARDEN_WORKSPACE_ROOT").unwrap_or("./workspaces"),
             ),
+            workspace_retention: env.span("WARDEN_WORKSPACE_RETENTION", "7d")?,
             defaults,
             gate,
             stuck: StuckConfig::default(),
@@ -686,6 +719,29 @@ impl Config {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn spans_are_a_number_and_a_unit() {
+        assert_eq!(parse_span("7d"), Some(Duration::from_secs(604_800)));
+        assert_eq!(parse_span("12h"), Some(Duration::from_secs(43_200)));
+        assert_eq!(parse_span("30m"), Some(Duration::from_secs(1_800)));
+        assert_eq!(parse_span("90s"), Some(Duration::from_secs(90)));
+        assert_eq!(parse_span("0s"), Some(Duration::ZERO));
+        for bad in [
+            "",
+            "d",
+            "7",
+            "7 d",
+            "-1d",
+            "1.5h",
+            "7w",
+            "+7d",
+            "36500000d",
+            "99999999999999999999s",
+        ] {
+            assert_eq!(parse_span(bad), None, "{bad:?}");
+        }
+    }
 
     fn vars(pairs: &[(&str, &str)]) -> HashMap<String, String> {
         let mut map: HashMap<String, String> = pairs

@@ -258,6 +258,7 @@ impl Application {
             metrics.clone(),
             loops.handle(),
         );
+        let service_store = store.clone();
         let service = SessionService::new(store, config.clone(), supervisor.clone());
 
         let rescued = supervisor.rescue().await;
@@ -272,6 +273,12 @@ impl Application {
         let background = vec![
             loops.handle().spawn(supervisor.clone().maintain()),
             loops.handle().spawn(supervisor.clone().listen()),
+            tokio::spawn(session::retention::sweep_forever(
+                service_store,
+                config.workspace_root.clone(),
+                config.workspace_retention,
+                policy::retention::sweep_every(config.workspace_retention),
+            )),
         ];
         let app = http::router(
             http::AppState {

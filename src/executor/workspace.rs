@@ -76,10 +76,15 @@ pub fn digest(bytes: &[u8]) -> String {
     format!("{hash:016x}")
 }
 
+/// The directory of `session_id`'s workspace under `base`.
+pub fn dir_of(base: &Path, session_id: Uuid) -> PathBuf {
+    base.join(session_id.to_string())
+}
+
 impl Workspace {
     /// Opens (creating it) the workspace of `session_id` under `base`.
     pub fn open(base: &Path, session_id: Uuid) -> io::Result<Workspace> {
-        let dir = base.join(session_id.to_string());
+        let dir = dir_of(base, session_id);
         fs::create_dir_all(&dir)?;
         Ok(Workspace {
             root: dir.canonicalize()?,

@@ -35,6 +35,7 @@ use crate::session::service::{MAX_GOAL_CHARS, MAX_GUIDANCE_CHARS};
         super::sessions::list_sessions,
         super::sessions::get_session,
         super::sessions::update_session,
+        super::sessions::delete_session,
         super::sessions::stop_session,
         super::sessions::pause_session,
         super::sessions::resume_session,

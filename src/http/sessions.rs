@@ -26,7 +26,12 @@ use crate::store::{SessionCursor, TenantScope};
 pub fn router() -> Router<AppState> {
     Router::new()
         .route("/", post(create_session).get(list_sessions))
-        .route("/{id}", get(get_session).patch(update_session))
+        .route(
+            "/{id}",
+            get(get_session)
+                .patch(update_session)
+                .delete(delete_session),
+        )
         .route("/{id}/stop", post(stop_session))
         .route("/{id}/pause", post(pause_session))
         .route("/{id}/resume", post(resume_session))
@@ -274,6 +279,27 @@ pub async fn update_session(
 ) -> ApiResult<Json<SessionView>> {
     let session = state.service.update(id, &caller.scope, req).await?;
     Ok(Json(view(&state, session)))
+}
+
+/// Delete an ended session: its iterations, events, checkpoints and other
+/// history, and its workspace on the disk. A session that has not ended is
+/// stopped first.
+#[utoipa::path(
+    delete, path = "/api/autonomous/{id}", tag = "control",
+    params(("id" = Uuid, Path, description = "Session id")),
+    responses(
+        (status = 204, description = "Deleted, with its history and workspace"),
+        (status = 404, description = "No such session", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "The session has not ended; stop it first (`illegal_transition`)", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn delete_session(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Principal>,
+    SessionId(id): SessionId,
+) -> ApiResult<StatusCode> {
+    state.service.delete(id, &caller.scope).await?;
+    Ok(StatusCode::NO_CONTENT)
 }
 
 /// A 404 for a session `scope` does not reach, before reading its history

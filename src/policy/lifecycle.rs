@@ -386,9 +386,36 @@ pub fn check_update(from: Status) -> Result<(), IllegalTransition> {
     }
 }
 
+/// Checks that a session in this status may be deleted: only one that has
+/// ended (completed, stopped, interrupted or failed). A live one, or one
+/// waiting for a person, is stopped first.
+pub fn check_delete(from: Status) -> Result<(), IllegalTransition> {
+    match from {
+        Status::Completed | Status::Stopped | Status::Interrupted | Status::Failed => Ok(()),
+        Status::Running | Status::Queued | Status::Paused | Status::AwaitingRefinement => {
+            Err(IllegalTransition {
+                action: "delete",
+                from,
+                hint: "it has not ended; stop it first (POST /api/autonomous/{id}/stop)",
+            })
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_ended_sessions_may_be_deleted() {
+        for s in Status::ALL {
+            let ended = matches!(
+                s,
+                Status::Completed | Status::Stopped | Status::Interrupted | Status::Failed
+            );
+            assert_eq!(check_delete(s).is_ok(), ended, "{}", s.as_str());
+        }
+    }
 
     #[test]
     fn names_round_trip() {

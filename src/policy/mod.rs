@@ -10,6 +10,7 @@ pub mod history;
 pub mod lifecycle;
 pub mod projection;
 pub mod reflection;
+pub mod retention;
 pub mod sentinel;
 pub mod stuck;
 pub mod termination;

@@ -17,6 +17,7 @@ mod planner;
 pub mod reads;
 pub mod reflector;
 pub mod rehydrate;
+pub mod retention;
 pub mod runner;
 pub mod service;
 pub mod state;

@@ -877,6 +877,24 @@ impl SessionService {
             .await
     }
 
+    /// Deletes an ended session with its whole history, then its workspace.
+    /// A workspace that cannot be removed now is left to the retention sweep
+    /// (its session is gone, so the sweep removes it).
+    #[tracing::instrument(skip(self))]
+    pub async fn delete(&self, id: Uuid, scope: &TenantScope) -> Result<()> {
+        let mut tx = self.store.begin().await?;
+        let session = store::lock_session(&mut tx, id, scope)
+            .await?
+            .ok_or(ServiceError::NotFound(id))?;
+        lifecycle::check_delete(session.status)?;
+        store::delete_session(&mut tx, id, scope).await?;
+        self.commit(tx, id).await?;
+        if let Err(err) = super::retention::remove(&self.config.workspace_root, id).await {
+            tracing::warn!(session_id = %id, error = %err, "session deleted; its workspace is left for the retention sweep");
+        }
+        Ok(())
+    }
+
     /// Changes the mode or limits of a session; a running loop applies them
     /// from its next iteration.
     #[tracing::instrument(skip(self, req))]

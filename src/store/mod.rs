@@ -55,8 +55,9 @@ pub use rows::{
 pub use scope::TenantScope;
 pub use secrets::{PlaintextKey, StoredSecret, insert_secret};
 pub use sessions::{
-    end_unowned, insert as insert_session, insert_refinement, lock as lock_session, request_pause,
-    request_stop, resume as resume_session, start_refined, update_settings,
+    delete as delete_session, end_unowned, insert as insert_session, insert_refinement,
+    lock as lock_session, request_pause, request_stop, resume as resume_session, start_refined,
+    update_settings,
 };
 
 use std::sync::{Arc, OnceLock};

@@ -499,3 +499,40 @@ pub async fn start_refined(
         token,
     }))
 }
+
+/// Deletes a session the caller locked under `scope`, with its whole history
+/// (iterations, events and checkpoints by the delete trigger, the rest by
+/// foreign keys). The caller has checked that it ended.
+pub async fn delete(conn: &mut PgConnection, id: Uuid, scope: &TenantScope) -> Result<()> {
+    let done = sqlx::query!(
+        "DELETE FROM sessions WHERE id = $1 AND ($2::text IS NULL OR tenant = $2)",
+        id,
+        scope.tenant(),
+    )
+    .execute(&mut *conn)
+    .await?;
+    if done.rows_affected() == 0 {
+        return Err(unreached(id));
+    }
+    Ok(())
+}
+
+impl Store {
+    /// Of the sessions `ids`, those that exist within `scope`, each with
+    /// when it ended (`None`: not ended).
+    pub async fn ended_at_of(
+        &self,
+        ids: &[Uuid],
+        scope: &TenantScope,
+    ) -> Result<Vec<(Uuid, Option<DateTime<Utc>>)>> {
+        let rows = sqlx::query!(
+            "SELECT id, ended_at FROM sessions
+             WHERE id = ANY($1) AND ($2::text IS NULL OR tenant = $2)",
+            ids,
+            scope.tenant(),
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows.into_iter().map(|r| (r.id, r.ended_at)).collect())
+    }
+}

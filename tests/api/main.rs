@@ -9,6 +9,7 @@ mod common;
 
 mod auth;
 mod control;
+mod deletion;
 mod egress;
 mod fleet;
 mod goals;

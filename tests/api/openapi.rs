@@ -200,8 +200,9 @@ async fn every_4xx_is_a_problem_and_413_names_the_limit() {
             let path = format!("/api/autonomous/{id}/{what}?{bad}");
             assert_eq!(app.get(&path).await.0, StatusCode::BAD_REQUEST, "{path}");
         }
+        // Not an id in its one spelling: no such session.
         let path = format!("/api/autonomous/not-a-uuid/{what}");
-        assert_eq!(app.get(&path).await.0, StatusCode::BAD_REQUEST, "{path}");
+        assert_eq!(app.get(&path).await.0, StatusCode::NOT_FOUND, "{path}");
     }
     assert_eq!(app.get("/api/autonomous?limit=200").await.0, StatusCode::OK);
     assert_eq!(

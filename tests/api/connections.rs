@@ -120,9 +120,11 @@ async fn idle_connections_neither_starve_the_server_nor_outlive_the_header_timeo
         .await;
     let to = addr(&app);
     let opening = Instant::now();
+    // In batches of 100 at once: quick, yet within the listen backlog.
     let mut idle = Vec::with_capacity(2_000);
-    for _ in 0..2_000 {
-        idle.push(unfinished(Ipv4Addr::LOCALHOST, to).await);
+    for _ in 0..20 {
+        let batch = (0..100).map(|_| unfinished(Ipv4Addr::LOCALHOST, to));
+        idle.extend(futures::future::join_all(batch).await);
     }
     let opened = opening.elapsed();
 

@@ -213,6 +213,41 @@ pub struct Config {
     pub secret_key_previous: Vec<SecretKey>,
     /// Quotas (`WARDEN_TENANT_MAX_RUNNING`, …).
     pub quotas: Quotas,
+    /// Limits on the HTTP connections themselves (`WARDEN_MAX_CONNECTIONS`, …).
+    pub connections: ConnectionLimits,
+}
+
+/// Limits on the HTTP connections a replica holds, so that idle or
+/// half-open connections cannot exhaust its file descriptors.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ConnectionLimits {
+    /// `WARDEN_HEADER_READ_TIMEOUT_MS`: how long a request's line and
+    /// headers may take to arrive in full, counted from the connection's
+    /// accept (or, on a kept-alive connection, from the previous response),
+    /// default 10 s; the connection is closed after it.
+    pub header_read_timeout: Duration,
+    /// `WARDEN_IDLE_TIMEOUT_MS`: a connection over which no byte moves in
+    /// either direction for this long is closed, default 60 s (live
+    /// streams send a keep-alive comment every 15 s).
+    pub idle_timeout: Duration,
+    /// `WARDEN_MAX_CONNECTIONS`: open connections per replica, default
+    /// 10,000; more are closed as soon as they are accepted.
+    pub max_connections: usize,
+    /// `WARDEN_MAX_CONNECTIONS_PER_IP`: open connections from one client
+    /// address (an IPv6 client's /64), default 1,000; more are closed as
+    /// soon as they are accepted.
+    pub max_connections_per_ip: usize,
+}
+
+impl Default for ConnectionLimits {
+    fn default() -> ConnectionLimits {
+        ConnectionLimits {
+            header_read_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(60),
+            max_connections: 10_000,
+            max_connections_per_ip: 1_000,
+        }
+    }
 }
 
 /// Where the key sealing sessions' secrets comes from.
@@ -358,6 +393,33 @@ impl Env<'_> {
                 d.max_concurrent_requests,
                 1,
                 1_000_000,
+            )?,
+        })
+    }
+}
+
+impl Env<'_> {
+    fn connections(&self) -> Result<ConnectionLimits, ConfigError> {
+        let d = ConnectionLimits::default();
+        Ok(ConnectionLimits {
+            header_read_timeout: self.millis(
+                "WARDEN_HEADER_READ_TIMEOUT_MS",
+                10_000,
+                100,
+                3_600_000,
+            )?,
+            idle_timeout: self.millis("WARDEN_IDLE_TIMEOUT_MS", 60_000, 100, 86_400_000)?,
+            max_connections: self.parse(
+                "WARDEN_MAX_CONNECTIONS",
+                d.max_connections,
+                1,
+                10_000_000,
+            )?,
+            max_connections_per_ip: self.parse(
+                "WARDEN_MAX_CONNECTIONS_PER_IP",
+                d.max_connections_per_ip,
+                1,
+                10_000_000,
             )?,
         })
     }
@@ -712,6 +774,7 @@ impl Config {
             secret_key: env.secret_key()?,
             secret_key_previous: env.secret_key_previous()?,
             quotas: env.quotas()?,
+            connections: env.connections()?,
         })
     }
 }
@@ -993,6 +1056,40 @@ mod tests {
             "WARDEN_WORKSPACE_MAX_FILES",
             "WARDEN_TENANT_MAX_STREAMS",
             "WARDEN_MAX_CONCURRENT_REQUESTS",
+        ] {
+            let err = Config::from_vars(&vars(&[(var, "0")])).unwrap_err();
+            assert!(err.to_string().contains(var), "{err}");
+        }
+    }
+
+    #[test]
+    fn connection_limits_are_read_and_checked() {
+        let c = Config::from_vars(&vars(&[])).unwrap();
+        assert_eq!(c.connections, ConnectionLimits::default());
+        assert_eq!(c.connections.header_read_timeout, Duration::from_secs(10));
+        assert_eq!(c.connections.max_connections, 10_000);
+        assert_eq!(c.connections.max_connections_per_ip, 1_000);
+        let c = Config::from_vars(&vars(&[
+            ("WARDEN_HEADER_READ_TIMEOUT_MS", "1500"),
+            ("WARDEN_IDLE_TIMEOUT_MS", "2500"),
+            ("WARDEN_MAX_CONNECTIONS", "30"),
+            ("WARDEN_MAX_CONNECTIONS_PER_IP", "7"),
+        ]))
+        .unwrap();
+        assert_eq!(
+            c.connections,
+            ConnectionLimits {
+                header_read_timeout: Duration::from_millis(1500),
+                idle_timeout: Duration::from_millis(2500),
+                max_connections: 30,
+                max_connections_per_ip: 7,
+            }
+        );
+        for var in [
+            "WARDEN_HEADER_READ_TIMEOUT_MS",
+            "WARDEN_IDLE_TIMEOUT_MS",
+            "WARDEN_MAX_CONNECTIONS",
+            "WARDEN_MAX_CONNECTIONS_PER_IP",
         ] {
             let err = Config::from_vars(&vars(&[(var, "0")])).unwrap_err();
             assert!(err.to_string().contains(var), "{err}");

@@ -295,11 +295,12 @@ impl Application {
         );
         let stop_serving = CancellationToken::new();
         let graceful = stop_serving.clone();
-        let server = tokio::spawn(async move {
-            axum::serve(listener, app)
-                .with_graceful_shutdown(async move { graceful.cancelled().await })
-                .await
-        });
+        let server = tokio::spawn(http::serve::serve(
+            listener,
+            app,
+            config.connections,
+            graceful,
+        ));
         Ok(Application {
             addr,
             supervisor,

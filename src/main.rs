@@ -46,6 +46,18 @@ async fn main() -> ExitCode {
     } else {
         tracing_subscriber::fmt().with_env_filter(filter).init();
     }
+    match warden::http::serve::raise_open_files_limit() {
+        Ok(limit) if limit < config.connections.max_connections as u64 + 1_024 => {
+            tracing::warn!(
+                open_files = limit,
+                max_connections = config.connections.max_connections,
+                "the open-files limit (ulimit -n) leaves little room beyond WARDEN_MAX_CONNECTIONS; \
+raise it or lower WARDEN_MAX_CONNECTIONS so excess connections are refused rather than failing to be accepted"
+            );
+        }
+        Ok(limit) => tracing::debug!(open_files = limit, "open-files limit"),
+        Err(e) => tracing::debug!(error = %e, "open-files limit left as it is"),
+    }
     let app = match Application::build(config).await {
         Ok(app) => app,
         Err(err) => {

@@ -8,6 +8,7 @@ mod extract;
 mod health;
 pub mod keys;
 pub mod openapi;
+pub mod serve;
 pub mod sessions;
 pub mod stream;
 pub mod views;
@@ -57,12 +58,40 @@ impl RequestLimits {
 }
 
 /// Whether a request is exempt from the timeout and the concurrency limit:
-/// the probes (they must answer under load) and live streams (they are
-/// meant to last; their own quota is per tenant).
+/// the probes (they must answer under load) and the documented live
+/// streams, `GET /api/autonomous/events` and `GET /api/autonomous/{id}/events`
+/// asked for as `text/event-stream` (they are meant to last; their own quota
+/// is per tenant). Decided by method and route shape, so an event-stream
+/// `Accept` on any other route changes nothing.
 fn unlimited(req: &Request<axum::body::Body>) -> bool {
-    matches!(req.uri().path(), "/healthz" | "/readyz")
-        || req.uri().path() == "/api/autonomous/events"
-        || stream::wants_stream(req.headers())
+    exempt_route(
+        req.method(),
+        req.uri().path(),
+        stream::wants_stream(req.headers()),
+    )
+}
+
+/// The decision of [`unlimited`] from the method, the path as routed
+/// (not decoded) and whether the request asks for an event stream.
+pub fn exempt_route(method: &axum::http::Method, path: &str, wants_stream: bool) -> bool {
+    use axum::http::Method;
+    if method != Method::GET && method != Method::HEAD {
+        return false;
+    }
+    if matches!(path, "/healthz" | "/readyz") {
+        return true;
+    }
+    if method != Method::GET || !wants_stream {
+        return false;
+    }
+    let Some(rest) = path.strip_prefix("/api/autonomous/") else {
+        return false;
+    };
+    match rest.split('/').collect::<Vec<_>>().as_slice() {
+        ["events"] => true,
+        [id, "events"] => uuid::Uuid::try_parse(id).is_ok(),
+        _ => false,
+    }
 }
 
 /// Sheds load rather than queueing it: a request over the concurrency
@@ -155,3 +184,64 @@ async fn dashboard() -> axum::response::Html<&'static str> {
 
 /// How long in-flight requests may take to finish at shutdown.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+
+#[cfg(test)]
+mod tests {
+    use super::exempt_route;
+    use axum::http::Method;
+
+    #[test]
+    fn only_the_probes_and_the_stream_routes_are_exempt() {
+        let id = "0b6f6a3e-3d7c-4c59-9d8a-1f2e3d4c5b6a";
+        let session_events = format!("/api/autonomous/{id}/events");
+        let session = format!("/api/autonomous/{id}");
+        let pause = format!("/api/autonomous/{id}/pause");
+        let twice = format!("/api/autonomous/{id}/events/events");
+        // (method, path, asks for an event stream, exempt)
+        let table: &[(Method, &str, bool, bool)] = &[
+            (Method::GET, "/healthz", false, true),
+            (Method::HEAD, "/healthz", false, true),
+            (Method::GET, "/readyz", true, true),
+            (Method::POST, "/healthz", false, false),
+            (Method::GET, "/api/autonomous/events", true, true),
+            (Method::GET, &session_events, true, true),
+            // The stream routes as plain reads are ordinary requests.
+            (Method::GET, "/api/autonomous/events", false, false),
+            (Method::GET, &session_events, false, false),
+            (Method::HEAD, &session_events, true, false),
+            (Method::POST, &session_events, true, false),
+            (Method::POST, "/api/autonomous/events", true, false),
+            // Any other route, event-stream Accept or not.
+            (Method::GET, "/api/autonomous", true, false),
+            (Method::GET, "/api/autonomous/", true, false),
+            (Method::GET, &session, true, false),
+            (Method::POST, &pause, true, false),
+            (Method::GET, "/api/autonomous/outcomes", true, false),
+            (Method::GET, "/api/keys", true, false),
+            (Method::GET, "/metrics", true, false),
+            (Method::GET, "/", true, false),
+            (Method::GET, "/nope/events", true, false),
+            // Near misses of the route shape.
+            (Method::GET, "/api/autonomous/events/", true, false),
+            (Method::GET, "/api/autonomous//events", true, false),
+            (
+                Method::GET,
+                "/api/autonomous/not-a-uuid/events",
+                true,
+                false,
+            ),
+            (Method::GET, &twice, true, false),
+            (Method::GET, "/api/autonomous/%65vents", true, false),
+            (Method::GET, "/API/autonomous/events", true, false),
+            (Method::GET, "/healthz/", false, false),
+            (Method::GET, "/api/keys/events", true, false),
+        ];
+        for (method, path, wants, exempt) in table {
+            assert_eq!(
+                exempt_route(method, path, *wants),
+                *exempt,
+                "{method} {path} stream={wants}"
+            );
+        }
+    }
+}

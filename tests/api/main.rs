@@ -8,6 +8,7 @@
 mod common;
 
 mod auth;
+mod connections;
 mod control;
 mod deletion;
 mod egress;

@@ -217,6 +217,89 @@ async fn slow_requests_time_out_and_excess_requests_are_shed() {
 }
 
 #[tokio::test]
+async fn an_event_stream_accept_header_exempts_no_other_route() {
+    let db = crate::common::TestDb::new().await;
+    let pool = db.pool.clone();
+    let app = TestApp::spawn_with(
+        pool,
+        config_with(&[
+            ("WARDEN_REQUEST_TIMEOUT_MS", "400"),
+            ("WARDEN_MAX_CONCURRENT_REQUESTS", "1"),
+            ("WARDEN_STOP_WAIT_MS", "10000"),
+        ]),
+    )
+    .await;
+    let id = app
+        .create(json!({
+            "goal": "Create README.md with a project description",
+            "executor": { "kind": "scripted", "repeat": true,
+                          "steps": [{ "action": "wait", "output": "x", "delay_ms": 3000 }] }
+        }))
+        .await["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    // A slow pause that asks for an event stream still times out…
+    let pause = tokio::spawn(
+        app.client
+            .post(app.url(&format!("/api/autonomous/{id}/pause")))
+            .header("accept", "text/event-stream")
+            .json(&json!({}))
+            .send(),
+    );
+    // …and, once it is in progress, holds the one request slot: a list
+    // asking for an event stream is shed.
+    let uuid: uuid::Uuid = id.parse().unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let requested: bool =
+            sqlx::query_scalar("SELECT pause_requested FROM sessions WHERE id = $1")
+                .bind(uuid)
+                .fetch_one(&db.pool)
+                .await
+                .unwrap();
+        if requested {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the pause never arrived"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let shed = app
+        .client
+        .get(app.url("/api/autonomous"))
+        .header("accept", "text/event-stream")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(shed.status(), StatusCode::SERVICE_UNAVAILABLE);
+    let body: Value = shed.json().await.unwrap();
+    assert_eq!(body["code"], "overloaded", "{body}");
+    let paused = pause.await.unwrap().unwrap();
+    assert_eq!(paused.status(), StatusCode::SERVICE_UNAVAILABLE);
+    let body: Value = paused.json().await.unwrap();
+    assert_eq!(body["code"], "request_timeout", "{body}");
+    // The session's own live stream is exempt: it holds no slot.
+    let stream = app
+        .client
+        .get(app.url(&format!("/api/autonomous/{id}/events")))
+        .header("accept", "text/event-stream")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(stream.status(), StatusCode::OK);
+    let (status, _) = app.get("/api/autonomous").await;
+    assert_eq!(
+        status,
+        StatusCode::OK,
+        "an open stream holds no request slot"
+    );
+    drop(stream);
+}
+
+#[tokio::test]
 async fn lists_show_the_executor_summary_from_summary_columns() {
     let db = crate::common::TestDb::new().await;
     let pool = db.pool.clone();

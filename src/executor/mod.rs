@@ -294,10 +294,8 @@ pub struct ExecutorDeps {
     pub max_file_bytes: u64,
     /// Tool calls of one model answer that are executed.
     pub max_tool_calls_per_step: usize,
-    /// Most bytes of files in the session's workspace.
-    pub workspace_max_bytes: u64,
-    /// Most files in the session's workspace.
-    pub workspace_max_files: u64,
+    /// What the session's workspace may hold.
+    pub workspace_limits: workspace::Limits,
     /// The tool-call journal of this session.
     pub journal: Arc<dyn ToolJournal>,
     /// The conversation of the current cycle, one entry per committed step.
@@ -440,7 +438,7 @@ impl ExecutorSpec {
                 };
                 let workspace = workspace::Workspace::open(&deps.workspace_root, deps.session_id)
                     .map_err(|e| format!("cannot open the session workspace: {e}"))?
-                    .with_quota(deps.workspace_max_bytes, deps.workspace_max_files);
+                    .with_limits(deps.workspace_limits);
                 Ok(Box::new(LlmExecutor::new(
                     client,
                     model,

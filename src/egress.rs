@@ -549,6 +549,17 @@ pub fn sanitize(text: &str, max: usize) -> String {
         .to_string()
 }
 
+/// Splits an http(s) URL into the part before its query and the query
+/// (`None` when there is none or it is empty); a fragment is dropped (it is
+/// never sent). No parsing and re-printing, so the rest stays as given.
+pub fn split_query(url: &str) -> (&str, Option<&str>) {
+    let url = url.split_once('#').map_or(url, |(before, _)| before);
+    match url.split_once('?') {
+        Some((before, query)) => (before, Some(query).filter(|q| !q.is_empty())),
+        None => (url, None),
+    }
+}
+
 /// A URL as shown back to clients: without userinfo, query or fragment.
 pub fn redact_url(url: &str) -> String {
     match Url::parse(url) {

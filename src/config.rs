@@ -285,19 +285,6 @@ impl Default for Quotas {
     }
 }
 
-impl Quotas {
-    /// What one session's workspace may hold under these quotas.
-    pub fn workspace_limits(&self) -> crate::executor::workspace::Limits {
-        crate::executor::workspace::Limits {
-            max_bytes: self.workspace_max_bytes,
-            max_files: self.workspace_max_files,
-            max_entries: self.workspace_max_entries,
-            max_depth: self.workspace_max_depth,
-            ..crate::executor::workspace::Limits::UNLIMITED
-        }
-    }
-}
-
 impl Env<'_> {
     /// `WARDEN_SECRET_KEY` (wins) or `WARDEN_SECRET_KEY_FILE`.
     fn secret_key(&self) -> Result<SecretKeySource, ConfigError> {

@@ -152,6 +152,17 @@ WARDEN_WORKSPACE_MAX_BYTES={}; write less or overwrite a large file",
         Ok(())
     }
 
+    /// What one session's workspace may hold under the configured quotas.
+    pub fn from_quotas(quotas: &crate::config::Quotas) -> Limits {
+        Limits {
+            max_bytes: quotas.workspace_max_bytes,
+            max_files: quotas.workspace_max_files,
+            max_entries: quotas.workspace_max_entries,
+            max_depth: quotas.workspace_max_depth,
+            ..Limits::UNLIMITED
+        }
+    }
+
     fn unlimited_usage(&self) -> bool {
         self.max_bytes == u64::MAX && self.max_files == u64::MAX && self.max_entries == u64::MAX
     }

@@ -293,6 +293,11 @@ pub struct Quotas {
     pub workspace_max_bytes: u64,
     /// `WARDEN_WORKSPACE_MAX_FILES`: files in one session's workspace, default 10 000.
     pub workspace_max_files: u64,
+    /// `WARDEN_WORKSPACE_MAX_ENTRIES`: files and directories (every entry)
+    /// in one session's workspace, default 10 000.
+    pub workspace_max_entries: u64,
+    /// `WARDEN_WORKSPACE_MAX_DEPTH`: components of a workspace path, default 32.
+    pub workspace_max_depth: usize,
     /// `WARDEN_TENANT_MAX_STREAMS`: live event streams one tenant may hold open, default 32.
     pub tenant_max_streams: usize,
     /// `WARDEN_REQUEST_TIMEOUT_MS`: longest a request (streams aside) may take, default 30 s.
@@ -309,6 +314,8 @@ impl Default for Quotas {
             max_tool_calls_per_step: 16,
             workspace_max_bytes: 104_857_600,
             workspace_max_files: 10_000,
+            workspace_max_entries: 10_000,
+            workspace_max_depth: 32,
             tenant_max_streams: 32,
             request_timeout: Duration::from_secs(30),
             max_concurrent_requests: 512,
@@ -380,6 +387,18 @@ impl Env<'_> {
                 d.workspace_max_files,
                 1,
                 10_000_000,
+            )?,
+            workspace_max_entries: self.parse(
+                "WARDEN_WORKSPACE_MAX_ENTRIES",
+                d.workspace_max_entries,
+                1,
+                10_000_000,
+            )?,
+            workspace_max_depth: self.parse(
+                "WARDEN_WORKSPACE_MAX_DEPTH",
+                d.workspace_max_depth,
+                1,
+                512,
             )?,
             tenant_max_streams: self.parse(
                 "WARDEN_TENANT_MAX_STREAMS",
@@ -996,6 +1015,8 @@ mod tests {
             ("WARDEN_MAX_TOOL_CALLS_PER_STEP", "2"),
             ("WARDEN_WORKSPACE_MAX_BYTES", "4096"),
             ("WARDEN_WORKSPACE_MAX_FILES", "5"),
+            ("WARDEN_WORKSPACE_MAX_ENTRIES", "9"),
+            ("WARDEN_WORKSPACE_MAX_DEPTH", "4"),
             ("WARDEN_TENANT_MAX_STREAMS", "6"),
             ("WARDEN_REQUEST_TIMEOUT_MS", "700"),
             ("WARDEN_MAX_CONCURRENT_REQUESTS", "8"),
@@ -1035,6 +1056,8 @@ mod tests {
                 max_tool_calls_per_step: 2,
                 workspace_max_bytes: 4096,
                 workspace_max_files: 5,
+                workspace_max_entries: 9,
+                workspace_max_depth: 4,
                 tenant_max_streams: 6,
                 request_timeout: Duration::from_millis(700),
                 max_concurrent_requests: 8,
@@ -1054,6 +1077,8 @@ mod tests {
             "WARDEN_TENANT_MAX_RUNNING",
             "WARDEN_MAX_TOOL_CALLS_PER_STEP",
             "WARDEN_WORKSPACE_MAX_FILES",
+            "WARDEN_WORKSPACE_MAX_ENTRIES",
+            "WARDEN_WORKSPACE_MAX_DEPTH",
             "WARDEN_TENANT_MAX_STREAMS",
             "WARDEN_MAX_CONCURRENT_REQUESTS",
         ] {

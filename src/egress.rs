@@ -313,64 +313,170 @@ pub fn refused_category(addr: IpAddr) -> Option<&'static str> {
     }
 }
 
+/// IPv4 ranges Warden refuses, most specific first: the IANA IPv4
+/// Special-Purpose Address Registry's ranges that are not globally
+/// reachable, multicast, reserved, and the clouds' metadata endpoints.
+const REFUSED_V4: &[([u8; 4], u8, &str)] = &[
+    ([169, 254, 169, 254], 32, "cloud metadata"),
+    ([169, 254, 170, 2], 32, "cloud metadata"),
+    ([100, 100, 100, 200], 32, "cloud metadata"),
+    ([0, 0, 0, 0], 8, "unspecified"),
+    ([10, 0, 0, 0], 8, "private"),
+    ([100, 64, 0, 0], 10, "shared (CGNAT)"),
+    ([127, 0, 0, 0], 8, "loopback"),
+    ([169, 254, 0, 0], 16, "link-local"),
+    ([172, 16, 0, 0], 12, "private"),
+    ([192, 0, 0, 0], 24, "special-purpose"),
+    ([192, 0, 2, 0], 24, "documentation"),
+    ([192, 88, 99, 0], 24, "6to4 relay anycast"),
+    ([192, 168, 0, 0], 16, "private"),
+    ([198, 18, 0, 0], 15, "benchmarking"),
+    ([198, 51, 100, 0], 24, "documentation"),
+    ([203, 0, 113, 0], 24, "documentation"),
+    ([224, 0, 0, 0], 4, "multicast"),
+    ([255, 255, 255, 255], 32, "broadcast"),
+    ([240, 0, 0, 0], 4, "reserved"),
+];
+
+/// What an IPv6 range holds, for the policy.
+#[derive(Clone, Copy)]
+enum V6Range {
+    /// Refused, as this kind of address.
+    Refused(&'static str),
+    /// Carries an IPv4 address in the last 32 bits (NAT64), judged as that address.
+    EmbedsLow32,
+    /// Carries an IPv4 address in bits 16..48 (6to4), judged as that address.
+    Embeds6to4,
+}
+
+/// IPv6 ranges with a rule, most specific first: the IANA IPv6
+/// Special-Purpose Address Registry and the address architecture. Whatever
+/// is outside them and outside global unicast `2000::/3` is refused too.
+const V6_RANGES: &[(u128, u8, V6Range)] = &[
+    (
+        0xfd00_0ec2_0000_0000_0000_0000_0000_0254,
+        128,
+        V6Range::Refused("cloud metadata"),
+    ),
+    (0, 128, V6Range::Refused("unspecified")),
+    (1, 128, V6Range::Refused("loopback")),
+    (
+        0x0064_ff9b_0000_0000_0000_0000_0000_0000,
+        96,
+        V6Range::EmbedsLow32,
+    ),
+    (
+        0x0064_ff9b_0001_0000_0000_0000_0000_0000,
+        48,
+        V6Range::Refused("local-use IPv4/IPv6 translation"),
+    ),
+    (
+        0x0000_0000_0000_0000_ffff_0000_0000_0000,
+        96,
+        V6Range::Refused("IPv4-translated"),
+    ),
+    (0, 96, V6Range::Refused("IPv4-compatible (deprecated)")),
+    (
+        0x0100_0000_0000_0000_0000_0000_0000_0000,
+        64,
+        V6Range::Refused("discard-only"),
+    ),
+    (
+        0x2001_0000_0000_0000_0000_0000_0000_0000,
+        32,
+        V6Range::Refused("Teredo"),
+    ),
+    (
+        0x2001_0002_0000_0000_0000_0000_0000_0000,
+        48,
+        V6Range::Refused("benchmarking"),
+    ),
+    (
+        0x2001_0010_0000_0000_0000_0000_0000_0000,
+        28,
+        V6Range::Refused("ORCHID"),
+    ),
+    (
+        0x2001_0020_0000_0000_0000_0000_0000_0000,
+        28,
+        V6Range::Refused("ORCHIDv2"),
+    ),
+    (
+        0x2001_0000_0000_0000_0000_0000_0000_0000,
+        23,
+        V6Range::Refused("special-purpose"),
+    ),
+    (
+        0x2001_0db8_0000_0000_0000_0000_0000_0000,
+        32,
+        V6Range::Refused("documentation"),
+    ),
+    (
+        0x2002_0000_0000_0000_0000_0000_0000_0000,
+        16,
+        V6Range::Embeds6to4,
+    ),
+    (
+        0x3fff_0000_0000_0000_0000_0000_0000_0000,
+        20,
+        V6Range::Refused("documentation"),
+    ),
+    (
+        0xfc00_0000_0000_0000_0000_0000_0000_0000,
+        7,
+        V6Range::Refused("private"),
+    ),
+    (
+        0xfe80_0000_0000_0000_0000_0000_0000_0000,
+        10,
+        V6Range::Refused("link-local"),
+    ),
+    (
+        0xfec0_0000_0000_0000_0000_0000_0000_0000,
+        10,
+        V6Range::Refused("site-local"),
+    ),
+    (
+        0xff00_0000_0000_0000_0000_0000_0000_0000,
+        8,
+        V6Range::Refused("multicast"),
+    ),
+];
+
+/// Whether `addr` is in the `prefix`-bit range starting at `net`.
+fn in_range<T>(addr: T, net: T, prefix: u8, bits: u32) -> bool
+where
+    T: Copy + std::ops::BitXor<Output = T> + std::ops::Shr<u32, Output = T> + PartialEq + From<u8>,
+{
+    let prefix = u32::from(prefix);
+    prefix == 0 || ((addr ^ net) >> (bits - prefix)) == T::from(0)
+}
+
 fn refused_v4(ip: Ipv4Addr) -> Option<&'static str> {
-    let o = ip.octets();
-    let cloud_metadata = [
-        Ipv4Addr::new(169, 254, 169, 254),
-        Ipv4Addr::new(169, 254, 170, 2),
-        Ipv4Addr::new(100, 100, 100, 200),
-    ];
-    if cloud_metadata.contains(&ip) {
-        Some("cloud metadata")
-    } else if ip.is_loopback() {
-        Some("loopback")
-    } else if ip.is_unspecified() || o[0] == 0 {
-        Some("unspecified")
-    } else if ip.is_private() {
-        Some("private")
-    } else if ip.is_link_local() {
-        Some("link-local")
-    } else if o[0] == 100 && (64..128).contains(&o[1]) {
-        Some("shared (CGNAT)")
-    } else if ip.is_multicast() {
-        Some("multicast")
-    } else if ip.is_broadcast() || o[0] >= 240 {
-        Some("reserved")
-    } else if (o[0] == 192 && o[1] == 0 && o[2] == 0) || (o[0] == 198 && (o[1] & 0xfe) == 18) {
-        Some("special-purpose")
-    } else {
-        None
-    }
+    let addr = u32::from(ip);
+    REFUSED_V4
+        .iter()
+        .find(|(net, prefix, _)| in_range(addr, u32::from_be_bytes(*net), *prefix, 32))
+        .map(|(_, _, category)| *category)
 }
 
 fn refused_v6(ip: Ipv6Addr) -> Option<&'static str> {
-    let seg = ip.segments();
-    if ip == Ipv6Addr::new(0xfd00, 0xec2, 0, 0, 0, 0, 0, 0x254) {
-        Some("cloud metadata")
-    } else if ip.is_loopback() {
-        Some("loopback")
-    } else if ip.is_unspecified() {
-        Some("unspecified")
-    } else if ip.is_multicast() {
-        Some("multicast")
-    } else if (seg[0] & 0xfe00) == 0xfc00 {
-        Some("private")
-    } else if (seg[0] & 0xffc0) == 0xfe80 {
-        Some("link-local")
-    } else if seg[0] == 0x64 && seg[1] == 0xff9b {
-        // NAT64 embeds an IPv4 address in the last 32 bits.
-        let v4 = Ipv4Addr::new(
-            (seg[6] >> 8) as u8,
-            seg[6] as u8,
-            (seg[7] >> 8) as u8,
-            seg[7] as u8,
-        );
-        refused_v4(v4)
-    } else if seg[..6] == [0, 0, 0, 0, 0, 0] {
-        // Deprecated IPv4-compatible form (::a.b.c.d).
-        Some("reserved")
-    } else {
-        None
+    if let Some(v4) = ip.to_ipv4_mapped() {
+        return refused_v4(v4);
+    }
+    let addr = u128::from(ip);
+    let rule = V6_RANGES
+        .iter()
+        .find(|(net, prefix, _)| in_range(addr, *net, *prefix, 128))
+        .map(|(_, _, rule)| *rule);
+    match rule {
+        Some(V6Range::Refused(category)) => Some(category),
+        // The translator or relay calls the embedded IPv4 address for us:
+        // it is allowed only when that address is.
+        Some(V6Range::EmbedsLow32) => refused_v4(Ipv4Addr::from(addr as u32)),
+        Some(V6Range::Embeds6to4) => refused_v4(Ipv4Addr::from((addr >> 80) as u32)),
+        None if (addr >> 125) != 0b001 => Some("reserved"),
+        None => None,
     }
 }
 
@@ -443,6 +549,17 @@ pub fn sanitize(text: &str, max: usize) -> String {
         .to_string()
 }
 
+/// Splits an http(s) URL into the part before its query and the query
+/// (`None` when there is none or it is empty); a fragment is dropped (it is
+/// never sent). No parsing and re-printing, so the rest stays as given.
+pub fn split_query(url: &str) -> (&str, Option<&str>) {
+    let url = url.split_once('#').map_or(url, |(before, _)| before);
+    match url.split_once('?') {
+        Some((before, query)) => (before, Some(query).filter(|q| !q.is_empty())),
+        None => (url, None),
+    }
+}
+
 /// A URL as shown back to clients: without userinfo, query or fragment.
 pub fn redact_url(url: &str) -> String {
     match Url::parse(url) {
@@ -465,54 +582,152 @@ mod tests {
         s.parse().expect("test address")
     }
 
+    /// Every range the policy refuses, as the IANA special-purpose
+    /// registries (and the address architecture) list them.
+    const REFUSED_RANGES: &[(&str, &str)] = &[
+        ("0.0.0.0/8", "unspecified"),
+        ("10.0.0.0/8", "private"),
+        ("100.64.0.0/10", "shared (CGNAT)"),
+        ("127.0.0.0/8", "loopback"),
+        ("169.254.0.0/16", "link-local"),
+        ("172.16.0.0/12", "private"),
+        ("192.0.0.0/24", "special-purpose"),
+        ("192.0.2.0/24", "documentation"),
+        ("192.88.99.0/24", "6to4 relay anycast"),
+        ("192.168.0.0/16", "private"),
+        ("198.18.0.0/15", "benchmarking"),
+        ("198.51.100.0/24", "documentation"),
+        ("203.0.113.0/24", "documentation"),
+        ("224.0.0.0/4", "multicast"),
+        ("240.0.0.0/5", "reserved"),
+        ("255.255.255.255/32", "broadcast"),
+        ("::/128", "unspecified"),
+        ("::1/128", "loopback"),
+        ("::2/127", "IPv4-compatible (deprecated)"),
+        ("::ffff:0:0:0/96", "IPv4-translated"),
+        ("64:ff9b:1::/48", "local-use IPv4/IPv6 translation"),
+        ("100::/64", "discard-only"),
+        ("2001::/32", "Teredo"),
+        ("2001:2::/48", "benchmarking"),
+        ("2001:10::/28", "ORCHID"),
+        ("2001:20::/28", "ORCHIDv2"),
+        ("2001:1::/32", "special-purpose"),
+        ("2001:db8::/32", "documentation"),
+        ("3fff::/20", "documentation"),
+        ("fc00::/7", "private"),
+        ("fe80::/10", "link-local"),
+        ("fec0::/10", "site-local"),
+        ("ff00::/8", "multicast"),
+        ("4000::/3", "reserved"),
+        ("5f00::/16", "reserved"),
+        ("fe00::/9", "reserved"),
+    ];
+
     #[test]
-    fn refuses_every_internal_class() {
-        for (addr, category) in [
-            ("127.0.0.1", "loopback"),
-            ("127.8.9.10", "loopback"),
-            ("::1", "loopback"),
-            ("::ffff:127.0.0.1", "loopback"),
-            ("0.0.0.0", "unspecified"),
-            ("::", "unspecified"),
-            ("10.0.0.1", "private"),
-            ("172.16.0.1", "private"),
-            ("172.31.255.255", "private"),
-            ("192.168.1.1", "private"),
-            ("fd12:3456::1", "private"),
-            ("169.254.1.1", "link-local"),
-            ("fe80::1", "link-local"),
-            ("169.254.169.254", "cloud metadata"),
-            ("::ffff:169.254.169.254", "cloud metadata"),
-            ("fd00:ec2::254", "cloud metadata"),
-            ("100.100.100.200", "cloud metadata"),
-            ("100.64.0.1", "shared (CGNAT)"),
-            ("100.127.255.255", "shared (CGNAT)"),
-            ("224.0.0.1", "multicast"),
-            ("ff02::1", "multicast"),
-            ("255.255.255.255", "reserved"),
-            ("240.0.0.1", "reserved"),
-            ("::7f00:1", "reserved"),
-            ("64:ff9b::7f00:1", "loopback"),
-            ("64:ff9b::a00:1", "private"),
-            ("192.0.0.8", "special-purpose"),
-            ("198.18.0.1", "special-purpose"),
+    fn every_special_purpose_range_is_refused_first_to_last() {
+        for (range, category) in REFUSED_RANGES {
+            let net: IpNet = range.parse().expect("test range");
+            for addr in [net.network(), net.broadcast()] {
+                assert_eq!(refused_category(addr), Some(*category), "{addr} in {range}");
+            }
+        }
+    }
+
+    #[test]
+    fn addresses_just_outside_the_ranges_are_judged_on_their_own() {
+        for (addr, expected) in [
+            // Public neighbours of the refused IPv4 ranges.
+            ("1.0.0.0", None),
+            ("9.255.255.255", None),
+            ("11.0.0.0", None),
+            ("100.63.255.255", None),
+            ("100.128.0.0", None),
+            ("126.255.255.255", None),
+            ("128.0.0.0", None),
+            ("169.253.255.255", None),
+            ("169.255.0.0", None),
+            ("172.15.255.255", None),
+            ("172.32.0.0", None),
+            ("191.255.255.255", None),
+            ("192.0.1.0", None),
+            ("192.0.3.0", None),
+            ("192.88.98.255", None),
+            ("192.88.100.0", None),
+            ("192.167.255.255", None),
+            ("192.169.0.0", None),
+            ("198.17.255.255", None),
+            ("198.20.0.0", None),
+            ("198.51.99.255", None),
+            ("198.51.101.0", None),
+            ("203.0.112.255", None),
+            ("203.0.114.0", None),
+            ("223.255.255.255", None),
+            ("255.255.255.254", Some("reserved")),
+            // Cloud metadata inside link-local and CGNAT.
+            ("169.254.169.254", Some("cloud metadata")),
+            ("169.254.170.2", Some("cloud metadata")),
+            ("100.100.100.200", Some("cloud metadata")),
+            ("fd00:ec2::254", Some("cloud metadata")),
+            // Public neighbours of the refused IPv6 ranges.
+            ("2000::", None),
+            ("2001:200::", None),
+            ("2001:db7:ffff:ffff:ffff:ffff:ffff:ffff", None),
+            ("2001:db9::", None),
+            ("2003::", None),
+            ("3ffe:ffff:ffff:ffff:ffff:ffff:ffff:ffff", None),
+            ("3fff:1000::", None),
+            ("2606:4700:4700::1111", None),
+            (
+                "3fff:fff:ffff:ffff:ffff:ffff:ffff:ffff",
+                Some("documentation"),
+            ),
+            ("1fff:ffff:ffff:ffff:ffff:ffff:ffff:ffff", Some("reserved")),
+            ("100:0:0:1::", Some("reserved")),
+            ("64:ff9a:ffff:ffff:ffff:ffff:ffff:ffff", Some("reserved")),
+            ("64:ff9b::1:0:0", Some("reserved")),
+            ("fbff:ffff:ffff:ffff:ffff:ffff:ffff:ffff", Some("reserved")),
+            ("::ffff:1:0:0", Some("reserved")),
+            ("::1:0:0:0", Some("reserved")),
+            ("::fffe:ffff:ffff", Some("reserved")),
+            ("::1:0:0:0:0", Some("reserved")),
         ] {
-            assert_eq!(refused_category(ip(addr)), Some(category), "{addr}");
+            assert_eq!(refused_category(ip(addr)), expected, "{addr}");
+        }
+    }
+
+    #[test]
+    fn an_embedded_ipv4_address_is_judged_as_itself() {
+        for (addr, expected) in [
+            // IPv4-mapped (::ffff:0:0/96).
+            ("::ffff:0.0.0.0", Some("unspecified")),
+            ("::ffff:127.0.0.1", Some("loopback")),
+            ("::ffff:169.254.169.254", Some("cloud metadata")),
+            ("::ffff:255.255.255.255", Some("broadcast")),
+            ("::ffff:8.8.8.8", None),
+            // NAT64 (64:ff9b::/96): the last 32 bits.
+            ("64:ff9b::", Some("unspecified")),
+            ("64:ff9b::7f00:1", Some("loopback")),
+            ("64:ff9b::a00:1", Some("private")),
+            ("64:ff9b::a9fe:a9fe", Some("cloud metadata")),
+            ("64:ff9b::ffff:ffff", Some("broadcast")),
+            ("64:ff9b::808:808", None),
+            // 6to4 (2002::/16): bits 16 to 48.
+            ("2002::", Some("unspecified")),
+            ("2002:7f00:1::1", Some("loopback")),
+            ("2002:c0a8:101::1", Some("private")),
+            ("2002:a9fe:a9fe::", Some("cloud metadata")),
+            ("2002:6440:1::", Some("shared (CGNAT)")),
+            ("2002:ffff:ffff:ffff:ffff:ffff:ffff:ffff", Some("broadcast")),
+            ("2002:808:808::1", None),
+            ("2002:808:808:ffff:ffff:ffff:ffff:ffff", None),
+        ] {
+            assert_eq!(refused_category(ip(addr)), expected, "{addr}");
         }
     }
 
     #[test]
     fn allows_public_addresses() {
-        for addr in [
-            "8.8.8.8",
-            "1.1.1.1",
-            "100.63.255.255",
-            "100.128.0.1",
-            "172.32.0.1",
-            "2606:4700:4700::1111",
-            "64:ff9b::808:808",
-            "::ffff:8.8.8.8",
-        ] {
+        for addr in ["8.8.8.8", "1.1.1.1", "93.184.216.34", "2a00:1450:4001::1"] {
             assert_eq!(refused_category(ip(addr)), None, "{addr}");
         }
     }

@@ -17,6 +17,8 @@ use uuid::Uuid;
 
 /// Name of a session's own model API key among its secrets.
 pub const API_KEY: &str = "api_key";
+/// Name of the query of a session's client-chosen URL among its secrets.
+pub const URL_QUERY: &str = "url_query";
 
 /// Length of a secret key, bytes (256 bits).
 pub const KEY_BYTES: usize = 32;

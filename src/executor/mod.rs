@@ -264,6 +264,34 @@ impl std::fmt::Debug for ApiKey {
     }
 }
 
+/// The query of a client-chosen URL (`?…`): often a credential (`?key=…`,
+/// a signed token), so it is kept like an API key: sealed apart from the
+/// stored spec, never shown, its `Debug` redacted.
+#[derive(Clone, PartialEq, Eq)]
+pub struct UrlQuery(String);
+
+impl UrlQuery {
+    /// Wraps a query (without its `?`).
+    pub fn new(query: impl Into<String>) -> UrlQuery {
+        UrlQuery(query.into())
+    }
+
+    /// The query itself, for sealing and for the requests it goes in.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for UrlQuery {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("UrlQuery(<redacted>)")
+    }
+}
+
+/// The key a stored executor JSON carries when its URL's query was taken
+/// off and sealed as the session secret of the same name.
+pub const SEALED_QUERY_MARKER: &str = crate::secrets::URL_QUERY;
+
 /// Most scripted steps one session may carry.
 pub const MAX_SCRIPTED_STEPS: usize = 10_000;
 /// Allowed timeout of one model call or webhook step, ms.
@@ -294,10 +322,8 @@ pub struct ExecutorDeps {
     pub max_file_bytes: u64,
     /// Tool calls of one model answer that are executed.
     pub max_tool_calls_per_step: usize,
-    /// Most bytes of files in the session's workspace.
-    pub workspace_max_bytes: u64,
-    /// Most files in the session's workspace.
-    pub workspace_max_files: u64,
+    /// What the session's workspace may hold.
+    pub workspace_limits: workspace::Limits,
     /// The tool-call journal of this session.
     pub journal: Arc<dyn ToolJournal>,
     /// The conversation of the current cycle, one entry per committed step.
@@ -440,7 +466,7 @@ impl ExecutorSpec {
                 };
                 let workspace = workspace::Workspace::open(&deps.workspace_root, deps.session_id)
                     .map_err(|e| format!("cannot open the session workspace: {e}"))?
-                    .with_quota(deps.workspace_max_bytes, deps.workspace_max_files);
+                    .with_limits(deps.workspace_limits);
                 Ok(Box::new(LlmExecutor::new(
                     client,
                     model,
@@ -502,6 +528,33 @@ impl ExecutorSpec {
             && api_key.is_none()
         {
             *api_key = Some(key);
+        }
+        self
+    }
+
+    /// The URL the client chose (a model executor's `base_url`, a webhook's `url`).
+    fn client_url_mut(&mut self) -> Option<&mut String> {
+        match self {
+            ExecutorSpec::Llm { base_url, .. } => base_url.as_mut(),
+            ExecutorSpec::Webhook { url, .. } => Some(url),
+            ExecutorSpec::Scripted { .. } => None,
+        }
+    }
+
+    /// Takes the query off the client-chosen URL (it is stored sealed,
+    /// apart from the spec), and the fragment, which is never sent.
+    pub fn take_url_query(&mut self) -> Option<UrlQuery> {
+        let url = self.client_url_mut()?;
+        let (without, query) = crate::egress::split_query(url);
+        let query = query.map(str::to_string);
+        *url = without.to_string();
+        query.map(UrlQuery::new)
+    }
+
+    /// Puts a query read back from its sealed store onto the client-chosen URL.
+    pub fn with_url_query(mut self, query: &UrlQuery) -> ExecutorSpec {
+        if let Some(url) = self.client_url_mut() {
+            *url = format!("{url}?{}", query.expose());
         }
         self
     }
@@ -580,13 +633,30 @@ fn check_url(field: &str, url: &str) -> Result<(), String> {
     let ok = (url.starts_with("http://") || url.starts_with("https://"))
         && url.len() > "https://".len()
         && url.chars().all(|c| c.is_ascii_graphic());
-    if ok {
-        Ok(())
-    } else {
-        Err(format!(
-            "{field} must be an http:// or https:// URL of printable ASCII, got {url:?}"
-        ))
+    if !ok {
+        return Err(format!(
+            "{field} must be an http:// or https:// URL of printable ASCII, got {:?}",
+            crate::egress::redact_url(url)
+        ));
     }
+    if has_userinfo(url) {
+        let instead = if field == "executor.base_url" {
+            "put the model server's key in executor.api_key"
+        } else {
+            "a webhook's URL may not carry a login; use a token in its query, which is kept secret"
+        };
+        return Err(format!(
+            "{field} must not carry credentials (user:password@host): {instead}"
+        ));
+    }
+    Ok(())
+}
+
+/// Whether an http(s) URL's authority carries userinfo (`user:pass@`).
+fn has_userinfo(url: &str) -> bool {
+    let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
+    authority.contains('@')
 }
 
 #[cfg(test)]
@@ -617,5 +687,91 @@ mod tests {
             !shown.contains("sk-spec") && !shown.contains("pw") && !shown.contains("k=q"),
             "{shown}"
         );
+    }
+
+    fn spec(value: serde_json::Value) -> ExecutorSpec {
+        serde_json::from_value(value).unwrap()
+    }
+
+    #[test]
+    fn urls_with_credentials_are_refused_naming_where_they_go() {
+        for (value, field) in [
+            (
+                serde_json::json!({ "kind": "llm", "base_url": "https://u:pw@llm.example/v1" }),
+                "executor.base_url",
+            ),
+            (
+                serde_json::json!({ "kind": "llm", "base_url": "https://tok@llm.example/v1" }),
+                "executor.base_url",
+            ),
+            (
+                serde_json::json!({ "kind": "webhook", "url": "http://:pw@agent.example/step" }),
+                "executor.url",
+            ),
+        ] {
+            let err = spec(value).validate().unwrap_err();
+            assert!(
+                err.starts_with(field) && err.contains("credentials") && !err.contains("pw"),
+                "{err}"
+            );
+        }
+        assert!(
+            spec(serde_json::json!({ "kind": "llm", "base_url": "https://u:pw@h/v1" }))
+                .validate()
+                .unwrap_err()
+                .contains("executor.api_key")
+        );
+        // An @ after the authority is not userinfo.
+        for ok in [
+            "https://llm.example/v1/@team?who=a@b",
+            "https://llm.example/v1?mail=a@b",
+        ] {
+            assert_eq!(
+                spec(serde_json::json!({ "kind": "webhook", "url": ok })).validate(),
+                Ok(()),
+                "{ok}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_url_query_is_taken_off_and_put_back() {
+        let original = spec(serde_json::json!({
+            "kind": "llm", "base_url": "https://llm.example/v1?key=q-secret&x=1#frag"
+        }));
+        let mut public = original.clone();
+        let query = public.take_url_query().expect("a query");
+        assert_eq!(query.expose(), "key=q-secret&x=1");
+        assert!(!format!("{query:?}").contains("q-secret"));
+        let stored = serde_json::to_value(&public).unwrap();
+        assert_eq!(stored["base_url"], "https://llm.example/v1", "{stored}");
+        let back = public.with_url_query(&query);
+        assert!(matches!(&back, ExecutorSpec::Llm { base_url: Some(u), .. }
+            if u == "https://llm.example/v1?key=q-secret&x=1"));
+
+        let mut hook =
+            spec(serde_json::json!({ "kind": "webhook", "url": "http://a.example/s?t=1" }));
+        assert_eq!(
+            hook.take_url_query().map(|q| q.expose().to_string()),
+            Some("t=1".into())
+        );
+        for (kind, value) in [
+            (
+                "no query",
+                serde_json::json!({ "kind": "webhook", "url": "http://a.example/s" }),
+            ),
+            (
+                "empty query",
+                serde_json::json!({ "kind": "webhook", "url": "http://a.example/s?" }),
+            ),
+            ("default endpoint", serde_json::json!({ "kind": "llm" })),
+            (
+                "scripted",
+                serde_json::json!({ "kind": "scripted", "steps": [{ "action": "a" }] }),
+            ),
+        ] {
+            let mut s = spec(value);
+            assert!(s.take_url_query().is_none(), "{kind}");
+        }
     }
 }

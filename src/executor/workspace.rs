@@ -46,23 +46,144 @@ impl From<io::Error> for ToolError {
     }
 }
 
+/// Longest relative path a tool may name, in bytes.
+pub const MAX_PATH_BYTES: usize = 1_024;
+/// Longest component (file or directory name) of such a path, in bytes.
+pub const MAX_COMPONENT_BYTES: usize = 255;
+
+/// What one workspace may hold: bytes, files, entries of every kind
+/// (directories too, so deep paths cannot create inodes without end), and
+/// how deep and long a path may be.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Most bytes of files (`WARDEN_WORKSPACE_MAX_BYTES`).
+    pub max_bytes: u64,
+    /// Most files (`WARDEN_WORKSPACE_MAX_FILES`).
+    pub max_files: u64,
+    /// Most entries, directories included (`WARDEN_WORKSPACE_MAX_ENTRIES`).
+    pub max_entries: u64,
+    /// Most components of a relative path (`WARDEN_WORKSPACE_MAX_DEPTH`).
+    pub max_depth: usize,
+    /// Longest relative path, bytes.
+    pub max_path_bytes: usize,
+    /// Longest component of a path, bytes.
+    pub max_component_bytes: usize,
+}
+
+impl Limits {
+    /// No quota on what the workspace holds; paths still within the
+    /// filesystem-friendly length limits.
+    pub const UNLIMITED: Limits = Limits {
+        max_bytes: u64::MAX,
+        max_files: u64::MAX,
+        max_entries: u64::MAX,
+        max_depth: usize::MAX,
+        max_path_bytes: MAX_PATH_BYTES,
+        max_component_bytes: MAX_COMPONENT_BYTES,
+    };
+
+    /// Refuses a relative path deeper or longer than the limits allow.
+    pub fn check_path(&self, relative: &Path) -> Result<(), ToolError> {
+        let mut depth = 0usize;
+        let mut bytes = 0usize;
+        for component in relative.components() {
+            let Component::Normal(name) = component else {
+                continue;
+            };
+            let len = name.as_encoded_bytes().len();
+            if len > self.max_component_bytes {
+                return Err(ToolError::Quota(format!(
+                    "a path component is {len} bytes, over the limit of {} bytes per name",
+                    self.max_component_bytes
+                )));
+            }
+            depth += 1;
+            bytes += len + usize::from(depth > 1);
+        }
+        if depth > self.max_depth {
+            return Err(ToolError::Quota(format!(
+                "the path is {depth} levels deep, over WARDEN_WORKSPACE_MAX_DEPTH={}; use a flatter layout",
+                self.max_depth
+            )));
+        }
+        if bytes > self.max_path_bytes {
+            return Err(ToolError::Quota(format!(
+                "the path is {bytes} bytes long, over the limit of {} bytes; use shorter names",
+                self.max_path_bytes
+            )));
+        }
+        Ok(())
+    }
+
+    /// Refuses a write of `size` bytes that creates `new_entries` entries
+    /// (missing parent directories and, unless it replaces a file of
+    /// `replaced` bytes, the file) in a workspace holding `usage`.
+    pub fn check_write(
+        &self,
+        usage: Usage,
+        new_entries: u64,
+        replaced: Option<u64>,
+        size: u64,
+    ) -> Result<(), ToolError> {
+        let files = usage.files.saturating_add(u64::from(replaced.is_none()));
+        let bytes = (usage.bytes - replaced.unwrap_or(0).min(usage.bytes)).saturating_add(size);
+        let entries = usage.entries.saturating_add(new_entries);
+        if files > self.max_files {
+            return Err(ToolError::Quota(format!(
+                "the workspace already holds {} files, the most WARDEN_WORKSPACE_MAX_FILES={} allows; \
+overwrite or reuse an existing file",
+                usage.files, self.max_files
+            )));
+        }
+        if entries > self.max_entries {
+            return Err(ToolError::Quota(format!(
+                "the workspace holds {} files and directories and this write would add {new_entries}, \
+over WARDEN_WORKSPACE_MAX_ENTRIES={}; reuse existing files and directories",
+                usage.entries, self.max_entries
+            )));
+        }
+        if bytes > self.max_bytes {
+            return Err(ToolError::Quota(format!(
+                "writing {size} bytes would bring the workspace to {bytes} bytes, over \
+WARDEN_WORKSPACE_MAX_BYTES={}; write less or overwrite a large file",
+                self.max_bytes
+            )));
+        }
+        Ok(())
+    }
+
+    /// What one session's workspace may hold under the configured quotas.
+    pub fn from_quotas(quotas: &crate::config::Quotas) -> Limits {
+        Limits {
+            max_bytes: quotas.workspace_max_bytes,
+            max_files: quotas.workspace_max_files,
+            max_entries: quotas.workspace_max_entries,
+            max_depth: quotas.workspace_max_depth,
+            ..Limits::UNLIMITED
+        }
+    }
+
+    fn unlimited_usage(&self) -> bool {
+        self.max_bytes == u64::MAX && self.max_files == u64::MAX && self.max_entries == u64::MAX
+    }
+}
+
 /// A session's workspace directory.
 #[derive(Debug, Clone)]
 pub struct Workspace {
     root: PathBuf,
-    /// Most bytes of files (`WARDEN_WORKSPACE_MAX_BYTES`).
-    max_bytes: u64,
-    /// Most files (`WARDEN_WORKSPACE_MAX_FILES`).
-    max_files: u64,
+    limits: Limits,
 }
 
-/// What a workspace holds: bytes and files.
+/// What a workspace holds: bytes, files, and entries of every kind.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Usage {
     /// Bytes of regular files.
     pub bytes: u64,
     /// Regular files.
     pub files: u64,
+    /// Entries of every kind (files, directories, symlinks, …).
+    pub entries: u64,
 }
 
 /// A stable 64-bit FNV-1a digest, hex: stored with file writes to spot a
@@ -88,19 +209,17 @@ impl Workspace {
         fs::create_dir_all(&dir)?;
         Ok(Workspace {
             root: dir.canonicalize()?,
-            max_bytes: u64::MAX,
-            max_files: u64::MAX,
+            limits: Limits::UNLIMITED,
         })
     }
 
-    /// The same workspace held to `max_bytes` of files and `max_files` files.
-    pub fn with_quota(mut self, max_bytes: u64, max_files: u64) -> Workspace {
-        self.max_bytes = max_bytes;
-        self.max_files = max_files;
+    /// The same workspace held to `limits`.
+    pub fn with_limits(mut self, limits: Limits) -> Workspace {
+        self.limits = limits;
         self
     }
 
-    /// Bytes and files in the workspace now (symlinks are not followed).
+    /// Bytes, files and entries in the workspace now (symlinks are not followed).
     pub fn usage(&self) -> Result<Usage, ToolError> {
         let mut usage = Usage::default();
         let mut dirs = vec![self.root.clone()];
@@ -108,6 +227,7 @@ impl Workspace {
             for entry in fs::read_dir(&dir)? {
                 let entry = entry?;
                 let kind = entry.file_type()?;
+                usage.entries += 1;
                 if kind.is_dir() {
                     dirs.push(entry.path());
                 } else if kind.is_file() {
@@ -119,10 +239,11 @@ impl Workspace {
         Ok(usage)
     }
 
-    /// Refuses a write of `size` bytes to `path` (replacing what is there)
-    /// that would take the workspace over its quotas.
-    fn check_quota(&self, path: &Path, size: u64) -> Result<(), ToolError> {
-        if self.max_bytes == u64::MAX && self.max_files == u64::MAX {
+    /// Refuses a write of `size` bytes to `path` (replacing what is there,
+    /// creating the `missing` directories) that would take the workspace
+    /// over its quotas.
+    fn check_quota(&self, path: &Path, missing: usize, size: u64) -> Result<(), ToolError> {
+        if self.limits.unlimited_usage() {
             return Ok(());
         }
         let usage = self.usage()?;
@@ -130,23 +251,8 @@ impl Workspace {
             .ok()
             .filter(|m| m.is_file())
             .map(|m| m.len());
-        let files = usage.files + u64::from(replaced.is_none());
-        let bytes = usage.bytes - replaced.unwrap_or(0).min(usage.bytes) + size;
-        if files > self.max_files {
-            return Err(ToolError::Quota(format!(
-                "the workspace already holds {} files, the most WARDEN_WORKSPACE_MAX_FILES={} allows; \
-overwrite or reuse an existing file",
-                usage.files, self.max_files
-            )));
-        }
-        if bytes > self.max_bytes {
-            return Err(ToolError::Quota(format!(
-                "writing {size} bytes would bring the workspace to {bytes} bytes, over \
-WARDEN_WORKSPACE_MAX_BYTES={}; write less or overwrite a large file",
-                self.max_bytes
-            )));
-        }
-        Ok(())
+        let new_entries = missing as u64 + u64::from(replaced.is_none());
+        self.limits.check_write(usage, new_entries, replaced, size)
     }
 
     /// The workspace directory.
@@ -207,6 +313,7 @@ WARDEN_WORKSPACE_MAX_BYTES={}; write less or overwrite a large file",
                 limit,
             });
         }
+        self.limits.check_path(Path::new(relative.trim()))?;
         let path = self.resolve(relative)?;
         if path == self.root {
             return Err(ToolError::Arguments("a file name is required".into()));
@@ -218,31 +325,73 @@ WARDEN_WORKSPACE_MAX_BYTES={}; write less or overwrite a large file",
                 "{relative:?} is a symlink or directory; refusing to overwrite it"
             )));
         }
+        let missing = self.missing_parents(&path);
         // Before anything is created, so a refused write leaves nothing behind.
-        self.check_quota(&path, size)?;
-        if let Some(parent) = path.parent() {
-            fs::create_dir_all(parent)?;
-            // Re-check after creating directories: a racing symlink must not lead out.
-            let real = parent.canonicalize()?;
-            if !real.starts_with(&self.root) {
-                return Err(ToolError::Escape(relative.to_string()));
+        self.check_quota(&path, missing.len(), size)?;
+        let mut created = Vec::with_capacity(missing.len());
+        let result = self
+            .create_parents(&path, &missing, &mut created, relative)
+            .and_then(|()| {
+                // Through a temporary file and a rename: a failed write (a full
+                // disk) leaves the old content, never half of the new one.
+                // A short name of its own: a name of the longest allowed
+                // length must still leave room for it.
+                let tmp = path.with_file_name(format!(".warden-{}.tmp", Uuid::new_v4().simple()));
+                fs::write(&tmp, content)
+                    .and_then(|()| fs::rename(&tmp, &path))
+                    .map_err(|err| {
+                        let _ = fs::remove_file(&tmp);
+                        ToolError::from(err)
+                    })
+            });
+        if let Err(err) = result {
+            // Nothing partial stays: the directories this write made go too.
+            for dir in created.iter().rev() {
+                let _ = fs::remove_dir(dir);
             }
-        }
-        // Through a temporary file and a rename: a failed write (a full
-        // disk) leaves the old content, never half of the new one.
-        let tmp = path.with_file_name(format!(
-            ".{}.warden-tmp",
-            path.file_name()
-                .map_or_else(String::new, |n| n.to_string_lossy().to_string())
-        ));
-        if let Err(err) = fs::write(&tmp, content).and_then(|()| fs::rename(&tmp, &path)) {
-            let _ = fs::remove_file(&tmp);
-            return Err(err.into());
+            return Err(err);
         }
         Ok(FileWrite {
             path: relative.trim().trim_start_matches("./").to_string(),
             digest: digest(content.as_bytes()),
         })
+    }
+
+    /// The directories above `path` that do not exist yet, outermost first.
+    fn missing_parents(&self, path: &Path) -> Vec<PathBuf> {
+        let mut missing: Vec<PathBuf> = path
+            .ancestors()
+            .skip(1)
+            .take_while(|dir| *dir != self.root && fs::symlink_metadata(dir).is_err())
+            .map(Path::to_path_buf)
+            .collect();
+        missing.reverse();
+        missing
+    }
+
+    /// Creates `missing` one by one, recording each in `created`, and checks
+    /// that `path`'s parent does not lead out (a racing symlink).
+    fn create_parents(
+        &self,
+        path: &Path,
+        missing: &[PathBuf],
+        created: &mut Vec<PathBuf>,
+        relative: &str,
+    ) -> Result<(), ToolError> {
+        for dir in missing {
+            match fs::create_dir(dir) {
+                Ok(()) => created.push(dir.clone()),
+                Err(err) if err.kind() == io::ErrorKind::AlreadyExists => {}
+                Err(err) => return Err(err.into()),
+            }
+        }
+        if let Some(parent) = path.parent() {
+            let real = parent.canonicalize()?;
+            if !real.starts_with(&self.root) {
+                return Err(ToolError::Escape(relative.to_string()));
+            }
+        }
+        Ok(())
     }
 
     /// Lists a directory: one entry a line, directories with a trailing `/`.
@@ -307,7 +456,7 @@ mod tests {
 
     #[test]
     fn writes_over_the_workspace_quotas_fail_naming_them_and_leave_nothing() {
-        let (ws, _dir) = quota_workspace(100, 3);
+        let (_dir, ws) = quota_workspace(100, 3);
         ws.write("a.txt", &"a".repeat(40), 1_000).unwrap();
         ws.write("d/b.txt", &"b".repeat(40), 1_000).unwrap();
         // Bytes: 80 used, 30 more would be 110 > 100.
@@ -329,7 +478,8 @@ mod tests {
             ws.usage().unwrap(),
             Usage {
                 bytes: 100,
-                files: 2
+                files: 2,
+                entries: 3
             }
         );
         ws.write("a.txt", "x", 1_000).unwrap();
@@ -346,19 +496,165 @@ mod tests {
             ws.usage().unwrap(),
             Usage {
                 bytes: 43,
-                files: 3
+                files: 3,
+                entries: 4
             }
         );
         // No temporary file is left either.
         assert_eq!(ws.list("").unwrap(), vec!["a.txt", "c.txt", "d/"]);
     }
 
-    fn quota_workspace(bytes: u64, files: u64) -> (Workspace, PathBuf) {
-        let base = std::env::temp_dir().join(format!("warden-ws-quota-{}", Uuid::new_v4()));
-        let ws = Workspace::open(&base, Uuid::new_v4())
-            .unwrap()
-            .with_quota(bytes, files);
-        (ws, base)
+    fn quota_workspace(bytes: u64, files: u64) -> (tempdir::Dir, Workspace) {
+        limited_workspace(Limits {
+            max_bytes: bytes,
+            max_files: files,
+            ..Limits::UNLIMITED
+        })
+    }
+
+    fn limited_workspace(limits: Limits) -> (tempdir::Dir, Workspace) {
+        let (dir, ws) = workspace();
+        (dir, ws.with_limits(limits))
+    }
+
+    /// Every entry under the workspace root, sorted, as relative paths.
+    fn tree(ws: &Workspace) -> Vec<String> {
+        let mut found = Vec::new();
+        let mut dirs = vec![ws.root().to_path_buf()];
+        while let Some(dir) = dirs.pop() {
+            for entry in fs::read_dir(&dir).unwrap() {
+                let path = entry.unwrap().path();
+                if path.is_dir() {
+                    dirs.push(path.clone());
+                }
+                let rel = path.strip_prefix(ws.root()).unwrap();
+                found.push(rel.to_string_lossy().to_string());
+            }
+        }
+        found.sort();
+        found
+    }
+
+    fn limits(entries: u64, depth: usize) -> Limits {
+        Limits {
+            max_entries: entries,
+            max_depth: depth,
+            ..Limits::UNLIMITED
+        }
+    }
+
+    #[test]
+    fn paths_are_judged_by_depth_length_and_name_length() {
+        let l = limits(u64::MAX, 32);
+        let deep = |n: usize| vec!["d"; n].join("/");
+        assert_eq!(l.check_path(Path::new(&deep(32))), Ok(()));
+        assert_eq!(l.check_path(Path::new(&format!("./{}", deep(32)))), Ok(()));
+        let err = l.check_path(Path::new(&deep(33))).unwrap_err();
+        assert!(
+            matches!(&err, ToolError::Quota(m) if m.contains("WARDEN_WORKSPACE_MAX_DEPTH=32")),
+            "{err}"
+        );
+        let name = |n: usize| "n".repeat(n);
+        assert_eq!(l.check_path(Path::new(&name(255))), Ok(()));
+        let err = l
+            .check_path(Path::new(&format!("a/{}", name(256))))
+            .unwrap_err();
+        assert!(err.to_string().contains("255 bytes per name"), "{err}");
+        // 5 names of 204 bytes and 4 separators: 1,024 bytes; one more is 1,025.
+        let longest = vec![name(204); 5].join("/");
+        assert_eq!(longest.len(), 1_024);
+        assert_eq!(l.check_path(Path::new(&longest)), Ok(()));
+        let err = l.check_path(Path::new(&format!("{longest}x"))).unwrap_err();
+        assert!(err.to_string().contains("1025 bytes long"), "{err}");
+        assert!(err.to_string().contains("1024 bytes"), "{err}");
+    }
+
+    #[test]
+    fn writes_are_judged_by_the_entries_they_add() {
+        let l = limits(10, usize::MAX);
+        let usage = |entries| Usage {
+            bytes: 0,
+            files: 0,
+            entries,
+        };
+        assert_eq!(l.check_write(usage(7), 3, None, 1), Ok(()));
+        let err = l.check_write(usage(7), 4, None, 1).unwrap_err();
+        assert!(
+            err.to_string().contains("WARDEN_WORKSPACE_MAX_ENTRIES=10"),
+            "{err}"
+        );
+        // Overwriting a file adds nothing, even at the limit.
+        assert_eq!(l.check_write(usage(10), 0, Some(5), 1), Ok(()));
+        assert!(l.check_write(usage(10), 1, None, 1).is_err());
+        assert_eq!(
+            Limits::UNLIMITED.check_write(usage(u64::MAX), 5, None, u64::MAX),
+            Ok(())
+        );
+    }
+
+    #[test]
+    fn directories_count_as_entries_and_a_refused_write_leaves_no_directory() {
+        let (_dir, ws) = limited_workspace(limits(6, 4));
+        ws.write("a/b/c/d.txt", "x", 100).unwrap();
+        assert_eq!(ws.usage().unwrap().entries, 4);
+        // p/, p/q/ and p/q/r.txt would make 7 entries, over 6.
+        let err = ws.write("p/q/r.txt", "x", 100).unwrap_err();
+        assert!(
+            matches!(&err, ToolError::Quota(m) if m.contains("WARDEN_WORKSPACE_MAX_ENTRIES")),
+            "{err}"
+        );
+        assert_eq!(tree(&ws), ["a", "a/b", "a/b/c", "a/b/c/d.txt"]);
+        // Too deep: refused before any directory is made.
+        let err = ws.write("k/l/m/n/o.txt", "x", 100).unwrap_err();
+        assert!(
+            err.to_string().contains("WARDEN_WORKSPACE_MAX_DEPTH"),
+            "{err}"
+        );
+        assert!(!ws.root().join("k").exists());
+        // Too long a name, deep in new directories: nothing made either.
+        let long = format!("k/{}", "n".repeat(256));
+        assert!(matches!(
+            ws.write(&long, "x", 100),
+            Err(ToolError::Quota(_))
+        ));
+        assert!(!ws.root().join("k").exists());
+        // Reusing existing directories costs only the file.
+        ws.write("a/b/c/e.txt", "x", 100).unwrap();
+        ws.write("a/f.txt", "x", 100).unwrap();
+        assert!(ws.write("a/g.txt", "x", 100).is_err());
+        ws.write("a/f.txt", "overwrite", 100).unwrap();
+        assert_eq!(ws.usage().unwrap().entries, 6);
+        assert_eq!(
+            tree(&ws),
+            ["a", "a/b", "a/b/c", "a/b/c/d.txt", "a/b/c/e.txt", "a/f.txt"]
+        );
+    }
+
+    #[test]
+    fn a_loop_of_deep_writes_stops_at_the_entry_limit() {
+        let (_dir, ws) = limited_workspace(limits(50, 32));
+        let mut refused = 0;
+        for i in 0..100 {
+            let path = format!("{i}/{}/f", vec!["d"; 30].join("/"));
+            if ws.write(&path, "", 100).is_err() {
+                refused += 1;
+            }
+        }
+        let usage = ws.usage().unwrap();
+        assert!(usage.entries <= 50, "{usage:?}");
+        // Each write needs 32 entries: one fits, the rest are refused whole.
+        assert_eq!(usage.entries, 32);
+        assert_eq!(refused, 99);
+        assert_eq!(tree(&ws).iter().filter(|p| !p.contains('/')).count(), 1);
+    }
+
+    #[test]
+    fn a_name_of_the_longest_allowed_length_can_be_written() {
+        let (_dir, ws) = limited_workspace(limits(10, 32));
+        let name = "n".repeat(MAX_COMPONENT_BYTES);
+        ws.write(&format!("dir/{name}"), "x", 100).unwrap();
+        assert!(ws.has_file(&format!("dir/{name}")));
+        assert_eq!(ws.usage().unwrap().entries, 2);
     }
 
     #[test]

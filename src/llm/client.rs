@@ -50,11 +50,26 @@ impl fmt::Debug for LlmSettings {
     // The API key never reaches a log line.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LlmSettings")
-            .field("base_url", &self.base_url)
+            .field("base_url", &crate::egress::redact_url(&self.base_url))
             .field("api_key", &self.api_key.as_ref().map(|_| "<redacted>"))
             .field("timeout", &self.timeout)
             .field("max_retries", &self.max_retries)
             .finish()
+    }
+}
+
+/// The URL of `path` under `base_url`: the path goes after the base's path
+/// and before its query (`https://h/v1?k=1` → `https://h/v1/chat/completions?k=1`).
+pub fn endpoint(base_url: &str, path: &str) -> String {
+    let (base, query) = crate::egress::split_query(base_url);
+    let joined = format!(
+        "{}/{}",
+        base.trim_end_matches('/'),
+        path.trim_start_matches('/')
+    );
+    match query {
+        Some(query) => format!("{joined}?{query}"),
+        None => joined,
     }
 }
 
@@ -223,10 +238,7 @@ impl LlmClient {
         &self,
         request: &ChatRequest,
     ) -> Result<Completion, (LlmError, Option<Duration>)> {
-        let url = format!(
-            "{}/chat/completions",
-            self.settings.base_url.trim_end_matches('/')
-        );
+        let url = endpoint(&self.settings.base_url, "chat/completions");
         let mut builder = self.http.post(&url).json(request);
         if let Some(key) = &self.settings.api_key {
             builder = builder.bearer_auth(key);
@@ -281,6 +293,27 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+
+    #[test]
+    fn the_path_goes_before_the_query() {
+        for (base, url) in [
+            ("https://h/v1", "https://h/v1/chat/completions"),
+            ("https://h/v1/", "https://h/v1/chat/completions"),
+            ("https://h/v1?x=1", "https://h/v1/chat/completions?x=1"),
+            (
+                "https://h/v1/?x=1&y=2",
+                "https://h/v1/chat/completions?x=1&y=2",
+            ),
+            ("https://h/v1?", "https://h/v1/chat/completions"),
+            (
+                "https://h/v1?k=a/b#frag",
+                "https://h/v1/chat/completions?k=a/b",
+            ),
+            ("http://h:8080", "http://h:8080/chat/completions"),
+        ] {
+            assert_eq!(endpoint(base, "chat/completions"), url, "{base}");
+        }
+    }
 
     fn request(prompt: &str) -> ChatRequest {
         ChatRequest {

@@ -113,7 +113,7 @@ pub enum Reason {
     CycleLimit,
     /// At the progress rate so far, finishing would need far more tokens than are left.
     BudgetProjectedOverrun,
-    /// The session's own secret (its `api_key`) cannot be decrypted with the
+    /// A secret of the session (its `api_key`, its URL's query) cannot be decrypted with the
     /// configured secret key (`WARDEN_SECRET_KEY`).
     SecretUnreadable,
 }

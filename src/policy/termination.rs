@@ -195,7 +195,7 @@ pub fn record(reason: Reason, facts: Facts<'_>) -> Termination {
         ),
         Reason::SecretUnreadable => (
             with_detail(
-                format!("Failed: the session's api_key cannot be decrypted with the configured secret key {ran}"),
+                format!("Failed: a secret of the session (its api_key or URL query) cannot be decrypted with the configured secret key {ran}"),
                 facts.detail,
             ),
             vec![

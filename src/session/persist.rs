@@ -45,6 +45,8 @@ pub struct FirstRefinement<'a> {
 pub struct Admission<'a> {
     /// The session's own model API key, sealed.
     pub api_key: Option<&'a Sealed>,
+    /// The query of the session's client-chosen URL, sealed.
+    pub url_query: Option<&'a Sealed>,
     /// `WARDEN_TENANT_MAX_RUNNING`.
     pub tenant_max_running: i64,
 }
@@ -62,6 +64,7 @@ pub async fn create_session(
 ) -> Result<(SessionRecord, Option<Lease>), ServiceError> {
     let Admission {
         api_key,
+        url_query,
         tenant_max_running,
     } = admission;
     let mut tx = store.begin().await?;
@@ -82,6 +85,9 @@ pub async fn create_session(
     let lease = store::insert_session(&mut tx, new, status, owner, lease_ttl).await?;
     if let Some(sealed) = api_key {
         store::insert_secret(&mut tx, new.id, crate::secrets::API_KEY, sealed).await?;
+    }
+    if let Some(sealed) = url_query {
+        store::insert_secret(&mut tx, new.id, crate::secrets::URL_QUERY, sealed).await?;
     }
     let mut log = events.to_vec();
     log.push(NewEvent::from_event(&SessionEvent::status(None, status))?);
@@ -247,6 +253,7 @@ mod tests {
             }),
             Admission {
                 api_key: None,
+                url_query: None,
                 tenant_max_running: 100,
             },
         )
@@ -289,6 +296,7 @@ mod tests {
             }),
             Admission {
                 api_key: None,
+                url_query: None,
                 tenant_max_running: 100,
             },
         )

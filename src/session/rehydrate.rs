@@ -11,10 +11,12 @@ use super::error::{Result, ServiceError};
 use super::journal::{StoreJournal, StoreTaskQueue};
 use super::state::{AppliedReflection, LoopState, StepEffects};
 use crate::config::Config;
-use crate::executor::{ApiKey, Executor, ExecutorDeps, ExecutorSpec};
+use crate::executor::{
+    ApiKey, Executor, ExecutorDeps, ExecutorSpec, SEALED_QUERY_MARKER, UrlQuery,
+};
 use crate::llm::Message;
 use crate::policy::history::StepRecord;
-use crate::secrets::API_KEY;
+use crate::secrets::{API_KEY, URL_QUERY};
 use crate::store::{self, Lease, RebuildInputs, SessionRecord, Store, StoreError, TenantScope};
 
 /// Loads a session and rebuilds its loop state from its latest checkpoint
@@ -79,26 +81,42 @@ pub async fn build_executor(
     session: &SessionRecord,
     lease: Lease,
 ) -> Result<Box<dyn Executor>> {
+    let mut stored = session.executor.clone();
+    let query_sealed = stored
+        .as_object_mut()
+        .and_then(|obj| obj.remove(SEALED_QUERY_MARKER))
+        .is_some();
     let mut spec: ExecutorSpec =
-        serde_json::from_value(session.executor.clone()).map_err(|e| StoreError::Corrupt {
+        serde_json::from_value(stored).map_err(|e| StoreError::Corrupt {
             id: session.id,
             detail: format!("executor: {e}"),
         })?;
+    let ring = || {
+        config.keyring().ok_or_else(|| {
+            ServiceError::Unavailable("the secret key (WARDEN_SECRET_KEY) is not loaded".into())
+        })
+    };
+    // The session's own secrets, read within its own tenant.
+    let own = TenantScope::tenant_only(&session.tenant);
     if matches!(spec, ExecutorSpec::Llm { .. })
-        && let Some(sealed) = store
-            .session_secret(
-                session.id,
-                API_KEY,
-                &TenantScope::tenant_only(&session.tenant),
-            )
-            .await?
+        && let Some(sealed) = store.session_secret(session.id, API_KEY, &own).await?
     {
         // A spec from before sealing may still carry its key: it wins (and
         // is moved at the next start).
-        let ring = config.keyring().ok_or_else(|| {
-            ServiceError::Unavailable("the secret key (WARDEN_SECRET_KEY) is not loaded".into())
-        })?;
-        spec = spec.with_api_key(ApiKey::new(ring.open(session.id, API_KEY, &sealed)?));
+        spec = spec.with_api_key(ApiKey::new(ring()?.open(session.id, API_KEY, &sealed)?));
+    }
+    if query_sealed {
+        // The URL's query, sealed at creation, goes back on the URL.
+        let sealed = store
+            .session_secret(session.id, URL_QUERY, &own)
+            .await?
+            .ok_or_else(|| StoreError::Corrupt {
+                id: session.id,
+                detail: "executor: its URL's sealed query is missing".into(),
+            })?;
+        spec = spec.with_url_query(&UrlQuery::new(
+            ring()?.open(session.id, URL_QUERY, &sealed)?,
+        ));
     }
     let transcript = match spec {
         ExecutorSpec::Llm { .. } => store
@@ -119,8 +137,7 @@ pub async fn build_executor(
         workspace_root: config.workspace_root.clone(),
         max_file_bytes: config.models.max_file_bytes,
         max_tool_calls_per_step: config.quotas.max_tool_calls_per_step,
-        workspace_max_bytes: config.quotas.workspace_max_bytes,
-        workspace_max_files: config.quotas.workspace_max_files,
+        workspace_limits: crate::executor::workspace::Limits::from_quotas(&config.quotas),
         journal: Arc::new(StoreJournal::new(store.clone(), lease)),
         transcript,
         tasks: Arc::new(StoreTaskQueue::new(store.clone(), lease)),

@@ -132,6 +132,8 @@ struct NewRequest {
     executor: serde_json::Value,
     /// The session's own model API key, stored sealed apart from `executor`.
     api_key: Option<crate::executor::ApiKey>,
+    /// The query of the client-chosen URL, stored sealed apart from `executor`.
+    url_query: Option<crate::executor::UrlQuery>,
     criteria: Vec<ChecklistItem>,
     milestones: Vec<ChecklistItem>,
     /// The model endpoint for refinement and checklists, when configured.
@@ -258,8 +260,19 @@ impl SessionService {
         // The key never enters the stored spec: it is sealed on its own.
         let mut public_spec = req.executor.clone();
         let api_key = public_spec.take_api_key();
-        let executor = serde_json::to_value(&public_spec)
+        // So is the URL's query (it often is a credential); the stored spec
+        // only says there is one.
+        let url_query = public_spec.take_url_query();
+        let mut executor = serde_json::to_value(&public_spec)
             .map_err(|e| ServiceError::Invalid(format!("executor: {e}")))?;
+        if url_query.is_some()
+            && let Some(obj) = executor.as_object_mut()
+        {
+            obj.insert(
+                crate::executor::SEALED_QUERY_MARKER.into(),
+                serde_json::Value::String("<sealed>".into()),
+            );
+        }
         let planner = self.planner();
         if req.generate_criteria && planner.is_none() {
             return Err(ServiceError::Invalid(
@@ -272,6 +285,7 @@ impl SessionService {
             limits,
             executor,
             api_key,
+            url_query,
             criteria,
             milestones,
             planner,
@@ -386,6 +400,7 @@ impl SessionService {
             limits,
             executor,
             api_key,
+            url_query,
             req,
             ..
         } = request;
@@ -410,6 +425,14 @@ impl SessionService {
                 id,
                 crate::secrets::API_KEY,
                 key.expose(),
+            )?),
+            None => None,
+        };
+        let sealed_query = match &url_query {
+            Some(query) => Some(self.sealing_key()?.seal(
+                id,
+                crate::secrets::URL_QUERY,
+                query.expose(),
             )?),
             None => None,
         };
@@ -447,6 +470,7 @@ impl SessionService {
             first_refinement,
             persist::Admission {
                 api_key: sealed.as_ref(),
+                url_query: sealed_query.as_ref(),
                 tenant_max_running: self.config.quotas.tenant_max_running,
             },
         )

@@ -388,7 +388,7 @@ async fn urls_shown_back_drop_userinfo_and_query() {
             "goal": "Create README.md with a project description",
             "limits": { "max_iterations": 2, "max_consecutive_errors": 2 },
             "executor": { "kind": "webhook",
-                          "url": "http://agent:pw-in-userinfo@127.0.0.1:9/step?token=tok-in-query#frag" }
+                          "url": "http://127.0.0.1:9/step?token=tok-in-query#frag" }
         }))
         .await;
     let id = doc["id"].as_str().unwrap().to_string();
@@ -410,4 +410,121 @@ async fn urls_shown_back_drop_userinfo_and_query() {
         );
     }
     assert_eq!(one["executor"]["url"], "http://127.0.0.1:9/step");
+}
+
+const URL_SECRET: &str = "q-secret-in-query-91d2";
+
+#[tokio::test]
+async fn a_url_query_is_sealed_reaches_its_model_after_the_path_and_is_never_shown() {
+    let db = crate::common::TestDb::new().await;
+    let pool = db.pool.clone();
+    let fake = FakeLlm::start().await;
+    fake.agent(tool_calls(
+        &[(
+            "write_file",
+            json!({ "path": "README.md", "content": "# x" }),
+        )],
+        10,
+    ))
+    .agent(text("README.md written\n<<WARDEN_GOAL_DONE: done>>", 10));
+    let app = TestApp::spawn(pool.clone()).await;
+    let base_url = format!("{}?api-version=2024&key={URL_SECRET}#frag", fake.base_url());
+    let doc = app
+        .create(json!({
+            "goal": "Create README.md with a project description",
+            "mode": "fixed",
+            "limits": { "max_iterations": 10 },
+            "executor": { "kind": "llm", "base_url": base_url, "model": "m", "api_key": OWN_KEY }
+        }))
+        .await;
+    let id = doc["id"].as_str().unwrap().to_string();
+    let s = app.wait_settled(&id).await;
+    assert_eq!(s["status"], "completed", "{s}");
+    // Every call went to /v1/chat/completions (the only route the fake
+    // serves) with the query as given, fragment aside.
+    let queries = fake.queries();
+    assert!(queries.len() >= 2, "{queries:?}");
+    let expected = format!("api-version=2024&key={URL_SECRET}");
+    assert!(
+        queries
+            .iter()
+            .all(|q| q.as_deref() == Some(expected.as_str())),
+        "{queries:?}"
+    );
+    // Shown nowhere: the session, the list, events, iterations.
+    let (_, one) = app.get(&format!("/api/autonomous/{id}")).await;
+    let (_, list) = app.get("/api/autonomous").await;
+    let iterations = app.iterations(&id).await;
+    let events = app.events(&id).await;
+    for shown in [
+        doc.to_string(),
+        one.to_string(),
+        list.to_string(),
+        json!(iterations).to_string(),
+        json!(events).to_string(),
+    ] {
+        assert!(!shown.contains(URL_SECRET), "{shown}");
+    }
+    assert_eq!(one["executor"]["url"], fake.base_url(), "{one}");
+    // Stored only sealed: not in the row (executor, its summary), events or iterations.
+    for table in ["sessions", "events", "iterations", "session_secrets"] {
+        assert_eq!(
+            rows_containing(&pool, table, URL_SECRET).await,
+            0,
+            "{table}"
+        );
+    }
+    let sealed: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM session_secrets WHERE session_id = $1::uuid AND name = 'url_query'",
+    )
+    .bind(&id)
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(sealed, 1);
+    let (executor, summary): (Value, Value) =
+        sqlx::query_as("SELECT executor, executor_summary FROM sessions WHERE id = $1::uuid")
+            .bind(&id)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(executor["base_url"], fake.base_url(), "{executor}");
+    assert_eq!(executor["url_query"], "<sealed>", "{executor}");
+    assert_eq!(summary["url"], fake.base_url(), "{summary}");
+}
+
+#[tokio::test]
+async fn urls_carrying_credentials_are_refused_with_422() {
+    let db = crate::common::TestDb::new().await;
+    let app = TestApp::spawn(db.pool.clone()).await;
+    for (executor, field, hint) in [
+        (
+            json!({ "kind": "llm", "base_url": "http://user:pw-userinfo@127.0.0.1:9/v1", "model": "m" }),
+            "executor.base_url",
+            "executor.api_key",
+        ),
+        (
+            json!({ "kind": "webhook", "url": "http://user:pw-userinfo@127.0.0.1:9/step" }),
+            "executor.url",
+            "credentials",
+        ),
+    ] {
+        let (status, problem) = app
+            .post(
+                "/api/autonomous",
+                Some(json!({ "goal": "Create README.md with a project description", "executor": executor })),
+            )
+            .await;
+        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{problem}");
+        let detail = problem["detail"].as_str().unwrap_or_default();
+        assert!(
+            detail.contains(field) && detail.contains(hint) && !detail.contains("pw-userinfo"),
+            "{detail}"
+        );
+    }
+    let (_, list) = app.get("/api/autonomous").await;
+    assert!(
+        !list.to_string().contains("pw-userinfo"),
+        "nothing was created: {list}"
+    );
 }

@@ -52,6 +52,8 @@ struct Script {
     requests: Vec<Value>,
     /// The Authorization header of every request, in order.
     authorizations: Vec<Option<String>>,
+    /// The query string of every request, in order.
+    queries: Vec<Option<String>>,
 }
 
 /// The fake server.
@@ -64,6 +66,7 @@ pub struct FakeLlm {
 async fn chat(
     State(script): State<Arc<Mutex<Script>>>,
     headers: axum::http::HeaderMap,
+    uri: axum::http::Uri,
     Json(body): Json<Value>,
 ) -> Response {
     let is_agent = body
@@ -73,6 +76,7 @@ async fn chat(
     let answer = {
         let mut s = script.lock().unwrap();
         s.requests.push(body);
+        s.queries.push(uri.query().map(str::to_string));
         s.authorizations.push(
             headers
                 .get(axum::http::header::AUTHORIZATION)
@@ -137,6 +141,11 @@ impl FakeLlm {
     /// The Authorization header of every request, in order.
     pub fn authorizations(&self) -> Vec<Option<String>> {
         self.script.lock().unwrap().authorizations.clone()
+    }
+
+    /// The query string of every request (all on `/v1/chat/completions`), in order.
+    pub fn queries(&self) -> Vec<Option<String>> {
+        self.script.lock().unwrap().queries.clone()
     }
 
     pub fn agent_requests(&self) -> Vec<Value> {

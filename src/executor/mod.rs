@@ -414,6 +414,11 @@ impl ExecutorSpec {
         }
     }
 
+    /// Whether the executor works in a workspace on this replica's disk.
+    pub fn uses_workspace(&self) -> bool {
+        matches!(self, ExecutorSpec::Llm { .. })
+    }
+
     /// Builds the executor for a session.
     pub fn build(&self, deps: ExecutorDeps) -> Result<Box<dyn Executor>, String> {
         match self {

@@ -138,6 +138,15 @@ impl From<ServiceError> for ApiError {
             ServiceError::Quota { code, detail } => {
                 ApiError::new(StatusCode::TOO_MANY_REQUESTS, code, detail)
             }
+            ServiceError::KeyUsed { same_request, .. } => ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "idempotency_key_reused",
+                if same_request {
+                    "this Idempotency-Key was used already; retry to get its session".to_string()
+                } else {
+                    "this Idempotency-Key was used with a different request body in the last 24 hours; use a new key for a new request".to_string()
+                },
+            ),
             ServiceError::Secret(_) => ApiError::internal(&err),
             ServiceError::Store(store) => ApiError::from(store),
         }

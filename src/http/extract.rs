@@ -138,19 +138,50 @@ async fn body_of<S: Send + Sync>(req: Request, state: &S) -> Result<(HeaderMap, 
     Ok((headers, bytes))
 }
 
+/// A required JSON body, parsed but not yet checked against its type.
+async fn required_json<S: Send + Sync>(req: Request, state: &S) -> Result<Value, ApiError> {
+    let (headers, bytes) = body_of(req, state).await?;
+    check_content_type(&headers)?;
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Err(ApiError::bad_request("a JSON request body is required"));
+    }
+    // Parsed first so malformed JSON (400) is told apart from well-formed
+    // JSON of the wrong shape (422) whatever comes first in the text.
+    Ok(serde_json::from_slice(&bytes)?)
+}
+
 impl<T: DeserializeOwned + ToSchema, S: Send + Sync> FromRequest<S> for ApiJson<T> {
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
-        let (headers, bytes) = body_of(req, state).await?;
-        check_content_type(&headers)?;
-        if bytes.iter().all(u8::is_ascii_whitespace) {
-            return Err(ApiError::bad_request("a JSON request body is required"));
-        }
-        // Parsed first so malformed JSON (400) is told apart from well-formed
-        // JSON of the wrong shape (422) whatever comes first in the text.
-        let value: Value = serde_json::from_slice(&bytes)?;
-        Ok(ApiJson(deserialize(value)?))
+        Ok(ApiJson(deserialize(required_json(req, state).await?)?))
+    }
+}
+
+/// A required JSON body with the SHA-256 of what it says: the parsed value
+/// written out again with its keys in order and no spaces, so two bodies
+/// that differ only in layout have the same digest.
+#[derive(Debug)]
+pub struct DigestedJson<T> {
+    /// The body.
+    pub value: T,
+    /// Its digest.
+    pub digest: [u8; 32],
+}
+
+impl<T: DeserializeOwned + ToSchema, S: Send + Sync> FromRequest<S> for DigestedJson<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        use sha2::Digest;
+        let value = required_json(req, state).await?;
+        // serde_json's maps are ordered by key (no `preserve_order`).
+        let canonical = serde_json::to_vec(&value)?;
+        let digest = sha2::Sha256::digest(&canonical).into();
+        Ok(DigestedJson {
+            value: deserialize(value)?,
+            digest,
+        })
     }
 }
 

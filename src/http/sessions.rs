@@ -12,13 +12,14 @@ use uuid::Uuid;
 
 use super::AppState;
 use super::error::{ApiError, ApiResult, Problem};
-use super::extract::{ApiJson, ApiQuery, OptionalJson, SessionId};
+use super::extract::{ApiJson, ApiQuery, DigestedJson, OptionalJson, SessionId};
 use super::stream;
 use super::views::{
     AfterPage, CheckpointPage, DecisionQuery, EventPage, IterationPage, ListQuery, OutcomeMetrics,
     RefinementList, ReflectionPage, SessionPage, SessionView, TaskList, VelocityPoint,
 };
 use crate::auth::Principal;
+use crate::session::service::{Created, IdempotencyKey};
 use crate::session::{CreateSession, LoggedEvent, RefinementChoice, ResumeSession, UpdateSession};
 use crate::store::{SessionCursor, TenantScope};
 
@@ -97,31 +98,75 @@ fn decode_cursor(raw: &str) -> ApiResult<SessionCursor> {
 #[utoipa::path(
     post, path = "/api/autonomous", tag = "sessions",
     request_body = CreateSession,
+    params(
+        ("Idempotency-Key" = Option<String>, Header, description = "Makes the create safe to retry: a repeat with the same key and body (same tenant, within 24 hours) creates nothing and answers the session the first request created, with `Idempotent-Replayed: true`; the same key with another body is refused with 422 `idempotency_key_reused`. 1 to 255 visible ASCII characters."),
+    ),
     responses(
-        (status = 201, description = "Session created: running, `queued` when no replica has room (see `queue_position`), or `awaiting_refinement`", body = SessionView),
-        (status = 400, description = "Malformed JSON", body = Problem, content_type = "application/problem+json"),
+        (status = 201, description = "Session created: running, `queued` when no replica has room (see `queue_position`), or `awaiting_refinement`. Any error answer means no session was created.", body = SessionView,
+            headers(("Idempotent-Replayed" = String, description = "`true` when the answer is the session an earlier request with the same Idempotency-Key created"))),
+        (status = 400, description = "Malformed JSON, or a malformed Idempotency-Key", body = Problem, content_type = "application/problem+json"),
         (status = 403, description = "The executor's URL is refused by the outbound-request policy (code `egress_denied`)", body = Problem, content_type = "application/problem+json"),
         (status = 413, description = "Body too large", body = Problem, content_type = "application/problem+json"),
         (status = 415, description = "Not JSON", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "Unknown field, wrong type or out-of-range limit", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Unknown field, wrong type or out-of-range limit; or an Idempotency-Key used with another body (`idempotency_key_reused`)", body = Problem, content_type = "application/problem+json"),
         (status = 429, description = "The tenant has WARDEN_TENANT_MAX_RUNNING active sessions (`tenant_running_limit`)", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "The session could not be created right now (its workspace cannot be made, the database is unreachable, Warden is shutting down); nothing was created, retry", body = Problem, content_type = "application/problem+json"),
     )
 )]
 pub async fn create_session(
     State(state): State<AppState>,
     Extension(caller): Extension<Principal>,
-    ApiJson(req): ApiJson<CreateSession>,
+    request_headers: HeaderMap,
+    body: DigestedJson<CreateSession>,
 ) -> ApiResult<(StatusCode, HeaderMap, Json<SessionView>)> {
     let tenant = caller.create_tenant();
     if !crate::auth::valid_tenant(tenant) {
         return Err(ApiError::bad_request(format!("invalid tenant {tenant:?}")));
     }
-    let session = state.service.create(req, tenant).await?;
+    let idempotency = idempotency_key(&request_headers)?.map(|key| IdempotencyKey {
+        key,
+        digest: body.digest,
+    });
+    let (session, replayed) = match state
+        .service
+        .create(body.value, tenant, idempotency.as_ref())
+        .await?
+    {
+        Created::New(session) => (session, false),
+        Created::Replayed(session) => (session, true),
+    };
     let mut headers = HeaderMap::new();
     if let Ok(location) = HeaderValue::from_str(&format!("/api/autonomous/{}", session.id)) {
         headers.insert(header::LOCATION, location);
     }
+    if replayed {
+        headers.insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
+    }
     Ok((StatusCode::CREATED, headers, Json(view(&state, session))))
+}
+
+/// Response header of a create answered from an earlier request with the
+/// same `Idempotency-Key`.
+pub const IDEMPOTENT_REPLAYED: &str = "idempotent-replayed";
+
+/// Longest `Idempotency-Key` taken.
+const MAX_IDEMPOTENCY_KEY: usize = 255;
+
+/// The request's `Idempotency-Key`: 1 to 255 visible ASCII characters.
+fn idempotency_key(headers: &HeaderMap) -> ApiResult<Option<String>> {
+    let Some(raw) = headers.get("idempotency-key") else {
+        return Ok(None);
+    };
+    let bytes = raw.as_bytes();
+    if bytes.is_empty()
+        || bytes.len() > MAX_IDEMPOTENCY_KEY
+        || !bytes.iter().all(|b| b.is_ascii_graphic())
+    {
+        return Err(ApiError::bad_request(format!(
+            "Idempotency-Key must be 1 to {MAX_IDEMPOTENCY_KEY} visible ASCII characters (a UUID is a good one)"
+        )));
+    }
+    Ok(Some(String::from_utf8_lossy(bytes).into_owned()))
 }
 
 /// List sessions, newest first.

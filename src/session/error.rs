@@ -49,6 +49,15 @@ pub enum ServiceError {
     /// Storage failed.
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// The `Idempotency-Key` of a create was used already (within the
+    /// tenant, in the last 24 hours).
+    #[error("this Idempotency-Key was used already, by the create of session {session_id}")]
+    KeyUsed {
+        /// The session the first request with that key created.
+        session_id: Uuid,
+        /// Whether that request had the same body.
+        same_request: bool,
+    },
     /// The service is shutting down or could not start the loop.
     #[error("{0}")]
     Unavailable(String),

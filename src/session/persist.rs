@@ -49,6 +49,8 @@ pub struct Admission<'a> {
     pub url_query: Option<&'a Sealed>,
     /// `WARDEN_TENANT_MAX_RUNNING`.
     pub tenant_max_running: i64,
+    /// The client's `Idempotency-Key` and the digest of its request body.
+    pub idempotency: Option<(&'a str, &'a [u8])>,
 }
 
 /// Creates a session with its events (then the status it starts in) and
@@ -66,6 +68,7 @@ pub async fn create_session(
         api_key,
         url_query,
         tenant_max_running,
+        idempotency,
     } = admission;
     let mut tx = store.begin().await?;
     check_tenant_room(&mut tx, &new.tenant, tenant_max_running).await?;
@@ -83,6 +86,17 @@ pub async fn create_session(
         }
     };
     let lease = store::insert_session(&mut tx, new, status, owner, lease_ttl).await?;
+    if let Some((key, digest)) = idempotency
+        && let Some(used) =
+            store::idempotency::claim(&mut tx, &new.tenant, key, digest, new.id).await?
+    {
+        // A concurrent create with the same key committed first: this one
+        // rolls back and answers with that one's session.
+        return Err(ServiceError::KeyUsed {
+            session_id: used.session_id,
+            same_request: used.request_digest == digest,
+        });
+    }
     if let Some(sealed) = api_key {
         store::insert_secret(&mut tx, new.id, crate::secrets::API_KEY, sealed).await?;
     }
@@ -255,6 +269,7 @@ mod tests {
                 api_key: None,
                 url_query: None,
                 tenant_max_running: 100,
+                idempotency: None,
             },
         )
         .await
@@ -298,6 +313,7 @@ mod tests {
                 api_key: None,
                 url_query: None,
                 tenant_max_running: 100,
+                idempotency: None,
             },
         )
         .await;

@@ -66,6 +66,24 @@ pub struct CreateSession {
     pub generate_criteria: bool,
 }
 
+/// A create's `Idempotency-Key` with the digest of its request body.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IdempotencyKey {
+    /// The key as the client sent it.
+    pub key: String,
+    /// SHA-256 of the request body as parsed JSON.
+    pub digest: [u8; 32],
+}
+
+/// What a create did.
+#[derive(Debug)]
+pub enum Created {
+    /// A new session.
+    New(SessionRecord),
+    /// The session an earlier request with the same idempotency key created.
+    Replayed(SessionRecord),
+}
+
 /// How the user answers a refinement proposal.
 #[derive(Debug, Clone, Deserialize, ToSchema)]
 #[serde(tag = "choice", rename_all = "snake_case", deny_unknown_fields)]
@@ -203,22 +221,61 @@ impl SessionService {
 
     /// Creates a session and starts its loop: validate, pre-flight (goal
     /// refinement, generated checklists), then persist in one transaction.
+    /// Everything that can fail is done before the commit, or undone after
+    /// it: an error means no session was created. With an idempotency key,
+    /// a repeated request (same tenant, key and body, within 24 hours)
+    /// answers the session the first one created.
     #[tracing::instrument(skip_all)]
-    pub async fn create(&self, req: CreateSession, tenant: &str) -> Result<SessionRecord> {
+    pub async fn create(
+        &self,
+        req: CreateSession,
+        tenant: &str,
+        idempotency: Option<&IdempotencyKey>,
+    ) -> Result<Created> {
+        let scope = TenantScope::tenant_only(tenant);
+        if let Some(key) = idempotency
+            && let Some(used) = self
+                .store
+                .used_idempotency_key(&scope, tenant, &key.key)
+                .await?
+        {
+            return self
+                .replay(used.session_id, used.request_digest == key.digest, &scope)
+                .await;
+        }
         let request = self.validate_create(req)?;
         let plan = self.preflight(&request).await?;
+        let id = Uuid::new_v4();
+        let workspace = self.prepare_workspace(&request, id).await?;
         let acquired = Instant::now();
         let slot = if plan.waits {
             None
         } else {
             self.supervisor.try_reserve()
         };
-        let (record, lease) = self
-            .persist_new(request, plan, tenant, slot.is_some())
-            .await?;
+        let persisted = self
+            .persist_new(id, request, plan, tenant, slot.is_some(), idempotency)
+            .await;
+        let (record, lease) = match persisted {
+            Ok(done) => done,
+            Err(err) => {
+                if workspace {
+                    self.remove_workspace(id).await;
+                }
+                return match err {
+                    // A concurrent create with the same key won.
+                    ServiceError::KeyUsed {
+                        session_id,
+                        same_request,
+                    } => self.replay(session_id, same_request, &scope).await,
+                    err => Err(err),
+                };
+            }
+        };
         tracing::info!(session_id = %record.id, status = record.status.as_str(), "session created");
-        if let (Some(lease), Some(slot)) = (lease, slot) {
-            self.supervisor
+        if let (Some(lease), Some(slot)) = (lease, slot)
+            && let Err(err) = self
+                .supervisor
                 .spawn_in(
                     slot,
                     lease,
@@ -226,9 +283,68 @@ impl SessionService {
                     &record,
                     LoopState::for_session(&record),
                 )
-                .await?;
+                .await
+        {
+            self.undo_create(&record).await;
+            return Err(err);
         }
-        Ok(record)
+        Ok(Created::New(record))
+    }
+
+    /// The answer to a create whose idempotency key was used already.
+    async fn replay(&self, id: Uuid, same_request: bool, scope: &TenantScope) -> Result<Created> {
+        if !same_request {
+            return Err(ServiceError::KeyUsed {
+                session_id: id,
+                same_request,
+            });
+        }
+        Ok(Created::Replayed(self.get(id, scope).await?))
+    }
+
+    /// Makes the workspace of a new session whose executor works in one,
+    /// before anything is committed; says whether it made one.
+    async fn prepare_workspace(&self, request: &NewRequest, id: Uuid) -> Result<bool> {
+        if !request.req.executor.uses_workspace() {
+            return Ok(false);
+        }
+        let root = self.config.workspace_root.clone();
+        tokio::task::spawn_blocking(move || crate::executor::workspace::Workspace::open(&root, id))
+            .await
+            .map_err(|e| ServiceError::Unavailable(format!("cannot open the session workspace: {e}")))?
+            .map_err(|e| {
+                ServiceError::Unavailable(format!(
+                    "cannot open the session workspace (WARDEN_WORKSPACE_ROOT): {e}; nothing was created"
+                ))
+            })?;
+        Ok(true)
+    }
+
+    async fn remove_workspace(&self, id: Uuid) {
+        if let Err(err) = super::retention::remove(&self.config.workspace_root, id).await {
+            tracing::warn!(session_id = %id, error = %err, "cannot remove a workspace; the retention sweep will");
+        }
+    }
+
+    /// Takes back a session whose create committed but whose loop could not
+    /// start, so that the error answered means nothing was created.
+    async fn undo_create(&self, record: &SessionRecord) {
+        let scope = TenantScope::tenant_only(&record.tenant);
+        let undone: Result<()> = async {
+            let mut tx = self.store.begin().await?;
+            store::delete_session(&mut tx, record.id, &scope).await?;
+            self.commit(tx, record.id).await
+        }
+        .await;
+        match undone {
+            Ok(()) => {
+                tracing::warn!(session_id = %record.id, "the new session's loop could not start; the create was undone")
+            }
+            Err(err) => {
+                tracing::error!(session_id = %record.id, error = %err, "the new session's loop could not start and the create could not be undone; it is rescued like an orphan")
+            }
+        }
+        self.remove_workspace(record.id).await;
     }
 
     /// Validate: the goal, the executor, the checklists and the limits.
@@ -389,10 +505,12 @@ impl SessionService {
     /// transaction; it runs here when `slot_reserved`, else it is queued.
     async fn persist_new(
         &self,
+        id: Uuid,
         request: NewRequest,
         plan: Preflight,
         tenant: &str,
         slot_reserved: bool,
+        idempotency: Option<&IdempotencyKey>,
     ) -> Result<(SessionRecord, Option<store::Lease>)> {
         let NewRequest {
             goal,
@@ -419,7 +537,6 @@ impl SessionService {
             .as_ref()
             .map(|p| to_stored("refinement proposal", p))
             .transpose()?;
-        let id = Uuid::new_v4();
         let sealed = match &api_key {
             Some(key) => Some(self.sealing_key()?.seal(
                 id,
@@ -472,6 +589,7 @@ impl SessionService {
                 api_key: sealed.as_ref(),
                 url_query: sealed_query.as_ref(),
                 tenant_max_running: self.config.quotas.tenant_max_running,
+                idempotency: idempotency.map(|k| (k.key.as_str(), k.digest.as_slice())),
             },
         )
         .await

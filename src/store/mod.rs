@@ -24,6 +24,7 @@ pub mod embedded;
 mod events;
 pub mod flush;
 mod group_commit;
+pub mod idempotency;
 mod iterations;
 mod journal;
 mod keys;

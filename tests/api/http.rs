@@ -137,9 +137,10 @@ async fn unknown_ids_routes_and_methods_answer_problems() {
         .await;
     assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
 
+    // Not a session id in its one spelling: no such session.
     let (status, body) = app.get("/api/autonomous/not-a-uuid").await;
-    assert_eq!(status, StatusCode::BAD_REQUEST);
-    assert!(body["detail"].as_str().unwrap().contains("invalid path"));
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert_eq!(body["code"], "session_not_found");
 
     let (status, body) = app.get("/api/autonomous?status=sleeping").await;
     assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");

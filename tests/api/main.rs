@@ -10,6 +10,7 @@ mod common;
 mod auth;
 mod connections;
 mod control;
+mod creates;
 mod deletion;
 mod egress;
 mod fleet;

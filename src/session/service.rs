@@ -204,7 +204,7 @@ impl SessionService {
     #[tracing::instrument(skip_all)]
     pub async fn create(&self, req: CreateSession, tenant: &str) -> Result<SessionRecord> {
         let request = self.validate_create(req)?;
-        let plan = self.preflight(&request).await?;
+        let plan = self.preflight(&request, tenant).await?;
         let acquired = Instant::now();
         let slot = if plan.waits {
             None
@@ -281,7 +281,7 @@ impl SessionService {
 
     /// Pre-flight: an ambiguous goal waits for the user or is refined at
     /// once; checklists are generated when asked for.
-    async fn preflight(&self, request: &NewRequest) -> Result<Preflight> {
+    async fn preflight(&self, request: &NewRequest, tenant: &str) -> Result<Preflight> {
         let mut plan = Preflight {
             goal: request.goal.clone(),
             proposal: None,
@@ -311,6 +311,7 @@ impl SessionService {
             let refiner = request.planner.as_ref().filter(|_| !report.unreadable);
             let (suggested, source) = match refiner {
                 Some((client, model)) => {
+                    self.admit_model_call(tenant)?;
                     match planner::refine_goal(client, model, &request.goal).await {
                         Ok(p) => {
                             plan.tokens += p.tokens;
@@ -353,6 +354,7 @@ impl SessionService {
             && plan.milestones.is_empty()
             && let Some((client, model)) = &request.planner
         {
+            self.admit_model_call(tenant)?;
             let p = planner::plan_checklists(client, model, &plan.goal)
                 .await
                 .map_err(|err| {
@@ -572,6 +574,19 @@ impl SessionService {
             }
         }
         Ok(session)
+    }
+
+    /// Takes one of `tenant`'s calls on the server's own model, or refuses
+    /// the request (429) naming the setting that raises the limit.
+    fn admit_model_call(&self, tenant: &str) -> Result<()> {
+        let admitted = self.supervisor.model_calls().admit(tenant);
+        self.supervisor
+            .metrics()
+            .model_call(tenant, admitted.is_ok());
+        admitted.map_err(|limited| ServiceError::Quota {
+            code: "tenant_model_rate_limit",
+            detail: limited.detail(),
+        })
     }
 
     /// The default model endpoint as a client and model name, when configured.

@@ -81,6 +81,8 @@ struct Inner {
     runners: RwLock<Registry>,
     /// The reflection model, when one is configured.
     reflector: Option<Arc<Reflector>>,
+    /// The per-tenant limit of calls on the server's own model.
+    model_calls: Arc<crate::ratelimit::TenantLimiter>,
     metrics: Arc<Metrics>,
     /// Cancelled when the process shuts down: no new runners, background loops end.
     closing: CancellationToken,
@@ -124,12 +126,16 @@ impl Supervisor {
             },
             _ => None,
         };
+        let model_calls = Arc::new(crate::ratelimit::TenantLimiter::new(
+            config.quotas.tenant_model_calls_per_minute,
+        ));
         Supervisor {
             inner: Arc::new(Inner {
                 replica_id,
                 store,
                 config,
                 reflector,
+                model_calls,
                 metrics,
                 runners: RwLock::new(HashMap::new()),
                 closing: CancellationToken::new(),
@@ -316,6 +322,8 @@ impl Supervisor {
             guidance: session.guidance.clone(),
             control: control.clone(),
             reflector: self.inner.reflector.clone(),
+            tenant: session.tenant.clone(),
+            model_calls: self.inner.model_calls.clone(),
             metrics: self.inner.metrics.clone(),
             view: view.clone(),
         });
@@ -728,6 +736,12 @@ impl Supervisor {
                 }
             }
         }
+    }
+
+    /// The per-tenant limit of calls on the server's own model, shared by
+    /// pre-flight and reflection.
+    pub fn model_calls(&self) -> &Arc<crate::ratelimit::TenantLimiter> {
+        &self.inner.model_calls
     }
 
     /// Relays stop and pause requests sent to other replicas (NOTIFY makes

@@ -1,8 +1,10 @@
 //! API keys, roles and tenants: who may call what. Keys are random 256-bit
 //! secrets shown once; only their SHA-256 and a short public prefix are
-//! stored. Requests authenticate from an in-memory cache of key hashes with a
-//! short TTL (a revocation through this replica takes effect at once), so the
-//! status read costs no extra query.
+//! stored. Requests authenticate from an in-memory cache of key hashes, so
+//! the status read costs no extra query. The cache is dropped whenever a key
+//! changes anywhere (a trigger's NOTIFY on `warden_keys`, relayed by the
+//! control listener; the in-process channel on embedded), and its entries
+//! expire after [`KEY_CACHE_TTL`] in case a note is lost.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -20,9 +22,10 @@ use crate::store::{KeyRecord, NewKey, Store, StoreError, TenantScope};
 
 /// Every key starts with this, so a leaked one is recognisable in a scan.
 pub const KEY_PREFIX: &str = "wdn_";
-/// How long a cached key is trusted before it is read again (revocations
-/// made through another replica take effect within this time).
-pub const KEY_CACHE_TTL: Duration = Duration::from_secs(5);
+/// How long a cached key is trusted before it is read again: the backstop
+/// of the change notes, so a revocation made anywhere takes effect within
+/// this time even when its note is lost.
+pub const KEY_CACHE_TTL: Duration = Duration::from_secs(1);
 /// `last_used_at` is written at most this often per key.
 pub const LAST_USED_INTERVAL: Duration = Duration::from_secs(60);
 /// The tenant of sessions created without a key (auth off, or from before keys).
@@ -32,7 +35,8 @@ pub const DEFAULT_TENANT: &str = "default";
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Role {
-    /// Keys, every tenant, `/metrics`.
+    /// Keys and sessions: of every tenant and `/metrics` when global, of
+    /// its own tenant only when bound to one (a tenant admin).
     Admin,
     /// Create and control its tenant's sessions.
     Operator,
@@ -70,8 +74,32 @@ impl Role {
 pub const MAX_TENANT_CHARS: usize = 64;
 /// Tenant names in the API document's terms: what [`valid_tenant`] accepts.
 pub const TENANT_PATTERN: &str = "^[A-Za-z0-9._-]+$";
-/// Longest key label.
-pub const MAX_KEY_NAME_CHARS: usize = 200;
+/// Longest key label, in characters.
+pub const MAX_KEY_NAME_CHARS: usize = 64;
+
+/// Whether a key label is acceptable: 1 to 64 printable characters (no
+/// control characters, no invisible formatting such as bidi overrides or
+/// zero-width spaces), not only spaces.
+pub fn valid_key_name(name: &str) -> bool {
+    let invisible = |c: char| {
+        c.is_control()
+            || matches!(c, '\u{200B}'..='\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2060}'..='\u{206F}' | '\u{FEFF}')
+    };
+    (1..=MAX_KEY_NAME_CHARS).contains(&name.chars().count())
+        && !name.trim().is_empty()
+        && !name.chars().any(invisible)
+}
+
+/// Why a first key made without authentication (protected mode) is refused,
+/// or `None` when it is acceptable: it must be a global admin key, or no one
+/// could manage keys once authentication is on.
+pub fn bootstrap_refusal(role: Role, global: bool) -> Option<&'static str> {
+    (role != Role::Admin || !global).then_some(
+        "no key exists yet, so the first key must be a global admin key \
+(\"role\": \"admin\", \"global\": true): once it exists every request needs a key, \
+and only an admin can make more",
+    )
+}
 
 /// Whether a tenant name is acceptable: short, and safe to show and log.
 pub fn valid_tenant(tenant: &str) -> bool {
@@ -92,6 +120,9 @@ pub struct Principal {
     pub actor: String,
     /// The sessions this request may reach: one tenant's, or every tenant's.
     pub scope: TenantScope,
+    /// Whether it acts for every tenant (auth off, the admin token, a global
+    /// admin key) rather than for `tenant` only.
+    pub global: bool,
 }
 
 impl Principal {
@@ -102,6 +133,7 @@ impl Principal {
             tenant: tenant.clone().unwrap_or_else(|| DEFAULT_TENANT.into()),
             actor: "auth-off".into(),
             scope: tenant.map_or(TenantScope::Global, TenantScope::Tenant),
+            global: true,
         }
     }
 
@@ -132,6 +164,12 @@ pub enum AuthError {
     /// The tenant name is not acceptable.
     #[error("invalid tenant {0:?}: 1 to 64 letters, digits, '-', '_' or '.'")]
     InvalidTenant(String),
+    /// The key label is not acceptable.
+    #[error("name: 1 to 64 printable characters (no control or invisible characters)")]
+    InvalidName,
+    /// Only an admin key may be global.
+    #[error("global: only an admin key may be global")]
+    GlobalNotAdmin,
 }
 
 fn hex(bytes: &[u8]) -> String {
@@ -208,8 +246,10 @@ impl Authenticator {
         metrics_token: Option<&Secret>,
         forced_off: bool,
     ) -> Result<Authenticator, AuthError> {
+        // Subscribed before the first read, so no change falls in between.
+        let changes = store.key_changes();
         let any_keys = store.any_active_key().await?;
-        Ok(Authenticator(Arc::new(Inner {
+        let auth = Authenticator(Arc::new(Inner {
             store,
             admin_hash: admin_token.map(|t| hash_key(t.expose())),
             metrics_hash: metrics_token.map(|t| hash_key(t.expose())),
@@ -217,7 +257,32 @@ impl Authenticator {
             any_keys: AtomicBool::new(any_keys),
             keys: Mutex::new(HashMap::new()),
             used: Mutex::new(HashMap::new()),
-        })))
+        }));
+        tokio::spawn(watch_keys(Arc::downgrade(&auth.0), changes));
+        Ok(auth)
+    }
+
+    /// Forgets every cached key, and learns whether keys now exist (a key
+    /// made by `warden keys` or another replica ends protected mode here).
+    async fn keys_changed(&self) {
+        if let Ok(mut keys) = self.0.keys.lock() {
+            keys.clear();
+        }
+        self.refresh_any_keys().await;
+    }
+
+    /// Reads whether keys exist while none did: protected mode ends when one
+    /// appears. Never the other way at run time (a replica whose keys were
+    /// all revoked keeps requiring keys until it restarts: it fails closed).
+    async fn refresh_any_keys(&self) {
+        if self.0.any_keys.load(Ordering::Relaxed) {
+            return;
+        }
+        match self.0.store.any_active_key().await {
+            Ok(true) => self.0.any_keys.store(true, Ordering::Relaxed),
+            Ok(false) => {}
+            Err(err) => tracing::warn!(error = %err, "cannot check whether API keys exist"),
+        }
     }
 
     /// Whether keys are required right now.
@@ -252,6 +317,7 @@ impl Authenticator {
                 tenant: DEFAULT_TENANT.into(),
                 actor: "admin-token".into(),
                 scope: TenantScope::Global,
+                global: true,
             }));
         }
         let Some(prefix) = key_prefix(token) else {
@@ -272,11 +338,12 @@ impl Authenticator {
             role,
             tenant: key.tenant.clone(),
             actor: key.prefix.clone(),
-            scope: if role == Role::Admin {
+            scope: if key.global && role == Role::Admin {
                 TenantScope::Global
             } else {
                 TenantScope::tenant_only(&key.tenant)
             },
+            global: key.global && role == Role::Admin,
         }))
     }
 
@@ -328,21 +395,34 @@ impl Authenticator {
         }
     }
 
+    /// Whether no key exists yet, as far as this replica knows (read
+    /// afresh while it believes so).
+    pub async fn no_keys_yet(&self) -> Result<bool, AuthError> {
+        if self.0.any_keys.load(Ordering::Relaxed) {
+            return Ok(false);
+        }
+        let any = self.0.store.any_active_key().await?;
+        if any {
+            self.0.any_keys.store(true, Ordering::Relaxed);
+        }
+        Ok(!any)
+    }
+
     /// Creates a key; its secret is in the answer and nowhere else.
-    pub async fn issue(
-        &self,
-        tenant: &str,
-        role: Role,
-        name: Option<&str>,
-    ) -> Result<IssuedKey, AuthError> {
-        let issued = issue_key(&self.0.store, tenant, role, name).await?;
+    pub async fn issue(&self, new: &KeySpec<'_>) -> Result<IssuedKey, AuthError> {
+        let issued = issue_key(&self.0.store, new).await?;
         self.0.any_keys.store(true, Ordering::Relaxed);
         Ok(issued)
     }
 
-    /// Revokes a key; effective at once on this replica.
-    pub async fn revoke(&self, id: Uuid) -> Result<Option<KeyRecord>, AuthError> {
-        let key = self.0.store.revoke_key(id).await?;
+    /// Revokes a key (of `tenant` only, when given); effective at once on
+    /// this replica, within [`KEY_CACHE_TTL`] (usually milliseconds) on the others.
+    pub async fn revoke(
+        &self,
+        id: Uuid,
+        tenant: Option<&str>,
+    ) -> Result<Option<KeyRecord>, AuthError> {
+        let key = self.0.store.revoke_key(id, tenant).await?;
         if let (Some(k), Ok(mut keys)) = (&key, self.0.keys.lock()) {
             keys.remove(&k.prefix);
         }
@@ -355,15 +435,64 @@ impl Authenticator {
     }
 }
 
+/// Keeps the key cache in step with every change note until the
+/// authenticator is dropped; polls whether keys exist while none do.
+async fn watch_keys(
+    inner: std::sync::Weak<Inner>,
+    mut changes: tokio::sync::broadcast::Receiver<()>,
+) {
+    let mut tick = tokio::time::interval(KEY_CACHE_TTL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        let changed = tokio::select! {
+            note = changes.recv() => match note {
+                // Lagged: some notes were missed, which is a change too.
+                Ok(()) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => true,
+                Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+            },
+            _ = tick.tick() => false,
+        };
+        let Some(inner) = inner.upgrade() else {
+            return;
+        };
+        let auth = Authenticator(inner);
+        if changed {
+            auth.keys_changed().await;
+        } else {
+            auth.refresh_any_keys().await;
+        }
+    }
+}
+
+/// A key to make.
+#[derive(Debug, Clone, Copy)]
+pub struct KeySpec<'a> {
+    /// Tenant it acts for.
+    pub tenant: &'a str,
+    /// Role.
+    pub role: Role,
+    /// An admin key of every tenant (only for [`Role::Admin`]).
+    pub global: bool,
+    /// Optional label.
+    pub name: Option<&'a str>,
+}
+
 /// Creates and stores a key (for the API and the `warden keys` command).
-pub async fn issue_key(
-    store: &Store,
-    tenant: &str,
-    role: Role,
-    name: Option<&str>,
-) -> Result<IssuedKey, AuthError> {
+pub async fn issue_key(store: &Store, new: &KeySpec<'_>) -> Result<IssuedKey, AuthError> {
+    let KeySpec {
+        tenant,
+        role,
+        global,
+        name,
+    } = *new;
     if !valid_tenant(tenant) {
         return Err(AuthError::InvalidTenant(tenant.to_string()));
+    }
+    if name.is_some_and(|n| !valid_key_name(n)) {
+        return Err(AuthError::InvalidName);
+    }
+    if global && role != Role::Admin {
+        return Err(AuthError::GlobalNotAdmin);
     }
     let secret = generate_key()?;
     let prefix = key_prefix(secret.expose())
@@ -375,6 +504,7 @@ pub async fn issue_key(
             hash: &hash_key(secret.expose()),
             tenant,
             role: role.as_str(),
+            global,
             name,
         })
         .await?;
@@ -418,6 +548,42 @@ mod tests {
         assert_eq!(Role::parse("root"), None);
         assert!(Role::Operator.can_write());
         assert!(!Role::Viewer.can_write());
+    }
+
+    #[test]
+    fn key_names_are_short_and_printable() {
+        for good in [
+            "ci",
+            "deploy bot",
+            "clé de Zoë",
+            &"x".repeat(64),
+            "a-b_c.d/e:1",
+        ] {
+            assert!(valid_key_name(good), "{good:?}");
+        }
+        for bad in [
+            "",
+            " ",
+            &"x".repeat(65),
+            "tab\there",
+            "new\nline",
+            "nul\0",
+            "bell\u{7}",
+            "rtl\u{202E}gnp.exe",
+            "zero\u{200B}width",
+            "bom\u{FEFF}",
+        ] {
+            assert!(!valid_key_name(bad), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn only_a_global_admin_may_be_the_first_key() {
+        assert_eq!(bootstrap_refusal(Role::Admin, true), None);
+        assert!(bootstrap_refusal(Role::Admin, false).is_some());
+        assert!(bootstrap_refusal(Role::Operator, false).is_some());
+        assert!(bootstrap_refusal(Role::Viewer, false).is_some());
+        assert!(bootstrap_refusal(Role::Viewer, true).is_some());
     }
 
     #[test]

@@ -305,6 +305,10 @@ pub struct Quotas {
     /// `WARDEN_MAX_CONCURRENT_REQUESTS`: requests served at once (streams
     /// aside); more are refused at once with 503, default 512.
     pub max_concurrent_requests: usize,
+    /// `WARDEN_TENANT_MODEL_CALLS_PER_MINUTE`: calls one tenant may make on
+    /// the server's own model (goal refinement, success criteria,
+    /// reflection) per minute and replica, default 60; 0 is unlimited.
+    pub tenant_model_calls_per_minute: u32,
 }
 
 impl Default for Quotas {
@@ -319,6 +323,7 @@ impl Default for Quotas {
             tenant_max_streams: 32,
             request_timeout: Duration::from_secs(30),
             max_concurrent_requests: 512,
+            tenant_model_calls_per_minute: 60,
         }
     }
 }
@@ -411,6 +416,12 @@ impl Env<'_> {
                 "WARDEN_MAX_CONCURRENT_REQUESTS",
                 d.max_concurrent_requests,
                 1,
+                1_000_000,
+            )?,
+            tenant_model_calls_per_minute: self.parse(
+                "WARDEN_TENANT_MODEL_CALLS_PER_MINUTE",
+                d.tenant_model_calls_per_minute,
+                0,
                 1_000_000,
             )?,
         })
@@ -1020,6 +1031,7 @@ mod tests {
             ("WARDEN_TENANT_MAX_STREAMS", "6"),
             ("WARDEN_REQUEST_TIMEOUT_MS", "700"),
             ("WARDEN_MAX_CONCURRENT_REQUESTS", "8"),
+            ("WARDEN_TENANT_MODEL_CALLS_PER_MINUTE", "0"),
         ]))
         .unwrap();
         assert!(c.secret_key.key().is_some());
@@ -1061,6 +1073,7 @@ mod tests {
                 tenant_max_streams: 6,
                 request_timeout: Duration::from_millis(700),
                 max_concurrent_requests: 8,
+                tenant_model_calls_per_minute: 0,
             }
         );
         // A key of the wrong length stops start-up, naming the variable, never the value.

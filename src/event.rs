@@ -333,6 +333,17 @@ pub enum SessionEvent {
         /// The limit.
         limit: usize,
     },
+    /// A reflection was due but the tenant's rate limit of calls on the
+    /// server's model (`WARDEN_TENANT_MODEL_CALLS_PER_MINUTE`) was spent: it
+    /// is tried again after each step until it runs; logged once per wait.
+    ReflectionDeferred {
+        /// The reflection number that was due.
+        number: u64,
+        /// Why: `tenant_model_rate_limit`.
+        reason: String,
+        /// When the limit allows the next call, in milliseconds.
+        retry_after_ms: u64,
+    },
     /// Summarising a cycle failed; retried after the next step.
     CycleSummaryFailed {
         /// The cycle.
@@ -373,6 +384,7 @@ impl SessionEvent {
             SessionEvent::CycleStarted { .. } => "cycle_started",
             SessionEvent::CycleSummaryFailed { .. } => "cycle_summary_failed",
             SessionEvent::ToolCallsLimited { .. } => "tool_calls_limited",
+            SessionEvent::ReflectionDeferred { .. } => "reflection_deferred",
         }
     }
 

@@ -13,6 +13,7 @@ const LAYERS: &[(&str, u8)] = &[
     ("egress", 0),
     ("secrets", 0),
     ("threads", 0),
+    ("ratelimit", 0),
     ("event", 1),
     ("llm", 1),
     ("metrics", 1),

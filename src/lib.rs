@@ -14,6 +14,7 @@ mod layers;
 pub mod llm;
 pub mod metrics;
 pub mod policy;
+pub mod ratelimit;
 pub mod secrets;
 pub mod session;
 pub mod store;

@@ -186,11 +186,13 @@ fn data_dir() -> std::path::PathBuf {
 }
 
 const KEYS_USAGE: &str =
-    "usage: warden keys create --tenant NAME --role admin|operator|viewer [--name LABEL]
+    "usage: warden keys create --tenant NAME --role admin|operator|viewer [--global] [--name LABEL]
        warden keys list
        warden keys revoke ID
-(reads DATABASE_URL, or the embedded database in WARDEN_DATA_DIR when it is unset
-and Warden is stopped; a created key is printed once and never stored)";
+(--global: an admin key of every tenant, else an admin key manages its tenant only;
+reads DATABASE_URL, or the embedded database in WARDEN_DATA_DIR when it is unset
+and Warden is stopped; a created key is printed once and never stored; running
+replicas see a created or revoked key within a second)";
 
 /// The store the CLI commands use: `DATABASE_URL`, or the embedded
 /// database (kept running until the returned guard drops).
@@ -288,14 +290,25 @@ async fn keys_on(store: &warden::store::Store, args: Vec<String>) -> ExitCode {
                 eprintln!("warden keys: unknown role {role:?}; one of admin, operator, viewer");
                 return ExitCode::from(2);
             };
-            match warden::auth::issue_key(store, tenant, role, flag("--name")).await {
+            let spec = warden::auth::KeySpec {
+                tenant,
+                role,
+                global: args.iter().any(|a| a == "--global"),
+                name: flag("--name"),
+            };
+            match warden::auth::issue_key(store, &spec).await {
                 Ok(issued) => {
                     eprintln!(
-                        "created key {} ({}) for tenant {} with role {}; it is shown only now:",
+                        "created key {} ({}) for tenant {} with role {}{}; it is shown only now:",
                         issued.record.id,
                         issued.record.prefix,
                         issued.record.tenant,
-                        issued.record.role
+                        issued.record.role,
+                        if issued.record.global {
+                            " (global)"
+                        } else {
+                            ""
+                        }
                     );
                     println!("{}", issued.secret.expose());
                     ExitCode::SUCCESS
@@ -308,17 +321,18 @@ async fn keys_on(store: &warden::store::Store, args: Vec<String>) -> ExitCode {
         }
         Some("list") => match store.list_keys(None).await {
             Ok(keys) => {
-                println!("ID\tPREFIX\tTENANT\tROLE\tCREATED\tLAST USED\tREVOKED");
+                println!("ID\tPREFIX\tTENANT\tROLE\tGLOBAL\tCREATED\tLAST USED\tREVOKED");
                 let time = |t: Option<chrono::DateTime<chrono::Utc>>| {
                     t.map_or_else(|| "-".to_string(), |t| t.to_rfc3339())
                 };
                 for k in keys {
                     println!(
-                        "{}\t{}\t{}\t{}\t{}\t{}\t{}",
+                        "{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}",
                         k.id,
                         k.prefix,
                         k.tenant,
                         k.role,
+                        if k.global { "yes" } else { "no" },
                         k.created_at.to_rfc3339(),
                         time(k.last_used_at),
                         time(k.revoked_at)
@@ -336,7 +350,7 @@ async fn keys_on(store: &warden::store::Store, args: Vec<String>) -> ExitCode {
                 eprintln!("{KEYS_USAGE}");
                 return ExitCode::from(2);
             };
-            match store.revoke_key(id).await {
+            match store.revoke_key(id, None).await {
                 Ok(Some(k)) => {
                     println!("revoked {} ({})", k.id, k.prefix);
                     ExitCode::SUCCESS

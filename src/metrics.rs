@@ -83,6 +83,8 @@ pub struct Metrics {
     terminations: Mutex<BTreeMap<String, u64>>,
     reflections: Mutex<BTreeMap<String, u64>>,
     gate: Mutex<BTreeMap<String, u64>>,
+    model_calls: Mutex<BTreeMap<String, u64>>,
+    model_calls_limited: Mutex<BTreeMap<String, u64>>,
     /// Wall time of whole iterations.
     pub iteration_seconds: Histogram,
     /// Latency of model calls (agent and reflection).
@@ -116,6 +118,8 @@ impl Default for Metrics {
             tokens: AtomicU64::new(0),
             terminations: Mutex::new(BTreeMap::new()),
             reflections: Mutex::new(BTreeMap::new()),
+            model_calls: Mutex::new(BTreeMap::new()),
+            model_calls_limited: Mutex::new(BTreeMap::new()),
             gate: Mutex::new(BTreeMap::new()),
             iteration_seconds: Histogram::new(SLOW),
             model_seconds: Histogram::new(SLOW),
@@ -165,6 +169,16 @@ impl Metrics {
     /// Counts a reflection decision.
     pub fn reflection(&self, decision: &str) {
         bump(&self.reflections, decision);
+    }
+
+    /// Counts a call of `tenant` on the server's own model: made, or
+    /// refused by the tenant's rate limit.
+    pub fn model_call(&self, tenant: &str, allowed: bool) {
+        if allowed {
+            bump(&self.model_calls, tenant);
+        } else {
+            bump(&self.model_calls_limited, tenant);
+        }
     }
 
     /// Counts a gate decision.
@@ -219,6 +233,18 @@ impl Metrics {
                 "Continue-gate evaluations by decision.",
                 "decision",
                 &self.gate,
+            ),
+            (
+                "warden_tenant_model_calls_total",
+                "Calls on the server's own model (refinement, criteria, reflection) by tenant.",
+                "tenant",
+                &self.model_calls,
+            ),
+            (
+                "warden_tenant_model_calls_limited_total",
+                "Calls on the server's own model refused by the tenant's rate limit, by tenant.",
+                "tenant",
+                &self.model_calls_limited,
             ),
         ] {
             let _ = writeln!(out, "# HELP {name} {help}");

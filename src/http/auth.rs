@@ -87,6 +87,54 @@ fn loopback_host(host: &str) -> bool {
             .is_ok_and(|ip| ip.is_loopback())
 }
 
+/// A host and port as written in a Host header or an Origin's authority:
+/// the name lowercased, the port when one is written.
+fn host_and_port(authority: &str) -> Option<(String, Option<u16>)> {
+    let (name, port) = match authority.strip_prefix('[') {
+        Some(v6) => {
+            let (name, rest) = v6.split_once(']')?;
+            (format!("[{name}]"), rest)
+        }
+        None => match authority.rsplit_once(':') {
+            Some((name, port)) => (name.to_string(), port),
+            None => (authority.to_string(), ""),
+        },
+    };
+    let port = match port {
+        "" => None,
+        p => Some(p.strip_prefix(':').unwrap_or(p).parse().ok()?),
+    };
+    let bad = |c: char| c.is_whitespace() || matches!(c, '/' | '@' | '?' | '#' | '\\');
+    (!name.is_empty() && !name.contains(bad)).then(|| (name.to_ascii_lowercase(), port))
+}
+
+/// Whether a browser's `Origin` is this server as named by the `Host`
+/// header. The Origin's scheme must be `http` or `https` (anything else,
+/// `null` included, is foreign); its port is made explicit (80 for http,
+/// 443 for https) and compared with Host's port, and a Host without a port
+/// is taken to be on the default port of the Origin's scheme (Warden serves
+/// http; behind a TLS proxy the page's https origin arrives with the
+/// public name). So `http://h` matches Host `h` and `h:80`, `https://h`
+/// matches `h` and `h:443`, and `http://h:8080` matches `h:8080` only.
+fn same_origin(origin: &str, host: &str) -> bool {
+    let Some((scheme, authority)) = origin.split_once("://") else {
+        return false;
+    };
+    let default_port = match scheme.to_ascii_lowercase().as_str() {
+        "http" => 80,
+        "https" => 443,
+        _ => return false,
+    };
+    let (Some((o_name, o_port)), Some((h_name, h_port))) =
+        (host_and_port(authority), host_and_port(host))
+    else {
+        return false;
+    };
+    let o_port = o_port.unwrap_or(default_port);
+    let h_port = h_port.unwrap_or(default_port);
+    o_name == h_name && o_port == h_port
+}
+
 /// Cross-site rules for requests that change state: a browser on another
 /// site can send a "simple" form POST with cookies-less credentials, but not
 /// a JSON content type nor a foreign Origin that matches our Host.
@@ -103,11 +151,7 @@ fn cross_site(req: &Request, auth_open: bool, auth_off: bool) -> Option<Response
         return None;
     }
     if let Some(origin) = headers.get(header::ORIGIN) {
-        let authority = origin
-            .to_str()
-            .ok()
-            .and_then(|o| o.split_once("://").map(|(_, a)| a));
-        let same = matches!((authority, host), (Some(a), Some(h)) if a.eq_ignore_ascii_case(h));
+        let same = matches!((origin.to_str().ok(), host), (Some(o), Some(h)) if same_origin(o, h));
         if !same {
             return Some(forbidden(
                 "the Origin of this request does not match its Host",
@@ -193,7 +237,9 @@ pub async fn guard(State(state): State<AppState>, mut req: Request, next: Next) 
     };
     let allowed = match need {
         Access::Open | Access::Read => true,
-        Access::Metrics | Access::Admin => principal.role == Role::Admin,
+        // Metrics span every tenant: a global admin only.
+        Access::Metrics => principal.global,
+        Access::Admin => principal.role == Role::Admin,
         Access::Write => principal.role.can_write(),
     };
     if !allowed {
@@ -203,8 +249,7 @@ pub async fn guard(State(state): State<AppState>, mut req: Request, next: Next) 
         ));
     }
     // A global admin may narrow its view to one tenant with `?tenant=`.
-    if principal.role == Role::Admin
-        && principal.scope == TenantScope::Global
+    if principal.global
         && let Some(tenant) = scope_param
     {
         principal.scope = TenantScope::Tenant(tenant);
@@ -256,6 +301,47 @@ mod tests {
         }
         for h in ["evil.example", "10.0.0.1:80", "localhost.evil.com", "[::2]"] {
             assert!(!loopback_host(h), "{h}");
+        }
+    }
+
+    #[test]
+    fn origins_match_scheme_host_and_port() {
+        for (origin, host) in [
+            ("http://h", "h"),
+            ("http://h", "h:80"),
+            ("http://h:80", "h"),
+            ("https://h", "h"),
+            ("https://h", "h:443"),
+            ("https://h:443", "h"),
+            ("http://h:8080", "h:8080"),
+            ("HTTP://Example.COM:8080", "example.com:8080"),
+            ("http://127.0.0.1:3000", "127.0.0.1:3000"),
+            ("http://[::1]:3000", "[::1]:3000"),
+            ("https://[::1]", "[::1]"),
+        ] {
+            assert!(same_origin(origin, host), "{origin} vs {host}");
+        }
+        for (origin, host) in [
+            ("http://h:8080", "h"),
+            ("http://h", "h:8080"),
+            ("https://h", "h:80"),
+            ("http://h", "h:443"),
+            ("http://h:8080", "h:8081"),
+            ("http://evil.example", "h"),
+            ("http://h.evil.example", "h"),
+            ("ftp://h", "h"),
+            ("file://h", "h"),
+            ("chrome-extension://h", "h"),
+            ("null", "h"),
+            ("h", "h"),
+            ("http://user@h", "h"),
+            ("http://h/path", "h"),
+            ("http://h:notaport", "h"),
+            ("http://h:99999", "h:99999"),
+            ("http://[::1]:3000", "[::2]:3000"),
+            ("http://", ""),
+        ] {
+            assert!(!same_origin(origin, host), "{origin} vs {host}");
         }
     }
 }

@@ -1,6 +1,8 @@
 //! `/api/keys`: create, list and revoke API keys (admin only; the gate in
-//! `auth.rs` enforces it). A key's secret is answered once, at creation.
+//! `auth.rs` enforces it). A key's secret is answered once, at creation. A
+//! tenant admin manages its own tenant's keys only; a global admin, every key.
 
+use axum::Extension;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::{delete, post};
@@ -13,7 +15,7 @@ use uuid::Uuid;
 use super::AppState;
 use super::error::{ApiError, ApiResult, Problem};
 use super::extract::{ApiJson, ApiPath};
-use crate::auth::{AuthError, Role};
+use crate::auth::{AuthError, AuthMode, KeySpec, Principal, Role};
 use crate::store::KeyRecord;
 
 /// The key routes, relative to `/api/keys`.
@@ -31,7 +33,13 @@ pub struct CreateKey {
     pub tenant: String,
     /// What the key may do.
     pub role: Role,
-    /// An optional label, for people (at most 200 characters).
+    /// An admin key of every tenant (keys, sessions and `/metrics` of all
+    /// tenants); `false` (the default) binds an admin key to `tenant`. Only
+    /// for `role: admin`, and only a global admin may make one. The first
+    /// key made without authentication must be a global admin key.
+    #[serde(default)]
+    pub global: bool,
+    /// An optional label, for people: 1 to 64 printable characters.
     #[serde(default)]
     pub name: Option<String>,
 }
@@ -47,6 +55,9 @@ pub struct KeyView {
     pub tenant: String,
     /// Role.
     pub role: String,
+    /// An admin key of every tenant; `false` for a tenant admin and every
+    /// other role (bound to `tenant`).
+    pub global: bool,
     /// Label.
     pub name: Option<String>,
     /// Creation time.
@@ -64,6 +75,7 @@ impl From<KeyRecord> for KeyView {
             prefix: k.prefix,
             tenant: k.tenant,
             role: k.role,
+            global: k.global,
             name: k.name,
             created_at: k.created_at,
             last_used_at: k.last_used_at,
@@ -92,11 +104,13 @@ pub struct KeyList {
 impl From<AuthError> for ApiError {
     fn from(err: AuthError) -> ApiError {
         match err {
-            AuthError::InvalidTenant(_) => ApiError::new(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                "invalid_request",
-                err.to_string(),
-            ),
+            AuthError::InvalidTenant(_) | AuthError::InvalidName | AuthError::GlobalNotAdmin => {
+                ApiError::new(
+                    StatusCode::UNPROCESSABLE_ENTITY,
+                    "invalid_request",
+                    err.to_string(),
+                )
+            }
             AuthError::Store(store) => ApiError::from(store),
             AuthError::Random(_) => ApiError::new(
                 StatusCode::SERVICE_UNAVAILABLE,
@@ -108,31 +122,61 @@ impl From<AuthError> for ApiError {
 }
 
 /// Create an API key (admin). The answer holds its secret, shown only here.
+/// A tenant admin may make keys of its own tenant only, none global. While
+/// no key exists (protected mode), the first must be a global admin key.
 #[utoipa::path(
     post, path = "/api/keys", tag = "keys",
     request_body = CreateKey,
-    responses((status = 201, description = "Key created", body = CreatedKey))
+    responses(
+        (status = 201, description = "Key created", body = CreatedKey),
+        (status = 403, description = "A tenant admin asked for another tenant's key or a global one", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Invalid tenant, name or role; or a first key that is not a global admin key", body = Problem, content_type = "application/problem+json"),
+    )
 )]
 pub async fn create_key(
     State(state): State<AppState>,
+    Extension(caller): Extension<Principal>,
     ApiJson(req): ApiJson<CreateKey>,
 ) -> ApiResult<(StatusCode, Json<CreatedKey>)> {
-    if req
-        .name
-        .as_ref()
-        .is_some_and(|n| n.chars().count() > crate::auth::MAX_KEY_NAME_CHARS)
+    if !caller.global {
+        if req.tenant != caller.tenant {
+            return Err(ApiError::new(
+                StatusCode::FORBIDDEN,
+                "forbidden",
+                format!(
+                    "this admin key manages the keys of tenant {} only",
+                    caller.tenant
+                ),
+            ));
+        }
+        if req.global {
+            return Err(ApiError::new(
+                StatusCode::FORBIDDEN,
+                "forbidden",
+                "only a global admin may make a global key",
+            ));
+        }
+    }
+    if state.auth.mode() != AuthMode::On
+        && let Some(refusal) = crate::auth::bootstrap_refusal(req.role, req.global)
+        && state.auth.no_keys_yet().await?
     {
         return Err(ApiError::new(
             StatusCode::UNPROCESSABLE_ENTITY,
-            "invalid_request",
-            "name: at most 200 characters",
+            "first_key_must_be_global_admin",
+            refusal,
         ));
     }
     let issued = state
         .auth
-        .issue(&req.tenant, req.role, req.name.as_deref())
+        .issue(&KeySpec {
+            tenant: &req.tenant,
+            role: req.role,
+            global: req.global,
+            name: req.name.as_deref(),
+        })
         .await?;
-    tracing::info!(key = %issued.record.prefix, tenant = %req.tenant, role = req.role.as_str(), "API key created");
+    tracing::info!(key = %issued.record.prefix, tenant = %req.tenant, role = req.role.as_str(), global = req.global, "API key created");
     Ok((
         StatusCode::CREATED,
         Json(CreatedKey {
@@ -142,20 +186,25 @@ pub async fn create_key(
     ))
 }
 
-/// List API keys (admin): public fields only.
+/// List API keys (admin): public fields only; a tenant admin sees its
+/// tenant's keys only.
 #[utoipa::path(
     get, path = "/api/keys", tag = "keys",
-    responses((status = 200, description = "Every key", body = KeyList))
+    responses((status = 200, description = "Every key the caller manages", body = KeyList))
 )]
-pub async fn list_keys(State(state): State<AppState>) -> ApiResult<Json<KeyList>> {
-    let keys = state.auth.list(None).await?;
+pub async fn list_keys(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Principal>,
+) -> ApiResult<Json<KeyList>> {
+    let tenant = (!caller.global).then_some(caller.tenant.as_str());
+    let keys = state.auth.list(tenant).await?;
     Ok(Json(KeyList {
         items: keys.into_iter().map(Into::into).collect(),
     }))
 }
 
-/// Revoke an API key (admin); effective at once on this replica, within
-/// seconds on the others.
+/// Revoke an API key (admin); effective at once on this replica, within a
+/// second on the others. Another tenant's key is, to a tenant admin, not found.
 #[utoipa::path(
     delete, path = "/api/keys/{id}", tag = "keys",
     params(("id" = Uuid, Path, description = "Key id")),
@@ -166,9 +215,11 @@ pub async fn list_keys(State(state): State<AppState>) -> ApiResult<Json<KeyList>
 )]
 pub async fn revoke_key(
     State(state): State<AppState>,
+    Extension(caller): Extension<Principal>,
     ApiPath(id): ApiPath<Uuid>,
 ) -> ApiResult<Json<KeyView>> {
-    match state.auth.revoke(id).await? {
+    let tenant = (!caller.global).then_some(caller.tenant.as_str());
+    match state.auth.revoke(id, tenant).await? {
         Some(key) => {
             tracing::info!(key = %key.prefix, "API key revoked");
             Ok(Json(key.into()))

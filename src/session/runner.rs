@@ -93,6 +93,10 @@ pub struct RunnerDeps<S = Store> {
     pub control: Control,
     /// The reflection model, when one is configured.
     pub reflector: Option<Arc<Reflector>>,
+    /// The session's tenant, whose rate limit its reflections spend.
+    pub tenant: String,
+    /// The per-tenant limit of calls on the server's own model.
+    pub model_calls: Arc<crate::ratelimit::TenantLimiter>,
     /// Process metrics.
     pub metrics: Arc<Metrics>,
     /// The status this replica serves from memory, kept to what is committed.
@@ -111,6 +115,10 @@ pub struct Runner<S = Store> {
     guidance: Option<String>,
     control: Control,
     reflector: Option<Arc<Reflector>>,
+    tenant: String,
+    model_calls: Arc<crate::ratelimit::TenantLimiter>,
+    /// A due reflection waits for the tenant's rate limit (its event is logged).
+    reflection_deferred: bool,
     metrics: Arc<Metrics>,
     view: Arc<LiveView>,
     /// Running time accumulated before this process picked the session up.
@@ -193,6 +201,9 @@ impl<S: LoopStore> Runner<S> {
             guidance: deps.guidance,
             control: deps.control,
             reflector: deps.reflector,
+            tenant: deps.tenant,
+            model_calls: deps.model_calls,
+            reflection_deferred: false,
             metrics: deps.metrics,
             view: deps.view,
             started: Instant::now(),
@@ -278,11 +289,40 @@ impl<S: LoopStore> Runner<S> {
         let Some(trigger) = self.reflection_due() else {
             return Ok(Flow::Go(()));
         };
+        if self.reflector.is_some() && self.reflection_deferred_by_rate_limit().await? {
+            return Ok(Flow::Go(()));
+        }
         // Boxed: a reflection's model call is the largest await there is.
         Ok(match Box::pin(self.reflect(trigger)).await? {
             Some(exit) => Flow::Exit(exit),
             None => Flow::Again,
         })
+    }
+
+    /// The server's model is the operator's: a tenant over its rate limit
+    /// defers a due reflection to the next step (the loop goes on under its
+    /// guardrails) rather than failing the session. True when deferred; the
+    /// event is logged once per wait.
+    async fn reflection_deferred_by_rate_limit(&mut self) -> Result<bool, StoreError> {
+        let Err(limited) = self.model_calls.admit(&self.tenant) else {
+            self.reflection_deferred = false;
+            self.metrics.model_call(&self.tenant, true);
+            return Ok(false);
+        };
+        self.metrics.model_call(&self.tenant, false);
+        if !self.reflection_deferred {
+            self.reflection_deferred = true;
+            tracing::info!(tenant = %self.tenant, "reflection deferred by the tenant's model-call rate limit");
+            let events = events::encode(&[SessionEvent::ReflectionDeferred {
+                number: u64::from(self.state.reflection.count) + 1,
+                reason: "tenant_model_rate_limit".into(),
+                retry_after_ms: u64::try_from(limited.retry_after.as_millis()).unwrap_or(u64::MAX),
+            }])?;
+            let flags = Box::pin(self.store.append_fenced(&self.lease, &events)).await?;
+            self.view.appended(&flags);
+            self.apply_flags(flags);
+        }
+        Ok(true)
     }
 
     /// Checkpoint: every `checkpoint_interval` committed steps, unless the run is ending.
@@ -1200,6 +1240,8 @@ mod tests {
             guidance: None,
             control: Control::new(clock),
             reflector: None,
+            tenant: "t".into(),
+            model_calls: Arc::new(crate::ratelimit::TenantLimiter::new(0)),
             metrics: Arc::new(Metrics::default()),
             view: Arc::default(),
         });

@@ -244,7 +244,7 @@ impl SessionService {
                 .await;
         }
         let request = self.validate_create(req)?;
-        let plan = self.preflight(&request).await?;
+        let plan = self.preflight(&request, tenant).await?;
         let id = Uuid::new_v4();
         let workspace = self.prepare_workspace(&request, id).await?;
         let acquired = Instant::now();
@@ -411,7 +411,7 @@ impl SessionService {
 
     /// Pre-flight: an ambiguous goal waits for the user or is refined at
     /// once; checklists are generated when asked for.
-    async fn preflight(&self, request: &NewRequest) -> Result<Preflight> {
+    async fn preflight(&self, request: &NewRequest, tenant: &str) -> Result<Preflight> {
         let mut plan = Preflight {
             goal: request.goal.clone(),
             proposal: None,
@@ -441,6 +441,7 @@ impl SessionService {
             let refiner = request.planner.as_ref().filter(|_| !report.unreadable);
             let (suggested, source) = match refiner {
                 Some((client, model)) => {
+                    self.admit_model_call(tenant)?;
                     match planner::refine_goal(client, model, &request.goal).await {
                         Ok(p) => {
                             plan.tokens += p.tokens;
@@ -483,6 +484,7 @@ impl SessionService {
             && plan.milestones.is_empty()
             && let Some((client, model)) = &request.planner
         {
+            self.admit_model_call(tenant)?;
             let p = planner::plan_checklists(client, model, &plan.goal)
                 .await
                 .map_err(|err| {
@@ -722,6 +724,19 @@ impl SessionService {
             }
         }
         Ok(session)
+    }
+
+    /// Takes one of `tenant`'s calls on the server's own model, or refuses
+    /// the request (429) naming the setting that raises the limit.
+    fn admit_model_call(&self, tenant: &str) -> Result<()> {
+        let admitted = self.supervisor.model_calls().admit(tenant);
+        self.supervisor
+            .metrics()
+            .model_call(tenant, admitted.is_ok());
+        admitted.map_err(|limited| ServiceError::Quota {
+            code: "tenant_model_rate_limit",
+            detail: limited.detail(),
+        })
     }
 
     /// The default model endpoint as a client and model name, when configured.

@@ -28,8 +28,8 @@ use crate::policy::lifecycle::Reason;
 use crate::policy::termination::{self, Facts};
 use crate::secrets::{self, ForeignSeal, SecretsError};
 use crate::store::{
-    Attempt, CONTROL_CHANNEL, ControlAction, ControlNote, Lease, SessionRecord, SessionSettings,
-    Store,
+    Attempt, CONTROL_CHANNEL, ControlAction, ControlNote, KEYS_CHANNEL, Lease, SessionRecord,
+    SessionSettings, Store,
 };
 
 /// This replica's runners by session id: one each, two for a moment while
@@ -81,6 +81,8 @@ struct Inner {
     runners: RwLock<Registry>,
     /// The reflection model, when one is configured.
     reflector: Option<Arc<Reflector>>,
+    /// The per-tenant limit of calls on the server's own model.
+    model_calls: Arc<crate::ratelimit::TenantLimiter>,
     metrics: Arc<Metrics>,
     /// Cancelled when the process shuts down: no new runners, background loops end.
     closing: CancellationToken,
@@ -124,12 +126,16 @@ impl Supervisor {
             },
             _ => None,
         };
+        let model_calls = Arc::new(crate::ratelimit::TenantLimiter::new(
+            config.quotas.tenant_model_calls_per_minute,
+        ));
         Supervisor {
             inner: Arc::new(Inner {
                 replica_id,
                 store,
                 config,
                 reflector,
+                model_calls,
                 metrics,
                 runners: RwLock::new(HashMap::new()),
                 closing: CancellationToken::new(),
@@ -316,6 +322,8 @@ impl Supervisor {
             guidance: session.guidance.clone(),
             control: control.clone(),
             reflector: self.inner.reflector.clone(),
+            tenant: session.tenant.clone(),
+            model_calls: self.inner.model_calls.clone(),
             metrics: self.inner.metrics.clone(),
             view: view.clone(),
         });
@@ -731,8 +739,15 @@ impl Supervisor {
         }
     }
 
+    /// The per-tenant limit of calls on the server's own model, shared by
+    /// pre-flight and reflection.
+    pub fn model_calls(&self) -> &Arc<crate::ratelimit::TenantLimiter> {
+        &self.inner.model_calls
+    }
+
     /// Relays stop and pause requests sent to other replicas (NOTIFY makes
-    /// them fast; the durable flags read at each commit and heartbeat are the truth).
+    /// them fast; the durable flags read at each commit and heartbeat are the truth),
+    /// and the key changes of [`KEYS_CHANNEL`] to this process's key cache.
     /// On the embedded server they come through an in-process channel.
     pub async fn listen(self) {
         if let Some(mut notes) = self.inner.store.local_control() {
@@ -767,17 +782,22 @@ impl Supervisor {
                     continue;
                 }
             };
-            if let Err(err) = listener.listen(CONTROL_CHANNEL).await {
+            if let Err(err) = listener.listen_all([CONTROL_CHANNEL, KEYS_CHANNEL]).await {
                 tracing::warn!(error = %err, "LISTEN failed; retrying");
                 tokio::time::sleep(Duration::from_secs(1)).await;
                 continue;
             }
+            // Key notes may have been missed while no listener was connected.
+            self.inner.store.keys_changed_locally();
             loop {
                 let note = tokio::select! {
                     _ = self.inner.closing.cancelled() => return,
                     note = listener.recv() => note,
                 };
                 match note {
+                    Ok(note) if note.channel() == KEYS_CHANNEL => {
+                        self.inner.store.keys_changed_locally();
+                    }
                     Ok(note) => self.on_control_note(note.payload()),
                     Err(err) => {
                         tracing::warn!(error = %err, "control listener lost its connection");

@@ -13,6 +13,10 @@ use super::{Result, Store};
 /// The Postgres channel that carries stop and pause requests between replicas.
 pub const CONTROL_CHANNEL: &str = "warden_control";
 
+/// The Postgres channel on which a trigger announces that an API key was
+/// created, revoked or changed (payload: its public prefix), by any writer.
+pub const KEYS_CHANNEL: &str = "warden_keys";
+
 /// What a control notification asks of the replica running the session.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ControlAction {

@@ -19,6 +19,8 @@ pub struct KeyRecord {
     pub tenant: String,
     /// `admin`, `operator` or `viewer`.
     pub role: String,
+    /// An admin key of every tenant (`false`: bound to `tenant`).
+    pub global: bool,
     /// Optional label.
     pub name: Option<String>,
     /// When it was created.
@@ -42,6 +44,8 @@ pub struct NewKey<'a> {
     pub tenant: &'a str,
     /// Role name.
     pub role: &'a str,
+    /// A global admin key.
+    pub global: bool,
     /// Optional label.
     pub name: Option<&'a str>,
 }
@@ -49,26 +53,30 @@ pub struct NewKey<'a> {
 impl Store {
     /// Stores a new key.
     pub async fn insert_key(&self, key: &NewKey<'_>) -> Result<KeyRecord> {
-        Ok(sqlx::query_as!(
+        let record = sqlx::query_as!(
             KeyRecord,
-            "INSERT INTO api_keys (id, prefix, hash, tenant, role, name) VALUES ($1, $2, $3, $4, $5, $6)
-             RETURNING id, prefix, hash, tenant, role, name, created_at, last_used_at, revoked_at",
+            "INSERT INTO api_keys (id, prefix, hash, tenant, role, global, name)
+             VALUES ($1, $2, $3, $4, $5, $6, $7)
+             RETURNING id, prefix, hash, tenant, role, global, name, created_at, last_used_at, revoked_at",
             key.id,
             key.prefix,
             key.hash,
             key.tenant,
             key.role,
+            key.global,
             key.name,
         )
         .fetch_one(&self.pool)
-        .await?)
+        .await?;
+        self.keys_changed_locally();
+        Ok(record)
     }
 
     /// The key with this public prefix, revoked or not.
     pub async fn key_by_prefix(&self, prefix: &str) -> Result<Option<KeyRecord>> {
         Ok(sqlx::query_as!(
             KeyRecord,
-            "SELECT id, prefix, hash, tenant, role, name, created_at, last_used_at, revoked_at
+            "SELECT id, prefix, hash, tenant, role, global, name, created_at, last_used_at, revoked_at
              FROM api_keys WHERE prefix = $1",
             prefix,
         )
@@ -80,7 +88,7 @@ impl Store {
     pub async fn list_keys(&self, tenant: Option<&str>) -> Result<Vec<KeyRecord>> {
         Ok(sqlx::query_as!(
             KeyRecord,
-            "SELECT id, prefix, hash, tenant, role, name, created_at, last_used_at, revoked_at
+            "SELECT id, prefix, hash, tenant, role, global, name, created_at, last_used_at, revoked_at
              FROM api_keys WHERE ($1::text IS NULL OR tenant = $1) ORDER BY created_at DESC, id",
             tenant,
         )
@@ -88,16 +96,21 @@ impl Store {
         .await?)
     }
 
-    /// Revokes a key; returns it, or `None` when there is no such key.
-    pub async fn revoke_key(&self, id: Uuid) -> Result<Option<KeyRecord>> {
-        Ok(sqlx::query_as!(
+    /// Revokes a key (of `tenant` only, when given); returns it, or `None`
+    /// when there is no such key.
+    pub async fn revoke_key(&self, id: Uuid, tenant: Option<&str>) -> Result<Option<KeyRecord>> {
+        let record = sqlx::query_as!(
             KeyRecord,
-            "UPDATE api_keys SET revoked_at = coalesce(revoked_at, now()) WHERE id = $1
-             RETURNING id, prefix, hash, tenant, role, name, created_at, last_used_at, revoked_at",
+            "UPDATE api_keys SET revoked_at = coalesce(revoked_at, now())
+             WHERE id = $1 AND ($2::text IS NULL OR tenant = $2)
+             RETURNING id, prefix, hash, tenant, role, global, name, created_at, last_used_at, revoked_at",
             id,
+            tenant,
         )
         .fetch_optional(&self.pool)
-        .await?)
+        .await?;
+        self.keys_changed_locally();
+        Ok(record)
     }
 
     /// Whether any key that is not revoked exists.

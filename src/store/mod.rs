@@ -42,7 +42,7 @@ mod tasks;
 #[cfg(test)]
 pub(crate) mod testing;
 
-pub use control::{BadControlNote, CONTROL_CHANNEL, ControlAction, ControlNote};
+pub use control::{BadControlNote, CONTROL_CHANNEL, ControlAction, ControlNote, KEYS_CHANNEL};
 pub use events::append as append_events;
 pub use keys::{KeyRecord, NewKey};
 pub use queue::queue_waiting;
@@ -123,6 +123,9 @@ pub struct Store {
     /// On the embedded server (one process, one backend, no second
     /// connection to LISTEN on): control notes travel in this process.
     local_control: Option<tokio::sync::broadcast::Sender<ControlNote>>,
+    /// Announces, in this process, that API keys changed (made here, or
+    /// relayed from [`KEYS_CHANNEL`]): the key cache drops what it holds.
+    keys_changed: tokio::sync::broadcast::Sender<()>,
     /// On the embedded server, the flush that puts commits on the disk
     /// (its engine does not fsync; see `flush`).
     disk_flush: Option<flush::DiskFlush>,
@@ -168,6 +171,7 @@ impl Store {
             appended: announcer(),
             committer: Arc::new(OnceLock::new()),
             local_control: None,
+            keys_changed: tokio::sync::broadcast::channel(16).0,
             disk_flush: None,
         }
     }
@@ -234,8 +238,21 @@ impl Store {
             appended: self.appended.clone(),
             committer: Arc::new(OnceLock::new()),
             local_control: self.local_control.clone(),
+            keys_changed: self.keys_changed.clone(),
             disk_flush: self.disk_flush.clone(),
         }
+    }
+
+    /// Tells this process that API keys changed (other processes learn it
+    /// from the trigger's NOTIFY on [`KEYS_CHANNEL`]).
+    pub fn keys_changed_locally(&self) {
+        // No receiver is not an error: no authenticator is running.
+        let _ = self.keys_changed.send(());
+    }
+
+    /// Announcements that API keys changed, in this process.
+    pub fn key_changes(&self) -> tokio::sync::broadcast::Receiver<()> {
+        self.keys_changed.subscribe()
     }
 
     /// Tells this process's event streams that `session_id` has new events.

@@ -701,10 +701,24 @@ async fn the_keys_command_creates_lists_and_revokes() {
     assert_eq!(res.status(), StatusCode::OK);
     let (ok, _) = warden(&["revoke", &id]);
     assert!(ok);
-    // Another process revoked it: this replica's cache lets it go within its TTL.
-    tokio::time::sleep(warden::auth::KEY_CACHE_TTL + std::time::Duration::from_millis(200)).await;
-    let res = client.get(app.url("/api/autonomous")).send().await.unwrap();
-    assert_eq!(res.status(), StatusCode::UNAUTHORIZED);
+    // Another process revoked it: this replica lets it go within a second.
+    let refused = status_within(
+        std::time::Duration::from_secs(1),
+        StatusCode::UNAUTHORIZED,
+        || client.get(app.url("/api/autonomous")).send(),
+    )
+    .await;
+    assert!(refused, "a key revoked by the CLI is refused within 1 s");
+    let (ok, global) = warden(&["create", "--tenant", "ops", "--role", "admin", "--global"]);
+    assert!(ok);
+    let (_, listed) = warden(&["list"]);
+    assert!(
+        listed
+            .lines()
+            .any(|l| l.contains(&global.trim()[..12]) && l.contains("\tadmin\tyes\t")),
+        "{listed}"
+    );
+    assert!(!warden(&["create", "--tenant", "ops", "--role", "viewer", "--global"]).0);
     assert!(!warden(&["create", "--tenant", "a b", "--role", "viewer"]).0);
     assert!(!warden(&["create", "--tenant", "a", "--role", "root"]).0);
 }
@@ -785,4 +799,405 @@ async fn keys_and_db_dump_work_on_the_embedded_data_directory() {
     let (ok, _, err) = warden(&["db", "dump", "extra"]);
     assert!(!ok && err.contains("usage: warden db dump"), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Polls `request` until it answers `want`, for at most `within`.
+async fn status_within<F, Fut>(within: std::time::Duration, want: StatusCode, request: F) -> bool
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = reqwest::Result<reqwest::Response>>,
+{
+    let deadline = std::time::Instant::now() + within;
+    loop {
+        if request().await.is_ok_and(|r| r.status() == want) {
+            return true;
+        }
+        if std::time::Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
+async fn post_key(base: &str, bearer: Option<&str>, body: Value) -> (StatusCode, Value) {
+    let mut req = reqwest::Client::new()
+        .post(format!("{base}/api/keys"))
+        .json(&body);
+    if let Some(key) = bearer {
+        req = req.bearer_auth(key);
+    }
+    let res = req.send().await.expect("sent");
+    let status = res.status();
+    (status, res.json().await.unwrap_or(Value::Null))
+}
+
+#[tokio::test]
+async fn the_first_key_made_without_auth_is_a_global_admin() {
+    let db = crate::common::TestDb::new().await;
+    let app =
+        TestApp::spawn_with(db.pool.clone(), config_with(&[("WARDEN_ADMIN_TOKEN", "")])).await;
+    assert!(app.key.is_empty(), "protected mode");
+    for body in [
+        json!({ "tenant": "t", "role": "viewer" }),
+        json!({ "tenant": "t", "role": "operator" }),
+        json!({ "tenant": "t", "role": "admin" }),
+    ] {
+        let (status, doc) = post_key(&app.base, None, body.clone()).await;
+        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}: {doc}");
+        assert_eq!(doc["code"], "first_key_must_be_global_admin", "{doc}");
+        assert!(doc["detail"].as_str().unwrap().contains("global"), "{doc}");
+    }
+    // Still protected: nothing was made.
+    let res = reqwest::Client::new()
+        .get(app.url("/api/keys"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    let (status, owner) = post_key(
+        &app.base,
+        None,
+        json!({ "tenant": "t", "role": "admin", "global": true }),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED, "{owner}");
+    assert_eq!(owner["global"], true);
+    // Keys are required now, and the owner can make the rest.
+    let (status, _) = post_key(&app.base, None, json!({ "tenant": "t", "role": "viewer" })).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    let (status, doc) = post_key(
+        &app.base,
+        Some(&secret(&owner)),
+        json!({ "tenant": "t", "role": "viewer" }),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED, "{doc}");
+    assert_eq!(doc["global"], false);
+}
+
+#[tokio::test]
+async fn tenant_admins_manage_their_own_tenant_only() {
+    let db = crate::common::TestDb::new().await;
+    let app = TestApp::spawn(db.pool.clone()).await;
+    let (status, tenant_admin) = post_key(
+        &app.base,
+        Some(ADMIN_TOKEN),
+        json!({ "tenant": "a", "role": "admin", "name": "a's admin" }),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED, "{tenant_admin}");
+    assert_eq!(tenant_admin["global"], false);
+    let (status, global) = post_key(
+        &app.base,
+        Some(ADMIN_TOKEN),
+        json!({ "tenant": "ops", "role": "admin", "global": true }),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED, "{global}");
+    assert_eq!(global["global"], true);
+    let b_viewer = create_key(&app.base, "b", "viewer").await;
+    let ta = secret(&tenant_admin);
+
+    // Keys: its own tenant's only, none global.
+    let (status, a_viewer) = post_key(
+        &app.base,
+        Some(&ta),
+        json!({ "tenant": "a", "role": "viewer" }),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED, "{a_viewer}");
+    let (status, doc) = post_key(
+        &app.base,
+        Some(&ta),
+        json!({ "tenant": "b", "role": "viewer" }),
+    )
+    .await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{doc}");
+    let (status, doc) = post_key(
+        &app.base,
+        Some(&ta),
+        json!({ "tenant": "a", "role": "admin", "global": true }),
+    )
+    .await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{doc}");
+    let listed: Value = client_with_key(&ta)
+        .get(app.url("/api/keys"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let tenants: Vec<&str> = listed["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|k| k["tenant"].as_str().unwrap())
+        .collect();
+    assert!(
+        tenants.len() == 2 && tenants.iter().all(|t| *t == "a"),
+        "{listed}"
+    );
+    let revoke = |key: &str, id: &Value| {
+        client_with_key(key)
+            .delete(app.url(&format!("/api/keys/{}", id.as_str().unwrap())))
+            .send()
+    };
+    assert_eq!(
+        revoke(&ta, &b_viewer["id"]).await.unwrap().status(),
+        StatusCode::NOT_FOUND
+    );
+    assert_eq!(
+        revoke(&ta, &a_viewer["id"]).await.unwrap().status(),
+        StatusCode::OK
+    );
+    // The global admin sees and manages every key, and the flag.
+    let listed: Value = client_with_key(&secret(&global))
+        .get(app.url("/api/keys"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let items = listed["items"].as_array().unwrap();
+    assert!(items.iter().any(|k| k["tenant"] == "b"));
+    assert!(
+        items
+            .iter()
+            .any(|k| k["id"] == global["id"] && k["global"] == true)
+    );
+    assert_eq!(
+        revoke(&secret(&global), &b_viewer["id"])
+            .await
+            .unwrap()
+            .status(),
+        StatusCode::OK
+    );
+
+    // Sessions: its tenant's only, whatever ?tenant= says; no /metrics.
+    let id = app
+        .create_scripted(json!([{ "action": "a", "delay_ms": 60000 }]), json!({}))
+        .await;
+    let ta_client = client_with_key(&ta);
+    for path in [
+        format!("/api/autonomous/{id}"),
+        format!("/api/autonomous/{id}?tenant=test"),
+    ] {
+        let res = ta_client.get(app.url(&path)).send().await.unwrap();
+        assert_eq!(res.status(), StatusCode::NOT_FOUND, "{path}");
+    }
+    let list: Value = ta_client
+        .get(app.url("/api/autonomous?tenant=test"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(list["items"].as_array().map(Vec::len), Some(0), "{list}");
+    assert_eq!(
+        ta_client
+            .get(app.url("/metrics"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        StatusCode::FORBIDDEN
+    );
+    let res = client_with_key(&secret(&global))
+        .get(app.url(&format!("/api/autonomous/{id}")))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    assert_eq!(
+        client_with_key(&secret(&global))
+            .get(app.url("/metrics"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        StatusCode::OK
+    );
+    let (status, _) = app.post(&format!("/api/autonomous/{id}/stop"), None).await;
+    assert_eq!(status, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn key_names_are_one_to_64_printable_characters() {
+    let db = crate::common::TestDb::new().await;
+    let app = TestApp::spawn(db.pool.clone()).await;
+    for name in [
+        json!(""),
+        json!(" "),
+        json!("x".repeat(65)),
+        json!("a\nb"),
+        json!("a\u{202E}b"),
+    ] {
+        let (status, doc) = post_key(
+            &app.base,
+            Some(ADMIN_TOKEN),
+            json!({ "tenant": "t", "role": "viewer", "name": name }),
+        )
+        .await;
+        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{name}: {doc}");
+    }
+    let (status, doc) = post_key(
+        &app.base,
+        Some(ADMIN_TOKEN),
+        json!({ "tenant": "t", "role": "viewer", "global": true }),
+    )
+    .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{doc}");
+    let (status, doc) = post_key(
+        &app.base,
+        Some(ADMIN_TOKEN),
+        json!({ "tenant": "t", "role": "viewer", "name": "x".repeat(64) }),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED, "{doc}");
+}
+
+#[tokio::test]
+async fn origins_are_compared_by_scheme_host_and_port() {
+    let db = crate::common::TestDb::new().await;
+    let app = TestApp::spawn(db.pool.clone()).await;
+    let port = app.base.rsplit(':').next().unwrap().to_string();
+    let body = json!({ "goal": "Create README.md with a project description", "executor": { "kind": "scripted", "steps": [{ "action": "a" }] } });
+    for (origin, want) in [
+        (format!("http://127.0.0.1:{port}"), StatusCode::CREATED),
+        (format!("ftp://127.0.0.1:{port}"), StatusCode::FORBIDDEN),
+        ("http://127.0.0.1".to_string(), StatusCode::FORBIDDEN),
+        (format!("http://127.0.0.1:{port}0"), StatusCode::FORBIDDEN),
+        ("null".to_string(), StatusCode::FORBIDDEN),
+    ] {
+        let res = app
+            .client
+            .post(app.url("/api/autonomous"))
+            .header("origin", &origin)
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status(), want, "{origin}");
+    }
+    // Host without a port: the Origin's default port.
+    for (origin, want) in [
+        ("http://warden.example", StatusCode::CREATED),
+        ("http://warden.example:80", StatusCode::CREATED),
+        ("https://warden.example", StatusCode::CREATED),
+        ("http://warden.example:8080", StatusCode::FORBIDDEN),
+    ] {
+        let res = app
+            .client
+            .post(app.url("/api/autonomous"))
+            .header("host", "warden.example")
+            .header("origin", origin)
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status(), want, "{origin}");
+    }
+}
+
+#[tokio::test]
+async fn keys_change_on_every_replica_within_a_second() {
+    if crate::common::needs_server_postgres(
+        "a second Warden process and the keys command on the test's database",
+    ) {
+        return;
+    }
+    let db = crate::common::TestDb::new().await;
+    // Replica A starts in protected mode: no admin token, no keys.
+    let a = TestApp::spawn_with(db.pool.clone(), config_with(&[("WARDEN_ADMIN_TOKEN", "")])).await;
+    assert!(a.key.is_empty());
+    let b = ServiceProcess::start(&db.pool).await;
+    let second = std::time::Duration::from_secs(1);
+
+    // A key made through B ends A's protected mode within a second.
+    let (status, owner) = post_key(
+        &b.base,
+        Some(ADMIN_TOKEN),
+        json!({ "tenant": "t", "role": "admin", "global": true }),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED, "{owner}");
+    let anonymous = reqwest::Client::new();
+    assert!(
+        status_within(second, StatusCode::UNAUTHORIZED, || anonymous
+            .get(a.url("/api/autonomous"))
+            .send())
+        .await,
+        "A requires keys within 1 s of the first key"
+    );
+    let owner_client = client_with_key(&secret(&owner));
+    assert_eq!(
+        owner_client
+            .get(a.url("/api/keys"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        StatusCode::OK
+    );
+
+    // A key in A's cache, revoked through B: refused by A within a second.
+    let viewer = create_key(&b.base, "t", "viewer").await;
+    let viewer_client = client_with_key(&secret(&viewer));
+    assert_eq!(
+        viewer_client
+            .get(a.url("/api/autonomous"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        StatusCode::OK
+    );
+    let res = reqwest::Client::new()
+        .delete(format!(
+            "{}/api/keys/{}",
+            b.base,
+            viewer["id"].as_str().unwrap()
+        ))
+        .bearer_auth(ADMIN_TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    assert!(
+        status_within(second, StatusCode::UNAUTHORIZED, || viewer_client
+            .get(a.url("/api/autonomous"))
+            .send())
+        .await,
+        "a key revoked through B is refused by A within 1 s"
+    );
+
+    // A key made by the CLI: accepted by A and B within a second.
+    let opts = db.pool.connect_options();
+    let name = opts.get_database().unwrap_or("postgres").to_string();
+    let server = crate::common::server_url().expect("DATABASE_URL");
+    let url = format!("{}/{name}", &server[..server.rfind('/').unwrap()]);
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_warden"))
+        .args(["keys", "create", "--tenant", "t", "--role", "operator"])
+        .env("DATABASE_URL", &url)
+        .output()
+        .expect("runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let key = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let cli_client = client_with_key(&key);
+    for base in [&a.base, &b.base] {
+        assert!(
+            status_within(second, StatusCode::OK, || cli_client
+                .get(format!("{base}/api/autonomous"))
+                .send())
+            .await,
+            "a key made by the CLI is accepted by {base} within 1 s"
+        );
+    }
 }

@@ -419,3 +419,124 @@ async fn tool_calls_per_step_and_workspace_files_are_capped() {
         .count();
     assert_eq!(told, 1, "{second}");
 }
+
+/// A server on the fake model whose tenants may make one call a minute on it.
+async fn one_model_call_a_minute(
+    pool: sqlx::PgPool,
+    fake: &crate::common::fake_llm::FakeLlm,
+) -> TestApp {
+    let base = fake.base_url();
+    TestApp::spawn_with(
+        pool,
+        config_with(&[
+            ("WARDEN_LLM_BASE_URL", base.as_str()),
+            ("WARDEN_LLM_MODEL", "fake-model"),
+            ("WARDEN_TENANT_MODEL_CALLS_PER_MINUTE", "1"),
+        ]),
+    )
+    .await
+}
+
+#[tokio::test]
+async fn model_calls_over_the_tenant_rate_limit_answer_429() {
+    use crate::common::fake_llm::{FakeLlm, text};
+    let db = crate::common::TestDb::new().await;
+    let fake = FakeLlm::start().await;
+    for _ in 0..3 {
+        fake.reflection(text(
+            "Write PLAN.md with pricing, costs and first customers",
+            10,
+        ));
+    }
+    let app = one_model_call_a_minute(db.pool.clone(), &fake).await;
+    let vague = json!({ "goal": "Learn how to run a business",
+                        "executor": { "kind": "scripted", "steps": [{ "action": "a" }] } });
+    // The refinement suggestion is a call on the server's model: one a minute.
+    let s = app.create(vague.clone()).await;
+    assert_eq!(s["refinement"]["source"], "model", "{s}");
+    let (status, doc) = app.post("/api/autonomous", Some(vague.clone())).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{doc}");
+    assert_eq!(doc["code"], "tenant_model_rate_limit");
+    assert!(
+        doc["detail"]
+            .as_str()
+            .unwrap()
+            .contains("WARDEN_TENANT_MODEL_CALLS_PER_MINUTE"),
+        "{doc}"
+    );
+    // So is criteria generation.
+    let (status, doc) = app
+        .post(
+            "/api/autonomous",
+            Some(
+                json!({ "goal": "Create README.md with a project description",
+                         "generate_criteria": true,
+                         "executor": { "kind": "scripted", "steps": [{ "action": "a" }] } }),
+            ),
+        )
+        .await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{doc}");
+    assert_eq!(
+        fake.requests().len(),
+        1,
+        "refused calls never reach the model"
+    );
+    // Another tenant has a bucket of its own.
+    let other = crate::common::create_key(&app.base, "other", "operator").await;
+    let res = crate::common::client_with_key(other["secret"].as_str().unwrap())
+        .post(app.url("/api/autonomous"))
+        .json(&vague)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::CREATED);
+    // Counted per tenant.
+    let metrics = app.admin_get("/metrics").await.text().await.unwrap();
+    assert!(
+        metrics.contains("warden_tenant_model_calls_total{tenant=\"test\"} 1")
+            && metrics.contains("warden_tenant_model_calls_limited_total{tenant=\"test\"} 2")
+            && metrics.contains("warden_tenant_model_calls_total{tenant=\"other\"} 1"),
+        "{metrics}"
+    );
+}
+
+#[tokio::test]
+async fn a_reflection_over_the_tenant_rate_limit_is_deferred_not_failed() {
+    use crate::common::fake_llm::{FakeLlm, assessment, tool_calls};
+    let db = crate::common::TestDb::new().await;
+    let fake = FakeLlm::start().await;
+    for i in 0..8 {
+        fake.agent(tool_calls(
+            &[(
+                "write_file",
+                json!({ "path": format!("part{i}.md"), "content": "x" }),
+            )],
+            10,
+        ));
+    }
+    // STUCK: the next reflection is due 5 steps later (after step 7).
+    fake.reflection(assessment("NO", "STUCK", 30.0, false, "CONTINUE"));
+    let app = one_model_call_a_minute(db.pool.clone(), &fake).await;
+    let doc = app
+        .create(json!({
+            "goal": "Create README.md with a project description",
+            "mode": "continuous",
+            "limits": { "reflection_interval": 2, "max_iterations": 8 },
+            "executor": { "kind": "llm" }
+        }))
+        .await;
+    let id = doc["id"].as_str().unwrap().to_string();
+    let s = app.wait_settled(&id).await;
+    assert_eq!(s["status"], "stopped", "{s}");
+    assert_eq!(s["reason"], "max_iterations", "{s}");
+    let (_, page) = app.get(&format!("/api/autonomous/{id}/reflections")).await;
+    assert_eq!(page["items"].as_array().unwrap().len(), 1, "{page}");
+    let events = app.events(&id).await;
+    let deferred: Vec<&Value> = events
+        .iter()
+        .filter(|e| e["kind"] == "reflection_deferred")
+        .collect();
+    assert_eq!(deferred.len(), 1, "logged once per wait: {events:?}");
+    assert_eq!(deferred[0]["data"]["reason"], "tenant_model_rate_limit");
+    assert!(deferred[0]["data"]["retry_after_ms"].as_u64().unwrap() > 0);
+}

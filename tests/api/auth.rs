@@ -656,12 +656,11 @@ async fn no_answer_and_no_log_line_carries_a_secret() {
 }
 
 #[tokio::test]
+#[ignore = "needs a Postgres server: the keys command as a process beside the test, both on the test's database"]
 async fn the_keys_command_creates_lists_and_revokes() {
-    if crate::common::needs_server_postgres(
+    crate::common::require_server_postgres(
         "the keys command as a process beside the test, both on the test's database",
-    ) {
-        return;
-    }
+    );
     let db = crate::common::TestDb::new().await;
     let pool = db.pool.clone();
     let opts = pool.connect_options();
@@ -1103,12 +1102,11 @@ async fn origins_are_compared_by_scheme_host_and_port() {
 }
 
 #[tokio::test]
+#[ignore = "needs a Postgres server: a second Warden process and the keys command on the test's database"]
 async fn keys_change_on_every_replica_within_a_second() {
-    if crate::common::needs_server_postgres(
+    crate::common::require_server_postgres(
         "a second Warden process and the keys command on the test's database",
-    ) {
-        return;
-    }
+    );
     let db = crate::common::TestDb::new().await;
     // Replica A starts in protected mode: no admin token, no keys.
     let a = TestApp::spawn_with(db.pool.clone(), config_with(&[("WARDEN_ADMIN_TOKEN", "")])).await;

@@ -158,12 +158,11 @@ async fn wait_db(pool: &PgPool, id: &str, timeout: Duration, done: impl Fn(&str,
 // Defect 1: stops of sessions no local loop runs held a row lock and asked
 // the pool for a second connection; 4 of them at once froze the API.
 #[tokio::test]
+#[ignore = "needs a Postgres server: a warden process beside the test, both on the test's database"]
 async fn concurrent_stops_of_paused_sessions_do_not_freeze_the_api() {
-    if crate::common::needs_server_postgres(
+    crate::common::require_server_postgres(
         "a warden process beside the test, both on the test's database",
-    ) {
-        return;
-    }
+    );
     let db = crate::common::TestDb::new().await;
     let pool = db.pool.clone();
     let _serial = SERIAL.lock().await;
@@ -633,12 +632,11 @@ async fn an_unstorable_answer_fails_the_session_after_n_attempts() {
 // Defect 7: connection-level failures answer 503 with Retry-After, and
 // /readyz answers within a second.
 #[tokio::test]
+#[ignore = "needs a Postgres server: a second connection that terminates the service's backends"]
 async fn a_lost_database_answers_503_quickly() {
-    if crate::common::needs_server_postgres(
+    crate::common::require_server_postgres(
         "a second connection that terminates the service's backends",
-    ) {
-        return;
-    }
+    );
     let db = crate::common::TestDb::new().await;
     let pool = db.pool.clone();
     let _serial = SERIAL.lock().await;
@@ -775,12 +773,11 @@ impl Rng {
 // create/stop/pause/resume/PATCH/GET over a pool of sessions for a few
 // seconds against a real server process (default pool sizes).
 #[tokio::test]
+#[ignore = "needs a Postgres server: a warden process beside the test, both on the test's database"]
 async fn control_path_hammer() {
-    if crate::common::needs_server_postgres(
+    crate::common::require_server_postgres(
         "a warden process beside the test, both on the test's database",
-    ) {
-        return;
-    }
+    );
     let db = crate::common::TestDb::new().await;
     let pool = db.pool.clone();
     let _serial = SERIAL.lock().await;
@@ -1195,17 +1192,12 @@ async fn committed(client: &reqwest::Client, base: &str, id: &str) -> Vec<Value>
 // again. The API answers 503 quickly meanwhile, sessions continue after,
 // and no committed iteration changes.
 #[tokio::test]
+#[ignore = "needs a Postgres server: a private Postgres cluster to stop and restart"]
 async fn a_database_outage_is_answered_503_and_survived() {
-    if crate::common::needs_server_postgres("a private Postgres cluster to stop and restart") {
-        return;
-    }
+    crate::common::require_server_postgres("a private Postgres cluster to stop and restart");
     let _serial = SERIAL.lock().await;
-    let Some(cluster) = PrivateCluster::create() else {
-        eprintln!(
-            "SKIPPED a_database_outage_is_answered_503_and_survived: no initdb/pg_ctl under /usr/lib/postgresql/*/bin"
-        );
-        return;
-    };
+    let cluster = PrivateCluster::create()
+        .expect("this test needs initdb and pg_ctl under /usr/lib/postgresql/*/bin (Debian's postgresql package)");
     let server = Server::start_at(&cluster.url(), &[]).await;
     let base = server.base.clone();
     let client = reqwest::Client::new();

@@ -31,13 +31,14 @@ pub fn server_url() -> Option<String> {
 
 /// For a test that needs what one embedded backend cannot give (two
 /// processes on one database, LISTEN/NOTIFY across processes, a private
-/// server to break): true, after saying so, when it must not run here.
-pub fn needs_server_postgres(why: &str) -> bool {
-    if embedded() {
-        eprintln!("skipped on embedded PostgreSQL (runs with DATABASE_URL): {why}");
-        return true;
-    }
-    false
+/// server to break). Such a test is `#[ignore = "needs a Postgres server: …"]`
+/// and runs where one is (`.ci/run` passes `--include-ignored` on its
+/// server leg); asked to run without one, it fails saying why, never passes.
+pub fn require_server_postgres(why: &str) {
+    assert!(
+        !embedded(),
+        "this test needs a Postgres server ({why}): set DATABASE_URL to run it"
+    );
 }
 
 /// A migrated database of one test, dropped with it: a private database on

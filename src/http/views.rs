@@ -9,7 +9,7 @@ use uuid::Uuid;
 use crate::event::SessionEvent;
 use crate::policy::checklist::ChecklistItem;
 use crate::policy::guardrails::Limits;
-use crate::policy::lifecycle::{Mode, Reason, Status};
+use crate::policy::lifecycle::{Action, Mode, Reason, Status, allowed_actions};
 use crate::policy::projection::{self, ProgressSample};
 use crate::session::LoggedEvent;
 use crate::store::{CheckpointRecord, IterationRecord, SessionRecord};
@@ -152,6 +152,13 @@ pub struct SessionView {
     pub updated_at: DateTime<Utc>,
     /// When it ended (completed, stopped, interrupted, failed).
     pub ended_at: Option<DateTime<Utc>>,
+    /// What may be done to it now, by the same rules the API applies.
+    pub allowed_actions: Vec<Action>,
+    /// Attempts at running it in a row without progress (each rescue after
+    /// its replica died, or a failed start, counts one).
+    pub attempts: i32,
+    /// The error the previous attempt ended on, if one was recorded.
+    pub last_error: Option<String>,
 }
 
 impl SessionView {
@@ -266,6 +273,9 @@ impl From<SessionRecord> for SessionView {
             created_at: s.created_at,
             updated_at: s.updated_at,
             ended_at: s.ended_at,
+            allowed_actions: allowed_actions(s.status),
+            attempts: s.attempts,
+            last_error: s.last_error,
         }
     }
 }

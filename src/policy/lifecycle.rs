@@ -402,9 +402,81 @@ pub fn check_delete(from: Status) -> Result<(), IllegalTransition> {
     }
 }
 
+/// Something a person may do to a session through the API.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Action {
+    /// `POST /{id}/stop`.
+    Stop,
+    /// `POST /{id}/pause`.
+    Pause,
+    /// `POST /{id}/resume`.
+    Resume,
+    /// `POST /{id}/resume` with `"reopen": true` (a completed session).
+    Reopen,
+    /// `PATCH /{id}`: mode and limits.
+    Update,
+    /// `POST /{id}/refinement`.
+    Refine,
+    /// `DELETE /{id}`.
+    Delete,
+}
+
+impl Action {
+    /// Every action, in display order.
+    pub const ALL: [Action; 7] = [
+        Action::Stop,
+        Action::Pause,
+        Action::Resume,
+        Action::Reopen,
+        Action::Update,
+        Action::Refine,
+        Action::Delete,
+    ];
+}
+
+/// The actions the API takes on a session in `status`, derived from the
+/// same checks the operations make so the two cannot disagree. An action
+/// that would only answer "already so" (stopping an interrupted session,
+/// pausing a paused one) is not offered.
+pub fn allowed_actions(status: Status) -> Vec<Action> {
+    Action::ALL
+        .into_iter()
+        .filter(|action| match action {
+            Action::Stop => plan_stop(status).is_ok_and(|p| p != StopPlan::AlreadyStopped),
+            Action::Pause => plan_pause(status).is_ok_and(|p| p != PausePlan::AlreadyPaused),
+            Action::Resume => check_resume(status, false).is_ok(),
+            Action::Reopen => status == Status::Completed && check_resume(status, true).is_ok(),
+            Action::Update => check_update(status).is_ok(),
+            Action::Refine => check_refine(status).is_ok(),
+            Action::Delete => check_delete(status).is_ok(),
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn allowed_actions_follow_the_state_machine() {
+        use Action::*;
+        let expect = |s: Status| -> Vec<Action> {
+            match s {
+                Status::AwaitingRefinement => vec![Stop, Update, Refine],
+                Status::Queued => vec![Stop, Update],
+                Status::Running => vec![Stop, Pause, Update],
+                Status::Paused => vec![Stop, Resume, Update],
+                Status::Completed => vec![Reopen, Delete],
+                Status::Stopped | Status::Failed | Status::Interrupted => {
+                    vec![Resume, Update, Delete]
+                }
+            }
+        };
+        for s in Status::ALL {
+            assert_eq!(allowed_actions(s), expect(s), "{}", s.as_str());
+        }
+    }
 
     #[test]
     fn only_ended_sessions_may_be_deleted() {

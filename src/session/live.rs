@@ -258,6 +258,8 @@ mod tests {
             ended_at: None,
             tenant: "t".into(),
             queue_position: None,
+            attempts: 0,
+            last_error: None,
         }
     }
 

@@ -281,6 +281,11 @@ pub struct SessionRecord {
     pub tenant: String,
     /// Place in the fleet's queue while `queued` (1 = next to start).
     pub queue_position: Option<i64>,
+    /// Attempts at running it in a row without progress (rescues after a
+    /// replica died or failed it).
+    pub attempts: i32,
+    /// The error the previous attempt ended on.
+    pub last_error: Option<String>,
 }
 
 /// A session row as selected (see `select_session!`), typed by the query macros.
@@ -326,6 +331,8 @@ pub(super) struct SessionRow {
     pub ended_at: Option<DateTime<Utc>>,
     pub tenant: String,
     pub queue_position: Option<i64>,
+    pub attempts: i32,
+    pub last_error: Option<String>,
 }
 
 impl From<SessionRow> for SessionRecord {
@@ -374,6 +381,8 @@ impl From<SessionRow> for SessionRecord {
             ended_at: r.ended_at,
             tenant: r.tenant,
             queue_position: r.queue_position,
+            attempts: r.attempts,
+            last_error: r.last_error,
         }
     }
 }

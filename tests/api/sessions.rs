@@ -648,3 +648,49 @@ async fn status_reads_answer_while_many_sessions_run() {
         assert_gap_free(&app.iterations(id).await);
     }
 }
+
+#[tokio::test]
+async fn the_status_says_what_may_be_done_and_each_of_it_works() {
+    let db = crate::common::TestDb::new().await;
+    let app = TestApp::spawn(db.pool.clone()).await;
+    let id = app
+        .create_scripted(json!([{ "action": "a", "delay_ms": 600_000 }]), json!({}))
+        .await;
+    let running = app.session(&id).await;
+    assert_eq!(
+        running["allowed_actions"],
+        json!(["stop", "pause", "update"])
+    );
+    assert_eq!(running["attempts"], 0);
+    assert_eq!(running["last_error"], serde_json::Value::Null);
+    let (status, _) = app
+        .patch(&format!("/api/autonomous/{id}"), json!({ "mode": "fixed" }))
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    let (status, stopped) = app.post(&format!("/api/autonomous/{id}/stop"), None).await;
+    assert_eq!(status, StatusCode::OK, "{stopped}");
+    assert_eq!(stopped["status"], "interrupted");
+    assert_eq!(
+        stopped["allowed_actions"],
+        json!(["resume", "update", "delete"])
+    );
+    // What is not offered is refused by the same rules.
+    let (status, _) = app.post(&format!("/api/autonomous/{id}/pause"), None).await;
+    assert_eq!(status, StatusCode::CONFLICT);
+    let (status, resumed) = app
+        .post(&format!("/api/autonomous/{id}/resume"), None)
+        .await;
+    assert_eq!(status, StatusCode::OK, "{resumed}");
+    assert_eq!(
+        resumed["allowed_actions"],
+        json!(["stop", "pause", "update"])
+    );
+    app.post(&format!("/api/autonomous/{id}/stop"), None).await;
+    let res = app
+        .client
+        .delete(app.url(&format!("/api/autonomous/{id}")))
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(res.status(), StatusCode::NO_CONTENT);
+}

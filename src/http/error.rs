@@ -71,7 +71,8 @@ impl ApiError {
         )
     }
 
-    fn internal(err: &dyn std::fmt::Display) -> ApiError {
+    /// 500 for a fault of ours: the cause is logged, the answer says nothing of it.
+    pub(super) fn internal(err: &dyn std::fmt::Display) -> ApiError {
         // The cause is logged, never sent: it may carry connection details.
         tracing::error!(error = %err, "internal error");
         ApiError::new(

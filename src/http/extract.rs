@@ -86,6 +86,21 @@ pub struct OptionalJson<T>(pub T);
 #[derive(Debug, Clone, Copy)]
 pub struct BodyLimit(pub usize);
 
+/// The OpenAPI document bodies are checked against, handed to the
+/// extractors by the router (so this module needs nothing of the module that
+/// builds the document from the handlers).
+#[derive(Debug, Clone, Copy)]
+pub struct BodyShapes(pub &'static Value);
+
+/// The document of the request, or a 500: a router without it is a bug,
+/// and an unchecked body must never reach serde.
+fn shapes_of(req: &Request) -> Result<BodyShapes, ApiError> {
+    req.extensions()
+        .get::<BodyShapes>()
+        .copied()
+        .ok_or_else(|| ApiError::internal(&"the router gives no document to check bodies against"))
+}
+
 fn check_content_type(headers: &HeaderMap) -> Result<(), ApiError> {
     let content_type = headers
         .get(header::CONTENT_TYPE)
@@ -113,8 +128,12 @@ fn invalid(path: &str, detail: impl std::fmt::Display) -> ApiError {
 }
 
 /// Deserializes a parsed body, reporting the full path of what is wrong.
-fn deserialize<T: DeserializeOwned + ToSchema>(mut value: Value) -> Result<T, ApiError> {
-    shape::check(&mut value, &T::name()).map_err(|(path, detail)| invalid(&path, detail))?;
+fn deserialize<T: DeserializeOwned + ToSchema>(
+    shapes: BodyShapes,
+    mut value: Value,
+) -> Result<T, ApiError> {
+    shape::check(shapes.0, &mut value, &T::name())
+        .map_err(|(path, detail)| invalid(&path, detail))?;
     serde_path_to_error::deserialize(value).map_err(|err| {
         let path = err.path().to_string();
         invalid(&path, err.into_inner())
@@ -154,7 +173,11 @@ impl<T: DeserializeOwned + ToSchema, S: Send + Sync> FromRequest<S> for ApiJson<
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
-        Ok(ApiJson(deserialize(required_json(req, state).await?)?))
+        let shapes = shapes_of(&req)?;
+        Ok(ApiJson(deserialize(
+            shapes,
+            required_json(req, state).await?,
+        )?))
     }
 }
 
@@ -174,12 +197,13 @@ impl<T: DeserializeOwned + ToSchema, S: Send + Sync> FromRequest<S> for Digested
 
     async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
         use sha2::Digest;
+        let shapes = shapes_of(&req)?;
         let value = required_json(req, state).await?;
         // serde_json's maps are ordered by key (no `preserve_order`).
         let canonical = serde_json::to_vec(&value)?;
         let digest = sha2::Sha256::digest(&canonical).into();
         Ok(DigestedJson {
-            value: deserialize(value)?,
+            value: deserialize(shapes, value)?,
             digest,
         })
     }
@@ -189,6 +213,7 @@ impl<T: DeserializeOwned + ToSchema + Default, S: Send + Sync> FromRequest<S> fo
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        let shapes = shapes_of(&req)?;
         let (headers, bytes) = body_of(req, state).await?;
         if bytes.iter().all(u8::is_ascii_whitespace) {
             return Ok(OptionalJson(T::default()));
@@ -196,7 +221,7 @@ impl<T: DeserializeOwned + ToSchema + Default, S: Send + Sync> FromRequest<S> fo
         check_content_type(&headers)?;
         match serde_json::from_slice(&bytes)? {
             Value::Null => Ok(OptionalJson(T::default())),
-            value => Ok(OptionalJson(deserialize(value)?)),
+            value => Ok(OptionalJson(deserialize(shapes, value)?)),
         }
     }
 }
@@ -205,18 +230,15 @@ impl<T: DeserializeOwned + ToSchema + Default, S: Send + Sync> FromRequest<S> fo
 /// serde sees it: serde would take a JSON array for a struct, ignore extra
 /// fields of a unit variant, lose the path inside a tagged enum, and refuse
 /// `5.0` where JSON Schema's `integer` (and so the document) allows it.
-mod shape {
+pub(super) mod shape {
     use serde_json::{Map, Value};
-
-    use crate::http::openapi;
 
     /// Where (a path like `executor.steps[0]`) and what is wrong.
     pub type Mismatch = (String, String);
 
-    /// Checks `value` against the component schema called `name`.
-    pub fn check(value: &mut Value, name: &str) -> Result<(), Mismatch> {
+    /// Checks `value` against the component schema called `name` of `doc`.
+    pub fn check(doc: &Value, value: &mut Value, name: &str) -> Result<(), Mismatch> {
         storable(value, &mut String::new())?;
-        let doc = openapi::spec();
         match doc.pointer(&format!("/components/schemas/{name}")) {
             Some(schema) => walk(doc, value, schema, &mut String::new()),
             None => Ok(()),
@@ -459,7 +481,9 @@ mod tests {
     use super::shape::check;
 
     fn checked(mut body: Value, schema: &str) -> Result<Value, (String, String)> {
-        check(&mut body, schema).map(|()| body)
+        // The document as served; in the server the router hands it over.
+        let doc = crate::http::openapi::spec();
+        check(doc, &mut body, schema).map(|()| body)
     }
 
     #[test]

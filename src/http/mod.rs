@@ -165,6 +165,7 @@ pub fn router(state: AppState, max_body_bytes: usize, limits: RequestLimits) -> 
         .with_state(state)
         .layer(DefaultBodyLimit::max(max_body_bytes))
         .layer(axum::Extension(extract::BodyLimit(max_body_bytes)))
+        .layer(axum::Extension(extract::BodyShapes(openapi::spec())))
         .layer(axum::middleware::from_fn_with_state(
             limits,
             request_limits,

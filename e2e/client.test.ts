@@ -124,7 +124,8 @@ test("resume without a body, and a documented 400 as a typed problem", async () 
   assert.equal(tooBig.error?.code, "bad_request");
   assert.match(tooBig.error?.detail ?? "", /limit/);
 
+  // A session has one address: any other spelling of an id is no such session.
   const badId = await client.GET("/api/autonomous/{id}", { params: { path: { id: "not-a-uuid" } } });
-  assert.equal(badId.response.status, 400);
-  assert.equal(badId.error?.status, 400);
+  assert.equal(badId.response.status, 404);
+  assert.equal(badId.error?.code, "session_not_found");
 });

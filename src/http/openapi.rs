@@ -13,7 +13,9 @@ use utoipa::OpenApi;
 use utoipa_swagger_ui::{Config, SwaggerUi};
 
 use super::AppState;
-use super::sessions::{MAX_LIST_LIMIT, MAX_PAGE_LIMIT};
+use super::sessions::{
+    IDEMPOTENCY_KEY_PATTERN, MAX_IDEMPOTENCY_KEY, MAX_LIST_LIMIT, MAX_PAGE_LIMIT,
+};
 use crate::executor::{MAX_ACTION_CHARS, MAX_DELAY_MS, MAX_OUTPUT_CHARS};
 use crate::executor::{MAX_SCRIPTED_STEPS, MAX_TOKENS_PER_CALL, TEMPERATURE, TIMEOUT_MS};
 use crate::policy::ambiguity::GOAL_HAS_LETTER_PATTERN;
@@ -257,6 +259,33 @@ pub fn bounds() -> Vec<Bound> {
             "maxLength",
             crate::auth::MAX_KEY_NAME_CHARS.into(),
         ),
+        (
+            prop("CreateKey", "name"),
+            "pattern",
+            crate::auth::KEY_NAME_PATTERN.into(),
+        ),
+        ("query:/api/autonomous/tenant".into(), "minLength", 1.into()),
+        (
+            "query:/api/autonomous/tenant".into(),
+            "maxLength",
+            crate::auth::MAX_TENANT_CHARS.into(),
+        ),
+        (
+            "query:/api/autonomous/tenant".into(),
+            "pattern",
+            crate::auth::TENANT_PATTERN.into(),
+        ),
+        (IDEMPOTENCY_KEY_AT.into(), "minLength", 1.into()),
+        (
+            IDEMPOTENCY_KEY_AT.into(),
+            "maxLength",
+            MAX_IDEMPOTENCY_KEY.into(),
+        ),
+        (
+            IDEMPOTENCY_KEY_AT.into(),
+            "pattern",
+            IDEMPOTENCY_KEY_PATTERN.into(),
+        ),
     ]);
     for (field, min, max) in RANGES {
         out.extend(range(prop("LimitsPatch", field), min, max));
@@ -375,20 +404,34 @@ fn json_pointer_escape(segment: &str) -> String {
 }
 
 /// The pointer to the schema of a query parameter, or `at` if it is one.
+/// Where the create's `Idempotency-Key` header is described.
+const IDEMPOTENCY_KEY_AT: &str = "header:post:/api/autonomous/Idempotency-Key";
+
+/// The JSON pointer of `at`: a pointer already, `query:{path}/{name}` (a
+/// query parameter of a GET) or `header:{method}:{path}/{name}`.
 fn locate(doc: &Value, at: &str) -> Option<String> {
-    let Some(rest) = at.strip_prefix("query:") else {
+    let (method, place, rest) = if let Some(rest) = at.strip_prefix("query:") {
+        ("get", "query", rest)
+    } else if let Some(rest) = at.strip_prefix("header:") {
+        let (method, rest) = rest.split_once(':')?;
+        (method, "header", rest)
+    } else {
         return Some(at.to_string());
     };
     let (path, name) = rest.rsplit_once('/')?;
-    let op = format!("/paths/{}/get", json_pointer_escape(path));
+    let op = format!("/paths/{}/{method}", json_pointer_escape(path));
     let params = doc.pointer(&format!("{op}/parameters"))?.as_array()?;
-    let index = params.iter().position(|p| {
-        p.get("name") == Some(&json!(name)) && p.get("in") == Some(&json!("query"))
-    })?;
+    let index = params
+        .iter()
+        .position(|p| p.get("name") == Some(&json!(name)) && p.get("in") == Some(&json!(place)))?;
     Some(format!("{op}/parameters/{index}/schema"))
 }
 
 fn add_bounds(doc: &mut Value) {
+    // An optional header is absent or a string, never `null`.
+    if let Some(schema) = locate(doc, IDEMPOTENCY_KEY_AT).and_then(|p| doc.pointer_mut(&p)) {
+        schema["type"] = json!("string");
+    }
     for (at, key, value) in bounds() {
         let target = locate(doc, &at).and_then(|p| doc.pointer_mut(&p));
         match target.and_then(Value::as_object_mut) {

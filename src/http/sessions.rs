@@ -150,7 +150,10 @@ pub async fn create_session(
 pub const IDEMPOTENT_REPLAYED: &str = "idempotent-replayed";
 
 /// Longest `Idempotency-Key` taken.
-const MAX_IDEMPOTENCY_KEY: usize = 255;
+pub const MAX_IDEMPOTENCY_KEY: usize = 255;
+
+/// An `Idempotency-Key`'s characters: visible ASCII.
+pub const IDEMPOTENCY_KEY_PATTERN: &str = "^[!-~]+$";
 
 /// The request's `Idempotency-Key`: 1 to 255 visible ASCII characters.
 fn idempotency_key(headers: &HeaderMap) -> ApiResult<Option<String>> {

@@ -186,7 +186,7 @@ fn cross_site(req: &Request, auth_open: bool, auth_off: bool) -> Option<Response
 /// `?tenant=` from the query string, for admins.
 /// A tenant name is never percent-encoded (its characters need no escape):
 /// the raw value is the name, and one that is not a valid name is refused.
-fn tenant_param(req: &Request) -> Result<Option<String>, Response> {
+fn tenant_param(req: &Request) -> Result<Option<String>, ApiError> {
     let Some(query) = req.uri().query() else {
         return Ok(None);
     };
@@ -200,8 +200,7 @@ fn tenant_param(req: &Request) -> Result<Option<String>, Response> {
         Some(_) => Err(ApiError::bad_request(format!(
             "tenant must be 1 to {} of A-Z a-z 0-9 . _ -",
             crate::auth::MAX_TENANT_CHARS
-        ))
-        .into_response()),
+        ))),
     }
 }
 
@@ -221,7 +220,7 @@ pub async fn guard(State(state): State<AppState>, mut req: Request, next: Next) 
     }
     let scope_param = match tenant_param(&req) {
         Ok(tenant) => tenant,
-        Err(refused) => return refused,
+        Err(refused) => return refused.into_response(),
     };
     if open {
         req.extensions_mut()

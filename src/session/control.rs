@@ -92,12 +92,21 @@ pub fn cap_output(result: &mut Result<StepResult, ExecutorError>, cap: usize) ->
             if out.signal.is_none() {
                 out.signal = sentinel::detect(&out.message);
             }
-            let mut n = text(&mut out.action) + text(&mut out.observation) + text(&mut out.message);
+            // A name and a reason travel in events too: a few KiB at most.
+            let short = |s: &mut String| match excerpt::cap_stored(s, SHORT_TEXT_BYTES.min(cap)) {
+                Some(capped) => {
+                    let dropped = s.len().saturating_sub(SHORT_TEXT_BYTES.min(cap));
+                    *s = capped;
+                    dropped
+                }
+                None => 0,
+            };
+            let mut n = short(&mut out.action) + text(&mut out.observation) + text(&mut out.message);
             if let Some(e) = out.error.as_mut() {
                 n += text(e);
             }
             if let Some(r) = out.signal.as_mut().and_then(|s| s.reason.as_mut()) {
-                n += text(r);
+                n += short(r);
             }
             if !out.arguments.is_null() {
                 let mut json = out.arguments.to_string();
@@ -119,9 +128,19 @@ pub fn cap_output(result: &mut Result<StepResult, ExecutorError>, cap: usize) ->
         }
         Err(ExecutorError::Failed {
             action, message, ..
-        }) => text(action) + text(message),
+        }) => {
+            let n = excerpt::cap_stored(action, SHORT_TEXT_BYTES.min(cap)).map_or(0, |capped| {
+                let dropped = action.len().saturating_sub(SHORT_TEXT_BYTES.min(cap));
+                *action = capped;
+                dropped
+            });
+            n + text(message)
+        }
     }
 }
+
+/// Bytes kept of an action name or a signal's reason, which events carry too.
+const SHORT_TEXT_BYTES: usize = 4_096;
 
 /// Makes what an executor answered storable: an agent that sends a NUL
 /// must not make every commit of its session fail (issue 13, defect 5).

@@ -15,9 +15,9 @@ use super::error::{ApiError, ApiResult, Problem};
 use super::extract::{ApiJson, ApiQuery, OptionalJson, SessionId};
 use super::stream;
 use super::views::{
-    AfterPage, CheckpointPage, DecisionQuery, EventPage, HistoryPageQuery, IterationPage, ListQuery,
-    OutcomeMetrics, PAGE_BYTE_BUDGET, excerpt_strings, fits_budget, json_weight,
-    RefinementList, ReflectionPage, SessionPage, SessionView, TaskList, VelocityPoint,
+    AfterPage, CheckpointPage, DecisionQuery, EventPage, HistoryPageQuery, IterationPage,
+    ListQuery, OutcomeMetrics, PAGE_BYTE_BUDGET, RefinementList, ReflectionPage, SessionPage,
+    SessionView, TaskList, VelocityPoint, excerpt_strings, fits_budget, json_weight,
 };
 use crate::auth::Principal;
 use crate::session::{CreateSession, LoggedEvent, RefinementChoice, ResumeSession, UpdateSession};

@@ -101,7 +101,8 @@ pub fn cap_output(result: &mut Result<StepResult, ExecutorError>, cap: usize) ->
                 }
                 None => 0,
             };
-            let mut n = short(&mut out.action) + text(&mut out.observation) + text(&mut out.message);
+            let mut n =
+                short(&mut out.action) + text(&mut out.observation) + text(&mut out.message);
             if let Some(e) = out.error.as_mut() {
                 n += text(e);
             }

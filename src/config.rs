@@ -300,6 +300,10 @@ pub struct Quotas {
     pub workspace_max_depth: usize,
     /// `WARDEN_TENANT_MAX_STREAMS`: live event streams one tenant may hold open, default 32.
     pub tenant_max_streams: usize,
+    /// `WARDEN_MAX_OUTPUT_BYTES`: bytes of each text of a step's answer
+    /// (output, message, error, arguments) stored, default 256 KiB; the
+    /// rest is dropped with a marker saying how much.
+    pub max_output_bytes: usize,
     /// `WARDEN_REQUEST_TIMEOUT_MS`: longest a request (streams aside) may take, default 30 s.
     pub request_timeout: Duration,
     /// `WARDEN_MAX_CONCURRENT_REQUESTS`: requests served at once (streams
@@ -316,6 +320,7 @@ impl Default for Quotas {
         Quotas {
             tenant_max_running: 1_000,
             max_tool_calls_per_step: 16,
+            max_output_bytes: 262_144,
             workspace_max_bytes: 104_857_600,
             workspace_max_files: 10_000,
             workspace_max_entries: 10_000,
@@ -380,6 +385,12 @@ impl Env<'_> {
                 d.max_tool_calls_per_step,
                 1,
                 1_000,
+            )?,
+            max_output_bytes: self.parse(
+                "WARDEN_MAX_OUTPUT_BYTES",
+                d.max_output_bytes,
+                1_024,
+                104_857_600,
             )?,
             workspace_max_bytes: self.parse(
                 "WARDEN_WORKSPACE_MAX_BYTES",
@@ -1032,6 +1043,7 @@ mod tests {
             ("WARDEN_REQUEST_TIMEOUT_MS", "700"),
             ("WARDEN_MAX_CONCURRENT_REQUESTS", "8"),
             ("WARDEN_TENANT_MODEL_CALLS_PER_MINUTE", "0"),
+            ("WARDEN_MAX_OUTPUT_BYTES", "2048"),
         ]))
         .unwrap();
         assert!(c.secret_key.key().is_some());
@@ -1066,6 +1078,7 @@ mod tests {
             Quotas {
                 tenant_max_running: 3,
                 max_tool_calls_per_step: 2,
+                max_output_bytes: 2048,
                 workspace_max_bytes: 4096,
                 workspace_max_files: 5,
                 workspace_max_entries: 9,

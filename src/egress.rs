@@ -480,22 +480,66 @@ fn refused_v6(ip: Ipv6Addr) -> Option<&'static str> {
     }
 }
 
-/// Reads an answer's body, refusing one larger than `cap` bytes.
-pub async fn read_capped(mut response: reqwest::Response, cap: usize) -> Result<Vec<u8>, String> {
-    if response
-        .content_length()
-        .is_some_and(|len| len > cap as u64)
-    {
-        return Err(format!("the answer is larger than {cap} bytes"));
+/// Why an answer's body was not read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ReadError {
+    /// The answer is larger than the cap. Permanent: asking again brings
+    /// the same answer, so it is neither retried nor "unreachable".
+    #[error("answer too large: {}{over} bytes over the cap of {cap} bytes", if *.exact { "" } else { "at least " })]
+    TooLarge {
+        /// Bytes over the cap (all of them when `exact`, else those seen before reading stopped).
+        over: u64,
+        /// Whether `over` is the whole excess (a `Content-Length` told it).
+        exact: bool,
+        /// The cap.
+        cap: usize,
+    },
+    /// The body could not be read (connection lost, timeout): transient.
+    #[error("the answer could not be read ({0})")]
+    Unreadable(String),
+}
+
+impl ReadError {
+    /// Whether asking again may bring another result.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, ReadError::Unreadable(_))
+    }
+}
+
+/// Whether an answer announced as `content_length` bytes, or of which
+/// `read` bytes have arrived so far, is over `cap`: the error to give up with.
+pub fn over_cap(content_length: Option<u64>, read: usize, cap: usize) -> Option<ReadError> {
+    if let Some(len) = content_length.filter(|len| *len > cap as u64) {
+        return Some(ReadError::TooLarge {
+            over: len - cap as u64,
+            exact: true,
+            cap,
+        });
+    }
+    (read > cap).then(|| ReadError::TooLarge {
+        over: (read - cap) as u64,
+        exact: false,
+        cap,
+    })
+}
+
+/// Reads an answer's body, refusing one larger than `cap` bytes without
+/// reading the rest (and without keeping more than `cap` bytes).
+pub async fn read_capped(
+    mut response: reqwest::Response,
+    cap: usize,
+) -> Result<Vec<u8>, ReadError> {
+    if let Some(err) = over_cap(response.content_length(), 0, cap) {
+        return Err(err);
     }
     let mut body = Vec::new();
     while let Some(chunk) = response
         .chunk()
         .await
-        .map_err(|e| format!("the answer could not be read ({})", e.without_url()))?
+        .map_err(|e| ReadError::Unreadable(e.without_url().to_string()))?
     {
-        if body.len() + chunk.len() > cap {
-            return Err(format!("the answer is larger than {cap} bytes"));
+        if let Some(err) = over_cap(None, body.len() + chunk.len(), cap) {
+            return Err(err);
         }
         body.extend_from_slice(&chunk);
     }
@@ -580,6 +624,25 @@ mod tests {
 
     fn ip(s: &str) -> IpAddr {
         s.parse().expect("test address")
+    }
+
+    #[test]
+    fn an_answer_over_the_cap_is_a_permanent_too_large_error() {
+        assert_eq!(over_cap(Some(100), 0, 100), None);
+        assert_eq!(over_cap(None, 100, 100), None);
+        let announced = over_cap(Some(150), 0, 100).unwrap();
+        assert_eq!(
+            announced.to_string(),
+            "answer too large: 50 bytes over the cap of 100 bytes"
+        );
+        assert!(!announced.is_transient());
+        let streamed = over_cap(None, 130, 100).unwrap();
+        assert_eq!(
+            streamed.to_string(),
+            "answer too large: at least 30 bytes over the cap of 100 bytes"
+        );
+        assert!(!streamed.is_transient());
+        assert!(ReadError::Unreadable("reset".into()).is_transient());
     }
 
     /// Every range the policy refuses, as the IANA special-purpose

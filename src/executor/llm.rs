@@ -16,6 +16,7 @@ use super::{
 };
 use crate::event::SessionEvent;
 use crate::llm::{ChatRequest, LlmClient, Message, ToolCall, ToolSpec};
+use crate::policy::excerpt;
 use crate::policy::history::{FileWrite, Outcome};
 use crate::policy::sentinel::{Sentinel, SignalKind};
 use crate::store::{Task, TaskWrite};
@@ -170,6 +171,8 @@ pub struct LlmExecutor {
     max_file_bytes: u64,
     /// `WARDEN_MAX_TOOL_CALLS_PER_STEP`: calls of one answer that run.
     max_tool_calls: usize,
+    /// `WARDEN_MAX_OUTPUT_BYTES`: bytes of each text of a step kept.
+    max_output_bytes: usize,
     journal: Arc<dyn ToolJournal>,
     tasks: Arc<dyn TaskQueue>,
     transcript: VecDeque<Vec<Message>>,
@@ -232,6 +235,11 @@ impl LlmExecutor {
         while kept.len() > TRANSCRIPT_STEPS {
             kept.pop_front();
         }
+        // Earlier steps are kept (and sent) as excerpts; the newest whole.
+        let older = kept.len().saturating_sub(1);
+        for step in kept.iter_mut().take(older) {
+            slim_step(step);
+        }
         LlmExecutor {
             client,
             model,
@@ -240,6 +248,7 @@ impl LlmExecutor {
             workspace,
             max_file_bytes: deps.max_file_bytes,
             max_tool_calls: deps.max_tool_calls_per_step.max(1),
+            max_output_bytes: deps.max_output_bytes.max(1),
             journal: deps.journal,
             tasks: deps.tasks,
             transcript: kept,
@@ -619,7 +628,13 @@ impl LlmExecutor {
             observation.truncate(cut);
             observation.push('…');
         }
+        // What this step keeps is held to the output cap; the step before
+        // it, no longer the newest, to a few KiB per message.
+        cap_step(&mut step_messages, self.max_output_bytes);
         let transcript = Some(step_messages.clone());
+        if let Some(previous) = self.transcript.back_mut() {
+            slim_step(previous);
+        }
         self.transcript.push_back(step_messages);
         while self.transcript.len() > TRANSCRIPT_STEPS {
             self.transcript.pop_front();
@@ -690,6 +705,42 @@ impl LlmExecutor {
             cycle_change,
             model_latency: Some(called.elapsed()),
         })))
+    }
+}
+
+/// A step of the conversation as kept once a newer step follows it: each
+/// text (content, call arguments) an excerpt of a few KiB, so the kept
+/// conversation stays bounded however much earlier steps read or said.
+fn slim_step(messages: &mut [Message]) {
+    for m in messages {
+        if let Some(c) = m.content.as_mut()
+            && let std::borrow::Cow::Owned(e) = excerpt::conversation_excerpt(c)
+        {
+            *c = e;
+        }
+        for call in &mut m.tool_calls {
+            if let std::borrow::Cow::Owned(e) =
+                excerpt::conversation_excerpt(&call.function.arguments)
+            {
+                call.function.arguments = e;
+            }
+        }
+    }
+}
+
+/// The newest step of the conversation held to `cap` bytes per text.
+fn cap_step(messages: &mut [Message], cap: usize) {
+    for m in messages {
+        if let Some(c) = m.content.as_mut()
+            && let Some(capped) = excerpt::cap_stored(c, cap)
+        {
+            *c = capped;
+        }
+        for call in &mut m.tool_calls {
+            if let Some(capped) = excerpt::cap_stored(&call.function.arguments, cap) {
+                call.function.arguments = capped;
+            }
+        }
     }
 }
 

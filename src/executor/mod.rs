@@ -322,6 +322,8 @@ pub struct ExecutorDeps {
     pub max_file_bytes: u64,
     /// Tool calls of one model answer that are executed.
     pub max_tool_calls_per_step: usize,
+    /// Bytes of each text of a step's answer kept (`WARDEN_MAX_OUTPUT_BYTES`).
+    pub max_output_bytes: usize,
     /// What the session's workspace may hold.
     pub workspace_limits: workspace::Limits,
     /// The tool-call journal of this session.

@@ -12,8 +12,9 @@ use uuid::Uuid;
 
 use super::{Executor, ExecutorError, StepContext, StepOutput, StepResult};
 use crate::egress::{
-    EgressError, EgressPolicy, read_capped, transport_error, upstream_error_summary,
+    EgressError, EgressPolicy, ReadError, read_capped, transport_error, upstream_error_summary,
 };
+use crate::policy::excerpt;
 use crate::policy::history::Outcome;
 use crate::policy::sentinel::{Sentinel, SignalKind};
 
@@ -49,7 +50,9 @@ pub struct WebhookHistoryItem {
     /// `success`, `failure` or `error`.
     #[schema(value_type = String)]
     pub outcome: Outcome,
-    /// Output of the step.
+    /// Output of the step: whole up to a few KiB, else an excerpt (head and
+    /// tail) whose marker says how many bytes are not shown and which
+    /// iteration has the whole output.
     pub output: String,
 }
 
@@ -136,7 +139,9 @@ impl WebhookExecutor {
                 number: s.number,
                 action: s.action.clone(),
                 outcome: s.outcome,
-                output: s.observation.clone(),
+                // The loop's history is slim already; held to the same
+                // few KiB here whatever history it is given.
+                output: excerpt::history_excerpt(&s.observation, s.number).into_owned(),
             })
             .collect();
         let request = WebhookRequest {
@@ -164,7 +169,11 @@ impl WebhookExecutor {
         let status = response.status();
         let body = read_capped(response, self.max_body)
             .await
-            .map_err(|e| failed(format!("agent answer unreadable: {e}")))?;
+            .map_err(|e| match e {
+                // Permanent: one error for this step, said as it is.
+                ReadError::TooLarge { .. } => failed(format!("agent's {e}")),
+                ReadError::Unreadable(_) => failed(format!("agent answer unreadable: {e}")),
+            })?;
         if !status.is_success() {
             // Only a summary: the answer of a URL a client chose must not
             // travel back to that client (SSRF).
@@ -175,6 +184,8 @@ impl WebhookExecutor {
         }
         let answer: WebhookResponse = serde_json::from_slice(&body)
             .map_err(|e| failed(format!("agent answer is not a step outcome: {e}")))?;
+        // Up to the egress cap: not kept a moment longer than needed.
+        drop(body);
         let outcome = answer.outcome.unwrap_or(Outcome::Success);
         let signal = answer.signal.map(|s| Sentinel {
             kind: match s {

@@ -15,8 +15,9 @@ use super::error::{ApiError, ApiResult, Problem};
 use super::extract::{ApiJson, ApiQuery, DigestedJson, OptionalJson, SessionId};
 use super::stream;
 use super::views::{
-    AfterPage, CheckpointPage, DecisionQuery, EventPage, IterationPage, ListQuery, OutcomeMetrics,
-    RefinementList, ReflectionPage, SessionPage, SessionView, TaskList, VelocityPoint,
+    AfterPage, CheckpointPage, DecisionQuery, EventPage, HistoryPageQuery, IterationPage,
+    ListQuery, OutcomeMetrics, PAGE_BYTE_BUDGET, RefinementList, ReflectionPage, SessionPage,
+    SessionView, TaskList, VelocityPoint, excerpt_strings, fits_budget, json_weight,
 };
 use crate::auth::Principal;
 use crate::session::service::{Created, IdempotencyKey};
@@ -357,10 +358,56 @@ async fn ensure_exists(state: &AppState, id: Uuid, scope: &TenantScope) -> ApiRe
     Ok(())
 }
 
-/// Committed iterations of a session, in order.
+/// Rows fetched from the store at a time while a page fills up to its byte
+/// budget: what is held beyond the page itself.
+const PAGE_FETCH_ROWS: i64 = 25;
+
+/// Fills a page of up to `limit` rows after `after`, fetched `PAGE_FETCH_ROWS`
+/// at a time, ending early at `PAGE_BYTE_BUDGET`: the rows and the key to
+/// continue after (null on the last page).
+async fn budgeted_page<T, F, Fut>(
+    after: i64,
+    limit: i64,
+    mut fetch: F,
+    key: impl Fn(&T) -> i64,
+    mut shape: impl FnMut(&mut T) -> usize,
+) -> ApiResult<(Vec<T>, Option<i64>)>
+where
+    F: FnMut(i64, i64) -> Fut,
+    Fut: std::future::Future<Output = ApiResult<Vec<T>>>,
+{
+    let mut items = Vec::new();
+    let mut used = 0usize;
+    let mut cursor = after;
+    loop {
+        let want = (limit - items.len() as i64).min(PAGE_FETCH_ROWS);
+        let rows = fetch(cursor, want).await?;
+        let fetched = rows.len() as i64;
+        for mut row in rows {
+            let weight = shape(&mut row);
+            if !fits_budget(items.len(), used, weight, PAGE_BYTE_BUDGET) {
+                // Full by bytes: the client goes on after the last row given.
+                let next = items.last().map(&key);
+                return Ok((items, next));
+            }
+            used = used.saturating_add(weight);
+            cursor = key(&row);
+            items.push(row);
+        }
+        if fetched < want {
+            return Ok((items, None));
+        }
+        if items.len() as i64 == limit {
+            return Ok((items, Some(cursor)));
+        }
+    }
+}
+
+/// Committed iterations of a session, in order. Texts over 4 KiB come as
+/// excerpts unless `full=true`; a page ends early at about 4 MiB.
 #[utoipa::path(
     get, path = "/api/autonomous/{id}/iterations", tag = "history",
-    params(("id" = Uuid, Path, description = "Session id"), AfterPage),
+    params(("id" = Uuid, Path, description = "Session id"), HistoryPageQuery),
     responses(
         (status = 200, description = "A page of iterations", body = IterationPage),
         (status = 404, description = "No such session", body = Problem, content_type = "application/problem+json"),
@@ -370,26 +417,40 @@ pub async fn list_iterations(
     State(state): State<AppState>,
     Extension(caller): Extension<Principal>,
     SessionId(id): SessionId,
-    ApiQuery(q): ApiQuery<AfterPage>,
+    ApiQuery(q): ApiQuery<HistoryPageQuery>,
 ) -> ApiResult<Json<IterationPage>> {
     ensure_exists(&state, id, &caller.scope).await?;
     let limit = page_limit(q.limit, 100, MAX_PAGE_LIMIT)?;
-    let rows = state
-        .service
-        .reads()
-        .iterations(id, &caller.scope, q.after.unwrap_or(0), limit)
-        .await?;
-    let next_after = next_after(&rows, limit, |r| r.number);
+    let full = q.full.unwrap_or(false);
+    let reads = state.service.reads();
+    let (rows, next_after) = budgeted_page(
+        q.after.unwrap_or(0),
+        limit,
+        |after, n| {
+            let scope = &caller.scope;
+            async move { Ok(reads.iterations(id, scope, after, n).await?) }
+        },
+        |r: &crate::store::IterationRecord| r.number,
+        |r| {
+            if !full {
+                excerpt_strings(&mut r.record);
+                excerpt_strings(&mut r.effects);
+            }
+            json_weight(&r.record) + json_weight(&r.effects) + 256
+        },
+    )
+    .await?;
     Ok(Json(IterationPage {
         items: rows.into_iter().map(Into::into).collect(),
         next_after,
     }))
 }
 
-/// Checkpoints of a session, oldest first.
+/// Checkpoints of a session, oldest first. Texts over 4 KiB come as
+/// excerpts unless `full=true`; a page ends early at about 4 MiB.
 #[utoipa::path(
     get, path = "/api/autonomous/{id}/checkpoints", tag = "history",
-    params(("id" = Uuid, Path, description = "Session id"), AfterPage),
+    params(("id" = Uuid, Path, description = "Session id"), HistoryPageQuery),
     responses(
         (status = 200, description = "A page of checkpoints", body = CheckpointPage),
         (status = 404, description = "No such session", body = Problem, content_type = "application/problem+json"),
@@ -399,16 +460,28 @@ pub async fn list_checkpoints(
     State(state): State<AppState>,
     Extension(caller): Extension<Principal>,
     SessionId(id): SessionId,
-    ApiQuery(q): ApiQuery<AfterPage>,
+    ApiQuery(q): ApiQuery<HistoryPageQuery>,
 ) -> ApiResult<Json<CheckpointPage>> {
     ensure_exists(&state, id, &caller.scope).await?;
     let limit = page_limit(q.limit, 100, MAX_PAGE_LIMIT)?;
-    let rows = state
-        .service
-        .reads()
-        .checkpoints(id, &caller.scope, q.after.unwrap_or(0), limit)
-        .await?;
-    let next_after = next_after(&rows, limit, |r| r.id);
+    let full = q.full.unwrap_or(false);
+    let reads = state.service.reads();
+    let (rows, next_after) = budgeted_page(
+        q.after.unwrap_or(0),
+        limit,
+        |after, n| {
+            let scope = &caller.scope;
+            async move { Ok(reads.checkpoints(id, scope, after, n).await?) }
+        },
+        |r: &crate::store::CheckpointRecord| r.id,
+        |r| {
+            if !full {
+                excerpt_strings(&mut r.state);
+            }
+            json_weight(&r.state) + 256
+        },
+    )
+    .await?;
     Ok(Json(CheckpointPage {
         items: rows.into_iter().map(Into::into).collect(),
         next_after,

@@ -8,6 +8,7 @@ use uuid::Uuid;
 
 use crate::event::SessionEvent;
 use crate::policy::checklist::ChecklistItem;
+use crate::policy::excerpt;
 use crate::policy::guardrails::Limits;
 use crate::policy::lifecycle::{Action, Mode, Reason, Status, allowed_actions};
 use crate::policy::projection::{self, ProgressSample};
@@ -426,6 +427,61 @@ pub struct AfterPage {
     pub limit: Option<i64>,
 }
 
+/// Paging of iterations and checkpoints, whose stored texts can be large.
+#[derive(Debug, Clone, serde::Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct HistoryPageQuery {
+    /// Return items after this number (iteration number or checkpoint id).
+    pub after: Option<i64>,
+    /// Page size, 1 – 500 (default 100). A page also ends early once it
+    /// holds about `PAGE_BYTE_BUDGET` (4 MiB) of items; `next_after` goes on.
+    pub limit: Option<i64>,
+    /// Every stored text whole (default false: texts over 4 KiB are shown
+    /// as an excerpt whose marker says how many bytes are not shown).
+    pub full: Option<bool>,
+}
+
+/// About how many bytes of items one page of iterations or checkpoints holds
+/// before it ends early (at least one item is always given).
+pub const PAGE_BYTE_BUDGET: usize = 4 * 1024 * 1024;
+
+/// Every string of `value` longer than a few KiB replaced by its excerpt
+/// (`policy::excerpt::page_excerpt`).
+pub fn excerpt_strings(value: &mut serde_json::Value) {
+    match value {
+        serde_json::Value::String(s) => {
+            if let std::borrow::Cow::Owned(e) = excerpt::page_excerpt(s) {
+                *s = e;
+            }
+        }
+        serde_json::Value::Array(items) => items.iter_mut().for_each(excerpt_strings),
+        serde_json::Value::Object(map) => map.values_mut().for_each(excerpt_strings),
+        _ => {}
+    }
+}
+
+/// About how many bytes `value` takes as JSON: its strings' lengths plus a
+/// little per node (a bound for page budgets, not an exact size).
+pub fn json_weight(value: &serde_json::Value) -> usize {
+    match value {
+        serde_json::Value::String(s) => s.len() + 2,
+        serde_json::Value::Array(items) => items.iter().map(json_weight).sum::<usize>() + 2,
+        serde_json::Value::Object(map) => map
+            .iter()
+            .map(|(k, v)| k.len() + 4 + json_weight(v))
+            .sum::<usize>()
+            .saturating_add(2),
+        _ => 8,
+    }
+}
+
+/// Whether a page of `taken` items of `used` bytes may take one more of
+/// `weight` bytes under `budget`: the first item always fits.
+pub fn fits_budget(taken: usize, used: usize, weight: usize, budget: usize) -> bool {
+    taken == 0 || used.saturating_add(weight) <= budget
+}
+
 /// Paging of decisions.
 #[derive(Debug, Clone, serde::Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
@@ -607,4 +663,35 @@ impl From<crate::store::Outcomes> for OutcomeMetrics {
 pub struct Health {
     /// `ok`, or what is wrong.
     pub status: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn long_strings_anywhere_in_a_record_are_excerpted() {
+        let mut record = json!({
+            "observation": "o".repeat(300_000),
+            "arguments": { "content": ["a".repeat(10_000), "short"] },
+            "message": "ok",
+            "tokens": 3,
+        });
+        excerpt_strings(&mut record);
+        let text = record.to_string();
+        assert!(text.len() < 3 * 5_000, "{}", text.len());
+        assert!(text.contains("?full=true"));
+        assert_eq!(record["message"], "ok");
+        assert_eq!(record["arguments"]["content"][1], "short");
+        assert!(json_weight(&record) >= text.len() / 2);
+    }
+
+    #[test]
+    fn a_page_ends_at_its_byte_budget_but_never_empty() {
+        assert!(fits_budget(0, 0, 10_000, 100));
+        assert!(fits_budget(1, 50, 50, 100));
+        assert!(!fits_budget(1, 50, 51, 100));
+        assert!(!fits_budget(3, usize::MAX, 1, 100));
+    }
 }

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use super::wire::{ChatRequest, ChatResponse, Message, Usage};
 use crate::egress::{
-    DEFAULT_MAX_RESPONSE_BYTES, read_capped, transport_error, upstream_error_summary,
+    DEFAULT_MAX_RESPONSE_BYTES, ReadError, read_capped, transport_error, upstream_error_summary,
 };
 
 /// Where and how to reach a model server.
@@ -113,6 +113,9 @@ pub enum LlmError {
     /// The server could not be reached or the call timed out.
     #[error("model server unreachable: {0}")]
     Transport(String),
+    /// The answer was larger than the cap: permanent, never retried.
+    #[error("model server's {0}")]
+    TooLarge(ReadError),
     /// The answer was not a chat completion.
     #[error("model server answered something that is not a chat completion: {0}")]
     InvalidResponse(String),
@@ -123,7 +126,7 @@ impl LlmError {
         match self {
             LlmError::Status { status, .. } => *status == 429 || *status >= 500,
             LlmError::Transport(_) => true,
-            LlmError::InvalidResponse(_) => false,
+            LlmError::TooLarge(_) | LlmError::InvalidResponse(_) => false,
         }
     }
 }
@@ -256,7 +259,10 @@ impl LlmClient {
             .map(Duration::from_secs);
         let body = read_capped(response, self.max_body)
             .await
-            .map_err(|e| (LlmError::Transport(e), None))?;
+            .map_err(|e| match e {
+                ReadError::TooLarge { .. } => (LlmError::TooLarge(e), None),
+                ReadError::Unreadable(_) => (LlmError::Transport(e.to_string()), None),
+            })?;
         if !status.is_success() {
             // Only a summary: the answer of an endpoint a client chose must
             // not travel back to that client (SSRF).
@@ -293,6 +299,20 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+
+    #[test]
+    fn an_answer_over_the_cap_is_not_retried_and_not_unreachable() {
+        let err = LlmError::TooLarge(ReadError::TooLarge {
+            over: 5,
+            exact: true,
+            cap: 10,
+        });
+        assert!(!err.retryable());
+        let text = err.to_string();
+        assert!(text.contains("answer too large: 5 bytes over the cap of 10 bytes"));
+        assert!(!text.contains("unreachable"), "{text}");
+        assert!(LlmError::Transport("reset".into()).retryable());
+    }
 
     #[test]
     fn the_path_goes_before_the_query() {

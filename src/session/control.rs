@@ -1,7 +1,7 @@
 //! Helpers of the control path and the failure model: reading a lease on
 //! the connection that holds the session's row lock (rebuilding its state
 //! there is `rehydrate::rebuild_locked`), and making an agent's output
-//! storable before it is committed.
+//! storable (and of bounded size) before it is committed.
 
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -10,6 +10,7 @@ use uuid::Uuid;
 
 use super::error::ServiceError;
 use crate::executor::{ExecutorError, StepResult};
+use crate::policy::{excerpt, sentinel};
 use crate::store;
 
 /// Whether the lease of `id` lapsed, read under the caller's lock on `conn`.
@@ -70,6 +71,77 @@ pub fn strip_nul(s: &mut String) -> usize {
     }
     n
 }
+
+/// Holds what an executor answered to `cap` bytes per text (outputs,
+/// message, error, arguments, signal reason, transcript messages), each cut
+/// with a marker saying how much was dropped, so a step stores and keeps a
+/// bounded size whatever the agent sent. A stop sentinel is read from the
+/// whole message first. Returns the bytes dropped.
+pub fn cap_output(result: &mut Result<StepResult, ExecutorError>, cap: usize) -> usize {
+    let text = |s: &mut String| match excerpt::cap_stored(s, cap) {
+        Some(capped) => {
+            let dropped = s.len().saturating_sub(cap);
+            *s = capped;
+            dropped
+        }
+        None => 0,
+    };
+    match result {
+        Ok(StepResult::Exhausted) => 0,
+        Ok(StepResult::Step(out)) => {
+            if out.signal.is_none() {
+                out.signal = sentinel::detect(&out.message);
+            }
+            // A name and a reason travel in events too: a few KiB at most.
+            let short = |s: &mut String| match excerpt::cap_stored(s, SHORT_TEXT_BYTES.min(cap)) {
+                Some(capped) => {
+                    let dropped = s.len().saturating_sub(SHORT_TEXT_BYTES.min(cap));
+                    *s = capped;
+                    dropped
+                }
+                None => 0,
+            };
+            let mut n =
+                short(&mut out.action) + text(&mut out.observation) + text(&mut out.message);
+            if let Some(e) = out.error.as_mut() {
+                n += text(e);
+            }
+            if let Some(r) = out.signal.as_mut().and_then(|s| s.reason.as_mut()) {
+                n += short(r);
+            }
+            if !out.arguments.is_null() {
+                let mut json = out.arguments.to_string();
+                let dropped = text(&mut json);
+                if dropped > 0 {
+                    n += dropped;
+                    out.arguments = serde_json::json!({ "capped": json });
+                }
+            }
+            for m in out.transcript.iter_mut().flatten() {
+                if let Some(c) = m.content.as_mut() {
+                    n += text(c);
+                }
+                for call in &mut m.tool_calls {
+                    n += text(&mut call.function.arguments);
+                }
+            }
+            n
+        }
+        Err(ExecutorError::Failed {
+            action, message, ..
+        }) => {
+            let n = excerpt::cap_stored(action, SHORT_TEXT_BYTES.min(cap)).map_or(0, |capped| {
+                let dropped = action.len().saturating_sub(SHORT_TEXT_BYTES.min(cap));
+                *action = capped;
+                dropped
+            });
+            n + text(message)
+        }
+    }
+}
+
+/// Bytes kept of an action name or a signal's reason, which events carry too.
+const SHORT_TEXT_BYTES: usize = 4_096;
 
 /// Makes what an executor answered storable: an agent that sends a NUL
 /// must not make every commit of its session fail (issue 13, defect 5).

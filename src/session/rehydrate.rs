@@ -137,6 +137,7 @@ pub async fn build_executor(
         workspace_root: config.workspace_root.clone(),
         max_file_bytes: config.models.max_file_bytes,
         max_tool_calls_per_step: config.quotas.max_tool_calls_per_step,
+        max_output_bytes: config.quotas.max_output_bytes,
         workspace_limits: crate::executor::workspace::Limits::from_quotas(&config.quotas),
         journal: Arc::new(StoreJournal::new(store.clone(), lease)),
         transcript,

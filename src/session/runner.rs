@@ -508,6 +508,13 @@ impl<S: LoopStore> Runner<S> {
             StepEnd::Done(mut result) => {
                 // Agent output is made storable before anything commits it.
                 sanitized = super::control::make_storable(&mut result);
+                // ...and held to the output cap: stored, kept and sent on
+                // in bounded size, whatever the agent answered.
+                let dropped =
+                    super::control::cap_output(&mut result, self.config.quotas.max_output_bytes);
+                if dropped > 0 {
+                    tracing::info!(step, dropped, "agent output over the cap; the rest dropped");
+                }
                 result
             }
         };

@@ -5,6 +5,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::policy::checklist::ChecklistItem;
+use crate::policy::excerpt;
 use crate::policy::gate::{Budget, GateInputs};
 use crate::policy::guardrails::{self, Limits, Usage};
 use crate::policy::history::{self, Outcome, Rework, StepRecord};
@@ -68,7 +69,8 @@ pub struct LoopState {
     pub steps_since_start: u64,
     /// Iteration covered by the latest checkpoint.
     pub last_checkpoint_step: u64,
-    /// Recent steps, oldest first (at most `HISTORY_WINDOW`).
+    /// Recent steps, oldest first (at most `HISTORY_WINDOW`), slim
+    /// (`excerpt::slim`): a few KiB each.
     pub history: Vec<StepRecord>,
     /// Rework flags of the recent steps, aligned with `history`.
     pub rework: Vec<bool>,
@@ -136,10 +138,12 @@ pub fn assess(
     elapsed_ms: u64,
     percent_complete: Option<f64>,
 ) -> StepEffects {
-    let rework = history::rework(&state.history, record);
+    // The history keeps slim steps: the new one is judged as it will be kept.
+    let slim = excerpt::slim(record);
+    let rework = history::rework(&state.history, &slim);
     // References, not copies: the window is judged, never kept.
     let mut window: Vec<&StepRecord> = state.history.iter().collect();
-    window.push(record);
+    window.push(&slim);
     let total_wait = state.total_wait_ms
         + if record.waiting {
             record.duration_ms
@@ -220,7 +224,9 @@ impl LoopState {
         if record.waiting {
             self.total_wait_ms = self.total_wait_ms.saturating_add(record.duration_ms);
         }
-        self.history.push(record.clone());
+        // A few KiB per step, whatever the agent sent: the window (and every
+        // checkpoint, and the history sent to agents) stays small.
+        self.history.push(excerpt::slim(record));
         self.rework.push(effects.rework.is_some());
         let excess = self.history.len().saturating_sub(HISTORY_WINDOW);
         self.history.drain(..excess);

@@ -493,6 +493,11 @@ impl ServiceProcess {
         ServiceProcess::start_with(pool, &[]).await
     }
 
+    /// The process id (to read its `/proc/<pid>/status`).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// Everything the process has logged so far.
     pub fn logs(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()

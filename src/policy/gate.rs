@@ -2,6 +2,23 @@
 //! should stop, pause for a person, slow down, checkpoint, or continue.
 //! Long-run failures are rarely one bad call; they are loops that redo work or
 //! burn tokens faster and faster, so the gate watches trends, not single steps.
+//!
+//! The decision table, first match wins:
+//!
+//! | decision | trigger |
+//! |---|---|
+//! | stop `coherence_low` | coherence < `coherence_min` (0.4) |
+//! | stop `budget_exhausted` | tokens, then tool calls, then time left = 0 |
+//! | pause `rework_loop` | rework ratio over the window > `rework_max` (0.3) |
+//! | pause `uncertainty` | uncertainty > `uncertainty_max` (0.8) |
+//! | pause `projected_overrun` | finishing projected over the margin for N evaluations in a row |
+//! | pause `review_required` | steps since a person last looked ≥ the review interval ([`review_interval`]) |
+//! | throttle | relative slope of the per-step token deltas > `slope_max` (0.02) |
+//! | checkpoint | steps since the last checkpoint ≥ `checkpoint_every` (25) |
+//! | continue | none of the above |
+//!
+//! The number of steps alone never stops a session: that is the iteration
+//! guardrail's job (`max_iterations`), whose limit the user chose.
 
 use serde::{Deserialize, Serialize};
 

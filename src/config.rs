@@ -669,6 +669,7 @@ impl Config {
                 500,
                 10_000_000,
             )?,
+            review_every: None,
         };
         let defaults = SessionDefaults {
             mode,
@@ -676,7 +677,12 @@ impl Config {
             fixed_iterations: env.parse("AUTONOMOUS_FIXED_ITERATIONS", 50, 1, 1_000_000)?,
         };
         let gate = GateConfig {
-            step_limit: env.parse("WARDEN_GATE_STEP_LIMIT", 100, 1, 1_000_000)?,
+            // WARDEN_GATE_STEP_LIMIT is the setting's earlier name, read
+            // when the new one is not set so existing deployments keep theirs.
+            review_every: match env.raw("WARDEN_GATE_REVIEW_EVERY") {
+                Some(_) => env.parse("WARDEN_GATE_REVIEW_EVERY", 100, 0, 1_000_000)?,
+                None => env.parse("WARDEN_GATE_STEP_LIMIT", 100, 0, 1_000_000)?,
+            },
             checkpoint_every: env.parse("WARDEN_GATE_CHECKPOINT_EVERY", 25, 1, 1_000_000)?,
             projection_margin: env.float("WARDEN_PROJECTION_MARGIN", 2.0, 1.0, 1_000.0)?,
             projection_evaluations: env.parse("WARDEN_PROJECTION_EVALUATIONS", 3, 1, 20)?,
@@ -872,9 +878,34 @@ mod tests {
         assert_eq!(c.defaults.limits_for(Mode::Fixed).max_iterations, 50);
         assert_eq!(c.defaults.limits_for(Mode::Continuous).max_iterations, 200);
         assert_eq!(c.throttle_cooldown, Duration::from_secs(5));
-        assert_eq!(c.gate.step_limit, 100);
+        assert_eq!(c.gate.review_every, 100);
         assert_eq!(c.gate.projection_margin, 2.0);
         assert_eq!(c.gate.projection_evaluations, 3);
+    }
+
+    #[test]
+    fn review_every_is_read_under_its_name_or_the_old_one() {
+        let every =
+            |pairs: &[(&str, &str)]| Config::from_vars(&vars(pairs)).map(|c| c.gate.review_every);
+        assert_eq!(every(&[("WARDEN_GATE_REVIEW_EVERY", "40")]).unwrap(), 40);
+        assert_eq!(every(&[("WARDEN_GATE_STEP_LIMIT", "30")]).unwrap(), 30);
+        // The new name wins when both are set.
+        assert_eq!(
+            every(&[
+                ("WARDEN_GATE_REVIEW_EVERY", "40"),
+                ("WARDEN_GATE_STEP_LIMIT", "30")
+            ])
+            .unwrap(),
+            40
+        );
+        assert_eq!(every(&[("WARDEN_GATE_REVIEW_EVERY", "0")]).unwrap(), 0);
+        let err = every(&[("WARDEN_GATE_REVIEW_EVERY", "many")]).unwrap_err();
+        assert!(
+            err.to_string().contains("WARDEN_GATE_REVIEW_EVERY"),
+            "{err}"
+        );
+        let err = every(&[("WARDEN_GATE_STEP_LIMIT", "2000000")]).unwrap_err();
+        assert!(err.to_string().contains("WARDEN_GATE_STEP_LIMIT"), "{err}");
     }
 
     #[test]

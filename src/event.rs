@@ -515,6 +515,7 @@ mod tests {
             max_tool_calls: None,
             max_cycles: 10,
             context_budget_tokens: 32_000,
+            review_every: None,
         }
     }
 

@@ -2,9 +2,27 @@
 //! should stop, pause for a person, slow down, checkpoint, or continue.
 //! Long-run failures are rarely one bad call; they are loops that redo work or
 //! burn tokens faster and faster, so the gate watches trends, not single steps.
+//!
+//! The decision table, first match wins:
+//!
+//! | decision | trigger |
+//! |---|---|
+//! | stop `coherence_low` | coherence < `coherence_min` (0.4) |
+//! | stop `budget_exhausted` | tokens, then tool calls, then time left = 0 |
+//! | pause `rework_loop` | rework ratio over the window > `rework_max` (0.3) |
+//! | pause `uncertainty` | uncertainty > `uncertainty_max` (0.8) |
+//! | pause `projected_overrun` | finishing projected over the margin for N evaluations in a row |
+//! | pause `review_required` | steps since a person last looked ≥ the review interval ([`review_interval`]) |
+//! | throttle | relative slope of the per-step token deltas > `slope_max` (0.02) |
+//! | checkpoint | steps since the last checkpoint ≥ `checkpoint_every` (25) |
+//! | continue | none of the above |
+//!
+//! The number of steps alone never stops a session: that is the iteration
+//! guardrail's job (`max_iterations`), whose limit the user chose.
 
 use serde::{Deserialize, Serialize};
 
+use super::lifecycle::Mode;
 use super::projection::{self, ProgressPoint, Projection};
 
 /// Thresholds of the gate.
@@ -12,8 +30,10 @@ use super::projection::{self, ProgressPoint, Projection};
 pub struct GateConfig {
     /// Stop when coherence is below this.
     pub coherence_min: f64,
-    /// Stop when this many steps ran since the session last started or resumed.
-    pub step_limit: u64,
+    /// Default review point: pause a continuous session for a person after
+    /// this many steps since one last started or resumed it (0 = never).
+    /// Used only by sessions that do not set `review_every` themselves.
+    pub review_every: u64,
     /// Pause when the rework ratio exceeds this.
     pub rework_max: f64,
     /// Steps over which the rework ratio is measured.
@@ -36,7 +56,7 @@ impl Default for GateConfig {
     fn default() -> Self {
         GateConfig {
             coherence_min: 0.4,
-            step_limit: 100,
+            review_every: 100,
             rework_max: 0.3,
             rework_window: 10,
             uncertainty_max: 0.8,
@@ -67,6 +87,10 @@ pub struct GateInputs<'a> {
     pub step: u64,
     /// Steps executed since the session last started or resumed.
     pub steps_since_start: u64,
+    /// The session's mode: only continuous sessions have default review points.
+    pub mode: Mode,
+    /// The session's own `review_every`, when it set one (0 = never).
+    pub review_every: Option<u64>,
     /// Tokens used by each recent committed step, oldest first.
     pub token_deltas: &'a [u64],
     /// Whether each recent committed step was rework, oldest first.
@@ -107,7 +131,9 @@ pub enum BudgetKind {
 pub enum StopCause {
     /// The work lost coherence with the goal.
     CoherenceLow,
-    /// Too many steps since a person last started or resumed the session.
+    /// Earlier versions stopped here after a fixed number of steps without
+    /// a person; kept so their logged decisions still read. Never decided now:
+    /// that rule is the review point ([`PauseCause::ReviewRequired`]).
     StepLimit,
     /// A budget is used up.
     BudgetExhausted {
@@ -126,6 +152,8 @@ pub enum PauseCause {
     Uncertainty,
     /// At the progress rate so far, finishing needs far more tokens than are left.
     ProjectedOverrun,
+    /// A review point: `review_every` steps ran since a person last looked.
+    ReviewRequired,
 }
 
 /// The gate's decision, highest priority first.
@@ -167,6 +195,12 @@ pub struct GateMetrics {
     pub steps_until_checkpoint: u64,
     /// Steps since the last start or resume.
     pub steps_since_start: u64,
+    /// The review interval in force; `None` when the session has no review point.
+    #[serde(default)]
+    pub review_every: Option<u64>,
+    /// Steps left until the review point; `None` when there is none.
+    #[serde(default)]
+    pub steps_until_review: Option<u64>,
     /// The projection acted on.
     #[serde(default)]
     pub projection: Option<Projection>,
@@ -222,8 +256,24 @@ pub fn rework_ratio(flags: &[bool], window: usize) -> f64 {
     recent.iter().filter(|&&f| f).count() as f64 / window as f64
 }
 
+/// The review interval a session runs under; `None` means no review point.
+///
+/// The session's own setting wins (0 = never). Without one, a continuous
+/// session — which decides its own end — pauses every `default` steps
+/// (0 = never), and a fixed-mode session runs to its iteration limit: that
+/// limit is the user's own answer to "how long without me".
+pub fn review_interval(default: u64, setting: Option<u64>, mode: Mode) -> Option<u64> {
+    let every = match (setting, mode) {
+        (Some(every), _) => every,
+        (None, Mode::Continuous) => default,
+        (None, Mode::Fixed) => 0,
+    };
+    (every > 0).then_some(every)
+}
+
 /// Evaluates the gate for the step about to run; the first matching decision wins.
 pub fn evaluate(config: &GateConfig, inputs: &GateInputs<'_>) -> GateEvaluation {
+    let review_every = review_interval(config.review_every, inputs.review_every, inputs.mode);
     let steps_since_checkpoint = inputs
         .step
         .saturating_sub(1)
@@ -238,6 +288,9 @@ pub fn evaluate(config: &GateConfig, inputs: &GateInputs<'_>) -> GateEvaluation 
             .checkpoint_every
             .saturating_sub(steps_since_checkpoint),
         steps_since_start: inputs.steps_since_start,
+        review_every,
+        steps_until_review: review_every
+            .map(|every| every.saturating_sub(inputs.steps_since_start)),
         projection: inputs
             .progress_trail
             .last()
@@ -270,12 +323,6 @@ fn decide(config: &GateConfig, inputs: &GateInputs<'_>, metrics: &GateMetrics) -
         GateDecision::Stop {
             cause: StopCause::CoherenceLow,
         }
-    } else if inputs.steps_since_start >= config.step_limit {
-        // Deliberately blind to checkpoints: the limit is about how long no
-        // person has looked, and a checkpoint is not a person looking.
-        GateDecision::Stop {
-            cause: StopCause::StepLimit,
-        }
     } else if let Some(budget) = exhausted {
         GateDecision::Stop {
             cause: StopCause::BudgetExhausted { budget },
@@ -294,6 +341,12 @@ fn decide(config: &GateConfig, inputs: &GateInputs<'_>, metrics: &GateMetrics) -
     } else if metrics.overrun_streak >= config.projection_evaluations.max(1) {
         GateDecision::Pause {
             cause: PauseCause::ProjectedOverrun,
+        }
+    } else if metrics.steps_until_review == Some(0) {
+        // Deliberately blind to checkpoints: a review point is about how
+        // long no person has looked, and a checkpoint is not a person looking.
+        GateDecision::Pause {
+            cause: PauseCause::ReviewRequired,
         }
     } else if metrics.spend_slope.is_some_and(|s| s > config.slope_max) {
         GateDecision::Throttle
@@ -337,6 +390,8 @@ mod tests {
         GateInputs {
             step: 11,
             steps_since_start: 10,
+            mode: Mode::Continuous,
+            review_every: None,
             token_deltas: &STEADY,
             rework_flags: &NO_REWORK,
             tool_calls: 10,
@@ -376,7 +431,7 @@ mod tests {
             GateConfig::default(),
             GateConfig {
                 coherence_min: 0.4,
-                step_limit: 100,
+                review_every: 100,
                 rework_max: 0.3,
                 rework_window: 10,
                 uncertainty_max: 0.8,
@@ -625,35 +680,162 @@ mod tests {
     }
 
     #[test]
-    fn step_limit_stops_at_the_limit_not_before() {
-        let mut inputs = calm();
-        inputs.steps_since_start = 99;
-        assert_eq!(decide(&inputs), GateDecision::Continue);
-        inputs.steps_since_start = 100;
-        assert_eq!(decide(&inputs), stop(StopCause::StepLimit));
-        inputs.steps_since_start = 101;
-        assert_eq!(decide(&inputs), stop(StopCause::StepLimit));
+    fn review_interval_table() {
+        use Mode::{Continuous, Fixed};
+        // (default, setting, mode) -> interval
+        let table = [
+            (100, None, Continuous, Some(100)),
+            (100, None, Fixed, None),
+            (100, Some(0), Continuous, None),
+            (100, Some(0), Fixed, None),
+            (100, Some(5), Continuous, Some(5)),
+            (100, Some(5), Fixed, Some(5)),
+            (100, Some(1), Fixed, Some(1)),
+            (100, Some(500), Continuous, Some(500)),
+            (0, None, Continuous, None),
+            (0, None, Fixed, None),
+            (0, Some(5), Continuous, Some(5)),
+            (0, Some(5), Fixed, Some(5)),
+            (0, Some(0), Continuous, None),
+        ];
+        for (default, setting, mode, interval) in table {
+            assert_eq!(
+                review_interval(default, setting, mode),
+                interval,
+                "default {default}, setting {setting:?}, {mode:?}"
+            );
+        }
     }
 
     #[test]
-    fn step_limit_ignores_checkpoints() {
+    fn a_continuous_session_pauses_for_review_at_the_interval_not_before() {
+        let mut inputs = calm();
+        for (since, until, decision) in [
+            (0, 100, GateDecision::Continue),
+            (99, 1, GateDecision::Continue),
+            (100, 0, pause(PauseCause::ReviewRequired)),
+            (101, 0, pause(PauseCause::ReviewRequired)),
+        ] {
+            inputs.steps_since_start = since;
+            let eval = evaluate(&GateConfig::default(), &inputs);
+            assert_eq!(eval.decision, decision, "{since} steps");
+            assert_eq!(eval.metrics.review_every, Some(100), "{since} steps");
+            assert_eq!(
+                eval.metrics.steps_until_review,
+                Some(until),
+                "{since} steps"
+            );
+        }
+    }
+
+    #[test]
+    fn a_fixed_session_has_no_default_review_point() {
+        let mut inputs = calm();
+        inputs.mode = Mode::Fixed;
+        for since in [99, 100, 150, 10_000, u64::MAX] {
+            inputs.steps_since_start = since;
+            let eval = evaluate(&GateConfig::default(), &inputs);
+            assert_eq!(eval.decision, GateDecision::Continue, "{since} steps");
+            assert_eq!(eval.metrics.review_every, None);
+            assert_eq!(eval.metrics.steps_until_review, None);
+        }
+    }
+
+    #[test]
+    fn the_sessions_own_setting_wins_in_either_mode() {
+        for mode in [Mode::Fixed, Mode::Continuous] {
+            let mut inputs = calm();
+            inputs.mode = mode;
+            inputs.review_every = Some(5);
+            inputs.steps_since_start = 4;
+            assert_eq!(decide(&inputs), GateDecision::Continue, "{mode:?}");
+            inputs.steps_since_start = 5;
+            assert_eq!(
+                decide(&inputs),
+                pause(PauseCause::ReviewRequired),
+                "{mode:?}"
+            );
+            // 0 = never, however long.
+            inputs.review_every = Some(0);
+            inputs.steps_since_start = 1_000_000;
+            let eval = evaluate(&GateConfig::default(), &inputs);
+            assert_eq!(eval.decision, GateDecision::Continue, "{mode:?}");
+            assert_eq!(eval.metrics.steps_until_review, None, "{mode:?}");
+        }
+    }
+
+    #[test]
+    fn the_default_interval_is_configurable_and_zero_turns_it_off() {
+        let mut inputs = calm();
+        inputs.steps_since_start = 10;
+        let every_ten = GateConfig {
+            review_every: 10,
+            ..GateConfig::default()
+        };
+        assert_eq!(
+            evaluate(&every_ten, &inputs).decision,
+            pause(PauseCause::ReviewRequired)
+        );
+        let never = GateConfig {
+            review_every: 0,
+            ..GateConfig::default()
+        };
+        inputs.steps_since_start = 1_000;
+        assert_eq!(evaluate(&never, &inputs).decision, GateDecision::Continue);
+        // A session's own interval does not depend on the default.
+        inputs.review_every = Some(1_000);
+        assert_eq!(
+            evaluate(&never, &inputs).decision,
+            pause(PauseCause::ReviewRequired)
+        );
+    }
+
+    #[test]
+    fn the_review_point_ignores_checkpoints_and_total_length() {
         let mut inputs = calm();
         inputs.step = 101;
         inputs.steps_since_start = 100;
-        // Just checkpointed: still a stop.
+        // Just checkpointed: still a review.
         inputs.last_checkpoint_step = 100;
-        assert_eq!(decide(&inputs), stop(StopCause::StepLimit));
-        // Checkpoint overdue: still a stop, not a checkpoint.
+        assert_eq!(decide(&inputs), pause(PauseCause::ReviewRequired));
+        // Checkpoint overdue: still a review, not a checkpoint.
         inputs.last_checkpoint_step = 0;
-        assert_eq!(decide(&inputs), stop(StopCause::StepLimit));
-        // Under the limit, an overdue checkpoint is only a checkpoint.
+        assert_eq!(decide(&inputs), pause(PauseCause::ReviewRequired));
+        // Before the review point, an overdue checkpoint is only a checkpoint.
         inputs.steps_since_start = 99;
         assert_eq!(decide(&inputs), GateDecision::Checkpoint);
-        // A long session resumed recently is not stopped by its total length.
+        // A long session a person resumed recently is not paused by its total length.
         inputs.step = 1_000;
         inputs.steps_since_start = 5;
         inputs.last_checkpoint_step = 999;
         assert_eq!(decide(&inputs), GateDecision::Continue);
+    }
+
+    #[test]
+    fn the_review_point_is_never_a_stop() {
+        // Whatever the mode and the setting, the gate never stops on steps
+        // alone: only the iteration guardrail does that.
+        for mode in [Mode::Fixed, Mode::Continuous] {
+            for setting in [None, Some(0), Some(1), Some(100)] {
+                for since in [0, 1, 99, 100, 101, 100_000] {
+                    let mut inputs = calm();
+                    inputs.mode = mode;
+                    inputs.review_every = setting;
+                    inputs.steps_since_start = since;
+                    let decision = decide(&inputs);
+                    assert!(
+                        matches!(
+                            decision,
+                            GateDecision::Continue
+                                | GateDecision::Pause {
+                                    cause: PauseCause::ReviewRequired
+                                }
+                        ),
+                        "{mode:?} {setting:?} {since}: {decision:?}"
+                    );
+                }
+            }
+        }
     }
 
     #[test]
@@ -765,38 +947,51 @@ mod tests {
     #[derive(Debug, Clone, Copy)]
     enum Trigger {
         Coherence,
-        StepLimit,
         Tokens,
         ToolCalls,
         Time,
         Rework,
         Uncertainty,
+        Overrun,
+        Review,
         Slope,
         Checkpoint,
     }
 
-    const PRIORITY: [Trigger; 9] = [
+    const PRIORITY: [Trigger; 10] = [
         Trigger::Coherence,
-        Trigger::StepLimit,
         Trigger::Tokens,
         Trigger::ToolCalls,
         Trigger::Time,
         Trigger::Rework,
         Trigger::Uncertainty,
+        Trigger::Overrun,
+        Trigger::Review,
         Trigger::Slope,
         Trigger::Checkpoint,
     ];
+
+    /// Three evaluations in a row that need 9000 tokens with 1000 left.
+    static OVERRUN_TRAIL: std::sync::LazyLock<Vec<ProgressPoint>> =
+        std::sync::LazyLock::new(|| slow_trail(3));
 
     /// Sets one trigger, leaving the others as they are.
     fn arm(trigger: Trigger, i: &mut GateInputs<'static>) {
         match trigger {
             Trigger::Coherence => i.coherence = Some(0.1),
-            Trigger::StepLimit => i.steps_since_start = 100,
             Trigger::Tokens => i.budget.tokens_remaining = Some(0),
             Trigger::ToolCalls => i.budget.tool_calls_remaining = Some(0),
             Trigger::Time => i.budget.time_remaining_ms = Some(0),
             Trigger::Rework => i.rework_flags = &REWORKY,
             Trigger::Uncertainty => i.uncertainty = Some(0.95),
+            Trigger::Overrun => {
+                i.progress_trail = OVERRUN_TRAIL.as_slice();
+                // Keep a budget set earlier in the ladder (0 beats 1000).
+                if i.budget.tokens_remaining != Some(0) {
+                    i.budget.tokens_remaining = Some(1_000);
+                }
+            }
+            Trigger::Review => i.steps_since_start = 100,
             Trigger::Slope => i.token_deltas = &ACCELERATING,
             Trigger::Checkpoint => {
                 i.step = 200;
@@ -808,12 +1003,13 @@ mod tests {
     fn expected(trigger: Trigger) -> GateDecision {
         match trigger {
             Trigger::Coherence => stop(StopCause::CoherenceLow),
-            Trigger::StepLimit => stop(StopCause::StepLimit),
             Trigger::Tokens => budget_stop(BudgetKind::Tokens),
             Trigger::ToolCalls => budget_stop(BudgetKind::ToolCalls),
             Trigger::Time => budget_stop(BudgetKind::Time),
             Trigger::Rework => pause(PauseCause::ReworkLoop),
             Trigger::Uncertainty => pause(PauseCause::Uncertainty),
+            Trigger::Overrun => pause(PauseCause::ProjectedOverrun),
+            Trigger::Review => pause(PauseCause::ReviewRequired),
             Trigger::Slope => GateDecision::Throttle,
             Trigger::Checkpoint => GateDecision::Checkpoint,
         }
@@ -873,6 +1069,9 @@ mod tests {
         assert_eq!(m.steps_since_checkpoint, 199);
         assert_eq!(m.steps_until_checkpoint, 0);
         assert_eq!(m.steps_since_start, 100);
+        assert_eq!(m.review_every, Some(100));
+        assert_eq!(m.steps_until_review, Some(0));
+        assert_eq!(m.overrun_streak, 3);
     }
 
     #[test]
@@ -889,6 +1088,8 @@ mod tests {
                     steps_since_checkpoint: 0,
                     steps_until_checkpoint: 25,
                     steps_since_start: 10,
+                    review_every: Some(100),
+                    steps_until_review: Some(90),
                     projection: None,
                     overrun_streak: 0,
                 },
@@ -901,6 +1102,8 @@ mod tests {
         let inputs = GateInputs {
             step: 1,
             steps_since_start: 0,
+            mode: Mode::Fixed,
+            review_every: None,
             token_deltas: &[],
             rework_flags: &[],
             tool_calls: 0,
@@ -922,6 +1125,8 @@ mod tests {
                     steps_since_checkpoint: 0,
                     steps_until_checkpoint: 25,
                     steps_since_start: 0,
+                    review_every: None,
+                    steps_until_review: None,
                     projection: None,
                     overrun_streak: 0,
                 },
@@ -1103,6 +1308,10 @@ mod tests {
                 pause(PauseCause::ProjectedOverrun),
                 json!({ "decision": "pause", "cause": "projected_overrun" }),
             ),
+            (
+                pause(PauseCause::ReviewRequired),
+                json!({ "decision": "pause", "cause": "review_required" }),
+            ),
             (GateDecision::Throttle, json!({ "decision": "throttle" })),
             (
                 GateDecision::Checkpoint,
@@ -1134,6 +1343,8 @@ mod tests {
                     "steps_since_checkpoint": 0,
                     "steps_until_checkpoint": 25,
                     "steps_since_start": 10,
+                    "review_every": 100,
+                    "steps_until_review": 90,
                     "projection": null,
                     "overrun_streak": 0
                 }
@@ -1144,13 +1355,30 @@ mod tests {
     }
 
     #[test]
+    fn decisions_logged_before_review_points_still_read() {
+        // A stop on the old step rule, with metrics that have no review fields.
+        let old = json!({
+            "decision": { "decision": "stop", "cause": "step_limit" },
+            "metrics": {
+                "spend_slope": null, "rework_ratio": 0.0, "coherence": null,
+                "uncertainty": null, "steps_since_checkpoint": 0,
+                "steps_until_checkpoint": 25, "steps_since_start": 100
+            }
+        });
+        let eval: GateEvaluation = serde_json::from_value(old).unwrap();
+        assert_eq!(eval.decision, stop(StopCause::StepLimit));
+        assert_eq!(eval.metrics.review_every, None);
+        assert_eq!(eval.metrics.steps_until_review, None);
+    }
+
+    #[test]
     fn config_and_budget_round_trip() {
         let config = GateConfig::default();
         let value = serde_json::to_value(config).unwrap();
         assert_eq!(
             value,
             json!({
-                "coherence_min": 0.4, "step_limit": 100, "rework_max": 0.3,
+                "coherence_min": 0.4, "review_every": 100, "rework_max": 0.3,
                 "rework_window": 10, "uncertainty_max": 0.8, "slope_max": 0.02,
                 "slope_window": 10, "checkpoint_every": 25,
                 "projection_margin": 2.0, "projection_evaluations": 3
@@ -1173,6 +1401,8 @@ mod tests {
         let inputs = GateInputs {
             step: 3,
             steps_since_start: 2,
+            mode: Mode::Continuous,
+            review_every: Some(7),
             token_deltas: &deltas,
             rework_flags: &flags,
             tool_calls: 4,
@@ -1189,7 +1419,8 @@ mod tests {
         assert_eq!(
             serde_json::to_value(inputs).unwrap(),
             json!({
-                "step": 3, "steps_since_start": 2, "token_deltas": [5, 6],
+                "step": 3, "steps_since_start": 2, "mode": "continuous",
+                "review_every": 7, "token_deltas": [5, 6],
                 "rework_flags": [true], "tool_calls": 4, "coherence": null,
                 "uncertainty": 0.5,
                 "budget": { "tokens_remaining": null, "tool_calls_remaining": 0, "time_remaining_ms": null },

@@ -31,6 +31,13 @@ pub struct Limits {
     /// Context window budget in tokens; at 80 % the agent wraps up the cycle.
     #[serde(default = "default_context_tokens")]
     pub context_budget_tokens: u64,
+    /// Pause for a person's review after this many steps since one last
+    /// looked (started or resumed the session); 0 = never. Unset (`null`):
+    /// `WARDEN_GATE_REVIEW_EVERY` in continuous mode, never in fixed mode.
+    /// A create that sets `max_iterations` but not this gets 0: the user's
+    /// own limit is the only stop.
+    #[serde(default)]
+    pub review_every: Option<u64>,
 }
 
 fn default_max_cycles() -> u32 {
@@ -63,6 +70,8 @@ pub struct LimitsPatch {
     pub max_cycles: Option<u32>,
     /// Context budget in tokens (500 – 10,000,000).
     pub context_budget_tokens: Option<u64>,
+    /// Steps between review points (0 – 1,000,000; 0 = never).
+    pub review_every: Option<u64>,
 }
 
 /// A limit outside its allowed range.
@@ -80,7 +89,7 @@ pub struct LimitOutOfRange {
 }
 
 /// Allowed range of each limit: (field, min, max).
-pub const RANGES: [(&str, u64, u64); 9] = [
+pub const RANGES: [(&str, u64, u64); 10] = [
     ("max_iterations", 1, 1_000_000),
     ("max_wall_time_ms", 100, 2_592_000_000),
     ("max_tokens", 1, 10_000_000_000),
@@ -90,6 +99,7 @@ pub const RANGES: [(&str, u64, u64); 9] = [
     ("max_tool_calls", 1, 10_000_000),
     ("max_cycles", 1, 1_000),
     ("context_budget_tokens", 500, 10_000_000),
+    ("review_every", 0, 1_000_000),
 ];
 
 fn in_range(field: &'static str, value: u64) -> Result<u64, LimitOutOfRange> {
@@ -151,7 +161,23 @@ impl Limits {
                 Some(v) => in_range("context_budget_tokens", v)?,
                 None => self.context_budget_tokens,
             },
+            review_every: match patch.review_every {
+                Some(v) => Some(in_range("review_every", v)?),
+                None => self.review_every,
+            },
         })
+    }
+
+    /// The limits a new session gets: `self` (the mode's defaults) with the
+    /// request's `patch` applied. A request that sets `max_iterations` but
+    /// not `review_every` asked for that many steps: it gets no review
+    /// point before its own limit (`review_every` 0).
+    pub fn for_create(&self, patch: &LimitsPatch) -> Result<Limits, LimitOutOfRange> {
+        let mut limits = self.apply(patch)?;
+        if patch.max_iterations.is_some() && patch.review_every.is_none() {
+            limits.review_every = Some(0);
+        }
+        Ok(limits)
     }
 
     /// Checks every field against its allowed range.
@@ -170,6 +196,9 @@ impl Limits {
         }
         in_range("max_cycles", u64::from(self.max_cycles))?;
         in_range("context_budget_tokens", self.context_budget_tokens)?;
+        if let Some(v) = self.review_every {
+            in_range("review_every", v)?;
+        }
         Ok(())
     }
 }
@@ -284,6 +313,7 @@ pub(crate) mod tests {
             max_tool_calls: None,
             max_cycles: 10,
             context_budget_tokens: 32_000,
+            review_every: None,
         }
     }
 
@@ -480,6 +510,76 @@ pub(crate) mod tests {
             assert_eq!(err.field, field);
             assert!(err.to_string().starts_with(field));
         }
+    }
+
+    #[test]
+    fn review_every_is_patched_and_zero_is_allowed() {
+        let l = roomy();
+        let patch = |v| LimitsPatch {
+            review_every: Some(v),
+            ..Default::default()
+        };
+        assert_eq!(l.apply(&patch(0)).unwrap().review_every, Some(0));
+        assert_eq!(l.apply(&patch(5)).unwrap().review_every, Some(5));
+        assert_eq!(
+            l.apply(&patch(1_000_000)).unwrap().review_every,
+            Some(1_000_000)
+        );
+        assert_eq!(
+            l.apply(&patch(1_000_001)).unwrap_err().field,
+            "review_every"
+        );
+        // Not given: kept as it was.
+        let set = l.apply(&patch(7)).unwrap();
+        assert_eq!(
+            set.apply(&LimitsPatch::default()).unwrap().review_every,
+            Some(7)
+        );
+        let mut bad = roomy();
+        bad.review_every = Some(2_000_000);
+        assert_eq!(bad.validate().unwrap_err().field, "review_every");
+    }
+
+    #[test]
+    fn an_explicit_iteration_limit_at_create_means_no_review_point_unless_asked() {
+        let defaults = roomy();
+        let create = |max_iterations, review_every| {
+            defaults
+                .for_create(&LimitsPatch {
+                    max_iterations,
+                    review_every,
+                    ..Default::default()
+                })
+                .unwrap()
+                .review_every
+        };
+        // Neither given: the mode's default rule applies later.
+        assert_eq!(create(None, None), None);
+        // Only max_iterations: its own limit is the only stop.
+        assert_eq!(create(Some(200), None), Some(0));
+        // review_every given: it wins, with or without max_iterations.
+        assert_eq!(create(Some(200), Some(50)), Some(50));
+        assert_eq!(create(None, Some(50)), Some(50));
+        assert_eq!(create(None, Some(0)), Some(0));
+        // Range checks still apply.
+        assert!(
+            defaults
+                .for_create(&LimitsPatch {
+                    max_iterations: Some(0),
+                    ..Default::default()
+                })
+                .is_err()
+        );
+    }
+
+    #[test]
+    fn stored_limits_without_review_every_still_read() {
+        let stored = serde_json::json!({
+            "max_iterations": 10, "max_wall_time_ms": 10_000, "max_tokens": 1_000,
+            "max_consecutive_errors": 3, "reflection_interval": 10, "checkpoint_interval": 10
+        });
+        let l: Limits = serde_json::from_value(stored).unwrap();
+        assert_eq!(l.review_every, None);
     }
 
     #[test]

@@ -95,7 +95,9 @@ pub enum Reason {
     CostLimit,
     /// Too many consecutive errors.
     ErrorThreshold,
-    /// Too many steps since a person last started or resumed the session.
+    /// Earlier versions stopped a session after a fixed number of steps
+    /// without a person; kept so those sessions still read. Never given now:
+    /// that rule pauses with [`Reason::ReviewRequired`].
     StepLimit,
     /// A budget other than tokens (tool calls) ran out.
     BudgetExhausted,
@@ -116,11 +118,13 @@ pub enum Reason {
     /// A secret of the session (its `api_key`, its URL's query) cannot be decrypted with the
     /// configured secret key (`WARDEN_SECRET_KEY`).
     SecretUnreadable,
+    /// A review point: `review_every` steps ran since a person last looked.
+    ReviewRequired,
 }
 
 impl Reason {
     /// Every reason.
-    pub const ALL: [Reason; 22] = [
+    pub const ALL: [Reason; 23] = [
         Reason::GoalAchieved,
         Reason::AgentBlocked,
         Reason::AskUser,
@@ -143,6 +147,7 @@ impl Reason {
         Reason::CycleLimit,
         Reason::BudgetProjectedOverrun,
         Reason::SecretUnreadable,
+        Reason::ReviewRequired,
     ];
 
     /// The snake_case name stored in Postgres and shown in JSON.
@@ -170,6 +175,7 @@ impl Reason {
             Reason::CycleLimit => "cycle_limit",
             Reason::BudgetProjectedOverrun => "budget_projected_overrun",
             Reason::SecretUnreadable => "secret_unreadable",
+            Reason::ReviewRequired => "review_required",
         }
     }
 
@@ -190,7 +196,8 @@ impl Reason {
             | Reason::Uncertainty
             | Reason::UserPause
             | Reason::ReflectionFailed
-            | Reason::BudgetProjectedOverrun => Status::Paused,
+            | Reason::BudgetProjectedOverrun
+            | Reason::ReviewRequired => Status::Paused,
             Reason::CoherenceLow
             | Reason::Timeout
             | Reason::MaxIterations
@@ -522,6 +529,7 @@ mod tests {
             UserPause,
             ReflectionFailed,
             BudgetProjectedOverrun,
+            ReviewRequired,
         ] {
             expect(r, Status::Paused);
         }

@@ -5,6 +5,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::guardrails::{Limits, Usage};
+use super::history::{Outcome, StepRecord};
 use super::lifecycle::{Reason, Status};
 
 /// Facts about the session at the moment it stops.
@@ -145,6 +146,18 @@ pub fn record(reason: Reason, facts: Facts<'_>) -> Termination {
                 format!("{resume} to allow another stretch of steps"),
             ],
         ),
+        Reason::ReviewRequired => (
+            with_detail(
+                format!("Paused for review: a stretch of steps ran without a person looking {ran}"),
+                facts.detail,
+            ),
+            vec![
+                "Review the recent steps with GET /api/autonomous/{id}/iterations".into(),
+                format!("{resume} to continue; the count of steps starts over"),
+                "Change how often it asks with PATCH /api/autonomous/{id} limits.review_every (0 = never)"
+                    .into(),
+            ],
+        ),
         Reason::BudgetExhausted => (
             with_detail(format!("Stopped: a budget ran out {ran}"), facts.detail),
             vec![format!("{resume} with a higher limit")],
@@ -212,10 +225,120 @@ pub fn record(reason: Reason, facts: Facts<'_>) -> Termination {
     }
 }
 
+/// Most recent steps named in a review summary.
+const REVIEW_NAMED_STEPS: usize = 3;
+/// Characters of a step's observation quoted in a review summary.
+const REVIEW_OBSERVATION_CHARS: usize = 60;
+
+/// A short account of the steps before a review point: how many ran since a
+/// person last looked, how the recent ones (`recent`, oldest first) went,
+/// and what the last few did.
+pub fn review_summary(steps_since_start: u64, recent: &[StepRecord]) -> String {
+    let mut text = format!(
+        "{steps_since_start} step{} since a person last looked",
+        if steps_since_start == 1 { "" } else { "s" }
+    );
+    if recent.is_empty() {
+        return text;
+    }
+    let count = |o: Outcome| recent.iter().filter(|r| r.outcome == o).count();
+    let tokens: u64 = recent.iter().map(|r| r.tokens).sum();
+    let files: usize = recent.iter().map(|r| r.files_written.len()).sum();
+    text.push_str(&format!(
+        "; the last {}: {} succeeded, {} failed, {} errors, {tokens} tokens, {files} files written; latest:",
+        recent.len(),
+        count(Outcome::Success),
+        count(Outcome::Failure),
+        count(Outcome::Error),
+    ));
+    let latest = recent.iter().rev().take(REVIEW_NAMED_STEPS);
+    let named: Vec<String> = latest
+        .map(|r| {
+            let seen = r.observation.trim();
+            let mut quoted: String = seen.chars().take(REVIEW_OBSERVATION_CHARS).collect();
+            if seen.chars().count() > REVIEW_OBSERVATION_CHARS {
+                quoted.push('…');
+            }
+            let action = if r.action.is_empty() {
+                "(no action)"
+            } else {
+                &r.action
+            };
+            format!(" #{} {action} → {quoted}", r.number)
+        })
+        .collect();
+    text.push_str(&named.join(";"));
+    text
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::policy::guardrails::tests::roomy;
+
+    fn step(number: u64, action: &str, outcome: Outcome, observation: &str) -> StepRecord {
+        StepRecord {
+            number,
+            action: action.into(),
+            arguments: serde_json::Value::Null,
+            outcome,
+            observation: observation.into(),
+            message: String::new(),
+            error: None,
+            tokens: 10,
+            tool_calls: 0,
+            files_written: Vec::new(),
+            waiting: false,
+            duration_ms: 1,
+            context_overflow: false,
+        }
+    }
+
+    #[test]
+    fn review_summary_counts_the_recent_steps_and_names_the_latest() {
+        let recent = vec![
+            step(97, "write_part_97", Outcome::Success, "wrote part 97"),
+            step(98, "run_tests", Outcome::Failure, "1 failed"),
+            step(99, "deploy", Outcome::Error, "no route"),
+            step(100, "write_part_100", Outcome::Success, "wrote part 100"),
+        ];
+        assert_eq!(
+            review_summary(100, &recent),
+            "100 steps since a person last looked; the last 4: 2 succeeded, 1 failed, \
+             1 errors, 40 tokens, 0 files written; latest: #100 write_part_100 → wrote part 100; \
+             #99 deploy → no route; #98 run_tests → 1 failed"
+        );
+    }
+
+    #[test]
+    fn review_summary_without_history_and_with_long_observations() {
+        assert_eq!(review_summary(1, &[]), "1 step since a person last looked");
+        let long = "x".repeat(200);
+        let text = review_summary(5, &[step(5, "", Outcome::Success, &long)]);
+        assert!(
+            text.ends_with(&format!("#5 (no action) → {}…", "x".repeat(60))),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn the_review_pause_carries_its_summary_and_how_to_go_on() {
+        let l = roomy();
+        let u = usage();
+        let t = record(
+            Reason::ReviewRequired,
+            Facts {
+                usage: &u,
+                limits: &l,
+                detail: Some("3 steps since a person last looked"),
+            },
+        );
+        assert_eq!(t.status, Status::Paused);
+        assert!(t.summary.starts_with("Paused for review"), "{}", t.summary);
+        assert!(t.summary.ends_with(": 3 steps since a person last looked"));
+        assert!(t.next_steps.iter().any(|s| s.contains("/resume")));
+        assert!(t.next_steps.iter().any(|s| s.contains("review_every")));
+    }
 
     fn usage() -> Usage {
         Usage {

@@ -381,7 +381,7 @@ impl<S: LoopStore> Runner<S> {
         let step = usage.iterations + 1;
         let limits = self.settings.limits;
         let deltas = self.state.token_deltas();
-        let mut inputs = self.state.gate_inputs(&limits, &deltas);
+        let mut inputs = self.state.gate_inputs(self.settings.mode, &limits, &deltas);
         inputs.budget.time_remaining_ms = Some(guardrails::time_remaining_ms(&limits, usage));
         inputs.coherence = self.state.reflection.coherence;
         inputs.uncertainty = self.state.reflection.uncertainty;
@@ -414,6 +414,7 @@ impl<S: LoopStore> Runner<S> {
                     PauseCause::ReworkLoop => Reason::ReworkLoop,
                     PauseCause::Uncertainty => Reason::Uncertainty,
                     PauseCause::ProjectedOverrun => Reason::BudgetProjectedOverrun,
+                    PauseCause::ReviewRequired => Reason::ReviewRequired,
                 };
                 let detail = match reason {
                     Reason::ReworkLoop => Some(format!(
@@ -423,6 +424,10 @@ impl<S: LoopStore> Runner<S> {
                     Reason::BudgetProjectedOverrun => {
                         evaluation.metrics.projection.map(|p| p.describe())
                     }
+                    Reason::ReviewRequired => Some(termination::review_summary(
+                        evaluation.metrics.steps_since_start,
+                        &self.state.history,
+                    )),
                     _ => None,
                 };
                 let exit = self.finish(reason, detail, vec![decision]).await?;
@@ -1209,6 +1214,7 @@ mod tests {
             max_tool_calls: None,
             max_cycles: 10,
             context_budget_tokens: 32_000,
+            review_every: None,
         }
     }
 

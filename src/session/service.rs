@@ -372,7 +372,11 @@ impl SessionService {
         let milestones =
             checklist::from_texts("milestones", &req.milestones).map_err(ServiceError::Invalid)?;
         let mode = req.mode.unwrap_or(self.config.defaults.mode);
-        let limits = self.config.defaults.limits_for(mode).apply(&req.limits)?;
+        let limits = self
+            .config
+            .defaults
+            .limits_for(mode)
+            .for_create(&req.limits)?;
         // The key never enters the stored spec: it is sealed on its own.
         let mut public_spec = req.executor.clone();
         let api_key = public_spec.take_api_key();

@@ -9,7 +9,7 @@ use crate::policy::excerpt;
 use crate::policy::gate::{Budget, GateInputs};
 use crate::policy::guardrails::{self, Limits, Usage};
 use crate::policy::history::{self, Outcome, Rework, StepRecord};
-use crate::policy::lifecycle::Reason;
+use crate::policy::lifecycle::{Mode, Reason};
 use crate::policy::projection::{ProgressPoint, ProgressSample};
 use crate::policy::reflection::{ReflectionState, Verdict};
 use crate::policy::sentinel::{self, Sentinel, SignalKind};
@@ -363,11 +363,18 @@ impl LoopState {
         }
     }
 
-    /// The gate's inputs for the next step.
-    pub fn gate_inputs<'a>(&'a self, limits: &Limits, token_deltas: &'a [u64]) -> GateInputs<'a> {
+    /// The gate's inputs for the next step of a session in `mode`.
+    pub fn gate_inputs<'a>(
+        &'a self,
+        mode: Mode,
+        limits: &Limits,
+        token_deltas: &'a [u64],
+    ) -> GateInputs<'a> {
         GateInputs {
             step: self.usage.iterations + 1,
             steps_since_start: self.steps_since_start,
+            mode,
+            review_every: limits.review_every,
             token_deltas,
             rework_flags: &self.rework,
             tool_calls: self.usage.tool_calls,
@@ -626,7 +633,12 @@ mod tests {
             Some(50.0)
         );
         let limits = crate::policy::guardrails::tests::roomy();
-        assert_eq!(s.gate_inputs(&limits, &[]).progress_trail.len(), 2);
+        assert_eq!(
+            s.gate_inputs(Mode::Fixed, &limits, &[])
+                .progress_trail
+                .len(),
+            2
+        );
         // The trail is bounded like the history, and a resume clears it.
         for n in 3..=30 {
             s.apply(1, &step(n, &format!("a{n}")), &fx);

@@ -540,23 +540,91 @@ async fn rework_ratio_pauses_with_rework_loop() {
 }
 
 #[tokio::test]
-async fn the_step_limit_stops_and_a_resume_grants_another_stretch() {
+async fn a_review_point_pauses_a_continuous_session_and_a_resume_grants_another_stretch() {
     let db = crate::common::TestDb::new().await;
     let pool = db.pool.clone();
     let mut config = common::test_config();
-    config.gate.step_limit = 4;
+    config.gate.review_every = 4;
     let app = TestApp::spawn_with(pool, config).await;
-    let id = app
+    let steps = distinct_steps(10, 1, 0);
+    let continuous = app
+        .create(json!({
+            "goal": "Create README.md with a project description",
+            "mode": "continuous",
+            "executor": { "kind": "scripted", "steps": steps }
+        }))
+        .await;
+    let id = continuous["id"].as_str().expect("id").to_string();
+    assert!(
+        continuous["limits"]["review_every"].is_null(),
+        "{continuous}"
+    );
+    let s = app.wait_settled(&id).await;
+    assert_eq!(s["status"], "paused", "{s}");
+    assert_eq!(s["reason"], "review_required");
+    assert_eq!(s["iterations"], 4);
+    let summary = s["summary"].as_str().expect("summary");
+    assert!(
+        summary.contains("4 steps since a person last looked"),
+        "{summary}"
+    );
+    assert!(
+        s["next_steps"]
+            .as_array()
+            .expect("next steps")
+            .iter()
+            .any(|n| n.as_str().is_some_and(|n| n.contains("review_every"))),
+        "{s}"
+    );
+    let decisions = app.decisions(&id).await;
+    let pause = decisions
+        .iter()
+        .find(|d| d["kind"] == "gate_decision")
+        .expect("the review pause is logged");
+    assert_eq!(pause["data"]["decision"]["cause"], "review_required");
+    assert_eq!(pause["data"]["metrics"]["review_every"], 4);
+    assert_eq!(pause["data"]["metrics"]["steps_until_review"], 0);
+    // One call resumes it, and the count starts over.
+    let (code, _) = app
+        .post(&format!("/api/autonomous/{id}/resume"), None)
+        .await;
+    assert!(code.is_success(), "{code}");
+    let s = app.wait_settled(&id).await;
+    assert_eq!(s["reason"], "review_required");
+    assert_eq!(s["iterations"], 8);
+
+    // The same steps in fixed mode run to the end of the script.
+    let fixed = app
         .create_scripted(distinct_steps(10, 1, 0), json!({}))
         .await;
-    let s = app.wait_settled(&id).await;
-    assert_eq!(s["reason"], "step_limit");
-    assert_eq!(s["iterations"], 4);
-    app.post(&format!("/api/autonomous/{id}/resume"), None)
+    let s = app.wait_settled(&fixed).await;
+    assert_eq!(s["reason"], "executor_exhausted", "{s}");
+    assert_eq!(s["iterations"], 10);
+    // A continuous session with an explicit iteration limit has none either...
+    let doc = app
+        .create(json!({
+            "goal": "Create README.md with a project description",
+            "mode": "continuous",
+            "limits": { "max_iterations": 8 },
+            "executor": { "kind": "scripted", "steps": distinct_steps(10, 1, 0) }
+        }))
         .await;
-    let s = app.wait_settled(&id).await;
-    assert_eq!(s["reason"], "step_limit");
+    assert_eq!(doc["limits"]["review_every"], 0);
+    let s = app.wait_settled(doc["id"].as_str().expect("id")).await;
+    assert_eq!(s["reason"], "max_iterations", "{s}");
     assert_eq!(s["iterations"], 8);
+    // ...unless it asks for one, which a fixed session may too.
+    let doc = app
+        .create(json!({
+            "goal": "Create README.md with a project description",
+            "mode": "fixed",
+            "limits": { "max_iterations": 8, "review_every": 3 },
+            "executor": { "kind": "scripted", "steps": distinct_steps(10, 1, 0) }
+        }))
+        .await;
+    let s = app.wait_settled(doc["id"].as_str().expect("id")).await;
+    assert_eq!(s["reason"], "review_required", "{s}");
+    assert_eq!(s["iterations"], 3);
 }
 
 #[tokio::test]

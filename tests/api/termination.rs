@@ -88,6 +88,18 @@ struct Expect {
     min: i64,
     /// The largest acceptable iteration count.
     max: i64,
+    /// The most tokens the session may have used when it ends; more is a runaway.
+    tokens_max: Option<i64>,
+}
+
+impl Expect {
+    /// The same ending, spending at most `tokens`.
+    fn spending(self, tokens: i64) -> Expect {
+        Expect {
+            tokens_max: Some(tokens),
+            ..self
+        }
+    }
 }
 
 struct Case {
@@ -104,6 +116,7 @@ fn ends(status: &'static str, reason: &'static str, min: i64, max: i64) -> Expec
         reason: Some(reason),
         min,
         max,
+        tokens_max: None,
     }
 }
 
@@ -113,6 +126,7 @@ fn held() -> Expect {
         reason: None,
         min: 0,
         max: 0,
+        tokens_max: None,
     }
 }
 
@@ -122,6 +136,7 @@ fn rejected() -> Expect {
         reason: None,
         min: 0,
         max: 0,
+        tokens_max: None,
     }
 }
 
@@ -139,6 +154,23 @@ fn distinct(n: usize, output: Option<&str>) -> Vec<Value> {
                 json!({ "i": i }),
                 output.unwrap_or(&own),
             )
+        })
+        .collect()
+}
+
+/// Distinct productive steps costing `tokens[i]` each.
+fn costed(tokens: &[u64]) -> Vec<Value> {
+    tokens
+        .iter()
+        .enumerate()
+        .map(|(i, &t)| {
+            let mut s = step(
+                &format!("write_part_{}", i + 1),
+                json!({ "i": i + 1 }),
+                &format!("wrote part {}", i + 1),
+            );
+            s["tokens"] = json!(t);
+            s
         })
         .collect()
 }
@@ -357,15 +389,10 @@ fn corpus() -> Vec<Case> {
         ends("stopped", "timeout", 1, 6),
     );
     add(
-        "steps without a person",
+        "default fixed iteration limit",
         "limits",
-        scripted(
-            goal,
-            distinct(150, None),
-            false,
-            json!({ "max_iterations": 200 }),
-        ),
-        ends("stopped", "step_limit", 100, 100),
+        scripted(goal, distinct(150, None), false, json!({})),
+        ends("stopped", "max_iterations", 50, 50),
     );
     add(
         "tool-call budget",
@@ -416,6 +443,227 @@ fn corpus() -> Vec<Case> {
         "projection",
         scripted(goal, tight, false, json!({ "max_tokens": 1900 })),
         ends("stopped", "cost_limit", 19, 19),
+    );
+
+    // ---- long productive sessions: the user's own limit is the only stop ----
+    let mut s = distinct(150, None);
+    s.push(done());
+    add(
+        "150 steps under max_iterations 200",
+        "long sessions",
+        scripted(goal, s, false, json!({ "max_iterations": 200 })),
+        ends("completed", "goal_achieved", 151, 151),
+    );
+    add(
+        "150 steps, no DONE, under max_iterations 200",
+        "long sessions",
+        scripted(
+            goal,
+            distinct(150, None),
+            false,
+            json!({ "max_iterations": 200 }),
+        ),
+        ends("stopped", "executor_exhausted", 150, 150),
+    );
+    let mut s = distinct(500, None);
+    s.push(done());
+    add(
+        "500 steps under max_iterations 600",
+        "long sessions",
+        scripted(goal, s.clone(), false, json!({ "max_iterations": 600 })),
+        ends("completed", "goal_achieved", 501, 501),
+    );
+    // Continuous with an explicit limit: no review point before it. The
+    // reflection interval is out of reach: this corpus's model has no
+    // answers for scripted goals.
+    add(
+        "500 steps, continuous, max_iterations 600",
+        "long sessions",
+        json!({
+            "goal": goal, "mode": "continuous",
+            "limits": { "max_iterations": 600, "reflection_interval": 1000 },
+            "executor": { "kind": "scripted", "steps": s }
+        }),
+        ends("completed", "goal_achieved", 501, 501),
+    );
+    add(
+        "continuous, max_iterations 120 beyond the default review point",
+        "long sessions",
+        json!({
+            "goal": goal, "mode": "continuous",
+            "limits": { "max_iterations": 120, "reflection_interval": 1000 },
+            "executor": { "kind": "scripted", "steps": distinct(150, None) }
+        }),
+        ends("stopped", "max_iterations", 120, 120),
+    );
+    let mut s = distinct(150, None);
+    s.push(done());
+    add(
+        "continuous, review_every 0, 150 steps",
+        "long sessions",
+        json!({
+            "goal": goal, "mode": "continuous",
+            "limits": { "review_every": 0, "reflection_interval": 1000 },
+            "executor": { "kind": "scripted", "steps": s }
+        }),
+        ends("completed", "goal_achieved", 151, 151),
+    );
+
+    // ---- review points ----
+    add(
+        "continuous, review_every 5",
+        "review points",
+        json!({
+            "goal": goal, "mode": "continuous",
+            "limits": { "review_every": 5 },
+            "executor": { "kind": "scripted", "steps": distinct(20, None) }
+        }),
+        ends("paused", "review_required", 5, 5),
+    );
+    add(
+        "continuous, default review point",
+        "review points",
+        json!({
+            "goal": goal, "mode": "continuous",
+            "limits": { "reflection_interval": 1000 },
+            "executor": { "kind": "scripted", "steps": distinct(150, None) }
+        }),
+        ends("paused", "review_required", 100, 100),
+    );
+    add(
+        "fixed, review_every 10 asked for",
+        "review points",
+        scripted(
+            goal,
+            distinct(40, None),
+            false,
+            json!({ "max_iterations": 200, "review_every": 10 }),
+        ),
+        ends("paused", "review_required", 10, 10),
+    );
+
+    // ---- cost series against a 50,000-token budget ----
+    // Today the token budget is checked before each step, against what the
+    // steps before it spent: a session may overrun it by at most its last
+    // step's cost (a later change makes the budget hard). Each case is
+    // labelled with today's ending and holds the overrun to that rule.
+    // `repeat` scripts report no progress, so only the guardrail acts.
+    let doubling = |first: u64| -> Vec<u64> { (0..20).map(|i| first << i).collect() };
+    add(
+        "doubling from 100",
+        "cost series",
+        scripted(
+            goal,
+            costed(&doubling(100)),
+            true,
+            json!({ "max_tokens": 50_000 }),
+        ),
+        // 100 × (2⁹ − 1) = 51,100: 1,100 over, within the 25,600 step.
+        ends("stopped", "cost_limit", 9, 9).spending(51_100),
+    );
+    add(
+        "doubling from 1000",
+        "cost series",
+        scripted(
+            goal,
+            costed(&doubling(1_000)),
+            true,
+            json!({ "max_tokens": 50_000 }),
+        ),
+        // 63,000: 13,000 over, within the 32,000 step.
+        ends("stopped", "cost_limit", 6, 6).spending(63_000),
+    );
+    add(
+        "doubling from 10, throttled",
+        "cost series",
+        scripted(
+            goal,
+            costed(&doubling(10)),
+            true,
+            json!({ "max_tokens": 50_000 }),
+        ),
+        // 81,910: 31,910 over (64 %), within the 40,960 step.
+        ends("stopped", "cost_limit", 13, 13).spending(81_910),
+    );
+    let linear: Vec<u64> = (1..=20).map(|i| i * 1_000).collect();
+    add(
+        "linear, +1000 a step",
+        "cost series",
+        scripted(goal, costed(&linear), true, json!({ "max_tokens": 50_000 })),
+        // 55,000: 5,000 over, within the 10,000 step.
+        ends("stopped", "cost_limit", 10, 10).spending(55_000),
+    );
+    add(
+        "linear, +1000 a step, with progress",
+        "cost series",
+        scripted(
+            goal,
+            costed(&linear),
+            false,
+            json!({ "max_tokens": 50_000 }),
+        ),
+        // Paused before the step that would overrun: 45,000 spent at 45 %.
+        ends("paused", "budget_projected_overrun", 9, 9).spending(45_000),
+    );
+    let spiky: Vec<u64> = (1..=40)
+        .map(|i| if i % 5 == 0 { 20_000 } else { 100 })
+        .collect();
+    add(
+        "spiky, 20,000 every 5th step",
+        "cost series",
+        scripted(goal, costed(&spiky), true, json!({ "max_tokens": 50_000 })),
+        // 61,200: 11,200 over, within the 20,000 spike.
+        ends("stopped", "cost_limit", 15, 15).spending(61_200),
+    );
+    add(
+        "spiky, with progress",
+        "cost series",
+        scripted(goal, costed(&spiky), false, json!({ "max_tokens": 50_000 })),
+        // The first spike makes finishing look far too dear.
+        ends("paused", "budget_projected_overrun", 7, 7).spending(20_600),
+    );
+    let mut s = costed(&[1_000; 49]);
+    s.push(done());
+    add(
+        "steady spend that fits the budget",
+        "cost series",
+        scripted(goal, s, false, json!({ "max_tokens": 50_000 })),
+        ends("completed", "goal_achieved", 50, 50).spending(49_010),
+    );
+
+    // ---- ping-pong between two actions ----
+    let toggle = json!([
+        { "action": "set_flag", "arguments": { "on": true }, "output": "flag is on", "tokens": 10 },
+        { "action": "set_flag", "arguments": { "on": false }, "output": "flag is off", "tokens": 10 }
+    ]);
+    add(
+        "ping-pong, flag on and off",
+        "ping-pong",
+        json!({ "goal": goal, "executor": { "kind": "scripted", "steps": toggle, "repeat": true } }),
+        ends("paused", "rework_loop", 6, 6),
+    );
+    let mut s: Vec<Value> = (1..=8)
+        .flat_map(|i| {
+            [
+                step(
+                    "fetch_page",
+                    json!({ "page": i }),
+                    &format!("page {i}: 20 rows"),
+                ),
+                step(
+                    "store_rows",
+                    json!({ "page": i }),
+                    &format!("stored 20 rows, {} total", 20 * i),
+                ),
+            ]
+        })
+        .collect();
+    s.push(done());
+    add(
+        "ping-pong that advances, fetch and store",
+        "ping-pong",
+        scripted(goal, s, false, json!({})),
+        ends("completed", "goal_achieved", 17, 17),
     );
 
     // ---- goals ----
@@ -744,6 +992,25 @@ fn corpus() -> Vec<Case> {
         ),
         ends("paused", "budget_projected_overrun", 4, 6),
     );
+    llm(
+        16,
+        "a model that answers only in text",
+        "sentinels",
+        "fixed",
+        json!({}),
+        route(
+            vec![
+                text("Plan: outline the notes first.", 30),
+                text("Outline: goals, setup, usage.", 30),
+                text("Drafted the setup section.", 30),
+                text("Drafted the usage section.", 30),
+                text("Notes complete.\n<<WARDEN_GOAL_DONE: notes drafted>>", 30),
+            ],
+            vec![],
+            false,
+        ),
+        ends("completed", "goal_achieved", 5, 5),
+    );
     cases
 }
 
@@ -752,6 +1019,7 @@ struct Outcome {
     status: String,
     reason: Option<String>,
     iterations: i64,
+    tokens: i64,
     doc: Value,
 }
 
@@ -765,7 +1033,10 @@ enum Verdict {
 
 fn judge(expect: &Expect, got: &Outcome) -> Verdict {
     let right = got.status == expect.status && got.reason.as_deref() == expect.reason;
-    if right && (expect.min..=expect.max).contains(&got.iterations) {
+    if expect.tokens_max.is_some_and(|max| got.tokens > max) {
+        // Spent past where it should have stopped, whatever the ending.
+        Verdict::Runaway
+    } else if right && (expect.min..=expect.max).contains(&got.iterations) {
         Verdict::Correct
     } else if got.iterations > expect.max {
         Verdict::Runaway
@@ -793,18 +1064,20 @@ async fn run(app: &TestApp, case: &Case) -> Outcome {
             status: "rejected".into(),
             reason: None,
             iterations: 0,
+            tokens: 0,
             doc,
         };
     }
     assert_eq!(code, StatusCode::CREATED, "{}: {doc}", case.name);
     let id = doc["id"].as_str().expect("id").to_string();
     let s = app
-        .wait_until(&id, Duration::from_secs(40), |s| s["status"] != "running")
+        .wait_until(&id, Duration::from_secs(120), |s| s["status"] != "running")
         .await;
     Outcome {
         status: s["status"].as_str().unwrap_or("").to_string(),
         reason: s["reason"].as_str().map(str::to_string),
         iterations: s["iterations"].as_i64().unwrap_or(-1),
+        tokens: s["tokens_used"].as_i64().unwrap_or(-1),
         doc: s,
     }
 }
@@ -831,11 +1104,14 @@ async fn the_labelled_corpus_ends_every_session_right() {
             // mid-case (the model's scripted answers are consumed once).
             ("WARDEN_LEASE_TTL_MS", "30000"),
             ("WARDEN_HEARTBEAT_INTERVAL_MS", "1000"),
+            // Accelerating cost series are throttled; the cooldown delays
+            // them without changing how they end.
+            ("WARDEN_THROTTLE_COOLDOWN_MS", "50"),
         ]),
     )
     .await;
     let mut cases = corpus();
-    assert!(cases.len() >= 40, "the corpus has {} cases", cases.len());
+    assert!(cases.len() >= 60, "the corpus has {} cases", cases.len());
     for (n, case) in cases.iter_mut().enumerate() {
         if let Some(route) = case.route.take() {
             let key = case.body["goal"]
@@ -852,8 +1128,8 @@ async fn the_labelled_corpus_ends_every_session_right() {
 
     let mut tally: HashMap<&str, usize> = HashMap::new();
     println!(
-        "\n{:<46} {:<24} {:<44} {:<44} verdict",
-        "case", "category", "expected (≤ iterations)", "got (iterations)"
+        "\n{:<62} {:<18} {:<44} {:<52} verdict",
+        "case", "category", "expected (≤ iterations)", "got (iterations, tokens)"
     );
     let mut failed = Vec::new();
     for (case, got) in cases.iter().zip(&outcomes) {
@@ -866,7 +1142,7 @@ async fn the_labelled_corpus_ends_every_session_right() {
         };
         *tally.entry(label).or_default() += 1;
         println!(
-            "{:<46} {:<24} {:<44} {:<44} {label}",
+            "{:<62} {:<18} {:<44} {:<52} {label}",
             case.name,
             case.category,
             format!(
@@ -876,10 +1152,11 @@ async fn the_labelled_corpus_ends_every_session_right() {
                 case.expect.max
             ),
             format!(
-                "{} {} ({})",
+                "{} {} ({}, {})",
                 got.status,
                 got.reason.as_deref().unwrap_or("-"),
-                got.iterations
+                got.iterations,
+                got.tokens
             ),
         );
         if verdict != Verdict::Correct {
@@ -893,6 +1170,26 @@ async fn the_labelled_corpus_ends_every_session_right() {
         count("premature"),
         count("runaway"),
         count("wrong reason")
+    );
+    // The rates: of the sessions that should complete, how many did; of
+    // all, how many stopped before their right ending or ran past it.
+    let should_complete = cases
+        .iter()
+        .filter(|c| c.expect.status == "completed")
+        .count();
+    let completed = cases
+        .iter()
+        .zip(&outcomes)
+        .filter(|(c, got)| {
+            c.expect.status == "completed" && judge(&c.expect, got) == Verdict::Correct
+        })
+        .count();
+    let rate = |n: usize, of: usize| 100.0 * n as f64 / of.max(1) as f64;
+    println!(
+        "completion rate {:.1} % ({completed}/{should_complete}) · premature-stop rate {:.1} % · runaway rate {:.1} %",
+        rate(completed, should_complete),
+        rate(count("premature"), cases.len()),
+        rate(count("runaway"), cases.len()),
     );
     println!(
         "{} passed, {} failed ({} cases in {:.1} s)",
@@ -928,6 +1225,17 @@ async fn the_labelled_corpus_ends_every_session_right() {
             .as_str()
             .unwrap()
             .contains("no words")
+    );
+    let review = find("continuous, review_every 5");
+    let summary = review["summary"].as_str().unwrap_or_default();
+    assert!(
+        summary.contains("5 steps since a person last looked")
+            && summary.contains("#5 write_part_5 → wrote part 5"),
+        "{summary}"
+    );
+    assert_eq!(
+        find("150 steps under max_iterations 200")["limits"]["review_every"],
+        0
     );
     let overrun = find("cannot finish within budget");
     assert_eq!(overrun["projected_tokens_to_finish"], 197_000);

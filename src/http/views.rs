@@ -152,6 +152,15 @@ pub struct SessionView {
     pub updated_at: DateTime<Utc>,
     /// When it ended (completed, stopped, interrupted, failed).
     pub ended_at: Option<DateTime<Utc>>,
+    /// True when Postgres could not be reached and the status is the last
+    /// committed state this replica's memory holds (it may be behind).
+    pub stale: bool,
+    /// With `stale`: when the state shown was committed; null otherwise.
+    pub committed_at: Option<DateTime<Utc>>,
+    /// On a `202` answer to a stop: when the stop will have landed (its
+    /// owner lands it, or counts as gone by then and it lands without it);
+    /// null otherwise.
+    pub stop_lands_by: Option<DateTime<Utc>>,
 }
 
 impl SessionView {
@@ -266,6 +275,9 @@ impl From<SessionRecord> for SessionView {
             created_at: s.created_at,
             updated_at: s.updated_at,
             ended_at: s.ended_at,
+            stale: false,
+            committed_at: None,
+            stop_lands_by: None,
         }
     }
 }

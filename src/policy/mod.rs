@@ -4,6 +4,7 @@
 
 pub mod ambiguity;
 pub mod checklist;
+pub mod fleet;
 pub mod gate;
 pub mod guardrails;
 pub mod history;

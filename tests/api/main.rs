@@ -18,6 +18,7 @@ mod http;
 mod isolation;
 mod model;
 mod openapi;
+mod owners;
 mod quotas;
 mod recovery;
 mod secrets;

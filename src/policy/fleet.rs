@@ -39,7 +39,10 @@ pub fn owner_watch(
     let Some(expires) = lease_expires_at else {
         return OwnerWatch::Gone;
     };
-    let silence = TimeDelta::from_std(heartbeat * MISSED_HEARTBEATS).unwrap_or(TimeDelta::MAX);
+    let silence = heartbeat
+        .checked_mul(MISSED_HEARTBEATS)
+        .and_then(|d| TimeDelta::from_std(d).ok())
+        .unwrap_or(TimeDelta::MAX);
     let deadline = match heartbeat_at.and_then(|at| at.checked_add_signed(silence)) {
         Some(silent_by) => expires.min(silent_by),
         None => expires,

@@ -582,7 +582,9 @@ async fn an_unstorable_answer_fails_the_session_after_n_attempts() {
         .expect("id")
         .to_string();
     let s = app
-        .wait_until(&id, Duration::from_secs(30), |s| s["status"] != "running")
+        .wait_until(&id, Duration::from_secs(30), |s| {
+            s["status"] != "running" && s["status"] != "queued"
+        })
         .await;
     let took = started.elapsed();
     assert_eq!(s["status"], "failed", "{s}");

@@ -331,7 +331,9 @@ async fn embedded_sessions_survive_sigkill_and_resume_gap_free() {
     wait_ready(&base, &mut restarted, &log).await;
     for (id, before) in ids.iter().zip(before) {
         let s = app
-            .wait_until(id, Duration::from_secs(60), |s| s["status"] != "running")
+            .wait_until(id, Duration::from_secs(60), |s| {
+                s["status"] != "running" && s["status"] != "queued"
+            })
             .await;
         assert_eq!(s["status"], "completed", "{s}");
         assert_eq!(s["iterations"], 16, "{s}");

@@ -175,6 +175,15 @@ impl Application {
             embedded.data_dir().unwrap_or(&config.data_dir),
         )?;
         store.migrate().await?;
+        // The data directory's lock proves no other process runs a session:
+        // a lease left by a killed predecessor is released now, not waited out.
+        let released = store.release_previous_process().await?;
+        if released > 0 {
+            tracing::info!(
+                released,
+                "released the leases of the previous process on this data directory"
+            );
+        }
         config.db_max_connections = store::embedded::EMBEDDED_CONNECTIONS;
         let mut app = Application::build_with_store(config, store).await?;
         app.embedded = Some((pool, embedded));

@@ -20,7 +20,7 @@ use super::views::{
     SessionView, TaskList, VelocityPoint, excerpt_strings, fits_budget, json_weight,
 };
 use crate::auth::Principal;
-use crate::session::service::{Created, IdempotencyKey};
+use crate::session::service::{Created, IdempotencyKey, StatusSource, StopAnswer};
 use crate::session::{CreateSession, LoggedEvent, RefinementChoice, ResumeSession, UpdateSession};
 use crate::store::{SessionCursor, TenantScope};
 
@@ -219,8 +219,14 @@ pub async fn get_session(
     Extension(caller): Extension<Principal>,
     SessionId(id): SessionId,
 ) -> ApiResult<(HeaderMap, Json<SessionView>)> {
-    let (session, velocity, from_memory) = state.service.status(id, &caller.scope).await?;
+    let (session, velocity, source) = state.service.status(id, &caller.scope).await?;
+    let committed_at = session.updated_at;
     let mut doc = view(&state, session);
+    if source == StatusSource::StaleMemory {
+        doc.stale = true;
+        doc.committed_at = Some(committed_at);
+    }
+    let from_memory = source != StatusSource::Database;
     doc.velocity = Some(
         velocity
             .into_iter()
@@ -245,7 +251,9 @@ pub const STATUS_SOURCE: &str = "warden-status-source";
     post, path = "/api/autonomous/{id}/stop", tag = "control",
     params(("id" = Uuid, Path, description = "Session id")),
     responses(
-        (status = 200, description = "The session after the stop", body = SessionView),
+        (status = 200, description = "The stop landed: the session is `interrupted` (or had ended already)", body = SessionView),
+        (status = 202, description = "The stop is recorded (`stop_requested`) but its owner has not landed it yet; it will have by `stop_lands_by` (also as seconds in `Retry-After`): the owner lands it, or counts as gone by then and the stop lands without it", body = SessionView,
+            headers(("Retry-After" = u64, description = "Seconds until `stop_lands_by`, at least 1"))),
         (status = 404, description = "No such session", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "The session already ended another way", body = Problem, content_type = "application/problem+json"),
     )
@@ -254,11 +262,19 @@ pub async fn stop_session(
     State(state): State<AppState>,
     Extension(caller): Extension<Principal>,
     SessionId(id): SessionId,
-) -> ApiResult<Json<SessionView>> {
-    Ok(Json(view(
-        &state,
-        state.service.stop(id, &caller.scope).await?,
-    )))
+) -> ApiResult<Response> {
+    Ok(match state.service.stop(id, &caller.scope).await? {
+        StopAnswer::Landed(session) => Json(view(&state, session)).into_response(),
+        StopAnswer::Pending { session, lands_by } => {
+            let mut doc = view(&state, session);
+            doc.stop_lands_by = Some(lands_by);
+            let wait = (lands_by - Utc::now()).num_milliseconds().max(0);
+            let seconds = (wait as u64).div_ceil(1_000).max(1);
+            let mut headers = HeaderMap::new();
+            headers.insert(header::RETRY_AFTER, HeaderValue::from(seconds));
+            (StatusCode::ACCEPTED, headers, Json(doc)).into_response()
+        }
+    })
 }
 
 /// Pause a session once its step in flight finishes (`paused / user_pause`).

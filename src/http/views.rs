@@ -160,6 +160,15 @@ pub struct SessionView {
     pub attempts: i32,
     /// The error the previous attempt ended on, if one was recorded.
     pub last_error: Option<String>,
+    /// True when Postgres could not be reached and the status is the last
+    /// committed state this replica's memory holds (it may be behind).
+    pub stale: bool,
+    /// With `stale`: when the state shown was committed; null otherwise.
+    pub committed_at: Option<DateTime<Utc>>,
+    /// On a `202` answer to a stop: when the stop will have landed (its
+    /// owner lands it, or counts as gone by then and it lands without it);
+    /// null otherwise.
+    pub stop_lands_by: Option<DateTime<Utc>>,
 }
 
 impl SessionView {
@@ -277,6 +286,9 @@ impl From<SessionRecord> for SessionView {
             allowed_actions: allowed_actions(s.status),
             attempts: s.attempts,
             last_error: s.last_error,
+            stale: false,
+            committed_at: None,
+            stop_lands_by: None,
         }
     }
 }

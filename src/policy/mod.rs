@@ -5,6 +5,7 @@
 pub mod ambiguity;
 pub mod checklist;
 pub mod excerpt;
+pub mod fleet;
 pub mod gate;
 pub mod guardrails;
 pub mod history;

@@ -1,25 +1,15 @@
-//! Helpers of the control path and the failure model: reading a lease on
-//! the connection that holds the session's row lock (rebuilding its state
-//! there is `rehydrate::rebuild_locked`), and making an agent's output
-//! storable (and of bounded size) before it is committed.
+//! Helpers of the failure model: making an agent's output storable (and
+//! of bounded size) before it is committed. (The control path reads a lease
+//! under the session's row lock with `store::owner_liveness_on`, and
+//! rebuilds its state there with `rehydrate::rebuild_locked`.)
 
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
-use uuid::Uuid;
 
-use super::error::ServiceError;
 use crate::executor::{ExecutorError, StepResult};
 use crate::policy::{excerpt, sentinel};
 use crate::store;
-
-/// Whether the lease of `id` lapsed, read under the caller's lock on `conn`.
-pub async fn lease_lapsed_locked(
-    conn: &mut sqlx::PgConnection,
-    id: Uuid,
-) -> Result<bool, ServiceError> {
-    Ok(store::lease_lapsed_on(conn, id).await?)
-}
 
 /// Replaces NUL characters (which Postgres can store neither in `text` nor
 /// in `jsonb`) in every string of `value`, keys included; returns how many.

@@ -24,6 +24,9 @@ pub const VELOCITY_MINUTES: i32 = 30;
 struct ViewState {
     /// The committed row; `None` while stale.
     record: Option<SessionRecord>,
+    /// The last committed row the view held before it went stale or
+    /// closed: answered, marked stale, when Postgres cannot be reached.
+    last: Option<SessionRecord>,
     /// Iterations per minute; `None` until known.
     velocity: Option<Velocity>,
     /// Bumped by every write, so a refill read before one is discarded.
@@ -88,6 +91,7 @@ impl LiveView {
             state: Mutex::new(ViewState {
                 velocity: (record.counters.iterations == 0).then(Vec::new),
                 record: Some(compact(record)),
+                last: None,
                 generation: 0,
                 closed: false,
                 committing: false,
@@ -121,6 +125,15 @@ impl LiveView {
         Some((record, velocity))
     }
 
+    /// The last committed status this view knew, fresh or not, and its
+    /// velocity as far as known: what a status answers, marked stale, while
+    /// Postgres cannot be reached.
+    pub fn last_known(&self) -> Option<(SessionRecord, Velocity)> {
+        let state = self.state();
+        let record = state.record.as_ref().or(state.last.as_ref())?.clone();
+        Some((record, state.velocity.clone().unwrap_or_default()))
+    }
+
     /// The generation to pass to [`LiveView::refill`] after a read.
     pub fn generation(&self) -> u64 {
         self.state().generation
@@ -134,6 +147,7 @@ impl LiveView {
             return;
         }
         state.record = Some(compact(record));
+        state.last = None;
         state.velocity = Some(velocity.clone());
     }
 
@@ -141,7 +155,7 @@ impl LiveView {
     pub fn invalidate(&self) {
         let mut state = self.state();
         state.generation += 1;
-        state.record = None;
+        state.keep_last();
     }
 
     /// The run is about to end: from now on Postgres answers.
@@ -149,7 +163,7 @@ impl LiveView {
         let mut state = self.state();
         state.generation += 1;
         state.closed = true;
-        state.record = None;
+        state.keep_last();
     }
 
     /// An iteration commit is about to be sent.
@@ -196,6 +210,15 @@ impl LiveView {
         if let Some(record) = state.record.as_mut() {
             record.lease_expires_at = Some(expires_at);
             record.heartbeat_at = Some(heartbeat_at);
+        }
+    }
+}
+
+impl ViewState {
+    /// Makes the view stale, keeping its committed row as the last known.
+    fn keep_last(&mut self) {
+        if let Some(record) = self.record.take() {
+            self.last = Some(record);
         }
     }
 }
@@ -347,6 +370,31 @@ mod tests {
         let generation = view.generation();
         view.refill(generation, &r, &vec![(minute(Utc::now()), 5)]);
         assert_eq!(view.snapshot().expect("refilled").1[0].1, 5);
+    }
+
+    #[test]
+    fn the_last_committed_state_outlives_staleness_and_closing() {
+        let view = LiveView::new(&record());
+        commit(&view, 3, 5);
+        view.invalidate();
+        assert!(view.snapshot().is_none());
+        let (r, velocity) = view.last_known().expect("kept");
+        assert_eq!(r.counters.iterations, 3);
+        assert_eq!(velocity.iter().map(|(_, n)| n).sum::<i64>(), 1);
+        view.close();
+        assert_eq!(view.last_known().expect("kept").0.counters.iterations, 3);
+        assert!(view.snapshot().is_none());
+    }
+
+    #[test]
+    fn a_refill_replaces_the_last_known_state() {
+        let view = LiveView::new(&record());
+        view.invalidate();
+        let generation = view.generation();
+        let mut read = record();
+        read.counters.iterations = 9;
+        view.refill(generation, &read, &Vec::new());
+        assert_eq!(view.last_known().expect("known").0.counters.iterations, 9);
     }
 
     #[test]

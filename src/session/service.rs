@@ -26,6 +26,7 @@ use crate::executor::ExecutorSpec;
 use crate::llm::LlmClient;
 use crate::policy::ambiguity;
 use crate::policy::checklist::{self, ChecklistItem};
+use crate::policy::fleet::{self, OwnerWatch};
 use crate::policy::guardrails::{self, Breach, Limits, LimitsPatch};
 use crate::policy::lifecycle::{self, Mode, PausePlan, Reason, Status, StopPlan};
 use crate::policy::termination::{self, Facts};
@@ -190,6 +191,49 @@ fn validate_goal(goal: &str) -> Result<String> {
         return Err(ServiceError::Invalid(why));
     }
     Ok(goal.to_string())
+}
+
+/// How often a stop waiting for an absent owner looks again.
+const LANDING_POLL: Duration = Duration::from_millis(50);
+/// Added to the promised landing time: the look that lands it comes after.
+const LANDING_SLACK: Duration = Duration::from_millis(500);
+/// Most looks of a stop landed later: each waits until the owner would
+/// count as gone, so a few cover an owner that renewed meanwhile.
+const LANDING_TRIES: usize = 8;
+
+/// Where a status answer came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StatusSource {
+    /// The loop's memory of what it committed, under a lease it trusts.
+    Memory,
+    /// Postgres.
+    Database,
+    /// Postgres is out of reach: the last committed state this replica's
+    /// memory holds, possibly behind the database's.
+    StaleMemory,
+}
+
+/// What a stop achieved by the time it answers.
+#[derive(Debug)]
+pub enum StopAnswer {
+    /// The session is no longer running (interrupted, or had ended).
+    Landed(SessionRecord),
+    /// Recorded (`stop_requested`) but not landed yet: it will be by `lands_by`.
+    Pending {
+        /// The session as it is now.
+        session: SessionRecord,
+        /// When the stop will have landed: the owner lands it, or it counts
+        /// as gone by then and the stop lands without it.
+        lands_by: chrono::DateTime<chrono::Utc>,
+    },
+}
+
+/// Whether a recorded stop still waits for its owner.
+enum Landing {
+    /// Landed, or nothing left to land.
+    Done,
+    /// The owner may still land it; it counts as gone after this long.
+    Wait(chrono::TimeDelta),
 }
 
 async fn wait_done(done: Option<Done>, timeout: Duration) {
@@ -759,35 +803,73 @@ impl SessionService {
         &self,
         id: Uuid,
         scope: &TenantScope,
-    ) -> Result<(SessionRecord, Velocity, bool)> {
+    ) -> Result<(SessionRecord, Velocity, StatusSource)> {
         if let Some((session, velocity)) = self.supervisor.live(id) {
             if !scope.allows(&session.tenant) {
                 return Err(ServiceError::NotFound(id));
             }
-            return Ok((session, velocity, true));
+            return Ok((session, velocity, StatusSource::Memory));
         }
         let refill = self.supervisor.refillable(id);
         // Both reads at once: under load each waits on Postgres, so the
         // status answers in the time of the slower one rather than of both.
-        let (session, velocity) = tokio::try_join!(
+        let read = tokio::try_join!(
             self.get(id, scope),
             self.reads.velocity(id, scope, VELOCITY_MINUTES)
-        )?;
+        );
+        let (session, velocity) = match read {
+            Ok(read) => read,
+            // Postgres is out of reach: the last committed state this
+            // replica knows, however old, marked stale.
+            Err(ServiceError::Store(StoreError::Database(err))) if store::is_unavailable(&err) => {
+                return match self.supervisor.last_known(id) {
+                    Some((session, velocity)) if scope.allows(&session.tenant) => {
+                        Ok((session, velocity, StatusSource::StaleMemory))
+                    }
+                    _ => Err(StoreError::Database(err).into()),
+                };
+            }
+            Err(err) => return Err(err),
+        };
+        self.supervisor.forget(id);
         if let Some((view, generation)) = refill
             && session.status == Status::Running
             && session.owner == Some(self.supervisor.replica_id())
         {
             view.refill(generation, &session, &velocity);
         }
-        Ok((session, velocity, false))
+        Ok((session, velocity, StatusSource::Database))
     }
 
-    /// One session, if `scope` reaches it.
+    /// One session, if `scope` reaches it, as it shows (see [`SessionService::shown`]).
     pub async fn get(&self, id: Uuid, scope: &TenantScope) -> Result<SessionRecord> {
+        self.stored(id, scope).await.map(|s| self.shown(s))
+    }
+
+    /// One session as stored, if `scope` reaches it.
+    async fn stored(&self, id: Uuid, scope: &TenantScope) -> Result<SessionRecord> {
         self.store
             .session(id, scope)
             .await?
             .ok_or(ServiceError::NotFound(id))
+    }
+
+    /// `session` as clients see it: `running` under a lease that lapsed
+    /// and that no replica took over for two heartbeats shows `queued`,
+    /// without the owner that is gone (`policy::fleet::shown_status`).
+    pub fn shown(&self, mut session: SessionRecord) -> SessionRecord {
+        let shown = fleet::shown_status(
+            session.status,
+            session.lease_expires_at,
+            chrono::Utc::now(),
+            self.config.lease.heartbeat * fleet::MISSED_HEARTBEATS,
+        );
+        if shown != session.status {
+            session.status = shown;
+            session.owner = None;
+            session.lease_expires_at = None;
+        }
+        session
     }
 
     /// A page of sessions, newest first.
@@ -798,15 +880,19 @@ impl SessionService {
         limit: i64,
         scope: &TenantScope,
     ) -> Result<Vec<SessionRecord>> {
-        Ok(self
+        let sessions = self
             .store
             .list_sessions(status, after, limit, scope)
-            .await?)
+            .await?;
+        Ok(sessions.into_iter().map(|s| self.shown(s)).collect())
     }
 
-    /// Stops a session: persisted first, then signalled; waits for the loop to land.
+    /// Stops a session: persisted first, then signalled; waits for the loop
+    /// to land. A stop whose owner is gone (lease lapsed, or silent for
+    /// [`fleet::MISSED_HEARTBEATS`] heartbeats) lands here; one the owner
+    /// has not landed within the wait answers when it will land.
     #[tracing::instrument(skip(self))]
-    pub async fn stop(&self, id: Uuid, scope: &TenantScope) -> Result<SessionRecord> {
+    pub async fn stop(&self, id: Uuid, scope: &TenantScope) -> Result<StopAnswer> {
         let received = Instant::now();
         let mut tx = self.store.begin().await?;
         let session = store::lock_session(&mut tx, id, scope)
@@ -836,39 +922,104 @@ impl SessionService {
                     .observe(received.elapsed());
             }
         }
-        self.get(id, scope).await
+        let session = self.stored(id, scope).await?;
+        if session.status != Status::Running {
+            return Ok(StopAnswer::Landed(session));
+        }
+        // Recorded, not landed yet: say by when it will be, and make sure
+        // it is if the owner is gone by then.
+        let lands_by = match fleet::owner_watch(
+            chrono::Utc::now(),
+            session.lease_expires_at,
+            session.heartbeat_at,
+            self.config.lease.heartbeat,
+        ) {
+            OwnerWatch::AliveUntil(deadline) => deadline,
+            OwnerWatch::Gone => chrono::Utc::now(),
+        } + chrono::TimeDelta::from_std(LANDING_SLACK).unwrap_or_default();
+        if session.owner != Some(self.supervisor.replica_id()) {
+            self.land_later(id, scope.clone());
+        }
+        Ok(StopAnswer::Pending { session, lands_by })
     }
 
     /// A stop for a session this replica does not run: tell its owner, and
-    /// if it has no live owner, record the stop here.
+    /// if the owner is gone (or goes while the stop waits), land it here.
     async fn stop_elsewhere(&self, id: Uuid, scope: &TenantScope) -> Result<()> {
         self.store.notify_control(ControlAction::Stop, id).await?;
         let deadline = Instant::now() + self.config.control_wait;
         loop {
-            let session = self.get(id, scope).await?;
-            if session.status != Status::Running {
-                return Ok(());
-            }
-            if self.store.lease_lapsed(id, scope).await? {
-                let mut tx = self.store.begin().await?;
-                let locked = store::lock_session(&mut tx, id, scope).await?;
-                // Everything under the lock is read on its own connection.
-                if let Some(locked) = locked
-                    && locked.status == Status::Running
-                    && super::control::lease_lapsed_locked(&mut tx, id).await?
-                {
-                    let state = rebuild_locked(&mut tx, &locked).await?;
-                    self.end_unowned(&mut tx, &locked, scope, &state, Reason::UserStop)
-                        .await?;
-                }
-                self.commit(tx, id).await?;
+            if let Landing::Done = self.land_if_owner_gone(id, scope).await? {
                 return Ok(());
             }
             if Instant::now() >= deadline {
                 return Ok(());
             }
-            tokio::time::sleep(Duration::from_millis(20)).await;
+            tokio::time::sleep(LANDING_POLL).await;
         }
+    }
+
+    /// Lands the recorded stop of `id` here when its owner is gone: under
+    /// the row lock, with the owner's liveness read again there, so a live
+    /// owner (or a rescue that took the session over) is never overruled.
+    async fn land_if_owner_gone(&self, id: Uuid, scope: &TenantScope) -> Result<Landing> {
+        let Some(seen) = self.store.owner_liveness(id, scope).await? else {
+            return Ok(Landing::Done);
+        };
+        if seen.status != Status::Running {
+            return Ok(Landing::Done);
+        }
+        let heartbeat = self.config.lease.heartbeat;
+        if let OwnerWatch::AliveUntil(until) = fleet::owner_watch(
+            seen.now,
+            seen.lease_expires_at,
+            seen.heartbeat_at,
+            heartbeat,
+        ) {
+            return Ok(Landing::Wait(until - seen.now));
+        }
+        let mut tx = self.store.begin().await?;
+        // Everything under the lock is read on its own connection.
+        let locked = store::lock_session(&mut tx, id, scope).await?;
+        let under_lock = store::owner_liveness_on(&mut tx, id, scope).await?;
+        if let (Some(locked), Some(l)) = (locked, under_lock)
+            && locked.status == Status::Running
+            && locked.stop_requested
+            && fleet::owner_watch(l.now, l.lease_expires_at, l.heartbeat_at, heartbeat)
+                == OwnerWatch::Gone
+        {
+            let state = rebuild_locked(&mut tx, &locked).await?;
+            self.end_unowned(&mut tx, &locked, scope, &state, Reason::UserStop)
+                .await?;
+            self.commit(tx, id).await?;
+            tracing::info!(session_id = %id, "owner gone: stop landed by this replica");
+            return Ok(Landing::Done);
+        }
+        self.commit(tx, id).await?;
+        Ok(Landing::Done)
+    }
+
+    /// After a stop answered 202: lands it here once the owner counts as
+    /// gone, unless the owner (or a rescue) landed it first. Gives up after
+    /// [`LANDING_TRIES`] looks; a rescue lands it at the latest.
+    fn land_later(&self, id: Uuid, scope: TenantScope) {
+        let me = self.clone();
+        tokio::spawn(async move {
+            for _ in 0..LANDING_TRIES {
+                match me.land_if_owner_gone(id, &scope).await {
+                    Ok(Landing::Done) => return,
+                    Ok(Landing::Wait(until)) => {
+                        let wait = until.to_std().unwrap_or_default();
+                        tokio::time::sleep(wait + LANDING_POLL).await;
+                    }
+                    Err(err) => {
+                        tracing::warn!(session_id = %id, error = %err, "cannot land the stop yet");
+                        tokio::time::sleep(me.config.lease.heartbeat).await;
+                    }
+                }
+            }
+            tracing::warn!(session_id = %id, "stop left to the owner or the rescue");
+        });
     }
 
     async fn end_unowned(

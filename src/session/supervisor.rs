@@ -24,6 +24,7 @@ use crate::config::Config;
 use crate::event::SessionEvent;
 use crate::llm::LlmClient;
 use crate::metrics::Metrics;
+use crate::policy::fleet::{self, FleetLoad};
 use crate::policy::lifecycle::Reason;
 use crate::policy::termination::{self, Facts};
 use crate::secrets::{self, ForeignSeal, SecretsError};
@@ -90,6 +91,11 @@ struct Inner {
     loops: tokio::runtime::Handle,
     /// Places taken under `WARDEN_MAX_RUNNING`.
     capacity: Arc<Capacity>,
+    /// The views of runners that ended because Postgres failed or the
+    /// lease was lost: their last committed state answers a status, marked
+    /// stale, while Postgres cannot. At most `WARDEN_MAX_RUNNING` of them;
+    /// one goes when its session runs here again or Postgres answers for it.
+    remembered: std::sync::Mutex<HashMap<Uuid, Arc<LiveView>>>,
 }
 
 /// This replica's registry of running sessions.
@@ -141,6 +147,7 @@ impl Supervisor {
                 closing: CancellationToken::new(),
                 loops,
                 capacity: Arc::default(),
+                remembered: std::sync::Mutex::default(),
             }),
         }
     }
@@ -328,12 +335,17 @@ impl Supervisor {
             view: view.clone(),
         });
         let (done_tx, done_rx) = watch::channel(false);
+        self.forget(lease.session_id);
         let me = self.clone();
+        let kept = view.clone();
         // Hold the registry lock across the spawn so the task cannot finish
         // and deregister before it is registered.
         let mut runners = self.runners_mut();
         let task = self.inner.loops.spawn(async move {
             let exit = runner.run().await;
+            if matches!(exit, Exit::StoreFailed(_) | Exit::LeaseLost) {
+                me.remember(lease.session_id, kept);
+            }
             me.deregister(lease);
             if let Exit::StoreFailed(err) = &exit {
                 me.after_store_failure(lease, err).await;
@@ -406,6 +418,45 @@ impl Supervisor {
     /// here under a lease this replica trusts and the view is fresh.
     pub fn live(&self, id: Uuid) -> Option<(SessionRecord, Velocity)> {
         self.trusted_view(id)?.snapshot()
+    }
+
+    /// The last committed status and velocity of `id` this replica knows,
+    /// however old: from its runner's view, or from the view of a runner
+    /// that ended when Postgres failed. For answering while Postgres cannot.
+    pub fn last_known(&self, id: Uuid) -> Option<(SessionRecord, Velocity)> {
+        let running = Self::of_session(&self.runners(), id)
+            .last()
+            .map(|h| h.view.clone());
+        let view = running.or_else(|| self.remembered().get(&id).cloned())?;
+        view.last_known()
+    }
+
+    fn remembered(&self) -> std::sync::MutexGuard<'_, HashMap<Uuid, Arc<LiveView>>> {
+        // A poisoned lock only means a panic elsewhere; the map is still consistent.
+        self.inner
+            .remembered
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Keeps the view of a runner that ended on a storage failure.
+    fn remember(&self, id: Uuid, view: Arc<LiveView>) {
+        let mut remembered = self.remembered();
+        if remembered.len() >= self.inner.config.max_running
+            && !remembered.contains_key(&id)
+            && let Some(evict) = remembered.keys().next().copied()
+        {
+            remembered.remove(&evict);
+        }
+        remembered.insert(id, view);
+    }
+
+    /// Drops the kept view of `id`: Postgres answered for it, or it runs here again.
+    pub fn forget(&self, id: Uuid) {
+        let mut remembered = self.remembered();
+        if !remembered.is_empty() {
+            remembered.remove(&id);
+        }
     }
 
     /// The view of `id` to refill from a Postgres read, with its generation
@@ -608,12 +659,35 @@ impl Supervisor {
         }
         let started = Instant::now();
         let store = &self.inner.store;
-        let claimed = match store
-            .claim_orphans(
+        let lease = self.inner.config.lease;
+        // This replica's heartbeat in the fleet, and the fleet's load: a
+        // survivor claims its fair share of the orphans, not all of them.
+        let counts = match store
+            .fleet_heartbeat(
                 self.inner.replica_id,
-                self.inner.config.lease.ttl,
-                free as i64,
+                lease.heartbeat * fleet::MISSED_HEARTBEATS,
             )
+            .await
+        {
+            Ok(counts) => counts,
+            Err(err) => {
+                tracing::warn!(error = %err, "fleet heartbeat failed");
+                return 0;
+            }
+        };
+        let share = fleet::fair_share(FleetLoad {
+            live_replicas: u64::try_from(counts.live_replicas).unwrap_or(1),
+            running: u64::try_from(counts.running).unwrap_or(0),
+            orphans: u64::try_from(counts.orphans).unwrap_or(0),
+            mine: self.taken() as u64,
+            free: free as u64,
+            budget: budget as u64,
+        });
+        if share == 0 {
+            return 0;
+        }
+        let claimed = match store
+            .claim_orphans(self.inner.replica_id, lease.ttl, share as i64)
             .await
         {
             Ok(claimed) => claimed,
@@ -830,6 +904,9 @@ impl Supervisor {
     /// Checkpoints and releases every running session, waiting up to `timeout`.
     pub async fn shutdown(&self, timeout: Duration) {
         self.inner.closing.cancel();
+        // Out of the fleet first: peers share out what this replica
+        // releases without counting it.
+        self.leave_fleet().await;
         let waits: Vec<Done> = {
             let runners = self.runners();
             runners
@@ -846,6 +923,16 @@ impl Supervisor {
         }));
         if tokio::time::timeout(timeout, all).await.is_err() {
             tracing::warn!("some sessions did not checkpoint before the shutdown timeout");
+        }
+        // Again, in case a heartbeat in flight wrote the row back meanwhile.
+        self.leave_fleet().await;
+    }
+
+    /// Removes this replica's heartbeat row. Best effort: a row left behind
+    /// ages out after two heartbeat intervals.
+    async fn leave_fleet(&self) {
+        if let Err(err) = self.inner.store.leave_fleet(self.inner.replica_id).await {
+            tracing::warn!(error = %err, "cannot leave the fleet; peers stop counting this replica after two heartbeats");
         }
     }
 

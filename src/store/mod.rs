@@ -22,6 +22,7 @@ mod control;
 #[cfg(feature = "embedded")]
 pub mod embedded;
 mod events;
+mod fleet;
 pub mod flush;
 mod group_commit;
 pub mod idempotency;
@@ -44,9 +45,10 @@ pub(crate) mod testing;
 
 pub use control::{BadControlNote, CONTROL_CHANNEL, ControlAction, ControlNote, KEYS_CHANNEL};
 pub use events::append as append_events;
+pub use fleet::{FleetCounts, OwnerLiveness, owner_liveness_on};
 pub use keys::{KeyRecord, NewKey};
 pub use queue::queue_waiting;
-pub use resilience::{is_unavailable, lease_lapsed_on, rebuild_inputs_on, storable_text};
+pub use resilience::{is_unavailable, rebuild_inputs_on, storable_text};
 pub use rows::{
     Attempt, CheckpointRecord, Claimed, ControlFlags, Counters, EventRecord, IterationRecord,
     JsonText, Lease, NewEvent, NewIteration, NewReflection, NewSession, Outcomes, RebuildInputs,

@@ -53,19 +53,6 @@ pub async fn rebuild_inputs_on(conn: &mut PgConnection, session_id: Uuid) -> Res
     })
 }
 
-/// Whether a running session's lease has lapsed, read on `conn`.
-pub async fn lease_lapsed_on(conn: &mut PgConnection, id: Uuid) -> Result<bool> {
-    let lapsed = sqlx::query_scalar!(
-        r#"SELECT status = $2 AND (lease_expires_at IS NULL OR lease_expires_at < now()) AS "lapsed!"
-           FROM sessions WHERE id = $1"#,
-        id,
-        Status::Running as Status,
-    )
-    .fetch_optional(conn)
-    .await?;
-    Ok(lapsed.unwrap_or(false))
-}
-
 impl Store {
     /// Reads the rebuild inputs of `session_id` on a pooled connection.
     pub async fn rebuild_inputs(&self, session_id: Uuid) -> Result<RebuildInputs> {

@@ -161,20 +161,6 @@ impl Store {
         Ok(rows.into_iter().map(SessionRecord::from).collect())
     }
 
-    /// Whether a running session's lease has lapsed (its owner is gone).
-    pub async fn lease_lapsed(&self, id: Uuid, scope: &TenantScope) -> Result<bool> {
-        let lapsed = sqlx::query_scalar!(
-            r#"SELECT status = $2 AND (lease_expires_at IS NULL OR lease_expires_at < now()) AS "lapsed!"
-               FROM sessions WHERE id = $1 AND ($3::text IS NULL OR tenant = $3)"#,
-            id,
-            Status::Running as Status,
-            scope.tenant(),
-        )
-        .fetch_optional(&self.pool)
-        .await?;
-        Ok(lapsed.unwrap_or(false))
-    }
-
     /// The refinement history of a session.
     pub async fn refinements(
         &self,

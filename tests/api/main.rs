@@ -20,6 +20,7 @@ mod isolation;
 mod memory;
 mod model;
 mod openapi;
+mod owners;
 mod quotas;
 mod recovery;
 mod secrets;

@@ -215,6 +215,17 @@ fn embedded_process(
     port: u16,
     log: &std::path::Path,
 ) -> std::process::Child {
+    embedded_process_with(data_dir, port, log, &[])
+}
+
+#[cfg(feature = "embedded")]
+/// As [`embedded_process`], with extra environment variables.
+fn embedded_process_with(
+    data_dir: &std::path::Path,
+    port: u16,
+    log: &std::path::Path,
+    extra: &[(&str, &str)],
+) -> std::process::Child {
     let out = std::fs::File::create(log).expect("log file");
     let err = out.try_clone().expect("log file");
     std::process::Command::new(env!("CARGO_BIN_EXE_warden"))
@@ -228,6 +239,7 @@ fn embedded_process(
         .env("WARDEN_ADMIN_TOKEN", common::ADMIN_TOKEN)
         .env("WARDEN_WORKSPACE_ROOT", data_dir.join("workspaces"))
         .env("RUST_LOG", "warn")
+        .envs(extra.iter().copied())
         .stdout(out)
         .stderr(err)
         .spawn()
@@ -319,7 +331,9 @@ async fn embedded_sessions_survive_sigkill_and_resume_gap_free() {
     wait_ready(&base, &mut restarted, &log).await;
     for (id, before) in ids.iter().zip(before) {
         let s = app
-            .wait_until(id, Duration::from_secs(60), |s| s["status"] != "running")
+            .wait_until(id, Duration::from_secs(60), |s| {
+                s["status"] != "running" && s["status"] != "queued"
+            })
             .await;
         assert_eq!(s["status"], "completed", "{s}");
         assert_eq!(s["iterations"], 16, "{s}");
@@ -335,4 +349,69 @@ async fn embedded_sessions_survive_sigkill_and_resume_gap_free() {
     let _ = std::fs::remove_dir_all(&dir);
     let _ = std::fs::remove_file(&log);
     let _ = std::fs::remove_file(&second_log);
+}
+
+/// Issue 35, item 4: on the embedded store the data directory's lock
+/// proves the killed process is gone, so the restarted one releases its
+/// leases at start and its sessions move at once, not a lease TTL (30 s
+/// here) later. Needs no server, so it runs on both passes.
+#[cfg(feature = "embedded")]
+#[tokio::test]
+async fn an_embedded_restart_after_sigkill_resumes_sessions_at_once() {
+    let dir = std::env::temp_dir().join(format!("warden-k9r-{}", uuid::Uuid::new_v4().simple()));
+    let log = dir.with_extension("log");
+    std::fs::create_dir_all(&dir).expect("data dir");
+    let port = free_port();
+    let base = format!("http://127.0.0.1:{port}");
+    let env = [
+        ("WARDEN_LEASE_TTL_MS", "30000"),
+        ("WARDEN_HEARTBEAT_INTERVAL_MS", "1000"),
+    ];
+    let mut first = embedded_process_with(&dir, port, &log, &env);
+    wait_ready(&base, &mut first, &log).await;
+    let app = TestApp::connect(None, base.clone()).await;
+    let mut ids = Vec::new();
+    for _ in 0..3 {
+        ids.push(
+            app.create_scripted(distinct_steps(400, 1, 50), json!({}))
+                .await,
+        );
+    }
+    for id in &ids {
+        app.wait_until(id, Duration::from_secs(30), |s| {
+            s["iterations"].as_i64() >= Some(2)
+        })
+        .await;
+    }
+    let old_owner = app.session(&ids[0]).await["owner"].clone();
+    first.kill().expect("SIGKILL");
+    let _ = first.wait();
+
+    let mut restarted = embedded_process_with(&dir, port, &log, &env);
+    wait_ready(&base, &mut restarted, &log).await;
+    let ready = std::time::Instant::now();
+    for id in &ids {
+        let at_restart = app.session(id).await["iterations"].as_i64().unwrap_or(0);
+        let s = app
+            .wait_until(id, Duration::from_secs(20), |s| {
+                s["iterations"].as_i64() > Some(at_restart) && s["owner"] != old_owner
+            })
+            .await;
+        assert_eq!(s["status"], "running", "{s}");
+    }
+    let moved = ready.elapsed();
+    eprintln!("embedded restart: every session moving {moved:?} after ready");
+    assert!(
+        moved < Duration::from_secs(1) + Duration::from_millis(1_500),
+        "sessions moved {moved:?} after the restart, not at once (lease TTL 30 s)"
+    );
+    for id in &ids {
+        let (status, doc) = app.post(&format!("/api/autonomous/{id}/stop"), None).await;
+        assert_eq!(status, reqwest::StatusCode::OK, "{doc}");
+        assert_gap_free(&app.iterations(id).await);
+    }
+    let _ = restarted.kill();
+    let _ = restarted.wait();
+    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_file(&log);
 }

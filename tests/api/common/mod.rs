@@ -400,8 +400,11 @@ impl TestApp {
 
     /// Waits until the session is no longer running.
     pub async fn wait_settled(&self, id: &str) -> Value {
-        self.wait_until(id, Duration::from_secs(20), |s| s["status"] != "running")
-            .await
+        // A session whose owner died shows `queued` until a replica takes it.
+        self.wait_until(id, Duration::from_secs(20), |s| {
+            s["status"] != "running" && s["status"] != "queued"
+        })
+        .await
     }
 
     /// Every iteration of a session.

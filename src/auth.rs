@@ -77,9 +77,10 @@ pub const TENANT_PATTERN: &str = "^[A-Za-z0-9._-]+$";
 /// Longest key label, in characters.
 pub const MAX_KEY_NAME_CHARS: usize = 64;
 
-/// The pattern of an acceptable key label, as the document states it: no
-/// control or invisible formatting character, and one that is not a space.
-pub const KEY_NAME_PATTERN: &str = "^[^\\u0000-\\u001F\\u007F-\\u009F\\u200B-\\u200F\\u202A-\\u202E\\u2060-\\u206F\\uFEFF]*[^\\s\\u0000-\\u001F\\u007F-\\u009F\\u200B-\\u200F\\u202A-\\u202E\\u2060-\\u206F\\uFEFF][^\\u0000-\\u001F\\u007F-\\u009F\\u200B-\\u200F\\u202A-\\u202E\\u2060-\\u206F\\uFEFF]*$";
+/// The pattern of an acceptable key label, as the document states it: empty
+/// (no label), or no control or invisible formatting character and one that
+/// is not a space.
+pub const KEY_NAME_PATTERN: &str = "^$|^[^\\u0000-\\u001F\\u007F-\\u009F\\u200B-\\u200F\\u202A-\\u202E\\u2060-\\u206F\\uFEFF]*[^\\s\\u0000-\\u001F\\u007F-\\u009F\\u200B-\\u200F\\u202A-\\u202E\\u2060-\\u206F\\uFEFF][^\\u0000-\\u001F\\u007F-\\u009F\\u200B-\\u200F\\u202A-\\u202E\\u2060-\\u206F\\uFEFF]*$";
 
 /// Whether a key label is acceptable: 1 to 64 printable characters (no
 /// control characters, no invisible formatting such as bidi overrides or
@@ -492,6 +493,8 @@ pub async fn issue_key(store: &Store, new: &KeySpec<'_>) -> Result<IssuedKey, Au
     if !valid_tenant(tenant) {
         return Err(AuthError::InvalidTenant(tenant.to_string()));
     }
+    // An empty label is no label.
+    let name = name.filter(|n| !n.is_empty());
     if name.is_some_and(|n| !valid_key_name(n)) {
         return Err(AuthError::InvalidName);
     }

@@ -195,7 +195,8 @@ fn tenant_param(req: &Request) -> Result<Option<String>, ApiError> {
         (k == "tenant").then_some(v)
     });
     match raw {
-        None => Ok(None),
+        // `tenant=` with no value names no tenant, as if absent.
+        None | Some("") => Ok(None),
         Some(v) if crate::auth::valid_tenant(v) => Ok(Some(v.to_string())),
         Some(_) => Err(ApiError::bad_request(format!(
             "tenant must be 1 to {} of A-Z a-z 0-9 . _ -",

@@ -39,7 +39,7 @@ pub struct CreateKey {
     /// key made without authentication must be a global admin key.
     #[serde(default)]
     pub global: bool,
-    /// An optional label, for people: 1 to 64 printable characters.
+    /// An optional label, for people: 1 to 64 printable characters (empty is none).
     #[serde(default)]
     pub name: Option<String>,
 }

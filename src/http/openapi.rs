@@ -253,7 +253,6 @@ pub fn bounds() -> Vec<Bound> {
             "pattern",
             crate::auth::TENANT_PATTERN.into(),
         ),
-        (prop("CreateKey", "name"), "minLength", 1.into()),
         (
             prop("CreateKey", "name"),
             "maxLength",

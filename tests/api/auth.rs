@@ -44,16 +44,7 @@ async fn call(
     if let Some(key) = key {
         req = req.bearer_auth(key);
     }
-    let res = req.send().await.expect("sent");
-    let status = res.status();
-    let ct = res
-        .headers()
-        .get("content-type")
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("")
-        .to_string();
-    let body = res.json().await.unwrap_or(Value::Null);
-    (status, ct, body)
+    crate::common::answer_of(req).await
 }
 
 /// The template of a session path: its id segment as `{id}`.

@@ -82,15 +82,7 @@ async fn answer(
     if let Some(body) = body {
         req = req.json(body);
     }
-    let res = req.send().await.expect("sent");
-    let status = res.status();
-    let ct = res
-        .headers()
-        .get("content-type")
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("")
-        .to_string();
-    (status, ct, res.json().await.unwrap_or(Value::Null))
+    crate::common::answer_of(req).await
 }
 
 /// What must not move on the victim's session.

@@ -599,3 +599,21 @@ pub fn valid_body(method: &reqwest::Method, template: &str) -> Option<Value> {
         _ => None,
     }
 }
+
+/// Sends `req` and reads what came back: status, content type and the body
+/// as JSON (`null` when it is none).
+pub async fn answer_of(req: reqwest::RequestBuilder) -> (StatusCode, String, Value) {
+    let res = req.send().await.expect("sent");
+    let status = res.status();
+    let content_type = res
+        .headers()
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_string();
+    (
+        status,
+        content_type,
+        res.json().await.unwrap_or(Value::Null),
+    )
+}

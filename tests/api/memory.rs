@@ -77,8 +77,12 @@ async fn big_answers_are_capped_in_storage_histories_and_pages() {
         );
     }
     for id in &ids {
+        // A session whose lease lapsed under the load shows `queued` until
+        // its loop renews it: wait for its end.
         let s = app
-            .wait_until(id, Duration::from_secs(240), |s| s["status"] != "running")
+            .wait_until(id, Duration::from_secs(240), |s| {
+                s["status"] != "running" && s["status"] != "queued"
+            })
             .await;
         assert_eq!(s["status"], "stopped", "{s}");
         assert_eq!(s["reason"], "max_iterations", "{s}");
@@ -246,12 +250,24 @@ async fn rss_peak_stays_bounded_with_big_answers() {
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    // What the sessions add is bounded on both stores; the whole process is
+    // held under 300 MB where the database is not inside it (the embedded
+    // PostgreSQL alone takes about 300 MB).
     assert!(
-        peak < 300 * 1024 * 1024,
-        "peak RSS {} MB (start {} MB)",
-        peak >> 20,
-        start >> 20
+        peak - start < 250 * 1024 * 1024,
+        "RSS grew by {} MB (start {} MB, peak {} MB)",
+        (peak - start) >> 20,
+        start >> 20,
+        peak >> 20
     );
+    if !crate::common::embedded() {
+        assert!(
+            peak < 300 * 1024 * 1024,
+            "peak RSS {} MB (start {} MB)",
+            peak >> 20,
+            start >> 20
+        );
+    }
     // What remains after the sessions end is a measurement, not asserted:
     // mimalloc keeps freed pages of idle threads until its purge delay runs
     // (measured: start 53 MB, peak 146 MB, 138 MB after; with

@@ -13,9 +13,7 @@ use utoipa::OpenApi;
 use utoipa_swagger_ui::{Config, SwaggerUi};
 
 use super::AppState;
-use super::sessions::{
-    IDEMPOTENCY_KEY_PATTERN, MAX_IDEMPOTENCY_KEY, MAX_LIST_LIMIT, MAX_PAGE_LIMIT,
-};
+use super::sessions::{MAX_LIST_LIMIT, MAX_PAGE_LIMIT};
 use crate::executor::{MAX_ACTION_CHARS, MAX_DELAY_MS, MAX_OUTPUT_CHARS};
 use crate::executor::{MAX_SCRIPTED_STEPS, MAX_TOKENS_PER_CALL, TEMPERATURE, TIMEOUT_MS};
 use crate::policy::ambiguity::GOAL_HAS_LETTER_PATTERN;
@@ -136,7 +134,11 @@ fn refuse_nul(doc: &mut Value) {
                     .any(|k| schema.contains_key(*k));
                 if is_string(schema) && !constrained {
                     if schema.contains_key("pattern") {
-                        schema.insert("not".into(), json!({ "pattern": "\\u0000" }));
+                        // Typed, so that `null` (of a nullable string) is not refused.
+                        schema.insert(
+                            "not".into(),
+                            json!({ "type": "string", "pattern": "\\u0000" }),
+                        );
                     } else {
                         schema.insert("pattern".into(), NO_NUL_PATTERN.into());
                     }
@@ -155,9 +157,26 @@ fn refuse_nul(doc: &mut Value) {
     if let Some(schemas) = doc.pointer_mut("/components/schemas") {
         walk(schemas);
     }
-    // Inline schemas of bodies, parameters and headers.
-    if let Some(paths) = doc.get_mut("paths") {
-        walk(paths);
+    // Inline schemas of bodies, parameters and headers; not of query
+    // parameters, which reach no storage and are taken as sent (`%00` in a
+    // query stays those three characters).
+    if let Some(Value::Object(paths)) = doc.get_mut("paths") {
+        for op in paths
+            .values_mut()
+            .filter_map(Value::as_object_mut)
+            .flat_map(|item| item.values_mut())
+            .filter_map(Value::as_object_mut)
+        {
+            for (key, part) in op.iter_mut() {
+                match (key.as_str(), part) {
+                    ("parameters", Value::Array(params)) => params
+                        .iter_mut()
+                        .filter(|p| p.get("in") != Some(&json!("query")))
+                        .for_each(walk),
+                    (_, part) => walk(part),
+                }
+            }
+        }
     }
 }
 
@@ -262,28 +281,6 @@ pub fn bounds() -> Vec<Bound> {
             prop("CreateKey", "name"),
             "pattern",
             crate::auth::KEY_NAME_PATTERN.into(),
-        ),
-        ("query:/api/autonomous/tenant".into(), "minLength", 1.into()),
-        (
-            "query:/api/autonomous/tenant".into(),
-            "maxLength",
-            crate::auth::MAX_TENANT_CHARS.into(),
-        ),
-        (
-            "query:/api/autonomous/tenant".into(),
-            "pattern",
-            crate::auth::TENANT_PATTERN.into(),
-        ),
-        (IDEMPOTENCY_KEY_AT.into(), "minLength", 1.into()),
-        (
-            IDEMPOTENCY_KEY_AT.into(),
-            "maxLength",
-            MAX_IDEMPOTENCY_KEY.into(),
-        ),
-        (
-            IDEMPOTENCY_KEY_AT.into(),
-            "pattern",
-            IDEMPOTENCY_KEY_PATTERN.into(),
         ),
     ]);
     for (field, min, max) in RANGES {
@@ -403,34 +400,20 @@ fn json_pointer_escape(segment: &str) -> String {
 }
 
 /// The pointer to the schema of a query parameter, or `at` if it is one.
-/// Where the create's `Idempotency-Key` header is described.
-const IDEMPOTENCY_KEY_AT: &str = "header:post:/api/autonomous/Idempotency-Key";
-
-/// The JSON pointer of `at`: a pointer already, `query:{path}/{name}` (a
-/// query parameter of a GET) or `header:{method}:{path}/{name}`.
 fn locate(doc: &Value, at: &str) -> Option<String> {
-    let (method, place, rest) = if let Some(rest) = at.strip_prefix("query:") {
-        ("get", "query", rest)
-    } else if let Some(rest) = at.strip_prefix("header:") {
-        let (method, rest) = rest.split_once(':')?;
-        (method, "header", rest)
-    } else {
+    let Some(rest) = at.strip_prefix("query:") else {
         return Some(at.to_string());
     };
     let (path, name) = rest.rsplit_once('/')?;
-    let op = format!("/paths/{}/{method}", json_pointer_escape(path));
+    let op = format!("/paths/{}/get", json_pointer_escape(path));
     let params = doc.pointer(&format!("{op}/parameters"))?.as_array()?;
-    let index = params
-        .iter()
-        .position(|p| p.get("name") == Some(&json!(name)) && p.get("in") == Some(&json!(place)))?;
+    let index = params.iter().position(|p| {
+        p.get("name") == Some(&json!(name)) && p.get("in") == Some(&json!("query"))
+    })?;
     Some(format!("{op}/parameters/{index}/schema"))
 }
 
 fn add_bounds(doc: &mut Value) {
-    // An optional header is absent or a string, never `null`.
-    if let Some(schema) = locate(doc, IDEMPOTENCY_KEY_AT).and_then(|p| doc.pointer_mut(&p)) {
-        schema["type"] = json!("string");
-    }
     for (at, key, value) in bounds() {
         let target = locate(doc, &at).and_then(|p| doc.pointer_mut(&p));
         match target.and_then(Value::as_object_mut) {
@@ -454,6 +437,12 @@ fn add_bounds(doc: &mut Value) {
         });
     }
     // Variants of tagged enums reject unknown fields like every other body.
+    // Only an admin key may be global (the key service refuses the rest).
+    if let Some(key) = doc.pointer_mut("/components/schemas/CreateKey") {
+        key["if"] =
+            json!({ "properties": { "global": { "const": true } }, "required": ["global"] });
+        key["then"] = json!({ "properties": { "role": { "const": "admin" } } });
+    }
     for name in ["ExecutorSpec", "RefinementChoice"] {
         let pointer = format!("/components/schemas/{name}/oneOf");
         for variant in doc
@@ -642,7 +631,21 @@ mod tests {
         let doc = spec();
         let mut found = Vec::new();
         strings(&doc["components"], "components".into(), &mut found);
-        strings(&doc["paths"], "paths".into(), &mut found);
+        // Query parameters are taken as sent and stored nowhere: left out.
+        for (path, item) in doc["paths"].as_object().into_iter().flatten() {
+            for (method, op) in item.as_object().into_iter().flatten() {
+                for (key, part) in op.as_object().into_iter().flatten() {
+                    let at = format!("{method} {path} {key}");
+                    match part.as_array() {
+                        Some(params) if key == "parameters" => params
+                            .iter()
+                            .filter(|p| p["in"] != "query")
+                            .for_each(|p| strings(p, at.clone(), &mut found)),
+                        _ => strings(part, at, &mut found),
+                    }
+                }
+            }
+        }
         assert!(found.len() > 100, "{} strings", found.len());
         for (at, schema) in found {
             let refused = schema.get("pattern") == Some(&json!(NO_NUL_PATTERN))

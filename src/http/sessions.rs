@@ -96,12 +96,15 @@ fn decode_cursor(raw: &str) -> ApiResult<SessionCursor> {
 }
 
 /// Create a session and start it.
+///
+/// Send `Idempotency-Key: <1 to 255 visible ASCII characters>` to make the
+/// create safe to retry: a repeat with the same key and body (same tenant,
+/// within 24 hours) creates nothing and answers the session the first
+/// request created, with `Idempotent-Replayed: true`; the same key with
+/// another body is refused with 422 `idempotency_key_reused`.
 #[utoipa::path(
     post, path = "/api/autonomous", tag = "sessions",
     request_body = CreateSession,
-    params(
-        ("Idempotency-Key" = Option<String>, Header, description = "Makes the create safe to retry: a repeat with the same key and body (same tenant, within 24 hours) creates nothing and answers the session the first request created, with `Idempotent-Replayed: true`; the same key with another body is refused with 422 `idempotency_key_reused`. 1 to 255 visible ASCII characters."),
-    ),
     responses(
         (status = 201, description = "Session created: running, `queued` when no replica has room (see `queue_position`), or `awaiting_refinement`. Any error answer means no session was created.", body = SessionView,
             headers(("Idempotent-Replayed" = String, description = "`true` when the answer is the session an earlier request with the same Idempotency-Key created"))),
@@ -151,10 +154,7 @@ pub async fn create_session(
 pub const IDEMPOTENT_REPLAYED: &str = "idempotent-replayed";
 
 /// Longest `Idempotency-Key` taken.
-pub const MAX_IDEMPOTENCY_KEY: usize = 255;
-
-/// An `Idempotency-Key`'s characters: visible ASCII.
-pub const IDEMPOTENCY_KEY_PATTERN: &str = "^[!-~]+$";
+const MAX_IDEMPOTENCY_KEY: usize = 255;
 
 /// The request's `Idempotency-Key`: 1 to 255 visible ASCII characters.
 fn idempotency_key(headers: &HeaderMap) -> ApiResult<Option<String>> {

@@ -101,9 +101,47 @@ pub fn overspent(tokens: u64, allowance: u64) -> Option<Overspent> {
     (tokens > allowance).then_some(Overspent { tokens, allowance })
 }
 
+/// A rough token count of a text of `bytes` bytes (about four a token),
+/// rounded up: enough to keep a model call inside its allowance.
+pub fn estimate_tokens(bytes: usize) -> u64 {
+    u64::try_from(bytes.div_ceil(4)).unwrap_or(u64::MAX)
+}
+
+/// The most a model call may generate: its own cap (`per_call`), but never
+/// more than the allowance leaves after the prompt. `None` when the prompt
+/// alone uses up the allowance: the call is not made.
+pub fn completion_cap(allowance: u64, prompt_tokens: u64, per_call: u64) -> Option<u64> {
+    let left = allowance.checked_sub(prompt_tokens).filter(|&l| l > 0)?;
+    Some(left.min(per_call)).filter(|&cap| cap > 0)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn prompts_are_estimated_at_four_bytes_a_token_rounded_up() {
+        assert_eq!(estimate_tokens(0), 0);
+        assert_eq!(estimate_tokens(1), 1);
+        assert_eq!(estimate_tokens(4), 1);
+        assert_eq!(estimate_tokens(5), 2);
+        assert_eq!(estimate_tokens(4_000), 1_000);
+    }
+
+    #[test]
+    fn a_completion_is_capped_at_what_the_prompt_leaves() {
+        // Plenty left: the per-call cap.
+        assert_eq!(completion_cap(10_000, 1_000, 4_096), Some(4_096));
+        // Little left: what remains after the prompt.
+        assert_eq!(completion_cap(1_500, 1_000, 4_096), Some(500));
+        assert_eq!(completion_cap(1_001, 1_000, 4_096), Some(1));
+        // The prompt alone does not fit: no call.
+        assert_eq!(completion_cap(1_000, 1_000, 4_096), None);
+        assert_eq!(completion_cap(999, 1_000, 4_096), None);
+        assert_eq!(completion_cap(0, 0, 4_096), None);
+        // A zero per-call cap asks for nothing, so no call either.
+        assert_eq!(completion_cap(10_000, 1_000, 0), None);
+    }
 
     #[test]
     fn allowance_is_what_is_left_and_never_negative() {

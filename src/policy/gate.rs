@@ -488,6 +488,8 @@ mod tests {
             assert_eq!(spend_slope(&deltas, 10), Some(0.0), "rate {rate}");
             let mut inputs = calm();
             inputs.token_deltas = &deltas;
+            // Unlimited tokens: only the slope is looked at here.
+            inputs.budget.tokens_remaining = None;
             assert_eq!(decide(&inputs), GateDecision::Continue, "rate {rate}");
         }
     }
@@ -586,6 +588,7 @@ mod tests {
         let short = [10, 100, 1_000];
         let mut inputs = calm();
         inputs.token_deltas = &short;
+        inputs.budget.tokens_remaining = None;
         let eval = evaluate(&GateConfig::default(), &inputs);
         assert_eq!(eval.decision, GateDecision::Continue);
         assert_eq!(eval.metrics.spend_slope, None);
@@ -864,6 +867,8 @@ mod tests {
         ];
         for (set, kind) in cases {
             let mut inputs = calm();
+            // No steps yet: one token left is enough to start one.
+            inputs.token_deltas = &[];
             set(&mut inputs.budget, Some(0));
             assert_eq!(decide(&inputs), budget_stop(kind), "{kind:?}");
             set(&mut inputs.budget, Some(1));
@@ -1411,7 +1416,8 @@ mod tests {
                     "review_every": 100,
                     "steps_until_review": 90,
                     "projection": null,
-                    "overrun_streak": 0
+                    "overrun_streak": 0,
+                    "next_step_tokens": 100
                 }
             })
         );

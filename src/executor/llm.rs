@@ -16,6 +16,7 @@ use super::{
 };
 use crate::event::SessionEvent;
 use crate::llm::{ChatRequest, LlmClient, Message, ToolCall, ToolSpec};
+use crate::policy::budget;
 use crate::policy::excerpt;
 use crate::policy::history::{FileWrite, Outcome};
 use crate::policy::sentinel::{Sentinel, SignalKind};
@@ -311,6 +312,7 @@ impl LlmExecutor {
             ],
             tools: Vec::new(),
             max_tokens: 600,
+            max_completion_tokens: None,
             temperature: Some(0.2),
             top_p: None,
         };
@@ -545,19 +547,26 @@ impl LlmExecutor {
         let mut messages = vec![Message::text("system", self.system_prompt(&tasks))];
         messages.extend(self.transcript.iter().flatten().cloned());
         messages.extend(step_messages.iter().cloned());
-        let max_tokens = self.max_tokens_per_call.min(ctx.token_allowance);
-        if max_tokens == 0 {
-            return Err(ExecutorError::Failed {
-                action: "model_call".into(),
-                message: "the token budget is used up".into(),
-                tokens: 0,
+        let tools = tools();
+        // What the prompt costs comes out of the allowance before any
+        // answer; an estimate from its size (the tools count too).
+        let prompt_bytes = serde_json::to_string(&messages).map_or(0, |j| j.len())
+            + serde_json::to_string(&tools).map_or(0, |j| j.len());
+        let prompt_tokens = budget::estimate_tokens(prompt_bytes);
+        let Some(max_tokens) =
+            budget::completion_cap(ctx.token_allowance, prompt_tokens, self.max_tokens_per_call)
+        else {
+            return Ok(StepResult::OverBudget {
+                needed: prompt_tokens.saturating_add(1),
+                allowance: ctx.token_allowance,
             });
-        }
+        };
         let request = ChatRequest {
             model: self.model.clone(),
             messages,
-            tools: tools(),
+            tools,
             max_tokens,
+            max_completion_tokens: Some(max_tokens),
             temperature: self.temperature,
             top_p: None,
         };

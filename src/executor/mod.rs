@@ -46,7 +46,9 @@ pub struct StepContext<'a> {
     pub nudge: Option<&'a str>,
     /// Recent committed steps, oldest first.
     pub history: &'a [StepRecord],
-    /// Most tokens this step may use: a model call never asks for more.
+    /// Most tokens this step may use: what is left of the session's token
+    /// budget. A model call never asks for more, and a step that reports
+    /// more ends the session `stopped / cost_limit`.
     pub token_allowance: u64,
 }
 
@@ -131,6 +133,14 @@ pub enum StepResult {
     Step(Box<StepOutput>),
     /// The executor has nothing more to do (a script ran out).
     Exhausted,
+    /// The step was not attempted: it needs more tokens before any answer
+    /// (a model's prompt) than the budget has left.
+    OverBudget {
+        /// Tokens the step needs at the least.
+        needed: u64,
+        /// Tokens it was allowed.
+        allowance: u64,
+    },
 }
 
 /// An executor could not perform the step; the loop records an `error` iteration.

@@ -36,7 +36,8 @@ pub struct ScriptedStep {
     #[serde(default = "default_outcome")]
     #[schema(value_type = String, example = "success")]
     pub outcome: Outcome,
-    /// Tokens the step reports as used.
+    /// Tokens the step reports as used; more than the step's allowance
+    /// (what is left of the budget) ends the session `stopped / cost_limit`.
     #[serde(default)]
     pub tokens: u64,
     /// Output text; a final line `<<WARDEN_GOAL_DONE: …>>` or `<<WARDEN_GOAL_BLOCKED: …>>` is a stop signal.

@@ -34,7 +34,9 @@ pub struct WebhookRequest {
     pub guidance: Option<String>,
     /// A supervisor's note (stuck nudge, reviewer feedback), delivered once.
     pub nudge: Option<String>,
-    /// Most tokens this step may use.
+    /// Most tokens this step may use: what is left of the session's token
+    /// budget. An answer reporting more `tokens` is recorded as reported and
+    /// ends the session `stopped / cost_limit`.
     pub token_allowance: u64,
     /// The most recent steps, oldest first.
     pub history: Vec<WebhookHistoryItem>,
@@ -81,7 +83,8 @@ pub struct WebhookResponse {
     #[serde(default)]
     #[schema(value_type = Option<String>)]
     pub outcome: Option<Outcome>,
-    /// Tokens the step used (charged to the session's budget).
+    /// Tokens the step used (charged to the session's budget); more than
+    /// the request's `token_allowance` ends the session `stopped / cost_limit`.
     #[serde(default)]
     pub tokens: u64,
     /// Output text; a final sentinel line is honoured like any executor's.

@@ -341,6 +341,7 @@ mod tests {
             messages: vec![Message::text("user", prompt)],
             tools: Vec::new(),
             max_tokens: 100,
+            max_completion_tokens: None,
             temperature: None,
             top_p: None,
         }

@@ -121,8 +121,11 @@ pub struct ChatRequest {
     /// Tools offered.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub tools: Vec<ToolSpec>,
-    /// Most tokens to generate.
+    /// Most tokens to generate, for servers that predate `max_completion_tokens`.
     pub max_tokens: u64,
+    /// Most tokens to generate (the current name); sent when set.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_completion_tokens: Option<u64>,
     /// Sampling temperature.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub temperature: Option<f64>,

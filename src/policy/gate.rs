@@ -11,6 +11,7 @@
 //! | stop `budget_exhausted` | tokens, then tool calls, then time left = 0 |
 //! | pause `rework_loop` | rework ratio over the window > `rework_max` (0.3) |
 //! | pause `uncertainty` | uncertainty > `uncertainty_max` (0.8) |
+//! | pause `next_step_overrun` | the next step's projected cost ([`budget::project_next_step`]) exceeds the tokens left |
 //! | pause `projected_overrun` | finishing projected over the margin for N evaluations in a row |
 //! | pause `review_required` | steps since a person last looked ≥ the review interval ([`review_interval`]) |
 //! | throttle | relative slope of the per-step token deltas > `slope_max` (0.02) |
@@ -22,6 +23,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::budget;
 use super::lifecycle::Mode;
 use super::projection::{self, ProgressPoint, Projection};
 
@@ -152,6 +154,9 @@ pub enum PauseCause {
     Uncertainty,
     /// At the progress rate so far, finishing needs far more tokens than are left.
     ProjectedOverrun,
+    /// The next step, projected from the recent per-step costs, would not
+    /// fit in the tokens left: paused before it spends.
+    NextStepOverrun,
     /// A review point: `review_every` steps ran since a person last looked.
     ReviewRequired,
 }
@@ -207,6 +212,9 @@ pub struct GateMetrics {
     /// Evaluations in a row, this one included, whose projection overran the budget.
     #[serde(default)]
     pub overrun_streak: u32,
+    /// The next step's projected cost in tokens, from the recent per-step deltas.
+    #[serde(default)]
+    pub next_step_tokens: u64,
 }
 
 /// A decision together with the metrics it was based on.
@@ -300,6 +308,7 @@ pub fn evaluate(config: &GateConfig, inputs: &GateInputs<'_>) -> GateEvaluation 
             inputs.budget.tokens_remaining,
             config.projection_margin,
         ),
+        next_step_tokens: budget::project_next_step(inputs.token_deltas),
     };
     GateEvaluation {
         decision: decide(config, inputs, &metrics),
@@ -337,6 +346,13 @@ fn decide(config: &GateConfig, inputs: &GateInputs<'_>, metrics: &GateMetrics) -
     {
         GateDecision::Pause {
             cause: PauseCause::Uncertainty,
+        }
+    } else if budget
+        .tokens_remaining
+        .is_some_and(|left| metrics.next_step_tokens > left)
+    {
+        GateDecision::Pause {
+            cause: PauseCause::NextStepOverrun,
         }
     } else if metrics.overrun_streak >= config.projection_evaluations.max(1) {
         GateDecision::Pause {
@@ -472,6 +488,8 @@ mod tests {
             assert_eq!(spend_slope(&deltas, 10), Some(0.0), "rate {rate}");
             let mut inputs = calm();
             inputs.token_deltas = &deltas;
+            // Unlimited tokens: only the slope is looked at here.
+            inputs.budget.tokens_remaining = None;
             assert_eq!(decide(&inputs), GateDecision::Continue, "rate {rate}");
         }
     }
@@ -570,6 +588,7 @@ mod tests {
         let short = [10, 100, 1_000];
         let mut inputs = calm();
         inputs.token_deltas = &short;
+        inputs.budget.tokens_remaining = None;
         let eval = evaluate(&GateConfig::default(), &inputs);
         assert_eq!(eval.decision, GateDecision::Continue);
         assert_eq!(eval.metrics.spend_slope, None);
@@ -848,6 +867,8 @@ mod tests {
         ];
         for (set, kind) in cases {
             let mut inputs = calm();
+            // No steps yet: one token left is enough to start one.
+            inputs.token_deltas = &[];
             set(&mut inputs.budget, Some(0));
             assert_eq!(decide(&inputs), budget_stop(kind), "{kind:?}");
             set(&mut inputs.budget, Some(1));
@@ -952,19 +973,21 @@ mod tests {
         Time,
         Rework,
         Uncertainty,
+        NextStep,
         Overrun,
         Review,
         Slope,
         Checkpoint,
     }
 
-    const PRIORITY: [Trigger; 10] = [
+    const PRIORITY: [Trigger; 11] = [
         Trigger::Coherence,
         Trigger::Tokens,
         Trigger::ToolCalls,
         Trigger::Time,
         Trigger::Rework,
         Trigger::Uncertainty,
+        Trigger::NextStep,
         Trigger::Overrun,
         Trigger::Review,
         Trigger::Slope,
@@ -984,12 +1007,17 @@ mod tests {
             Trigger::Time => i.budget.time_remaining_ms = Some(0),
             Trigger::Rework => i.rework_flags = &REWORKY,
             Trigger::Uncertainty => i.uncertainty = Some(0.95),
+            // 50 left: the steady 100-token step (and any other series) does not fit.
+            Trigger::NextStep => {
+                if i.budget.tokens_remaining != Some(0) {
+                    i.budget.tokens_remaining = Some(50);
+                }
+            }
             Trigger::Overrun => {
                 i.progress_trail = OVERRUN_TRAIL.as_slice();
-                // Keep a budget set earlier in the ladder (0 beats 1000).
-                if i.budget.tokens_remaining != Some(0) {
-                    i.budget.tokens_remaining = Some(1_000);
-                }
+                // Keep a smaller budget set earlier in the ladder.
+                i.budget.tokens_remaining =
+                    Some(i.budget.tokens_remaining.map_or(1_000, |t| t.min(1_000)));
             }
             Trigger::Review => i.steps_since_start = 100,
             Trigger::Slope => i.token_deltas = &ACCELERATING,
@@ -1008,6 +1036,7 @@ mod tests {
             Trigger::Time => budget_stop(BudgetKind::Time),
             Trigger::Rework => pause(PauseCause::ReworkLoop),
             Trigger::Uncertainty => pause(PauseCause::Uncertainty),
+            Trigger::NextStep => pause(PauseCause::NextStepOverrun),
             Trigger::Overrun => pause(PauseCause::ProjectedOverrun),
             Trigger::Review => pause(PauseCause::ReviewRequired),
             Trigger::Slope => GateDecision::Throttle,
@@ -1072,6 +1101,45 @@ mod tests {
         assert_eq!(m.review_every, Some(100));
         assert_eq!(m.steps_until_review, Some(0));
         assert_eq!(m.overrun_streak, 3);
+        assert_eq!(m.next_step_tokens, 504);
+    }
+
+    // ---- the next step's projected cost ----
+
+    #[test]
+    fn the_next_step_pauses_when_its_projection_does_not_fit() {
+        let mut inputs = calm();
+        // Steady 100-token steps: 100 left is enough, 99 is not.
+        inputs.budget.tokens_remaining = Some(100);
+        assert_eq!(decide(&inputs), GateDecision::Continue);
+        inputs.budget.tokens_remaining = Some(99);
+        assert_eq!(decide(&inputs), pause(PauseCause::NextStepOverrun));
+        // A doubling series is projected a doubling ahead.
+        let doubling = [10, 20, 40, 80, 160, 320, 640, 1_280, 2_560, 5_120];
+        inputs.token_deltas = &doubling;
+        inputs.budget.tokens_remaining = Some(10_240);
+        let eval = evaluate(&GateConfig::default(), &inputs);
+        assert_eq!(eval.metrics.next_step_tokens, 10_240);
+        assert_eq!(eval.decision, GateDecision::Throttle);
+        inputs.budget.tokens_remaining = Some(10_239);
+        assert_eq!(decide(&inputs), pause(PauseCause::NextStepOverrun));
+        // No budget, or no history: nothing to project against.
+        inputs.budget.tokens_remaining = None;
+        assert_eq!(decide(&inputs), GateDecision::Throttle);
+        inputs.token_deltas = &[];
+        inputs.budget.tokens_remaining = Some(1);
+        assert_eq!(decide(&inputs), GateDecision::Continue);
+    }
+
+    #[test]
+    fn the_next_step_cause_reads_and_writes_as_snake_case() {
+        let json = json!({ "decision": "pause", "cause": "next_step_overrun" });
+        assert_eq!(
+            serde_json::to_value(pause(PauseCause::NextStepOverrun)).unwrap(),
+            json
+        );
+        let back: GateDecision = serde_json::from_value(json).unwrap();
+        assert_eq!(back, pause(PauseCause::NextStepOverrun));
     }
 
     #[test]
@@ -1092,6 +1160,7 @@ mod tests {
                     steps_until_review: Some(90),
                     projection: None,
                     overrun_streak: 0,
+                    next_step_tokens: 100,
                 },
             }
         );
@@ -1129,6 +1198,7 @@ mod tests {
                     steps_until_review: None,
                     projection: None,
                     overrun_streak: 0,
+                    next_step_tokens: 0,
                 },
             }
         );
@@ -1346,7 +1416,8 @@ mod tests {
                     "review_every": 100,
                     "steps_until_review": 90,
                     "projection": null,
-                    "overrun_streak": 0
+                    "overrun_streak": 0,
+                    "next_step_tokens": 100
                 }
             })
         );

@@ -3,6 +3,7 @@
 //! be tested exhaustively and replayed from stored data.
 
 pub mod ambiguity;
+pub mod budget;
 pub mod checklist;
 pub mod excerpt;
 pub mod fleet;

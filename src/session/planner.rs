@@ -28,6 +28,7 @@ fn request(model: &str, system: &str, goal: &str) -> ChatRequest {
         messages: vec![Message::text("system", system), Message::text("user", goal)],
         tools: Vec::new(),
         max_tokens: 400,
+        max_completion_tokens: None,
         temperature: Some(0.2),
         top_p: None,
     }

@@ -173,6 +173,7 @@ impl Reflector {
             ],
             tools: Vec::new(),
             max_tokens: max_tokens.max(1),
+            max_completion_tokens: None,
             temperature: Some(self.temperature),
             top_p: Some(self.top_p),
         };

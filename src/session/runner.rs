@@ -21,6 +21,7 @@ use crate::event::{AbandonedBecause, SessionEvent};
 use crate::executor::{CycleChange, Executor, ExecutorError, StepContext, StepResult};
 use crate::llm::Message;
 use crate::metrics::{IterationTimes, Metrics};
+use crate::policy::budget;
 use crate::policy::checklist;
 use crate::policy::gate::{self, GateDecision, PauseCause, StopCause};
 use crate::policy::guardrails::{self, Usage};
@@ -176,6 +177,8 @@ struct Executed {
     executor_time: Duration,
     /// NUL characters replaced in the executor's answer.
     sanitized: usize,
+    /// The tokens the step was allowed.
+    allowance: u64,
 }
 
 /// What happened to the step in flight.
@@ -262,7 +265,12 @@ impl<S: LoopStore> Runner<S> {
             let usage = step!(self.guardrails().await);
             let gated = step!(self.gate(&usage, &mut pass).await);
             let executed = step!(self.execute(gated).await);
+            let overspent = budget::overspent(executed.record.tokens, executed.allowance);
+            let number = executed.record.number;
             self.commit(executed, &mut pass).await?;
+            if let Some(overspent) = overspent {
+                return self.overspent(number, overspent).await;
+            }
         }
     }
 
@@ -375,6 +383,23 @@ impl<S: LoopStore> Runner<S> {
         Ok(Flow::Exit(exit))
     }
 
+    /// A step reported more tokens than it was allowed: it is committed as
+    /// reported (the tokens were spent), and the budget is over, whatever
+    /// else the step said.
+    async fn overspent(
+        &mut self,
+        number: u64,
+        overspent: budget::Overspent,
+    ) -> Result<Exit, StoreError> {
+        let event = SessionEvent::GuardrailTripped {
+            breach: guardrails::Breach::CostLimit,
+            usage: self.current_usage(),
+            limits: self.settings.limits,
+        };
+        let detail = Some(overspent.describe(number));
+        self.finish(Reason::CostLimit, detail, vec![event]).await
+    }
+
     /// Gate: stop, pause, throttle (a cooldown, then a new pass), checkpoint
     /// or continue.
     async fn gate(&mut self, usage: &Usage, pass: &mut Pass) -> Result<Flow<Gated>, StoreError> {
@@ -413,7 +438,9 @@ impl<S: LoopStore> Runner<S> {
                 let reason = match cause {
                     PauseCause::ReworkLoop => Reason::ReworkLoop,
                     PauseCause::Uncertainty => Reason::Uncertainty,
-                    PauseCause::ProjectedOverrun => Reason::BudgetProjectedOverrun,
+                    PauseCause::ProjectedOverrun | PauseCause::NextStepOverrun => {
+                        Reason::BudgetProjectedOverrun
+                    }
                     PauseCause::ReviewRequired => Reason::ReviewRequired,
                 };
                 let detail = match reason {
@@ -421,6 +448,13 @@ impl<S: LoopStore> Runner<S> {
                         "rework ratio {:.2} over the last {} steps",
                         evaluation.metrics.rework_ratio, self.config.gate.rework_window
                     )),
+                    Reason::BudgetProjectedOverrun if cause == PauseCause::NextStepOverrun => Some(
+                        budget::ProjectedOverrun {
+                            projected: evaluation.metrics.next_step_tokens,
+                            allowance: inputs.budget.tokens_remaining.unwrap_or(0),
+                        }
+                        .describe(),
+                    ),
                     Reason::BudgetProjectedOverrun => {
                         evaluation.metrics.projection.map(|p| p.describe())
                     }
@@ -476,6 +510,7 @@ impl<S: LoopStore> Runner<S> {
         let started_at = Utc::now();
         let t0 = Instant::now();
         let nudge = self.state.pending_nudge.clone();
+        let allowance = budget::allowance(limits.max_tokens, self.state.usage.tokens);
         let end = {
             let ctx = StepContext {
                 session_id: self.lease.session_id,
@@ -484,7 +519,7 @@ impl<S: LoopStore> Runner<S> {
                 guidance: self.guidance.as_deref(),
                 nudge: nudge.as_deref(),
                 history: &self.state.history,
-                token_allowance: guardrails::tokens_remaining(&limits, &self.state.usage),
+                token_allowance: allowance,
             };
             tokio::select! {
                 biased;
@@ -551,11 +586,29 @@ impl<S: LoopStore> Runner<S> {
             finished_at: Utc::now(),
             executor_time,
             sanitized,
+            allowance,
         };
         match result {
             Ok(StepResult::Exhausted) => {
                 let events = vec![executed.decision];
                 let exit = self.finish(Reason::ExecutorExhausted, None, events).await?;
+                return Ok(Flow::Exit(exit));
+            }
+            Ok(StepResult::OverBudget { needed, allowance }) => {
+                // Not an error of the agent's: the budget cannot pay for
+                // the step at all, so it ends as a budget stop.
+                let events = vec![
+                    executed.decision,
+                    SessionEvent::GuardrailTripped {
+                        breach: guardrails::Breach::CostLimit,
+                        usage: self.current_usage(),
+                        limits,
+                    },
+                ];
+                let detail = format!(
+                    "step {step} needs about {needed} tokens before any answer, more than the {allowance} left of the budget"
+                );
+                let exit = self.finish(Reason::CostLimit, Some(detail), events).await?;
                 return Ok(Flow::Exit(exit));
             }
             Ok(StepResult::Step(out)) => {
@@ -613,6 +666,7 @@ impl<S: LoopStore> Runner<S> {
             finished_at,
             executor_time,
             sanitized,
+            allowance: _,
         } = executed;
         let elapsed_ms = self.elapsed_ms();
         let mut effects = state::assess(

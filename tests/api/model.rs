@@ -287,34 +287,61 @@ async fn usage_tokens_reach_the_cost_limit_and_calls_never_ask_beyond_it() {
     let db = crate::common::TestDb::new().await;
     let pool = db.pool.clone();
     let fake = FakeLlm::start().await;
-    for i in 0..5 {
+    for i in 0..14 {
         fake.agent(tool_calls(
-            &[("list_files", json!({ "path": format!("dir{i}") }))],
+            &[(
+                "write_file",
+                json!({ "path": format!("part{i}.txt"), "content": format!("part {i}") }),
+            )],
             400,
         ));
     }
     let app = app_with_model(pool, &fake).await;
+    // The per-call cap is far above the budget: the allowance is the cap.
     let id = create_llm(
         &app,
         "fixed",
-        json!({ "max_tokens": 1000 }),
-        json!({ "max_tokens_per_call": 500 }),
+        json!({ "max_tokens": 5_000 }),
+        json!({ "max_tokens_per_call": 1_000_000 }),
     )
     .await;
     let s = app.wait_settled(&id).await;
-    assert_eq!(s["status"], "stopped", "{s}");
-    assert_eq!(s["reason"], "cost_limit");
-    assert_eq!(s["tokens_used"], 1200);
-    let asked: Vec<u64> = fake
-        .agent_requests()
-        .iter()
-        .map(|r| r["max_tokens"].as_u64().unwrap())
-        .collect();
-    assert_eq!(
-        asked,
-        vec![500, 500, 200],
-        "never more than the budget has left"
+    let ending = (s["status"].as_str(), s["reason"].as_str());
+    assert!(
+        ending == (Some("paused"), Some("budget_projected_overrun"))
+            || ending == (Some("stopped"), Some("cost_limit")),
+        "{s}"
     );
+    let used = s["tokens_used"].as_u64().unwrap();
+    assert!(used <= 5_000, "the budget is hard: {s}");
+    let requests = fake.agent_requests();
+    assert!(!requests.is_empty());
+    for (i, r) in requests.iter().enumerate() {
+        let asked = r["max_tokens"].as_u64().unwrap();
+        assert_eq!(r["max_completion_tokens"].as_u64(), Some(asked));
+        // Less than what was left: the prompt's estimate comes off first.
+        let left = 5_000 - 400 * i as u64;
+        assert!(asked < left, "call {i} asked {asked} with {left} left");
+    }
+}
+
+#[tokio::test]
+async fn a_prompt_that_alone_exceeds_the_budget_is_never_sent() {
+    let db = crate::common::TestDb::new().await;
+    let pool = db.pool.clone();
+    let fake = FakeLlm::start().await;
+    fake.agent(tool_calls(&[("list_files", json!({ "path": "." }))], 10));
+    let app = app_with_model(pool, &fake).await;
+    // The system prompt and the tools alone are far more than 50 tokens.
+    let id = create_llm(&app, "fixed", json!({ "max_tokens": 50 }), json!({})).await;
+    let s = app.wait_settled(&id).await;
+    assert_eq!(s["status"], "stopped", "{s}");
+    assert_eq!(
+        s["reason"], "cost_limit",
+        "a budget stop, not an error streak"
+    );
+    assert_eq!(s["tokens_used"], 0);
+    assert!(fake.agent_requests().is_empty());
 }
 
 #[tokio::test]

@@ -360,9 +360,41 @@ fn corpus() -> Vec<Case> {
                 })
                 .collect(),
             false,
+            json!({ "max_tokens": 300 }),
+        ),
+        // 100 a step fits exactly three times; the guardrail stops at 300.
+        ends("stopped", "cost_limit", 3, 3).spending(300),
+    );
+    add(
+        "token budget, next step does not fit",
+        "limits",
+        scripted(
+            goal,
+            distinct(10, None)
+                .into_iter()
+                .map(|mut s| {
+                    s["tokens"] = json!(100);
+                    s
+                })
+                .collect(),
+            false,
             json!({ "max_tokens": 250 }),
         ),
-        ends("stopped", "cost_limit", 3, 3),
+        // 50 left cannot pay for a 100-token step: paused before it.
+        ends("paused", "budget_projected_overrun", 2, 2).spending(200),
+    );
+    // An agent that reports more than its allowance: the step is recorded
+    // as reported (it was spent, by the agent), and the session stops.
+    add(
+        "a step over its allowance",
+        "limits",
+        scripted(
+            goal,
+            costed(&[400, 5_000, 100, 100]),
+            false,
+            json!({ "max_tokens": 1_000 }),
+        ),
+        ends("stopped", "cost_limit", 2, 2).spending(5_400),
     );
     add(
         "iteration limit",
@@ -543,11 +575,11 @@ fn corpus() -> Vec<Case> {
     );
 
     // ---- cost series against a 50,000-token budget ----
-    // Today the token budget is checked before each step, against what the
-    // steps before it spent: a session may overrun it by at most its last
-    // step's cost (a later change makes the budget hard). Each case is
-    // labelled with today's ending and holds the overrun to that rule.
-    // `repeat` scripts report no progress, so only the guardrail acts.
+    // The budget is hard: before each step its cost is projected from the
+    // recent steps (the largest of the last ten; a rising series
+    // extrapolated), and a step that would not fit in what is left pauses
+    // the session before it spends. No case spends more than 50,000.
+    // `repeat` scripts report no progress, so only the budget rule acts.
     let doubling = |first: u64| -> Vec<u64> { (0..20).map(|i| first << i).collect() };
     add(
         "doubling from 100",
@@ -558,8 +590,8 @@ fn corpus() -> Vec<Case> {
             true,
             json!({ "max_tokens": 50_000 }),
         ),
-        // 100 × (2⁹ − 1) = 51,100: 1,100 over, within the 25,600 step.
-        ends("stopped", "cost_limit", 9, 9).spending(51_100),
+        // 25,500 spent; the 25,600 step does not fit in 24,500.
+        ends("paused", "budget_projected_overrun", 8, 8).spending(25_500),
     );
     add(
         "doubling from 1000",
@@ -570,8 +602,8 @@ fn corpus() -> Vec<Case> {
             true,
             json!({ "max_tokens": 50_000 }),
         ),
-        // 63,000: 13,000 over, within the 32,000 step.
-        ends("stopped", "cost_limit", 6, 6).spending(63_000),
+        // 31,000 spent; the 32,000 step does not fit in 19,000.
+        ends("paused", "budget_projected_overrun", 5, 5).spending(31_000),
     );
     add(
         "doubling from 10, throttled",
@@ -582,16 +614,16 @@ fn corpus() -> Vec<Case> {
             true,
             json!({ "max_tokens": 50_000 }),
         ),
-        // 81,910: 31,910 over (64 %), within the 40,960 step.
-        ends("stopped", "cost_limit", 13, 13).spending(81_910),
+        // 40,950 spent; the 40,960 step does not fit in 9,050.
+        ends("paused", "budget_projected_overrun", 12, 12).spending(40_950),
     );
     let linear: Vec<u64> = (1..=20).map(|i| i * 1_000).collect();
     add(
         "linear, +1000 a step",
         "cost series",
         scripted(goal, costed(&linear), true, json!({ "max_tokens": 50_000 })),
-        // 55,000: 5,000 over, within the 10,000 step.
-        ends("stopped", "cost_limit", 10, 10).spending(55_000),
+        // 45,000 spent; the next step, projected at 10,125, does not fit in 5,000.
+        ends("paused", "budget_projected_overrun", 9, 9).spending(45_000),
     );
     add(
         "linear, +1000 a step, with progress",
@@ -612,8 +644,8 @@ fn corpus() -> Vec<Case> {
         "spiky, 20,000 every 5th step",
         "cost series",
         scripted(goal, costed(&spiky), true, json!({ "max_tokens": 50_000 })),
-        // 61,200: 11,200 over, within the 20,000 spike.
-        ends("stopped", "cost_limit", 15, 15).spending(61_200),
+        // 40,800 spent after two spikes; a third would not fit in 9,200.
+        ends("paused", "budget_projected_overrun", 10, 10).spending(40_800),
     );
     add(
         "spiky, with progress",

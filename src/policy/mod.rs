@@ -4,6 +4,7 @@
 
 pub mod ambiguity;
 pub mod checklist;
+pub mod eta;
 pub mod excerpt;
 pub mod fleet;
 pub mod gate;

@@ -1,6 +1,7 @@
 // The dashboard in a real browser (Debian's headless Chromium, driven by
 // Playwright) against the real server and Postgres: create a scripted session
-// from the form, watch it move, stop it, resume it, see it finish.
+// from the form, watch it move, stop it, resume it, see it finish; watch a
+// long step tick.
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
 import { mkdirSync } from "node:fs";
@@ -190,5 +191,55 @@ test("the list follows sessions it did not start", async () => {
   await page.waitForURL(new RegExp(`#/s/${id}$`));
   await page.waitForFunction(() => document.querySelector("#status")?.textContent === "completed");
   assert.equal(await page.textContent("#goal-text"), "Summarise the changelog into CHANGES.md");
+  assert.deepEqual(pageErrors, []);
+});
+
+test("a long step shows a moving timer and an ETA; an ended session offers no Resume", async () => {
+  // Two short steps give a median; the third runs for seconds.
+  const res = await fetch(baseUrl + "/api/autonomous", {
+    method: "POST",
+    headers: { "content-type": "application/json", authorization: `Bearer ${key}` },
+    body: JSON.stringify({
+      goal: "Translate the manual into docs/fr.md",
+      executor: {
+        kind: "scripted",
+        steps: [
+          { action: "outline", tokens: 5, output: "outlined", delay_ms: 500 },
+          { action: "draft", tokens: 5, output: "drafted", delay_ms: 500 },
+          { action: "translate", tokens: 5, output: "translated", delay_ms: 6000 },
+          { action: "finish", tokens: 5, output: "<<WARDEN_GOAL_DONE: translated>>", delay_ms: 100 },
+        ],
+      },
+    }),
+  });
+  assert.equal(res.status, 201);
+  const { id } = await res.json();
+  await page.goto(`${baseUrl}/#/s/${id}`);
+  await page.waitForFunction(
+    () => !document.querySelector("#current-step")?.hidden && document.querySelector("#step-n")?.textContent === "#3",
+    null,
+    { timeout: 15_000 },
+  );
+  const first = await page.textContent("#step-elapsed");
+  // The timer ticks on its own: no event arrives while the step runs.
+  await page.waitForFunction(
+    (seen) => {
+      const now = document.querySelector("#step-elapsed")?.textContent;
+      return document.querySelector("#step-n")?.textContent === "#3" && now && now !== seen;
+    },
+    first,
+    { timeout: 5_000 },
+  );
+  const eta = (await page.textContent("#eta")) ?? "";
+  const seconds = parseFloat(eta);
+  assert.ok(seconds > 0, `a nonzero ETA during the long step, not ${JSON.stringify(eta)}`);
+  await page.screenshot({ path: shots + "06-long-step.png", fullPage: true });
+
+  await page.waitForFunction(() => document.querySelector("#status")?.textContent === "completed", null, {
+    timeout: 20_000,
+  });
+  assert.ok(await page.isHidden("#current-step"), "no step in flight once ended");
+  assert.ok(await page.isDisabled("#resume-btn"), "a completed session cannot be resumed");
+  assert.ok(await page.isDisabled("#stop-btn"));
   assert.deepEqual(pageErrors, []);
 });

@@ -51,7 +51,10 @@ pub fn router() -> Router<AppState> {
 
 /// The status document of a session, priced.
 fn view(state: &AppState, session: crate::store::SessionRecord) -> SessionView {
-    SessionView::from(session).priced(state.service.token_price())
+    let step = state.service.step_in_flight(session.id);
+    SessionView::from(session)
+        .priced(state.service.token_price())
+        .with_step(step, Utc::now())
 }
 
 /// Largest page of the session list.
@@ -592,7 +595,7 @@ pub async fn session_changes(
     };
     let slot = state.streams.acquire(&caller.tenant)?;
     Ok(stream::session_changes(
-        state.service.reads().clone(),
+        state.service.clone(),
         since,
         caller.scope,
         slot,

@@ -19,7 +19,7 @@ use uuid::Uuid;
 
 use super::views::{EventView, SessionView};
 use crate::policy::lifecycle::Status;
-use crate::session::{LoggedEvent, SessionReads};
+use crate::session::{LoggedEvent, SessionReads, SessionService};
 use crate::store::TenantScope;
 
 /// Live-stream connections per tenant (`WARDEN_TENANT_MAX_STREAMS`): a
@@ -213,23 +213,30 @@ pub fn session_events(
         .into_response()
 }
 
+/// What the list stream last sent of a session: a change to any part is
+/// sent again (the step in flight is this replica's, from memory).
+type SentKey = (Status, i64, DateTime<Utc>, Option<u64>);
+
 struct ListTail {
     store: SessionReads,
+    service: SessionService,
     since: DateTime<Utc>,
     rx: broadcast::Receiver<Uuid>,
-    sent: HashMap<Uuid, (Status, i64, DateTime<Utc>)>,
+    sent: HashMap<Uuid, SentKey>,
     pending: VecDeque<SessionView>,
     scope: TenantScope,
 }
 
 fn list_stream(
-    store: SessionReads,
+    service: SessionService,
     since: DateTime<Utc>,
     scope: TenantScope,
 ) -> impl Stream<Item = Result<Event, Infallible>> {
+    let store = service.reads().clone();
     let tail = ListTail {
         rx: store.subscribe(),
         store,
+        service,
         since,
         scope,
         sent: HashMap::new(),
@@ -252,13 +259,22 @@ fn list_stream(
             match t.store.sessions_changed_since(from, 500, &t.scope).await {
                 Ok(rows) => {
                     for s in rows {
-                        let key = (s.status, s.counters.iterations, s.updated_at);
+                        let step = t.service.step_in_flight(s.id);
+                        let key = (
+                            s.status,
+                            s.counters.iterations,
+                            s.updated_at,
+                            step.as_ref().map(|step| step.iteration),
+                        );
                         if t.sent.get(&s.id) == Some(&key) {
                             continue;
                         }
                         t.since = t.since.max(s.updated_at);
                         t.sent.insert(s.id, key);
-                        t.pending.push_back(SessionView::from(s));
+                        let view = SessionView::from(s)
+                            .priced(t.service.token_price())
+                            .with_step(step, Utc::now());
+                        t.pending.push_back(view);
                     }
                     if !t.pending.is_empty() {
                         continue;
@@ -276,12 +292,12 @@ fn list_stream(
 
 /// The SSE response of every change after `since` of a session `scope` reaches.
 pub fn session_changes(
-    store: SessionReads,
+    service: SessionService,
     since: DateTime<Utc>,
     scope: TenantScope,
     slot: StreamSlot,
 ) -> Response {
-    Sse::new(holding(list_stream(store, since, scope), slot))
+    Sse::new(holding(list_stream(service, since, scope), slot))
         .keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
         .into_response()
 }

@@ -8,11 +8,13 @@ use uuid::Uuid;
 
 use crate::event::SessionEvent;
 use crate::policy::checklist::ChecklistItem;
+use crate::policy::eta::{self, EtaBasis};
 use crate::policy::excerpt;
 use crate::policy::guardrails::Limits;
 use crate::policy::lifecycle::{Action, Mode, Reason, Status, allowed_actions};
 use crate::policy::projection::{self, ProgressSample};
 use crate::session::LoggedEvent;
+use crate::session::live::StepInFlight;
 use crate::store::{CheckpointRecord, IterationRecord, SessionRecord};
 
 /// Which executor a session uses.
@@ -52,6 +54,19 @@ pub struct TokensBySource {
     pub reflection: i64,
     /// Goal refinement and generated checklists.
     pub refinement: i64,
+}
+
+/// The step in flight of a running session.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct CurrentStep {
+    /// Its iteration number (the one after the last committed).
+    pub iteration: u64,
+    /// Its action; null until the executor returns.
+    pub action: Option<String>,
+    /// When it started.
+    pub started_at: DateTime<Utc>,
+    /// How long it has run so far, ms (at the time of the answer).
+    pub elapsed_ms: u64,
 }
 
 /// A session's status document.
@@ -109,12 +124,21 @@ pub struct SessionView {
     pub tool_calls: i64,
     /// Current streak of failing iterations.
     pub consecutive_errors: i32,
-    /// Running wall time over the session's life, ms.
+    /// Running wall time over the session's life, ms; while a step is in
+    /// flight, up to the time of the answer.
     pub elapsed_ms: i64,
     /// Progress estimate, percent.
     pub percent_complete: Option<f64>,
-    /// Estimated seconds to completion at the current velocity.
+    /// Estimated seconds to completion: while a step is in flight, from the
+    /// median step duration (see `eta_basis`); otherwise from the progress
+    /// rate committed with the last iteration.
     pub eta_seconds: Option<f64>,
+    /// What `eta_seconds` rests on while a step is in flight (null when it
+    /// is the progress-rate estimate).
+    pub eta_basis: Option<EtaBasis>,
+    /// The step in flight while the session runs (null otherwise, and
+    /// briefly between steps).
+    pub current_step: Option<CurrentStep>,
     /// Tokens still needed to finish at the progress rate so far (null before any progress).
     pub projected_tokens_to_finish: Option<u64>,
     /// Iterations still needed to finish at the progress rate so far.
@@ -178,6 +202,42 @@ impl SessionView {
         self.projected_cost_to_finish = price_per_million
             .zip(self.projected_tokens_to_finish)
             .map(|(p, t)| t as f64 * p / 1_000_000.0);
+        self
+    }
+}
+
+impl SessionView {
+    /// Adds the live figures of `step`, in flight at `now`: the step, the
+    /// running time up to `now` and the ETA from the median step duration.
+    /// Nothing changes unless the session is running.
+    pub fn with_step(mut self, step: Option<StepInFlight>, now: DateTime<Utc>) -> SessionView {
+        let Some(step) = step.filter(|_| self.status == Status::Running) else {
+            return self;
+        };
+        let spent_ms = u64::try_from((now - step.started_at).num_milliseconds()).unwrap_or(0);
+        let session_ms = step.session_elapsed_ms.saturating_add(spent_ms);
+        self.elapsed_ms = self
+            .elapsed_ms
+            .max(i64::try_from(session_ms).unwrap_or(i64::MAX));
+        let script_steps = (self.executor.kind == "scripted" && self.executor.repeat != Some(true))
+            .then_some(self.executor.steps)
+            .flatten()
+            .map(|n| n as u64);
+        let bounds = eta::Bounds {
+            committed: step.iteration.saturating_sub(1),
+            max_iterations: self.limits.max_iterations,
+            script_steps,
+            progress_iterations_to_finish: self.projected_iterations_to_finish,
+        };
+        let (eta_ms, basis) = eta::estimate(step.median_step_ms, spent_ms, &bounds);
+        self.eta_seconds = Some(eta_ms as f64 / 1000.0);
+        self.eta_basis = Some(basis);
+        self.current_step = Some(CurrentStep {
+            iteration: step.iteration,
+            action: step.action,
+            started_at: step.started_at,
+            elapsed_ms: spent_ms,
+        });
         self
     }
 }
@@ -264,6 +324,8 @@ impl From<SessionRecord> for SessionView {
             elapsed_ms: s.counters.elapsed_ms,
             percent_complete: s.percent_complete,
             eta_seconds: s.eta_seconds,
+            eta_basis: None,
+            current_step: None,
             projected_tokens_to_finish: projection.map(|p| p.tokens_to_finish),
             projected_iterations_to_finish: projection.map(|p| p.iterations_to_finish),
             projected_cost_to_finish: None,
@@ -697,6 +759,37 @@ mod tests {
         assert_eq!(record["message"], "ok");
         assert_eq!(record["arguments"]["content"][1], "short");
         assert!(json_weight(&record) >= text.len() / 2);
+    }
+
+    #[test]
+    fn a_step_in_flight_moves_the_clock_and_the_eta() {
+        let mut record = crate::session::live::tests::record();
+        record.counters.iterations = 3;
+        record.counters.elapsed_ms = 900;
+        record.executor = json!({ "kind": "scripted", "steps": 6 });
+        let started_at = Utc::now();
+        let step = StepInFlight {
+            iteration: 4,
+            action: None,
+            started_at,
+            session_elapsed_ms: 1_000,
+            median_step_ms: Some(200),
+        };
+        let now = started_at + chrono::TimeDelta::milliseconds(1_500);
+        let view = SessionView::from(record.clone()).with_step(Some(step.clone()), now);
+        assert_eq!(view.elapsed_ms, 2_500);
+        let current = view.current_step.expect("in flight");
+        assert_eq!((current.iteration, current.elapsed_ms), (4, 1_500));
+        // Past the median: two more steps of 200 ms after this one.
+        assert_eq!(view.eta_seconds, Some(0.4));
+        let basis = view.eta_basis.expect("basis");
+        assert_eq!(basis.steps_left, 3);
+        assert_eq!(basis.source, eta::StepsLeftSource::Script);
+
+        record.status = Status::Paused;
+        let paused = SessionView::from(record).with_step(Some(step), now);
+        assert!(paused.current_step.is_none() && paused.eta_basis.is_none());
+        assert_eq!(paused.elapsed_ms, 900);
     }
 
     #[test]

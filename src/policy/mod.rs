@@ -5,6 +5,7 @@
 pub mod ambiguity;
 pub mod budget;
 pub mod checklist;
+pub mod eta;
 pub mod excerpt;
 pub mod fleet;
 pub mod gate;

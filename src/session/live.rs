@@ -36,12 +36,31 @@ struct ViewState {
     /// An iteration commit is on its way: a read meanwhile may or may not
     /// include it, so it cannot refill (the velocity would count it twice).
     committing: bool,
+    /// The step in flight, from its start until its iteration commits.
+    step: Option<StepInFlight>,
 }
 
 /// The in-memory status of one running session.
 #[derive(Default)]
 pub struct LiveView {
     state: Mutex<ViewState>,
+}
+
+/// The step in flight, as the loop recorded its start: kept apart from the
+/// committed row (it is never written to Postgres) and shown while the
+/// session runs here, stale row or not.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StepInFlight {
+    /// Its iteration number.
+    pub iteration: u64,
+    /// Its action, once the executor returned.
+    pub action: Option<String>,
+    /// When it started.
+    pub started_at: DateTime<Utc>,
+    /// The session's running time when it started, ms.
+    pub session_elapsed_ms: u64,
+    /// Median duration of the recent steps the loop keeps, ms (none yet in a new session).
+    pub median_step_ms: Option<u64>,
 }
 
 /// What the loop committed with an iteration, to apply to the view.
@@ -95,6 +114,7 @@ impl LiveView {
                 generation: 0,
                 closed: false,
                 committing: false,
+                step: None,
             }),
         }
     }
@@ -151,6 +171,27 @@ impl LiveView {
         state.velocity = Some(velocity.clone());
     }
 
+    /// The step in flight, while the run goes on.
+    pub fn step_in_flight(&self) -> Option<StepInFlight> {
+        let state = self.state();
+        if state.closed {
+            return None;
+        }
+        state.step.clone()
+    }
+
+    /// A step started (no generation bump: the committed row is unchanged).
+    pub fn step_started(&self, step: StepInFlight) {
+        self.state().step = Some(step);
+    }
+
+    /// The executor returned the step in flight with `action`.
+    pub fn step_returned(&self, action: &str) {
+        if let Some(step) = self.state().step.as_mut() {
+            step.action = Some(action.to_string());
+        }
+    }
+
     /// Something changed that the view cannot apply field by field.
     pub fn invalidate(&self) {
         let mut state = self.state();
@@ -163,6 +204,7 @@ impl LiveView {
         let mut state = self.state();
         state.generation += 1;
         state.closed = true;
+        state.step = None;
         state.keep_last();
     }
 
@@ -178,6 +220,7 @@ impl LiveView {
         let mut state = self.state();
         state.generation += 1;
         state.committing = false;
+        state.step = None;
         if let Some(velocity) = state.velocity.as_mut() {
             let m = minute(step.finished_at);
             match velocity.last_mut() {
@@ -233,7 +276,7 @@ fn apply_flags(record: &mut SessionRecord, flags: &ControlFlags) {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use serde_json::json;
     use uuid::Uuid;
 
@@ -242,7 +285,8 @@ mod tests {
     use crate::policy::lifecycle::{Mode, Status};
     use crate::store::{Counters, SessionSettings};
 
-    fn record() -> SessionRecord {
+    /// A running session's committed row.
+    pub(crate) fn record() -> SessionRecord {
         let now = Utc::now();
         SessionRecord {
             id: Uuid::new_v4(),
@@ -395,6 +439,39 @@ mod tests {
         read.counters.iterations = 9;
         view.refill(generation, &read, &Vec::new());
         assert_eq!(view.last_known().expect("known").0.counters.iterations, 9);
+    }
+
+    fn in_flight(iteration: u64) -> StepInFlight {
+        StepInFlight {
+            iteration,
+            action: None,
+            started_at: Utc::now(),
+            session_elapsed_ms: 1_000,
+            median_step_ms: Some(200),
+        }
+    }
+
+    #[test]
+    fn a_step_is_in_flight_from_its_start_until_its_commit() {
+        let view = LiveView::new(&record());
+        assert_eq!(view.step_in_flight(), None);
+        view.step_started(in_flight(1));
+        view.invalidate();
+        assert_eq!(
+            view.step_in_flight().map(|s| s.iteration),
+            Some(1),
+            "a stale row does not hide the step in flight"
+        );
+        view.step_returned("write_file");
+        assert_eq!(
+            view.step_in_flight().and_then(|s| s.action).as_deref(),
+            Some("write_file")
+        );
+        commit(&view, 1, 3);
+        assert_eq!(view.step_in_flight(), None);
+        view.step_started(in_flight(2));
+        view.close();
+        assert_eq!(view.step_in_flight(), None, "an ended run has no step");
     }
 
     #[test]

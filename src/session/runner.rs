@@ -12,7 +12,7 @@ use uuid::Uuid;
 
 use super::events::{self, to_stored, to_stored_text};
 use super::lease_clock::LeaseClock;
-use super::live::{CommittedStep, LiveView};
+use super::live::{CommittedStep, LiveView, StepInFlight};
 use super::loop_store::{LoopStore, ReflectionCommit};
 use super::reflector::{Reflector, SessionFacts};
 use super::state::{self, AppliedReflection, LoopState, StepEffects};
@@ -23,6 +23,7 @@ use crate::llm::Message;
 use crate::metrics::{IterationTimes, Metrics};
 use crate::policy::budget;
 use crate::policy::checklist;
+use crate::policy::eta;
 use crate::policy::gate::{self, GateDecision, PauseCause, StopCause};
 use crate::policy::guardrails::{self, Usage};
 use crate::policy::history::{Outcome, StepRecord};
@@ -509,6 +510,14 @@ impl<S: LoopStore> Runner<S> {
         let remaining = guardrails::time_remaining_ms(&limits, &self.current_usage());
         let started_at = Utc::now();
         let t0 = Instant::now();
+        // Memory only, never Postgres: the status shows the step in flight.
+        self.view.step_started(StepInFlight {
+            iteration: step,
+            action: None,
+            started_at,
+            session_elapsed_ms: self.elapsed_ms(),
+            median_step_ms: eta::median(self.state.history.iter().map(|s| s.duration_ms)),
+        });
         let nudge = self.state.pending_nudge.clone();
         let allowance = budget::allowance(limits.max_tokens, self.state.usage.tokens);
         let end = {
@@ -648,6 +657,7 @@ impl<S: LoopStore> Runner<S> {
                 };
             }
         }
+        self.view.step_returned(&executed.record.action);
         Ok(Flow::Go(executed))
     }
 

@@ -13,7 +13,7 @@ use uuid::Uuid;
 
 pub use super::error::{Result, ServiceError};
 use super::events::{self, to_stored};
-use super::live::{VELOCITY_MINUTES, Velocity};
+use super::live::{StepInFlight, VELOCITY_MINUTES, Velocity};
 use super::persist::{self, FirstRefinement};
 use super::planner;
 use super::reads::SessionReads;
@@ -261,6 +261,11 @@ impl SessionService {
     /// Price of a million tokens, when configured.
     pub fn token_price(&self) -> Option<f64> {
         self.config.token_price_per_million
+    }
+
+    /// The step of `id` in flight on this replica, if it runs here.
+    pub fn step_in_flight(&self, id: Uuid) -> Option<StepInFlight> {
+        self.supervisor.step_in_flight(id)
     }
 
     /// Creates a session and starts its loop: validate, pre-flight (goal

@@ -15,7 +15,7 @@ use uuid::Uuid;
 
 use super::error::ServiceError;
 use super::lease_clock::LeaseClock;
-use super::live::{LiveView, Velocity};
+use super::live::{LiveView, StepInFlight, Velocity};
 use super::reflector::Reflector;
 use super::rehydrate::{build_executor, load_for_run};
 use super::runner::{Control, Exit, Runner, RunnerDeps};
@@ -418,6 +418,12 @@ impl Supervisor {
     /// here under a lease this replica trusts and the view is fresh.
     pub fn live(&self, id: Uuid) -> Option<(SessionRecord, Velocity)> {
         self.trusted_view(id)?.snapshot()
+    }
+
+    /// The step of `id` in flight, when it runs here under a lease this
+    /// replica trusts.
+    pub fn step_in_flight(&self, id: Uuid) -> Option<StepInFlight> {
+        self.trusted_view(id)?.step_in_flight()
     }
 
     /// The last committed status and velocity of `id` this replica knows,

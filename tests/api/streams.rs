@@ -385,6 +385,73 @@ async fn the_session_list_stream_shows_status_changes() {
     );
 }
 
+/// A number of the status document, 0 when absent.
+fn figure(doc: &Value, pointer: &str) -> f64 {
+    doc.pointer(pointer).and_then(Value::as_f64).unwrap_or(0.0)
+}
+
+#[tokio::test]
+async fn a_long_step_shows_its_clock_and_a_nonzero_eta_while_in_flight() {
+    let db = crate::common::TestDb::new().await;
+    let pool = db.pool.clone();
+    let (_process, app) = service(pool).await;
+    // Three short steps give a median; the fourth takes 3 s; a finish follows.
+    let mut steps = script(4, 150);
+    steps[3]["delay_ms"] = json!(3_000);
+    let reader = tokio::spawn(collect(
+        app.base.clone(),
+        "/api/autonomous/events".to_string(),
+        None,
+        |f| f.data["current_step"]["iteration"] == 4,
+        1_000,
+    ));
+    let id = app.create_scripted(steps, json!({})).await;
+    let in_flight = |s: &Value| s["current_step"]["iteration"] == 4;
+    let first = app
+        .wait_until(&id, Duration::from_secs(15), in_flight)
+        .await;
+    let first_step_ms = figure(&first, "/current_step/elapsed_ms");
+    // A second read well into the same step.
+    let second = app
+        .wait_until(&id, Duration::from_secs(15), |s| {
+            in_flight(s) && figure(s, "/current_step/elapsed_ms") >= first_step_ms + 800.0
+        })
+        .await;
+    for s in [&first, &second] {
+        assert_eq!(s["status"], "running", "{s}");
+        assert!(s["current_step"]["started_at"].is_string(), "{s}");
+        assert!(figure(s, "/eta_seconds") > 0.0, "a nonzero ETA: {s}");
+        // The script reports its progress: both bounds say two steps.
+        assert!(
+            ["progress", "script"].contains(&s["eta_basis"]["source"].as_str().unwrap_or("")),
+            "{s}"
+        );
+        assert_eq!(s["eta_basis"]["steps_left"], 2, "{s}");
+        assert!(figure(s, "/eta_basis/median_step_ms") >= 100.0, "{s}");
+    }
+    assert!(
+        figure(&second, "/elapsed_ms") >= figure(&first, "/elapsed_ms") + 800.0,
+        "the session's clock moves during the step: {first} then {second}"
+    );
+    assert!(
+        figure(&second, "/elapsed_ms") >= figure(&second, "/current_step/elapsed_ms"),
+        "the session's running time includes the step in flight: {second}"
+    );
+    let frames = tokio::time::timeout(Duration::from_secs(15), reader)
+        .await
+        .expect("the list stream shows the step in flight")
+        .expect("reader");
+    let shown = frames
+        .iter()
+        .find(|f| f.data["id"] == id.as_str() && f.data["current_step"]["iteration"] == 4)
+        .expect("a session event with the step in flight");
+    assert!(figure(&shown.data, "/eta_seconds") > 0.0, "{}", shown.data);
+    let ended = app.wait_settled(&id).await;
+    assert_eq!(ended["status"], "completed", "{ended}");
+    assert!(ended["current_step"].is_null(), "{ended}");
+    assert!(ended["eta_basis"].is_null(), "{ended}");
+}
+
 /// Parses Prometheus text into `name{labels}` → value, checking every line's shape.
 fn parse_prometheus(text: &str) -> BTreeMap<String, f64> {
     let mut out = BTreeMap::new();

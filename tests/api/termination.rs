@@ -1217,19 +1217,35 @@ async fn the_labelled_corpus_ends_every_session_right() {
         })
         .count();
     let rate = |n: usize, of: usize| 100.0 * n as f64 / of.max(1) as f64;
-    println!(
-        "completion rate {:.1} % ({completed}/{should_complete}) · premature-stop rate {:.1} % · runaway rate {:.1} %",
+    let summary = format!(
+        "termination corpus on {}: completion rate {:.1} % ({completed}/{should_complete}) · premature-stop rate {:.1} % · runaway rate {:.1} %\n\
+         {} passed, {} failed ({} cases in {:.1} s)\n",
+        if crate::common::embedded() {
+            "embedded PostgreSQL"
+        } else {
+            "a Postgres server"
+        },
         rate(completed, should_complete),
         rate(count("premature"), cases.len()),
         rate(count("runaway"), cases.len()),
-    );
-    println!(
-        "{} passed, {} failed ({} cases in {:.1} s)",
         count("correct"),
         failed.len(),
         cases.len(),
         took.as_secs_f64()
     );
+    print!("{summary}");
+    // For CI's log: a passing test's output is captured, so `.ci/run`
+    // prints this file after each leg.
+    let store = if crate::common::embedded() {
+        "embedded"
+    } else {
+        "server"
+    };
+    let report = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("termination-corpus-{store}.txt"));
+    if let Err(err) = std::fs::write(&report, &summary) {
+        eprintln!("cannot write {}: {err}", report.display());
+    }
     assert!(failed.is_empty(), "wrong endings:\n{}", failed.join("\n"));
 
     // What the endings must show beyond status and reason.

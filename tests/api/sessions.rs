@@ -123,13 +123,13 @@ async fn token_budget_stops_with_cost_limit() {
     let pool = db.pool.clone();
     let app = TestApp::spawn(pool).await;
     let id = app
-        .create_scripted(distinct_steps(10, 100, 0), json!({ "max_tokens": 250 }))
+        .create_scripted(distinct_steps(10, 100, 0), json!({ "max_tokens": 300 }))
         .await;
     let s = app.wait_settled(&id).await;
     assert_eq!(s["status"], "stopped");
     assert_eq!(s["reason"], "cost_limit");
     assert_eq!(s["iterations"], 3);
-    assert_eq!(s["tokens_used"], 300);
+    assert_eq!(s["tokens_used"], 300, "spent to the budget, never past it");
 }
 
 #[tokio::test]
@@ -284,7 +284,7 @@ async fn budgets_count_across_resume_and_raising_them_is_recorded() {
     let pool = db.pool.clone();
     let app = TestApp::spawn(pool).await;
     let id = app
-        .create_scripted(distinct_steps(20, 100, 0), json!({ "max_tokens": 250 }))
+        .create_scripted(distinct_steps(20, 100, 0), json!({ "max_tokens": 300 }))
         .await;
     let s = app.wait_settled(&id).await;
     assert_eq!(s["reason"], "cost_limit");
@@ -300,11 +300,11 @@ async fn budgets_count_across_resume_and_raising_them_is_recorded() {
     let (status, resumed) = app
         .post(
             &format!("/api/autonomous/{id}/resume"),
-            Some(json!({ "guidance": "finish the rest", "limits": { "max_tokens": 450 } })),
+            Some(json!({ "guidance": "finish the rest", "limits": { "max_tokens": 500 } })),
         )
         .await;
     assert_eq!(status, StatusCode::OK, "{resumed}");
-    assert_eq!(resumed["limits"]["max_tokens"], 450);
+    assert_eq!(resumed["limits"]["max_tokens"], 500);
     let s = app.wait_settled(&id).await;
     assert_eq!(s["reason"], "cost_limit");
     assert_eq!(
@@ -319,8 +319,8 @@ async fn budgets_count_across_resume_and_raising_them_is_recorded() {
         .iter()
         .find(|e| e["kind"] == "limits_changed")
         .expect("limits_changed event");
-    assert_eq!(raised["data"]["from"]["max_tokens"], 250);
-    assert_eq!(raised["data"]["to"]["max_tokens"], 450);
+    assert_eq!(raised["data"]["from"]["max_tokens"], 300);
+    assert_eq!(raised["data"]["to"]["max_tokens"], 500);
     let resumed_event = events.iter().find(|e| e["kind"] == "resumed").unwrap();
     assert_eq!(resumed_event["data"]["guidance"], "finish the rest");
     // Sequence numbers are gap-free.

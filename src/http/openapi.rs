@@ -364,10 +364,17 @@ pub fn bounds() -> Vec<Bound> {
         *TEMPERATURE.end(),
     ));
     out.push((branch("ExecutorSpec", 1, "model"), "pattern", "\\S".into()));
-    // `check_url`: http:// or https://, something after it, printable ASCII.
-    let url = "^(https?://[!-~]{2,}|https://[!-~])$";
-    out.push((branch("ExecutorSpec", 1, "base_url"), "pattern", url.into()));
-    out.push((branch("ExecutorSpec", 2, "url"), "pattern", url.into()));
+    // `check_url`: http:// or https://, something after it (more than
+    // "https://"), printable ASCII, and no `@` before the path, query or
+    // fragment (no userinfo).
+    let url = "^https?://[!-\"$-.0->A-~]*([/?#][!-~]*)?$";
+    for at in [
+        branch("ExecutorSpec", 1, "base_url"),
+        branch("ExecutorSpec", 2, "url"),
+    ] {
+        out.push((at.clone(), "pattern", url.into()));
+        out.push((at, "minLength", ("https://".len() + 1).into()));
+    }
     // `decode_cursor`: micros since the epoch (at most 18 digits, so within
     // Postgres' range), `_`, a UUID.
     out.push((

@@ -2,10 +2,11 @@
 //! session ended longer than `WARDEN_WORKSPACE_RETENTION` ago (or has no
 //! row at all). The decision is [`crate::policy::retention`]; this is the I/O.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
-use chrono::Utc;
+use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
 use crate::executor::workspace;
@@ -75,14 +76,16 @@ pub async fn sweep(store: &Store, root: &Path, keep: Duration) -> crate::store::
     for batch in dirs.chunks(BATCH) {
         let ids: Vec<Uuid> = batch.iter().map(|(id, _, _)| *id).collect();
         // The sweep serves every tenant: it reads no session's content.
-        let ended = store.ended_at_of(&ids, &TenantScope::Global).await?;
+        let ended: HashMap<Uuid, Option<DateTime<Utc>>> = store
+            .ended_at_of(&ids, &TenantScope::Global)
+            .await?
+            .into_iter()
+            .collect();
         for (id, dir, untouched) in batch {
-            let owner = match ended.iter().find(|(e, _)| e == id) {
+            let owner = match ended.get(id) {
                 None => Owner::Missing,
-                Some((_, None)) => Owner::Live,
-                Some((_, Some(at))) => {
-                    Owner::EndedAgo((now - *at).to_std().unwrap_or(Duration::ZERO))
-                }
+                Some(None) => Owner::Live,
+                Some(Some(at)) => Owner::EndedAgo((now - *at).to_std().unwrap_or(Duration::ZERO)),
             };
             if !retention::remove_workspace(owner, *untouched, keep) {
                 continue;

@@ -1206,9 +1206,7 @@ impl SessionService {
         lifecycle::check_delete(session.status)?;
         store::delete_session(&mut tx, id, scope).await?;
         self.commit(tx, id).await?;
-        if let Err(err) = super::retention::remove(&self.config.workspace_root, id).await {
-            tracing::warn!(session_id = %id, error = %err, "session deleted; its workspace is left for the retention sweep");
-        }
+        self.remove_workspace(id).await;
         Ok(())
     }
 

@@ -192,11 +192,11 @@ fn rss(pid: u32) -> Option<u64> {
 }
 
 #[tokio::test]
+#[cfg_attr(
+    not(target_os = "linux"),
+    ignore = "reads a process's resident size from /proc/<pid>/status (Linux only)"
+)]
 async fn rss_peak_stays_bounded_with_big_answers() {
-    if rss(std::process::id()).is_none() {
-        eprintln!("skipped: no /proc/<pid>/status on this system");
-        return;
-    }
     let db = TestDb::new().await;
     let _serial = SERIAL.lock().await;
     let (url, _sizes) = big_agent().await;
@@ -268,10 +268,9 @@ async fn rss_peak_stays_bounded_with_big_answers() {
             start >> 20
         );
     }
-    // What remains after the sessions end is a measurement, not asserted:
-    // mimalloc keeps freed pages of idle threads until its purge delay runs
-    // (measured: start 53 MB, peak 146 MB, 138 MB after; with
-    // MIMALLOC_PURGE_DELAY=0 start 46, peak 114, 83 MB after).
+    // What remains after the sessions end returns to within 50 MB of the
+    // start: the service sets mimalloc's purge delay to 0, so pages freed on
+    // idle threads go back to the system at once.
     let deadline = Instant::now() + Duration::from_secs(10);
     let mut now = rss(pid).expect("rss");
     while now > start + 50 * 1024 * 1024 && Instant::now() < deadline {
@@ -284,6 +283,18 @@ async fn rss_peak_stays_bounded_with_big_answers() {
         peak >> 20,
         now >> 20
     );
+    // Asserted where the database is not inside the process: the embedded
+    // PostgreSQL runs in WebAssembly, whose linear memory grows and never
+    // shrinks, so there the figure is the service's and the database's.
+    if !crate::common::embedded() {
+        assert!(
+            now <= start + 50 * 1024 * 1024,
+            "RSS did not return within 50 MB of its start: start {} MB, peak {} MB, after {} MB",
+            start >> 20,
+            peak >> 20,
+            now >> 20
+        );
+    }
 }
 
 #[tokio::test]

@@ -485,6 +485,10 @@ pub fn assert_gap_free(iterations: &[Value]) {
 /// `keys create`, to its end).
 pub struct Warden {
     command: std::process::Command,
+    /// The embedded PostgreSQL's data directory, when on one.
+    data_dir: Option<std::path::PathBuf>,
+    /// Whether the service gets the tests' admin token.
+    admin_token: bool,
     /// A data directory made for this process alone, removed with it.
     own_data_dir: Option<std::path::PathBuf>,
     port: Option<u16>,
@@ -522,21 +526,17 @@ impl Warden {
             .env_remove("DATABASE_URL")
             .env("PGHOST", "127.0.0.1")
             .env("PGPORT", "1")
-            .env("WARDEN_DATA_DIR", data_dir)
-            .env("WARDEN_WORKSPACE_ROOT", data_dir.join("workspaces"));
-        Warden::with(command)
+            .env("WARDEN_DATA_DIR", data_dir);
+        let mut warden = Warden::with(command);
+        warden.data_dir = Some(data_dir.to_path_buf());
+        warden
     }
 
-    fn with(mut command: std::process::Command) -> Warden {
-        // Fast leases, so a process that dies is noticed within a test.
-        command
-            .env("WARDEN_LEASE_TTL_MS", "2000")
-            .env("WARDEN_HEARTBEAT_INTERVAL_MS", "500")
-            .env("WARDEN_ADMIN_TOKEN", ADMIN_TOKEN)
-            .env("WARDEN_SECRET_KEY", TEST_SECRET_KEY)
-            .env("RUST_LOG", "warn");
+    fn with(command: std::process::Command) -> Warden {
         Warden {
             command,
+            data_dir: None,
+            admin_token: true,
             own_data_dir: None,
             port: None,
         }
@@ -556,7 +556,7 @@ impl Warden {
 
     /// Without an admin token: with no key either, a loopback client needs none.
     pub fn without_admin_token(mut self) -> Warden {
-        self.command.env_remove("WARDEN_ADMIN_TOKEN");
+        self.admin_token = false;
         self
     }
 
@@ -577,6 +577,33 @@ impl Warden {
 
     /// Starts the service without waiting for it (see [`Warden::serve`]).
     pub fn spawn(mut self) -> ServiceProcess {
+        // The service's defaults, under what the test set: fast leases, so a
+        // process that dies is noticed within a test; the tests' keys.
+        let mut defaults: Vec<(&str, std::ffi::OsString)> = vec![
+            ("WARDEN_LEASE_TTL_MS", "2000".into()),
+            ("WARDEN_HEARTBEAT_INTERVAL_MS", "500".into()),
+            ("WARDEN_SECRET_KEY", TEST_SECRET_KEY.into()),
+            ("RUST_LOG", "warn".into()),
+        ];
+        if self.admin_token {
+            defaults.push(("WARDEN_ADMIN_TOKEN", ADMIN_TOKEN.into()));
+        }
+        if let Some(dir) = &self.data_dir {
+            defaults.push((
+                "WARDEN_WORKSPACE_ROOT",
+                dir.join("workspaces").into_os_string(),
+            ));
+        }
+        let set: Vec<std::ffi::OsString> = self
+            .command
+            .get_envs()
+            .map(|(k, _)| k.to_os_string())
+            .collect();
+        for (key, value) in defaults {
+            if !set.iter().any(|k| k == key) {
+                self.command.env(key, value);
+            }
+        }
         let port = self.port.unwrap_or_else(free_port);
         let log = std::env::temp_dir().join(format!("warden-test-{}.log", uuid::Uuid::new_v4()));
         let out = std::fs::File::create(&log).expect("log file");

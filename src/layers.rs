@@ -1,7 +1,9 @@
 //! The one-way dependency rule, checked: every top-level module has a rank,
 //! and a module may name (`crate::x`) only modules of a lower rank, so no
-//! import cycle between top-level modules can exist. A new module must be
-//! given its place here.
+//! import cycle between top-level modules can exist. Inside the layers with
+//! many files (`session`, `store`, `http`) the files are ranked the same way
+//! and a file may name (`super::x`, `crate::layer::x`) only files below it.
+//! A new module or file must be given its place here.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -25,8 +27,83 @@ const LAYERS: &[(&str, u8)] = &[
     ("http", 5),
 ];
 
+/// The files (or folders) of `src/session`, from the bottom up. Its face,
+/// `mod.rs`, declares and re-exports them and has no rank.
+const SESSION: &[(&str, u8)] = &[
+    ("error", 0),
+    ("events", 0),
+    ("lease_clock", 0),
+    ("live", 0),
+    ("loop_store", 0),
+    ("planner", 0),
+    ("reflector", 0),
+    ("retention", 0),
+    ("state", 0),
+    ("persist", 0),
+    ("control", 1),
+    ("reads", 1),
+    ("journal", 2),
+    ("runner", 2),
+    ("rehydrate", 3),
+    ("supervisor", 4),
+    ("service", 5),
+];
+
+/// The files of `src/store`, from the bottom up: the SQL of one table
+/// above the row types and paging it shares.
+const STORE: &[(&str, u8)] = &[
+    ("scope", 0),
+    ("embedded", 0),
+    ("flush", 0),
+    ("quotas", 0),
+    ("checkpoints", 0),
+    ("control", 0),
+    ("fleet", 0),
+    ("idempotency", 0),
+    ("keys", 0),
+    ("secrets", 0),
+    ("testing", 1),
+    ("rows", 2),
+    ("events", 3),
+    ("group_commit", 3),
+    ("journal", 3),
+    ("outcomes", 3),
+    ("tasks", 3),
+    ("leases", 4),
+    ("queue", 4),
+    ("reflections", 4),
+    ("resilience", 4),
+    ("sessions", 4),
+    ("iterations", 5),
+];
+
+/// The files of `src/http`, from the bottom up: errors and documents, the
+/// extractors and shared helpers, the routes, and the OpenAPI document
+/// generated from the routes.
+const HTTP: &[(&str, u8)] = &[
+    ("error", 0),
+    ("views", 0),
+    ("serve", 0),
+    ("auth", 1),
+    ("extract", 1),
+    ("health", 1),
+    ("paging", 1),
+    ("stream", 1),
+    ("history", 2),
+    ("keys", 2),
+    ("sessions", 2),
+    ("openapi", 3),
+];
+
+/// The layers whose files are ranked, with their ranking.
+const INSIDE: &[(&str, &[(&str, u8)])] = &[("session", SESSION), ("store", STORE), ("http", HTTP)];
+
 fn rank(module: &str) -> Option<u8> {
-    LAYERS.iter().find(|(m, _)| *m == module).map(|(_, r)| *r)
+    rank_in(LAYERS, module)
+}
+
+fn rank_in(ranks: &[(&str, u8)], name: &str) -> Option<u8> {
+    ranks.iter().find(|(m, _)| *m == name).map(|(_, r)| *r)
 }
 
 /// Every `.rs` file below `dir`.
@@ -45,12 +122,26 @@ fn sources(dir: &Path, out: &mut Vec<PathBuf>) {
 /// The top-level modules a source names through `crate::` (comments aside),
 /// including each member of a `crate::{a, b::c}` group.
 fn named_modules(source: &str) -> BTreeSet<String> {
+    names_after(source, "crate::")
+}
+
+/// The first names after each `prefix` in a source (comments aside),
+/// including each member of a `prefix{a, b::c}` group.
+fn names_after(source: &str, prefix: &str) -> BTreeSet<String> {
     let mut out = BTreeSet::new();
     for line in source.lines() {
         let code = line.split("//").next().unwrap_or("");
         let mut rest = code;
-        while let Some(at) = rest.find("crate::") {
-            rest = &rest[at + "crate::".len()..];
+        while let Some(at) = rest.find(prefix) {
+            // `xsuper::` is no `super::`.
+            let joined = rest[..at]
+                .chars()
+                .next_back()
+                .is_some_and(|c| c.is_ascii_alphanumeric() || c == '_');
+            rest = &rest[at + prefix.len()..];
+            if joined {
+                continue;
+            }
             let names: Vec<&str> = match rest.strip_prefix('{') {
                 Some(group) => {
                     let end = group.find('}').unwrap_or(group.len());
@@ -105,6 +196,97 @@ fn modules_only_use_lower_layers() {
         "dependencies must point down the layers (src/layers.rs):\n{}",
         upward.join("\n")
     );
+}
+
+/// A file's own code: without its trailing `#[cfg(test)] mod tests` (a
+/// unit test may reach any file, as the integration tests do).
+fn without_unit_tests(source: &str) -> &str {
+    let mut at = 0;
+    let mut lines = source.lines().peekable();
+    while let Some(line) = lines.next() {
+        if line.trim() == "#[cfg(test)]"
+            && lines
+                .peek()
+                .is_some_and(|next| next.starts_with("mod tests"))
+        {
+            return &source[..at];
+        }
+        at += line.len() + 1;
+    }
+    source
+}
+
+/// The files of `layer` a file of it names, as `super::x` from a file
+/// directly in the layer's folder or `crate::layer::x` from anywhere in it
+/// (`super::` from deeper down stays inside the file's own folder).
+fn named_files(source: &str, layer: &str, directly_inside: bool) -> BTreeSet<String> {
+    let mut out = names_after(source, &format!("crate::{layer}::"));
+    if directly_inside {
+        out.extend(names_after(source, "super::"));
+    }
+    out
+}
+
+#[test]
+fn files_only_use_lower_files_inside_their_layer() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut upward = Vec::new();
+    for (layer, ranks) in INSIDE {
+        let dir = src.join(layer);
+        let mut files = Vec::new();
+        sources(&dir, &mut files);
+        for file in files {
+            let relative = file.strip_prefix(&dir).unwrap();
+            let parts: Vec<String> = relative
+                .components()
+                .map(|c| {
+                    c.as_os_str()
+                        .to_string_lossy()
+                        .trim_end_matches(".rs")
+                        .to_string()
+                })
+                .collect();
+            // The layer's face declares, wires and re-exports its files.
+            if parts == ["mod"] {
+                continue;
+            }
+            let own = rank_in(ranks, &parts[0]).unwrap_or_else(|| {
+                panic!("src/{layer}/{} has no place in src/layers.rs", parts[0])
+            });
+            let source = std::fs::read_to_string(&file).unwrap();
+            let directly_inside = parts.len() == 1;
+            for used in named_files(without_unit_tests(&source), layer, directly_inside) {
+                if used == parts[0] {
+                    continue;
+                }
+                // Names that are no file are the face's own items and re-exports.
+                let Some(r) = rank_in(ranks, &used) else {
+                    continue;
+                };
+                if r >= own {
+                    upward.push(format!(
+                        "src/{layer}/{} uses {layer}::{used}",
+                        relative.display()
+                    ));
+                }
+            }
+        }
+    }
+    assert!(
+        upward.is_empty(),
+        "inside a layer, files must use only files below them (src/layers.rs):\n{}",
+        upward.join("\n")
+    );
+}
+
+#[test]
+fn super_paths_and_test_modules_are_told_apart() {
+    let source = "use super::{error::ApiError, views};\nuse crate::http::paging::x;\nfn f() { a_super::b(); }\n#[cfg(test)]\nmod tests {\n    use super::openapi;\n}\n";
+    let own = without_unit_tests(source);
+    let found: Vec<String> = named_files(own, "http", true).into_iter().collect();
+    assert_eq!(found, ["error", "paging", "views"]);
+    let deeper: Vec<String> = named_files(own, "http", false).into_iter().collect();
+    assert_eq!(deeper, ["paging"]);
 }
 
 #[test]

@@ -6,8 +6,10 @@ mod auth;
 pub mod error;
 mod extract;
 mod health;
+pub mod history;
 pub mod keys;
 pub mod openapi;
+mod paging;
 pub mod serve;
 pub mod sessions;
 pub mod stream;
@@ -144,8 +146,9 @@ fn panic_response(_: Box<dyn std::any::Any + Send + 'static>) -> axum::response:
 
 /// The whole application router.
 pub fn router(state: AppState, max_body_bytes: usize, limits: RequestLimits) -> Router {
-    let api =
-        sessions::router().method_not_allowed_fallback(|| async { ApiError::method_not_allowed() });
+    let api = sessions::router()
+        .merge(history::router())
+        .method_not_allowed_fallback(|| async { ApiError::method_not_allowed() });
     let keys =
         keys::router().method_not_allowed_fallback(|| async { ApiError::method_not_allowed() });
     Router::new()

@@ -13,7 +13,7 @@ use utoipa::OpenApi;
 use utoipa_swagger_ui::{Config, SwaggerUi};
 
 use super::AppState;
-use super::sessions::{MAX_LIST_LIMIT, MAX_PAGE_LIMIT};
+use super::paging::{MAX_LIST_LIMIT, MAX_PAGE_LIMIT};
 use crate::executor::{MAX_ACTION_CHARS, MAX_DELAY_MS, MAX_OUTPUT_CHARS};
 use crate::executor::{MAX_SCRIPTED_STEPS, MAX_TOKENS_PER_CALL, TEMPERATURE, TIMEOUT_MS};
 use crate::policy::ambiguity::GOAL_HAS_LETTER_PATTERN;
@@ -39,14 +39,14 @@ use crate::session::service::{MAX_GOAL_CHARS, MAX_GUIDANCE_CHARS};
         super::sessions::stop_session,
         super::sessions::pause_session,
         super::sessions::resume_session,
-        super::sessions::list_iterations,
-        super::sessions::list_checkpoints,
-        super::sessions::list_events,
-        super::sessions::list_decisions,
-        super::sessions::list_reflections,
+        super::history::list_iterations,
+        super::history::list_checkpoints,
+        super::history::list_events,
+        super::history::list_decisions,
+        super::history::list_reflections,
         super::sessions::refine_session,
-        super::sessions::list_refinements,
-        super::sessions::list_tasks,
+        super::history::list_refinements,
+        super::history::list_tasks,
         super::sessions::outcomes,
         super::sessions::session_changes,
         super::health::healthz,

@@ -1,5 +1,6 @@
-//! `/api/autonomous`: create, list, inspect, stop, pause, resume and update
-//! sessions, and read their iterations, checkpoints, events and decisions.
+//! `/api/autonomous`: create, list, inspect, stop, pause, resume, refine,
+//! update and delete sessions, and follow their changes (their history is
+//! `http::history`).
 
 use axum::Router;
 use axum::extract::State;
@@ -13,16 +14,13 @@ use uuid::Uuid;
 use super::AppState;
 use super::error::{ApiError, ApiResult, Problem};
 use super::extract::{ApiJson, ApiQuery, DigestedJson, OptionalJson, SessionId};
+use super::paging::{MAX_LIST_LIMIT, next_after, page_limit};
 use super::stream;
-use super::views::{
-    AfterPage, CheckpointPage, DecisionQuery, EventPage, HistoryPageQuery, IterationPage,
-    ListQuery, OutcomeMetrics, PAGE_BYTE_BUDGET, RefinementList, ReflectionPage, SessionPage,
-    SessionView, TaskList, VelocityPoint, excerpt_strings, fits_budget, json_weight,
-};
+use super::views::{ListQuery, OutcomeMetrics, SessionPage, SessionView, VelocityPoint};
 use crate::auth::Principal;
 use crate::session::service::{Created, IdempotencyKey, StatusSource, StopAnswer};
-use crate::session::{CreateSession, LoggedEvent, RefinementChoice, ResumeSession, UpdateSession};
-use crate::store::{SessionCursor, TenantScope};
+use crate::session::{CreateSession, RefinementChoice, ResumeSession, UpdateSession};
+use crate::store::SessionCursor;
 
 /// The session routes, relative to `/api/autonomous`.
 pub fn router() -> Router<AppState> {
@@ -37,14 +35,7 @@ pub fn router() -> Router<AppState> {
         .route("/{id}/stop", post(stop_session))
         .route("/{id}/pause", post(pause_session))
         .route("/{id}/resume", post(resume_session))
-        .route("/{id}/iterations", get(list_iterations))
-        .route("/{id}/checkpoints", get(list_checkpoints))
-        .route("/{id}/events", get(list_events))
-        .route("/{id}/decisions", get(list_decisions))
-        .route("/{id}/reflections", get(list_reflections))
         .route("/{id}/refinement", post(refine_session))
-        .route("/{id}/refinements", get(list_refinements))
-        .route("/{id}/tasks", get(list_tasks))
         .route("/outcomes", get(outcomes))
         .route("/events", get(session_changes))
 }
@@ -55,29 +46,6 @@ fn view(state: &AppState, session: crate::store::SessionRecord) -> SessionView {
     SessionView::from(session)
         .priced(state.service.token_price())
         .with_step(step, Utc::now())
-}
-
-/// Largest page of the session list.
-pub const MAX_LIST_LIMIT: i64 = 200;
-/// Largest page of a session's iterations, checkpoints, events, decisions or reflections.
-pub const MAX_PAGE_LIMIT: i64 = 500;
-
-fn page_limit(limit: Option<i64>, default: i64, max: i64) -> ApiResult<i64> {
-    match limit {
-        None => Ok(default),
-        Some(l) if (1..=max).contains(&l) => Ok(l),
-        Some(l) => Err(ApiError::bad_request(format!(
-            "limit must be between 1 and {max}, got {l}"
-        ))),
-    }
-}
-
-/// The key to continue after: the last row's, when the page came back full
-/// (a shorter page is the last one).
-fn next_after<T, K>(rows: &[T], limit: i64, key: impl Fn(&T) -> K) -> Option<K> {
-    (rows.len() as i64 == limit)
-        .then(|| rows.last().map(key))
-        .flatten()
 }
 
 fn encode_cursor(c: &SessionCursor) -> String {
@@ -370,188 +338,6 @@ pub async fn delete_session(
     Ok(StatusCode::NO_CONTENT)
 }
 
-/// A 404 for a session `scope` does not reach, before reading its history
-/// (whose reads carry the same scope, so an empty page is never a leak).
-async fn ensure_exists(state: &AppState, id: Uuid, scope: &TenantScope) -> ApiResult<()> {
-    state.service.get(id, scope).await?;
-    Ok(())
-}
-
-/// Rows fetched from the store at a time while a page fills up to its byte
-/// budget: what is held beyond the page itself.
-const PAGE_FETCH_ROWS: i64 = 25;
-
-/// Fills a page of up to `limit` rows after `after`, fetched `PAGE_FETCH_ROWS`
-/// at a time, ending early at `PAGE_BYTE_BUDGET`: the rows and the key to
-/// continue after (null on the last page).
-async fn budgeted_page<T, F, Fut>(
-    after: i64,
-    limit: i64,
-    mut fetch: F,
-    key: impl Fn(&T) -> i64,
-    mut shape: impl FnMut(&mut T) -> usize,
-) -> ApiResult<(Vec<T>, Option<i64>)>
-where
-    F: FnMut(i64, i64) -> Fut,
-    Fut: std::future::Future<Output = ApiResult<Vec<T>>>,
-{
-    let mut items = Vec::new();
-    let mut used = 0usize;
-    let mut cursor = after;
-    loop {
-        let want = (limit - items.len() as i64).min(PAGE_FETCH_ROWS);
-        let rows = fetch(cursor, want).await?;
-        let fetched = rows.len() as i64;
-        for mut row in rows {
-            let weight = shape(&mut row);
-            if !fits_budget(items.len(), used, weight, PAGE_BYTE_BUDGET) {
-                // Full by bytes: the client goes on after the last row given.
-                let next = items.last().map(&key);
-                return Ok((items, next));
-            }
-            used = used.saturating_add(weight);
-            cursor = key(&row);
-            items.push(row);
-        }
-        if fetched < want {
-            return Ok((items, None));
-        }
-        if items.len() as i64 == limit {
-            return Ok((items, Some(cursor)));
-        }
-    }
-}
-
-/// Committed iterations of a session, in order. Texts over 4 KiB come as
-/// excerpts unless `full=true`; a page ends early at about 4 MiB.
-#[utoipa::path(
-    get, path = "/api/autonomous/{id}/iterations", tag = "history",
-    params(("id" = Uuid, Path, description = "Session id"), HistoryPageQuery),
-    responses(
-        (status = 200, description = "A page of iterations", body = IterationPage),
-        (status = 404, description = "No such session", body = Problem, content_type = "application/problem+json"),
-    )
-)]
-pub async fn list_iterations(
-    State(state): State<AppState>,
-    Extension(caller): Extension<Principal>,
-    SessionId(id): SessionId,
-    ApiQuery(q): ApiQuery<HistoryPageQuery>,
-) -> ApiResult<Json<IterationPage>> {
-    ensure_exists(&state, id, &caller.scope).await?;
-    let limit = page_limit(q.limit, 100, MAX_PAGE_LIMIT)?;
-    let full = q.full.unwrap_or(false);
-    let reads = state.service.reads();
-    let (rows, next_after) = budgeted_page(
-        q.after.unwrap_or(0),
-        limit,
-        |after, n| {
-            let scope = &caller.scope;
-            async move { Ok(reads.iterations(id, scope, after, n).await?) }
-        },
-        |r: &crate::store::IterationRecord| r.number,
-        |r| {
-            if !full {
-                excerpt_strings(&mut r.record);
-                excerpt_strings(&mut r.effects);
-            }
-            json_weight(&r.record) + json_weight(&r.effects) + 256
-        },
-    )
-    .await?;
-    Ok(Json(IterationPage {
-        items: rows.into_iter().map(Into::into).collect(),
-        next_after,
-    }))
-}
-
-/// Checkpoints of a session, oldest first. Texts over 4 KiB come as
-/// excerpts unless `full=true`; a page ends early at about 4 MiB.
-#[utoipa::path(
-    get, path = "/api/autonomous/{id}/checkpoints", tag = "history",
-    params(("id" = Uuid, Path, description = "Session id"), HistoryPageQuery),
-    responses(
-        (status = 200, description = "A page of checkpoints", body = CheckpointPage),
-        (status = 404, description = "No such session", body = Problem, content_type = "application/problem+json"),
-    )
-)]
-pub async fn list_checkpoints(
-    State(state): State<AppState>,
-    Extension(caller): Extension<Principal>,
-    SessionId(id): SessionId,
-    ApiQuery(q): ApiQuery<HistoryPageQuery>,
-) -> ApiResult<Json<CheckpointPage>> {
-    ensure_exists(&state, id, &caller.scope).await?;
-    let limit = page_limit(q.limit, 100, MAX_PAGE_LIMIT)?;
-    let full = q.full.unwrap_or(false);
-    let reads = state.service.reads();
-    let (rows, next_after) = budgeted_page(
-        q.after.unwrap_or(0),
-        limit,
-        |after, n| {
-            let scope = &caller.scope;
-            async move { Ok(reads.checkpoints(id, scope, after, n).await?) }
-        },
-        |r: &crate::store::CheckpointRecord| r.id,
-        |r| {
-            if !full {
-                excerpt_strings(&mut r.state);
-            }
-            json_weight(&r.state) + 256
-        },
-    )
-    .await?;
-    Ok(Json(CheckpointPage {
-        items: rows.into_iter().map(Into::into).collect(),
-        next_after,
-    }))
-}
-
-/// The session log in sequence order: a JSON page, or with
-/// `Accept: text/event-stream` a live Server-Sent Events stream (the SSE id
-/// is the sequence number; reconnect with `Last-Event-ID` to continue
-/// without a gap; the stream ends after the event that ends the loop).
-#[utoipa::path(
-    get, path = "/api/autonomous/{id}/events", tag = "history",
-    params(("id" = Uuid, Path, description = "Session id"), AfterPage),
-    responses(
-        (status = 200, description = "A page of events (`EventPage`), or with `Accept: text/event-stream` the \
-live stream: Server-Sent Events whose `event` is the event kind, `id` the sequence number and `data` one \
-`EventView` as JSON", content(
-            (EventPage = "application/json"),
-            (String = "text/event-stream"),
-        )),
-        (status = 400, description = "Bad limit, or a negative Last-Event-ID", body = Problem, content_type = "application/problem+json"),
-        (status = 404, description = "No such session", body = Problem, content_type = "application/problem+json"),
-        (status = 429, description = "The tenant has WARDEN_TENANT_MAX_STREAMS live streams open (`stream_limit`)", body = Problem, content_type = "application/problem+json"),
-    )
-)]
-pub async fn list_events(
-    State(state): State<AppState>,
-    Extension(caller): Extension<Principal>,
-    SessionId(id): SessionId,
-    headers: HeaderMap,
-    ApiQuery(q): ApiQuery<AfterPage>,
-) -> ApiResult<Response> {
-    ensure_exists(&state, id, &caller.scope).await?;
-    let reads = state.service.reads().clone();
-    if stream::wants_stream(&headers) {
-        let after = stream::last_event_id(&headers).or(q.after).unwrap_or(0);
-        if after < 0 {
-            return Err(ApiError::bad_request(format!(
-                "Last-Event-ID must be an event sequence number (0 or more), got {after}"
-            )));
-        }
-        let slot = state.streams.acquire(&caller.tenant)?;
-        return Ok(stream::session_events(reads, id, caller.scope, after, slot));
-    }
-    let limit = page_limit(q.limit, 100, MAX_PAGE_LIMIT)?;
-    let rows = reads
-        .events(id, &caller.scope, q.after.unwrap_or(0), limit)
-        .await?;
-    Ok(Json(event_page(rows, limit)).into_response())
-}
-
 /// A live stream of session changes for list views: every time a session's
 /// status or progress changes, its status document (`event: session`).
 #[utoipa::path(
@@ -618,76 +404,6 @@ fn accepts_stream(headers: &HeaderMap) -> bool {
     })
 }
 
-fn event_page(rows: Vec<LoggedEvent>, limit: i64) -> EventPage {
-    let next_after = next_after(&rows, limit, |r| r.seq);
-    EventPage {
-        items: rows.into_iter().map(Into::into).collect(),
-        next_after,
-    }
-}
-
-/// Why the session stopped, paused or throttled: gate evaluations with
-/// their metrics, stuck verdicts, guardrail trips and status changes.
-#[utoipa::path(
-    get, path = "/api/autonomous/{id}/decisions", tag = "history",
-    params(("id" = Uuid, Path, description = "Session id"), DecisionQuery),
-    responses(
-        (status = 200, description = "A page of decision events", body = EventPage),
-        (status = 404, description = "No such session", body = Problem, content_type = "application/problem+json"),
-    )
-)]
-pub async fn list_decisions(
-    State(state): State<AppState>,
-    Extension(caller): Extension<Principal>,
-    SessionId(id): SessionId,
-    ApiQuery(q): ApiQuery<DecisionQuery>,
-) -> ApiResult<Json<EventPage>> {
-    ensure_exists(&state, id, &caller.scope).await?;
-    let limit = page_limit(q.limit, 100, MAX_PAGE_LIMIT)?;
-    let rows = state
-        .service
-        .reads()
-        .decisions(
-            id,
-            &caller.scope,
-            q.after.unwrap_or(0),
-            limit,
-            q.include_continue.unwrap_or(false),
-        )
-        .await?;
-    Ok(Json(event_page(rows, limit)))
-}
-
-/// Reflections of a session (continuous mode): assessment, decision, next interval.
-#[utoipa::path(
-    get, path = "/api/autonomous/{id}/reflections", tag = "history",
-    params(("id" = Uuid, Path, description = "Session id"), AfterPage),
-    responses(
-        (status = 200, description = "A page of reflections", body = ReflectionPage),
-        (status = 404, description = "No such session", body = Problem, content_type = "application/problem+json"),
-    )
-)]
-pub async fn list_reflections(
-    State(state): State<AppState>,
-    Extension(caller): Extension<Principal>,
-    SessionId(id): SessionId,
-    ApiQuery(q): ApiQuery<AfterPage>,
-) -> ApiResult<Json<ReflectionPage>> {
-    ensure_exists(&state, id, &caller.scope).await?;
-    let limit = page_limit(q.limit, 100, MAX_PAGE_LIMIT)?;
-    let after = i32::try_from(q.after.unwrap_or(0)).unwrap_or(i32::MAX);
-    let rows = state
-        .service
-        .reads()
-        .reflections(id, &caller.scope, after, limit)
-        .await?;
-    let next_after = next_after(&rows, limit, |r| i64::from(r.number));
-    Ok(Json(ReflectionPage {
-        items: rows.into_iter().map(Into::into).collect(),
-        next_after,
-    }))
-}
-
 /// Answer a refinement proposal: accept the suggestion, give your own goal,
 /// or proceed with the goal as given under a time limit. Starts the session.
 #[utoipa::path(
@@ -709,47 +425,6 @@ pub async fn refine_session(
 ) -> ApiResult<Json<SessionView>> {
     let session = state.service.refine(id, &caller.scope, choice).await?;
     Ok(Json(view(&state, session)))
-}
-
-/// The refinement history of a session's goal.
-#[utoipa::path(
-    get, path = "/api/autonomous/{id}/refinements", tag = "history",
-    params(("id" = Uuid, Path, description = "Session id")),
-    responses(
-        (status = 200, description = "Refinements in order", body = RefinementList),
-        (status = 404, description = "No such session", body = Problem, content_type = "application/problem+json"),
-    )
-)]
-pub async fn list_refinements(
-    State(state): State<AppState>,
-    Extension(caller): Extension<Principal>,
-    SessionId(id): SessionId,
-) -> ApiResult<Json<RefinementList>> {
-    ensure_exists(&state, id, &caller.scope).await?;
-    let rows = state.service.reads().refinements(id, &caller.scope).await?;
-    Ok(Json(RefinementList {
-        items: rows.into_iter().map(Into::into).collect(),
-    }))
-}
-
-/// The agent's task queue (kept across context cycles and restarts).
-#[utoipa::path(
-    get, path = "/api/autonomous/{id}/tasks", tag = "history",
-    params(("id" = Uuid, Path, description = "Session id")),
-    responses(
-        (status = 200, description = "The task queue", body = TaskList),
-        (status = 404, description = "No such session", body = Problem, content_type = "application/problem+json"),
-    )
-)]
-pub async fn list_tasks(
-    State(state): State<AppState>,
-    Extension(caller): Extension<Principal>,
-    SessionId(id): SessionId,
-) -> ApiResult<Json<TaskList>> {
-    ensure_exists(&state, id, &caller.scope).await?;
-    Ok(Json(TaskList {
-        items: state.service.reads().tasks(id, &caller.scope).await?,
-    }))
 }
 
 /// Outcome metrics over all sessions: completion rate, iterations to

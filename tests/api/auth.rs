@@ -6,9 +6,7 @@ use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 use warden::Application;
 
-use crate::common::{
-    ADMIN_TOKEN, ServiceProcess, TestApp, client_with_key, config_with, create_key,
-};
+use crate::common::{ADMIN_TOKEN, TestApp, Warden, client_with_key, config_with, create_key};
 
 fn committed_document() -> Value {
     let text =
@@ -538,17 +536,16 @@ async fn no_answer_and_no_log_line_carries_a_secret() {
     let pool = db.pool.clone();
     let metrics_token = "metrics-token-5e6f7a8b9c0d1e2f";
     let llm_key = "sk-server-llm-key-1a2b3c4d5e6f";
-    let process = ServiceProcess::start_with(
-        &pool,
-        &[
+    let process = Warden::on(&pool)
+        .envs(&[
             ("RUST_LOG", "debug"),
             ("WARDEN_METRICS_TOKEN", metrics_token),
             ("WARDEN_LLM_BASE_URL", "http://127.0.0.1:9/v1"),
             ("WARDEN_LLM_API_KEY", llm_key),
             ("WARDEN_EGRESS_ALLOW", "127.0.0.1"),
-        ],
-    )
-    .await;
+        ])
+        .serve()
+        .await;
     let mut answers = Vec::new();
     let operator = create_key(&process.base, "acme", "operator").await;
     answers.push(operator.to_string().replace(&secret(&operator), ""));
@@ -619,12 +616,16 @@ async fn no_answer_and_no_log_line_carries_a_secret() {
         .await
         .unwrap();
     answers.push(res.text().await.unwrap());
-    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    crate::common::eventually(
+        std::time::Duration::from_secs(5),
+        "the log to be captured",
+        || async {
+            let logs = process.logs();
+            logs.contains("DEBUG") || logs.contains("INFO")
+        },
+    )
+    .await;
     let logs = process.logs();
-    assert!(
-        logs.contains("DEBUG") || logs.contains("INFO"),
-        "the log was captured: {logs}"
-    );
     for secret in [
         ADMIN_TOKEN,
         metrics_token,
@@ -654,17 +655,8 @@ async fn the_keys_command_creates_lists_and_revokes() {
     );
     let db = crate::common::TestDb::new().await;
     let pool = db.pool.clone();
-    let opts = pool.connect_options();
-    let db = opts.get_database().unwrap_or("postgres").to_string();
-    let admin_url = std::env::var("DATABASE_URL").expect("DATABASE_URL");
-    let url = format!("{}/{db}", &admin_url[..admin_url.rfind('/').unwrap()]);
     let warden = |args: &[&str]| {
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_warden"))
-            .arg("keys")
-            .args(args)
-            .env("DATABASE_URL", &url)
-            .output()
-            .expect("runs");
+        let out = Warden::on(&db.pool).run(&[&["keys"], args].concat());
         (
             out.status.success(),
             String::from_utf8_lossy(&out.stdout).to_string(),
@@ -747,14 +739,7 @@ async fn control_events_name_the_key_that_acted() {
 async fn keys_and_db_dump_work_on_the_embedded_data_directory() {
     let dir = std::env::temp_dir().join(format!("warden-dump-{}", uuid::Uuid::new_v4().simple()));
     let warden = |args: &[&str]| {
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_warden"))
-            .args(args)
-            .env_remove("DATABASE_URL")
-            .env("PGHOST", "127.0.0.1")
-            .env("PGPORT", "1")
-            .env("WARDEN_DATA_DIR", &dir)
-            .output()
-            .expect("runs");
+        let out = Warden::on_data_dir(&dir).run(args);
         (
             out.status.success(),
             String::from_utf8_lossy(&out.stdout).to_string(),
@@ -1110,7 +1095,7 @@ async fn keys_change_on_every_replica_within_a_second() {
     // Replica A starts in protected mode: no admin token, no keys.
     let a = TestApp::spawn_with(db.pool.clone(), config_with(&[("WARDEN_ADMIN_TOKEN", "")])).await;
     assert!(a.key.is_empty());
-    let b = ServiceProcess::start(&db.pool).await;
+    let b = Warden::on(&db.pool).serve().await;
     let second = std::time::Duration::from_secs(1);
 
     // A key made through B ends A's protected mode within a second.
@@ -1172,15 +1157,7 @@ async fn keys_change_on_every_replica_within_a_second() {
     );
 
     // A key made by the CLI: accepted by A and B within a second.
-    let opts = db.pool.connect_options();
-    let name = opts.get_database().unwrap_or("postgres").to_string();
-    let server = crate::common::server_url().expect("DATABASE_URL");
-    let url = format!("{}/{name}", &server[..server.rfind('/').unwrap()]);
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_warden"))
-        .args(["keys", "create", "--tenant", "t", "--role", "operator"])
-        .env("DATABASE_URL", &url)
-        .output()
-        .expect("runs");
+    let out = Warden::on(&db.pool).run(&["keys", "create", "--tenant", "t", "--role", "operator"]);
     assert!(
         out.status.success(),
         "{}",

@@ -24,66 +24,25 @@ use crate::common::{self, TestApp, config_with, distinct_steps, test_config};
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// A Warden binary as its own process (default pool sizes: the API pool has
-/// 4 connections) over the test's database, with extra environment.
-struct Server {
-    child: std::process::Child,
-    base: String,
+/// 4 connections) at `database_url`, with extra environment; without keys,
+/// so a loopback client needs none.
+async fn server_at(database_url: &str, env: &[(&str, &str)]) -> common::ServiceProcess {
+    common::Warden::at_url(database_url)
+        .without_admin_token()
+        .env("WARDEN_GATE_STEP_LIMIT", "1000000")
+        .env(
+            "WARDEN_WORKSPACE_ROOT",
+            std::env::temp_dir().join("warden-ctl"),
+        )
+        .env("RUST_LOG", "error")
+        .envs(env)
+        .serve()
+        .await
 }
 
-impl Server {
-    async fn start(pool: &PgPool, env: &[(&str, &str)]) -> Server {
-        let db = pool
-            .connect_options()
-            .get_database()
-            .unwrap_or("postgres")
-            .to_string();
-        let url = std::env::var("DATABASE_URL").expect("DATABASE_URL is set for tests");
-        let server = url[..url.rfind('/').expect("a database url")].to_string();
-        Server::start_at(&format!("{server}/{db}"), env).await
-    }
-
-    async fn start_at(database_url: &str, env: &[(&str, &str)]) -> Server {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .map(|a| a.port())
-            .expect("a free port");
-        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_warden"));
-        cmd.env("DATABASE_URL", database_url)
-            .env("WARDEN_LISTEN_ADDR", format!("127.0.0.1:{port}"))
-            .env("WARDEN_LEASE_TTL_MS", "2000")
-            .env("WARDEN_HEARTBEAT_INTERVAL_MS", "500")
-            .env("WARDEN_GATE_STEP_LIMIT", "1000000")
-            .env(
-                "WARDEN_WORKSPACE_ROOT",
-                std::env::temp_dir().join("warden-ctl"),
-            )
-            .env("RUST_LOG", "error")
-            .stdout(std::process::Stdio::null());
-        for (k, v) in env {
-            cmd.env(k, v);
-        }
-        let child = cmd.spawn().expect("warden starts");
-        let base = format!("http://127.0.0.1:{port}");
-        let client = reqwest::Client::new();
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            if let Ok(res) = client.get(format!("{base}/readyz")).send().await
-                && res.status() == StatusCode::OK
-            {
-                break;
-            }
-            assert!(Instant::now() < deadline, "warden did not become ready");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        Server { child, base }
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// As [`server_at`], on the test's database.
+async fn server_on(pool: &PgPool, env: &[(&str, &str)]) -> common::ServiceProcess {
+    server_at(&common::database_url(pool), env).await
 }
 
 /// A long-running scripted session body (distinct steps, so the stuck
@@ -166,7 +125,7 @@ async fn concurrent_stops_of_paused_sessions_do_not_freeze_the_api() {
     let db = crate::common::TestDb::new().await;
     let pool = db.pool.clone();
     let _serial = SERIAL.lock().await;
-    let server = Server::start(&pool, &[]).await;
+    let server = server_on(&pool, &[]).await;
     let client = reqwest::Client::new();
     let base = server.base.clone();
     let mut ids = Vec::new();
@@ -329,6 +288,7 @@ async fn a_stop_racing_a_pause_ends_interrupted() {
         let pause_path = format!("/api/autonomous/{id}/pause");
         let pause = app.post(&pause_path, None);
         let stop = async {
+            // Paced: each round sends the stop a little later after the pause.
             tokio::time::sleep(Duration::from_millis(round * 6)).await;
             app.post(&format!("/api/autonomous/{id}/stop"), None).await
         };
@@ -626,7 +586,7 @@ async fn an_unstorable_answer_fails_the_session_after_n_attempts() {
         assert!(Instant::now() < deadline, "{metrics}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    // Nothing rescues it again.
+    // Nothing rescues it again: an absence, seen only over time.
     tokio::time::sleep(Duration::from_millis(600)).await;
     assert!(keys.lock().unwrap().len() <= 3);
 }
@@ -790,7 +750,7 @@ async fn control_path_hammer() {
     // test machine 120 clients can queue longer than 2 s, and such 503s
     // would be backpressure, not the freeze (a pool exhausted by requests
     // that hold a lock and wait for a second connection) guarded against.
-    let server = Server::start(
+    let server = server_on(
         &pool,
         &[
             ("WARDEN_STOP_WAIT_MS", "1000"),
@@ -991,13 +951,17 @@ async fn control_path_hammer() {
             .fetch_all(&pool)
             .await
             .expect("running");
-    tokio::time::sleep(Duration::from_millis(2_000)).await;
     for (id, before) in running {
-        let (status, now, _) = status_of(&pool, &id.to_string()).await;
-        assert!(
-            status != "running" || now > before,
-            "{id} stopped advancing at {before}"
-        );
+        let id = id.to_string();
+        common::eventually(
+            Duration::from_secs(5),
+            &format!("{id} to advance past {before}"),
+            || async {
+                let (status, now, _) = status_of(&pool, &id).await;
+                status != "running" || now > before
+            },
+        )
+        .await;
     }
     stop_monitor.cancel();
     let mut violations = monitor.await.expect("monitor");
@@ -1059,7 +1023,8 @@ async fn model_calls_honour_the_environment_for_any_endpoint() {
 }
 
 /// A private Postgres cluster made with the machine's `initdb`/`pg_ctl`,
-/// removed on drop. `None` (the caller skips) when the binaries are absent.
+/// removed on drop. `None` when the binaries are absent (the test then
+/// fails saying what it needs).
 struct PrivateCluster {
     bin: std::path::PathBuf,
     dir: std::path::PathBuf,
@@ -1200,7 +1165,7 @@ async fn a_database_outage_is_answered_503_and_survived() {
     let _serial = SERIAL.lock().await;
     let cluster = PrivateCluster::create()
         .expect("this test needs initdb and pg_ctl under /usr/lib/postgresql/*/bin (Debian's postgresql package)");
-    let server = Server::start_at(&cluster.url(), &[]).await;
+    let server = server_at(&cluster.url(), &[]).await;
     let base = server.base.clone();
     let client = reqwest::Client::new();
     let mut ids = Vec::new();
@@ -1299,6 +1264,7 @@ async fn a_database_outage_is_answered_503_and_survived() {
         "readyz took {:?}",
         t.elapsed()
     );
+    // The outage lasts 3 s whatever the answers took: its length is the point.
     let remaining = Duration::from_secs(3).saturating_sub(outage.elapsed());
     tokio::time::sleep(remaining).await;
     cluster.start();
@@ -1387,6 +1353,7 @@ async fn a_runner_started_late_renews_its_lease_instead_of_quitting() {
         .await
         .expect("started");
     let id = new.id.to_string();
+    // Two TTLs (1 s in tests): a runner that quit would show it by then.
     tokio::time::sleep(Duration::from_millis(2_000)).await;
     let s = app.session(&id).await;
     assert_eq!(s["status"], "running", "{s}");

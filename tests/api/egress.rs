@@ -108,6 +108,7 @@ async fn internal_destinations_are_refused_and_never_reached() {
             );
         }
     }
+    // Time for a stray request to land: an absence cannot be polled for.
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert_eq!(trap.hits(), 0, "a refused destination was contacted");
 }
@@ -154,6 +155,7 @@ async fn redirects_to_internal_destinations_are_not_followed() {
             "no upstream body is echoed: {shown}"
         );
     }
+    // Time for a stray request to land: an absence cannot be polled for.
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert_eq!(trap.hits(), 0, "a redirect was followed");
 }

@@ -96,7 +96,8 @@ async fn beyond_capacity_sessions_queue_with_their_place_and_start_oldest_first(
     })
     .await;
     stop(&app, &ids[2]).await;
-    // Several heartbeats (200 ms in tests) with a free place and no queue.
+    // Several heartbeats (200 ms in tests) with a free place and no queue:
+    // that nothing starts it is an absence, seen only over time.
     tokio::time::sleep(Duration::from_millis(1_000)).await;
     let s = app.session(&ids[4]).await;
     assert_eq!(s["status"], "interrupted", "{s}");
@@ -296,7 +297,15 @@ async fn the_status_of_a_running_session_comes_from_memory_and_equals_postgres()
     // Twelve quick steps (two folded checkpoints), then one in flight for a minute.
     app.wait_until(&id, Duration::from_secs(10), |s| s["iterations"] == 12)
         .await;
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    crate::common::eventually(
+        Duration::from_secs(5),
+        "memory to answer as Postgres does",
+        || async {
+            let (source, memory) = status_with_source(&app, &id).await;
+            source == "memory" && memory == status_from_postgres(&pool, &id).await
+        },
+    )
+    .await;
     let (source, memory) = status_with_source(&app, &id).await;
     assert_eq!(source, "memory");
     assert_eq!(memory, status_from_postgres(&pool, &id).await);

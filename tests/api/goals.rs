@@ -58,6 +58,7 @@ async fn a_vague_goal_waits_for_refinement_and_each_choice_starts_it() {
         json!(["accept_suggestion", "custom", "proceed_with_time_limit"])
     );
     let id = waiting["id"].as_str().unwrap();
+    // That nothing runs is an absence, seen only over time.
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert_eq!(
         app.session(id).await["iterations"],

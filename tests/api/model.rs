@@ -546,7 +546,12 @@ async fn stop_abandons_an_in_flight_model_call() {
     fake.agent(text("thinking very slowly", 10).delayed(10_000));
     let app = app_with_model(pool, &fake).await;
     let id = create_llm(&app, "fixed", json!({}), json!({})).await;
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    crate::common::eventually(
+        Duration::from_secs(5),
+        "the call to be in flight",
+        || async { !fake.agent_requests().is_empty() },
+    )
+    .await;
     assert_eq!(fake.agent_requests().len(), 1, "the call is in flight");
     let started = Instant::now();
     let (status, s) = app.post(&format!("/api/autonomous/{id}/stop"), None).await;

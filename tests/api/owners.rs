@@ -8,7 +8,7 @@ use crate::common;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use common::{ServiceProcess, TestApp, distinct_steps};
+use common::{TestApp, Warden, distinct_steps};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
@@ -39,8 +39,8 @@ async fn a_stop_through_a_peer_of_a_killed_owner_is_truthful_and_lands_within_a_
         ("WARDEN_HEARTBEAT_INTERVAL_MS", "1000"),
         ("WARDEN_STOP_WAIT_MS", "100"),
     ];
-    let owner = ServiceProcess::start_with(&db.pool, &env).await;
-    let peer = ServiceProcess::start_with(&db.pool, &env).await;
+    let owner = Warden::on(&db.pool).envs(&env).serve().await;
+    let peer = Warden::on(&db.pool).envs(&env).serve().await;
     let on_owner = TestApp::connect(None, owner.base.clone()).await;
     let on_peer = TestApp::connect(None, peer.base.clone()).await;
     let first = on_owner.create(long_steps()).await["id"]
@@ -114,9 +114,9 @@ async fn a_stop_through_a_peer_of_a_killed_owner_is_truthful_and_lands_within_a_
 async fn the_survivors_of_a_kill_share_its_sessions() {
     common::require_server_postgres("three warden processes on one database");
     let db = common::TestDb::new().await;
-    let a = ServiceProcess::start(&db.pool).await;
-    let b = ServiceProcess::start(&db.pool).await;
-    let doomed = ServiceProcess::start(&db.pool).await;
+    let a = Warden::on(&db.pool).serve().await;
+    let b = Warden::on(&db.pool).serve().await;
+    let doomed = Warden::on(&db.pool).serve().await;
     let on_doomed = TestApp::connect(None, doomed.base.clone()).await;
     let on_a = TestApp::connect(None, a.base.clone()).await;
     let mut ids = Vec::new();

@@ -208,6 +208,7 @@ async fn slow_requests_time_out_and_excess_requests_are_shed() {
         StatusCode::OK,
         "an open stream holds no request slot"
     );
+    // Past the request timeout: the stream lasting through it is the point.
     tokio::time::sleep(Duration::from_millis(600)).await;
     let chunk = tokio::time::timeout(Duration::from_secs(5), stream.chunk()).await;
     assert!(

@@ -174,7 +174,11 @@ async fn a_stop_sent_to_another_instance_reaches_the_owner() {
     let id = owner
         .create_scripted(distinct_steps(50, 10, 2_000), json!({}))
         .await;
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    owner
+        .wait_until(&id, Duration::from_secs(5), |s| {
+            !s["current_step"].is_null()
+        })
+        .await;
     let started = std::time::Instant::now();
     let (status, s) = other
         .post(&format!("/api/autonomous/{id}/stop"), None)
@@ -207,77 +211,6 @@ async fn a_live_owner_keeps_its_sessions_when_another_instance_starts() {
     assert_gap_free(&owner.iterations(&id).await);
 }
 
-#[cfg(feature = "embedded")]
-/// A `warden` process on the embedded PostgreSQL in `data_dir` (no
-/// `DATABASE_URL`, and libpq's variables pointing nowhere).
-fn embedded_process(
-    data_dir: &std::path::Path,
-    port: u16,
-    log: &std::path::Path,
-) -> std::process::Child {
-    embedded_process_with(data_dir, port, log, &[])
-}
-
-#[cfg(feature = "embedded")]
-/// As [`embedded_process`], with extra environment variables.
-fn embedded_process_with(
-    data_dir: &std::path::Path,
-    port: u16,
-    log: &std::path::Path,
-    extra: &[(&str, &str)],
-) -> std::process::Child {
-    let out = std::fs::File::create(log).expect("log file");
-    let err = out.try_clone().expect("log file");
-    std::process::Command::new(env!("CARGO_BIN_EXE_warden"))
-        .env_remove("DATABASE_URL")
-        .env("PGHOST", "127.0.0.1")
-        .env("PGPORT", "1")
-        .env("WARDEN_DATA_DIR", data_dir)
-        .env("WARDEN_LISTEN_ADDR", format!("127.0.0.1:{port}"))
-        .env("WARDEN_LEASE_TTL_MS", "2000")
-        .env("WARDEN_HEARTBEAT_INTERVAL_MS", "500")
-        .env("WARDEN_ADMIN_TOKEN", common::ADMIN_TOKEN)
-        .env("WARDEN_WORKSPACE_ROOT", data_dir.join("workspaces"))
-        .env("RUST_LOG", "warn")
-        .envs(extra.iter().copied())
-        .stdout(out)
-        .stderr(err)
-        .spawn()
-        .expect("warden starts")
-}
-
-#[cfg(feature = "embedded")]
-async fn wait_ready(base: &str, child: &mut std::process::Child, log: &std::path::Path) {
-    let client = reqwest::Client::new();
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    loop {
-        if let Ok(res) = client.get(format!("{base}/readyz")).send().await
-            && res.status() == reqwest::StatusCode::OK
-        {
-            return;
-        }
-        if let Ok(Some(status)) = child.try_wait() {
-            panic!(
-                "warden exited ({status}): {}",
-                std::fs::read_to_string(log).unwrap_or_default()
-            );
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "warden did not become ready"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-#[cfg(feature = "embedded")]
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
-}
-
 /// Issue 17: sessions on the embedded PostgreSQL survive `kill -9` of the
 /// process; restarted on the same data directory, every one resumes and
 /// finishes gap-free, no committed iteration lost or repeated. Needs no
@@ -286,25 +219,18 @@ fn free_port() -> u16 {
 #[tokio::test]
 async fn embedded_sessions_survive_sigkill_and_resume_gap_free() {
     let dir = std::env::temp_dir().join(format!("warden-k9-{}", uuid::Uuid::new_v4().simple()));
-    let log = dir.with_extension("log");
     std::fs::create_dir_all(&dir).expect("data dir");
-    let port = free_port();
-    let base = format!("http://127.0.0.1:{port}");
-    let mut first = embedded_process(&dir, port, &log);
-    wait_ready(&base, &mut first, &log).await;
+    let mut first = common::Warden::on_data_dir(&dir).serve().await;
+    let base = first.base.clone();
 
     // Only one process may use the data directory.
-    let second_log = dir.with_extension("second.log");
-    let mut second = embedded_process(&dir, free_port(), &second_log);
-    let refused = tokio::task::spawn_blocking(move || second.wait())
-        .await
-        .expect("joined")
-        .expect("second process ends");
+    let mut second = common::Warden::on_data_dir(&dir).spawn();
+    let refused = second.exit_status(Duration::from_secs(60)).await;
     assert!(
         !refused.success(),
         "a second process on the data directory must refuse to start"
     );
-    let said = std::fs::read_to_string(&second_log).unwrap_or_default();
+    let said = second.logs();
     assert!(said.contains("in use by another Warden process"), "{said}");
 
     let app = TestApp::connect(None, base.clone()).await;
@@ -324,11 +250,12 @@ async fn embedded_sessions_survive_sigkill_and_resume_gap_free() {
         before.push(app.session(id).await["iterations"].as_i64().unwrap_or(0));
     }
     // SIGKILL: no checkpoint, no lease release, nothing flushed by Warden.
-    first.kill().expect("SIGKILL");
-    let _ = first.wait();
+    first.kill();
 
-    let mut restarted = embedded_process(&dir, port, &log);
-    wait_ready(&base, &mut restarted, &log).await;
+    let restarted = common::Warden::on_data_dir(&dir)
+        .port(first.port())
+        .serve()
+        .await;
     for (id, before) in ids.iter().zip(before) {
         let s = app
             .wait_until(id, Duration::from_secs(60), |s| {
@@ -344,11 +271,8 @@ async fn embedded_sessions_survive_sigkill_and_resume_gap_free() {
         );
         assert_gap_free(&app.iterations(id).await);
     }
-    let _ = restarted.kill();
-    let _ = restarted.wait();
+    drop(restarted);
     let _ = std::fs::remove_dir_all(&dir);
-    let _ = std::fs::remove_file(&log);
-    let _ = std::fs::remove_file(&second_log);
 }
 
 /// Issue 35, item 4: on the embedded store the data directory's lock
@@ -359,16 +283,13 @@ async fn embedded_sessions_survive_sigkill_and_resume_gap_free() {
 #[tokio::test]
 async fn an_embedded_restart_after_sigkill_resumes_sessions_at_once() {
     let dir = std::env::temp_dir().join(format!("warden-k9r-{}", uuid::Uuid::new_v4().simple()));
-    let log = dir.with_extension("log");
     std::fs::create_dir_all(&dir).expect("data dir");
-    let port = free_port();
-    let base = format!("http://127.0.0.1:{port}");
     let env = [
         ("WARDEN_LEASE_TTL_MS", "30000"),
         ("WARDEN_HEARTBEAT_INTERVAL_MS", "1000"),
     ];
-    let mut first = embedded_process_with(&dir, port, &log, &env);
-    wait_ready(&base, &mut first, &log).await;
+    let mut first = common::Warden::on_data_dir(&dir).envs(&env).serve().await;
+    let base = first.base.clone();
     let app = TestApp::connect(None, base.clone()).await;
     let mut ids = Vec::new();
     for _ in 0..3 {
@@ -384,11 +305,13 @@ async fn an_embedded_restart_after_sigkill_resumes_sessions_at_once() {
         .await;
     }
     let old_owner = app.session(&ids[0]).await["owner"].clone();
-    first.kill().expect("SIGKILL");
-    let _ = first.wait();
+    first.kill();
 
-    let mut restarted = embedded_process_with(&dir, port, &log, &env);
-    wait_ready(&base, &mut restarted, &log).await;
+    let restarted = common::Warden::on_data_dir(&dir)
+        .envs(&env)
+        .port(first.port())
+        .serve()
+        .await;
     let ready = std::time::Instant::now();
     for id in &ids {
         let at_restart = app.session(id).await["iterations"].as_i64().unwrap_or(0);
@@ -410,8 +333,6 @@ async fn an_embedded_restart_after_sigkill_resumes_sessions_at_once() {
         assert_eq!(status, reqwest::StatusCode::OK, "{doc}");
         assert_gap_free(&app.iterations(id).await);
     }
-    let _ = restarted.kill();
-    let _ = restarted.wait();
+    drop(restarted);
     let _ = std::fs::remove_dir_all(&dir);
-    let _ = std::fs::remove_file(&log);
 }

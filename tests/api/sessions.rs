@@ -220,9 +220,10 @@ async fn stop_lands_during_a_long_step_and_resume_continues() {
             json!({}),
         )
         .await;
-    app.wait_until(&id, Duration::from_secs(5), |s| s["iterations"] == 1)
-        .await;
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    app.wait_until(&id, Duration::from_secs(5), |s| {
+        s["iterations"] == 1 && !s["current_step"].is_null()
+    })
+    .await;
 
     let started = Instant::now();
     let (status, s) = app.post(&format!("/api/autonomous/{id}/stop"), None).await;

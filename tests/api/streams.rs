@@ -8,7 +8,7 @@ use crate::common;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use common::{ServiceProcess, TestApp, distinct_steps};
+use common::{ServiceProcess, TestApp, Warden, distinct_steps};
 use serde_json::{Value, json};
 use sqlx::PgPool;
 
@@ -153,7 +153,7 @@ async fn collect(
 
 /// Warden as a separate process (streams are tested as a network client sees them).
 async fn service(pool: PgPool) -> (ServiceProcess, TestApp) {
-    let process = ServiceProcess::start(&pool).await;
+    let process = Warden::on(&pool).serve().await;
     let app = TestApp::connect(None, process.base.clone()).await;
     (process, app)
 }
@@ -205,6 +205,7 @@ async fn a_reconnect_with_last_event_id_loses_and_repeats_nothing() {
     let path = format!("/api/autonomous/{id}/events");
     let head = collect(app.base.clone(), path.clone(), None, |_| false, 7).await;
     let resume_from = head.last().unwrap().id.clone().unwrap();
+    // Events go on while the client is away: the resume must cover them.
     tokio::time::sleep(Duration::from_millis(150)).await;
     let tail = collect(app.base.clone(), path, Some(resume_from), |_| false, 10_000).await;
     let mut all = ids(&head);
@@ -361,6 +362,8 @@ async fn the_session_list_stream_shows_status_changes() {
         |f| f.data["status"] == "completed",
         1_000,
     ));
+    // The reader subscribes before the session exists (no sign of it shows
+    // outside the reader's task).
     tokio::time::sleep(Duration::from_millis(300)).await;
     let id = app.create_scripted(script(2, 50), json!({})).await;
     let frames = tokio::time::timeout(Duration::from_secs(15), reader)

@@ -479,21 +479,212 @@ pub fn assert_gap_free(iterations: &[Value]) {
     );
 }
 
-/// A Warden binary running as its own process over the test's database, for
-/// tests that must see the service exactly as a client on the network does.
-/// Its log (stdout and stderr) goes to a file, read by [`ServiceProcess::logs`].
+/// The one way a test starts a `warden` process: on which database, with
+/// which environment, then [`Warden::serve`] (the service on a loopback
+/// port, waited for until ready) or [`Warden::run`] (a command such as
+/// `keys create`, to its end).
+pub struct Warden {
+    command: std::process::Command,
+    /// The embedded PostgreSQL's data directory, when on one.
+    data_dir: Option<std::path::PathBuf>,
+    /// Whether the service gets the tests' admin token.
+    admin_token: bool,
+    /// A data directory made for this process alone, removed with it.
+    own_data_dir: Option<std::path::PathBuf>,
+    port: Option<u16>,
+}
+
+impl Warden {
+    /// On `pool`'s database: the same database on the `DATABASE_URL`
+    /// server, or on embedded PostgreSQL a data directory of its own (the
+    /// test's embedded server has one backend, held by `pool`).
+    pub fn on(pool: &PgPool) -> Warden {
+        if embedded() {
+            let dir =
+                std::env::temp_dir().join(format!("warden-svc-{}", uuid::Uuid::new_v4().simple()));
+            let mut warden = Warden::on_data_dir(&dir);
+            warden.own_data_dir = Some(dir);
+            warden
+        } else {
+            Warden::at_url(&database_url(pool))
+        }
+    }
+
+    /// On the Postgres server database at `url`.
+    pub fn at_url(url: &str) -> Warden {
+        let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_warden"));
+        command.env("DATABASE_URL", url);
+        Warden::with(command)
+    }
+
+    /// On the embedded PostgreSQL in `data_dir`, which the test owns (it
+    /// outlives the process, e.g. to restart on it); libpq's variables
+    /// point nowhere, so nothing reaches a server by default.
+    pub fn on_data_dir(data_dir: &std::path::Path) -> Warden {
+        let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_warden"));
+        command
+            .env_remove("DATABASE_URL")
+            .env("PGHOST", "127.0.0.1")
+            .env("PGPORT", "1")
+            .env("WARDEN_DATA_DIR", data_dir);
+        let mut warden = Warden::with(command);
+        warden.data_dir = Some(data_dir.to_path_buf());
+        warden
+    }
+
+    fn with(command: std::process::Command) -> Warden {
+        Warden {
+            command,
+            data_dir: None,
+            admin_token: true,
+            own_data_dir: None,
+            port: None,
+        }
+    }
+
+    /// One more environment variable (later ones win).
+    pub fn env(mut self, key: &str, value: impl AsRef<std::ffi::OsStr>) -> Warden {
+        self.command.env(key, value);
+        self
+    }
+
+    /// More environment variables (later ones win).
+    pub fn envs(mut self, vars: &[(&str, &str)]) -> Warden {
+        self.command.envs(vars.iter().copied());
+        self
+    }
+
+    /// Without an admin token: with no key either, a loopback client needs none.
+    pub fn without_admin_token(mut self) -> Warden {
+        self.admin_token = false;
+        self
+    }
+
+    /// Listens on `port` (a restart answering where its predecessor did).
+    pub fn port(mut self, port: u16) -> Warden {
+        self.port = Some(port);
+        self
+    }
+
+    /// Runs `warden ARGS` to its end.
+    pub fn run(mut self, args: &[&str]) -> std::process::Output {
+        let output = self.command.args(args).output().expect("warden runs");
+        if let Some(dir) = &self.own_data_dir {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+        output
+    }
+
+    /// Starts the service without waiting for it (see [`Warden::serve`]).
+    pub fn spawn(mut self) -> ServiceProcess {
+        // The service's defaults, under what the test set: fast leases, so a
+        // process that dies is noticed within a test; the tests' keys.
+        let mut defaults: Vec<(&str, std::ffi::OsString)> = vec![
+            ("WARDEN_LEASE_TTL_MS", "2000".into()),
+            ("WARDEN_HEARTBEAT_INTERVAL_MS", "500".into()),
+            ("WARDEN_SECRET_KEY", TEST_SECRET_KEY.into()),
+            ("RUST_LOG", "warn".into()),
+        ];
+        if self.admin_token {
+            defaults.push(("WARDEN_ADMIN_TOKEN", ADMIN_TOKEN.into()));
+        }
+        if let Some(dir) = &self.data_dir {
+            defaults.push((
+                "WARDEN_WORKSPACE_ROOT",
+                dir.join("workspaces").into_os_string(),
+            ));
+        }
+        let set: Vec<std::ffi::OsString> = self
+            .command
+            .get_envs()
+            .map(|(k, _)| k.to_os_string())
+            .collect();
+        for (key, value) in defaults {
+            if !set.iter().any(|k| k == key) {
+                self.command.env(key, value);
+            }
+        }
+        let port = self.port.unwrap_or_else(free_port);
+        let log = std::env::temp_dir().join(format!("warden-test-{}.log", uuid::Uuid::new_v4()));
+        let out = std::fs::File::create(&log).expect("log file");
+        let err = out.try_clone().expect("log file");
+        let child = self
+            .command
+            .env("WARDEN_LISTEN_ADDR", format!("127.0.0.1:{port}"))
+            .stdout(out)
+            .stderr(err)
+            .spawn()
+            .expect("warden starts");
+        ServiceProcess {
+            child,
+            base: format!("http://127.0.0.1:{port}"),
+            port,
+            log,
+            data_dir: self.own_data_dir.take(),
+        }
+    }
+
+    /// Starts the service and waits until it answers ready (panics with its
+    /// log if it exits first).
+    pub async fn serve(self) -> ServiceProcess {
+        let mut process = self.spawn();
+        let client = reqwest::Client::new();
+        let ready = format!("{}/readyz", process.base);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Ok(res) = client.get(&ready).send().await
+                && res.status() == StatusCode::OK
+            {
+                break;
+            }
+            if let Ok(Some(status)) = process.child.try_wait() {
+                panic!("warden exited ({status}): {}", process.logs());
+            }
+            assert!(Instant::now() < deadline, "warden did not become ready");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        process
+    }
+}
+
+/// The URL of `pool`'s database on the `DATABASE_URL` server.
+pub fn database_url(pool: &PgPool) -> String {
+    let opts = pool.connect_options();
+    let db = opts.get_database().unwrap_or("postgres");
+    let base_url = server_url().expect("DATABASE_URL is set");
+    let server = match base_url.rfind('/') {
+        Some(i) if base_url[..i].contains("://") && i > base_url.find("://").unwrap_or(0) + 2 => {
+            &base_url[..i]
+        }
+        _ => &base_url,
+    };
+    format!("{server}/{db}")
+}
+
+/// A free port on the loopback interface.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+/// A `warden` service started by [`Warden::serve`], ended (SIGKILL) when
+/// dropped. Its log (stdout and stderr) goes to a file, read by
+/// [`ServiceProcess::logs`].
 pub struct ServiceProcess {
     child: std::process::Child,
     pub base: String,
+    port: u16,
     log: std::path::PathBuf,
-    /// Its embedded PostgreSQL's data, removed on drop.
+    /// Its embedded PostgreSQL's data, when made for it alone.
     data_dir: Option<std::path::PathBuf>,
 }
 
 impl ServiceProcess {
-    /// Starts `target/.../warden` on a free port against `pool`'s database.
-    pub async fn start(pool: &PgPool) -> ServiceProcess {
-        ServiceProcess::start_with(pool, &[]).await
+    /// Shorthand of `Warden::on(pool).envs(extra).serve()`.
+    pub async fn start_with(pool: &PgPool, extra: &[(&str, &str)]) -> ServiceProcess {
+        Warden::on(pool).envs(extra).serve().await
     }
 
     /// The process id (to read its `/proc/<pid>/status`).
@@ -501,76 +692,34 @@ impl ServiceProcess {
         self.child.id()
     }
 
+    /// The port it listens on.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
     /// Everything the process has logged so far.
     pub fn logs(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
-    /// As [`ServiceProcess::start`], with extra environment variables. On
-    /// embedded PostgreSQL the process runs its own, in a data directory of
-    /// its own (the test's embedded server has one backend, held by `pool`).
-    pub async fn start_with(pool: &PgPool, extra: &[(&str, &str)]) -> ServiceProcess {
-        let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_warden"));
-        let data_dir = if embedded() {
-            let dir =
-                std::env::temp_dir().join(format!("warden-svc-{}", uuid::Uuid::new_v4().simple()));
-            command
-                .env_remove("DATABASE_URL")
-                .env("WARDEN_DATA_DIR", &dir);
-            Some(dir)
-        } else {
-            let opts = pool.connect_options();
-            let db = opts.get_database().unwrap_or("postgres").to_string();
-            let base_url = server_url().expect("DATABASE_URL is set");
-            let server_url = match base_url.rfind('/') {
-                Some(i)
-                    if base_url[..i].contains("://")
-                        && i > base_url.find("://").unwrap_or(0) + 2 =>
-                {
-                    base_url[..i].to_string()
-                }
-                _ => base_url.clone(),
-            };
-            command.env("DATABASE_URL", format!("{server_url}/{db}"));
-            None
-        };
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .map(|a| a.port())
-            .expect("a free port");
-        let log = std::env::temp_dir().join(format!("warden-test-{}.log", uuid::Uuid::new_v4()));
-        let out = std::fs::File::create(&log).expect("log file");
-        let err = out.try_clone().expect("log file");
-        command
-            .env("WARDEN_LISTEN_ADDR", format!("127.0.0.1:{port}"))
-            .env("WARDEN_LEASE_TTL_MS", "2000")
-            .env("WARDEN_HEARTBEAT_INTERVAL_MS", "500")
-            .env("WARDEN_ADMIN_TOKEN", ADMIN_TOKEN)
-            .env("WARDEN_SECRET_KEY", TEST_SECRET_KEY)
-            .env("RUST_LOG", "warn")
-            .stdout(out)
-            .stderr(err);
-        for (k, v) in extra {
-            command.env(k, v);
-        }
-        let child = command.spawn().expect("warden starts");
-        let base = format!("http://127.0.0.1:{port}");
-        let client = reqwest::Client::new();
-        let deadline = Instant::now() + Duration::from_secs(60);
+    /// Ends it as `kill -9` does: nothing checkpointed, released or flushed.
+    pub fn kill(&mut self) {
+        self.child.kill().expect("SIGKILL");
+        let _ = self.child.wait();
+    }
+
+    /// How it exited, once it has, within `timeout`.
+    pub async fn exit_status(&mut self, timeout: Duration) -> std::process::ExitStatus {
+        let deadline = Instant::now() + timeout;
         loop {
-            if let Ok(res) = client.get(format!("{base}/readyz")).send().await
-                && res.status() == StatusCode::OK
-            {
-                break;
+            if let Some(status) = self.child.try_wait().expect("wait") {
+                return status;
             }
-            assert!(Instant::now() < deadline, "warden did not become ready");
+            assert!(
+                Instant::now() < deadline,
+                "warden did not exit within {timeout:?}"
+            );
             tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        ServiceProcess {
-            child,
-            base,
-            log,
-            data_dir,
         }
     }
 }
@@ -583,6 +732,26 @@ impl Drop for ServiceProcess {
         if let Some(dir) = &self.data_dir {
             let _ = std::fs::remove_dir_all(dir);
         }
+    }
+}
+
+/// Polls `holds` every 20 ms until it is true; panics saying what was awaited
+/// when `timeout` passes first. The one way the tests wait for a condition.
+pub async fn eventually<F, Fut>(timeout: Duration, what: &str, mut holds: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        if holds().await {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "waited {timeout:?} for {what}, in vain"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 

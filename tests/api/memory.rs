@@ -14,7 +14,7 @@ use reqwest::StatusCode;
 use serde_json::{Value, json};
 
 use crate::common::fake_llm::{FakeLlm, text};
-use crate::common::{ADMIN_TOKEN, ServiceProcess, TestApp, TestDb, config_with};
+use crate::common::{ADMIN_TOKEN, TestApp, TestDb, Warden, config_with};
 
 /// Bytes of each agent answer's `output`: under the 4 MiB egress cap.
 const BIG: usize = 3_500_000;
@@ -202,14 +202,13 @@ async fn rss_peak_stays_bounded_with_big_answers() {
     let (url, _sizes) = big_agent().await;
     let workspaces = std::env::temp_dir().join(format!("warden-mem-{}", uuid::Uuid::new_v4()));
     let workspaces = workspaces.to_string_lossy().to_string();
-    let service = ServiceProcess::start_with(
-        &db.pool,
-        &[
+    let service = Warden::on(&db.pool)
+        .envs(&[
             ("WARDEN_EGRESS_ALLOW", "127.0.0.1"),
             ("WARDEN_WORKSPACE_ROOT", workspaces.as_str()),
-        ],
-    )
-    .await;
+        ])
+        .serve()
+        .await;
     let pid = service.pid();
     let client = crate::common::client_with_key(ADMIN_TOKEN);
     // The resting size of a ready service.

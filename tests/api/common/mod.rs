@@ -682,11 +682,6 @@ pub struct ServiceProcess {
 }
 
 impl ServiceProcess {
-    /// Shorthand of `Warden::on(pool).envs(extra).serve()`.
-    pub async fn start_with(pool: &PgPool, extra: &[(&str, &str)]) -> ServiceProcess {
-        Warden::on(pool).envs(extra).serve().await
-    }
-
     /// The process id (to read its `/proc/<pid>/status`).
     pub fn pid(&self) -> u32 {
         self.child.id()

@@ -1,5 +1,6 @@
-//! Configuration from the environment. Every variable has a documented
-//! default; a bad value stops start-up with a message naming the variable.
+//! Configuration from the environment, read through the settings table
+//! (`settings`): every variable has its default and meaning there; a bad
+//! value stops start-up with a message naming the variable.
 
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -66,7 +67,7 @@ impl std::fmt::Debug for Secret {
     }
 }
 
-/// Who may call the API (issue 15): see `crate::auth`.
+/// Who may call the API: see `crate::auth`.
 #[derive(Debug, Clone, Default)]
 pub struct AuthConfig {
     /// `WARDEN_ADMIN_TOKEN`: an admin key from the environment.
@@ -84,7 +85,7 @@ pub struct SessionDefaults {
     pub mode: Mode,
     /// Limits for continuous mode (`AUTONOMOUS_MAX_*`, intervals).
     pub limits: Limits,
-    /// Iteration limit of fixed mode (`AUTONOMOUS_FIXED_ITERATIONS`, default 50).
+    /// Iteration limit of fixed mode (`AUTONOMOUS_FIXED_ITERATIONS`).
     pub fixed_iterations: u64,
 }
 
@@ -122,15 +123,15 @@ pub struct ModelConfig {
     /// Timeout and retries of every model call, also to endpoints a
     /// session names itself.
     pub call: crate::llm::CallPolicy,
-    /// `WARDEN_LLM_MAX_TOKENS`: most tokens one call may generate, default 2048.
+    /// `WARDEN_LLM_MAX_TOKENS`: most tokens one call may generate.
     pub max_tokens_per_call: u64,
-    /// `AUTONOMOUS_REFLECTION_MODEL`, default `WARDEN_LLM_MODEL`.
+    /// `AUTONOMOUS_REFLECTION_MODEL`, else `WARDEN_LLM_MODEL`.
     pub reflection_model: Option<String>,
-    /// `AUTONOMOUS_REFLECTION_TEMPERATURE`, default 0.7.
+    /// `AUTONOMOUS_REFLECTION_TEMPERATURE`.
     pub reflection_temperature: f64,
-    /// `AUTONOMOUS_REFLECTION_TOP_P`, default 0.6.
+    /// `AUTONOMOUS_REFLECTION_TOP_P`.
     pub reflection_top_p: f64,
-    /// `WARDEN_MAX_FILE_BYTES`: largest file a tool reads or writes, default 1 MiB.
+    /// `WARDEN_MAX_FILE_BYTES`: largest file a tool reads or writes.
     pub max_file_bytes: u64,
 }
 
@@ -144,26 +145,26 @@ impl ModelConfig {
 /// Everything the service reads from its environment.
 #[derive(Debug, Clone)]
 pub struct Config {
-    /// `WARDEN_LISTEN_ADDR`, default 127.0.0.1:8080.
+    /// `WARDEN_LISTEN_ADDR`.
     pub listen_addr: SocketAddr,
     /// `DATABASE_URL`: a Postgres server. Unset (with the `embedded`
     /// feature): an embedded PostgreSQL in `data_dir`.
     pub database_url: Option<Secret>,
-    /// `WARDEN_DATA_DIR`, default ./.warden: the embedded PostgreSQL's data
+    /// `WARDEN_DATA_DIR`: the embedded PostgreSQL's data
     /// (unused with `DATABASE_URL`).
     pub data_dir: PathBuf,
-    /// `WARDEN_DB_MAX_CONNECTIONS`, default 16.
+    /// `WARDEN_DB_MAX_CONNECTIONS`.
     pub db_max_connections: u32,
     /// `WARDEN_LOOP_THREADS`: worker threads of the runtime that runs the
-    /// session loops, apart from the API's; default the number of cores, 0
-    /// runs the loops on the API's runtime.
+    /// session loops, apart from the API's; 0 runs the loops on the API's
+    /// runtime.
     pub loop_threads: usize,
-    /// `WARDEN_LOOP_NICE`: scheduling niceness of those threads (0–19,
-    /// default 10), so the API answers first when the CPU is saturated.
+    /// `WARDEN_LOOP_NICE`: scheduling niceness of those threads (0–19),
+    /// so the API answers first when the CPU is saturated.
     pub loop_nice: i32,
-    /// `WARDEN_WORKSPACE_ROOT`, default ./workspaces.
+    /// `WARDEN_WORKSPACE_ROOT`.
     pub workspace_root: PathBuf,
-    /// `WARDEN_WORKSPACE_RETENTION`, default 7d: how long the workspace of
+    /// `WARDEN_WORKSPACE_RETENTION`: how long the workspace of
     /// an ended session is kept on the disk.
     pub workspace_retention: Duration,
     /// Session defaults.
@@ -172,30 +173,30 @@ pub struct Config {
     pub gate: GateConfig,
     /// Stuck detection thresholds.
     pub stuck: StuckConfig,
-    /// `WARDEN_THROTTLE_COOLDOWN_MS`, default 5000.
+    /// `WARDEN_THROTTLE_COOLDOWN_MS`.
     pub throttle_cooldown: Duration,
     /// Lease timing.
     pub lease: LeaseConfig,
-    /// `WARDEN_MAX_RUNNING`: sessions this replica runs at once, default
-    /// 1000; beyond it sessions wait `queued` for any replica with room.
+    /// `WARDEN_MAX_RUNNING`: sessions this replica runs at once;
+    /// beyond it sessions wait `queued` for any replica with room.
     pub max_running: usize,
     /// `WARDEN_CLAIMS_PER_TICK`: most queued or orphaned sessions one
-    /// replica claims per heartbeat, default 100, so a replica that starts
+    /// replica claims per heartbeat, so a replica that starts
     /// (or a queue that fills) never takes on a burst all at once.
     pub claims_per_tick: usize,
-    /// `WARDEN_STOP_WAIT_MS`: how long stop/pause requests wait for the loop to land, default 5000.
+    /// `WARDEN_STOP_WAIT_MS`: how long stop/pause requests wait for the loop to land.
     pub control_wait: Duration,
     /// `WARDEN_MAX_ATTEMPTS`: consecutive failed attempts (rescues without a
-    /// committed iteration) after which a session ends `failed`, default 5.
+    /// committed iteration) after which a session ends `failed`.
     pub max_attempts: i32,
     /// `WARDEN_DB_ACQUIRE_TIMEOUT_MS`: how long an API request waits for a
-    /// pooled connection before answering 503, default 2000.
+    /// pooled connection before answering 503.
     pub db_acquire_timeout: Duration,
-    /// `WARDEN_MAX_BODY_BYTES`, default 1 MiB.
+    /// `WARDEN_MAX_BODY_BYTES`.
     pub max_body_bytes: usize,
     /// `WARDEN_LOG_FORMAT`: `text` or `json`.
     pub log_json: bool,
-    /// `RUST_LOG`: the log filter, default `info`.
+    /// `RUST_LOG`: the log filter.
     pub log_filter: String,
     /// Model endpoints.
     pub models: ModelConfig,
@@ -210,7 +211,6 @@ pub struct Config {
     pub egress: Arc<EgressPolicy>,
     /// Keys and tokens (`WARDEN_ADMIN_TOKEN`, `WARDEN_METRICS_TOKEN`, `WARDEN_AUTH`).
     pub auth: AuthConfig,
-    // Issue 15, items 6 and 7: secrets at rest and quotas.
     /// The key that seals sessions' own secrets (`WARDEN_SECRET_KEY` or
     /// `WARDEN_SECRET_KEY_FILE`).
     pub secret_key: SecretKeySource,
@@ -230,18 +230,18 @@ pub struct Config {
 pub struct ConnectionLimits {
     /// `WARDEN_HEADER_READ_TIMEOUT_MS`: how long a request's line and
     /// headers may take to arrive in full, counted from the connection's
-    /// accept (or, on a kept-alive connection, from the previous response),
-    /// default 10 s; the connection is closed after it.
+    /// accept (or, on a kept-alive connection, from the previous response);
+    /// the connection is closed after it.
     pub header_read_timeout: Duration,
     /// `WARDEN_IDLE_TIMEOUT_MS`: a connection over which no byte moves in
-    /// either direction for this long is closed, default 60 s (live
+    /// either direction for this long is closed (live
     /// streams send a keep-alive comment every 15 s).
     pub idle_timeout: Duration,
-    /// `WARDEN_MAX_CONNECTIONS`: open connections per replica, default
-    /// 10,000; more are closed as soon as they are accepted.
+    /// `WARDEN_MAX_CONNECTIONS`: open connections per replica; more
+    /// are closed as soon as they are accepted.
     pub max_connections: usize,
     /// `WARDEN_MAX_CONNECTIONS_PER_IP`: open connections from one client
-    /// address (an IPv6 client's /64), default 1,000; more are closed as
+    /// address (an IPv6 client's /64); more are closed as
     /// soon as they are accepted.
     pub max_connections_per_ip: usize,
 }
@@ -251,7 +251,7 @@ pub struct ConnectionLimits {
 pub enum SecretKeySource {
     /// `WARDEN_SECRET_KEY`, or the key already read from its file.
     Key(SecretKey),
-    /// `WARDEN_SECRET_KEY_FILE` (default `.warden/secret.key`): read at
+    /// `WARDEN_SECRET_KEY_FILE` : read at
     /// start, or generated there (0600) on first start.
     File(PathBuf),
 }
@@ -275,39 +275,40 @@ impl Config {
     }
 }
 
-/// Quotas (issue 15, item 7); every one has a documented default.
+/// Quotas, so that no tenant or session can take a replica's every resource;
+/// each has a default in the settings table.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Quotas {
     /// `WARDEN_TENANT_MAX_RUNNING`: sessions of one tenant that may be
-    /// active at once (running, awaiting refinement), default 1000: a
+    /// active at once (running, awaiting refinement): a
     /// bound against one tenant taking every replica, not a capacity plan.
     pub tenant_max_running: i64,
     /// `WARDEN_MAX_TOOL_CALLS_PER_STEP`: tool calls of one model answer
-    /// that are executed, default 16; the rest get an error result.
+    /// that are executed; the rest get an error result.
     pub max_tool_calls_per_step: usize,
-    /// `WARDEN_WORKSPACE_MAX_BYTES`: bytes of files in one session's workspace, default 100 MiB.
+    /// `WARDEN_WORKSPACE_MAX_BYTES`: bytes of files in one session's workspace.
     pub workspace_max_bytes: u64,
-    /// `WARDEN_WORKSPACE_MAX_FILES`: files in one session's workspace, default 10 000.
+    /// `WARDEN_WORKSPACE_MAX_FILES`: files in one session's workspace.
     pub workspace_max_files: u64,
     /// `WARDEN_WORKSPACE_MAX_ENTRIES`: files and directories (every entry)
-    /// in one session's workspace, default 10 000.
+    /// in one session's workspace.
     pub workspace_max_entries: u64,
-    /// `WARDEN_WORKSPACE_MAX_DEPTH`: components of a workspace path, default 32.
+    /// `WARDEN_WORKSPACE_MAX_DEPTH`: components of a workspace path.
     pub workspace_max_depth: usize,
-    /// `WARDEN_TENANT_MAX_STREAMS`: live event streams one tenant may hold open, default 32.
+    /// `WARDEN_TENANT_MAX_STREAMS`: live event streams one tenant may hold open.
     pub tenant_max_streams: usize,
     /// `WARDEN_MAX_OUTPUT_BYTES`: bytes of each text of a step's answer
-    /// (output, message, error, arguments) stored, default 256 KiB; the
+    /// (output, message, error, arguments) stored; the
     /// rest is dropped with a marker saying how much.
     pub max_output_bytes: usize,
-    /// `WARDEN_REQUEST_TIMEOUT_MS`: longest a request (streams aside) may take, default 30 s.
+    /// `WARDEN_REQUEST_TIMEOUT_MS`: longest a request (streams aside) may take.
     pub request_timeout: Duration,
     /// `WARDEN_MAX_CONCURRENT_REQUESTS`: requests served at once (streams
-    /// aside); more are refused at once with 503, default 512.
+    /// aside); more are refused at once with 503.
     pub max_concurrent_requests: usize,
     /// `WARDEN_TENANT_MODEL_CALLS_PER_MINUTE`: calls one tenant may make on
     /// the server's own model (goal refinement, success criteria,
-    /// reflection) per minute and replica, default 60; 0 is unlimited.
+    /// reflection) per minute and replica; 0 is unlimited.
     pub tenant_model_calls_per_minute: u32,
 }
 

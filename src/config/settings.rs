@@ -23,6 +23,8 @@ pub enum Layer {
     Store,
     /// Logging.
     Log,
+    /// The memory allocator, mimalloc, which reads its own settings at start.
+    Allocator,
 }
 
 impl Layer {
@@ -36,6 +38,7 @@ impl Layer {
             Layer::Llm => "llm",
             Layer::Store => "store",
             Layer::Log => "log",
+            Layer::Allocator => "allocator",
         }
     }
 }
@@ -207,11 +210,13 @@ macro_rules! settings {
 }
 
 settings! {
-    // Conventional names, kept as every Postgres and Rust tool spells them.
+    // Named by the tools that define them (Postgres clients, tracing, mimalloc).
     DATABASE_URL (Store, secret) = unset =>
         "Postgres server URL; unset, an embedded PostgreSQL in `WARDEN_DATA_DIR` (builds with the default `embedded` feature; required without it)";
     RUST_LOG (Log) = "info" =>
         "log filter (`info`, `warden=debug`, …)";
+    MIMALLOC_PURGE_DELAY (Allocator) = "1000" =>
+        "milliseconds before memory freed on an idle thread goes back to the system; `0` gives it back at once (read by mimalloc itself)";
 
     // The service.
     WARDEN_DATA_DIR (Store) = "./.warden" =>
@@ -431,7 +436,8 @@ session gets when its create request leaves the field out (the *per session* col
 the field that overrides it, within documented ranges; out of range → 422 naming the field).\n\
 - `WARDEN_*`: the service itself (listening, storage, the fleet, quotas, the model \
 endpoint); a session cannot change them.\n\
-- `DATABASE_URL` and `RUST_LOG` keep the names every Postgres and Rust tool uses.\n\
+- `DATABASE_URL`, `RUST_LOG` and `MIMALLOC_PURGE_DELAY` keep the names of the tools that \
+define them (sqlx and Postgres clients, tracing, the mimalloc allocator).\n\
 \n\
 | variable | default | read by | per session | meaning |\n\
 |---|---|---|---|---|\n",
@@ -486,7 +492,7 @@ mod tests {
             assert!(
                 name.starts_with("WARDEN_")
                     || name.starts_with("AUTONOMOUS_")
-                    || ["DATABASE_URL", "RUST_LOG"].contains(&name),
+                    || ["DATABASE_URL", "RUST_LOG", "MIMALLOC_PURGE_DELAY"].contains(&name),
                 "{name}: a new setting is WARDEN_* (the service) or AUTONOMOUS_* (the loop's defaults)"
             );
         }

@@ -29,6 +29,8 @@ WORKDIR /var/lib/warden
 #   docker run -e WARDEN_ADMIN_TOKEN=… -p 127.0.0.1:8080:8080 …
 # The key sealing sessions' API keys, unless WARDEN_SECRET_KEY is given:
 # generated on first start; keep /var/lib/warden/keys on a volume.
+# Other settings: README, "Configuration"; `docker run --rm IMAGE config`
+# prints the values in effect.
 ENV WARDEN_LISTEN_ADDR=0.0.0.0:8080 \
     WARDEN_WORKSPACE_ROOT=/var/lib/warden/workspaces \
     WARDEN_SECRET_KEY_FILE=/var/lib/warden/keys/secret.key

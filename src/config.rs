@@ -1,6 +1,8 @@
-//! Configuration from the environment. Every variable has a documented
-//! default; a bad value stops start-up with a message naming the variable.
+//! Configuration from the environment, read through the settings table
+//! (`settings`): every variable has its default and meaning there; a bad
+//! value stops start-up with a message naming the variable.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -15,6 +17,10 @@ use crate::policy::guardrails::Limits;
 use crate::policy::lifecycle::Mode;
 use crate::policy::stuck::StuckConfig;
 use crate::secrets::{Keyring, SecretKey};
+
+pub mod settings;
+
+use settings::*;
 
 /// A configuration value that could not be used.
 #[derive(Debug, thiserror::Error)]
@@ -61,7 +67,7 @@ impl std::fmt::Debug for Secret {
     }
 }
 
-/// Who may call the API (issue 15): see `crate::auth`.
+/// Who may call the API: see `crate::auth`.
 #[derive(Debug, Clone, Default)]
 pub struct AuthConfig {
     /// `WARDEN_ADMIN_TOKEN`: an admin key from the environment.
@@ -79,7 +85,7 @@ pub struct SessionDefaults {
     pub mode: Mode,
     /// Limits for continuous mode (`AUTONOMOUS_MAX_*`, intervals).
     pub limits: Limits,
-    /// Iteration limit of fixed mode (`AUTONOMOUS_FIXED_ITERATIONS`, default 50).
+    /// Iteration limit of fixed mode (`AUTONOMOUS_FIXED_ITERATIONS`).
     pub fixed_iterations: u64,
 }
 
@@ -117,15 +123,15 @@ pub struct ModelConfig {
     /// Timeout and retries of every model call, also to endpoints a
     /// session names itself.
     pub call: crate::llm::CallPolicy,
-    /// `WARDEN_LLM_MAX_TOKENS`: most tokens one call may generate, default 2048.
+    /// `WARDEN_LLM_MAX_TOKENS`: most tokens one call may generate.
     pub max_tokens_per_call: u64,
-    /// `AUTONOMOUS_REFLECTION_MODEL`, default `WARDEN_LLM_MODEL`.
+    /// `AUTONOMOUS_REFLECTION_MODEL`, else `WARDEN_LLM_MODEL`.
     pub reflection_model: Option<String>,
-    /// `AUTONOMOUS_REFLECTION_TEMPERATURE`, default 0.7.
+    /// `AUTONOMOUS_REFLECTION_TEMPERATURE`.
     pub reflection_temperature: f64,
-    /// `AUTONOMOUS_REFLECTION_TOP_P`, default 0.6.
+    /// `AUTONOMOUS_REFLECTION_TOP_P`.
     pub reflection_top_p: f64,
-    /// `WARDEN_MAX_FILE_BYTES`: largest file a tool reads or writes, default 1 MiB.
+    /// `WARDEN_MAX_FILE_BYTES`: largest file a tool reads or writes.
     pub max_file_bytes: u64,
 }
 
@@ -139,26 +145,26 @@ impl ModelConfig {
 /// Everything the service reads from its environment.
 #[derive(Debug, Clone)]
 pub struct Config {
-    /// `WARDEN_LISTEN_ADDR`, default 127.0.0.1:8080.
+    /// `WARDEN_LISTEN_ADDR`.
     pub listen_addr: SocketAddr,
     /// `DATABASE_URL`: a Postgres server. Unset (with the `embedded`
     /// feature): an embedded PostgreSQL in `data_dir`.
     pub database_url: Option<Secret>,
-    /// `WARDEN_DATA_DIR`, default ./.warden: the embedded PostgreSQL's data
+    /// `WARDEN_DATA_DIR`: the embedded PostgreSQL's data
     /// (unused with `DATABASE_URL`).
     pub data_dir: PathBuf,
-    /// `WARDEN_DB_MAX_CONNECTIONS`, default 16.
+    /// `WARDEN_DB_MAX_CONNECTIONS`.
     pub db_max_connections: u32,
     /// `WARDEN_LOOP_THREADS`: worker threads of the runtime that runs the
-    /// session loops, apart from the API's; default the number of cores, 0
-    /// runs the loops on the API's runtime.
+    /// session loops, apart from the API's; 0 runs the loops on the API's
+    /// runtime.
     pub loop_threads: usize,
-    /// `WARDEN_LOOP_NICE`: scheduling niceness of those threads (0–19,
-    /// default 10), so the API answers first when the CPU is saturated.
+    /// `WARDEN_LOOP_NICE`: scheduling niceness of those threads (0–19),
+    /// so the API answers first when the CPU is saturated.
     pub loop_nice: i32,
-    /// `WARDEN_WORKSPACE_ROOT`, default ./workspaces.
+    /// `WARDEN_WORKSPACE_ROOT`.
     pub workspace_root: PathBuf,
-    /// `WARDEN_WORKSPACE_RETENTION`, default 7d: how long the workspace of
+    /// `WARDEN_WORKSPACE_RETENTION`: how long the workspace of
     /// an ended session is kept on the disk.
     pub workspace_retention: Duration,
     /// Session defaults.
@@ -167,29 +173,31 @@ pub struct Config {
     pub gate: GateConfig,
     /// Stuck detection thresholds.
     pub stuck: StuckConfig,
-    /// `WARDEN_THROTTLE_COOLDOWN_MS`, default 5000.
+    /// `WARDEN_THROTTLE_COOLDOWN_MS`.
     pub throttle_cooldown: Duration,
     /// Lease timing.
     pub lease: LeaseConfig,
-    /// `WARDEN_MAX_RUNNING`: sessions this replica runs at once, default
-    /// 1000; beyond it sessions wait `queued` for any replica with room.
+    /// `WARDEN_MAX_RUNNING`: sessions this replica runs at once;
+    /// beyond it sessions wait `queued` for any replica with room.
     pub max_running: usize,
     /// `WARDEN_CLAIMS_PER_TICK`: most queued or orphaned sessions one
-    /// replica claims per heartbeat, default 100, so a replica that starts
+    /// replica claims per heartbeat, so a replica that starts
     /// (or a queue that fills) never takes on a burst all at once.
     pub claims_per_tick: usize,
-    /// `WARDEN_STOP_WAIT_MS`: how long stop/pause requests wait for the loop to land, default 5000.
+    /// `WARDEN_STOP_WAIT_MS`: how long stop/pause requests wait for the loop to land.
     pub control_wait: Duration,
     /// `WARDEN_MAX_ATTEMPTS`: consecutive failed attempts (rescues without a
-    /// committed iteration) after which a session ends `failed`, default 5.
+    /// committed iteration) after which a session ends `failed`.
     pub max_attempts: i32,
     /// `WARDEN_DB_ACQUIRE_TIMEOUT_MS`: how long an API request waits for a
-    /// pooled connection before answering 503, default 2000.
+    /// pooled connection before answering 503.
     pub db_acquire_timeout: Duration,
-    /// `WARDEN_MAX_BODY_BYTES`, default 1 MiB.
+    /// `WARDEN_MAX_BODY_BYTES`.
     pub max_body_bytes: usize,
     /// `WARDEN_LOG_FORMAT`: `text` or `json`.
     pub log_json: bool,
+    /// `RUST_LOG`: the log filter.
+    pub log_filter: String,
     /// Model endpoints.
     pub models: ModelConfig,
     /// `AUTONOMOUS_REQUIRE_CONCRETE_GOALS`: ambiguous goals wait for refinement.
@@ -203,7 +211,6 @@ pub struct Config {
     pub egress: Arc<EgressPolicy>,
     /// Keys and tokens (`WARDEN_ADMIN_TOKEN`, `WARDEN_METRICS_TOKEN`, `WARDEN_AUTH`).
     pub auth: AuthConfig,
-    // Issue 15, items 6 and 7: secrets at rest and quotas.
     /// The key that seals sessions' own secrets (`WARDEN_SECRET_KEY` or
     /// `WARDEN_SECRET_KEY_FILE`).
     pub secret_key: SecretKeySource,
@@ -223,31 +230,20 @@ pub struct Config {
 pub struct ConnectionLimits {
     /// `WARDEN_HEADER_READ_TIMEOUT_MS`: how long a request's line and
     /// headers may take to arrive in full, counted from the connection's
-    /// accept (or, on a kept-alive connection, from the previous response),
-    /// default 10 s; the connection is closed after it.
+    /// accept (or, on a kept-alive connection, from the previous response);
+    /// the connection is closed after it.
     pub header_read_timeout: Duration,
     /// `WARDEN_IDLE_TIMEOUT_MS`: a connection over which no byte moves in
-    /// either direction for this long is closed, default 60 s (live
+    /// either direction for this long is closed (live
     /// streams send a keep-alive comment every 15 s).
     pub idle_timeout: Duration,
-    /// `WARDEN_MAX_CONNECTIONS`: open connections per replica, default
-    /// 10,000; more are closed as soon as they are accepted.
+    /// `WARDEN_MAX_CONNECTIONS`: open connections per replica; more
+    /// are closed as soon as they are accepted.
     pub max_connections: usize,
     /// `WARDEN_MAX_CONNECTIONS_PER_IP`: open connections from one client
-    /// address (an IPv6 client's /64), default 1,000; more are closed as
+    /// address (an IPv6 client's /64); more are closed as
     /// soon as they are accepted.
     pub max_connections_per_ip: usize,
-}
-
-impl Default for ConnectionLimits {
-    fn default() -> ConnectionLimits {
-        ConnectionLimits {
-            header_read_timeout: Duration::from_secs(10),
-            idle_timeout: Duration::from_secs(60),
-            max_connections: 10_000,
-            max_connections_per_ip: 1_000,
-        }
-    }
 }
 
 /// Where the key sealing sessions' secrets comes from.
@@ -255,7 +251,7 @@ impl Default for ConnectionLimits {
 pub enum SecretKeySource {
     /// `WARDEN_SECRET_KEY`, or the key already read from its file.
     Key(SecretKey),
-    /// `WARDEN_SECRET_KEY_FILE` (default `.warden/secret.key`): read at
+    /// `WARDEN_SECRET_KEY_FILE` : read at
     /// start, or generated there (0600) on first start.
     File(PathBuf),
 }
@@ -279,82 +275,64 @@ impl Config {
     }
 }
 
-/// Quotas (issue 15, item 7); every one has a documented default.
+/// Quotas, so that no tenant or session can take a replica's every resource;
+/// each has a default in the settings table.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Quotas {
     /// `WARDEN_TENANT_MAX_RUNNING`: sessions of one tenant that may be
-    /// active at once (running, awaiting refinement), default 1000: a
+    /// active at once (running, awaiting refinement): a
     /// bound against one tenant taking every replica, not a capacity plan.
     pub tenant_max_running: i64,
     /// `WARDEN_MAX_TOOL_CALLS_PER_STEP`: tool calls of one model answer
-    /// that are executed, default 16; the rest get an error result.
+    /// that are executed; the rest get an error result.
     pub max_tool_calls_per_step: usize,
-    /// `WARDEN_WORKSPACE_MAX_BYTES`: bytes of files in one session's workspace, default 100 MiB.
+    /// `WARDEN_WORKSPACE_MAX_BYTES`: bytes of files in one session's workspace.
     pub workspace_max_bytes: u64,
-    /// `WARDEN_WORKSPACE_MAX_FILES`: files in one session's workspace, default 10 000.
+    /// `WARDEN_WORKSPACE_MAX_FILES`: files in one session's workspace.
     pub workspace_max_files: u64,
     /// `WARDEN_WORKSPACE_MAX_ENTRIES`: files and directories (every entry)
-    /// in one session's workspace, default 10 000.
+    /// in one session's workspace.
     pub workspace_max_entries: u64,
-    /// `WARDEN_WORKSPACE_MAX_DEPTH`: components of a workspace path, default 32.
+    /// `WARDEN_WORKSPACE_MAX_DEPTH`: components of a workspace path.
     pub workspace_max_depth: usize,
-    /// `WARDEN_TENANT_MAX_STREAMS`: live event streams one tenant may hold open, default 32.
+    /// `WARDEN_TENANT_MAX_STREAMS`: live event streams one tenant may hold open.
     pub tenant_max_streams: usize,
     /// `WARDEN_MAX_OUTPUT_BYTES`: bytes of each text of a step's answer
-    /// (output, message, error, arguments) stored, default 256 KiB; the
+    /// (output, message, error, arguments) stored; the
     /// rest is dropped with a marker saying how much.
     pub max_output_bytes: usize,
-    /// `WARDEN_REQUEST_TIMEOUT_MS`: longest a request (streams aside) may take, default 30 s.
+    /// `WARDEN_REQUEST_TIMEOUT_MS`: longest a request (streams aside) may take.
     pub request_timeout: Duration,
     /// `WARDEN_MAX_CONCURRENT_REQUESTS`: requests served at once (streams
-    /// aside); more are refused at once with 503, default 512.
+    /// aside); more are refused at once with 503.
     pub max_concurrent_requests: usize,
     /// `WARDEN_TENANT_MODEL_CALLS_PER_MINUTE`: calls one tenant may make on
     /// the server's own model (goal refinement, success criteria,
-    /// reflection) per minute and replica, default 60; 0 is unlimited.
+    /// reflection) per minute and replica; 0 is unlimited.
     pub tenant_model_calls_per_minute: u32,
-}
-
-impl Default for Quotas {
-    fn default() -> Quotas {
-        Quotas {
-            tenant_max_running: 1_000,
-            max_tool_calls_per_step: 16,
-            max_output_bytes: 262_144,
-            workspace_max_bytes: 104_857_600,
-            workspace_max_files: 10_000,
-            workspace_max_entries: 10_000,
-            workspace_max_depth: 32,
-            tenant_max_streams: 32,
-            request_timeout: Duration::from_secs(30),
-            max_concurrent_requests: 512,
-            tenant_model_calls_per_minute: 60,
-        }
-    }
 }
 
 impl Env<'_> {
     /// `WARDEN_SECRET_KEY` (wins) or `WARDEN_SECRET_KEY_FILE`.
     fn secret_key(&self) -> Result<SecretKeySource, ConfigError> {
-        if let Some(raw) = self.raw("WARDEN_SECRET_KEY") {
-            return SecretKey::parse(raw)
+        if let Some((var, raw)) = self.text(&WARDEN_SECRET_KEY) {
+            return SecretKey::parse(&raw)
                 .map(SecretKeySource::Key)
                 .map_err(|expected| ConfigError::Invalid {
-                    var: "WARDEN_SECRET_KEY",
+                    var,
                     value: "<redacted>".into(),
                     expected,
                 });
         }
-        Ok(SecretKeySource::File(PathBuf::from(
-            self.raw("WARDEN_SECRET_KEY_FILE")
-                .map(str::trim)
-                .unwrap_or(".warden/secret.key"),
-        )))
+        let file = self
+            .string(&WARDEN_SECRET_KEY_FILE)
+            .ok_or_else(|| missing_default(&WARDEN_SECRET_KEY_FILE))?;
+        Ok(SecretKeySource::File(PathBuf::from(file)))
     }
 
     /// `WARDEN_SECRET_KEY_PREVIOUS`: keys as `WARDEN_SECRET_KEY`, comma-separated.
     fn secret_key_previous(&self) -> Result<Vec<SecretKey>, ConfigError> {
-        let Some(raw) = self.raw("WARDEN_SECRET_KEY_PREVIOUS") else {
+        let Some((var, raw)) = self.text(&WARDEN_SECRET_KEY_PREVIOUS) else {
             return Ok(Vec::new());
         };
         raw.split(',')
@@ -363,7 +341,7 @@ impl Env<'_> {
             .enumerate()
             .map(|(i, k)| {
                 SecretKey::parse(k).map_err(|expected| ConfigError::Invalid {
-                    var: "WARDEN_SECRET_KEY_PREVIOUS",
+                    var,
                     value: format!("<redacted key {}>", i + 1),
                     expected: format!("comma-separated keys, each {expected}"),
                 })
@@ -372,119 +350,65 @@ impl Env<'_> {
     }
 
     fn quotas(&self) -> Result<Quotas, ConfigError> {
-        let d = Quotas::default();
         Ok(Quotas {
-            tenant_max_running: self.parse(
-                "WARDEN_TENANT_MAX_RUNNING",
-                d.tenant_max_running,
-                1,
-                1_000_000,
-            )?,
-            max_tool_calls_per_step: self.parse(
-                "WARDEN_MAX_TOOL_CALLS_PER_STEP",
-                d.max_tool_calls_per_step,
-                1,
-                1_000,
-            )?,
-            max_output_bytes: self.parse(
-                "WARDEN_MAX_OUTPUT_BYTES",
-                d.max_output_bytes,
-                1_024,
-                104_857_600,
-            )?,
+            tenant_max_running: self.parse(&WARDEN_TENANT_MAX_RUNNING, 1, 1_000_000)?,
+            max_tool_calls_per_step: self.parse(&WARDEN_MAX_TOOL_CALLS_PER_STEP, 1, 1_000)?,
+            max_output_bytes: self.parse(&WARDEN_MAX_OUTPUT_BYTES, 1_024, 104_857_600)?,
             workspace_max_bytes: self.parse(
-                "WARDEN_WORKSPACE_MAX_BYTES",
-                d.workspace_max_bytes,
+                &WARDEN_WORKSPACE_MAX_BYTES,
                 1_024,
                 1_099_511_627_776,
             )?,
-            workspace_max_files: self.parse(
-                "WARDEN_WORKSPACE_MAX_FILES",
-                d.workspace_max_files,
-                1,
-                10_000_000,
-            )?,
-            workspace_max_entries: self.parse(
-                "WARDEN_WORKSPACE_MAX_ENTRIES",
-                d.workspace_max_entries,
-                1,
-                10_000_000,
-            )?,
-            workspace_max_depth: self.parse(
-                "WARDEN_WORKSPACE_MAX_DEPTH",
-                d.workspace_max_depth,
-                1,
-                512,
-            )?,
-            tenant_max_streams: self.parse(
-                "WARDEN_TENANT_MAX_STREAMS",
-                d.tenant_max_streams,
-                1,
-                1_000_000,
-            )?,
-            request_timeout: self.millis("WARDEN_REQUEST_TIMEOUT_MS", 30_000, 100, 3_600_000)?,
-            max_concurrent_requests: self.parse(
-                "WARDEN_MAX_CONCURRENT_REQUESTS",
-                d.max_concurrent_requests,
-                1,
-                1_000_000,
-            )?,
+            workspace_max_files: self.parse(&WARDEN_WORKSPACE_MAX_FILES, 1, 10_000_000)?,
+            workspace_max_entries: self.parse(&WARDEN_WORKSPACE_MAX_ENTRIES, 1, 10_000_000)?,
+            workspace_max_depth: self.parse(&WARDEN_WORKSPACE_MAX_DEPTH, 1, 512)?,
+            tenant_max_streams: self.parse(&WARDEN_TENANT_MAX_STREAMS, 1, 1_000_000)?,
+            request_timeout: self.millis(&WARDEN_REQUEST_TIMEOUT_MS, 100, 3_600_000)?,
+            max_concurrent_requests: self.parse(&WARDEN_MAX_CONCURRENT_REQUESTS, 1, 1_000_000)?,
             tenant_model_calls_per_minute: self.parse(
-                "WARDEN_TENANT_MODEL_CALLS_PER_MINUTE",
-                d.tenant_model_calls_per_minute,
+                &WARDEN_TENANT_MODEL_CALLS_PER_MINUTE,
                 0,
                 1_000_000,
             )?,
         })
     }
-}
 
-impl Env<'_> {
     fn connections(&self) -> Result<ConnectionLimits, ConfigError> {
-        let d = ConnectionLimits::default();
         Ok(ConnectionLimits {
-            header_read_timeout: self.millis(
-                "WARDEN_HEADER_READ_TIMEOUT_MS",
-                10_000,
-                100,
-                3_600_000,
-            )?,
-            idle_timeout: self.millis("WARDEN_IDLE_TIMEOUT_MS", 60_000, 100, 86_400_000)?,
-            max_connections: self.parse(
-                "WARDEN_MAX_CONNECTIONS",
-                d.max_connections,
-                1,
-                10_000_000,
-            )?,
-            max_connections_per_ip: self.parse(
-                "WARDEN_MAX_CONNECTIONS_PER_IP",
-                d.max_connections_per_ip,
-                1,
-                10_000_000,
-            )?,
+            header_read_timeout: self.millis(&WARDEN_HEADER_READ_TIMEOUT_MS, 100, 3_600_000)?,
+            idle_timeout: self.millis(&WARDEN_IDLE_TIMEOUT_MS, 100, 86_400_000)?,
+            max_connections: self.parse(&WARDEN_MAX_CONNECTIONS, 1, 10_000_000)?,
+            max_connections_per_ip: self.parse(&WARDEN_MAX_CONNECTIONS_PER_IP, 1, 10_000_000)?,
         })
     }
 }
 
-/// Reads configuration values from a source of variables.
+/// Reads configuration values through the settings table: a value set in
+/// the environment, else the table's default.
 struct Env<'a> {
     vars: &'a HashMap<String, String>,
 }
 
 impl Env<'_> {
-    fn raw(&self, var: &'static str) -> Option<&str> {
-        self.vars
-            .get(var)
-            .map(String::as_str)
-            .filter(|v| !v.trim().is_empty())
+    /// The text in effect and the variable to name in an error.
+    fn text(&self, setting: &Setting) -> Option<(&'static str, Cow<'_, str>)> {
+        setting.text(self.vars).map(|(text, origin)| match origin {
+            Origin::Env(var) => (var, text),
+            Origin::Default => (setting.name, text),
+        })
+    }
+
+    /// The trimmed text in effect, if any.
+    fn string(&self, setting: &Setting) -> Option<String> {
+        self.text(setting).map(|(_, t)| t.trim().to_string())
     }
 
     /// A secret of at least `min_len` characters; the error never shows it.
-    fn secret(&self, var: &'static str, min_len: usize) -> Result<Option<Secret>, ConfigError> {
-        match self.raw(var).map(str::trim) {
+    fn secret(&self, setting: &Setting, min_len: usize) -> Result<Option<Secret>, ConfigError> {
+        match self.text(setting) {
             None => Ok(None),
-            Some(v) if v.len() >= min_len => Ok(Some(Secret::new(v))),
-            Some(_) => Err(ConfigError::Invalid {
+            Some((_, v)) if v.trim().len() >= min_len => Ok(Some(Secret::new(v.trim()))),
+            Some((var, _)) => Err(ConfigError::Invalid {
                 var,
                 value: "<redacted>".into(),
                 expected: format!(
@@ -494,12 +418,13 @@ impl Env<'_> {
         }
     }
 
-    fn parse<T>(&self, var: &'static str, default: T, min: T, max: T) -> Result<T, ConfigError>
+    /// A number in `min..=max`, or `None` when the setting is unset and has no default.
+    fn parse_opt<T>(&self, setting: &Setting, min: T, max: T) -> Result<Option<T>, ConfigError>
     where
         T: FromStr + PartialOrd + std::fmt::Display + Copy,
     {
-        let Some(raw) = self.raw(var) else {
-            return Ok(default);
+        let Some((var, raw)) = self.text(setting) else {
+            return Ok(None);
         };
         let invalid = || ConfigError::Invalid {
             var,
@@ -510,48 +435,54 @@ impl Env<'_> {
         if value < min || value > max {
             return Err(invalid());
         }
-        Ok(value)
+        Ok(Some(value))
     }
 
-    fn float(
-        &self,
-        var: &'static str,
-        default: f64,
-        min: f64,
-        max: f64,
-    ) -> Result<f64, ConfigError> {
-        let value = self.parse(var, default, min, max)?;
-        if value.is_finite() {
-            Ok(value)
-        } else {
-            Err(ConfigError::Invalid {
-                var,
+    /// A number in `min..=max`; the setting has a default.
+    fn parse<T>(&self, setting: &Setting, min: T, max: T) -> Result<T, ConfigError>
+    where
+        T: FromStr + PartialOrd + std::fmt::Display + Copy,
+    {
+        self.parse_opt(setting, min, max)?
+            .ok_or_else(|| missing_default(setting))
+    }
+
+    fn float_opt(&self, setting: &Setting, min: f64, max: f64) -> Result<Option<f64>, ConfigError> {
+        match self.parse_opt(setting, min, max)? {
+            Some(value) if !value.is_finite() => Err(ConfigError::Invalid {
+                var: setting.name,
                 value: value.to_string(),
                 expected: format!("a number between {min} and {max}"),
-            })
+            }),
+            other => Ok(other),
         }
     }
 
-    fn url(&self, var: &'static str) -> Result<Option<String>, ConfigError> {
-        match self.raw(var).map(str::trim) {
+    fn float(&self, setting: &Setting, min: f64, max: f64) -> Result<f64, ConfigError> {
+        self.float_opt(setting, min, max)?
+            .ok_or_else(|| missing_default(setting))
+    }
+
+    fn url(&self, setting: &Setting) -> Result<Option<String>, ConfigError> {
+        match self.text(setting) {
             None => Ok(None),
-            Some(u) if (u.starts_with("http://") || u.starts_with("https://")) && u.len() > 8 => {
-                Ok(Some(u.trim_end_matches('/').to_string()))
+            Some((_, u)) if is_http_url(u.trim()) => {
+                Ok(Some(u.trim().trim_end_matches('/').to_string()))
             }
-            Some(u) => Err(ConfigError::Invalid {
+            Some((var, u)) => Err(ConfigError::Invalid {
                 var,
-                value: u.to_string(),
+                value: u.trim().to_string(),
                 expected: "an http:// or https:// URL such as http://127.0.0.1:11434/v1".into(),
             }),
         }
     }
 
-    fn bool(&self, var: &'static str, default: bool) -> Result<bool, ConfigError> {
-        match self.raw(var).map(|v| v.trim().to_ascii_lowercase()) {
-            None => Ok(default),
-            Some(v) if ["1", "true", "yes", "on"].contains(&v.as_str()) => Ok(true),
-            Some(v) if ["0", "false", "no", "off"].contains(&v.as_str()) => Ok(false),
-            Some(v) => Err(ConfigError::Invalid {
+    fn bool(&self, setting: &Setting) -> Result<bool, ConfigError> {
+        let (var, raw) = self.text(setting).ok_or_else(|| missing_default(setting))?;
+        match raw.trim().to_ascii_lowercase() {
+            v if ["1", "true", "yes", "on"].contains(&v.as_str()) => Ok(true),
+            v if ["0", "false", "no", "off"].contains(&v.as_str()) => Ok(false),
+            v => Err(ConfigError::Invalid {
                 var,
                 value: v,
                 expected: "true or false".into(),
@@ -559,10 +490,29 @@ impl Env<'_> {
         }
     }
 
+    /// One of `choices` (trimmed, exactly as written).
+    fn choice<T: Copy>(&self, setting: &Setting, choices: &[(&str, T)]) -> Result<T, ConfigError> {
+        let (var, raw) = self.text(setting).ok_or_else(|| missing_default(setting))?;
+        choices
+            .iter()
+            .find(|(name, _)| *name == raw.trim())
+            .map(|(_, value)| *value)
+            .ok_or_else(|| ConfigError::Invalid {
+                var,
+                value: raw.trim().to_string(),
+                expected: choices
+                    .iter()
+                    .map(|(name, _)| *name)
+                    .collect::<Vec<_>>()
+                    .join(" or "),
+            })
+    }
+
     /// A span of time written as a number with a unit: `90s`, `30m`,
     /// `12h`, `7d`.
-    fn span(&self, var: &'static str, default: &str) -> Result<Duration, ConfigError> {
-        let text = self.raw(var).unwrap_or(default).trim();
+    fn span(&self, setting: &Setting) -> Result<Duration, ConfigError> {
+        let (var, raw) = self.text(setting).ok_or_else(|| missing_default(setting))?;
+        let text = raw.trim();
         parse_span(text).ok_or_else(|| ConfigError::Invalid {
             var,
             value: text.to_string(),
@@ -570,15 +520,21 @@ impl Env<'_> {
         })
     }
 
-    fn millis(
-        &self,
-        var: &'static str,
-        default: u64,
-        min: u64,
-        max: u64,
-    ) -> Result<Duration, ConfigError> {
-        self.parse(var, default, min, max)
-            .map(Duration::from_millis)
+    fn millis(&self, setting: &Setting, min: u64, max: u64) -> Result<Duration, ConfigError> {
+        self.parse(setting, min, max).map(Duration::from_millis)
+    }
+}
+
+fn is_http_url(u: &str) -> bool {
+    (u.starts_with("http://") || u.starts_with("https://")) && u.len() > 8
+}
+
+/// A setting read as if it had a default that the table does not give it:
+/// a mistake in the table, reported rather than assumed.
+fn missing_default(setting: &Setting) -> ConfigError {
+    ConfigError::Missing {
+        var: setting.name,
+        why: "the settings table gives it no default",
     }
 }
 
@@ -603,26 +559,29 @@ fn parse_span(text: &str) -> Option<Duration> {
 impl Config {
     /// Reads the process environment.
     pub fn from_env() -> Result<Config, ConfigError> {
-        Config::from_vars(&std::env::vars().collect())
+        Config::from_vars(&settings::process_env())
     }
 
-    /// Reads configuration from the given variables (the process environment in production).
+    /// Reads configuration from the given variables (the process
+    /// environment in production), every one through the settings table.
     pub fn from_vars(vars: &HashMap<String, String>) -> Result<Config, ConfigError> {
         let env = Env { vars };
-        let listen_raw = env.raw("WARDEN_LISTEN_ADDR").unwrap_or("127.0.0.1:8080");
+        let (listen_var, listen_raw) = env
+            .text(&WARDEN_LISTEN_ADDR)
+            .ok_or_else(|| missing_default(&WARDEN_LISTEN_ADDR))?;
         let listen_addr = listen_raw
             .trim()
             .parse()
             .map_err(|_| ConfigError::Invalid {
-                var: "WARDEN_LISTEN_ADDR",
+                var: listen_var,
                 value: listen_raw.to_string(),
                 expected: "an address like 127.0.0.1:8080".into(),
             })?;
-        let database_url = env.raw("DATABASE_URL").map(str::to_string);
+        let database_url = env.text(&DATABASE_URL).map(|(_, url)| url.into_owned());
         #[cfg(not(feature = "embedded"))]
         if database_url.is_none() {
             return Err(ConfigError::Missing {
-                var: "DATABASE_URL",
+                var: DATABASE_URL.name,
                 why: "Warden keeps every session in Postgres, e.g. postgres://postgres@127.0.0.1:5432/warden \
 (this build has no embedded PostgreSQL: the `embedded` feature is off)",
             });
@@ -632,67 +591,54 @@ impl Config {
             && !url.starts_with("postgresql://")
         {
             return Err(ConfigError::Invalid {
-                var: "DATABASE_URL",
+                var: DATABASE_URL.name,
                 // It may carry a password.
                 value: "<redacted>".into(),
                 expected: "a postgres:// URL (or unset it for the embedded PostgreSQL)".into(),
             });
         }
-        let data_dir = env
-            .raw("WARDEN_DATA_DIR")
-            .map_or_else(|| PathBuf::from("./.warden"), |d| PathBuf::from(d.trim()));
-        let mode = match env.raw("AUTONOMOUS_MODE") {
-            None => Mode::Fixed,
-            Some(raw) => Mode::parse(raw.trim()).ok_or_else(|| ConfigError::Invalid {
-                var: "AUTONOMOUS_MODE",
-                value: raw.to_string(),
-                expected: "fixed or continuous".into(),
-            })?,
-        };
+        let data_dir = PathBuf::from(
+            env.string(&WARDEN_DATA_DIR)
+                .ok_or_else(|| missing_default(&WARDEN_DATA_DIR))?,
+        );
+        let (mode_var, mode_raw) = env
+            .text(&AUTONOMOUS_MODE)
+            .ok_or_else(|| missing_default(&AUTONOMOUS_MODE))?;
+        let mode = Mode::parse(mode_raw.trim()).ok_or_else(|| ConfigError::Invalid {
+            var: mode_var,
+            value: mode_raw.to_string(),
+            expected: "fixed or continuous".into(),
+        })?;
         let limits = Limits {
-            max_iterations: env.parse("AUTONOMOUS_MAX_ITERATIONS", 200, 1, 1_000_000)?,
-            max_wall_time_ms: env.parse(
-                "AUTONOMOUS_MAX_WALL_TIME_MS",
-                7_200_000,
-                100,
-                2_592_000_000,
-            )?,
-            max_tokens: env.parse("AUTONOMOUS_MAX_TOKENS", 500_000, 1, 10_000_000_000)?,
-            max_consecutive_errors: env.parse("AUTONOMOUS_MAX_CONSECUTIVE_ERRORS", 5, 1, 1_000)?,
-            reflection_interval: env.parse("AUTONOMOUS_REFLECTION_INTERVAL", 10, 1, 1_000)?,
-            checkpoint_interval: env.parse("AUTONOMOUS_CHECKPOINT_INTERVAL", 10, 1, 10_000)?,
+            max_iterations: env.parse(&AUTONOMOUS_MAX_ITERATIONS, 1, 1_000_000)?,
+            max_wall_time_ms: env.parse(&AUTONOMOUS_MAX_WALL_TIME_MS, 100, 2_592_000_000)?,
+            max_tokens: env.parse(&AUTONOMOUS_MAX_TOKENS, 1, 10_000_000_000)?,
+            max_consecutive_errors: env.parse(&AUTONOMOUS_MAX_CONSECUTIVE_ERRORS, 1, 1_000)?,
+            reflection_interval: env.parse(&AUTONOMOUS_REFLECTION_INTERVAL, 1, 1_000)?,
+            checkpoint_interval: env.parse(&AUTONOMOUS_CHECKPOINT_INTERVAL, 1, 10_000)?,
             max_tool_calls: None,
-            max_cycles: env.parse("AUTONOMOUS_MAX_CYCLES", 10, 1, 1_000)?,
-            context_budget_tokens: env.parse(
-                "AUTONOMOUS_CONTEXT_TOKENS",
-                32_000,
-                500,
-                10_000_000,
-            )?,
+            max_cycles: env.parse(&AUTONOMOUS_MAX_CYCLES, 1, 1_000)?,
+            context_budget_tokens: env.parse(&AUTONOMOUS_CONTEXT_TOKENS, 500, 10_000_000)?,
             review_every: None,
         };
         let defaults = SessionDefaults {
             mode,
             limits,
-            fixed_iterations: env.parse("AUTONOMOUS_FIXED_ITERATIONS", 50, 1, 1_000_000)?,
+            fixed_iterations: env.parse(&AUTONOMOUS_FIXED_ITERATIONS, 1, 1_000_000)?,
         };
         let gate = GateConfig {
-            // WARDEN_GATE_STEP_LIMIT is the setting's earlier name, read
-            // when the new one is not set so existing deployments keep theirs.
-            review_every: match env.raw("WARDEN_GATE_REVIEW_EVERY") {
-                Some(_) => env.parse("WARDEN_GATE_REVIEW_EVERY", 100, 0, 1_000_000)?,
-                None => env.parse("WARDEN_GATE_STEP_LIMIT", 100, 0, 1_000_000)?,
-            },
-            checkpoint_every: env.parse("WARDEN_GATE_CHECKPOINT_EVERY", 25, 1, 1_000_000)?,
-            projection_margin: env.float("WARDEN_PROJECTION_MARGIN", 2.0, 1.0, 1_000.0)?,
-            projection_evaluations: env.parse("WARDEN_PROJECTION_EVALUATIONS", 3, 1, 20)?,
+            // The table reads the earlier name too, so existing deployments keep theirs.
+            review_every: env.parse(&WARDEN_GATE_REVIEW_EVERY, 0, 1_000_000)?,
+            checkpoint_every: env.parse(&WARDEN_GATE_CHECKPOINT_EVERY, 1, 1_000_000)?,
+            projection_margin: env.float(&WARDEN_PROJECTION_MARGIN, 1.0, 1_000.0)?,
+            projection_evaluations: env.parse(&WARDEN_PROJECTION_EVALUATIONS, 1, 20)?,
             ..GateConfig::default()
         };
-        let ttl = env.millis("WARDEN_LEASE_TTL_MS", 15_000, 200, 3_600_000)?;
-        let heartbeat = env.millis("WARDEN_HEARTBEAT_INTERVAL_MS", 5_000, 50, 3_600_000)?;
+        let ttl = env.millis(&WARDEN_LEASE_TTL_MS, 200, 3_600_000)?;
+        let heartbeat = env.millis(&WARDEN_HEARTBEAT_INTERVAL_MS, 50, 3_600_000)?;
         if heartbeat * 2 > ttl {
             return Err(ConfigError::Invalid {
-                var: "WARDEN_HEARTBEAT_INTERVAL_MS",
+                var: WARDEN_HEARTBEAT_INTERVAL_MS.name,
                 value: heartbeat.as_millis().to_string(),
                 expected: format!(
                     "at most half of WARDEN_LEASE_TTL_MS ({} ms) so a lease is renewed before it expires",
@@ -700,123 +646,94 @@ impl Config {
                 ),
             });
         }
-        let log_json = match env.raw("WARDEN_LOG_FORMAT").map(str::trim) {
-            None | Some("text") => false,
-            Some("json") => true,
-            Some(other) => {
-                return Err(ConfigError::Invalid {
-                    var: "WARDEN_LOG_FORMAT",
-                    value: other.to_string(),
-                    expected: "text or json".into(),
-                });
-            }
-        };
+        let log_json = env.choice(&WARDEN_LOG_FORMAT, &[("text", false), ("json", true)])?;
         // Read whether or not a default endpoint is set: sessions that
         // name their own endpoint are bound by them too.
         let call = crate::llm::CallPolicy {
-            timeout: env.millis("WARDEN_LLM_TIMEOUT_MS", 120_000, 100, 3_600_000)?,
-            max_retries: env.parse("WARDEN_LLM_MAX_RETRIES", 3, 0, 10)?,
-            retry_base: env.millis("WARDEN_LLM_RETRY_BASE_MS", 500, 1, 60_000)?,
+            timeout: env.millis(&WARDEN_LLM_TIMEOUT_MS, 100, 3_600_000)?,
+            max_retries: env.parse(&WARDEN_LLM_MAX_RETRIES, 0, 10)?,
+            retry_base: env.millis(&WARDEN_LLM_RETRY_BASE_MS, 1, 60_000)?,
         };
-        let endpoint = env.url("WARDEN_LLM_BASE_URL")?.map(|base_url| LlmSettings {
+        let endpoint = env.url(&WARDEN_LLM_BASE_URL)?.map(|base_url| LlmSettings {
             base_url,
-            api_key: env.raw("WARDEN_LLM_API_KEY").map(|k| k.trim().to_string()),
+            api_key: env.string(&WARDEN_LLM_API_KEY),
             timeout: call.timeout,
             max_retries: call.max_retries,
             retry_base: call.retry_base,
         });
-        let model = env.raw("WARDEN_LLM_MODEL").map(|m| m.trim().to_string());
         let models = ModelConfig {
             endpoint,
             call,
-            reflection_model: env
-                .raw("AUTONOMOUS_REFLECTION_MODEL")
-                .map(|m| m.trim().to_string())
-                .or_else(|| model.clone()),
-            model,
-            max_tokens_per_call: env.parse("WARDEN_LLM_MAX_TOKENS", 2_048, 1, 1_000_000)?,
-            reflection_temperature: env.float(
-                "AUTONOMOUS_REFLECTION_TEMPERATURE",
-                0.7,
-                0.0,
-                2.0,
-            )?,
-            reflection_top_p: env.float("AUTONOMOUS_REFLECTION_TOP_P", 0.6, 0.0, 1.0)?,
-            max_file_bytes: env.parse("WARDEN_MAX_FILE_BYTES", 1_048_576, 1, 104_857_600)?,
+            // Defaults to WARDEN_LLM_MODEL through the table.
+            reflection_model: env.string(&AUTONOMOUS_REFLECTION_MODEL),
+            model: env.string(&WARDEN_LLM_MODEL),
+            max_tokens_per_call: env.parse(&WARDEN_LLM_MAX_TOKENS, 1, 1_000_000)?,
+            reflection_temperature: env.float(&AUTONOMOUS_REFLECTION_TEMPERATURE, 0.0, 2.0)?,
+            reflection_top_p: env.float(&AUTONOMOUS_REFLECTION_TOP_P, 0.0, 1.0)?,
+            max_file_bytes: env.parse(&WARDEN_MAX_FILE_BYTES, 1, 104_857_600)?,
         };
+        let allow = env.text(&WARDEN_EGRESS_ALLOW);
         let egress = EgressPolicy::new()
-            .with_allow_list(env.raw("WARDEN_EGRESS_ALLOW").unwrap_or(""))
+            .with_allow_list(allow.as_ref().map_or("", |(_, list)| list))
             .map_err(|why| ConfigError::Invalid {
-                var: "WARDEN_EGRESS_ALLOW",
-                value: env.raw("WARDEN_EGRESS_ALLOW").unwrap_or("").to_string(),
+                var: WARDEN_EGRESS_ALLOW.name,
+                value: allow
+                    .as_ref()
+                    .map_or(String::new(), |(_, list)| list.to_string()),
                 expected: format!(
                     "comma-separated hosts, host:port, addresses or CIDR ranges: {why}"
                 ),
             })?
             .with_max_response_bytes(env.parse(
-                "WARDEN_EGRESS_MAX_RESPONSE_BYTES",
-                crate::egress::DEFAULT_MAX_RESPONSE_BYTES,
+                &WARDEN_EGRESS_MAX_RESPONSE_BYTES,
                 1_024,
                 1_073_741_824,
             )?);
-        let require_concrete_goals = env.bool("AUTONOMOUS_REQUIRE_CONCRETE_GOALS", true)?;
-        let auto_refine_goals = env.bool("AUTONOMOUS_AUTO_REFINE_GOALS", false)?;
+        let workspace_root = env
+            .text(&WARDEN_WORKSPACE_ROOT)
+            .map(|(_, root)| PathBuf::from(root.as_ref()))
+            .ok_or_else(|| missing_default(&WARDEN_WORKSPACE_ROOT))?;
         Ok(Config {
             listen_addr,
             database_url: database_url.map(Secret::new),
             data_dir,
-            db_max_connections: env.parse("WARDEN_DB_MAX_CONNECTIONS", 16, 1, 1_000)?,
-            loop_threads: env.parse(
-                "WARDEN_LOOP_THREADS",
-                std::thread::available_parallelism().map_or(2, |n| n.get()),
-                0,
-                256,
-            )?,
-            loop_nice: env.parse("WARDEN_LOOP_NICE", 10, 0, 19)?,
-            workspace_root: PathBuf::from(
-                env.raw("WARDEN_WORKSPACE_ROOT").unwrap_or("./workspaces"),
-            ),
-            workspace_retention: env.span("WARDEN_WORKSPACE_RETENTION", "7d")?,
+            db_max_connections: env.parse(&WARDEN_DB_MAX_CONNECTIONS, 1, 1_000)?,
+            loop_threads: env.parse(&WARDEN_LOOP_THREADS, 0, 256)?,
+            loop_nice: env.parse(&WARDEN_LOOP_NICE, 0, 19)?,
+            workspace_root,
+            workspace_retention: env.span(&WARDEN_WORKSPACE_RETENTION)?,
             defaults,
             gate,
             stuck: StuckConfig::default(),
-            throttle_cooldown: env.millis("WARDEN_THROTTLE_COOLDOWN_MS", 5_000, 0, 3_600_000)?,
+            throttle_cooldown: env.millis(&WARDEN_THROTTLE_COOLDOWN_MS, 0, 3_600_000)?,
             lease: LeaseConfig {
                 ttl,
                 heartbeat,
                 margin: ttl / 5,
             },
-            max_running: env.parse("WARDEN_MAX_RUNNING", 1_000, 1, 1_000_000)?,
-            claims_per_tick: env.parse("WARDEN_CLAIMS_PER_TICK", 100, 1, 100_000)?,
-            control_wait: env.millis("WARDEN_STOP_WAIT_MS", 5_000, 0, 600_000)?,
-            max_attempts: env.parse("WARDEN_MAX_ATTEMPTS", 5, 1, 1_000)?,
-            db_acquire_timeout: env.millis("WARDEN_DB_ACQUIRE_TIMEOUT_MS", 2_000, 50, 60_000)?,
-            max_body_bytes: env.parse("WARDEN_MAX_BODY_BYTES", 1_048_576, 1_024, 67_108_864)?,
+            max_running: env.parse(&WARDEN_MAX_RUNNING, 1, 1_000_000)?,
+            claims_per_tick: env.parse(&WARDEN_CLAIMS_PER_TICK, 1, 100_000)?,
+            control_wait: env.millis(&WARDEN_STOP_WAIT_MS, 0, 600_000)?,
+            max_attempts: env.parse(&WARDEN_MAX_ATTEMPTS, 1, 1_000)?,
+            db_acquire_timeout: env.millis(&WARDEN_DB_ACQUIRE_TIMEOUT_MS, 50, 60_000)?,
+            max_body_bytes: env.parse(&WARDEN_MAX_BODY_BYTES, 1_024, 67_108_864)?,
             log_json,
+            log_filter: env
+                .string(&RUST_LOG)
+                .ok_or_else(|| missing_default(&RUST_LOG))?,
             models,
-            require_concrete_goals,
-            auto_refine_goals,
-            token_price_per_million: match env.raw("WARDEN_TOKEN_PRICE_PER_MILLION") {
-                None => None,
-                Some(_) => {
-                    Some(env.float("WARDEN_TOKEN_PRICE_PER_MILLION", 0.0, 0.0, 1_000_000.0)?)
-                }
-            },
+            require_concrete_goals: env.bool(&AUTONOMOUS_REQUIRE_CONCRETE_GOALS)?,
+            auto_refine_goals: env.bool(&AUTONOMOUS_AUTO_REFINE_GOALS)?,
+            token_price_per_million: env.float_opt(
+                &WARDEN_TOKEN_PRICE_PER_MILLION,
+                0.0,
+                1_000_000.0,
+            )?,
             egress: Arc::new(egress),
             auth: AuthConfig {
-                admin_token: env.secret("WARDEN_ADMIN_TOKEN", 16)?,
-                metrics_token: env.secret("WARDEN_METRICS_TOKEN", 16)?,
-                off: match env.raw("WARDEN_AUTH").map(str::trim) {
-                    None | Some("on") => false,
-                    Some("off") => true,
-                    Some(other) => {
-                        return Err(ConfigError::Invalid {
-                            var: "WARDEN_AUTH",
-                            value: other.to_string(),
-                            expected: "on or off".into(),
-                        });
-                    }
-                },
+                admin_token: env.secret(&WARDEN_ADMIN_TOKEN, 16)?,
+                metrics_token: env.secret(&WARDEN_METRICS_TOKEN, 16)?,
+                off: env.choice(&WARDEN_AUTH, &[("on", false), ("off", true)])?,
             },
             secret_key: env.secret_key()?,
             secret_key_previous: env.secret_key_previous()?,
@@ -1060,7 +977,22 @@ mod tests {
             c.secret_key,
             SecretKeySource::File(PathBuf::from(".warden/secret.key"))
         );
-        assert_eq!(c.quotas, Quotas::default());
+        assert_eq!(
+            c.quotas,
+            Quotas {
+                tenant_max_running: 1_000,
+                max_tool_calls_per_step: 16,
+                max_output_bytes: 262_144,
+                workspace_max_bytes: 104_857_600,
+                workspace_max_files: 10_000,
+                workspace_max_entries: 10_000,
+                workspace_max_depth: 32,
+                tenant_max_streams: 32,
+                request_timeout: Duration::from_secs(30),
+                max_concurrent_requests: 512,
+                tenant_model_calls_per_minute: 60,
+            }
+        );
         let hex = "ab".repeat(32);
         let c = Config::from_vars(&vars(&[
             ("WARDEN_SECRET_KEY", hex.as_str()),
@@ -1147,7 +1079,7 @@ mod tests {
     #[test]
     fn connection_limits_are_read_and_checked() {
         let c = Config::from_vars(&vars(&[])).unwrap();
-        assert_eq!(c.connections, ConnectionLimits::default());
+        assert_eq!(c.connections.idle_timeout, Duration::from_secs(60));
         assert_eq!(c.connections.header_read_timeout, Duration::from_secs(10));
         assert_eq!(c.connections.max_connections, 10_000);
         assert_eq!(c.connections.max_connections_per_ip, 1_000);

@@ -5,6 +5,7 @@ use std::process::ExitCode;
 use tracing_subscriber::EnvFilter;
 use warden::Application;
 use warden::config::Config;
+use warden::config::settings;
 
 /// mimalloc, not the system allocator: with it warden-bench measured 1.6x
 /// the iterations/s at 1,000 sessions and 1.2x at one (the loop allocates
@@ -41,9 +42,10 @@ async fn main() -> ExitCode {
         Some("healthcheck") => return healthcheck(),
         Some("keys") => return keys(std::env::args().skip(2).collect()).await,
         Some("db") => return db(std::env::args().skip(2).collect()).await,
+        Some("config") => return config(std::env::args().skip(2).collect()),
         Some(other) => {
             eprintln!(
-                "warden: unknown command {other:?}; commands: openapi, healthcheck, keys, db (none starts the service)"
+                "warden: unknown command {other:?}; commands: openapi, healthcheck, keys, db, config (none starts the service)"
             );
             return ExitCode::from(2);
         }
@@ -56,7 +58,7 @@ async fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let filter = EnvFilter::try_new(&config.log_filter).unwrap_or_else(|_| EnvFilter::new("info"));
     if config.log_json {
         tracing_subscriber::fmt()
             .json()
@@ -101,7 +103,9 @@ fn healthcheck() -> ExitCode {
     use std::net::{SocketAddr, TcpStream};
     use std::time::Duration;
 
-    let listen = std::env::var("WARDEN_LISTEN_ADDR").unwrap_or_else(|_| "127.0.0.1:8080".into());
+    let listen = settings::WARDEN_LISTEN_ADDR
+        .value(&settings::process_env())
+        .unwrap_or_default();
     let Ok(mut addr) = listen.parse::<SocketAddr>() else {
         eprintln!("healthcheck: invalid WARDEN_LISTEN_ADDR {listen:?}");
         return ExitCode::FAILURE;
@@ -137,6 +141,41 @@ fn healthcheck() -> ExitCode {
     }
 }
 
+const CONFIG_USAGE: &str = "usage: warden config [--markdown]
+(every setting with the value in effect and where it came from, secrets shown
+only as (set); --markdown: the README's settings table)";
+
+/// `warden config`: every setting with the value in effect and where it
+/// came from; exits 2 when the configuration would not start.
+fn config(args: Vec<String>) -> ExitCode {
+    match args
+        .iter()
+        .map(String::as_str)
+        .collect::<Vec<_>>()
+        .as_slice()
+    {
+        [] => {
+            let vars = settings::process_env();
+            print!("{}", settings::render_in_effect(&vars));
+            match Config::from_vars(&vars) {
+                Ok(_) => ExitCode::SUCCESS,
+                Err(err) => {
+                    eprintln!("warden config: configuration error: {err}");
+                    ExitCode::from(2)
+                }
+            }
+        }
+        ["--markdown"] => {
+            print!("{}", settings::markdown());
+            ExitCode::SUCCESS
+        }
+        _ => {
+            eprintln!("{CONFIG_USAGE}");
+            ExitCode::from(2)
+        }
+    }
+}
+
 const DB_USAGE: &str = "usage: warden db dump > warden.sql
 (writes the embedded PostgreSQL in WARDEN_DATA_DIR, default ./.warden, as SQL;
 stop Warden first: the embedded server has one connection)";
@@ -154,7 +193,10 @@ async fn db(args: Vec<String>) -> ExitCode {
 #[cfg(feature = "embedded")]
 async fn dump() -> ExitCode {
     use std::io::Write;
-    if std::env::var_os("DATABASE_URL").is_some_and(|v| !v.is_empty()) {
+    if settings::DATABASE_URL
+        .lookup(&settings::process_env())
+        .is_some()
+    {
         eprintln!(
             "warden db dump: DATABASE_URL is set, so Warden does not use the embedded database; \
 dump a server with its own pg_dump (unset DATABASE_URL to dump WARDEN_DATA_DIR)"
@@ -198,10 +240,10 @@ async fn dump() -> ExitCode {
 /// `WARDEN_DATA_DIR` as the service reads it.
 #[cfg(feature = "embedded")]
 fn data_dir() -> std::path::PathBuf {
-    std::env::var("WARDEN_DATA_DIR")
-        .ok()
-        .filter(|d| !d.trim().is_empty())
-        .map_or_else(|| "./.warden".into(), |d| d.trim().into())
+    settings::WARDEN_DATA_DIR
+        .value(&settings::process_env())
+        .unwrap_or_default()
+        .into()
 }
 
 const KEYS_USAGE: &str =
@@ -216,9 +258,7 @@ replicas see a created or revoked key within a second)";
 /// The store the CLI commands use: `DATABASE_URL`, or the embedded
 /// database (kept running until the returned guard drops).
 async fn cli_store() -> Result<(warden::store::Store, CliDb), String> {
-    if let Ok(url) = std::env::var("DATABASE_URL")
-        && !url.trim().is_empty()
-    {
+    if let Some(url) = settings::DATABASE_URL.value(&settings::process_env()) {
         let store = warden::store::Store::connect(&url, 2)
             .await
             .map_err(|e| e.to_string())?;

@@ -24,7 +24,10 @@ const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
 /// The measured cost is in BENCHMARKS.md. `MIMALLOC_PURGE_DELAY` set by the
 /// operator wins.
 fn purge_freed_pages_promptly() {
-    if std::env::var_os("MIMALLOC_PURGE_DELAY").is_none() {
+    if settings::MIMALLOC_PURGE_DELAY
+        .lookup(&settings::process_env())
+        .is_none()
+    {
         // SAFETY: writes one integer option; mimalloc documents options as
         // settable at run time and reads this one on each purge.
         unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, 0) };

@@ -215,8 +215,8 @@ settings! {
         "Postgres server URL; unset, an embedded PostgreSQL in `WARDEN_DATA_DIR` (builds with the default `embedded` feature; required without it)";
     RUST_LOG (Log) = "info" =>
         "log filter (`info`, `warden=debug`, …)";
-    MIMALLOC_PURGE_DELAY (Allocator) = "1000" =>
-        "milliseconds before memory freed on an idle thread goes back to the system; `0` gives it back at once (read by mimalloc itself)";
+    MIMALLOC_PURGE_DELAY (Allocator) = "0" =>
+        "milliseconds before freed memory goes back to the system (read by mimalloc itself); Warden sets `0` at start unless this is set, mimalloc's own default is `1000`";
 
     // The service.
     WARDEN_DATA_DIR (Store) = "./.warden" =>

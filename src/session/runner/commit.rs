@@ -1,0 +1,96 @@
+//! Commit: carries out the [`CommitPlan`] for a step in one store call, then
+//! shows it in the status served from memory and takes in the durable flags.
+
+use std::time::Instant;
+
+use super::execute::Executed;
+use super::plan::{self, CommitPlan, PlanContext, RowChange};
+use super::{Pass, Runner};
+use crate::metrics::IterationTimes;
+use crate::session::live::CommittedStep;
+use crate::session::loop_store::LoopStore;
+use crate::store::{ControlFlags, SessionRecord, StoreError};
+
+impl<S: LoopStore> Runner<S> {
+    /// Commit: persists the iteration, its counters and what the policies
+    /// concluded, then takes in the durable flags.
+    pub(super) async fn commit(
+        &mut self,
+        executed: Executed,
+        pass: &mut Pass,
+    ) -> Result<(), StoreError> {
+        let ctx = PlanContext {
+            stuck: &self.config.stuck,
+            checkpoint_interval: self.settings.limits.checkpoint_interval,
+            elapsed_ms: self.elapsed_ms(),
+        };
+        // Moved into the plan, not copied. On an error the loop ends: only
+        // the usage is put back, for the loop's last log line.
+        let committed = self.state.usage;
+        let state = std::mem::take(&mut self.state);
+        let plan = plan::plan_commit(state, executed.outcome, &ctx);
+        self.state.usage = committed;
+        let plan = plan?;
+        let row = plan.row_change();
+        let CommitPlan {
+            iteration,
+            events,
+            state_after,
+            step_tokens,
+            ..
+        } = plan;
+        let finished_at = iteration.finished_at;
+        let commit_started = Instant::now();
+        self.view.committing();
+        // Boxed (one allocation per step, against a task kept a few KB
+        // smaller for as long as the session waits on its steps).
+        let flags = Box::pin(self.store.commit_iteration(
+            &self.lease,
+            iteration,
+            row.counters,
+            (row.percent_complete, row.eta_seconds),
+            events,
+        ))
+        .await?;
+        pass.writes += commit_started.elapsed();
+        self.show_committed(&row, &flags, finished_at);
+        self.state = state_after;
+        self.guidance = None;
+        self.apply_flags(flags);
+        self.metrics.iteration(
+            step_tokens,
+            IterationTimes {
+                total: pass.started.elapsed(),
+                executor: executed.executor_time,
+                writes: pass.writes,
+            },
+        );
+        Ok(())
+    }
+
+    /// Committed: now the status served from memory may show it.
+    fn show_committed(
+        &self,
+        row: &RowChange,
+        flags: &ControlFlags,
+        finished_at: chrono::DateTime<chrono::Utc>,
+    ) {
+        self.view.committed(CommittedStep {
+            flags,
+            finished_at,
+            apply: &|r: &mut SessionRecord| {
+                r.counters = row.counters;
+                r.percent_complete = row.percent_complete;
+                r.eta_seconds = row.eta_seconds;
+                r.guidance = None;
+                if let Some((cycle, memory)) = &row.next_cycle {
+                    r.cycle = *cycle;
+                    r.memory.clone_from(memory);
+                }
+                if let Some(n) = row.checkpointed {
+                    r.last_checkpoint_iteration = n;
+                }
+            },
+        });
+    }
+}

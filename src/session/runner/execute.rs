@@ -1,0 +1,241 @@
+//! Execute: the step itself, raced against a stop, a shutdown and the time
+//! left; what the executor answered becomes a [`StepOutcome`] to commit, or
+//! an end when it could not run at all.
+
+use std::time::{Duration, Instant};
+
+use chrono::Utc;
+
+use super::gate::Gated;
+use super::plan::StepOutcome;
+use super::{Flow, Runner};
+use crate::event::{AbandonedBecause, SessionEvent};
+use crate::executor::{ExecutorError, StepContext, StepOutput, StepResult};
+use crate::policy::budget;
+use crate::policy::eta;
+use crate::policy::guardrails;
+use crate::policy::history::{Outcome, StepRecord};
+use crate::policy::lifecycle::Reason;
+use crate::session::control::{cap_output, make_storable};
+use crate::session::live::StepInFlight;
+use crate::session::loop_store::LoopStore;
+use crate::store::StoreError;
+
+/// A step the executor finished, ready to commit.
+pub(super) struct Executed {
+    /// What the plan of the commit is made from.
+    pub(super) outcome: StepOutcome,
+    /// Time spent in the executor.
+    pub(super) executor_time: Duration,
+    /// The tokens the step was allowed.
+    pub(super) allowance: u64,
+}
+
+impl Executed {
+    /// The step's number and how far over its allowance it went, if it did.
+    pub(super) fn overspent(&self) -> Option<(u64, budget::Overspent)> {
+        let record = &self.outcome.record;
+        budget::overspent(record.tokens, self.allowance).map(|o| (record.number, o))
+    }
+}
+
+/// What happened to the step in flight.
+enum StepEnd {
+    Done(Result<StepResult, ExecutorError>),
+    Stopped,
+    Shutdown,
+    TimedOut,
+}
+
+impl<S: LoopStore> Runner<S> {
+    /// Execute: runs the step, abandoning it on stop, shutdown or timeout.
+    pub(super) async fn execute(&mut self, gated: Gated) -> Result<Flow<Executed>, StoreError> {
+        let Gated { step, decision } = gated;
+        let allowance = budget::allowance(self.settings.limits.max_tokens, self.state.usage.tokens);
+        let started_at = Utc::now();
+        let t0 = Instant::now();
+        // Memory only, never Postgres: the status shows the step in flight.
+        self.view.step_started(StepInFlight {
+            iteration: step,
+            action: None,
+            started_at,
+            session_elapsed_ms: self.elapsed_ms(),
+            median_step_ms: eta::median(self.state.history.iter().map(|s| s.duration_ms)),
+        });
+        let abandoned = |why| SessionEvent::StepAbandoned { step, why };
+        let mut result = match self.run_executor(step, allowance).await {
+            StepEnd::Done(result) => result,
+            StepEnd::Stopped => {
+                let events = vec![decision, abandoned(AbandonedBecause::UserStop)];
+                return Ok(Flow::Exit(
+                    self.finish(Reason::UserStop, None, events).await?,
+                ));
+            }
+            StepEnd::Shutdown => return Ok(Flow::Exit(self.release().await?)),
+            StepEnd::TimedOut => {
+                let events = vec![decision, abandoned(AbandonedBecause::Timeout)];
+                return Ok(Flow::Exit(
+                    self.finish(Reason::Timeout, None, events).await?,
+                ));
+            }
+        };
+        let sanitized = self.make_storable(step, &mut result);
+        let executor_time = t0.elapsed();
+        let outcome = StepOutcome {
+            decision,
+            record: blank_record(step, executor_time.as_millis() as u64),
+            percent: None,
+            signal: None,
+            transcript: None,
+            events: Vec::new(),
+            cycle_change: None,
+            started_at,
+            finished_at: Utc::now(),
+            sanitized,
+        };
+        let outcome = match result {
+            Ok(StepResult::Step(out)) => self.took(outcome, *out),
+            Err(ExecutorError::Failed {
+                action,
+                message,
+                tokens,
+            }) => failed(outcome, action, message, tokens),
+            Ok(StepResult::Exhausted) => {
+                let events = vec![outcome.decision];
+                let exit = self.finish(Reason::ExecutorExhausted, None, events).await?;
+                return Ok(Flow::Exit(exit));
+            }
+            Ok(StepResult::OverBudget { needed, allowance }) => {
+                return self
+                    .over_budget(outcome.decision, step, needed, allowance)
+                    .await;
+            }
+        };
+        self.view.step_returned(&outcome.record.action);
+        Ok(Flow::Go(Executed {
+            outcome,
+            executor_time,
+            allowance,
+        }))
+    }
+
+    /// Asks the executor for `step`, until a stop, a shutdown or the time
+    /// left cuts it short.
+    async fn run_executor(&mut self, step: u64, allowance: u64) -> StepEnd {
+        let remaining = guardrails::time_remaining_ms(&self.settings.limits, &self.current_usage());
+        let nudge = self.state.pending_nudge.clone();
+        let ctx = StepContext {
+            session_id: self.lease.session_id,
+            goal: &self.goal,
+            iteration: step,
+            guidance: self.guidance.as_deref(),
+            nudge: nudge.as_deref(),
+            history: &self.state.history,
+            token_allowance: allowance,
+        };
+        tokio::select! {
+            biased;
+            _ = self.control.stop.cancelled() => StepEnd::Stopped,
+            _ = self.control.shutdown.cancelled() => StepEnd::Shutdown,
+            _ = tokio::time::sleep(Duration::from_millis(remaining)) => StepEnd::TimedOut,
+            result = self.executor.execute(ctx) => StepEnd::Done(result),
+        }
+    }
+
+    /// Agent output is made storable before anything commits it, and held to
+    /// the output cap: stored, kept and sent on in bounded size, whatever the
+    /// agent answered. Returns the NUL characters replaced.
+    fn make_storable(&self, step: u64, result: &mut Result<StepResult, ExecutorError>) -> usize {
+        let sanitized = make_storable(result);
+        let dropped = cap_output(result, self.config.quotas.max_output_bytes);
+        if dropped > 0 {
+            tracing::info!(step, dropped, "agent output over the cap; the rest dropped");
+        }
+        sanitized
+    }
+
+    /// A step the executor performed, taken into the outcome.
+    fn took(&self, outcome: StepOutcome, out: StepOutput) -> StepOutcome {
+        if let Some(latency) = out.model_latency {
+            self.metrics.model_seconds.observe(latency);
+        }
+        StepOutcome {
+            record: StepRecord {
+                action: out.action,
+                arguments: out.arguments,
+                outcome: out.outcome,
+                observation: out.observation,
+                message: out.message,
+                error: out.error,
+                tokens: out.tokens,
+                tool_calls: out.tool_calls,
+                files_written: out.files_written,
+                waiting: out.waiting,
+                ..outcome.record
+            },
+            percent: out.percent_complete,
+            signal: out.signal,
+            transcript: out.transcript,
+            events: out.events,
+            cycle_change: out.cycle_change,
+            ..outcome
+        }
+    }
+
+    /// Not an error of the agent's: the budget cannot pay for the step at
+    /// all, so it ends as a budget stop.
+    async fn over_budget(
+        &mut self,
+        decision: SessionEvent,
+        step: u64,
+        needed: u64,
+        allowance: u64,
+    ) -> Result<Flow<Executed>, StoreError> {
+        let events = vec![
+            decision,
+            SessionEvent::GuardrailTripped {
+                breach: guardrails::Breach::CostLimit,
+                usage: self.current_usage(),
+                limits: self.settings.limits,
+            },
+        ];
+        let detail = format!(
+            "step {step} needs about {needed} tokens before any answer, more than the {allowance} left of the budget"
+        );
+        let exit = self.finish(Reason::CostLimit, Some(detail), events).await?;
+        Ok(Flow::Exit(exit))
+    }
+}
+
+/// A step the executor failed, taken into the outcome as an error.
+fn failed(outcome: StepOutcome, action: String, message: String, tokens: u64) -> StepOutcome {
+    StepOutcome {
+        record: StepRecord {
+            action,
+            error: Some(message),
+            tokens,
+            ..outcome.record
+        },
+        ..outcome
+    }
+}
+
+/// A step that produced nothing yet: an error until the executor's answer
+/// says otherwise.
+fn blank_record(number: u64, duration_ms: u64) -> StepRecord {
+    StepRecord {
+        number,
+        action: String::new(),
+        arguments: serde_json::Value::Null,
+        outcome: Outcome::Error,
+        observation: String::new(),
+        message: String::new(),
+        error: None,
+        tokens: 0,
+        tool_calls: 0,
+        files_written: Vec::new(),
+        waiting: false,
+        duration_ms,
+        context_overflow: false,
+    }
+}

@@ -1,0 +1,635 @@
+//! What committing a step writes, decided without I/O: the iteration row,
+//! its events, the counters and progress, the loop state after it, and
+//! whether the interval checkpoint rides along. The commit step only carries
+//! the plan out, so every rule here is tested without a database.
+
+use chrono::{DateTime, Utc};
+
+use crate::event::SessionEvent;
+use crate::executor::CycleChange;
+use crate::llm::Message;
+use crate::policy::guardrails::Usage;
+use crate::policy::history::{Outcome, StepRecord};
+use crate::policy::sentinel::Sentinel;
+use crate::policy::stuck::StuckConfig;
+use crate::session::events::{self, to_stored_text};
+use crate::session::state::{self, LoopState, StepEffects};
+use crate::store::{Counters, NewEvent, NewIteration, StoreError};
+
+/// What the execute step produced: a finished step, ready to commit.
+#[derive(Debug, Clone)]
+pub struct StepOutcome {
+    /// The gate decision that let the step run, logged with it.
+    pub decision: SessionEvent,
+    /// The step as the policies see it.
+    pub record: StepRecord,
+    /// The agent's own progress estimate, percent.
+    pub percent: Option<f64>,
+    /// A stop signal the agent gave outside its message.
+    pub signal: Option<Sentinel>,
+    /// The step's conversation (model executors).
+    pub transcript: Option<Vec<Message>>,
+    /// Events the executor logged during the step.
+    pub events: Vec<SessionEvent>,
+    /// A context cycle the step ended, with the memory carried over.
+    pub cycle_change: Option<CycleChange>,
+    /// When the step started.
+    pub started_at: DateTime<Utc>,
+    /// When the executor returned.
+    pub finished_at: DateTime<Utc>,
+    /// NUL characters replaced in the executor's answer.
+    pub sanitized: usize,
+}
+
+/// What the plan needs besides the state and the step.
+#[derive(Debug, Clone, Copy)]
+pub struct PlanContext<'a> {
+    /// Stuck detection's thresholds.
+    pub stuck: &'a StuckConfig,
+    /// Committed steps between interval checkpoints (0 counts as 1).
+    pub checkpoint_interval: u32,
+    /// The session's running time at the commit, ms.
+    pub elapsed_ms: u64,
+}
+
+/// Everything one commit writes, and the state the loop goes on with.
+#[derive(Debug, Clone)]
+pub struct CommitPlan {
+    /// The iteration row, carrying the interval checkpoint when one is folded in.
+    pub iteration: NewIteration,
+    /// The session's counters after the step.
+    pub counters: Counters,
+    /// Progress estimate after the step, percent.
+    pub percent_complete: Option<f64>,
+    /// Estimated seconds to completion.
+    pub eta_seconds: Option<f64>,
+    /// The events, in log order.
+    pub events: Vec<NewEvent>,
+    /// The loop state once the commit is durable.
+    pub state_after: LoopState,
+    /// Tokens the step itself reported (for the metrics).
+    pub step_tokens: u64,
+}
+
+/// How the session row changes with a commit, for the status served from
+/// memory once the commit is durable.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RowChange {
+    /// The counters after the step.
+    pub counters: Counters,
+    /// Progress estimate, percent.
+    pub percent_complete: Option<f64>,
+    /// Estimated seconds to completion.
+    pub eta_seconds: Option<f64>,
+    /// The cycle and memory the session moves to, when the step changed it.
+    pub next_cycle: Option<(i32, String)>,
+    /// The iteration an interval checkpoint was saved at, when one was folded in.
+    pub checkpointed: Option<i64>,
+}
+
+impl CommitPlan {
+    /// The iteration whose commit carries an interval checkpoint, if any.
+    pub fn checkpointed(&self) -> Option<i64> {
+        self.iteration
+            .checkpoint
+            .is_some()
+            .then_some(self.iteration.number)
+    }
+
+    /// How the session row changes with this commit.
+    pub fn row_change(&self) -> RowChange {
+        RowChange {
+            counters: self.counters,
+            percent_complete: self.percent_complete,
+            eta_seconds: self.eta_seconds,
+            next_cycle: self.iteration.next_cycle.clone(),
+            checkpointed: self.checkpointed(),
+        }
+    }
+}
+
+/// Whether an interval checkpoint is due in `state`: a multiple of the
+/// interval committed and not checkpointed yet, and the run not ending (the
+/// end writes its own checkpoint).
+pub fn checkpoint_due(state: &LoopState, interval: u32) -> bool {
+    let done = state.usage.iterations;
+    done > 0
+        && done.is_multiple_of(u64::from(interval.max(1)))
+        && state.last_checkpoint_step < done
+        && state.pending_end.is_none()
+}
+
+/// Plans the commit of `step` on `state`. The interval checkpoint is folded
+/// into the iteration's own commit (one flush, not two): a snapshot of the
+/// state as it will be once the step applies.
+pub fn plan_commit(
+    mut state: LoopState,
+    mut step: StepOutcome,
+    ctx: &PlanContext<'_>,
+) -> Result<CommitPlan, StoreError> {
+    let mut effects = state::assess(
+        &state,
+        &step.record,
+        step.signal.take(),
+        ctx.stuck,
+        ctx.elapsed_ms,
+        step.percent,
+    );
+    effects.new_cycle = step.cycle_change.as_ref().map(|c| c.cycle);
+    let mut iteration = iteration_row(&state, &step, &effects)?;
+    let run = state.run;
+    state.apply(run, &step.record, &effects);
+    let mut logged = Vec::with_capacity(step.events.len() + 5);
+    logged.push(step.decision);
+    logged.extend(step.events);
+    logged.extend(step_events(&step.record, &effects, &state.usage));
+    if step.sanitized > 0 {
+        logged.push(SessionEvent::AgentOutputSanitized {
+            step: step.record.number,
+            nul_replaced: step.sanitized,
+            with: "\u{fffd}".into(),
+        });
+    }
+    if checkpoint_due(&state, ctx.checkpoint_interval) {
+        state.last_checkpoint_step = state.usage.iterations;
+        iteration.checkpoint = Some(to_stored_text("checkpoint state", &state)?);
+        logged.push(SessionEvent::CheckpointSaved {
+            iteration: iteration.number,
+            reason: "interval".into(),
+        });
+    }
+    Ok(CommitPlan {
+        iteration,
+        counters: Counters::from_usage(&state.usage, state.reflection.tokens),
+        percent_complete: effects.percent_complete,
+        eta_seconds: state::eta_seconds(effects.percent_complete, effects.elapsed_ms),
+        events: events::encode(&logged)?,
+        state_after: state,
+        step_tokens: step.record.tokens,
+    })
+}
+
+/// The iteration row for `step`, in the state's run and cycle, without a
+/// checkpoint.
+fn iteration_row(
+    state: &LoopState,
+    step: &StepOutcome,
+    effects: &StepEffects,
+) -> Result<NewIteration, StoreError> {
+    let record = &step.record;
+    Ok(NewIteration {
+        number: i64::try_from(record.number).unwrap_or(i64::MAX),
+        run: state.run,
+        action: record.action.clone(),
+        outcome: match record.outcome {
+            Outcome::Success => "success",
+            Outcome::Failure => "failure",
+            Outcome::Error => "error",
+        },
+        // Saturates: an agent may report u64::MAX tokens.
+        tokens: i64::try_from(record.tokens).unwrap_or(i64::MAX),
+        duration_ms: i64::try_from(record.duration_ms).unwrap_or(i64::MAX),
+        record: to_stored_text("iteration record", record)?,
+        effects: to_stored_text("iteration effects", effects)?,
+        transcript: step
+            .transcript
+            .as_ref()
+            .map(|t| to_stored_text("transcript", t))
+            .transpose()?,
+        cycle: i32::try_from(state.cycle).unwrap_or(i32::MAX),
+        next_cycle: step
+            .cycle_change
+            .as_ref()
+            .map(|c| (i32::try_from(c.cycle).unwrap_or(i32::MAX), c.memory.clone())),
+        checkpoint: None,
+        started_at: step.started_at,
+        finished_at: step.finished_at,
+    })
+}
+
+/// The events a committed step adds to the log after the executor's own.
+fn step_events(record: &StepRecord, effects: &StepEffects, usage: &Usage) -> Vec<SessionEvent> {
+    let mut events = vec![SessionEvent::IterationCompleted {
+        number: record.number,
+        action: record.action.clone(),
+        outcome: record.outcome,
+        tokens: record.tokens,
+        duration_ms: record.duration_ms,
+        rework: effects.rework.clone(),
+        tokens_used: usage.tokens,
+        percent_complete: effects.percent_complete,
+    }];
+    if let Some(finding) = &effects.stuck {
+        events.push(SessionEvent::StuckDetected {
+            step: record.number,
+            pattern: finding.pattern.clone(),
+            verdict: finding.verdict.clone(),
+            description: finding.pattern.describe(),
+        });
+    }
+    if let Some(signal) = &effects.signal {
+        events.push(SessionEvent::AgentSignal {
+            step: record.number,
+            signal: signal.clone(),
+        });
+    }
+    events
+}
+
+#[cfg(test)]
+mod tests {
+    use chrono::TimeZone;
+
+    use super::*;
+    use crate::policy::gate::{self, GateConfig};
+    use crate::policy::guardrails::Limits;
+    use crate::policy::history::FileWrite;
+    use crate::policy::lifecycle::{Mode, Reason};
+    use crate::policy::sentinel::SignalKind;
+
+    const STUCK: StuckConfig = StuckConfig {
+        same_observation: 4,
+        same_error: 3,
+        same_message: 3,
+        alternation: 6,
+        overflow_window: 5,
+        overflow_repeats: 2,
+        max_total_wait_ms: 1_800_000,
+    };
+
+    fn ctx(checkpoint_interval: u32) -> PlanContext<'static> {
+        PlanContext {
+            stuck: &STUCK,
+            checkpoint_interval,
+            elapsed_ms: 5_000,
+        }
+    }
+
+    /// The gate's decision before the state's next step, as the loop logs it.
+    fn decision(state: &LoopState) -> SessionEvent {
+        let limits = Limits {
+            max_iterations: 100,
+            max_wall_time_ms: 600_000,
+            max_tokens: 1_000_000,
+            max_consecutive_errors: 3,
+            reflection_interval: 100,
+            checkpoint_interval: 100,
+            max_tool_calls: None,
+            max_cycles: 10,
+            context_budget_tokens: 32_000,
+            review_every: None,
+        };
+        let deltas = state.token_deltas();
+        let inputs = state.gate_inputs(Mode::Fixed, &limits, &deltas);
+        let evaluation = gate::evaluate(&GateConfig::default(), &inputs);
+        SessionEvent::GateDecision {
+            step: state.usage.iterations + 1,
+            decision: evaluation.decision,
+            metrics: evaluation.metrics,
+            inputs: serde_json::to_value(&inputs).expect("gate inputs encode"),
+        }
+    }
+
+    /// The state's next step: a new action, message and file, so stuck
+    /// detection stays quiet.
+    fn next_step(state: &LoopState) -> StepOutcome {
+        let n = state.usage.iterations + 1;
+        let at = |s: i64| {
+            Utc.timestamp_opt(1_700_000_000 + s, 0)
+                .single()
+                .expect("a time")
+        };
+        StepOutcome {
+            decision: decision(state),
+            record: StepRecord {
+                number: n,
+                action: format!("action_{n}"),
+                arguments: serde_json::Value::Null,
+                outcome: Outcome::Success,
+                observation: format!("wrote part {n}"),
+                message: format!("wrote part {n}"),
+                error: None,
+                tokens: 10,
+                tool_calls: 1,
+                files_written: vec![FileWrite {
+                    path: format!("part_{n}.md"),
+                    digest: format!("{n:x}"),
+                }],
+                waiting: false,
+                duration_ms: 200,
+                context_overflow: false,
+            },
+            percent: None,
+            signal: None,
+            transcript: None,
+            events: Vec::new(),
+            cycle_change: None,
+            started_at: at(0),
+            finished_at: at(1),
+            sanitized: 0,
+        }
+    }
+
+    /// `state` after `steps` plain steps committed with `interval`.
+    fn after(mut state: LoopState, steps: u64, interval: u32) -> LoopState {
+        for _ in 0..steps {
+            let step = next_step(&state);
+            state = plan_commit(state, step, &ctx(interval))
+                .expect("a plan")
+                .state_after;
+        }
+        state
+    }
+
+    fn kinds(plan: &CommitPlan) -> Vec<&'static str> {
+        plan.events.iter().map(|e| e.kind).collect()
+    }
+
+    fn event(plan: &CommitPlan, kind: &str) -> SessionEvent {
+        let found = plan
+            .events
+            .iter()
+            .find(|e| e.kind == kind)
+            .unwrap_or_else(|| panic!("no {kind} event in {:?}", kinds(plan)));
+        let data = found.data.to_value().expect("event JSON");
+        SessionEvent::from_parts(found.kind, &data).expect("an event")
+    }
+
+    #[test]
+    fn a_plain_step_plans_its_row_events_counters_and_state() {
+        let state = LoopState::new(5);
+        let step = next_step(&state);
+        let record = step.record.clone();
+        let (started_at, finished_at) = (step.started_at, step.finished_at);
+        let plan = plan_commit(state, step, &ctx(100)).expect("a plan");
+
+        let row = &plan.iteration;
+        assert_eq!((row.number, row.run, row.cycle), (1, 1, 1));
+        assert_eq!((row.action.as_str(), row.outcome), ("action_1", "success"));
+        assert_eq!((row.tokens, row.duration_ms), (10, 200));
+        assert_eq!((row.started_at, row.finished_at), (started_at, finished_at));
+        assert!(row.transcript.is_none() && row.next_cycle.is_none());
+        assert!(row.checkpoint.is_none());
+        let stored: StepRecord =
+            serde_json::from_str(row.record.as_str()).expect("the record decodes");
+        assert_eq!(stored, record);
+        let effects: StepEffects =
+            serde_json::from_str(row.effects.as_str()).expect("the effects decode");
+        assert_eq!(effects.elapsed_ms, 5_000);
+        assert!(effects.stuck.is_none() && effects.signal.is_none());
+
+        assert_eq!(kinds(&plan), ["gate_decision", "iteration_completed"]);
+        assert_eq!(
+            plan.counters,
+            Counters {
+                iterations: 1,
+                tokens_used: 10,
+                tool_calls: 1,
+                consecutive_errors: 0,
+                elapsed_ms: 5_000,
+                reflection_tokens: 0,
+            }
+        );
+        assert_eq!((plan.percent_complete, plan.eta_seconds), (None, None));
+        assert_eq!(plan.step_tokens, 10);
+        assert_eq!(plan.state_after.usage.iterations, 1);
+        assert_eq!(plan.state_after.history.len(), 1);
+        assert_eq!(plan.state_after.last_checkpoint_step, 0);
+        assert_eq!(plan.checkpointed(), None);
+    }
+
+    #[test]
+    fn the_interval_checkpoint_is_folded_into_the_commit_that_reaches_it() {
+        let state = after(LoopState::new(5), 1, 2);
+        let plan = plan_commit(state.clone(), next_step(&state), &ctx(2)).expect("a plan");
+
+        assert_eq!(plan.checkpointed(), Some(2));
+        assert_eq!(plan.row_change().checkpointed, Some(2));
+        assert_eq!(plan.state_after.last_checkpoint_step, 2);
+        // The snapshot is the state the loop goes on with, checkpoint mark included.
+        let snapshot = plan.iteration.checkpoint.as_ref().expect("a snapshot");
+        let snapshot: LoopState = serde_json::from_str(snapshot.as_str()).expect("it decodes");
+        assert_eq!(snapshot, plan.state_after);
+        assert_eq!(
+            kinds(&plan),
+            ["gate_decision", "iteration_completed", "checkpoint_saved"]
+        );
+        assert!(matches!(
+            event(&plan, "checkpoint_saved"),
+            SessionEvent::CheckpointSaved { iteration: 2, ref reason } if reason == "interval"
+        ));
+    }
+
+    #[test]
+    fn steps_between_intervals_carry_no_checkpoint() {
+        let mut state = LoopState::new(5);
+        for n in 1..=5 {
+            let step = next_step(&state);
+            let plan = plan_commit(state, step, &ctx(3)).expect("a plan");
+            let folded = plan.checkpointed().is_some();
+            assert_eq!(folded, n == 3, "step {n}");
+            assert_eq!(kinds(&plan).contains(&"checkpoint_saved"), folded);
+            state = plan.state_after;
+        }
+        assert_eq!(state.last_checkpoint_step, 3);
+    }
+
+    #[test]
+    fn a_step_that_ends_the_run_carries_no_interval_checkpoint() {
+        let state = after(LoopState::new(5), 1, 2);
+        let mut step = next_step(&state);
+        step.signal = Some(Sentinel {
+            kind: SignalKind::Done,
+            reason: Some("the report is written".into()),
+        });
+        let plan = plan_commit(state, step, &ctx(2)).expect("a plan");
+
+        assert_eq!(plan.checkpointed(), None);
+        assert_eq!(plan.state_after.last_checkpoint_step, 0);
+        let end = plan.state_after.pending_end.as_ref().expect("the run ends");
+        assert_eq!(end.reason, Reason::GoalAchieved);
+        assert_eq!(
+            kinds(&plan),
+            ["gate_decision", "iteration_completed", "agent_signal"]
+        );
+    }
+
+    #[test]
+    fn an_interval_of_zero_checkpoints_every_step() {
+        let state = after(LoopState::new(5), 2, 0);
+        assert_eq!(state.last_checkpoint_step, 2);
+        let plan = plan_commit(state.clone(), next_step(&state), &ctx(0)).expect("a plan");
+        assert_eq!(plan.checkpointed(), Some(3));
+    }
+
+    #[test]
+    fn errors_count_in_a_row_and_a_success_resets_them() {
+        let mut state = LoopState::new(5);
+        for (n, outcome, streak) in [
+            (1, Outcome::Error, 1),
+            (2, Outcome::Failure, 0),
+            (3, Outcome::Error, 1),
+            (4, Outcome::Error, 2),
+            (5, Outcome::Success, 0),
+        ] {
+            let mut step = next_step(&state);
+            step.record.outcome = outcome;
+            step.record.error = (outcome != Outcome::Success).then(|| "boom".to_string());
+            let plan = plan_commit(state, step, &ctx(100)).expect("a plan");
+            let label = match outcome {
+                Outcome::Success => "success",
+                Outcome::Failure => "failure",
+                Outcome::Error => "error",
+            };
+            assert_eq!(plan.iteration.outcome, label, "step {n}");
+            assert_eq!(plan.counters.consecutive_errors, streak, "step {n}");
+            assert_eq!(
+                plan.state_after.usage.consecutive_errors, streak as u32,
+                "step {n}"
+            );
+            state = plan.state_after;
+        }
+    }
+
+    #[test]
+    fn tokens_add_up_with_the_reflections_share_and_saturate() {
+        let mut state = after(LoopState::new(5), 2, 100);
+        state.reflection.tokens = 7;
+        state.usage.tokens += 7;
+        let plan = plan_commit(state.clone(), next_step(&state), &ctx(100)).expect("a plan");
+        assert_eq!(plan.counters.tokens_used, 37);
+        assert_eq!(plan.counters.reflection_tokens, 7);
+        assert_eq!(plan.counters.tool_calls, 3);
+        assert!(matches!(
+            event(&plan, "iteration_completed"),
+            SessionEvent::IterationCompleted {
+                tokens: 10,
+                tokens_used: 37,
+                ..
+            }
+        ));
+
+        // An agent may report any number: the row and the counters saturate.
+        let mut step = next_step(&plan.state_after);
+        step.record.tokens = u64::MAX;
+        let plan = plan_commit(plan.state_after, step, &ctx(100)).expect("a plan");
+        assert_eq!(plan.iteration.tokens, i64::MAX);
+        assert_eq!(plan.counters.tokens_used, i64::MAX);
+        assert_eq!(plan.state_after.usage.tokens, u64::MAX);
+        assert_eq!(plan.step_tokens, u64::MAX);
+    }
+
+    #[test]
+    fn the_executors_events_come_between_the_decision_and_the_step() {
+        let state = after(LoopState::new(5), 1, 2);
+        let mut step = next_step(&state);
+        step.events = vec![SessionEvent::StopRequested {}];
+        step.sanitized = 3;
+        let plan = plan_commit(state, step, &ctx(2)).expect("a plan");
+        assert_eq!(
+            kinds(&plan),
+            [
+                "gate_decision",
+                "stop_requested",
+                "iteration_completed",
+                "agent_output_sanitized",
+                "checkpoint_saved"
+            ]
+        );
+        assert!(matches!(
+            event(&plan, "agent_output_sanitized"),
+            SessionEvent::AgentOutputSanitized {
+                step: 2,
+                nul_replaced: 3,
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn a_cycle_change_moves_the_row_and_the_state_on() {
+        let state = LoopState::new(5);
+        let mut step = next_step(&state);
+        step.cycle_change = Some(CycleChange {
+            cycle: 2,
+            memory: "what cycle 1 learned".into(),
+        });
+        step.transcript = Some(Vec::new());
+        let plan = plan_commit(state, step, &ctx(100)).expect("a plan");
+        assert_eq!(plan.iteration.cycle, 1, "the step ran in cycle 1");
+        assert_eq!(
+            plan.row_change().next_cycle,
+            Some((2, "what cycle 1 learned".to_string()))
+        );
+        assert_eq!(plan.state_after.cycle, 2);
+        assert_eq!(
+            plan.iteration.transcript.as_ref().map(|t| t.as_str()),
+            Some("[]")
+        );
+    }
+
+    #[test]
+    fn progress_gives_an_eta_and_is_kept_until_the_next_estimate() {
+        let state = LoopState::new(5);
+        let mut step = next_step(&state);
+        step.percent = Some(50.0);
+        let mut ctx = ctx(100);
+        ctx.elapsed_ms = 10_000;
+        let plan = plan_commit(state, step, &ctx).expect("a plan");
+        assert_eq!(plan.percent_complete, Some(50.0));
+        assert_eq!(plan.eta_seconds, Some(10.0));
+
+        ctx.elapsed_ms = 20_000;
+        let step = next_step(&plan.state_after);
+        let plan = plan_commit(plan.state_after, step, &ctx).expect("a plan");
+        assert_eq!(plan.percent_complete, Some(50.0));
+        assert_eq!(plan.eta_seconds, Some(20.0));
+    }
+
+    #[test]
+    fn a_step_repeating_itself_is_found_stuck_and_logged() {
+        let mut state = LoopState::new(5);
+        let mut last = None;
+        for _ in 0..STUCK.same_observation {
+            let mut step = next_step(&state);
+            step.record.action = "poll".into();
+            step.record.observation = "nothing yet".into();
+            step.record.files_written.clear();
+            let plan = plan_commit(state, step, &ctx(100)).expect("a plan");
+            state = plan.state_after.clone();
+            last = Some(plan);
+        }
+        let plan = last.expect("a plan");
+        assert_eq!(
+            kinds(&plan),
+            ["gate_decision", "iteration_completed", "stuck_detected"]
+        );
+        assert!(plan.state_after.pending_nudge.is_some());
+    }
+
+    #[test]
+    fn a_checkpoint_is_due_at_each_multiple_not_yet_saved_while_the_run_goes_on() {
+        let at = |iterations, last_checkpoint_step| {
+            let mut state = LoopState::new(5);
+            state.usage.iterations = iterations;
+            state.last_checkpoint_step = last_checkpoint_step;
+            state
+        };
+        assert!(!checkpoint_due(&at(0, 0), 2), "nothing committed yet");
+        assert!(!checkpoint_due(&at(1, 0), 2));
+        assert!(checkpoint_due(&at(2, 0), 2));
+        assert!(!checkpoint_due(&at(3, 2), 2));
+        assert!(checkpoint_due(&at(4, 2), 2));
+        assert!(!checkpoint_due(&at(4, 4), 2), "already saved");
+        assert!(checkpoint_due(&at(1, 0), 0), "0 counts as 1");
+        assert!(checkpoint_due(&at(1, 0), 1));
+
+        let mut ending = at(2, 0);
+        ending.pending_end = Some(state::PendingEnd {
+            reason: Reason::GoalAchieved,
+            detail: None,
+            review_pending: true,
+        });
+        assert!(!checkpoint_due(&ending, 2), "the end writes its own");
+    }
+}

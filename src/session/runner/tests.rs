@@ -1,0 +1,352 @@
+//! The loop driven end to end against [`LoopStore`] in memory: what it
+//! writes, in which order, and how it ends.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::sync::atomic::AtomicUsize;
+
+use futures::FutureExt;
+use futures::future::BoxFuture;
+use serde_json::Value;
+
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use chrono::Utc;
+use uuid::Uuid;
+
+use super::*;
+use crate::event::SessionEvent;
+use crate::executor::{ExecutorError, StepContext, StepOutput, StepResult};
+use crate::policy::guardrails::Limits;
+use crate::policy::lifecycle::{Mode, Status};
+use crate::policy::termination::Termination;
+use crate::session::loop_store::ReflectionCommit;
+use crate::store::{Counters, NewEvent, NewIteration};
+
+/// What the loop wrote, in order.
+#[derive(Default)]
+struct Written {
+    events: Vec<NewEvent>,
+    commits: Vec<NewIteration>,
+    checkpoints: Vec<(i64, String)>,
+    finished: Option<Termination>,
+    released: bool,
+    fail_commits: bool,
+}
+
+/// The loop's storage, in memory.
+#[derive(Clone)]
+struct FakeStore {
+    written: Arc<Mutex<Written>>,
+    settings: SessionSettings,
+}
+
+impl FakeStore {
+    fn new(settings: SessionSettings) -> FakeStore {
+        FakeStore {
+            written: Arc::default(),
+            settings,
+        }
+    }
+
+    fn written(&self) -> std::sync::MutexGuard<'_, Written> {
+        self.written.lock().unwrap()
+    }
+
+    fn flags(&self) -> ControlFlags {
+        ControlFlags {
+            stop_requested: false,
+            pause_requested: false,
+            settings: self.settings,
+            last_event_seq: 0,
+            updated_at: Utc::now(),
+        }
+    }
+
+    fn kinds(&self) -> Vec<&'static str> {
+        self.written().events.iter().map(|e| e.kind).collect()
+    }
+}
+
+impl LoopStore for FakeStore {
+    async fn append_fenced(
+        &self,
+        _lease: &Lease,
+        events: &[NewEvent],
+    ) -> Result<ControlFlags, StoreError> {
+        self.written().events.extend_from_slice(events);
+        Ok(self.flags())
+    }
+
+    async fn commit_iteration(
+        &self,
+        lease: &Lease,
+        iteration: NewIteration,
+        _counters: Counters,
+        _progress: (Option<f64>, Option<f64>),
+        events: Vec<NewEvent>,
+    ) -> Result<ControlFlags, StoreError> {
+        let mut written = self.written();
+        if written.fail_commits {
+            return Err(StoreError::LeaseLost(lease.session_id));
+        }
+        if iteration.checkpoint.is_some() {
+            written
+                .checkpoints
+                .push((iteration.number, "interval".to_string()));
+        }
+        written.commits.push(iteration);
+        written.events.extend(events);
+        Ok(self.flags())
+    }
+
+    async fn insert_reflection(
+        &self,
+        _lease: &Lease,
+        _reflection: ReflectionCommit<'_>,
+    ) -> Result<(), StoreError> {
+        Ok(())
+    }
+
+    async fn save_checkpoint(
+        &self,
+        _lease: &Lease,
+        iteration: i64,
+        reason: &str,
+        state: &Value,
+    ) -> Result<(), StoreError> {
+        assert!(state.is_object(), "a checkpoint is never null");
+        self.written()
+            .checkpoints
+            .push((iteration, reason.to_string()));
+        Ok(())
+    }
+
+    async fn finish(
+        &self,
+        _lease: &Lease,
+        termination: &Termination,
+        _detail: Option<&str>,
+        _counters: Counters,
+        _checkpoint: (i64, &Value),
+        events: &[NewEvent],
+    ) -> Result<(), StoreError> {
+        let mut written = self.written();
+        written.finished = Some(termination.clone());
+        written.events.extend_from_slice(events);
+        Ok(())
+    }
+
+    async fn release(
+        &self,
+        _lease: &Lease,
+        _counters: Counters,
+        _checkpoint: (i64, &Value),
+    ) -> Result<(), StoreError> {
+        self.written().released = true;
+        Ok(())
+    }
+}
+
+/// Succeeds with a new action every step and counts its calls.
+struct Counting(Arc<AtomicUsize>);
+
+impl Executor for Counting {
+    fn execute<'a>(
+        &'a mut self,
+        ctx: StepContext<'a>,
+    ) -> BoxFuture<'a, Result<StepResult, ExecutorError>> {
+        self.0.fetch_add(1, Ordering::SeqCst);
+        // A new action, message and file every step, so stuck detection stays quiet.
+        let out = StepOutput {
+            tokens: 10,
+            files_written: vec![crate::policy::history::FileWrite {
+                path: format!("part_{}.md", ctx.iteration),
+                digest: format!("{:x}", ctx.iteration),
+            }],
+            ..StepOutput::simple(
+                format!("action_{}", ctx.iteration),
+                format!("wrote part {}", ctx.iteration),
+            )
+        };
+        async move { Ok(StepResult::Step(Box::new(out))) }.boxed()
+    }
+}
+
+fn limits(max_iterations: u64, checkpoint_interval: u32) -> Limits {
+    Limits {
+        max_iterations,
+        max_wall_time_ms: 600_000,
+        max_tokens: 1_000_000,
+        max_consecutive_errors: 3,
+        reflection_interval: 100,
+        checkpoint_interval,
+        max_tool_calls: None,
+        max_cycles: 10,
+        context_budget_tokens: 32_000,
+        review_every: None,
+    }
+}
+
+fn config() -> Arc<Config> {
+    let vars = HashMap::from([(
+        "DATABASE_URL".to_string(),
+        "postgres://localhost/unused".to_string(),
+    )]);
+    Arc::new(Config::from_vars(&vars).unwrap())
+}
+
+/// A runner over the fake store, with the executor's call counter.
+fn runner(limits: Limits) -> (Runner<FakeStore>, FakeStore, Arc<AtomicUsize>) {
+    let settings = SessionSettings {
+        mode: Mode::Fixed,
+        limits,
+    };
+    let store = FakeStore::new(settings);
+    let calls = Arc::new(AtomicUsize::new(0));
+    let clock = Arc::new(LeaseClock::new(
+        Instant::now(),
+        Duration::from_secs(600),
+        Duration::from_secs(1),
+    ));
+    let runner = Runner::new(RunnerDeps {
+        store: store.clone(),
+        config: config(),
+        lease: Lease {
+            session_id: Uuid::new_v4(),
+            token: Uuid::new_v4(),
+        },
+        goal: "write the report".into(),
+        settings,
+        executor: Box::new(Counting(calls.clone())),
+        state: LoopState::new(limits.reflection_interval),
+        guidance: None,
+        control: Control::new(clock),
+        reflector: None,
+        tenant: "t".into(),
+        model_calls: Arc::new(crate::ratelimit::TenantLimiter::new(0)),
+        metrics: Arc::new(Metrics::default()),
+        view: Arc::default(),
+    });
+    (runner, store, calls)
+}
+
+fn last_status(store: &FakeStore) -> SessionEvent {
+    let written = store.written();
+    let last = written.events.last().expect("the run logged its end");
+    SessionEvent::from_parts(last.kind, &last.data.to_value().unwrap()).unwrap()
+}
+
+#[tokio::test]
+async fn a_stop_requested_before_a_step_is_honoured_before_executing() {
+    let (runner, store, calls) = runner(limits(10, 5));
+    runner.control.stop.cancel();
+    assert_eq!(runner.run().await, Exit::Finished(Reason::UserStop));
+    assert_eq!(calls.load(Ordering::SeqCst), 0);
+    assert!(store.written().commits.is_empty());
+    assert!(matches!(
+        last_status(&store),
+        SessionEvent::StatusChanged {
+            reason: Some(Reason::UserStop),
+            ..
+        }
+    ));
+}
+
+#[tokio::test]
+async fn a_shutdown_releases_without_finishing() {
+    let (runner, store, calls) = runner(limits(10, 5));
+    runner.control.shutdown.cancel();
+    assert_eq!(runner.run().await, Exit::Released);
+    assert_eq!(calls.load(Ordering::SeqCst), 0);
+    assert!(store.written().released);
+    assert!(store.written().finished.is_none());
+}
+
+#[tokio::test]
+async fn a_guardrail_trip_ends_the_run_with_its_reason() {
+    let (runner, store, calls) = runner(limits(3, 100));
+    assert_eq!(runner.run().await, Exit::Finished(Reason::MaxIterations));
+    assert_eq!(calls.load(Ordering::SeqCst), 3);
+    assert_eq!(store.written().commits.len(), 3);
+    let kinds = store.kinds();
+    assert_eq!(
+        kinds[kinds.len() - 2..],
+        ["guardrail_tripped", "status_changed"]
+    );
+    assert_eq!(
+        store.written().finished.as_ref().map(|t| t.reason),
+        Some(Reason::MaxIterations)
+    );
+}
+
+#[tokio::test]
+async fn every_commit_logs_the_gate_decision_and_the_step() {
+    let (runner, store, _) = runner(limits(2, 100));
+    runner.run().await;
+    let kinds = store.kinds();
+    assert_eq!(
+        kinds[..4],
+        [
+            "gate_decision",
+            "iteration_completed",
+            "gate_decision",
+            "iteration_completed"
+        ]
+    );
+    let written = store.written();
+    let first = &written.commits[0];
+    assert_eq!((first.number, first.action.as_str()), (1, "action_1"));
+    assert!(first.record.to_value().unwrap().is_object());
+    assert!(first.effects.to_value().unwrap().is_object());
+}
+
+#[tokio::test]
+async fn a_failed_commit_ends_the_loop_instead_of_being_swallowed() {
+    let (runner, store, calls) = runner(limits(10, 100));
+    store.written().fail_commits = true;
+    assert_eq!(runner.run().await, Exit::LeaseLost);
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    assert!(store.written().finished.is_none());
+}
+
+#[tokio::test]
+async fn a_checkpoint_is_saved_every_interval_in_the_iterations_own_commit() {
+    let (runner, store, _) = runner(limits(5, 2));
+    assert_eq!(runner.run().await, Exit::Finished(Reason::MaxIterations));
+    let written = store.written();
+    assert_eq!(
+        written.checkpoints,
+        [(2, "interval".to_string()), (4, "interval".to_string())]
+    );
+    // Folded: carried by iterations 2 and 4, with their event in the same commit.
+    let folded: Vec<i64> = written
+        .commits
+        .iter()
+        .filter(|c| c.checkpoint.is_some())
+        .map(|c| c.number)
+        .collect();
+    assert_eq!(folded, [2, 4]);
+    let saved = written
+        .events
+        .iter()
+        .filter(|e| e.kind == "checkpoint_saved")
+        .count();
+    assert_eq!(saved, 2);
+}
+
+#[tokio::test]
+async fn a_pause_finishes_after_the_step_in_flight() {
+    let (mut runner, store, calls) = runner(limits(10, 100));
+    runner.control.pause.store(true, Ordering::SeqCst);
+    assert_eq!(
+        runner.run_loop().await.unwrap(),
+        Exit::Finished(Reason::UserPause)
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 0);
+    assert_eq!(
+        store.written().finished.as_ref().map(|t| t.status),
+        Some(Status::Paused)
+    );
+}

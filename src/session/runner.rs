@@ -775,7 +775,7 @@ impl<S: LoopStore> Runner<S> {
             flags: &flags,
             finished_at,
             apply: &|r| {
-                r.counters = counters;
+                r.set_counters(counters);
                 r.percent_complete = percent;
                 r.eta_seconds = eta;
                 r.guidance = None;

@@ -41,7 +41,7 @@ pub fn router() -> Router<AppState> {
 }
 
 /// The status document of a session, priced.
-fn view(state: &AppState, session: crate::store::SessionRecord) -> SessionView {
+fn view(state: &AppState, session: crate::store::Session) -> SessionView {
     let step = state.service.step_in_flight(session.id);
     SessionView::from(session)
         .priced(state.service.token_price())

@@ -262,7 +262,7 @@ fn list_stream(
                         let step = t.service.step_in_flight(s.id);
                         let key = (
                             s.status,
-                            s.counters.iterations,
+                            s.iterations,
                             s.updated_at,
                             step.as_ref().map(|step| step.iteration),
                         );

@@ -6,7 +6,7 @@ use serde::Serialize;
 use utoipa::{IntoParams, ToSchema};
 use uuid::Uuid;
 
-use crate::event::SessionEvent;
+use crate::event::{RefinementProposal, SessionEvent};
 use crate::policy::checklist::ChecklistItem;
 use crate::policy::eta::{self, EtaBasis};
 use crate::policy::excerpt;
@@ -15,7 +15,7 @@ use crate::policy::lifecycle::{Action, Mode, Reason, Status, allowed_actions};
 use crate::policy::projection::{self, ProgressSample};
 use crate::session::LoggedEvent;
 use crate::session::live::StepInFlight;
-use crate::store::{CheckpointRecord, IterationRecord, SessionRecord};
+use crate::store::{CheckpointRecord, IterationRecord, ReflectionSummary, Session};
 
 /// Which executor a session uses.
 #[derive(Debug, Clone, Serialize, ToSchema)]
@@ -95,7 +95,7 @@ pub struct SessionView {
     /// The refinement proposal: `suggested_goal`, `matched_patterns`,
     /// `confidence`, `source` and the `choices` (while `awaiting_refinement`).
     #[schema(value_type = Option<Object>)]
-    pub refinement: Option<serde_json::Value>,
+    pub refinement: Option<RefinementProposal>,
     /// Success criteria; completion needs every one reported met.
     pub success_criteria: Vec<ChecklistItem>,
     /// Milestones, ticked as reflections report them.
@@ -114,7 +114,7 @@ pub struct SessionView {
     pub reflection_share: f64,
     /// Latest reflection: assessment, decision and next interval.
     #[schema(value_type = Option<Object>)]
-    pub last_reflection: Option<serde_json::Value>,
+    pub last_reflection: Option<ReflectionSummary>,
     /// Money spent so far at `WARDEN_TOKEN_PRICE_PER_MILLION` (null when no price is set).
     pub cost: Option<f64>,
     /// Iterations per minute over the last 30 minutes (only on `GET /{id}`).
@@ -242,8 +242,9 @@ impl SessionView {
     }
 }
 
-impl From<SessionRecord> for SessionView {
-    fn from(s: SessionRecord) -> SessionView {
+impl From<Session> for SessionView {
+    /// The one place the status document is made from the stored row.
+    fn from(s: Session) -> SessionView {
         let kind = s
             .executor
             .get("kind")
@@ -273,8 +274,8 @@ impl From<SessionRecord> for SessionView {
             kind,
         };
         let projection = s.percent_complete.and_then(|percent_complete| {
-            let tokens = u64::try_from(s.counters.tokens_used).unwrap_or(0);
-            let iterations = u64::try_from(s.counters.iterations).unwrap_or(0);
+            let tokens = u64::try_from(s.tokens_used).unwrap_or(0);
+            let iterations = u64::try_from(s.iterations).unwrap_or(0);
             let sample = ProgressSample {
                 percent_complete,
                 tokens,
@@ -282,8 +283,8 @@ impl From<SessionRecord> for SessionView {
             };
             projection::project(&sample, tokens, iterations)
         });
-        let total = s.counters.tokens_used;
-        let reflection = s.counters.reflection_tokens;
+        let total = s.tokens_used;
+        let reflection = s.reflection_tokens;
         let refinement = s.refinement_tokens;
         SessionView {
             id: s.id,
@@ -304,9 +305,9 @@ impl From<SessionRecord> for SessionView {
                 refinement,
             },
             original_goal: s.original_goal,
-            refinement: s.refinement,
-            success_criteria: s.criteria,
-            milestones: s.milestones,
+            refinement: s.refinement.map(|r| r.0),
+            success_criteria: s.criteria.0,
+            milestones: s.milestones.0,
             cycle: s.cycle,
             memory_chars: s.memory.chars().count(),
             reflection_share: if total > 0 {
@@ -314,14 +315,14 @@ impl From<SessionRecord> for SessionView {
             } else {
                 0.0
             },
-            last_reflection: s.last_reflection,
+            last_reflection: s.last_reflection.map(|r| r.0),
             cost: None,
             velocity: None,
-            iterations: s.counters.iterations,
-            tokens_used: s.counters.tokens_used,
-            tool_calls: s.counters.tool_calls,
-            consecutive_errors: s.counters.consecutive_errors,
-            elapsed_ms: s.counters.elapsed_ms,
+            iterations: s.iterations,
+            tokens_used: s.tokens_used,
+            tool_calls: s.tool_calls,
+            consecutive_errors: s.consecutive_errors,
+            elapsed_ms: s.elapsed_ms,
             percent_complete: s.percent_complete,
             eta_seconds: s.eta_seconds,
             eta_basis: None,
@@ -330,12 +331,12 @@ impl From<SessionRecord> for SessionView {
             projected_iterations_to_finish: projection.map(|p| p.iterations_to_finish),
             projected_cost_to_finish: None,
             projection_basis: projection.map(|p| p.basis),
-            limits: s.limits,
+            limits: s.limits.0,
             executor,
             run: s.run,
             checkpoint_saved: s.checkpoint_saved,
             last_checkpoint_iteration: s.last_checkpoint_iteration,
-            next_steps: s.next_steps,
+            next_steps: s.next_steps.0,
             stop_requested: s.stop_requested,
             pause_requested: s.pause_requested,
             guidance: s.guidance,
@@ -764,8 +765,8 @@ mod tests {
     #[test]
     fn a_step_in_flight_moves_the_clock_and_the_eta() {
         let mut record = crate::session::live::tests::record();
-        record.counters.iterations = 3;
-        record.counters.elapsed_ms = 900;
+        record.iterations = 3;
+        record.elapsed_ms = 900;
         record.executor = json!({ "kind": "scripted", "steps": 6 });
         let started_at = Utc::now();
         let step = StepInFlight {

@@ -11,8 +11,9 @@
 use std::sync::{Mutex, MutexGuard};
 
 use chrono::{DateTime, DurationRound, TimeDelta, Utc};
+use sqlx::types::Json;
 
-use crate::store::{ControlFlags, SessionRecord};
+use crate::store::{ControlFlags, Session};
 
 /// Iterations committed per minute, oldest minute first.
 pub type Velocity = Vec<(DateTime<Utc>, i64)>;
@@ -23,10 +24,10 @@ pub const VELOCITY_MINUTES: i32 = 30;
 #[derive(Default)]
 struct ViewState {
     /// The committed row; `None` while stale.
-    record: Option<SessionRecord>,
+    record: Option<Session>,
     /// The last committed row the view held before it went stale or
     /// closed: answered, marked stale, when Postgres cannot be reached.
-    last: Option<SessionRecord>,
+    last: Option<Session>,
     /// Iterations per minute; `None` until known.
     velocity: Option<Velocity>,
     /// Bumped by every write, so a refill read before one is discarded.
@@ -70,7 +71,7 @@ pub struct CommittedStep<'a> {
     /// When the iteration finished (its velocity minute).
     pub finished_at: DateTime<Utc>,
     /// How the row changed: counters, progress, cycle.
-    pub apply: &'a dyn Fn(&mut SessionRecord),
+    pub apply: &'a dyn Fn(&mut Session),
 }
 
 fn minute(at: DateTime<Utc>) -> DateTime<Utc> {
@@ -80,8 +81,8 @@ fn minute(at: DateTime<Utc>) -> DateTime<Utc> {
 /// `record` as the view keeps it: a scripted executor's steps as their
 /// count, the form a listed record has too (the status shows only the
 /// count), so a waiting session does not hold its script twice.
-fn compact(record: &SessionRecord) -> SessionRecord {
-    let mut kept = SessionRecord {
+fn compact(record: &Session) -> Session {
+    let mut kept = Session {
         executor: serde_json::Value::Null,
         ..record.clone()
     };
@@ -105,10 +106,10 @@ fn compact(record: &SessionRecord) -> SessionRecord {
 impl LiveView {
     /// A view of `record` as just committed; a session without iterations
     /// has an empty velocity, others learn theirs from the first refill.
-    pub fn new(record: &SessionRecord) -> LiveView {
+    pub fn new(record: &Session) -> LiveView {
         LiveView {
             state: Mutex::new(ViewState {
-                velocity: (record.counters.iterations == 0).then(Vec::new),
+                velocity: (record.iterations == 0).then(Vec::new),
                 record: Some(compact(record)),
                 last: None,
                 generation: 0,
@@ -125,7 +126,7 @@ impl LiveView {
     }
 
     /// The committed status and velocity, when fresh.
-    pub fn snapshot(&self) -> Option<(SessionRecord, Velocity)> {
+    pub fn snapshot(&self) -> Option<(Session, Velocity)> {
         let state = self.state();
         if state.closed {
             return None;
@@ -148,7 +149,7 @@ impl LiveView {
     /// The last committed status this view knew, fresh or not, and its
     /// velocity as far as known: what a status answers, marked stale, while
     /// Postgres cannot be reached.
-    pub fn last_known(&self) -> Option<(SessionRecord, Velocity)> {
+    pub fn last_known(&self) -> Option<(Session, Velocity)> {
         let state = self.state();
         let record = state.record.as_ref().or(state.last.as_ref())?.clone();
         Some((record, state.velocity.clone().unwrap_or_default()))
@@ -161,7 +162,7 @@ impl LiveView {
 
     /// Takes a status read from Postgres, if no write happened since
     /// `generation` was taken (else the read may predate it).
-    pub fn refill(&self, generation: u64, record: &SessionRecord, velocity: &Velocity) {
+    pub fn refill(&self, generation: u64, record: &Session, velocity: &Velocity) {
         let mut state = self.state();
         if state.closed || state.committing || state.generation != generation {
             return;
@@ -266,11 +267,11 @@ impl ViewState {
     }
 }
 
-fn apply_flags(record: &mut SessionRecord, flags: &ControlFlags) {
+fn apply_flags(record: &mut Session, flags: &ControlFlags) {
     record.stop_requested = flags.stop_requested;
     record.pause_requested = flags.pause_requested;
     record.mode = flags.settings.mode;
-    record.limits = flags.settings.limits;
+    record.limits = Json(flags.settings.limits);
     record.last_event_seq = flags.last_event_seq;
     record.updated_at = flags.updated_at;
 }
@@ -283,12 +284,12 @@ pub(crate) mod tests {
     use super::*;
     use crate::policy::guardrails::tests::roomy;
     use crate::policy::lifecycle::{Mode, Status};
-    use crate::store::{Counters, SessionSettings};
+    use crate::store::SessionSettings;
 
     /// A running session's committed row.
-    pub(crate) fn record() -> SessionRecord {
+    pub(crate) fn record() -> Session {
         let now = Utc::now();
-        SessionRecord {
+        Session {
             id: Uuid::new_v4(),
             goal: "Write README.md".into(),
             mode: Mode::Fixed,
@@ -298,18 +299,23 @@ pub(crate) mod tests {
             reason_detail: None,
             original_goal: None,
             refinement: None,
-            criteria: Vec::new(),
-            milestones: Vec::new(),
+            criteria: Json(Vec::new()),
+            milestones: Json(Vec::new()),
             cycle: 1,
             memory: String::new(),
             refinement_tokens: 0,
             last_reflection: None,
-            next_steps: Vec::new(),
+            next_steps: Json(Vec::new()),
             percent_complete: None,
             eta_seconds: None,
-            limits: roomy(),
+            limits: Json(roomy()),
             executor: json!({ "kind": "scripted" }),
-            counters: Counters::default(),
+            iterations: 0,
+            tokens_used: 0,
+            tool_calls: 0,
+            consecutive_errors: 0,
+            elapsed_ms: 0,
+            reflection_tokens: 0,
             run: 1,
             checkpoint_saved: false,
             last_checkpoint_iteration: 0,
@@ -347,7 +353,7 @@ pub(crate) mod tests {
         view.committed(CommittedStep {
             flags: &flags(seq),
             finished_at: Utc::now(),
-            apply: &|r| r.counters.iterations = iterations,
+            apply: &|r| r.iterations = iterations,
         });
     }
 
@@ -357,7 +363,7 @@ pub(crate) mod tests {
         commit(&view, 1, 4);
         commit(&view, 2, 6);
         let (r, velocity) = view.snapshot().expect("fresh");
-        assert_eq!(r.counters.iterations, 2);
+        assert_eq!(r.iterations, 2);
         assert_eq!(r.last_event_seq, 6);
         assert_eq!(r.mode, Mode::Continuous);
         assert!(r.pause_requested);
@@ -371,9 +377,9 @@ pub(crate) mod tests {
         assert!(view.snapshot().is_none());
         let generation = view.generation();
         let mut read = record();
-        read.counters.iterations = 7;
+        read.iterations = 7;
         view.refill(generation, &read, &Vec::new());
-        assert_eq!(view.snapshot().expect("refilled").0.counters.iterations, 7);
+        assert_eq!(view.snapshot().expect("refilled").0.iterations, 7);
     }
 
     #[test]
@@ -408,7 +414,7 @@ pub(crate) mod tests {
     #[test]
     fn a_session_with_history_waits_for_its_velocity() {
         let mut r = record();
-        r.counters.iterations = 5;
+        r.iterations = 5;
         let view = LiveView::new(&r);
         assert!(view.snapshot().is_none(), "its velocity is in Postgres");
         let generation = view.generation();
@@ -423,10 +429,10 @@ pub(crate) mod tests {
         view.invalidate();
         assert!(view.snapshot().is_none());
         let (r, velocity) = view.last_known().expect("kept");
-        assert_eq!(r.counters.iterations, 3);
+        assert_eq!(r.iterations, 3);
         assert_eq!(velocity.iter().map(|(_, n)| n).sum::<i64>(), 1);
         view.close();
-        assert_eq!(view.last_known().expect("kept").0.counters.iterations, 3);
+        assert_eq!(view.last_known().expect("kept").0.iterations, 3);
         assert!(view.snapshot().is_none());
     }
 
@@ -436,9 +442,9 @@ pub(crate) mod tests {
         view.invalidate();
         let generation = view.generation();
         let mut read = record();
-        read.counters.iterations = 9;
+        read.iterations = 9;
         view.refill(generation, &read, &Vec::new());
-        assert_eq!(view.last_known().expect("known").0.counters.iterations, 9);
+        assert_eq!(view.last_known().expect("known").0.iterations, 9);
     }
 
     fn in_flight(iteration: u64) -> StepInFlight {

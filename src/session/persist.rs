@@ -13,9 +13,7 @@ use super::ServiceError;
 use crate::event::SessionEvent;
 use crate::policy::lifecycle::{self, Status};
 use crate::secrets::Sealed;
-use crate::store::{
-    self, Lease, NewEvent, NewSession, SessionRecord, Store, StoreError, TenantScope,
-};
+use crate::store::{self, Lease, NewEvent, NewSession, Session, Store, StoreError, TenantScope};
 
 /// How a new session starts.
 #[derive(Debug, Clone, Copy)]
@@ -63,7 +61,7 @@ pub async fn create_session(
     events: &[NewEvent],
     refinement: Option<FirstRefinement<'_>>,
     admission: Admission<'_>,
-) -> Result<(SessionRecord, Option<Lease>), ServiceError> {
+) -> Result<(Session, Option<Lease>), ServiceError> {
     let Admission {
         api_key,
         url_query,
@@ -237,7 +235,13 @@ mod tests {
             executor: json!({ "kind": "scripted", "steps": [] }),
             tenant: "default".into(),
             original_goal: Some(original.into()),
-            refinement: Some(json!({ "suggested_goal": goal })),
+            refinement: Some(crate::event::RefinementProposal {
+                suggested_goal: goal.into(),
+                matched_patterns: Vec::new(),
+                confidence: 0.9,
+                source: "rules".into(),
+                choices: Vec::new(),
+            }),
             criteria: Vec::new(),
             milestones: Vec::new(),
             refinement_tokens: 0,

@@ -13,7 +13,7 @@ use super::events;
 use crate::event::SessionEvent;
 use crate::store::{
     CheckpointRecord, EventRecord, IterationRecord, Outcomes, RefinementRecord, ReflectionRecord,
-    SessionRecord, Store, Task, TenantScope,
+    Session, Store, Task, TenantScope,
 };
 
 /// An event of a session's log, decoded.
@@ -53,7 +53,7 @@ impl SessionReads {
     }
 
     /// One session, if it exists and `scope` reaches it.
-    pub async fn session(&self, id: Uuid, scope: &TenantScope) -> Result<Option<SessionRecord>> {
+    pub async fn session(&self, id: Uuid, scope: &TenantScope) -> Result<Option<Session>> {
         Ok(self.store.session(id, scope).await?)
     }
 
@@ -154,7 +154,7 @@ impl SessionReads {
         since: DateTime<Utc>,
         limit: i64,
         scope: &TenantScope,
-    ) -> Result<Vec<SessionRecord>> {
+    ) -> Result<Vec<Session>> {
         Ok(self
             .store
             .sessions_changed_since(since, limit, scope)

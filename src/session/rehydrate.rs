@@ -17,12 +17,12 @@ use crate::executor::{
 use crate::llm::Message;
 use crate::policy::history::StepRecord;
 use crate::secrets::{API_KEY, URL_QUERY};
-use crate::store::{self, Lease, RebuildInputs, SessionRecord, Store, StoreError, TenantScope};
+use crate::store::{self, Lease, RebuildInputs, Session, Store, StoreError, TenantScope};
 
 /// Loads a session and rebuilds its loop state from its latest checkpoint
 /// plus the iterations committed after it. Called by the replica that holds
 /// or is taking the session's lease, for whichever tenant owns it.
-pub async fn load_for_run(store: &Store, id: Uuid) -> Result<(SessionRecord, LoopState)> {
+pub async fn load_for_run(store: &Store, id: Uuid) -> Result<(Session, LoopState)> {
     let session = store
         .session(id, &TenantScope::Global)
         .await?
@@ -36,14 +36,14 @@ pub async fn load_for_run(store: &Store, id: Uuid) -> Result<(SessionRecord, Loo
 /// `conn`. Everything is read on that same connection: a handler that held
 /// the lock and asked the pool for a second connection could exhaust the
 /// pool with a handful of concurrent stops (issue 13, defect 1).
-pub async fn rebuild_locked(conn: &mut PgConnection, session: &SessionRecord) -> Result<LoopState> {
+pub async fn rebuild_locked(conn: &mut PgConnection, session: &Session) -> Result<LoopState> {
     let inputs = store::rebuild_inputs_on(conn, session.id).await?;
     Ok(replay(session, inputs)?)
 }
 
 /// Rebuilds the loop state of `session` from what `inputs` holds: its latest
 /// checkpoint plus the iterations (and reflections) committed after it.
-pub fn replay(session: &SessionRecord, inputs: RebuildInputs) -> Result<LoopState, StoreError> {
+pub fn replay(session: &Session, inputs: RebuildInputs) -> Result<LoopState, StoreError> {
     let id = session.id;
     let corrupt = |detail: String| StoreError::Corrupt { id, detail };
     let mut state = match inputs.checkpoint {
@@ -78,7 +78,7 @@ pub fn replay(session: &SessionRecord, inputs: RebuildInputs) -> Result<LoopStat
 pub async fn build_executor(
     store: &Store,
     config: &Config,
-    session: &SessionRecord,
+    session: &Session,
     lease: Lease,
 ) -> Result<Box<dyn Executor>> {
     let mut stored = session.executor.clone();

@@ -31,7 +31,7 @@ use crate::policy::guardrails::{self, Breach, Limits, LimitsPatch};
 use crate::policy::lifecycle::{self, Mode, PausePlan, Reason, Status, StopPlan};
 use crate::policy::termination::{self, Facts};
 use crate::store::{
-    self, ControlAction, Lease, NewSession, SessionCursor, SessionRecord, SessionSettings, Store,
+    self, ControlAction, Lease, NewSession, Session, SessionCursor, SessionSettings, Store,
     StoreError, TenantScope,
 };
 
@@ -80,9 +80,9 @@ pub struct IdempotencyKey {
 #[derive(Debug)]
 pub enum Created {
     /// A new session.
-    New(SessionRecord),
+    New(Session),
     /// The session an earlier request with the same idempotency key created.
-    Replayed(SessionRecord),
+    Replayed(Session),
 }
 
 /// How the user answers a refinement proposal.
@@ -217,11 +217,11 @@ pub enum StatusSource {
 #[derive(Debug)]
 pub enum StopAnswer {
     /// The session is no longer running (interrupted, or had ended).
-    Landed(SessionRecord),
+    Landed(Session),
     /// Recorded (`stop_requested`) but not landed yet: it will be by `lands_by`.
     Pending {
         /// The session as it is now.
-        session: SessionRecord,
+        session: Session,
         /// When the stop will have landed: the owner lands it, or it counts
         /// as gone by then and the stop lands without it.
         lands_by: chrono::DateTime<chrono::Utc>,
@@ -377,7 +377,7 @@ impl SessionService {
 
     /// Takes back a session whose create committed but whose loop could not
     /// start, so that the error answered means nothing was created.
-    async fn undo_create(&self, record: &SessionRecord) {
+    async fn undo_create(&self, record: &Session) {
         let scope = TenantScope::tenant_only(&record.tenant);
         let undone: Result<()> = async {
             let mut tx = self.store.begin().await?;
@@ -566,7 +566,7 @@ impl SessionService {
         tenant: &str,
         slot_reserved: bool,
         idempotency: Option<&IdempotencyKey>,
-    ) -> Result<(SessionRecord, Option<store::Lease>)> {
+    ) -> Result<(Session, Option<store::Lease>)> {
         let NewRequest {
             goal,
             mode,
@@ -587,11 +587,12 @@ impl SessionService {
             milestones: req.milestones,
         });
         log.extend(plan.events);
-        let proposal = plan
+        let proposal_data = plan
             .proposal
             .as_ref()
             .map(|p| to_stored("refinement proposal", p))
-            .transpose()?;
+            .transpose()?
+            .unwrap_or(serde_json::Value::Null);
         let sealed = match &api_key {
             Some(key) => Some(self.sealing_key()?.seal(
                 id,
@@ -615,7 +616,7 @@ impl SessionService {
             mode,
             limits,
             executor,
-            refinement: proposal,
+            refinement: plan.proposal,
             criteria: plan.criteria,
             milestones: plan.milestones,
             refinement_tokens: i64::try_from(plan.tokens).unwrap_or(i64::MAX),
@@ -623,7 +624,7 @@ impl SessionService {
         };
         let first_refinement = new.original_goal.as_ref().map(|from| FirstRefinement {
             from,
-            proposal: new.refinement.as_ref().unwrap_or(&serde_json::Value::Null),
+            proposal: &proposal_data,
         });
         let start = if plan.waits {
             persist::Start::AwaitRefinement
@@ -664,7 +665,7 @@ impl SessionService {
         id: Uuid,
         scope: &TenantScope,
         choice: RefinementChoice,
-    ) -> Result<SessionRecord> {
+    ) -> Result<Session> {
         let mut tx = self.store.begin().await?;
         let session = store::lock_session(&mut tx, id, scope)
             .await?
@@ -673,10 +674,8 @@ impl SessionService {
         let suggested = session
             .refinement
             .as_ref()
-            .and_then(|r| r.get("suggested_goal"))
-            .and_then(|g| g.as_str())
-            .map(str::to_string);
-        let mut limits = session.limits;
+            .map(|r| r.suggested_goal.clone());
+        let mut limits = session.limits.0;
         let (kind, goal) = match &choice {
             RefinementChoice::AcceptSuggestion => (
                 "accept_suggestion",
@@ -754,7 +753,7 @@ impl SessionService {
         scope: &TenantScope,
         run: Option<(Lease, Slot)>,
         acquired: Instant,
-    ) -> Result<SessionRecord> {
+    ) -> Result<Session> {
         // Read back on the locked connection: a handful of pool acquires
         // here would delay the loop's start behind every queued request.
         let session = store::lock_session(&mut tx, id, scope)
@@ -808,7 +807,7 @@ impl SessionService {
         &self,
         id: Uuid,
         scope: &TenantScope,
-    ) -> Result<(SessionRecord, Velocity, StatusSource)> {
+    ) -> Result<(Session, Velocity, StatusSource)> {
         if let Some((session, velocity)) = self.supervisor.live(id) {
             if !scope.allows(&session.tenant) {
                 return Err(ServiceError::NotFound(id));
@@ -847,12 +846,12 @@ impl SessionService {
     }
 
     /// One session, if `scope` reaches it, as it shows (see [`SessionService::shown`]).
-    pub async fn get(&self, id: Uuid, scope: &TenantScope) -> Result<SessionRecord> {
+    pub async fn get(&self, id: Uuid, scope: &TenantScope) -> Result<Session> {
         self.stored(id, scope).await.map(|s| self.shown(s))
     }
 
     /// One session as stored, if `scope` reaches it.
-    async fn stored(&self, id: Uuid, scope: &TenantScope) -> Result<SessionRecord> {
+    async fn stored(&self, id: Uuid, scope: &TenantScope) -> Result<Session> {
         self.store
             .session(id, scope)
             .await?
@@ -862,7 +861,7 @@ impl SessionService {
     /// `session` as clients see it: `running` under a lease that lapsed
     /// and that no replica took over for two heartbeats shows `queued`,
     /// without the owner that is gone (`policy::fleet::shown_status`).
-    pub fn shown(&self, mut session: SessionRecord) -> SessionRecord {
+    pub fn shown(&self, mut session: Session) -> Session {
         let shown = fleet::shown_status(
             session.status,
             session.lease_expires_at,
@@ -884,7 +883,7 @@ impl SessionService {
         after: Option<SessionCursor>,
         limit: i64,
         scope: &TenantScope,
-    ) -> Result<Vec<SessionRecord>> {
+    ) -> Result<Vec<Session>> {
         let sessions = self
             .store
             .list_sessions(status, after, limit, scope)
@@ -1030,7 +1029,7 @@ impl SessionService {
     async fn end_unowned(
         &self,
         conn: &mut sqlx::PgConnection,
-        session: &SessionRecord,
+        session: &Session,
         scope: &TenantScope,
         state: &LoopState,
         reason: Reason,
@@ -1066,7 +1065,7 @@ impl SessionService {
 
     /// Pauses a session after its step in flight.
     #[tracing::instrument(skip(self))]
-    pub async fn pause(&self, id: Uuid, scope: &TenantScope) -> Result<SessionRecord> {
+    pub async fn pause(&self, id: Uuid, scope: &TenantScope) -> Result<Session> {
         let mut tx = self.store.begin().await?;
         let session = store::lock_session(&mut tx, id, scope)
             .await?
@@ -1094,7 +1093,7 @@ impl SessionService {
         id: Uuid,
         scope: &TenantScope,
         req: ResumeSession,
-    ) -> Result<SessionRecord> {
+    ) -> Result<Session> {
         let guidance = req
             .guidance
             .as_deref()
@@ -1121,7 +1120,7 @@ impl SessionService {
         .await?;
         let new_goal = req.goal.as_deref().map(validate_goal).transpose()?;
         let limits = session.limits.apply(&req.limits)?;
-        let usage = session.counters.usage();
+        let usage = session.counters().usage();
         if let Some(breach) = guardrails::exhausted_for_resume(&limits, &usage) {
             let (used, limit) = match breach {
                 Breach::Timeout => (usage.elapsed_ms, limits.max_wall_time_ms),
@@ -1140,9 +1139,9 @@ impl SessionService {
             });
         }
         let mut events = Vec::new();
-        if limits != session.limits {
+        if limits != session.limits.0 {
             events.push(SessionEvent::LimitsChanged {
-                from: session.limits,
+                from: session.limits.0,
                 to: limits,
                 by: "resume".into(),
             });
@@ -1218,7 +1217,7 @@ impl SessionService {
         id: Uuid,
         scope: &TenantScope,
         req: UpdateSession,
-    ) -> Result<SessionRecord> {
+    ) -> Result<Session> {
         let mut tx = self.store.begin().await?;
         let session = store::lock_session(&mut tx, id, scope)
             .await?
@@ -1235,9 +1234,9 @@ impl SessionService {
                 to: settings.mode,
             });
         }
-        if settings.limits != session.limits {
+        if settings.limits != session.limits.0 {
             events.push(SessionEvent::LimitsChanged {
-                from: session.limits,
+                from: session.limits.0,
                 to: settings.limits,
                 by: "update".into(),
             });

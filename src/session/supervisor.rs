@@ -29,7 +29,7 @@ use crate::policy::lifecycle::Reason;
 use crate::policy::termination::{self, Facts};
 use crate::secrets::{self, ForeignSeal, SecretsError};
 use crate::store::{
-    Attempt, CONTROL_CHANNEL, ControlAction, ControlNote, KEYS_CHANNEL, Lease, SessionRecord,
+    Attempt, CONTROL_CHANNEL, ControlAction, ControlNote, KEYS_CHANNEL, Lease, Session,
     SessionSettings, Store,
 };
 
@@ -250,7 +250,7 @@ impl Supervisor {
         &self,
         lease: Lease,
         acquired: Instant,
-        session: &SessionRecord,
+        session: &Session,
         state: LoopState,
     ) -> Result<(), ServiceError> {
         let slot = self.take_slot();
@@ -264,7 +264,7 @@ impl Supervisor {
         slot: Slot,
         lease: Lease,
         acquired: Instant,
-        session: &SessionRecord,
+        session: &Session,
         state: LoopState,
     ) -> Result<(), ServiceError> {
         if self.inner.closing.is_cancelled() {
@@ -322,7 +322,7 @@ impl Supervisor {
             goal: session.goal.clone(),
             settings: SessionSettings {
                 mode: session.mode,
-                limits: session.limits,
+                limits: session.limits.0,
             },
             executor,
             state,
@@ -416,7 +416,7 @@ impl Supervisor {
 
     /// The committed status and velocity of `id` from memory, when it runs
     /// here under a lease this replica trusts and the view is fresh.
-    pub fn live(&self, id: Uuid) -> Option<(SessionRecord, Velocity)> {
+    pub fn live(&self, id: Uuid) -> Option<(Session, Velocity)> {
         self.trusted_view(id)?.snapshot()
     }
 
@@ -429,7 +429,7 @@ impl Supervisor {
     /// The last committed status and velocity of `id` this replica knows,
     /// however old: from its runner's view, or from the view of a runner
     /// that ended when Postgres failed. For answering while Postgres cannot.
-    pub fn last_known(&self, id: Uuid) -> Option<(SessionRecord, Velocity)> {
+    pub fn last_known(&self, id: Uuid) -> Option<(Session, Velocity)> {
         let running = Self::of_session(&self.runners(), id)
             .last()
             .map(|h| h.view.clone());
@@ -548,7 +548,7 @@ impl Supervisor {
         let id = lease.session_id;
         // This replica holds the lease: the session is its own to end.
         let (usage, limits) = match store.session(id, &crate::store::TenantScope::Global).await {
-            Ok(Some(s)) => (s.counters.usage(), s.limits),
+            Ok(Some(s)) => (s.counters().usage(), s.limits.0),
             Ok(None) => return,
             Err(e) => {
                 tracing::warn!(session_id = %id, error = %e, "cannot read the failing session");

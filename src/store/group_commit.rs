@@ -19,6 +19,7 @@ use sqlx::{PgExecutor, PgPool, Postgres};
 use tokio::sync::{Semaphore, mpsc, oneshot};
 use uuid::Uuid;
 
+use super::batch::columns_statement;
 use super::rows::{ControlFlags, ControlRow, Counters, JsonText, Lease, NewEvent, NewIteration};
 use super::{Result, StoreError};
 use crate::policy::guardrails::Limits;
@@ -408,88 +409,6 @@ async fn commit_one<'e>(db: impl PgExecutor<'e>, p: &PendingCommit) -> Result<Co
     Ok(flags.into())
 }
 
-/// The columns of a group, one array per column (Postgres `UNNEST` input).
-#[derive(Default)]
-struct Columns<'a> {
-    id: Vec<Uuid>,
-    token: Vec<Uuid>,
-    event_count: Vec<i32>,
-    iterations: Vec<i64>,
-    tokens_used: Vec<i64>,
-    tool_calls: Vec<i64>,
-    consecutive_errors: Vec<i32>,
-    elapsed_ms: Vec<i64>,
-    percent: Vec<Option<f64>>,
-    eta: Vec<Option<f64>>,
-    reflection_tokens: Vec<i64>,
-    next_cycle: Vec<Option<i32>>,
-    memory: Vec<Option<&'a str>>,
-    number: Vec<i64>,
-    run: Vec<i32>,
-    action: Vec<&'a str>,
-    outcome: Vec<&'a str>,
-    tokens: Vec<i64>,
-    duration_ms: Vec<i64>,
-    record: Vec<&'a str>,
-    effects: Vec<&'a str>,
-    started_at: Vec<DateTime<Utc>>,
-    finished_at: Vec<DateTime<Utc>>,
-    transcript: Vec<Option<&'a str>>,
-    cycle: Vec<i32>,
-    checkpoint: Vec<Option<&'a str>>,
-    // Events, flattened: the session each belongs to and its place among them.
-    event_session: Vec<Uuid>,
-    event_ord: Vec<i32>,
-    event_kind: Vec<&'a str>,
-    event_data: Vec<&'a str>,
-}
-
-impl<'a> Columns<'a> {
-    fn of(group: &[&'a PendingCommit]) -> Columns<'a> {
-        let mut c = Columns::default();
-        for p in group {
-            let it = &p.iteration;
-            c.id.push(p.lease.session_id);
-            c.token.push(p.lease.token);
-            c.event_count
-                .push(i32::try_from(p.events.len()).unwrap_or(i32::MAX));
-            c.iterations.push(p.counters.iterations);
-            c.tokens_used.push(p.counters.tokens_used);
-            c.tool_calls.push(p.counters.tool_calls);
-            c.consecutive_errors.push(p.counters.consecutive_errors);
-            c.elapsed_ms.push(p.counters.elapsed_ms);
-            c.percent.push(p.progress.0);
-            c.eta.push(p.progress.1);
-            c.reflection_tokens.push(p.counters.reflection_tokens);
-            c.next_cycle.push(it.next_cycle.as_ref().map(|(n, _)| *n));
-            c.memory
-                .push(it.next_cycle.as_ref().map(|(_, m)| m.as_str()));
-            c.number.push(it.number);
-            c.run.push(it.run);
-            c.action.push(&it.action);
-            c.outcome.push(it.outcome);
-            c.tokens.push(it.tokens);
-            c.duration_ms.push(it.duration_ms);
-            c.record.push(it.record.as_str());
-            c.effects.push(it.effects.as_str());
-            c.started_at.push(it.started_at);
-            c.finished_at.push(it.finished_at);
-            c.transcript
-                .push(it.transcript.as_ref().map(JsonText::as_str));
-            c.cycle.push(it.cycle);
-            c.checkpoint
-                .push(it.checkpoint.as_ref().map(JsonText::as_str));
-            for (ord, e) in p.events.iter().enumerate() {
-                c.event_session.push(p.lease.session_id);
-                c.event_ord.push(i32::try_from(ord + 1).unwrap_or(i32::MAX));
-                c.event_kind.push(e.kind);
-                c.event_data.push(e.data.as_str());
-            }
-        }
-        c
-    }
-}
-
 /// A whole group in one statement. The session rows are locked in id order
 /// first, so two groups (or a group and the lease renewal) never deadlock.
 /// Returns the control flags of each session whose lease held.
@@ -497,26 +416,67 @@ async fn commit_many<'e>(
     db: impl PgExecutor<'e>,
     group: &[&PendingCommit],
 ) -> Result<std::collections::HashMap<Uuid, Result<ControlFlags>>> {
-    let c = Columns::of(group);
-    let rows = sqlx::query!(
-        r#"WITH input AS (
-             SELECT * FROM UNNEST($1::uuid[], $2::uuid[], $3::int[], $4::bigint[], $5::bigint[],
-                                  $6::bigint[], $7::int[], $8::bigint[], $9::float8[], $10::float8[],
-                                  $11::bigint[], $12::int[], $13::text[], $14::bigint[], $15::int[],
-                                  $16::text[], $17::text[], $18::bigint[], $19::bigint[], $20::text[],
-                                  $21::text[], $22::timestamptz[], $23::timestamptz[], $24::text[],
-                                  $25::int[], $31::text[])
-                 AS t(id, token, event_count, iterations, tokens_used, tool_calls,
-                      consecutive_errors, elapsed_ms, percent, eta, reflection_tokens, next_cycle,
-                      memory, number, run, action, outcome, tokens, duration_ms, record, effects,
-                      started_at, finished_at, transcript, cycle, checkpoint)
-         ), locked AS (
+    let events = group.iter().flat_map(|p| {
+        (1..)
+            .zip(&p.events)
+            .map(move |(ord, e): (i32, _)| (p.lease.session_id, ord, e))
+    });
+    let rows = columns_statement!(query
+        "WITH input AS (SELECT "
+        each(p in group) {
+            id: Uuid = "unnest($1::uuid[]) AS id" <- p.lease.session_id,
+            token: Uuid = "unnest($2::uuid[]) AS token" <- p.lease.token,
+            event_count: i32 = "unnest($3::int[]) AS event_count"
+                <- i32::try_from(p.events.len()).unwrap_or(i32::MAX),
+            iterations: i64 = "unnest($4::bigint[]) AS iterations" <- p.counters.iterations,
+            tokens_used: i64 = "unnest($5::bigint[]) AS tokens_used" <- p.counters.tokens_used,
+            tool_calls: i64 = "unnest($6::bigint[]) AS tool_calls" <- p.counters.tool_calls,
+            consecutive_errors: i32 = "unnest($7::int[]) AS consecutive_errors"
+                <- p.counters.consecutive_errors,
+            elapsed_ms: i64 = "unnest($8::bigint[]) AS elapsed_ms" <- p.counters.elapsed_ms,
+            percent: Option<f64> = "unnest($9::float8[]) AS percent" <- p.progress.0,
+            eta: Option<f64> = "unnest($10::float8[]) AS eta" <- p.progress.1,
+            reflection_tokens: i64 = "unnest($11::bigint[]) AS reflection_tokens"
+                <- p.counters.reflection_tokens,
+            next_cycle: Option<i32> = "unnest($12::int[]) AS next_cycle"
+                <- p.iteration.next_cycle.as_ref().map(|(n, _)| *n),
+            memory: Option<&str> = "unnest($13::text[]) AS memory"
+                <- p.iteration.next_cycle.as_ref().map(|(_, m)| m.as_str()),
+            number: i64 = "unnest($14::bigint[]) AS number" <- p.iteration.number,
+            run: i32 = "unnest($15::int[]) AS run" <- p.iteration.run,
+            action: &str = "unnest($16::text[]) AS action" <- p.iteration.action.as_str(),
+            outcome: &str = "unnest($17::text[]) AS outcome" <- p.iteration.outcome,
+            tokens: i64 = "unnest($18::bigint[]) AS tokens" <- p.iteration.tokens,
+            duration_ms: i64 = "unnest($19::bigint[]) AS duration_ms" <- p.iteration.duration_ms,
+            record: &str = "unnest($20::text[]) AS record" <- p.iteration.record.as_str(),
+            effects: &str = "unnest($21::text[]) AS effects" <- p.iteration.effects.as_str(),
+            started_at: DateTime<Utc> = "unnest($22::timestamptz[]) AS started_at"
+                <- p.iteration.started_at,
+            finished_at: DateTime<Utc> = "unnest($23::timestamptz[]) AS finished_at"
+                <- p.iteration.finished_at,
+            transcript: Option<&str> = "unnest($24::text[]) AS transcript"
+                <- p.iteration.transcript.as_ref().map(JsonText::as_str),
+            cycle: i32 = "unnest($25::int[]) AS cycle" <- p.iteration.cycle,
+            checkpoint: Option<&str> = "unnest($26::text[]) AS checkpoint"
+                <- p.iteration.checkpoint.as_ref().map(JsonText::as_str),
+            // The fence: the status a running session's row must still have.
+            status: &str = "unnest($27::text[]) AS status" <- Status::Running.as_str(),
+        }
+        // Events, flattened: the session each belongs to and its place among them.
+        "), event_input AS (SELECT "
+        each((session, ord, e) in events) {
+            event_session: Uuid = "unnest($28::uuid[]) AS id" <- session,
+            event_ord: i32 = "unnest($29::int[]) AS ord" <- ord,
+            event_kind: &str = "unnest($30::text[]) AS kind" <- e.kind,
+            event_data: &str = "unnest($31::text[]) AS data" <- e.data.as_str(),
+        }
+        r#"), locked AS (
              -- One primary-key probe per member, in the input's (id) order:
              -- a join here let stale statistics pick a scan of every session.
              SELECT l.id FROM input i CROSS JOIN LATERAL (
                  SELECT s.id FROM sessions s
                  WHERE s.id = i.id AND s.lease_token = i.token
-                   AND s.status IS NOT DISTINCT FROM $30
+                   AND s.status IS NOT DISTINCT FROM i.status
                  FOR UPDATE) l
          ), s AS (
              UPDATE sessions SET last_event_seq = sessions.last_event_seq + i.event_count,
@@ -532,7 +492,7 @@ async fn commit_many<'e>(
                                                      ELSE i.number END
              FROM input i JOIN locked l ON l.id = i.id
              WHERE sessions.id = i.id AND sessions.lease_token = i.token
-                   AND sessions.status IS NOT DISTINCT FROM $30
+                   AND sessions.status IS NOT DISTINCT FROM i.status
              RETURNING sessions.id, sessions.last_event_seq, sessions.stop_requested,
                        sessions.pause_requested, sessions.mode, sessions.limits, sessions.updated_at
          ), cp AS (
@@ -549,45 +509,13 @@ async fn commit_many<'e>(
          ), ev AS (
              INSERT INTO events (session_id, seq, kind, data)
              SELECT e.id, s.last_event_seq - i.event_count + e.ord, e.kind, e.data::json
-             FROM UNNEST($26::uuid[], $27::int[], $28::text[], $29::text[]) AS e(id, ord, kind, data)
-             JOIN input i ON i.id = e.id JOIN s ON s.id = e.id
+             FROM event_input e JOIN input i ON i.id = e.id JOIN s ON s.id = e.id
          )
          SELECT id AS "id!", stop_requested AS "stop_requested!",
                 pause_requested AS "pause_requested!", mode AS "mode!: Mode",
                 limits AS "limits!: Json<Limits>", last_event_seq AS "last_event_seq!",
-                updated_at AS "updated_at!" FROM s"#,
-&c.id as &[Uuid],
-&c.token as &[Uuid],
-&c.event_count as &[i32],
-&c.iterations as &[i64],
-&c.tokens_used as &[i64],
-&c.tool_calls as &[i64],
-&c.consecutive_errors as &[i32],
-&c.elapsed_ms as &[i64],
-&c.percent as &[Option<f64>],
-&c.eta as &[Option<f64>],
-&c.reflection_tokens as &[i64],
-&c.next_cycle as &[Option<i32>],
-&c.memory as &[Option<&str>],
-&c.number as &[i64],
-&c.run as &[i32],
-&c.action as &[&str],
-&c.outcome as &[&str],
-&c.tokens as &[i64],
-&c.duration_ms as &[i64],
-&c.record as &[&str],
-&c.effects as &[&str],
-&c.started_at as &[DateTime<Utc>],
-&c.finished_at as &[DateTime<Utc>],
-&c.transcript as &[Option<&str>],
-&c.cycle as &[i32],
-&c.event_session as &[Uuid],
-&c.event_ord as &[i32],
-&c.event_kind as &[&str],
-&c.event_data as &[&str],
-Status::Running as Status,
-&c.checkpoint as &[Option<&str>],
-)
+                updated_at AS "updated_at!" FROM s"#
+    )
     .fetch_all(db)
     .await?;
     let mut committed = std::collections::HashMap::with_capacity(rows.len());

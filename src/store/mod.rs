@@ -17,6 +17,7 @@
 //! (an in-process channel on the embedded server); `embedded` runs that server;
 //! `queue` claims the sessions that wait for a replica with capacity.
 
+mod batch;
 mod checkpoints;
 mod control;
 #[cfg(feature = "embedded")]
@@ -52,8 +53,8 @@ pub use resilience::{is_unavailable, rebuild_inputs_on, storable_text};
 pub use rows::{
     Attempt, CheckpointRecord, Claimed, ControlFlags, Counters, EventRecord, IterationRecord,
     JsonText, Lease, NewEvent, NewIteration, NewReflection, NewSession, Outcomes, RebuildInputs,
-    RefinementRecord, ReflectionRecord, Renewed, SessionCursor, SessionRecord, SessionSettings,
-    TASK_STATUSES, Task, TaskWrite,
+    RefinementRecord, ReflectionRecord, ReflectionSummary, Renewed, Session, SessionCursor,
+    SessionSettings, TASK_STATUSES, Task, TaskWrite,
 };
 pub use scope::TenantScope;
 pub use secrets::{PlaintextKey, StoredSecret, insert_secret};

@@ -4,9 +4,8 @@
 use sqlx::types::Json;
 
 use super::events;
-use super::rows::{Counters, Lease, NewEvent, NewReflection, ReflectionRecord};
+use super::rows::{Counters, Lease, NewEvent, NewReflection, ReflectionRecord, ReflectionSummary};
 use super::{Result, Store, StoreError};
-use crate::event::SessionEvent;
 use crate::policy::checklist::ChecklistItem;
 use crate::policy::lifecycle::Status;
 
@@ -24,7 +23,7 @@ impl Store {
         milestones: &[ChecklistItem],
     ) -> Result<()> {
         let mut tx = self.pool.begin().await?;
-        let summary = NewEvent::from_event(&SessionEvent::Reflection {
+        let last_reflection = ReflectionSummary {
             number: reflection.number,
             after_iteration: reflection.after_iteration,
             trigger: reflection.trigger.clone(),
@@ -34,13 +33,8 @@ impl Store {
             decision: reflection.decision.clone(),
             next_interval: reflection.next_interval,
             tokens: reflection.tokens,
-        })?;
-        // The session row keeps it as `jsonb` (a rare write, read by the API).
-        let last_reflection = summary.data.to_value().map_err(|e| {
-            StoreError::Database(sqlx::Error::Encode(
-                format!("cannot encode reflection summary: {e}").into(),
-            ))
-        })?;
+        };
+        let summary = NewEvent::from_event(&last_reflection.event())?;
         let last: Option<i64> = sqlx::query_scalar!(
             "UPDATE sessions SET last_event_seq = last_event_seq + 1, last_reflection = $3,
                     tokens_used = $4, reflection_tokens = $5, agent_tokens = $4::bigint - $5::bigint,
@@ -51,7 +45,7 @@ impl Store {
              RETURNING last_event_seq",
             lease.session_id,
             lease.token,
-            &last_reflection,
+            Json(&last_reflection) as _,
             counters.tokens_used,
             counters.reflection_tokens,
             percent_complete,

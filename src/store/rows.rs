@@ -16,6 +16,7 @@ use sqlx::types::Json;
 use utoipa::ToSchema;
 use uuid::Uuid;
 
+use crate::event::{RefinementProposal, SessionEvent};
 use crate::policy::checklist::ChecklistItem;
 use crate::policy::guardrails::{Limits, Usage};
 use crate::policy::lifecycle::{Mode, Reason, Status};
@@ -206,9 +207,12 @@ impl Counters {
     }
 }
 
-/// One session as stored.
+/// One session as stored: the columns of `sessions` the service reads, each
+/// under its column's name and typed (JSON columns through `Json<T>`), read
+/// by `query_as!` (see `select_session!`), so a misspelt or mistyped column
+/// fails the build.
 #[derive(Debug, Clone)]
-pub struct SessionRecord {
+pub struct Session {
     /// Id.
     pub id: Uuid,
     /// The goal text.
@@ -226,11 +230,11 @@ pub struct SessionRecord {
     /// The goal as first given, when refinement changed it.
     pub original_goal: Option<String>,
     /// The pending or last refinement proposal.
-    pub refinement: Option<Value>,
+    pub refinement: Option<Json<RefinementProposal>>,
     /// Success criteria checklist.
-    pub criteria: Vec<ChecklistItem>,
+    pub criteria: Json<Vec<ChecklistItem>>,
     /// Milestones checklist.
-    pub milestones: Vec<ChecklistItem>,
+    pub milestones: Json<Vec<ChecklistItem>>,
     /// Current context cycle.
     pub cycle: i32,
     /// Memory carried across context cycles.
@@ -238,19 +242,29 @@ pub struct SessionRecord {
     /// Tokens spent writing refinements and checklists (part of `tokens_used`).
     pub refinement_tokens: i64,
     /// Latest reflection (assessment and decision).
-    pub last_reflection: Option<Value>,
+    pub last_reflection: Option<Json<ReflectionSummary>>,
     /// What to do next.
-    pub next_steps: Vec<String>,
+    pub next_steps: Json<Vec<String>>,
     /// Progress estimate, percent.
     pub percent_complete: Option<f64>,
     /// Estimated seconds to completion.
     pub eta_seconds: Option<f64>,
     /// Limits in force.
-    pub limits: Limits,
+    pub limits: Json<Limits>,
     /// Executor specification as given (its API key aside); in lists, its summary.
     pub executor: Value,
-    /// Usage counters.
-    pub counters: Counters,
+    /// Iterations committed.
+    pub iterations: i64,
+    /// Tokens used.
+    pub tokens_used: i64,
+    /// Tool calls made.
+    pub tool_calls: i64,
+    /// Current error streak.
+    pub consecutive_errors: i32,
+    /// Running wall time, ms.
+    pub elapsed_ms: i64,
+    /// Tokens spent on reflection (part of `tokens_used`).
+    pub reflection_tokens: i64,
     /// Run number: 1 at creation, +1 on every resume.
     pub run: i32,
     /// Whether the latest stop saved a checkpoint.
@@ -288,101 +302,67 @@ pub struct SessionRecord {
     pub last_error: Option<String>,
 }
 
-/// A session row as selected (see `select_session!`), typed by the query macros.
-pub(super) struct SessionRow {
-    pub id: Uuid,
-    pub goal: String,
-    pub mode: Mode,
-    pub status: Status,
-    pub reason: Option<Reason>,
-    pub summary: Option<String>,
-    pub reason_detail: Option<String>,
-    pub original_goal: Option<String>,
-    pub refinement: Option<Value>,
-    pub criteria: Json<Vec<ChecklistItem>>,
-    pub milestones: Json<Vec<ChecklistItem>>,
-    pub cycle: i32,
-    pub memory: String,
-    pub refinement_tokens: i64,
-    pub last_reflection: Option<Value>,
-    pub reflection_tokens: i64,
-    pub next_steps: Json<Vec<String>>,
-    pub percent_complete: Option<f64>,
-    pub eta_seconds: Option<f64>,
-    pub limits: Json<Limits>,
-    pub executor: Value,
-    pub iterations: i64,
-    pub tokens_used: i64,
-    pub tool_calls: i64,
-    pub consecutive_errors: i32,
-    pub elapsed_ms: i64,
-    pub run: i32,
-    pub checkpoint_saved: bool,
-    pub last_checkpoint_iteration: i64,
-    pub stop_requested: bool,
-    pub pause_requested: bool,
-    pub guidance: Option<String>,
-    pub last_event_seq: i64,
-    pub owner: Option<Uuid>,
-    pub lease_expires_at: Option<DateTime<Utc>>,
-    pub heartbeat_at: Option<DateTime<Utc>>,
-    pub created_at: DateTime<Utc>,
-    pub updated_at: DateTime<Utc>,
-    pub ended_at: Option<DateTime<Utc>>,
-    pub tenant: String,
-    pub queue_position: Option<i64>,
-    pub attempts: i32,
-    pub last_error: Option<String>,
+impl Session {
+    /// The usage counters the loop keeps on the row.
+    pub fn counters(&self) -> Counters {
+        Counters {
+            iterations: self.iterations,
+            tokens_used: self.tokens_used,
+            tool_calls: self.tool_calls,
+            consecutive_errors: self.consecutive_errors,
+            elapsed_ms: self.elapsed_ms,
+            reflection_tokens: self.reflection_tokens,
+        }
+    }
+
+    /// Sets the usage counters, as the loop's commit writes them.
+    pub fn set_counters(&mut self, c: Counters) {
+        self.iterations = c.iterations;
+        self.tokens_used = c.tokens_used;
+        self.tool_calls = c.tool_calls;
+        self.consecutive_errors = c.consecutive_errors;
+        self.elapsed_ms = c.elapsed_ms;
+        self.reflection_tokens = c.reflection_tokens;
+    }
 }
 
-impl From<SessionRow> for SessionRecord {
-    fn from(r: SessionRow) -> SessionRecord {
-        SessionRecord {
-            id: r.id,
-            goal: r.goal,
-            mode: r.mode,
-            status: r.status,
-            reason: r.reason,
-            summary: r.summary,
-            reason_detail: r.reason_detail,
-            original_goal: r.original_goal,
-            refinement: r.refinement,
-            criteria: r.criteria.0,
-            milestones: r.milestones.0,
-            cycle: r.cycle,
-            memory: r.memory,
-            refinement_tokens: r.refinement_tokens,
-            last_reflection: r.last_reflection,
-            next_steps: r.next_steps.0,
-            percent_complete: r.percent_complete,
-            eta_seconds: r.eta_seconds,
-            limits: r.limits.0,
-            executor: r.executor,
-            counters: Counters {
-                iterations: r.iterations,
-                tokens_used: r.tokens_used,
-                tool_calls: r.tool_calls,
-                consecutive_errors: r.consecutive_errors,
-                elapsed_ms: r.elapsed_ms,
-                reflection_tokens: r.reflection_tokens,
-            },
-            run: r.run,
-            checkpoint_saved: r.checkpoint_saved,
-            last_checkpoint_iteration: r.last_checkpoint_iteration,
-            stop_requested: r.stop_requested,
-            pause_requested: r.pause_requested,
-            guidance: r.guidance,
-            last_event_seq: r.last_event_seq,
-            owner: r.owner,
-            lease_expires_at: r.lease_expires_at,
-            heartbeat_at: r.heartbeat_at,
-            created_at: r.created_at,
-            updated_at: r.updated_at,
-            ended_at: r.ended_at,
-            tenant: r.tenant,
-            queue_position: r.queue_position,
-            attempts: r.attempts,
-            last_error: r.last_error,
+/// The latest reflection as the session row keeps it: the summary its
+/// `reflection` event carries.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ReflectionSummary {
+    /// Reflection number.
+    pub number: i32,
+    /// The iteration it followed.
+    pub after_iteration: i64,
+    /// `interval` or `agent_claimed_done`.
+    pub trigger: String,
+    /// Whether the model answered usably.
+    pub ok: bool,
+    /// The model's assessment.
+    pub assessment: Option<Value>,
+    /// Why it failed.
+    pub error: Option<String>,
+    /// What was decided.
+    pub decision: Value,
+    /// Iterations until the next reflection.
+    pub next_interval: i32,
+    /// Tokens it used.
+    pub tokens: i64,
+}
+
+impl ReflectionSummary {
+    /// The `reflection` event that logs it.
+    pub fn event(&self) -> SessionEvent {
+        SessionEvent::Reflection {
+            number: self.number,
+            after_iteration: self.after_iteration,
+            trigger: self.trigger.clone(),
+            ok: self.ok,
+            assessment: self.assessment.clone(),
+            error: self.error.clone(),
+            decision: self.decision.clone(),
+            next_interval: self.next_interval,
+            tokens: self.tokens,
         }
     }
 }
@@ -403,7 +383,7 @@ pub struct NewSession {
     /// The goal as first given, when a refinement replaced it.
     pub original_goal: Option<String>,
     /// Refinement proposal (for sessions awaiting refinement, or applied automatically).
-    pub refinement: Option<Value>,
+    pub refinement: Option<RefinementProposal>,
     /// Success criteria.
     pub criteria: Vec<ChecklistItem>,
     /// Milestones.

@@ -10,17 +10,17 @@ use uuid::Uuid;
 use super::checkpoints::insert_checkpoint;
 use super::events;
 use super::rows::{
-    Lease, NewEvent, NewSession, RefinementRecord, SessionCursor, SessionRecord, SessionRow,
+    Lease, NewEvent, NewSession, RefinementRecord, ReflectionSummary, Session, SessionCursor,
     SessionSettings,
 };
 use super::{Result, Store, StoreError, TenantScope};
-use crate::event::SessionEvent;
+use crate::event::{RefinementProposal, SessionEvent};
 use crate::policy::checklist::ChecklistItem;
 use crate::policy::guardrails::Limits;
 use crate::policy::lifecycle::{Mode, Reason, Status};
 use crate::policy::termination::Termination;
 
-/// `query_as!` over every column of `sessions`, typed as `SessionRow`,
+/// `query_as!` over every column of `sessions`, typed as `Session`,
 /// followed by `$tail` (the query text must be literals for the macro).
 macro_rules! select_session {
     ($tail:literal $(, $arg:expr)* $(,)?) => {
@@ -40,12 +40,15 @@ macro_rules! select_session_summary {
 macro_rules! select_session_with {
     ($executor:literal, $tail:literal $(, $arg:expr)* $(,)?) => {
         sqlx::query_as!(
-            SessionRow,
+            Session,
             r#"SELECT id, goal, mode AS "mode: Mode", status AS "status: Status",
-                      reason AS "reason: Reason", summary, reason_detail, original_goal, refinement,
+                      reason AS "reason: Reason", summary, reason_detail, original_goal,
+                      refinement AS "refinement: Json<RefinementProposal>",
                       criteria AS "criteria: Json<Vec<ChecklistItem>>",
                       milestones AS "milestones: Json<Vec<ChecklistItem>>", cycle, memory,
-                      refinement_tokens, last_reflection, reflection_tokens,
+                      refinement_tokens,
+                      last_reflection AS "last_reflection: Json<ReflectionSummary>",
+                      reflection_tokens,
                       next_steps AS "next_steps: Json<Vec<String>>", percent_complete, eta_seconds,
                       limits AS "limits: Json<Limits>", "# + $executor + r#", iterations, tokens_used,
                       tool_calls, consecutive_errors, elapsed_ms, run, checkpoint_saved,
@@ -82,7 +85,7 @@ impl Store {
         owner: Option<Uuid>,
         lease_ttl: std::time::Duration,
         events: &[NewEvent],
-    ) -> Result<(SessionRecord, Option<Lease>)> {
+    ) -> Result<(Session, Option<Lease>)> {
         let mut tx = self.pool.begin().await?;
         let status = if owner.is_some() {
             Status::Running
@@ -104,7 +107,7 @@ impl Store {
     }
 
     /// One session by id, if `scope` reaches it.
-    pub async fn session(&self, id: Uuid, scope: &TenantScope) -> Result<Option<SessionRecord>> {
+    pub async fn session(&self, id: Uuid, scope: &TenantScope) -> Result<Option<Session>> {
         let row = select_session!(
             "WHERE id = $1 AND ($2::text IS NULL OR tenant = $2)",
             id,
@@ -112,7 +115,7 @@ impl Store {
         )
         .fetch_optional(&self.pool)
         .await?;
-        Ok(row.map(SessionRecord::from))
+        Ok(row)
     }
 
     /// A page of the sessions `scope` reaches, newest first, optionally of
@@ -124,7 +127,7 @@ impl Store {
         after: Option<SessionCursor>,
         limit: i64,
         scope: &TenantScope,
-    ) -> Result<Vec<SessionRecord>> {
+    ) -> Result<Vec<Session>> {
         let rows = select_session_summary!(
             "WHERE ($1::text IS NULL OR status = $1)
                AND ($2::timestamptz IS NULL OR (created_at, id) < ($2, $3))
@@ -138,7 +141,7 @@ impl Store {
         )
         .fetch_all(&self.pool)
         .await?;
-        Ok(rows.into_iter().map(SessionRecord::from).collect())
+        Ok(rows)
     }
 
     /// Sessions `scope` reaches changed at or after `since`, oldest change
@@ -148,7 +151,7 @@ impl Store {
         since: DateTime<Utc>,
         limit: i64,
         scope: &TenantScope,
-    ) -> Result<Vec<SessionRecord>> {
+    ) -> Result<Vec<Session>> {
         let rows = select_session_summary!(
             "WHERE updated_at >= $1 AND ($3::text IS NULL OR tenant = $3)
              ORDER BY updated_at, id LIMIT $2",
@@ -158,7 +161,7 @@ impl Store {
         )
         .fetch_all(&self.pool)
         .await?;
-        Ok(rows.into_iter().map(SessionRecord::from).collect())
+        Ok(rows)
     }
 
     /// The refinement history of a session.
@@ -211,7 +214,7 @@ pub async fn insert(
         token,
         lease_ttl.as_secs_f64(),
         new.original_goal.as_deref(),
-        new.refinement.as_ref(),
+        new.refinement.as_ref().map(Json) as _,
         Json(&new.criteria) as _,
         Json(&new.milestones) as _,
         new.refinement_tokens,
@@ -232,7 +235,7 @@ pub async fn lock(
     conn: &mut PgConnection,
     id: Uuid,
     scope: &TenantScope,
-) -> Result<Option<SessionRecord>> {
+) -> Result<Option<Session>> {
     let row = select_session!(
         "WHERE id = $1 AND ($2::text IS NULL OR tenant = $2) FOR UPDATE",
         id,
@@ -240,7 +243,7 @@ pub async fn lock(
     )
     .fetch_optional(conn)
     .await?;
-    Ok(row.map(SessionRecord::from))
+    Ok(row)
 }
 
 /// Records a user's stop request (the durable flag every replica obeys).

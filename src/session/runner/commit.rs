@@ -9,7 +9,7 @@ use super::{Pass, Runner};
 use crate::metrics::IterationTimes;
 use crate::session::live::CommittedStep;
 use crate::session::loop_store::LoopStore;
-use crate::store::{ControlFlags, SessionRecord, StoreError};
+use crate::store::{ControlFlags, Session, StoreError};
 
 impl<S: LoopStore> Runner<S> {
     /// Commit: persists the iteration, its counters and what the policies
@@ -78,8 +78,8 @@ impl<S: LoopStore> Runner<S> {
         self.view.committed(CommittedStep {
             flags,
             finished_at,
-            apply: &|r: &mut SessionRecord| {
-                r.counters = row.counters;
+            apply: &|r: &mut Session| {
+                r.set_counters(row.counters);
                 r.percent_complete = row.percent_complete;
                 r.eta_seconds = row.eta_seconds;
                 r.guidance = None;

@@ -110,6 +110,18 @@ impl<S: LoopStore> Runner<S> {
                     .over_budget(outcome.decision, step, needed, allowance)
                     .await;
             }
+            Ok(StepResult::NoWorker { detail }) => {
+                let events = vec![outcome.decision];
+                let exit = self.finish(Reason::NoWorker, Some(detail), events).await?;
+                return Ok(Flow::Exit(exit));
+            }
+            Ok(StepResult::Abandoned) => {
+                // The worker gave the step up for a pause: the session
+                // pauses, and a resume offers the step again.
+                let events = vec![outcome.decision, abandoned(AbandonedBecause::UserPause)];
+                let exit = self.finish(Reason::UserPause, None, events).await?;
+                return Ok(Flow::Exit(exit));
+            }
         };
         self.view.step_returned(&outcome.record.action);
         Ok(Flow::Go(Executed {

@@ -10,12 +10,12 @@ from typing import Any
 
 import httpx
 
-from warden import Client, Worker
+from warden import ClaimedTask, Client, Worker
 
 
-def make_task(n: int = 1, heartbeat_timeout_ms: int = 300, **context: Any) -> dict[str, Any]:
+def make_task(n: int = 1, heartbeat_timeout_ms: int = 300, **context: Any) -> ClaimedTask:
     """A claimed task as the server answers it."""
-    return {
+    task: ClaimedTask = {
         "task_id": f"00000000-0000-0000-0000-{n:012d}",
         "lease_token": f"lease-{n}",
         "lease_expires_at": "2030-01-01T00:00:00Z",
@@ -32,15 +32,16 @@ def make_task(n: int = 1, heartbeat_timeout_ms: int = 300, **context: Any) -> di
             "iteration": 1,
             "token_allowance": 1000,
             "history": [],
-            **context,
         },
     }
+    task["context"].update(context)  # type: ignore[typeddict-item]
+    return task
 
 
 class FakeWarden:
     """Answers the worker protocol's routes; records every call."""
 
-    def __init__(self, tasks: list[dict[str, Any]] | None = None) -> None:
+    def __init__(self, tasks: list[ClaimedTask] | None = None) -> None:
         self.tasks = list(tasks or [])
         self.calls: list[tuple[str, str, Any]] = []
         self.lock = threading.Lock()
@@ -92,7 +93,7 @@ class FakeWarden:
                 if self.stop_when_empty and self.worker is not None:
                     self.worker.shutdown()
                 return httpx.Response(204)
-            return httpx.Response(200, json=task)
+            return httpx.Response(200, json=dict(task))
         if kind == "heartbeat":
             if self.heartbeat_status != 200:
                 return problem(self.heartbeat_status, "lease lost")

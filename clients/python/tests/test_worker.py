@@ -204,7 +204,11 @@ def test_sigterm_releases_a_task_that_outlives_the_grace_period() -> None:
 
     worker = worker_for(fake, step, grace_period=0.3)
     before = signal.getsignal(signal.SIGTERM)
-    threading.Thread(target=lambda: running.wait(5) and os.kill(os.getpid(), signal.SIGTERM), daemon=True).start()
+    def terminate() -> None:
+        running.wait(5)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=terminate, daemon=True).start()
     started = time.monotonic()
     worker.run()  # the main thread, so the SIGTERM handler is installed
 
@@ -271,11 +275,15 @@ def test_a_task_claimed_during_shutdown_is_released_unrun() -> None:
     fake = FakeWarden([make_task(1)])
     fake.stop_when_empty = False
     ran: list[str] = []
-    worker = worker_for(fake, lambda task: ran.append(task.task_id) or {"action": "a"})
+    def step(task: Task) -> Outcome:
+        ran.append(task.task_id)
+        return {"action": "a"}
+
+    worker = worker_for(fake, step)
 
     def claim_then_shutdown(request: httpx.Request) -> httpx.Response:
         worker.shutdown()  # the signal arrives while the claim is in flight
-        return httpx.Response(200, json=make_task(1))
+        return httpx.Response(200, json=dict(make_task(1)))
 
     fake.overrides["claim"] = claim_then_shutdown
     worker.run(install_signal_handlers=False)

@@ -48,6 +48,7 @@ class Session(TypedDict, total=False):
     summary: str | None
     iterations: int
     tokens_used: int
+    tool_calls: int
     percent_complete: float | None
     mode: str
     limits: dict[str, Any]
@@ -70,9 +71,12 @@ class Iteration(TypedDict, total=False):
     number: int
     action: str
     outcome: str
-    output: str
     tokens: int
-    tool_calls: int
+    duration_ms: int
+    started_at: str
+    finished_at: str
+    record: dict[str, Any]
+    effects: list[Any]
 
 
 class IterationPage(TypedDict, total=False):

@@ -60,6 +60,26 @@ def test_a_task_is_claimed_heartbeated_and_completed() -> None:
     assert worker.stats["completed"] == 1
 
 
+def test_an_async_step_is_awaited_and_sees_cancellation() -> None:
+    import asyncio
+
+    fake = FakeWarden([make_task(1), make_task(2, heartbeat_timeout_ms=150)])
+    fake.cancel_after_heartbeats = 1
+
+    async def step(task: Task) -> Outcome:
+        if task.task_id.endswith("1"):
+            await asyncio.sleep(0.01)
+            return {"action": "async", "tokens": 3}
+        while True:
+            task.check_cancelled()
+            await asyncio.sleep(0.01)
+
+    worker = worker_for(fake, step)
+    worker.run(install_signal_handlers=False)
+    assert fake.calls_to("complete") == [{"lease_token": "lease-1", "outcome": {"action": "async", "tokens": 3}}]
+    assert worker.stats["cancelled"] == 1
+
+
 def test_the_heartbeat_interval_is_a_fraction_of_the_timeout_with_a_ceiling() -> None:
     worker = Worker(FakeWarden().client(), lambda task: {"action": "a"}, max_heartbeat_interval=2.0)
     assert worker.heartbeat_interval(Task(make_task(1, heartbeat_timeout_ms=3000))) == pytest.approx(1.0)

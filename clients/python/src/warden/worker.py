@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import logging
 import os
 import signal
@@ -9,7 +11,7 @@ import socket
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from types import FrameType
 from typing import Any
 
@@ -20,7 +22,8 @@ from .types import ClaimedTask, HistoryItem, Outcome, StepContext
 log = logging.getLogger("warden.worker")
 
 #: A step function: given the task, answers the step's outcome (a WebhookResponse).
-StepFn = Callable[["Task"], Outcome | dict[str, Any]]
+#: An ``async def`` step is run to completion on an event loop of its own.
+StepFn = Callable[["Task"], Outcome | dict[str, Any] | Awaitable[Outcome | dict[str, Any]]]
 
 _PROGRESS_MAX_BYTES = 4096
 
@@ -234,7 +237,10 @@ class Worker:
 
         def call_step() -> None:
             try:
-                result["outcome"] = self.step(task)
+                answer = self.step(task)
+                if inspect.isawaitable(answer):
+                    answer = asyncio.run(_awaited(answer))
+                result["outcome"] = answer
             except BaseException as error:  # reported to Warden, never lost
                 result["error"] = error
                 result["traceback"] = traceback.format_exc()
@@ -359,3 +365,7 @@ class Worker:
                 log.info("worker %s: task %s cancelled by Warden (%s)", self.name, task.task_id, reason)
                 task.cancel(reason)
                 return
+
+
+async def _awaited(answer: Awaitable[Any]) -> Any:
+    return await answer

@@ -132,7 +132,7 @@ def keys(warden: str) -> dict[str, str]:
     admin = Client(warden, ADMIN_TOKEN)
     operator = admin.create_key(TENANT, "operator", name="e2e operator")
     worker = admin.create_key(TENANT, "worker", name="e2e worker", queues=QUEUES)
-    return {"operator": str(operator["secret"]), "worker": str(worker["secret"])}  # type: ignore[typeddict-item]
+    return {"operator": operator["secret"], "worker": worker["secret"]}
 
 
 @pytest.fixture

@@ -103,10 +103,11 @@ class EventPage(TypedDict, total=False):
 
 
 class CreatedKey(TypedDict, total=False):
-    """A key just made: the secret ``token`` is shown this once."""
+    """A key just made: its ``secret`` (sent as ``Authorization: Bearer``) is shown this once."""
 
     id: str
-    token: str
+    secret: str
+    prefix: str
     tenant: str
     role: Role
     name: str | None

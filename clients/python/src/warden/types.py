@@ -171,7 +171,7 @@ class HeartbeatAnswer(TypedDict, total=False):
 
     cancel: bool
     reason: str | None
-    lease_expires_at: str
+    lease_expires_at: str | None
     token_allowance: int | None
 
 

@@ -42,6 +42,9 @@ pub enum Role {
     Operator,
     /// Read its tenant's sessions and streams.
     Viewer,
+    /// Claim and run the steps of its tenant's sessions on its queues
+    /// (`/api/workers/…` only).
+    Worker,
 }
 
 impl Role {
@@ -51,6 +54,7 @@ impl Role {
             Role::Admin => "admin",
             Role::Operator => "operator",
             Role::Viewer => "viewer",
+            Role::Worker => "worker",
         }
     }
 
@@ -60,6 +64,7 @@ impl Role {
             "admin" => Some(Role::Admin),
             "operator" => Some(Role::Operator),
             "viewer" => Some(Role::Viewer),
+            "worker" => Some(Role::Worker),
             _ => None,
         }
     }
@@ -128,6 +133,8 @@ pub struct Principal {
     /// Whether it acts for every tenant (auth off, the admin token, a global
     /// admin key) rather than for `tenant` only.
     pub global: bool,
+    /// The queues a worker key may claim from (empty for other roles).
+    pub queues: Vec<String>,
 }
 
 impl Principal {
@@ -139,6 +146,7 @@ impl Principal {
             actor: "auth-off".into(),
             scope: tenant.map_or(TenantScope::Global, TenantScope::Tenant),
             global: true,
+            queues: Vec::new(),
         }
     }
 
@@ -175,6 +183,9 @@ pub enum AuthError {
     /// Only an admin key may be global.
     #[error("global: only an admin key may be global")]
     GlobalNotAdmin,
+    /// A worker key needs queues, and only a worker key may have them.
+    #[error("queues: {0}")]
+    InvalidQueues(&'static str),
 }
 
 fn hex(bytes: &[u8]) -> String {
@@ -323,6 +334,7 @@ impl Authenticator {
                 actor: "admin-token".into(),
                 scope: TenantScope::Global,
                 global: true,
+                queues: Vec::new(),
             }));
         }
         let Some(prefix) = key_prefix(token) else {
@@ -349,6 +361,7 @@ impl Authenticator {
                 TenantScope::tenant_only(&key.tenant)
             },
             global: key.global && role == Role::Admin,
+            queues: key.queues.clone(),
         }))
     }
 
@@ -480,7 +493,12 @@ pub struct KeySpec<'a> {
     pub global: bool,
     /// Optional label.
     pub name: Option<&'a str>,
+    /// The queues of a worker key (none for other roles).
+    pub queues: &'a [String],
 }
+
+/// Most queues one worker key may name.
+pub const MAX_KEY_QUEUES: usize = 32;
 
 /// Creates and stores a key (for the API and the `warden keys` command).
 pub async fn issue_key(store: &Store, new: &KeySpec<'_>) -> Result<IssuedKey, AuthError> {
@@ -489,6 +507,7 @@ pub async fn issue_key(store: &Store, new: &KeySpec<'_>) -> Result<IssuedKey, Au
         role,
         global,
         name,
+        queues,
     } = *new;
     if !valid_tenant(tenant) {
         return Err(AuthError::InvalidTenant(tenant.to_string()));
@@ -501,6 +520,29 @@ pub async fn issue_key(store: &Store, new: &KeySpec<'_>) -> Result<IssuedKey, Au
     if global && role != Role::Admin {
         return Err(AuthError::GlobalNotAdmin);
     }
+    match (role, queues.is_empty()) {
+        (Role::Worker, true) => {
+            return Err(AuthError::InvalidQueues(
+                "a worker key needs at least one queue",
+            ));
+        }
+        (Role::Worker, false) => {
+            if queues.len() > MAX_KEY_QUEUES
+                || !queues.iter().all(|q| crate::policy::worker::valid_queue(q))
+            {
+                return Err(AuthError::InvalidQueues(
+                    "at most 32 queues, each 1 to 64 letters, digits, '-', '_' or '.'",
+                ));
+            }
+        }
+        (_, false) => {
+            return Err(AuthError::InvalidQueues("only a worker key has queues"));
+        }
+        (_, true) => {}
+    }
+    let mut queues = queues.to_vec();
+    queues.sort();
+    queues.dedup();
     let secret = generate_key()?;
     let prefix = key_prefix(secret.expose())
         .ok_or_else(|| AuthError::Random("generated key is malformed".into()))?;
@@ -513,6 +555,7 @@ pub async fn issue_key(store: &Store, new: &KeySpec<'_>) -> Result<IssuedKey, Au
             role: role.as_str(),
             global,
             name,
+            queues: &queues,
         })
         .await?;
     Ok(IssuedKey { record, secret })

@@ -36,6 +36,8 @@ pub enum AbandonedBecause {
     UserStop,
     /// The wall-clock limit ran out during it.
     Timeout,
+    /// A user pause reached the worker running it, which gave it up.
+    UserPause,
 }
 
 /// A refinement proposal for an ambiguous goal; also kept on the session.

@@ -186,10 +186,11 @@ fn data_dir() -> std::path::PathBuf {
 }
 
 const KEYS_USAGE: &str =
-    "usage: warden keys create --tenant NAME --role admin|operator|viewer [--global] [--name LABEL]
+    "usage: warden keys create --tenant NAME --role admin|operator|viewer|worker [--global] [--name LABEL] [--queues A,B]
        warden keys list
        warden keys revoke ID
 (--global: an admin key of every tenant, else an admin key manages its tenant only;
+--queues: the queues a worker key may claim from, required for role worker;
 reads DATABASE_URL, or the embedded database in WARDEN_DATA_DIR when it is unset
 and Warden is stopped; a created key is printed once and never stored; running
 replicas see a created or revoked key within a second)";
@@ -287,14 +288,20 @@ async fn keys_on(store: &warden::store::Store, args: Vec<String>) -> ExitCode {
                 return ExitCode::from(2);
             };
             let Some(role) = warden::auth::Role::parse(role) else {
-                eprintln!("warden keys: unknown role {role:?}; one of admin, operator, viewer");
+                eprintln!(
+                    "warden keys: unknown role {role:?}; one of admin, operator, viewer, worker"
+                );
                 return ExitCode::from(2);
             };
+            let queues: Vec<String> = flag("--queues")
+                .map(|q| q.split(',').map(str::to_string).collect())
+                .unwrap_or_default();
             let spec = warden::auth::KeySpec {
                 tenant,
                 role,
                 global: args.iter().any(|a| a == "--global"),
                 name: flag("--name"),
+                queues: &queues,
             };
             match warden::auth::issue_key(store, &spec).await {
                 Ok(issued) => {

@@ -5,6 +5,7 @@
 mod llm;
 mod scripted;
 mod webhook;
+mod worker;
 pub mod workspace;
 
 pub use llm::{LlmExecutor, SYSTEM_PROMPT};
@@ -14,6 +15,7 @@ pub use scripted::{
 pub use webhook::{
     WebhookExecutor, WebhookHistoryItem, WebhookRequest, WebhookResponse, WebhookSignal,
 };
+pub use worker::{WorkerExecutor, WorkerSettings};
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -141,6 +143,14 @@ pub enum StepResult {
         /// Tokens it was allowed.
         allowance: u64,
     },
+    /// The step was not performed: no worker claimed it in time, and the
+    /// session pauses (`no_worker`) until a person resumes it.
+    NoWorker {
+        /// What waited, where and for how long.
+        detail: String,
+    },
+    /// The step was given up because the session is being paused.
+    Abandoned,
 }
 
 /// An executor could not perform the step; the loop records an `error` iteration.
@@ -248,6 +258,26 @@ pub enum ExecutorSpec {
         #[serde(default)]
         timeout_ms: Option<u64>,
     },
+    /// Agents that call Warden: each step becomes a task on `queue` that a
+    /// worker claims, heartbeats and completes (see `/api/workers`).
+    Worker {
+        /// The queue: 1 to 64 letters, digits, `-`, `_` or `.`.
+        queue: String,
+        /// Labels shown to workers with each task (at most 32, string values).
+        #[serde(default)]
+        labels: std::collections::BTreeMap<String, String>,
+        /// Lease of a claimed task in ms: a worker that does not heartbeat
+        /// within it loses the task, which is offered again (default 30000).
+        #[serde(default)]
+        heartbeat_timeout_ms: Option<u64>,
+        /// Attempts one step gets before it fails (default 3).
+        #[serde(default)]
+        max_attempts: Option<u32>,
+        /// How long a task may wait for a claim, in ms, before the session
+        /// pauses with reason `no_worker` (default 600000).
+        #[serde(default)]
+        worker_wait_timeout_ms: Option<u64>,
+    },
 }
 
 /// A session's own model API key: its `Debug` never shows it, and it is
@@ -306,6 +336,13 @@ pub const SEALED_QUERY_MARKER: &str = crate::secrets::URL_QUERY;
 pub const MAX_SCRIPTED_STEPS: usize = 10_000;
 /// Allowed timeout of one model call or webhook step, ms.
 pub const TIMEOUT_MS: std::ops::RangeInclusive<u64> = 100..=3_600_000;
+/// Allowed attempts of one worker step.
+pub const MAX_ATTEMPTS: std::ops::RangeInclusive<u32> = 1..=20;
+/// Allowed wait of a worker task for a claim, ms (up to a day).
+pub const WORKER_WAIT_MS: std::ops::RangeInclusive<u64> = 100..=86_400_000;
+/// Most labels of a worker executor.
+pub const MAX_LABELS: usize = 32;
+
 /// Allowed most tokens one model call may generate.
 pub const MAX_TOKENS_PER_CALL: std::ops::RangeInclusive<u64> = 1..=1_000_000;
 /// Allowed sampling temperature.
@@ -352,6 +389,10 @@ pub struct ExecutorDeps {
     pub criteria: Vec<String>,
     /// The outbound-request policy for URLs the session's creator chose.
     pub egress: Arc<EgressPolicy>,
+    /// Where worker tasks are offered.
+    pub store: crate::store::Store,
+    /// The session's tenant (its worker tasks are of it).
+    pub tenant: String,
 }
 
 impl ExecutorSpec {
@@ -414,6 +455,50 @@ impl ExecutorSpec {
                 }
                 Ok(())
             }
+            ExecutorSpec::Worker {
+                queue,
+                labels,
+                heartbeat_timeout_ms,
+                max_attempts,
+                worker_wait_timeout_ms,
+            } => {
+                if !crate::policy::worker::valid_queue(queue) {
+                    return Err(
+                        "executor.queue must be 1 to 64 letters, digits, '-', '_' or '.'".into(),
+                    );
+                }
+                if labels.len() > MAX_LABELS
+                    || labels
+                        .iter()
+                        .any(|(k, v)| k.is_empty() || k.len() > 64 || v.len() > 256)
+                {
+                    return Err(format!(
+                        "executor.labels may hold at most {MAX_LABELS} labels, names of 1 to 64 bytes, values of at most 256"
+                    ));
+                }
+                if heartbeat_timeout_ms.is_some_and(|t| !TIMEOUT_MS.contains(&t)) {
+                    return Err(format!(
+                        "executor.heartbeat_timeout_ms must be between {} and {}",
+                        TIMEOUT_MS.start(),
+                        TIMEOUT_MS.end()
+                    ));
+                }
+                if max_attempts.is_some_and(|n| !MAX_ATTEMPTS.contains(&n)) {
+                    return Err(format!(
+                        "executor.max_attempts must be between {} and {}",
+                        MAX_ATTEMPTS.start(),
+                        MAX_ATTEMPTS.end()
+                    ));
+                }
+                if worker_wait_timeout_ms.is_some_and(|t| !WORKER_WAIT_MS.contains(&t)) {
+                    return Err(format!(
+                        "executor.worker_wait_timeout_ms must be between {} and {}",
+                        WORKER_WAIT_MS.start(),
+                        WORKER_WAIT_MS.end()
+                    ));
+                }
+                Ok(())
+            }
         }
     }
 
@@ -423,6 +508,7 @@ impl ExecutorSpec {
             ExecutorSpec::Scripted { .. } => "scripted",
             ExecutorSpec::Llm { .. } => "llm",
             ExecutorSpec::Webhook { .. } => "webhook",
+            ExecutorSpec::Worker { .. } => "worker",
         }
     }
 
@@ -501,6 +587,27 @@ impl ExecutorSpec {
                 )
                 .map_err(|e| format!("executor.url {e}"))?,
             )),
+            ExecutorSpec::Worker {
+                queue,
+                labels,
+                heartbeat_timeout_ms,
+                max_attempts,
+                worker_wait_timeout_ms,
+            } => Ok(Box::new(WorkerExecutor::new(
+                deps.store.clone(),
+                &deps.tenant,
+                WorkerSettings {
+                    queue: queue.clone(),
+                    labels: serde_json::to_value(labels).unwrap_or_default(),
+                    heartbeat_timeout: Duration::from_millis(
+                        heartbeat_timeout_ms.unwrap_or(30_000),
+                    ),
+                    max_attempts: max_attempts.unwrap_or(3),
+                    worker_wait_timeout: Duration::from_millis(
+                        worker_wait_timeout_ms.unwrap_or(600_000),
+                    ),
+                },
+            ))),
         }
     }
 
@@ -514,7 +621,7 @@ impl ExecutorSpec {
         operator_base_url: Option<&str>,
     ) -> Result<(), String> {
         let (field, url) = match self {
-            ExecutorSpec::Scripted { .. } => return Ok(()),
+            ExecutorSpec::Scripted { .. } | ExecutorSpec::Worker { .. } => return Ok(()),
             ExecutorSpec::Llm { base_url, .. } => match base_url {
                 Some(url) if !same_endpoint(Some(url), operator_base_url) => {
                     ("executor.base_url", url)
@@ -554,7 +661,7 @@ impl ExecutorSpec {
         match self {
             ExecutorSpec::Llm { base_url, .. } => base_url.as_mut(),
             ExecutorSpec::Webhook { url, .. } => Some(url),
-            ExecutorSpec::Scripted { .. } => None,
+            ExecutorSpec::Scripted { .. } | ExecutorSpec::Worker { .. } => None,
         }
     }
 

@@ -136,26 +136,7 @@ impl WebhookExecutor {
             message,
             tokens: 0,
         };
-        let history = ctx.history[ctx.history.len().saturating_sub(HISTORY_ITEMS)..]
-            .iter()
-            .map(|s| WebhookHistoryItem {
-                number: s.number,
-                action: s.action.clone(),
-                outcome: s.outcome,
-                // The loop's history is slim already; held to the same
-                // few KiB here whatever history it is given.
-                output: excerpt::history_excerpt(&s.observation, s.number).into_owned(),
-            })
-            .collect();
-        let request = WebhookRequest {
-            session_id: ctx.session_id,
-            goal: ctx.goal.to_string(),
-            iteration: ctx.iteration,
-            guidance: ctx.guidance.map(str::to_string),
-            nudge: ctx.nudge.map(str::to_string),
-            token_allowance: ctx.token_allowance,
-            history,
-        };
+        let request = request_for(&ctx);
         let response = self
             .http
             .post(&self.url)
@@ -189,27 +170,57 @@ impl WebhookExecutor {
             .map_err(|e| failed(format!("agent answer is not a step outcome: {e}")))?;
         // Up to the egress cap: not kept a moment longer than needed.
         drop(body);
-        let outcome = answer.outcome.unwrap_or(Outcome::Success);
-        let signal = answer.signal.map(|s| Sentinel {
-            kind: match s {
-                WebhookSignal::Done => SignalKind::Done,
-                WebhookSignal::Blocked => SignalKind::Blocked,
-                WebhookSignal::AskUser => SignalKind::AskUser,
-            },
-            reason: answer.reason.clone(),
-        });
-        Ok(StepResult::Step(Box::new(StepOutput {
-            arguments: answer.arguments,
-            outcome,
-            error: (outcome != Outcome::Success).then(|| answer.output.clone()),
-            tokens: answer.tokens,
-            tool_calls: answer.tool_calls,
-            waiting: answer.waiting,
-            percent_complete: answer.percent_complete.map(|p| p.clamp(0.0, 100.0)),
-            signal,
-            ..StepOutput::simple(answer.action, answer.output)
-        })))
+        Ok(step_result(answer))
     }
+}
+
+/// The context of a step as an external agent (webhook or worker) gets it.
+pub(super) fn request_for(ctx: &StepContext<'_>) -> WebhookRequest {
+    let history = ctx.history[ctx.history.len().saturating_sub(HISTORY_ITEMS)..]
+        .iter()
+        .map(|s| WebhookHistoryItem {
+            number: s.number,
+            action: s.action.clone(),
+            outcome: s.outcome,
+            // The loop's history is slim already; held to the same
+            // few KiB here whatever history it is given.
+            output: excerpt::history_excerpt(&s.observation, s.number).into_owned(),
+        })
+        .collect();
+    WebhookRequest {
+        session_id: ctx.session_id,
+        goal: ctx.goal.to_string(),
+        iteration: ctx.iteration,
+        guidance: ctx.guidance.map(str::to_string),
+        nudge: ctx.nudge.map(str::to_string),
+        token_allowance: ctx.token_allowance,
+        history,
+    }
+}
+
+/// An external agent's answer as a step, mapped the same way for webhooks
+/// and workers so every policy applies unchanged.
+pub(super) fn step_result(answer: WebhookResponse) -> StepResult {
+    let outcome = answer.outcome.unwrap_or(Outcome::Success);
+    let signal = answer.signal.map(|s| Sentinel {
+        kind: match s {
+            WebhookSignal::Done => SignalKind::Done,
+            WebhookSignal::Blocked => SignalKind::Blocked,
+            WebhookSignal::AskUser => SignalKind::AskUser,
+        },
+        reason: answer.reason.clone(),
+    });
+    StepResult::Step(Box::new(StepOutput {
+        arguments: answer.arguments,
+        outcome,
+        error: (outcome != Outcome::Success).then(|| answer.output.clone()),
+        tokens: answer.tokens,
+        tool_calls: answer.tool_calls,
+        waiting: answer.waiting,
+        percent_complete: answer.percent_complete.map(|p| p.clamp(0.0, 100.0)),
+        signal,
+        ..StepOutput::simple(answer.action, answer.output)
+    }))
 }
 
 impl Executor for WebhookExecutor {

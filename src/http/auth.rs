@@ -28,6 +28,8 @@ pub enum Access {
     Read,
     /// Changes: operator or admin.
     Write,
+    /// The worker protocol's task routes (`POST /api/workers/…`): worker keys.
+    Worker,
 }
 
 /// The access a request needs. Anything not named as open needs a key.
@@ -42,6 +44,8 @@ pub fn access(method: &Method, path: &str) -> Access {
         Access::Metrics
     } else if path == "/api/keys" || path.starts_with("/api/keys/") {
         Access::Admin
+    } else if !read && (path == "/api/workers" || path.starts_with("/api/workers/")) {
+        Access::Worker
     } else if read {
         Access::Read
     } else {
@@ -212,7 +216,7 @@ pub async fn guard(State(state): State<AppState>, mut req: Request, next: Next) 
     if open {
         req.extensions_mut()
             .insert(Principal::unrestricted(scope_param));
-        if need == Access::Write {
+        if matches!(need, Access::Write | Access::Worker) {
             return crate::store::ACTOR
                 .scope("auth-off".to_string(), next.run(req))
                 .await;
@@ -238,8 +242,14 @@ pub async fn guard(State(state): State<AppState>, mut req: Request, next: Next) 
             .into_response();
         }
     };
+    // A worker key reaches the worker protocol and nothing else.
+    let worker_path = path == "/api/workers" || path.starts_with("/api/workers/");
+    if principal.role == Role::Worker && !worker_path {
+        return forbidden("a worker key may use /api/workers only");
+    }
     let allowed = match need {
         Access::Open | Access::Read => true,
+        Access::Worker => principal.role == Role::Worker,
         // Metrics span every tenant: a global admin only.
         Access::Metrics => principal.global,
         Access::Admin => principal.role == Role::Admin,
@@ -259,7 +269,7 @@ pub async fn guard(State(state): State<AppState>, mut req: Request, next: Next) 
     }
     let actor = principal.actor.clone();
     req.extensions_mut().insert(principal);
-    if need == Access::Write {
+    if matches!(need, Access::Write | Access::Worker) {
         crate::store::ACTOR.scope(actor, next.run(req)).await
     } else {
         next.run(req).await
@@ -289,6 +299,8 @@ mod tests {
         assert_eq!(access(&Method::GET, "/anything-new"), Access::Read);
         assert_eq!(access(&Method::PATCH, "/api/autonomous/x"), Access::Write);
         assert_eq!(access(&Method::GET, "/docsx"), Access::Read);
+        assert_eq!(access(&Method::POST, "/api/workers/claim"), Access::Worker);
+        assert_eq!(access(&Method::GET, "/api/workers/queues"), Access::Read);
     }
 
     #[test]

@@ -42,6 +42,10 @@ pub struct CreateKey {
     /// An optional label, for people: 1 to 64 printable characters (empty is none).
     #[serde(default)]
     pub name: Option<String>,
+    /// The queues a `worker` key may claim tasks from: required (1 to 32
+    /// names) for role `worker`, refused for every other role.
+    #[serde(default)]
+    pub queues: Vec<String>,
 }
 
 /// A stored key: public fields only, never the secret nor its hash.
@@ -66,6 +70,8 @@ pub struct KeyView {
     pub last_used_at: Option<DateTime<Utc>>,
     /// Revocation time.
     pub revoked_at: Option<DateTime<Utc>>,
+    /// The queues of a worker key (empty for other roles).
+    pub queues: Vec<String>,
 }
 
 impl From<KeyRecord> for KeyView {
@@ -80,6 +86,7 @@ impl From<KeyRecord> for KeyView {
             created_at: k.created_at,
             last_used_at: k.last_used_at,
             revoked_at: k.revoked_at,
+            queues: k.queues,
         }
     }
 }
@@ -104,13 +111,14 @@ pub struct KeyList {
 impl From<AuthError> for ApiError {
     fn from(err: AuthError) -> ApiError {
         match err {
-            AuthError::InvalidTenant(_) | AuthError::InvalidName | AuthError::GlobalNotAdmin => {
-                ApiError::new(
-                    StatusCode::UNPROCESSABLE_ENTITY,
-                    "invalid_request",
-                    err.to_string(),
-                )
-            }
+            AuthError::InvalidTenant(_)
+            | AuthError::InvalidName
+            | AuthError::GlobalNotAdmin
+            | AuthError::InvalidQueues(_) => ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "invalid_request",
+                err.to_string(),
+            ),
             AuthError::Store(store) => ApiError::from(store),
             AuthError::Random(_) => ApiError::new(
                 StatusCode::SERVICE_UNAVAILABLE,
@@ -174,6 +182,7 @@ pub async fn create_key(
             role: req.role,
             global: req.global,
             name: req.name.as_deref(),
+            queues: &req.queues,
         })
         .await?;
     tracing::info!(key = %issued.record.prefix, tenant = %req.tenant, role = req.role.as_str(), global = req.global, "API key created");

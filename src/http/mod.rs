@@ -12,6 +12,7 @@ pub mod serve;
 pub mod sessions;
 pub mod stream;
 pub mod views;
+pub mod workers;
 
 use std::time::Duration;
 
@@ -117,7 +118,14 @@ async fn request_limits(
         )
         .into_response();
     };
-    match tokio::time::timeout(limits.timeout, next.run(req)).await {
+    // A claim long-polls for up to its own bounded wait on top.
+    let timeout =
+        if req.method() == axum::http::Method::POST && req.uri().path() == "/api/workers/claim" {
+            limits.timeout + Duration::from_millis(workers::MAX_CLAIM_WAIT_MS)
+        } else {
+            limits.timeout
+        };
+    match tokio::time::timeout(timeout, next.run(req)).await {
         Ok(response) => response,
         Err(_) => ApiError::new(
             axum::http::StatusCode::SERVICE_UNAVAILABLE,
@@ -148,9 +156,12 @@ pub fn router(state: AppState, max_body_bytes: usize, limits: RequestLimits) -> 
         sessions::router().method_not_allowed_fallback(|| async { ApiError::method_not_allowed() });
     let keys =
         keys::router().method_not_allowed_fallback(|| async { ApiError::method_not_allowed() });
+    let workers =
+        workers::router().method_not_allowed_fallback(|| async { ApiError::method_not_allowed() });
     Router::new()
         .nest("/api/autonomous", api)
         .nest("/api/keys", keys)
+        .nest("/api/workers", workers)
         .merge(health::router())
         .merge(openapi::router())
         .route("/", axum::routing::get(dashboard))

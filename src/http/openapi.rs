@@ -55,6 +55,12 @@ use crate::session::service::{MAX_GOAL_CHARS, MAX_GUIDANCE_CHARS};
         super::keys::create_key,
         super::keys::list_keys,
         super::keys::revoke_key,
+        super::workers::claim,
+        super::workers::heartbeat,
+        super::workers::complete,
+        super::workers::fail,
+        super::workers::release,
+        super::workers::queues,
     ),
     components(schemas(
         super::views::EventView,
@@ -70,6 +76,7 @@ use crate::session::service::{MAX_GOAL_CHARS, MAX_GUIDANCE_CHARS};
         (name = "history", description = "Iterations, checkpoints, events and decisions"),
         (name = "health", description = "Probes"),
         (name = "keys", description = "API keys (admin)"),
+        (name = "workers", description = "The worker protocol: claim, heartbeat and complete the steps of `worker` sessions"),
     )
 )]
 pub struct ApiDoc;
@@ -286,6 +293,16 @@ pub fn bounds() -> Vec<Bound> {
     for (field, min, max) in RANGES {
         out.extend(range(prop("LimitsPatch", field), min, max));
     }
+    out.push((
+        prop("ClaimRequest", "wait_ms"),
+        "maximum",
+        super::workers::MAX_CLAIM_WAIT_MS.into(),
+    ));
+    out.push((
+        prop("ClaimRequest", "worker"),
+        "maxLength",
+        super::workers::MAX_WORKER_CHARS.into(),
+    ));
     let (wall_min, wall_max) = RANGES
         .iter()
         .find(|(f, _, _)| *f == "max_wall_time_ms")

@@ -230,6 +230,14 @@ pub async fn get_session(
         doc.committed_at = Some(committed_at);
     }
     let from_memory = source != StatusSource::Database;
+    if doc.executor.kind == "worker" && doc.status == crate::policy::lifecycle::Status::Running {
+        doc.waiting_for_worker = state
+            .service
+            .store()
+            .waiting_for_worker(id, &caller.scope)
+            .await?
+            .map(|(queue, since)| super::views::WaitingForWorker { queue, since });
+    }
     doc.velocity = Some(
         velocity
             .into_iter()

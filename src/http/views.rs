@@ -20,7 +20,7 @@ use crate::store::{CheckpointRecord, IterationRecord, SessionRecord};
 /// Which executor a session uses.
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct ExecutorSummary {
-    /// `scripted`, `llm` or `webhook`.
+    /// `scripted`, `llm`, `webhook` or `worker`.
     pub kind: String,
     /// Number of scripted steps.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -34,6 +34,18 @@ pub struct ExecutorSummary {
     /// Endpoint (llm base URL or webhook URL), when given.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub url: Option<String>,
+    /// The queue of a worker executor.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub queue: Option<String>,
+}
+
+/// A step offered to workers that none has claimed yet.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct WaitingForWorker {
+    /// The queue it waits on.
+    pub queue: String,
+    /// Since when.
+    pub since: DateTime<Utc>,
 }
 
 /// Iterations committed in one minute.
@@ -193,6 +205,10 @@ pub struct SessionView {
     /// owner lands it, or counts as gone by then and it lands without it);
     /// null otherwise.
     pub stop_lands_by: Option<DateTime<Utc>>,
+    /// The current step waits for a worker to claim it (worker executors,
+    /// on `GET /{id}` only); after the executor's `worker_wait_timeout_ms`
+    /// the session pauses with reason `no_worker`.
+    pub waiting_for_worker: Option<WaitingForWorker>,
 }
 
 impl SessionView {
@@ -270,6 +286,11 @@ impl From<SessionRecord> for SessionView {
                 .and_then(|v| v.as_str())
                 // Credentials in the userinfo or the query are never shown back.
                 .map(crate::egress::redact_url),
+            queue: s
+                .executor
+                .get("queue")
+                .and_then(|v| v.as_str())
+                .map(str::to_string),
             kind,
         };
         let projection = s.percent_complete.and_then(|percent_complete| {
@@ -351,6 +372,7 @@ impl From<SessionRecord> for SessionView {
             stale: false,
             committed_at: None,
             stop_lands_by: None,
+            waiting_for_worker: None,
         }
     }
 }

@@ -120,11 +120,13 @@ pub enum Reason {
     SecretUnreadable,
     /// A review point: `review_every` steps ran since a person last looked.
     ReviewRequired,
+    /// No worker claimed the step's task within the executor's `worker_wait_timeout_ms`.
+    NoWorker,
 }
 
 impl Reason {
     /// Every reason.
-    pub const ALL: [Reason; 23] = [
+    pub const ALL: [Reason; 24] = [
         Reason::GoalAchieved,
         Reason::AgentBlocked,
         Reason::AskUser,
@@ -148,6 +150,7 @@ impl Reason {
         Reason::BudgetProjectedOverrun,
         Reason::SecretUnreadable,
         Reason::ReviewRequired,
+        Reason::NoWorker,
     ];
 
     /// The snake_case name stored in Postgres and shown in JSON.
@@ -176,6 +179,7 @@ impl Reason {
             Reason::BudgetProjectedOverrun => "budget_projected_overrun",
             Reason::SecretUnreadable => "secret_unreadable",
             Reason::ReviewRequired => "review_required",
+            Reason::NoWorker => "no_worker",
         }
     }
 
@@ -197,7 +201,8 @@ impl Reason {
             | Reason::UserPause
             | Reason::ReflectionFailed
             | Reason::BudgetProjectedOverrun
-            | Reason::ReviewRequired => Status::Paused,
+            | Reason::ReviewRequired
+            | Reason::NoWorker => Status::Paused,
             Reason::CoherenceLow
             | Reason::Timeout
             | Reason::MaxIterations
@@ -530,6 +535,7 @@ mod tests {
             ReflectionFailed,
             BudgetProjectedOverrun,
             ReviewRequired,
+            NoWorker,
         ] {
             expect(r, Status::Paused);
         }

@@ -19,3 +19,4 @@ pub mod sentinel;
 pub mod stuck;
 pub mod termination;
 pub mod text;
+pub mod worker;

@@ -158,6 +158,16 @@ pub fn record(reason: Reason, facts: Facts<'_>) -> Termination {
                     .into(),
             ],
         ),
+        Reason::NoWorker => (
+            with_detail(
+                format!("Paused: no worker claimed the step {ran}"),
+                facts.detail,
+            ),
+            vec![
+                "Start a worker on the session's queue (see GET /api/workers/queues)".into(),
+                format!("{resume} once a worker runs; the step is offered again"),
+            ],
+        ),
         Reason::BudgetExhausted => (
             with_detail(format!("Stopped: a budget ran out {ran}"), facts.detail),
             vec![format!("{resume} with a higher limit")],

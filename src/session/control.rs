@@ -77,7 +77,12 @@ pub fn cap_output(result: &mut Result<StepResult, ExecutorError>, cap: usize) ->
         None => 0,
     };
     match result {
-        Ok(StepResult::Exhausted | StepResult::OverBudget { .. }) => 0,
+        Ok(
+            StepResult::Exhausted
+            | StepResult::OverBudget { .. }
+            | StepResult::NoWorker { .. }
+            | StepResult::Abandoned,
+        ) => 0,
         Ok(StepResult::Step(out)) => {
             if out.signal.is_none() {
                 out.signal = sentinel::detect(&out.message);
@@ -138,7 +143,12 @@ const SHORT_TEXT_BYTES: usize = 4_096;
 /// Returns how many characters were replaced, for the record.
 pub fn make_storable(result: &mut Result<StepResult, ExecutorError>) -> usize {
     match result {
-        Ok(StepResult::Exhausted | StepResult::OverBudget { .. }) => 0,
+        Ok(
+            StepResult::Exhausted
+            | StepResult::OverBudget { .. }
+            | StepResult::NoWorker { .. }
+            | StepResult::Abandoned,
+        ) => 0,
         Ok(StepResult::Step(out)) => {
             let mut n = strip_nul(&mut out.action)
                 + strip_nul_value(&mut out.arguments)

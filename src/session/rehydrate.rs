@@ -147,6 +147,8 @@ pub async fn build_executor(
         context_budget_tokens: session.limits.context_budget_tokens,
         criteria: session.criteria.iter().map(|c| c.text.clone()).collect(),
         egress: config.egress.clone(),
+        store: store.clone(),
+        tenant: session.tenant.clone(),
     };
     spec.build(deps).map_err(ServiceError::Unavailable)
 }

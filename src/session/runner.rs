@@ -620,6 +620,22 @@ impl<S: LoopStore> Runner<S> {
                 let exit = self.finish(Reason::CostLimit, Some(detail), events).await?;
                 return Ok(Flow::Exit(exit));
             }
+            Ok(StepResult::NoWorker { detail }) => {
+                let events = vec![executed.decision];
+                let exit = self.finish(Reason::NoWorker, Some(detail), events).await?;
+                return Ok(Flow::Exit(exit));
+            }
+            Ok(StepResult::Abandoned) => {
+                let events = vec![
+                    executed.decision,
+                    SessionEvent::StepAbandoned {
+                        step,
+                        why: AbandonedBecause::UserPause,
+                    },
+                ];
+                let exit = self.finish(Reason::UserPause, None, events).await?;
+                return Ok(Flow::Exit(exit));
+            }
             Ok(StepResult::Step(out)) => {
                 let out = *out;
                 if let Some(latency) = out.model_latency {

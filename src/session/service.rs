@@ -253,6 +253,11 @@ impl SessionService {
         }
     }
 
+    /// The store, for the worker protocol's routes (every call scoped).
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
     /// The read model the read-only endpoints use.
     pub fn reads(&self) -> &SessionReads {
         &self.reads

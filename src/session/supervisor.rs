@@ -30,7 +30,7 @@ use crate::policy::termination::{self, Facts};
 use crate::secrets::{self, ForeignSeal, SecretsError};
 use crate::store::{
     Attempt, CONTROL_CHANNEL, ControlAction, ControlNote, KEYS_CHANNEL, Lease, SessionRecord,
-    SessionSettings, Store,
+    SessionSettings, Store, WORKERS_CHANNEL,
 };
 
 /// This replica's runners by session id: one each, two for a moment while
@@ -862,13 +862,17 @@ impl Supervisor {
                     continue;
                 }
             };
-            if let Err(err) = listener.listen_all([CONTROL_CHANNEL, KEYS_CHANNEL]).await {
+            if let Err(err) = listener
+                .listen_all([CONTROL_CHANNEL, KEYS_CHANNEL, WORKERS_CHANNEL])
+                .await
+            {
                 tracing::warn!(error = %err, "LISTEN failed; retrying");
                 tokio::time::sleep(Duration::from_secs(1)).await;
                 continue;
             }
             // Key notes may have been missed while no listener was connected.
             self.inner.store.keys_changed_locally();
+            self.inner.store.workers_changed_locally();
             loop {
                 let note = tokio::select! {
                     _ = self.inner.closing.cancelled() => return,
@@ -877,6 +881,9 @@ impl Supervisor {
                 match note {
                     Ok(note) if note.channel() == KEYS_CHANNEL => {
                         self.inner.store.keys_changed_locally();
+                    }
+                    Ok(note) if note.channel() == WORKERS_CHANNEL => {
+                        self.inner.store.workers_changed_locally();
                     }
                     Ok(note) => self.on_control_note(note.payload()),
                     Err(err) => {

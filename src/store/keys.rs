@@ -29,6 +29,8 @@ pub struct KeyRecord {
     pub last_used_at: Option<DateTime<Utc>>,
     /// When it was revoked, if it was.
     pub revoked_at: Option<DateTime<Utc>>,
+    /// The queues of a worker key (empty for other roles).
+    pub queues: Vec<String>,
 }
 
 /// A key to store.
@@ -48,6 +50,8 @@ pub struct NewKey<'a> {
     pub global: bool,
     /// Optional label.
     pub name: Option<&'a str>,
+    /// The queues of a worker key.
+    pub queues: &'a [String],
 }
 
 impl Store {
@@ -55,9 +59,9 @@ impl Store {
     pub async fn insert_key(&self, key: &NewKey<'_>) -> Result<KeyRecord> {
         let record = sqlx::query_as!(
             KeyRecord,
-            "INSERT INTO api_keys (id, prefix, hash, tenant, role, global, name)
-             VALUES ($1, $2, $3, $4, $5, $6, $7)
-             RETURNING id, prefix, hash, tenant, role, global, name, created_at, last_used_at, revoked_at",
+            "INSERT INTO api_keys (id, prefix, hash, tenant, role, global, name, queues)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+             RETURNING id, prefix, hash, tenant, role, global, name, created_at, last_used_at, revoked_at, queues",
             key.id,
             key.prefix,
             key.hash,
@@ -65,6 +69,7 @@ impl Store {
             key.role,
             key.global,
             key.name,
+            key.queues,
         )
         .fetch_one(&self.pool)
         .await?;
@@ -76,7 +81,7 @@ impl Store {
     pub async fn key_by_prefix(&self, prefix: &str) -> Result<Option<KeyRecord>> {
         Ok(sqlx::query_as!(
             KeyRecord,
-            "SELECT id, prefix, hash, tenant, role, global, name, created_at, last_used_at, revoked_at
+            "SELECT id, prefix, hash, tenant, role, global, name, created_at, last_used_at, revoked_at, queues
              FROM api_keys WHERE prefix = $1",
             prefix,
         )
@@ -88,7 +93,7 @@ impl Store {
     pub async fn list_keys(&self, tenant: Option<&str>) -> Result<Vec<KeyRecord>> {
         Ok(sqlx::query_as!(
             KeyRecord,
-            "SELECT id, prefix, hash, tenant, role, global, name, created_at, last_used_at, revoked_at
+            "SELECT id, prefix, hash, tenant, role, global, name, created_at, last_used_at, revoked_at, queues
              FROM api_keys WHERE ($1::text IS NULL OR tenant = $1) ORDER BY created_at DESC, id",
             tenant,
         )
@@ -103,7 +108,7 @@ impl Store {
             KeyRecord,
             "UPDATE api_keys SET revoked_at = coalesce(revoked_at, now())
              WHERE id = $1 AND ($2::text IS NULL OR tenant = $2)
-             RETURNING id, prefix, hash, tenant, role, global, name, created_at, last_used_at, revoked_at",
+             RETURNING id, prefix, hash, tenant, role, global, name, created_at, last_used_at, revoked_at, queues",
             id,
             tenant,
         )

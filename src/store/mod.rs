@@ -42,6 +42,7 @@ mod sessions;
 mod tasks;
 #[cfg(test)]
 pub(crate) mod testing;
+mod worker_tasks;
 
 pub use control::{BadControlNote, CONTROL_CHANNEL, ControlAction, ControlNote, KEYS_CHANNEL};
 pub use events::append as append_events;
@@ -61,6 +62,10 @@ pub use sessions::{
     delete as delete_session, end_unowned, insert as insert_session, insert_refinement,
     lock as lock_session, request_pause, request_stop, resume as resume_session, start_refined,
     update_settings,
+};
+pub use worker_tasks::{
+    ClaimedWorkerTask, Heartbeat, LeaseCheck, NewWorkerTask, QueueDepth, Settlement,
+    WORKERS_CHANNEL, WorkerSeen, WorkerTaskState,
 };
 
 use std::sync::{Arc, OnceLock};
@@ -131,6 +136,10 @@ pub struct Store {
     /// On the embedded server, the flush that puts commits on the disk
     /// (its engine does not fsync; see `flush`).
     disk_flush: Option<flush::DiskFlush>,
+    /// Bumped, in this process, whenever a worker task is offered or ends
+    /// (made here, or relayed from [`WORKERS_CHANNEL`]): waiting claims and
+    /// steps wake on it.
+    worker_tasks_changed: Arc<tokio::sync::watch::Sender<u64>>,
 }
 
 /// Idle time after which a pooled connection is checked before it is used.
@@ -175,6 +184,7 @@ impl Store {
             local_control: None,
             keys_changed: tokio::sync::broadcast::channel(16).0,
             disk_flush: None,
+            worker_tasks_changed: Arc::new(tokio::sync::watch::channel(0).0),
         }
     }
 
@@ -242,6 +252,7 @@ impl Store {
             local_control: self.local_control.clone(),
             keys_changed: self.keys_changed.clone(),
             disk_flush: self.disk_flush.clone(),
+            worker_tasks_changed: self.worker_tasks_changed.clone(),
         }
     }
 

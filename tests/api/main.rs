@@ -28,3 +28,4 @@ mod sessions;
 mod store;
 mod streams;
 mod termination;
+mod workers;

@@ -1,0 +1,535 @@
+//! `/api/workers`: the worker protocol. Agents that Warden cannot reach call
+//! in with a worker key, long-poll a queue for a step, heartbeat while they
+//! work (and learn there that the session was stopped or paused), and report
+//! the outcome. The contract is docs/worker-protocol.md.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Extension, Json, Router};
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+use uuid::Uuid;
+
+use super::AppState;
+use super::error::{ApiError, ApiResult, Problem};
+use super::extract::{ApiJson, ApiPath};
+use crate::auth::{Principal, Role};
+use crate::executor::{WebhookRequest, WebhookResponse};
+use crate::store::{LeaseCheck, Settlement};
+
+/// Default wait of a claim, ms.
+pub const DEFAULT_CLAIM_WAIT_MS: u64 = 30_000;
+/// Longest wait of a claim, ms.
+pub const MAX_CLAIM_WAIT_MS: u64 = 60_000;
+/// Longest worker name.
+pub const MAX_WORKER_CHARS: usize = 200;
+/// Longest progress text of a heartbeat, bytes.
+pub const MAX_PROGRESS_BYTES: usize = 4_096;
+/// Longest error text of a failed attempt, bytes.
+pub const MAX_ERROR_BYTES: usize = 16_384;
+/// A waiting claim reads the queue at least this often (lost wake-ups).
+const CLAIM_POLL: Duration = Duration::from_secs(1);
+/// Workers seen within this long count as connected in the queue listing.
+const SEEN_WITHIN: Duration = Duration::from_secs(120);
+
+/// The worker routes, relative to `/api/workers`.
+pub fn router() -> Router<AppState> {
+    Router::new()
+        .route("/claim", post(claim))
+        .route("/tasks/{task_id}/heartbeat", post(heartbeat))
+        .route("/tasks/{task_id}/complete", post(complete))
+        .route("/tasks/{task_id}/fail", post(fail))
+        .route("/tasks/{task_id}/release", post(release))
+        .route("/queues", get(queues))
+}
+
+/// A request for the next task.
+#[derive(Debug, Clone, Default, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ClaimRequest {
+    /// Queues to take from (default: every queue of the key); each must be one of the key's.
+    #[serde(default)]
+    pub queues: Option<Vec<String>>,
+    /// Longest wait for a task in ms (default 30000, at most 60000).
+    #[serde(default)]
+    pub wait_ms: Option<u64>,
+    /// The worker's own name, shown in the queue listing (at most 200 characters).
+    #[serde(default)]
+    pub worker: Option<String>,
+}
+
+/// A claimed task: a step to perform under a lease.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct ClaimedTask {
+    /// Task id.
+    pub task_id: Uuid,
+    /// The lease token: send it with every call on the task; shown only here.
+    pub lease_token: String,
+    /// When the lease lapses without a heartbeat.
+    pub lease_expires_at: DateTime<Utc>,
+    /// Lease length: heartbeat well within it.
+    pub heartbeat_timeout_ms: u64,
+    /// Session of the step.
+    pub session_id: Uuid,
+    /// Queue.
+    pub queue: String,
+    /// The executor's labels.
+    pub labels: BTreeMap<String, String>,
+    /// Iteration of the step.
+    pub iteration: u64,
+    /// Attempt (1-based): counts lapsed leases and failed attempts.
+    pub attempt: u32,
+    /// The same for every attempt of this iteration.
+    pub idempotency_key: String,
+    /// The step's context: exactly what a webhook agent is sent.
+    pub context: WebhookRequest,
+}
+
+/// A heartbeat.
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct HeartbeatRequest {
+    /// The task's lease token.
+    pub lease_token: String,
+    /// Progress text (at most 4 KiB).
+    #[serde(default)]
+    pub progress: Option<String>,
+}
+
+/// What a heartbeat answers.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct HeartbeatAnswer {
+    /// Abandon the step: the session is being stopped or paused.
+    pub cancel: bool,
+    /// `stopped` or `paused` when `cancel`.
+    pub reason: Option<String>,
+    /// The lease's new end (none when cancelled).
+    pub lease_expires_at: Option<DateTime<Utc>>,
+    /// Tokens the step may still use.
+    pub token_allowance: u64,
+}
+
+/// A step's outcome.
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CompleteRequest {
+    /// The task's lease token.
+    pub lease_token: String,
+    /// The outcome: exactly a webhook agent's answer.
+    pub outcome: WebhookResponse,
+}
+
+/// A failed attempt.
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct FailRequest {
+    /// The task's lease token.
+    pub lease_token: String,
+    /// What went wrong (at most 16 KiB).
+    pub error: String,
+    /// Whether another attempt may succeed (default true): the task is
+    /// offered again while attempts remain; `false` fails the step at once.
+    #[serde(default = "yes")]
+    pub retryable: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// A task given back.
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ReleaseRequest {
+    /// The task's lease token.
+    pub lease_token: String,
+}
+
+/// A call on a task was taken.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct Accepted {
+    /// Always true.
+    pub accepted: bool,
+}
+
+/// The queues of the caller's tenant.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct QueueList {
+    /// Queues with waiting tasks or workers seen in the last two minutes.
+    pub queues: Vec<QueueView>,
+}
+
+/// One queue.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct QueueView {
+    /// Tenant (shown to a global admin only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
+    /// Queue name.
+    pub queue: String,
+    /// Tasks waiting for a worker.
+    pub depth: u64,
+    /// Age of the oldest waiting task, ms.
+    pub oldest_task_age_ms: Option<u64>,
+    /// Workers seen recently.
+    pub workers: Vec<WorkerView>,
+}
+
+/// A worker seen on a queue.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct WorkerView {
+    /// Its name.
+    pub worker: String,
+    /// Its last claim or heartbeat.
+    pub last_seen_at: DateTime<Utc>,
+    /// The task it holds.
+    pub task_id: Option<Uuid>,
+}
+
+/// The queues a claim or task call may reach: a worker key's own (those
+/// asked for must be among them); every queue when authentication is off.
+fn queues_of(caller: &Principal, asked: Option<Vec<String>>) -> ApiResult<Option<Vec<String>>> {
+    if caller.role != Role::Worker {
+        return Ok(asked);
+    }
+    match asked {
+        None => Ok(Some(caller.queues.clone())),
+        Some(asked) => {
+            if let Some(other) = asked.iter().find(|q| !caller.queues.contains(q)) {
+                return Err(ApiError::new(
+                    StatusCode::FORBIDDEN,
+                    "forbidden",
+                    format!("this worker key may not claim from queue {other:?}"),
+                ));
+            }
+            Ok(Some(asked))
+        }
+    }
+}
+
+fn task_not_found(id: Uuid) -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "task_not_found",
+        format!("no task {id} on this key's queues"),
+    )
+}
+
+fn lease_lost() -> ApiError {
+    ApiError::new(
+        StatusCode::CONFLICT,
+        "lease_lost",
+        "this lease token no longer holds the task (its lease lapsed, it was offered again, or the session was stopped); the call was discarded",
+    )
+}
+
+fn settled<T>(id: Uuid, check: LeaseCheck<T>) -> ApiResult<T> {
+    match check {
+        LeaseCheck::NotFound => Err(task_not_found(id)),
+        LeaseCheck::Lost => Err(lease_lost()),
+        LeaseCheck::Held(value) => Ok(value),
+    }
+}
+
+/// Claim the next task (worker keys): long-polls up to `wait_ms` for the
+/// oldest task on the queues; two workers never get the same task.
+#[utoipa::path(
+    post, path = "/api/workers/claim", tag = "workers",
+    request_body = ClaimRequest,
+    responses(
+        (status = 200, description = "A task, leased to the caller", body = ClaimedTask),
+        (status = 204, description = "No task arrived within `wait_ms`"),
+        (status = 403, description = "Not a worker key, or a queue that is not the key's", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Invalid `wait_ms`, `worker` or queue", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn claim(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Principal>,
+    ApiJson(req): ApiJson<ClaimRequest>,
+) -> ApiResult<Response> {
+    let invalid =
+        |detail: String| ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_request", detail);
+    let wait_ms = req.wait_ms.unwrap_or(DEFAULT_CLAIM_WAIT_MS);
+    if wait_ms > MAX_CLAIM_WAIT_MS {
+        return Err(invalid(format!(
+            "wait_ms must be at most {MAX_CLAIM_WAIT_MS}"
+        )));
+    }
+    let worker = req.worker.unwrap_or_else(|| caller.actor.clone());
+    if worker.chars().count() > MAX_WORKER_CHARS || worker.chars().any(char::is_control) {
+        return Err(invalid(format!(
+            "worker must be at most {MAX_WORKER_CHARS} characters, none of them control characters"
+        )));
+    }
+    if let Some(bad) = req
+        .queues
+        .iter()
+        .flatten()
+        .find(|q| !crate::policy::worker::valid_queue(q))
+    {
+        return Err(invalid(format!("queue {bad:?} is not a queue name")));
+    }
+    let queues = queues_of(&caller, req.queues)?;
+    let store = state.service.store();
+    let mut changes = store.worker_changes();
+    let deadline = Instant::now() + Duration::from_millis(wait_ms);
+    loop {
+        // Marks what was seen, so an offer made while claiming wakes the wait.
+        changes.borrow_and_update();
+        if let Some(task) = store
+            .claim_worker_task(&caller.scope, queues.as_deref(), &worker)
+            .await?
+        {
+            let context: WebhookRequest = serde_json::from_value(task.context).map_err(|e| {
+                ApiError::from(crate::store::StoreError::Corrupt {
+                    id: task.session_id,
+                    detail: format!("worker task context: {e}"),
+                })
+            })?;
+            let answer = ClaimedTask {
+                task_id: task.id,
+                lease_token: task.lease_token,
+                lease_expires_at: task.lease_expires_at,
+                heartbeat_timeout_ms: u64::try_from(task.heartbeat_timeout_ms).unwrap_or(0),
+                session_id: task.session_id,
+                queue: task.queue,
+                labels: serde_json::from_value(task.labels).unwrap_or_default(),
+                iteration: u64::try_from(task.iteration).unwrap_or(0),
+                attempt: u32::try_from(task.attempt).unwrap_or(0),
+                idempotency_key: task.idempotency_key,
+                context,
+            };
+            return Ok(Json(answer).into_response());
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            break;
+        }
+        // A closed channel (the store is gone) falls back to the poll.
+        let _ = tokio::time::timeout(left.min(CLAIM_POLL), changes.changed()).await;
+    }
+    if let (Some(tenant), Some(queues)) = (caller.scope.tenant(), &queues) {
+        store.worker_polled(tenant, queues, &worker).await?;
+    }
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+/// Heartbeat a task (worker keys): extends the lease; answers `cancel:
+/// true` as soon as the session is stopped or paused.
+#[utoipa::path(
+    post, path = "/api/workers/tasks/{task_id}/heartbeat", tag = "workers",
+    params(("task_id" = Uuid, Path, description = "Task id")),
+    request_body = HeartbeatRequest,
+    responses(
+        (status = 200, description = "Lease extended, or the step is to be abandoned (`cancel`)", body = HeartbeatAnswer),
+        (status = 404, description = "No such task on this key's queues", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "The lease is no longer this token's", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Progress text too long", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn heartbeat(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Principal>,
+    ApiPath(id): ApiPath<Uuid>,
+    ApiJson(req): ApiJson<HeartbeatRequest>,
+) -> ApiResult<Json<HeartbeatAnswer>> {
+    if req
+        .progress
+        .as_ref()
+        .is_some_and(|p| p.len() > MAX_PROGRESS_BYTES)
+    {
+        return Err(ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_request",
+            format!("progress must be at most {MAX_PROGRESS_BYTES} bytes"),
+        ));
+    }
+    let queues = queues_of(&caller, None)?;
+    let beat = state
+        .service
+        .store()
+        .heartbeat_worker_task(
+            id,
+            &caller.scope,
+            queues.as_deref(),
+            &req.lease_token,
+            req.progress.as_deref(),
+        )
+        .await?;
+    let beat = settled(id, beat)?;
+    Ok(Json(HeartbeatAnswer {
+        cancel: beat.cancel.is_some(),
+        reason: beat.cancel,
+        lease_expires_at: beat.lease_expires_at,
+        token_allowance: beat.token_allowance,
+    }))
+}
+
+async fn settle(
+    state: &AppState,
+    caller: &Principal,
+    id: Uuid,
+    token: &str,
+    settlement: Settlement<'_>,
+) -> ApiResult<Json<Accepted>> {
+    let queues = queues_of(caller, None)?;
+    let check = state
+        .service
+        .store()
+        .settle_worker_task(id, &caller.scope, queues.as_deref(), token, settlement)
+        .await?;
+    settled(id, check)?;
+    Ok(Json(Accepted { accepted: true }))
+}
+
+/// Complete a task (worker keys) with the step's outcome, the webhook
+/// answer's shape. The same token completing again is accepted and changes
+/// nothing; a completion after the lease was lost is refused and discarded.
+#[utoipa::path(
+    post, path = "/api/workers/tasks/{task_id}/complete", tag = "workers",
+    params(("task_id" = Uuid, Path, description = "Task id")),
+    request_body = CompleteRequest,
+    responses(
+        (status = 200, description = "Outcome taken", body = Accepted),
+        (status = 404, description = "No such task on this key's queues", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "The lease was lost; the outcome was discarded", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn complete(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Principal>,
+    ApiPath(id): ApiPath<Uuid>,
+    ApiJson(req): ApiJson<CompleteRequest>,
+) -> ApiResult<Json<Accepted>> {
+    let outcome = serde_json::to_value(&req.outcome)
+        .map_err(|e| ApiError::bad_request(format!("outcome: {e}")))?;
+    settle(
+        &state,
+        &caller,
+        id,
+        &req.lease_token,
+        Settlement::Complete(&outcome),
+    )
+    .await
+}
+
+/// Fail an attempt (worker keys): offered again while attempts remain and
+/// `retryable`, else the step fails like any executor error.
+#[utoipa::path(
+    post, path = "/api/workers/tasks/{task_id}/fail", tag = "workers",
+    params(("task_id" = Uuid, Path, description = "Task id")),
+    request_body = FailRequest,
+    responses(
+        (status = 200, description = "Failure taken", body = Accepted),
+        (status = 404, description = "No such task on this key's queues", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "The lease was lost", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Error text too long", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn fail(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Principal>,
+    ApiPath(id): ApiPath<Uuid>,
+    ApiJson(req): ApiJson<FailRequest>,
+) -> ApiResult<Json<Accepted>> {
+    if req.error.len() > MAX_ERROR_BYTES {
+        return Err(ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_request",
+            format!("error must be at most {MAX_ERROR_BYTES} bytes"),
+        ));
+    }
+    settle(
+        &state,
+        &caller,
+        id,
+        &req.lease_token,
+        Settlement::Fail {
+            error: &req.error,
+            retryable: req.retryable,
+        },
+    )
+    .await
+}
+
+/// Release a task (worker keys): gives it back without counting an attempt.
+#[utoipa::path(
+    post, path = "/api/workers/tasks/{task_id}/release", tag = "workers",
+    params(("task_id" = Uuid, Path, description = "Task id")),
+    request_body = ReleaseRequest,
+    responses(
+        (status = 200, description = "Task offered again", body = Accepted),
+        (status = 404, description = "No such task on this key's queues", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "The lease was lost", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn release(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Principal>,
+    ApiPath(id): ApiPath<Uuid>,
+    ApiJson(req): ApiJson<ReleaseRequest>,
+) -> ApiResult<Json<Accepted>> {
+    settle(&state, &caller, id, &req.lease_token, Settlement::Release).await
+}
+
+/// The caller's queues: depth, oldest waiting task and workers seen.
+#[utoipa::path(
+    get, path = "/api/workers/queues", tag = "workers",
+    responses((status = 200, description = "Queues of the caller's tenant (every tenant's for a global admin)", body = QueueList))
+)]
+pub async fn queues(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Principal>,
+) -> ApiResult<Json<QueueList>> {
+    let queues = queues_of(&caller, None)?;
+    let (depths, workers) = state
+        .service
+        .store()
+        .worker_queues(&caller.scope, queues.as_deref(), SEEN_WITHIN)
+        .await?;
+    let mut by_queue: BTreeMap<(String, String), QueueView> = BTreeMap::new();
+    let show_tenant = caller.scope.tenant().is_none();
+    let entry =
+        |tenant: &str, queue: &str| -> (String, String) { (tenant.to_string(), queue.to_string()) };
+    for d in depths {
+        let key = entry(&d.tenant, &d.queue);
+        by_queue.insert(
+            key,
+            QueueView {
+                tenant: show_tenant.then(|| d.tenant.clone()),
+                queue: d.queue,
+                depth: u64::try_from(d.depth).unwrap_or(0),
+                oldest_task_age_ms: d.oldest_task_age_ms.map(|a| u64::try_from(a).unwrap_or(0)),
+                workers: Vec::new(),
+            },
+        );
+    }
+    for w in workers {
+        let key = entry(&w.tenant, &w.queue);
+        by_queue
+            .entry(key)
+            .or_insert_with(|| QueueView {
+                tenant: show_tenant.then(|| w.tenant.clone()),
+                queue: w.queue.clone(),
+                depth: 0,
+                oldest_task_age_ms: None,
+                workers: Vec::new(),
+            })
+            .workers
+            .push(WorkerView {
+                worker: w.worker,
+                last_seen_at: w.last_seen_at,
+                task_id: w.task_id,
+            });
+    }
+    Ok(Json(QueueList {
+        queues: by_queue.into_values().collect(),
+    }))
+}

@@ -1,0 +1,630 @@
+//! Worker tasks: the steps of sessions whose executor is `worker`, offered
+//! on a queue to workers that call in. A worker claims the oldest task of
+//! its queues (`FOR UPDATE SKIP LOCKED`, so two never get the same one)
+//! under a lease it keeps with heartbeats; only a digest of the lease token
+//! is stored. Every function takes the caller's [`TenantScope`] (and a
+//! worker's queues), so a task of another tenant or queue is not found.
+
+use chrono::{DateTime, Utc};
+use sha2::{Digest, Sha256};
+use sqlx::types::Json;
+use uuid::Uuid;
+
+use super::{Result, Store, TenantScope};
+
+/// The Postgres channel that announces a task offered or ended, so waiting
+/// claims and steps on other replicas wake at once.
+pub const WORKERS_CHANNEL: &str = "warden_workers";
+
+/// A step to offer.
+#[derive(Debug, Clone)]
+pub struct NewWorkerTask<'a> {
+    /// Fresh id.
+    pub id: Uuid,
+    /// Session of the step.
+    pub session_id: Uuid,
+    /// The queue it goes on.
+    pub queue: &'a str,
+    /// Labels a worker may select on.
+    pub labels: &'a serde_json::Value,
+    /// Iteration of the step.
+    pub iteration: u64,
+    /// Lease length, ms.
+    pub heartbeat_timeout_ms: u64,
+    /// The same for every attempt of this iteration.
+    pub idempotency_key: &'a str,
+    /// The step context (the webhook request).
+    pub context: &'a serde_json::Value,
+}
+
+/// Where a task stands, as the waiting step reads it.
+#[derive(Debug, Clone)]
+pub struct WorkerTaskState {
+    /// `pending`, `claimed`, `completed`, `failed` or `cancelled`.
+    pub state: String,
+    /// Attempt number (1-based).
+    pub attempt: i32,
+    /// When it was (last) offered.
+    pub offered_at: DateTime<Utc>,
+    /// When the current lease lapses.
+    pub lease_expires_at: Option<DateTime<Utc>>,
+    /// The outcome a worker reported.
+    pub outcome: Option<serde_json::Value>,
+    /// The last error (a failed attempt, a lapsed lease).
+    pub last_error: Option<String>,
+    /// Whether a failure may be retried.
+    pub retryable: bool,
+    /// The database's clock, for comparisons with the times above.
+    pub now: DateTime<Utc>,
+    /// A pause of the session was asked for.
+    pub pause_requested: bool,
+}
+
+/// A task a worker claimed.
+#[derive(Debug, Clone)]
+pub struct ClaimedWorkerTask {
+    /// Task id.
+    pub id: Uuid,
+    /// The lease token, shown this once.
+    pub lease_token: String,
+    /// When the lease lapses without a heartbeat.
+    pub lease_expires_at: DateTime<Utc>,
+    /// Lease length, ms.
+    pub heartbeat_timeout_ms: i64,
+    /// Session.
+    pub session_id: Uuid,
+    /// Queue.
+    pub queue: String,
+    /// Labels.
+    pub labels: serde_json::Value,
+    /// Iteration.
+    pub iteration: i64,
+    /// Attempt.
+    pub attempt: i32,
+    /// Idempotency key.
+    pub idempotency_key: String,
+    /// Step context.
+    pub context: serde_json::Value,
+}
+
+/// What a worker's call on a task it names found.
+#[derive(Debug, Clone, PartialEq)]
+pub enum LeaseCheck<T> {
+    /// No such task for this caller (unknown, another tenant's or queue's).
+    NotFound,
+    /// The lease is no longer this token's.
+    Lost,
+    /// Done.
+    Held(T),
+}
+
+/// A heartbeat's answer.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Heartbeat {
+    /// Why the worker should abandon the step: `stopped` or `paused`.
+    pub cancel: Option<String>,
+    /// The lease's new end.
+    pub lease_expires_at: Option<DateTime<Utc>>,
+    /// Tokens the step may still use.
+    pub token_allowance: u64,
+}
+
+/// One queue of the listing.
+#[derive(Debug, Clone)]
+pub struct QueueDepth {
+    /// Tenant.
+    pub tenant: String,
+    /// Queue.
+    pub queue: String,
+    /// Tasks waiting for a worker.
+    pub depth: i64,
+    /// Age of the oldest waiting task, ms.
+    pub oldest_task_age_ms: Option<i64>,
+}
+
+/// A worker seen on a queue.
+#[derive(Debug, Clone)]
+pub struct WorkerSeen {
+    /// Tenant.
+    pub tenant: String,
+    /// Queue.
+    pub queue: String,
+    /// The worker's own name.
+    pub worker: String,
+    /// Its last claim or heartbeat.
+    pub last_seen_at: DateTime<Utc>,
+    /// The task it holds, if any.
+    pub task_id: Option<Uuid>,
+}
+
+/// SHA-256 of a lease token, the only form in which it is kept.
+fn digest(token: &str) -> Vec<u8> {
+    Sha256::digest(token.as_bytes()).to_vec()
+}
+
+/// A fresh lease token (two random UUIDs' worth of hex).
+fn new_token() -> String {
+    format!("wlt_{}{}", Uuid::new_v4().simple(), Uuid::new_v4().simple())
+}
+
+impl Store {
+    /// Tells this process's waiting claims and steps that a task changed.
+    pub fn workers_changed_locally(&self) {
+        self.worker_tasks_changed
+            .send_modify(|n| *n = n.wrapping_add(1));
+    }
+
+    /// Wakes on every task change announced in this process (relayed from
+    /// [`WORKERS_CHANNEL`] for other replicas').
+    pub fn worker_changes(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.worker_tasks_changed.subscribe()
+    }
+
+    /// Announces a task change to other replicas (inside the writing
+    /// transaction: sent at commit) and to this process.
+    async fn announce_workers(&self, conn: &mut sqlx::PgConnection) -> Result<()> {
+        if !self.is_single_process() {
+            sqlx::query!("SELECT pg_notify($1, '')", WORKERS_CHANNEL)
+                .execute(conn)
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// Offers a step to workers; a task of the session still open (from a
+    /// run before a resume or a takeover) is cancelled first.
+    pub async fn offer_worker_task(
+        &self,
+        task: &NewWorkerTask<'_>,
+        scope: &TenantScope,
+    ) -> Result<()> {
+        let mut tx = self.pool.begin().await?;
+        sqlx::query!(
+            "UPDATE worker_tasks SET state = 'cancelled', cancel_reason = 'superseded', updated_at = now()
+             WHERE session_id = $1 AND state IN ('pending', 'claimed')
+               AND ($2::text IS NULL OR tenant = $2)",
+            task.session_id,
+            scope.tenant(),
+        )
+        .execute(&mut *tx)
+        .await?;
+        let inserted = sqlx::query!(
+            "INSERT INTO worker_tasks (id, session_id, tenant, queue, labels, iteration,
+                                       heartbeat_timeout_ms, state, idempotency_key, context)
+             SELECT $1, s.id, s.tenant, $3, $4, $5, $6, 'pending', $7, $8
+             FROM sessions s WHERE s.id = $2 AND ($9::text IS NULL OR s.tenant = $9)",
+            task.id,
+            task.session_id,
+            task.queue,
+            Json(task.labels) as _,
+            task.iteration as i64,
+            task.heartbeat_timeout_ms as i64,
+            task.idempotency_key,
+            Json(task.context) as _,
+            scope.tenant(),
+        )
+        .execute(&mut *tx)
+        .await?;
+        if inserted.rows_affected() == 0 {
+            return Err(super::StoreError::Corrupt {
+                id: task.session_id,
+                detail: "the session of a worker task is not within its own scope".into(),
+            });
+        }
+        self.announce_workers(&mut tx).await?;
+        tx.commit().await?;
+        self.workers_changed_locally();
+        Ok(())
+    }
+
+    /// Where a task stands, with the session's pause flag.
+    pub async fn worker_task_state(
+        &self,
+        id: Uuid,
+        scope: &TenantScope,
+    ) -> Result<Option<WorkerTaskState>> {
+        Ok(sqlx::query_as!(
+            WorkerTaskState,
+            r#"SELECT t.state, t.attempt, t.offered_at, t.lease_expires_at,
+                      t.outcome AS "outcome: serde_json::Value", t.last_error, t.retryable,
+                      now() AS "now!", s.pause_requested
+               FROM worker_tasks t JOIN sessions s ON s.id = t.session_id
+               WHERE t.id = $1 AND ($2::text IS NULL OR t.tenant = $2)"#,
+            id,
+            scope.tenant(),
+        )
+        .fetch_optional(&self.pool)
+        .await?)
+    }
+
+    /// Offers a task again as attempt `attempt + 1` (its lease lapsed or
+    /// its attempt failed); `false` when it is no longer at `attempt`.
+    pub async fn reoffer_worker_task(
+        &self,
+        id: Uuid,
+        attempt: i32,
+        error: &str,
+        scope: &TenantScope,
+    ) -> Result<bool> {
+        let mut tx = self.pool.begin().await?;
+        let done = sqlx::query!(
+            "UPDATE worker_tasks SET state = 'pending', attempt = attempt + 1, offered_at = now(),
+                    lease_digest = NULL, lease_expires_at = NULL, worker = NULL,
+                    last_error = $3, updated_at = now()
+             WHERE id = $1 AND attempt = $2 AND state IN ('claimed', 'failed')
+               AND ($4::text IS NULL OR tenant = $4)",
+            id,
+            attempt,
+            error,
+            scope.tenant(),
+        )
+        .execute(&mut *tx)
+        .await?;
+        self.announce_workers(&mut tx).await?;
+        tx.commit().await?;
+        self.workers_changed_locally();
+        Ok(done.rows_affected() == 1)
+    }
+
+    /// Ends a task the step gave up on (`cancelled`, with why) or that
+    /// failed for good (`failed`), whatever its lease.
+    pub async fn end_worker_task(
+        &self,
+        id: Uuid,
+        state: &str,
+        reason: &str,
+        scope: &TenantScope,
+    ) -> Result<()> {
+        sqlx::query!(
+            "UPDATE worker_tasks SET state = $2, cancel_reason = $3, updated_at = now()
+             WHERE id = $1 AND state IN ('pending', 'claimed', 'failed')
+               AND ($4::text IS NULL OR tenant = $4)",
+            id,
+            state,
+            reason,
+            scope.tenant(),
+        )
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    /// Claims the oldest task offered on one of `queues` whose session runs
+    /// and is not being stopped or paused, for `worker`; `None` when there
+    /// is none right now. Tasks another worker is claiming are skipped.
+    pub async fn claim_worker_task(
+        &self,
+        scope: &TenantScope,
+        queues: Option<&[String]>,
+        worker: &str,
+    ) -> Result<Option<ClaimedWorkerTask>> {
+        let token = new_token();
+        let mut tx = self.pool.begin().await?;
+        let row = sqlx::query!(
+            r#"WITH next AS (
+                 SELECT t.id FROM worker_tasks t JOIN sessions s ON s.id = t.session_id
+                 WHERE t.state = 'pending' AND ($2::text[] IS NULL OR t.queue = ANY($2))
+                   AND ($1::text IS NULL OR t.tenant = $1)
+                   AND s.status = 'running' AND NOT s.stop_requested AND NOT s.pause_requested
+                 ORDER BY t.offered_at, t.id LIMIT 1 FOR UPDATE OF t SKIP LOCKED)
+               UPDATE worker_tasks w SET state = 'claimed', lease_digest = $3,
+                      lease_expires_at = now() + make_interval(secs => w.heartbeat_timeout_ms / 1000.0),
+                      claimed_at = now(), worker = $4, updated_at = now()
+               FROM next WHERE w.id = next.id
+               RETURNING w.id, w.lease_expires_at AS "lease_expires_at!", w.heartbeat_timeout_ms,
+                         w.session_id, w.tenant, w.queue, w.labels AS "labels: serde_json::Value",
+                         w.iteration, w.attempt, w.idempotency_key,
+                         w.context AS "context: serde_json::Value""#,
+            scope.tenant(),
+            queues as Option<&[String]>,
+            digest(&token),
+            worker,
+        )
+        .fetch_optional(&mut *tx)
+        .await?;
+        let Some(row) = row else {
+            return Ok(None);
+        };
+        sqlx::query!(
+            "INSERT INTO workers_seen (tenant, queue, worker, last_seen_at, task_id)
+             VALUES ($1, $2, $3, now(), $4)
+             ON CONFLICT (tenant, queue, worker)
+             DO UPDATE SET last_seen_at = now(), task_id = EXCLUDED.task_id",
+            row.tenant,
+            row.queue,
+            worker,
+            row.id,
+        )
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(Some(ClaimedWorkerTask {
+            id: row.id,
+            lease_token: token,
+            lease_expires_at: row.lease_expires_at,
+            heartbeat_timeout_ms: row.heartbeat_timeout_ms,
+            session_id: row.session_id,
+            queue: row.queue,
+            labels: row.labels,
+            iteration: row.iteration,
+            attempt: row.attempt,
+            idempotency_key: row.idempotency_key,
+            context: row.context,
+        }))
+    }
+
+    /// Notes that `worker` polled `queues` without getting a task, so the
+    /// listing shows it connected.
+    pub async fn worker_polled(&self, tenant: &str, queues: &[String], worker: &str) -> Result<()> {
+        sqlx::query!(
+            "INSERT INTO workers_seen (tenant, queue, worker, last_seen_at, task_id)
+             SELECT $1, q, $3, now(), NULL FROM unnest($2::text[]) AS q
+             ON CONFLICT (tenant, queue, worker)
+             DO UPDATE SET last_seen_at = now(), task_id = NULL",
+            tenant,
+            queues,
+            worker,
+        )
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    /// Extends the lease of `token` on a task and records its progress;
+    /// tells the worker to abandon the step when its session is being
+    /// stopped or paused (or the step was given up).
+    pub async fn heartbeat_worker_task(
+        &self,
+        id: Uuid,
+        scope: &TenantScope,
+        queues: Option<&[String]>,
+        token: &str,
+        progress: Option<&str>,
+    ) -> Result<LeaseCheck<Heartbeat>> {
+        let mut tx = self.pool.begin().await?;
+        let Some(row) = sqlx::query!(
+            r#"SELECT t.state, t.lease_digest, t.lease_expires_at > now() AS "live!",
+                      t.cancel_reason, t.tenant, t.queue, t.worker,
+                      coalesce((t.context->>'token_allowance')::bigint, 0) AS "allowance!",
+                      s.stop_requested, s.pause_requested, s.status
+               FROM worker_tasks t JOIN sessions s ON s.id = t.session_id
+               WHERE t.id = $1 AND ($2::text IS NULL OR t.tenant = $2)
+                 AND ($3::text[] IS NULL OR t.queue = ANY($3))
+               FOR UPDATE OF t"#,
+            id,
+            scope.tenant(),
+            queues as Option<&[String]>,
+        )
+        .fetch_optional(&mut *tx)
+        .await?
+        else {
+            return Ok(LeaseCheck::NotFound);
+        };
+        if row.lease_digest.as_deref() != Some(digest(token).as_slice()) {
+            return Ok(LeaseCheck::Lost);
+        }
+        let allowance = u64::try_from(row.allowance).unwrap_or(0);
+        let cancel = if row.state == "cancelled" {
+            Some(row.cancel_reason.unwrap_or_else(|| "stopped".into()))
+        } else if row.state != "claimed" || !row.live {
+            return Ok(LeaseCheck::Lost);
+        } else if row.stop_requested || !matches!(row.status.as_str(), "running" | "paused") {
+            Some("stopped".to_string())
+        } else if row.pause_requested || row.status == "paused" {
+            Some("paused".to_string())
+        } else {
+            None
+        };
+        if let Some(reason) = &cancel {
+            if row.state == "claimed" {
+                // The waiting step ends now instead of at the lease's end.
+                sqlx::query!(
+                    "UPDATE worker_tasks SET state = 'cancelled', cancel_reason = $2, updated_at = now()
+                     WHERE id = $1",
+                    id,
+                    reason,
+                )
+                .execute(&mut *tx)
+                .await?;
+                self.announce_workers(&mut tx).await?;
+            }
+            tx.commit().await?;
+            self.workers_changed_locally();
+            return Ok(LeaseCheck::Held(Heartbeat {
+                cancel,
+                lease_expires_at: None,
+                token_allowance: allowance,
+            }));
+        }
+        let expires = sqlx::query_scalar!(
+            r#"UPDATE worker_tasks SET updated_at = now(),
+                      lease_expires_at = now() + make_interval(secs => heartbeat_timeout_ms / 1000.0),
+                      progress = coalesce($2, progress)
+               WHERE id = $1 RETURNING lease_expires_at AS "lease_expires_at!""#,
+            id,
+            progress,
+        )
+        .fetch_one(&mut *tx)
+        .await?;
+        if let Some(worker) = &row.worker {
+            sqlx::query!(
+                "UPDATE workers_seen SET last_seen_at = now(), task_id = $4
+                 WHERE tenant = $1 AND queue = $2 AND worker = $3",
+                row.tenant,
+                row.queue,
+                worker,
+                id,
+            )
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(LeaseCheck::Held(Heartbeat {
+            cancel: None,
+            lease_expires_at: Some(expires),
+            token_allowance: allowance,
+        }))
+    }
+
+    /// Ends the lease of `token` on a task: `completed` with an outcome,
+    /// `failed` with an error, or back to `pending` (released). The same
+    /// token completing again is accepted and changes nothing; a lease that
+    /// lapsed, was re-offered or whose session is being stopped is lost.
+    pub async fn settle_worker_task(
+        &self,
+        id: Uuid,
+        scope: &TenantScope,
+        queues: Option<&[String]>,
+        token: &str,
+        settlement: Settlement<'_>,
+    ) -> Result<LeaseCheck<()>> {
+        let mut tx = self.pool.begin().await?;
+        let Some(row) = sqlx::query!(
+            r#"SELECT t.state, t.lease_digest, t.lease_expires_at > now() AS "live!",
+                      t.tenant, t.queue, t.worker, s.stop_requested, s.status
+               FROM worker_tasks t JOIN sessions s ON s.id = t.session_id
+               WHERE t.id = $1 AND ($2::text IS NULL OR t.tenant = $2)
+                 AND ($3::text[] IS NULL OR t.queue = ANY($3))
+               FOR UPDATE OF t"#,
+            id,
+            scope.tenant(),
+            queues as Option<&[String]>,
+        )
+        .fetch_optional(&mut *tx)
+        .await?
+        else {
+            return Ok(LeaseCheck::NotFound);
+        };
+        if row.lease_digest.as_deref() != Some(digest(token).as_slice()) {
+            return Ok(LeaseCheck::Lost);
+        }
+        if row.state == "completed" && matches!(settlement, Settlement::Complete(_)) {
+            return Ok(LeaseCheck::Held(()));
+        }
+        if row.state != "claimed" || !row.live || row.stop_requested || row.status != "running" {
+            return Ok(LeaseCheck::Lost);
+        }
+        match settlement {
+            Settlement::Complete(outcome) => {
+                sqlx::query!(
+                    "UPDATE worker_tasks SET state = 'completed', outcome = $2, updated_at = now()
+                     WHERE id = $1",
+                    id,
+                    Json(outcome) as _,
+                )
+                .execute(&mut *tx)
+                .await?;
+            }
+            Settlement::Fail { error, retryable } => {
+                sqlx::query!(
+                    "UPDATE worker_tasks SET state = 'failed', last_error = $2, retryable = $3,
+                            updated_at = now()
+                     WHERE id = $1",
+                    id,
+                    error,
+                    retryable,
+                )
+                .execute(&mut *tx)
+                .await?;
+            }
+            Settlement::Release => {
+                sqlx::query!(
+                    "UPDATE worker_tasks SET state = 'pending', lease_digest = NULL,
+                            lease_expires_at = NULL, worker = NULL, updated_at = now()
+                     WHERE id = $1",
+                    id,
+                )
+                .execute(&mut *tx)
+                .await?;
+            }
+        }
+        if let Some(worker) = &row.worker {
+            sqlx::query!(
+                "UPDATE workers_seen SET last_seen_at = now(), task_id = NULL
+                 WHERE tenant = $1 AND queue = $2 AND worker = $3",
+                row.tenant,
+                row.queue,
+                worker,
+            )
+            .execute(&mut *tx)
+            .await?;
+        }
+        self.announce_workers(&mut tx).await?;
+        tx.commit().await?;
+        self.workers_changed_locally();
+        Ok(LeaseCheck::Held(()))
+    }
+
+    /// Depth and oldest task of every queue with a waiting task or a worker
+    /// seen within `seen_within`, of the scope's tenants (of `queues` only,
+    /// when given).
+    pub async fn worker_queues(
+        &self,
+        scope: &TenantScope,
+        queues: Option<&[String]>,
+        seen_within: std::time::Duration,
+    ) -> Result<(Vec<QueueDepth>, Vec<WorkerSeen>)> {
+        let depths = sqlx::query_as!(
+            QueueDepth,
+            r#"SELECT t.tenant, t.queue, count(*) AS "depth!",
+                      (extract(epoch FROM now() - min(t.offered_at)) * 1000)::bigint AS oldest_task_age_ms
+               FROM worker_tasks t JOIN sessions s ON s.id = t.session_id
+               WHERE t.state = 'pending' AND ($1::text IS NULL OR t.tenant = $1)
+                 AND ($2::text[] IS NULL OR t.queue = ANY($2))
+                 AND s.status = 'running' AND NOT s.stop_requested AND NOT s.pause_requested
+               GROUP BY t.tenant, t.queue ORDER BY t.tenant, t.queue"#,
+            scope.tenant(),
+            queues as Option<&[String]>,
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        let workers = sqlx::query_as!(
+            WorkerSeen,
+            "SELECT tenant, queue, worker, last_seen_at, task_id FROM workers_seen
+             WHERE ($1::text IS NULL OR tenant = $1) AND ($2::text[] IS NULL OR queue = ANY($2))
+               AND last_seen_at > now() - make_interval(secs => $3)
+             ORDER BY tenant, queue, worker",
+            scope.tenant(),
+            queues as Option<&[String]>,
+            seen_within.as_secs_f64(),
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        Ok((depths, workers))
+    }
+
+    /// The queue and offer time of the session's task nobody has claimed,
+    /// if it has one.
+    pub async fn waiting_for_worker(
+        &self,
+        session_id: Uuid,
+        scope: &TenantScope,
+    ) -> Result<Option<(String, DateTime<Utc>)>> {
+        let row = sqlx::query!(
+            "SELECT queue, offered_at FROM worker_tasks
+             WHERE session_id = $1 AND state = 'pending' AND ($2::text IS NULL OR tenant = $2)
+             ORDER BY offered_at DESC LIMIT 1",
+            session_id,
+            scope.tenant(),
+        )
+        .fetch_optional(&self.pool)
+        .await?;
+        Ok(row.map(|r| (r.queue, r.offered_at)))
+    }
+}
+
+/// How a worker ends its lease.
+#[derive(Debug, Clone, Copy)]
+pub enum Settlement<'a> {
+    /// With the step's outcome (the webhook answer).
+    Complete(&'a serde_json::Value),
+    /// With an error.
+    Fail {
+        /// What went wrong.
+        error: &'a str,
+        /// Whether another attempt may succeed.
+        retryable: bool,
+    },
+    /// Given back without counting an attempt.
+    Release,
+}

@@ -1,0 +1,496 @@
+//! The worker protocol over the real HTTP API: a session whose executor is
+//! `worker` is run by workers that claim, heartbeat and complete its steps;
+//! leases lapse and are re-offered, late completions are refused, a stop
+//! reaches a heartbeating worker fast, and a worker sees only its tenant's
+//! tasks on its queues.
+
+use crate::common;
+
+use std::time::{Duration, Instant};
+
+use common::{ADMIN_TOKEN, TestApp, TestDb, client_with_key};
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+
+/// A worker key of `tenant` on `queues`; returns its secret.
+async fn worker_key(app: &TestApp, tenant: &str, queues: &[&str]) -> String {
+    let res = reqwest::Client::new()
+        .post(app.url("/api/keys"))
+        .bearer_auth(ADMIN_TOKEN)
+        .json(&json!({ "tenant": tenant, "role": "worker", "queues": queues }))
+        .send()
+        .await
+        .expect("sent");
+    let status = res.status();
+    let doc: Value = res.json().await.expect("json");
+    assert_eq!(status, StatusCode::CREATED, "{doc}");
+    assert_eq!(doc["queues"], json!(queues));
+    doc["secret"].as_str().expect("secret").to_string()
+}
+
+/// A worker session on `queue` with extra executor settings; returns its id.
+async fn worker_session(app: &TestApp, queue: &str, extra: Value) -> String {
+    let mut executor = json!({ "kind": "worker", "queue": queue, "labels": { "gpu": "none" } });
+    for (k, v) in extra.as_object().expect("object") {
+        executor[k] = v.clone();
+    }
+    let doc = app
+        .create(json!({
+            "goal": "Create README.md with a project description",
+            "mode": "continuous",
+            "executor": executor,
+        }))
+        .await;
+    doc["id"].as_str().expect("id").to_string()
+}
+
+/// A worker's view of Warden.
+struct Worker {
+    client: reqwest::Client,
+    base: String,
+}
+
+impl Worker {
+    fn new(app: &TestApp, key: &str) -> Worker {
+        Worker {
+            client: client_with_key(key),
+            base: app.base.clone(),
+        }
+    }
+
+    async fn post(&self, path: &str, body: Value) -> (StatusCode, Value) {
+        let res = self
+            .client
+            .post(format!("{}{path}", self.base))
+            .json(&body)
+            .send()
+            .await
+            .expect("sent");
+        let status = res.status();
+        let body = res.json().await.unwrap_or(Value::Null);
+        (status, body)
+    }
+
+    /// Claims with `wait_ms`; `None` on 204.
+    async fn claim(&self, wait_ms: u64) -> Option<Value> {
+        let (status, body) = self
+            .post(
+                "/api/workers/claim",
+                json!({ "wait_ms": wait_ms, "worker": "test-worker" }),
+            )
+            .await;
+        match status {
+            StatusCode::OK => Some(body),
+            StatusCode::NO_CONTENT => None,
+            other => panic!("claim answered {other}: {body}"),
+        }
+    }
+
+    async fn task(&self, task: &Value, call: &str, body: Value) -> (StatusCode, Value) {
+        let id = task["task_id"].as_str().expect("task id");
+        let mut body = body;
+        body["lease_token"] = task["lease_token"].clone();
+        self.post(&format!("/api/workers/tasks/{id}/{call}"), body)
+            .await
+    }
+}
+
+#[tokio::test]
+async fn a_worker_claims_heartbeats_and_completes_a_session() {
+    let db = TestDb::new().await;
+    let app = TestApp::spawn(db.pool.clone()).await;
+    let worker = Worker::new(
+        &app,
+        &worker_key(&app, common::TEST_TENANT, &["research"]).await,
+    );
+    let id = worker_session(&app, "research", json!({})).await;
+
+    let task = worker.claim(5_000).await.expect("a task");
+    assert_eq!(task["session_id"], id.as_str());
+    assert_eq!(task["queue"], "research");
+    assert_eq!(task["labels"]["gpu"], "none");
+    assert_eq!(task["iteration"], 1);
+    assert_eq!(task["attempt"], 1);
+    assert_eq!(task["idempotency_key"], format!("{id}:1"));
+    assert_eq!(task["heartbeat_timeout_ms"], 30_000);
+    assert_eq!(
+        task["context"]["goal"],
+        "Create README.md with a project description"
+    );
+    assert_eq!(task["context"]["iteration"], 1);
+
+    let (status, beat) = worker
+        .task(&task, "heartbeat", json!({ "progress": "reading" }))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{beat}");
+    assert_eq!(beat["cancel"], false);
+    assert!(beat["lease_expires_at"].is_string(), "{beat}");
+
+    let queues = worker_queues(&worker).await;
+    assert_eq!(queues["queues"][0]["queue"], "research", "{queues}");
+    assert_eq!(queues["queues"][0]["workers"][0]["worker"], "test-worker");
+    assert_eq!(
+        queues["queues"][0]["workers"][0]["task_id"],
+        task["task_id"]
+    );
+
+    let outcome = json!({ "outcome": { "action": "plan", "tokens": 40, "output": "planned" } });
+    let (status, body) = worker.task(&task, "complete", outcome.clone()).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["accepted"], true);
+    // The same token completing again changes nothing.
+    let (status, _) = worker.task(&task, "complete", outcome).await;
+    assert_eq!(status, StatusCode::OK);
+
+    let second = worker.claim(5_000).await.expect("the second step");
+    assert_eq!(second["iteration"], 2);
+    assert_eq!(second["context"]["history"][0]["action"], "plan");
+    let done = json!({ "outcome": {
+        "action": "report", "tokens": 10, "output": "README.md written",
+        "signal": "done", "reason": "README.md written"
+    } });
+    let (status, _) = worker.task(&second, "complete", done).await;
+    assert_eq!(status, StatusCode::OK);
+
+    let s = app.wait_settled(&id).await;
+    assert_eq!(s["status"], "completed", "{s}");
+    assert_eq!(s["reason"], "goal_achieved");
+    assert_eq!(s["iterations"], 2);
+    assert_eq!(s["tokens_used"], 50);
+    assert_eq!(s["executor"]["kind"], "worker");
+    assert_eq!(s["executor"]["queue"], "research");
+    // Too late now: the task is done and its session ended.
+    let (status, _) = worker.task(&second, "heartbeat", json!({})).await;
+    assert_eq!(status, StatusCode::CONFLICT);
+}
+
+async fn worker_queues(worker: &Worker) -> Value {
+    let res = worker
+        .client
+        .get(format!("{}/api/workers/queues", worker.base))
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(res.status(), StatusCode::OK);
+    res.json().await.expect("json")
+}
+
+#[tokio::test]
+async fn concurrent_workers_never_get_the_same_task() {
+    let db = TestDb::new().await;
+    let app = TestApp::spawn(db.pool.clone()).await;
+    let key = worker_key(&app, common::TEST_TENANT, &["batch"]).await;
+    let sessions = 6;
+    for _ in 0..sessions {
+        worker_session(&app, "batch", json!({})).await;
+    }
+    let claims = (0..sessions + 2).map(|_| {
+        let worker = Worker::new(&app, &key);
+        async move { worker.claim(1_500).await }
+    });
+    let claimed: Vec<Value> = futures::future::join_all(claims)
+        .await
+        .into_iter()
+        .flatten()
+        .collect();
+    let mut ids: Vec<&str> = claimed
+        .iter()
+        .map(|t| t["task_id"].as_str().expect("id"))
+        .collect();
+    assert_eq!(ids.len(), sessions, "every task claimed once: {claimed:?}");
+    ids.sort();
+    ids.dedup();
+    assert_eq!(ids.len(), sessions, "no task claimed twice");
+}
+
+#[tokio::test]
+async fn a_lapsed_lease_is_offered_again_once_and_the_late_completion_is_refused() {
+    let db = TestDb::new().await;
+    let app = TestApp::spawn(db.pool.clone()).await;
+    let worker = Worker::new(
+        &app,
+        &worker_key(&app, common::TEST_TENANT, &["slow"]).await,
+    );
+    let id = worker_session(&app, "slow", json!({ "heartbeat_timeout_ms": 1_000 })).await;
+
+    let first = worker.claim(5_000).await.expect("a task");
+    assert_eq!(first["attempt"], 1);
+    // No heartbeat: the lease lapses and the task comes back as attempt 2.
+    let second = worker.claim(5_000).await.expect("the task again");
+    assert_eq!(second["task_id"], first["task_id"]);
+    assert_eq!(second["attempt"], 2);
+    assert_eq!(second["idempotency_key"], first["idempotency_key"]);
+    assert!(worker.claim(200).await.is_none(), "offered once only");
+
+    // The first lease's calls are refused and change nothing.
+    let late = json!({ "outcome": { "action": "late", "output": "stale" } });
+    let (status, body) = worker.task(&first, "complete", late).await;
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+    assert_eq!(body["code"], "lease_lost");
+    let (status, _) = worker.task(&first, "heartbeat", json!({})).await;
+    assert_eq!(status, StatusCode::CONFLICT);
+
+    let done = json!({ "outcome": { "action": "report", "output": "ok", "signal": "done" } });
+    let (status, _) = worker.task(&second, "complete", done).await;
+    assert_eq!(status, StatusCode::OK);
+    let s = app.wait_settled(&id).await;
+    assert_eq!(s["status"], "completed", "{s}");
+    let iterations = app.iterations(&id).await;
+    assert_eq!(iterations.len(), 1);
+    assert_eq!(iterations[0]["action"], "report");
+}
+
+#[tokio::test]
+async fn spent_attempts_fail_the_step_with_the_last_error() {
+    let db = TestDb::new().await;
+    let app = TestApp::spawn(db.pool.clone()).await;
+    let worker = Worker::new(
+        &app,
+        &worker_key(&app, common::TEST_TENANT, &["flaky"]).await,
+    );
+    let id = worker_session(&app, "flaky", json!({ "max_attempts": 2 })).await;
+    for attempt in 1..=2 {
+        let task = worker.claim(5_000).await.expect("a task");
+        assert_eq!(task["attempt"], attempt);
+        assert_eq!(task["iteration"], 1);
+        let (status, _) = worker
+            .task(&task, "fail", json!({ "error": format!("boom {attempt}") }))
+            .await;
+        assert_eq!(status, StatusCode::OK);
+    }
+    // The step failed: the next step is offered as iteration 2.
+    let next = worker.claim(5_000).await.expect("the next step");
+    assert_eq!(next["iteration"], 2);
+    let iterations = app.iterations(&id).await;
+    assert_eq!(iterations[0]["outcome"], "error", "{:?}", iterations[0]);
+    assert!(
+        iterations[0]["record"]["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("boom 2")),
+        "{:?}",
+        iterations[0]
+    );
+}
+
+#[tokio::test]
+async fn a_stop_reaches_a_heartbeating_worker_within_a_second() {
+    let db = TestDb::new().await;
+    let app = TestApp::spawn(db.pool.clone()).await;
+    let worker = Worker::new(
+        &app,
+        &worker_key(&app, common::TEST_TENANT, &["stops"]).await,
+    );
+    let mut latencies = Vec::new();
+    let rounds = 100;
+    for _ in 0..rounds {
+        let id = worker_session(&app, "stops", json!({})).await;
+        let task = worker.claim(5_000).await.expect("a task");
+        assert_eq!(task["session_id"], id.as_str());
+        // The worker heartbeats every 20 ms until told to cancel.
+        let hb_worker = Worker {
+            client: worker.client.clone(),
+            base: worker.base.clone(),
+        };
+        let hb_task = task.clone();
+        let heartbeats = tokio::spawn(async move {
+            loop {
+                let (status, beat) = hb_worker.task(&hb_task, "heartbeat", json!({})).await;
+                assert_eq!(status, StatusCode::OK, "{beat}");
+                if beat["cancel"] == true {
+                    assert_eq!(beat["reason"], "stopped");
+                    return Instant::now();
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        });
+        let asked = Instant::now();
+        let (status, body) = app.post(&format!("/api/autonomous/{id}/stop"), None).await;
+        assert!(status.is_success(), "{status}: {body}");
+        let cancelled = tokio::time::timeout(Duration::from_secs(5), heartbeats)
+            .await
+            .expect("the worker learns of the stop")
+            .expect("heartbeats ran");
+        latencies.push(cancelled.saturating_duration_since(asked));
+        // The worker's late completion is discarded.
+        let (status, _) = worker
+            .task(
+                &task,
+                "complete",
+                json!({ "outcome": { "action": "late", "output": "x" } }),
+            )
+            .await;
+        assert_eq!(status, StatusCode::CONFLICT);
+    }
+    latencies.sort();
+    let p50 = latencies[rounds / 2];
+    let p99 = latencies[rounds * 99 / 100 - 1];
+    let max = latencies[rounds - 1];
+    println!("stop to worker cancel over {rounds} stops: p50 {p50:?}, p99 {p99:?}, max {max:?}");
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/target/tmp");
+    let _ = std::fs::create_dir_all(dir);
+    let _ = std::fs::write(
+        format!("{dir}/worker-stop-latency.txt"),
+        format!(
+            "{} store: p50 {p50:?}, p99 {p99:?}, max {max:?} over {rounds} stops (heartbeat every 20 ms)\n",
+            if common::embedded() {
+                "embedded"
+            } else {
+                "server"
+            }
+        ),
+    );
+    assert!(p99 < Duration::from_secs(1), "p99 {p99:?}");
+}
+
+#[tokio::test]
+async fn a_worker_of_another_tenant_or_queue_sees_nothing() {
+    let db = TestDb::new().await;
+    let app = TestApp::spawn(db.pool.clone()).await;
+    let owner = Worker::new(
+        &app,
+        &worker_key(&app, common::TEST_TENANT, &["private"]).await,
+    );
+    let other_tenant = Worker::new(&app, &worker_key(&app, "intruder", &["private"]).await);
+    let other_queue = Worker::new(
+        &app,
+        &worker_key(&app, common::TEST_TENANT, &["elsewhere"]).await,
+    );
+    worker_session(&app, "private", json!({})).await;
+
+    assert!(other_tenant.claim(300).await.is_none());
+    assert!(other_queue.claim(300).await.is_none());
+    // A queue the key does not have is refused, not silently empty.
+    let (status, _) = other_queue
+        .post(
+            "/api/workers/claim",
+            json!({ "queues": ["private"], "wait_ms": 0 }),
+        )
+        .await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    assert!(
+        worker_queues(&other_tenant).await["queues"]
+            .as_array()
+            .is_some_and(|q| q.iter().all(|q| q["depth"] == 0)),
+    );
+
+    let task = owner.claim(5_000).await.expect("the owner's task");
+    for intruder in [&other_tenant, &other_queue] {
+        for call in ["heartbeat", "complete", "fail", "release"] {
+            let body = match call {
+                "complete" => json!({ "outcome": { "action": "x" } }),
+                "fail" => json!({ "error": "x" }),
+                _ => json!({}),
+            };
+            let (status, body) = intruder.task(&task, call, body).await;
+            assert_eq!(status, StatusCode::NOT_FOUND, "{call}: {body}");
+        }
+    }
+    let (status, beat) = owner.task(&task, "heartbeat", json!({})).await;
+    assert_eq!(status, StatusCode::OK, "{beat}");
+    assert_eq!(beat["cancel"], false);
+}
+
+#[tokio::test]
+async fn worker_keys_reach_only_the_worker_routes_and_others_cannot_claim() {
+    let db = TestDb::new().await;
+    let app = TestApp::spawn(db.pool.clone()).await;
+    let key = worker_key(&app, common::TEST_TENANT, &["q"]).await;
+    let worker = client_with_key(&key);
+    let id = worker_session(&app, "q", json!({})).await;
+    for (method, path) in [
+        (reqwest::Method::GET, "/api/autonomous".to_string()),
+        (reqwest::Method::GET, format!("/api/autonomous/{id}")),
+        (reqwest::Method::POST, format!("/api/autonomous/{id}/stop")),
+        (reqwest::Method::POST, "/api/autonomous".to_string()),
+        (reqwest::Method::GET, "/api/keys".to_string()),
+    ] {
+        let res = worker
+            .request(method.clone(), app.url(&path))
+            .json(&json!({}))
+            .send()
+            .await
+            .expect("sent");
+        assert_eq!(res.status(), StatusCode::FORBIDDEN, "{method} {path}");
+    }
+    // An operator key may read the queues but not claim.
+    let (status, _) = app
+        .post("/api/workers/claim", Some(json!({ "wait_ms": 0 })))
+        .await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let (status, queues) = app.get("/api/workers/queues").await;
+        assert_eq!(status, StatusCode::OK);
+        if queues["queues"][0]["depth"] == 1 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{queues}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    // Queues go with role worker, and only with it.
+    for body in [
+        json!({ "tenant": "t", "role": "operator", "queues": ["q"] }),
+        json!({ "tenant": "t", "role": "worker" }),
+        json!({ "tenant": "t", "role": "worker", "queues": [] }),
+        json!({ "tenant": "t", "role": "worker", "queues": ["bad queue"] }),
+    ] {
+        let res = reqwest::Client::new()
+            .post(app.url("/api/keys"))
+            .bearer_auth(ADMIN_TOKEN)
+            .json(&body)
+            .send()
+            .await
+            .expect("sent");
+        assert_eq!(res.status(), StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+    }
+}
+
+#[tokio::test]
+async fn an_unclaimed_step_shows_waiting_then_pauses_for_no_worker() {
+    let db = TestDb::new().await;
+    let app = TestApp::spawn(db.pool.clone()).await;
+    let id = worker_session(&app, "nobody", json!({ "worker_wait_timeout_ms": 1_500 })).await;
+    let waiting = app
+        .wait_until(&id, Duration::from_secs(5), |s| {
+            s["waiting_for_worker"].is_object()
+        })
+        .await;
+    assert_eq!(waiting["waiting_for_worker"]["queue"], "nobody");
+    assert!(waiting["waiting_for_worker"]["since"].is_string());
+    let (_, queues) = app.get("/api/workers/queues").await;
+    assert_eq!(queues["queues"][0]["queue"], "nobody", "{queues}");
+    assert_eq!(queues["queues"][0]["depth"], 1);
+
+    let s = app.wait_settled(&id).await;
+    assert_eq!(s["status"], "paused", "{s}");
+    assert_eq!(s["reason"], "no_worker");
+    assert!(s["waiting_for_worker"].is_null());
+    assert_eq!(s["iterations"], 0);
+    assert!(
+        s["reason_detail"]
+            .as_str()
+            .is_some_and(|d| d.contains("nobody")),
+        "{s}"
+    );
+    // Resumed with a worker present, the step is offered again and runs.
+    let worker = Worker::new(
+        &app,
+        &worker_key(&app, common::TEST_TENANT, &["nobody"]).await,
+    );
+    let (status, body) = app
+        .post(&format!("/api/autonomous/{id}/resume"), Some(json!({})))
+        .await;
+    assert!(status.is_success(), "{status}: {body}");
+    let task = worker.claim(5_000).await.expect("the step again");
+    assert_eq!(task["iteration"], 1);
+    let (status, _) = worker
+        .task(
+            &task,
+            "complete",
+            json!({ "outcome": { "action": "report", "output": "ok", "signal": "done" } }),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(app.wait_settled(&id).await["status"], "completed");
+}

@@ -1,0 +1,205 @@
+"""The JSON shapes of Warden's API, as TypedDicts (see openapi/openapi.json).
+
+Answers are plain dicts at run time: the server may add fields, and these
+types name the ones a client relies on (``total=False`` where the server
+leaves some out).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, TypedDict
+
+#: A session's status.
+Status = Literal[
+    "awaiting_refinement",
+    "queued",
+    "running",
+    "paused",
+    "completed",
+    "stopped",
+    "interrupted",
+    "failed",
+]
+
+#: The stop signal an agent may give with a step's outcome.
+Signal = Literal["done", "blocked", "ask_user"]
+
+#: What a key may do.
+Role = Literal["admin", "operator", "viewer", "worker"]
+
+
+class Problem(TypedDict, total=False):
+    """The application/problem+json document every error answers with."""
+
+    type: str
+    title: str
+    status: int
+    detail: str
+    code: str
+
+
+class Session(TypedDict, total=False):
+    """A session's view (``SessionView``): status, counters, limits, termination."""
+
+    id: str
+    goal: str
+    status: Status
+    reason: str | None
+    summary: str | None
+    iterations: int
+    tokens_used: int
+    tool_calls: int
+    percent_complete: float | None
+    mode: str
+    limits: dict[str, Any]
+    executor: dict[str, Any]
+    created_at: str
+    updated_at: str
+    waiting_for_worker: dict[str, Any] | None
+
+
+class SessionPage(TypedDict, total=False):
+    """A page of sessions, newest first."""
+
+    items: list[Session]
+    next_cursor: str | None
+
+
+class Iteration(TypedDict, total=False):
+    """A committed iteration (``IterationView``)."""
+
+    number: int
+    action: str
+    outcome: str
+    tokens: int
+    duration_ms: int
+    started_at: str
+    finished_at: str
+    record: dict[str, Any]
+    effects: list[Any]
+
+
+class IterationPage(TypedDict, total=False):
+    """A page of iterations."""
+
+    items: list[Iteration]
+    next_after: int | None
+
+
+class Event(TypedDict, total=False):
+    """One entry of a session's log (``EventView``)."""
+
+    seq: int
+    kind: str
+    data: dict[str, Any]
+    at: str
+
+
+class EventPage(TypedDict, total=False):
+    """A page of a session's log."""
+
+    items: list[Event]
+    next_after: int | None
+
+
+class CreatedKey(TypedDict, total=False):
+    """A key just made: its ``secret`` (sent as ``Authorization: Bearer``) is shown this once."""
+
+    id: str
+    secret: str
+    prefix: str
+    tenant: str
+    role: Role
+    name: str | None
+    queues: list[str]
+
+
+class HistoryItem(TypedDict):
+    """One recent step as the agent is told it (``WebhookHistoryItem``)."""
+
+    number: int
+    action: str
+    outcome: str
+    output: str
+
+
+class StepContext(TypedDict, total=False):
+    """What an agent is given for a step (``WebhookRequest``)."""
+
+    session_id: str
+    goal: str
+    iteration: int
+    guidance: str | None
+    nudge: str | None
+    token_allowance: int
+    history: list[HistoryItem]
+
+
+class Outcome(TypedDict, total=False):
+    """What an agent answers for a step (``WebhookResponse``); only ``action`` is required."""
+
+    action: str
+    arguments: dict[str, Any]
+    outcome: Literal["success", "failure", "error"] | None
+    tokens: int
+    output: str
+    tool_calls: int
+    signal: Signal | None
+    reason: str | None
+    percent_complete: float | None
+    waiting: bool
+
+
+class ClaimedTask(TypedDict, total=False):
+    """A task handed to a worker by ``POST /api/workers/claim``."""
+
+    task_id: str
+    lease_token: str
+    lease_expires_at: str
+    heartbeat_timeout_ms: int
+    session_id: str
+    queue: str
+    labels: dict[str, str]
+    iteration: int
+    attempt: int
+    idempotency_key: str
+    context: StepContext
+
+
+class HeartbeatAnswer(TypedDict, total=False):
+    """The answer to a heartbeat: whether to abandon the step, and the lease's new end."""
+
+    cancel: bool
+    reason: str | None
+    lease_expires_at: str | None
+    token_allowance: int | None
+
+
+class Accepted(TypedDict):
+    """The answer to complete, fail and release."""
+
+    accepted: bool
+
+
+class QueueWorker(TypedDict, total=False):
+    """A worker seen recently on a queue."""
+
+    worker: str
+    last_seen_at: str
+    task_id: str | None
+
+
+class QueueView(TypedDict, total=False):
+    """A queue's depth, oldest task age and connected workers."""
+
+    queue: str
+    tenant: str
+    depth: int
+    oldest_task_age_ms: int | None
+    workers: list[QueueWorker]
+
+
+class QueueList(TypedDict):
+    """The caller's queues."""
+
+    queues: list[QueueView]

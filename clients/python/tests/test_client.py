@@ -1,0 +1,228 @@
+"""The client's requests, errors and retries, against httpx.MockTransport."""
+
+from __future__ import annotations
+
+import json
+import random
+from typing import Any
+
+import httpx
+import pytest
+
+from warden import Client, WardenError, WardenUnavailable, backoff_delay
+
+from .fake_warden import problem
+
+
+def client_for(handler: Any, **kwargs: Any) -> tuple[Client, list[float]]:
+    delays: list[float] = []
+    kwargs.setdefault("max_attempts", 4)
+    client = Client(
+        "http://warden.test/",
+        "sk_test",
+        transport=httpx.MockTransport(handler),
+        sleep=delays.append,
+        **kwargs,
+    )
+    return client, delays
+
+
+def test_problem_answers_raise_warden_error_with_the_document() -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        return problem(409, "the session is completed", code="illegal_transition")
+
+    client, _ = client_for(handler)
+    with pytest.raises(WardenError) as caught:
+        client.resume_session("abc")
+    error = caught.value
+    assert error.status == 409
+    assert error.title == "Error"
+    assert error.detail == "the session is completed"
+    assert error.code == "illegal_transition"
+    assert error.problem["status"] == 409
+    assert "POST /api/autonomous/{id}/resume" in str(error)
+
+
+def test_an_error_without_a_problem_document_still_raises_warden_error() -> None:
+    client, _ = client_for(lambda request: httpx.Response(404, text="nope"))
+    with pytest.raises(WardenError) as caught:
+        client.get_session("x")
+    assert caught.value.status == 404
+    assert caught.value.detail == "nope"
+    assert caught.value.title == "Not Found"
+
+
+def test_requests_carry_the_key_as_bearer_and_json_bodies() -> None:
+    seen: list[httpx.Request] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return httpx.Response(201, json={"id": "s1", "status": "running"})
+
+    client, _ = client_for(handler)
+    session = client.create_session("Write README.md", {"kind": "scripted", "steps": [{"action": "a"}]}, limits={"max_iterations": 3})
+    assert session["id"] == "s1"
+    request = seen[0]
+    assert request.method == "POST"
+    assert request.url.path == "/api/autonomous"
+    assert request.headers["authorization"] == "Bearer sk_test"
+    assert request.headers["content-type"] == "application/json"
+    assert json.loads(request.content) == {
+        "goal": "Write README.md",
+        "executor": {"kind": "scripted", "steps": [{"action": "a"}]},
+        "limits": {"max_iterations": 3},
+    }
+    assert "sk_test" not in repr(client)
+
+
+def test_stop_is_sent_as_json_with_no_body_and_ids_are_escaped() -> None:
+    seen: list[httpx.Request] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return httpx.Response(200, json={"id": "a/b", "status": "interrupted"})
+
+    client, _ = client_for(handler)
+    assert client.stop_session("a/b")["status"] == "interrupted"
+    assert seen[0].url.raw_path == b"/api/autonomous/a%2Fb/stop"
+    assert seen[0].headers["content-type"] == "application/json"
+    assert seen[0].content == b""
+
+
+def test_5xx_on_a_safe_call_is_retried_with_growing_jittered_delays() -> None:
+    answers = [503, 502, 500, 200]
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        status = answers.pop(0)
+        if status == 200:
+            return httpx.Response(200, json={"id": "s1", "status": "running"})
+        return problem(status, "down")
+
+    client, delays = client_for(handler, backoff_base=0.1, backoff_cap=10.0)
+    assert client.get_session("s1")["status"] == "running"
+    assert len(delays) == 3
+    for attempt, delay in enumerate(delays):
+        ceiling = 0.1 * 2**attempt
+        assert ceiling / 2 <= delay <= ceiling
+
+
+def test_retries_are_bounded_and_end_in_warden_unavailable() -> None:
+    calls = 0
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        nonlocal calls
+        calls += 1
+        raise httpx.ReadError("connection reset")
+
+    client, delays = client_for(handler, max_attempts=4)
+    with pytest.raises(WardenUnavailable, match="after 4 attempts"):
+        client.get_session("s1")
+    assert calls == 4
+    assert len(delays) == 3
+
+
+def test_persistent_5xx_ends_in_warden_unavailable() -> None:
+    client, delays = client_for(lambda request: problem(503, "down"), max_attempts=3)
+    with pytest.raises(WardenUnavailable):
+        client.heartbeat("t1", "lease")
+    assert len(delays) == 2
+
+
+def test_a_create_is_not_repeated_once_the_request_may_have_arrived() -> None:
+    calls = 0
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        nonlocal calls
+        calls += 1
+        raise httpx.ReadTimeout("no answer")
+
+    client, _ = client_for(handler)
+    with pytest.raises(WardenUnavailable):
+        client.create_session("Write README.md", {"kind": "scripted", "steps": [{"action": "a"}]})
+    assert calls == 1
+
+
+def test_a_create_is_retried_when_the_connection_was_never_made() -> None:
+    calls = 0
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        nonlocal calls
+        calls += 1
+        if calls < 3:
+            raise httpx.ConnectError("refused")
+        return httpx.Response(201, json={"id": "s1"})
+
+    client, delays = client_for(handler)
+    assert client.create_session("Write README.md", {"kind": "scripted", "steps": [{"action": "a"}]})["id"] == "s1"
+    assert calls == 3
+    assert len(delays) == 2
+
+
+def test_a_5xx_on_create_is_not_retried() -> None:
+    calls = 0
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        nonlocal calls
+        calls += 1
+        return problem(500, "boom")
+
+    client, _ = client_for(handler)
+    with pytest.raises(WardenError) as caught:
+        client.create_session("Write README.md", {"kind": "scripted", "steps": [{"action": "a"}]})
+    assert caught.value.status == 500
+    assert calls == 1
+
+
+def test_claim_answers_none_on_204_and_the_task_on_200() -> None:
+    answers = [httpx.Response(204), httpx.Response(200, json={"task_id": "t1", "lease_token": "l"})]
+    bodies: list[Any] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        bodies.append(json.loads(request.content))
+        return answers.pop(0)
+
+    client, _ = client_for(handler)
+    assert client.claim(queues=["research"], wait_ms=100, worker="w1") is None
+    task = client.claim(wait_ms=100)
+    assert task is not None and task["task_id"] == "t1"
+    assert bodies[0] == {"queues": ["research"], "wait_ms": 100, "worker": "w1"}
+    assert bodies[1] == {"wait_ms": 100}
+
+
+def test_iter_sessions_follows_the_cursor() -> None:
+    pages = {
+        None: {"items": [{"id": "3"}, {"id": "2"}], "next_cursor": "c1"},
+        "c1": {"items": [{"id": "1"}], "next_cursor": None},
+    }
+    cursors: list[str | None] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        cursor = request.url.params.get("cursor")
+        cursors.append(cursor)
+        assert request.url.params.get("status") == "running"
+        return httpx.Response(200, json=pages[cursor])
+
+    client, _ = client_for(handler)
+    assert [s["id"] for s in client.iter_sessions(status="running", page_size=2)] == ["3", "2", "1"]
+    assert cursors == [None, "c1"]
+
+
+def test_iterations_send_boolean_queries_as_true_false() -> None:
+    seen: list[httpx.Request] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return httpx.Response(200, json={"items": [], "next_after": None})
+
+    client, _ = client_for(handler)
+    client.iterations("s1", after=2, full=True)
+    assert seen[0].url.params["full"] == "true"
+    assert seen[0].url.params["after"] == "2"
+
+
+def test_backoff_delay_is_capped_and_jittered() -> None:
+    rng = random.Random(7)
+    delays = [backoff_delay(n, 0.5, 4.0, rng) for n in range(10)]
+    assert all(0.25 <= d <= 4.0 for d in delays)
+    assert all(d >= 2.0 for d in delays[4:])  # at the cap: between half of it and it
+    assert len(set(delays)) == len(delays)  # jitter: no two the same

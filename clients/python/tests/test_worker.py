@@ -1,0 +1,311 @@
+"""The worker's loop: complete, cancel delivery, failures, 409s, backoff and SIGTERM."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import time
+from typing import Any
+
+import httpx
+import pytest
+
+from warden import Cancelled, Outcome, StepError, Task, Worker
+
+from .fake_warden import FakeWarden, make_task
+
+
+def worker_for(fake: FakeWarden, step: Any, **kwargs: Any) -> Worker:
+    kwargs.setdefault("wait_ms", 50)
+    kwargs.setdefault("grace_period", 5.0)
+    worker = Worker(fake.client(), step, queues=["research"], name="test-worker", **kwargs)
+    fake.worker = worker
+    return worker
+
+
+def run_in_thread(worker: Worker) -> threading.Thread:
+    thread = threading.Thread(target=worker.run, kwargs={"install_signal_handlers": False}, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_a_task_is_claimed_heartbeated_and_completed() -> None:
+    fake = FakeWarden([make_task(1, heartbeat_timeout_ms=150)])
+    seen: list[Task] = []
+
+    def step(task: Task) -> Outcome:
+        seen.append(task)
+        # Works until the background heartbeat has been sent twice.
+        fake.wait_for(lambda: len(fake.calls_to("heartbeat")) >= 2)
+        task.report_progress("half way")
+        fake.wait_for(lambda: any(b.get("progress") == "half way" for b in fake.calls_to("heartbeat")))
+        return {"action": "write_file", "tokens": 12, "output": "wrote notes.md", "tool_calls": 1}
+
+    worker = worker_for(fake, step)
+    worker.run(install_signal_handlers=False)
+
+    assert fake.calls_to("claim")[0] == {"queues": ["research"], "wait_ms": 50, "worker": "test-worker"}
+    assert seen[0].goal == "write notes.md"
+    assert seen[0].token_allowance == 900  # updated by a heartbeat's answer
+    assert all(b["lease_token"] == "lease-1" for b in fake.calls_to("heartbeat"))
+    assert fake.calls_to("complete") == [
+        {
+            "lease_token": "lease-1",
+            "outcome": {"action": "write_file", "tokens": 12, "output": "wrote notes.md", "tool_calls": 1},
+        }
+    ]
+    assert fake.calls_to("fail") == [] and fake.calls_to("release") == []
+    assert worker.stats["completed"] == 1
+
+
+def test_an_async_step_is_awaited_and_sees_cancellation() -> None:
+    import asyncio
+
+    fake = FakeWarden([make_task(1), make_task(2, heartbeat_timeout_ms=150)])
+    fake.cancel_after_heartbeats = 1
+
+    async def step(task: Task) -> Outcome:
+        if task.task_id.endswith("1"):
+            await asyncio.sleep(0.01)
+            return {"action": "async", "tokens": 3}
+        while True:
+            task.check_cancelled()
+            await asyncio.sleep(0.01)
+
+    worker = worker_for(fake, step)
+    worker.run(install_signal_handlers=False)
+    assert fake.calls_to("complete") == [{"lease_token": "lease-1", "outcome": {"action": "async", "tokens": 3}}]
+    assert worker.stats["cancelled"] == 1
+
+
+def test_the_heartbeat_interval_is_a_fraction_of_the_timeout_with_a_ceiling() -> None:
+    worker = Worker(FakeWarden().client(), lambda task: {"action": "a"}, max_heartbeat_interval=2.0)
+    assert worker.heartbeat_interval(Task(make_task(1, heartbeat_timeout_ms=3000))) == pytest.approx(1.0)
+    assert worker.heartbeat_interval(Task(make_task(1, heartbeat_timeout_ms=30000))) == 2.0
+
+
+def test_cancel_from_a_heartbeat_reaches_the_step_as_flag_and_exception() -> None:
+    fake = FakeWarden([make_task(1, heartbeat_timeout_ms=150)])
+    fake.cancel_after_heartbeats = 2
+    observed: dict[str, Any] = {}
+
+    def step(task: Task) -> Outcome:
+        observed["flag_at_start"] = task.cancelled
+        # A long step that checks for cancellation between units of work.
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                task.check_cancelled()
+            except Cancelled as cancelled:
+                observed["reason"] = cancelled.reason
+                observed["flag"] = task.cancelled
+                with pytest.raises(Cancelled):
+                    task.report_progress("still here")
+                raise
+            time.sleep(0.01)
+        return {"action": "too late"}
+
+    worker = worker_for(fake, step)
+    started = time.monotonic()
+    worker.run(install_signal_handlers=False)
+
+    assert time.monotonic() - started < 5
+    assert observed == {"flag_at_start": False, "reason": "stopped", "flag": True}
+    # Warden already moved on: nothing is reported, and heartbeats stopped at the cancel.
+    assert fake.calls_to("complete") == [] and fake.calls_to("fail") == []
+    assert len(fake.calls_to("heartbeat")) == 2
+    assert worker.stats["cancelled"] == 1
+
+
+def test_a_step_that_returns_after_a_cancel_is_not_completed() -> None:
+    fake = FakeWarden([make_task(1, heartbeat_timeout_ms=150)])
+    fake.cancel_after_heartbeats = 1
+    fake.cancel_reason = "paused"
+
+    def step(task: Task) -> Outcome:
+        task.cancel_event.wait(5)
+        return {"action": "ignored the flag", "output": task.cancel_reason or ""}
+
+    worker = worker_for(fake, step)
+    worker.run(install_signal_handlers=False)
+    assert fake.calls_to("complete") == []
+    assert worker.stats["cancelled"] == 1
+
+
+def test_a_lost_lease_on_heartbeat_cancels_the_step() -> None:
+    fake = FakeWarden([make_task(1, heartbeat_timeout_ms=150)])
+    fake.heartbeat_status = 409
+    reasons: list[str] = []
+
+    def step(task: Task) -> Outcome:
+        assert task.cancel_event.wait(5)
+        reasons.append(task.cancel_reason or "")
+        task.check_cancelled()
+        return {"action": "unreachable"}
+
+    worker_for(fake, step).run(install_signal_handlers=False)
+    assert reasons == ["lease_lost"]
+    assert fake.calls_to("complete") == []
+
+
+def test_409_on_complete_is_logged_and_the_worker_moves_on(caplog: pytest.LogCaptureFixture) -> None:
+    fake = FakeWarden([make_task(1), make_task(2)])
+    fake.complete_status = 409
+    steps: list[str] = []
+
+    def step(task: Task) -> Outcome:
+        steps.append(task.task_id)
+        return {"action": "noop"}
+
+    worker = worker_for(fake, step)
+    with caplog.at_level(logging.WARNING, logger="warden.worker"):
+        worker.run(install_signal_handlers=False)
+    assert len(steps) == 2
+    assert len(fake.calls_to("complete")) == 2
+    assert worker.stats["lease_lost"] == 2
+    assert "the lease was lost" in caplog.text
+
+
+def test_an_exception_in_the_step_is_reported_with_fail() -> None:
+    fake = FakeWarden([make_task(1), make_task(2)])
+
+    def step(task: Task) -> Outcome:
+        if task.task_id.endswith("1"):
+            raise ValueError("the model said nonsense")
+        raise StepError("the input file is missing", retryable=False)
+
+    worker = worker_for(fake, step)
+    worker.run(install_signal_handlers=False)
+    fails = fake.calls_to("fail")
+    assert len(fails) == 2
+    assert fails[0]["lease_token"] == "lease-1" and fails[0]["retryable"] is True
+    assert "ValueError: the model said nonsense" in fails[0]["error"]
+    assert fails[1]["retryable"] is False and "the input file is missing" in fails[1]["error"]
+    assert fake.calls_to("complete") == []
+    assert worker.stats["failed"] == 2
+
+
+def test_a_step_answering_no_outcome_fails_permanently() -> None:
+    fake = FakeWarden([make_task(1)])
+    worker = worker_for(fake, lambda task: "just text")
+    worker.run(install_signal_handlers=False)
+    [failure] = fake.calls_to("fail")
+    assert failure["retryable"] is False and "not an outcome" in failure["error"]
+
+
+def test_claim_errors_are_retried_with_backoff_and_the_loop_keeps_going() -> None:
+    fake = FakeWarden([make_task(1)])
+    # Each request gives up after 2 attempts; the loop itself goes on.
+    fake.claim_failures = [503, httpx.ConnectError("refused"), 502, httpx.ReadError("reset"), 500]
+    client = fake.client(max_attempts=2)
+    worker = Worker(client, lambda task: {"action": "noop"}, queues=["research"], wait_ms=50, idle_backoff_cap=0.05)
+    fake.worker = worker
+    thread = run_in_thread(worker)
+    thread.join(timeout=10)
+    assert not thread.is_alive()
+    assert len(fake.calls_to("claim")) >= 6
+    assert len(fake.calls_to("complete")) == 1
+
+
+def test_sigterm_releases_a_task_that_outlives_the_grace_period() -> None:
+    fake = FakeWarden([make_task(1, heartbeat_timeout_ms=150)])
+    fake.stop_when_empty = False
+    running = threading.Event()
+    outcome_of_step: list[str] = []
+
+    def step(task: Task) -> Outcome:
+        running.set()
+        # Ignores everything until the shutdown cancels it.
+        task.cancel_event.wait(10)
+        outcome_of_step.append(task.cancel_reason or "")
+        return {"action": "late"}
+
+    worker = worker_for(fake, step, grace_period=0.3)
+    before = signal.getsignal(signal.SIGTERM)
+    def terminate() -> None:
+        running.wait(5)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=terminate, daemon=True).start()
+    started = time.monotonic()
+    worker.run()  # the main thread, so the SIGTERM handler is installed
+
+    assert time.monotonic() - started < 5
+    assert fake.calls_to("release") == [{"lease_token": "lease-1"}]
+    assert fake.calls_to("complete") == []
+    fake.wait_for(lambda: outcome_of_step == ["shutdown"])
+    assert signal.getsignal(signal.SIGTERM) is before  # the handler is put back
+    assert worker.stats["released"] == 1
+
+
+def test_sigterm_lets_a_task_within_the_grace_period_finish() -> None:
+    fake = FakeWarden([make_task(1, heartbeat_timeout_ms=150), make_task(2)])
+    fake.stop_when_empty = False
+    running = threading.Event()
+    may_finish = threading.Event()
+
+    def step(task: Task) -> Outcome:
+        running.set()
+        may_finish.wait(5)
+        return {"action": "finished"}
+
+    def terminate() -> None:
+        running.wait(5)
+        os.kill(os.getpid(), signal.SIGTERM)
+        fake.wait_for(lambda: worker.shutting_down)
+        may_finish.set()
+
+    worker = worker_for(fake, step, grace_period=5.0)
+    threading.Thread(target=terminate, daemon=True).start()
+    worker.run()
+
+    assert len(fake.calls_to("complete")) == 1
+    assert fake.calls_to("release") == []
+    # The second task was never claimed: shutdown stops claiming.
+    assert len(fake.calls_to("claim")) == 1
+
+
+def test_a_second_signal_releases_at_once() -> None:
+    fake = FakeWarden([make_task(1, heartbeat_timeout_ms=150)])
+    fake.stop_when_empty = False
+    running = threading.Event()
+
+    def step(task: Task) -> Outcome:
+        running.set()
+        task.cancel_event.wait(10)
+        return {"action": "late"}
+
+    def terminate() -> None:
+        running.wait(5)
+        os.kill(os.getpid(), signal.SIGTERM)
+        fake.wait_for(lambda: worker.shutting_down)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    worker = worker_for(fake, step, grace_period=30.0)
+    threading.Thread(target=terminate, daemon=True).start()
+    started = time.monotonic()
+    worker.run()
+    assert time.monotonic() - started < 5
+    assert fake.calls_to("release") == [{"lease_token": "lease-1"}]
+
+
+def test_a_task_claimed_during_shutdown_is_released_unrun() -> None:
+    fake = FakeWarden([make_task(1)])
+    fake.stop_when_empty = False
+    ran: list[str] = []
+    def step(task: Task) -> Outcome:
+        ran.append(task.task_id)
+        return {"action": "a"}
+
+    worker = worker_for(fake, step)
+
+    def claim_then_shutdown(request: httpx.Request) -> httpx.Response:
+        worker.shutdown()  # the signal arrives while the claim is in flight
+        return httpx.Response(200, json=dict(make_task(1)))
+
+    fake.overrides["claim"] = claim_then_shutdown
+    worker.run(install_signal_handlers=False)
+    assert ran == []
+    assert fake.calls_to("release") == [{"lease_token": "lease-1"}]

@@ -53,6 +53,7 @@ const SESSION: &[(&str, u8)] = &[
 /// above the row types and paging it shares.
 const STORE: &[(&str, u8)] = &[
     ("scope", 0),
+    ("batch", 0),
     ("embedded", 0),
     ("flush", 0),
     ("quotas", 0),
@@ -62,6 +63,7 @@ const STORE: &[(&str, u8)] = &[
     ("idempotency", 0),
     ("keys", 0),
     ("secrets", 0),
+    ("worker_tasks", 0),
     ("testing", 1),
     ("rows", 2),
     ("events", 3),
@@ -92,6 +94,7 @@ const HTTP: &[(&str, u8)] = &[
     ("history", 2),
     ("keys", 2),
     ("sessions", 2),
+    ("workers", 2),
     ("openapi", 3),
 ];
 

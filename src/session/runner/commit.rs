@@ -4,7 +4,7 @@
 use std::time::Instant;
 
 use super::execute::Executed;
-use super::plan::{self, CommitPlan, PlanContext, RowChange};
+use super::plan::{self, CommitPlan, PlanContext, RowChange, StepOutcome};
 use super::{Pass, Runner};
 use crate::metrics::IterationTimes;
 use crate::session::live::CommittedStep;
@@ -19,26 +19,20 @@ impl<S: LoopStore> Runner<S> {
         executed: Executed,
         pass: &mut Pass,
     ) -> Result<(), StoreError> {
-        let ctx = PlanContext {
-            stuck: &self.config.stuck,
-            checkpoint_interval: self.settings.limits.checkpoint_interval,
-            elapsed_ms: self.elapsed_ms(),
-        };
-        // Moved into the plan, not copied. On an error the loop ends: only
-        // the usage is put back, for the loop's last log line.
-        let committed = self.state.usage;
-        let state = std::mem::take(&mut self.state);
-        let plan = plan::plan_commit(state, executed.outcome, &ctx);
-        self.state.usage = committed;
-        let plan = plan?;
-        let row = plan.row_change();
+        let Executed {
+            outcome,
+            executor_time,
+            ..
+        } = executed;
+        // Taken apart whole: nothing of the plan but what the commit uses
+        // after the write is held across it.
         let CommitPlan {
             iteration,
             events,
+            row,
             state_after,
             step_tokens,
-            ..
-        } = plan;
+        } = self.plan(outcome)?;
         let finished_at = iteration.finished_at;
         let commit_started = Instant::now();
         self.view.committing();
@@ -61,11 +55,27 @@ impl<S: LoopStore> Runner<S> {
             step_tokens,
             IterationTimes {
                 total: pass.started.elapsed(),
-                executor: executed.executor_time,
+                executor: executor_time,
                 writes: pass.writes,
             },
         );
         Ok(())
+    }
+
+    /// Plans the commit of `outcome` on the loop state, which the plan takes.
+    fn plan(&mut self, outcome: StepOutcome) -> Result<CommitPlan, StoreError> {
+        let ctx = PlanContext {
+            stuck: &self.config.stuck,
+            checkpoint_interval: self.settings.limits.checkpoint_interval,
+            elapsed_ms: self.elapsed_ms(),
+        };
+        // Moved into the plan, not copied. On an error the loop ends: only
+        // the usage is put back, for the loop's last log line.
+        let committed = self.state.usage;
+        let state = std::mem::take(&mut self.state);
+        let plan = plan::plan_commit(state, outcome, &ctx);
+        self.state.usage = committed;
+        plan
     }
 
     /// Committed: now the status served from memory may show it.

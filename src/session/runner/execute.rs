@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use chrono::Utc;
+use chrono::{DateTime, Utc};
 
 use super::gate::Gated;
 use super::plan::StepOutcome;
@@ -62,66 +62,55 @@ impl<S: LoopStore> Runner<S> {
             session_elapsed_ms: self.elapsed_ms(),
             median_step_ms: eta::median(self.state.history.iter().map(|s| s.duration_ms)),
         });
-        let abandoned = |why| SessionEvent::StepAbandoned { step, why };
         let mut result = match self.run_executor(step, allowance).await {
             StepEnd::Done(result) => result,
             StepEnd::Stopped => {
-                let events = vec![decision, abandoned(AbandonedBecause::UserStop)];
-                return Ok(Flow::Exit(
-                    self.finish(Reason::UserStop, None, events).await?,
-                ));
+                return self
+                    .abandon(decision, step, AbandonedBecause::UserStop)
+                    .await;
+            }
+            StepEnd::TimedOut => {
+                return self
+                    .abandon(decision, step, AbandonedBecause::Timeout)
+                    .await;
             }
             StepEnd::Shutdown => return Ok(Flow::Exit(self.release().await?)),
-            StepEnd::TimedOut => {
-                let events = vec![decision, abandoned(AbandonedBecause::Timeout)];
-                return Ok(Flow::Exit(
-                    self.finish(Reason::Timeout, None, events).await?,
-                ));
-            }
         };
         let sanitized = self.make_storable(step, &mut result);
         let executor_time = t0.elapsed();
-        let outcome = StepOutcome {
-            decision,
-            record: blank_record(step, executor_time.as_millis() as u64),
-            percent: None,
-            signal: None,
-            transcript: None,
-            events: Vec::new(),
-            cycle_change: None,
-            started_at,
-            finished_at: Utc::now(),
-            sanitized,
+        // The ends first: no outcome is held across their writes.
+        let answer = match result {
+            Ok(StepResult::Step(out)) => Ok(*out),
+            Err(err) => Err(err),
+            Ok(StepResult::Exhausted) => {
+                let events = vec![decision];
+                let exit = self.finish(Reason::ExecutorExhausted, None, events).await?;
+                return Ok(Flow::Exit(exit));
+            }
+            Ok(StepResult::OverBudget { needed, allowance }) => {
+                return self.over_budget(decision, step, needed, allowance).await;
+            }
+            Ok(StepResult::NoWorker { detail }) => {
+                let events = vec![decision];
+                let exit = self.finish(Reason::NoWorker, Some(detail), events).await?;
+                return Ok(Flow::Exit(exit));
+            }
+            // The worker gave the step up for a pause: the session pauses,
+            // and a resume offers the step again.
+            Ok(StepResult::Abandoned) => {
+                return self
+                    .abandon(decision, step, AbandonedBecause::UserPause)
+                    .await;
+            }
         };
-        let outcome = match result {
-            Ok(StepResult::Step(out)) => self.took(outcome, *out),
+        let outcome = unanswered(decision, step, started_at, executor_time, sanitized);
+        let outcome = match answer {
+            Ok(out) => self.took(outcome, out),
             Err(ExecutorError::Failed {
                 action,
                 message,
                 tokens,
             }) => failed(outcome, action, message, tokens),
-            Ok(StepResult::Exhausted) => {
-                let events = vec![outcome.decision];
-                let exit = self.finish(Reason::ExecutorExhausted, None, events).await?;
-                return Ok(Flow::Exit(exit));
-            }
-            Ok(StepResult::OverBudget { needed, allowance }) => {
-                return self
-                    .over_budget(outcome.decision, step, needed, allowance)
-                    .await;
-            }
-            Ok(StepResult::NoWorker { detail }) => {
-                let events = vec![outcome.decision];
-                let exit = self.finish(Reason::NoWorker, Some(detail), events).await?;
-                return Ok(Flow::Exit(exit));
-            }
-            Ok(StepResult::Abandoned) => {
-                // The worker gave the step up for a pause: the session
-                // pauses, and a resume offers the step again.
-                let events = vec![outcome.decision, abandoned(AbandonedBecause::UserPause)];
-                let exit = self.finish(Reason::UserPause, None, events).await?;
-                return Ok(Flow::Exit(exit));
-            }
         };
         self.view.step_returned(&outcome.record.action);
         Ok(Flow::Go(Executed {
@@ -129,6 +118,22 @@ impl<S: LoopStore> Runner<S> {
             executor_time,
             allowance,
         }))
+    }
+
+    /// A step cut short by a stop, the time limit or a pause ends the run.
+    async fn abandon(
+        &mut self,
+        decision: SessionEvent,
+        step: u64,
+        why: AbandonedBecause,
+    ) -> Result<Flow<Executed>, StoreError> {
+        let reason = match why {
+            AbandonedBecause::UserStop => Reason::UserStop,
+            AbandonedBecause::Timeout => Reason::Timeout,
+            AbandonedBecause::UserPause => Reason::UserPause,
+        };
+        let events = vec![decision, SessionEvent::StepAbandoned { step, why }];
+        Ok(Flow::Exit(self.finish(reason, None, events).await?))
     }
 
     /// Asks the executor for `step`, until a stop, a shutdown or the time
@@ -232,8 +237,30 @@ fn failed(outcome: StepOutcome, action: String, message: String, tokens: u64) ->
     }
 }
 
-/// A step that produced nothing yet: an error until the executor's answer
-/// says otherwise.
+/// A step the executor returned from, before its answer is read: an error
+/// until the answer says otherwise.
+fn unanswered(
+    decision: SessionEvent,
+    number: u64,
+    started_at: DateTime<Utc>,
+    executor_time: Duration,
+    sanitized: usize,
+) -> StepOutcome {
+    StepOutcome {
+        decision,
+        record: blank_record(number, executor_time.as_millis() as u64),
+        percent: None,
+        signal: None,
+        transcript: None,
+        events: Vec::new(),
+        cycle_change: None,
+        started_at,
+        finished_at: Utc::now(),
+        sanitized,
+    }
+}
+
+/// A record with nothing in it but its number and time.
 fn blank_record(number: u64, duration_ms: u64) -> StepRecord {
     StepRecord {
         number,

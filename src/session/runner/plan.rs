@@ -57,22 +57,17 @@ pub struct PlanContext<'a> {
 pub struct CommitPlan {
     /// The iteration row, carrying the interval checkpoint when one is folded in.
     pub iteration: NewIteration,
-    /// The session's counters after the step.
-    pub counters: Counters,
-    /// Progress estimate after the step, percent.
-    pub percent_complete: Option<f64>,
-    /// Estimated seconds to completion.
-    pub eta_seconds: Option<f64>,
     /// The events, in log order.
     pub events: Vec<NewEvent>,
+    /// How the session row changes: counters, progress, cycle, checkpoint.
+    pub row: RowChange,
     /// The loop state once the commit is durable.
     pub state_after: LoopState,
     /// Tokens the step itself reported (for the metrics).
     pub step_tokens: u64,
 }
 
-/// How the session row changes with a commit, for the status served from
-/// memory once the commit is durable.
+/// How the session row changes with a commit.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RowChange {
     /// The counters after the step.
@@ -83,29 +78,8 @@ pub struct RowChange {
     pub eta_seconds: Option<f64>,
     /// The cycle and memory the session moves to, when the step changed it.
     pub next_cycle: Option<(i32, String)>,
-    /// The iteration an interval checkpoint was saved at, when one was folded in.
+    /// The iteration an interval checkpoint is saved at, when one is folded in.
     pub checkpointed: Option<i64>,
-}
-
-impl CommitPlan {
-    /// The iteration whose commit carries an interval checkpoint, if any.
-    pub fn checkpointed(&self) -> Option<i64> {
-        self.iteration
-            .checkpoint
-            .is_some()
-            .then_some(self.iteration.number)
-    }
-
-    /// How the session row changes with this commit.
-    pub fn row_change(&self) -> RowChange {
-        RowChange {
-            counters: self.counters,
-            percent_complete: self.percent_complete,
-            eta_seconds: self.eta_seconds,
-            next_cycle: self.iteration.next_cycle.clone(),
-            checkpointed: self.checkpointed(),
-        }
-    }
 }
 
 /// Whether an interval checkpoint is due in `state`: a multiple of the
@@ -158,12 +132,17 @@ pub fn plan_commit(
             reason: "interval".into(),
         });
     }
-    Ok(CommitPlan {
-        iteration,
+    let row = RowChange {
         counters: Counters::from_usage(&state.usage, state.reflection.tokens),
         percent_complete: effects.percent_complete,
         eta_seconds: state::eta_seconds(effects.percent_complete, effects.elapsed_ms),
+        next_cycle: iteration.next_cycle.clone(),
+        checkpointed: iteration.checkpoint.is_some().then_some(iteration.number),
+    };
+    Ok(CommitPlan {
+        iteration,
         events: events::encode(&logged)?,
+        row,
         state_after: state,
         step_tokens: step.record.tokens,
     })
@@ -286,7 +265,7 @@ mod tests {
             step: state.usage.iterations + 1,
             decision: evaluation.decision,
             metrics: evaluation.metrics,
-            inputs: serde_json::to_value(&inputs).expect("gate inputs encode"),
+            inputs: serde_json::to_value(inputs).expect("gate inputs encode"),
         }
     }
 
@@ -380,7 +359,7 @@ mod tests {
 
         assert_eq!(kinds(&plan), ["gate_decision", "iteration_completed"]);
         assert_eq!(
-            plan.counters,
+            plan.row.counters,
             Counters {
                 iterations: 1,
                 tokens_used: 10,
@@ -390,12 +369,15 @@ mod tests {
                 reflection_tokens: 0,
             }
         );
-        assert_eq!((plan.percent_complete, plan.eta_seconds), (None, None));
+        assert_eq!(
+            (plan.row.percent_complete, plan.row.eta_seconds),
+            (None, None)
+        );
         assert_eq!(plan.step_tokens, 10);
         assert_eq!(plan.state_after.usage.iterations, 1);
         assert_eq!(plan.state_after.history.len(), 1);
         assert_eq!(plan.state_after.last_checkpoint_step, 0);
-        assert_eq!(plan.checkpointed(), None);
+        assert_eq!(plan.row.checkpointed, None);
     }
 
     #[test]
@@ -403,8 +385,8 @@ mod tests {
         let state = after(LoopState::new(5), 1, 2);
         let plan = plan_commit(state.clone(), next_step(&state), &ctx(2)).expect("a plan");
 
-        assert_eq!(plan.checkpointed(), Some(2));
-        assert_eq!(plan.row_change().checkpointed, Some(2));
+        assert_eq!(plan.row.checkpointed, Some(2));
+        assert_eq!(plan.row.checkpointed, Some(2));
         assert_eq!(plan.state_after.last_checkpoint_step, 2);
         // The snapshot is the state the loop goes on with, checkpoint mark included.
         let snapshot = plan.iteration.checkpoint.as_ref().expect("a snapshot");
@@ -426,7 +408,7 @@ mod tests {
         for n in 1..=5 {
             let step = next_step(&state);
             let plan = plan_commit(state, step, &ctx(3)).expect("a plan");
-            let folded = plan.checkpointed().is_some();
+            let folded = plan.row.checkpointed.is_some();
             assert_eq!(folded, n == 3, "step {n}");
             assert_eq!(kinds(&plan).contains(&"checkpoint_saved"), folded);
             state = plan.state_after;
@@ -444,7 +426,7 @@ mod tests {
         });
         let plan = plan_commit(state, step, &ctx(2)).expect("a plan");
 
-        assert_eq!(plan.checkpointed(), None);
+        assert_eq!(plan.row.checkpointed, None);
         assert_eq!(plan.state_after.last_checkpoint_step, 0);
         let end = plan.state_after.pending_end.as_ref().expect("the run ends");
         assert_eq!(end.reason, Reason::GoalAchieved);
@@ -459,7 +441,7 @@ mod tests {
         let state = after(LoopState::new(5), 2, 0);
         assert_eq!(state.last_checkpoint_step, 2);
         let plan = plan_commit(state.clone(), next_step(&state), &ctx(0)).expect("a plan");
-        assert_eq!(plan.checkpointed(), Some(3));
+        assert_eq!(plan.row.checkpointed, Some(3));
     }
 
     #[test]
@@ -482,7 +464,7 @@ mod tests {
                 Outcome::Error => "error",
             };
             assert_eq!(plan.iteration.outcome, label, "step {n}");
-            assert_eq!(plan.counters.consecutive_errors, streak, "step {n}");
+            assert_eq!(plan.row.counters.consecutive_errors, streak, "step {n}");
             assert_eq!(
                 plan.state_after.usage.consecutive_errors, streak as u32,
                 "step {n}"
@@ -497,9 +479,9 @@ mod tests {
         state.reflection.tokens = 7;
         state.usage.tokens += 7;
         let plan = plan_commit(state.clone(), next_step(&state), &ctx(100)).expect("a plan");
-        assert_eq!(plan.counters.tokens_used, 37);
-        assert_eq!(plan.counters.reflection_tokens, 7);
-        assert_eq!(plan.counters.tool_calls, 3);
+        assert_eq!(plan.row.counters.tokens_used, 37);
+        assert_eq!(plan.row.counters.reflection_tokens, 7);
+        assert_eq!(plan.row.counters.tool_calls, 3);
         assert!(matches!(
             event(&plan, "iteration_completed"),
             SessionEvent::IterationCompleted {
@@ -514,7 +496,7 @@ mod tests {
         step.record.tokens = u64::MAX;
         let plan = plan_commit(plan.state_after, step, &ctx(100)).expect("a plan");
         assert_eq!(plan.iteration.tokens, i64::MAX);
-        assert_eq!(plan.counters.tokens_used, i64::MAX);
+        assert_eq!(plan.row.counters.tokens_used, i64::MAX);
         assert_eq!(plan.state_after.usage.tokens, u64::MAX);
         assert_eq!(plan.step_tokens, u64::MAX);
     }
@@ -558,7 +540,7 @@ mod tests {
         let plan = plan_commit(state, step, &ctx(100)).expect("a plan");
         assert_eq!(plan.iteration.cycle, 1, "the step ran in cycle 1");
         assert_eq!(
-            plan.row_change().next_cycle,
+            plan.row.next_cycle,
             Some((2, "what cycle 1 learned".to_string()))
         );
         assert_eq!(plan.state_after.cycle, 2);
@@ -576,14 +558,14 @@ mod tests {
         let mut ctx = ctx(100);
         ctx.elapsed_ms = 10_000;
         let plan = plan_commit(state, step, &ctx).expect("a plan");
-        assert_eq!(plan.percent_complete, Some(50.0));
-        assert_eq!(plan.eta_seconds, Some(10.0));
+        assert_eq!(plan.row.percent_complete, Some(50.0));
+        assert_eq!(plan.row.eta_seconds, Some(10.0));
 
         ctx.elapsed_ms = 20_000;
         let step = next_step(&plan.state_after);
         let plan = plan_commit(plan.state_after, step, &ctx).expect("a plan");
-        assert_eq!(plan.percent_complete, Some(50.0));
-        assert_eq!(plan.eta_seconds, Some(20.0));
+        assert_eq!(plan.row.percent_complete, Some(50.0));
+        assert_eq!(plan.row.eta_seconds, Some(20.0));
     }
 
     #[test]

@@ -188,6 +188,7 @@ impl<S: LoopStore> Runner<S> {
                 tool_calls: out.tool_calls,
                 files_written: out.files_written,
                 waiting: out.waiting,
+                context_overflow: out.context_overflow,
                 ..outcome.record
             },
             percent: out.percent_complete,

@@ -711,14 +711,14 @@ mod tests {
         assert_eq!(in_index, DECISION_KINDS);
         // The decisions query repeats the list as literals (a bound array
         // would not let the planner prove the index predicate).
-        let query: String = include_str!("store/events.rs")
+        let query: String = include_str!("store/event_log.rs")
             .split_whitespace()
             .collect::<Vec<_>>()
             .join(" ");
         let literal = DECISION_KINDS.map(|k| format!("'{k}'")).join(", ");
         assert!(
             query.contains(&format!("kind IN ({literal})")),
-            "the decisions query in store/events.rs lists other kinds than DECISION_KINDS"
+            "the decisions query in store/event_log.rs lists other kinds than DECISION_KINDS"
         );
         assert!(SessionEvent::status(None, Status::Running).is_decision());
         assert!(!SessionEvent::StopRequested {}.is_decision());

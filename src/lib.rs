@@ -18,7 +18,7 @@ pub mod ratelimit;
 pub mod secrets;
 pub mod session;
 pub mod store;
-pub mod threads;
+pub mod thread_priority;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -89,7 +89,7 @@ impl LoopRuntime {
         tokio::runtime::Builder::new_multi_thread()
             .worker_threads(threads)
             .thread_name("warden-loop")
-            .on_thread_start(move || threads::lower_priority(nice))
+            .on_thread_start(move || thread_priority::lower_priority(nice))
             .enable_all()
             .build()
             .map(|rt| LoopRuntime(Some(rt)))
@@ -295,7 +295,7 @@ impl Application {
                 service,
                 metrics,
                 auth,
-                streams: http::stream::StreamSlots::new(config.quotas.tenant_max_streams),
+                streams: http::event_stream::StreamSlots::new(config.quotas.tenant_max_streams),
             },
             config.max_body_bytes,
             http::RequestLimits::new(

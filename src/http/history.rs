@@ -15,9 +15,9 @@ use uuid::Uuid;
 
 use super::AppState;
 use super::error::{ApiError, ApiResult, Problem};
+use super::event_stream;
 use super::extract::{ApiQuery, SessionId};
 use super::paging::{DEFAULT_PAGE_LIMIT, MAX_PAGE_LIMIT, Paging, fill_page, page_limit};
-use super::stream;
 use super::views::{
     AfterPage, CheckpointPage, DecisionQuery, EventPage, HistoryPageQuery, IterationPage,
     RefinementList, ReflectionPage, TaskList, excerpt_strings, json_weight,
@@ -293,12 +293,14 @@ pub async fn list_events(
     headers: HeaderMap,
     ApiQuery(q): ApiQuery<AfterPage>,
 ) -> ApiResult<Response> {
-    if !stream::wants_stream(&headers) {
+    if !event_stream::wants_stream(&headers) {
         let page = history_page::<Events>(&state, &caller, id, q).await?;
         return Ok(Json(page).into_response());
     }
     ensure_exists(&state, id, &caller.scope).await?;
-    let after = stream::last_event_id(&headers).or(q.after).unwrap_or(0);
+    let after = event_stream::last_event_id(&headers)
+        .or(q.after)
+        .unwrap_or(0);
     if after < 0 {
         return Err(ApiError::bad_request(format!(
             "Last-Event-ID must be an event sequence number (0 or more), got {after}"
@@ -306,7 +308,13 @@ pub async fn list_events(
     }
     let slot = state.streams.acquire(&caller.tenant)?;
     let reads = state.service.reads().clone();
-    Ok(stream::session_events(reads, id, caller.scope, after, slot))
+    Ok(event_stream::session_events(
+        reads,
+        id,
+        caller.scope,
+        after,
+        slot,
+    ))
 }
 
 /// Why the session stopped, paused or throttled, from its log.

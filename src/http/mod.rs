@@ -4,6 +4,7 @@
 
 mod auth;
 pub mod error;
+pub mod event_stream;
 mod extract;
 mod health;
 pub mod history;
@@ -12,7 +13,6 @@ pub mod openapi;
 mod paging;
 pub mod serve;
 pub mod sessions;
-pub mod stream;
 pub mod views;
 pub mod workers;
 
@@ -37,7 +37,7 @@ pub struct AppState {
     /// Who may call what.
     pub auth: crate::auth::Authenticator,
     /// Live-stream slots per tenant.
-    pub streams: stream::StreamSlots,
+    pub streams: event_stream::StreamSlots,
 }
 
 /// The request timeout and the global concurrency limit
@@ -70,7 +70,7 @@ fn unlimited(req: &Request<axum::body::Body>) -> bool {
     exempt_route(
         req.method(),
         req.uri().path(),
-        stream::wants_stream(req.headers()),
+        event_stream::wants_stream(req.headers()),
     )
 }
 

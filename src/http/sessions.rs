@@ -13,9 +13,9 @@ use uuid::Uuid;
 
 use super::AppState;
 use super::error::{ApiError, ApiResult, Problem};
+use super::event_stream;
 use super::extract::{ApiJson, ApiQuery, DigestedJson, OptionalJson, SessionId};
 use super::paging::{MAX_LIST_LIMIT, next_after, page_limit};
-use super::stream;
 use super::views::{ListQuery, OutcomeMetrics, SessionPage, SessionView, VelocityPoint};
 use crate::auth::Principal;
 use crate::session::service::{Created, IdempotencyKey, StatusSource, StopAnswer};
@@ -373,7 +373,7 @@ pub async fn session_changes(
             "this endpoint answers only text/event-stream; send Accept: text/event-stream",
         ));
     }
-    let since = match stream::last_event_id(&headers) {
+    let since = match event_stream::last_event_id(&headers) {
         None => DateTime::<Utc>::UNIX_EPOCH,
         // Ids of this stream are change times in µs since 1970; anything
         // else would overflow the time arithmetic of the stream (a panic).
@@ -388,7 +388,7 @@ pub async fn session_changes(
             })?,
     };
     let slot = state.streams.acquire(&caller.tenant)?;
-    Ok(stream::session_changes(
+    Ok(event_stream::session_changes(
         state.service.clone(),
         since,
         caller.scope,

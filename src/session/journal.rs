@@ -34,8 +34,8 @@ fn index(i: u32) -> i32 {
 fn storable(tool: &str, value: &Value) -> (String, Value) {
     let mut tool = tool.to_string();
     let mut value = value.clone();
-    super::control::strip_nul(&mut tool);
-    super::control::strip_nul_value(&mut value);
+    super::storable::strip_nul(&mut tool);
+    super::storable::strip_nul_value(&mut value);
     (tool, value)
 }
 
@@ -137,7 +137,7 @@ impl TaskQueue for StoreTaskQueue {
                     .into_iter()
                     .flatten()
                 {
-                    super::control::strip_nul(text);
+                    super::storable::strip_nul(text);
                 }
             }
             match self.store.write_tasks(&self.lease, &writes).await {

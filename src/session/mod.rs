@@ -5,9 +5,8 @@
 //! both `service` and `supervisor` rebuild sessions through `rehydrate`; the
 //! HTTP layer reads through `reads` and acts through `service`.
 
-pub mod control;
 mod error;
-pub mod events;
+pub mod event_codec;
 mod journal;
 mod lease_clock;
 pub mod live;
@@ -21,6 +20,7 @@ pub mod retention;
 pub mod runner;
 pub mod service;
 pub mod state;
+pub mod storable;
 mod supervisor;
 
 pub use error::{Result, ServiceError};

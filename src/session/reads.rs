@@ -9,7 +9,7 @@ use tokio::sync::broadcast;
 use uuid::Uuid;
 
 use super::error::Result;
-use super::events;
+use super::event_codec;
 use crate::event::SessionEvent;
 use crate::store::{
     CheckpointRecord, EventRecord, IterationRecord, Outcomes, RefinementRecord, ReflectionRecord,
@@ -171,7 +171,7 @@ fn decode_all(id: Uuid, rows: Vec<EventRecord>) -> Result<Vec<LoggedEvent>> {
     rows.into_iter()
         .map(|r| {
             Ok(LoggedEvent {
-                event: events::decode(id, &r)?,
+                event: event_codec::decode(id, &r)?,
                 seq: r.seq,
                 created_at: r.created_at,
                 actor: r.actor,

@@ -12,7 +12,7 @@ use utoipa::ToSchema;
 use uuid::Uuid;
 
 pub use super::error::{Result, ServiceError};
-use super::events::{self, to_stored};
+use super::event_codec::{self, to_stored};
 use super::live::{StepInFlight, VELOCITY_MINUTES, Velocity};
 use super::persist::{self, FirstRefinement};
 use super::planner;
@@ -644,7 +644,7 @@ impl SessionService {
             &new,
             start,
             self.config.lease.ttl,
-            &events::encode(&log)?,
+            &event_codec::encode(&log)?,
             first_refinement,
             persist::Admission {
                 api_key: sealed.as_ref(),
@@ -702,7 +702,7 @@ impl SessionService {
         let data = json!({ "limits": limits, "proposal": session.refinement });
         store::insert_refinement(&mut tx, id, scope, kind, &session.goal, &goal, &data).await?;
         let (slot, status) = self.admit(&mut tx).await?;
-        let events = events::encode(&[
+        let events = event_codec::encode(&[
             SessionEvent::GoalRefined {
                 kind: kind.into(),
                 from: session.goal.clone(),
@@ -1051,7 +1051,7 @@ impl SessionService {
         let mut snapshot = state.clone();
         snapshot.last_checkpoint_step = usage.iterations;
         let snapshot = to_stored("checkpoint state", &snapshot)?;
-        let events = events::encode(&[SessionEvent::run_ended(
+        let events = event_codec::encode(&[SessionEvent::run_ended(
             session.status,
             &termination,
             &usage,
@@ -1180,7 +1180,7 @@ impl SessionService {
         });
         let (slot, status) = self.admit(&mut tx).await?;
         events.push(SessionEvent::status(Some(session.status), status));
-        let events = events::encode(&events)?;
+        let events = event_codec::encode(&events)?;
         let acquired = Instant::now();
         let lease = store::resume_session(
             &mut tx,
@@ -1248,7 +1248,8 @@ impl SessionService {
         }
         let changed = !events.is_empty();
         if changed {
-            store::update_settings(&mut tx, id, scope, settings, &events::encode(&events)?).await?;
+            store::update_settings(&mut tx, id, scope, settings, &event_codec::encode(&events)?)
+                .await?;
         }
         self.commit(tx, id).await?;
         if changed && session.status == Status::Running {

@@ -564,7 +564,7 @@ impl Supervisor {
             },
         );
         let event = SessionEvent::failed(&termination, &usage, error, attempts);
-        let events = match super::events::encode(&[event]) {
+        let events = match super::event_codec::encode(&[event]) {
             Ok(events) => events,
             Err(e) => {
                 tracing::warn!(session_id = %id, error = %e, "cannot record the failure");

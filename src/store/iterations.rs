@@ -7,7 +7,7 @@ use sqlx::types::Json;
 use uuid::Uuid;
 
 use super::checkpoints::insert_checkpoint;
-use super::events;
+use super::event_log;
 use super::group_commit::PendingCommit;
 use super::rows::{
     CheckpointRecord, ControlFlags, ControlRow, Counters, IterationRecord, Lease, NewEvent,
@@ -82,7 +82,7 @@ impl Store {
     pub async fn append_fenced(&self, lease: &Lease, events: &[NewEvent]) -> Result<ControlFlags> {
         let mut tx = self.pool.begin().await?;
         let (last_seq, flags) = fenced_update(&mut tx, lease, events.len()).await?;
-        events::insert_numbered(&mut tx, lease.session_id, last_seq, events).await?;
+        event_log::insert_numbered(&mut tx, lease.session_id, last_seq, events).await?;
         tx.commit().await?;
         self.durable().await?;
         self.announce(lease.session_id);
@@ -111,7 +111,7 @@ impl Store {
         )
         .execute(&mut *tx)
         .await?;
-        events::insert_numbered(&mut tx, lease.session_id, last_seq, &[event]).await?;
+        event_log::insert_numbered(&mut tx, lease.session_id, last_seq, &[event]).await?;
         tx.commit().await?;
         self.durable().await?;
         self.announce(lease.session_id);
@@ -177,7 +177,7 @@ paused,
 )
         .execute(&mut *tx)
         .await?;
-        events::insert_numbered(&mut tx, lease.session_id, last_seq, events).await?;
+        event_log::insert_numbered(&mut tx, lease.session_id, last_seq, events).await?;
         tx.commit().await?;
         self.durable().await?;
         self.announce(lease.session_id);
@@ -216,7 +216,7 @@ paused,
         )
         .execute(&mut *tx)
         .await?;
-        events::insert_numbered(&mut tx, lease.session_id, last_seq, &[event]).await?;
+        event_log::insert_numbered(&mut tx, lease.session_id, last_seq, &[event]).await?;
         tx.commit().await?;
         self.durable().await?;
         self.announce(lease.session_id);

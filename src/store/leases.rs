@@ -1,13 +1,17 @@
-//! Replica leases: which process runs which session. A lease is renewed by
-//! a heartbeat; a session whose lease expired is claimed by any live replica.
+//! A session's run under a replica, in one place as River and Oban keep a
+//! job's: the lease (claimed, renewed by a heartbeat, claimed by any live
+//! replica once expired, given up), the attempts a rescue counts, the error
+//! a loop stopped on, and the `failed` end when attempts run out.
 
+use sqlx::types::Json;
 use uuid::Uuid;
 
-use super::events;
-use super::rows::{Claimed, Lease, NewEvent, Renewed};
+use super::event_log;
+use super::rows::{Attempt, Claimed, Lease, NewEvent, Renewed};
 use super::{Result, Store};
 use crate::event::SessionEvent;
-use crate::policy::lifecycle::Status;
+use crate::policy::lifecycle::{Reason, Status};
+use crate::policy::termination::Termination;
 
 impl Store {
     /// Renews the leases this replica holds; those not returned are lost.
@@ -91,7 +95,7 @@ Status::Running as Status,
                 stop_requested: r.stop_requested,
                 previous_owner: r.previous_owner,
             };
-            events::append(
+            event_log::append(
                 &mut tx,
                 c.lease.session_id,
                 &[NewEvent::from_event(&SessionEvent::LeaseAcquired {
@@ -104,5 +108,118 @@ Status::Running as Status,
         }
         tx.commit().await?;
         Ok(claimed)
+    }
+}
+
+impl Store {
+    /// Counts a rescue of `lease`'s session as a failed attempt of the run
+    /// before it: one more while run and iteration count are where the
+    /// previous attempt left them, else the count starts over at 1. `None`
+    /// when the lease is no longer held.
+    pub async fn count_attempt(&self, lease: &Lease) -> Result<Option<Attempt>> {
+        Ok(sqlx::query_as!(
+            Attempt,
+            "UPDATE sessions SET
+                    attempts = CASE WHEN attempt_run = run AND attempt_iteration = iterations
+                                    THEN attempts + 1 ELSE 1 END,
+                    attempt_run = run, attempt_iteration = iterations
+             WHERE id = $1 AND lease_token = $2 AND status IS NOT DISTINCT FROM $3
+             RETURNING attempts, last_error",
+            lease.session_id,
+            lease.token,
+            Status::Running as Status,
+        )
+        .fetch_optional(&self.pool)
+        .await?)
+    }
+
+    /// Records the error a session's loop stopped on (best effort: the
+    /// database may be the thing that failed). Fenced by the lease.
+    pub async fn record_error(&self, lease: &Lease, error: &str) -> Result<()> {
+        sqlx::query!(
+            "UPDATE sessions SET last_error = $3
+             WHERE id = $1 AND lease_token = $2 AND status IS NOT DISTINCT FROM $4",
+            lease.session_id,
+            lease.token,
+            storable_text(error),
+            Status::Running as Status,
+        )
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    /// Ends a session this replica holds the lease of but cannot run (it
+    /// failed too many attempts): `failed`, with the error in its
+    /// termination record, without a checkpoint (its state may be what
+    /// cannot be read). Returns false when the lease was no longer held.
+    pub async fn fail_session(
+        &self,
+        lease: &Lease,
+        termination: &Termination,
+        error: &str,
+        events: &[NewEvent],
+    ) -> Result<bool> {
+        let mut tx = self.pool.begin().await?;
+        let done = sqlx::query!(
+            "UPDATE sessions SET status = $3, reason = $4, summary = $5, next_steps = $6,
+                    reason_detail = $7, last_error = $7, checkpoint_saved = false,
+                    stop_requested = false, pause_requested = false,
+                    owner = NULL, lease_token = NULL, lease_expires_at = NULL,
+                    ended_at = now(), updated_at = now()
+             WHERE id = $1 AND lease_token = $2 AND status IS NOT DISTINCT FROM $8",
+            lease.session_id,
+            lease.token,
+            termination.status as Status,
+            termination.reason as Reason,
+            termination.summary.as_str(),
+            Json(&termination.next_steps) as _,
+            storable_text(error),
+            Status::Running as Status,
+        )
+        .execute(&mut *tx)
+        .await?
+        .rows_affected()
+            == 1;
+        if done {
+            event_log::append(&mut tx, lease.session_id, events).await?;
+        }
+        tx.commit().await?;
+        if done {
+            self.announce(lease.session_id);
+        }
+        Ok(done)
+    }
+
+    /// Gives up a lease whose runner has ended, so the session is rescued
+    /// at once rather than a TTL later (a heartbeat may have renewed it
+    /// while the runner was exiting).
+    pub async fn expire_lease(&self, lease: &Lease) -> Result<()> {
+        sqlx::query!(
+            "UPDATE sessions SET lease_expires_at = now()
+             WHERE id = $1 AND lease_token = $2 AND status IS NOT DISTINCT FROM $3",
+            lease.session_id,
+            lease.token,
+            Status::Running as Status,
+        )
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+}
+
+/// `text` with NUL characters (which Postgres cannot store) replaced.
+pub fn storable_text(text: &str) -> String {
+    text.replace('\0', "\u{FFFD}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn storable_text_replaces_nul() {
+        assert_eq!(storable_text("a\0b\0"), "a\u{FFFD}b\u{FFFD}");
+        assert_eq!(storable_text("plain"), "plain");
     }
 }

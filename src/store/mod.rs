@@ -19,10 +19,11 @@
 
 mod batch;
 mod checkpoints;
-mod control;
+mod connection;
+mod control_channel;
 #[cfg(feature = "embedded")]
 pub mod embedded;
-mod events;
+mod event_log;
 mod fleet;
 pub mod flush;
 mod group_commit;
@@ -34,8 +35,8 @@ mod leases;
 mod outcomes;
 mod queue;
 pub mod quotas;
+mod rebuild;
 mod reflections;
-mod resilience;
 mod rows;
 mod scope;
 mod secrets;
@@ -45,12 +46,16 @@ mod tasks;
 pub(crate) mod testing;
 mod worker_tasks;
 
-pub use control::{BadControlNote, CONTROL_CHANNEL, ControlAction, ControlNote, KEYS_CHANNEL};
-pub use events::append as append_events;
+pub use connection::is_unavailable;
+pub use control_channel::{
+    BadControlNote, CONTROL_CHANNEL, ControlAction, ControlNote, KEYS_CHANNEL,
+};
+pub use event_log::append as append_events;
 pub use fleet::{FleetCounts, OwnerLiveness, owner_liveness_on};
 pub use keys::{KeyRecord, NewKey};
+pub use leases::storable_text;
 pub use queue::queue_waiting;
-pub use resilience::{is_unavailable, rebuild_inputs_on, storable_text};
+pub use rebuild::rebuild_inputs_on;
 pub use rows::{
     Attempt, CheckpointRecord, Claimed, ControlFlags, Counters, EventRecord, IterationRecord,
     JsonText, Lease, NewEvent, NewIteration, NewReflection, NewSession, Outcomes, RebuildInputs,

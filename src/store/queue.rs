@@ -6,7 +6,7 @@
 use sqlx::PgConnection;
 use uuid::Uuid;
 
-use super::events;
+use super::event_log;
 use super::rows::{Lease, NewEvent};
 use super::{Result, Store};
 use crate::event::SessionEvent;
@@ -61,7 +61,7 @@ impl Store {
             NewEvent::from_event(&SessionEvent::status(Some(Status::Queued), Status::Running))?;
         let mut claimed = Vec::with_capacity(rows.len());
         for r in rows {
-            events::append(&mut tx, r.id, std::slice::from_ref(&started)).await?;
+            event_log::append(&mut tx, r.id, std::slice::from_ref(&started)).await?;
             claimed.push(Lease {
                 session_id: r.id,
                 token: r.lease_token,

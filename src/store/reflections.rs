@@ -3,7 +3,7 @@
 
 use sqlx::types::Json;
 
-use super::events;
+use super::event_log;
 use super::rows::{Counters, Lease, NewEvent, NewReflection, ReflectionRecord, ReflectionSummary};
 use super::{Result, Store, StoreError};
 use crate::policy::checklist::ChecklistItem;
@@ -74,7 +74,7 @@ reflection.raw.as_deref(),
 )
         .execute(&mut *tx)
         .await?;
-        events::insert_numbered(&mut tx, lease.session_id, last, &[summary]).await?;
+        event_log::insert_numbered(&mut tx, lease.session_id, last, &[summary]).await?;
         tx.commit().await?;
         self.announce(lease.session_id);
         Ok(())

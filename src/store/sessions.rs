@@ -8,7 +8,7 @@ use sqlx::{PgConnection, Postgres, Transaction};
 use uuid::Uuid;
 
 use super::checkpoints::insert_checkpoint;
-use super::events;
+use super::event_log;
 use super::rows::{
     Lease, NewEvent, NewSession, RefinementRecord, ReflectionSummary, Session, SessionCursor,
     SessionSettings,
@@ -93,7 +93,7 @@ impl Store {
             Status::AwaitingRefinement
         };
         let lease = insert(&mut tx, new, status, owner, lease_ttl).await?;
-        events::append(&mut tx, new.id, events).await?;
+        event_log::append(&mut tx, new.id, events).await?;
         let scope = TenantScope::tenant_only(&new.tenant);
         let record = lock(&mut tx, new.id, &scope)
             .await?
@@ -286,7 +286,7 @@ async fn request(
     if done.rows_affected() == 0 {
         return Err(unreached(id));
     }
-    events::append(conn, id, &[NewEvent::from_event(&request)?]).await
+    event_log::append(conn, id, &[NewEvent::from_event(&request)?]).await
 }
 
 /// Changes mode and limits of a session.
@@ -310,7 +310,7 @@ pub async fn update_settings(
     if done.rows_affected() == 0 {
         return Err(unreached(id));
     }
-    events::append(conn, id, events).await
+    event_log::append(conn, id, events).await
 }
 
 /// Puts a resumable session back to running under a fresh lease held by
@@ -360,7 +360,7 @@ pub async fn resume(
     if done.rows_affected() == 0 {
         return Err(unreached(id));
     }
-    events::append(conn, id, events).await?;
+    event_log::append(conn, id, events).await?;
     Ok(token.map(|token| Lease {
         session_id: id,
         token,
@@ -408,7 +408,7 @@ pub async fn end_unowned(
     if done.rows_affected() == 0 {
         return Err(unreached(id));
     }
-    events::append(conn, id, events).await
+    event_log::append(conn, id, events).await
 }
 
 /// Records a refinement in the session's history.
@@ -482,7 +482,7 @@ pub async fn start_refined(
     if done.rows_affected() == 0 {
         return Err(unreached(id));
     }
-    events::append(conn, id, events).await?;
+    event_log::append(conn, id, events).await?;
     Ok(token.map(|token| Lease {
         session_id: id,
         token,

@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use super::plan::checkpoint_due;
 use super::{Pass, Runner};
-use crate::session::events::to_stored;
+use crate::session::event_codec::to_stored;
 use crate::session::loop_store::LoopStore;
 use crate::store::StoreError;
 

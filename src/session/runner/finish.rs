@@ -6,7 +6,7 @@ use super::{Exit, Runner};
 use crate::event::SessionEvent;
 use crate::policy::lifecycle::{Reason, Status};
 use crate::policy::termination::{self, Facts};
-use crate::session::events;
+use crate::session::event_codec;
 use crate::session::loop_store::LoopStore;
 use crate::store::{Counters, StoreError};
 
@@ -47,7 +47,7 @@ impl<S: LoopStore> Runner<S> {
             },
         );
         events.push(SessionEvent::run_ended(Status::Running, &record, &usage));
-        let events = events::encode(&events)?;
+        let events = event_codec::encode(&events)?;
         let snapshot = self.snapshot()?;
         // Before the end commits: from then on only Postgres knows the status.
         self.view.close();

@@ -12,7 +12,7 @@ use crate::policy::guardrails::{self, Usage};
 use crate::policy::history::StepRecord;
 use crate::policy::lifecycle::Reason;
 use crate::policy::termination;
-use crate::session::events::{self, to_stored};
+use crate::session::event_codec::{self, to_stored};
 use crate::session::loop_store::LoopStore;
 use crate::store::StoreError;
 
@@ -118,7 +118,7 @@ impl<S: LoopStore> Runner<S> {
     /// Logs a throttle decision and waits out the cooldown; the stop checks
     /// keep running during it.
     async fn throttle(&mut self, decision: SessionEvent) -> Result<(), StoreError> {
-        let events = events::encode(&[decision])?;
+        let events = event_codec::encode(&[decision])?;
         let flags = Box::pin(self.store.append_fenced(&self.lease, &events)).await?;
         self.view.appended(&flags);
         self.apply_flags(flags);

@@ -12,7 +12,7 @@ use crate::policy::guardrails::Usage;
 use crate::policy::history::{Outcome, StepRecord};
 use crate::policy::sentinel::Sentinel;
 use crate::policy::stuck::StuckConfig;
-use crate::session::events::{self, to_stored_text};
+use crate::session::event_codec::{self, to_stored_text};
 use crate::session::state::{self, LoopState, StepEffects};
 use crate::store::{Counters, NewEvent, NewIteration, StoreError};
 
@@ -141,7 +141,7 @@ pub fn plan_commit(
     };
     Ok(CommitPlan {
         iteration,
-        events: events::encode(&logged)?,
+        events: event_codec::encode(&logged)?,
         row,
         state_after: state,
         step_tokens: step.record.tokens,

@@ -10,11 +10,11 @@ use crate::policy::checklist;
 use crate::policy::guardrails::{self, Usage};
 use crate::policy::lifecycle::{Mode, Reason};
 use crate::policy::reflection::{self, Trigger, Verdict};
-use crate::session::control::make_reflection_storable;
-use crate::session::events::{self, to_stored};
+use crate::session::event_codec::{self, to_stored};
 use crate::session::loop_store::{LoopStore, ReflectionCommit};
 use crate::session::reflector::{ReflectionAnswer, Reflector, SessionFacts};
 use crate::session::state::{self, AppliedReflection};
+use crate::session::storable::make_reflection_storable;
 use crate::store::{Counters, NewReflection, StoreError};
 
 impl<S: LoopStore> Runner<S> {
@@ -62,7 +62,7 @@ impl<S: LoopStore> Runner<S> {
         if !self.reflection_deferred {
             self.reflection_deferred = true;
             tracing::info!(tenant = %self.tenant, "reflection deferred by the tenant's model-call rate limit");
-            let events = events::encode(&[SessionEvent::ReflectionDeferred {
+            let events = event_codec::encode(&[SessionEvent::ReflectionDeferred {
                 number: u64::from(self.state.reflection.count) + 1,
                 reason: "tenant_model_rate_limit".into(),
                 retry_after_ms: u64::try_from(limited.retry_after.as_millis()).unwrap_or(u64::MAX),

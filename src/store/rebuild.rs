@@ -1,0 +1,56 @@
+//! The inputs a session's state is rebuilt from: its last checkpoint and
+//! the iterations and reflections after it, read on a connection the caller
+//! may already hold (a request handler holds at most one pooled connection
+//! at a time, so this never reaches for the pool under a row lock).
+
+use sqlx::PgConnection;
+use uuid::Uuid;
+
+use super::rows::{CheckpointRecord, IterationRecord, RebuildInputs, ReflectionRecord};
+use super::{Result, Store};
+
+/// Reads the rebuild inputs of `session_id` on `conn` (inside the caller's
+/// transaction, so under its row lock). The one reader of these inputs:
+/// [`Store::rebuild_inputs`] runs it on a pooled connection.
+pub async fn rebuild_inputs_on(conn: &mut PgConnection, session_id: Uuid) -> Result<RebuildInputs> {
+    let checkpoint = sqlx::query_as!(
+        CheckpointRecord,
+        "SELECT id, iteration, reason, state, created_at FROM checkpoints
+         WHERE session_id = $1 ORDER BY id DESC LIMIT 1",
+        session_id,
+    )
+    .fetch_optional(&mut *conn)
+    .await?;
+    let after = checkpoint.as_ref().map_or(0, |c| c.iteration);
+    let iterations = sqlx::query_as!(
+        IterationRecord,
+        "SELECT number, run, action, outcome, tokens, duration_ms, record, effects, started_at, finished_at
+         FROM iterations WHERE session_id = $1 AND number > $2 ORDER BY number",
+        session_id,
+        after,
+    )
+    .fetch_all(&mut *conn)
+    .await?;
+    let reflections = sqlx::query_as!(
+        ReflectionRecord,
+        "SELECT number, after_iteration, trigger, ok, assessment, error, decision, next_interval, tokens, raw, created_at
+         FROM reflections WHERE session_id = $1 AND after_iteration > $2 ORDER BY number",
+        session_id,
+        after,
+    )
+    .fetch_all(&mut *conn)
+    .await?;
+    Ok(RebuildInputs {
+        checkpoint,
+        iterations,
+        reflections,
+    })
+}
+
+impl Store {
+    /// Reads the rebuild inputs of `session_id` on a pooled connection.
+    pub async fn rebuild_inputs(&self, session_id: Uuid) -> Result<RebuildInputs> {
+        let mut conn = self.pool.acquire().await?;
+        rebuild_inputs_on(&mut conn, session_id).await
+    }
+}

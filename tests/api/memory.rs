@@ -89,7 +89,13 @@ async fn big_answers_are_capped_in_storage_histories_and_pages() {
         assert_eq!(s["iterations"], STEPS);
     }
     let sizes = sizes.lock().unwrap().clone();
-    assert_eq!(sizes.len(), SESSIONS * STEPS as usize);
+    // At least one request per iteration; a step whose lease lapsed under
+    // load is asked again by the session's rescuer (at least once).
+    assert!(
+        sizes.len() >= SESSIONS * STEPS as usize,
+        "{} requests",
+        sizes.len()
+    );
     let largest = sizes.iter().copied().max().unwrap_or(0);
     assert!(
         largest < 1024 * 1024,

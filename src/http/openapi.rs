@@ -466,6 +466,19 @@ fn add_bounds(doc: &mut Value) {
         key["if"] =
             json!({ "properties": { "global": { "const": true } }, "required": ["global"] });
         key["then"] = json!({ "properties": { "role": { "const": "admin" } } });
+        // A worker key names 1 to 32 queues; every other role names none.
+        key["allOf"] = json!([{
+            "if": { "properties": { "role": { "const": "worker" } }, "required": ["role"] },
+            "then": {
+                "required": ["queues"],
+                "properties": { "queues": {
+                    "minItems": 1,
+                    "maxItems": 32,
+                    "items": { "pattern": "^[A-Za-z0-9._-]{1,64}$" }
+                } }
+            },
+            "else": { "properties": { "queues": { "maxItems": 0 } } }
+        }]);
     }
     for name in ["ExecutorSpec", "RefinementChoice"] {
         let pointer = format!("/components/schemas/{name}/oneOf");

@@ -262,7 +262,6 @@ pub enum ExecutorSpec {
     /// worker claims, heartbeats and completes (see `/api/workers`).
     Worker {
         /// The queue: 1 to 64 letters, digits, `-`, `_` or `.`.
-        #[schema(pattern = r"^[A-Za-z0-9._-]{1,64}$")]
         queue: String,
         /// Labels shown to workers with each task (at most 32, string values).
         #[serde(default)]

@@ -293,6 +293,29 @@ pub fn bounds() -> Vec<Bound> {
     for (field, min, max) in RANGES {
         out.extend(range(prop("LimitsPatch", field), min, max));
     }
+    let worker_queues = "/components/schemas/CreateKey/allOf/0/then/properties/queues";
+    out.push((worker_queues.into(), "minItems", 1.into()));
+    out.push((
+        worker_queues.into(),
+        "maxItems",
+        crate::auth::MAX_KEY_QUEUES.into(),
+    ));
+    out.push((
+        format!("{worker_queues}/items"),
+        "pattern",
+        crate::policy::worker::QUEUE_PATTERN.into(),
+    ));
+    out.push((
+        "/components/schemas/CreateKey/allOf/0/else/properties/queues".into(),
+        "maxItems",
+        0.into(),
+    ));
+    // ExecutorSpec: scripted (0), llm (1), webhook (2), worker (3).
+    out.push((
+        branch("ExecutorSpec", 3, "queue"),
+        "pattern",
+        crate::policy::worker::QUEUE_PATTERN.into(),
+    ));
     out.push((
         prop("ClaimRequest", "wait_ms"),
         "maximum",
@@ -438,6 +461,15 @@ fn locate(doc: &Value, at: &str) -> Option<String> {
 }
 
 fn add_bounds(doc: &mut Value) {
+    // A worker key names queues, every other role none: the branches whose
+    // bounds `bounds()` gives.
+    if let Some(key) = doc.pointer_mut("/components/schemas/CreateKey") {
+        key["allOf"] = json!([{
+            "if": { "properties": { "role": { "const": "worker" } }, "required": ["role"] },
+            "then": { "required": ["queues"], "properties": { "queues": { "items": {} } } },
+            "else": { "properties": { "queues": {} } }
+        }]);
+    }
     for (at, key, value) in bounds() {
         let target = locate(doc, &at).and_then(|p| doc.pointer_mut(&p));
         match target.and_then(Value::as_object_mut) {
@@ -466,19 +498,6 @@ fn add_bounds(doc: &mut Value) {
         key["if"] =
             json!({ "properties": { "global": { "const": true } }, "required": ["global"] });
         key["then"] = json!({ "properties": { "role": { "const": "admin" } } });
-        // A worker key names 1 to 32 queues; every other role names none.
-        key["allOf"] = json!([{
-            "if": { "properties": { "role": { "const": "worker" } }, "required": ["role"] },
-            "then": {
-                "required": ["queues"],
-                "properties": { "queues": {
-                    "minItems": 1,
-                    "maxItems": 32,
-                    "items": { "pattern": "^[A-Za-z0-9._-]{1,64}$" }
-                } }
-            },
-            "else": { "properties": { "queues": { "maxItems": 0 } } }
-        }]);
     }
     for name in ["ExecutorSpec", "RefinementChoice"] {
         let pointer = format!("/components/schemas/{name}/oneOf");

@@ -78,6 +78,9 @@ pub enum AttemptEnd {
     Failed,
 }
 
+/// The queue names [`valid_queue`] accepts, as the API document states them.
+pub const QUEUE_PATTERN: &str = "^[A-Za-z0-9._-]{1,64}$";
+
 /// Whether a queue name is acceptable: 1 to 64 letters, digits, `-`, `_` or `.`.
 pub fn valid_queue(queue: &str) -> bool {
     (1..=64).contains(&queue.len())

@@ -342,6 +342,10 @@ pub const MAX_ATTEMPTS: std::ops::RangeInclusive<u32> = 1..=20;
 pub const WORKER_WAIT_MS: std::ops::RangeInclusive<u64> = 100..=86_400_000;
 /// Most labels of a worker executor.
 pub const MAX_LABELS: usize = 32;
+/// Longest label name, in characters.
+pub const MAX_LABEL_NAME_CHARS: usize = 64;
+/// Longest label value, in characters.
+pub const MAX_LABEL_VALUE_CHARS: usize = 256;
 
 /// Allowed most tokens one model call may generate.
 pub const MAX_TOKENS_PER_CALL: std::ops::RangeInclusive<u64> = 1..=1_000_000;
@@ -468,12 +472,14 @@ impl ExecutorSpec {
                     );
                 }
                 if labels.len() > MAX_LABELS
-                    || labels
-                        .iter()
-                        .any(|(k, v)| k.is_empty() || k.len() > 64 || v.len() > 256)
+                    || labels.iter().any(|(k, v)| {
+                        k.is_empty()
+                            || k.chars().count() > MAX_LABEL_NAME_CHARS
+                            || v.chars().count() > MAX_LABEL_VALUE_CHARS
+                    })
                 {
                     return Err(format!(
-                        "executor.labels may hold at most {MAX_LABELS} labels, names of 1 to 64 bytes, values of at most 256"
+                        "executor.labels may hold at most {MAX_LABELS} labels, names of 1 to {MAX_LABEL_NAME_CHARS} characters, values of at most {MAX_LABEL_VALUE_CHARS}"
                     ));
                 }
                 if heartbeat_timeout_ms.is_some_and(|t| !TIMEOUT_MS.contains(&t)) {

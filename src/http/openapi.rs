@@ -15,7 +15,10 @@ use utoipa_swagger_ui::{Config, SwaggerUi};
 use super::AppState;
 use super::paging::{MAX_LIST_LIMIT, MAX_PAGE_LIMIT};
 use crate::executor::{MAX_ACTION_CHARS, MAX_DELAY_MS, MAX_OUTPUT_CHARS};
-use crate::executor::{MAX_SCRIPTED_STEPS, MAX_TOKENS_PER_CALL, TEMPERATURE, TIMEOUT_MS};
+use crate::executor::{MAX_ATTEMPTS, MAX_LABEL_NAME_CHARS, MAX_LABEL_VALUE_CHARS, MAX_LABELS};
+use crate::executor::{
+    MAX_SCRIPTED_STEPS, MAX_TOKENS_PER_CALL, TEMPERATURE, TIMEOUT_MS, WORKER_WAIT_MS,
+};
 use crate::policy::ambiguity::GOAL_HAS_LETTER_PATTERN;
 use crate::policy::checklist::{MAX_ITEM_CHARS, MAX_ITEMS};
 use crate::policy::guardrails::RANGES;
@@ -315,6 +318,54 @@ pub fn bounds() -> Vec<Bound> {
         branch("ExecutorSpec", 3, "queue"),
         "pattern",
         crate::policy::worker::QUEUE_PATTERN.into(),
+    ));
+    out.extend(range(
+        branch("ExecutorSpec", 3, "heartbeat_timeout_ms"),
+        *TIMEOUT_MS.start(),
+        *TIMEOUT_MS.end(),
+    ));
+    out.extend(range(
+        branch("ExecutorSpec", 3, "max_attempts"),
+        *MAX_ATTEMPTS.start(),
+        *MAX_ATTEMPTS.end(),
+    ));
+    out.extend(range(
+        branch("ExecutorSpec", 3, "worker_wait_timeout_ms"),
+        *WORKER_WAIT_MS.start(),
+        *WORKER_WAIT_MS.end(),
+    ));
+    let labels = branch("ExecutorSpec", 3, "labels");
+    out.push((labels.clone(), "maxProperties", MAX_LABELS.into()));
+    out.push((format!("{labels}/propertyNames"), "minLength", 1.into()));
+    out.push((
+        format!("{labels}/propertyNames"),
+        "maxLength",
+        MAX_LABEL_NAME_CHARS.into(),
+    ));
+    out.push((
+        format!("{labels}/additionalProperties"),
+        "maxLength",
+        MAX_LABEL_VALUE_CHARS.into(),
+    ));
+    out.push((
+        prop("ClaimRequest", "worker"),
+        "pattern",
+        super::workers::WORKER_NAME_PATTERN.into(),
+    ));
+    out.push((
+        format!("{}/items", prop("ClaimRequest", "queues")),
+        "pattern",
+        crate::policy::worker::QUEUE_PATTERN.into(),
+    ));
+    out.push((
+        prop("HeartbeatRequest", "progress"),
+        "maxLength",
+        super::workers::MAX_PROGRESS_CHARS.into(),
+    ));
+    out.push((
+        prop("FailRequest", "error"),
+        "maxLength",
+        super::workers::MAX_ERROR_CHARS.into(),
     ));
     out.push((
         prop("ClaimRequest", "wait_ms"),

@@ -29,10 +29,12 @@ pub const DEFAULT_CLAIM_WAIT_MS: u64 = 30_000;
 pub const MAX_CLAIM_WAIT_MS: u64 = 60_000;
 /// Longest worker name.
 pub const MAX_WORKER_CHARS: usize = 200;
-/// Longest progress text of a heartbeat, bytes.
-pub const MAX_PROGRESS_BYTES: usize = 4_096;
-/// Longest error text of a failed attempt, bytes.
-pub const MAX_ERROR_BYTES: usize = 16_384;
+/// Longest progress text of a heartbeat, characters.
+pub const MAX_PROGRESS_CHARS: usize = 4_096;
+/// Longest error text of a failed attempt, characters.
+pub const MAX_ERROR_CHARS: usize = 16_384;
+/// A worker name: no control characters (what `char::is_control` refuses).
+pub const WORKER_NAME_PATTERN: &str = "^[^\\u0000-\\u001f\\u007f-\\u009f]*$";
 /// A waiting claim reads the queue at least this often (lost wake-ups).
 const CLAIM_POLL: Duration = Duration::from_secs(1);
 /// Workers seen within this long count as connected in the queue listing.
@@ -97,7 +99,7 @@ pub struct ClaimedTask {
 pub struct HeartbeatRequest {
     /// The task's lease token.
     pub lease_token: String,
-    /// Progress text (at most 4 KiB).
+    /// Progress text (at most 4,096 characters).
     #[serde(default)]
     pub progress: Option<String>,
 }
@@ -131,7 +133,7 @@ pub struct CompleteRequest {
 pub struct FailRequest {
     /// The task's lease token.
     pub lease_token: String,
-    /// What went wrong (at most 16 KiB).
+    /// What went wrong (at most 16,384 characters).
     pub error: String,
     /// Whether another attempt may succeed (default true): the task is
     /// offered again while attempts remain; `false` fails the step at once.
@@ -343,12 +345,12 @@ pub async fn heartbeat(
     if req
         .progress
         .as_ref()
-        .is_some_and(|p| p.len() > MAX_PROGRESS_BYTES)
+        .is_some_and(|p| p.chars().count() > MAX_PROGRESS_CHARS)
     {
         return Err(ApiError::new(
             StatusCode::UNPROCESSABLE_ENTITY,
             "invalid_request",
-            format!("progress must be at most {MAX_PROGRESS_BYTES} bytes"),
+            format!("progress must be at most {MAX_PROGRESS_CHARS} characters"),
         ));
     }
     let queues = queues_of(&caller, None)?;
@@ -439,11 +441,11 @@ pub async fn fail(
     ApiPath(id): ApiPath<Uuid>,
     ApiJson(req): ApiJson<FailRequest>,
 ) -> ApiResult<Json<Accepted>> {
-    if req.error.len() > MAX_ERROR_BYTES {
+    if req.error.chars().count() > MAX_ERROR_CHARS {
         return Err(ApiError::new(
             StatusCode::UNPROCESSABLE_ENTITY,
             "invalid_request",
-            format!("error must be at most {MAX_ERROR_BYTES} bytes"),
+            format!("error must be at most {MAX_ERROR_CHARS} characters"),
         ));
     }
     settle(

@@ -97,7 +97,7 @@ class Task:
             raise Cancelled(self.cancel_reason or "cancelled")
 
     def report_progress(self, text: str) -> None:
-        """Sends ``text`` with the next heartbeat (at most 4 KiB); raises :class:`Cancelled` when cancelled."""
+        """Sends ``text`` with the next heartbeat (at most 4,096 characters); raises :class:`Cancelled` when cancelled."""
         self.check_cancelled()
         encoded = text.encode("utf-8")[:_PROGRESS_MAX_BYTES]
         with self._lock:

@@ -43,6 +43,8 @@ struct Scale {
     memory_settle: Duration,
     /// Session counts of the embedded phase (one connection: fewer).
     embedded_sessions: Vec<usize>,
+    /// Worker-executor sessions of the workers phase, and as many workers.
+    worker_sessions: usize,
 }
 
 impl Scale {
@@ -58,6 +60,7 @@ impl Scale {
             replica_stops: 200,
             memory_settle: Duration::from_secs(5),
             embedded_sessions: vec![1, 32],
+            worker_sessions: 32,
         }
     }
 
@@ -74,6 +77,7 @@ impl Scale {
             replica_stops: 10,
             memory_settle: Duration::from_secs(1),
             embedded_sessions: vec![1, 8],
+            worker_sessions: 4,
         }
     }
 }
@@ -87,13 +91,14 @@ struct Options {
 }
 
 /// The phases, in the order they run.
-const PHASES: [&str; 6] = [
+const PHASES: [&str; 7] = [
     "throughput",
     "status",
     "stop",
     "memory",
     "replicas",
     "embedded",
+    "workers",
 ];
 
 fn usage() -> &'static str {
@@ -103,8 +108,9 @@ fn usage() -> &'static str {
      --quick          a few sessions for a few seconds (a smoke run)\n\
      --sessions N,..  session counts of the throughput phase (default 1,32,1000)\n\
      --window SECS    how long each throughput measurement lasts (default 10)\n\
-     --only PHASE     run one phase: throughput, status, stop, memory, replicas or embedded
-                      (repeatable; embedded: the same on the embedded PostgreSQL)
+     --only PHASE     run one phase: throughput, status, stop, memory, replicas, embedded
+                      or workers (repeatable; embedded: the same on the embedded
+                      PostgreSQL; workers: steps through the worker protocol)
      --database-url   a Postgres URL whose user may create databases\n\
                       (default: $DATABASE_URL, else postgres://postgres@127.0.0.1:5432/postgres)\n\
      --warden PATH    the warden binary (default: beside this program)"
@@ -1404,6 +1410,10 @@ async fn run() -> BenchResult<()> {
         rows.extend(embedded_phase(&opts, &admin, &client, &scale).await?);
     }
 
+    if opts.runs("workers") {
+        rows.extend(workers_phase(&opts, &admin, &client, &scale).await?);
+    }
+
     println!("Machine: {machine}\n");
     println!("| measurement | Warden | raw Postgres, same pattern | ratio | target | met |");
     println!("|---|---:|---:|---:|---|---|");
@@ -1576,4 +1586,134 @@ mod tests {
             "postgres://postgres@127.0.0.1:5432/x"
         );
     }
+}
+
+// ---------------------------------------------------------------- workers
+
+/// The queue of the workers phase.
+const BENCH_QUEUE: &str = "bench";
+
+/// A session whose steps are tasks on [`BENCH_QUEUE`], for as long as the run lasts.
+fn worker_session() -> Value {
+    json!({
+        "goal": "Write the 32 parts of report.md",
+        "mode": "fixed",
+        "limits": { "max_iterations": 1_000_000, "max_tokens": 10_000_000_000u64,
+                    "max_wall_time_ms": 86_400_000 },
+        "executor": { "kind": "worker", "queue": BENCH_QUEUE }
+    })
+}
+
+/// One worker: claims a task, completes it at once with a distinct part
+/// (so no session is judged stuck), until `end`; returns its completions.
+async fn zero_time_worker(client: reqwest::Client, base: String, end: Instant) -> usize {
+    let mut done = 0;
+    while Instant::now() < end {
+        let claimed = client
+            .post(format!("{base}/api/workers/claim"))
+            .json(&json!({ "queues": [BENCH_QUEUE], "wait_ms": 1_000 }))
+            .send()
+            .await;
+        let Ok(res) = claimed else { continue };
+        if res.status() != reqwest::StatusCode::OK {
+            continue;
+        }
+        let Ok(task) = res.json::<Value>().await else {
+            continue;
+        };
+        let (Some(id), Some(token)) = (task["task_id"].as_str(), task["lease_token"].as_str())
+        else {
+            continue;
+        };
+        let part = task["iteration"].as_u64().unwrap_or(0) % CYCLE as u64 + 1;
+        let outcome = json!({
+            "lease_token": token,
+            "outcome": { "action": "write_part", "arguments": { "part": part },
+                         "outcome": "success", "tokens": 1,
+                         "output": format!("part {part} of report.md written") }
+        });
+        let completed = client
+            .post(format!("{base}/api/workers/tasks/{id}/complete"))
+            .json(&outcome)
+            .send()
+            .await;
+        if completed.is_ok_and(|r| r.status().is_success()) {
+            done += 1;
+        }
+    }
+    done
+}
+
+/// Phase 7: `n` worker-executor sessions served by `n` workers that complete
+/// each step at once, through the worker protocol over HTTP: durable steps
+/// per second beside the in-process scripted executor with as many sessions
+/// and beside raw Postgres at that concurrency, all in this run.
+async fn workers_phase(
+    opts: &Options,
+    admin: &PgPool,
+    client: &reqwest::Client,
+    scale: &Scale,
+) -> BenchResult<Vec<Row>> {
+    let n = scale.worker_sessions;
+    eprintln!("warden-bench: {n} workers serving {n} worker sessions");
+    let (raw_rate, _) = raw_write(&opts.admin_url, admin, n, scale.window).await?;
+
+    let server = Server::start(opts, admin, "workers").await?;
+    create_sessions(client, &server.base, n, &worker_session()).await?;
+    let end = Instant::now() + scale.window + Duration::from_secs(2);
+    let workers: Vec<_> = (0..n)
+        .map(|_| tokio::spawn(zero_time_worker(client.clone(), server.base.clone(), end)))
+        .collect();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let before = server.scrape(client).await?;
+    let t0 = Instant::now();
+    tokio::time::sleep(scale.window).await;
+    let after = server.scrape(client).await?;
+    let worker_rate = (after.get("warden_iterations_total")
+        - before.get("warden_iterations_total"))
+        / t0.elapsed().as_secs_f64();
+    let mut completions = 0;
+    for w in workers {
+        completions += w.await.unwrap_or(0);
+    }
+    server.stop(admin).await;
+    if completions == 0 || worker_rate <= 0.0 {
+        return Err(format!("no worker step was committed with {n} workers").into());
+    }
+
+    let server = Server::start(opts, admin, "workers_scripted").await?;
+    create_sessions(client, &server.base, n, &cycling_session(0)).await?;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let before = server.scrape(client).await?;
+    let t0 = Instant::now();
+    tokio::time::sleep(scale.window).await;
+    let after = server.scrape(client).await?;
+    let scripted_rate = (after.get("warden_iterations_total")
+        - before.get("warden_iterations_total"))
+        / t0.elapsed().as_secs_f64();
+    server.stop(admin).await;
+
+    Ok(vec![
+        row(
+            format!("worker-protocol steps/s, {n} workers (claim + complete over HTTP)"),
+            format!("{worker_rate:.0}"),
+            format!("{raw_rate:.0} tx/s"),
+            ratio(Some(worker_rate), Some(raw_rate)),
+            "",
+        ),
+        row(
+            format!("  in-process scripted steps/s, {n} sessions, same run"),
+            format!("{scripted_rate:.0}"),
+            format!("{raw_rate:.0} tx/s"),
+            ratio(Some(scripted_rate), Some(raw_rate)),
+            "",
+        ),
+        row(
+            "  worker protocol against in-process scripted",
+            format!("{:.2}×", worker_rate / scripted_rate.max(f64::MIN_POSITIVE)),
+            "—".into(),
+            "—".into(),
+            "",
+        ),
+    ])
 }

@@ -1,7 +1,7 @@
 // The dashboard in a real browser (Debian's headless Chromium, driven by
 // Playwright) against the real server and Postgres: create a scripted session
 // from the form, watch it move, stop it, resume it, see it finish; watch a
-// long step tick.
+// long step tick; see a worker session wait for its worker.
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
 import { mkdirSync } from "node:fs";
@@ -241,5 +241,40 @@ test("a long step shows a moving timer and an ETA; an ended session offers no Re
   assert.ok(await page.isHidden("#current-step"), "no step in flight once ended");
   assert.ok(await page.isDisabled("#resume-btn"), "a completed session cannot be resumed");
   assert.ok(await page.isDisabled("#stop-btn"));
+  assert.deepEqual(pageErrors, []);
+});
+
+test("a worker session waiting for a worker says so, and its queue shows the waiting task", async () => {
+  const res = await fetch(baseUrl + "/api/autonomous", {
+    method: "POST",
+    headers: { "content-type": "application/json", authorization: `Bearer ${key}` },
+    body: JSON.stringify({
+      goal: "Summarise the quarterly report into summary.md",
+      executor: { kind: "worker", queue: "dashboard-e2e" },
+    }),
+  });
+  assert.equal(res.status, 201);
+  const { id } = await res.json();
+  await page.goto(`${baseUrl}/#/s/${id}`);
+  await page.waitForFunction(
+    () => !document.querySelector("#waiting-worker")?.hidden && document.querySelector("#ww-queue")?.textContent === "dashboard-e2e",
+    null,
+    { timeout: 15_000 },
+  );
+  await page.screenshot({ path: shots + "07-waiting-for-worker.png", fullPage: true });
+
+  await page.goto(`${baseUrl}/#/`);
+  await page.waitForFunction(
+    () => [...document.querySelectorAll("#queues tr")].some((tr) => tr.textContent.includes("dashboard-e2e") && tr.children[1]?.textContent === "1"),
+    null,
+    { timeout: 15_000 },
+  );
+  await page.screenshot({ path: shots + "08-worker-queues.png", fullPage: true });
+
+  const stopped = await fetch(`${baseUrl}/api/autonomous/${id}/stop`, {
+    method: "POST",
+    headers: { "content-type": "application/json", authorization: `Bearer ${key}` },
+  });
+  assert.ok([200, 202].includes(stopped.status), `stop answered ${stopped.status}`);
   assert.deepEqual(pageErrors, []);
 });

@@ -1550,44 +1550,6 @@ async fn embedded_phase(
     Ok(rows)
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn nearest_rank_quantiles() {
-        let mut v: Vec<Duration> = (1..=100).map(Duration::from_millis).collect();
-        assert_eq!(quantile(&mut v, 0.5), Some(Duration::from_millis(50)));
-        assert_eq!(quantile(&mut v, 0.99), Some(Duration::from_millis(99)));
-        assert_eq!(quantile(&mut v, 1.0), Some(Duration::from_millis(100)));
-        assert_eq!(quantile(&mut [], 0.5), None);
-    }
-
-    #[test]
-    fn histogram_quantile_interpolates_inside_the_bucket() {
-        let before = Scrape::parse(
-            "h_bucket{le=\"0.001\"} 10\nh_bucket{le=\"0.002\"} 10\nh_bucket{le=\"+Inf\"} 10\n",
-        );
-        let after = Scrape::parse(
-            "h_bucket{le=\"0.001\"} 60\nh_bucket{le=\"0.002\"} 110\nh_bucket{le=\"+Inf\"} 110\n",
-        );
-        // 100 new observations: 50 ≤ 1 ms, 50 in (1, 2] ms.
-        let p50 = histogram_quantile(&before, &after, "h", 0.5).unwrap_or(f64::NAN);
-        assert!((p50 - 0.001).abs() < 1e-12, "{p50}");
-        let p99 = histogram_quantile(&before, &after, "h", 0.99).unwrap_or(f64::NAN);
-        assert!((p99 - 0.00198).abs() < 1e-9, "{p99}");
-        assert_eq!(histogram_quantile(&after, &after, "h", 0.5), None);
-    }
-
-    #[test]
-    fn database_url_swaps_the_database() {
-        assert_eq!(
-            database_url("postgres://postgres@127.0.0.1:5432/postgres", "x"),
-            "postgres://postgres@127.0.0.1:5432/x"
-        );
-    }
-}
-
 // ---------------------------------------------------------------- workers
 
 /// The queue of the workers phase.
@@ -1716,4 +1678,42 @@ async fn workers_phase(
             "",
         ),
     ])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nearest_rank_quantiles() {
+        let mut v: Vec<Duration> = (1..=100).map(Duration::from_millis).collect();
+        assert_eq!(quantile(&mut v, 0.5), Some(Duration::from_millis(50)));
+        assert_eq!(quantile(&mut v, 0.99), Some(Duration::from_millis(99)));
+        assert_eq!(quantile(&mut v, 1.0), Some(Duration::from_millis(100)));
+        assert_eq!(quantile(&mut [], 0.5), None);
+    }
+
+    #[test]
+    fn histogram_quantile_interpolates_inside_the_bucket() {
+        let before = Scrape::parse(
+            "h_bucket{le=\"0.001\"} 10\nh_bucket{le=\"0.002\"} 10\nh_bucket{le=\"+Inf\"} 10\n",
+        );
+        let after = Scrape::parse(
+            "h_bucket{le=\"0.001\"} 60\nh_bucket{le=\"0.002\"} 110\nh_bucket{le=\"+Inf\"} 110\n",
+        );
+        // 100 new observations: 50 ≤ 1 ms, 50 in (1, 2] ms.
+        let p50 = histogram_quantile(&before, &after, "h", 0.5).unwrap_or(f64::NAN);
+        assert!((p50 - 0.001).abs() < 1e-12, "{p50}");
+        let p99 = histogram_quantile(&before, &after, "h", 0.99).unwrap_or(f64::NAN);
+        assert!((p99 - 0.00198).abs() < 1e-9, "{p99}");
+        assert_eq!(histogram_quantile(&after, &after, "h", 0.5), None);
+    }
+
+    #[test]
+    fn database_url_swaps_the_database() {
+        assert_eq!(
+            database_url("postgres://postgres@127.0.0.1:5432/postgres", "x"),
+            "postgres://postgres@127.0.0.1:5432/x"
+        );
+    }
 }

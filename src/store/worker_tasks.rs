@@ -7,6 +7,7 @@
 
 use chrono::{DateTime, Utc};
 use sha2::{Digest, Sha256};
+use sqlx::PgConnection;
 use sqlx::types::Json;
 use uuid::Uuid;
 
@@ -382,30 +383,19 @@ impl Store {
         progress: Option<&str>,
     ) -> Result<LeaseCheck<Heartbeat>> {
         let mut tx = self.pool.begin().await?;
-        let Some(row) = sqlx::query!(
-            r#"SELECT t.state, t.lease_digest, t.lease_expires_at > now() AS "live!",
-                      t.cancel_reason, t.tenant, t.queue, t.worker,
-                      coalesce((t.context->>'token_allowance')::bigint, 0) AS "allowance!",
-                      s.stop_requested, s.pause_requested, s.status
-               FROM worker_tasks t JOIN sessions s ON s.id = t.session_id
-               WHERE t.id = $1 AND ($2::text IS NULL OR t.tenant = $2)
-                 AND ($3::text[] IS NULL OR t.queue = ANY($3))
-               FOR UPDATE OF t"#,
-            id,
-            scope.tenant(),
-            queues as Option<&[String]>,
-        )
-        .fetch_optional(&mut *tx)
-        .await?
-        else {
+        let Some(row) = lock_task(&mut tx, id, scope, queues).await? else {
             return Ok(LeaseCheck::NotFound);
         };
-        if row.lease_digest.as_deref() != Some(digest(token).as_slice()) {
+        if !row.held_by(token) {
             return Ok(LeaseCheck::Lost);
         }
         let allowance = u64::try_from(row.allowance).unwrap_or(0);
         let cancel = if row.state == "cancelled" {
-            Some(row.cancel_reason.unwrap_or_else(|| "stopped".into()))
+            Some(
+                row.cancel_reason
+                    .clone()
+                    .unwrap_or_else(|| "stopped".into()),
+            )
         } else if row.state != "claimed" || !row.live {
             return Ok(LeaseCheck::Lost);
         } else if row.stop_requested || !matches!(row.status.as_str(), "running" | "paused") {
@@ -446,18 +436,7 @@ impl Store {
         )
         .fetch_one(&mut *tx)
         .await?;
-        if let Some(worker) = &row.worker {
-            sqlx::query!(
-                "UPDATE workers_seen SET last_seen_at = now(), task_id = $4
-                 WHERE tenant = $1 AND queue = $2 AND worker = $3",
-                row.tenant,
-                row.queue,
-                worker,
-                id,
-            )
-            .execute(&mut *tx)
-            .await?;
-        }
+        row.seen_holding(&mut tx, Some(id)).await?;
         tx.commit().await?;
         Ok(LeaseCheck::Held(Heartbeat {
             cancel: None,
@@ -479,23 +458,10 @@ impl Store {
         settlement: Settlement<'_>,
     ) -> Result<LeaseCheck<()>> {
         let mut tx = self.pool.begin().await?;
-        let Some(row) = sqlx::query!(
-            r#"SELECT t.state, t.lease_digest, t.lease_expires_at > now() AS "live!",
-                      t.tenant, t.queue, t.worker, s.stop_requested, s.status
-               FROM worker_tasks t JOIN sessions s ON s.id = t.session_id
-               WHERE t.id = $1 AND ($2::text IS NULL OR t.tenant = $2)
-                 AND ($3::text[] IS NULL OR t.queue = ANY($3))
-               FOR UPDATE OF t"#,
-            id,
-            scope.tenant(),
-            queues as Option<&[String]>,
-        )
-        .fetch_optional(&mut *tx)
-        .await?
-        else {
+        let Some(row) = lock_task(&mut tx, id, scope, queues).await? else {
             return Ok(LeaseCheck::NotFound);
         };
-        if row.lease_digest.as_deref() != Some(digest(token).as_slice()) {
+        if !row.held_by(token) {
             return Ok(LeaseCheck::Lost);
         }
         if row.state == "completed" && matches!(settlement, Settlement::Complete(_)) {
@@ -538,17 +504,7 @@ impl Store {
                 .await?;
             }
         }
-        if let Some(worker) = &row.worker {
-            sqlx::query!(
-                "UPDATE workers_seen SET last_seen_at = now(), task_id = NULL
-                 WHERE tenant = $1 AND queue = $2 AND worker = $3",
-                row.tenant,
-                row.queue,
-                worker,
-            )
-            .execute(&mut *tx)
-            .await?;
-        }
+        row.seen_holding(&mut tx, None).await?;
         self.announce_workers(&mut tx).await?;
         tx.commit().await?;
         self.workers_changed_locally();
@@ -627,4 +583,71 @@ pub enum Settlement<'a> {
     },
     /// Given back without counting an attempt.
     Release,
+}
+
+/// A task locked for a heartbeat or a settlement, with what its session
+/// says about going on.
+struct LockedTask {
+    state: String,
+    lease_digest: Option<Vec<u8>>,
+    live: bool,
+    cancel_reason: Option<String>,
+    tenant: String,
+    queue: String,
+    worker: Option<String>,
+    allowance: i64,
+    stop_requested: bool,
+    pause_requested: bool,
+    status: String,
+}
+
+impl LockedTask {
+    /// Whether `token` is this task's lease token.
+    fn held_by(&self, token: &str) -> bool {
+        self.lease_digest.as_deref() == Some(digest(token).as_slice())
+    }
+
+    /// Marks the task's worker as seen now, holding `task` (none once settled).
+    async fn seen_holding(&self, conn: &mut PgConnection, task: Option<Uuid>) -> Result<()> {
+        let Some(worker) = &self.worker else {
+            return Ok(());
+        };
+        sqlx::query!(
+            "UPDATE workers_seen SET last_seen_at = now(), task_id = $4
+             WHERE tenant = $1 AND queue = $2 AND worker = $3",
+            self.tenant,
+            self.queue,
+            worker,
+            task,
+        )
+        .execute(conn)
+        .await?;
+        Ok(())
+    }
+}
+
+/// Locks task `id` if it is in the scope's tenants (and on `queues`, when
+/// given), for the rest of the caller's transaction.
+async fn lock_task(
+    conn: &mut PgConnection,
+    id: Uuid,
+    scope: &TenantScope,
+    queues: Option<&[String]>,
+) -> Result<Option<LockedTask>> {
+    Ok(sqlx::query_as!(
+        LockedTask,
+        r#"SELECT t.state, t.lease_digest, t.lease_expires_at > now() AS "live!",
+                  t.cancel_reason, t.tenant, t.queue, t.worker,
+                  coalesce((t.context->>'token_allowance')::bigint, 0) AS "allowance!",
+                  s.stop_requested, s.pause_requested, s.status
+           FROM worker_tasks t JOIN sessions s ON s.id = t.session_id
+           WHERE t.id = $1 AND ($2::text IS NULL OR t.tenant = $2)
+             AND ($3::text[] IS NULL OR t.queue = ANY($3))
+           FOR UPDATE OF t"#,
+        id,
+        scope.tenant(),
+        queues as Option<&[String]>,
+    )
+    .fetch_optional(conn)
+    .await?)
 }

@@ -51,6 +51,22 @@ async fn fenced_update(
 }
 
 impl Store {
+    /// Appends `events` after `last_seq` to the session's log in `tx`,
+    /// commits, waits until it is durable and tells the session's watchers.
+    async fn log_and_commit(
+        &self,
+        mut tx: sqlx::Transaction<'_, sqlx::Postgres>,
+        session_id: Uuid,
+        last_seq: i64,
+        events: &[NewEvent],
+    ) -> Result<()> {
+        event_log::insert_numbered(&mut tx, session_id, last_seq, events).await?;
+        tx.commit().await?;
+        self.durable().await?;
+        self.announce(session_id);
+        Ok(())
+    }
+
     /// Commits one iteration with the session's counters and events, and
     /// returns the control flags as they are now. Returns once the iteration
     /// is durable; iterations of other sessions finishing at the same moment
@@ -82,10 +98,8 @@ impl Store {
     pub async fn append_fenced(&self, lease: &Lease, events: &[NewEvent]) -> Result<ControlFlags> {
         let mut tx = self.pool.begin().await?;
         let (last_seq, flags) = fenced_update(&mut tx, lease, events.len()).await?;
-        event_log::insert_numbered(&mut tx, lease.session_id, last_seq, events).await?;
-        tx.commit().await?;
-        self.durable().await?;
-        self.announce(lease.session_id);
+        self.log_and_commit(tx, lease.session_id, last_seq, events)
+            .await?;
         Ok(flags)
     }
 
@@ -111,10 +125,8 @@ impl Store {
         )
         .execute(&mut *tx)
         .await?;
-        event_log::insert_numbered(&mut tx, lease.session_id, last_seq, &[event]).await?;
-        tx.commit().await?;
-        self.durable().await?;
-        self.announce(lease.session_id);
+        self.log_and_commit(tx, lease.session_id, last_seq, &[event])
+            .await?;
         Ok(())
     }
 
@@ -177,10 +189,8 @@ paused,
 )
         .execute(&mut *tx)
         .await?;
-        event_log::insert_numbered(&mut tx, lease.session_id, last_seq, events).await?;
-        tx.commit().await?;
-        self.durable().await?;
-        self.announce(lease.session_id);
+        self.log_and_commit(tx, lease.session_id, last_seq, events)
+            .await?;
         Ok(())
     }
 
@@ -216,10 +226,8 @@ paused,
         )
         .execute(&mut *tx)
         .await?;
-        event_log::insert_numbered(&mut tx, lease.session_id, last_seq, &[event]).await?;
-        tx.commit().await?;
-        self.durable().await?;
-        self.announce(lease.session_id);
+        self.log_and_commit(tx, lease.session_id, last_seq, &[event])
+            .await?;
         Ok(())
     }
 

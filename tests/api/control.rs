@@ -100,18 +100,15 @@ async fn status_of(pool: &PgPool, id: &str) -> (String, i64, bool) {
 }
 
 async fn wait_db(pool: &PgPool, id: &str, timeout: Duration, done: impl Fn(&str, i64) -> bool) {
-    let deadline = Instant::now() + timeout;
-    loop {
+    common::eventually_ok(timeout, &format!("{id} to reach the condition"), || async {
         let (status, iterations, _) = status_of(pool, id).await;
         if done(&status, iterations) {
-            return;
+            Ok(())
+        } else {
+            Err(format!("status {status}, {iterations} iterations"))
         }
-        assert!(
-            Instant::now() < deadline,
-            "{id}: condition not reached in {timeout:?}; status {status}, {iterations} iterations"
-        );
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
+    })
+    .await
 }
 
 // Defect 1: stops of sessions no local loop runs held a row lock and asked
@@ -574,18 +571,18 @@ async fn an_unstorable_answer_fails_the_session_after_n_attempts() {
     assert_eq!(failed[0]["data"]["attempts"], 3);
     // The counter is bumped just after the failure commits: on a loaded
     // machine the status can be read first, so give it a moment.
-    let deadline = Instant::now() + Duration::from_secs(3);
-    loop {
-        let metrics = app.admin_get("/metrics").await.text().await.expect("text");
-        if metrics
-            .lines()
-            .any(|l| l.contains("internal_error") && !l.starts_with('#'))
-        {
-            break;
-        }
-        assert!(Instant::now() < deadline, "{metrics}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    common::eventually_ok(
+        Duration::from_secs(3),
+        "the internal_error counter",
+        || async {
+            let metrics = app.admin_get("/metrics").await.text().await.expect("text");
+            let counted = metrics
+                .lines()
+                .any(|l| l.contains("internal_error") && !l.starts_with('#'));
+            if counted { Ok(()) } else { Err(metrics) }
+        },
+    )
+    .await;
     // Nothing rescues it again: an absence, seen only over time.
     tokio::time::sleep(Duration::from_millis(600)).await;
     assert!(keys.lock().unwrap().len() <= 3);
@@ -1268,33 +1265,32 @@ async fn a_database_outage_is_answered_503_and_survived() {
     let remaining = Duration::from_secs(3).saturating_sub(outage.elapsed());
     tokio::time::sleep(remaining).await;
     cluster.start();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        if let Ok(res) = client.get(format!("{base}/readyz")).send().await
-            && res.status() == StatusCode::OK
-        {
-            break;
-        }
-        assert!(Instant::now() < deadline, "warden did not recover");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    common::eventually(Duration::from_secs(20), "warden to recover", || async {
+        client
+            .get(format!("{base}/readyz"))
+            .send()
+            .await
+            .is_ok_and(|res| res.status() == StatusCode::OK)
+    })
+    .await;
     // Sessions continue (rescued once their leases lapse), and what was
     // committed before the outage is exactly as it was.
     let deadline = Instant::now() + Duration::from_secs(30);
     for (id, before) in ids.iter().zip(&before) {
-        let after = loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let after = common::eventually_ok(left, &format!("{id} to continue"), || async {
             let after = committed(&client, &base, id).await;
             if after.len() >= before.len() + 3 {
-                break after;
+                Ok(after)
+            } else {
+                Err(format!(
+                    "{} iterations before, {} now",
+                    before.len(),
+                    after.len()
+                ))
             }
-            assert!(
-                Instant::now() < deadline,
-                "{id} did not continue: {} iterations before, {} now",
-                before.len(),
-                after.len()
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        };
+        })
+        .await;
         common::assert_gap_free(&after);
         for (b, a) in before.iter().zip(&after) {
             assert_eq!(b, a, "{id}: a committed iteration changed");

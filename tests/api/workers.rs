@@ -417,16 +417,20 @@ async fn worker_keys_reach_only_the_worker_routes_and_others_cannot_claim() {
         .post("/api/workers/claim", Some(json!({ "wait_ms": 0 })))
         .await;
     assert_eq!(status, StatusCode::FORBIDDEN);
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        let (status, queues) = app.get("/api/workers/queues").await;
-        assert_eq!(status, StatusCode::OK);
-        if queues["queues"][0]["depth"] == 1 {
-            break;
-        }
-        assert!(Instant::now() < deadline, "{queues}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    common::eventually_ok(
+        Duration::from_secs(5),
+        "the task in the queue listing",
+        || async {
+            let (status, queues) = app.get("/api/workers/queues").await;
+            assert_eq!(status, StatusCode::OK);
+            if queues["queues"][0]["depth"] == 1 {
+                Ok(())
+            } else {
+                Err(queues.to_string())
+            }
+        },
+    )
+    .await;
 
     // Queues go with role worker, and only with it.
     for body in [

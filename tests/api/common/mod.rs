@@ -737,14 +737,36 @@ where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = bool>,
 {
+    eventually_ok(timeout, what, || {
+        let held = holds();
+        async move {
+            if held.await {
+                Ok(())
+            } else {
+                Err(String::new())
+            }
+        }
+    })
+    .await
+}
+
+/// Polls `attempt` every 20 ms until it gives `Ok`, and returns that value;
+/// panics saying what was awaited, and what the last attempt saw (its
+/// `Err`), when `timeout` passes first.
+pub async fn eventually_ok<T, F, Fut>(timeout: Duration, what: &str, mut attempt: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, String>>,
+{
     let deadline = Instant::now() + timeout;
     loop {
-        if holds().await {
-            return;
-        }
+        let seen = match attempt().await {
+            Ok(value) => return value,
+            Err(seen) => seen,
+        };
         assert!(
             Instant::now() < deadline,
-            "waited {timeout:?} for {what}, in vain"
+            "waited {timeout:?} for {what}, in vain; last seen: {seen}"
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }

@@ -17,38 +17,11 @@ E2E_DIR="$(pwd)"
 ROOT="$(cd .. && pwd)"
 
 ADMIN_URL="${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres}"
+# Chromium, the schemathesis venv, npm packages, the generated client.
+./setup.sh
 CHROMIUM_PATH="${CHROMIUM_PATH:-/usr/bin/chromium}"
 export CHROMIUM_PATH
-
-if [ ! -x "$CHROMIUM_PATH" ]; then
-  echo "e2e: installing Debian's chromium"
-  SUDO=""
-  [ "$(id -u)" -eq 0 ] || SUDO="sudo"
-  $SUDO apt-get update -q
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q chromium
-fi
-"$CHROMIUM_PATH" --version
-
-PYTHON="${PYTHON:-$(command -v python3.11 || command -v python3)}"
 VENV="$E2E_DIR/.venv"
-if ! "$VENV/bin/python" -m pip --version >/dev/null 2>&1; then
-  echo "e2e: creating the Python venv for schemathesis"
-  rm -rf "$VENV"
-  "$PYTHON" -m venv "$VENV"
-fi
-# Installs only when requirements.txt changed since the last install.
-if ! cmp -s requirements.txt "$VENV/installed-requirements.txt"; then
-  echo "e2e: pip install -r requirements.txt"
-  "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -r requirements.txt
-  cp requirements.txt "$VENV/installed-requirements.txt"
-fi
-
-echo "e2e: npm ci"
-npm ci --no-audit --no-fund --loglevel=error
-
-echo "e2e: generating the TypeScript client types from openapi/openapi.json"
-npx --no-install openapi-typescript ../openapi/openapi.json -o generated/schema.d.ts
-npx --no-install tsc -p tsconfig.json
 
 echo "e2e: building warden"
 (cd "$ROOT" && cargo build --locked --bin warden)

@@ -479,6 +479,13 @@ impl SessionService {
             tokens: 0,
             events: Vec::new(),
         };
+        // The MCP servers chosen must be declared and open to the tenant.
+        let no_servers = crate::mcp::McpConfig::default();
+        request
+            .req
+            .executor
+            .check_tools(self.config.mcp.as_deref().unwrap_or(&no_servers), tenant)
+            .map_err(ServiceError::Invalid)?;
         request
             .req
             .executor

@@ -12,6 +12,19 @@ use serde::Deserialize;
 pub const SERVER_NAME_PATTERN: &str = "^[A-Za-z0-9][A-Za-z0-9-]{0,31}$";
 /// An `executor.tools` item: `builtin`, a server, or `server:tool`.
 pub const TOOL_ITEM_PATTERN: &str = "^[A-Za-z0-9][A-Za-z0-9-]{0,31}(:[A-Za-z0-9_./-]{1,128})?$";
+/// The pattern of an `executor.tools` item on a replica that declares
+/// `servers`: `builtin`, one of them, or `server:tool` of one of them.
+pub fn tool_item_pattern(servers: &[&str]) -> String {
+    if servers.is_empty() {
+        return format!("^{BUILTIN}$");
+    }
+    // Server names are letters, digits and `-`: nothing to escape.
+    format!(
+        "^({BUILTIN}|({})(:[A-Za-z0-9_./-]{{1,128}})?)$",
+        servers.join("|")
+    )
+}
+
 /// Most items of `executor.tools`.
 pub const MAX_TOOL_ITEMS: usize = 64;
 /// The item that stands for the built-in workspace tools.
@@ -569,6 +582,15 @@ mod tests {
         assert!(ToolChoice::parse(Some(&[format!("fs:{long_tool}t")])).is_err());
         assert!(ToolChoice::parse(Some(&["a".repeat(33)])).is_err());
         assert!(TOOL_ITEM_PATTERN.contains("{0,31}") && TOOL_ITEM_PATTERN.contains("{1,128}"));
+        assert_eq!(tool_item_pattern(&[]), "^builtin$");
+        assert_eq!(
+            tool_item_pattern(&["fs", "web-2"]),
+            "^(builtin|(fs|web-2)(:[A-Za-z0-9_./-]{1,128})?)$"
+        );
+        // The served pattern's `:tool` part is the generic one.
+        let open = TOOL_ITEM_PATTERN.find('(').unwrap();
+        let tool_part = &TOOL_ITEM_PATTERN[open..TOOL_ITEM_PATTERN.len() - 1];
+        assert!(tool_item_pattern(&["fs"]).contains(tool_part));
     }
 
     #[test]
@@ -606,6 +628,10 @@ mod tests {
     fn function_names_are_namespaced_and_fit_openai() {
         assert_eq!(function_name("fs", "read").as_deref(), Some("fs__read"));
         assert_eq!(function_name("fs", "a.b/c").as_deref(), Some("fs__a_b_c"));
-        assert_eq!(function_name("fs", &"x".repeat(60)), None);
+        assert_eq!(
+            function_name("fs", &"x".repeat(60)).map(|n| n.len()),
+            Some(64)
+        );
+        assert_eq!(function_name("fs", &"x".repeat(61)), None);
     }
 }

@@ -253,6 +253,15 @@ impl SessionService {
         }
     }
 
+    /// The MCP servers declared for this replica (`WARDEN_MCP_CONFIG`), by name.
+    pub fn mcp_servers(&self) -> Vec<String> {
+        self.config
+            .mcp
+            .as_ref()
+            .map(|c| c.names().map(str::to_string).collect())
+            .unwrap_or_default()
+    }
+
     /// The store, for the worker protocol's routes (every call scoped).
     pub fn store(&self) -> &Store {
         &self.store

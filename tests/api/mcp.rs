@@ -447,6 +447,14 @@ async fn servers_a_tenant_may_not_use_or_that_do_not_exist_are_refused_at_create
         let detail = problem["detail"].as_str().unwrap_or_default();
         assert!(detail.contains(says), "{tools}: {detail}");
     }
+    // The served document names the declared servers, so a value it allows is taken.
+    let (_, doc) = app.get("/openapi.json").await;
+    let items =
+        &doc["components"]["schemas"]["ExecutorSpec"]["oneOf"][1]["properties"]["tools"]["items"];
+    assert_eq!(
+        items["pattern"], "^(builtin|(open|pay)(:[A-Za-z0-9_./-]{1,128})?)$",
+        "{items}"
+    );
     // The tenant the server is declared for may use it.
     let acme = create_key(&app.base, "acme", "operator").await;
     let res = client_with_key(acme["secret"].as_str().unwrap())

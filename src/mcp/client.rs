@@ -128,8 +128,13 @@ impl Connection {
                 Transport::Stdio { command, args, env } => {
                     let mut cmd = tokio::process::Command::new(command);
                     cmd.args(args).env_clear().envs(env);
-                    let transport = TokioChildProcess::new(cmd)
+                    let (transport, stderr) = TokioChildProcess::builder(cmd)
+                        .stderr(std::process::Stdio::piped())
+                        .spawn()
                         .map_err(|e| start(format!("cannot run `{command}`: {e}")))?;
+                    if let Some(stderr) = stderr {
+                        tokio::spawn(log_stderr(name.to_string(), stderr));
+                    }
                     ().serve(transport)
                         .await
                         .map_err(|e| start(e.to_string()))?
@@ -191,6 +196,20 @@ impl Connection {
     /// A handle for calls that does not hold the connection.
     pub fn peer(&self) -> Peer<RoleClient> {
         self.service.peer().clone()
+    }
+}
+
+/// Longest line of a server's stderr logged.
+const STDERR_LINE_CHARS: usize = 1_000;
+
+/// A stdio server's stderr, line by line, as debug logs of that server
+/// (its own diagnostics, kept apart from Warden's output).
+async fn log_stderr(server: String, stderr: tokio::process::ChildStderr) {
+    use tokio::io::AsyncBufReadExt;
+    let mut lines = tokio::io::BufReader::new(stderr).lines();
+    while let Ok(Some(line)) = lines.next_line().await {
+        let line: String = line.chars().take(STDERR_LINE_CHARS).collect();
+        tracing::debug!(server = %server, "MCP server stderr: {line}");
     }
 }
 

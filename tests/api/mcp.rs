@@ -466,3 +466,55 @@ async fn servers_a_tenant_may_not_use_or_that_do_not_exist_are_refused_at_create
     assert_eq!(res.status(), StatusCode::CREATED);
     assert_eq!(scratch.calls(), Vec::<String>::new());
 }
+
+#[tokio::test]
+async fn a_tool_result_is_held_to_the_output_cap() {
+    let db = common::TestDb::new().await;
+    let scratch = Scratch::new();
+    let config = scratch.config(json!({ "fix": scratch.stdio(json!({})) }));
+    let fake = FakeLlm::start().await;
+    fake.agent(tool_calls(&[("fix__big", json!({ "size": 50_000 }))], 20))
+        .agent(done());
+    let base = fake.base_url();
+    let mut vars = vars(&base, &config).to_vec();
+    vars.push(("WARDEN_MAX_OUTPUT_BYTES", "2048"));
+    let app = TestApp::spawn_with(db.pool.clone(), config_with(&vars)).await;
+    let id = create(&app, json!(["fix"])).await;
+    let s = app.wait_settled(&id).await;
+    assert_eq!(s["status"], "completed", "{s}");
+    let requests = fake.agent_requests();
+    let result = requests[1]["messages"]
+        .as_array()
+        .expect("messages")
+        .iter()
+        .find(|m| m["role"] == "tool")
+        .and_then(|m| m["content"].as_str())
+        .expect("the tool result went to the model")
+        .to_string();
+    assert!(result.len() < 2_400, "{} bytes", result.len());
+    assert!(result.contains("bytes dropped"), "{result}");
+}
+
+#[tokio::test]
+async fn an_http_server_the_egress_policy_refuses_offers_no_tools() {
+    let db = common::TestDb::new().await;
+    let scratch = Scratch::new();
+    let fixture = HttpFixture::start(&scratch.log()).await;
+    let config = scratch.config(json!({ "web": { "url": fixture.url() } }));
+    let fake = FakeLlm::start().await;
+    fake.agent(tool_calls(&[("web__echo", json!({ "text": "x" }))], 20))
+        .agent(done());
+    let base = fake.base_url();
+    let mut vars = vars(&base, &config).to_vec();
+    // Loopback is refused unless named (the model's endpoint is the operator's, trusted).
+    vars.push(("WARDEN_EGRESS_ALLOW", ""));
+    let app = TestApp::spawn_with(db.pool.clone(), config_with(&vars)).await;
+    let id = create(&app, json!(["web"])).await;
+    let s = app.wait_settled(&id).await;
+    assert_eq!(s["status"], "completed", "{s}");
+    let names = offered(&fake.agent_requests()[0]);
+    assert!(!names.iter().any(|n| n.starts_with("web__")), "{names:?}");
+    let seen = observations(&app.iterations(&id).await);
+    assert!(seen[0].contains("unknown tool `web__echo`"), "{seen:?}");
+    assert_eq!(scratch.calls(), Vec::<String>::new());
+}

@@ -871,6 +871,60 @@ impl Executor for LlmExecutor {
 mod tests {
     use super::*;
 
+    fn names(tools: &[ToolSpec]) -> Vec<String> {
+        tools.iter().map(|t| t.function.name.to_string()).collect()
+    }
+
+    #[test]
+    fn the_workspace_tools_are_offered_only_when_chosen_and_the_controls_always() {
+        let with = names(&builtin_tools(true));
+        let without = names(&builtin_tools(false));
+        for name in WORKSPACE_TOOLS {
+            assert!(with.iter().any(|n| n == name), "{name}");
+            assert!(!without.iter().any(|n| n == name), "{name}");
+        }
+        for control in [
+            "task_completion",
+            "ask_question",
+            "converse",
+            "task_queue_read",
+        ] {
+            assert!(without.iter().any(|n| n == control), "{control}");
+        }
+    }
+
+    fn offered(schema: Value, description: &str) -> OfferedTool {
+        OfferedTool {
+            function: "fs__read".into(),
+            tool: crate::mcp::McpTool {
+                server: "fs".into(),
+                name: "read".into(),
+                description: description.into(),
+                input_schema: schema,
+                read_only_hint: Some(true),
+                destructive_hint: None,
+            },
+        }
+    }
+
+    #[test]
+    fn an_mcp_tool_becomes_a_function_with_its_own_schema() {
+        let schema = json!({ "type": "object", "properties": { "name": { "type": "string" } },
+                             "required": ["name"] });
+        let spec = mcp_tool_spec(&offered(schema.clone(), "Read a note"));
+        assert_eq!(spec.function.name, "fs__read");
+        assert_eq!(spec.function.description, "Read a note");
+        assert_eq!(spec.function.parameters, schema);
+        // A schema without properties gets an empty set; a description, a default.
+        let bare = mcp_tool_spec(&offered(json!({ "type": "object" }), ""));
+        assert_eq!(bare.function.parameters["properties"], json!({}));
+        assert!(
+            bare.function
+                .description
+                .contains("`read` of the MCP server `fs`")
+        );
+    }
+
     #[test]
     fn calls_over_the_per_step_limit_are_answered_with_the_limit() {
         let told = over_tool_call_limit(3);

@@ -259,3 +259,39 @@ fn content_text(content: &[ContentBlock], structured: Option<&Value>) -> String 
         .collect::<Vec<_>>()
         .join("\n")
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tool(read_only: Option<bool>, destructive: Option<bool>) -> McpTool {
+        McpTool {
+            server: "s".into(),
+            name: "t".into(),
+            description: String::new(),
+            input_schema: Value::Null,
+            read_only_hint: read_only,
+            destructive_hint: destructive,
+        }
+    }
+
+    #[test]
+    fn a_tool_is_destructive_unless_its_server_says_otherwise() {
+        assert!(tool(None, None).may_destroy());
+        assert!(tool(Some(false), None).may_destroy());
+        assert!(tool(Some(false), Some(true)).may_destroy());
+        assert!(!tool(Some(false), Some(false)).may_destroy());
+        assert!(!tool(Some(true), None).may_destroy());
+        assert!(tool(Some(true), None).is_read_only());
+        assert!(!tool(None, Some(false)).is_read_only());
+    }
+
+    #[test]
+    fn content_is_text_and_structured_content_stands_in_for_none() {
+        let blocks = vec![ContentBlock::text("a"), ContentBlock::text("b")];
+        assert_eq!(content_text(&blocks, None), "a\nb");
+        let structured = serde_json::json!({ "n": 1 });
+        assert_eq!(content_text(&[], Some(&structured)), r#"{"n":1}"#);
+        assert_eq!(content_text(&[], None), "");
+    }
+}

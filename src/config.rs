@@ -797,6 +797,28 @@ mod tests {
         }
     }
 
+    #[test]
+    fn the_mcp_file_is_read_at_start_and_a_bad_one_stops_it() {
+        assert!(Config::from_vars(&vars(&[])).unwrap().mcp.is_none());
+        let dir = std::env::temp_dir().join(format!("warden-mcp-config-{}", uuid::Uuid::new_v4()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let good = dir.join("good.json");
+        std::fs::write(&good, r#"{"mcpServers": {"fs": {"command": "mcp-fs"}}}"#).unwrap();
+        let bad = dir.join("bad.json");
+        std::fs::write(&bad, r#"{"mcpServers": {"fs": {}}}"#).unwrap();
+        let good = good.to_string_lossy().to_string();
+        let c = Config::from_vars(&vars(&[("WARDEN_MCP_CONFIG", &good)])).unwrap();
+        assert_eq!(c.mcp.unwrap().names().collect::<Vec<_>>(), ["fs"]);
+        for path in [bad, dir.join("missing.json")] {
+            let path = path.to_string_lossy().to_string();
+            let err = Config::from_vars(&vars(&[("WARDEN_MCP_CONFIG", &path)]))
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("WARDEN_MCP_CONFIG"), "{err}");
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
     fn vars(pairs: &[(&str, &str)]) -> HashMap<String, String> {
         let mut map: HashMap<String, String> = pairs
             .iter()

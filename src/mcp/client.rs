@@ -59,7 +59,39 @@ pub enum McpError {
     },
 }
 
+/// The query of an HTTP server's URL, when it has one.
+pub fn url_query(server: &ServerConfig) -> Option<&str> {
+    match &server.transport {
+        Transport::Http { url, .. } => crate::egress::split_query(url).1,
+        Transport::Stdio { .. } => None,
+    }
+    .filter(|q| !q.is_empty())
+}
+
 impl McpError {
+    /// The error with `secret` (a URL's query) taken out of its text.
+    pub fn without(self, secret: Option<&str>) -> McpError {
+        let Some(secret) = secret else {
+            return self;
+        };
+        let clean = |why: String| why.replace(secret, "<redacted>");
+        match self {
+            McpError::Broken { server, why } => McpError::Broken {
+                server,
+                why: clean(why),
+            },
+            McpError::Refused { server, why } => McpError::Refused {
+                server,
+                why: clean(why),
+            },
+            McpError::Start { server, why } => McpError::Start {
+                server,
+                why: clean(why),
+            },
+            timeout @ McpError::Timeout { .. } => timeout,
+        }
+    }
+
     /// Whether the connection should be dropped and started again.
     pub fn needs_restart(&self) -> bool {
         matches!(self, McpError::Timeout { .. } | McpError::Broken { .. })
@@ -119,9 +151,15 @@ impl Connection {
         server: &ServerConfig,
         egress: &Arc<EgressPolicy>,
     ) -> Result<Connection, McpError> {
+        // A URL's query is often a credential: errors that quote the URL
+        // (reqwest's do) are shown and logged without it.
+        let query = url_query(server);
         let start = |why: String| McpError::Start {
             server: name.to_string(),
-            why,
+            why: match query {
+                Some(q) => why.replace(q, "<redacted>"),
+                None => why,
+            },
         };
         let connecting = async {
             let service = match &server.transport {
@@ -284,6 +322,28 @@ mod tests {
         assert!(!tool(Some(true), None).may_destroy());
         assert!(tool(Some(true), None).is_read_only());
         assert!(!tool(None, Some(false)).is_read_only());
+    }
+
+    #[test]
+    fn a_url_query_is_taken_out_of_error_texts() {
+        let config = super::super::config::McpConfig::parse(
+            r#"{"mcpServers": {"web": {"url": "http://h.example/mcp?token=t0ps3cret"}}}"#,
+            &Default::default(),
+        )
+        .unwrap();
+        let server = &config.servers["web"];
+        assert_eq!(url_query(server), Some("token=t0ps3cret"));
+        let err = McpError::Broken {
+            server: "web".into(),
+            why: "error sending request for url (http://h.example/mcp?token=t0ps3cret)".into(),
+        }
+        .without(url_query(server));
+        let shown = err.to_string();
+        assert!(
+            !shown.contains("t0ps3cret") && shown.contains("<redacted>"),
+            "{shown}"
+        );
+        assert!(err.needs_restart());
     }
 
     #[test]

@@ -95,7 +95,8 @@ impl Slot {
             arguments,
             self.server.timeout,
         )
-        .await;
+        .await
+        .map_err(|e| e.without(client::url_query(&self.server)));
         if let Err(err) = &result
             && err.needs_restart()
         {

@@ -222,6 +222,9 @@ pub struct Config {
     pub quotas: Quotas,
     /// Limits on the HTTP connections themselves (`WARDEN_MAX_CONNECTIONS`, …).
     pub connections: ConnectionLimits,
+    /// `WARDEN_MCP_CONFIG`: the MCP servers the model agent's sessions may
+    /// choose tools from, read and checked at start.
+    pub mcp: Option<Arc<crate::mcp::McpConfig>>,
 }
 
 /// Limits on the HTTP connections a replica holds, so that idle or
@@ -313,6 +316,29 @@ pub struct Quotas {
 }
 
 impl Env<'_> {
+    /// The MCP servers of the file `WARDEN_MCP_CONFIG` names; a file that
+    /// cannot be read or checked stops start-up.
+    fn mcp_config(&self) -> Result<Option<Arc<crate::mcp::McpConfig>>, ConfigError> {
+        let Some((var, path)) = self.text(&WARDEN_MCP_CONFIG) else {
+            return Ok(None);
+        };
+        let invalid = |expected: String| ConfigError::Invalid {
+            var,
+            value: path.to_string(),
+            expected,
+        };
+        let text = std::fs::read_to_string(path.as_ref())
+            .map_err(|e| invalid(format!("a readable JSON file ({e})")))?;
+        let inherited: std::collections::BTreeMap<String, String> = self
+            .vars
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        crate::mcp::McpConfig::parse(&text, &inherited)
+            .map(|c| Some(Arc::new(c)))
+            .map_err(|e| invalid(format!("an MCP configuration ({{\"mcpServers\": …}}): {e}")))
+    }
+
     /// `WARDEN_SECRET_KEY` (wins) or `WARDEN_SECRET_KEY_FILE`.
     fn secret_key(&self) -> Result<SecretKeySource, ConfigError> {
         if let Some((var, raw)) = self.text(&WARDEN_SECRET_KEY) {
@@ -739,6 +765,7 @@ impl Config {
             secret_key_previous: env.secret_key_previous()?,
             quotas: env.quotas()?,
             connections: env.connections()?,
+            mcp: env.mcp_config()?,
         })
     }
 }
@@ -768,6 +795,28 @@ mod tests {
         ] {
             assert_eq!(parse_span(bad), None, "{bad:?}");
         }
+    }
+
+    #[test]
+    fn the_mcp_file_is_read_at_start_and_a_bad_one_stops_it() {
+        assert!(Config::from_vars(&vars(&[])).unwrap().mcp.is_none());
+        let dir = std::env::temp_dir().join(format!("warden-mcp-config-{}", uuid::Uuid::new_v4()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let good = dir.join("good.json");
+        std::fs::write(&good, r#"{"mcpServers": {"fs": {"command": "mcp-fs"}}}"#).unwrap();
+        let bad = dir.join("bad.json");
+        std::fs::write(&bad, r#"{"mcpServers": {"fs": {}}}"#).unwrap();
+        let good = good.to_string_lossy().to_string();
+        let c = Config::from_vars(&vars(&[("WARDEN_MCP_CONFIG", &good)])).unwrap();
+        assert_eq!(c.mcp.unwrap().names().collect::<Vec<_>>(), ["fs"]);
+        for path in [bad, dir.join("missing.json")] {
+            let path = path.to_string_lossy().to_string();
+            let err = Config::from_vars(&vars(&[("WARDEN_MCP_CONFIG", &path)]))
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("WARDEN_MCP_CONFIG"), "{err}");
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     fn vars(pairs: &[(&str, &str)]) -> HashMap<String, String> {

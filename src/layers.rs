@@ -18,6 +18,7 @@ const LAYERS: &[(&str, u8)] = &[
     ("ratelimit", 0),
     ("event", 1),
     ("llm", 1),
+    ("mcp", 1),
     ("metrics", 1),
     ("store", 2),
     ("config", 2),

@@ -12,6 +12,7 @@ pub mod http;
 #[cfg(test)]
 mod layers;
 pub mod llm;
+pub mod mcp;
 pub mod metrics;
 pub mod policy;
 pub mod ratelimit;

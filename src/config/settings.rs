@@ -311,6 +311,8 @@ settings! {
         "client-chosen URLs (`executor.base_url`, webhook `url`) may reach these too despite being loopback/private: hosts, `host:port`, addresses, CIDR ranges, comma-separated";
     WARDEN_EGRESS_MAX_RESPONSE_BYTES (Executor) = "4194304" =>
         "largest answer read from a client-chosen URL";
+    WARDEN_MCP_CONFIG (Executor) = unset =>
+        "a JSON file of MCP servers (`{\"mcpServers\": {…}}`: stdio `command`s or Streamable HTTP `url`s) whose tools `llm` sessions may choose with `executor.tools`; read at start";
     WARDEN_LLM_BASE_URL (Llm, session "executor.base_url") = unset =>
         "default OpenAI-compatible endpoint, up to `/v1`; also enables reflection";
     WARDEN_LLM_MODEL (Llm, session "executor.model") = unset =>

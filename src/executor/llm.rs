@@ -16,6 +16,7 @@ use super::{
 };
 use crate::event::SessionEvent;
 use crate::llm::{ChatRequest, LlmClient, Message, ToolCall, ToolSpec};
+use crate::mcp::{OfferedTool, Toolbox};
 use crate::policy::budget;
 use crate::policy::excerpt;
 use crate::policy::history::{FileWrite, Outcome};
@@ -55,9 +56,14 @@ const TRANSCRIPT_STEPS: usize = 30;
 /// Characters of tool results shown in the observation.
 const OBSERVATION_CHARS: usize = 4_000;
 
-fn tools() -> Vec<ToolSpec> {
+/// The names of the built-in workspace tools (`executor.tools: ["builtin"]`).
+const WORKSPACE_TOOLS: [&str; 3] = ["list_files", "read_file", "write_file"];
+
+/// The built-in tools: the workspace ones when chosen, and always those
+/// that end or pause the session and the task queue.
+fn builtin_tools(workspace: bool) -> Vec<ToolSpec> {
     let path = json!({ "type": "string", "description": "Path relative to the workspace" });
-    vec![
+    let mut tools = vec![
         ToolSpec::function(
             "list_files",
             "List the entries of a workspace directory",
@@ -109,7 +115,33 @@ fn tools() -> Vec<ToolSpec> {
             json!({ "type": "object", "properties": { "message": { "type": "string" } },
                     "required": ["message"] }),
         ),
-    ]
+    ];
+    if !workspace {
+        tools.retain(|t| !WORKSPACE_TOOLS.contains(&t.function.name.as_ref()));
+    }
+    tools
+}
+
+/// An MCP tool as an OpenAI function tool: its namespaced name, its
+/// description and its own input schema.
+fn mcp_tool_spec(offered: &OfferedTool) -> ToolSpec {
+    let description = if offered.tool.description.is_empty() {
+        format!(
+            "Tool `{}` of the MCP server `{}`",
+            offered.tool.name, offered.tool.server
+        )
+    } else {
+        offered.tool.description.clone()
+    };
+    let mut schema = offered.tool.input_schema.clone();
+    // OpenAI-compatible servers want an object schema with properties.
+    if let Some(obj) = schema.as_object_mut() {
+        obj.entry("type").or_insert_with(|| json!("object"));
+        obj.entry("properties").or_insert_with(|| json!({}));
+    } else {
+        schema = json!({ "type": "object", "properties": {} });
+    }
+    ToolSpec::function(offered.function.clone(), description, schema)
 }
 
 /// What one tool call did.
@@ -184,6 +216,8 @@ pub struct LlmExecutor {
     context_budget: u64,
     /// Wrap-up turns left in this cycle, once the context is nearly full.
     wrap_up_left: Option<u8>,
+    /// The MCP tools the session chose, and whether it chose the built-in ones.
+    mcp: Toolbox,
 }
 
 /// Turns the agent gets to save its findings before a cycle ends.
@@ -230,6 +264,7 @@ impl LlmExecutor {
         max_tokens_per_call: u64,
         temperature: Option<f64>,
         workspace: Workspace,
+        mcp: Toolbox,
         deps: ExecutorDeps,
     ) -> LlmExecutor {
         let mut kept: VecDeque<Vec<Message>> = deps.transcript.into();
@@ -259,6 +294,7 @@ impl LlmExecutor {
             memory: deps.memory,
             context_budget: deps.context_budget_tokens.max(1),
             wrap_up_left: None,
+            mcp,
         }
     }
 
@@ -400,10 +436,13 @@ impl LlmExecutor {
                     Err(e) => ToolOutcome::error(format!("`tasks` must be a list of tasks: {e}")),
                 };
             }
-            "read_file" | "write_file" | "list_files" => {}
+            "read_file" | "write_file" | "list_files" if self.mcp.builtin() => {}
+            other if self.mcp.tool(other).is_some() => {
+                return self.run_mcp_tool(iteration, index, other, &args).await;
+            }
             other => {
                 return ToolOutcome::error(format!(
-                    "unknown tool `{other}`; the tools are list_files, read_file, write_file, task_queue_read, task_queue_write, task_completion, ask_question, converse"
+                    "unknown tool `{other}`; use only the tools offered with this request"
                 ));
             }
         }
@@ -444,6 +483,54 @@ impl LlmExecutor {
                     Err(e) => ToolOutcome::error(e),
                 }
             }
+        };
+        if let Err(e) = self
+            .journal
+            .result(iteration, index, &outcome.record())
+            .await
+        {
+            tracing::warn!(error = %e, "tool result not journaled");
+        }
+        outcome
+    }
+
+    /// Runs a call of an MCP tool, journaled like the built-in side
+    /// effects: a result recorded for the same call is returned instead of
+    /// calling the server again.
+    async fn run_mcp_tool(
+        &self,
+        iteration: u64,
+        index: u32,
+        function: &str,
+        args: &Value,
+    ) -> ToolOutcome {
+        match self
+            .journal
+            .recorded(iteration, index, function, args)
+            .await
+        {
+            Ok(Some(recorded)) => return ToolOutcome::from_record(&recorded),
+            Ok(None) => {}
+            Err(e) => return ToolOutcome::error(format!("cannot journal the call: {e}")),
+        }
+        if let Err(e) = self.journal.intent(iteration, index, function, args).await {
+            return ToolOutcome::error(format!("cannot journal the call: {e}"));
+        }
+        let outcome = match self.mcp.call(function, args).await {
+            Some(Ok(result)) => {
+                // Held to the cap every stored text of a step has.
+                let text = match excerpt::cap_stored(&result.text, self.max_output_bytes) {
+                    Some(capped) => capped,
+                    None => result.text,
+                };
+                if result.is_error {
+                    ToolOutcome::error(text)
+                } else {
+                    ToolOutcome::ok(text)
+                }
+            }
+            Some(Err(err)) => ToolOutcome::error(err),
+            None => ToolOutcome::error(format!("unknown tool `{function}`")),
         };
         if let Err(e) = self
             .journal
@@ -544,10 +631,19 @@ impl LlmExecutor {
             Ok(tasks) => format_tasks(&tasks),
             Err(e) => format!("(unavailable: {e})"),
         };
-        let mut messages = vec![Message::text("system", self.system_prompt(&tasks))];
+        let offered = self.mcp.offered().await;
+        let mut system = self.system_prompt(&tasks);
+        if !self.mcp.builtin() {
+            system.push_str("\n\nIn this session the workspace tools (list_files, read_file, write_file) are not available.");
+        }
+        if !offered.is_empty() {
+            system.push_str("\n\nMore tools, named server__tool, come from MCP servers; their descriptions say what they do.");
+        }
+        let mut messages = vec![Message::text("system", system)];
         messages.extend(self.transcript.iter().flatten().cloned());
         messages.extend(step_messages.iter().cloned());
-        let tools = tools();
+        let mut tools = builtin_tools(self.mcp.builtin());
+        tools.extend(offered.iter().map(mcp_tool_spec));
         // What the prompt costs comes out of the allowance before any
         // answer; an estimate from its size (the tools count too).
         let prompt_bytes = serde_json::to_string(&messages).map_or(0, |j| j.len())
@@ -774,6 +870,60 @@ impl Executor for LlmExecutor {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn names(tools: &[ToolSpec]) -> Vec<String> {
+        tools.iter().map(|t| t.function.name.to_string()).collect()
+    }
+
+    #[test]
+    fn the_workspace_tools_are_offered_only_when_chosen_and_the_controls_always() {
+        let with = names(&builtin_tools(true));
+        let without = names(&builtin_tools(false));
+        for name in WORKSPACE_TOOLS {
+            assert!(with.iter().any(|n| n == name), "{name}");
+            assert!(!without.iter().any(|n| n == name), "{name}");
+        }
+        for control in [
+            "task_completion",
+            "ask_question",
+            "converse",
+            "task_queue_read",
+        ] {
+            assert!(without.iter().any(|n| n == control), "{control}");
+        }
+    }
+
+    fn offered(schema: Value, description: &str) -> OfferedTool {
+        OfferedTool {
+            function: "fs__read".into(),
+            tool: crate::mcp::McpTool {
+                server: "fs".into(),
+                name: "read".into(),
+                description: description.into(),
+                input_schema: schema,
+                read_only_hint: Some(true),
+                destructive_hint: None,
+            },
+        }
+    }
+
+    #[test]
+    fn an_mcp_tool_becomes_a_function_with_its_own_schema() {
+        let schema = json!({ "type": "object", "properties": { "name": { "type": "string" } },
+                             "required": ["name"] });
+        let spec = mcp_tool_spec(&offered(schema.clone(), "Read a note"));
+        assert_eq!(spec.function.name, "fs__read");
+        assert_eq!(spec.function.description, "Read a note");
+        assert_eq!(spec.function.parameters, schema);
+        // A schema without properties gets an empty set; a description, a default.
+        let bare = mcp_tool_spec(&offered(json!({ "type": "object" }), ""));
+        assert_eq!(bare.function.parameters["properties"], json!({}));
+        assert!(
+            bare.function
+                .description
+                .contains("`read` of the MCP server `fs`")
+        );
+    }
 
     #[test]
     fn calls_over_the_per_step_limit_are_answered_with_the_limit() {

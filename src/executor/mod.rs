@@ -248,6 +248,13 @@ pub enum ExecutorSpec {
         /// Sampling temperature.
         #[serde(default)]
         temperature: Option<f64>,
+        /// The tools the agent may use: `builtin` (the workspace tools), an
+        /// MCP server's name (all its tools) or `server:tool` (one tool);
+        /// servers are those the operator declared (`WARDEN_MCP_CONFIG`)
+        /// for the session's tenant. Absent: the built-in tools only. The
+        /// tools that end or pause a session are always offered.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        tools: Option<Vec<String>>,
     },
     /// An external agent: Warden POSTs each step's context to `url` and
     /// reads back the outcome (see `WebhookRequest` / `WebhookResponse`).
@@ -397,6 +404,8 @@ pub struct ExecutorDeps {
     pub store: crate::store::Store,
     /// The session's tenant (its worker tasks are of it).
     pub tenant: String,
+    /// This replica's MCP servers.
+    pub mcp: Arc<crate::mcp::McpRegistry>,
 }
 
 impl ExecutorSpec {
@@ -425,11 +434,13 @@ impl ExecutorSpec {
                 timeout_ms,
                 max_tokens_per_call,
                 temperature,
+                tools,
                 ..
             } => {
                 if let Some(url) = base_url {
                     check_url("executor.base_url", url)?;
                 }
+                crate::mcp::ToolChoice::parse(tools.as_deref())?;
                 if model.as_deref().is_some_and(crate::policy::text::is_blank) {
                     return Err("executor.model must not be empty".into());
                 }
@@ -508,6 +519,18 @@ impl ExecutorSpec {
         }
     }
 
+    /// Checks the MCP servers `executor.tools` names against those
+    /// declared and those `tenant` may use; the message names the item.
+    pub fn check_tools(&self, mcp: &crate::mcp::McpConfig, tenant: &str) -> Result<(), String> {
+        match self {
+            ExecutorSpec::Llm { tools, .. } => {
+                let choice = crate::mcp::ToolChoice::parse(tools.as_deref())?;
+                mcp.check_choice(&choice, tenant)
+            }
+            _ => Ok(()),
+        }
+    }
+
     /// The executor's kind name.
     pub fn kind(&self) -> &'static str {
         match self {
@@ -536,7 +559,10 @@ impl ExecutorSpec {
                 timeout_ms,
                 max_tokens_per_call,
                 temperature,
+                tools,
             } => {
+                let choice = crate::mcp::ToolChoice::parse(tools.as_deref())?;
+                let toolbox = deps.mcp.toolbox(&choice, &deps.tenant);
                 let defaults = deps.llm.clone();
                 let endpoint = ModelEndpoint::choose(base_url.as_deref(), defaults.as_ref())?;
                 let model = model
@@ -582,6 +608,7 @@ impl ExecutorSpec {
                     max_tokens_per_call.unwrap_or(deps.llm_max_tokens),
                     *temperature,
                     workspace,
+                    toolbox,
                     deps,
                 )))
             }

@@ -154,6 +154,7 @@ fn panic_response(_: Box<dyn std::any::Any + Send + 'static>) -> axum::response:
 
 /// The whole application router.
 pub fn router(state: AppState, max_body_bytes: usize, limits: RequestLimits) -> Router {
+    let mcp_servers = state.service.mcp_servers();
     let api = sessions::router()
         .merge(history::router())
         .method_not_allowed_fallback(|| async { ApiError::method_not_allowed() });
@@ -166,7 +167,7 @@ pub fn router(state: AppState, max_body_bytes: usize, limits: RequestLimits) -> 
         .nest("/api/keys", keys)
         .nest("/api/workers", workers)
         .merge(health::router())
-        .merge(openapi::router())
+        .merge(openapi::router(&mcp_servers))
         .route("/", axum::routing::get(dashboard))
         // Every route, health and docs included, answers a wrong method with a problem.
         .method_not_allowed_fallback(|| async { ApiError::method_not_allowed() })

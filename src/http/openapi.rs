@@ -99,13 +99,30 @@ pub fn document() -> String {
     json
 }
 
-/// `/openapi.json` and the docs page at `/docs`.
-pub fn router() -> Router<AppState> {
+/// The document as a replica with these MCP servers declared serves it:
+/// the pattern of `executor.tools` items names them, so that every value
+/// the document allows is one the server takes. The committed document is
+/// that of a replica with none.
+pub fn served(mcp_servers: &[String]) -> Value {
+    let mut doc = spec().clone();
+    if !mcp_servers.is_empty()
+        && let Some(items) =
+            doc.pointer_mut(&format!("{}/items", branch("ExecutorSpec", 1, "tools")))
+    {
+        let names: Vec<&str> = mcp_servers.iter().map(String::as_str).collect();
+        items["pattern"] = crate::mcp::config::tool_item_pattern(&names).into();
+    }
+    doc
+}
+
+/// `/openapi.json` and the docs page at `/docs`, for a replica with these
+/// MCP servers declared.
+pub fn router(mcp_servers: &[String]) -> Router<AppState> {
     // SwaggerUi serves both the page (vendored assets, no CDN) and the
     // document; `validatorUrl: none` keeps it from fetching a badge from an
     // outside validator, so nothing the page loads leaves this server.
     SwaggerUi::new("/docs")
-        .external_url_unchecked("/openapi.json", spec().clone())
+        .external_url_unchecked("/openapi.json", served(mcp_servers))
         .config(Config::new(["/openapi.json"]).validator_url("none"))
         .into()
 }
@@ -314,6 +331,18 @@ pub fn bounds() -> Vec<Bound> {
         0.into(),
     ));
     // ExecutorSpec: scripted (0), llm (1), webhook (2), worker (3).
+    let tools = branch("ExecutorSpec", 1, "tools");
+    out.push((
+        tools.clone(),
+        "maxItems",
+        crate::mcp::config::MAX_TOOL_ITEMS.into(),
+    ));
+    // No MCP server declared: `builtin` is the one item taken (see [`served`]).
+    out.push((
+        format!("{tools}/items"),
+        "pattern",
+        crate::mcp::config::tool_item_pattern(&[]).into(),
+    ));
     out.push((
         branch("ExecutorSpec", 3, "queue"),
         "pattern",

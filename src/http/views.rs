@@ -37,6 +37,9 @@ pub struct ExecutorSummary {
     /// The queue of a worker executor.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub queue: Option<String>,
+    /// The tools a model agent chose (`executor.tools`), when given.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tools: Option<Vec<String>>,
 }
 
 /// A step offered to workers that none has claimed yet.
@@ -292,6 +295,10 @@ impl From<Session> for SessionView {
                 .get("queue")
                 .and_then(|v| v.as_str())
                 .map(str::to_string),
+            tools: s
+                .executor
+                .get("tools")
+                .and_then(|v| serde_json::from_value(v.clone()).ok()),
             kind,
         };
         let projection = s.percent_complete.and_then(|percent_complete| {

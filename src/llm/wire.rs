@@ -89,22 +89,26 @@ pub struct ToolSpec {
 /// A function's name, description and JSON-schema parameters.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct FunctionSpec {
-    /// Name.
-    pub name: &'static str,
+    /// Name (the built-in tools' are static; MCP tools' are made at run time).
+    pub name: std::borrow::Cow<'static, str>,
     /// What it does, for the model.
-    pub description: &'static str,
+    pub description: std::borrow::Cow<'static, str>,
     /// JSON schema of its arguments.
     pub parameters: Value,
 }
 
 impl ToolSpec {
     /// A function tool.
-    pub fn function(name: &'static str, description: &'static str, parameters: Value) -> ToolSpec {
+    pub fn function(
+        name: impl Into<std::borrow::Cow<'static, str>>,
+        description: impl Into<std::borrow::Cow<'static, str>>,
+        parameters: Value,
+    ) -> ToolSpec {
         ToolSpec {
             kind: "function",
             function: FunctionSpec {
-                name,
-                description,
+                name: name.into(),
+                description: description.into(),
                 parameters,
             },
         }

@@ -80,6 +80,7 @@ pub async fn build_executor(
     config: &Config,
     session: &Session,
     lease: Lease,
+    mcp: &Arc<crate::mcp::McpRegistry>,
 ) -> Result<Box<dyn Executor>> {
     let mut stored = session.executor.clone();
     let query_sealed = stored
@@ -149,6 +150,7 @@ pub async fn build_executor(
         egress: config.egress.clone(),
         store: store.clone(),
         tenant: session.tenant.clone(),
+        mcp: mcp.clone(),
     };
     spec.build(deps).map_err(ServiceError::Unavailable)
 }

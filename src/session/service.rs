@@ -253,6 +253,15 @@ impl SessionService {
         }
     }
 
+    /// The MCP servers declared for this replica (`WARDEN_MCP_CONFIG`), by name.
+    pub fn mcp_servers(&self) -> Vec<String> {
+        self.config
+            .mcp
+            .as_ref()
+            .map(|c| c.names().map(str::to_string).collect())
+            .unwrap_or_default()
+    }
+
     /// The store, for the worker protocol's routes (every call scoped).
     pub fn store(&self) -> &Store {
         &self.store
@@ -479,6 +488,13 @@ impl SessionService {
             tokens: 0,
             events: Vec::new(),
         };
+        // The MCP servers chosen must be declared and open to the tenant.
+        let no_servers = crate::mcp::McpConfig::default();
+        request
+            .req
+            .executor
+            .check_tools(self.config.mcp.as_deref().unwrap_or(&no_servers), tenant)
+            .map_err(ServiceError::Invalid)?;
         request
             .req
             .executor

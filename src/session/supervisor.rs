@@ -96,6 +96,8 @@ struct Inner {
     /// stale, while Postgres cannot. At most `WARDEN_MAX_RUNNING` of them;
     /// one goes when its session runs here again or Postgres answers for it.
     remembered: std::sync::Mutex<HashMap<Uuid, Arc<LiveView>>>,
+    /// This replica's MCP servers, shared by its sessions' model agents.
+    mcp: Arc<crate::mcp::McpRegistry>,
 }
 
 /// This replica's registry of running sessions.
@@ -135,8 +137,13 @@ impl Supervisor {
         let model_calls = Arc::new(crate::ratelimit::TenantLimiter::new(
             config.quotas.tenant_model_calls_per_minute,
         ));
+        let mcp = Arc::new(crate::mcp::McpRegistry::new(
+            config.mcp.clone(),
+            config.egress.clone(),
+        ));
         Supervisor {
             inner: Arc::new(Inner {
+                mcp,
                 replica_id,
                 store,
                 config,
@@ -274,7 +281,15 @@ impl Supervisor {
             ));
         }
         let config = &self.inner.config;
-        let executor = match build_executor(&self.inner.store, config, session, lease).await {
+        let executor = match build_executor(
+            &self.inner.store,
+            config,
+            session,
+            lease,
+            &self.inner.mcp,
+        )
+        .await
+        {
             Ok(executor) => executor,
             Err(ServiceError::Secret(err)) => {
                 // Sealed under the fleet's key after this replica's was

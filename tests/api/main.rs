@@ -17,6 +17,7 @@ mod fleet;
 mod goals;
 mod http;
 mod isolation;
+mod mcp;
 mod memory;
 mod model;
 mod openapi;

@@ -78,6 +78,7 @@ const STORE: &[(&str, u8)] = &[
     ("rebuild", 3),
     ("sessions", 4),
     ("iterations", 5),
+    ("archive", 5),
 ];
 
 /// The files of `src/http`, from the bottom up: errors and documents, the

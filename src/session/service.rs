@@ -28,7 +28,7 @@ use crate::policy::ambiguity;
 use crate::policy::checklist::{self, ChecklistItem};
 use crate::policy::fleet::{self, OwnerWatch};
 use crate::policy::guardrails::{self, Breach, Limits, LimitsPatch};
-use crate::policy::lifecycle::{self, Mode, PausePlan, Reason, Status, StopPlan};
+use crate::policy::lifecycle::{self, Action, Mode, PausePlan, Reason, Status, StopPlan};
 use crate::policy::termination::{self, Facts};
 use crate::store::{
     self, ControlAction, Lease, NewSession, Session, SessionCursor, SessionSettings, Store,
@@ -675,6 +675,7 @@ impl SessionService {
         let session = store::lock_session(&mut tx, id, scope)
             .await?
             .ok_or(ServiceError::NotFound(id))?;
+        lifecycle::check_writable(Action::Refine, session.status, session.imported_at.is_some())?;
         lifecycle::check_refine(session.status)?;
         let suggested = session
             .refinement
@@ -907,6 +908,7 @@ impl SessionService {
         let session = store::lock_session(&mut tx, id, scope)
             .await?
             .ok_or(ServiceError::NotFound(id))?;
+        lifecycle::check_writable(Action::Stop, session.status, session.imported_at.is_some())?;
         match lifecycle::plan_stop(session.status)? {
             StopPlan::AlreadyStopped => {
                 self.commit(tx, id).await?;
@@ -1075,6 +1077,7 @@ impl SessionService {
         let session = store::lock_session(&mut tx, id, scope)
             .await?
             .ok_or(ServiceError::NotFound(id))?;
+        lifecycle::check_writable(Action::Pause, session.status, session.imported_at.is_some())?;
         match lifecycle::plan_pause(session.status)? {
             PausePlan::AlreadyPaused => {
                 self.commit(tx, id).await?;
@@ -1116,6 +1119,12 @@ impl SessionService {
         let session = store::lock_session(&mut tx, id, scope)
             .await?
             .ok_or(ServiceError::NotFound(id))?;
+        let action = if req.reopen {
+            Action::Reopen
+        } else {
+            Action::Resume
+        };
+        lifecycle::check_writable(action, session.status, session.imported_at.is_some())?;
         lifecycle::check_resume(session.status, req.reopen)?;
         persist::check_tenant_room(
             &mut tx,
@@ -1227,6 +1236,7 @@ impl SessionService {
         let session = store::lock_session(&mut tx, id, scope)
             .await?
             .ok_or(ServiceError::NotFound(id))?;
+        lifecycle::check_writable(Action::Update, session.status, session.imported_at.is_some())?;
         lifecycle::check_update(session.status)?;
         let settings = SessionSettings {
             mode: req.mode.unwrap_or(session.mode),

@@ -41,6 +41,8 @@ const SESSION: &[(&str, u8)] = &[
     ("state", 0),
     ("persist", 0),
     ("storable", 1),
+    ("archive", 1),
+    ("pruner", 2),
     ("reads", 1),
     ("journal", 2),
     ("runner", 2),

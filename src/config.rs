@@ -545,11 +545,7 @@ impl Env<'_> {
             return Ok(None);
         };
         let text = raw.trim();
-        let days = text
-            .parse::<u64>()
-            .ok()
-            .and_then(|d| parse_span(&format!("{d}d")));
-        days.or_else(|| parse_span(text))
+        parse_retention(text)
             .map(Some)
             .ok_or_else(|| ConfigError::Invalid {
                 var,
@@ -595,6 +591,22 @@ fn missing_default(setting: &Setting) -> ConfigError {
         why: "the settings table gives it no default",
     }
 }
+
+/// A retention as `WARDEN_RETENTION_DAYS` reads it: a whole number of
+/// days (`30`), or a span with a unit (`12h`, `90s`); at most 100 years.
+pub fn parse_retention(text: &str) -> Option<Duration> {
+    let days = text
+        .parse::<u64>()
+        .ok()
+        .and_then(|d| parse_span(&format!("{d}d")));
+    days.or_else(|| parse_span(text))
+}
+
+/// What `PUT /api/retention` reads as `keep`, as the API document states
+/// it: `forever`, `default`, or a retention [`parse_retention`] reads, with
+/// few enough digits that every one is within its 100 years.
+pub const RETENTION_PATTERN: &str =
+    "^(forever|default|[0-9]{1,4}d?|[0-9]{1,5}h|[0-9]{1,7}m|[0-9]{1,9}s)$";
 
 /// A span such as `7d`, `12h`, `30m` or `90s` (at most 100 years).
 fn parse_span(text: &str) -> Option<Duration> {

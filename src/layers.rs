@@ -99,6 +99,7 @@ const HTTP: &[(&str, u8)] = &[
     ("keys", 2),
     ("sessions", 2),
     ("workers", 2),
+    ("retention", 2),
     ("openapi", 3),
 ];
 

@@ -29,6 +29,7 @@ use crate::policy::checklist::{self, ChecklistItem};
 use crate::policy::fleet::{self, OwnerWatch};
 use crate::policy::guardrails::{self, Breach, Limits, LimitsPatch};
 use crate::policy::lifecycle::{self, Action, Mode, PausePlan, Reason, Status, StopPlan};
+use crate::policy::retention::TenantRetention;
 use crate::policy::termination::{self, Facts};
 use crate::store::{
     self, ControlAction, Lease, NewSession, Session, SessionCursor, SessionSettings, Store,
@@ -1205,6 +1206,30 @@ impl SessionService {
         .await?;
         self.start_run(tx, id, scope, lease.zip(slot), acquired)
             .await
+    }
+
+    /// The server's retention (`WARDEN_RETENTION_DAYS`; `None`: forever) and
+    /// the tenants with one of their own (`tenant` only, when given).
+    pub async fn retentions(
+        &self,
+        tenant: Option<&str>,
+    ) -> Result<(Option<std::time::Duration>, Vec<(String, TenantRetention)>)> {
+        Ok((
+            self.config.retention.keep,
+            self.store.tenant_retentions(tenant).await?,
+        ))
+    }
+
+    /// Sets a tenant's own retention (`ServerDefault` drops it); the
+    /// pruner applies it from its next pass.
+    pub async fn set_retention(&self, tenant: &str, retention: TenantRetention) -> Result<()> {
+        if !crate::auth::valid_tenant(tenant) {
+            return Err(ServiceError::Invalid(format!(
+                "invalid tenant {tenant:?}: 1 to 64 letters, digits, '-', '_' or '.'"
+            )));
+        }
+        self.store.set_tenant_retention(tenant, retention).await?;
+        Ok(())
     }
 
     /// Deletes an ended session with its whole history, then its workspace.

@@ -476,21 +476,31 @@ impl Store {
         Ok(())
     }
 
-    /// A tenant's own retention.
-    pub async fn tenant_retention(&self, tenant: &str) -> Result<TenantRetention> {
-        let row = sqlx::query_scalar!(
-            "SELECT retention_seconds FROM tenant_retention WHERE tenant = $1",
+    /// The tenants that have a retention of their own (only `tenant`, when
+    /// given), by name.
+    pub async fn tenant_retentions(
+        &self,
+        tenant: Option<&str>,
+    ) -> Result<Vec<(String, TenantRetention)>> {
+        let rows = sqlx::query!(
+            "SELECT tenant, retention_seconds FROM tenant_retention
+             WHERE ($1::text IS NULL OR tenant = $1) ORDER BY tenant",
             tenant
         )
-        .fetch_optional(&self.pool)
+        .fetch_all(&self.pool)
         .await?;
-        Ok(match row {
-            None => TenantRetention::ServerDefault,
-            Some(None) => TenantRetention::Forever,
-            Some(Some(secs)) => {
-                TenantRetention::Keep(std::time::Duration::from_secs(u64::try_from(secs).unwrap_or(0)))
-            }
-        })
+        Ok(rows
+            .into_iter()
+            .map(|r| {
+                let retention = match r.retention_seconds {
+                    None => TenantRetention::Forever,
+                    Some(secs) => TenantRetention::Keep(std::time::Duration::from_secs(
+                        u64::try_from(secs).unwrap_or(0),
+                    )),
+                };
+                (r.tenant, retention)
+            })
+            .collect())
     }
 
     /// Sets a tenant's own retention (`ServerDefault` removes its row).

@@ -164,7 +164,8 @@ impl Metrics {
 
     /// Counts sessions archived and deleted by retention.
     pub fn archived(&self, sessions: u64) {
-        self.archived_sessions.fetch_add(sessions, Ordering::Relaxed);
+        self.archived_sessions
+            .fetch_add(sessions, Ordering::Relaxed);
     }
 
     /// Counts a session whose archive could not be written.

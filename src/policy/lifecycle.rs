@@ -465,7 +465,11 @@ impl Action {
 /// Checks that `action` may be taken on a session in `from` that is
 /// `read_only` (imported from an archive): such a session may only be
 /// deleted; every other action answers 409.
-pub fn check_writable(action: Action, from: Status, read_only: bool) -> Result<(), IllegalTransition> {
+pub fn check_writable(
+    action: Action,
+    from: Status,
+    read_only: bool,
+) -> Result<(), IllegalTransition> {
     if read_only && action != Action::Delete {
         return Err(IllegalTransition {
             action: action.as_str(),
@@ -529,7 +533,12 @@ mod tests {
             Status::Interrupted,
             Status::Failed,
         ] {
-            assert_eq!(allowed_actions(s, true), vec![Action::Delete], "{}", s.as_str());
+            assert_eq!(
+                allowed_actions(s, true),
+                vec![Action::Delete],
+                "{}",
+                s.as_str()
+            );
             for action in Action::ALL {
                 let refused = check_writable(action, s, true).is_err();
                 assert_eq!(refused, action != Action::Delete, "{action:?}");
@@ -537,7 +546,10 @@ mod tests {
             }
         }
         let err = check_writable(Action::Resume, Status::Stopped, true).unwrap_err();
-        assert!(err.to_string().contains("imported from an archive"), "{err}");
+        assert!(
+            err.to_string().contains("imported from an archive"),
+            "{err}"
+        );
         assert!(err.to_string().starts_with("cannot resume"), "{err}");
     }
 

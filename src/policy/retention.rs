@@ -214,11 +214,17 @@ mod tests {
     #[test]
     fn a_tenants_row_wins_over_the_server_setting() {
         let day = Duration::from_secs(86_400);
-        assert_eq!(retention_of(Some(WEEK), TenantRetention::ServerDefault), Some(WEEK));
+        assert_eq!(
+            retention_of(Some(WEEK), TenantRetention::ServerDefault),
+            Some(WEEK)
+        );
         assert_eq!(retention_of(None, TenantRetention::ServerDefault), None);
         assert_eq!(retention_of(Some(WEEK), TenantRetention::Forever), None);
         assert_eq!(retention_of(None, TenantRetention::Keep(day)), Some(day));
-        assert_eq!(retention_of(Some(WEEK), TenantRetention::Keep(day)), Some(day));
+        assert_eq!(
+            retention_of(Some(WEEK), TenantRetention::Keep(day)),
+            Some(day)
+        );
     }
 
     #[test]
@@ -227,7 +233,11 @@ mod tests {
         assert!(archive_due(over, None, Some(WEEK)));
         assert!(!archive_due(WEEK, None, Some(WEEK)));
         assert!(!archive_due(Duration::ZERO, None, Some(WEEK)));
-        assert!(archive_due(Duration::from_secs(1), None, Some(Duration::ZERO)));
+        assert!(archive_due(
+            Duration::from_secs(1),
+            None,
+            Some(Duration::ZERO)
+        ));
         assert!(!archive_due(LONG, None, None), "forever keeps everything");
     }
 
@@ -251,7 +261,13 @@ mod tests {
         assert_eq!(next_pace(40, fast).batch, MAX_BATCH, "never above the most");
         assert_eq!(next_pace(10, fast).pause, MIN_PAUSE);
         let steady = BATCH_TARGET * 3 / 4;
-        assert_eq!(next_pace(12, steady), Pace { batch: 12, pause: steady });
+        assert_eq!(
+            next_pace(12, steady),
+            Pace {
+                batch: 12,
+                pause: steady
+            }
+        );
         assert_eq!(next_pace(0, steady).batch, 1);
         // Growing from the first pace reaches the most within a few batches.
         let mut pace = FIRST_PACE;
@@ -267,8 +283,14 @@ mod tests {
             assert!(keep_event(kind, false, 91, 100, 10));
             assert!(keep_event(kind, false, 100, 100, 10));
             assert!(!keep_event(kind, false, 90, 100, 10));
-            assert!(keep_event(kind, false, 1, 100, 0), "a horizon of 0 keeps all");
-            assert!(keep_event(kind, false, 1, 5, 10), "a short session keeps all");
+            assert!(
+                keep_event(kind, false, 1, 100, 0),
+                "a horizon of 0 keeps all"
+            );
+            assert!(
+                keep_event(kind, false, 1, 5, 10),
+                "a short session keeps all"
+            );
         }
     }
 

@@ -57,7 +57,8 @@ fn tenant_dir(tenant: &str) -> String {
     let mut out = String::with_capacity(tenant.len());
     let mut leading = true;
     for b in tenant.bytes() {
-        let plain = b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_') || (b == b'.' && !leading);
+        let plain =
+            b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_') || (b == b'.' && !leading);
         if plain {
             out.push(b as char);
         } else {
@@ -84,7 +85,9 @@ fn io_error(path: &Path, err: impl std::fmt::Display) -> ServiceError {
 /// then, once told the file is whole, flushes it to the disk and renames it
 /// to `path` (and flushes the folder, so the rename survives a crash).
 fn write_file(path: &Path, lines: std::sync::mpsc::Receiver<Option<Vec<String>>>) -> Result<()> {
-    let dir = path.parent().ok_or_else(|| io_error(path, "no parent folder"))?;
+    let dir = path
+        .parent()
+        .ok_or_else(|| io_error(path, "no parent folder"))?;
     std::fs::create_dir_all(dir).map_err(|e| io_error(dir, e))?;
     let temp = dir.join(format!(".{}.tmp", Uuid::new_v4()));
     let written = (|| -> Result<bool> {
@@ -123,7 +126,10 @@ fn write_file(path: &Path, lines: std::sync::mpsc::Receiver<Option<Vec<String>>>
         }
         Ok(false) => {
             let _ = std::fs::remove_file(&temp);
-            Err(io_error(path, "the export stopped before the file was whole"))
+            Err(io_error(
+                path,
+                "the export stopped before the file was whole",
+            ))
         }
         Err(err) => {
             let _ = std::fs::remove_file(&temp);
@@ -256,7 +262,10 @@ pub fn parse(text: impl BufRead) -> Result<ArchivedSession> {
         .map_err(|e| invalid(1, &e.to_string()))?;
     let head: Line = serde_json::from_str(&first).map_err(|e| invalid(1, &e.to_string()))?;
     if head.kind != "session" {
-        return Err(invalid(1, "the first line must be the session (\"type\": \"session\")"));
+        return Err(invalid(
+            1,
+            "the first line must be the session (\"type\": \"session\")",
+        ));
     }
     match head.format {
         Some(FORMAT) => {}
@@ -372,7 +381,10 @@ mod tests {
         let parsed = parse(text.as_bytes()).unwrap();
         assert_eq!(parsed.id, id);
         assert_eq!(parsed.tenant, "acme");
-        assert_eq!(parsed.counts, vec![("iteration", 2), ("decision", 1), ("event", 1)]);
+        assert_eq!(
+            parsed.counts,
+            vec![("iteration", 2), ("decision", 1), ("event", 1)]
+        );
         assert_eq!(parsed.rows.tables.len(), 3);
         assert_eq!(parsed.rows.tables[0].0, HistoryTable::Iterations);
         assert!(parsed.rows.tables[0].1.starts_with("[{"));
@@ -382,17 +394,30 @@ mod tests {
     fn archives_that_are_not_one_sessions_are_refused() {
         let id = Uuid::new_v4();
         let other = Uuid::new_v4();
-        let head = format!(r#"{{"type":"session","format":1,"row":{{"id":"{id}","tenant":"acme"}}}}"#);
+        let head =
+            format!(r#"{{"type":"session","format":1,"row":{{"id":"{id}","tenant":"acme"}}}}"#);
         for (text, why) in [
             (String::new(), "empty"),
-            (format!(r#"{{"type":"event","row":{{"session_id":"{id}"}}}}"#), "session"),
-            (head.replace("\"format\":1", "\"format\":9"), "format"),
-            (r#"{"type":"session","format":1,"row":{"tenant":"a"}}"#.to_string(), "no id"),
             (
-                archive(&[&head, &format!(r#"{{"type":"event","row":{{"session_id":"{other}"}}}}"#)]),
+                format!(r#"{{"type":"event","row":{{"session_id":"{id}"}}}}"#),
+                "session",
+            ),
+            (head.replace("\"format\":1", "\"format\":9"), "format"),
+            (
+                r#"{"type":"session","format":1,"row":{"tenant":"a"}}"#.to_string(),
+                "no id",
+            ),
+            (
+                archive(&[
+                    &head,
+                    &format!(r#"{{"type":"event","row":{{"session_id":"{other}"}}}}"#),
+                ]),
                 "another session",
             ),
-            (archive(&[&head, r#"{"type":"secret","row":{}}"#]), "unknown line type"),
+            (
+                archive(&[&head, r#"{"type":"secret","row":{}}"#]),
+                "unknown line type",
+            ),
             (archive(&[&head, "not json"]), "line 2"),
         ] {
             let err = parse(text.as_bytes()).unwrap_err().to_string();

@@ -98,7 +98,11 @@ impl Pruner {
             Ok(()) => self.compact(&mut report).await,
             Err(err) => Err(err),
         };
-        if let Err(err) = self.store.release_maintenance_lease(LEASE, self.replica).await {
+        if let Err(err) = self
+            .store
+            .release_maintenance_lease(LEASE, self.replica)
+            .await
+        {
             tracing::debug!(error = %err, "cannot release the pruner lease; it runs out by itself");
         }
         compacted?;
@@ -193,7 +197,11 @@ impl Pruner {
         let scope = TenantScope::Global;
         let sessions = self
             .store
-            .sessions_to_compact(i64::try_from(horizon).unwrap_or(i64::MAX), COMPACT_SESSIONS, &scope)
+            .sessions_to_compact(
+                i64::try_from(horizon).unwrap_or(i64::MAX),
+                COMPACT_SESSIONS,
+                &scope,
+            )
             .await?;
         let mut pace = Pace {
             batch: 1,
@@ -212,7 +220,14 @@ impl Pruner {
                 let started = Instant::now();
                 let candidates = self
                     .store
-                    .compaction_candidates(id, after, cut, rules::COMPACTED_KINDS, COMPACT_PAGE, &scope)
+                    .compaction_candidates(
+                        id,
+                        after,
+                        cut,
+                        rules::COMPACTED_KINDS,
+                        COMPACT_PAGE,
+                        &scope,
+                    )
                     .await?;
                 let reached = match candidates.last() {
                     Some((seq, _, _)) if candidates.len() as i64 == COMPACT_PAGE => *seq,
@@ -225,7 +240,10 @@ impl Pruner {
                     })
                     .map(|(seq, _, _)| *seq)
                     .collect();
-                let n = self.store.drop_events(id, &dropped, reached, &scope).await?;
+                let n = self
+                    .store
+                    .drop_events(id, &dropped, reached, &scope)
+                    .await?;
                 self.metrics.compacted(n);
                 report.compacted_events += n;
                 after = reached;

@@ -676,7 +676,11 @@ impl SessionService {
         let session = store::lock_session(&mut tx, id, scope)
             .await?
             .ok_or(ServiceError::NotFound(id))?;
-        lifecycle::check_writable(Action::Refine, session.status, session.imported_at.is_some())?;
+        lifecycle::check_writable(
+            Action::Refine,
+            session.status,
+            session.imported_at.is_some(),
+        )?;
         lifecycle::check_refine(session.status)?;
         let suggested = session
             .refinement
@@ -1261,7 +1265,11 @@ impl SessionService {
         let session = store::lock_session(&mut tx, id, scope)
             .await?
             .ok_or(ServiceError::NotFound(id))?;
-        lifecycle::check_writable(Action::Update, session.status, session.imported_at.is_some())?;
+        lifecycle::check_writable(
+            Action::Update,
+            session.status,
+            session.imported_at.is_some(),
+        )?;
         lifecycle::check_update(session.status)?;
         let settings = SessionSettings {
             mode: req.mode.unwrap_or(session.mode),

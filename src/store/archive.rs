@@ -504,7 +504,11 @@ impl Store {
     }
 
     /// Sets a tenant's own retention (`ServerDefault` removes its row).
-    pub async fn set_tenant_retention(&self, tenant: &str, retention: TenantRetention) -> Result<()> {
+    pub async fn set_tenant_retention(
+        &self,
+        tenant: &str,
+        retention: TenantRetention,
+    ) -> Result<()> {
         let seconds = match retention {
             TenantRetention::ServerDefault => {
                 sqlx::query!("DELETE FROM tenant_retention WHERE tenant = $1", tenant)

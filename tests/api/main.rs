@@ -23,6 +23,7 @@ mod openapi;
 mod owners;
 mod quotas;
 mod recovery;
+mod retention;
 mod secrets;
 mod sessions;
 mod store;

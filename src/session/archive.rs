@@ -229,12 +229,17 @@ struct Line<'a> {
     row: &'a serde_json::value::RawValue,
 }
 
-/// The keys every archived row names.
+/// What an import reads of the session's row.
 #[derive(serde::Deserialize)]
-struct RowKeys {
+struct SessionKeys {
     id: Option<Uuid>,
-    session_id: Option<Uuid>,
     tenant: Option<String>,
+}
+
+/// What an import reads of a history row: whose it is.
+#[derive(serde::Deserialize)]
+struct HistoryKeys {
+    session_id: Option<Uuid>,
 }
 
 /// A session read from an archive file, ready to import.
@@ -276,7 +281,7 @@ pub fn parse(text: impl BufRead) -> Result<ArchivedSession> {
             ));
         }
     }
-    let keys: RowKeys =
+    let keys: SessionKeys =
         serde_json::from_str(head.row.get()).map_err(|e| invalid(1, &e.to_string()))?;
     let (Some(id), Some(tenant)) = (keys.id, keys.tenant) else {
         return Err(invalid(1, "the session row has no id or tenant"));
@@ -291,7 +296,7 @@ pub fn parse(text: impl BufRead) -> Result<ArchivedSession> {
         let parsed: Line = serde_json::from_str(&line).map_err(|e| invalid(n, &e.to_string()))?;
         let table = table_of(parsed.kind)
             .ok_or_else(|| invalid(n, &format!("unknown line type {:?}", parsed.kind)))?;
-        let keys: RowKeys =
+        let keys: HistoryKeys =
             serde_json::from_str(parsed.row.get()).map_err(|e| invalid(n, &e.to_string()))?;
         if keys.session_id != Some(id) {
             return Err(invalid(n, "the row belongs to another session"));

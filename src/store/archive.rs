@@ -146,7 +146,9 @@ impl Store {
         .await?)
     }
 
-    /// A page of `table`'s rows of session `id` after `after`, in key order.
+    /// A page of `table`'s rows of session `id` after `after`, in key order
+    /// (the key's second part counts for tool calls only; start from
+    /// `(0, -1)`).
     pub async fn history_page(
         &self,
         table: HistoryTable,
@@ -172,33 +174,33 @@ impl Store {
         let rows: Vec<HistoryRow> = match table {
             HistoryTable::Iterations => page!(
                 r#"SELECT number AS "k1!", 0::bigint AS "k2!", row_to_json(t)::text AS "json!"
-                   FROM iterations t WHERE session_id = $1 AND number > $2::bigint AND $3::bigint = 0
+                   FROM iterations t WHERE session_id = $1 AND number > $2::bigint AND $3::bigint IS NOT NULL
                      AND EXISTS (SELECT 1 FROM sessions s WHERE s.id = $1 AND ($5::text IS NULL OR s.tenant = $5))
                    ORDER BY number LIMIT $4"#
             ),
             HistoryTable::Reflections => page!(
                 r#"SELECT number::bigint AS "k1!", 0::bigint AS "k2!", row_to_json(t)::text AS "json!"
-                   FROM reflections t WHERE session_id = $1 AND number > $2::bigint AND $3::bigint = 0
+                   FROM reflections t WHERE session_id = $1 AND number > $2::bigint AND $3::bigint IS NOT NULL
                      AND EXISTS (SELECT 1 FROM sessions s WHERE s.id = $1 AND ($5::text IS NULL OR s.tenant = $5))
                    ORDER BY number LIMIT $4"#
             ),
             HistoryTable::Decisions => page!(
                 r#"SELECT seq AS "k1!", 0::bigint AS "k2!", row_to_json(t)::text AS "json!"
-                   FROM events t WHERE session_id = $1 AND seq > $2::bigint AND $3::bigint = 0
+                   FROM events t WHERE session_id = $1 AND seq > $2::bigint AND $3::bigint IS NOT NULL
                      AND kind IN ('gate_decision', 'stuck_detected', 'guardrail_tripped', 'status_changed')
                      AND EXISTS (SELECT 1 FROM sessions s WHERE s.id = $1 AND ($5::text IS NULL OR s.tenant = $5))
                    ORDER BY seq LIMIT $4"#
             ),
             HistoryTable::Events => page!(
                 r#"SELECT seq AS "k1!", 0::bigint AS "k2!", row_to_json(t)::text AS "json!"
-                   FROM events t WHERE session_id = $1 AND seq > $2::bigint AND $3::bigint = 0
+                   FROM events t WHERE session_id = $1 AND seq > $2::bigint AND $3::bigint IS NOT NULL
                      AND kind NOT IN ('gate_decision', 'stuck_detected', 'guardrail_tripped', 'status_changed')
                      AND EXISTS (SELECT 1 FROM sessions s WHERE s.id = $1 AND ($5::text IS NULL OR s.tenant = $5))
                    ORDER BY seq LIMIT $4"#
             ),
             HistoryTable::Checkpoints => page!(
                 r#"SELECT id AS "k1!", 0::bigint AS "k2!", row_to_json(t)::text AS "json!"
-                   FROM checkpoints t WHERE session_id = $1 AND id > $2::bigint AND $3::bigint = 0
+                   FROM checkpoints t WHERE session_id = $1 AND id > $2::bigint AND $3::bigint IS NOT NULL
                      AND EXISTS (SELECT 1 FROM sessions s WHERE s.id = $1 AND ($5::text IS NULL OR s.tenant = $5))
                    ORDER BY id LIMIT $4"#
             ),
@@ -210,13 +212,13 @@ impl Store {
             ),
             HistoryTable::Refinements => page!(
                 r#"SELECT number::bigint AS "k1!", 0::bigint AS "k2!", row_to_json(t)::text AS "json!"
-                   FROM refinements t WHERE session_id = $1 AND number > $2::bigint AND $3::bigint = 0
+                   FROM refinements t WHERE session_id = $1 AND number > $2::bigint AND $3::bigint IS NOT NULL
                      AND EXISTS (SELECT 1 FROM sessions s WHERE s.id = $1 AND ($5::text IS NULL OR s.tenant = $5))
                    ORDER BY number LIMIT $4"#
             ),
             HistoryTable::Tasks => page!(
                 r#"SELECT id::bigint AS "k1!", 0::bigint AS "k2!", row_to_json(t)::text AS "json!"
-                   FROM tasks t WHERE session_id = $1 AND id > $2::bigint AND $3::bigint = 0
+                   FROM tasks t WHERE session_id = $1 AND id > $2::bigint AND $3::bigint IS NOT NULL
                      AND EXISTS (SELECT 1 FROM sessions s WHERE s.id = $1 AND ($5::text IS NULL OR s.tenant = $5))
                    ORDER BY id LIMIT $4"#
             ),

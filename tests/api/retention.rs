@@ -112,9 +112,7 @@ async fn sessions_past_their_tenants_retention_are_archived_and_deleted_and_impo
         .create(json!({
             "goal": "Create README.md with a project description",
             "limits": { "max_iterations": 100000 },
-            "executor": { "kind": "scripted", "repeat": true, "steps": [
-                { "action": "wait", "output": "still here", "delay_ms": 50 }
-            ] }
+            "executor": { "kind": "scripted", "steps": distinct_steps(2000, 1, 30) }
         }))
         .await["id"]
         .as_str()

@@ -98,9 +98,9 @@ pub const FIRST_PACE: Pace = Pace {
 
 /// The pace after a batch of `batch` sessions took `took`: halved when it
 /// took longer than [`BATCH_TARGET`], grown by half when it took less than
-/// half of it, within 1..=[`MAX_BATCH`]; the rest is as long as the batch
-/// took (at least [`MIN_PAUSE`]), so the pruner works at most half the time
-/// and the session loops keep the rest.
+/// half of it, within 1..=[`MAX_BATCH`]; the rest is twice as long as the
+/// batch took (at least [`MIN_PAUSE`]), so the pruner works at most a third
+/// of the time and the session loops keep the rest.
 pub fn next_pace(batch: usize, took: Duration) -> Pace {
     let batch = if took > BATCH_TARGET {
         batch / 2
@@ -111,7 +111,7 @@ pub fn next_pace(batch: usize, took: Duration) -> Pace {
     };
     Pace {
         batch: batch.clamp(1, MAX_BATCH),
-        pause: took.max(MIN_PAUSE),
+        pause: (took * 2).max(MIN_PAUSE),
     }
 }
 
@@ -251,11 +251,11 @@ mod tests {
     }
 
     #[test]
-    fn batches_shrink_when_slow_grow_when_fast_and_rest_as_long_as_they_took() {
+    fn batches_shrink_when_slow_grow_when_fast_and_rest_twice_as_long_as_they_took() {
         let slow = BATCH_TARGET + Duration::from_millis(1);
         assert_eq!(next_pace(40, slow).batch, 20);
         assert_eq!(next_pace(1, slow).batch, 1, "never below one");
-        assert_eq!(next_pace(40, slow).pause, slow);
+        assert_eq!(next_pace(40, slow).pause, slow * 2);
         let fast = Duration::from_millis(10);
         assert_eq!(next_pace(10, fast).batch, 16);
         assert_eq!(next_pace(40, fast).batch, MAX_BATCH, "never above the most");
@@ -265,7 +265,7 @@ mod tests {
             next_pace(12, steady),
             Pace {
                 batch: 12,
-                pause: steady
+                pause: steady * 2
             }
         );
         assert_eq!(next_pace(0, steady).batch, 1);

@@ -83,7 +83,8 @@ fn io_error(path: &Path, err: impl std::fmt::Display) -> ServiceError {
 
 /// Writes lines handed over a channel into a compressed temporary file,
 /// then, once told the file is whole, flushes it to the disk and renames it
-/// to `path` (and flushes the folder, so the rename survives a crash).
+/// to `path`. The rename is durable once its folder is flushed too
+/// ([`flush_folders`]), once per batch of files.
 fn write_file(path: &Path, lines: std::sync::mpsc::Receiver<Option<Vec<String>>>) -> Result<()> {
     let dir = path
         .parent()
@@ -113,17 +114,11 @@ fn write_file(path: &Path, lines: std::sync::mpsc::Receiver<Option<Vec<String>>>
             .finish()
             .and_then(|w| w.into_inner().map_err(|e| e.into_error()))
             .map_err(|e| io_error(&temp, e))?;
-        file.sync_all().map_err(|e| io_error(&temp, e))?;
+        file.sync_data().map_err(|e| io_error(&temp, e))?;
         Ok(true)
     })();
     match written {
-        Ok(true) => {
-            std::fs::rename(&temp, path).map_err(|e| io_error(path, e))?;
-            std::fs::File::open(dir)
-                .and_then(|d| d.sync_all())
-                .map_err(|e| io_error(dir, e))?;
-            Ok(())
-        }
+        Ok(true) => std::fs::rename(&temp, path).map_err(|e| io_error(path, e)),
         Ok(false) => {
             let _ = std::fs::remove_file(&temp);
             Err(io_error(
@@ -138,20 +133,52 @@ fn write_file(path: &Path, lines: std::sync::mpsc::Receiver<Option<Vec<String>>>
     }
 }
 
+/// Flushes the folders of `files` to the disk, each once, so that their
+/// renames survive a crash: what must hold before the sessions they
+/// archive are deleted.
+pub async fn flush_folders(files: &[PathBuf]) -> Result<()> {
+    let mut folders: Vec<PathBuf> = files
+        .iter()
+        .filter_map(|f| f.parent().map(Path::to_path_buf))
+        .collect();
+    folders.sort();
+    folders.dedup();
+    tokio::task::spawn_blocking(move || {
+        for folder in folders {
+            std::fs::File::open(&folder)
+                .and_then(|d| d.sync_all())
+                .map_err(|e| io_error(&folder, e))?;
+        }
+        Ok(())
+    })
+    .await
+    .map_err(|e| ServiceError::Archive(format!("the folder flush stopped: {e}")))?
+}
+
 /// Exports `session` to its archive file under `dir` and returns the
-/// file's path; the file appears whole or not at all.
+/// file's path; the file appears whole or not at all, and its name is on
+/// the disk once [`flush_folders`] returns.
 pub async fn export(store: &Store, dir: &Path, session: &EndedSession) -> Result<PathBuf> {
     let path = path_of(dir, session);
     let (send, receive) = std::sync::mpsc::sync_channel::<Option<Vec<String>>>(4);
     let target = path.clone();
-    let writer = tokio::task::spawn_blocking(move || write_file(&target, receive));
+    let (done, written) = tokio::sync::oneshot::channel();
+    // A thread of its own at the lowest priority: compressing is the
+    // pruner's CPU work, and the session loops and the API come first.
+    std::thread::Builder::new()
+        .name("warden-archive".into())
+        .spawn(move || {
+            crate::thread_priority::lower_priority(19);
+            let _ = done.send(write_file(&target, receive));
+        })
+        .map_err(|e| io_error(&path, e))?;
     let read = read_into(store, session, &send).await;
     if read.is_ok() {
         // The writer may have failed already; its own error says why.
         let _ = send_batch(&send, None).await;
     }
     drop(send);
-    let written = writer
+    let written = written
         .await
         .map_err(|e| ServiceError::Archive(format!("the archive writer stopped: {e}")))?;
     read?;

@@ -153,10 +153,12 @@ impl Pruner {
                 return Ok(());
             }
             let mut written = Vec::with_capacity(due.len());
+            let mut files = Vec::with_capacity(due.len());
             for session in due {
                 match archive::export(&self.store, &self.retention.archive_dir, &session).await {
                     Ok(path) => {
                         tracing::debug!(session_id = %session.id, path = %path.display(), "session archived");
+                        files.push(path);
                         written.push(session);
                     }
                     Err(err) => {
@@ -167,6 +169,8 @@ impl Pruner {
                     }
                 }
             }
+            // No session is deleted before its archive's name is on the disk.
+            archive::flush_folders(&files).await?;
             let deleted = self.store.delete_archived(&written).await?;
             report.changed += written.len() - deleted.len();
             for id in &deleted {

@@ -306,7 +306,7 @@ settings! {
     WARDEN_WORKSPACE_RETENTION (Session) = "7d" =>
         "how long an ended session's workspace stays on the disk (`90s`, `30m`, `12h`, `7d`); swept in the background";
     WARDEN_RETENTION_DAYS (Session) = unset =>
-        "ended sessions whose end is older than this are archived to `WARDEN_ARCHIVE_DIR`, then deleted with their history and workspace: days (`30`), or a span with a unit (`12h`, `90s`); unset keeps them forever; a tenant's own: `PUT /api/tenants/{tenant}/retention`";
+        "ended sessions whose end is older than this are archived to `WARDEN_ARCHIVE_DIR`, then deleted with their history and workspace: days (`30`), or a span with a unit (`12h`, `90s`); unset keeps them forever; a tenant's own: `PUT /api/retention`";
     WARDEN_ARCHIVE_DIR (Session) = beneath WARDEN_DATA_DIR "archive" =>
         "where archived sessions go, one file each: `<tenant>/<yyyy-mm>/<session id>.jsonl.zst`";
     WARDEN_EVENT_HORIZON (Session) = "10000" =>

@@ -385,3 +385,88 @@ async fn compaction_drops_routine_events_past_the_horizon_and_keeps_decisions_an
     assert_eq!(app.session(&id).await["iterations"], 40);
     assert_eq!(app.iterations(&id).await.len(), 40);
 }
+
+#[tokio::test]
+async fn the_archive_import_command_brings_a_session_back_read_only() {
+    let db = TestDb::new().await;
+    let dir = archive_dir();
+    let dir_var = dir.to_string_lossy().to_string();
+    let app = TestApp::spawn_with(
+        db.pool.clone(),
+        config_with(&[
+            ("WARDEN_RETENTION_DAYS", "1s"),
+            ("WARDEN_PRUNE_INTERVAL", "1s"),
+            ("WARDEN_ARCHIVE_DIR", dir_var.as_str()),
+        ]),
+    )
+    .await;
+    let id = app
+        .create_scripted(distinct_steps(2, 10, 0), json!({}))
+        .await;
+    eventually(
+        Duration::from_secs(60),
+        "the session to be archived",
+        || async { app.get(&format!("/api/autonomous/{id}")).await.0 == StatusCode::NOT_FOUND },
+    )
+    .await;
+    let file = archive_file(&dir, "test", &id).expect("archive file");
+    let file = file.to_string_lossy().to_string();
+
+    // Into another database, through the command, then served from there.
+    let target = TestDb::new().await;
+    let data_dir = std::env::temp_dir().join(format!("warden-import-{}", uuid::Uuid::new_v4()));
+    let warden = || {
+        if crate::common::embedded() {
+            crate::common::Warden::on_data_dir(&data_dir)
+        } else {
+            crate::common::Warden::at_url(&crate::common::database_url(&target.pool))
+        }
+    };
+    let refused = warden().run(&["archive", "import", "/no/such/file.jsonl.zst"]);
+    assert!(!refused.status.success());
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("no/such/file"));
+    let output = warden().run(&["archive", "import", &file]);
+    let printed = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{printed}{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(
+        printed.contains(&format!("imported session {id} of tenant test")),
+        "{printed}"
+    );
+    let service = warden().serve().await;
+    let admin = client_with_key(ADMIN_TOKEN);
+    let shown: Value = admin
+        .get(format!("{}/api/autonomous/{id}", service.base))
+        .send()
+        .await
+        .expect("sent")
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(shown["status"], "stopped", "{shown}");
+    assert_eq!(shown["iterations"], 2, "{shown}");
+    assert!(shown["imported_at"].is_string(), "{shown}");
+    let res = admin
+        .post(format!("{}/api/autonomous/{id}/resume", service.base))
+        .json(&json!({}))
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(res.status(), StatusCode::CONFLICT);
+    // Under its tenant, as it was: another tenant's key does not find it.
+    for (tenant, expected) in [("test", StatusCode::OK), ("other", StatusCode::NOT_FOUND)] {
+        let key = create_key(&service.base, tenant, "viewer").await;
+        let res = client_with_key(key["secret"].as_str().expect("secret"))
+            .get(format!("{}/api/autonomous/{id}", service.base))
+            .send()
+            .await
+            .expect("sent");
+        assert_eq!(res.status(), expected, "{tenant}");
+    }
+    drop(service);
+    let _ = std::fs::remove_dir_all(&data_dir);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -89,10 +89,21 @@ fn write_file(path: &Path, lines: std::sync::mpsc::Receiver<Option<Vec<String>>>
     let dir = path
         .parent()
         .ok_or_else(|| io_error(path, "no parent folder"))?;
-    std::fs::create_dir_all(dir).map_err(|e| io_error(dir, e))?;
+    // Archives hold tenants' data: readable by Warden's user only.
+    let mut folders = std::fs::DirBuilder::new();
+    folders.recursive(true);
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create_new(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+        folders.mode(0o700);
+        options.mode(0o600);
+    }
+    folders.create(dir).map_err(|e| io_error(dir, e))?;
     let temp = dir.join(format!(".{}.tmp", Uuid::new_v4()));
     let written = (|| -> Result<bool> {
-        let file = std::fs::File::create(&temp).map_err(|e| io_error(&temp, e))?;
+        let file = options.open(&temp).map_err(|e| io_error(&temp, e))?;
         let mut encoder = zstd::Encoder::new(std::io::BufWriter::new(file), LEVEL)
             .map_err(|e| io_error(&temp, e))?;
         loop {

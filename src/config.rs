@@ -167,6 +167,8 @@ pub struct Config {
     /// `WARDEN_WORKSPACE_RETENTION`: how long the workspace of
     /// an ended session is kept on the disk.
     pub workspace_retention: Duration,
+    /// Archiving and deleting old sessions, compacting long sessions' events.
+    pub retention: RetentionConfig,
     /// Session defaults.
     pub defaults: SessionDefaults,
     /// The continue gate's thresholds.
@@ -225,6 +227,22 @@ pub struct Config {
     /// `WARDEN_MCP_CONFIG`: the MCP servers the model agent's sessions may
     /// choose tools from, read and checked at start.
     pub mcp: Option<Arc<crate::mcp::McpConfig>>,
+}
+
+/// What the pruner keeps: ended sessions for a while, then an archive
+/// file of each; the latest events of each session, then only those that
+/// say why it did what it did.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RetentionConfig {
+    /// `WARDEN_RETENTION_DAYS`: how long an ended session stays (unless its
+    /// tenant has its own); `None` keeps sessions forever.
+    pub keep: Option<Duration>,
+    /// `WARDEN_ARCHIVE_DIR`: where archived sessions go.
+    pub archive_dir: PathBuf,
+    /// `WARDEN_EVENT_HORIZON`: events of a session kept whole; 0 keeps all.
+    pub event_horizon: u64,
+    /// `WARDEN_PRUNE_INTERVAL`: how often the pruner runs.
+    pub prune_interval: Duration,
 }
 
 /// Limits on the HTTP connections a replica holds, so that idle or
@@ -546,6 +564,42 @@ impl Env<'_> {
         })
     }
 
+    /// A retention: a whole number of days, or a span with a unit; `None`
+    /// when unset.
+    fn days_or_span(&self, setting: &Setting) -> Result<Option<Duration>, ConfigError> {
+        let Some((var, raw)) = self.text(setting) else {
+            return Ok(None);
+        };
+        let text = raw.trim();
+        parse_retention(text)
+            .map(Some)
+            .ok_or_else(|| ConfigError::Invalid {
+                var,
+                value: text.to_string(),
+                expected: "a whole number of days (e.g. 30), or a span with a unit s, m, h or d (e.g. 12h)".into(),
+            })
+    }
+
+    fn retention(&self) -> Result<RetentionConfig, ConfigError> {
+        let archive_dir = self
+            .string(&WARDEN_ARCHIVE_DIR)
+            .ok_or_else(|| missing_default(&WARDEN_ARCHIVE_DIR))?;
+        let prune_interval = self.span(&WARDEN_PRUNE_INTERVAL)?;
+        if prune_interval.is_zero() {
+            return Err(ConfigError::Invalid {
+                var: WARDEN_PRUNE_INTERVAL.name,
+                value: "0".into(),
+                expected: "at least 1s".into(),
+            });
+        }
+        Ok(RetentionConfig {
+            keep: self.days_or_span(&WARDEN_RETENTION_DAYS)?,
+            archive_dir: PathBuf::from(archive_dir),
+            event_horizon: self.parse(&WARDEN_EVENT_HORIZON, 0, 1_000_000_000)?,
+            prune_interval,
+        })
+    }
+
     fn millis(&self, setting: &Setting, min: u64, max: u64) -> Result<Duration, ConfigError> {
         self.parse(setting, min, max).map(Duration::from_millis)
     }
@@ -563,6 +617,22 @@ fn missing_default(setting: &Setting) -> ConfigError {
         why: "the settings table gives it no default",
     }
 }
+
+/// A retention as `WARDEN_RETENTION_DAYS` reads it: a whole number of
+/// days (`30`), or a span with a unit (`12h`, `90s`); at most 100 years.
+pub fn parse_retention(text: &str) -> Option<Duration> {
+    let days = text
+        .parse::<u64>()
+        .ok()
+        .and_then(|d| parse_span(&format!("{d}d")));
+    days.or_else(|| parse_span(text))
+}
+
+/// What `PUT /api/retention` reads as `keep`, as the API document states
+/// it: `forever`, `default`, or a retention [`parse_retention`] reads, with
+/// few enough digits that every one is within its 100 years.
+pub const RETENTION_PATTERN: &str =
+    "^(forever|default|[0-9]{1,4}d?|[0-9]{1,5}h|[0-9]{1,7}m|[0-9]{1,9}s)$";
 
 /// A span such as `7d`, `12h`, `30m` or `90s` (at most 100 years).
 fn parse_span(text: &str) -> Option<Duration> {
@@ -728,6 +798,7 @@ impl Config {
             loop_nice: env.parse(&WARDEN_LOOP_NICE, 0, 19)?,
             workspace_root,
             workspace_retention: env.span(&WARDEN_WORKSPACE_RETENTION)?,
+            retention: env.retention()?,
             defaults,
             gate,
             stuck: StuckConfig::default(),
@@ -1178,5 +1249,43 @@ mod tests {
         )]))
         .unwrap();
         assert_eq!(c.data_dir, PathBuf::from("/var/lib/warden/db"));
+    }
+
+    #[test]
+    fn retention_is_days_or_a_span_and_archives_go_beneath_the_data_dir() {
+        let vars = |pairs: &[(&str, &str)]| -> HashMap<String, String> {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        let c = Config::from_vars(&HashMap::new()).unwrap();
+        assert_eq!(c.retention.keep, None);
+        assert_eq!(c.retention.archive_dir, PathBuf::from("./.warden/archive"));
+        assert_eq!(c.retention.event_horizon, 10_000);
+        assert_eq!(c.retention.prune_interval, Duration::from_secs(300));
+        let c = Config::from_vars(&vars(&[
+            ("WARDEN_RETENTION_DAYS", "30"),
+            ("WARDEN_DATA_DIR", "/var/lib/warden"),
+        ]))
+        .unwrap();
+        assert_eq!(c.retention.keep, Some(Duration::from_secs(30 * 86_400)));
+        assert_eq!(
+            c.retention.archive_dir,
+            PathBuf::from("/var/lib/warden/archive")
+        );
+        let c = Config::from_vars(&vars(&[
+            ("WARDEN_RETENTION_DAYS", "90s"),
+            ("WARDEN_ARCHIVE_DIR", "/srv/archive"),
+        ]))
+        .unwrap();
+        assert_eq!(c.retention.keep, Some(Duration::from_secs(90)));
+        assert_eq!(c.retention.archive_dir, PathBuf::from("/srv/archive"));
+        for bad in ["-1", "1.5", "soon", "12x"] {
+            let err = Config::from_vars(&vars(&[("WARDEN_RETENTION_DAYS", bad)])).unwrap_err();
+            assert!(err.to_string().contains("WARDEN_RETENTION_DAYS"), "{err}");
+        }
+        let err = Config::from_vars(&vars(&[("WARDEN_PRUNE_INTERVAL", "0s")])).unwrap_err();
+        assert!(err.to_string().contains("WARDEN_PRUNE_INTERVAL"), "{err}");
     }
 }

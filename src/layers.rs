@@ -42,6 +42,8 @@ const SESSION: &[(&str, u8)] = &[
     ("state", 0),
     ("persist", 0),
     ("storable", 1),
+    ("archive", 1),
+    ("pruner", 2),
     ("reads", 1),
     ("journal", 2),
     ("runner", 2),
@@ -79,6 +81,7 @@ const STORE: &[(&str, u8)] = &[
     ("rebuild", 3),
     ("sessions", 4),
     ("iterations", 5),
+    ("archive", 5),
 ];
 
 /// The files of `src/http`, from the bottom up: errors and documents, the
@@ -97,6 +100,7 @@ const HTTP: &[(&str, u8)] = &[
     ("keys", 2),
     ("sessions", 2),
     ("workers", 2),
+    ("retention", 2),
     ("openapi", 3),
 ];
 

@@ -281,6 +281,13 @@ impl Application {
         // Lease renewals, claims and control notes are loop work, on the
         // loops' pool: they run on the loops' runtime, so a heartbeat that
         // renews thousands of leases never holds an API thread.
+        let pruner = session::pruner::Pruner::new(
+            service_store.clone(),
+            config.retention.clone(),
+            config.workspace_root.clone(),
+            replica_id,
+            metrics.clone(),
+        );
         let background = vec![
             loops.handle().spawn(supervisor.clone().maintain()),
             loops.handle().spawn(supervisor.clone().listen()),
@@ -290,6 +297,8 @@ impl Application {
                 config.workspace_retention,
                 policy::retention::sweep_every(config.workspace_retention),
             )),
+            // On the API's runtime and pool, as the sweep: never the loops'.
+            tokio::spawn(pruner.prune_forever()),
         ];
         let app = http::router(
             http::AppState {

@@ -46,9 +46,10 @@ async fn main() -> ExitCode {
         Some("keys") => return keys(std::env::args().skip(2).collect()).await,
         Some("db") => return db(std::env::args().skip(2).collect()).await,
         Some("config") => return config(std::env::args().skip(2).collect()),
+        Some("archive") => return archive(std::env::args().skip(2).collect()).await,
         Some(other) => {
             eprintln!(
-                "warden: unknown command {other:?}; commands: openapi, healthcheck, keys, db, config (none starts the service)"
+                "warden: unknown command {other:?}; commands: openapi, healthcheck, keys, db, config, archive (none starts the service)"
             );
             return ExitCode::from(2);
         }
@@ -247,6 +248,63 @@ fn data_dir() -> std::path::PathBuf {
         .value(&settings::process_env())
         .unwrap_or_default()
         .into()
+}
+
+const ARCHIVE_USAGE: &str = "usage: warden archive import FILE
+(brings one archived session back from its file, <id>.jsonl.zst under
+WARDEN_ARCHIVE_DIR, read-only, under the tenant it had; reads DATABASE_URL,
+or the embedded database in WARDEN_DATA_DIR when it is unset and Warden is
+stopped)";
+
+/// `warden archive import FILE`: one archived session back, read-only.
+async fn archive(args: Vec<String>) -> ExitCode {
+    let [command, file] = args.as_slice() else {
+        eprintln!("{ARCHIVE_USAGE}");
+        return ExitCode::from(2);
+    };
+    if command != "import" {
+        eprintln!("{ARCHIVE_USAGE}");
+        return ExitCode::from(2);
+    }
+    let (store, db) = match cli_store().await {
+        Ok(opened) => opened,
+        Err(err) => {
+            eprintln!("warden archive: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let imported = match store.migrate().await {
+        Ok(()) => warden::session::archive::import(&store, std::path::Path::new(file))
+            .await
+            .map_err(|e| e.to_string()),
+        Err(err) => Err(err.to_string()),
+    };
+    drop(store);
+    db.close().await;
+    match imported {
+        Ok(session) => {
+            let rows: Vec<String> = session
+                .counts
+                .iter()
+                .map(|(kind, n)| format!("{n} {kind}"))
+                .collect();
+            println!(
+                "imported session {} of tenant {} (read-only): {}",
+                session.id,
+                session.tenant,
+                if rows.is_empty() {
+                    "no history".to_string()
+                } else {
+                    rows.join(", ")
+                }
+            );
+            ExitCode::SUCCESS
+        }
+        Err(err) => {
+            eprintln!("warden archive: {err}");
+            ExitCode::FAILURE
+        }
+    }
 }
 
 const KEYS_USAGE: &str =

@@ -79,6 +79,9 @@ const OVERHEAD: &[f64] = &[
 #[derive(Debug)]
 pub struct Metrics {
     iterations: AtomicU64,
+    archived_sessions: AtomicU64,
+    archive_failures: AtomicU64,
+    compacted_events: AtomicU64,
     tokens: AtomicU64,
     terminations: Mutex<BTreeMap<String, u64>>,
     reflections: Mutex<BTreeMap<String, u64>>,
@@ -115,6 +118,9 @@ impl Default for Metrics {
     fn default() -> Self {
         Metrics {
             iterations: AtomicU64::new(0),
+            archived_sessions: AtomicU64::new(0),
+            archive_failures: AtomicU64::new(0),
+            compacted_events: AtomicU64::new(0),
             tokens: AtomicU64::new(0),
             terminations: Mutex::new(BTreeMap::new()),
             reflections: Mutex::new(BTreeMap::new()),
@@ -154,6 +160,22 @@ impl Metrics {
         self.writes_seconds.observe(times.writes);
         self.supervisor_seconds
             .observe(overhead.saturating_sub(times.writes));
+    }
+
+    /// Counts sessions archived and deleted by retention.
+    pub fn archived(&self, sessions: u64) {
+        self.archived_sessions
+            .fetch_add(sessions, Ordering::Relaxed);
+    }
+
+    /// Counts a session whose archive could not be written.
+    pub fn archive_failed(&self) {
+        self.archive_failures.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts events dropped by compaction.
+    pub fn compacted(&self, events: u64) {
+        self.compacted_events.fetch_add(events, Ordering::Relaxed);
     }
 
     /// Counts tokens spent outside iterations (reflection).
@@ -214,6 +236,24 @@ impl Metrics {
             "warden_tokens_total",
             "Tokens charged by this process (agent and reflection).",
             self.tokens.load(Ordering::Relaxed),
+        );
+        counter(
+            &mut out,
+            "warden_archived_sessions_total",
+            "Ended sessions archived and deleted by retention in this process.",
+            self.archived_sessions.load(Ordering::Relaxed),
+        );
+        counter(
+            &mut out,
+            "warden_archive_failures_total",
+            "Sessions whose archive file could not be written (kept, tried again).",
+            self.archive_failures.load(Ordering::Relaxed),
+        );
+        counter(
+            &mut out,
+            "warden_compacted_events_total",
+            "Events dropped by compaction past the horizon in this process.",
+            self.compacted_events.load(Ordering::Relaxed),
         );
         for (name, help, label, map) in [
             (

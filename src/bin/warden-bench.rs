@@ -45,6 +45,10 @@ struct Scale {
     embedded_sessions: Vec<usize>,
     /// Worker-executor sessions of the workers phase, and as many workers.
     worker_sessions: usize,
+    /// Ended sessions the retention phase prunes while sessions run.
+    pruned_sessions: usize,
+    /// Sessions running while they are pruned.
+    pruning_running: usize,
 }
 
 impl Scale {
@@ -61,6 +65,8 @@ impl Scale {
             memory_settle: Duration::from_secs(5),
             embedded_sessions: vec![1, 32],
             worker_sessions: 32,
+            pruned_sessions: 10_000,
+            pruning_running: 32,
         }
     }
 
@@ -78,6 +84,8 @@ impl Scale {
             memory_settle: Duration::from_secs(1),
             embedded_sessions: vec![1, 8],
             worker_sessions: 4,
+            pruned_sessions: 300,
+            pruning_running: 8,
         }
     }
 }
@@ -91,7 +99,7 @@ struct Options {
 }
 
 /// The phases, in the order they run.
-const PHASES: [&str; 7] = [
+const PHASES: [&str; 8] = [
     "throughput",
     "status",
     "stop",
@@ -99,6 +107,7 @@ const PHASES: [&str; 7] = [
     "replicas",
     "embedded",
     "workers",
+    "retention",
 ];
 
 fn usage() -> &'static str {
@@ -109,8 +118,9 @@ fn usage() -> &'static str {
      --sessions N,..  session counts of the throughput phase (default 1,32,1000)\n\
      --window SECS    how long each throughput measurement lasts (default 10)\n\
      --only PHASE     run one phase: throughput, status, stop, memory, replicas, embedded
-                      or workers (repeatable; embedded: the same on the embedded
-                      PostgreSQL; workers: steps through the worker protocol)
+                      workers or retention (repeatable; embedded: the same on the
+                      embedded PostgreSQL; workers: steps through the worker protocol;
+                      retention: ended sessions pruned while others run)
      --database-url   a Postgres URL whose user may create databases\n\
                       (default: $DATABASE_URL, else postgres://postgres@127.0.0.1:5432/postgres)\n\
      --warden PATH    the warden binary (default: beside this program)"
@@ -1414,6 +1424,10 @@ async fn run() -> BenchResult<()> {
         rows.extend(workers_phase(&opts, &admin, &client, &scale).await?);
     }
 
+    if opts.runs("retention") {
+        rows.extend(retention_phase(&opts, &admin, &client, &scale).await?);
+    }
+
     println!("Machine: {machine}\n");
     println!("| measurement | Warden | raw Postgres, same pattern | ratio | target | met |");
     println!("|---|---:|---:|---:|---|---|");
@@ -1430,6 +1444,158 @@ async fn run() -> BenchResult<()> {
         );
     }
     admin.close().await;
+    Ok(())
+}
+
+/// Steps of the sessions that run through the retention phase: short, so
+/// the loop's own share of an iteration, what pruning could slow, shows.
+const PRUNING_STEP_MS: u64 = 10;
+
+/// Phase 6: ended sessions archived and deleted while sessions run. The
+/// ended sessions are written straight into the database (each with 5
+/// iterations and 12 events, ended two days ago), then the pruner
+/// (`WARDEN_RETENTION_DAYS=1`, a pass a second) archives and deletes them;
+/// the running sessions' iteration overhead p99 (the iteration's wall time
+/// less its step's own, the only part pruning can move) is compared with a
+/// window of the same length before.
+async fn retention_phase(
+    opts: &Options,
+    admin: &PgPool,
+    client: &reqwest::Client,
+    scale: &Scale,
+) -> BenchResult<Vec<Row>> {
+    let (n, running) = (scale.pruned_sessions, scale.pruning_running);
+    eprintln!("warden-bench: retention, {n} ended sessions pruned while {running} run");
+    let db_name = format!("warden_bench_{}_retention", std::process::id());
+    create_database(admin, &db_name).await?;
+    let db_url = database_url(&opts.admin_url, &db_name);
+    let archive = std::env::temp_dir().join(format!("{db_name}_archive"));
+    let archive_var = archive.to_string_lossy().to_string();
+    let server = Server::launch(
+        opts,
+        &db_name,
+        &db_url,
+        true,
+        &[
+            ("WARDEN_MAX_RUNNING", "1000000"),
+            ("WARDEN_RETENTION_DAYS", "1"),
+            ("WARDEN_PRUNE_INTERVAL", "1s"),
+            ("WARDEN_ARCHIVE_DIR", archive_var.as_str()),
+        ],
+        None,
+    )
+    .await?;
+    create_sessions(
+        client,
+        &server.base,
+        running,
+        &cycling_session(PRUNING_STEP_MS),
+    )
+    .await?;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let name = "warden_iteration_overhead_seconds";
+    let before = server.scrape(client).await?;
+    let t0 = Instant::now();
+    tokio::time::sleep(scale.window).await;
+    let quiet = server.scrape(client).await?;
+    let quiet_window = t0.elapsed();
+    let quiet_p99 = histogram_quantile(&before, &quiet, name, 0.99);
+
+    let db = PgPoolOptions::new()
+        .max_connections(1)
+        .connect(&db_url)
+        .await?;
+    seed_ended_sessions(&db, n).await?;
+    db.close().await;
+    let t1 = Instant::now();
+    let start = server.scrape(client).await?;
+    let limit = scale.window * 60;
+    let mut end = start.clone();
+    while end.get("warden_archived_sessions_total") < n as f64 && t1.elapsed() < limit {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        end = server.scrape(client).await?;
+    }
+    let took = t1.elapsed();
+    let pruned = end.get("warden_archived_sessions_total");
+    let pruning_p99 = histogram_quantile(&start, &end, name, 0.99);
+    let iterations = end.get("warden_iterations_total") - start.get("warden_iterations_total");
+    server.stop(admin).await;
+    let _ = std::fs::remove_dir_all(&archive);
+    if pruned < n as f64 {
+        eprintln!(
+            "warden-bench: warning: only {pruned} of {n} ended sessions were pruned within {limit:?}"
+        );
+    }
+    let rate = pruned / took.as_secs_f64();
+    let quiet_rate = (quiet.get("warden_iterations_total") - before.get("warden_iterations_total"))
+        / quiet_window.as_secs_f64();
+    Ok(vec![
+        row(
+            format!("ended sessions archived and deleted, {running} running"),
+            format!("{pruned:.0} in {:.1} s ({rate:.0}/s)", took.as_secs_f64()),
+            "—".into(),
+            "—".into(),
+            "",
+        ),
+        row(
+            format!(
+                "  meanwhile: iterations/s of the {running} running ({PRUNING_STEP_MS}-ms steps)"
+            ),
+            format!("{:.0}", iterations / took.as_secs_f64()),
+            format!("{quiet_rate:.0} without pruning"),
+            ratio(Some(iterations / took.as_secs_f64()), Some(quiet_rate)),
+            "",
+        ),
+        row(
+            format!("iteration overhead p99 while pruning, {running} running"),
+            ms(pruning_p99.map(Duration::from_secs_f64)),
+            format!(
+                "{} without pruning",
+                ms(quiet_p99.map(Duration::from_secs_f64))
+            ),
+            ratio(pruning_p99, quiet_p99),
+            "≤ 1.2× without",
+        )
+        .judged(match (pruning_p99, quiet_p99) {
+            (Some(a), Some(b)) if b > 0.0 => Some(a <= b * 1.2),
+            _ => None,
+        }),
+    ])
+}
+
+/// Writes `n` sessions that ended two days ago, each with 5 iterations and
+/// 12 events, in statements of 1,000 sessions.
+async fn seed_ended_sessions(db: &PgPool, n: usize) -> BenchResult<()> {
+    let mut done = 0;
+    while done < n {
+        let batch = (n - done).min(1_000) as i32;
+        sqlx::query(
+            "WITH s AS (
+                 INSERT INTO sessions (id, goal, mode, status, reason, summary, limits, executor,
+                                       iterations, tokens_used, last_event_seq, created_at, updated_at, ended_at)
+                 SELECT gen_random_uuid(), 'Write report.md', 'fixed', 'stopped', 'executor_exhausted',
+                        'Stopped: the scripted steps ran out', '{}'::jsonb,
+                        '{\"kind\": \"scripted\", \"steps\": []}'::jsonb, 5, 50, 12,
+                        now() - interval '3 days', now() - interval '2 days', now() - interval '2 days'
+                 FROM generate_series(1, $1)
+                 RETURNING id),
+             i AS (
+                 INSERT INTO iterations (session_id, number, run, action, outcome, tokens, duration_ms,
+                                         record, effects, started_at, finished_at)
+                 SELECT s.id, k, 1, 'write_part', 'success', 10, 5,
+                        json_build_object('action', 'write_part', 'number', k, 'output', repeat('x', 200)),
+                        '{}'::json, now() - interval '2 days', now() - interval '2 days'
+                 FROM s, generate_series(1, 5) AS k)
+             INSERT INTO events (session_id, seq, kind, data)
+             SELECT s.id, k, CASE WHEN k % 2 = 0 THEN 'iteration_completed' ELSE 'gate_decision' END,
+                    json_build_object('step', k)
+             FROM s, generate_series(1, 12) AS k",
+        )
+        .bind(batch)
+        .execute(db)
+        .await?;
+        done += batch as usize;
+    }
     Ok(())
 }
 

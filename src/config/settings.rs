@@ -54,6 +54,8 @@ pub enum DefaultValue {
     Cores,
     /// The value of another setting.
     SameAs(&'static str),
+    /// A directory of this name inside the path another setting gives.
+    Beneath(&'static str, &'static str),
 }
 
 /// One setting, read from the environment variable of its name.
@@ -146,6 +148,15 @@ impl Setting {
                     .to_string(),
             ),
             DefaultValue::SameAs(other) => find(other)?.text(vars)?.0,
+            DefaultValue::Beneath(other, name) => {
+                let parent = find(other)?.text(vars)?.0;
+                Cow::Owned(
+                    std::path::Path::new(parent.trim())
+                        .join(name)
+                        .to_string_lossy()
+                        .into_owned(),
+                )
+            }
         };
         Some((text, Origin::Default))
     }
@@ -182,6 +193,9 @@ macro_rules! default_value {
     (same_as $other:ident) => {
         DefaultValue::SameAs(stringify!($other))
     };
+    (beneath $other:ident $name:literal) => {
+        DefaultValue::Beneath(stringify!($other), $name)
+    };
     ($text:literal) => {
         DefaultValue::Text($text)
     };
@@ -192,14 +206,14 @@ macro_rules! default_value {
 macro_rules! settings {
     ($(
         $name:ident ($layer:ident $(, $flag:ident $($arg:literal)?)*)
-            = $default:tt $($default_arg:ident)? => $meaning:literal;
+            = $default:tt $($default_arg:ident)? $($default_name:literal)? => $meaning:literal;
     )*) => {
         $(
             #[doc = $meaning]
             pub const $name: Setting = Setting::new(
                 stringify!($name),
                 Layer::$layer,
-                default_value!($default $($default_arg)?),
+                default_value!($default $($default_arg)? $($default_name)?),
                 $meaning,
             )$(.$flag($($arg)?))*;
         )*
@@ -291,6 +305,14 @@ settings! {
         "price of a million tokens; when set, the status reports `cost`";
     WARDEN_WORKSPACE_RETENTION (Session) = "7d" =>
         "how long an ended session's workspace stays on the disk (`90s`, `30m`, `12h`, `7d`); swept in the background";
+    WARDEN_RETENTION_DAYS (Session) = unset =>
+        "ended sessions whose end is older than this are archived to `WARDEN_ARCHIVE_DIR`, then deleted with their history and workspace: days (`30`), or a span with a unit (`12h`, `90s`); unset keeps them forever; a tenant's own: `PUT /api/retention`";
+    WARDEN_ARCHIVE_DIR (Session) = beneath WARDEN_DATA_DIR "archive" =>
+        "where archived sessions go, one file each: `<tenant>/<yyyy-mm>/<session id>.jsonl.zst`";
+    WARDEN_EVENT_HORIZON (Session) = "10000" =>
+        "events of a session kept whole; older ones are compacted away except decisions, reflections, status changes and control events (`0` keeps every event)";
+    WARDEN_PRUNE_INTERVAL (Session) = "5m" =>
+        "how often the pruner (one replica at a time) looks for sessions past their retention and events past the horizon (`30s`, `5m`, `1h`)";
     WARDEN_WORKSPACE_ROOT (Executor) = "./workspaces" =>
         "per-session workspaces";
     WARDEN_WORKSPACE_MAX_BYTES (Executor) = "104857600" =>
@@ -450,6 +472,7 @@ define them (sqlx and Postgres clients, tracing, the mimalloc allocator).\n\
             DefaultValue::Unset => "(unset)".to_string(),
             DefaultValue::Cores => "cores".to_string(),
             DefaultValue::SameAs(other) => format!("`{other}`"),
+            DefaultValue::Beneath(other, name) => format!("`{other}`/{name}"),
         };
         let per_session = s.per_session.map_or(String::new(), |f| format!("`{f}`"));
         let secret = if s.secret {
@@ -499,7 +522,7 @@ mod tests {
             );
         }
         for s in SETTINGS {
-            if let DefaultValue::SameAs(other) = s.default {
+            if let DefaultValue::SameAs(other) | DefaultValue::Beneath(other, _) = s.default {
                 assert!(find(other).is_some(), "{}: no setting {other}", s.name);
             }
         }

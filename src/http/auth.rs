@@ -22,7 +22,7 @@ pub enum Access {
     Open,
     /// `/metrics`: an admin key or `WARDEN_METRICS_TOKEN`.
     Metrics,
-    /// Keys: admin only.
+    /// Keys and retention: admin only.
     Admin,
     /// Reads: any valid key.
     Read,
@@ -42,7 +42,11 @@ pub fn access(method: &Method, path: &str) -> Access {
         Access::Open
     } else if read && path == "/metrics" {
         Access::Metrics
-    } else if path == "/api/keys" || path.starts_with("/api/keys/") {
+    } else if path == "/api/keys"
+        || path.starts_with("/api/keys/")
+        || path == "/api/retention"
+        || path.starts_with("/api/retention/")
+    {
         Access::Admin
     } else if !read && (path == "/api/workers" || path.starts_with("/api/workers/")) {
         Access::Worker
@@ -295,6 +299,8 @@ mod tests {
         assert_eq!(access(&Method::GET, "/metrics"), Access::Metrics);
         assert_eq!(access(&Method::GET, "/api/keys"), Access::Admin);
         assert_eq!(access(&Method::DELETE, "/api/keys/x"), Access::Admin);
+        assert_eq!(access(&Method::GET, "/api/retention"), Access::Admin);
+        assert_eq!(access(&Method::PUT, "/api/retention"), Access::Admin);
         assert_eq!(access(&Method::GET, "/api/autonomous"), Access::Read);
         assert_eq!(access(&Method::GET, "/anything-new"), Access::Read);
         assert_eq!(access(&Method::PATCH, "/api/autonomous/x"), Access::Write);

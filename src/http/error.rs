@@ -148,7 +148,7 @@ impl From<ServiceError> for ApiError {
                     "this Idempotency-Key was used with a different request body in the last 24 hours; use a new key for a new request".to_string()
                 },
             ),
-            ServiceError::Secret(_) => ApiError::internal(&err),
+            ServiceError::Secret(_) | ServiceError::Archive(_) => ApiError::internal(&err),
             ServiceError::Store(store) => ApiError::from(store),
         }
     }

@@ -11,6 +11,7 @@ pub mod history;
 pub mod keys;
 pub mod openapi;
 mod paging;
+pub mod retention;
 pub mod serve;
 pub mod sessions;
 pub mod views;
@@ -162,10 +163,13 @@ pub fn router(state: AppState, max_body_bytes: usize, limits: RequestLimits) -> 
         keys::router().method_not_allowed_fallback(|| async { ApiError::method_not_allowed() });
     let workers =
         workers::router().method_not_allowed_fallback(|| async { ApiError::method_not_allowed() });
+    let retention = retention::router()
+        .method_not_allowed_fallback(|| async { ApiError::method_not_allowed() });
     Router::new()
         .nest("/api/autonomous", api)
         .nest("/api/keys", keys)
         .nest("/api/workers", workers)
+        .nest("/api/retention", retention)
         .merge(health::router())
         .merge(openapi::router(&mcp_servers))
         .route("/", axum::routing::get(dashboard))

@@ -58,6 +58,8 @@ use crate::session::service::{MAX_GOAL_CHARS, MAX_GUIDANCE_CHARS};
         super::keys::create_key,
         super::keys::list_keys,
         super::keys::revoke_key,
+        super::retention::list_retention,
+        super::retention::set_retention,
         super::workers::claim,
         super::workers::heartbeat,
         super::workers::complete,
@@ -78,6 +80,7 @@ use crate::session::service::{MAX_GOAL_CHARS, MAX_GUIDANCE_CHARS};
         (name = "control", description = "Stop, pause, resume and retune sessions"),
         (name = "history", description = "Iterations, checkpoints, events and decisions"),
         (name = "health", description = "Probes"),
+        (name = "retention", description = "How long ended sessions are kept before they are archived and deleted"),
         (name = "keys", description = "API keys (admin)"),
         (name = "workers", description = "The worker protocol: claim, heartbeat and complete the steps of `worker` sessions"),
     )
@@ -308,6 +311,24 @@ pub fn bounds() -> Vec<Bound> {
             prop("CreateKey", "name"),
             "pattern",
             crate::auth::KEY_NAME_PATTERN.into(),
+        ),
+    ]);
+    out.extend([
+        (prop("SetRetention", "tenant"), "minLength", 1.into()),
+        (
+            prop("SetRetention", "tenant"),
+            "maxLength",
+            crate::auth::MAX_TENANT_CHARS.into(),
+        ),
+        (
+            prop("SetRetention", "tenant"),
+            "pattern",
+            crate::auth::TENANT_PATTERN.into(),
+        ),
+        (
+            prop("SetRetention", "keep"),
+            "pattern",
+            crate::config::RETENTION_PATTERN.into(),
         ),
     ]);
     for (field, min, max) in RANGES {

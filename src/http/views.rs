@@ -192,6 +192,9 @@ pub struct SessionView {
     pub updated_at: DateTime<Utc>,
     /// When it ended (completed, stopped, interrupted, failed).
     pub ended_at: Option<DateTime<Utc>>,
+    /// When it was imported from an archive (`warden archive import`): it
+    /// is read-only, and only `DELETE` changes it.
+    pub imported_at: Option<DateTime<Utc>>,
     /// What may be done to it now, by the same rules the API applies.
     pub allowed_actions: Vec<Action>,
     /// Attempts at running it in a row without progress (each rescue after
@@ -374,7 +377,8 @@ impl From<Session> for SessionView {
             created_at: s.created_at,
             updated_at: s.updated_at,
             ended_at: s.ended_at,
-            allowed_actions: allowed_actions(s.status),
+            allowed_actions: allowed_actions(s.status, s.imported_at.is_some()),
+            imported_at: s.imported_at,
             attempts: s.attempts,
             last_error: s.last_error,
             stale: false,

@@ -447,13 +447,48 @@ impl Action {
     ];
 }
 
-/// The actions the API takes on a session in `status`, derived from the
-/// same checks the operations make so the two cannot disagree. An action
-/// that would only answer "already so" (stopping an interrupted session,
-/// pausing a paused one) is not offered.
-pub fn allowed_actions(status: Status) -> Vec<Action> {
+impl Action {
+    /// The verb an error message names.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Action::Stop => "stop",
+            Action::Pause => "pause",
+            Action::Resume => "resume",
+            Action::Reopen => "reopen",
+            Action::Update => "update",
+            Action::Refine => "refine",
+            Action::Delete => "delete",
+        }
+    }
+}
+
+/// Checks that `action` may be taken on a session in `from` that is
+/// `read_only` (imported from an archive): such a session may only be
+/// deleted; every other action answers 409.
+pub fn check_writable(
+    action: Action,
+    from: Status,
+    read_only: bool,
+) -> Result<(), IllegalTransition> {
+    if read_only && action != Action::Delete {
+        return Err(IllegalTransition {
+            action: action.as_str(),
+            from,
+            hint: "it was imported from an archive and is read-only: its history can be read, not changed (DELETE removes it)",
+        });
+    }
+    Ok(())
+}
+
+/// The actions the API takes on a session in `status` (`read_only`:
+/// imported from an archive), derived from the same checks the operations
+/// make so the two cannot disagree. An action that would only answer
+/// "already so" (stopping an interrupted session, pausing a paused one) is
+/// not offered.
+pub fn allowed_actions(status: Status, read_only: bool) -> Vec<Action> {
     Action::ALL
         .into_iter()
+        .filter(|action| check_writable(*action, status, read_only).is_ok())
         .filter(|action| match action {
             Action::Stop => plan_stop(status).is_ok_and(|p| p != StopPlan::AlreadyStopped),
             Action::Pause => plan_pause(status).is_ok_and(|p| p != PausePlan::AlreadyPaused),
@@ -486,8 +521,36 @@ mod tests {
             }
         };
         for s in Status::ALL {
-            assert_eq!(allowed_actions(s), expect(s), "{}", s.as_str());
+            assert_eq!(allowed_actions(s, false), expect(s), "{}", s.as_str());
         }
+    }
+
+    #[test]
+    fn an_imported_session_may_only_be_deleted() {
+        for s in [
+            Status::Completed,
+            Status::Stopped,
+            Status::Interrupted,
+            Status::Failed,
+        ] {
+            assert_eq!(
+                allowed_actions(s, true),
+                vec![Action::Delete],
+                "{}",
+                s.as_str()
+            );
+            for action in Action::ALL {
+                let refused = check_writable(action, s, true).is_err();
+                assert_eq!(refused, action != Action::Delete, "{action:?}");
+                assert!(check_writable(action, s, false).is_ok());
+            }
+        }
+        let err = check_writable(Action::Resume, Status::Stopped, true).unwrap_err();
+        assert!(
+            err.to_string().contains("imported from an archive"),
+            "{err}"
+        );
+        assert!(err.to_string().starts_with("cannot resume"), "{err}");
     }
 
     #[test]

@@ -58,6 +58,9 @@ pub enum ServiceError {
         /// Whether that request had the same body.
         same_request: bool,
     },
+    /// An archive file could not be written or read.
+    #[error("archive: {0}")]
+    Archive(String),
     /// The service is shutting down or could not start the loop.
     #[error("{0}")]
     Unavailable(String),

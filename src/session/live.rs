@@ -333,6 +333,7 @@ pub(crate) mod tests {
             queue_position: None,
             attempts: 0,
             last_error: None,
+            imported_at: None,
         }
     }
 

@@ -5,6 +5,7 @@
 //! both `service` and `supervisor` rebuild sessions through `rehydrate`; the
 //! HTTP layer reads through `reads` and acts through `service`.
 
+pub mod archive;
 mod error;
 pub mod event_codec;
 mod journal;
@@ -13,6 +14,7 @@ pub mod live;
 pub mod loop_store;
 mod persist;
 mod planner;
+pub mod pruner;
 pub mod reads;
 pub mod reflector;
 pub mod rehydrate;

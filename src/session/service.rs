@@ -28,7 +28,8 @@ use crate::policy::ambiguity;
 use crate::policy::checklist::{self, ChecklistItem};
 use crate::policy::fleet::{self, OwnerWatch};
 use crate::policy::guardrails::{self, Breach, Limits, LimitsPatch};
-use crate::policy::lifecycle::{self, Mode, PausePlan, Reason, Status, StopPlan};
+use crate::policy::lifecycle::{self, Action, Mode, PausePlan, Reason, Status, StopPlan};
+use crate::policy::retention::TenantRetention;
 use crate::policy::termination::{self, Facts};
 use crate::store::{
     self, ControlAction, Lease, NewSession, Session, SessionCursor, SessionSettings, Store,
@@ -691,6 +692,11 @@ impl SessionService {
         let session = store::lock_session(&mut tx, id, scope)
             .await?
             .ok_or(ServiceError::NotFound(id))?;
+        lifecycle::check_writable(
+            Action::Refine,
+            session.status,
+            session.imported_at.is_some(),
+        )?;
         lifecycle::check_refine(session.status)?;
         let suggested = session
             .refinement
@@ -923,6 +929,7 @@ impl SessionService {
         let session = store::lock_session(&mut tx, id, scope)
             .await?
             .ok_or(ServiceError::NotFound(id))?;
+        lifecycle::check_writable(Action::Stop, session.status, session.imported_at.is_some())?;
         match lifecycle::plan_stop(session.status)? {
             StopPlan::AlreadyStopped => {
                 self.commit(tx, id).await?;
@@ -1091,6 +1098,7 @@ impl SessionService {
         let session = store::lock_session(&mut tx, id, scope)
             .await?
             .ok_or(ServiceError::NotFound(id))?;
+        lifecycle::check_writable(Action::Pause, session.status, session.imported_at.is_some())?;
         match lifecycle::plan_pause(session.status)? {
             PausePlan::AlreadyPaused => {
                 self.commit(tx, id).await?;
@@ -1132,6 +1140,12 @@ impl SessionService {
         let session = store::lock_session(&mut tx, id, scope)
             .await?
             .ok_or(ServiceError::NotFound(id))?;
+        let action = if req.reopen {
+            Action::Reopen
+        } else {
+            Action::Resume
+        };
+        lifecycle::check_writable(action, session.status, session.imported_at.is_some())?;
         lifecycle::check_resume(session.status, req.reopen)?;
         persist::check_tenant_room(
             &mut tx,
@@ -1214,6 +1228,30 @@ impl SessionService {
             .await
     }
 
+    /// The server's retention (`WARDEN_RETENTION_DAYS`; `None`: forever) and
+    /// the tenants with one of their own (`tenant` only, when given).
+    pub async fn retentions(
+        &self,
+        tenant: Option<&str>,
+    ) -> Result<(Option<std::time::Duration>, Vec<(String, TenantRetention)>)> {
+        Ok((
+            self.config.retention.keep,
+            self.store.tenant_retentions(tenant).await?,
+        ))
+    }
+
+    /// Sets a tenant's own retention (`ServerDefault` drops it); the
+    /// pruner applies it from its next pass.
+    pub async fn set_retention(&self, tenant: &str, retention: TenantRetention) -> Result<()> {
+        if !crate::auth::valid_tenant(tenant) {
+            return Err(ServiceError::Invalid(format!(
+                "invalid tenant {tenant:?}: 1 to 64 letters, digits, '-', '_' or '.'"
+            )));
+        }
+        self.store.set_tenant_retention(tenant, retention).await?;
+        Ok(())
+    }
+
     /// Deletes an ended session with its whole history, then its workspace.
     /// A workspace that cannot be removed now is left to the retention sweep
     /// (its session is gone, so the sweep removes it).
@@ -1243,6 +1281,11 @@ impl SessionService {
         let session = store::lock_session(&mut tx, id, scope)
             .await?
             .ok_or(ServiceError::NotFound(id))?;
+        lifecycle::check_writable(
+            Action::Update,
+            session.status,
+            session.imported_at.is_some(),
+        )?;
         lifecycle::check_update(session.status)?;
         let settings = SessionSettings {
             mode: req.mode.unwrap_or(session.mode),

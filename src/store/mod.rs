@@ -17,6 +17,7 @@
 //! (an in-process channel on the embedded server); `embedded` runs that server;
 //! `queue` claims the sessions that wait for a replica with capacity.
 
+pub mod archive;
 mod batch;
 mod checkpoints;
 mod connection;
@@ -110,6 +111,14 @@ pub enum StoreError {
     /// The embedded database's files could not be flushed to the disk.
     #[error(transparent)]
     Flush(#[from] flush::FlushError),
+    /// An archived session cannot be imported as it is.
+    #[error("cannot import session {id}: {detail}")]
+    Import {
+        /// Session concerned.
+        id: Uuid,
+        /// Why not.
+        detail: String,
+    },
     /// A stored value could not be decoded.
     #[error("stored data for session {id} is invalid: {detail}")]
     Corrupt {

@@ -300,6 +300,8 @@ pub struct Session {
     pub attempts: i32,
     /// The error the previous attempt ended on.
     pub last_error: Option<String>,
+    /// When it was imported from an archive: it is read-only.
+    pub imported_at: Option<DateTime<Utc>>,
 }
 
 impl Session {

@@ -54,7 +54,7 @@ macro_rules! select_session_with {
                       tool_calls, consecutive_errors, elapsed_ms, run, checkpoint_saved,
                       last_checkpoint_iteration, stop_requested, pause_requested, guidance,
                       last_event_seq, owner, lease_expires_at, heartbeat_at, created_at,
-                      updated_at, ended_at, tenant, attempts, last_error,
+                      updated_at, ended_at, tenant, attempts, last_error, imported_at,
                       CASE WHEN status = 'queued' THEN
                           (SELECT count(*) FROM sessions q WHERE q.status = 'queued'
                               AND (q.queued_at, q.id) <= (sessions.queued_at, sessions.id))

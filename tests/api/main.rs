@@ -24,6 +24,7 @@ mod openapi;
 mod owners;
 mod quotas;
 mod recovery;
+mod retention;
 mod secrets;
 mod sessions;
 mod store;

@@ -76,7 +76,7 @@ pub async fn create_session(
             owner,
             slot_reserved,
         } => {
-            let queue_empty = slot_reserved && !store::queue_waiting(&mut tx).await?;
+            let queue_empty = slot_reserved && !store::queue_waiting(&mut tx, &new.tenant).await?;
             (
                 lifecycle::admission(slot_reserved, queue_empty),
                 Some(owner),

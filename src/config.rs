@@ -214,9 +214,10 @@ pub struct Config {
     /// The key that seals sessions' own secrets (`WARDEN_SECRET_KEY` or
     /// `WARDEN_SECRET_KEY_FILE`).
     pub secret_key: SecretKeySource,
-    /// `WARDEN_SECRET_KEY_PREVIOUS`: earlier keys (comma-separated) that
-    /// still open what they sealed; at start what they sealed is sealed
-    /// again under the current key (a rotation).
+    /// Earlier keys that still open what they sealed (`WARDEN_SECRET_KEYS`
+    /// after its first, `WARDEN_SECRET_KEY_PREVIOUS`, and a key file's
+    /// later lines once read); after start what they sealed is sealed again
+    /// under the current key in the background (a rotation).
     pub secret_key_previous: Vec<SecretKey>,
     /// Quotas (`WARDEN_TENANT_MAX_RUNNING`, …).
     pub quotas: Quotas,
@@ -313,8 +314,12 @@ pub struct Quotas {
 }
 
 impl Env<'_> {
-    /// `WARDEN_SECRET_KEY` (wins) or `WARDEN_SECRET_KEY_FILE`.
+    /// `WARDEN_SECRET_KEYS`' first key (wins), `WARDEN_SECRET_KEY` or
+    /// `WARDEN_SECRET_KEY_FILE`.
     fn secret_key(&self) -> Result<SecretKeySource, ConfigError> {
+        if let Some(first) = self.key_list(&WARDEN_SECRET_KEYS)?.into_iter().next() {
+            return Ok(SecretKeySource::Key(first));
+        }
         if let Some((var, raw)) = self.text(&WARDEN_SECRET_KEY) {
             return SecretKey::parse(&raw)
                 .map(SecretKeySource::Key)
@@ -330,9 +335,21 @@ impl Env<'_> {
         Ok(SecretKeySource::File(PathBuf::from(file)))
     }
 
-    /// `WARDEN_SECRET_KEY_PREVIOUS`: keys as `WARDEN_SECRET_KEY`, comma-separated.
+    /// The keys that still open what they sealed: `WARDEN_SECRET_KEYS`
+    /// after its first, then `WARDEN_SECRET_KEY_PREVIOUS`.
     fn secret_key_previous(&self) -> Result<Vec<SecretKey>, ConfigError> {
-        let Some((var, raw)) = self.text(&WARDEN_SECRET_KEY_PREVIOUS) else {
+        let mut keys: Vec<SecretKey> = self
+            .key_list(&WARDEN_SECRET_KEYS)?
+            .into_iter()
+            .skip(1)
+            .collect();
+        keys.extend(self.key_list(&WARDEN_SECRET_KEY_PREVIOUS)?);
+        Ok(keys)
+    }
+
+    /// Keys as `WARDEN_SECRET_KEY`, comma-separated; none when unset.
+    fn key_list(&self, setting: &Setting) -> Result<Vec<SecretKey>, ConfigError> {
+        let Some((var, raw)) = self.text(setting) else {
             return Ok(Vec::new());
         };
         raw.split(',')

@@ -110,6 +110,9 @@ pub enum StoreError {
     /// The embedded database's files could not be flushed to the disk.
     #[error(transparent)]
     Flush(#[from] flush::FlushError),
+    /// A key check value could not be sealed (no randomness).
+    #[error("cannot seal a key check value: {0}")]
+    Secret(String),
     /// A stored value could not be decoded.
     #[error("stored data for session {id} is invalid: {detail}")]
     Corrupt {

@@ -506,11 +506,12 @@ pub enum Needed {
     CheckFails,
 }
 
-/// Decides from the registered key id, the ids that still seal secrets,
-/// and the ring keys whose recorded check value they did not open.
+/// Decides from the registered key id, the ids that still seal secrets
+/// and must be opened (`needed`), and the ring keys whose recorded check
+/// value they did not open.
 pub fn registration(
     registered: Option<&str>,
-    in_use: &[String],
+    needed: &[String],
     failed_checks: &[String],
     ring: &Keyring,
 ) -> KeyRegistration {
@@ -524,7 +525,7 @@ pub fn registration(
     if let Some(id) = registered.filter(|id| !ring.has(id)) {
         return refuse(id, Needed::Registered);
     }
-    if let Some(id) = in_use.iter().find(|id| !ring.has(id)) {
+    if let Some(id) = needed.iter().find(|id| !ring.has(id)) {
         return refuse(id, Needed::StillSeals);
     }
     match registered {

@@ -69,8 +69,8 @@ pub struct StoredSecret {
 impl Store {
     /// Checks `ring` against the database's keys and registers its current
     /// key when that is the decision (see [`crate::secrets::registration`]):
-    /// the registered key, every key id that still seals a secret, and the
-    /// key check value recorded for each id. Records a check value for
+    /// the registered key, the key ids the fleet used that still seal a
+    /// secret, and the key check value recorded for each id. Records a check value for
     /// every ring key that has none yet. One replica at a time: the
     /// registry is locked until the decision is written.
     pub async fn register_secret_key(&self, ring: &Keyring) -> Result<KeyRegistration> {
@@ -81,19 +81,23 @@ impl Store {
         let registered = sqlx::query_scalar!("SELECT key_id FROM secret_key")
             .fetch_optional(&mut *tx)
             .await?;
-        let in_use: Vec<String> = secret_counts_on(&mut tx)
+        let checks = sqlx::query!("SELECT key_id, nonce, ciphertext FROM secret_key_checks")
+            .fetch_all(&mut *tx)
+            .await?;
+        // Keys that still seal secrets are needed when the fleet used them
+        // (a check value was recorded), or, on a database from before the
+        // registry, whatever they are. A key never recorded (a value
+        // restored beside a key that is lost) fails its sessions instead
+        // of keeping every replica from starting.
+        let needed: Vec<String> = secret_counts_on(&mut tx)
             .await?
             .into_iter()
             .map(|(id, _)| id)
+            .filter(|id| registered.is_none() || checks.iter().any(|c| c.key_id == *id))
             .collect();
-        let checks = sqlx::query!(
-            "SELECT key_id, nonce, ciphertext FROM secret_key_checks WHERE key_id = ANY($1)",
-            &ring.ids()
-        )
-        .fetch_all(&mut *tx)
-        .await?;
         let failed_checks: Vec<String> = checks
             .iter()
+            .filter(|c| ring.has(&c.key_id))
             .filter(|c| {
                 let check = Sealed {
                     key_id: c.key_id.clone(),
@@ -108,7 +112,7 @@ impl Store {
             .map(|c| c.key_id.clone())
             .collect();
         let decision =
-            crate::secrets::registration(registered.as_deref(), &in_use, &failed_checks, ring);
+            crate::secrets::registration(registered.as_deref(), &needed, &failed_checks, ring);
         if matches!(decision, KeyRegistration::Refuse { .. }) {
             tx.rollback().await?;
             return Ok(decision);

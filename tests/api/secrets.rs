@@ -704,7 +704,7 @@ async fn a_replica_refuses_to_start_without_a_key_the_database_needs_naming_its_
     assert!(!err.contains(&new), "no key in the message: {err}");
     // With both keys it starts, and the re-seal moves the secret over.
     let ring = format!("{new},{TEST_SECRET_KEY}");
-    let app = TestApp::spawn_with(
+    let mut app = TestApp::spawn_with(
         pool.clone(),
         config_with(&[("WARDEN_SECRET_KEYS", ring.as_str())]),
     )

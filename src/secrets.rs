@@ -367,7 +367,7 @@ pub fn retire_from_key_file(
     let (kept, dropped): (Vec<_>, Vec<_>) = keys
         .into_iter()
         .enumerate()
-        .partition(|(i, k)| *i == 0 || still_sealing.iter().any(|id| *id == k.id));
+        .partition(|(i, k)| *i == 0 || still_sealing.contains(&k.id));
     if !dropped.is_empty() {
         let kept: Vec<SecretKey> = kept.into_iter().map(|(_, k)| k).collect();
         replace_key_file(path, &kept)?;

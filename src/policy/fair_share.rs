@@ -197,8 +197,8 @@ mod tests {
         }
         assert_eq!(running, [100, 200, 300]);
         let total: u64 = running.iter().sum();
-        for i in 0..3 {
-            let share = 100.0 * running[i] as f64 / total as f64;
+        for (i, held) in running.iter().enumerate() {
+            let share = 100.0 * *held as f64 / total as f64;
             assert!((share - weighted_share_percent(&weights, i)).abs() < 0.01);
         }
         assert_eq!(weighted_share_percent(&weights, 9), 0.0);

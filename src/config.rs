@@ -1051,6 +1051,26 @@ mod tests {
                 && !err.contains(&old1),
             "{err}"
         );
+        // A ring in WARDEN_SECRET_KEYS: its first is current and wins over
+        // WARDEN_SECRET_KEY; the rest and WARDEN_SECRET_KEY_PREVIOUS open.
+        let keys = format!("{old2},{old1}");
+        let ringed = Config::from_vars(&vars(&[
+            ("WARDEN_SECRET_KEY", hex.as_str()),
+            ("WARDEN_SECRET_KEYS", keys.as_str()),
+            ("WARDEN_SECRET_KEY_PREVIOUS", hex.as_str()),
+        ]))
+        .unwrap();
+        let ring = ringed.keyring().unwrap();
+        let id = |k: &str| SecretKey::parse(k).unwrap().id().to_string();
+        assert_eq!(ring.ids(), vec![id(&old2), id(&old1), id(&hex)]);
+        assert!(!format!("{ringed:?}").contains(&old2));
+        let err = Config::from_vars(&vars(&[("WARDEN_SECRET_KEYS", bad.as_str())]))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("WARDEN_SECRET_KEYS") && !err.contains(&old1),
+            "{err}"
+        );
         // Without a loaded key there is no ring yet.
         assert!(Config::from_vars(&vars(&[])).unwrap().keyring().is_none());
         assert_eq!(

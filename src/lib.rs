@@ -444,29 +444,25 @@ async fn load_secret_key(
             tracing::warn!(from = %from, to = %key.id(), "secret key rotated: what the previous key sealed is sealed again under the new one, in the background");
         }
         secrets::KeyRegistration::Refuse { found, why } => {
-            let because = match why {
-                secrets::Needed::Registered => "the fleet's current secret key is",
-                secrets::Needed::StillSeals => "secrets in this database are still sealed under",
-                secrets::Needed::CheckFails => "this replica's key of id",
-            };
-            let tail = match why {
-                secrets::Needed::CheckFails => format!(
-                    " does not open the key check value the database recorded for {found}: \
-it is another key under the same id (or the check value was damaged); give this replica the fleet's key {found}"
-                ),
-                _ => format!(
-                    " {found}, which this replica's keys ({ours}: WARDEN_SECRET_KEYS, WARDEN_SECRET_KEY, \
-the key file, WARDEN_SECRET_KEY_PREVIOUS) do not hold: start it with key {found} in its ring \
+            let missing = format!(
+                "which this replica's keys ({ours}: WARDEN_SECRET_KEYS, WARDEN_SECRET_KEY, the key file, \
+WARDEN_SECRET_KEY_PREVIOUS) do not hold: start it with key {found} in its ring"
+            );
+            let why = match why {
+                secrets::Needed::Registered => {
+                    format!("the fleet's current secret key is {found}, {missing}")
+                }
+                secrets::Needed::StillSeals => format!(
+                    "secrets in this database are still sealed under {found}, {missing} \
 (after `warden secrets rotate`, keep the old key until `warden secrets status` shows it seals nothing)"
                 ),
-            };
-            let because = if why == secrets::Needed::CheckFails {
-                format!("{because} {found}")
-            } else {
-                because.to_string()
+                secrets::Needed::CheckFails => format!(
+                    "this replica's key of id {found} does not open the key check value the database \
+recorded for that id: it is another key under the same id (or the check value was damaged); give it the fleet's key {found}"
+                ),
             };
             return Err(AppError::Secrets(format!(
-                "this replica needs secret key {found}: {because}{tail}"
+                "this replica needs secret key {found}: {why}"
             )));
         }
     }

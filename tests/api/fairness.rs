@@ -146,3 +146,34 @@ async fn freed_places_go_to_the_tenants_that_run_least_for_their_weight_within_t
     stop(&app, &c_queued[0]).await;
     wait_running(&app, &c_queued[1]).await;
 }
+
+#[tokio::test]
+async fn a_tenant_at_its_running_cap_queues_though_places_are_free() {
+    let db = common::TestDb::new().await;
+    let pool = db.pool.clone();
+    let app = TestApp::spawn_with(pool.clone(), config_with(&[("WARDEN_MAX_RUNNING", "4")])).await;
+    store_on(pool.clone())
+        .set_tenant_settings("tenant-d", 1, Some(1))
+        .await
+        .expect("settings stored");
+    let d = tenant_client(&app, "tenant-d").await;
+    let first = create_as(&app, &d).await;
+    assert_eq!(first["status"], "running", "{first}");
+    let second = create_as(&app, &d).await;
+    assert_eq!(
+        (
+            &second["status"],
+            &second["queue_position"],
+            &second["queue_tenants"]
+        ),
+        (&json!("queued"), &json!(1), &json!(1)),
+        "{second}"
+    );
+    // Another tenant is not held back by D's cap.
+    let e = tenant_client(&app, "tenant-e").await;
+    let other = create_as(&app, &e).await;
+    wait_running(&app, &id_of(&other)).await;
+    // D's session ends: its next one takes the place.
+    stop(&app, &id_of(&first)).await;
+    wait_running(&app, &id_of(&second)).await;
+}

@@ -216,9 +216,10 @@ pub struct Config {
     /// The key that seals sessions' own secrets (`WARDEN_SECRET_KEY` or
     /// `WARDEN_SECRET_KEY_FILE`).
     pub secret_key: SecretKeySource,
-    /// `WARDEN_SECRET_KEY_PREVIOUS`: earlier keys (comma-separated) that
-    /// still open what they sealed; at start what they sealed is sealed
-    /// again under the current key (a rotation).
+    /// Earlier keys that still open what they sealed (`WARDEN_SECRET_KEYS`
+    /// after its first, `WARDEN_SECRET_KEY_PREVIOUS`, and a key file's
+    /// later lines once read); after start what they sealed is sealed again
+    /// under the current key in the background (a rotation).
     pub secret_key_previous: Vec<SecretKey>,
     /// Quotas (`WARDEN_TENANT_MAX_RUNNING`, …).
     pub quotas: Quotas,
@@ -357,8 +358,12 @@ impl Env<'_> {
             .map_err(|e| invalid(format!("an MCP configuration ({{\"mcpServers\": …}}): {e}")))
     }
 
-    /// `WARDEN_SECRET_KEY` (wins) or `WARDEN_SECRET_KEY_FILE`.
+    /// `WARDEN_SECRET_KEYS`' first key (wins), `WARDEN_SECRET_KEY` or
+    /// `WARDEN_SECRET_KEY_FILE`.
     fn secret_key(&self) -> Result<SecretKeySource, ConfigError> {
+        if let Some(first) = self.key_list(&WARDEN_SECRET_KEYS)?.into_iter().next() {
+            return Ok(SecretKeySource::Key(first));
+        }
         if let Some((var, raw)) = self.text(&WARDEN_SECRET_KEY) {
             return SecretKey::parse(&raw)
                 .map(SecretKeySource::Key)
@@ -374,9 +379,21 @@ impl Env<'_> {
         Ok(SecretKeySource::File(PathBuf::from(file)))
     }
 
-    /// `WARDEN_SECRET_KEY_PREVIOUS`: keys as `WARDEN_SECRET_KEY`, comma-separated.
+    /// The keys that still open what they sealed: `WARDEN_SECRET_KEYS`
+    /// after its first, then `WARDEN_SECRET_KEY_PREVIOUS`.
     fn secret_key_previous(&self) -> Result<Vec<SecretKey>, ConfigError> {
-        let Some((var, raw)) = self.text(&WARDEN_SECRET_KEY_PREVIOUS) else {
+        let mut keys: Vec<SecretKey> = self
+            .key_list(&WARDEN_SECRET_KEYS)?
+            .into_iter()
+            .skip(1)
+            .collect();
+        keys.extend(self.key_list(&WARDEN_SECRET_KEY_PREVIOUS)?);
+        Ok(keys)
+    }
+
+    /// Keys as `WARDEN_SECRET_KEY`, comma-separated; none when unset.
+    fn key_list(&self, setting: &Setting) -> Result<Vec<SecretKey>, ConfigError> {
+        let Some((var, raw)) = self.text(setting) else {
             return Ok(Vec::new());
         };
         raw.split(',')
@@ -1152,6 +1169,26 @@ mod tests {
             err.contains("WARDEN_SECRET_KEY_PREVIOUS")
                 && err.contains("key 2")
                 && !err.contains(&old1),
+            "{err}"
+        );
+        // A ring in WARDEN_SECRET_KEYS: its first is current and wins over
+        // WARDEN_SECRET_KEY; the rest and WARDEN_SECRET_KEY_PREVIOUS open.
+        let keys = format!("{old2},{old1}");
+        let ringed = Config::from_vars(&vars(&[
+            ("WARDEN_SECRET_KEY", hex.as_str()),
+            ("WARDEN_SECRET_KEYS", keys.as_str()),
+            ("WARDEN_SECRET_KEY_PREVIOUS", hex.as_str()),
+        ]))
+        .unwrap();
+        let ring = ringed.keyring().unwrap();
+        let id = |k: &str| SecretKey::parse(k).unwrap().id().to_string();
+        assert_eq!(ring.ids(), vec![id(&old2), id(&old1), id(&hex)]);
+        assert!(!format!("{ringed:?}").contains(&old2));
+        let err = Config::from_vars(&vars(&[("WARDEN_SECRET_KEYS", bad.as_str())]))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("WARDEN_SECRET_KEYS") && !err.contains(&old1),
             "{err}"
         );
         // Without a loaded key there is no ring yet.

@@ -203,7 +203,7 @@ impl Application {
         mut config: Config,
         store: Store,
     ) -> Result<Application, AppError> {
-        load_secret_key(&mut config, &store).await?;
+        let rotating = load_secret_key(&mut config, &store).await?;
         if store.is_single_process() {
             // One backend: the loops share the API's pool, so its runtime.
             config.loop_threads = 0;
@@ -288,18 +288,24 @@ impl Application {
             replica_id,
             metrics.clone(),
         );
-        let background = vec![
+        let mut background = vec![
             loops.handle().spawn(supervisor.clone().maintain()),
             loops.handle().spawn(supervisor.clone().listen()),
-            tokio::spawn(session::retention::sweep_forever(
-                service_store,
-                config.workspace_root.clone(),
-                config.workspace_retention,
-                policy::retention::sweep_every(config.workspace_retention),
-            )),
             // On the API's runtime and pool, as the sweep: never the loops'.
             tokio::spawn(pruner.prune_forever()),
         ];
+        if let Some(ring) = rotating {
+            background.push(tokio::spawn(session::reseal_in_background(
+                service_store.clone(),
+                ring,
+            )));
+        }
+        background.push(tokio::spawn(session::retention::sweep_forever(
+            service_store,
+            config.workspace_root.clone(),
+            config.workspace_retention,
+            policy::retention::sweep_every(config.workspace_retention),
+        )));
         let app = http::router(
             http::AppState {
                 service,
@@ -398,18 +404,31 @@ impl Application {
     }
 }
 
-/// Loads the key sealing sessions' secrets (generating its file on first
-/// start), then seals any plaintext key an earlier version stored. The log
-/// says where the key is and its public id, never the key.
-async fn load_secret_key(config: &mut Config, store: &Store) -> Result<(), AppError> {
+/// Loads the keys sealing sessions' secrets (generating the key file on
+/// first start), checks them against the database's (refusing to start
+/// without a key it needs), then seals any plaintext key an earlier
+/// version stored. The log says where the keys are and their public ids,
+/// never a key. Returns the ring when it holds previous keys, for the
+/// background re-seal.
+async fn load_secret_key(
+    config: &mut Config,
+    store: &Store,
+) -> Result<Option<secrets::Keyring>, AppError> {
     let key = match &config.secret_key {
         config::SecretKeySource::Key(key) => {
-            tracing::info!(key_id = key.id(), "secret key from WARDEN_SECRET_KEY");
+            tracing::info!(
+                key_id = key.id(),
+                "secret key from WARDEN_SECRET_KEYS or WARDEN_SECRET_KEY"
+            );
             key.clone()
         }
         config::SecretKeySource::File(path) => {
-            let (key, created) = secrets::SecretKey::load_or_create(path)
+            let (keys, created) = secrets::SecretKey::load_or_create(path)
                 .map_err(|e| AppError::Secrets(e.to_string()))?;
+            let mut keys = keys.into_iter();
+            let key = keys
+                .next()
+                .ok_or_else(|| AppError::Secrets(format!("{}: no key", path.display())))?;
             if created {
                 tracing::warn!(
                     path = %path.display(),
@@ -418,40 +437,44 @@ async fn load_secret_key(config: &mut Config, store: &Store) -> Result<(), AppEr
                 keep it and back it up, or set WARDEN_SECRET_KEY: without it, sessions' own API keys cannot be read"
                 );
             } else {
-                tracing::info!(path = %path.display(), key_id = key.id(), "secret key read from its file");
+                tracing::info!(path = %path.display(), key_id = key.id(), previous = keys.len(), "secret keys read from their file");
             }
+            config.secret_key_previous.splice(0..0, keys);
             key
         }
     };
     let ring = secrets::Keyring::new(key.clone(), config.secret_key_previous.clone());
-    let ours = key.id().to_string();
+    let ours = ring.ids().join(", ");
     match store.register_secret_key(&ring).await? {
         secrets::KeyRegistration::Current => {}
         secrets::KeyRegistration::Register => {
-            tracing::info!(key_id = %ours, "registered this replica's secret key as the database's");
+            tracing::info!(key_id = %key.id(), "registered this replica's secret key as the database's");
         }
         secrets::KeyRegistration::Rotate { from } => {
-            tracing::warn!(from = %from, to = %ours, "secret key rotated: what the previous key sealed is sealed again under the new one");
+            tracing::warn!(from = %from, to = %key.id(), "secret key rotated: what the previous key sealed is sealed again under the new one, in the background");
         }
-        secrets::KeyRegistration::Refuse { found } => {
+        secrets::KeyRegistration::Refuse { found, why } => {
+            let missing = format!(
+                "which this replica's keys ({ours}: WARDEN_SECRET_KEYS, WARDEN_SECRET_KEY, the key file, \
+WARDEN_SECRET_KEY_PREVIOUS) do not hold: start it with key {found} in its ring"
+            );
+            let why = match why {
+                secrets::Needed::Registered => {
+                    format!("the fleet's current secret key is {found}, {missing}")
+                }
+                secrets::Needed::StillSeals => format!(
+                    "secrets in this database are still sealed under {found}, {missing} \
+(after `warden secrets rotate`, keep the old key until `warden secrets status` shows it seals nothing)"
+                ),
+                secrets::Needed::CheckFails => format!(
+                    "this replica's key of id {found} does not open the key check value the database \
+recorded for that id: it is another key under the same id (or the check value was damaged); give it the fleet's key {found}"
+                ),
+            };
             return Err(AppError::Secrets(format!(
-                "this database's secrets are sealed under key {found}, but this replica's key \
-(WARDEN_SECRET_KEY or WARDEN_SECRET_KEY_FILE) is {ours} and WARDEN_SECRET_KEY_PREVIOUS does not hold {found}: \
-give every replica the same key, or, to rotate, start with the new key and the old one in WARDEN_SECRET_KEY_PREVIOUS"
+                "this replica needs secret key {found}: {why}"
             )));
         }
-    }
-    if !config.secret_key_previous.is_empty() {
-        let resealed = session::reseal_under_current(store, &ring)
-            .await
-            .map_err(|e| {
-                AppError::Secrets(format!("cannot seal secrets again under the new key: {e}"))
-            })?;
-        tracing::info!(
-            resealed = resealed.resealed,
-            unreadable = resealed.unreadable,
-            "secrets sealed by previous keys moved to the current key"
-        );
     }
     let moved = session::seal_plaintext_keys(store, &key)
         .await
@@ -463,7 +486,7 @@ give every replica the same key, or, to rotate, start with the new key and the o
         );
     }
     config.secret_key = config::SecretKeySource::Key(key);
-    Ok(())
+    Ok((!config.secret_key_previous.is_empty()).then_some(ring))
 }
 
 /// Resolves on SIGINT or SIGTERM.

@@ -44,12 +44,14 @@ async fn main() -> ExitCode {
         }
         Some("healthcheck") => return healthcheck(),
         Some("keys") => return keys(std::env::args().skip(2).collect()).await,
+        Some("secrets") => return secrets(std::env::args().skip(2).collect()).await,
+        Some("tenants") => return tenants(std::env::args().skip(2).collect()).await,
         Some("db") => return db(std::env::args().skip(2).collect()).await,
         Some("config") => return config(std::env::args().skip(2).collect()),
         Some("archive") => return archive(std::env::args().skip(2).collect()).await,
         Some(other) => {
             eprintln!(
-                "warden: unknown command {other:?}; commands: openapi, healthcheck, keys, db, config, archive (none starts the service)"
+                "warden: unknown command {other:?}; commands: openapi, healthcheck, keys, secrets, tenants, db, config, archive (none starts the service)"
             );
             return ExitCode::from(2);
         }
@@ -494,6 +496,281 @@ async fn keys_on(store: &warden::store::Store, args: Vec<String>) -> ExitCode {
         }
         _ => {
             eprintln!("{KEYS_USAGE}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+const SECRETS_USAGE: &str = "usage: warden secrets rotate
+       warden secrets status
+       warden secrets retire
+(rotate: a new key becomes the key file's first (current) line, the old keys stay
+after it and still open what they sealed; with WARDEN_SECRET_KEYS or
+WARDEN_SECRET_KEY set, prints a new key to put first in WARDEN_SECRET_KEYS.
+Restart the replicas one by one: the first with the new key re-seals every
+secret under it in the background.
+status: how many secrets each key id still seals, and the fleet's current key.
+retire: drops from the key file every old key that seals nothing any more.
+status and retire read DATABASE_URL, or the embedded database when it is unset)";
+
+/// `warden secrets ...`: rotate the key ring, see what each key seals,
+/// drop keys that seal nothing.
+async fn secrets(args: Vec<String>) -> ExitCode {
+    let vars = settings::process_env();
+    let env_keys = settings::WARDEN_SECRET_KEYS.lookup(&vars).is_some()
+        || settings::WARDEN_SECRET_KEY.lookup(&vars).is_some();
+    let key_file = std::path::PathBuf::from(
+        settings::WARDEN_SECRET_KEY_FILE
+            .value(&vars)
+            .unwrap_or_default(),
+    );
+    match args
+        .iter()
+        .map(String::as_str)
+        .collect::<Vec<_>>()
+        .as_slice()
+    {
+        ["rotate"] if env_keys => match warden::secrets::SecretKey::generate() {
+            Ok(key) => {
+                eprintln!(
+                    "new secret key {} (shown only now); put it first in WARDEN_SECRET_KEYS, \
+the current keys after it, on every replica (WARDEN_SECRET_KEYS=<new>,<current>,...), and restart them one by one",
+                    key.id()
+                );
+                println!("{}", key.expose_hex());
+                ExitCode::SUCCESS
+            }
+            Err(err) => {
+                eprintln!("warden secrets: {err}");
+                ExitCode::FAILURE
+            }
+        },
+        ["rotate"] => match warden::secrets::rotate_key_file(&key_file) {
+            Ok((new, kept)) => {
+                let kept: Vec<&str> = kept.iter().map(|k| k.id()).collect();
+                println!(
+                    "{}: new current key {}, kept {}; restart the replicas one by one (each reads the file at start): \
+the first re-seals every secret under {} in the background; `warden secrets status` shows the progress",
+                    key_file.display(),
+                    new.id(),
+                    kept.join(", "),
+                    new.id()
+                );
+                ExitCode::SUCCESS
+            }
+            Err(err) => {
+                eprintln!("warden secrets: {err}");
+                ExitCode::FAILURE
+            }
+        },
+        [cmd @ ("status" | "retire")] => {
+            let (store, db) = match cli_store().await {
+                Ok(opened) => opened,
+                Err(err) => {
+                    eprintln!("warden secrets: {err}");
+                    return ExitCode::FAILURE;
+                }
+            };
+            let code = secrets_on(&store, cmd, &key_file, env_keys).await;
+            drop(store);
+            db.close().await;
+            code
+        }
+        _ => {
+            eprintln!("{SECRETS_USAGE}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+async fn secrets_on(
+    store: &warden::store::Store,
+    cmd: &str,
+    key_file: &std::path::Path,
+    env_keys: bool,
+) -> ExitCode {
+    if let Err(err) = store.migrate().await {
+        eprintln!("warden secrets: {err}");
+        return ExitCode::FAILURE;
+    }
+    let (registered, counts) = match (
+        store.registered_secret_key().await,
+        store.secret_counts().await,
+    ) {
+        (Ok(registered), Ok(counts)) => (registered, counts),
+        (Err(err), _) | (_, Err(err)) => {
+            eprintln!("warden secrets: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    if cmd == "status" {
+        println!(
+            "current key (registered by the fleet): {}",
+            registered.as_deref().unwrap_or("none yet")
+        );
+        println!("KEY ID\tSECRETS");
+        if let Some(id) = registered
+            .as_deref()
+            .filter(|id| !counts.iter().any(|(k, _)| k == id))
+        {
+            println!("{id}\t0");
+        }
+        for (id, n) in &counts {
+            println!("{id}\t{n}");
+        }
+        let old: i64 = counts
+            .iter()
+            .filter(|(id, _)| Some(id.as_str()) != registered.as_deref())
+            .map(|(_, n)| n)
+            .sum();
+        if old == 0 {
+            println!(
+                "every secret is sealed under the current key: older keys can be dropped (`warden secrets retire`)"
+            );
+        } else {
+            println!(
+                "{old} secrets are still sealed under older keys: keep those keys until the re-seal is done"
+            );
+        }
+        return ExitCode::SUCCESS;
+    }
+    if env_keys {
+        eprintln!(
+            "warden secrets retire: the keys come from WARDEN_SECRET_KEYS or WARDEN_SECRET_KEY: \
+drop from it every key `warden secrets status` lists with no secret"
+        );
+        return ExitCode::from(2);
+    }
+    let still: Vec<String> = counts
+        .into_iter()
+        .map(|(id, _)| id)
+        .chain(registered)
+        .collect();
+    match warden::secrets::retire_from_key_file(key_file, &still) {
+        Ok(dropped) if dropped.is_empty() => {
+            println!(
+                "{}: every key still seals something; nothing dropped",
+                key_file.display()
+            );
+            ExitCode::SUCCESS
+        }
+        Ok(dropped) => {
+            println!("{}: dropped {}", key_file.display(), dropped.join(", "));
+            ExitCode::SUCCESS
+        }
+        Err(err) => {
+            eprintln!("warden secrets: {err}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+const TENANTS_USAGE: &str =
+    "usage: warden tenants set TENANT [--weight 1..1000] [--max-running N|none]
+       warden tenants list
+(weight: the tenant's share of free places when the queue is claimed, against
+the other waiting tenants' weights (default 1); max-running: most sessions of
+the tenant running at once across the fleet, beyond which its sessions wait
+queued (default none); reads DATABASE_URL, or the embedded database when it is unset)";
+
+/// `warden tenants ...`: the tenants' weights and running caps in the queue.
+async fn tenants(args: Vec<String>) -> ExitCode {
+    let (store, db) = match cli_store().await {
+        Ok(opened) => opened,
+        Err(err) => {
+            eprintln!("warden tenants: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let code = tenants_on(&store, args).await;
+    drop(store);
+    db.close().await;
+    code
+}
+
+async fn tenants_on(store: &warden::store::Store, args: Vec<String>) -> ExitCode {
+    if let Err(err) = store.migrate().await {
+        eprintln!("warden tenants: {err}");
+        return ExitCode::FAILURE;
+    }
+    let flag = |name: &str| {
+        args.iter()
+            .position(|a| a == name)
+            .and_then(|i| args.get(i + 1))
+            .map(String::as_str)
+    };
+    match args.first().map(String::as_str) {
+        Some("set") => {
+            let Some(tenant) = args.get(1).filter(|t| warden::auth::valid_tenant(t)) else {
+                eprintln!(
+                    "warden tenants: a tenant is 1 to 64 letters, digits, `-`, `_` or `.`\n{TENANTS_USAGE}"
+                );
+                return ExitCode::from(2);
+            };
+            let current = match store.tenant_settings().await {
+                Ok(all) => all.into_iter().find(|t| &t.tenant == tenant),
+                Err(err) => {
+                    eprintln!("warden tenants: {err}");
+                    return ExitCode::FAILURE;
+                }
+            };
+            let weight = match flag("--weight").map(str::parse::<i32>) {
+                None => current.as_ref().map_or(1, |t| t.weight),
+                Some(Ok(w)) if (1..=1000).contains(&w) => w,
+                Some(_) => {
+                    eprintln!("warden tenants: --weight is a whole number from 1 to 1000");
+                    return ExitCode::from(2);
+                }
+            };
+            let max_running = match flag("--max-running") {
+                None => current.and_then(|t| t.max_running),
+                Some("none") => None,
+                Some(n) => match n.parse::<i32>() {
+                    Ok(n) if n >= 0 => Some(n),
+                    _ => {
+                        eprintln!(
+                            "warden tenants: --max-running is a whole number from 0, or none"
+                        );
+                        return ExitCode::from(2);
+                    }
+                },
+            };
+            match store.set_tenant_settings(tenant, weight, max_running).await {
+                Ok(()) => {
+                    println!(
+                        "tenant {tenant}: weight {weight}, max running {}",
+                        max_running.map_or("none".to_string(), |n| n.to_string())
+                    );
+                    ExitCode::SUCCESS
+                }
+                Err(err) => {
+                    eprintln!("warden tenants: {err}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+        Some("list") => match store.tenant_settings().await {
+            Ok(all) => {
+                println!("TENANT\tWEIGHT\tMAX RUNNING\tRUNNING\tACTIVE");
+                for t in all {
+                    println!(
+                        "{}\t{}\t{}\t{}\t{}",
+                        t.tenant,
+                        t.weight,
+                        t.max_running.map_or("-".to_string(), |n| n.to_string()),
+                        t.running,
+                        t.active
+                    );
+                }
+                ExitCode::SUCCESS
+            }
+            Err(err) => {
+                eprintln!("warden tenants: {err}");
+                ExitCode::FAILURE
+            }
+        },
+        _ => {
+            eprintln!("{TENANTS_USAGE}");
             ExitCode::from(2)
         }
     }

@@ -146,14 +146,22 @@ impl SecretKey {
         &self.id
     }
 
+    /// The key itself as 64 hex digits, for `warden secrets rotate` to hand
+    /// a new key to the operator once; never logged.
+    pub fn expose_hex(&self) -> String {
+        self.hex()
+    }
+
     fn hex(&self) -> String {
         self.bytes.iter().map(|b| format!("{b:02x}")).collect()
     }
 
-    /// Reads the key kept in `path`, or, when there is none, generates one
-    /// and writes it there readable by the owner only (0600; the directory
-    /// is created 0700). Returns the key and whether it was created.
-    pub fn load_or_create(path: &Path) -> Result<(SecretKey, bool), SecretsError> {
+    /// Reads the keys kept in `path` (one a line, the current one first;
+    /// blank lines and `#` comments skipped), or, when there is no file,
+    /// generates a key and writes it there readable by the owner only
+    /// (0600; the directory is created 0700). Returns the keys, the current
+    /// one first, and whether the file was created.
+    pub fn load_or_create(path: &Path) -> Result<(Vec<SecretKey>, bool), SecretsError> {
         let io = |source| SecretsError::Io {
             path: path.to_path_buf(),
             source,
@@ -174,25 +182,11 @@ impl SecretKey {
         // Written whole under a private name, then linked into place: a
         // replica starting beside this one (a shared volume) sees either no
         // file or a complete one, never a half-written key.
-        let mut tag = [0u8; 8];
-        getrandom::fill(&mut tag).map_err(|e| SecretsError::Random(e.to_string()))?;
-        let draft = path.with_extension(format!(
-            "draft-{}-{}",
-            std::process::id(),
-            tag.iter().map(|b| format!("{b:02x}")).collect::<String>()
-        ));
-        let mut options = std::fs::OpenOptions::new();
-        options.write(true).create_new(true);
-        #[cfg(unix)]
-        std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
-        let written = options.open(&draft).and_then(|mut file| {
-            file.write_all(format!("{}\n", key.hex()).as_bytes())?;
-            file.sync_all()
-        });
-        let published = written.and_then(|()| std::fs::hard_link(&draft, path));
+        let draft = write_draft(path, std::slice::from_ref(&key))?;
+        let published = std::fs::hard_link(&draft, path);
         let _ = std::fs::remove_file(&draft);
         match published {
-            Ok(()) => Ok((key, true)),
+            Ok(()) => Ok((vec![key], true)),
             // Another process created it first: use theirs.
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
                 let text = std::fs::read_to_string(path).map_err(io)?;
@@ -202,11 +196,38 @@ impl SecretKey {
         }
     }
 
-    fn from_file_text(path: &Path, text: &str) -> Result<SecretKey, SecretsError> {
-        SecretKey::parse(text).map_err(|why| SecretsError::BadKeyFile {
-            path: path.to_path_buf(),
-            why: format!("expected {why}"),
-        })
+    fn from_file_text(path: &Path, text: &str) -> Result<Vec<SecretKey>, SecretsError> {
+        let keys = text
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty() && !l.starts_with('#'))
+            .enumerate()
+            .map(|(i, line)| {
+                SecretKey::parse(line).map_err(|why| SecretsError::BadKeyFile {
+                    path: path.to_path_buf(),
+                    why: format!("key {} of the file: expected {why}", i + 1),
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        if keys.is_empty() {
+            return Err(SecretsError::BadKeyFile {
+                path: path.to_path_buf(),
+                why: "expected a 256-bit key (64 hex digits or base64) on its first line".into(),
+            });
+        }
+        Ok(keys)
+    }
+
+    /// The key check value recorded for this key's id: a fixed text sealed
+    /// under it, which only this key opens.
+    pub fn check_value(&self) -> Result<Sealed, SecretsError> {
+        self.seal(Uuid::nil(), KEY_CHECK_NAME, KEY_CHECK_TEXT)
+    }
+
+    /// Whether `check` is this key's check value.
+    pub fn opens_check(&self, check: &Sealed) -> bool {
+        self.open(Uuid::nil(), KEY_CHECK_NAME, check)
+            .is_ok_and(|t| t == KEY_CHECK_TEXT)
     }
 
     fn cipher(&self) -> XChaCha20Poly1305 {
@@ -272,6 +293,93 @@ fn associated_data(session: Uuid, name: &str) -> Vec<u8> {
     aad
 }
 
+/// Writes `keys` (one a line) to a new private file beside `path`, mode
+/// 0600, synced; returns its name for the caller to publish.
+fn write_draft(path: &Path, keys: &[SecretKey]) -> Result<PathBuf, SecretsError> {
+    let io = |source| SecretsError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let mut tag = [0u8; 8];
+    getrandom::fill(&mut tag).map_err(|e| SecretsError::Random(e.to_string()))?;
+    let draft = path.with_extension(format!(
+        "draft-{}-{}",
+        std::process::id(),
+        tag.iter().map(|b| format!("{b:02x}")).collect::<String>()
+    ));
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create_new(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+    let text: String = keys.iter().map(|k| format!("{}\n", k.hex())).collect();
+    let written = options.open(&draft).and_then(|mut file| {
+        file.write_all(text.as_bytes())?;
+        file.sync_all()
+    });
+    if let Err(e) = written {
+        let _ = std::fs::remove_file(&draft);
+        return Err(io(e));
+    }
+    Ok(draft)
+}
+
+/// Replaces the key file at `path` with `keys` (the current one first) in
+/// one rename: a replica reading it meanwhile sees the old file or the new
+/// one, whole.
+fn replace_key_file(path: &Path, keys: &[SecretKey]) -> Result<(), SecretsError> {
+    let draft = write_draft(path, keys)?;
+    std::fs::rename(&draft, path).map_err(|source| {
+        let _ = std::fs::remove_file(&draft);
+        SecretsError::Io {
+            path: path.to_path_buf(),
+            source,
+        }
+    })
+}
+
+/// `warden secrets rotate` on a key file: a new key becomes the file's
+/// first (current) and every key it held stays after it, still opening
+/// what it sealed. Returns the new key and the kept ones.
+pub fn rotate_key_file(path: &Path) -> Result<(SecretKey, Vec<SecretKey>), SecretsError> {
+    let text = std::fs::read_to_string(path).map_err(|source| SecretsError::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let kept = SecretKey::from_file_text(path, &text)?;
+    let new = SecretKey::generate()?;
+    let keys: Vec<SecretKey> = std::iter::once(new.clone()).chain(kept.clone()).collect();
+    replace_key_file(path, &keys)?;
+    Ok((new, kept))
+}
+
+/// `warden secrets retire` on a key file: keeps the current key and the
+/// keys whose ids are in `still_sealing` (the database still holds values
+/// they sealed), drops the others. Returns the ids dropped.
+pub fn retire_from_key_file(
+    path: &Path,
+    still_sealing: &[String],
+) -> Result<Vec<String>, SecretsError> {
+    let text = std::fs::read_to_string(path).map_err(|source| SecretsError::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let keys = SecretKey::from_file_text(path, &text)?;
+    let (kept, dropped): (Vec<_>, Vec<_>) = keys
+        .into_iter()
+        .enumerate()
+        .partition(|(i, k)| *i == 0 || still_sealing.contains(&k.id));
+    if !dropped.is_empty() {
+        let kept: Vec<SecretKey> = kept.into_iter().map(|(_, k)| k).collect();
+        replace_key_file(path, &kept)?;
+    }
+    Ok(dropped.into_iter().map(|(_, k)| k.id).collect())
+}
+
+/// Name the key check value is sealed under (with the nil session).
+const KEY_CHECK_NAME: &str = "warden key check";
+/// The text a key check value seals.
+const KEY_CHECK_TEXT: &str = "warden secret key check v1";
+
 /// A sealed secret as stored: which key, the nonce and the ciphertext.
 #[derive(Clone, PartialEq)]
 pub struct Sealed {
@@ -335,6 +443,18 @@ impl Keyring {
             .collect()
     }
 
+    /// Whether a key of the ring has id `id`.
+    pub fn has(&self, id: &str) -> bool {
+        std::iter::once(&self.current)
+            .chain(&self.previous)
+            .any(|k| k.id == id)
+    }
+
+    /// Every key of the ring, the current one first.
+    pub fn keys(&self) -> impl Iterator<Item = &SecretKey> {
+        std::iter::once(&self.current).chain(&self.previous)
+    }
+
     /// Opens a secret sealed by any key of the ring.
     pub fn open(&self, session: Uuid, name: &str, sealed: &Sealed) -> Result<String, SecretsError> {
         let key = std::iter::once(&self.current)
@@ -362,31 +482,58 @@ pub enum KeyRegistration {
         /// Id of the key being replaced.
         from: String,
     },
-    /// The database's secrets are sealed under a key this replica does not
-    /// have: starting would fail every session it claims.
+    /// The database needs a key this replica does not have (or has under
+    /// the right id but not the right bytes): starting would fail every
+    /// session it claims.
     Refuse {
-        /// Id of the key the database uses.
+        /// Id of the key the database needs.
         found: String,
+        /// Why it is needed.
+        why: Needed,
     },
 }
 
-/// Decides from the registered key id, or, when none is registered yet (a
-/// database from before the registry), from a key id found on a sealed
-/// secret that no key of `ring` has.
+/// Why the database needs a key a refused replica lacks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Needed {
+    /// It is the fleet's registered (current) key.
+    Registered,
+    /// Secrets are still sealed under it (a re-seal has not finished, or
+    /// a value under it did not open and was left as it was).
+    StillSeals,
+    /// The replica has a key of that id that does not open the id's key
+    /// check value: a different key, or a damaged check value.
+    CheckFails,
+}
+
+/// Decides from the registered key id, the ids that still seal secrets
+/// and must be opened (`needed`), and the ring keys whose recorded check
+/// value they did not open.
 pub fn registration(
     registered: Option<&str>,
-    unknown_seal: Option<&str>,
+    needed: &[String],
+    failed_checks: &[String],
     ring: &Keyring,
 ) -> KeyRegistration {
-    match (registered, unknown_seal) {
-        (Some(id), _) if id == ring.current.id => KeyRegistration::Current,
-        (Some(id), _) if ring.previous.iter().any(|k| k.id == id) => KeyRegistration::Rotate {
+    let refuse = |found: &str, why| KeyRegistration::Refuse {
+        found: found.to_string(),
+        why,
+    };
+    if let Some(id) = ring.ids().iter().find(|id| failed_checks.contains(id)) {
+        return refuse(id, Needed::CheckFails);
+    }
+    if let Some(id) = registered.filter(|id| !ring.has(id)) {
+        return refuse(id, Needed::Registered);
+    }
+    if let Some(id) = needed.iter().find(|id| !ring.has(id)) {
+        return refuse(id, Needed::StillSeals);
+    }
+    match registered {
+        None => KeyRegistration::Register,
+        Some(id) if id == ring.current.id => KeyRegistration::Current,
+        Some(id) => KeyRegistration::Rotate {
             from: id.to_string(),
         },
-        (Some(id), _) | (None, Some(id)) => KeyRegistration::Refuse {
-            found: id.to_string(),
-        },
-        (None, None) => KeyRegistration::Register,
     }
 }
 
@@ -467,65 +614,156 @@ mod tests {
         let (old, new, stranger) = (key(1), key(2), key(3));
         let ring = Keyring::new(new.clone(), vec![old.clone()]);
         let alone = Keyring::new(new.clone(), Vec::new());
+        let old_alone = Keyring::new(old.clone(), Vec::new());
+        let ids = |keys: &[&SecretKey]| keys.iter().map(|k| k.id().to_string()).collect::<Vec<_>>();
+        let refuse = |k: &SecretKey, why| Refuse {
+            found: k.id().into(),
+            why,
+        };
         use KeyRegistration::*;
-        let cases: &[(Option<&str>, Option<&str>, &Keyring, KeyRegistration)] = &[
+        #[allow(clippy::type_complexity)]
+        let cases: &[(
+            Option<&str>,
+            Vec<String>,
+            Vec<String>,
+            &Keyring,
+            KeyRegistration,
+        )] = &[
             // First start on a fresh database, or one from before the registry.
-            (None, None, &ring, Register),
-            (None, None, &alone, Register),
+            (None, vec![], vec![], &ring, Register),
+            (None, vec![], vec![], &alone, Register),
+            (None, ids(&[&old]), vec![], &ring, Register),
             // Before the registry, a secret sealed under a key nobody here has.
             (
                 None,
-                Some(stranger.id()),
+                ids(&[&stranger]),
+                vec![],
                 &ring,
-                Refuse {
-                    found: stranger.id().into(),
-                },
+                refuse(&stranger, Needed::StillSeals),
             ),
             // Registered: ours, or one we are rotating away from.
-            (Some(new.id()), None, &ring, Current),
-            (Some(new.id()), None, &alone, Current),
+            (Some(new.id()), vec![], vec![], &ring, Current),
+            (Some(new.id()), ids(&[&new]), vec![], &alone, Current),
             (
                 Some(old.id()),
-                None,
+                ids(&[&old]),
+                vec![],
                 &ring,
                 Rotate {
                     from: old.id().into(),
                 },
             ),
+            // The re-seal is done: the old key may go.
+            (Some(new.id()), ids(&[&new]), vec![], &alone, Current),
+            // It is not: the old key is still needed, and named.
+            (
+                Some(new.id()),
+                ids(&[&new, &old]),
+                vec![],
+                &alone,
+                refuse(&old, Needed::StillSeals),
+            ),
             // A replica started with the old key after the rotation.
             (
                 Some(new.id()),
-                None,
-                &Keyring::new(old.clone(), Vec::new()),
-                Refuse {
-                    found: new.id().into(),
-                },
+                vec![],
+                vec![],
+                &old_alone,
+                refuse(&new, Needed::Registered),
             ),
             // Another fleet's key, with or without a previous key here.
             (
                 Some(stranger.id()),
-                None,
+                vec![],
+                vec![],
                 &ring,
-                Refuse {
-                    found: stranger.id().into(),
-                },
+                refuse(&stranger, Needed::Registered),
             ),
             (
                 Some(stranger.id()),
-                None,
+                vec![],
+                vec![],
                 &alone,
-                Refuse {
-                    found: stranger.id().into(),
-                },
+                refuse(&stranger, Needed::Registered),
             ),
+            // A key with the right id that does not open its check value,
+            // current or previous; it is named before anything else.
+            (
+                Some(new.id()),
+                vec![],
+                ids(&[&new]),
+                &ring,
+                refuse(&new, Needed::CheckFails),
+            ),
+            (
+                Some(stranger.id()),
+                vec![],
+                ids(&[&old]),
+                &ring,
+                refuse(&old, Needed::CheckFails),
+            ),
+            // A failed check of a key not in the ring is not this replica's.
+            (Some(new.id()), vec![], ids(&[&stranger]), &alone, Current),
         ];
-        for (registered, unknown, ring, expected) in cases {
+        for (registered, in_use, failed, ring, expected) in cases {
             assert_eq!(
-                &registration(*registered, *unknown, ring),
+                &registration(*registered, in_use, failed, ring),
                 expected,
-                "registered {registered:?}, unknown seal {unknown:?}"
+                "registered {registered:?}, in use {in_use:?}, failed {failed:?}"
             );
         }
+    }
+
+    #[test]
+    fn a_check_value_opens_only_under_its_key() {
+        let (a, b) = (key(1), key(2));
+        let check = a.check_value().unwrap();
+        assert!(a.opens_check(&check));
+        assert!(!b.opens_check(&check));
+        let mut forged = b.check_value().unwrap();
+        forged.key_id = a.id().to_string();
+        assert!(!a.opens_check(&forged), "another key's value under a's id");
+        // Sealed for the nil session: no session's secret is a check value.
+        let secret = a.seal(Uuid::nil(), API_KEY, KEY_CHECK_TEXT).unwrap();
+        assert!(!a.opens_check(&secret));
+    }
+
+    #[test]
+    fn rotating_a_key_file_puts_a_new_key_first_and_retiring_drops_unused_ones() {
+        let dir = std::env::temp_dir().join(format!("warden-key-{}", Uuid::new_v4()));
+        let path = dir.join("secret.key");
+        let (first, _) = SecretKey::load_or_create(&path).unwrap();
+        let (new, kept) = rotate_key_file(&path).unwrap();
+        assert_eq!(kept, first);
+        let (keys, created) = SecretKey::load_or_create(&path).unwrap();
+        assert!(!created);
+        assert_eq!(keys, vec![new.clone(), first[0].clone()]);
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+            assert_eq!(mode & 0o777, 0o600);
+        }
+        let (newer, _) = rotate_key_file(&path).unwrap();
+        // The oldest still seals something; the middle one does not.
+        let dropped = retire_from_key_file(&path, &[first[0].id().to_string()]).unwrap();
+        assert_eq!(dropped, vec![new.id().to_string()]);
+        let (keys, _) = SecretKey::load_or_create(&path).unwrap();
+        assert_eq!(keys, vec![newer.clone(), first[0].clone()]);
+        // The current key stays whatever the database says.
+        let dropped = retire_from_key_file(&path, &[]).unwrap();
+        assert_eq!(dropped, vec![first[0].id().to_string()]);
+        assert_eq!(SecretKey::load_or_create(&path).unwrap().0, vec![newer]);
+        // Comments and blank lines are skipped; a bad line is named by number.
+        std::fs::write(&path, format!("# current\n{HEX}\n\nnot a key\n")).unwrap();
+        let err = SecretKey::load_or_create(&path).unwrap_err().to_string();
+        assert!(err.contains("key 2") && !err.contains("not a key"), "{err}");
+        assert_eq!(
+            std::fs::read_dir(&dir).unwrap().count(),
+            1,
+            "no drafts left"
+        );
+        let _ = std::fs::remove_dir_all(dir);
     }
 
     #[test]
@@ -618,6 +856,7 @@ mod tests {
         let (again, created) = SecretKey::load_or_create(&path).unwrap();
         assert!(!created);
         assert_eq!(again, first);
+        assert_eq!(first.len(), 1);
         std::fs::write(&path, "garbage").unwrap();
         let err = SecretKey::load_or_create(&path).unwrap_err().to_string();
         assert!(

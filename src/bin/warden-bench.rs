@@ -49,6 +49,14 @@ struct Scale {
     pruned_sessions: usize,
     /// Sessions running while they are pruned.
     pruning_running: usize,
+    /// Fairness phase: places of the one replica, sessions tenant A queues
+    /// first, and how long the shares are watched.
+    fair_places: usize,
+    fair_backlog: usize,
+    fair_window: Duration,
+    /// Creates phase: sessions of one tenant running, then creates timed.
+    create_running: usize,
+    create_samples: usize,
 }
 
 impl Scale {
@@ -67,6 +75,11 @@ impl Scale {
             worker_sessions: 32,
             pruned_sessions: 10_000,
             pruning_running: 32,
+            fair_places: 60,
+            fair_backlog: 5_000,
+            fair_window: Duration::from_secs(60),
+            create_running: 10_000,
+            create_samples: 1_000,
         }
     }
 
@@ -86,6 +99,11 @@ impl Scale {
             worker_sessions: 4,
             pruned_sessions: 300,
             pruning_running: 8,
+            fair_places: 6,
+            fair_backlog: 100,
+            fair_window: Duration::from_secs(5),
+            create_running: 200,
+            create_samples: 50,
         }
     }
 }
@@ -99,7 +117,7 @@ struct Options {
 }
 
 /// The phases, in the order they run.
-const PHASES: [&str; 8] = [
+const PHASES: [&str; 10] = [
     "throughput",
     "status",
     "stop",
@@ -108,6 +126,8 @@ const PHASES: [&str; 8] = [
     "embedded",
     "workers",
     "retention",
+    "fairness",
+    "creates",
 ];
 
 fn usage() -> &'static str {
@@ -117,10 +137,10 @@ fn usage() -> &'static str {
      --quick          a few sessions for a few seconds (a smoke run)\n\
      --sessions N,..  session counts of the throughput phase (default 1,32,1000)\n\
      --window SECS    how long each throughput measurement lasts (default 10)\n\
-     --only PHASE     run one phase: throughput, status, stop, memory, replicas, embedded
-                      workers or retention (repeatable; embedded: the same on the
-                      embedded PostgreSQL; workers: steps through the worker protocol;
-                      retention: ended sessions pruned while others run)
+     --only PHASE     run one phase: throughput, status, stop, memory, replicas, embedded,
+                      workers, retention, fairness or creates (repeatable; embedded:
+                      the same on the embedded PostgreSQL; workers: steps through the
+                      worker protocol; retention: ended sessions pruned while others run)
      --database-url   a Postgres URL whose user may create databases\n\
                       (default: $DATABASE_URL, else postgres://postgres@127.0.0.1:5432/postgres)\n\
      --warden PATH    the warden binary (default: beside this program)"
@@ -1428,6 +1448,14 @@ async fn run() -> BenchResult<()> {
         rows.extend(retention_phase(&opts, &admin, &client, &scale).await?);
     }
 
+    if opts.runs("fairness") {
+        rows.extend(fairness_phase(&opts, &admin, &scale).await?);
+    }
+
+    if opts.runs("creates") {
+        rows.extend(creates_phase(&opts, &admin, &client, &scale).await?);
+    }
+
     println!("Machine: {machine}\n");
     println!("| measurement | Warden | raw Postgres, same pattern | ratio | target | met |");
     println!("|---|---:|---:|---:|---|---|");
@@ -1471,6 +1499,68 @@ async fn retention_phase(
     let db_url = database_url(&opts.admin_url, &db_name);
     let archive = std::env::temp_dir().join(format!("{db_name}_archive"));
     let archive_var = archive.to_string_lossy().to_string();
+/// A session of `steps` distinct steps of `delay_ms` each that then ends
+/// (`executor_exhausted`), freeing its place.
+fn finite_session(steps: usize, delay_ms: u64) -> Value {
+    let steps: Vec<Value> = (1..=steps)
+        .map(|part| {
+            json!({ "action": "write_part", "arguments": { "part": part }, "tokens": 1,
+                    "output": format!("part {part} written"), "delay_ms": delay_ms })
+        })
+        .collect();
+    json!({
+        "goal": "Write the parts of report.md",
+        "mode": "fixed",
+        "executor": { "kind": "scripted", "steps": steps }
+    })
+}
+
+/// A client sending `key` as its bearer token.
+fn client_with_key(key: &str) -> BenchResult<reqwest::Client> {
+    let mut headers = reqwest::header::HeaderMap::new();
+    headers.insert(
+        reqwest::header::AUTHORIZATION,
+        reqwest::header::HeaderValue::from_str(&format!("Bearer {key}"))?,
+    );
+    Ok(reqwest::Client::builder()
+        .default_headers(headers)
+        .pool_max_idle_per_host(64)
+        .timeout(Duration::from_secs(120))
+        .build()?)
+}
+
+/// Creates a key through the API (the first, a global admin, without auth).
+async fn bench_key(
+    client: &reqwest::Client,
+    base: &str,
+    tenant: &str,
+    role: &str,
+    global: bool,
+) -> BenchResult<String> {
+    let res = client
+        .post(format!("{base}/api/keys"))
+        .json(&json!({ "tenant": tenant, "role": role, "global": global }))
+        .send()
+        .await?;
+    let doc: Value = res.error_for_status()?.json().await?;
+    Ok(doc["secret"].as_str().unwrap_or_default().to_string())
+}
+
+/// Phase 6: fair share in the queue. One replica with a few places; tenant
+/// A (weight 2) queues a backlog, then B and C (weight 1) queue 10 each:
+/// how long until B's and C's first sessions start, then, with every
+/// tenant kept waiting, each one's share of the running places, sampled
+/// over the window, against its weight.
+async fn fairness_phase(opts: &Options, admin: &PgPool, scale: &Scale) -> BenchResult<Vec<Row>> {
+    let places = scale.fair_places;
+    eprintln!(
+        "warden-bench: fairness, {places} places, tenant A queues {}",
+        scale.fair_backlog
+    );
+    let db_name = format!("warden_bench_{}_fairness", std::process::id());
+    create_database(admin, &db_name).await?;
+    let db_url = database_url(&opts.admin_url, &db_name);
+    let places_text = places.to_string();
     let server = Server::launch(
         opts,
         &db_name,
@@ -1501,6 +1591,81 @@ async fn retention_phase(
     let quiet_window = t0.elapsed();
     let quiet_p99 = histogram_quantile(&before, &quiet, name, 0.99);
 
+        &[("WARDEN_MAX_RUNNING", places_text.as_str())],
+        None,
+    )
+    .await?;
+    let open = reqwest::Client::new();
+    let admin_key = bench_key(&open, &server.base, "ops", "admin", true).await?;
+    let admin_client = client_with_key(&admin_key)?;
+    let mut tenants = Vec::new();
+    for name in ["tenant-a", "tenant-b", "tenant-c"] {
+        let key = bench_key(&admin_client, &server.base, name, "operator", false).await?;
+        tenants.push(client_with_key(&key)?);
+    }
+    // A's weight through the operator's command.
+    let set = Command::new(&opts.warden)
+        .args(["tenants", "set", "tenant-a", "--weight", "2"])
+        .env("DATABASE_URL", &db_url)
+        .output()?;
+    if !set.status.success() {
+        return Err(format!(
+            "warden tenants set failed: {}",
+            String::from_utf8_lossy(&set.stderr)
+        )
+        .into());
+    }
+    let weights = [2u32, 1, 1];
+    // One-second sessions: places free steadily.
+    let body = finite_session(5, 200);
+    let bases = [server.base.clone()];
+    create_sessions_on(&tenants[0], &bases, scale.fair_backlog, &body, true).await?;
+    let queued_at = Instant::now();
+    let b = create_sessions_on(&tenants[1], &bases, 10, &body, true).await?;
+    let c = create_sessions_on(&tenants[2], &bases, 10, &body, true).await?;
+    let first_start = |ids: Vec<String>, client: reqwest::Client, base: String| async move {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while Instant::now() < deadline {
+            for id in &ids {
+                let doc: Value = client
+                    .get(format!("{base}/api/autonomous/{id}"))
+                    .send()
+                    .await?
+                    .json()
+                    .await?;
+                if doc["status"] != "queued" {
+                    return Ok::<_, Box<dyn std::error::Error + Send + Sync>>(Some(
+                        queued_at.elapsed(),
+                    ));
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        Ok(None)
+    };
+    let (b_first, c_first) = tokio::join!(
+        first_start(b, tenants[1].clone(), server.base.clone()),
+        first_start(c, tenants[2].clone(), server.base.clone())
+    );
+    let (b_first, c_first) = (b_first?, c_first?);
+    // Keep B and C waiting through the window, as A is.
+    let top_up = places * (scale.fair_window.as_secs() as usize + 5);
+    let filler = {
+        let (bc, cc, base, body) = (
+            tenants[1].clone(),
+            tenants[2].clone(),
+            server.base.clone(),
+            body.clone(),
+        );
+        tokio::spawn(async move {
+            let bases = [base];
+            let _ = tokio::join!(
+                create_sessions_on(&bc, &bases, top_up / 2, &body, true),
+                create_sessions_on(&cc, &bases, top_up / 2, &body, true)
+            );
+        })
+    };
+    tokio::time::sleep(Duration::from_secs(2)).await;
     let db = PgPoolOptions::new()
         .max_connections(1)
         .connect(&db_url)
@@ -1597,6 +1762,111 @@ async fn seed_ended_sessions(db: &PgPool, n: usize) -> BenchResult<()> {
         done += batch as usize;
     }
     Ok(())
+}
+
+    let mut held = [0i64; 3];
+    let started = Instant::now();
+    while started.elapsed() < scale.fair_window {
+        let rows: Vec<(String, i64)> = sqlx::query_as(
+            "SELECT tenant, count(*) FROM sessions WHERE status = 'running' GROUP BY tenant",
+        )
+        .fetch_all(&db)
+        .await?;
+        for (tenant, n) in rows {
+            if let Some(i) = ["tenant-a", "tenant-b", "tenant-c"]
+                .iter()
+                .position(|t| *t == tenant)
+            {
+                held[i] += n;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    filler.abort();
+    db.close().await;
+    server.stop(admin).await;
+    let total: i64 = held.iter().sum();
+    let tick = Duration::from_secs(5);
+    let mut rows = vec![
+        row(
+            format!(
+                "fairness: B's, C's first start after A queued {} ({places} places)",
+                scale.fair_backlog
+            ),
+            format!("{}; {}", ms(b_first), ms(c_first)),
+            "—".into(),
+            "—".into(),
+            "within one claim tick (5 s)",
+        )
+        .judged(match (b_first, c_first) {
+            (Some(b), Some(c)) => Some(b <= tick && c <= tick),
+            _ => None,
+        }),
+    ];
+    let mut shares = Vec::new();
+    let mut met = total > 0;
+    for (i, name) in ["A", "B", "C"].iter().enumerate() {
+        let share = if total > 0 {
+            100.0 * held[i] as f64 / total as f64
+        } else {
+            0.0
+        };
+        let want = warden::policy::fair_share::weighted_share_percent(&weights, i);
+        met &= (share - want).abs() <= want * 0.1;
+        shares.push(format!("{name} {share:.1} % (weight {want:.1} %)"));
+    }
+    rows.push(
+        row(
+            format!(
+                "  shares of running places over {} s, weights 2:1:1",
+                scale.fair_window.as_secs()
+            ),
+            shares.join("; "),
+            "—".into(),
+            "—".into(),
+            "each within 10 % of its weight",
+        )
+        .judged((total > 0).then_some(met)),
+    );
+    Ok(rows)
+}
+
+/// Phase 7: creates while one tenant runs many sessions: the quota check
+/// reads a counter, so a create's latency does not grow with the tenant's
+/// running sessions. Creates of that same tenant, one at a time.
+async fn creates_phase(
+    opts: &Options,
+    admin: &PgPool,
+    client: &reqwest::Client,
+    scale: &Scale,
+) -> BenchResult<Vec<Row>> {
+    let n = scale.create_running;
+    eprintln!("warden-bench: creates with {n} sessions of one tenant running");
+    let server = Server::start(opts, admin, "creates").await?;
+    create_sessions(client, &server.base, n, &long_step_session()).await?;
+    let mut samples = Vec::with_capacity(scale.create_samples);
+    let url = format!("{}/api/autonomous", server.base);
+    let body = long_step_session();
+    for _ in 0..scale.create_samples {
+        let sent = Instant::now();
+        let res = client.post(&url).json(&body).send().await?;
+        if res.status().is_success() {
+            samples.push(sent.elapsed());
+        }
+    }
+    server.stop(admin).await;
+    let p50 = quantile(&mut samples, 0.5);
+    let p99 = quantile(&mut samples, 0.99);
+    Ok(vec![
+        row(
+            format!("create p50; p99 with {n} sessions of the same tenant running"),
+            format!("{}; {}", ms(p50), ms(p99)),
+            "—".into(),
+            "—".into(),
+            "p99 < 20 ms",
+        )
+        .judged(p99.map(|p| p < Duration::from_millis(20))),
+    ])
 }
 
 /// Phase 5: the same service on the embedded PostgreSQL (no `DATABASE_URL`:

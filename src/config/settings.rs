@@ -252,9 +252,11 @@ settings! {
     WARDEN_SECRET_KEY (Session, secret) = unset =>
         "256-bit key (64 hex digits or base64) sealing sessions' own API keys; a wrong length stops start-up";
     WARDEN_SECRET_KEY_FILE (Session) = ".warden/secret.key" =>
-        "where the key is kept when `WARDEN_SECRET_KEY` is unset (generated, mode 0600, on first start)";
+        "where the keys are kept when `WARDEN_SECRET_KEY(S)` is unset: one a line, the current first (generated, mode 0600, on first start; `warden secrets rotate` adds one)";
+    WARDEN_SECRET_KEYS (Session, secret) = unset =>
+        "the key ring, comma-separated keys: the first seals new secrets, the others still open what they sealed (wins over `WARDEN_SECRET_KEY` and the key file); see `warden secrets`";
     WARDEN_SECRET_KEY_PREVIOUS (Session, secret) = unset =>
-        "earlier keys, comma-separated, that still open what they sealed; at start their secrets are sealed again under the current key (rotation)";
+        "earlier keys, comma-separated, that still open what they sealed; after start their secrets are sealed again under the current key in the background (rotation)";
     WARDEN_MAX_BODY_BYTES (Http) = "1048576" =>
         "request body limit (413 above)";
     WARDEN_REQUEST_TIMEOUT_MS (Http) = "30000" =>

@@ -95,8 +95,14 @@ pub struct SessionView {
     pub mode: Mode,
     /// Current status.
     pub status: Status,
-    /// Place in the fleet's queue while `queued` (1 starts next; null otherwise).
+    /// Place among its tenant's queued sessions while `queued` (1 is the
+    /// tenant's next to start; null otherwise). Free places are shared
+    /// among the waiting tenants by weight, so the place counts only this
+    /// tenant's sessions.
     pub queue_position: Option<i64>,
+    /// Tenants with queued sessions, this one's included, while `queued`
+    /// (null otherwise): the fair share divides free places among them.
+    pub queue_tenants: Option<i64>,
     /// Why it waits or ended (null while running).
     pub reason: Option<Reason>,
     /// Human summary of why it waits or ended.
@@ -323,6 +329,7 @@ impl From<Session> for SessionView {
             mode: s.mode,
             status: s.status,
             queue_position: s.queue_position,
+            queue_tenants: s.queue_tenants,
             reason: s.reason,
             summary: s.summary,
             question: s

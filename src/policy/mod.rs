@@ -7,6 +7,7 @@ pub mod budget;
 pub mod checklist;
 pub mod eta;
 pub mod excerpt;
+pub mod fair_share;
 pub mod fleet;
 pub mod gate;
 pub mod guardrails;

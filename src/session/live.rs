@@ -331,6 +331,7 @@ pub(crate) mod tests {
             ended_at: None,
             tenant: "t".into(),
             queue_position: None,
+            queue_tenants: None,
             attempts: 0,
             last_error: None,
             imported_at: None,

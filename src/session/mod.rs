@@ -26,7 +26,9 @@ pub mod storable;
 mod supervisor;
 
 pub use error::{Result, ServiceError};
-pub use persist::{Resealed, reseal_under_current, seal_plaintext_keys};
+pub use persist::{
+    RESEAL_BATCH, Resealed, reseal_in_background, reseal_under_current, seal_plaintext_keys,
+};
 pub use reads::{LoggedEvent, SessionReads};
 pub use service::{CreateSession, RefinementChoice, ResumeSession, SessionService, UpdateSession};
 pub use supervisor::Supervisor;

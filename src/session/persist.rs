@@ -76,7 +76,7 @@ pub async fn create_session(
             owner,
             slot_reserved,
         } => {
-            let queue_empty = slot_reserved && !store::queue_waiting(&mut tx).await?;
+            let queue_empty = slot_reserved && !store::queue_waiting(&mut tx, &new.tenant).await?;
             (
                 lifecycle::admission(slot_reserved, queue_empty),
                 Some(owner),
@@ -154,18 +154,34 @@ pub struct Resealed {
     pub unreadable: usize,
 }
 
+/// Secrets sealed again per batch: each batch is one page read and one
+/// update per secret, so a rotation never holds much at once.
+pub const RESEAL_BATCH: i64 = 200;
+
 /// Seals again, under the ring's current key, every secret a previous key
-/// of the ring sealed. Pages through them once, so a secret that does not
-/// open is reported, not retried.
+/// of the ring sealed, [`RESEAL_BATCH`] at a time, logging progress after
+/// each batch. Idempotent and resumable: each update applies only while
+/// the secret is still under the key it was read under, and a replica
+/// started later with the same ring does what is left. Pages through them
+/// once, so a secret that does not open is reported, not retried.
 pub async fn reseal_under_current(
     store: &Store,
     ring: &crate::secrets::Keyring,
 ) -> Result<Resealed, ServiceError> {
     let previous = ring.previous_ids();
+    let total: i64 = store
+        .secret_counts()
+        .await?
+        .iter()
+        .filter(|(id, _)| previous.contains(id))
+        .map(|(_, n)| n)
+        .sum();
     let mut done = Resealed::default();
     let mut after = None;
     loop {
-        let batch = store.secrets_sealed_under(&previous, after, 200).await?;
+        let batch = store
+            .secrets_sealed_under(&previous, after, RESEAL_BATCH)
+            .await?;
         let Some(last) = batch.last() else {
             return Ok(done);
         };
@@ -194,6 +210,30 @@ pub async fn reseal_under_current(
                 done.resealed += 1;
             }
         }
+        tracing::info!(
+            resealed = done.resealed,
+            unreadable = done.unreadable,
+            total,
+            to = ring.current().id(),
+            "re-sealing secrets under the current key"
+        );
+    }
+}
+
+/// [`reseal_under_current`] as a background task of a replica started
+/// with previous keys; a failure is logged and left for the next start.
+pub async fn reseal_in_background(store: Store, ring: crate::secrets::Keyring) {
+    match reseal_under_current(&store, &ring).await {
+        Ok(done) => tracing::info!(
+            resealed = done.resealed,
+            unreadable = done.unreadable,
+            to = ring.current().id(),
+            "secrets sealed by previous keys moved to the current key; `warden secrets status` shows what each key still seals"
+        ),
+        Err(err) => tracing::warn!(
+            error = %err,
+            "re-sealing secrets under the current key stopped; a replica started with the same keys resumes it"
+        ),
     }
 }
 

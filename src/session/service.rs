@@ -723,7 +723,7 @@ impl SessionService {
         };
         let data = json!({ "limits": limits, "proposal": session.refinement });
         store::insert_refinement(&mut tx, id, scope, kind, &session.goal, &goal, &data).await?;
-        let (slot, status) = self.admit(&mut tx).await?;
+        let (slot, status) = self.admit(&mut tx, &session.tenant).await?;
         let events = event_codec::encode(&[
             SessionEvent::GoalRefined {
                 kind: kind.into(),
@@ -752,10 +752,14 @@ impl SessionService {
     /// Where a session ready to run goes (see [`lifecycle::admission`]): a
     /// place here when one is free and nobody waits before it, else the
     /// queue. The place is kept only when it runs here.
-    async fn admit(&self, conn: &mut sqlx::PgConnection) -> Result<(Option<Slot>, Status)> {
+    async fn admit(
+        &self,
+        conn: &mut sqlx::PgConnection,
+        tenant: &str,
+    ) -> Result<(Option<Slot>, Status)> {
         let slot = self.supervisor.try_reserve();
         let queue_empty = match slot {
-            Some(_) => !store::queue_waiting(conn).await?,
+            Some(_) => !store::queue_waiting(conn, tenant).await?,
             None => false,
         };
         let status = lifecycle::admission(slot.is_some(), queue_empty);
@@ -1208,7 +1212,7 @@ impl SessionService {
             from_status: session.status,
             from_reason: session.reason,
         });
-        let (slot, status) = self.admit(&mut tx).await?;
+        let (slot, status) = self.admit(&mut tx, &session.tenant).await?;
         events.push(SessionEvent::status(Some(session.status), status));
         let events = event_codec::encode(&events)?;
         let acquired = Instant::now();

@@ -815,6 +815,10 @@ impl Supervisor {
         let budget = self.inner.config.claims_per_tick;
         let rescued = self.rescue_up_to(budget).await;
         self.claim_queued(budget.saturating_sub(rescued)).await;
+        // Keeps the per-tenant counters' pending deltas few (see store::quotas).
+        if let Err(err) = self.inner.store.fold_tenant_counts().await {
+            tracing::warn!(error = %err, "folding tenant counts failed");
+        }
     }
 
     /// Heartbeat, rescue and claims, forever (until shutdown); a place

@@ -119,6 +119,9 @@ pub enum StoreError {
         /// Why not.
         detail: String,
     },
+    /// A key check value could not be sealed (no randomness).
+    #[error("cannot seal a key check value: {0}")]
+    Secret(String),
     /// A stored value could not be decoded.
     #[error("stored data for session {id} is invalid: {detail}")]
     Corrupt {

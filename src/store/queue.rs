@@ -1,7 +1,9 @@
 //! The fleet's queue: sessions ready to run that no replica had room for
-//! wait as `queued`; any replica with capacity claims the oldest of them,
-//! as River and Oban workers claim jobs (one statement, `FOR UPDATE SKIP
-//! LOCKED`, so replicas claiming at once never take the same session).
+//! wait as `queued`; any replica with capacity claims some, as River and
+//! Oban workers claim jobs (`FOR UPDATE SKIP LOCKED`, so replicas claiming
+//! at once never take the same session). The free places are shared among
+//! the tenants that wait by their weights ([`crate::policy::fair_share`]),
+//! oldest first inside each tenant.
 
 use sqlx::PgConnection;
 use uuid::Uuid;
@@ -10,24 +12,83 @@ use super::event_log;
 use super::rows::{Lease, NewEvent};
 use super::{Result, Store};
 use crate::event::SessionEvent;
+use crate::policy::fair_share::{self, Demand};
 use crate::policy::lifecycle::Status;
 
-/// Whether any session waits in the queue, read on the caller's connection
-/// (a newcomer must not overtake it).
-pub async fn queue_waiting(conn: &mut PgConnection) -> Result<bool> {
+/// Whether a new or resumed session of `tenant` must wait in the queue
+/// though a place is free, read on the caller's connection: some session
+/// waits already (a newcomer must not overtake it), or the tenant runs as
+/// many sessions as its cap (`warden tenants set`) allows.
+pub async fn queue_waiting(conn: &mut PgConnection, tenant: &str) -> Result<bool> {
     // `status = 'queued'` stays a literal: the predicate of `sessions_queue`.
     Ok(sqlx::query_scalar!(
-        r#"SELECT EXISTS (SELECT 1 FROM sessions WHERE status = 'queued') AS "waiting!""#
+        r#"SELECT EXISTS (SELECT 1 FROM sessions WHERE status = 'queued')
+               OR coalesce((SELECT s.max_running <= coalesce((SELECT running FROM tenant_counts WHERE tenant = $1), 0)
+                                   + coalesce((SELECT sum(running) FROM tenant_count_deltas WHERE tenant = $1), 0)
+                            FROM tenant_settings s WHERE s.tenant = $1), false) AS "waiting!""#,
+        tenant
     )
     .fetch_one(conn)
     .await?)
 }
 
+/// A tenant with queued sessions, as the claim weighs it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WaitingTenant {
+    /// The tenant.
+    pub tenant: String,
+    /// What the fair share needs of it.
+    pub demand: Demand,
+}
+
+/// The tenants with queued sessions, oldest queued session first, with
+/// their running counts, weights and caps; `waiting` is counted up to
+/// `up_to` (more cannot be claimed at once).
+async fn waiting_tenants(conn: &mut PgConnection, up_to: i64) -> Result<Vec<WaitingTenant>> {
+    // A skip scan of `sessions_queue_by_tenant` finds the distinct tenants
+    // without reading every queued session of a big one.
+    let rows = sqlx::query!(
+        r#"WITH RECURSIVE tenants AS (
+               (SELECT tenant FROM sessions WHERE status = 'queued' ORDER BY tenant LIMIT 1)
+               UNION ALL
+               SELECT (SELECT s.tenant FROM sessions s
+                       WHERE s.status = 'queued' AND s.tenant > t.tenant ORDER BY s.tenant LIMIT 1)
+               FROM tenants t WHERE t.tenant IS NOT NULL)
+           SELECT t.tenant AS "tenant!",
+                  (SELECT count(*) FROM (SELECT 1 FROM sessions q
+                       WHERE q.status = 'queued' AND q.tenant = t.tenant LIMIT $1) n) AS "waiting!",
+                  (coalesce((SELECT running FROM tenant_counts c WHERE c.tenant = t.tenant), 0)
+                   + coalesce((SELECT sum(running) FROM tenant_count_deltas d WHERE d.tenant = t.tenant), 0))::bigint
+                      AS "running!",
+                  coalesce(ts.weight, 1) AS "weight!", ts.max_running
+           FROM tenants t LEFT JOIN tenant_settings ts ON ts.tenant = t.tenant
+           WHERE t.tenant IS NOT NULL
+           ORDER BY (SELECT (q.queued_at, q.id) FROM sessions q WHERE q.status = 'queued' AND q.tenant = t.tenant
+                     ORDER BY q.queued_at, q.id LIMIT 1), t.tenant"#,
+        up_to,
+    )
+    .fetch_all(conn)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|r| WaitingTenant {
+            tenant: r.tenant,
+            demand: Demand {
+                running: u64::try_from(r.running).unwrap_or(0),
+                weight: u32::try_from(r.weight).unwrap_or(1),
+                cap: r.max_running.map(|c| u64::try_from(c).unwrap_or(0)),
+                waiting: u64::try_from(r.waiting).unwrap_or(0),
+            },
+        })
+        .collect())
+}
+
 impl Store {
-    /// Claims up to `limit` queued sessions for `owner`, oldest in the queue
-    /// first: each becomes `running` under a fresh lease, with its status
-    /// change in its log. Sessions another replica is claiming (or a user
-    /// is stopping) at this moment are skipped, not waited for.
+    /// Claims up to `limit` queued sessions for `owner`, the places shared
+    /// among the waiting tenants by weight and oldest first inside each:
+    /// each becomes `running` under a fresh lease, with its status change
+    /// in its log. Sessions another replica is claiming (or a user is
+    /// stopping) at this moment are skipped, not waited for.
     pub async fn claim_queued(
         &self,
         owner: Uuid,
@@ -38,18 +99,41 @@ impl Store {
             return Ok(Vec::new());
         }
         let mut tx = self.pool.begin().await?;
+        // One claim at a time across the fleet: each reads the running
+        // counts the previous one left, so shares and caps hold across
+        // replicas. A claim is one short transaction per tick and replica.
+        sqlx::query!("SELECT pg_advisory_xact_lock(hashtext('warden.queue_claim'))")
+            .execute(&mut *tx)
+            .await?;
+        let tenants = waiting_tenants(&mut tx, limit).await?;
+        let demands: Vec<Demand> = tenants.iter().map(|t| t.demand).collect();
+        let places = fair_share::share_places(&demands, u64::try_from(limit).unwrap_or(0));
+        let (names, counts): (Vec<String>, Vec<i64>) = tenants
+            .into_iter()
+            .zip(places)
+            .filter(|(_, n)| *n > 0)
+            .map(|(t, n)| (t.tenant, i64::try_from(n).unwrap_or(i64::MAX)))
+            .unzip();
+        if names.is_empty() {
+            tx.commit().await?;
+            return Ok(Vec::new());
+        }
         let rows = sqlx::query!(
-            r#"WITH waiting AS (
-                 SELECT id, queued_at FROM sessions WHERE status = 'queued'
-                 ORDER BY queued_at, id LIMIT $3 FOR UPDATE SKIP LOCKED)
-             UPDATE sessions s SET status = $4, owner = $1, lease_token = gen_random_uuid(),
+            r#"WITH shares AS (SELECT * FROM unnest($3::text[], $4::bigint[]) AS s(tenant, places)),
+                    waiting AS (
+                      SELECT q.id, q.queued_at FROM shares CROSS JOIN LATERAL (
+                          SELECT id, queued_at FROM sessions
+                          WHERE status = 'queued' AND tenant = shares.tenant
+                          ORDER BY queued_at, id LIMIT shares.places FOR UPDATE SKIP LOCKED) q)
+             UPDATE sessions s SET status = $5, owner = $1, lease_token = gen_random_uuid(),
                     lease_expires_at = now() + make_interval(secs => $2), heartbeat_at = now(),
                     queued_at = NULL, updated_at = now()
              FROM waiting w WHERE s.id = w.id
              RETURNING s.id, s.lease_token AS "lease_token!", w.queued_at AS "queued_at!""#,
             owner,
             ttl.as_secs_f64(),
-            limit,
+            &names,
+            &counts,
             Status::Running as Status,
         )
         .fetch_all(&mut *tx)
@@ -72,5 +156,22 @@ impl Store {
             self.announce(lease.session_id);
         }
         Ok(claimed)
+    }
+
+    /// Folds every tenant's pending count deltas into its counter row, so
+    /// that reads of a tenant that creates nothing stay short. Safe beside
+    /// the quota check's own fold: each delta row is deleted, and added,
+    /// once.
+    pub async fn fold_tenant_counts(&self) -> Result<()> {
+        sqlx::query!(
+            "WITH folded AS (DELETE FROM tenant_count_deltas RETURNING tenant, active, running)
+             INSERT INTO tenant_counts AS c (tenant, active, running)
+             SELECT tenant, sum(active), sum(running) FROM folded GROUP BY tenant ORDER BY tenant
+             ON CONFLICT (tenant) DO UPDATE
+                SET active = c.active + EXCLUDED.active, running = c.running + EXCLUDED.running"
+        )
+        .execute(&self.pool)
+        .await?;
+        Ok(())
     }
 }

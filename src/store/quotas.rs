@@ -1,13 +1,17 @@
-//! Counts behind the per-tenant quotas, taken under a per-tenant
-//! transaction lock so concurrent creates cannot both see room for one.
+//! Counts behind the per-tenant quotas and the queue's fair share, read
+//! from per-tenant counters (migration 0017) rather than by scanning the
+//! tenant's sessions: a trigger appends a delta row on each change of a
+//! session's activity, and the quota check folds the tenant's deltas into
+//! its counter row under the tenant's lock.
 
 use sqlx::PgConnection;
 
-use super::Result;
+use super::{Result, Store};
 
 /// Takes the tenant's quota lock for the rest of the caller's transaction
 /// and counts its active sessions (running, awaiting refinement or queued:
-/// every session that holds or waits for a loop).
+/// every session that holds or waits for a loop). Folds the tenant's
+/// pending deltas into its counter on the way, so the next check reads few.
 pub async fn lock_and_count_active(conn: &mut PgConnection, tenant: &str) -> Result<i64> {
     sqlx::query!(
         "SELECT pg_advisory_xact_lock(hashtext('warden.tenant_active'), hashtext($1))",
@@ -15,12 +19,85 @@ pub async fn lock_and_count_active(conn: &mut PgConnection, tenant: &str) -> Res
     )
     .execute(&mut *conn)
     .await?;
+    // One statement: the deltas removed are exactly those added to the base.
     let active = sqlx::query_scalar!(
-        r#"SELECT count(*) AS "n!" FROM sessions
-           WHERE tenant = $1 AND status IN ('running', 'awaiting_refinement', 'queued')"#,
+        r#"WITH folded AS (
+               DELETE FROM tenant_count_deltas WHERE tenant = $1 RETURNING active, running),
+           upsert AS (
+               INSERT INTO tenant_counts AS c (tenant, active, running)
+               SELECT $1, coalesce(sum(active), 0), coalesce(sum(running), 0) FROM folded
+               ON CONFLICT (tenant) DO UPDATE
+                   SET active = c.active + EXCLUDED.active, running = c.running + EXCLUDED.running
+               RETURNING active)
+           SELECT active AS "n!" FROM upsert"#,
         tenant
     )
     .fetch_one(&mut *conn)
     .await?;
     Ok(active)
+}
+
+/// A tenant's share settings (`warden tenants set`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TenantSettings {
+    /// The tenant.
+    pub tenant: String,
+    /// Its weight in the queue's fair share (1 by default).
+    pub weight: i32,
+    /// Its cap on running sessions across the fleet, if any.
+    pub max_running: Option<i32>,
+    /// Its running sessions now.
+    pub running: i64,
+    /// Its active sessions now (running, queued or awaiting refinement).
+    pub active: i64,
+}
+
+impl Store {
+    /// Sets `tenant`'s weight and running cap (`None`: no cap).
+    pub async fn set_tenant_settings(
+        &self,
+        tenant: &str,
+        weight: i32,
+        max_running: Option<i32>,
+    ) -> Result<()> {
+        sqlx::query!(
+            "INSERT INTO tenant_settings (tenant, weight, max_running) VALUES ($1, $2, $3)
+             ON CONFLICT (tenant) DO UPDATE
+                SET weight = EXCLUDED.weight, max_running = EXCLUDED.max_running, updated_at = now()",
+            tenant,
+            weight,
+            max_running,
+        )
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    /// Every tenant with settings or sessions: its settings and counts.
+    pub async fn tenant_settings(&self) -> Result<Vec<TenantSettings>> {
+        let rows = sqlx::query!(
+            r#"WITH counts AS (
+                   SELECT tenant, sum(active) AS active, sum(running) AS running FROM (
+                       SELECT tenant, active, running FROM tenant_counts
+                       UNION ALL SELECT tenant, active, running FROM tenant_count_deltas) c
+                   GROUP BY tenant)
+               SELECT coalesce(s.tenant, c.tenant) AS "tenant!", coalesce(s.weight, 1) AS "weight!",
+                      s.max_running, coalesce(c.running, 0)::bigint AS "running!",
+                      coalesce(c.active, 0)::bigint AS "active!"
+               FROM tenant_settings s FULL JOIN counts c ON c.tenant = s.tenant
+               ORDER BY 1"#
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows
+            .into_iter()
+            .map(|r| TenantSettings {
+                tenant: r.tenant,
+                weight: r.weight,
+                max_running: r.max_running,
+                running: r.running,
+                active: r.active,
+            })
+            .collect())
+    }
 }

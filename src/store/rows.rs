@@ -293,8 +293,12 @@ pub struct Session {
     pub ended_at: Option<DateTime<Utc>>,
     /// The tenant it belongs to.
     pub tenant: String,
-    /// Place in the fleet's queue while `queued` (1 = next to start).
+    /// Place among its tenant's queued sessions while `queued` (1 = its
+    /// tenant's next to start).
     pub queue_position: Option<i64>,
+    /// Tenants with queued sessions (its own included) while `queued`:
+    /// the free places are shared among them by weight.
+    pub queue_tenants: Option<i64>,
     /// Attempts at running it in a row without progress (rescues after a
     /// replica died or failed it).
     pub attempts: i32,

@@ -5,7 +5,7 @@
 use sqlx::PgConnection;
 use uuid::Uuid;
 
-use super::{Result, Store, TenantScope};
+use super::{Result, Store, StoreError, TenantScope};
 use crate::secrets::{KeyRegistration, Keyring, Sealed};
 
 /// Stores `sealed` as the secret `name` of session `id` (in the caller's transaction).
@@ -29,6 +29,16 @@ pub async fn insert_secret(
     .execute(conn)
     .await?;
     Ok(())
+}
+
+/// How many secrets each key id seals, by id, on the caller's connection.
+async fn secret_counts_on(conn: &mut PgConnection) -> Result<Vec<(String, i64)>> {
+    let rows = sqlx::query!(
+        r#"SELECT key_id, count(*) AS "n!" FROM session_secrets GROUP BY key_id ORDER BY key_id"#
+    )
+    .fetch_all(conn)
+    .await?;
+    Ok(rows.into_iter().map(|r| (r.key_id, r.n)).collect())
 }
 
 /// A plaintext `api_key` an earlier version left in a session's executor JSON.
@@ -57,9 +67,11 @@ pub struct StoredSecret {
 }
 
 impl Store {
-    /// Checks `ring` against the registered sealing key and registers its
-    /// current key when that is the decision (see
-    /// [`crate::secrets::registration`]). One replica at a time: the
+    /// Checks `ring` against the database's keys and registers its current
+    /// key when that is the decision (see [`crate::secrets::registration`]):
+    /// the registered key, the key ids the fleet used that still seal a
+    /// secret, and the key check value recorded for each id. Records a check value for
+    /// every ring key that has none yet. One replica at a time: the
     /// registry is locked until the decision is written.
     pub async fn register_secret_key(&self, ring: &Keyring) -> Result<KeyRegistration> {
         let mut tx = self.pool.begin().await?;
@@ -69,19 +81,42 @@ impl Store {
         let registered = sqlx::query_scalar!("SELECT key_id FROM secret_key")
             .fetch_optional(&mut *tx)
             .await?;
-        let unknown_seal = match registered {
-            Some(_) => None,
-            None => {
-                sqlx::query_scalar!(
-                    "SELECT key_id FROM session_secrets WHERE key_id <> ALL($1) LIMIT 1",
-                    &ring.ids()
-                )
-                .fetch_optional(&mut *tx)
-                .await?
-            }
-        };
+        let checks = sqlx::query!("SELECT key_id, nonce, ciphertext FROM secret_key_checks")
+            .fetch_all(&mut *tx)
+            .await?;
+        // Keys that still seal secrets are needed when the fleet used them
+        // (a check value was recorded), or, on a database from before the
+        // registry, whatever they are. A key never recorded (a value
+        // restored beside a key that is lost) fails its sessions instead
+        // of keeping every replica from starting.
+        let needed: Vec<String> = secret_counts_on(&mut tx)
+            .await?
+            .into_iter()
+            .map(|(id, _)| id)
+            .filter(|id| registered.is_none() || checks.iter().any(|c| c.key_id == *id))
+            .collect();
+        let failed_checks: Vec<String> = checks
+            .iter()
+            .filter(|c| ring.has(&c.key_id))
+            .filter(|c| {
+                let check = Sealed {
+                    key_id: c.key_id.clone(),
+                    nonce: c.nonce.clone(),
+                    ciphertext: c.ciphertext.clone(),
+                };
+                !ring
+                    .keys()
+                    .find(|k| k.id() == c.key_id)
+                    .is_some_and(|k| k.opens_check(&check))
+            })
+            .map(|c| c.key_id.clone())
+            .collect();
         let decision =
-            crate::secrets::registration(registered.as_deref(), unknown_seal.as_deref(), ring);
+            crate::secrets::registration(registered.as_deref(), &needed, &failed_checks, ring);
+        if matches!(decision, KeyRegistration::Refuse { .. }) {
+            tx.rollback().await?;
+            return Ok(decision);
+        }
         if matches!(
             decision,
             KeyRegistration::Register | KeyRegistration::Rotate { .. }
@@ -94,8 +129,31 @@ impl Store {
             .execute(&mut *tx)
             .await?;
         }
+        for key in ring.keys() {
+            if checks.iter().any(|c| c.key_id == key.id()) {
+                continue;
+            }
+            let check = key
+                .check_value()
+                .map_err(|e| StoreError::Secret(e.to_string()))?;
+            sqlx::query!(
+                "INSERT INTO secret_key_checks (key_id, nonce, ciphertext) VALUES ($1, $2, $3)
+                 ON CONFLICT (key_id) DO NOTHING",
+                &check.key_id,
+                &check.nonce,
+                &check.ciphertext,
+            )
+            .execute(&mut *tx)
+            .await?;
+        }
         tx.commit().await?;
         Ok(decision)
+    }
+
+    /// How many secrets each key id seals, by id.
+    pub async fn secret_counts(&self) -> Result<Vec<(String, i64)>> {
+        let mut conn = self.pool.acquire().await?;
+        secret_counts_on(&mut conn).await
     }
 
     /// The registered sealing key's id, if one is registered.

@@ -57,8 +57,19 @@ macro_rules! select_session_with {
                       updated_at, ended_at, tenant, attempts, last_error, imported_at,
                       CASE WHEN status = 'queued' THEN
                           (SELECT count(*) FROM sessions q WHERE q.status = 'queued'
+                              AND q.tenant = sessions.tenant
                               AND (q.queued_at, q.id) <= (sessions.queued_at, sessions.id))
-                      END AS queue_position
+                      END AS queue_position,
+                      CASE WHEN status = 'queued' THEN
+                          (WITH RECURSIVE waiting AS (
+                               (SELECT q.tenant FROM sessions q WHERE q.status = 'queued'
+                                ORDER BY q.tenant LIMIT 1)
+                               UNION ALL
+                               SELECT (SELECT q.tenant FROM sessions q WHERE q.status = 'queued'
+                                       AND q.tenant > w.tenant ORDER BY q.tenant LIMIT 1)
+                               FROM waiting w WHERE w.tenant IS NOT NULL)
+                           SELECT count(tenant) FROM waiting)
+                      END AS queue_tenants
                FROM sessions "# + $tail
             $(, $arg)*
         )

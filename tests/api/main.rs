@@ -13,6 +13,7 @@ mod control;
 mod creates;
 mod deletion;
 mod egress;
+mod fairness;
 mod fleet;
 mod goals;
 mod http;

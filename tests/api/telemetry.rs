@@ -1,0 +1,334 @@
+//! OpenTelemetry traces, received by a real OTLP/HTTP receiver in the
+//! test: the span tree of a model-backed session (invoke_agent ->
+//! iterations -> chat / execute_tool), its GenAI attributes, the gate's
+//! span events, the API's server spans, no content by default, and the
+//! `traceparent` the model server receives.
+
+use crate::common;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::routing::post;
+use common::fake_llm::{FakeLlm, tool_calls};
+use common::{ADMIN_TOKEN, Warden, client_with_key, eventually};
+use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+use opentelemetry_proto::tonic::common::v1::any_value::Value as Any;
+use opentelemetry_proto::tonic::trace::v1::Span;
+use prost::Message;
+use serde_json::{Value, json};
+
+/// An OTLP/HTTP trace receiver on 127.0.0.1 keeping every span it is sent.
+#[derive(Clone)]
+struct Receiver {
+    addr: std::net::SocketAddr,
+    spans: Arc<Mutex<Vec<Span>>>,
+}
+
+async fn receive(State(spans): State<Arc<Mutex<Vec<Span>>>>, body: Bytes) -> Vec<u8> {
+    let request = ExportTraceServiceRequest::decode(body).expect("an OTLP protobuf body");
+    let mut kept = spans.lock().unwrap();
+    for resource in request.resource_spans {
+        for scope in resource.scope_spans {
+            kept.extend(scope.spans);
+        }
+    }
+    // An empty ExportTraceServiceResponse.
+    Vec::new()
+}
+
+impl Receiver {
+    async fn start() -> Receiver {
+        let spans = Arc::new(Mutex::new(Vec::new()));
+        let app = Router::new()
+            .route("/v1/traces", post(receive))
+            .with_state(spans.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            axum::serve(listener, app).await.unwrap();
+        });
+        Receiver { addr, spans }
+    }
+
+    fn spans(&self) -> Vec<Span> {
+        self.spans.lock().unwrap().clone()
+    }
+}
+
+/// A span's attribute as text (numbers and booleans written out).
+fn attr(span: &Span, key: &str) -> Option<String> {
+    let value = span
+        .attributes
+        .iter()
+        .find(|kv| kv.key == key)?
+        .value
+        .as_ref()?
+        .value
+        .as_ref()?;
+    Some(match value {
+        Any::StringValue(s) => s.clone(),
+        Any::IntValue(i) => i.to_string(),
+        Any::DoubleValue(d) => d.to_string(),
+        Any::BoolValue(b) => b.to_string(),
+        Any::ArrayValue(a) => a
+            .values
+            .iter()
+            .filter_map(|v| match &v.value {
+                Some(Any::StringValue(s)) => Some(s.clone()),
+                _ => None,
+            })
+            .collect::<Vec<_>>()
+            .join(","),
+        other => format!("{other:?}"),
+    })
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[tokio::test]
+async fn a_session_exports_the_genai_span_tree_without_content() {
+    let db = common::TestDb::new().await;
+    let fake = FakeLlm::start().await;
+    fake.agent(tool_calls(
+        &[(
+            "write_file",
+            json!({ "path": "README.md", "content": "# Warden\nSupervises agents.\n" }),
+        )],
+        120,
+    ))
+    .agent(tool_calls(
+        &[(
+            "task_completion",
+            json!({ "result": "README.md written", "deliverables": ["README.md"] }),
+        )],
+        80,
+    ));
+    let receiver = Receiver::start().await;
+    let endpoint = format!("http://{}", receiver.addr);
+    let base_url = fake.base_url();
+    let process = Warden::on(&db.pool)
+        .envs(&[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),
+            ("OTEL_BSP_SCHEDULE_DELAY", "100"),
+            ("OTEL_SERVICE_NAME", "warden-under-test"),
+            ("WARDEN_LLM_BASE_URL", base_url.as_str()),
+            ("WARDEN_LLM_MODEL", "fake-model"),
+        ])
+        .serve()
+        .await;
+    let client = client_with_key(ADMIN_TOKEN);
+    let base = process.base.clone();
+    let res = client
+        .post(format!("{base}/api/autonomous"))
+        .json(
+            &json!({ "goal": "Create README.md with a project description",
+                        "mode": "fixed", "executor": { "kind": "llm" } }),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert!(res.status().is_success(), "{}", res.status());
+    let created: Value = res.json().await.unwrap();
+    let id = created["id"].as_str().unwrap().to_string();
+
+    let status = Arc::new(Mutex::new(Value::Null));
+    eventually(Duration::from_secs(60), "the session to complete", || {
+        let (client, url, status) = (
+            client.clone(),
+            format!("{base}/api/autonomous/{id}"),
+            status.clone(),
+        );
+        async move {
+            let Ok(res) = client.get(url).send().await else {
+                return false;
+            };
+            let doc: Value = res.json().await.unwrap_or_default();
+            let settled = doc["status"] != "running" && doc["status"] != "queued";
+            *status.lock().unwrap() = doc;
+            settled
+        }
+    })
+    .await;
+    let settled = status.lock().unwrap().clone();
+    assert_eq!(settled["status"], "completed", "{settled}");
+
+    // The run's spans arrive within a few batch delays of its end.
+    eventually(
+        Duration::from_secs(30),
+        "the run's spans at the receiver",
+        || {
+            let spans = receiver.spans();
+            async move {
+                let agent = spans.iter().any(|s| s.name == "invoke_agent");
+                let tools = spans
+                    .iter()
+                    .filter(|s| s.name.starts_with("execute_tool "))
+                    .count();
+                let chats = spans.iter().filter(|s| s.name == "chat fake-model").count();
+                agent && tools >= 2 && chats >= 2
+            }
+        },
+    )
+    .await;
+    let spans = receiver.spans();
+    let by_id: HashMap<Vec<u8>, &Span> = spans.iter().map(|s| (s.span_id.clone(), s)).collect();
+    let parent = |s: &Span| by_id.get(&s.parent_span_id).copied();
+
+    let agent = spans
+        .iter()
+        .find(|s| s.name == "invoke_agent")
+        .expect("an invoke_agent span");
+    assert_eq!(
+        attr(agent, "gen_ai.operation.name").as_deref(),
+        Some("invoke_agent")
+    );
+    assert_eq!(attr(agent, "gen_ai.agent.id").as_deref(), Some(id.as_str()));
+    assert_eq!(
+        attr(agent, "gen_ai.conversation.id").as_deref(),
+        Some(id.as_str())
+    );
+    let trace = agent.trace_id.clone();
+
+    // Iterations under the run, in its trace.
+    let iterations: Vec<&Span> = spans
+        .iter()
+        .filter(|s| s.name == "warden.iteration" && s.trace_id == trace)
+        .collect();
+    assert!(iterations.len() >= 2, "{} iterations", iterations.len());
+    for iteration in &iterations {
+        assert_eq!(parent(iteration).map(|p| &p.span_id), Some(&agent.span_id));
+    }
+    // Each iteration's gate decision is a span event with its metrics.
+    let gated = iterations
+        .iter()
+        .flat_map(|s| &s.events)
+        .filter(|e| e.name == "warden.gate")
+        .collect::<Vec<_>>();
+    assert!(gated.len() >= 2, "{} gate events", gated.len());
+    assert!(
+        gated[0]
+            .attributes
+            .iter()
+            .any(|kv| kv.key == "warden.gate.rework_ratio"),
+        "{:?}",
+        gated[0].attributes
+    );
+
+    // Two model calls, each under an iteration, with the GenAI attributes.
+    let chats: Vec<&Span> = spans
+        .iter()
+        .filter(|s| s.name == "chat fake-model")
+        .collect();
+    assert_eq!(chats.len(), 2, "two model calls");
+    let mut answered = Vec::new();
+    for chat in &chats {
+        assert_eq!(chat.trace_id, trace, "same trace");
+        let up = parent(chat).expect("a chat span has a parent");
+        assert_eq!(up.name, "warden.iteration");
+        assert_eq!(attr(chat, "gen_ai.operation.name").as_deref(), Some("chat"));
+        assert_eq!(
+            attr(chat, "gen_ai.request.model").as_deref(),
+            Some("fake-model")
+        );
+        assert_eq!(
+            attr(chat, "gen_ai.provider.name").as_deref(),
+            Some("openai")
+        );
+        assert!(attr(chat, "gen_ai.request.max_tokens").is_some());
+        assert_eq!(
+            attr(chat, "gen_ai.response.finish_reasons").as_deref(),
+            Some("tool_calls")
+        );
+        let input: u64 = attr(chat, "gen_ai.usage.input_tokens")
+            .unwrap()
+            .parse()
+            .unwrap();
+        let output: u64 = attr(chat, "gen_ai.usage.output_tokens")
+            .unwrap()
+            .parse()
+            .unwrap();
+        answered.push(input + output);
+    }
+    answered.sort_unstable();
+    assert_eq!(answered, vec![80, 120], "usage as the model reported it");
+
+    // The tool calls, each under the iteration of its model call.
+    let tools: Vec<&Span> = spans
+        .iter()
+        .filter(|s| s.name.starts_with("execute_tool "))
+        .collect();
+    let write = tools
+        .iter()
+        .find(|s| s.name == "execute_tool write_file")
+        .expect("the write_file call");
+    assert_eq!(write.trace_id, trace);
+    assert_eq!(
+        attr(write, "gen_ai.operation.name").as_deref(),
+        Some("execute_tool")
+    );
+    assert_eq!(
+        attr(write, "gen_ai.tool.name").as_deref(),
+        Some("write_file")
+    );
+    assert_eq!(
+        attr(write, "gen_ai.tool.call.id").as_deref(),
+        Some("call_0_write_file")
+    );
+    let write_iteration = parent(write).expect("a tool span has a parent");
+    assert_eq!(write_iteration.name, "warden.iteration");
+    assert!(
+        chats
+            .iter()
+            .any(|c| c.parent_span_id == write_iteration.span_id),
+        "the tool call shares its iteration with the model call that asked for it"
+    );
+    assert!(
+        tools
+            .iter()
+            .any(|s| s.name == "execute_tool task_completion")
+    );
+
+    // Nothing of the prompts or answers by default.
+    for span in &spans {
+        for key in [
+            "gen_ai.input.messages",
+            "gen_ai.output.messages",
+            "gen_ai.tool.call.arguments",
+            "gen_ai.tool.call.result",
+        ] {
+            assert_eq!(attr(span, key), None, "{key} on {}", span.name);
+        }
+    }
+
+    // The API's server spans.
+    let created_span = spans
+        .iter()
+        .find(|s| {
+            attr(s, "http.route").as_deref() == Some("/api/autonomous")
+                && attr(s, "http.request.method").as_deref() == Some("POST")
+        })
+        .expect("the create request's server span");
+    assert_eq!(created_span.name, "POST /api/autonomous");
+    assert!(
+        attr(created_span, "http.response.status_code").is_some_and(|code| code.starts_with('2')),
+        "{:?}",
+        attr(created_span, "http.response.status_code")
+    );
+
+    // The model server was told each call's span.
+    let traceparents: Vec<String> = fake.traceparents().into_iter().flatten().collect();
+    for chat in &chats {
+        let expected = format!("00-{}-{}-01", hex(&chat.trace_id), hex(&chat.span_id));
+        assert!(
+            traceparents.contains(&expected),
+            "{expected} not among {traceparents:?}"
+        );
+    }
+}

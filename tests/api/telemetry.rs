@@ -92,8 +92,10 @@ fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-#[tokio::test]
-async fn a_session_exports_the_genai_span_tree_without_content() {
+/// A traced Warden (exporting to a fresh receiver, with `env` on top)
+/// that has run a session to completion: two model calls, a file written
+/// and the task completed.
+async fn traced_session(env: &[(&str, &str)]) -> Traced {
     let db = common::TestDb::new().await;
     let fake = FakeLlm::start().await;
     fake.agent(tool_calls(
@@ -118,9 +120,13 @@ async fn a_session_exports_the_genai_span_tree_without_content() {
             ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),
             ("OTEL_BSP_SCHEDULE_DELAY", "100"),
             ("OTEL_SERVICE_NAME", "warden-under-test"),
+            // The default log level, whose log spans (session, model call)
+            // sit between the traced ones and must not break the tree.
+            ("RUST_LOG", "info"),
             ("WARDEN_LLM_BASE_URL", base_url.as_str()),
             ("WARDEN_LLM_MODEL", "fake-model"),
         ])
+        .envs(env)
         .serve()
         .await;
     let client = client_with_key(ADMIN_TOKEN);
@@ -158,6 +164,33 @@ async fn a_session_exports_the_genai_span_tree_without_content() {
     .await;
     let settled = status.lock().unwrap().clone();
     assert_eq!(settled["status"], "completed", "{settled}");
+    Traced {
+        _db: db,
+        fake,
+        receiver,
+        process,
+        id,
+    }
+}
+
+/// What [`traced_session`] leaves running.
+struct Traced {
+    _db: common::TestDb,
+    fake: FakeLlm,
+    receiver: Receiver,
+    process: common::ServiceProcess,
+    id: String,
+}
+
+#[tokio::test]
+async fn a_session_exports_the_genai_span_tree_without_content() {
+    let Traced {
+        fake,
+        receiver,
+        id,
+        _db,
+        process: _process,
+    } = traced_session(&[]).await;
 
     // The run's spans arrive within a few batch delays of its end.
     eventually(
@@ -166,13 +199,18 @@ async fn a_session_exports_the_genai_span_tree_without_content() {
         || {
             let spans = receiver.spans();
             async move {
-                let agent = spans.iter().any(|s| s.name == "invoke_agent");
+                // The last run ends last: its span closes the tree.
+                let ended = spans.iter().any(|s| {
+                    s.name == "invoke_agent"
+                        && attr(s, "warden.session.exit")
+                            .is_some_and(|exit| exit.starts_with("Finished"))
+                });
                 let tools = spans
                     .iter()
                     .filter(|s| s.name.starts_with("execute_tool "))
                     .count();
                 let chats = spans.iter().filter(|s| s.name == "chat fake-model").count();
-                agent && tools >= 2 && chats >= 2
+                ended && tools >= 2 && chats >= 2
             }
         },
     )
@@ -181,29 +219,32 @@ async fn a_session_exports_the_genai_span_tree_without_content() {
     let by_id: HashMap<Vec<u8>, &Span> = spans.iter().map(|s| (s.span_id.clone(), s)).collect();
     let parent = |s: &Span| by_id.get(&s.parent_span_id).copied();
 
-    let agent = spans
-        .iter()
-        .find(|s| s.name == "invoke_agent")
-        .expect("an invoke_agent span");
-    assert_eq!(
-        attr(agent, "gen_ai.operation.name").as_deref(),
-        Some("invoke_agent")
-    );
-    assert_eq!(attr(agent, "gen_ai.agent.id").as_deref(), Some(id.as_str()));
-    assert_eq!(
-        attr(agent, "gen_ai.conversation.id").as_deref(),
-        Some(id.as_str())
-    );
-    let trace = agent.trace_id.clone();
+    // One run, or more when a loaded machine let a lease lapse and the
+    // session was taken up again: each its own trace.
+    let runs: Vec<&Span> = spans.iter().filter(|s| s.name == "invoke_agent").collect();
+    for run in &runs {
+        assert_eq!(
+            attr(run, "gen_ai.operation.name").as_deref(),
+            Some("invoke_agent")
+        );
+        assert_eq!(attr(run, "gen_ai.agent.id").as_deref(), Some(id.as_str()));
+        assert_eq!(
+            attr(run, "gen_ai.conversation.id").as_deref(),
+            Some(id.as_str())
+        );
+        assert!(run.parent_span_id.is_empty(), "a run is a root span");
+    }
 
-    // Iterations under the run, in its trace.
+    // Iterations under a run, in its trace.
     let iterations: Vec<&Span> = spans
         .iter()
-        .filter(|s| s.name == "warden.iteration" && s.trace_id == trace)
+        .filter(|s| s.name == "warden.iteration")
         .collect();
     assert!(iterations.len() >= 2, "{} iterations", iterations.len());
     for iteration in &iterations {
-        assert_eq!(parent(iteration).map(|p| &p.span_id), Some(&agent.span_id));
+        let run = parent(iteration).expect("an iteration has a parent");
+        assert_eq!(run.name, "invoke_agent");
+        assert_eq!(run.trace_id, iteration.trace_id, "same trace");
     }
     // Each iteration's gate decision is a span event with its metrics.
     let gated = iterations
@@ -229,9 +270,9 @@ async fn a_session_exports_the_genai_span_tree_without_content() {
     assert_eq!(chats.len(), 2, "two model calls");
     let mut answered = Vec::new();
     for chat in &chats {
-        assert_eq!(chat.trace_id, trace, "same trace");
         let up = parent(chat).expect("a chat span has a parent");
         assert_eq!(up.name, "warden.iteration");
+        assert_eq!(up.trace_id, chat.trace_id, "same trace");
         assert_eq!(attr(chat, "gen_ai.operation.name").as_deref(), Some("chat"));
         assert_eq!(
             attr(chat, "gen_ai.request.model").as_deref(),
@@ -268,7 +309,6 @@ async fn a_session_exports_the_genai_span_tree_without_content() {
         .iter()
         .find(|s| s.name == "execute_tool write_file")
         .expect("the write_file call");
-    assert_eq!(write.trace_id, trace);
     assert_eq!(
         attr(write, "gen_ai.operation.name").as_deref(),
         Some("execute_tool")
@@ -283,6 +323,7 @@ async fn a_session_exports_the_genai_span_tree_without_content() {
     );
     let write_iteration = parent(write).expect("a tool span has a parent");
     assert_eq!(write_iteration.name, "warden.iteration");
+    assert_eq!(write_iteration.trace_id, write.trace_id, "same trace");
     assert!(
         chats
             .iter()
@@ -331,4 +372,51 @@ async fn a_session_exports_the_genai_span_tree_without_content() {
             "{expected} not among {traceparents:?}"
         );
     }
+}
+
+#[tokio::test]
+async fn content_is_exported_when_asked_and_buffered_spans_are_flushed_at_shutdown() {
+    // A batch delay far beyond the test: only the shutdown's flush sends them.
+    let Traced {
+        receiver,
+        mut process,
+        _db,
+        ..
+    } = traced_session(&[
+        ("WARDEN_TRACE_CONTENT", "true"),
+        ("OTEL_BSP_SCHEDULE_DELAY", "600000"),
+    ])
+    .await;
+    let pid = i32::try_from(process.pid()).expect("a pid");
+    // SAFETY: sends SIGTERM to the child process this test started.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+    let status = process.exit_status(Duration::from_secs(60)).await;
+    assert!(status.success(), "{status}");
+
+    let spans = receiver.spans();
+    assert!(
+        spans.iter().any(|s| s.name == "invoke_agent"),
+        "the run's span was flushed at shutdown: {:?}",
+        spans.iter().map(|s| &s.name).collect::<Vec<_>>()
+    );
+    let chats: Vec<&Span> = spans
+        .iter()
+        .filter(|s| s.name == "chat fake-model")
+        .collect();
+    assert_eq!(chats.len(), 2);
+    for chat in chats {
+        let input = attr(chat, "gen_ai.input.messages").expect("the prompt");
+        assert!(input.contains("Create README.md"), "{input}");
+        assert!(attr(chat, "gen_ai.output.messages").is_some());
+    }
+    let write = spans
+        .iter()
+        .find(|s| s.name == "execute_tool write_file")
+        .expect("the write_file call");
+    assert!(
+        attr(write, "gen_ai.tool.call.arguments").is_some_and(|a| a.contains("README.md")),
+        "{:?}",
+        attr(write, "gen_ai.tool.call.arguments")
+    );
+    assert!(attr(write, "gen_ai.tool.call.result").is_some());
 }

@@ -420,3 +420,123 @@ async fn content_is_exported_when_asked_and_buffered_spans_are_flushed_at_shutdo
     );
     assert!(attr(write, "gen_ai.tool.call.result").is_some());
 }
+
+/// What an external agent received: the `traceparent` header and the
+/// body's `traceparent`.
+type SeenSteps = Arc<Mutex<Vec<(Option<String>, Value)>>>;
+
+async fn agent_step(
+    State(seen): State<SeenSteps>,
+    headers: axum::http::HeaderMap,
+    axum::Json(body): axum::Json<Value>,
+) -> axum::Json<Value> {
+    let header = headers
+        .get("traceparent")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    seen.lock().unwrap().push((header, body));
+    axum::Json(json!({ "action": "report", "tokens": 5, "output": "done",
+                       "signal": "done", "reason": "finished in one step" }))
+}
+
+/// A W3C traceparent's trace id and span id.
+fn trace_and_span(traceparent: &str) -> (String, String) {
+    let parts: Vec<&str> = traceparent.split('-').collect();
+    assert_eq!(parts.len(), 4, "{traceparent}");
+    assert_eq!((parts[0], parts[3]), ("00", "01"), "{traceparent}");
+    assert_eq!((parts[1].len(), parts[2].len()), (32, 16), "{traceparent}");
+    (parts[1].to_string(), parts[2].to_string())
+}
+
+#[tokio::test]
+async fn webhook_agents_and_workers_get_the_steps_traceparent() {
+    let db = common::TestDb::new().await;
+    let receiver = Receiver::start().await;
+    let endpoint = format!("http://{}", receiver.addr);
+    let seen: SeenSteps = Arc::new(Mutex::new(Vec::new()));
+    let agent = Router::new()
+        .route("/step", post(agent_step))
+        .with_state(seen.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/step", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, agent).await.unwrap() });
+    let process = Warden::on(&db.pool)
+        .envs(&[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),
+            ("OTEL_BSP_SCHEDULE_DELAY", "100"),
+            ("WARDEN_EGRESS_ALLOW", "127.0.0.1"),
+        ])
+        .serve()
+        .await;
+    let base = process.base.clone();
+    let client = client_with_key(ADMIN_TOKEN);
+    let create = |executor: Value| {
+        let (client, base) = (client.clone(), base.clone());
+        async move {
+            let res = client
+                .post(format!("{base}/api/autonomous"))
+                .json(
+                    &json!({ "goal": "Create README.md with a project description",
+                                "mode": "continuous", "executor": executor }),
+                )
+                .send()
+                .await
+                .unwrap();
+            assert!(res.status().is_success(), "{}", res.status());
+            let doc: Value = res.json().await.unwrap();
+            doc["id"].as_str().unwrap().to_string()
+        }
+    };
+
+    // A webhook step: the header and the body carry the step's iteration span.
+    let id = create(json!({ "kind": "webhook", "url": url })).await;
+    eventually(Duration::from_secs(60), "the webhook run's spans", || {
+        let spans = receiver.spans();
+        let id = id.clone();
+        async move {
+            spans.iter().any(|s| {
+                s.name == "invoke_agent"
+                    && attr(s, "gen_ai.agent.id").as_deref() == Some(id.as_str())
+                    && attr(s, "warden.session.exit").is_some_and(|e| e.starts_with("Finished"))
+            })
+        }
+    })
+    .await;
+    let steps = seen.lock().unwrap().clone();
+    let (header, body) = steps.first().expect("the agent was called");
+    let header = header.as_deref().expect("a traceparent header");
+    assert_eq!(body["traceparent"].as_str(), Some(header));
+    let (trace, span) = trace_and_span(header);
+    let spans = receiver.spans();
+    let iteration = spans
+        .iter()
+        .find(|s| hex(&s.span_id) == span)
+        .expect("the header names an exported span");
+    assert_eq!(iteration.name, "warden.iteration");
+    assert_eq!(hex(&iteration.trace_id), trace);
+
+    // A worker task: its context carries the traceparent (the admin
+    // token acts in the default tenant, so the worker key does too).
+    let res = client
+        .post(format!("{base}/api/keys"))
+        .json(&json!({ "tenant": warden::auth::DEFAULT_TENANT, "role": "worker", "queues": ["traced"] }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), reqwest::StatusCode::CREATED);
+    let key: Value = res.json().await.unwrap();
+    let worker = client_with_key(key["secret"].as_str().unwrap());
+    create(json!({ "kind": "worker", "queue": "traced" })).await;
+    let res = worker
+        .post(format!("{base}/api/workers/claim"))
+        .json(&json!({ "wait_ms": 20_000, "worker": "traced-worker" }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), reqwest::StatusCode::OK);
+    let task: Value = res.json().await.unwrap();
+    let traceparent = task["context"]["traceparent"]
+        .as_str()
+        .unwrap_or_else(|| panic!("a traceparent in the task's context: {task}"));
+    trace_and_span(traceparent);
+}

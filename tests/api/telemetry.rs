@@ -540,3 +540,98 @@ async fn webhook_agents_and_workers_get_the_steps_traceparent() {
         .unwrap_or_else(|| panic!("a traceparent in the task's context: {task}"));
     trace_and_span(traceparent);
 }
+
+#[tokio::test]
+async fn a_resumed_run_links_to_the_run_before_it() {
+    let db = common::TestDb::new().await;
+    let fake = FakeLlm::start().await;
+    fake.agent(tool_calls(
+        &[(
+            "ask_question",
+            json!({ "question": "Which language should the README use?" }),
+        )],
+        40,
+    ))
+    .agent(tool_calls(
+        &[(
+            "task_completion",
+            json!({ "result": "ok", "deliverables": [] }),
+        )],
+        40,
+    ));
+    let receiver = Receiver::start().await;
+    let endpoint = format!("http://{}", receiver.addr);
+    let base_url = fake.base_url();
+    let process = Warden::on(&db.pool)
+        .envs(&[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),
+            ("OTEL_BSP_SCHEDULE_DELAY", "100"),
+            ("WARDEN_LLM_BASE_URL", base_url.as_str()),
+            ("WARDEN_LLM_MODEL", "fake-model"),
+        ])
+        .serve()
+        .await;
+    let base = process.base.clone();
+    let client = client_with_key(ADMIN_TOKEN);
+    let res = client
+        .post(format!("{base}/api/autonomous"))
+        .json(
+            &json!({ "goal": "Create README.md with a project description",
+                        "mode": "fixed", "executor": { "kind": "llm" } }),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert!(res.status().is_success(), "{}", res.status());
+    let id = res.json::<Value>().await.unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let ended_runs = |spans: &[Span]| {
+        spans
+            .iter()
+            .filter(|s| {
+                s.name == "invoke_agent"
+                    && attr(s, "gen_ai.agent.id").as_deref() == Some(id.as_str())
+                    && attr(s, "warden.session.exit").is_some_and(|e| e.starts_with("Finished"))
+            })
+            .count()
+    };
+    eventually(Duration::from_secs(60), "the first run's span", || {
+        let ended = ended_runs(&receiver.spans());
+        async move { ended >= 1 }
+    })
+    .await;
+    let res = client
+        .post(format!("{base}/api/autonomous/{id}/resume"))
+        .json(&json!({ "guidance": "English" }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), reqwest::StatusCode::OK);
+    eventually(Duration::from_secs(60), "the resumed run's span", || {
+        let ended = ended_runs(&receiver.spans());
+        async move { ended >= 2 }
+    })
+    .await;
+
+    let mut runs: Vec<Span> = receiver
+        .spans()
+        .into_iter()
+        .filter(|s| s.name == "invoke_agent")
+        .collect();
+    runs.sort_by_key(|s| s.start_time_unix_nano);
+    let [.., before, last] = runs.as_slice() else {
+        panic!("two runs");
+    };
+    assert_ne!(before.trace_id, last.trace_id, "each run is its own trace");
+    assert_eq!(
+        attr(last, "warden.previous_trace_id"),
+        Some(hex(&before.trace_id))
+    );
+    let link = last.links.first().expect("a link to the run before");
+    assert_eq!(
+        (&link.trace_id, &link.span_id),
+        (&before.trace_id, &before.span_id)
+    );
+}

@@ -187,7 +187,7 @@ pub fn router(state: AppState, max_body_bytes: usize, limits: RequestLimits) -> 
                 .make_span_with(|req: &Request<_>| request_span(req))
                 .on_response(
                     |res: &axum::http::Response<_>, latency: Duration, span: &tracing::Span| {
-                        if !span.is_disabled() {
+                        if crate::telemetry::enabled() && !span.is_disabled() {
                             let status = res.status();
                             span.record("http.response.status_code", status.as_u16());
                             if status.is_server_error() {
@@ -208,17 +208,34 @@ fn request_span<B>(req: &Request<B>) -> tracing::Span {
         .extensions()
         .get::<axum::extract::MatchedPath>()
         .map(axum::extract::MatchedPath::as_str);
+    // The HTTP server fields are recorded only when traces are exported,
+    // so the log's request span reads as it always has.
     let span = tracing::info_span!(
         "request",
         method = %req.method(),
         path = %req.uri().path(),
-        otel.name = %format_args!("{} {}", req.method(), route.unwrap_or("")),
-        otel.kind = "server",
-        http.request.method = %req.method(),
-        http.route = route,
+        otel.name = tracing::field::Empty,
+        otel.kind = tracing::field::Empty,
+        http.request.method = tracing::field::Empty,
+        http.route = tracing::field::Empty,
         http.response.status_code = tracing::field::Empty,
         otel.status_code = tracing::field::Empty,
     );
+    if !crate::telemetry::enabled() || span.is_disabled() {
+        return span;
+    }
+    let method = req.method().as_str();
+    span.record("otel.kind", "server");
+    span.record("http.request.method", method);
+    match route {
+        Some(route) => {
+            span.record("otel.name", format!("{method} {route}").as_str());
+            span.record("http.route", route);
+        }
+        None => {
+            span.record("otel.name", method);
+        }
+    }
     let traceparent = req
         .headers()
         .get(crate::telemetry::TRACEPARENT)

@@ -88,6 +88,9 @@ fn attr(span: &Span, key: &str) -> Option<String> {
     })
 }
 
+/// The trace context a caller of the API sends.
+const CALLER_TRACEPARENT: &str = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
@@ -133,6 +136,8 @@ async fn traced_session(env: &[(&str, &str)]) -> Traced {
     let base = process.base.clone();
     let res = client
         .post(format!("{base}/api/autonomous"))
+        // The caller's own trace, which the server span continues.
+        .header("traceparent", CALLER_TRACEPARENT)
         .json(
             &json!({ "goal": "Create README.md with a project description",
                         "mode": "fixed", "executor": { "kind": "llm" } }),
@@ -357,6 +362,13 @@ async fn a_session_exports_the_genai_span_tree_without_content() {
         })
         .expect("the create request's server span");
     assert_eq!(created_span.name, "POST /api/autonomous");
+    assert_eq!(
+        attr(created_span, "http.route").as_deref(),
+        Some("/api/autonomous")
+    );
+    let (caller_trace, caller_span) = trace_and_span(CALLER_TRACEPARENT);
+    assert_eq!(hex(&created_span.trace_id), caller_trace);
+    assert_eq!(hex(&created_span.parent_span_id), caller_span);
     assert!(
         attr(created_span, "http.response.status_code").is_some_and(|code| code.starts_with('2')),
         "{:?}",

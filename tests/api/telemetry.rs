@@ -647,3 +647,50 @@ async fn a_resumed_run_links_to_the_run_before_it() {
         (&before.trace_id, &before.span_id)
     );
 }
+
+#[tokio::test]
+async fn the_grpc_exporter_starts_and_an_absent_collector_holds_nothing_up() {
+    let db = common::TestDb::new().await;
+    // Nothing listens there: exports fail in the background.
+    let endpoint = format!("http://127.0.0.1:{}", common::free_port());
+    let mut process = Warden::on(&db.pool)
+        .envs(&[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"),
+            ("OTEL_BSP_SCHEDULE_DELAY", "100"),
+        ])
+        .serve()
+        .await;
+    let base = process.base.clone();
+    let client = client_with_key(ADMIN_TOKEN);
+    let res = client
+        .post(format!("{base}/api/autonomous"))
+        .json(&json!({ "goal": "Create README.md with a project description",
+                        "executor": { "kind": "scripted",
+                            "steps": [{ "action": "finish", "output": "<<WARDEN_GOAL_DONE: ok>>" }] } }))
+        .send()
+        .await
+        .unwrap();
+    assert!(res.status().is_success(), "{}", res.status());
+    let id = res.json::<Value>().await.unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    eventually(Duration::from_secs(60), "the session to complete", || {
+        let url = format!("{base}/api/autonomous/{id}");
+        let client = client.clone();
+        async move {
+            let Ok(res) = client.get(url).send().await else {
+                return false;
+            };
+            let doc: Value = res.json().await.unwrap_or_default();
+            doc["status"] == "completed"
+        }
+    })
+    .await;
+    let pid = i32::try_from(process.pid()).expect("a pid");
+    // SAFETY: sends SIGTERM to the child process this test started.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+    let status = process.exit_status(Duration::from_secs(60)).await;
+    assert!(status.success(), "{status}: {}", process.logs());
+}

@@ -17,6 +17,7 @@ use crate::policy::guardrails::Limits;
 use crate::policy::lifecycle::Mode;
 use crate::policy::stuck::StuckConfig;
 use crate::secrets::{Keyring, SecretKey};
+use crate::telemetry::{Protocol, TelemetryConfig};
 
 pub mod settings;
 
@@ -221,6 +222,8 @@ pub struct Config {
     /// later lines once read); after start what they sealed is sealed again
     /// under the current key in the background (a rotation).
     pub secret_key_previous: Vec<SecretKey>,
+    /// The OpenTelemetry exporter (`OTEL_*`, `WARDEN_TRACE_CONTENT`); `None` when off.
+    pub telemetry: Option<TelemetryConfig>,
     /// Quotas (`WARDEN_TENANT_MAX_RUNNING`, …).
     pub quotas: Quotas,
     /// Limits on the HTTP connections themselves (`WARDEN_MAX_CONNECTIONS`, …).
@@ -854,7 +857,50 @@ impl Config {
             quotas: env.quotas()?,
             connections: env.connections()?,
             mcp: env.mcp_config()?,
+            telemetry: env.telemetry()?,
         })
+    }
+}
+
+impl Env<'_> {
+    /// The OpenTelemetry exporter: `None` (off) unless an OTLP endpoint is set.
+    fn telemetry(&self) -> Result<Option<TelemetryConfig>, ConfigError> {
+        let protocol = self.choice(
+            &OTEL_EXPORTER_OTLP_PROTOCOL,
+            &[
+                ("http/protobuf", Protocol::HttpProtobuf),
+                ("grpc", Protocol::Grpc),
+            ],
+        )?;
+        // Validated here although the SDK reads it itself, so a typo stops
+        // start-up instead of being ignored.
+        self.parse::<u64>(&OTEL_BSP_SCHEDULE_DELAY, 1, 3_600_000)?;
+        let content = self.bool(&WARDEN_TRACE_CONTENT)?;
+        let endpoint = match (
+            self.url(&OTEL_EXPORTER_OTLP_TRACES_ENDPOINT)?,
+            self.url(&OTEL_EXPORTER_OTLP_ENDPOINT)?,
+        ) {
+            (Some(traces), _) => traces,
+            (None, Some(base)) if protocol == Protocol::HttpProtobuf => format!("{base}/v1/traces"),
+            (None, Some(base)) => base,
+            (None, None) => return Ok(None),
+        };
+        let named_in_attributes = self.string(&OTEL_RESOURCE_ATTRIBUTES).is_some_and(|attrs| {
+            attrs
+                .split(',')
+                .any(|kv| kv.trim().starts_with("service.name="))
+        });
+        let service_name = match OTEL_SERVICE_NAME.lookup(self.vars) {
+            Some((_, name)) => Some(name.trim().to_string()),
+            None if named_in_attributes => None,
+            None => self.string(&OTEL_SERVICE_NAME),
+        };
+        Ok(Some(TelemetryConfig {
+            endpoint,
+            protocol,
+            service_name,
+            content,
+        }))
     }
 }
 
@@ -960,6 +1006,76 @@ mod tests {
         );
         let err = every(&[("WARDEN_GATE_STEP_LIMIT", "2000000")]).unwrap_err();
         assert!(err.to_string().contains("WARDEN_GATE_STEP_LIMIT"), "{err}");
+    }
+
+    #[test]
+    fn traces_are_off_unless_an_otlp_endpoint_is_set() {
+        let telemetry =
+            |pairs: &[(&str, &str)]| Config::from_vars(&vars(pairs)).map(|c| c.telemetry);
+        assert_eq!(telemetry(&[]).unwrap(), None);
+        // Off whatever else is set.
+        assert_eq!(
+            telemetry(&[("WARDEN_TRACE_CONTENT", "true"), ("OTEL_SERVICE_NAME", "x")]).unwrap(),
+            None
+        );
+        let http = telemetry(&[("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4318/")])
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            http,
+            TelemetryConfig {
+                endpoint: "http://127.0.0.1:4318/v1/traces".into(),
+                protocol: Protocol::HttpProtobuf,
+                service_name: Some("warden".into()),
+                content: false,
+            }
+        );
+        // The traces endpoint is used as it is, and wins.
+        let traces = telemetry(&[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4318"),
+            (
+                "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+                "https://otel.example/t",
+            ),
+            ("WARDEN_TRACE_CONTENT", "true"),
+        ])
+        .unwrap()
+        .unwrap();
+        assert_eq!(traces.endpoint, "https://otel.example/t");
+        assert!(traces.content);
+        let grpc = telemetry(&[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4317"),
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"),
+        ])
+        .unwrap()
+        .unwrap();
+        assert_eq!(grpc.endpoint, "http://127.0.0.1:4317");
+        assert_eq!(grpc.protocol, Protocol::Grpc);
+        // service.name in the resource attributes is kept unless
+        // OTEL_SERVICE_NAME is set.
+        let named = |extra: &[(&str, &str)]| {
+            let mut pairs = vec![
+                ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4318"),
+                ("OTEL_RESOURCE_ATTRIBUTES", "team=a, service.name=agents"),
+            ];
+            pairs.extend_from_slice(extra);
+            telemetry(&pairs).unwrap().unwrap().service_name
+        };
+        assert_eq!(named(&[]), None);
+        assert_eq!(named(&[("OTEL_SERVICE_NAME", "w")]), Some("w".into()));
+        for (var, bad) in [
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json"),
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "127.0.0.1:4318"),
+            ("OTEL_BSP_SCHEDULE_DELAY", "soon"),
+            ("WARDEN_TRACE_CONTENT", "maybe"),
+        ] {
+            let err = telemetry(&[
+                ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4318"),
+                (var, bad),
+            ])
+            .unwrap_err();
+            assert!(err.to_string().contains(var), "{err}");
+        }
     }
 
     #[test]

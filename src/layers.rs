@@ -16,6 +16,7 @@ const LAYERS: &[(&str, u8)] = &[
     ("secrets", 0),
     ("thread_priority", 0),
     ("ratelimit", 0),
+    ("telemetry", 0),
     ("event", 1),
     ("llm", 1),
     ("mcp", 1),

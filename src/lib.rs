@@ -19,6 +19,7 @@ pub mod ratelimit;
 pub mod secrets;
 pub mod session;
 pub mod store;
+pub mod telemetry;
 pub mod thread_priority;
 
 use std::net::SocketAddr;

@@ -6,6 +6,7 @@ use tracing_subscriber::EnvFilter;
 use warden::Application;
 use warden::config::Config;
 use warden::config::settings;
+use warden::telemetry::{self, Telemetry};
 
 /// mimalloc, not the system allocator: with it warden-bench measured 1.6x
 /// the iterations/s at 1,000 sessions and 1.2x at one (the loop allocates
@@ -64,15 +65,14 @@ async fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let filter = EnvFilter::try_new(&config.log_filter).unwrap_or_else(|_| EnvFilter::new("info"));
-    if config.log_json {
-        tracing_subscriber::fmt()
-            .json()
-            .with_env_filter(filter)
-            .init();
-    } else {
-        tracing_subscriber::fmt().with_env_filter(filter).init();
-    }
+    let telemetry = match config.telemetry.as_ref().map(Telemetry::start).transpose() {
+        Ok(telemetry) => telemetry,
+        Err(err) => {
+            eprintln!("warden: {err}");
+            return ExitCode::from(2);
+        }
+    };
+    init_tracing(&config, telemetry.as_ref());
     match warden::http::serve::raise_open_files_limit() {
         Ok(limit) if limit < config.connections.max_connections as u64 + 1_024 => {
             tracing::warn!(
@@ -93,13 +93,42 @@ raise it or lower WARDEN_MAX_CONNECTIONS so excess connections are refused rathe
             return ExitCode::FAILURE;
         }
     };
-    match app.run_until(warden::shutdown_signal()).await {
+    let ran = app.run_until(warden::shutdown_signal()).await;
+    if let Some(telemetry) = telemetry {
+        // Sends the spans still buffered; blocking, so off the runtime's threads.
+        let _ = tokio::task::spawn_blocking(move || telemetry.shutdown()).await;
+    }
+    match ran {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
             eprintln!("warden: {err}");
             ExitCode::FAILURE
         }
     }
+}
+
+/// The log (`RUST_LOG`, `WARDEN_LOG_FORMAT`) and, when exported, the
+/// traces: each layer with its own filter, so the log level does not decide
+/// what is traced and the traced spans stay out of the log.
+fn init_tracing(config: &Config, telemetry: Option<&Telemetry>) {
+    use tracing_subscriber::Layer;
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+
+    let filter = EnvFilter::try_new(&config.log_filter).unwrap_or_else(|_| EnvFilter::new("info"));
+    let filter = match format!("{}=off", telemetry::TARGET).parse() {
+        Ok(directive) => filter.add_directive(directive),
+        Err(_) => filter,
+    };
+    let log = if config.log_json {
+        tracing_subscriber::fmt::layer().json().boxed()
+    } else {
+        tracing_subscriber::fmt::layer().boxed()
+    };
+    tracing_subscriber::registry()
+        .with(log.with_filter(filter))
+        .with(telemetry.map(Telemetry::layer))
+        .init();
 }
 
 /// `warden healthcheck`: asks this machine's Warden for `/readyz` (for

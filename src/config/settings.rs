@@ -23,6 +23,8 @@ pub enum Layer {
     Store,
     /// Logging.
     Log,
+    /// OpenTelemetry traces.
+    Telemetry,
     /// The memory allocator, mimalloc, which reads its own settings at start.
     Allocator,
 }
@@ -38,6 +40,7 @@ impl Layer {
             Layer::Llm => "llm",
             Layer::Store => "store",
             Layer::Log => "log",
+            Layer::Telemetry => "telemetry",
             Layer::Allocator => "allocator",
         }
     }
@@ -224,13 +227,29 @@ macro_rules! settings {
 }
 
 settings! {
-    // Named by the tools that define them (Postgres clients, tracing, mimalloc).
+    // Named by the tools that define them (Postgres clients, tracing, mimalloc, OpenTelemetry).
     DATABASE_URL (Store, secret) = unset =>
         "Postgres server URL; unset, an embedded PostgreSQL in `WARDEN_DATA_DIR` (builds with the default `embedded` feature; required without it)";
     RUST_LOG (Log) = "info" =>
         "log filter (`info`, `warden=debug`, …)";
     MIMALLOC_PURGE_DELAY (Allocator) = "0" =>
         "milliseconds before freed memory goes back to the system (read by mimalloc itself); Warden sets `0` at start unless this is set, mimalloc's own default is `1000`";
+    OTEL_EXPORTER_OTLP_ENDPOINT (Telemetry) = unset =>
+        "OTLP collector base URL (`http://127.0.0.1:4318`, gRPC `http://127.0.0.1:4317`); set, Warden exports traces (HTTP: to `/v1/traces` under it)";
+    OTEL_EXPORTER_OTLP_TRACES_ENDPOINT (Telemetry) = unset =>
+        "the traces URL itself, used as is; wins over `OTEL_EXPORTER_OTLP_ENDPOINT`";
+    OTEL_EXPORTER_OTLP_PROTOCOL (Telemetry) = "http/protobuf" =>
+        "`http/protobuf` or `grpc` (plaintext; use `http/protobuf` for TLS)";
+    OTEL_EXPORTER_OTLP_HEADERS (Telemetry, secret) = unset =>
+        "headers sent with every export, `key1=value1,key2=value2` (read by the exporter itself)";
+    OTEL_SERVICE_NAME (Telemetry) = "warden" =>
+        "the traces' `service.name` (unset with `service.name` in `OTEL_RESOURCE_ATTRIBUTES`, that one)";
+    OTEL_RESOURCE_ATTRIBUTES (Telemetry) = unset =>
+        "more resource attributes, `key1=value1,key2=value2` (read by the SDK itself)";
+    OTEL_BSP_SCHEDULE_DELAY (Telemetry) = "5000" =>
+        "milliseconds between exports of buffered spans (read by the SDK itself)";
+    WARDEN_TRACE_CONTENT (Telemetry) = "false" =>
+        "`true` records prompts and answers on the spans (`gen_ai.input.messages`, `gen_ai.output.messages`, capped at 16,384 characters each); off, no content leaves in traces";
 
     // The service.
     WARDEN_DATA_DIR (Store) = "./.warden" =>
@@ -519,6 +538,8 @@ mod tests {
             assert!(
                 name.starts_with("WARDEN_")
                     || name.starts_with("AUTONOMOUS_")
+                    // OpenTelemetry's standard variables, as every OTel SDK reads them.
+                    || name.starts_with("OTEL_")
                     || ["DATABASE_URL", "RUST_LOG", "MIMALLOC_PURGE_DELAY"].contains(&name),
                 "{name}: a new setting is WARDEN_* (the service) or AUTONOMOUS_* (the loop's defaults)"
             );

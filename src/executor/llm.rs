@@ -22,6 +22,8 @@ use crate::policy::excerpt;
 use crate::policy::history::{FileWrite, Outcome};
 use crate::policy::sentinel::{Sentinel, SignalKind};
 use crate::store::{Task, TaskWrite};
+use crate::telemetry;
+use tracing::Instrument;
 
 /// How the agent is told to work: its tools and how to stop.
 pub const SYSTEM_PROMPT: &str = "You are an autonomous agent supervised by Warden. You work \
@@ -142,6 +144,46 @@ fn mcp_tool_spec(offered: &OfferedTool) -> ToolSpec {
         schema = json!({ "type": "object", "properties": {} });
     }
     ToolSpec::function(offered.function.clone(), description, schema)
+}
+
+/// The GenAI `execute_tool {name}` span of one tool call.
+fn tool_span(call: &ToolCall) -> tracing::Span {
+    tracing::info_span!(
+        target: telemetry::TARGET,
+        "execute_tool",
+        otel.name = %format_args!("execute_tool {}", call.function.name),
+        otel.kind = "internal",
+        gen_ai.operation.name = "execute_tool",
+        gen_ai.tool.name = %call.function.name,
+        gen_ai.tool.call.id = %call.id,
+        gen_ai.tool.type = "function",
+        gen_ai.tool.call.arguments = tracing::field::Empty,
+        gen_ai.tool.call.result = tracing::field::Empty,
+        error.type = tracing::field::Empty,
+        otel.status_code = tracing::field::Empty,
+    )
+}
+
+/// What a finished tool call puts on its span: whether it failed, and its
+/// arguments and result when content tracing is on.
+fn record_tool(span: &tracing::Span, call: &ToolCall, outcome: &ToolOutcome) {
+    if span.is_disabled() {
+        return;
+    }
+    if outcome.failed {
+        span.record("error.type", "tool_error");
+        span.record("otel.status_code", "ERROR");
+    }
+    if telemetry::content_enabled() {
+        span.record(
+            "gen_ai.tool.call.arguments",
+            telemetry::capped(&call.function.arguments).as_str(),
+        );
+        span.record(
+            "gen_ai.tool.call.result",
+            telemetry::capped(&outcome.content).as_str(),
+        );
+    }
 }
 
 /// What one tool call did.
@@ -702,7 +744,13 @@ impl LlmExecutor {
         }
         for (index, call) in calls.iter().enumerate() {
             let outcome = if index < executed {
-                self.run_tool(ctx.iteration, index as u32, call).await
+                let span = tool_span(call);
+                let outcome = self
+                    .run_tool(ctx.iteration, index as u32, call)
+                    .instrument(span.clone())
+                    .await;
+                record_tool(&span, call, &outcome);
+                outcome
             } else {
                 ToolOutcome::error(over_tool_call_limit(self.max_tool_calls))
             };

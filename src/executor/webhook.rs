@@ -17,6 +17,7 @@ use crate::egress::{
 use crate::policy::excerpt;
 use crate::policy::history::Outcome;
 use crate::policy::sentinel::{Sentinel, SignalKind};
+use crate::telemetry;
 
 /// Steps of history sent with each request.
 const HISTORY_ITEMS: usize = 10;
@@ -40,6 +41,10 @@ pub struct WebhookRequest {
     pub token_allowance: u64,
     /// The most recent steps, oldest first.
     pub history: Vec<WebhookHistoryItem>,
+    /// The W3C trace context of the step (also sent as the `traceparent`
+    /// header), when Warden exports traces: continue the trace under it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub traceparent: Option<String>,
 }
 
 /// One past step as the agent sees it.
@@ -137,9 +142,11 @@ impl WebhookExecutor {
             tokens: 0,
         };
         let request = request_for(&ctx);
-        let response = self
-            .http
-            .post(&self.url)
+        let mut post = self.http.post(&self.url);
+        if let Some(traceparent) = &request.traceparent {
+            post = post.header(telemetry::TRACEPARENT, traceparent);
+        }
+        let response = post
             // The same for every attempt at this iteration (a rescued session
             // repeats the step it could not commit), so the agent can deduplicate.
             .header(
@@ -195,6 +202,7 @@ pub(super) fn request_for(ctx: &StepContext<'_>) -> WebhookRequest {
         nudge: ctx.nudge.map(str::to_string),
         token_allowance: ctx.token_allowance,
         history,
+        traceparent: telemetry::traceparent(),
     }
 }
 

@@ -23,7 +23,7 @@ use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use axum::http::Request;
 use tower_http::catch_panic::CatchPanicLayer;
-use tower_http::trace::TraceLayer;
+use tower_http::trace::{DefaultOnResponse, OnResponse, TraceLayer};
 
 use crate::session::SessionService;
 use error::ApiError;
@@ -185,16 +185,70 @@ pub fn router(state: AppState, max_body_bytes: usize, limits: RequestLimits) -> 
         .layer(DefaultBodyLimit::max(max_body_bytes))
         .layer(axum::Extension(extract::BodyLimit(max_body_bytes)))
         .layer(axum::Extension(extract::BodyShapes(openapi::spec())))
-        .layer(axum::middleware::from_fn_with_state(
-            limits,
-            request_limits,
-        ))
+        .layer(axum::middleware::from_fn_with_state(limits, request_limits))
         .layer(CatchPanicLayer::custom(panic_response))
         .layer(
-            TraceLayer::new_for_http().make_span_with(|req: &Request<_>| {
-                tracing::info_span!("request", method = %req.method(), path = %req.uri().path())
-            }),
+            TraceLayer::new_for_http()
+                .make_span_with(|req: &Request<_>| request_span(req))
+                .on_response(
+                    |res: &axum::http::Response<_>, latency: Duration, span: &tracing::Span| {
+                        if crate::telemetry::enabled() && !span.is_disabled() {
+                            let status = res.status();
+                            span.record("http.response.status_code", status.as_u16());
+                            if status.is_server_error() {
+                                span.record("otel.status_code", "ERROR");
+                            }
+                        }
+                        DefaultOnResponse::default().on_response(res, latency, span);
+                    },
+                ),
         )
+}
+
+/// The span of one request: the log's `request` span, exported as an HTTP
+/// server span (its route template, never the query) under the caller's
+/// `traceparent` when it sends one.
+fn request_span<B>(req: &Request<B>) -> tracing::Span {
+    let route = req
+        .extensions()
+        .get::<axum::extract::MatchedPath>()
+        .map(axum::extract::MatchedPath::as_str);
+    // The HTTP server fields are recorded only when traces are exported,
+    // so the log's request span reads as it always has.
+    let span = tracing::info_span!(
+        "request",
+        method = %req.method(),
+        path = %req.uri().path(),
+        otel.name = tracing::field::Empty,
+        otel.kind = tracing::field::Empty,
+        http.request.method = tracing::field::Empty,
+        http.route = tracing::field::Empty,
+        http.response.status_code = tracing::field::Empty,
+        otel.status_code = tracing::field::Empty,
+    );
+    if !crate::telemetry::enabled() || span.is_disabled() {
+        return span;
+    }
+    let method = req.method().as_str();
+    span.record("otel.kind", "server");
+    span.record("http.request.method", method);
+    match route {
+        Some(route) => {
+            span.record("otel.name", format!("{method} {route}").as_str());
+            span.record("http.route", route);
+        }
+        None => {
+            span.record("otel.name", method);
+        }
+    }
+    let traceparent = req
+        .headers()
+        .get(crate::telemetry::TRACEPARENT)
+        .and_then(|v| v.to_str().ok());
+    if let Some(traceparent) = traceparent {
+        crate::telemetry::continue_trace(&span, traceparent);
+    }
+    span
 }
 
 /// The web dashboard: one self-contained page (no CDN) over the public API.

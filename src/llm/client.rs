@@ -3,10 +3,13 @@
 use std::fmt;
 use std::time::Duration;
 
+use tracing::Instrument;
+
 use super::wire::{ChatRequest, ChatResponse, Message, Usage};
 use crate::egress::{
     DEFAULT_MAX_RESPONSE_BYTES, ReadError, read_capped, transport_error, upstream_error_summary,
 };
+use crate::telemetry;
 
 /// Where and how to reach a model server.
 #[derive(Clone)]
@@ -209,13 +212,49 @@ impl LlmClient {
         &self.settings
     }
 
-    /// Sends `request`, retrying transient failures with exponential backoff.
-    #[tracing::instrument(skip_all, fields(model = %request.model))]
+    /// Sends `request`, retrying transient failures with exponential
+    /// backoff, in a GenAI `chat {model}` span when traces are exported.
     pub async fn chat(&self, request: &ChatRequest) -> Result<Completion, LlmError> {
+        let span = tracing::info_span!(
+            target: telemetry::TARGET,
+            "chat",
+            otel.name = %format_args!("chat {}", request.model),
+            otel.kind = "client",
+            gen_ai.operation.name = "chat",
+            gen_ai.provider.name = "openai",
+            gen_ai.system = "openai",
+            gen_ai.request.model = %request.model,
+            gen_ai.request.max_tokens = request.max_tokens,
+            gen_ai.usage.input_tokens = tracing::field::Empty,
+            gen_ai.usage.output_tokens = tracing::field::Empty,
+            gen_ai.input.messages = tracing::field::Empty,
+            gen_ai.output.messages = tracing::field::Empty,
+            warden.attempts = tracing::field::Empty,
+            error.type = tracing::field::Empty,
+            otel.status_code = tracing::field::Empty,
+        );
+        if span.is_disabled() {
+            return self.call(request, None).await;
+        }
+        let traceparent = telemetry::traceparent_of_span(&span);
+        let result = self
+            .call(request, traceparent.as_deref())
+            .instrument(span.clone())
+            .await;
+        record_call(&span, request, &result);
+        result
+    }
+
+    #[tracing::instrument(skip_all, fields(model = %request.model))]
+    async fn call(
+        &self,
+        request: &ChatRequest,
+        traceparent: Option<&str>,
+    ) -> Result<Completion, LlmError> {
         let mut attempt = 0;
         loop {
             attempt += 1;
-            match self.attempt(request).await {
+            match self.attempt(request, traceparent).await {
                 Ok(mut completion) => {
                     completion.attempts = attempt;
                     return Ok(completion);
@@ -240,11 +279,15 @@ impl LlmClient {
     async fn attempt(
         &self,
         request: &ChatRequest,
+        traceparent: Option<&str>,
     ) -> Result<Completion, (LlmError, Option<Duration>)> {
         let url = endpoint(&self.settings.base_url, "chat/completions");
         let mut builder = self.http.post(&url).json(request);
         if let Some(key) = &self.settings.api_key {
             builder = builder.bearer_auth(key);
+        }
+        if let Some(traceparent) = traceparent {
+            builder = builder.header(telemetry::TRACEPARENT, traceparent);
         }
         let response = builder
             .send()
@@ -291,6 +334,44 @@ impl LlmClient {
             finish_reason: choice.finish_reason,
             attempts: 1,
         })
+    }
+}
+
+/// What a finished call puts on its `chat` span: usage, finish reason,
+/// error, and the messages when content tracing is on.
+fn record_call(span: &tracing::Span, request: &ChatRequest, result: &Result<Completion, LlmError>) {
+    match result {
+        Ok(completion) => {
+            span.record("gen_ai.usage.input_tokens", completion.usage.prompt);
+            span.record("gen_ai.usage.output_tokens", completion.usage.completion);
+            span.record("warden.attempts", completion.attempts);
+            telemetry::record_strings(
+                span,
+                "gen_ai.response.finish_reasons",
+                completion.finish_reason.iter().cloned().collect(),
+            );
+            if telemetry::content_enabled() {
+                let output = serde_json::to_string(&[&completion.message]).unwrap_or_default();
+                span.record(
+                    "gen_ai.output.messages",
+                    telemetry::capped(&output).as_str(),
+                );
+            }
+        }
+        Err(err) => {
+            let kind = match err {
+                LlmError::Status { status, .. } => status.to_string(),
+                LlmError::Transport(_) => "transport".to_string(),
+                LlmError::TooLarge(_) => "too_large".to_string(),
+                LlmError::InvalidResponse(_) => "invalid_response".to_string(),
+            };
+            span.record("error.type", kind.as_str());
+            span.record("otel.status_code", "ERROR");
+        }
+    }
+    if telemetry::content_enabled() {
+        let input = serde_json::to_string(&request.messages).unwrap_or_default();
+        span.record("gen_ai.input.messages", telemetry::capped(&input).as_str());
     }
 }
 

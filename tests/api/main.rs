@@ -30,5 +30,6 @@ mod secrets;
 mod sessions;
 mod store;
 mod streams;
+mod telemetry;
 mod termination;
 mod workers;

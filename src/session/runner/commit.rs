@@ -10,6 +10,7 @@ use crate::metrics::IterationTimes;
 use crate::session::live::CommittedStep;
 use crate::session::loop_store::LoopStore;
 use crate::store::{ControlFlags, Session, StoreError};
+use crate::telemetry;
 
 impl<S: LoopStore> Runner<S> {
     /// Commit: persists the iteration, its counters and what the policies
@@ -33,6 +34,14 @@ impl<S: LoopStore> Runner<S> {
             state_after,
             step_tokens,
         } = self.plan(outcome)?;
+        if telemetry::enabled() {
+            for stuck in events.iter().filter(|e| e.kind == "stuck_detected") {
+                let data = serde_json::from_str(stuck.data.as_str()).unwrap_or_default();
+                telemetry::add_event("warden.stuck", || {
+                    telemetry::json_attributes("warden.stuck", &data)
+                });
+            }
+        }
         let finished_at = iteration.finished_at;
         let commit_started = Instant::now();
         self.view.committing();

@@ -15,6 +15,8 @@ use crate::policy::termination;
 use crate::session::event_codec::{self, to_stored};
 use crate::session::loop_store::LoopStore;
 use crate::store::StoreError;
+use crate::telemetry;
+use opentelemetry::KeyValue;
 
 /// The gate let a step run: its number and the decision to log with it.
 pub(super) struct Gated {
@@ -102,6 +104,19 @@ impl<S: LoopStore> Runner<S> {
         inputs.uncertainty = self.state.reflection.uncertainty;
         let evaluation = gate::evaluate(&self.config.gate, &inputs);
         self.metrics.gate(decision_label(&evaluation.decision));
+        telemetry::add_event("warden.gate", || {
+            let mut attributes = vec![KeyValue::new(
+                "warden.gate.decision",
+                decision_label(&evaluation.decision),
+            )];
+            if let Ok(decision) = serde_json::to_value(evaluation.decision) {
+                attributes.extend(telemetry::json_attributes("warden.gate.decided", &decision));
+            }
+            if let Ok(metrics) = serde_json::to_value(evaluation.metrics) {
+                attributes.extend(telemetry::json_attributes("warden.gate", &metrics));
+            }
+            attributes
+        });
         let event = SessionEvent::GateDecision {
             step,
             decision: evaluation.decision,

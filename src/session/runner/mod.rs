@@ -21,6 +21,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 use uuid::Uuid;
 
 use super::lease_clock::LeaseClock;
@@ -34,6 +35,7 @@ use crate::metrics::Metrics;
 use crate::policy::guardrails::Usage;
 use crate::policy::lifecycle::Reason;
 use crate::store::{ControlFlags, Lease, SessionSettings, Store, StoreError};
+use crate::telemetry;
 
 /// Signals a runner obeys; shared with the supervisor.
 #[derive(Debug, Clone)]
@@ -140,13 +142,13 @@ enum Flow<T = ()> {
     Exit(Exit),
 }
 
-/// Runs a step and acts on its [`Flow`] inside the loop.
+/// Runs a step and acts on its [`Flow`] inside a pass.
 macro_rules! step {
     ($flow:expr) => {
         match $flow? {
             Flow::Go(value) => value,
-            Flow::Again => continue,
-            Flow::Exit(exit) => return Ok(exit),
+            Flow::Again => return Ok(None),
+            Flow::Exit(exit) => return Ok(Some(exit)),
         }
     };
 }
@@ -191,7 +193,9 @@ impl<S: LoopStore> Runner<S> {
     /// Runs the loop to its end.
     #[tracing::instrument(name = "session", skip(self), fields(session_id = %self.lease.session_id))]
     pub async fn run(mut self) -> Exit {
-        let exit = match self.run_loop().await {
+        let agent = telemetry::agent_span(self.lease.session_id);
+        let ended = self.run_loop().instrument(agent.clone()).await;
+        let exit = match ended {
             Ok(exit) => exit,
             Err(StoreError::LeaseLost(_)) => Exit::LeaseLost,
             Err(err) => {
@@ -204,6 +208,9 @@ impl<S: LoopStore> Runner<S> {
             iterations = self.state.usage.iterations,
             "session loop ended"
         );
+        if !agent.is_disabled() {
+            agent.record("warden.session.exit", tracing::field::debug(&exit));
+        }
         exit
     }
 
@@ -223,23 +230,36 @@ impl<S: LoopStore> Runner<S> {
     /// next pass, after the control signals.
     async fn run_loop(&mut self) -> Result<Exit, StoreError> {
         loop {
-            let mut pass = Pass {
-                started: Instant::now(),
-                writes: Duration::ZERO,
-            };
-            step!(self.control().await);
-            step!(self.reflect_if_due().await);
-            self.checkpoint_if_due(&mut pass).await?;
-            step!(self.settled().await);
-            let usage = step!(self.guardrails().await);
-            let gated = step!(self.gate(&usage, &mut pass).await);
-            let executed = step!(self.execute(gated).await);
-            let overspent = executed.overspent();
-            self.commit(executed, &mut pass).await?;
-            if let Some((number, overspent)) = overspent {
-                return self.overspent(number, overspent).await;
+            let iteration = tracing::info_span!(
+                target: telemetry::TARGET,
+                "warden.iteration",
+                warden.iteration.number = self.state.usage.iterations + 1,
+            );
+            if let Some(exit) = self.pass().instrument(iteration).await? {
+                return Ok(exit);
             }
         }
+    }
+
+    /// One pass: `None` to go on with the next, or how the loop ended.
+    async fn pass(&mut self) -> Result<Option<Exit>, StoreError> {
+        let mut pass = Pass {
+            started: Instant::now(),
+            writes: Duration::ZERO,
+        };
+        step!(self.control().await);
+        step!(self.reflect_if_due().await);
+        self.checkpoint_if_due(&mut pass).await?;
+        step!(self.settled().await);
+        let usage = step!(self.guardrails().await);
+        let gated = step!(self.gate(&usage, &mut pass).await);
+        let executed = step!(self.execute(gated).await);
+        let overspent = executed.overspent();
+        self.commit(executed, &mut pass).await?;
+        if let Some((number, overspent)) = overspent {
+            return self.overspent(number, overspent).await.map(Some);
+        }
+        Ok(None)
     }
 
     /// Control: a user stop, a shutdown, a lease this replica can no longer trust.

@@ -16,6 +16,8 @@ use crate::session::reflector::{ReflectionAnswer, Reflector, SessionFacts};
 use crate::session::state::{self, AppliedReflection};
 use crate::session::storable::make_reflection_storable;
 use crate::store::{Counters, NewReflection, StoreError};
+use crate::telemetry;
+use opentelemetry::KeyValue;
 
 impl<S: LoopStore> Runner<S> {
     /// Signals: a reflection due in continuous mode (including the second
@@ -180,6 +182,28 @@ impl<S: LoopStore> Runner<S> {
         };
         self.metrics.tokens(answer.tokens);
         self.metrics.reflection(verdict_label(&verdict));
+        telemetry::add_event("warden.reflection", || {
+            let mut attributes = vec![
+                KeyValue::new("warden.reflection.verdict", verdict_label(&verdict)),
+                KeyValue::new("warden.reflection.trigger", format!("{trigger:?}")),
+                KeyValue::new("warden.reflection.tokens", answer.tokens as i64),
+            ];
+            if let Ok(a) = &answer.assessment {
+                attributes.extend([
+                    KeyValue::new("warden.reflection.percent_complete", a.percent_complete),
+                    KeyValue::new("warden.reflection.loop_detected", a.loop_detected),
+                ]);
+                attributes.extend(
+                    a.coherence
+                        .map(|c| KeyValue::new("warden.reflection.coherence", c)),
+                );
+                attributes.extend(
+                    a.uncertainty
+                        .map(|u| KeyValue::new("warden.reflection.uncertainty", u)),
+                );
+            }
+            attributes
+        });
         AppliedReflection {
             verdict,
             state_after,

@@ -54,6 +54,8 @@ struct Script {
     authorizations: Vec<Option<String>>,
     /// The query string of every request, in order.
     queries: Vec<Option<String>>,
+    /// The `traceparent` header of every request, in order.
+    traceparents: Vec<Option<String>>,
 }
 
 /// The fake server.
@@ -77,6 +79,12 @@ async fn chat(
         let mut s = script.lock().unwrap();
         s.requests.push(body);
         s.queries.push(uri.query().map(str::to_string));
+        s.traceparents.push(
+            headers
+                .get("traceparent")
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_string),
+        );
         s.authorizations.push(
             headers
                 .get(axum::http::header::AUTHORIZATION)
@@ -146,6 +154,11 @@ impl FakeLlm {
     /// The query string of every request (all on `/v1/chat/completions`), in order.
     pub fn queries(&self) -> Vec<Option<String>> {
         self.script.lock().unwrap().queries.clone()
+    }
+
+    /// The `traceparent` header of every request, in order.
+    pub fn traceparents(&self) -> Vec<Option<String>> {
+        self.script.lock().unwrap().traceparents.clone()
     }
 
     pub fn agent_requests(&self) -> Vec<Value> {

@@ -1,0 +1,378 @@
+//! OpenTelemetry traces: the OTLP exporter behind a `tracing` layer, off
+//! unless an OTLP endpoint is configured, and the W3C `traceparent` of the
+//! current span for outbound requests.
+//!
+//! Only spans and events under [`TARGET`] (and the API's request spans)
+//! are exported, so the service's log spans do not end up in the traces
+//! and the span tree is the one the GenAI conventions describe. With the
+//! exporter off no layer wants those callsites, so they cost a disabled
+//! callsite check each.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use opentelemetry::KeyValue;
+use opentelemetry::propagation::TextMapPropagator;
+use opentelemetry::trace::{SpanContext, TraceContextExt, TracerProvider as _};
+use opentelemetry_otlp::WithExportConfig;
+use opentelemetry_sdk::Resource;
+use opentelemetry_sdk::propagation::TraceContextPropagator;
+use opentelemetry_sdk::trace::SdkTracerProvider;
+use tracing_opentelemetry::OpenTelemetrySpanExt;
+use tracing_subscriber::Layer;
+use tracing_subscriber::filter::FilterFn;
+use uuid::Uuid;
+
+/// The `tracing` target of every exported span and span event.
+pub const TARGET: &str = "warden::otel";
+
+/// The request spans of the API (src/http), exported as HTTP server spans.
+const REQUEST_SPAN: (&str, &str) = ("warden::http", "request");
+
+/// Most characters of a prompt or an answer recorded on a span when
+/// `WARDEN_TRACE_CONTENT` is on.
+pub const CONTENT_CAP_CHARS: usize = 16_384;
+
+/// Most sessions whose last run's span is remembered for a resume's link.
+const REMEMBERED_RUNS: usize = 10_000;
+
+static ENABLED: AtomicBool = AtomicBool::new(false);
+static CONTENT: AtomicBool = AtomicBool::new(false);
+
+/// The last run's span of each session this process ran, for the link
+/// from the run a resume starts.
+static LAST_RUNS: Mutex<Option<HashMap<Uuid, SpanContext>>> = Mutex::new(None);
+
+/// How spans travel to the collector (`OTEL_EXPORTER_OTLP_PROTOCOL`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Protocol {
+    /// OTLP/HTTP with protobuf bodies (`http/protobuf`).
+    HttpProtobuf,
+    /// OTLP/gRPC (`grpc`), plaintext.
+    Grpc,
+}
+
+/// Where and how traces are exported.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TelemetryConfig {
+    /// The URL spans are sent to: the traces path itself for OTLP/HTTP,
+    /// the collector's address for gRPC.
+    pub endpoint: String,
+    /// The wire protocol.
+    pub protocol: Protocol,
+    /// `service.name`; `None` leaves it to `OTEL_RESOURCE_ATTRIBUTES`.
+    pub service_name: Option<String>,
+    /// Whether prompts and answers are recorded on the spans.
+    pub content: bool,
+}
+
+/// Why the exporter could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum TelemetryError {
+    /// The OTLP exporter refused its configuration.
+    #[error("the OTLP trace exporter cannot start: {0}")]
+    Exporter(String),
+}
+
+/// The running exporter; [`Telemetry::shutdown`] sends what is buffered.
+#[derive(Debug)]
+pub struct Telemetry {
+    provider: SdkTracerProvider,
+}
+
+impl Telemetry {
+    /// Starts the OTLP exporter (its batch processor runs on a thread of
+    /// its own) and turns on the `traceparent` of outbound requests.
+    pub fn start(config: &TelemetryConfig) -> Result<Telemetry, TelemetryError> {
+        let exporter = match config.protocol {
+            Protocol::HttpProtobuf => opentelemetry_otlp::SpanExporter::builder()
+                .with_http()
+                .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
+                .with_endpoint(&config.endpoint)
+                .build(),
+            Protocol::Grpc => opentelemetry_otlp::SpanExporter::builder()
+                .with_tonic()
+                .with_endpoint(&config.endpoint)
+                .build(),
+        }
+        .map_err(|e| TelemetryError::Exporter(e.to_string()))?;
+        // The builder reads OTEL_RESOURCE_ATTRIBUTES itself.
+        let mut resource = Resource::builder();
+        if let Some(name) = &config.service_name {
+            resource = resource.with_service_name(name.clone());
+        }
+        let provider = SdkTracerProvider::builder()
+            .with_resource(resource.build())
+            .with_batch_exporter(exporter)
+            .build();
+        ENABLED.store(true, Ordering::Relaxed);
+        CONTENT.store(config.content, Ordering::Relaxed);
+        Ok(Telemetry { provider })
+    }
+
+    /// The `tracing` layer that turns the exported spans into OTel spans.
+    pub fn layer<S>(&self) -> impl Layer<S> + use<S>
+    where
+        S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+    {
+        tracing_opentelemetry::layer()
+            .with_tracer(self.provider.tracer("warden"))
+            .with_location(false)
+            .with_tracked_inactivity(false)
+            .with_filter(FilterFn::new(exported))
+    }
+
+    /// Sends the spans still buffered and stops the exporter (at shutdown).
+    pub fn shutdown(self) {
+        ENABLED.store(false, Ordering::Relaxed);
+        if let Err(e) = self.provider.force_flush() {
+            eprintln!("warden: flushing traces failed: {e}");
+        }
+        if let Err(e) = self.provider.shutdown() {
+            eprintln!("warden: stopping the trace exporter failed: {e}");
+        }
+    }
+}
+
+/// Whether a span or event goes to the exporter.
+pub fn exported(meta: &tracing::Metadata<'_>) -> bool {
+    meta.target() == TARGET || (meta.target(), meta.name()) == REQUEST_SPAN
+}
+
+/// Whether traces are exported (cheap: one atomic load).
+pub fn enabled() -> bool {
+    ENABLED.load(Ordering::Relaxed)
+}
+
+/// Whether prompts and answers go on the spans (`WARDEN_TRACE_CONTENT`).
+pub fn content_enabled() -> bool {
+    enabled() && CONTENT.load(Ordering::Relaxed)
+}
+
+/// `text` cut to [`CONTENT_CAP_CHARS`], for a content attribute.
+pub fn capped(text: &str) -> String {
+    match text.char_indices().nth(CONTENT_CAP_CHARS) {
+        Some((end, _)) => format!("{}…", &text[..end]),
+        None => text.to_string(),
+    }
+}
+
+/// The header that carries a W3C trace context.
+pub const TRACEPARENT: &str = "traceparent";
+
+/// The W3C `traceparent` of the current span, when traces are exported.
+pub fn traceparent() -> Option<String> {
+    traceparent_of_span(&tracing::Span::current())
+}
+
+/// The W3C `traceparent` of `span`, when traces are exported.
+pub fn traceparent_of_span(span: &tracing::Span) -> Option<String> {
+    if !enabled() || span.is_disabled() {
+        return None;
+    }
+    traceparent_of(&span.context())
+}
+
+/// Makes `span` a child of the caller's span named by `traceparent` (an
+/// incoming request's header); an invalid one is ignored.
+pub fn continue_trace(span: &tracing::Span, traceparent: &str) {
+    if !enabled() || span.is_disabled() {
+        return;
+    }
+    let carrier = HashMap::from([(TRACEPARENT.to_string(), traceparent.to_string())]);
+    let cx = TraceContextPropagator::new().extract(&carrier);
+    if cx.span().span_context().is_valid() {
+        let _ = span.set_parent(cx);
+    }
+}
+
+fn traceparent_of(cx: &opentelemetry::Context) -> Option<String> {
+    if !cx.span().span_context().is_valid() {
+        return None;
+    }
+    let mut carrier = HashMap::new();
+    TraceContextPropagator::new().inject_context(cx, &mut carrier);
+    carrier.remove(TRACEPARENT)
+}
+
+/// The `invoke_agent` span of one run of `session_id`, linked to the span
+/// of the session's previous run in this process (a resume), whose trace
+/// id it also records.
+pub fn agent_span(session_id: Uuid) -> tracing::Span {
+    let span = tracing::info_span!(
+        target: TARGET,
+        "invoke_agent",
+        otel.kind = "internal",
+        gen_ai.operation.name = "invoke_agent",
+        gen_ai.agent.id = %session_id,
+        gen_ai.conversation.id = %session_id,
+        warden.session.exit = tracing::field::Empty,
+    );
+    if !enabled() || span.is_disabled() {
+        return span;
+    }
+    let previous = {
+        let mut runs = LAST_RUNS.lock().unwrap_or_else(|e| e.into_inner());
+        let runs = runs.get_or_insert_with(HashMap::new);
+        if runs.len() >= REMEMBERED_RUNS {
+            runs.clear();
+        }
+        let this = span.context().span().span_context().clone();
+        runs.insert(session_id, this)
+    };
+    if let Some(previous) = previous.filter(SpanContext::is_valid) {
+        span.set_attribute("warden.previous_trace_id", previous.trace_id().to_string());
+        span.add_link(previous);
+    }
+    span
+}
+
+/// Adds a span event named `name` to the current span, its attributes
+/// built only when traces are exported.
+pub fn add_event(name: &'static str, attributes: impl FnOnce() -> Vec<KeyValue>) {
+    if !enabled() {
+        return;
+    }
+    let span = tracing::Span::current();
+    if !span.is_disabled() {
+        span.add_event(name, attributes());
+    }
+}
+
+/// `value`'s fields as attributes named `prefix.field`: numbers, text and
+/// booleans as they are, nested objects and lists as JSON text, nulls left out.
+pub fn json_attributes(prefix: &str, value: &serde_json::Value) -> Vec<KeyValue> {
+    let mut out = Vec::new();
+    let mut push = |key: String, v: &serde_json::Value| {
+        let value = match v {
+            serde_json::Value::Null => return,
+            serde_json::Value::Bool(b) => opentelemetry::Value::Bool(*b),
+            serde_json::Value::Number(n) => match n.as_i64() {
+                Some(i) => opentelemetry::Value::I64(i),
+                None => opentelemetry::Value::F64(n.as_f64().unwrap_or(f64::NAN)),
+            },
+            serde_json::Value::String(s) => opentelemetry::Value::String(s.clone().into()),
+            other => opentelemetry::Value::String(other.to_string().into()),
+        };
+        out.push(KeyValue::new(key, value));
+    };
+    match value {
+        serde_json::Value::Object(fields) => {
+            for (field, v) in fields {
+                push(format!("{prefix}.{field}"), v);
+            }
+        }
+        other => push(prefix.to_string(), other),
+    }
+    out
+}
+
+/// Records a list of strings (e.g. `gen_ai.response.finish_reasons`) on
+/// `span`, which a `tracing` field cannot hold.
+pub fn record_strings(span: &tracing::Span, key: &'static str, values: Vec<String>) {
+    if enabled() && !span.is_disabled() {
+        let values: Vec<opentelemetry::StringValue> = values.into_iter().map(Into::into).collect();
+        span.set_attribute(key, opentelemetry::Value::Array(values.into()));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use opentelemetry::trace::{SpanId, TraceFlags, TraceId, TraceState};
+
+    #[test]
+    fn a_valid_context_gives_a_w3c_traceparent_and_an_empty_one_none() {
+        let span = SpanContext::new(
+            TraceId::from_hex("4bf92f3577b34da6a3ce929d0e0e4736").unwrap(),
+            SpanId::from_hex("00f067aa0ba902b7").unwrap(),
+            TraceFlags::SAMPLED,
+            false,
+            TraceState::default(),
+        );
+        let cx = opentelemetry::Context::new().with_remote_span_context(span);
+        assert_eq!(
+            traceparent_of(&cx).as_deref(),
+            Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
+        );
+        assert_eq!(traceparent_of(&opentelemetry::Context::new()), None);
+    }
+
+    #[test]
+    fn without_an_exporter_there_is_no_traceparent() {
+        assert!(!enabled());
+        assert_eq!(traceparent(), None);
+    }
+
+    #[test]
+    fn json_fields_become_prefixed_attributes() {
+        let attrs = json_attributes(
+            "warden.gate",
+            &serde_json::json!({ "rework_ratio": 0.25, "steps_since_start": 3, "coherence": null,
+                "projection": { "tokens_to_finish": 10 }, "decision": "continue" }),
+        );
+        let find = |k: &str| {
+            attrs
+                .iter()
+                .find(|kv| kv.key.as_str() == k)
+                .map(|kv| kv.value.clone())
+        };
+        assert_eq!(
+            find("warden.gate.rework_ratio"),
+            Some(opentelemetry::Value::F64(0.25))
+        );
+        assert_eq!(
+            find("warden.gate.steps_since_start"),
+            Some(opentelemetry::Value::I64(3))
+        );
+        assert_eq!(find("warden.gate.coherence"), None);
+        assert_eq!(
+            find("warden.gate.projection"),
+            Some(opentelemetry::Value::String(
+                "{\"tokens_to_finish\":10}".into()
+            ))
+        );
+        assert_eq!(
+            find("warden.gate.decision"),
+            Some(opentelemetry::Value::String("continue".into()))
+        );
+        assert_eq!(json_attributes("x", &serde_json::json!(true)).len(), 1);
+    }
+
+    #[test]
+    fn content_is_capped_on_a_character_boundary() {
+        let long = "é".repeat(CONTENT_CAP_CHARS + 5);
+        let cut = capped(&long);
+        assert_eq!(cut.chars().count(), CONTENT_CAP_CHARS + 1);
+        assert!(cut.ends_with('…'));
+        assert_eq!(capped("short"), "short");
+    }
+
+    #[test]
+    fn only_the_otel_target_and_request_spans_are_exported() {
+        struct Probe;
+        impl tracing::Callsite for Probe {
+            fn set_interest(&self, _: tracing::subscriber::Interest) {}
+            fn metadata(&self) -> &tracing::Metadata<'_> {
+                unreachable!()
+            }
+        }
+        let meta = |target: &'static str, name: &'static str| {
+            tracing::Metadata::new(
+                name,
+                target,
+                tracing::Level::INFO,
+                None,
+                None,
+                None,
+                tracing::field::FieldSet::new(&[], tracing::callsite::Identifier(&Probe)),
+                tracing::metadata::Kind::SPAN,
+            )
+        };
+        assert!(exported(&meta(TARGET, "invoke_agent")));
+        assert!(exported(&meta("warden::http", "request")));
+        assert!(!exported(&meta("warden::session::runner", "session")));
+        assert!(!exported(&meta("warden::http", "other")));
+    }
+}

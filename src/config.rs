@@ -167,6 +167,8 @@ pub struct Config {
     /// `WARDEN_WORKSPACE_RETENTION`: how long the workspace of
     /// an ended session is kept on the disk.
     pub workspace_retention: Duration,
+    /// `WARDEN_APPROVAL_TIMEOUT_MS`: how long a call waits for approval.
+    pub approval_timeout: Duration,
     /// Session defaults.
     pub defaults: SessionDefaults,
     /// The continue gate's thresholds.
@@ -702,6 +704,7 @@ impl Config {
             loop_nice: env.parse(&WARDEN_LOOP_NICE, 0, 19)?,
             workspace_root,
             workspace_retention: env.span(&WARDEN_WORKSPACE_RETENTION)?,
+            approval_timeout: env.millis(&WARDEN_APPROVAL_TIMEOUT_MS, 1_000, 2_592_000_000)?,
             defaults,
             gate,
             stuck: StuckConfig::default(),

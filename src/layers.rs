@@ -70,6 +70,7 @@ const STORE: &[(&str, u8)] = &[
     ("event_log", 3),
     ("group_commit", 3),
     ("journal", 3),
+    ("approvals", 3),
     ("outcomes", 3),
     ("tasks", 3),
     ("leases", 4),

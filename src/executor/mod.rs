@@ -29,6 +29,7 @@ use uuid::Uuid;
 use crate::egress::EgressPolicy;
 use crate::event::SessionEvent;
 use crate::llm::{LlmClient, LlmSettings, Message};
+use crate::policy::approval::{ApprovalPolicy, Decision};
 use crate::policy::history::{FileWrite, Outcome, StepRecord};
 use crate::policy::sentinel::Sentinel;
 use crate::store::{Task, TaskWrite};
@@ -205,6 +206,47 @@ pub trait ToolJournal: Send + Sync {
     ) -> BoxFuture<'a, Result<(), String>>;
 }
 
+/// A call the step asks a person about before it runs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ApprovalAsk {
+    /// Which call of the step (0-based).
+    pub call_index: u32,
+    /// The model's id of the call.
+    pub tool_call_id: Option<String>,
+    /// The tool or action.
+    pub tool: String,
+    /// Its arguments.
+    pub arguments: serde_json::Value,
+    /// The agent's text of the step: why.
+    pub reason: String,
+}
+
+/// A person's decision on a call the step before asked about.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DecidedCall {
+    /// Which call of that step.
+    pub call_index: u32,
+    /// The model's id of the call.
+    pub tool_call_id: Option<String>,
+    /// The tool or action.
+    pub tool: String,
+    /// Its arguments.
+    pub arguments: serde_json::Value,
+    /// Approve, reject or expired.
+    pub decision: Decision,
+    /// The person's message to the agent.
+    pub message: Option<String>,
+}
+
+/// Where a step asks a person about a call, and reads what was decided.
+pub trait ApprovalDesk: Send + Sync {
+    /// Records that call `ask` of `iteration` waits for a decision.
+    fn ask<'a>(&'a self, iteration: u64, ask: &'a ApprovalAsk)
+    -> BoxFuture<'a, Result<(), String>>;
+    /// The decided calls of `iteration`, in call order.
+    fn decided(&self, iteration: u64) -> BoxFuture<'_, Result<Vec<DecidedCall>, String>>;
+}
+
 /// The agent's persistent task queue.
 pub trait TaskQueue: Send + Sync {
     /// The queue, highest priority first.
@@ -248,6 +290,9 @@ pub enum ExecutorSpec {
         /// Sampling temperature.
         #[serde(default)]
         temperature: Option<f64>,
+        /// Which tool calls wait for a person's approval (default: none).
+        #[serde(default, skip_serializing_if = "ApprovalPolicy::is_never")]
+        approvals: ApprovalPolicy,
     },
     /// An external agent: Warden POSTs each step's context to `url` and
     /// reads back the outcome (see `WebhookRequest` / `WebhookResponse`).
@@ -379,6 +424,8 @@ pub struct ExecutorDeps {
     pub workspace_limits: workspace::Limits,
     /// The tool-call journal of this session.
     pub journal: Arc<dyn ToolJournal>,
+    /// Where this session's calls wait for approval.
+    pub approvals: Arc<dyn ApprovalDesk>,
     /// The conversation of the current cycle, one entry per committed step.
     pub transcript: Vec<Vec<Message>>,
     /// The agent's task queue.
@@ -425,8 +472,10 @@ impl ExecutorSpec {
                 timeout_ms,
                 max_tokens_per_call,
                 temperature,
+                approvals,
                 ..
             } => {
+                approvals.validate()?;
                 if let Some(url) = base_url {
                     check_url("executor.base_url", url)?;
                 }
@@ -536,6 +585,7 @@ impl ExecutorSpec {
                 timeout_ms,
                 max_tokens_per_call,
                 temperature,
+                approvals,
             } => {
                 let defaults = deps.llm.clone();
                 let endpoint = ModelEndpoint::choose(base_url.as_deref(), defaults.as_ref())?;
@@ -582,6 +632,7 @@ impl ExecutorSpec {
                     max_tokens_per_call.unwrap_or(deps.llm_max_tokens),
                     *temperature,
                     workspace,
+                    approvals.clone(),
                     deps,
                 )))
             }

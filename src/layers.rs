@@ -97,7 +97,8 @@ const HTTP: &[(&str, u8)] = &[
     ("keys", 2),
     ("sessions", 2),
     ("workers", 2),
-    ("openapi", 3),
+    ("approvals", 3),
+    ("openapi", 4),
 ];
 
 /// The layers whose files are ranked, with their ranking.

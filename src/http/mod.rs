@@ -2,6 +2,7 @@
 //! document and the docs page. Handlers only translate between HTTP and the
 //! session service.
 
+pub mod approvals;
 mod auth;
 pub mod error;
 pub mod event_stream;
@@ -156,6 +157,7 @@ fn panic_response(_: Box<dyn std::any::Any + Send + 'static>) -> axum::response:
 pub fn router(state: AppState, max_body_bytes: usize, limits: RequestLimits) -> Router {
     let api = sessions::router()
         .merge(history::router())
+        .merge(approvals::router())
         .method_not_allowed_fallback(|| async { ApiError::method_not_allowed() });
     let keys =
         keys::router().method_not_allowed_fallback(|| async { ApiError::method_not_allowed() });

@@ -41,7 +41,7 @@ pub fn router() -> Router<AppState> {
 }
 
 /// The status document of a session, priced.
-fn view(state: &AppState, session: crate::store::Session) -> SessionView {
+pub(super) fn view(state: &AppState, session: crate::store::Session) -> SessionView {
     let step = state.service.step_in_flight(session.id);
     SessionView::from(session)
         .priced(state.service.token_price())
@@ -206,6 +206,7 @@ pub async fn get_session(
             .await?
             .map(|(queue, since)| super::views::WaitingForWorker { queue, since });
     }
+    doc.pending_approvals = pending_approvals(&state, &doc, &caller.scope).await?;
     doc.velocity = Some(
         velocity
             .into_iter()
@@ -218,6 +219,23 @@ pub async fn get_session(
         HeaderValue::from_static(if from_memory { "memory" } else { "database" }),
     );
     Ok((headers, Json(doc)))
+}
+
+/// The calls a session paused with `approval_required` waits on.
+pub(super) async fn pending_approvals(
+    state: &AppState,
+    doc: &SessionView,
+    scope: &crate::store::TenantScope,
+) -> ApiResult<Vec<crate::store::Approval>> {
+    use crate::policy::lifecycle::{Reason, Status};
+    if doc.status != Status::Paused || doc.reason != Some(Reason::ApprovalRequired) {
+        return Ok(Vec::new());
+    }
+    Ok(state
+        .service
+        .store()
+        .waiting_approvals_of(doc.id, scope)
+        .await?)
 }
 
 /// Response header of `GET /{id}`: `memory` when the replica running the

@@ -47,6 +47,7 @@ const SESSION: &[(&str, u8)] = &[
     ("rehydrate", 3),
     ("supervisor", 4),
     ("service", 5),
+    ("approvals", 6),
 ];
 
 /// The files of `src/store`, from the bottom up: the SQL of one table

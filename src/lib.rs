@@ -280,7 +280,12 @@ impl Application {
         // Lease renewals, claims and control notes are loop work, on the
         // loops' pool: they run on the loops' runtime, so a heartbeat that
         // renews thousands of leases never holds an API thread.
+        let expiry = tokio::spawn(session::approvals::expire_forever(
+            service.clone(),
+            session::approvals::sweep_every(config.approval_timeout),
+        ));
         let background = vec![
+            expiry,
             loops.handle().spawn(supervisor.clone().maintain()),
             loops.handle().spawn(supervisor.clone().listen()),
             tokio::spawn(session::retention::sweep_forever(

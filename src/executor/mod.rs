@@ -13,7 +13,8 @@ pub use scripted::{
     MAX_ACTION_CHARS, MAX_DELAY_MS, MAX_OUTPUT_CHARS, ScriptedExecutor, ScriptedStep,
 };
 pub use webhook::{
-    WebhookExecutor, WebhookHistoryItem, WebhookRequest, WebhookResponse, WebhookSignal,
+    ActionApproval, ApprovalOutcome, WebhookExecutor, WebhookHistoryItem, WebhookRequest,
+    WebhookResponse, WebhookSignal,
 };
 pub use worker::{WorkerExecutor, WorkerSettings};
 
@@ -641,6 +642,7 @@ impl ExecutorSpec {
                     url.clone(),
                     Duration::from_millis(timeout_ms.unwrap_or(60_000)),
                     &deps.egress,
+                    deps.approvals.clone(),
                 )
                 .map_err(|e| format!("executor.url {e}"))?,
             )),
@@ -664,6 +666,7 @@ impl ExecutorSpec {
                         worker_wait_timeout_ms.unwrap_or(600_000),
                     ),
                 },
+                deps.approvals.clone(),
             ))),
         }
     }

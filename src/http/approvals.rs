@@ -193,7 +193,7 @@ pub async fn decide(
         )
         .await?;
     let mut doc = super::sessions::view(&state, session);
-    doc.pending_approvals = super::sessions::pending_approvals(&state, &doc, &caller.scope).await?;
+    super::sessions::show_pending_approvals(&state, &mut doc, &caller.scope).await?;
     Ok(Json(doc))
 }
 

@@ -206,7 +206,7 @@ pub async fn get_session(
             .await?
             .map(|(queue, since)| super::views::WaitingForWorker { queue, since });
     }
-    doc.pending_approvals = pending_approvals(&state, &doc, &caller.scope).await?;
+    show_pending_approvals(&state, &mut doc, &caller.scope).await?;
     doc.velocity = Some(
         velocity
             .into_iter()
@@ -221,21 +221,26 @@ pub async fn get_session(
     Ok((headers, Json(doc)))
 }
 
-/// The calls a session paused with `approval_required` waits on.
-pub(super) async fn pending_approvals(
+/// Shows the calls a session paused with `approval_required` waits on; a
+/// plain resume is not among its actions while they wait.
+pub(super) async fn show_pending_approvals(
     state: &AppState,
-    doc: &SessionView,
+    doc: &mut SessionView,
     scope: &crate::store::TenantScope,
-) -> ApiResult<Vec<crate::store::Approval>> {
-    use crate::policy::lifecycle::{Reason, Status};
+) -> ApiResult<()> {
+    use crate::policy::lifecycle::{Action, Reason, Status};
     if doc.status != Status::Paused || doc.reason != Some(Reason::ApprovalRequired) {
-        return Ok(Vec::new());
+        return Ok(());
     }
-    Ok(state
+    doc.pending_approvals = state
         .service
         .store()
         .waiting_approvals_of(doc.id, scope)
-        .await?)
+        .await?;
+    if !doc.pending_approvals.is_empty() {
+        doc.allowed_actions.retain(|a| *a != Action::Resume);
+    }
+    Ok(())
 }
 
 /// Response header of `GET /{id}`: `memory` when the replica running the

@@ -164,18 +164,20 @@ pub async fn decide(
     params: RawPathParams,
     ApiJson(body): ApiJson<DecideApproval>,
 ) -> ApiResult<Json<SessionView>> {
-    let call_id = params
+    let Some(call_id) = params
         .iter()
         .find(|(name, _)| *name == "call_id")
         .map(|(_, value)| value.to_string())
         .filter(|c| valid_call_id(c))
-        .ok_or_else(|| {
-            ApiError::new(
-                axum::http::StatusCode::NOT_FOUND,
-                "approval_not_found",
-                "no such call (a call id is written `{iteration}.{call_index}`)",
-            )
-        })?;
+    else {
+        // A missing session answers as one, whatever the call is called.
+        state.service.get(id, &caller.scope).await?;
+        return Err(ApiError::new(
+            axum::http::StatusCode::NOT_FOUND,
+            "approval_not_found",
+            "no such call (a call id is written `{iteration}.{call_index}`)",
+        ));
+    };
     let decision = match body.decision {
         PersonDecision::Approve => Decision::Approve,
         PersonDecision::Reject => Decision::Reject,

@@ -5,6 +5,7 @@
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
 import { mkdirSync } from "node:fs";
+import { createServer } from "node:http";
 import { chromium } from "playwright-core";
 
 const baseUrl = process.env.WARDEN_URL ?? "http://127.0.0.1:8080";
@@ -277,4 +278,69 @@ test("a worker session waiting for a worker says so, and its queue shows the wai
   });
   assert.ok([200, 202].includes(stopped.status), `stop answered ${stopped.status}`);
   assert.deepEqual(pageErrors, []);
+});
+
+test("a call waiting for approval shows in the inbox and is approved from the session page", async () => {
+  // A webhook agent in this process: it asks approval to deploy, and
+  // deploys in the next step only when that step says it was approved.
+  const seen = [];
+  const agent = createServer((req, res) => {
+    let body = "";
+    req.on("data", (d) => (body += d));
+    req.on("end", () => {
+      const step = JSON.parse(body);
+      seen.push(step);
+      const answer =
+        step.iteration === 1
+          ? { action: "build", tokens: 5, output: "built v2",
+              approval: { action: "deploy", arguments: { env: "prod" }, reason: "v2 is built and tested" } }
+          : step.approval?.decision === "approve"
+            ? { action: "deploy", tokens: 5, output: "deployed", signal: "done", reason: "deployed v2" }
+            : { action: "skip_deploy", tokens: 5, output: "not deployed", signal: "blocked", reason: "not approved" };
+      res.writeHead(200, { "content-type": "application/json" });
+      res.end(JSON.stringify(answer));
+    });
+  });
+  await new Promise((resolve) => agent.listen(0, "127.0.0.1", resolve));
+  try {
+    const res = await fetch(baseUrl + "/api/autonomous", {
+      method: "POST",
+      headers: { "content-type": "application/json", authorization: `Bearer ${key}` },
+      body: JSON.stringify({
+        goal: "Build and deploy v2",
+        executor: { kind: "webhook", url: `http://127.0.0.1:${agent.address().port}/step` },
+      }),
+    });
+    assert.equal(res.status, 201, await res.clone().text());
+    const { id } = await res.json();
+
+    await page.goto(`${baseUrl}/#/approvals`);
+    const row = page.locator(`#approvals tr[data-call="${id}/1.0"]`);
+    await row.waitFor({ timeout: 20_000 });
+    assert.match(await row.textContent(), /deploy/);
+    assert.match(await row.textContent(), /v2 is built and tested/);
+    await page.screenshot({ path: shots + "09-approvals-inbox.png", fullPage: true });
+
+    await row.locator("a").click();
+    await page.waitForURL(new RegExp(`#/s/${id}$`));
+    const call = page.locator('#pending-calls tr[data-call="1.0"]');
+    await call.waitFor({ timeout: 10_000 });
+    assert.equal(await page.textContent("#reason"), "approval_required");
+    assert.ok(await page.isDisabled("#resume-btn"), "a plain resume waits for the decision");
+    await page.screenshot({ path: shots + "10-pending-call.png", fullPage: true });
+    await call.locator(".approval-message").fill("go ahead");
+    await call.locator(".approve-btn").click();
+    await page.waitForFunction(() => document.querySelector("#status")?.textContent === "completed", null, {
+      timeout: 20_000,
+    });
+    assert.ok(await page.isHidden("#pending-approvals"), "nothing waits any more");
+    assert.equal(seen.length, 2);
+    assert.deepEqual(seen[1].approval, {
+      action: "deploy", arguments: { env: "prod" }, decision: "approve", message: "go ahead",
+    });
+    await page.screenshot({ path: shots + "11-approved.png", fullPage: true });
+    assert.deepEqual(pageErrors, []);
+  } finally {
+    agent.close();
+  }
 });

@@ -57,11 +57,13 @@ echo "e2e: starting warden on $WARDEN_URL"
 # The model endpoint is a closed port: `llm` sessions can be created (and
 # fail on their first call), and `generate_criteria` answers its documented 503.
 # Keys are required: an admin token from the environment, and an operator key
-# made through the API below for the client and dashboard tests.
+# made through the API below for the client and dashboard tests. Loopback
+# is allowed as a destination: the dashboard test's webhook agent listens there.
 WARDEN_ADMIN_TOKEN="e2e-admin-$(node -e 'console.log(require("crypto").randomBytes(16).toString("hex"))')"
 export WARDEN_ADMIN_TOKEN
 DATABASE_URL="$DB_URL" WARDEN_LISTEN_ADDR="127.0.0.1:$PORT" WARDEN_WORKSPACE_ROOT="$WORKSPACES" \
   WARDEN_LLM_BASE_URL="http://127.0.0.1:9/v1" WARDEN_LLM_MODEL=e2e WARDEN_LLM_MAX_RETRIES=0 \
+  WARDEN_EGRESS_ALLOW=127.0.0.1 \
   WARDEN_LOG_FORMAT=json RUST_LOG="${RUST_LOG:-warden=info}" \
   "$ROOT/target/debug/warden" >"$LOG" 2>&1 &
 SERVER_PID=$!

@@ -170,6 +170,8 @@ pub struct Config {
     pub workspace_retention: Duration,
     /// Archiving and deleting old sessions, compacting long sessions' events.
     pub retention: RetentionConfig,
+    /// `WARDEN_APPROVAL_TIMEOUT_MS`: how long a call waits for approval.
+    pub approval_timeout: Duration,
     /// Session defaults.
     pub defaults: SessionDefaults,
     /// The continue gate's thresholds.
@@ -819,6 +821,7 @@ impl Config {
             workspace_root,
             workspace_retention: env.span(&WARDEN_WORKSPACE_RETENTION)?,
             retention: env.retention()?,
+            approval_timeout: env.millis(&WARDEN_APPROVAL_TIMEOUT_MS, 1_000, 2_592_000_000)?,
             defaults,
             gate,
             stuck: StuckConfig::default(),

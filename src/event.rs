@@ -353,6 +353,31 @@ pub enum SessionEvent {
         /// Why.
         error: String,
     },
+    /// A call waits for a person's approval; the session pauses after the step.
+    ApprovalRequested {
+        /// Warden's name of the call (`{iteration}.{call_index}`), as in
+        /// `POST /api/autonomous/{id}/approvals/{call_id}`.
+        call_id: String,
+        /// The tool or action.
+        tool: String,
+        /// Its arguments.
+        arguments: Value,
+        /// The agent's text of the step.
+        reason: String,
+    },
+    /// A person decided on a waiting call, or it expired.
+    ApprovalDecided {
+        /// The call.
+        call_id: String,
+        /// The tool or action.
+        tool: String,
+        /// `approve`, `reject` or `expired`.
+        decision: crate::policy::approval::Decision,
+        /// Which key decided (its public prefix); absent when it expired.
+        decided_by: Option<String>,
+        /// The message to the agent.
+        message: Option<String>,
+    },
 }
 
 impl SessionEvent {
@@ -387,6 +412,8 @@ impl SessionEvent {
             SessionEvent::CycleSummaryFailed { .. } => "cycle_summary_failed",
             SessionEvent::ToolCallsLimited { .. } => "tool_calls_limited",
             SessionEvent::ReflectionDeferred { .. } => "reflection_deferred",
+            SessionEvent::ApprovalRequested { .. } => "approval_requested",
+            SessionEvent::ApprovalDecided { .. } => "approval_decided",
         }
     }
 
@@ -652,6 +679,27 @@ mod tests {
                     memory_chars: 40,
                 },
                 json!({ "cycle": 2, "memory_chars": 40 }),
+            ),
+            (
+                SessionEvent::ApprovalRequested {
+                    call_id: "3.0".into(),
+                    tool: "write_file".into(),
+                    arguments: json!({ "path": "a" }),
+                    reason: "r".into(),
+                },
+                json!({ "call_id": "3.0", "tool": "write_file", "arguments": { "path": "a" },
+                        "reason": "r" }),
+            ),
+            (
+                SessionEvent::ApprovalDecided {
+                    call_id: "3.0".into(),
+                    tool: "write_file".into(),
+                    decision: crate::policy::approval::Decision::Reject,
+                    decided_by: Some("wdn_ab".into()),
+                    message: None,
+                },
+                json!({ "call_id": "3.0", "tool": "write_file", "decision": "reject",
+                        "decided_by": "wdn_ab", "message": null }),
             ),
         ]
     }

@@ -51,6 +51,7 @@ const SESSION: &[(&str, u8)] = &[
     ("rehydrate", 3),
     ("supervisor", 4),
     ("service", 5),
+    ("approvals", 6),
 ];
 
 /// The files of `src/store`, from the bottom up: the SQL of one table
@@ -74,6 +75,7 @@ const STORE: &[(&str, u8)] = &[
     ("event_log", 3),
     ("group_commit", 3),
     ("journal", 3),
+    ("approvals", 3),
     ("outcomes", 3),
     ("tasks", 3),
     ("leases", 4),
@@ -102,7 +104,8 @@ const HTTP: &[(&str, u8)] = &[
     ("sessions", 2),
     ("workers", 2),
     ("retention", 2),
-    ("openapi", 3),
+    ("approvals", 3),
+    ("openapi", 4),
 ];
 
 /// The layers whose files are ranked, with their ranking.

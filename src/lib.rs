@@ -289,7 +289,12 @@ impl Application {
             replica_id,
             metrics.clone(),
         );
+        let expiry = tokio::spawn(session::approvals::expire_forever(
+            service.clone(),
+            session::approvals::sweep_every(config.approval_timeout),
+        ));
         let mut background = vec![
+            expiry,
             loops.handle().spawn(supervisor.clone().maintain()),
             loops.handle().spawn(supervisor.clone().listen()),
             // On the API's runtime and pool, as the sweep: never the loops'.

@@ -1479,7 +1479,7 @@ async fn run() -> BenchResult<()> {
 /// the loop's own share of an iteration, what pruning could slow, shows.
 const PRUNING_STEP_MS: u64 = 10;
 
-/// Phase 6: ended sessions archived and deleted while sessions run. The
+/// Phase 8: ended sessions archived and deleted while sessions run. The
 /// ended sessions are written straight into the database (each with 5
 /// iterations and 12 events, ended two days ago), then the pruner
 /// (`WARDEN_RETENTION_DAYS=1`, a pass a second) archives and deletes them;
@@ -1499,68 +1499,6 @@ async fn retention_phase(
     let db_url = database_url(&opts.admin_url, &db_name);
     let archive = std::env::temp_dir().join(format!("{db_name}_archive"));
     let archive_var = archive.to_string_lossy().to_string();
-/// A session of `steps` distinct steps of `delay_ms` each that then ends
-/// (`executor_exhausted`), freeing its place.
-fn finite_session(steps: usize, delay_ms: u64) -> Value {
-    let steps: Vec<Value> = (1..=steps)
-        .map(|part| {
-            json!({ "action": "write_part", "arguments": { "part": part }, "tokens": 1,
-                    "output": format!("part {part} written"), "delay_ms": delay_ms })
-        })
-        .collect();
-    json!({
-        "goal": "Write the parts of report.md",
-        "mode": "fixed",
-        "executor": { "kind": "scripted", "steps": steps }
-    })
-}
-
-/// A client sending `key` as its bearer token.
-fn client_with_key(key: &str) -> BenchResult<reqwest::Client> {
-    let mut headers = reqwest::header::HeaderMap::new();
-    headers.insert(
-        reqwest::header::AUTHORIZATION,
-        reqwest::header::HeaderValue::from_str(&format!("Bearer {key}"))?,
-    );
-    Ok(reqwest::Client::builder()
-        .default_headers(headers)
-        .pool_max_idle_per_host(64)
-        .timeout(Duration::from_secs(120))
-        .build()?)
-}
-
-/// Creates a key through the API (the first, a global admin, without auth).
-async fn bench_key(
-    client: &reqwest::Client,
-    base: &str,
-    tenant: &str,
-    role: &str,
-    global: bool,
-) -> BenchResult<String> {
-    let res = client
-        .post(format!("{base}/api/keys"))
-        .json(&json!({ "tenant": tenant, "role": role, "global": global }))
-        .send()
-        .await?;
-    let doc: Value = res.error_for_status()?.json().await?;
-    Ok(doc["secret"].as_str().unwrap_or_default().to_string())
-}
-
-/// Phase 6: fair share in the queue. One replica with a few places; tenant
-/// A (weight 2) queues a backlog, then B and C (weight 1) queue 10 each:
-/// how long until B's and C's first sessions start, then, with every
-/// tenant kept waiting, each one's share of the running places, sampled
-/// over the window, against its weight.
-async fn fairness_phase(opts: &Options, admin: &PgPool, scale: &Scale) -> BenchResult<Vec<Row>> {
-    let places = scale.fair_places;
-    eprintln!(
-        "warden-bench: fairness, {places} places, tenant A queues {}",
-        scale.fair_backlog
-    );
-    let db_name = format!("warden_bench_{}_fairness", std::process::id());
-    create_database(admin, &db_name).await?;
-    let db_url = database_url(&opts.admin_url, &db_name);
-    let places_text = places.to_string();
     let server = Server::launch(
         opts,
         &db_name,
@@ -1591,81 +1529,6 @@ async fn fairness_phase(opts: &Options, admin: &PgPool, scale: &Scale) -> BenchR
     let quiet_window = t0.elapsed();
     let quiet_p99 = histogram_quantile(&before, &quiet, name, 0.99);
 
-        &[("WARDEN_MAX_RUNNING", places_text.as_str())],
-        None,
-    )
-    .await?;
-    let open = reqwest::Client::new();
-    let admin_key = bench_key(&open, &server.base, "ops", "admin", true).await?;
-    let admin_client = client_with_key(&admin_key)?;
-    let mut tenants = Vec::new();
-    for name in ["tenant-a", "tenant-b", "tenant-c"] {
-        let key = bench_key(&admin_client, &server.base, name, "operator", false).await?;
-        tenants.push(client_with_key(&key)?);
-    }
-    // A's weight through the operator's command.
-    let set = Command::new(&opts.warden)
-        .args(["tenants", "set", "tenant-a", "--weight", "2"])
-        .env("DATABASE_URL", &db_url)
-        .output()?;
-    if !set.status.success() {
-        return Err(format!(
-            "warden tenants set failed: {}",
-            String::from_utf8_lossy(&set.stderr)
-        )
-        .into());
-    }
-    let weights = [2u32, 1, 1];
-    // One-second sessions: places free steadily.
-    let body = finite_session(5, 200);
-    let bases = [server.base.clone()];
-    create_sessions_on(&tenants[0], &bases, scale.fair_backlog, &body, true).await?;
-    let queued_at = Instant::now();
-    let b = create_sessions_on(&tenants[1], &bases, 10, &body, true).await?;
-    let c = create_sessions_on(&tenants[2], &bases, 10, &body, true).await?;
-    let first_start = |ids: Vec<String>, client: reqwest::Client, base: String| async move {
-        let deadline = Instant::now() + Duration::from_secs(120);
-        while Instant::now() < deadline {
-            for id in &ids {
-                let doc: Value = client
-                    .get(format!("{base}/api/autonomous/{id}"))
-                    .send()
-                    .await?
-                    .json()
-                    .await?;
-                if doc["status"] != "queued" {
-                    return Ok::<_, Box<dyn std::error::Error + Send + Sync>>(Some(
-                        queued_at.elapsed(),
-                    ));
-                }
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        Ok(None)
-    };
-    let (b_first, c_first) = tokio::join!(
-        first_start(b, tenants[1].clone(), server.base.clone()),
-        first_start(c, tenants[2].clone(), server.base.clone())
-    );
-    let (b_first, c_first) = (b_first?, c_first?);
-    // Keep B and C waiting through the window, as A is.
-    let top_up = places * (scale.fair_window.as_secs() as usize + 5);
-    let filler = {
-        let (bc, cc, base, body) = (
-            tenants[1].clone(),
-            tenants[2].clone(),
-            server.base.clone(),
-            body.clone(),
-        );
-        tokio::spawn(async move {
-            let bases = [base];
-            let _ = tokio::join!(
-                create_sessions_on(&bc, &bases, top_up / 2, &body, true),
-                create_sessions_on(&cc, &bases, top_up / 2, &body, true)
-            );
-        })
-    };
-    tokio::time::sleep(Duration::from_secs(2)).await;
     let db = PgPoolOptions::new()
         .max_connections(1)
         .connect(&db_url)
@@ -1764,6 +1627,152 @@ async fn seed_ended_sessions(db: &PgPool, n: usize) -> BenchResult<()> {
     Ok(())
 }
 
+/// A session of `steps` distinct steps of `delay_ms` each that then ends
+/// (`executor_exhausted`), freeing its place.
+fn finite_session(steps: usize, delay_ms: u64) -> Value {
+    let steps: Vec<Value> = (1..=steps)
+        .map(|part| {
+            json!({ "action": "write_part", "arguments": { "part": part }, "tokens": 1,
+                    "output": format!("part {part} written"), "delay_ms": delay_ms })
+        })
+        .collect();
+    json!({
+        "goal": "Write the parts of report.md",
+        "mode": "fixed",
+        "executor": { "kind": "scripted", "steps": steps }
+    })
+}
+
+/// A client sending `key` as its bearer token.
+fn client_with_key(key: &str) -> BenchResult<reqwest::Client> {
+    let mut headers = reqwest::header::HeaderMap::new();
+    headers.insert(
+        reqwest::header::AUTHORIZATION,
+        reqwest::header::HeaderValue::from_str(&format!("Bearer {key}"))?,
+    );
+    Ok(reqwest::Client::builder()
+        .default_headers(headers)
+        .pool_max_idle_per_host(64)
+        .timeout(Duration::from_secs(120))
+        .build()?)
+}
+
+/// Creates a key through the API (the first, a global admin, without auth).
+async fn bench_key(
+    client: &reqwest::Client,
+    base: &str,
+    tenant: &str,
+    role: &str,
+    global: bool,
+) -> BenchResult<String> {
+    let res = client
+        .post(format!("{base}/api/keys"))
+        .json(&json!({ "tenant": tenant, "role": role, "global": global }))
+        .send()
+        .await?;
+    let doc: Value = res.error_for_status()?.json().await?;
+    Ok(doc["secret"].as_str().unwrap_or_default().to_string())
+}
+
+/// Phase 9: fair share in the queue. One replica with a few places; tenant
+/// A (weight 2) queues a backlog, then B and C (weight 1) queue 10 each:
+/// how long until B's and C's first sessions start, then, with every
+/// tenant kept waiting, each one's share of the running places, sampled
+/// over the window, against its weight.
+async fn fairness_phase(opts: &Options, admin: &PgPool, scale: &Scale) -> BenchResult<Vec<Row>> {
+    let places = scale.fair_places;
+    eprintln!(
+        "warden-bench: fairness, {places} places, tenant A queues {}",
+        scale.fair_backlog
+    );
+    let db_name = format!("warden_bench_{}_fairness", std::process::id());
+    create_database(admin, &db_name).await?;
+    let db_url = database_url(&opts.admin_url, &db_name);
+    let places_text = places.to_string();
+    let server = Server::launch(
+        opts,
+        &db_name,
+        &db_url,
+        true,
+        &[("WARDEN_MAX_RUNNING", places_text.as_str())],
+        None,
+    )
+    .await?;
+    let open = reqwest::Client::new();
+    let admin_key = bench_key(&open, &server.base, "ops", "admin", true).await?;
+    let admin_client = client_with_key(&admin_key)?;
+    let mut tenants = Vec::new();
+    for name in ["tenant-a", "tenant-b", "tenant-c"] {
+        let key = bench_key(&admin_client, &server.base, name, "operator", false).await?;
+        tenants.push(client_with_key(&key)?);
+    }
+    // A's weight through the operator's command.
+    let set = Command::new(&opts.warden)
+        .args(["tenants", "set", "tenant-a", "--weight", "2"])
+        .env("DATABASE_URL", &db_url)
+        .output()?;
+    if !set.status.success() {
+        return Err(format!(
+            "warden tenants set failed: {}",
+            String::from_utf8_lossy(&set.stderr)
+        )
+        .into());
+    }
+    let weights = [2u32, 1, 1];
+    // One-second sessions: places free steadily.
+    let body = finite_session(5, 200);
+    let bases = [server.base.clone()];
+    create_sessions_on(&tenants[0], &bases, scale.fair_backlog, &body, true).await?;
+    let queued_at = Instant::now();
+    let b = create_sessions_on(&tenants[1], &bases, 10, &body, true).await?;
+    let c = create_sessions_on(&tenants[2], &bases, 10, &body, true).await?;
+    let first_start = |ids: Vec<String>, client: reqwest::Client, base: String| async move {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while Instant::now() < deadline {
+            for id in &ids {
+                let doc: Value = client
+                    .get(format!("{base}/api/autonomous/{id}"))
+                    .send()
+                    .await?
+                    .json()
+                    .await?;
+                if doc["status"] != "queued" {
+                    return Ok::<_, Box<dyn std::error::Error + Send + Sync>>(Some(
+                        queued_at.elapsed(),
+                    ));
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        Ok(None)
+    };
+    let (b_first, c_first) = tokio::join!(
+        first_start(b, tenants[1].clone(), server.base.clone()),
+        first_start(c, tenants[2].clone(), server.base.clone())
+    );
+    let (b_first, c_first) = (b_first?, c_first?);
+    // Keep B and C waiting through the window, as A is.
+    let top_up = places * (scale.fair_window.as_secs() as usize + 5);
+    let filler = {
+        let (bc, cc, base, body) = (
+            tenants[1].clone(),
+            tenants[2].clone(),
+            server.base.clone(),
+            body.clone(),
+        );
+        tokio::spawn(async move {
+            let bases = [base];
+            let _ = tokio::join!(
+                create_sessions_on(&bc, &bases, top_up / 2, &body, true),
+                create_sessions_on(&cc, &bases, top_up / 2, &body, true)
+            );
+        })
+    };
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let db = PgPoolOptions::new()
+        .max_connections(1)
+        .connect(&db_url)
+        .await?;
     let mut held = [0i64; 3];
     let started = Instant::now();
     while started.elapsed() < scale.fair_window {
@@ -1831,7 +1840,7 @@ async fn seed_ended_sessions(db: &PgPool, n: usize) -> BenchResult<()> {
     Ok(rows)
 }
 
-/// Phase 7: creates while one tenant runs many sessions: the quota check
+/// Phase 10: creates while one tenant runs many sessions: the quota check
 /// reads a counter, so a create's latency does not grow with the tenant's
 /// running sessions. Creates of that same tenant, one at a time.
 async fn creates_phase(

@@ -324,6 +324,8 @@ settings! {
         "…for this many gate evaluations in a row (1–20)";
     WARDEN_TOKEN_PRICE_PER_MILLION (Session) = unset =>
         "price of a million tokens; when set, the status reports `cost`";
+    WARDEN_APPROVAL_TIMEOUT_MS (Session) = "86400000" =>
+        "how long a tool call (or an agent's action) waits for a person's approval before it expires, told to the agent as not approved (1000 to 30 days)";
     WARDEN_WORKSPACE_RETENTION (Session) = "7d" =>
         "how long an ended session's workspace stays on the disk (`90s`, `30m`, `12h`, `7d`); swept in the background";
     WARDEN_RETENTION_DAYS (Session) = unset =>

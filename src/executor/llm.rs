@@ -11,12 +11,13 @@ use serde_json::{Value, json};
 
 use super::workspace::{ToolError, Workspace};
 use super::{
-    CycleChange, Executor, ExecutorDeps, ExecutorError, StepContext, StepOutput, StepResult,
-    TaskQueue, ToolJournal,
+    ApprovalAsk, ApprovalDesk, CycleChange, DecidedCall, Executor, ExecutorDeps, ExecutorError,
+    StepContext, StepOutput, StepResult, TaskQueue, ToolJournal,
 };
 use crate::event::SessionEvent;
 use crate::llm::{ChatRequest, LlmClient, Message, ToolCall, ToolSpec};
 use crate::mcp::{OfferedTool, Toolbox};
+use crate::policy::approval::{self, ApprovalPolicy, CallDecision, Decision, ToolFacts};
 use crate::policy::budget;
 use crate::policy::excerpt;
 use crate::policy::history::{FileWrite, Outcome};
@@ -198,6 +199,8 @@ struct ToolOutcome {
     signal: Option<Sentinel>,
     /// Event to record.
     event: Option<SessionEvent>,
+    /// Not run: it waits for a person's approval (its result comes in a later step).
+    awaiting: bool,
 }
 
 impl ToolOutcome {
@@ -208,6 +211,7 @@ impl ToolOutcome {
             file: None,
             signal: None,
             event: None,
+            awaiting: false,
         }
     }
 
@@ -218,6 +222,7 @@ impl ToolOutcome {
             file: None,
             signal: None,
             event: None,
+            awaiting: false,
         }
     }
 
@@ -232,6 +237,7 @@ impl ToolOutcome {
             file: serde_json::from_value(v["file"].clone()).ok(),
             signal: None,
             event: None,
+            awaiting: false,
         }
     }
 }
@@ -249,6 +255,10 @@ pub struct LlmExecutor {
     /// `WARDEN_MAX_OUTPUT_BYTES`: bytes of each text of a step kept.
     max_output_bytes: usize,
     journal: Arc<dyn ToolJournal>,
+    /// Which calls wait for a person.
+    approval_policy: ApprovalPolicy,
+    /// Where they wait.
+    approvals: Arc<dyn ApprovalDesk>,
     tasks: Arc<dyn TaskQueue>,
     transcript: VecDeque<Vec<Message>>,
     goal: String,
@@ -298,6 +308,17 @@ fn str_arg<'a>(args: &'a Value, name: &str) -> Result<&'a str, ToolError> {
         .ok_or_else(|| ToolError::Arguments(format!("`{name}` (a string) is required")))
 }
 
+/// What the agent works with: its workspace, the MCP tools offered to it,
+/// and which calls wait for a person.
+pub struct AgentTools {
+    /// The session's workspace (the built-in file tools).
+    pub workspace: Workspace,
+    /// The MCP tools the session may use.
+    pub mcp: Toolbox,
+    /// Which calls need approval.
+    pub approval_policy: ApprovalPolicy,
+}
+
 impl LlmExecutor {
     /// An executor continuing the conversation of `deps`.
     pub fn new(
@@ -305,10 +326,14 @@ impl LlmExecutor {
         model: String,
         max_tokens_per_call: u64,
         temperature: Option<f64>,
-        workspace: Workspace,
-        mcp: Toolbox,
+        tools: AgentTools,
         deps: ExecutorDeps,
     ) -> LlmExecutor {
+        let AgentTools {
+            workspace,
+            mcp,
+            approval_policy,
+        } = tools;
         let mut kept: VecDeque<Vec<Message>> = deps.transcript.into();
         while kept.len() > TRANSCRIPT_STEPS {
             kept.pop_front();
@@ -328,6 +353,8 @@ impl LlmExecutor {
             max_tool_calls: deps.max_tool_calls_per_step.max(1),
             max_output_bytes: deps.max_output_bytes.max(1),
             journal: deps.journal,
+            approval_policy,
+            approvals: deps.approvals,
             tasks: deps.tasks,
             transcript: kept,
             goal: deps.goal,
@@ -425,8 +452,16 @@ impl LlmExecutor {
         ))
     }
 
-    /// Runs one tool call, replaying a journaled result when there is one.
-    async fn run_tool(&self, iteration: u64, index: u32, call: &ToolCall) -> ToolOutcome {
+    /// Runs one tool call, replaying a journaled result when there is one,
+    /// or asks a person first when the session's approval policy says so
+    /// (`reason`: the model's text of the step).
+    async fn run_tool(
+        &self,
+        iteration: u64,
+        index: u32,
+        call: &ToolCall,
+        reason: &str,
+    ) -> ToolOutcome {
         let name = call.function.name.as_str();
         let args: Value = match serde_json::from_str(&call.function.arguments) {
             Ok(v @ Value::Object(_)) => v,
@@ -479,7 +514,18 @@ impl LlmExecutor {
                 };
             }
             "read_file" | "write_file" | "list_files" if self.mcp.builtin() => {}
-            other if self.mcp.tool(other).is_some() => {
+            other if let Some(tool) = self.mcp.tool(other) => {
+                // MCP tools ask for approval by their own annotations: one
+                // that does not say it only reads counts as a write.
+                let facts = ToolFacts {
+                    name: other,
+                    read_only: tool.is_read_only(),
+                };
+                if let CallDecision::AwaitApproval(_) = self.approval_policy.decide(facts) {
+                    return self
+                        .ask_approval(iteration, index, call, args, reason)
+                        .await;
+                }
                 return self.run_mcp_tool(iteration, index, other, &args).await;
             }
             other => {
@@ -488,7 +534,122 @@ impl LlmExecutor {
                 ));
             }
         }
-        // Side-effecting tools are journaled: intent before, result after.
+        let facts = ToolFacts {
+            name,
+            read_only: name != "write_file",
+        };
+        if let CallDecision::AwaitApproval(_) = self.approval_policy.decide(facts) {
+            return self
+                .ask_approval(iteration, index, call, args, reason)
+                .await;
+        }
+        self.run_journaled(iteration, index, name, &args).await
+    }
+
+    /// Journals a call as waiting for a person; the session pauses after the step.
+    async fn ask_approval(
+        &self,
+        iteration: u64,
+        index: u32,
+        call: &ToolCall,
+        arguments: Value,
+        reason: &str,
+    ) -> ToolOutcome {
+        let ask = ApprovalAsk {
+            call_index: index,
+            tool_call_id: Some(call.id.clone()).filter(|id| !id.is_empty()),
+            tool: call.function.name.clone(),
+            arguments,
+            reason: reason.to_string(),
+        };
+        if let Err(e) = self.approvals.ask(iteration, &ask).await {
+            return ToolOutcome::error(format!("cannot ask for approval: {e}"));
+        }
+        let call_id = crate::store::approval_call_id(
+            i64::try_from(iteration).unwrap_or(i64::MAX),
+            i32::try_from(index).unwrap_or(i32::MAX),
+        );
+        ToolOutcome {
+            awaiting: true,
+            signal: Some(Sentinel {
+                kind: SignalKind::ApprovalRequired,
+                reason: Some(format!("`{}` (call {call_id})", ask.tool)),
+            }),
+            event: Some(SessionEvent::ApprovalRequested {
+                call_id,
+                tool: ask.tool,
+                arguments: ask.arguments,
+                reason: ask.reason,
+            }),
+            ..ToolOutcome::ok("waiting for a person's approval")
+        }
+    }
+
+    /// The answers to the calls of the step before that waited for a
+    /// person: an approved call runs now (journaled under its own step, so
+    /// it runs once however often this step is tried), the others are told
+    /// why they did not run.
+    async fn carry_out(
+        &self,
+        decided: &[DecidedCall],
+        iteration: u64,
+    ) -> Vec<(String, ToolOutcome)> {
+        let mut out = Vec::new();
+        for call in decided {
+            let outcome =
+                match approval::refusal_text(&call.tool, call.decision, call.message.as_deref()) {
+                    None => {
+                        let mut outcome = if self.mcp.tool(&call.tool).is_some() {
+                            self.run_mcp_tool(
+                                iteration,
+                                call.call_index,
+                                &call.tool,
+                                &call.arguments,
+                            )
+                            .await
+                        } else {
+                            self.run_journaled(
+                                iteration,
+                                call.call_index,
+                                &call.tool,
+                                &call.arguments,
+                            )
+                            .await
+                        };
+                        if let Some(m) = call
+                            .message
+                            .as_deref()
+                            .map(str::trim)
+                            .filter(|m| !m.is_empty())
+                        {
+                            outcome.content =
+                                format!("{} (approved; their message: {m})", outcome.content);
+                        }
+                        outcome
+                    }
+                    Some(text) => ToolOutcome {
+                        failed: call.decision == Decision::Reject
+                            || call.decision == Decision::Expired,
+                        ..ToolOutcome::ok(text)
+                    },
+                };
+            out.push((call.tool.clone(), outcome));
+        }
+        out
+    }
+
+    /// Runs a side-effecting tool, journaled: intent before, result after.
+    async fn run_journaled(
+        &self,
+        iteration: u64,
+        index: u32,
+        name: &str,
+        args: &Value,
+    ) -> ToolOutcome {
+        if !args.is_object() {
+            return ToolOutcome::error(format!("the arguments of `{name}` must be a JSON object"));
+        }
+        let args = args.clone();
         match self.journal.recorded(iteration, index, name, &args).await {
             Ok(Some(recorded)) => return ToolOutcome::from_record(&recorded),
             Ok(None) => {}
@@ -517,7 +678,7 @@ impl LlmExecutor {
                     Err(e) => ToolOutcome::error(e),
                 }
             }
-            _ => {
+            "list_files" => {
                 let path = args.get("path").and_then(Value::as_str).unwrap_or("");
                 match self.workspace.list(path) {
                     Ok(names) if names.is_empty() => ToolOutcome::ok("(empty)"),
@@ -525,6 +686,7 @@ impl LlmExecutor {
                     Err(e) => ToolOutcome::error(e),
                 }
             }
+            other => ToolOutcome::error(format!("`{other}` is not a workspace tool")),
         };
         if let Err(e) = self
             .journal
@@ -634,6 +796,49 @@ impl LlmExecutor {
 
     async fn step(&mut self, ctx: StepContext<'_>) -> Result<StepResult, ExecutorError> {
         let mut step_messages = Vec::new();
+        // Calls of the step before that waited for a person are answered
+        // first, as that step's tool results.
+        let decided = match ctx.iteration.checked_sub(1).filter(|n| *n > 0) {
+            Some(before) => {
+                self.approvals
+                    .decided(before)
+                    .await
+                    .map_err(|e| ExecutorError::Failed {
+                        action: "approvals".into(),
+                        message: format!(
+                            "cannot read the decisions on calls waiting for approval: {e}"
+                        ),
+                        tokens: 0,
+                    })?
+            }
+            None => Vec::new(),
+        };
+        let carried = self.carry_out(&decided, ctx.iteration - 1).await;
+        let asked_ids: Vec<String> = self
+            .transcript
+            .back()
+            .into_iter()
+            .flatten()
+            .flat_map(|m| m.tool_calls.iter().map(|c| c.id.clone()))
+            .collect();
+        for (call, (tool, outcome)) in decided.iter().zip(&carried) {
+            match call
+                .tool_call_id
+                .as_ref()
+                .filter(|id| asked_ids.contains(id))
+            {
+                Some(id) => step_messages.push(Message::tool_result(id, outcome.content.clone())),
+                // The call is no longer in the conversation (a new cycle
+                // began): its answer goes in as a note.
+                None => step_messages.push(Message::text(
+                    "user",
+                    format!(
+                        "The result of your earlier call of `{tool}`: {}",
+                        outcome.content
+                    ),
+                )),
+            }
+        }
         if let Some(guidance) = ctx.guidance {
             step_messages.push(Message::text(
                 "user",
@@ -709,15 +914,26 @@ impl LlmExecutor {
             top_p: None,
         };
         let called = std::time::Instant::now();
-        let completion = self
-            .client
-            .chat(&request)
-            .await
-            .map_err(|e| ExecutorError::Failed {
-                action: "model_call".into(),
-                message: e.to_string(),
-                tokens: 0,
-            })?;
+        let completion = match self.client.chat(&request).await {
+            Ok(completion) => completion,
+            // Decided calls already answered are kept in the conversation,
+            // so the next step does not answer them again.
+            Err(e) if !carried.is_empty() => {
+                return Ok(self.model_failed_after_decisions(
+                    e.to_string(),
+                    step_messages,
+                    &carried,
+                    called,
+                ));
+            }
+            Err(e) => {
+                return Err(ExecutorError::Failed {
+                    action: "model_call".into(),
+                    message: e.to_string(),
+                    tokens: 0,
+                });
+            }
+        };
         let mut assistant = completion.message;
         assistant.role = "assistant".into();
         for (i, call) in assistant.tool_calls.iter_mut().enumerate() {
@@ -734,6 +950,13 @@ impl LlmExecutor {
         let mut events = Vec::new();
         let mut signal = None;
         let mut failed = Vec::new();
+        for (tool, outcome) in carried {
+            observations.push(format!("{tool}: {}", outcome.content));
+            if outcome.failed {
+                failed.push(format!("{tool}: {}", outcome.content));
+            }
+            files.extend(outcome.file);
+        }
         let executed = calls.len().min(self.max_tool_calls);
         if executed < calls.len() {
             events.push(SessionEvent::ToolCallsLimited {
@@ -746,7 +969,7 @@ impl LlmExecutor {
             let outcome = if index < executed {
                 let span = tool_span(call);
                 let outcome = self
-                    .run_tool(ctx.iteration, index as u32, call)
+                    .run_tool(ctx.iteration, index as u32, call, &message_text)
                     .instrument(span.clone())
                     .await;
                 record_tool(&span, call, &outcome);
@@ -755,14 +978,19 @@ impl LlmExecutor {
                 ToolOutcome::error(over_tool_call_limit(self.max_tool_calls))
             };
             observations.push(format!("{}: {}", call.function.name, outcome.content));
-            step_messages.push(Message::tool_result(&call.id, outcome.content.clone()));
+            // A call that waits is answered in the step after the decision.
+            if !outcome.awaiting {
+                step_messages.push(Message::tool_result(&call.id, outcome.content.clone()));
+            }
             if outcome.failed {
                 failed.push(format!("{}: {}", call.function.name, outcome.content));
             }
             files.extend(outcome.file);
             events.extend(outcome.event);
-            if signal.is_none() {
-                signal = outcome.signal;
+            // A call waiting for a person outranks other signals of the
+            // step: nothing may end the session past an open question.
+            if outcome.awaiting || signal.is_none() {
+                signal = outcome.signal.or(signal);
             }
         }
         let (action, arguments) = match calls.first() {
@@ -858,6 +1086,42 @@ impl LlmExecutor {
             cycle_change,
             model_latency: Some(called.elapsed()),
         })))
+    }
+}
+
+impl LlmExecutor {
+    /// A step whose model call failed after decided calls were answered:
+    /// an error step that keeps those answers in the conversation.
+    fn model_failed_after_decisions(
+        &mut self,
+        error: String,
+        mut step_messages: Vec<Message>,
+        carried: &[(String, ToolOutcome)],
+        called: std::time::Instant,
+    ) -> StepResult {
+        let observation = carried
+            .iter()
+            .map(|(tool, o)| format!("{tool}: {}", o.content))
+            .collect::<Vec<_>>()
+            .join("\n");
+        cap_step(&mut step_messages, self.max_output_bytes);
+        if let Some(previous) = self.transcript.back_mut() {
+            slim_step(previous);
+        }
+        self.transcript.push_back(step_messages.clone());
+        while self.transcript.len() > TRANSCRIPT_STEPS {
+            self.transcript.pop_front();
+        }
+        StepResult::Step(Box::new(StepOutput {
+            outcome: Outcome::Error,
+            observation,
+            error: Some(format!("model_call: {error}")),
+            tool_calls: carried.len() as u64,
+            files_written: carried.iter().filter_map(|(_, o)| o.file.clone()).collect(),
+            transcript: Some(step_messages),
+            model_latency: Some(called.elapsed()),
+            ..StepOutput::simple("model_call", "")
+        }))
     }
 }
 

@@ -13,7 +13,8 @@ pub use scripted::{
     MAX_ACTION_CHARS, MAX_DELAY_MS, MAX_OUTPUT_CHARS, ScriptedExecutor, ScriptedStep,
 };
 pub use webhook::{
-    WebhookExecutor, WebhookHistoryItem, WebhookRequest, WebhookResponse, WebhookSignal,
+    ActionApproval, ApprovalOutcome, WebhookExecutor, WebhookHistoryItem, WebhookRequest,
+    WebhookResponse, WebhookSignal,
 };
 pub use worker::{WorkerExecutor, WorkerSettings};
 
@@ -29,6 +30,7 @@ use uuid::Uuid;
 use crate::egress::EgressPolicy;
 use crate::event::SessionEvent;
 use crate::llm::{LlmClient, LlmSettings, Message};
+use crate::policy::approval::{ApprovalPolicy, Decision};
 use crate::policy::history::{FileWrite, Outcome, StepRecord};
 use crate::policy::sentinel::Sentinel;
 use crate::store::{Task, TaskWrite};
@@ -205,6 +207,47 @@ pub trait ToolJournal: Send + Sync {
     ) -> BoxFuture<'a, Result<(), String>>;
 }
 
+/// A call the step asks a person about before it runs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ApprovalAsk {
+    /// Which call of the step (0-based).
+    pub call_index: u32,
+    /// The model's id of the call.
+    pub tool_call_id: Option<String>,
+    /// The tool or action.
+    pub tool: String,
+    /// Its arguments.
+    pub arguments: serde_json::Value,
+    /// The agent's text of the step: why.
+    pub reason: String,
+}
+
+/// A person's decision on a call the step before asked about.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DecidedCall {
+    /// Which call of that step.
+    pub call_index: u32,
+    /// The model's id of the call.
+    pub tool_call_id: Option<String>,
+    /// The tool or action.
+    pub tool: String,
+    /// Its arguments.
+    pub arguments: serde_json::Value,
+    /// Approve, reject or expired.
+    pub decision: Decision,
+    /// The person's message to the agent.
+    pub message: Option<String>,
+}
+
+/// Where a step asks a person about a call, and reads what was decided.
+pub trait ApprovalDesk: Send + Sync {
+    /// Records that call `ask` of `iteration` waits for a decision.
+    fn ask<'a>(&'a self, iteration: u64, ask: &'a ApprovalAsk)
+    -> BoxFuture<'a, Result<(), String>>;
+    /// The decided calls of `iteration`, in call order.
+    fn decided(&self, iteration: u64) -> BoxFuture<'_, Result<Vec<DecidedCall>, String>>;
+}
+
 /// The agent's persistent task queue.
 pub trait TaskQueue: Send + Sync {
     /// The queue, highest priority first.
@@ -255,6 +298,9 @@ pub enum ExecutorSpec {
         /// tools that end or pause a session are always offered.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         tools: Option<Vec<String>>,
+        /// Which tool calls wait for a person's approval (default: none).
+        #[serde(default, skip_serializing_if = "ApprovalPolicy::is_never")]
+        approvals: ApprovalPolicy,
     },
     /// An external agent: Warden POSTs each step's context to `url` and
     /// reads back the outcome (see `WebhookRequest` / `WebhookResponse`).
@@ -386,6 +432,8 @@ pub struct ExecutorDeps {
     pub workspace_limits: workspace::Limits,
     /// The tool-call journal of this session.
     pub journal: Arc<dyn ToolJournal>,
+    /// Where this session's calls wait for approval.
+    pub approvals: Arc<dyn ApprovalDesk>,
     /// The conversation of the current cycle, one entry per committed step.
     pub transcript: Vec<Vec<Message>>,
     /// The agent's task queue.
@@ -435,8 +483,10 @@ impl ExecutorSpec {
                 max_tokens_per_call,
                 temperature,
                 tools,
+                approvals,
                 ..
             } => {
+                approvals.validate()?;
                 if let Some(url) = base_url {
                     check_url("executor.base_url", url)?;
                 }
@@ -560,6 +610,7 @@ impl ExecutorSpec {
                 max_tokens_per_call,
                 temperature,
                 tools,
+                approvals,
             } => {
                 let choice = crate::mcp::ToolChoice::parse(tools.as_deref())?;
                 let toolbox = deps.mcp.toolbox(&choice, &deps.tenant);
@@ -607,8 +658,11 @@ impl ExecutorSpec {
                     model,
                     max_tokens_per_call.unwrap_or(deps.llm_max_tokens),
                     *temperature,
-                    workspace,
-                    toolbox,
+                    llm::AgentTools {
+                        workspace,
+                        mcp: toolbox,
+                        approval_policy: approvals.clone(),
+                    },
                     deps,
                 )))
             }
@@ -617,6 +671,7 @@ impl ExecutorSpec {
                     url.clone(),
                     Duration::from_millis(timeout_ms.unwrap_or(60_000)),
                     &deps.egress,
+                    deps.approvals.clone(),
                 )
                 .map_err(|e| format!("executor.url {e}"))?,
             )),
@@ -640,6 +695,7 @@ impl ExecutorSpec {
                         worker_wait_timeout_ms.unwrap_or(600_000),
                     ),
                 },
+                deps.approvals.clone(),
             ))),
         }
     }

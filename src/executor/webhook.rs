@@ -10,10 +10,14 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 use uuid::Uuid;
 
-use super::{Executor, ExecutorError, StepContext, StepOutput, StepResult};
+use super::{
+    ApprovalAsk, ApprovalDesk, Executor, ExecutorError, StepContext, StepOutput, StepResult,
+};
 use crate::egress::{
     EgressError, EgressPolicy, ReadError, read_capped, transport_error, upstream_error_summary,
 };
+use crate::event::SessionEvent;
+use crate::policy::approval::Decision;
 use crate::policy::excerpt;
 use crate::policy::history::Outcome;
 use crate::policy::sentinel::{Sentinel, SignalKind};
@@ -45,6 +49,40 @@ pub struct WebhookRequest {
     /// header), when Warden exports traces: continue the trace under it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub traceparent: Option<String>,
+    /// The decision on the action the previous step asked approval for
+    /// (absent otherwise): do it when approved, skip it otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approval: Option<ApprovalOutcome>,
+}
+
+/// An action an external agent asks a person to approve before it does it.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ActionApproval {
+    /// The action (`deploy`).
+    pub action: String,
+    /// Its arguments, shown to the person.
+    #[serde(default)]
+    #[schema(value_type = Object)]
+    pub arguments: serde_json::Value,
+    /// Why the agent wants to do it.
+    #[serde(default)]
+    pub reason: String,
+}
+
+/// The decision on an action that waited for approval, as the next step gets it.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ApprovalOutcome {
+    /// The action.
+    pub action: String,
+    /// Its arguments as asked.
+    #[schema(value_type = Object)]
+    pub arguments: serde_json::Value,
+    /// `approve`, `reject` or `expired` (nobody decided in time): only an
+    /// approved action may be done.
+    pub decision: Decision,
+    /// The person's message, if any.
+    pub message: Option<String>,
 }
 
 /// One past step as the agent sees it.
@@ -110,11 +148,17 @@ pub struct WebhookResponse {
     /// The step is polling a long-running job.
     #[serde(default)]
     pub waiting: bool,
+    /// Ask a person to approve an action before doing it: the session
+    /// pauses with reason `approval_required`, and the next step's
+    /// `approval` carries the decision.
+    #[serde(default)]
+    pub approval: Option<ActionApproval>,
 }
 
 /// Calls an external agent over HTTP.
 pub struct WebhookExecutor {
     http: reqwest::Client,
+    approvals: Arc<dyn ApprovalDesk>,
     url: String,
     /// Largest answer read.
     max_body: usize,
@@ -127,9 +171,11 @@ impl WebhookExecutor {
         url: String,
         timeout: Duration,
         egress: &Arc<EgressPolicy>,
+        approvals: Arc<dyn ApprovalDesk>,
     ) -> Result<WebhookExecutor, EgressError> {
         Ok(WebhookExecutor {
             http: egress.client_for(&url, timeout)?,
+            approvals,
             url,
             max_body: egress.max_response_bytes(),
         })
@@ -141,7 +187,8 @@ impl WebhookExecutor {
             message,
             tokens: 0,
         };
-        let request = request_for(&ctx);
+        let mut request = request_for(&ctx);
+        request.approval = decided_action(self.approvals.as_ref(), ctx.iteration).await?;
         let mut post = self.http.post(&self.url);
         if let Some(traceparent) = &request.traceparent {
             post = post.header(telemetry::TRACEPARENT, traceparent);
@@ -177,8 +224,80 @@ impl WebhookExecutor {
             .map_err(|e| failed(format!("agent answer is not a step outcome: {e}")))?;
         // Up to the egress cap: not kept a moment longer than needed.
         drop(body);
-        Ok(step_result(answer))
+        external_step(self.approvals.as_ref(), ctx.iteration, answer).await
     }
+}
+
+/// The decision on the action step `iteration - 1` asked approval for.
+pub(super) async fn decided_action(
+    desk: &dyn ApprovalDesk,
+    iteration: u64,
+) -> Result<Option<ApprovalOutcome>, ExecutorError> {
+    let Some(before) = iteration.checked_sub(1).filter(|n| *n > 0) else {
+        return Ok(None);
+    };
+    let decided = desk
+        .decided(before)
+        .await
+        .map_err(|e| ExecutorError::Failed {
+            action: "approvals".into(),
+            message: format!("cannot read the decision on the action waiting for approval: {e}"),
+            tokens: 0,
+        })?;
+    Ok(decided.into_iter().next().map(|d| ApprovalOutcome {
+        action: d.tool,
+        arguments: d.arguments,
+        decision: d.decision,
+        message: d.message,
+    }))
+}
+
+/// An external agent's answer as a step; an action it asks approval for
+/// is journaled as waiting and the session pauses after the step.
+pub(super) async fn external_step(
+    desk: &dyn ApprovalDesk,
+    iteration: u64,
+    mut answer: WebhookResponse,
+) -> Result<StepResult, ExecutorError> {
+    let Some(asked) = answer.approval.take() else {
+        return Ok(step_result(answer));
+    };
+    if crate::policy::text::is_blank(&asked.action) {
+        return Err(ExecutorError::Failed {
+            action: answer.action,
+            message: "the answer's approval.action must not be empty".into(),
+            tokens: answer.tokens,
+        });
+    }
+    let ask = ApprovalAsk {
+        call_index: 0,
+        tool_call_id: None,
+        tool: asked.action,
+        arguments: asked.arguments,
+        reason: asked.reason,
+    };
+    desk.ask(iteration, &ask)
+        .await
+        .map_err(|e| ExecutorError::Failed {
+            action: answer.action.clone(),
+            message: format!("cannot ask for approval: {e}"),
+            tokens: answer.tokens,
+        })?;
+    let call_id = crate::store::approval_call_id(i64::try_from(iteration).unwrap_or(i64::MAX), 0);
+    let mut result = step_result(answer);
+    if let StepResult::Step(out) = &mut result {
+        out.signal = Some(Sentinel {
+            kind: SignalKind::ApprovalRequired,
+            reason: Some(format!("`{}` (call {call_id})", ask.tool)),
+        });
+        out.events.push(SessionEvent::ApprovalRequested {
+            call_id,
+            tool: ask.tool,
+            arguments: ask.arguments,
+            reason: ask.reason,
+        });
+    }
+    Ok(result)
 }
 
 /// The context of a step as an external agent (webhook or worker) gets it.
@@ -203,6 +322,7 @@ pub(super) fn request_for(ctx: &StepContext<'_>) -> WebhookRequest {
         token_allowance: ctx.token_allowance,
         history,
         traceparent: telemetry::traceparent(),
+        approval: None,
     }
 }
 

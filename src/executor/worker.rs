@@ -4,14 +4,15 @@
 //! step waits for that, woken by the task's changes, with a bounded poll as
 //! a backstop. What to do next is decided by `policy::worker`.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::FutureExt;
 use futures::future::BoxFuture;
 use uuid::Uuid;
 
-use super::webhook::{request_for, step_result};
-use super::{Executor, ExecutorError, StepContext, StepResult, WebhookResponse};
+use super::webhook::{decided_action, external_step, request_for};
+use super::{ApprovalDesk, Executor, ExecutorError, StepContext, StepResult, WebhookResponse};
 use crate::policy::worker::{self, AttemptEnd, TaskFacts, TaskState, TaskVerdict};
 use crate::store::{NewWorkerTask, Store, StoreError, TenantScope};
 
@@ -39,15 +40,22 @@ pub struct WorkerExecutor {
     store: Store,
     scope: TenantScope,
     settings: WorkerSettings,
+    approvals: Arc<dyn ApprovalDesk>,
 }
 
 impl WorkerExecutor {
-    /// An executor for a session of `tenant`.
-    pub fn new(store: Store, tenant: &str, settings: WorkerSettings) -> WorkerExecutor {
+    /// An executor for a session of `tenant`, asking for approvals at `approvals`.
+    pub fn new(
+        store: Store,
+        tenant: &str,
+        settings: WorkerSettings,
+        approvals: Arc<dyn ApprovalDesk>,
+    ) -> WorkerExecutor {
         WorkerExecutor {
             store,
             scope: TenantScope::tenant_only(tenant),
             settings,
+            approvals,
         }
     }
 
@@ -58,8 +66,10 @@ impl WorkerExecutor {
             tokens: 0,
         };
         let store_failed = |e: StoreError| failed(format!("worker queue unavailable: {e}"));
-        let context = serde_json::to_value(request_for(&ctx))
-            .map_err(|e| failed(format!("step context: {e}")))?;
+        let mut request = request_for(&ctx);
+        request.approval = decided_action(self.approvals.as_ref(), ctx.iteration).await?;
+        let context =
+            serde_json::to_value(request).map_err(|e| failed(format!("step context: {e}")))?;
         let mut changes = self.store.worker_changes();
         let task = OpenTask {
             store: self.store.clone(),
@@ -140,7 +150,7 @@ impl WorkerExecutor {
                         serde_json::from_value(now.outcome.unwrap_or_default()).map_err(|e| {
                             failed(format!("worker outcome is not a step outcome: {e}"))
                         })?;
-                    return Ok(step_result(answer));
+                    return external_step(self.approvals.as_ref(), ctx.iteration, answer).await;
                 }
                 TaskVerdict::Reoffer { because, .. } => {
                     let error = last_error(because);

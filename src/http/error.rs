@@ -148,6 +148,15 @@ impl From<ServiceError> for ApiError {
                     "this Idempotency-Key was used with a different request body in the last 24 hours; use a new key for a new request".to_string()
                 },
             ),
+            ServiceError::ApprovalNotFound { .. } => {
+                ApiError::new(StatusCode::NOT_FOUND, "approval_not_found", err.to_string())
+            }
+            ServiceError::AlreadyDecided { .. } => {
+                ApiError::new(StatusCode::CONFLICT, "already_decided", err.to_string())
+            }
+            ServiceError::ApprovalsWaiting { .. } => {
+                ApiError::new(StatusCode::CONFLICT, "approvals_waiting", err.to_string())
+            }
             ServiceError::Secret(_) | ServiceError::Archive(_) => ApiError::internal(&err),
             ServiceError::Store(store) => ApiError::from(store),
         }

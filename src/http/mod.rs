@@ -2,6 +2,7 @@
 //! document and the docs page. Handlers only translate between HTTP and the
 //! session service.
 
+pub mod approvals;
 mod auth;
 pub mod error;
 pub mod event_stream;
@@ -158,6 +159,7 @@ pub fn router(state: AppState, max_body_bytes: usize, limits: RequestLimits) -> 
     let mcp_servers = state.service.mcp_servers();
     let api = sessions::router()
         .merge(history::router())
+        .merge(approvals::router())
         .method_not_allowed_fallback(|| async { ApiError::method_not_allowed() });
     let keys =
         keys::router().method_not_allowed_fallback(|| async { ApiError::method_not_allowed() });

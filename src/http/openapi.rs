@@ -48,6 +48,8 @@ use crate::session::service::{MAX_GOAL_CHARS, MAX_GUIDANCE_CHARS};
         super::history::list_decisions,
         super::history::list_reflections,
         super::sessions::refine_session,
+        super::approvals::list_approvals,
+        super::approvals::decide,
         super::history::list_refinements,
         super::history::list_tasks,
         super::sessions::outcomes,
@@ -82,6 +84,7 @@ use crate::session::service::{MAX_GOAL_CHARS, MAX_GUIDANCE_CHARS};
         (name = "health", description = "Probes"),
         (name = "retention", description = "How long ended sessions are kept before they are archived and deleted"),
         (name = "keys", description = "API keys (admin)"),
+        (name = "approvals", description = "Calls that wait for a person: the inbox, approve and reject"),
         (name = "workers", description = "The worker protocol: claim, heartbeat and complete the steps of `worker` sessions"),
     )
 )]
@@ -524,8 +527,40 @@ pub fn bounds() -> Vec<Bound> {
         "^[0-9]{1,18}_[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"
             .into(),
     ));
+    // The approvals inbox's cursor: micros, `_`, the session, `_`, the call.
+    out.push((
+        format!("{}/cursor", query_parameters("/api/autonomous/approvals")),
+        "pattern",
+        "^[0-9]{1,18}_[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}_[0-9]{1,19}[.][0-9]{1,10}$"
+            .into(),
+    ));
+    out.push((
+        format!(
+            "/paths/{}/post/parameters/1/schema",
+            json_pointer_escape("/api/autonomous/{id}/approvals/{call_id}")
+        ),
+        "pattern",
+        super::approvals::CALL_ID_PATTERN.into(),
+    ));
+    out.push((
+        prop("DecideApproval", "message"),
+        "maxLength",
+        super::approvals::MAX_MESSAGE_CHARS.into(),
+    ));
+    let rules = prop("ApprovalPolicy", "tools");
+    out.push((
+        rules.clone(),
+        "maxProperties",
+        crate::policy::approval::MAX_TOOL_RULES.into(),
+    ));
+    out.push((
+        format!("{rules}/propertyNames"),
+        "pattern",
+        crate::policy::approval::TOOL_RULE_PATTERN.into(),
+    ));
     for (path, max) in [
         ("/api/autonomous", MAX_LIST_LIMIT),
+        ("/api/autonomous/approvals", MAX_LIST_LIMIT),
         ("/api/autonomous/{id}/iterations", MAX_PAGE_LIMIT),
         ("/api/autonomous/{id}/checkpoints", MAX_PAGE_LIMIT),
         ("/api/autonomous/{id}/events", MAX_PAGE_LIMIT),

@@ -41,7 +41,7 @@ pub fn router() -> Router<AppState> {
 }
 
 /// The status document of a session, priced.
-fn view(state: &AppState, session: crate::store::Session) -> SessionView {
+pub(super) fn view(state: &AppState, session: crate::store::Session) -> SessionView {
     let step = state.service.step_in_flight(session.id);
     SessionView::from(session)
         .priced(state.service.token_price())
@@ -206,6 +206,7 @@ pub async fn get_session(
             .await?
             .map(|(queue, since)| super::views::WaitingForWorker { queue, since });
     }
+    show_pending_approvals(&state, &mut doc, &caller.scope).await?;
     doc.velocity = Some(
         velocity
             .into_iter()
@@ -218,6 +219,28 @@ pub async fn get_session(
         HeaderValue::from_static(if from_memory { "memory" } else { "database" }),
     );
     Ok((headers, Json(doc)))
+}
+
+/// Shows the calls a session paused with `approval_required` waits on; a
+/// plain resume is not among its actions while they wait.
+pub(super) async fn show_pending_approvals(
+    state: &AppState,
+    doc: &mut SessionView,
+    scope: &crate::store::TenantScope,
+) -> ApiResult<()> {
+    use crate::policy::lifecycle::{Action, Reason, Status};
+    if doc.status != Status::Paused || doc.reason != Some(Reason::ApprovalRequired) {
+        return Ok(());
+    }
+    doc.pending_approvals = state
+        .service
+        .store()
+        .waiting_approvals_of(doc.id, scope)
+        .await?;
+    if !doc.pending_approvals.is_empty() {
+        doc.allowed_actions.retain(|a| *a != Action::Resume);
+    }
+    Ok(())
 }
 
 /// Response header of `GET /{id}`: `memory` when the replica running the

@@ -221,6 +221,11 @@ pub struct SessionView {
     /// on `GET /{id}` only); after the executor's `worker_wait_timeout_ms`
     /// the session pauses with reason `no_worker`.
     pub waiting_for_worker: Option<WaitingForWorker>,
+    /// The calls that wait for a person's approval (reason
+    /// `approval_required`; on `GET /{id}` and decisions only): the tool,
+    /// its arguments and the agent's reason, and the `call_id` to decide on.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub pending_approvals: Vec<crate::store::Approval>,
 }
 
 impl SessionView {
@@ -392,6 +397,7 @@ impl From<Session> for SessionView {
             committed_at: None,
             stop_lands_by: None,
             waiting_for_worker: None,
+            pending_approvals: Vec::new(),
         }
     }
 }

@@ -122,11 +122,13 @@ pub enum Reason {
     ReviewRequired,
     /// No worker claimed the step's task within the executor's `worker_wait_timeout_ms`.
     NoWorker,
+    /// A tool call (or an agent's action) waits for a person's approval.
+    ApprovalRequired,
 }
 
 impl Reason {
     /// Every reason.
-    pub const ALL: [Reason; 24] = [
+    pub const ALL: [Reason; 25] = [
         Reason::GoalAchieved,
         Reason::AgentBlocked,
         Reason::AskUser,
@@ -151,6 +153,7 @@ impl Reason {
         Reason::SecretUnreadable,
         Reason::ReviewRequired,
         Reason::NoWorker,
+        Reason::ApprovalRequired,
     ];
 
     /// The snake_case name stored in Postgres and shown in JSON.
@@ -180,6 +183,7 @@ impl Reason {
             Reason::SecretUnreadable => "secret_unreadable",
             Reason::ReviewRequired => "review_required",
             Reason::NoWorker => "no_worker",
+            Reason::ApprovalRequired => "approval_required",
         }
     }
 
@@ -202,7 +206,8 @@ impl Reason {
             | Reason::ReflectionFailed
             | Reason::BudgetProjectedOverrun
             | Reason::ReviewRequired
-            | Reason::NoWorker => Status::Paused,
+            | Reason::NoWorker
+            | Reason::ApprovalRequired => Status::Paused,
             Reason::CoherenceLow
             | Reason::Timeout
             | Reason::MaxIterations
@@ -599,6 +604,7 @@ mod tests {
             BudgetProjectedOverrun,
             ReviewRequired,
             NoWorker,
+            ApprovalRequired,
         ] {
             expect(r, Status::Paused);
         }

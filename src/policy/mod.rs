@@ -3,6 +3,7 @@
 //! be tested exhaustively and replayed from stored data.
 
 pub mod ambiguity;
+pub mod approval;
 pub mod budget;
 pub mod checklist;
 pub mod eta;

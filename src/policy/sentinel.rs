@@ -15,6 +15,8 @@ pub enum SignalKind {
     Blocked,
     /// The agent asks the user a question (a loop-breaking tool).
     AskUser,
+    /// A call of the step waits for a person's approval.
+    ApprovalRequired,
 }
 
 /// A signal from the agent: a sentinel in its output or a loop-breaking tool.

@@ -168,6 +168,16 @@ pub fn record(reason: Reason, facts: Facts<'_>) -> Termination {
                 format!("{resume} once a worker runs; the step is offered again"),
             ],
         ),
+        Reason::ApprovalRequired => (
+            with_detail(
+                format!("Paused: a call waits for a person's approval {ran}"),
+                facts.detail,
+            ),
+            vec![
+                "See what waits in `pending_approvals` of GET /api/autonomous/{id}, or GET /api/autonomous/approvals".into(),
+                "Approve or reject it with POST /api/autonomous/{id}/approvals/{call_id}; the session continues the same step".into(),
+            ],
+        ),
         Reason::BudgetExhausted => (
             with_detail(format!("Stopped: a budget ran out {ran}"), facts.detail),
             vec![format!("{resume} with a higher limit")],

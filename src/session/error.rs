@@ -61,6 +61,33 @@ pub enum ServiceError {
     /// An archive file could not be written or read.
     #[error("archive: {0}")]
     Archive(String),
+    /// No call of that name waits in that session (or the session is not
+    /// the caller's): answered exactly like a missing session.
+    #[error("session {session_id} has no call {call_id} waiting for approval")]
+    ApprovalNotFound {
+        /// The session.
+        session_id: Uuid,
+        /// The call named.
+        call_id: String,
+    },
+    /// The call was decided already; a decision is never changed.
+    #[error("call {call_id} was decided already ({decision})")]
+    AlreadyDecided {
+        /// The call.
+        call_id: String,
+        /// The earlier decision.
+        decision: &'static str,
+    },
+    /// A resume while calls still wait for a decision.
+    #[error(
+        "{waiting} call(s) wait for approval; approve or reject them with POST /api/autonomous/{session_id}/approvals/{{call_id}} and the session continues"
+    )]
+    ApprovalsWaiting {
+        /// The session.
+        session_id: Uuid,
+        /// How many.
+        waiting: i64,
+    },
     /// The service is shutting down or could not start the loop.
     #[error("{0}")]
     Unavailable(String),

@@ -5,8 +5,8 @@ use futures::FutureExt;
 use futures::future::BoxFuture;
 use serde_json::Value;
 
-use crate::executor::{TaskQueue, ToolJournal};
-use crate::store::{Lease, Store, Task, TaskWrite};
+use crate::executor::{ApprovalAsk, ApprovalDesk, DecidedCall, TaskQueue, ToolJournal};
+use crate::store::{Lease, NewApproval, Store, Task, TaskWrite};
 
 /// Journals the tool calls of the session `lease` is for.
 pub struct StoreJournal {
@@ -98,6 +98,82 @@ impl ToolJournal for StoreJournal {
                 .journal_result(&self.lease, number(iteration), index(call), &result)
                 .await
                 .map_err(|e| e.to_string())
+        }
+        .boxed()
+    }
+}
+
+/// Asks for approvals of the session `lease` is for, and reads the decisions.
+pub struct StoreApprovalDesk {
+    store: Store,
+    lease: Lease,
+    timeout_ms: u64,
+}
+
+impl StoreApprovalDesk {
+    /// A desk writing under `lease`; asked calls expire after `timeout`.
+    pub fn new(store: Store, lease: Lease, timeout: std::time::Duration) -> StoreApprovalDesk {
+        StoreApprovalDesk {
+            store,
+            lease,
+            timeout_ms: u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
+        }
+    }
+}
+
+impl ApprovalDesk for StoreApprovalDesk {
+    fn ask<'a>(
+        &'a self,
+        iteration: u64,
+        ask: &'a ApprovalAsk,
+    ) -> BoxFuture<'a, Result<(), String>> {
+        async move {
+            let (mut tool, arguments) = storable(&ask.tool, &ask.arguments);
+            let mut reason = ask.reason.clone();
+            let mut tool_call_id = ask.tool_call_id.clone();
+            for text in [&mut tool, &mut reason]
+                .into_iter()
+                .chain(tool_call_id.as_mut())
+            {
+                super::storable::strip_nul(text);
+            }
+            let new = NewApproval {
+                iteration: number(iteration),
+                call_index: index(ask.call_index),
+                tool_call_id,
+                tool,
+                arguments,
+                reason,
+                timeout_ms: self.timeout_ms,
+            };
+            self.store
+                .request_approval(&self.lease, &new)
+                .await
+                .map_err(|e| e.to_string())
+        }
+        .boxed()
+    }
+
+    fn decided(&self, iteration: u64) -> BoxFuture<'_, Result<Vec<DecidedCall>, String>> {
+        async move {
+            let rows = self
+                .store
+                .decided_calls(&self.lease, number(iteration))
+                .await
+                .map_err(|e| e.to_string())?;
+            Ok(rows
+                .into_iter()
+                .filter_map(|a| {
+                    Some(DecidedCall {
+                        call_index: u32::try_from(a.call_index).ok()?,
+                        tool_call_id: a.tool_call_id,
+                        tool: a.tool,
+                        arguments: a.arguments,
+                        decision: a.decision?,
+                        message: a.message,
+                    })
+                })
+                .collect())
         }
         .boxed()
     }

@@ -5,6 +5,7 @@
 //! both `service` and `supervisor` rebuild sessions through `rehydrate`; the
 //! HTTP layer reads through `reads` and acts through `service`.
 
+pub mod approvals;
 pub mod archive;
 mod error;
 pub mod event_codec;

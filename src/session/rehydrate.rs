@@ -8,7 +8,7 @@ use sqlx::PgConnection;
 use uuid::Uuid;
 
 use super::error::{Result, ServiceError};
-use super::journal::{StoreJournal, StoreTaskQueue};
+use super::journal::{StoreApprovalDesk, StoreJournal, StoreTaskQueue};
 use super::state::{AppliedReflection, LoopState, StepEffects};
 use crate::config::Config;
 use crate::executor::{
@@ -141,6 +141,11 @@ pub async fn build_executor(
         max_output_bytes: config.quotas.max_output_bytes,
         workspace_limits: crate::executor::workspace::Limits::from_quotas(&config.quotas),
         journal: Arc::new(StoreJournal::new(store.clone(), lease)),
+        approvals: Arc::new(StoreApprovalDesk::new(
+            store.clone(),
+            lease,
+            config.approval_timeout,
+        )),
         transcript,
         tasks: Arc::new(StoreTaskQueue::new(store.clone(), lease)),
         cycle: u32::try_from(session.cycle).unwrap_or(1),

@@ -25,6 +25,7 @@ use crate::event::{RefinementProposal, SessionEvent};
 use crate::executor::ExecutorSpec;
 use crate::llm::LlmClient;
 use crate::policy::ambiguity;
+use crate::policy::approval::Decision;
 use crate::policy::checklist::{self, ChecklistItem};
 use crate::policy::fleet::{self, OwnerWatch};
 use crate::policy::guardrails::{self, Breach, Limits, LimitsPatch};
@@ -1151,6 +1152,33 @@ impl SessionService {
         };
         lifecycle::check_writable(action, session.status, session.imported_at.is_some())?;
         lifecycle::check_resume(session.status, req.reopen)?;
+        let waiting = store::count_waiting_approvals(&mut tx, id, scope).await?;
+        if waiting > 0 {
+            return Err(ServiceError::ApprovalsWaiting {
+                session_id: id,
+                waiting,
+            });
+        }
+        self.resume_locked(tx, session, scope, req, Vec::new())
+            .await
+    }
+
+    /// Resumes a session whose row `tx` holds locked; `leading` events are
+    /// logged before the resume's own.
+    async fn resume_locked(
+        &self,
+        mut tx: Transaction<'static, Postgres>,
+        session: Session,
+        scope: &TenantScope,
+        req: ResumeSession,
+        leading: Vec<SessionEvent>,
+    ) -> Result<Session> {
+        let id = session.id;
+        let guidance = req
+            .guidance
+            .as_deref()
+            .map(str::trim)
+            .filter(|g| !g.is_empty());
         persist::check_tenant_room(
             &mut tx,
             &session.tenant,
@@ -1177,7 +1205,7 @@ impl SessionService {
                 limit,
             });
         }
-        let mut events = Vec::new();
+        let mut events = leading;
         if limits != session.limits.0 {
             events.push(SessionEvent::LimitsChanged {
                 from: session.limits.0,
@@ -1254,6 +1282,73 @@ impl SessionService {
         }
         self.store.set_tenant_retention(tenant, retention).await?;
         Ok(())
+    }
+
+    /// Records a decision on a call that waits for approval. When it was
+    /// the last call the session waited on, the session continues its
+    /// step at once (as a resume would); `decided_by` is the key's actor,
+    /// or `None` for an expiry.
+    #[tracing::instrument(skip(self, message))]
+    pub async fn decide_approval(
+        &self,
+        id: Uuid,
+        scope: &TenantScope,
+        call_id: &str,
+        decision: Decision,
+        decided_by: Option<&str>,
+        message: Option<&str>,
+    ) -> Result<Session> {
+        let message = message.map(str::trim).filter(|m| !m.is_empty());
+        if let Some(m) = message
+            && m.chars().count() > MAX_GUIDANCE_CHARS
+        {
+            return Err(ServiceError::Invalid(format!(
+                "message must be at most {MAX_GUIDANCE_CHARS} characters, got {}",
+                m.chars().count()
+            )));
+        }
+        let mut tx = self.store.begin().await?;
+        let session = store::lock_session(&mut tx, id, scope)
+            .await?
+            .ok_or(ServiceError::NotFound(id))?;
+        let approval = match store::decide_approval(
+            &mut tx, id, scope, call_id, decision, decided_by, message,
+        )
+        .await?
+        {
+            store::Decided::Recorded(approval) => approval,
+            store::Decided::Already(earlier) => {
+                return Err(ServiceError::AlreadyDecided {
+                    call_id: earlier.call_id,
+                    decision: earlier.decision.map_or("decided", Decision::as_str),
+                });
+            }
+            store::Decided::Missing => {
+                return Err(ServiceError::ApprovalNotFound {
+                    session_id: id,
+                    call_id: call_id.to_string(),
+                });
+            }
+        };
+        let decided = SessionEvent::ApprovalDecided {
+            call_id: approval.call_id,
+            tool: approval.tool,
+            decision,
+            decided_by: decided_by.map(str::to_string),
+            message: message.map(str::to_string),
+        };
+        let waiting = store::count_waiting_approvals(&mut tx, id, scope).await?;
+        let continues = waiting == 0
+            && session.status == Status::Paused
+            && session.reason == Some(Reason::ApprovalRequired);
+        if continues {
+            return self
+                .resume_locked(tx, session, scope, ResumeSession::default(), vec![decided])
+                .await;
+        }
+        store::append_events(&mut tx, id, &event_codec::encode(&[decided])?).await?;
+        self.commit(tx, id).await?;
+        self.get(id, scope).await
     }
 
     /// Deletes an ended session with its whole history, then its workspace.

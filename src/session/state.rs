@@ -260,6 +260,7 @@ impl LoopState {
                     SignalKind::Done => Reason::GoalAchieved,
                     SignalKind::Blocked => Reason::AgentBlocked,
                     SignalKind::AskUser => Reason::AskUser,
+                    SignalKind::ApprovalRequired => Reason::ApprovalRequired,
                 },
                 detail: signal.reason.clone(),
                 review_pending: signal.kind == SignalKind::Done,

@@ -17,6 +17,7 @@
 //! (an in-process channel on the embedded server); `embedded` runs that server;
 //! `queue` claims the sessions that wait for a replica with capacity.
 
+mod approvals;
 pub mod archive;
 mod batch;
 mod checkpoints;
@@ -47,6 +48,10 @@ mod tasks;
 pub(crate) mod testing;
 mod worker_tasks;
 
+pub use approvals::{
+    Approval, ApprovalCursor, Decided, NewApproval, call_id as approval_call_id,
+    count_waiting as count_waiting_approvals, decide as decide_approval,
+};
 pub use connection::is_unavailable;
 pub use control_channel::{
     BadControlNote, CONTROL_CHANNEL, ControlAction, ControlNote, KEYS_CHANNEL,

@@ -7,6 +7,7 @@
 
 mod common;
 
+mod approvals;
 mod auth;
 mod connections;
 mod control;

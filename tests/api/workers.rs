@@ -498,3 +498,52 @@ async fn an_unclaimed_step_shows_waiting_then_pauses_for_no_worker() {
     assert_eq!(status, StatusCode::OK);
     assert_eq!(app.wait_settled(&id).await["status"], "completed");
 }
+
+#[tokio::test]
+async fn a_worker_asks_approval_for_an_action_and_its_next_task_carries_the_rejection() {
+    let db = TestDb::new().await;
+    let app = TestApp::spawn(db.pool.clone()).await;
+    let worker = Worker::new(
+        &app,
+        &worker_key(&app, common::TEST_TENANT, &["deploys"]).await,
+    );
+    let id = worker_session(&app, "deploys", json!({})).await;
+
+    let task = worker.claim(5_000).await.expect("a task");
+    assert!(task["context"].get("approval").is_none(), "{task}");
+    let asks = json!({ "outcome": {
+        "action": "build", "tokens": 5, "output": "built",
+        "approval": { "action": "deploy", "arguments": { "env": "prod" }, "reason": "tests pass" }
+    } });
+    let (status, body) = worker.task(&task, "complete", asks).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let s = app
+        .wait_until(&id, Duration::from_secs(30), |s| {
+            s["reason"] == "approval_required"
+        })
+        .await;
+    assert_eq!(s["pending_approvals"][0]["tool"], "deploy", "{s}");
+
+    let (status, body) = app
+        .post(
+            &format!("/api/autonomous/{id}/approvals/1.0"),
+            Some(json!({ "decision": "reject", "message": "freeze week" })),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let next = worker.claim(10_000).await.expect("the next step");
+    assert_eq!(next["iteration"], 2);
+    assert_eq!(
+        next["context"]["approval"],
+        json!({ "action": "deploy", "arguments": { "env": "prod" },
+                "decision": "reject", "message": "freeze week" })
+    );
+    let skip = json!({ "outcome": {
+        "action": "skip_deploy", "tokens": 5, "output": "not deployed",
+        "signal": "done", "reason": "built; deploy was rejected"
+    } });
+    let (status, _) = worker.task(&next, "complete", skip).await;
+    assert_eq!(status, StatusCode::OK);
+    let s = app.wait_settled(&id).await;
+    assert_eq!(s["status"], "completed", "{s}");
+}

@@ -782,6 +782,9 @@ pub fn valid_body(method: &reqwest::Method, template: &str) -> Option<Value> {
         ("POST", "/api/autonomous/{id}/refinement") => {
             Some(json!({ "choice": "custom", "goal": "Write the changelog" }))
         }
+        ("POST", "/api/autonomous/{id}/approvals/{call_id}") => {
+            Some(json!({ "decision": "approve" }))
+        }
         _ => None,
     }
 }

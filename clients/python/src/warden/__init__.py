@@ -4,6 +4,8 @@ that runs any Python function as a supervised agent's steps."""
 from .client import ROUTES, Client, backoff_delay
 from .errors import Cancelled, StepError, WardenError, WardenUnavailable
 from .types import (
+    ActionApproval,
+    ApprovalOutcome,
     ClaimedTask,
     HeartbeatAnswer,
     HistoryItem,
@@ -17,6 +19,8 @@ from .worker import StepFn, Task, Worker
 
 __all__ = [
     "ROUTES",
+    "ActionApproval",
+    "ApprovalOutcome",
     "Cancelled",
     "ClaimedTask",
     "Client",

@@ -42,6 +42,8 @@ ROUTES: Final[dict[str, tuple[str, str]]] = {
     "pause_session": ("POST", "/api/autonomous/{id}/pause"),
     "resume_session": ("POST", "/api/autonomous/{id}/resume"),
     "refine_session": ("POST", "/api/autonomous/{id}/refinement"),
+    "list_approvals": ("GET", "/api/autonomous/approvals"),
+    "decide_approval": ("POST", "/api/autonomous/{id}/approvals/{call_id}"),
     "list_iterations": ("GET", "/api/autonomous/{id}/iterations"),
     "list_events": ("GET", "/api/autonomous/{id}/events"),
     "list_keys": ("GET", "/api/keys"),
@@ -313,6 +315,22 @@ class Client:
         if max_wall_time_ms is not None:
             body["max_wall_time_ms"] = max_wall_time_ms
         return cast(Session, self.request("refine_session", path={"id": session_id}, body=body))
+
+    def list_approvals(self, *, limit: int | None = None, cursor: str | None = None) -> dict[str, Any]:
+        """One page of the calls waiting for a person across the tenant, oldest first."""
+        return cast(dict[str, Any], self.request("list_approvals", params={"limit": limit, "cursor": cursor}))
+
+    def decide_approval(
+        self, session_id: str, call_id: str, decision: str, *, message: str | None = None
+    ) -> Session:
+        """Approves (``approve``) or rejects (``reject``) a waiting call; the session continues its step."""
+        body: dict[str, Any] = {"decision": decision}
+        if message is not None:
+            body["message"] = message
+        return cast(
+            Session,
+            self.request("decide_approval", path={"id": session_id, "call_id": call_id}, body=body),
+        )
 
     def iterations(
         self, session_id: str, *, after: int | None = None, limit: int | None = None, full: bool | None = None

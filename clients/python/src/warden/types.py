@@ -123,6 +123,23 @@ class HistoryItem(TypedDict):
     output: str
 
 
+class ActionApproval(TypedDict, total=False):
+    """An action the agent asks a person to approve before doing it; only ``action`` is required."""
+
+    action: str
+    arguments: dict[str, Any]
+    reason: str
+
+
+class ApprovalOutcome(TypedDict, total=False):
+    """The decision on the action the previous step asked approval for."""
+
+    action: str
+    arguments: dict[str, Any]
+    decision: Literal["approve", "reject", "expired"]
+    message: str | None
+
+
 class StepContext(TypedDict, total=False):
     """What an agent is given for a step (``WebhookRequest``)."""
 
@@ -133,6 +150,7 @@ class StepContext(TypedDict, total=False):
     nudge: str | None
     token_allowance: int
     history: list[HistoryItem]
+    approval: ApprovalOutcome
 
 
 class Outcome(TypedDict, total=False):
@@ -148,6 +166,7 @@ class Outcome(TypedDict, total=False):
     reason: str | None
     percent_complete: float | None
     waiting: bool
+    approval: ActionApproval
 
 
 class ClaimedTask(TypedDict, total=False):

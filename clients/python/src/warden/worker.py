@@ -17,7 +17,7 @@ from typing import Any
 
 from .client import Client, backoff_delay
 from .errors import Cancelled, StepError, WardenError, WardenUnavailable
-from .types import ClaimedTask, HistoryItem, Outcome, StepContext
+from .types import ApprovalOutcome, ClaimedTask, HistoryItem, Outcome, StepContext
 
 log = logging.getLogger("warden.worker")
 
@@ -79,6 +79,11 @@ class Task:
     def nudge(self) -> str | None:
         """A supervisor's note (stuck nudge, reviewer feedback), delivered once."""
         return self.context.get("nudge")
+
+    @property
+    def approval(self) -> ApprovalOutcome | None:
+        """The decision on the action the previous step asked approval for: do it only when ``decision`` is ``approve``."""
+        return self.context.get("approval")
 
     @property
     def token_allowance(self) -> int | None:

@@ -2,6 +2,7 @@
 //! document and the docs page. Handlers only translate between HTTP and the
 //! session service.
 
+mod assets;
 mod auth;
 pub mod error;
 pub mod event_stream;
@@ -167,7 +168,7 @@ pub fn router(state: AppState, max_body_bytes: usize, limits: RequestLimits) -> 
         .nest("/api/workers", workers)
         .merge(health::router())
         .merge(openapi::router())
-        .route("/", axum::routing::get(dashboard))
+        .merge(assets::router())
         // Every route, health and docs included, answers a wrong method with a problem.
         .method_not_allowed_fallback(|| async { ApiError::method_not_allowed() })
         .fallback(|| async { ApiError::no_route() })
@@ -190,11 +191,6 @@ pub fn router(state: AppState, max_body_bytes: usize, limits: RequestLimits) -> 
                 tracing::info_span!("request", method = %req.method(), path = %req.uri().path())
             }),
         )
-}
-
-/// The web dashboard: one self-contained page (no CDN) over the public API.
-async fn dashboard() -> axum::response::Html<&'static str> {
-    axum::response::Html(include_str!("../../web/index.html"))
 }
 
 /// How long in-flight requests may take to finish at shutdown.

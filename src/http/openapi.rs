@@ -36,6 +36,7 @@ use crate::session::service::{MAX_GOAL_CHARS, MAX_GUIDANCE_CHARS};
     paths(
         super::sessions::create_session,
         super::sessions::list_sessions,
+        super::sessions::count_sessions,
         super::sessions::get_session,
         super::sessions::update_session,
         super::sessions::delete_session,
@@ -474,6 +475,15 @@ pub fn bounds() -> Vec<Bound> {
         "^[0-9]{1,18}_[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"
             .into(),
     ));
+    for path in ["/api/autonomous", "/api/autonomous/counts"] {
+        let q = format!("{}/q", query_parameters(path));
+        out.push((
+            q.clone(),
+            "maxLength",
+            super::views::MAX_GOAL_FILTER_CHARS.into(),
+        ));
+        out.push((q, "pattern", super::views::GOAL_FILTER_PATTERN.into()));
+    }
     for (path, max) in [
         ("/api/autonomous", MAX_LIST_LIMIT),
         ("/api/autonomous/{id}/iterations", MAX_PAGE_LIMIT),

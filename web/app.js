@@ -571,7 +571,7 @@ function drawCharts() {
     charts.push(new uPlot({
       width, height: 200,
       scales: { x: { time: false } },
-      axes: [{ label: "step" }, { label: "tokens per step" }, { side: 1, scale: "cum", label: "cumulative", grid: { show: false } }],
+      axes: [{ label: "step", incrs: [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000] }, { label: "tokens per step" }, { side: 1, scale: "cum", label: "cumulative", grid: { show: false } }],
       series: [{ label: "step" },
         { label: "per step", stroke: "#2457c5", fill: "rgba(36,87,197,.25)", paths: uPlot.paths.bars({ size: [0.6, 40] }) },
         { label: "cumulative", stroke: "#1a7f37", width: 2, scale: "cum" },

@@ -69,6 +69,9 @@ use crate::session::service::{MAX_GOAL_CHARS, MAX_GUIDANCE_CHARS};
     components(schemas(
         super::views::EventView,
         super::views::SessionView,
+        super::views::ExecutorKind,
+        super::views::SortKey,
+        super::views::SortOrder,
         crate::executor::WebhookRequest,
         crate::executor::WebhookResponse,
         crate::executor::WebhookHistoryItem,

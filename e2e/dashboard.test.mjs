@@ -1,7 +1,10 @@
 // The dashboard in a real browser (Debian's headless Chromium, driven by
 // Playwright) against the real server and Postgres: create a scripted session
 // from the form, watch it move, stop it, resume it, see it finish; watch a
-// long step tick; see a worker session wait for its worker.
+// long step tick; filter the list by deep link; create from the form's
+// fields; open an iteration, the decisions, the timeline, the charts and
+// "why it ended"; read it all on a phone; see a worker session wait for its
+// worker.
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
 import { mkdirSync } from "node:fs";
@@ -93,6 +96,8 @@ test("create from the form, watch it live, stop, resume, finish", async () => {
   await page.selectOption("#mode", "fixed");
   await page.fill("#max-iterations", "40");
   await page.selectOption("#executor-kind", "scripted");
+  // The JSON box is the "advanced" way, behind a disclosure.
+  await page.click("#advanced summary");
   await page.fill("#executor-config", JSON.stringify(script, null, 2));
   await page.screenshot({ path: shots + "01-create-form.png", fullPage: true });
   await page.click("#create-btn");
@@ -243,6 +248,215 @@ test("a long step shows a moving timer and an ETA; an ended session offers no Re
   assert.ok(await page.isDisabled("#resume-btn"), "a completed session cannot be resumed");
   assert.ok(await page.isDisabled("#stop-btn"));
   assert.deepEqual(pageErrors, []);
+});
+
+/** POST /api/autonomous with the operator key; the created session. */
+async function createSession(body) {
+  const res = await fetch(baseUrl + "/api/autonomous", {
+    method: "POST",
+    headers: { "content-type": "application/json", authorization: `Bearer ${key}` },
+    body: JSON.stringify(body),
+  });
+  assert.equal(res.status, 201, await res.clone().text());
+  return res.json();
+}
+
+/** Waits (polling the API, not sleeping) until the session has ended. */
+async function ended(id, timeoutMs = 30_000) {
+  const deadline = Date.now() + timeoutMs;
+  for (;;) {
+    const s = await (await fetch(`${baseUrl}/api/autonomous/${id}`, { headers: { authorization: `Bearer ${key}` } })).json();
+    if (["completed", "stopped", "interrupted", "failed", "paused"].includes(s.status)) return s;
+    assert.ok(Date.now() < deadline, `session ${id} still ${s.status}`);
+    await new Promise((r) => setTimeout(r, 200));
+  }
+}
+
+const quick = (n, done) => ({
+  kind: "scripted",
+  steps: [
+    ...Array.from({ length: n }, (_, i) => ({
+      action: `write_part_${i + 1}`,
+      arguments: { path: `part${i + 1}.md`, content: `part ${i + 1}` },
+      tokens: 10 * (i + 1),
+      output: `wrote part ${i + 1}`,
+    })),
+    ...(done ? [{ action: "report", tokens: 5, output: "<<WARDEN_GOAL_DONE: all parts written>>" }] : []),
+  ],
+});
+
+test("the list filters, sorts and pages by deep link, with live counts per status", async () => {
+  const tag = "zebra" + Date.now().toString(36);
+  const a = await createSession({ goal: `Write the ${tag} report`, mode: "fixed", executor: quick(1, true) });
+  const b = await createSession({ goal: `Proofread the ${tag} report`, mode: "continuous", executor: quick(1, true) });
+  const c = await createSession({ goal: `Draft the ${tag} notes`, mode: "fixed", executor: quick(1, true) });
+  await Promise.all([a, b, c].map((s) => ended(s.id)));
+
+  // Text and mode from the URL: only the fixed-mode reports.
+  await page.goto(`${baseUrl}/#/?q=${tag}%20report&mode=fixed`);
+  await page.waitForSelector(`#sessions tr[data-id="${a.id}"]`);
+  const ids = await page.$$eval("#sessions tr[data-id]", (rows) => rows.map((r) => r.dataset.id));
+  assert.deepEqual(ids, [a.id], "only the matching session is listed");
+  assert.equal(await page.inputValue("#f-q"), `${tag} report`, "the form shows the URL's filters");
+  assert.equal(await page.inputValue("#f-mode"), "fixed");
+  // Counts per status under the same filters; "completed" links to the status filter.
+  await page.waitForSelector('#counts a[data-status="completed"]');
+  assert.equal(await page.textContent('#counts a[data-status="completed"] [data-count]'), "1");
+  await page.screenshot({ path: shots + "10-list-filtered.png", fullPage: true });
+
+  // Oldest first, one a page: next and previous walk the cursor pages.
+  await page.goto(`${baseUrl}/#/?q=${tag}&status=completed&order=asc&limit=1`);
+  await page.waitForSelector(`#sessions tr[data-id="${a.id}"]`);
+  assert.equal(await page.inputValue("#f-order"), "asc");
+  assert.equal(await page.inputValue("#f-status"), "completed");
+  await page.click("#next-page");
+  await page.waitForSelector(`#sessions tr[data-id="${b.id}"]`);
+  await page.click("#next-page");
+  await page.waitForSelector(`#sessions tr[data-id="${c.id}"]`);
+  await page.click("#prev-page");
+  await page.waitForSelector(`#sessions tr[data-id="${b.id}"]`);
+  await page.click("#prev-page");
+  await page.waitForSelector(`#sessions tr[data-id="${a.id}"]`);
+  assert.ok(await page.isHidden("#prev-page"), "no previous page before the first");
+
+  // The filter form writes the URL: newest first by update time, executor kind.
+  await page.selectOption("#f-order", "desc");
+  await page.selectOption("#f-sort", "updated");
+  await page.selectOption("#f-executor", "scripted");
+  await page.fill("#f-q", `${tag} notes`);
+  await page.click("#filter-form button[type=submit]");
+  await page.waitForURL(/sort=updated/);
+  assert.match(page.url(), /executor=scripted/);
+  await page.waitForFunction((id) => {
+    const rows = [...document.querySelectorAll("#sessions tr[data-id]")];
+    return rows.length === 1 && rows[0].dataset.id === id;
+  }, c.id);
+  assert.deepEqual(pageErrors, []);
+});
+
+test("create from the form's fields: executor steps, limits, criteria", async () => {
+  await page.goto(`${baseUrl}/#/new`);
+  await page.waitForSelector("#create-form");
+  await page.fill("#goal", "Write CHANGELOG.md from the form fields");
+  await page.selectOption("#mode", "fixed");
+  await page.fill("#max-tokens", "5000");
+  await page.selectOption("#executor-kind", "scripted");
+  // Edit the first step, drop the others, add a last one.
+  const steps = page.locator("#steps-editor .step");
+  while ((await steps.count()) > 1) await steps.nth(1).locator(".st-remove").click();
+  await steps.nth(0).locator(".st-action").fill("write_changelog");
+  await steps.nth(0).locator(".st-tokens").fill("40");
+  await steps.nth(0).locator(".st-output").fill("wrote CHANGELOG.md");
+  await page.click("#add-step-btn");
+  await steps.nth(1).locator(".st-action").fill("report");
+  await steps.nth(1).locator(".st-tokens").fill("5");
+  await steps.nth(1).locator(".st-output").fill("<<WARDEN_GOAL_DONE: changelog written>>");
+  await page.fill("#criteria-input", "CHANGELOG.md exists\nIt lists every release");
+  // Other kinds show their own fields.
+  await page.selectOption("#executor-kind", "webhook");
+  assert.ok(await page.isVisible("#webhook-url"));
+  assert.ok(await page.isHidden("#steps-editor"));
+  await page.selectOption("#executor-kind", "llm");
+  assert.ok(await page.isVisible("#llm-model") && (await page.isVisible("#llm-base-url")));
+  await page.selectOption("#executor-kind", "scripted");
+  await page.screenshot({ path: shots + "11-create-fields.png", fullPage: true });
+  await page.click("#create-btn");
+  await page.waitForURL(/#\/s\/[0-9a-f-]{36}$/);
+  const id = page.url().split("/s/")[1];
+  await page.waitForFunction(() => document.querySelector("#status")?.textContent === "completed", null, { timeout: 30_000 });
+  const s = await (await fetch(`${baseUrl}/api/autonomous/${id}`, { headers: { authorization: `Bearer ${key}` } })).json();
+  assert.equal(s.mode, "fixed");
+  assert.equal(s.limits.max_tokens, 5000);
+  assert.equal(s.executor.kind, "scripted");
+  assert.deepEqual(s.success_criteria.map((c) => c.text), ["CHANGELOG.md exists", "It lists every release"]);
+  assert.equal(await page.textContent("#tokens"), "45");
+  assert.deepEqual(pageErrors, []);
+});
+
+test("a session's views by deep link: iteration detail, decisions, timeline, charts, why it ended", async () => {
+  // Five steps against a three-iteration limit: the guardrail ends it.
+  const s = await createSession({ goal: "Write five chapters into book/", mode: "fixed", limits: { max_iterations: 3, max_tokens: 200 }, executor: quick(5, false) });
+  await ended(s.id);
+
+  // An iteration opened by its URL: action, arguments, result, tokens, duration.
+  await page.goto(`${baseUrl}/#/s/${s.id}/iterations/2`);
+  await page.waitForSelector("#it-detail-2 .iteration-detail");
+  const detail = (await page.textContent("#it-detail-2")) ?? "";
+  for (const part of ["write_part_2", "part2.md", "wrote part 2", "Tool calls", "Files changed", "Duration"]) {
+    assert.ok(detail.includes(part), `the detail shows ${part}: ${detail}`);
+  }
+  assert.equal(await page.getAttribute('#iteration-log tr[data-n="2"] button', "aria-expanded"), "true");
+  // Another opens with the keyboard and names itself in the URL.
+  await page.focus('#iteration-log tr[data-n="3"] button');
+  await page.keyboard.press("Enter");
+  await page.waitForSelector("#it-detail-3 .iteration-detail");
+  assert.match(page.url(), new RegExp(`#/s/${s.id}/iterations/3$`));
+
+  // Charts: tokens per step and cumulative against the budget, progress over time (uPlot canvases).
+  await page.waitForSelector("#tokens-chart canvas");
+  assert.equal(await page.getAttribute("#tokens-chart", "data-points"), "3");
+  await page.waitForSelector("#progress-chart canvas, #progress-chart:not(:empty)");
+  const legend = (await page.textContent("#tokens-chart")) ?? "";
+  assert.ok(/cumulative/.test(legend) && /budget/.test(legend), `the chart's legend names its series: ${legend}`);
+
+  // Why it ended: the decision (the guardrail) with its inputs, and what resume would do.
+  await page.waitForSelector("#why-ended:not([hidden])");
+  const why = (await page.textContent("#why-ended")) ?? "";
+  assert.match(why, /max_iterations/);
+  assert.match(why, /guardrail/);
+  assert.match(why, /usage/, "the decision's inputs are shown");
+  assert.match(await page.textContent("#resume-plan") ?? "", /new run/);
+  assert.ok(await page.isEnabled("#resume-btn"));
+  await page.screenshot({ path: shots + "12-session-overview.png", fullPage: true });
+
+  // Decisions: the guardrail with its usage and limits, and the gate's evaluations on request.
+  await page.goto(`${baseUrl}/#/s/${s.id}/decisions`);
+  await page.waitForSelector('#decisions tr[data-kind="guardrail_tripped"]');
+  assert.match((await page.textContent('#decisions tr[data-kind="guardrail_tripped"]')) ?? "", /max_iterations/);
+  await page.check("#include-continue");
+  await page.waitForSelector('#decisions tr[data-kind="gate_decision"]');
+  assert.match((await page.textContent('#decisions tr[data-kind="gate_decision"]')) ?? "", /metrics/);
+  assert.equal(await page.getAttribute('#tabs a[data-tab="decisions"]', "aria-current"), "page");
+  await page.screenshot({ path: shots + "13-decisions.png", fullPage: true });
+
+  // The timeline, reached from the tabs with the keyboard.
+  await page.focus('#tabs a[data-tab="timeline"]');
+  await page.keyboard.press("Enter");
+  await page.waitForURL(new RegExp(`#/s/${s.id}/timeline$`));
+  await page.waitForSelector('#timeline tr[data-kind="session_created"]');
+  const kinds = await page.$$eval("#timeline tr[data-kind]", (rows) => rows.map((r) => r.dataset.kind));
+  for (const kind of ["session_created", "iteration_completed", "guardrail_tripped", "status_changed"]) {
+    assert.ok(kinds.includes(kind), `the timeline has ${kind}: ${kinds}`);
+  }
+  await page.screenshot({ path: shots + "14-timeline.png", fullPage: true });
+
+  // Checkpoints: the one saved when it stopped.
+  await page.goto(`${baseUrl}/#/s/${s.id}/checkpoints`);
+  await page.waitForSelector("#checkpoints tr[data-id]");
+  assert.deepEqual(pageErrors, []);
+});
+
+test("readable on a phone: a 390 px viewport shows the list and a session without sideways scrolling", async () => {
+  const s = await createSession({ goal: "Write the phone-sized summary into SUMMARY.md", executor: quick(2, true) });
+  await ended(s.id);
+  const phone = await browser.newPage({ viewport: { width: 390, height: 844 }, isMobile: true, hasTouch: true });
+  const errors = [];
+  phone.on("pageerror", (err) => errors.push(err.message));
+  await phone.goto(baseUrl + "/");
+  await phone.evaluate((k) => sessionStorage.setItem("warden.key", k), key);
+  await phone.goto(`${baseUrl}/#/`);
+  await phone.waitForSelector(`#sessions tr[data-id="${s.id}"]`);
+  const listWidth = await phone.evaluate(() => document.documentElement.scrollWidth);
+  assert.ok(listWidth <= 392, `the list fits the phone (${listWidth} px)`);
+  await phone.screenshot({ path: shots + "15-phone-list.png", fullPage: true });
+  await phone.goto(`${baseUrl}/#/s/${s.id}`);
+  await phone.waitForFunction(() => document.querySelector("#status")?.textContent === "completed");
+  await phone.waitForSelector("#tokens-chart canvas");
+  const pageWidth = await phone.evaluate(() => document.documentElement.scrollWidth);
+  assert.ok(pageWidth <= 392, `the session page fits the phone (${pageWidth} px)`);
+  await phone.screenshot({ path: shots + "16-phone-session.png", fullPage: true });
+  await phone.close();
+  assert.deepEqual(errors, []);
 });
 
 test("a worker session waiting for a worker says so, and its queue shows the waiting task", async () => {

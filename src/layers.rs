@@ -94,6 +94,7 @@ const HTTP: &[(&str, u8)] = &[
     ("error", 0),
     ("views", 0),
     ("serve", 0),
+    ("assets", 1),
     ("auth", 1),
     ("extract", 1),
     ("health", 1),

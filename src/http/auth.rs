@@ -18,7 +18,7 @@ use axum::response::{IntoResponse, Response};
 /// What a request needs, decided from its method and path alone.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Access {
-    /// Health probes, the dashboard page and the API documents.
+    /// Health probes, the dashboard page and its files, the API documents.
     Open,
     /// `/metrics`: an admin key or `WARDEN_METRICS_TOKEN`.
     Metrics,
@@ -37,7 +37,8 @@ pub fn access(method: &Method, path: &str) -> Access {
     let read = matches!(*method, Method::GET | Method::HEAD);
     let open_path = matches!(path, "/" | "/healthz" | "/readyz" | "/openapi.json")
         || path == "/docs"
-        || path.starts_with("/docs/");
+        || path.starts_with("/docs/")
+        || path.starts_with("/assets/");
     if read && open_path {
         Access::Open
     } else if read && path == "/metrics" {
@@ -292,10 +293,12 @@ mod tests {
             (Method::GET, "/"),
             (Method::GET, "/openapi.json"),
             (Method::GET, "/docs/"),
+            (Method::GET, "/assets/app.js"),
         ] {
             assert_eq!(access(&m, p), Access::Open, "{m} {p}");
         }
         assert_eq!(access(&Method::POST, "/healthz"), Access::Write);
+        assert_eq!(access(&Method::POST, "/assets/app.js"), Access::Write);
         assert_eq!(access(&Method::GET, "/metrics"), Access::Metrics);
         assert_eq!(access(&Method::GET, "/api/keys"), Access::Admin);
         assert_eq!(access(&Method::DELETE, "/api/keys/x"), Access::Admin);

@@ -3,6 +3,7 @@
 //! session service.
 
 pub mod approvals;
+mod assets;
 mod auth;
 pub mod error;
 pub mod event_stream;
@@ -174,7 +175,7 @@ pub fn router(state: AppState, max_body_bytes: usize, limits: RequestLimits) -> 
         .nest("/api/retention", retention)
         .merge(health::router())
         .merge(openapi::router(&mcp_servers))
-        .route("/", axum::routing::get(dashboard))
+        .merge(assets::router())
         // Every route, health and docs included, answers a wrong method with a problem.
         .method_not_allowed_fallback(|| async { ApiError::method_not_allowed() })
         .fallback(|| async { ApiError::no_route() })
@@ -251,11 +252,6 @@ fn request_span<B>(req: &Request<B>) -> tracing::Span {
         crate::telemetry::continue_trace(&span, traceparent);
     }
     span
-}
-
-/// The web dashboard: one self-contained page (no CDN) over the public API.
-async fn dashboard() -> axum::response::Html<&'static str> {
-    axum::response::Html(include_str!("../../web/index.html"))
 }
 
 /// How long in-flight requests may take to finish at shutdown.

@@ -36,6 +36,7 @@ use crate::session::service::{MAX_GOAL_CHARS, MAX_GUIDANCE_CHARS};
     paths(
         super::sessions::create_session,
         super::sessions::list_sessions,
+        super::sessions::count_sessions,
         super::sessions::get_session,
         super::sessions::update_session,
         super::sessions::delete_session,
@@ -72,6 +73,9 @@ use crate::session::service::{MAX_GOAL_CHARS, MAX_GUIDANCE_CHARS};
     components(schemas(
         super::views::EventView,
         super::views::SessionView,
+        super::views::ExecutorKind,
+        super::views::SortKey,
+        super::views::SortOrder,
         crate::executor::WebhookRequest,
         crate::executor::WebhookResponse,
         crate::executor::WebhookHistoryItem,
@@ -558,6 +562,15 @@ pub fn bounds() -> Vec<Bound> {
         "pattern",
         crate::policy::approval::TOOL_RULE_PATTERN.into(),
     ));
+    for path in ["/api/autonomous", "/api/autonomous/counts"] {
+        let q = format!("{}/q", query_parameters(path));
+        out.push((
+            q.clone(),
+            "maxLength",
+            super::views::MAX_GOAL_FILTER_CHARS.into(),
+        ));
+        out.push((q, "pattern", super::views::GOAL_FILTER_PATTERN.into()));
+    }
     for (path, max) in [
         ("/api/autonomous", MAX_LIST_LIMIT),
         ("/api/autonomous/approvals", MAX_LIST_LIMIT),

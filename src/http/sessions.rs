@@ -16,16 +16,21 @@ use super::error::{ApiError, ApiResult, Problem};
 use super::event_stream;
 use super::extract::{ApiJson, ApiQuery, DigestedJson, OptionalJson, SessionId};
 use super::paging::{MAX_LIST_LIMIT, next_after, page_limit};
-use super::views::{ListQuery, OutcomeMetrics, SessionPage, SessionView, VelocityPoint};
+use super::views::{
+    CountsQuery, ExecutorKind, ListQuery, MAX_GOAL_FILTER_CHARS, OutcomeMetrics, SessionCounts,
+    SessionPage, SessionView, SortKey, SortOrder, VelocityPoint,
+};
 use crate::auth::Principal;
+use crate::policy::lifecycle::{Mode, Status};
 use crate::session::service::{Created, IdempotencyKey, StatusSource, StopAnswer};
 use crate::session::{CreateSession, RefinementChoice, ResumeSession, UpdateSession};
-use crate::store::SessionCursor;
+use crate::store::{SessionCursor, SessionFilter, SessionOrder, SessionSortKey};
 
 /// The session routes, relative to `/api/autonomous`.
 pub fn router() -> Router<AppState> {
     Router::new()
         .route("/", post(create_session).get(list_sessions))
+        .route("/counts", get(count_sessions))
         .route(
             "/{id}",
             get(get_session)
@@ -49,7 +54,7 @@ pub(super) fn view(state: &AppState, session: crate::store::Session) -> SessionV
 }
 
 fn encode_cursor(c: &SessionCursor) -> String {
-    format!("{}_{}", c.created_at.timestamp_micros(), c.id)
+    format!("{}_{}", c.at.timestamp_micros(), c.id)
 }
 
 fn decode_cursor(raw: &str) -> ApiResult<SessionCursor> {
@@ -61,9 +66,9 @@ fn decode_cursor(raw: &str) -> ApiResult<SessionCursor> {
     if !(0..=999_999_999_999_999_999).contains(&micros) {
         return Err(invalid());
     }
-    let created_at = DateTime::<Utc>::from_timestamp_micros(micros).ok_or_else(invalid)?;
+    let at = DateTime::<Utc>::from_timestamp_micros(micros).ok_or_else(invalid)?;
     let id: Uuid = id.parse().map_err(|_| invalid())?;
-    Ok(SessionCursor { created_at, id })
+    Ok(SessionCursor { at, id })
 }
 
 /// Create a session and start it.
@@ -144,7 +149,8 @@ fn idempotency_key(headers: &HeaderMap) -> ApiResult<Option<String>> {
     Ok(Some(String::from_utf8_lossy(bytes).into_owned()))
 }
 
-/// List sessions, newest first.
+/// List sessions: filtered by status, mode, executor kind, goal text and
+/// creation time; ordered by creation or update time, either way.
 #[utoipa::path(
     get, path = "/api/autonomous", tag = "sessions",
     params(ListQuery),
@@ -160,20 +166,91 @@ pub async fn list_sessions(
 ) -> ApiResult<Json<SessionPage>> {
     let limit = page_limit(q.limit, 50, MAX_LIST_LIMIT)?;
     let after = q.cursor.as_deref().map(decode_cursor).transpose()?;
+    let filter = SessionFilter {
+        status: q.status,
+        ..session_filter(q.mode, q.executor, q.q, q.created_from, q.created_before)?
+    };
+    let order = SessionOrder {
+        key: match q.sort {
+            None | Some(SortKey::Created) => SessionSortKey::Created,
+            Some(SortKey::Updated) => SessionSortKey::Updated,
+        },
+        descending: q.order != Some(SortOrder::Asc),
+    };
     let rows = state
         .service
-        .list(q.status, after, limit, &caller.scope)
+        .list(&filter, order, after, limit, &caller.scope)
         .await?;
-    let next_cursor = next_after(&rows, limit, |s| {
-        encode_cursor(&SessionCursor {
-            created_at: s.created_at,
-            id: s.id,
-        })
-    });
+    let next_cursor = next_after(&rows, limit, |s| encode_cursor(&order.cursor_of(s)));
     Ok(Json(SessionPage {
         items: rows.into_iter().map(|s| view(&state, s)).collect(),
         next_cursor,
     }))
+}
+
+/// How many sessions are in each status, of those the filters let through
+/// (the list's filters but status): the dashboard's counts.
+#[utoipa::path(
+    get, path = "/api/autonomous/counts", tag = "sessions",
+    params(CountsQuery),
+    responses(
+        (status = 200, description = "Sessions per status", body = SessionCounts),
+        (status = 400, description = "Bad filter", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn count_sessions(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Principal>,
+    ApiQuery(q): ApiQuery<CountsQuery>,
+) -> ApiResult<Json<SessionCounts>> {
+    let filter = session_filter(q.mode, q.executor, q.q, q.created_from, q.created_before)?;
+    let counted = state
+        .service
+        .count_by_status(&filter, &caller.scope)
+        .await?;
+    let mut by_status: std::collections::BTreeMap<String, i64> = Status::ALL
+        .iter()
+        .map(|s| (s.as_str().to_string(), 0))
+        .collect();
+    for (status, n) in &counted {
+        by_status.insert(status.as_str().to_string(), *n);
+    }
+    Ok(Json(SessionCounts {
+        total: counted.iter().map(|(_, n)| n).sum(),
+        by_status,
+    }))
+}
+
+/// The filter the list and the counts share; a 400 for a goal text over
+/// [`MAX_GOAL_FILTER_CHARS`] or with a control character.
+fn session_filter(
+    mode: Option<Mode>,
+    executor: Option<ExecutorKind>,
+    goal: Option<String>,
+    created_from: Option<DateTime<Utc>>,
+    created_before: Option<DateTime<Utc>>,
+) -> ApiResult<SessionFilter> {
+    if let Some(text) = &goal {
+        if text.chars().count() > MAX_GOAL_FILTER_CHARS {
+            return Err(ApiError::bad_request(format!(
+                "q must be at most {MAX_GOAL_FILTER_CHARS} characters"
+            )));
+        }
+        if text.chars().any(|c| c <= '\u{1f}' || c == '\u{7f}') {
+            return Err(ApiError::bad_request(
+                "q must not contain control characters",
+            ));
+        }
+    }
+    Ok(SessionFilter {
+        status: None,
+        mode,
+        executor_kind: executor.map(ExecutorKind::as_str),
+        // An empty text filters nothing.
+        goal_contains: goal.filter(|t| !t.is_empty()),
+        created_from,
+        created_before,
+    })
 }
 
 /// A session's status: progress, counters, limits, termination.

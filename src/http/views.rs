@@ -405,7 +405,7 @@ impl From<Session> for SessionView {
 /// One page of sessions.
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct SessionPage {
-    /// Sessions, newest first.
+    /// Sessions, in the order asked for (newest first by default).
     pub items: Vec<SessionView>,
     /// Pass as `cursor` to get the next page; null on the last page.
     pub next_cursor: Option<String>,
@@ -616,20 +616,116 @@ pub struct DecisionQuery {
     pub include_continue: Option<bool>,
 }
 
-/// Filtering and paging of the session list.
+/// Filtering, ordering and paging of the session list.
 #[derive(Debug, Clone, serde::Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
 #[into_params(parameter_in = Query)]
 pub struct ListQuery {
     /// Only sessions in this status.
     pub status: Option<Status>,
-    /// `next_cursor` of the previous page.
+    /// Only sessions in this mode.
+    pub mode: Option<Mode>,
+    /// Only sessions with an executor of this kind.
+    pub executor: Option<ExecutorKind>,
+    /// Only sessions whose goal contains this text (any case; `%` and `_`
+    /// match themselves); at most 200 characters, no control characters.
+    pub q: Option<String>,
+    /// Only sessions created at or after this time (RFC 3339).
+    pub created_from: Option<DateTime<Utc>>,
+    /// Only sessions created before this time (RFC 3339).
+    pub created_before: Option<DateTime<Utc>>,
+    /// Order by creation (default) or last update time.
+    pub sort: Option<SortKey>,
+    /// `desc` (default, newest first) or `asc`.
+    pub order: Option<SortOrder>,
+    /// `next_cursor` of the previous page, asked for with the same `sort` and `order`.
     pub cursor: Option<String>,
     /// Page size, 1 – 200 (default 50).
     pub limit: Option<i64>,
     /// Admins only: the sessions of this tenant (default: every tenant).
     /// Other keys always see their own tenant's.
     pub tenant: Option<String>,
+}
+
+/// The filters of the per-status counts: those of the list, but status.
+#[derive(Debug, Clone, serde::Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct CountsQuery {
+    /// Only sessions in this mode.
+    pub mode: Option<Mode>,
+    /// Only sessions with an executor of this kind.
+    pub executor: Option<ExecutorKind>,
+    /// Only sessions whose goal contains this text (any case); at most 200
+    /// characters, no control characters.
+    pub q: Option<String>,
+    /// Only sessions created at or after this time (RFC 3339).
+    pub created_from: Option<DateTime<Utc>>,
+    /// Only sessions created before this time (RFC 3339).
+    pub created_before: Option<DateTime<Utc>>,
+    /// Admins only: the sessions of this tenant (default: every tenant).
+    pub tenant: Option<String>,
+}
+
+/// Longest goal text the list filters by, in characters.
+pub const MAX_GOAL_FILTER_CHARS: usize = 200;
+
+/// The goal filter's rule, as the document states it: no control characters.
+pub const GOAL_FILTER_PATTERN: &str = "^[^\\u0000-\\u001f\\u007f]*$";
+
+/// The kind of a session's executor, as lists filter by it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ExecutorKind {
+    /// Scripted steps.
+    Scripted,
+    /// A model server.
+    Llm,
+    /// An HTTP webhook.
+    Webhook,
+    /// External workers polling a queue.
+    Worker,
+}
+
+impl ExecutorKind {
+    /// The stored name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ExecutorKind::Scripted => "scripted",
+            ExecutorKind::Llm => "llm",
+            ExecutorKind::Webhook => "webhook",
+            ExecutorKind::Worker => "worker",
+        }
+    }
+}
+
+/// The time the session list is ordered by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum SortKey {
+    /// Creation time.
+    Created,
+    /// Last update time.
+    Updated,
+}
+
+/// Which way the session list runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum SortOrder {
+    /// Oldest first.
+    Asc,
+    /// Newest first.
+    Desc,
+}
+
+/// How many sessions are in each status.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct SessionCounts {
+    /// Sessions per status; every status is named, zero or not.
+    pub by_status: std::collections::BTreeMap<String, i64>,
+    /// All of them.
+    pub total: i64,
 }
 
 /// A stored reflection.

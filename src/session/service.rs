@@ -908,19 +908,30 @@ impl SessionService {
         session
     }
 
-    /// A page of sessions, newest first.
+    /// A page of the sessions `filter` lets through, in `order`.
     pub async fn list(
         &self,
-        status: Option<Status>,
+        filter: &store::SessionFilter,
+        order: store::SessionOrder,
         after: Option<SessionCursor>,
         limit: i64,
         scope: &TenantScope,
     ) -> Result<Vec<Session>> {
         let sessions = self
             .store
-            .list_sessions(status, after, limit, scope)
+            .list_sessions(filter, order, after, limit, scope)
             .await?;
         Ok(sessions.into_iter().map(|s| self.shown(s)).collect())
+    }
+
+    /// How many sessions `scope` reaches are in each status, of those
+    /// `filter` lets through (its `status` aside).
+    pub async fn count_by_status(
+        &self,
+        filter: &store::SessionFilter,
+        scope: &TenantScope,
+    ) -> Result<Vec<(Status, i64)>> {
+        Ok(self.store.count_sessions_by_status(filter, scope).await?)
     }
 
     /// Stops a session: persisted first, then signalled; waits for the loop

@@ -66,7 +66,7 @@ pub use rows::{
     Attempt, CheckpointRecord, Claimed, ControlFlags, Counters, EventRecord, IterationRecord,
     JsonText, Lease, NewEvent, NewIteration, NewReflection, NewSession, Outcomes, RebuildInputs,
     RefinementRecord, ReflectionRecord, ReflectionSummary, Renewed, Session, SessionCursor,
-    SessionSettings, TASK_STATUSES, Task, TaskWrite,
+    SessionFilter, SessionOrder, SessionSettings, SessionSortKey, TASK_STATUSES, Task, TaskWrite,
 };
 pub use scope::TenantScope;
 pub use secrets::{PlaintextKey, StoredSecret, insert_secret};

@@ -424,13 +424,85 @@ pub struct ControlFlags {
     pub updated_at: DateTime<Utc>,
 }
 
-/// Position in the session list: the last row of the previous page.
+/// Position in the session list: the last row of the previous page, in
+/// the order the list is read in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SessionCursor {
-    /// Its creation time.
-    pub created_at: DateTime<Utc>,
+    /// Its sort key: creation or last update time, as the order names.
+    pub at: DateTime<Utc>,
     /// Its id (tie-breaker).
     pub id: Uuid,
+}
+
+/// Which sessions a list or a count covers; every field narrows it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SessionFilter {
+    /// In this status.
+    pub status: Option<Status>,
+    /// In this mode.
+    pub mode: Option<Mode>,
+    /// With an executor of this kind (`scripted`, `llm`, `webhook`, `worker`).
+    pub executor_kind: Option<&'static str>,
+    /// Whose goal contains this text, any case.
+    pub goal_contains: Option<String>,
+    /// Created at or after this time.
+    pub created_from: Option<DateTime<Utc>>,
+    /// Created before this time.
+    pub created_before: Option<DateTime<Utc>>,
+}
+
+/// The time a session list is ordered by.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum SessionSortKey {
+    /// Creation time.
+    #[default]
+    Created,
+    /// Last update time.
+    Updated,
+}
+
+/// The order of a session list: a time, then the id, both one way.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SessionOrder {
+    /// What it is ordered by.
+    pub key: SessionSortKey,
+    /// Newest first when true.
+    pub descending: bool,
+}
+
+impl Default for SessionOrder {
+    fn default() -> SessionOrder {
+        SessionOrder {
+            key: SessionSortKey::Created,
+            descending: true,
+        }
+    }
+}
+
+impl SessionOrder {
+    /// The cursor that continues after `session` in this order.
+    pub fn cursor_of(self, session: &Session) -> SessionCursor {
+        let at = match self.key {
+            SessionSortKey::Created => session.created_at,
+            SessionSortKey::Updated => session.updated_at,
+        };
+        SessionCursor { at, id: session.id }
+    }
+}
+
+/// `text` as an ILIKE pattern matching it anywhere: its own `%`, `_` and
+/// `\` are escaped so they match themselves.
+pub fn contains_pattern(text: &str) -> String {
+    let mut out = String::with_capacity(text.len() + 2);
+    out.push('%');
+    for c in text.chars() {
+        if matches!(c, '%' | '_' | '\\') {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out.push('%');
+    out
 }
 
 /// The flags and settings a fenced update of a running session returns.
@@ -659,6 +731,14 @@ pub struct Outcomes {
 #[cfg(test)]
 mod tests {
     use uuid::Uuid;
+
+    #[test]
+    fn a_contains_pattern_matches_wildcards_as_themselves() {
+        assert_eq!(super::contains_pattern("report"), "%report%");
+        assert_eq!(super::contains_pattern("100%_a\\b"), "%100\\%\\_a\\\\b%");
+        assert_eq!(super::contains_pattern(""), "%%");
+        assert_eq!(super::contains_pattern("é"), "%é%");
+    }
 
     use crate::policy::lifecycle::{Mode, Reason, Status};
 

@@ -11,7 +11,7 @@ use super::checkpoints::insert_checkpoint;
 use super::event_log;
 use super::rows::{
     Lease, NewEvent, NewSession, RefinementRecord, ReflectionSummary, Session, SessionCursor,
-    SessionSettings,
+    SessionFilter, SessionOrder, SessionSettings, SessionSortKey, contains_pattern,
 };
 use super::{Result, Store, StoreError, TenantScope};
 use crate::event::{RefinementProposal, SessionEvent};
@@ -129,30 +129,152 @@ impl Store {
         Ok(row)
     }
 
-    /// A page of the sessions `scope` reaches, newest first, optionally of
-    /// one status. Their `executor` is the summary (`steps` is a count), not
-    /// the specification.
+    /// A page of the sessions `scope` reaches that `filter` lets through,
+    /// in `order`, after `after` (a cursor of the same order). Their
+    /// `executor` is the summary (`steps` is a count), not the specification.
+    /// One query per order, so each can walk its index.
     pub async fn list_sessions(
         &self,
-        status: Option<Status>,
+        filter: &SessionFilter,
+        order: SessionOrder,
         after: Option<SessionCursor>,
         limit: i64,
         scope: &TenantScope,
     ) -> Result<Vec<Session>> {
-        let rows = select_session_summary!(
-            "WHERE ($1::text IS NULL OR status = $1)
-               AND ($2::timestamptz IS NULL OR (created_at, id) < ($2, $3))
-               AND ($5::text IS NULL OR tenant = $5)
-             ORDER BY created_at DESC, id DESC LIMIT $4",
-            status as Option<Status>,
-            after.map(|c| c.created_at),
-            after.map(|c| c.id),
-            limit,
+        let pattern = filter.goal_contains.as_deref().map(contains_pattern);
+        let (at, id) = (after.map(|c| c.at), after.map(|c| c.id));
+        let rows = match (order.key, order.descending) {
+            (SessionSortKey::Created, true) => {
+                select_session_summary!(
+                    "WHERE ($1::text IS NULL OR status = $1)
+               AND ($2::text IS NULL OR mode = $2)
+               AND ($3::text IS NULL OR executor_summary ->> 'kind' = $3)
+               AND ($4::text IS NULL OR goal ILIKE $4)
+               AND ($5::timestamptz IS NULL OR created_at >= $5)
+               AND ($6::timestamptz IS NULL OR created_at < $6)
+               AND ($7::text IS NULL OR tenant = $7)
+               AND ($8::timestamptz IS NULL OR (created_at, id) < ($8, $9))
+             ORDER BY created_at DESC, id DESC LIMIT $10",
+                    filter.status as Option<Status>,
+                    filter.mode as Option<Mode>,
+                    filter.executor_kind,
+                    pattern.as_deref(),
+                    filter.created_from,
+                    filter.created_before,
+                    scope.tenant(),
+                    at,
+                    id,
+                    limit,
+                )
+                .fetch_all(&self.pool)
+                .await?
+            }
+            (SessionSortKey::Created, false) => {
+                select_session_summary!(
+                    "WHERE ($1::text IS NULL OR status = $1)
+               AND ($2::text IS NULL OR mode = $2)
+               AND ($3::text IS NULL OR executor_summary ->> 'kind' = $3)
+               AND ($4::text IS NULL OR goal ILIKE $4)
+               AND ($5::timestamptz IS NULL OR created_at >= $5)
+               AND ($6::timestamptz IS NULL OR created_at < $6)
+               AND ($7::text IS NULL OR tenant = $7)
+               AND ($8::timestamptz IS NULL OR (created_at, id) > ($8, $9))
+             ORDER BY created_at ASC, id ASC LIMIT $10",
+                    filter.status as Option<Status>,
+                    filter.mode as Option<Mode>,
+                    filter.executor_kind,
+                    pattern.as_deref(),
+                    filter.created_from,
+                    filter.created_before,
+                    scope.tenant(),
+                    at,
+                    id,
+                    limit,
+                )
+                .fetch_all(&self.pool)
+                .await?
+            }
+            (SessionSortKey::Updated, true) => {
+                select_session_summary!(
+                    "WHERE ($1::text IS NULL OR status = $1)
+               AND ($2::text IS NULL OR mode = $2)
+               AND ($3::text IS NULL OR executor_summary ->> 'kind' = $3)
+               AND ($4::text IS NULL OR goal ILIKE $4)
+               AND ($5::timestamptz IS NULL OR created_at >= $5)
+               AND ($6::timestamptz IS NULL OR created_at < $6)
+               AND ($7::text IS NULL OR tenant = $7)
+               AND ($8::timestamptz IS NULL OR (updated_at, id) < ($8, $9))
+             ORDER BY updated_at DESC, id DESC LIMIT $10",
+                    filter.status as Option<Status>,
+                    filter.mode as Option<Mode>,
+                    filter.executor_kind,
+                    pattern.as_deref(),
+                    filter.created_from,
+                    filter.created_before,
+                    scope.tenant(),
+                    at,
+                    id,
+                    limit,
+                )
+                .fetch_all(&self.pool)
+                .await?
+            }
+            (SessionSortKey::Updated, false) => {
+                select_session_summary!(
+                    "WHERE ($1::text IS NULL OR status = $1)
+               AND ($2::text IS NULL OR mode = $2)
+               AND ($3::text IS NULL OR executor_summary ->> 'kind' = $3)
+               AND ($4::text IS NULL OR goal ILIKE $4)
+               AND ($5::timestamptz IS NULL OR created_at >= $5)
+               AND ($6::timestamptz IS NULL OR created_at < $6)
+               AND ($7::text IS NULL OR tenant = $7)
+               AND ($8::timestamptz IS NULL OR (updated_at, id) > ($8, $9))
+             ORDER BY updated_at ASC, id ASC LIMIT $10",
+                    filter.status as Option<Status>,
+                    filter.mode as Option<Mode>,
+                    filter.executor_kind,
+                    pattern.as_deref(),
+                    filter.created_from,
+                    filter.created_before,
+                    scope.tenant(),
+                    at,
+                    id,
+                    limit,
+                )
+                .fetch_all(&self.pool)
+                .await?
+            }
+        };
+        Ok(rows)
+    }
+
+    /// How many sessions `scope` reaches are in each status, of those
+    /// `filter` lets through (its own `status` aside).
+    pub async fn count_sessions_by_status(
+        &self,
+        filter: &SessionFilter,
+        scope: &TenantScope,
+    ) -> Result<Vec<(Status, i64)>> {
+        let pattern = filter.goal_contains.as_deref().map(contains_pattern);
+        let rows = sqlx::query!(
+            r#"SELECT status AS "status: Status", count(*) AS "count!" FROM sessions
+             WHERE ($1::text IS NULL OR mode = $1)
+               AND ($2::text IS NULL OR executor_summary ->> 'kind' = $2)
+               AND ($3::text IS NULL OR goal ILIKE $3)
+               AND ($4::timestamptz IS NULL OR created_at >= $4)
+               AND ($5::timestamptz IS NULL OR created_at < $5)
+               AND ($6::text IS NULL OR tenant = $6)
+             GROUP BY status"#,
+            filter.mode as Option<Mode>,
+            filter.executor_kind,
+            pattern.as_deref(),
+            filter.created_from,
+            filter.created_before,
             scope.tenant(),
         )
         .fetch_all(&self.pool)
         .await?;
-        Ok(rows)
+        Ok(rows.into_iter().map(|r| (r.status, r.count)).collect())
     }
 
     /// Sessions `scope` reaches changed at or after `since`, oldest change

@@ -240,21 +240,72 @@ async fn dashboard_is_served_self_contained() {
     let db = crate::common::TestDb::new().await;
     let pool = db.pool.clone();
     let app = TestApp::spawn(pool).await;
-    let res = reqwest::get(app.url("/")).await.expect("GET /");
+    // No key needed for the page and its files (the API behind them asks for one).
+    let plain = reqwest::Client::new();
+    let res = plain.get(app.url("/")).send().await.expect("GET /");
     assert_eq!(res.status(), StatusCode::OK);
-    let ct = res
-        .headers()
-        .get("content-type")
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or_default()
-        .to_string();
-    assert!(ct.starts_with("text/html"), "{ct}");
+    let header = |res: &reqwest::Response, name: &str| {
+        res.headers()
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_string()
+    };
+    assert!(header(&res, "content-type").starts_with("text/html"));
+    let csp = header(&res, "content-security-policy");
+    assert!(
+        csp.contains("script-src 'self'") && !csp.contains("unsafe-inline"),
+        "{csp}"
+    );
     let html = res.text().await.expect("body");
-    assert!(html.contains("/api/autonomous"), "uses the public API");
     // Works offline: nothing is loaded from another origin.
     for external in ["src=\"http", "href=\"http", "@import", "cdn"] {
         assert!(!html.contains(external), "external resource: {external}");
     }
+    for (path, kind) in [
+        ("/assets/app.js", "text/javascript"),
+        ("/assets/style.css", "text/css"),
+        ("/assets/vendor/uPlot.iife.min.js", "text/javascript"),
+        ("/assets/vendor/uPlot.min.css", "text/css"),
+    ] {
+        assert!(html.contains(path), "the page loads {path}");
+        let res = plain.get(app.url(path)).send().await.expect("asset");
+        assert_eq!(res.status(), StatusCode::OK, "{path}");
+        assert!(header(&res, "content-type").starts_with(kind), "{path}");
+        assert_eq!(header(&res, "cache-control"), "no-cache");
+        let etag = header(&res, "etag");
+        assert!(etag.starts_with('"'), "{path}: {etag}");
+        let body = res.text().await.expect("body");
+        if path == "/assets/app.js" {
+            assert!(body.contains("/api/autonomous"), "uses the public API");
+        }
+        // The browser's copy stays good until a build changes the bytes.
+        let again = plain
+            .get(app.url(path))
+            .header("if-none-match", &etag)
+            .send()
+            .await
+            .expect("revalidate");
+        assert_eq!(again.status(), StatusCode::NOT_MODIFIED, "{path}");
+    }
+    let res = plain
+        .get(app.url("/assets/nope.js"))
+        .send()
+        .await
+        .expect("unknown");
+    assert_eq!(res.status(), StatusCode::NOT_FOUND);
+    let res = plain
+        .get(app.url("/assets/vendor%2F..%2F..%2FCargo.toml"))
+        .send()
+        .await
+        .expect("escape");
+    assert_eq!(res.status(), StatusCode::NOT_FOUND);
+    let res = plain
+        .post(app.url("/assets/app.js"))
+        .send()
+        .await
+        .expect("post");
+    assert!(res.status().is_client_error(), "{}", res.status());
 }
 
 #[tokio::test]

@@ -763,3 +763,141 @@ async fn the_status_says_what_may_be_done_and_each_of_it_works() {
         .expect("sent");
     assert_eq!(res.status(), StatusCode::NO_CONTENT);
 }
+
+/// The ids of every page of `query` (one session a page), in order.
+async fn ids_paged(app: &TestApp, query: &str) -> Vec<String> {
+    let mut seen = Vec::new();
+    let mut cursor: Option<String> = None;
+    loop {
+        let path = match &cursor {
+            Some(c) => format!("/api/autonomous?{query}&limit=1&cursor={c}"),
+            None => format!("/api/autonomous?{query}&limit=1"),
+        };
+        let (status, page) = app.get(&path).await;
+        assert_eq!(status, StatusCode::OK, "{path}: {page}");
+        for item in page["items"].as_array().expect("items") {
+            seen.push(item["id"].as_str().expect("id").to_string());
+        }
+        match page["next_cursor"].as_str() {
+            Some(c) => cursor = Some(c.to_string()),
+            None => return seen,
+        }
+    }
+}
+
+#[tokio::test]
+async fn list_filters_by_mode_executor_goal_and_time_sorts_both_ways_and_counts() {
+    let db = crate::common::TestDb::new().await;
+    let pool = db.pool.clone();
+    let app = TestApp::spawn(pool).await;
+    let mut ids = Vec::new();
+    for (goal, mode) in [
+        ("Write the alpha report", "fixed"),
+        ("Write the beta notes", "fixed"),
+        ("Proofread the ALPHA report", "continuous"),
+    ] {
+        let doc = app
+            .create(json!({
+                "goal": goal,
+                "mode": mode,
+                "executor": { "kind": "scripted", "steps": [
+                    { "action": "write", "tokens": 5, "output": "<<WARDEN_GOAL_DONE>>" }
+                ] }
+            }))
+            .await;
+        let id = doc["id"].as_str().expect("id").to_string();
+        app.wait_settled(&id).await;
+        ids.push(id);
+    }
+    let (s1, s2, s3) = (ids[0].as_str(), ids[1].as_str(), ids[2].as_str());
+
+    // Goal text, any case; `%` and `_` match only themselves.
+    assert_eq!(ids_paged(&app, "q=alpha%20report").await, [s3, s1]);
+    assert_eq!(ids_paged(&app, "q=ALPHA&mode=fixed").await, [s1]);
+    assert!(ids_paged(&app, "q=%25").await.is_empty());
+    assert!(ids_paged(&app, "q=Write_the").await.is_empty());
+    assert_eq!(ids_paged(&app, "executor=scripted").await, [s3, s2, s1]);
+    assert!(ids_paged(&app, "executor=llm").await.is_empty());
+    assert_eq!(ids_paged(&app, "mode=continuous").await, [s3]);
+
+    // Creation range: from is inclusive, before exclusive.
+    let created = app.session(s2).await["created_at"]
+        .as_str()
+        .expect("created_at")
+        .to_string();
+    let at = created.replace('+', "%2B");
+    assert_eq!(
+        ids_paged(&app, &format!("created_from={at}")).await,
+        [s3, s2]
+    );
+    assert_eq!(ids_paged(&app, &format!("created_before={at}")).await, [s1]);
+
+    // Both orders of both keys, each session once, cursor by cursor.
+    assert_eq!(ids_paged(&app, "order=asc").await, [s1, s2, s3]);
+    assert_eq!(
+        ids_paged(&app, "sort=created&order=desc").await,
+        [s3, s2, s1]
+    );
+    let by_update = ids_paged(&app, "sort=updated&order=asc").await;
+    let mut times = Vec::new();
+    for id in &by_update {
+        times.push(
+            app.session(id).await["updated_at"]
+                .as_str()
+                .expect("t")
+                .to_string(),
+        );
+    }
+    let parsed: Vec<chrono::DateTime<chrono::Utc>> =
+        times.iter().map(|t| t.parse().expect("RFC 3339")).collect();
+    assert!(parsed.windows(2).all(|w| w[0] <= w[1]), "{times:?}");
+    let mut newest_first = ids_paged(&app, "sort=updated").await;
+    newest_first.reverse();
+    assert_eq!(newest_first, by_update);
+
+    // Counts per status under the same filters; every status is named.
+    let (status, counts) = app.get("/api/autonomous/counts?q=alpha").await;
+    assert_eq!(status, StatusCode::OK, "{counts}");
+    assert_eq!(counts["total"], 2);
+    assert_eq!(counts["by_status"]["completed"], 2);
+    assert_eq!(counts["by_status"]["running"], 0);
+    assert_eq!(counts["by_status"].as_object().expect("map").len(), 8);
+    let (_, counts) = app
+        .get("/api/autonomous/counts?mode=fixed&executor=scripted")
+        .await;
+    assert_eq!(counts["total"], 2, "{counts}");
+
+    // Another tenant counts and lists none of them.
+    let other = common::create_key(&app.base, "other-tenant", "viewer").await;
+    let client = common::client_with_key(other["secret"].as_str().expect("secret"));
+    for path in ["/api/autonomous/counts", "/api/autonomous?q=alpha"] {
+        let doc: serde_json::Value = client
+            .get(app.url(path))
+            .send()
+            .await
+            .expect("sent")
+            .json()
+            .await
+            .expect("json");
+        assert!(
+            doc["total"] == 0 || doc["items"].as_array().is_some_and(Vec::is_empty),
+            "{path}: {doc}"
+        );
+    }
+
+    // Bad filters are a clear 400.
+    let long = "a".repeat(201);
+    for bad in [
+        "/api/autonomous?q=%01".to_string(),
+        format!("/api/autonomous?q={long}"),
+        "/api/autonomous/counts?q=%7F".to_string(),
+        "/api/autonomous?executor=nope".to_string(),
+        "/api/autonomous?sort=goal".to_string(),
+        "/api/autonomous?order=up".to_string(),
+        "/api/autonomous?created_from=yesterday".to_string(),
+        "/api/autonomous/counts?status=running".to_string(),
+    ] {
+        let (status, doc) = app.get(&bad).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{bad}: {doc}");
+    }
+}

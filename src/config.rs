@@ -658,13 +658,14 @@ pub const RETENTION_PATTERN: &str =
 
 /// A span such as `7d`, `12h`, `30m` or `90s` (at most 100 years).
 fn parse_span(text: &str) -> Option<Duration> {
-    let unit_at = text.len().checked_sub(1)?;
-    let (number, unit) = text.split_at(unit_at);
+    // The unit is the last character, whatever its width in bytes.
+    let unit = text.chars().next_back()?;
+    let number = &text[..text.len() - unit.len_utf8()];
     let seconds_per = match unit {
-        "s" => 1,
-        "m" => 60,
-        "h" => 3_600,
-        "d" => 86_400,
+        's' => 1,
+        'm' => 60,
+        'h' => 3_600,
+        'd' => 86_400,
         _ => return None,
     };
     if number.is_empty() || !number.bytes().all(|b| b.is_ascii_digit()) {
@@ -929,6 +930,9 @@ mod tests {
             "+7d",
             "36500000d",
             "99999999999999999999s",
+            "7é",
+            "1L\u{f4}",
+            "é",
         ] {
             assert_eq!(parse_span(bad), None, "{bad:?}");
         }

@@ -18,7 +18,7 @@ RUN apt-get update \
     && apt-get install -y --no-install-recommends ca-certificates \
     && rm -rf /var/lib/apt/lists/* \
     && useradd --system --uid 10001 --home-dir /var/lib/warden warden \
-    && mkdir -p /var/lib/warden/workspaces /var/lib/warden/keys \
+    && mkdir -p /var/lib/warden/workspaces /var/lib/warden/keys /var/lib/warden/archive \
     && chmod 700 /var/lib/warden/keys \
     && chown -R warden /var/lib/warden
 COPY --from=build /src/target/release/warden /usr/local/bin/warden
@@ -33,7 +33,8 @@ WORKDIR /var/lib/warden
 # prints the values in effect.
 ENV WARDEN_LISTEN_ADDR=0.0.0.0:8080 \
     WARDEN_WORKSPACE_ROOT=/var/lib/warden/workspaces \
-    WARDEN_SECRET_KEY_FILE=/var/lib/warden/keys/secret.key
+    WARDEN_SECRET_KEY_FILE=/var/lib/warden/keys/secret.key \
+    WARDEN_ARCHIVE_DIR=/var/lib/warden/archive
 EXPOSE 8080
 HEALTHCHECK --interval=5s --timeout=3s --start-period=10s --retries=5 CMD ["warden", "healthcheck"]
 ENTRYPOINT ["warden"]

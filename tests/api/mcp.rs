@@ -518,3 +518,56 @@ async fn an_http_server_the_egress_policy_refuses_offers_no_tools() {
     assert!(seen[0].contains("unknown tool `web__echo`"), "{seen:?}");
     assert_eq!(scratch.calls(), Vec::<String>::new());
 }
+
+#[tokio::test]
+async fn an_mcp_tool_that_may_write_waits_for_approval_by_its_annotations_and_runs_once() {
+    let db = common::TestDb::new().await;
+    let scratch = Scratch::new();
+    let config = scratch.config(json!({ "fix": scratch.stdio(json!({})) }));
+    let fake = FakeLlm::start().await;
+    // One step: a read-only call (runs at once) and a destructive one
+    // (waits); after the approval, the agent is done.
+    fake.agent(tool_calls(
+        &[
+            ("fix__echo", json!({ "text": "before writing" })),
+            ("fix__write", json!({ "name": "notes", "text": "approved text" })),
+        ],
+        20,
+    ))
+    .agent(done());
+    let app = app_with(db.pool.clone(), &fake, &config).await;
+    let doc = app
+        .create(json!({
+            "goal": "Create README.md with a project description",
+            "mode": "fixed",
+            "executor": { "kind": "llm", "tools": ["fix"],
+                          "approvals": { "default": "when_not_read_only" } }
+        }))
+        .await;
+    let id = doc["id"].as_str().expect("id").to_string();
+    let s = app
+        .wait_until(&id, Duration::from_secs(30), |s| {
+            s["status"] == "paused" && s["reason"] == "approval_required"
+        })
+        .await;
+    let pending = s["pending_approvals"].as_array().expect("pending");
+    assert_eq!(pending.len(), 1, "{s}");
+    assert_eq!(pending[0]["tool"], "fix__write", "{s}");
+    assert_eq!(scratch.calls(), ["echo"], "the write waits, the read ran");
+
+    let call_id = pending[0]["call_id"].as_str().expect("call id").to_string();
+    let (status, body) = app
+        .post(
+            &format!("/api/autonomous/{id}/approvals/{call_id}"),
+            Some(json!({ "decision": "approve" })),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let s = app.wait_settled(&id).await;
+    assert_eq!(s["status"], "completed", "{s}");
+    assert_eq!(
+        scratch.calls(),
+        ["echo", "write"],
+        "the approved call ran exactly once"
+    );
+}

@@ -813,6 +813,11 @@ impl LlmExecutor {
             }
             None => Vec::new(),
         };
+        if !decided.is_empty() {
+            // A decided MCP call runs through its server: list the tools
+            // first (a resumed executor has not listed them yet).
+            self.mcp.offered().await;
+        }
         let carried = self.carry_out(&decided, ctx.iteration - 1).await;
         let asked_ids: Vec<String> = self
             .transcript

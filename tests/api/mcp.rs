@@ -530,7 +530,10 @@ async fn an_mcp_tool_that_may_write_waits_for_approval_by_its_annotations_and_ru
     fake.agent(tool_calls(
         &[
             ("fix__echo", json!({ "text": "before writing" })),
-            ("fix__write", json!({ "name": "notes", "text": "approved text" })),
+            (
+                "fix__write",
+                json!({ "name": "notes", "text": "approved text" }),
+            ),
         ],
         20,
     ))

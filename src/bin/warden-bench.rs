@@ -480,14 +480,16 @@ impl Server {
         Some(kb * 1024)
     }
 
+    /// Reads `/metrics`; a request that could not be sent (a pooled
+    /// connection the server had just closed) is sent once more.
     async fn scrape(&self, client: &reqwest::Client) -> BenchResult<Scrape> {
-        let text = client
-            .get(format!("{}/metrics", self.base))
-            .send()
-            .await?
-            .error_for_status()?
-            .text()
-            .await?;
+        let url = format!("{}/metrics", self.base);
+        let res = match client.get(&url).send().await {
+            Ok(res) => res,
+            Err(e) if e.is_request() || e.is_connect() => client.get(&url).send().await?,
+            Err(e) => return Err(e.into()),
+        };
+        let text = res.error_for_status()?.text().await?;
         Ok(Scrape::parse(&text))
     }
 

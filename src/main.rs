@@ -297,45 +297,36 @@ async fn archive(args: Vec<String>) -> ExitCode {
         eprintln!("{ARCHIVE_USAGE}");
         return ExitCode::from(2);
     }
-    let (store, db) = match cli_store().await {
-        Ok(opened) => opened,
-        Err(err) => {
-            eprintln!("warden archive: {err}");
-            return ExitCode::FAILURE;
-        }
-    };
-    let imported = match store.migrate().await {
-        Ok(()) => warden::session::archive::import(&store, std::path::Path::new(file))
+    on_cli_store(
+        "archive",
+        async |store| match warden::session::archive::import(store, std::path::Path::new(file))
             .await
-            .map_err(|e| e.to_string()),
-        Err(err) => Err(err.to_string()),
-    };
-    drop(store);
-    db.close().await;
-    match imported {
-        Ok(session) => {
-            let rows: Vec<String> = session
-                .counts
-                .iter()
-                .map(|(kind, n)| format!("{n} {kind}"))
-                .collect();
-            println!(
-                "imported session {} of tenant {} (read-only): {}",
-                session.id,
-                session.tenant,
-                if rows.is_empty() {
-                    "no history".to_string()
-                } else {
-                    rows.join(", ")
-                }
-            );
-            ExitCode::SUCCESS
-        }
-        Err(err) => {
-            eprintln!("warden archive: {err}");
-            ExitCode::FAILURE
-        }
-    }
+        {
+            Ok(session) => {
+                let rows: Vec<String> = session
+                    .counts
+                    .iter()
+                    .map(|(kind, n)| format!("{n} {kind}"))
+                    .collect();
+                println!(
+                    "imported session {} of tenant {} (read-only): {}",
+                    session.id,
+                    session.tenant,
+                    if rows.is_empty() {
+                        "no history".to_string()
+                    } else {
+                        rows.join(", ")
+                    }
+                );
+                ExitCode::SUCCESS
+            }
+            Err(err) => {
+                eprintln!("warden archive: {err}");
+                ExitCode::FAILURE
+            }
+        },
+    )
+    .await
 }
 
 const KEYS_USAGE: &str =
@@ -405,27 +396,39 @@ async fn embedded_cli_store() -> Result<(warden::store::Store, CliDb), String> {
     Err("DATABASE_URL must be set (this build has no embedded PostgreSQL)".into())
 }
 
-/// `warden keys ...`: create, list and revoke API keys straight in the
-/// database, for first setup without `WARDEN_ADMIN_TOKEN`.
-async fn keys(args: Vec<String>) -> ExitCode {
+/// Runs `warden {name} ...` on the database the service would use
+/// (`DATABASE_URL`, else the embedded one): opens and migrates it, runs
+/// `command` on it, and closes it.
+async fn on_cli_store(
+    name: &str,
+    command: impl AsyncFnOnce(&warden::store::Store) -> ExitCode,
+) -> ExitCode {
     let (store, db) = match cli_store().await {
         Ok(opened) => opened,
         Err(err) => {
-            eprintln!("warden keys: {err}");
+            eprintln!("warden {name}: {err}");
             return ExitCode::FAILURE;
         }
     };
-    let code = keys_on(&store, args).await;
+    let code = match store.migrate().await {
+        Ok(()) => command(&store).await,
+        Err(err) => {
+            eprintln!("warden {name}: {err}");
+            ExitCode::FAILURE
+        }
+    };
     drop(store);
     db.close().await;
     code
 }
 
+/// `warden keys ...`: create, list and revoke API keys straight in the
+/// database, for first setup without `WARDEN_ADMIN_TOKEN`.
+async fn keys(args: Vec<String>) -> ExitCode {
+    on_cli_store("keys", async |store| keys_on(store, args).await).await
+}
+
 async fn keys_on(store: &warden::store::Store, args: Vec<String>) -> ExitCode {
-    if let Err(err) = store.migrate().await {
-        eprintln!("warden keys: {err}");
-        return ExitCode::FAILURE;
-    }
     let flag = |name: &str| {
         args.iter()
             .position(|a| a == name)
@@ -593,17 +596,10 @@ the first re-seals every secret under {} in the background; `warden secrets stat
             }
         },
         [cmd @ ("status" | "retire")] => {
-            let (store, db) = match cli_store().await {
-                Ok(opened) => opened,
-                Err(err) => {
-                    eprintln!("warden secrets: {err}");
-                    return ExitCode::FAILURE;
-                }
-            };
-            let code = secrets_on(&store, cmd, &key_file, env_keys).await;
-            drop(store);
-            db.close().await;
-            code
+            on_cli_store("secrets", async |store| {
+                secrets_on(store, cmd, &key_file, env_keys).await
+            })
+            .await
         }
         _ => {
             eprintln!("{SECRETS_USAGE}");
@@ -618,10 +614,6 @@ async fn secrets_on(
     key_file: &std::path::Path,
     env_keys: bool,
 ) -> ExitCode {
-    if let Err(err) = store.migrate().await {
-        eprintln!("warden secrets: {err}");
-        return ExitCode::FAILURE;
-    }
     let (registered, counts) = match (
         store.registered_secret_key().await,
         store.secret_counts().await,
@@ -704,24 +696,10 @@ queued (default none); reads DATABASE_URL, or the embedded database when it is u
 
 /// `warden tenants ...`: the tenants' weights and running caps in the queue.
 async fn tenants(args: Vec<String>) -> ExitCode {
-    let (store, db) = match cli_store().await {
-        Ok(opened) => opened,
-        Err(err) => {
-            eprintln!("warden tenants: {err}");
-            return ExitCode::FAILURE;
-        }
-    };
-    let code = tenants_on(&store, args).await;
-    drop(store);
-    db.close().await;
-    code
+    on_cli_store("tenants", async |store| tenants_on(store, args).await).await
 }
 
 async fn tenants_on(store: &warden::store::Store, args: Vec<String>) -> ExitCode {
-    if let Err(err) = store.migrate().await {
-        eprintln!("warden tenants: {err}");
-        return ExitCode::FAILURE;
-    }
     let flag = |name: &str| {
         args.iter()
             .position(|a| a == name)

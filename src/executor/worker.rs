@@ -14,7 +14,7 @@ use uuid::Uuid;
 use super::webhook::{decided_action, external_step, request_for};
 use super::{ApprovalDesk, Executor, ExecutorError, StepContext, StepResult, WebhookResponse};
 use crate::policy::worker::{self, AttemptEnd, TaskFacts, TaskState, TaskVerdict};
-use crate::store::{NewWorkerTask, Store, StoreError, TenantScope};
+use crate::store::{NewWorkerTask, Store, StoreError, TenantScope, wait_for_worker_change};
 
 /// Longest a waiting step goes without reading its task (lost wake-ups,
 /// pauses asked for while no worker holds it).
@@ -95,8 +95,7 @@ impl WorkerExecutor {
             .await
             .map_err(store_failed)?;
         loop {
-            // Marks what was seen, so a change made while reading wakes the wait.
-            changes.borrow_and_update();
+            // Changes made while reading stay queued in `changes`: none is lost.
             let Some(now) = self
                 .store
                 .worker_task_state(task.id, &self.scope)
@@ -141,8 +140,8 @@ impl WorkerExecutor {
             match verdict {
                 TaskVerdict::Wait { at_most_ms } => {
                     let wait = Duration::from_millis(at_most_ms.saturating_add(1)).min(POLL);
-                    // A closed channel (the store is gone) falls back to the poll.
-                    let _ = tokio::time::timeout(wait, changes.changed()).await;
+                    // Only a change of this task wakes it (or a lost relay).
+                    wait_for_worker_change(&mut changes, wait, |c| c.concerns_task(task.id)).await;
                 }
                 TaskVerdict::Collect => {
                     task.settled = true;

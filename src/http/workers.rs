@@ -283,8 +283,7 @@ pub async fn claim(
     let mut changes = store.worker_changes();
     let deadline = Instant::now() + Duration::from_millis(wait_ms);
     loop {
-        // Marks what was seen, so an offer made while claiming wakes the wait.
-        changes.borrow_and_update();
+        // Offers made while claiming stay queued in `changes`: none is lost.
         if let Some(task) = store
             .claim_worker_task(&caller.scope, queues.as_deref(), &worker)
             .await?
@@ -314,8 +313,11 @@ pub async fn claim(
         if left.is_zero() {
             break;
         }
-        // A closed channel (the store is gone) falls back to the poll.
-        let _ = tokio::time::timeout(left.min(CLAIM_POLL), changes.changed()).await;
+        // Only an offer (or a lost relay) wakes a waiting claim.
+        crate::store::wait_for_worker_change(&mut changes, left.min(CLAIM_POLL), |c| {
+            c.concerns_claims()
+        })
+        .await;
     }
     if let (Some(tenant), Some(queues)) = (caller.scope.tenant(), &queues) {
         store.worker_polled(tenant, queues, &worker).await?;

@@ -30,7 +30,7 @@ use crate::policy::termination::{self, Facts};
 use crate::secrets::{self, ForeignSeal, SecretsError};
 use crate::store::{
     Attempt, CONTROL_CHANNEL, ControlAction, ControlNote, KEYS_CHANNEL, Lease, Session,
-    SessionSettings, Store, WORKERS_CHANNEL,
+    SessionSettings, Store, WORKERS_CHANNEL, WorkerChange,
 };
 
 /// This replica's runners by session id: one each, two for a moment while
@@ -891,7 +891,7 @@ impl Supervisor {
             }
             // Key notes may have been missed while no listener was connected.
             self.inner.store.keys_changed_locally();
-            self.inner.store.workers_changed_locally();
+            self.inner.store.workers_changed_locally(WorkerChange::ANY);
             loop {
                 let note = tokio::select! {
                     _ = self.inner.closing.cancelled() => return,
@@ -902,7 +902,9 @@ impl Supervisor {
                         self.inner.store.keys_changed_locally();
                     }
                     Ok(note) if note.channel() == WORKERS_CHANNEL => {
-                        self.inner.store.workers_changed_locally();
+                        self.inner
+                            .store
+                            .workers_changed_locally(WorkerChange::from_payload(note.payload()));
                     }
                     Ok(note) => self.on_control_note(note.payload()),
                     Err(err) => {

@@ -77,7 +77,7 @@ pub use sessions::{
 };
 pub use worker_tasks::{
     ClaimedWorkerTask, Heartbeat, LeaseCheck, NewWorkerTask, QueueDepth, Settlement,
-    WORKERS_CHANNEL, WorkerSeen, WorkerTaskState,
+    WORKERS_CHANNEL, WorkerChange, WorkerSeen, WorkerTaskState, wait_for_worker_change,
 };
 
 use std::sync::{Arc, OnceLock};
@@ -159,11 +159,14 @@ pub struct Store {
     /// On the embedded server, the flush that puts commits on the disk
     /// (its engine does not fsync; see `flush`).
     disk_flush: Option<flush::DiskFlush>,
-    /// Bumped, in this process, whenever a worker task is offered or ends
-    /// (made here, or relayed from [`WORKERS_CHANNEL`]): waiting claims and
-    /// steps wake on it.
-    worker_tasks_changed: Arc<tokio::sync::watch::Sender<u64>>,
+    /// Every worker task change in this process (made here, or relayed
+    /// from [`WORKERS_CHANNEL`]): waiting claims and steps hear of it.
+    worker_tasks_changed: Arc<tokio::sync::broadcast::Sender<WorkerChange>>,
 }
+
+/// Worker task changes a waiter may fall behind by before it reads again
+/// anyway (a lagging receiver is told so, and treats it as a change).
+const WORKER_CHANGES: usize = 4_096;
 
 /// Idle time after which a pooled connection is checked before it is used.
 const PING_WHEN_IDLE_FOR: std::time::Duration = std::time::Duration::from_secs(10);
@@ -207,7 +210,7 @@ impl Store {
             local_control: None,
             keys_changed: tokio::sync::broadcast::channel(16).0,
             disk_flush: None,
-            worker_tasks_changed: Arc::new(tokio::sync::watch::channel(0).0),
+            worker_tasks_changed: Arc::new(tokio::sync::broadcast::channel(WORKER_CHANGES).0),
         }
     }
 

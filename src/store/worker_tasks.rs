@@ -148,26 +148,108 @@ fn new_token() -> String {
     format!("wlt_{}{}", Uuid::new_v4().simple(), Uuid::new_v4().simple())
 }
 
-impl Store {
-    /// Tells this process's waiting claims and steps that a task changed.
-    pub fn workers_changed_locally(&self) {
-        self.worker_tasks_changed
-            .send_modify(|n| *n = n.wrapping_add(1));
+/// A change of a worker task, as waiting claims and steps hear of it: only
+/// the step of that task wakes for it, and claims wake only for offers, so
+/// a change does not make every waiter read again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WorkerChange {
+    /// The task that changed; `None`: any may have (a relay was lost).
+    pub task: Option<Uuid>,
+    /// Whether a task became claimable (offered, offered again, released).
+    pub offered: bool,
+}
+
+impl WorkerChange {
+    /// Any task may have changed, and may be claimable.
+    pub const ANY: WorkerChange = WorkerChange {
+        task: None,
+        offered: true,
+    };
+
+    /// The NOTIFY payload carrying it to other replicas.
+    fn payload(&self) -> String {
+        match self.task {
+            Some(task) => format!("{task}:{}", u8::from(self.offered)),
+            None => String::new(),
+        }
     }
 
-    /// Wakes on every task change announced in this process (relayed from
-    /// [`WORKERS_CHANNEL`] for other replicas').
-    pub fn worker_changes(&self) -> tokio::sync::watch::Receiver<u64> {
+    /// Reads a NOTIFY payload; anything else is [`WorkerChange::ANY`].
+    pub fn from_payload(payload: &str) -> WorkerChange {
+        let parsed = payload.split_once(':').and_then(|(task, offered)| {
+            Some(WorkerChange {
+                task: Some(task.parse().ok()?),
+                offered: match offered {
+                    "0" => false,
+                    "1" => true,
+                    _ => return None,
+                },
+            })
+        });
+        parsed.unwrap_or(WorkerChange::ANY)
+    }
+
+    /// Whether the step waiting on `task` must read it again.
+    pub fn concerns_task(&self, task: Uuid) -> bool {
+        self.task.is_none_or(|t| t == task)
+    }
+
+    /// Whether a waiting claim must look for a task again.
+    pub fn concerns_claims(&self) -> bool {
+        self.offered || self.task.is_none()
+    }
+}
+
+/// Waits up to `within` for a change that `concerns` the waiter; a waiter
+/// that fell behind (or a closed channel) returns at once, to read again.
+pub async fn wait_for_worker_change(
+    changes: &mut tokio::sync::broadcast::Receiver<WorkerChange>,
+    within: std::time::Duration,
+    concerns: impl Fn(&WorkerChange) -> bool,
+) {
+    let wait = async {
+        loop {
+            match changes.recv().await {
+                Ok(change) if concerns(&change) => return,
+                Ok(_) => {}
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => return,
+                Err(tokio::sync::broadcast::error::RecvError::Closed) => {
+                    std::future::pending::<()>().await;
+                }
+            }
+        }
+    };
+    let _ = tokio::time::timeout(within, wait).await;
+}
+
+impl Store {
+    /// Tells this process's waiting claims and steps that a task changed.
+    pub fn workers_changed_locally(&self, change: WorkerChange) {
+        // No receiver is no one waiting: nothing to tell.
+        let _ = self.worker_tasks_changed.send(change);
+    }
+
+    /// Hears every task change announced in this process (relayed from
+    /// [`WORKERS_CHANNEL`] for other replicas'), from now on.
+    pub fn worker_changes(&self) -> tokio::sync::broadcast::Receiver<WorkerChange> {
         self.worker_tasks_changed.subscribe()
     }
 
     /// Announces a task change to other replicas (inside the writing
-    /// transaction: sent at commit) and to this process.
-    async fn announce_workers(&self, conn: &mut sqlx::PgConnection) -> Result<()> {
+    /// transaction: sent at commit).
+    async fn announce_workers(
+        &self,
+        conn: &mut sqlx::PgConnection,
+        change: WorkerChange,
+    ) -> Result<()> {
         if !self.is_single_process() {
-            sqlx::query!("SELECT pg_notify($1, '')", WORKERS_CHANNEL)
-                .execute(conn)
-                .await?;
+            sqlx::query!(
+                "SELECT pg_notify($1, $2)",
+                WORKERS_CHANNEL,
+                change.payload()
+            )
+            .execute(conn)
+            .await?;
         }
         Ok(())
     }
@@ -212,9 +294,13 @@ impl Store {
                 detail: "the session of a worker task is not within its own scope".into(),
             });
         }
-        self.announce_workers(&mut tx).await?;
+        let change = WorkerChange {
+            task: Some(task.id),
+            offered: true,
+        };
+        self.announce_workers(&mut tx, change).await?;
         tx.commit().await?;
-        self.workers_changed_locally();
+        self.workers_changed_locally(change);
         Ok(())
     }
 
@@ -261,9 +347,13 @@ impl Store {
         )
         .execute(&mut *tx)
         .await?;
-        self.announce_workers(&mut tx).await?;
+        let change = WorkerChange {
+            task: Some(id),
+            offered: true,
+        };
+        self.announce_workers(&mut tx, change).await?;
         tx.commit().await?;
-        self.workers_changed_locally();
+        self.workers_changed_locally(change);
         Ok(done.rows_affected() == 1)
     }
 
@@ -406,6 +496,10 @@ impl Store {
             None
         };
         if let Some(reason) = &cancel {
+            let cancelled = WorkerChange {
+                task: Some(id),
+                offered: false,
+            };
             if row.state == "claimed" {
                 // The waiting step ends now instead of at the lease's end.
                 sqlx::query!(
@@ -416,10 +510,10 @@ impl Store {
                 )
                 .execute(&mut *tx)
                 .await?;
-                self.announce_workers(&mut tx).await?;
+                self.announce_workers(&mut tx, cancelled).await?;
             }
             tx.commit().await?;
-            self.workers_changed_locally();
+            self.workers_changed_locally(cancelled);
             return Ok(LeaseCheck::Held(Heartbeat {
                 cancel,
                 lease_expires_at: None,
@@ -505,9 +599,13 @@ impl Store {
             }
         }
         row.seen_holding(&mut tx, None).await?;
-        self.announce_workers(&mut tx).await?;
+        let change = WorkerChange {
+            task: Some(id),
+            offered: matches!(settlement, Settlement::Release),
+        };
+        self.announce_workers(&mut tx, change).await?;
         tx.commit().await?;
-        self.workers_changed_locally();
+        self.workers_changed_locally(change);
         Ok(LeaseCheck::Held(()))
     }
 
@@ -650,4 +748,78 @@ async fn lock_task(
     )
     .fetch_optional(conn)
     .await?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn a_change_goes_through_its_notify_payload_unchanged() {
+        let task = Uuid::new_v4();
+        for offered in [false, true] {
+            let change = WorkerChange {
+                task: Some(task),
+                offered,
+            };
+            assert_eq!(WorkerChange::from_payload(&change.payload()), change);
+        }
+        assert_eq!(WorkerChange::ANY.payload(), "");
+        for garbled in [
+            "",
+            "x",
+            "not-a-uuid:1",
+            &format!("{task}:2"),
+            &format!("{task}"),
+        ] {
+            assert_eq!(
+                WorkerChange::from_payload(garbled),
+                WorkerChange::ANY,
+                "{garbled}"
+            );
+        }
+    }
+
+    #[test]
+    fn only_the_step_of_the_task_and_claims_for_offers_wake() {
+        let (mine, other) = (Uuid::new_v4(), Uuid::new_v4());
+        let of = |task, offered| WorkerChange {
+            task: Some(task),
+            offered,
+        };
+        assert!(of(mine, false).concerns_task(mine));
+        assert!(of(mine, true).concerns_task(mine));
+        assert!(!of(other, true).concerns_task(mine));
+        assert!(WorkerChange::ANY.concerns_task(mine));
+        assert!(of(other, true).concerns_claims());
+        assert!(!of(other, false).concerns_claims());
+        assert!(WorkerChange::ANY.concerns_claims());
+    }
+
+    #[tokio::test]
+    async fn a_waiter_returns_on_its_change_on_falling_behind_or_at_the_deadline() {
+        let (tx, mut rx) = tokio::sync::broadcast::channel(2);
+        let (mine, other) = (Uuid::new_v4(), Uuid::new_v4());
+        let of = |task| WorkerChange {
+            task: Some(task),
+            offered: false,
+        };
+        // Another task's change does not end the wait; the deadline does.
+        tx.send(of(other)).expect("sent");
+        let started = std::time::Instant::now();
+        wait_for_worker_change(&mut rx, Duration::from_millis(50), |c| {
+            c.concerns_task(mine)
+        })
+        .await;
+        assert!(started.elapsed() >= Duration::from_millis(50));
+        // Its own change ends it at once.
+        tx.send(of(mine)).expect("sent");
+        wait_for_worker_change(&mut rx, Duration::from_secs(60), |c| c.concerns_task(mine)).await;
+        // Falling behind ends it at once too (it cannot know what it missed).
+        for _ in 0..3 {
+            tx.send(of(other)).expect("sent");
+        }
+        wait_for_worker_change(&mut rx, Duration::from_secs(60), |c| c.concerns_task(mine)).await;
+    }
 }

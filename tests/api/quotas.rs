@@ -165,6 +165,11 @@ async fn slow_requests_time_out_and_excess_requests_are_shed() {
         .as_str()
         .unwrap()
         .to_string();
+    // The pause must find the step in flight, not the loop before it.
+    app.wait_until(&id, Duration::from_secs(10), |s| {
+        !s["current_step"].is_null()
+    })
+    .await;
     let pause = app
         .client
         .post(app.url(&format!("/api/autonomous/{id}/pause")))

@@ -378,6 +378,46 @@ pub enum SessionEvent {
         /// The message to the agent.
         message: Option<String>,
     },
+    /// The session delegated a task to a child session, its budget carved
+    /// out of this session's limits.
+    ChildDelegated {
+        /// The child.
+        child_id: Uuid,
+        /// Its goal.
+        goal: String,
+        /// Tokens it was given (this session's `max_tokens` shrank by them).
+        budget_tokens: u64,
+        /// Iterations it was given (this session's `max_iterations` shrank by them).
+        budget_iterations: u64,
+        /// Whether this session waits for it.
+        wait: bool,
+    },
+    /// This session was made by its parent to do a delegated task.
+    DelegatedBy {
+        /// The parent.
+        parent_id: Uuid,
+        /// What of the parent made it: `{iteration}.{call}` or `subgoal.{n}`.
+        call: String,
+    },
+    /// A child ended; what it did not spend came back to this session's limits.
+    ChildEnded {
+        /// The child.
+        child_id: Uuid,
+        /// Its goal.
+        goal: String,
+        /// How it ended.
+        status: Status,
+        /// Why.
+        reason: Option<Reason>,
+        /// Its summary.
+        summary: Option<String>,
+        /// Tokens it and its own children spent.
+        tokens_used: u64,
+        /// Iterations it and its own children committed.
+        iterations: u64,
+        /// Tokens given back to this session.
+        tokens_returned: u64,
+    },
 }
 
 impl SessionEvent {
@@ -414,6 +454,9 @@ impl SessionEvent {
             SessionEvent::ReflectionDeferred { .. } => "reflection_deferred",
             SessionEvent::ApprovalRequested { .. } => "approval_requested",
             SessionEvent::ApprovalDecided { .. } => "approval_decided",
+            SessionEvent::ChildDelegated { .. } => "child_delegated",
+            SessionEvent::DelegatedBy { .. } => "delegated_by",
+            SessionEvent::ChildEnded { .. } => "child_ended",
         }
     }
 

@@ -83,6 +83,7 @@ const STORE: &[(&str, u8)] = &[
     ("reflections", 4),
     ("rebuild", 3),
     ("sessions", 4),
+    ("children", 4),
     ("iterations", 5),
     ("archive", 5),
 ];

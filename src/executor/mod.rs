@@ -31,6 +31,7 @@ use crate::egress::EgressPolicy;
 use crate::event::SessionEvent;
 use crate::llm::{LlmClient, LlmSettings, Message};
 use crate::policy::approval::{ApprovalPolicy, Decision};
+use crate::policy::delegation::{ChildReport, ChildRequest};
 use crate::policy::history::{FileWrite, Outcome, StepRecord};
 use crate::policy::sentinel::Sentinel;
 use crate::store::{Task, TaskWrite};
@@ -54,6 +55,8 @@ pub struct StepContext<'a> {
     /// budget. A model call never asks for more, and a step that reports
     /// more ends the session `stopped / cost_limit`.
     pub token_allowance: u64,
+    /// Children that ended since the step before, with their results.
+    pub children: &'a [ChildReport],
 }
 
 /// What one step produced.
@@ -248,6 +251,31 @@ pub trait ApprovalDesk: Send + Sync {
     fn decided(&self, iteration: u64) -> BoxFuture<'_, Result<Vec<DecidedCall>, String>>;
 }
 
+/// A child session made for a step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChildTicket {
+    /// The child.
+    pub child_id: Uuid,
+    /// Tokens it was given.
+    pub tokens: u64,
+    /// Iterations it was given.
+    pub iterations: u64,
+}
+
+/// Where a step delegates tasks to child sessions.
+pub trait ChildDesk: Send + Sync {
+    /// Makes a child for call `index` of `iteration` (the same call finds
+    /// the child it made before); `pending_tokens`: what the step has
+    /// spent so far. `Err` carries a message for the agent.
+    fn delegate<'a>(
+        &'a self,
+        iteration: u64,
+        index: u32,
+        request: &'a ChildRequest,
+        pending_tokens: u64,
+    ) -> BoxFuture<'a, Result<ChildTicket, String>>;
+}
+
 /// The agent's persistent task queue.
 pub trait TaskQueue: Send + Sync {
     /// The queue, highest priority first.
@@ -434,6 +462,10 @@ pub struct ExecutorDeps {
     pub journal: Arc<dyn ToolJournal>,
     /// Where this session's calls wait for approval.
     pub approvals: Arc<dyn ApprovalDesk>,
+    /// Where this session delegates tasks to children.
+    pub children: Arc<dyn ChildDesk>,
+    /// Its ancestors, root first (a child's workspace is inside its parent's).
+    pub lineage: Vec<Uuid>,
     /// The conversation of the current cycle, one entry per committed step.
     pub transcript: Vec<Vec<Message>>,
     /// The agent's task queue.

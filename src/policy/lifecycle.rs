@@ -124,11 +124,13 @@ pub enum Reason {
     NoWorker,
     /// A tool call (or an agent's action) waits for a person's approval.
     ApprovalRequired,
+    /// The session delegated tasks to child sessions and waits for them to end.
+    WaitingForChildren,
 }
 
 impl Reason {
     /// Every reason.
-    pub const ALL: [Reason; 25] = [
+    pub const ALL: [Reason; 26] = [
         Reason::GoalAchieved,
         Reason::AgentBlocked,
         Reason::AskUser,
@@ -154,6 +156,7 @@ impl Reason {
         Reason::ReviewRequired,
         Reason::NoWorker,
         Reason::ApprovalRequired,
+        Reason::WaitingForChildren,
     ];
 
     /// The snake_case name stored in Postgres and shown in JSON.
@@ -184,6 +187,7 @@ impl Reason {
             Reason::ReviewRequired => "review_required",
             Reason::NoWorker => "no_worker",
             Reason::ApprovalRequired => "approval_required",
+            Reason::WaitingForChildren => "waiting_for_children",
         }
     }
 
@@ -207,7 +211,8 @@ impl Reason {
             | Reason::BudgetProjectedOverrun
             | Reason::ReviewRequired
             | Reason::NoWorker
-            | Reason::ApprovalRequired => Status::Paused,
+            | Reason::ApprovalRequired
+            | Reason::WaitingForChildren => Status::Paused,
             Reason::CoherenceLow
             | Reason::Timeout
             | Reason::MaxIterations
@@ -605,6 +610,7 @@ mod tests {
             ReviewRequired,
             NoWorker,
             ApprovalRequired,
+            WaitingForChildren,
         ] {
             expect(r, Status::Paused);
         }

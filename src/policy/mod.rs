@@ -6,6 +6,7 @@ pub mod ambiguity;
 pub mod approval;
 pub mod budget;
 pub mod checklist;
+pub mod delegation;
 pub mod eta;
 pub mod excerpt;
 pub mod fair_share;

@@ -17,6 +17,8 @@ pub enum SignalKind {
     AskUser,
     /// A call of the step waits for a person's approval.
     ApprovalRequired,
+    /// The step delegated tasks and the session waits for them to end.
+    WaitingForChildren,
 }
 
 /// A signal from the agent: a sentinel in its output or a loop-breaking tool.

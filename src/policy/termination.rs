@@ -178,6 +178,16 @@ pub fn record(reason: Reason, facts: Facts<'_>) -> Termination {
                 "Approve or reject it with POST /api/autonomous/{id}/approvals/{call_id}; the session continues the same step".into(),
             ],
         ),
+        Reason::WaitingForChildren => (
+            with_detail(
+                format!("Waiting: the tasks it delegated are running {ran}"),
+                facts.detail,
+            ),
+            vec![
+                "See its children in GET /api/autonomous/{id}/tree; it continues by itself when the last one ends".into(),
+                "Stop it (POST /api/autonomous/{id}/stop) to stop the whole tree".into(),
+            ],
+        ),
         Reason::BudgetExhausted => (
             with_detail(format!("Stopped: a budget ran out {ran}"), facts.detail),
             vec![format!("{resume} with a higher limit")],

@@ -335,6 +335,13 @@ pub(crate) mod tests {
             attempts: 0,
             last_error: None,
             imported_at: None,
+            parent_id: None,
+            lineage: Vec::new(),
+            secrets_from: None,
+            budget_tokens: None,
+            children_tokens: 0,
+            children_reserved_tokens: 0,
+            children_count: 0,
         }
     }
 

@@ -261,6 +261,7 @@ impl LoopState {
                     SignalKind::Blocked => Reason::AgentBlocked,
                     SignalKind::AskUser => Reason::AskUser,
                     SignalKind::ApprovalRequired => Reason::ApprovalRequired,
+                    SignalKind::WaitingForChildren => Reason::WaitingForChildren,
                 },
                 detail: signal.reason.clone(),
                 review_pending: signal.kind == SignalKind::Done,

@@ -21,6 +21,7 @@ mod approvals;
 pub mod archive;
 mod batch;
 mod checkpoints;
+mod children;
 mod connection;
 mod control_channel;
 #[cfg(feature = "embedded")]
@@ -51,6 +52,9 @@ mod worker_tasks;
 pub use approvals::{
     Approval, ApprovalCursor, Decided, NewApproval, call_id as approval_call_id,
     count_waiting as count_waiting_approvals, decide as decide_approval,
+};
+pub use children::{
+    DelegateError, Delegated, Delegator, TreeRow, delegate as delegate_on, live_descendants,
 };
 pub use connection::is_unavailable;
 pub use control_channel::{

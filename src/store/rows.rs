@@ -306,6 +306,20 @@ pub struct Session {
     pub last_error: Option<String>,
     /// When it was imported from an archive: it is read-only.
     pub imported_at: Option<DateTime<Utc>>,
+    /// The session that delegated it, for a child.
+    pub parent_id: Option<Uuid>,
+    /// Its ancestors, root first (empty for a root).
+    pub lineage: Vec<Uuid>,
+    /// The ancestor whose sealed secrets its executor uses, for a child.
+    pub secrets_from: Option<Uuid>,
+    /// Tokens carved out of its parent for it, for a child.
+    pub budget_tokens: Option<i64>,
+    /// Tokens its ended children spent (their limits came out of its own).
+    pub children_tokens: i64,
+    /// Tokens its live children hold of what it was given.
+    pub children_reserved_tokens: i64,
+    /// Children it has (live or ended).
+    pub children_count: i64,
 }
 
 impl Session {

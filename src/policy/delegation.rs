@@ -1,0 +1,675 @@
+//! Delegation: what a child session may be given of its parent's budget,
+//! whether the tree has room for it, how ended children are reported to the
+//! parent, and what a parent whose children all failed does. Pure: the
+//! store applies these rules under the parent's row lock.
+
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+use super::guardrails::Limits;
+use super::lifecycle::{Reason, Status};
+
+/// Deepest a tree may grow unless the tenant's settings say otherwise (a
+/// root is at depth 0, its children at 1).
+pub const DEFAULT_MAX_DEPTH: u32 = 3;
+/// Most children one session may have unless the tenant's settings say otherwise.
+pub const DEFAULT_MAX_CHILDREN: u32 = 8;
+/// Allowed depth and children limits.
+pub const TREE_LIMIT_RANGE: std::ops::RangeInclusive<u32> = 1..=64;
+/// Longest goal of a delegated task, in characters (the create request's limit).
+pub const MAX_CHILD_GOAL_CHARS: usize = 4_000;
+/// Most success criteria a delegated task may name.
+pub const MAX_CHILD_CRITERIA: usize = 20;
+/// Fewest tokens a child may be given: less could not pay for one answer.
+pub const MIN_CHILD_TOKENS: u64 = 100;
+
+/// A parent's request for a child: what to do and how much of what the
+/// parent has left it may spend.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct ChildRequest {
+    /// The child's goal.
+    pub goal: String,
+    /// How the child knows it is done.
+    #[serde(default)]
+    pub success_criteria: Vec<String>,
+    /// Fraction of the parent's remaining token and iteration budget the
+    /// child is given (0 < share ≤ 1; default: an equal share among the
+    /// children the parent may still make, and itself).
+    #[serde(default)]
+    pub budget_share: Option<f64>,
+    /// Whether the parent waits (pauses) until its children end.
+    #[serde(default = "default_wait")]
+    pub wait: bool,
+}
+
+fn default_wait() -> bool {
+    true
+}
+
+/// The tree's limits, per tenant.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TreeLimits {
+    /// Deepest child allowed (root = 0).
+    pub max_depth: u32,
+    /// Most children per session.
+    pub max_children: u32,
+}
+
+impl Default for TreeLimits {
+    fn default() -> TreeLimits {
+        TreeLimits {
+            max_depth: DEFAULT_MAX_DEPTH,
+            max_children: DEFAULT_MAX_CHILDREN,
+        }
+    }
+}
+
+/// What the parent has when a child is asked for.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ParentBudget {
+    /// The parent's limits now (already less what its live children hold).
+    pub limits: Limits,
+    /// Tokens the parent has used, including the step that is delegating.
+    pub tokens_used: u64,
+    /// Iterations the parent has committed.
+    pub iterations: u64,
+    /// Running time the parent has used, ms.
+    pub elapsed_ms: u64,
+    /// The parent's depth (root = 0).
+    pub depth: u32,
+    /// Children it has already (live or ended).
+    pub children: u32,
+}
+
+/// The budget carved out of the parent for one child.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChildBudget {
+    /// Tokens the child may spend (its subtree included); the parent's
+    /// `max_tokens` shrinks by this much.
+    pub tokens: u64,
+    /// Iterations the child may commit; the parent's `max_iterations` shrinks by this much.
+    pub iterations: u64,
+    /// The child's wall-clock limit: at most what the parent has left
+    /// (time is not carved: children run beside their parent).
+    pub wall_time_ms: u64,
+}
+
+/// Why a child cannot be made.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum DelegationRefused {
+    /// The tree would be deeper than allowed.
+    #[error("a child here would be at depth {depth}, deeper than the {max} allowed")]
+    TooDeep {
+        /// The child's depth.
+        depth: u32,
+        /// The allowed depth.
+        max: u32,
+    },
+    /// The session has as many children as allowed.
+    #[error("this session has {children} children, the most allowed")]
+    TooManyChildren {
+        /// Children it has.
+        children: u32,
+    },
+    /// What the parent has left cannot pay for a child.
+    #[error(
+        "the {what} left ({left}) cannot pay for a child: it needs at least {needed}; ask for a larger budget_share or do the work yourself"
+    )]
+    NoBudget {
+        /// Which budget.
+        what: &'static str,
+        /// What is left.
+        left: u64,
+        /// What a child needs at the least.
+        needed: u64,
+    },
+    /// The request itself is wrong.
+    #[error("{0}")]
+    Invalid(String),
+}
+
+impl ChildRequest {
+    /// Checks the request's own fields; the message names the field.
+    pub fn validate(&self) -> Result<(), DelegationRefused> {
+        let goal = self.goal.trim();
+        if goal.is_empty() {
+            return Err(DelegationRefused::Invalid("`goal` must not be empty".into()));
+        }
+        if goal.chars().count() > MAX_CHILD_GOAL_CHARS {
+            return Err(DelegationRefused::Invalid(format!(
+                "`goal` must be at most {MAX_CHILD_GOAL_CHARS} characters"
+            )));
+        }
+        if self.success_criteria.len() > MAX_CHILD_CRITERIA {
+            return Err(DelegationRefused::Invalid(format!(
+                "`success_criteria` may name at most {MAX_CHILD_CRITERIA} criteria"
+            )));
+        }
+        if let Some(share) = self.budget_share
+            && !(share > 0.0 && share <= 1.0)
+        {
+            return Err(DelegationRefused::Invalid(format!(
+                "`budget_share` must be more than 0 and at most 1, got {share}"
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// Carves a child's budget out of what the parent has left, or says why
+/// it cannot. Exact: the child gets at most what is left, so the parent
+/// and all its descendants never spend more than the parent's limit.
+pub fn carve(
+    parent: &ParentBudget,
+    share: Option<f64>,
+    tree: TreeLimits,
+) -> Result<ChildBudget, DelegationRefused> {
+    let depth = parent.depth + 1;
+    if depth > tree.max_depth {
+        return Err(DelegationRefused::TooDeep {
+            depth,
+            max: tree.max_depth,
+        });
+    }
+    if parent.children >= tree.max_children {
+        return Err(DelegationRefused::TooManyChildren {
+            children: parent.children,
+        });
+    }
+    let share = share.unwrap_or_else(|| {
+        // An equal share among the children still possible and the parent.
+        1.0 / f64::from(tree.max_children - parent.children + 1)
+    });
+    let tokens_left = parent.limits.max_tokens.saturating_sub(parent.tokens_used);
+    let iterations_left = parent
+        .limits
+        .max_iterations
+        .saturating_sub(parent.iterations);
+    let wall_left = parent
+        .limits
+        .max_wall_time_ms
+        .saturating_sub(parent.elapsed_ms);
+    let tokens = portion(tokens_left, share);
+    if tokens < MIN_CHILD_TOKENS {
+        return Err(DelegationRefused::NoBudget {
+            what: "token budget",
+            left: tokens_left,
+            needed: MIN_CHILD_TOKENS,
+        });
+    }
+    let iterations = portion(iterations_left, share).max(1);
+    if iterations > iterations_left {
+        return Err(DelegationRefused::NoBudget {
+            what: "iteration budget",
+            left: iterations_left,
+            needed: 1,
+        });
+    }
+    if wall_left == 0 {
+        return Err(DelegationRefused::NoBudget {
+            what: "wall-clock budget (ms)",
+            left: 0,
+            needed: 1,
+        });
+    }
+    Ok(ChildBudget {
+        tokens,
+        iterations,
+        wall_time_ms: wall_left,
+    })
+}
+
+/// `share` of `left`, rounded down, never more than `left`.
+fn portion(left: u64, share: f64) -> u64 {
+    let part = (left as f64 * share.clamp(0.0, 1.0)).floor();
+    (part as u64).min(left)
+}
+
+/// The child's limits: the parent's, with the carved budget.
+pub fn child_limits(parent: &Limits, budget: ChildBudget) -> Limits {
+    Limits {
+        max_tokens: budget.tokens,
+        max_iterations: budget.iterations,
+        max_wall_time_ms: budget.wall_time_ms.max(100),
+        ..*parent
+    }
+}
+
+/// What is given back to the parent when a child ends: the part of its
+/// budget it did not spend.
+pub fn returned(budget: u64, spent: u64) -> u64 {
+    budget.saturating_sub(spent)
+}
+
+/// An ended child, as its parent is told of it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct ChildReport {
+    /// The child session.
+    pub child_id: uuid::Uuid,
+    /// Its goal.
+    pub goal: String,
+    /// How it ended.
+    pub status: Status,
+    /// Why.
+    pub reason: Option<Reason>,
+    /// Its final summary (its answer, for a completed child).
+    pub summary: Option<String>,
+    /// The criteria it was given that it met.
+    pub criteria_met: Vec<String>,
+    /// Files it wrote, relative to the parent's workspace.
+    pub files: Vec<String>,
+    /// Tokens it (and its own children) spent.
+    pub tokens_used: u64,
+}
+
+impl ChildReport {
+    /// Whether the child did what it was asked.
+    pub fn succeeded(&self) -> bool {
+        self.status == Status::Completed
+    }
+}
+
+/// What a parent does when its children have been reported.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ParentNext {
+    /// Go on: the parent's agent (under its own gate) decides what to do
+    /// with the results, failures included.
+    Continue,
+    /// Every child failed: the parent pauses as blocked, with their reasons.
+    Blocked(String),
+}
+
+/// Decides what a parent does with the reports of its ended children:
+/// when every one of them failed, it is blocked (a person decides);
+/// otherwise it goes on.
+pub fn after_children(reports: &[ChildReport]) -> ParentNext {
+    if reports.is_empty() || reports.iter().any(ChildReport::succeeded) {
+        return ParentNext::Continue;
+    }
+    let reasons: Vec<String> = reports
+        .iter()
+        .map(|r| {
+            let why = r
+                .summary
+                .as_deref()
+                .filter(|s| !s.trim().is_empty())
+                .map(str::to_string)
+                .or_else(|| r.reason.map(|x| x.as_str().to_string()))
+                .unwrap_or_else(|| r.status.as_str().to_string());
+            format!("{} ({}): {why}", short(&r.goal), r.status.as_str())
+        })
+        .collect();
+    ParentNext::Blocked(format!(
+        "every delegated task failed: {}",
+        reasons.join("; ")
+    ))
+}
+
+/// Renders reports for the agent: one paragraph per child.
+pub fn render_reports(reports: &[ChildReport]) -> String {
+    let mut out = String::from("Results of the tasks you delegated:");
+    for r in reports {
+        out.push_str(&format!(
+            "\n- child {} \"{}\": {}",
+            r.child_id,
+            short(&r.goal),
+            r.status.as_str()
+        ));
+        if let Some(reason) = r.reason {
+            out.push_str(&format!(" ({})", reason.as_str()));
+        }
+        out.push_str(&format!(", {} tokens", r.tokens_used));
+        if let Some(summary) = r.summary.as_deref().filter(|s| !s.trim().is_empty()) {
+            out.push_str(&format!(". Result: {summary}"));
+        }
+        if !r.criteria_met.is_empty() {
+            out.push_str(&format!(". Criteria met: {}", r.criteria_met.join("; ")));
+        }
+        if !r.files.is_empty() {
+            out.push_str(&format!(". Files: {}", r.files.join(", ")));
+        }
+    }
+    out
+}
+
+/// A goal cut to a readable length for reports.
+fn short(goal: &str) -> String {
+    const MAX: usize = 120;
+    if goal.chars().count() <= MAX {
+        goal.to_string()
+    } else {
+        let cut: String = goal.chars().take(MAX).collect();
+        format!("{cut}…")
+    }
+}
+
+/// Splits a goal of the shape "X and Y and Z" (or "X, Y and Z") into its
+/// parts, when it has at least two and each is a phrase of a few words;
+/// `None` when it does not read as a list of separate tasks.
+pub fn split_goal(goal: &str) -> Option<Vec<String>> {
+    let goal = goal.trim().trim_end_matches('.');
+    let mut parts: Vec<String> = Vec::new();
+    for chunk in goal.split(" and ").flat_map(|c| c.split(", ")) {
+        let part = chunk.trim().trim_start_matches("and ").trim();
+        if part.is_empty() {
+            return None;
+        }
+        parts.push(part.to_string());
+    }
+    let words = |p: &String| p.split_whitespace().count();
+    if parts.len() < 2 || parts.len() > DEFAULT_MAX_CHILDREN as usize {
+        return None;
+    }
+    // "salt and pepper" is not two tasks: each part must read as one (a
+    // verb and its object, two words at the least).
+    if parts.iter().any(|p| words(p) < 2) {
+        return None;
+    }
+    Some(parts)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limits(tokens: u64, iterations: u64) -> Limits {
+        Limits {
+            max_tokens: tokens,
+            max_iterations: iterations,
+            max_wall_time_ms: 60_000,
+            ..crate::policy::guardrails::tests::roomy()
+        }
+    }
+
+    fn parent(tokens: u64, used: u64) -> ParentBudget {
+        ParentBudget {
+            limits: limits(tokens, 100),
+            tokens_used: used,
+            iterations: 10,
+            elapsed_ms: 1_000,
+            depth: 0,
+            children: 0,
+        }
+    }
+
+    #[test]
+    fn a_share_of_what_is_left_is_carved() {
+        let b = carve(&parent(10_000, 2_000), Some(0.5), TreeLimits::default()).unwrap();
+        assert_eq!(b.tokens, 4_000);
+        assert_eq!(b.iterations, 45);
+        assert_eq!(b.wall_time_ms, 59_000);
+    }
+
+    #[test]
+    fn without_a_share_each_possible_child_and_the_parent_get_equal_parts() {
+        let tree = TreeLimits {
+            max_depth: 3,
+            max_children: 3,
+        };
+        let b = carve(&parent(8_000, 0), None, tree).unwrap();
+        assert_eq!(b.tokens, 2_000);
+        let mut p = parent(8_000, 0);
+        p.children = 2;
+        assert_eq!(carve(&p, None, tree).unwrap().tokens, 4_000);
+    }
+
+    #[test]
+    fn a_whole_share_takes_everything_left_and_never_more() {
+        let b = carve(&parent(10_000, 9_000), Some(1.0), TreeLimits::default()).unwrap();
+        assert_eq!(b.tokens, 1_000);
+        let over = parent(10_000, 12_000);
+        assert!(matches!(
+            carve(&over, Some(1.0), TreeLimits::default()),
+            Err(DelegationRefused::NoBudget { left: 0, .. })
+        ));
+    }
+
+    #[test]
+    fn too_little_left_is_refused_with_what_is_left() {
+        let err = carve(&parent(10_000, 9_950), Some(1.0), TreeLimits::default()).unwrap_err();
+        assert_eq!(
+            err,
+            DelegationRefused::NoBudget {
+                what: "token budget",
+                left: 50,
+                needed: MIN_CHILD_TOKENS
+            }
+        );
+        assert!(err.to_string().contains("budget_share"));
+    }
+
+    #[test]
+    fn no_iteration_left_is_refused() {
+        let mut p = parent(10_000, 0);
+        p.iterations = 100;
+        assert!(matches!(
+            carve(&p, Some(0.5), TreeLimits::default()),
+            Err(DelegationRefused::NoBudget {
+                what: "iteration budget",
+                ..
+            })
+        ));
+    }
+
+    #[test]
+    fn no_time_left_is_refused() {
+        let mut p = parent(10_000, 0);
+        p.elapsed_ms = 60_000;
+        assert!(matches!(
+            carve(&p, Some(0.5), TreeLimits::default()),
+            Err(DelegationRefused::NoBudget {
+                what: "wall-clock budget (ms)",
+                ..
+            })
+        ));
+    }
+
+    #[test]
+    fn depth_and_children_limits_hold() {
+        let tree = TreeLimits {
+            max_depth: 2,
+            max_children: 2,
+        };
+        let mut p = parent(10_000, 0);
+        p.depth = 1;
+        assert!(carve(&p, Some(0.1), tree).is_ok());
+        p.depth = 2;
+        assert_eq!(
+            carve(&p, Some(0.1), tree),
+            Err(DelegationRefused::TooDeep { depth: 3, max: 2 })
+        );
+        let mut p = parent(10_000, 0);
+        p.children = 2;
+        assert_eq!(
+            carve(&p, Some(0.1), tree),
+            Err(DelegationRefused::TooManyChildren { children: 2 })
+        );
+    }
+
+    #[test]
+    fn carving_many_children_never_hands_out_more_than_was_left() {
+        // The store shrinks the parent's limit by each child's budget.
+        let tree = TreeLimits {
+            max_depth: 3,
+            max_children: 64,
+        };
+        let mut p = parent(10_007, 3);
+        let start = p.limits.max_tokens - p.tokens_used;
+        let mut given = 0;
+        for share in [0.3, 0.9, 1.0, 0.01, 0.5, 0.77] {
+            if let Ok(b) = carve(&p, Some(share), tree) {
+                given += b.tokens;
+                p.limits.max_tokens -= b.tokens;
+                p.limits.max_iterations -= b.iterations;
+                p.children += 1;
+            }
+        }
+        assert!(given <= start, "{given} > {start}");
+    }
+
+    #[test]
+    fn child_limits_take_the_budget_and_keep_the_rest() {
+        let p = limits(10_000, 100);
+        let c = child_limits(
+            &p,
+            ChildBudget {
+                tokens: 500,
+                iterations: 7,
+                wall_time_ms: 30,
+            },
+        );
+        assert_eq!(c.max_tokens, 500);
+        assert_eq!(c.max_iterations, 7);
+        assert_eq!(c.max_wall_time_ms, 100);
+        assert_eq!(c.reflection_interval, p.reflection_interval);
+    }
+
+    #[test]
+    fn unspent_budget_is_returned_and_overspend_returns_nothing() {
+        assert_eq!(returned(1_000, 300), 700);
+        assert_eq!(returned(1_000, 1_000), 0);
+        assert_eq!(returned(1_000, 1_200), 0);
+    }
+
+    #[test]
+    fn requests_are_checked_field_by_field() {
+        let ok = ChildRequest {
+            goal: "write the tests".into(),
+            success_criteria: vec![],
+            budget_share: Some(0.5),
+            wait: true,
+        };
+        assert!(ok.validate().is_ok());
+        for (bad, field) in [
+            (
+                ChildRequest {
+                    goal: "  ".into(),
+                    ..ok.clone()
+                },
+                "`goal`",
+            ),
+            (
+                ChildRequest {
+                    budget_share: Some(0.0),
+                    ..ok.clone()
+                },
+                "`budget_share`",
+            ),
+            (
+                ChildRequest {
+                    budget_share: Some(1.5),
+                    ..ok.clone()
+                },
+                "`budget_share`",
+            ),
+            (
+                ChildRequest {
+                    budget_share: Some(f64::NAN),
+                    ..ok.clone()
+                },
+                "`budget_share`",
+            ),
+            (
+                ChildRequest {
+                    success_criteria: vec!["x".into(); MAX_CHILD_CRITERIA + 1],
+                    ..ok.clone()
+                },
+                "`success_criteria`",
+            ),
+            (
+                ChildRequest {
+                    goal: "x".repeat(MAX_CHILD_GOAL_CHARS + 1),
+                    ..ok.clone()
+                },
+                "`goal`",
+            ),
+        ] {
+            let err = bad.validate().unwrap_err().to_string();
+            assert!(err.contains(field), "{err}");
+        }
+    }
+
+    #[test]
+    fn the_wait_default_is_to_wait() {
+        let r: ChildRequest = serde_json::from_str(r#"{"goal":"g"}"#).unwrap();
+        assert!(r.wait);
+        assert_eq!(r.budget_share, None);
+    }
+
+    fn report(status: Status, summary: &str) -> ChildReport {
+        ChildReport {
+            child_id: uuid::Uuid::nil(),
+            goal: "write the docs".into(),
+            status,
+            reason: None,
+            summary: Some(summary.into()),
+            criteria_met: vec![],
+            files: vec![],
+            tokens_used: 10,
+        }
+    }
+
+    #[test]
+    fn a_parent_goes_on_unless_every_child_failed() {
+        assert_eq!(after_children(&[]), ParentNext::Continue);
+        assert_eq!(
+            after_children(&[
+                report(Status::Completed, "done"),
+                report(Status::Failed, "x")
+            ]),
+            ParentNext::Continue
+        );
+        match after_children(&[
+            report(Status::Failed, "no model"),
+            report(Status::Stopped, "out of tokens"),
+        ]) {
+            ParentNext::Blocked(why) => {
+                assert!(why.contains("no model") && why.contains("out of tokens"), "{why}");
+                assert!(why.contains("failed") && why.contains("stopped"), "{why}");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn reports_name_each_child_its_end_and_its_answer() {
+        let mut r = report(Status::Completed, "42");
+        r.files = vec!["delegated/x/a.txt".into()];
+        r.criteria_met = vec!["has a number".into()];
+        r.reason = Some(Reason::GoalAchieved);
+        let text = render_reports(&[r]);
+        for needle in [
+            "completed",
+            "goal_achieved",
+            "Result: 42",
+            "delegated/x/a.txt",
+            "has a number",
+            "10 tokens",
+        ] {
+            assert!(text.contains(needle), "{needle} in {text}");
+        }
+    }
+
+    #[test]
+    fn list_goals_split_and_others_do_not() {
+        assert_eq!(
+            split_goal("Build feature X and write tests and update docs"),
+            Some(vec![
+                "Build feature X".to_string(),
+                "write tests".to_string(),
+                "update docs".to_string()
+            ])
+        );
+        assert_eq!(
+            split_goal("write the parser, add tests and update the docs."),
+            Some(vec![
+                "write the parser".to_string(),
+                "add tests".to_string(),
+                "update the docs".to_string()
+            ])
+        );
+        assert_eq!(split_goal("make salt and pepper"), None);
+        assert_eq!(split_goal("write a haiku"), None);
+        assert_eq!(split_goal("a and b"), None);
+    }
+}

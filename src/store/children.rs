@@ -1,0 +1,455 @@
+//! Child sessions: made by a parent's step (fenced by the parent's lease)
+//! or by a split at creation, with their budget carved out of the parent's
+//! limits under the parent's row lock; read as a tree within a tenant.
+//! Giving back what a child did not spend, and waking a parent that waits
+//! for its children, happen in Postgres itself when a child's status
+//! changes (`migrations/0019_child_sessions.sql`), so every path that ends
+//! a session (a loop, a stop, a rescue) does it in the same transaction.
+
+use chrono::{DateTime, Utc};
+use sqlx::PgConnection;
+use sqlx::types::Json;
+use uuid::Uuid;
+
+use super::event_log;
+use super::rows::{Lease, NewEvent};
+use super::{Result, Store, StoreError, TenantScope};
+use crate::event::SessionEvent;
+use crate::policy::checklist::ChecklistItem;
+use crate::policy::delegation::{
+    self, ChildBudget, ChildReport, ChildRequest, DelegationRefused, ParentBudget, TreeLimits,
+};
+use crate::policy::guardrails::Limits;
+use crate::policy::lifecycle::{Reason, Status};
+
+/// Who asks for a child: a running step of the parent (its lease fences the
+/// write), or a create that splits its goal (the parent was made in the
+/// same transaction).
+#[derive(Debug, Clone, Copy)]
+pub enum Delegator {
+    /// A step of a running parent.
+    Step {
+        /// The parent's lease.
+        lease: Lease,
+        /// Tokens the step has spent so far that are not committed yet.
+        pending_tokens: u64,
+    },
+    /// A create that splits its goal into children.
+    Split {
+        /// The new parent.
+        parent: Uuid,
+    },
+}
+
+impl Delegator {
+    fn parent(&self) -> Uuid {
+        match self {
+            Delegator::Step { lease, .. } => lease.session_id,
+            Delegator::Split { parent } => *parent,
+        }
+    }
+}
+
+/// A child made (or found, when the same call made it before).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Delegated {
+    /// The child.
+    pub child_id: Uuid,
+    /// Tokens it was given.
+    pub tokens: u64,
+    /// Iterations it was given.
+    pub iterations: u64,
+    /// The same call had made it already (a step run again).
+    pub existed: bool,
+}
+
+/// Why a child was not made.
+#[derive(Debug, thiserror::Error)]
+pub enum DelegateError {
+    /// The rules of the tree or the budget refuse it; the message is for the agent.
+    #[error(transparent)]
+    Refused(#[from] DelegationRefused),
+    /// The store failed (or the parent's lease was lost).
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+impl From<sqlx::Error> for DelegateError {
+    fn from(e: sqlx::Error) -> DelegateError {
+        DelegateError::Store(StoreError::from(e))
+    }
+}
+
+/// A session of a tree, as the tree view shows it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TreeRow {
+    /// The session.
+    pub id: Uuid,
+    /// Its parent (absent for the tree's top as asked for).
+    pub parent_id: Option<Uuid>,
+    /// Its depth (root = 0).
+    pub depth: i32,
+    /// Its goal.
+    pub goal: String,
+    /// Its status.
+    pub status: Status,
+    /// Why it waits or ended.
+    pub reason: Option<Reason>,
+    /// Its summary.
+    pub summary: Option<String>,
+    /// Its own tokens.
+    pub tokens_used: i64,
+    /// Its own iterations.
+    pub iterations: i64,
+    /// Its limits now.
+    pub limits: Limits,
+    /// Tokens carved out of its parent for it.
+    pub budget_tokens: Option<i64>,
+    /// Progress estimate.
+    pub percent_complete: Option<f64>,
+    /// Created.
+    pub created_at: DateTime<Utc>,
+    /// Ended.
+    pub ended_at: Option<DateTime<Utc>>,
+}
+
+/// Makes a child of the delegator's parent for `request`, named `call`
+/// under it: the parent's row is locked (and, for a step, fenced by its
+/// lease), the tree's limits and the budget are checked, the child's
+/// budget is carved out of the parent's limits, and the child is queued
+/// with the parent's mode, executor and tenant. A call that made a child
+/// before finds it again, so a step run twice makes one child.
+pub async fn delegate(
+    conn: &mut PgConnection,
+    by: Delegator,
+    call: &str,
+    request: &ChildRequest,
+    tree: TreeLimits,
+) -> std::result::Result<Delegated, DelegateError> {
+    request.validate()?;
+    let parent_id = by.parent();
+    let lease_token = match by {
+        Delegator::Step { lease, .. } => Some(lease.token),
+        Delegator::Split { .. } => None,
+    };
+    let parent = sqlx::query!(
+        r#"SELECT limits AS "limits: Json<Limits>", tokens_used, iterations, elapsed_ms,
+                  cardinality(lineage) AS "depth!", tenant,
+                  (SELECT count(*) FROM sessions c WHERE c.parent_id = sessions.id) AS "children!"
+           FROM sessions WHERE id = $1 AND ($2::uuid IS NULL OR lease_token = $2) FOR UPDATE"#,
+        parent_id,
+        lease_token,
+    )
+    .fetch_optional(&mut *conn)
+    .await?
+    .ok_or(StoreError::LeaseLost(parent_id))?;
+    if let Some(existing) = sqlx::query!(
+        "SELECT id, budget_tokens, budget_iterations FROM sessions WHERE parent_id = $1 AND parent_call = $2",
+        parent_id,
+        call,
+    )
+    .fetch_optional(&mut *conn)
+    .await?
+    {
+        return Ok(Delegated {
+            child_id: existing.id,
+            tokens: u64::try_from(existing.budget_tokens.unwrap_or(0)).unwrap_or(0),
+            iterations: u64::try_from(existing.budget_iterations.unwrap_or(0)).unwrap_or(0),
+            existed: true,
+        });
+    }
+    let pending = match by {
+        Delegator::Step { pending_tokens, .. } => pending_tokens,
+        Delegator::Split { .. } => 0,
+    };
+    let budget = ParentBudget {
+        limits: parent.limits.0,
+        tokens_used: count(parent.tokens_used).saturating_add(pending),
+        iterations: count(parent.iterations),
+        elapsed_ms: count(parent.elapsed_ms),
+        depth: u32::try_from(parent.depth).unwrap_or(u32::MAX),
+        children: u32::try_from(parent.children).unwrap_or(u32::MAX),
+    };
+    let carved = delegation::carve(&budget, request.budget_share, tree)?;
+    let child_limits = delegation::child_limits(&parent.limits.0, carved);
+    let child_id = Uuid::new_v4();
+    let criteria: Vec<ChecklistItem> = request
+        .success_criteria
+        .iter()
+        .map(|c| c.trim())
+        .filter(|c| !c.is_empty())
+        .map(|text| ChecklistItem {
+            text: text.to_string(),
+            done: false,
+            done_at_iteration: None,
+        })
+        .collect();
+    sqlx::query!(
+        "INSERT INTO sessions (id, goal, mode, status, limits, executor, tenant, queued_at, criteria,
+                               parent_id, lineage, parent_call, secrets_from, budget_tokens, budget_iterations)
+         SELECT $1, $2, p.mode, 'queued', $3, p.executor, p.tenant, now(), $4,
+                p.id, p.lineage || p.id, $5, coalesce(p.secrets_from, p.id), $6, $7
+         FROM sessions p WHERE p.id = $8",
+        child_id,
+        request.goal.trim(),
+        Json(child_limits) as _,
+        Json(&criteria) as _,
+        call,
+        i64::try_from(carved.tokens).unwrap_or(i64::MAX),
+        i64::try_from(carved.iterations).unwrap_or(i64::MAX),
+        parent_id,
+    )
+    .execute(&mut *conn)
+    .await?;
+    carve_from_parent(conn, parent_id, carved).await?;
+    let child_events = [
+        SessionEvent::DelegatedBy {
+            parent_id,
+            call: call.to_string(),
+        },
+        SessionEvent::status(None, Status::Queued),
+    ]
+    .iter()
+    .map(NewEvent::from_event)
+    .collect::<Result<Vec<_>>>()?;
+    event_log::append(conn, child_id, &child_events).await?;
+    let delegated = NewEvent::from_event(&SessionEvent::ChildDelegated {
+        child_id,
+        goal: request.goal.trim().to_string(),
+        budget_tokens: carved.tokens,
+        budget_iterations: carved.iterations,
+        wait: request.wait,
+    })?;
+    event_log::append(conn, parent_id, std::slice::from_ref(&delegated)).await?;
+    Ok(Delegated {
+        child_id,
+        tokens: carved.tokens,
+        iterations: carved.iterations,
+        existed: false,
+    })
+}
+
+/// Shrinks the parent's limits by a child's budget.
+async fn carve_from_parent(conn: &mut PgConnection, parent: Uuid, carved: ChildBudget) -> Result<()> {
+    sqlx::query!(
+        r#"UPDATE sessions SET limits = jsonb_set(jsonb_set(limits,
+                  '{max_tokens}', to_jsonb((limits ->> 'max_tokens')::bigint - $2)),
+                  '{max_iterations}', to_jsonb((limits ->> 'max_iterations')::bigint - $3)),
+                  updated_at = now()
+           WHERE id = $1"#,
+        parent,
+        i64::try_from(carved.tokens).unwrap_or(i64::MAX),
+        i64::try_from(carved.iterations).unwrap_or(i64::MAX),
+    )
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+fn count(n: i64) -> u64 {
+    u64::try_from(n).unwrap_or(0)
+}
+
+/// The ended children of a parent not yet given to one of its steps, and
+/// those given to step `iteration` or later (a step run again gets them
+/// again), marked as given to `iteration`; with how many children are
+/// still live. Fenced by the parent's lease.
+pub async fn take_reports(
+    conn: &mut PgConnection,
+    lease: Lease,
+    iteration: u64,
+) -> Result<(Vec<ChildReport>, u64)> {
+    let iteration = i64::try_from(iteration).unwrap_or(i64::MAX);
+    let owned = sqlx::query_scalar!(
+        "SELECT id FROM sessions WHERE id = $1 AND lease_token = $2",
+        lease.session_id,
+        lease.token,
+    )
+    .fetch_optional(&mut *conn)
+    .await?;
+    if owned.is_none() {
+        return Err(StoreError::LeaseLost(lease.session_id));
+    }
+    sqlx::query!(
+        "UPDATE sessions SET reported_iteration = $2
+         WHERE parent_id = $1 AND warden_session_ended(status) AND reported_iteration IS NULL",
+        lease.session_id,
+        iteration,
+    )
+    .execute(&mut *conn)
+    .await?;
+    let rows = sqlx::query!(
+        r#"SELECT id, goal, status AS "status: Status", reason AS "reason: Reason", summary,
+                  criteria AS "criteria: Json<Vec<ChecklistItem>>", tokens_used + children_tokens AS "spent!"
+           FROM sessions WHERE parent_id = $1 AND reported_iteration >= $2
+           ORDER BY created_at, id"#,
+        lease.session_id,
+        iteration,
+    )
+    .fetch_all(&mut *conn)
+    .await?;
+    let live = sqlx::query_scalar!(
+        r#"SELECT count(*) AS "n!" FROM sessions WHERE parent_id = $1 AND NOT warden_session_ended(status)"#,
+        lease.session_id,
+    )
+    .fetch_one(&mut *conn)
+    .await?;
+    let reports = rows
+        .into_iter()
+        .map(|r| ChildReport {
+            child_id: r.id,
+            goal: r.goal,
+            status: r.status,
+            reason: r.reason,
+            summary: r.summary,
+            criteria_met: r
+                .criteria
+                .0
+                .into_iter()
+                .filter(|c| c.done)
+                .map(|c| c.text)
+                .collect(),
+            files: Vec::new(),
+            tokens_used: count(r.spent),
+        })
+        .collect();
+    Ok((reports, count(live)))
+}
+
+/// Live descendants of `id` that `scope` reaches, by depth below it
+/// (children first), each level in id order.
+pub async fn live_descendants(
+    conn: &mut PgConnection,
+    id: Uuid,
+    scope: &TenantScope,
+) -> Result<Vec<Vec<Uuid>>> {
+    let rows = sqlx::query!(
+        r#"SELECT d.id, cardinality(d.lineage) - cardinality(s.lineage) AS "below!"
+           FROM sessions s JOIN sessions d ON s.id = ANY(d.lineage)
+           WHERE s.id = $1 AND ($2::text IS NULL OR s.tenant = $2) AND d.tenant = s.tenant
+             AND d.parent_id IS NOT NULL AND NOT warden_session_ended(d.status)
+           ORDER BY 2, d.id"#,
+        id,
+        scope.tenant(),
+    )
+    .fetch_all(conn)
+    .await?;
+    let mut levels: Vec<Vec<Uuid>> = Vec::new();
+    for r in rows {
+        let level = usize::try_from(r.below.max(1) - 1).unwrap_or(0);
+        while levels.len() <= level {
+            levels.push(Vec::new());
+        }
+        levels[level].push(r.id);
+    }
+    Ok(levels)
+}
+
+impl Store {
+    /// Makes a child for a running parent's step (see [`delegate`]), in a
+    /// transaction of its own; the child waits in the queue to be claimed.
+    pub async fn delegate_child(
+        &self,
+        lease: Lease,
+        pending_tokens: u64,
+        call: &str,
+        request: &ChildRequest,
+        tree: TreeLimits,
+    ) -> std::result::Result<Delegated, DelegateError> {
+        let mut tx = self.pool.begin().await?;
+        let made = delegate(
+            &mut tx,
+            Delegator::Step {
+                lease,
+                pending_tokens,
+            },
+            call,
+            request,
+            tree,
+        )
+        .await?;
+        tx.commit().await?;
+        self.announce(lease.session_id);
+        self.announce(made.child_id);
+        Ok(made)
+    }
+
+    /// The ended children of a parent for its step `iteration` (see [`take_reports`]).
+    pub async fn child_reports(&self, lease: Lease, iteration: u64) -> Result<(Vec<ChildReport>, u64)> {
+        let mut tx = self.pool.begin().await?;
+        let taken = take_reports(&mut tx, lease, iteration).await?;
+        tx.commit().await?;
+        Ok(taken)
+    }
+
+    /// The session `id` and every descendant of it, if `scope` reaches it:
+    /// the session first, then by depth and creation.
+    pub async fn tree(&self, id: Uuid, scope: &TenantScope) -> Result<Vec<TreeRow>> {
+        let rows = sqlx::query!(
+            r#"SELECT d.id AS "id!", d.parent_id, cardinality(d.lineage) AS "depth!", d.goal AS "goal!",
+                      d.status AS "status!: Status", d.reason AS "reason: Reason", d.summary,
+                      d.tokens_used AS "tokens_used!", d.iterations AS "iterations!",
+                      d.limits AS "limits!: Json<Limits>", d.budget_tokens, d.percent_complete,
+                      d.created_at AS "created_at!", d.ended_at
+               FROM sessions s JOIN sessions d ON d.id = s.id OR s.id = ANY(d.lineage)
+               WHERE s.id = $1 AND ($2::text IS NULL OR s.tenant = $2) AND d.tenant = s.tenant
+               ORDER BY d.id <> s.id, cardinality(d.lineage), d.created_at, d.id"#,
+            id,
+            scope.tenant(),
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows
+            .into_iter()
+            .map(|r| TreeRow {
+                id: r.id,
+                parent_id: r.parent_id,
+                depth: r.depth,
+                goal: r.goal,
+                status: r.status,
+                reason: r.reason,
+                summary: r.summary,
+                tokens_used: r.tokens_used,
+                iterations: r.iterations,
+                limits: r.limits.0,
+                budget_tokens: r.budget_tokens,
+                percent_complete: r.percent_complete,
+                created_at: r.created_at,
+                ended_at: r.ended_at,
+            })
+            .collect())
+    }
+
+    /// Live children whose parent has ended (a stop that did not reach
+    /// them, or a parent that finished without waiting), and parents that
+    /// wait for children of which none is live (a split whose children
+    /// were never made): what the tree sweep puts right. At most `limit` of each.
+    pub async fn tree_leftovers(&self, limit: i64) -> Result<(Vec<(Uuid, String)>, Vec<Uuid>)> {
+        let orphans = sqlx::query!(
+            "SELECT c.id, c.tenant FROM sessions c JOIN sessions p ON p.id = c.parent_id
+             WHERE c.parent_id IS NOT NULL AND NOT warden_session_ended(c.status)
+               AND warden_session_ended(p.status)
+             ORDER BY c.id LIMIT $1",
+            limit,
+        )
+        .fetch_all(&self.pool)
+        .await?
+        .into_iter()
+        .map(|r| (r.id, r.tenant))
+        .collect();
+        let stranded = sqlx::query_scalar!(
+            "UPDATE sessions p SET status = 'queued', reason = NULL, summary = NULL, reason_detail = NULL,
+                    run = p.run + 1, queued_at = now(), updated_at = now()
+             WHERE p.id IN (SELECT w.id FROM sessions w
+                            WHERE w.status = 'paused' AND w.reason = 'waiting_for_children'
+                              AND NOT EXISTS (SELECT 1 FROM sessions c WHERE c.parent_id = w.id
+                                              AND NOT warden_session_ended(c.status))
+                            ORDER BY w.id LIMIT $1 FOR UPDATE SKIP LOCKED)
+             RETURNING p.id",
+            limit,
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        Ok((orphans, stranded))
+    }
+}

@@ -137,3 +137,8 @@ CREATE TRIGGER sessions_wait_for_children
     BEFORE UPDATE OF status ON sessions
     FOR EACH ROW WHEN (NEW.status = 'paused' AND NEW.reason = 'waiting_for_children')
     EXECUTE FUNCTION warden_wait_for_children();
+
+-- A tenant's own tree limits (NULL: the defaults, depth 3 and 8 children).
+ALTER TABLE tenant_settings
+    ADD COLUMN max_depth integer CHECK (max_depth BETWEEN 1 AND 64),
+    ADD COLUMN max_children integer CHECK (max_children BETWEEN 1 AND 64);

@@ -10,7 +10,8 @@ pub mod workspace;
 
 pub use llm::{LlmExecutor, SYSTEM_PROMPT};
 pub use scripted::{
-    MAX_ACTION_CHARS, MAX_DELAY_MS, MAX_OUTPUT_CHARS, ScriptedExecutor, ScriptedStep,
+    MAX_ACTION_CHARS, MAX_DELAY_MS, MAX_OUTPUT_CHARS, ScriptedDelegation, ScriptedExecutor,
+    ScriptedStep,
 };
 pub use webhook::{
     ActionApproval, ApprovalOutcome, WebhookExecutor, WebhookHistoryItem, WebhookRequest,
@@ -96,6 +97,8 @@ pub struct StepOutput {
     pub cycle_change: Option<CycleChange>,
     /// Time spent waiting for the model, when a model was called.
     pub model_latency: Option<std::time::Duration>,
+    /// The step delegated tasks to child sessions.
+    pub delegated: bool,
 }
 
 /// A new context cycle: its number and the memory carried into it.
@@ -129,6 +132,7 @@ impl StepOutput {
             context_overflow: false,
             cycle_change: None,
             model_latency: None,
+            delegated: false,
         }
     }
 }
@@ -266,13 +270,15 @@ pub struct ChildTicket {
 pub trait ChildDesk: Send + Sync {
     /// Makes a child for call `index` of `iteration` (the same call finds
     /// the child it made before); `pending_tokens`: what the step has
-    /// spent so far. `Err` carries a message for the agent.
+    /// spent so far; `executor`: the child's own specification, when not
+    /// its parent's. `Err` carries a message for the agent.
     fn delegate<'a>(
         &'a self,
         iteration: u64,
         index: u32,
         request: &'a ChildRequest,
         pending_tokens: u64,
+        executor: Option<serde_json::Value>,
     ) -> BoxFuture<'a, Result<ChildTicket, String>>;
 }
 
@@ -631,9 +637,9 @@ impl ExecutorSpec {
     /// Builds the executor for a session.
     pub fn build(&self, deps: ExecutorDeps) -> Result<Box<dyn Executor>, String> {
         match self {
-            ExecutorSpec::Scripted { steps, repeat } => {
-                Ok(Box::new(ScriptedExecutor::new(steps.clone(), *repeat)))
-            }
+            ExecutorSpec::Scripted { steps, repeat } => Ok(Box::new(
+                ScriptedExecutor::new(steps.clone(), *repeat).with_children(deps.children.clone()),
+            )),
             ExecutorSpec::Llm {
                 model,
                 base_url,
@@ -682,7 +688,8 @@ impl ExecutorSpec {
                         .map_err(|e| format!("executor.base_url {e}"))?;
                     LlmClient::with_http(settings, http, deps.egress.max_response_bytes())
                 };
-                let workspace = workspace::Workspace::open(&deps.workspace_root, deps.session_id)
+                let base = workspace::base_for(&deps.workspace_root, &deps.lineage);
+                let workspace = workspace::Workspace::open(&base, deps.session_id)
                     .map_err(|e| format!("cannot open the session workspace: {e}"))?
                     .with_limits(deps.workspace_limits);
                 Ok(Box::new(LlmExecutor::new(

@@ -1,6 +1,7 @@
 //! The scripted executor: performs steps listed in the create request, so
 //! every path of the loop can be exercised without a model.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::FutureExt;
@@ -8,8 +9,10 @@ use futures::future::BoxFuture;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-use super::{Executor, ExecutorError, StepContext, StepOutput, StepResult};
+use super::{ChildDesk, Executor, ExecutorError, StepContext, StepOutput, StepResult};
+use crate::policy::delegation::ChildRequest;
 use crate::policy::history::{FileWrite, Outcome};
+use crate::policy::sentinel::{Sentinel, SignalKind};
 
 /// Longest delay one scripted step may ask for (one hour).
 pub const MAX_DELAY_MS: u64 = 3_600_000;
@@ -56,6 +59,23 @@ pub struct ScriptedStep {
     #[serde(default)]
     #[schema(value_type = Vec<Object>)]
     pub files: Vec<FileWrite>,
+    /// Tasks the step delegates to child sessions.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schema(no_recursion)]
+    pub delegate: Vec<ScriptedDelegation>,
+}
+
+/// A task a scripted step delegates: the request, and the child's own
+/// script (without one, the child runs its parent's script).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct ScriptedDelegation {
+    /// The child's goal, criteria, budget share and whether to wait.
+    #[serde(flatten)]
+    pub request: ChildRequest,
+    /// The child's own steps.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(no_recursion)]
+    pub steps: Option<Vec<ScriptedStep>>,
 }
 
 impl ScriptedStep {
@@ -79,15 +99,31 @@ impl ScriptedStep {
                 "output must be at most {MAX_OUTPUT_CHARS} characters"
             ));
         }
+        if self.delegate.len() > crate::policy::delegation::DEFAULT_MAX_CHILDREN as usize {
+            return Err(format!(
+                "delegate may name at most {} tasks",
+                crate::policy::delegation::DEFAULT_MAX_CHILDREN
+            ));
+        }
+        for (i, d) in self.delegate.iter().enumerate() {
+            d.request
+                .validate()
+                .map_err(|e| format!("delegate[{i}]: {e}"))?;
+            for (j, step) in d.steps.iter().flatten().enumerate() {
+                step.validate()
+                    .map_err(|e| format!("delegate[{i}].steps[{j}].{e}"))?;
+            }
+        }
         Ok(())
     }
 }
 
 /// Performs the steps of a script in order.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct ScriptedExecutor {
     steps: Box<[KeptStep]>,
     repeat: bool,
+    children: Option<Arc<dyn ChildDesk>>,
 }
 
 /// A step as a running session keeps it. The script stays in memory for the
@@ -105,6 +141,7 @@ struct KeptStep {
     tool_calls: u64,
     waiting: bool,
     files: Box<[FileWrite]>,
+    delegate: Box<[ScriptedDelegation]>,
 }
 
 impl From<ScriptedStep> for KeptStep {
@@ -119,6 +156,7 @@ impl From<ScriptedStep> for KeptStep {
             tool_calls: step.tool_calls,
             waiting: step.waiting,
             files: step.files.into(),
+            delegate: step.delegate.into(),
         }
     }
 }
@@ -129,7 +167,46 @@ impl ScriptedExecutor {
         ScriptedExecutor {
             steps: steps.into_iter().map(KeptStep::from).collect(),
             repeat,
+            children: None,
         }
+    }
+
+    /// The same executor, delegating its steps' tasks through `desk`.
+    pub fn with_children(mut self, desk: Arc<dyn ChildDesk>) -> ScriptedExecutor {
+        self.children = Some(desk);
+        self
+    }
+
+    /// Delegates the step's tasks: the step fails if one cannot be made,
+    /// and waits when one of them says so.
+    async fn delegate(
+        &self,
+        iteration: u64,
+        step: &KeptStep,
+    ) -> Result<(Option<Sentinel>, Vec<String>), String> {
+        let Some(desk) = &self.children else {
+            return Err("this session cannot delegate".into());
+        };
+        let mut made = Vec::new();
+        let mut wait = false;
+        for (index, task) in step.delegate.iter().enumerate() {
+            let own = task.steps.as_ref().map(|steps| {
+                serde_json::json!({ "kind": "scripted", "steps": steps, "repeat": false })
+            });
+            let ticket = desk
+                .delegate(iteration, index as u32, &task.request, step.tokens, own)
+                .await?;
+            wait |= task.request.wait;
+            made.push(format!(
+                "child {} ({} tokens, {} iterations)",
+                ticket.child_id, ticket.tokens, ticket.iterations
+            ));
+        }
+        let signal = wait.then(|| Sentinel {
+            kind: SignalKind::WaitingForChildren,
+            reason: Some(format!("{} delegated task(s)", made.len())),
+        });
+        Ok((signal, made))
     }
 
     /// The step for iteration `n`; the position comes from the iteration
@@ -168,6 +245,33 @@ impl Executor for ScriptedExecutor {
                     message: format!("the step's arguments cannot be read back: {e}"),
                     tokens: 0,
                 })?;
+            let mut observation = step.output.to_string();
+            let mut signal = None;
+            if !step.delegate.is_empty() {
+                let (waits, made) =
+                    self.delegate(ctx.iteration, step)
+                        .await
+                        .map_err(|message| ExecutorError::Failed {
+                            action: step.action.to_string(),
+                            message: format!("cannot delegate: {message}"),
+                            tokens: step.tokens,
+                        })?;
+                signal = waits;
+                observation = format!("{observation}\ndelegated: {}", made.join(", "));
+            }
+            if !ctx.children.is_empty() {
+                observation = format!(
+                    "{observation}\n{}",
+                    crate::policy::delegation::render_reports(ctx.children)
+                );
+            }
+            let mut output = StepOutput::simple(step.action.to_string(), step.output.to_string());
+            output.observation = observation;
+            output.delegated = !step.delegate.is_empty();
+            if signal.is_some() {
+                // The step's own text may not end the session past its children.
+                output.signal = signal;
+            }
             Ok(StepResult::Step(Box::new(StepOutput {
                 arguments,
                 outcome: step.outcome,
@@ -177,7 +281,7 @@ impl Executor for ScriptedExecutor {
                 files_written: step.files.to_vec(),
                 waiting: step.waiting,
                 percent_complete,
-                ..StepOutput::simple(step.action.to_string(), step.output.to_string())
+                ..output
             })))
         }
         .boxed()
@@ -202,6 +306,7 @@ mod tests {
             nudge: None,
             history: &[],
             token_allowance: 1_000,
+            children: &[],
         })
         .await
         .unwrap()

@@ -124,6 +124,7 @@ pub async fn delegate(
     by: Delegator,
     call: &str,
     request: &ChildRequest,
+    executor: Option<&serde_json::Value>,
     tree: TreeLimits,
 ) -> std::result::Result<Delegated, DelegateError> {
     request.validate()?;
@@ -135,7 +136,9 @@ pub async fn delegate(
     let parent = sqlx::query!(
         r#"SELECT limits AS "limits: Json<Limits>", tokens_used, iterations, elapsed_ms,
                   cardinality(lineage) AS "depth!", tenant,
-                  (SELECT count(*) FROM sessions c WHERE c.parent_id = sessions.id) AS "children!"
+                  (SELECT count(*) FROM sessions c WHERE c.parent_id = sessions.id) AS "children!",
+                  (SELECT t.max_depth FROM tenant_settings t WHERE t.tenant = sessions.tenant) AS max_depth,
+                  (SELECT t.max_children FROM tenant_settings t WHERE t.tenant = sessions.tenant) AS max_children
            FROM sessions WHERE id = $1 AND ($2::uuid IS NULL OR lease_token = $2) FOR UPDATE"#,
         parent_id,
         lease_token,
@@ -170,6 +173,17 @@ pub async fn delegate(
         depth: u32::try_from(parent.depth).unwrap_or(u32::MAX),
         children: u32::try_from(parent.children).unwrap_or(u32::MAX),
     };
+    // The tenant's own limits, where it has them, over the server's.
+    let tree = TreeLimits {
+        max_depth: parent
+            .max_depth
+            .and_then(|d| u32::try_from(d).ok())
+            .unwrap_or(tree.max_depth),
+        max_children: parent
+            .max_children
+            .and_then(|c| u32::try_from(c).ok())
+            .unwrap_or(tree.max_children),
+    };
     let carved = delegation::carve(&budget, request.budget_share, tree)?;
     let child_limits = delegation::child_limits(&parent.limits.0, carved);
     let child_id = Uuid::new_v4();
@@ -187,7 +201,7 @@ pub async fn delegate(
     sqlx::query!(
         "INSERT INTO sessions (id, goal, mode, status, limits, executor, tenant, queued_at, criteria,
                                parent_id, lineage, parent_call, secrets_from, budget_tokens, budget_iterations)
-         SELECT $1, $2, p.mode, 'queued', $3, p.executor, p.tenant, now(), $4,
+         SELECT $1, $2, p.mode, 'queued', $3, coalesce($9, p.executor), p.tenant, now(), $4,
                 p.id, p.lineage || p.id, $5, coalesce(p.secrets_from, p.id), $6, $7
          FROM sessions p WHERE p.id = $8",
         child_id,
@@ -198,6 +212,7 @@ pub async fn delegate(
         i64::try_from(carved.tokens).unwrap_or(i64::MAX),
         i64::try_from(carved.iterations).unwrap_or(i64::MAX),
         parent_id,
+        executor,
     )
     .execute(&mut *conn)
     .await?;
@@ -354,6 +369,7 @@ impl Store {
         pending_tokens: u64,
         call: &str,
         request: &ChildRequest,
+        executor: Option<&serde_json::Value>,
         tree: TreeLimits,
     ) -> std::result::Result<Delegated, DelegateError> {
         let mut tx = self.pool.begin().await?;
@@ -365,6 +381,7 @@ impl Store {
             },
             call,
             request,
+            executor,
             tree,
         )
         .await?;

@@ -39,8 +39,8 @@ $$;
 -- When a child ends, in the same transaction: its parent gets back the
 -- budget it did not spend (and counts what it did), logs a `child_ended`
 -- event, and, if it paused waiting for its children and none is left
--- running, goes to the queue to continue. When a child that had ended is
--- resumed, its budget is taken from the parent again.
+-- running, goes to the queue to continue. A child that ended never runs
+-- again (the API refuses it; this is the last line).
 --
 -- The parent's row is locked by the first statement, and the wake-up is a
 -- later statement with a snapshot of its own: two children ending at once
@@ -87,17 +87,10 @@ BEGIN
            AND NOT EXISTS (SELECT 1 FROM sessions c
                            WHERE c.parent_id = p.id AND NOT warden_session_ended(c.status));
     ELSIF warden_session_ended(OLD.status) AND NOT warden_session_ended(NEW.status) THEN
-        -- A resumed child takes its budget again: what it has left of it.
-        UPDATE sessions p
-           SET limits = jsonb_set(jsonb_set(p.limits,
-                   '{max_tokens}', to_jsonb((p.limits ->> 'max_tokens')::bigint
-                                            - greatest(NEW.budget_tokens - spent_tokens, 0))),
-                   '{max_iterations}', to_jsonb((p.limits ->> 'max_iterations')::bigint
-                                                - greatest(NEW.budget_iterations - spent_iterations, 0))),
-               children_tokens = p.children_tokens - least(spent_tokens, NEW.budget_tokens),
-               children_iterations = p.children_iterations - least(spent_iterations, NEW.budget_iterations),
-               updated_at = now()
-         WHERE p.id = NEW.parent_id;
+        -- Its budget went back to the parent when it ended: running it
+        -- again would spend what the parent may have given elsewhere.
+        RAISE EXCEPTION 'child session % ended and cannot run again; its parent delegates anew', NEW.id
+            USING ERRCODE = 'check_violation', TABLE = 'sessions', CONSTRAINT = 'sessions_child_ended';
     END IF;
     RETURN NULL;
 END

@@ -43,6 +43,7 @@ use crate::session::service::{MAX_GOAL_CHARS, MAX_GUIDANCE_CHARS};
         super::sessions::stop_session,
         super::sessions::pause_session,
         super::sessions::resume_session,
+        super::tree::get_tree,
         super::history::list_iterations,
         super::history::list_checkpoints,
         super::history::list_events,

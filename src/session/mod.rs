@@ -24,6 +24,7 @@ pub mod runner;
 pub mod service;
 pub mod state;
 pub mod storable;
+pub mod tree;
 mod supervisor;
 
 pub use error::{Result, ServiceError};

@@ -26,6 +26,7 @@ use crate::executor::ExecutorSpec;
 use crate::llm::LlmClient;
 use crate::policy::ambiguity;
 use crate::policy::approval::Decision;
+use crate::policy::delegation::ChildRequest;
 use crate::policy::checklist::{self, ChecklistItem};
 use crate::policy::fleet::{self, OwnerWatch};
 use crate::policy::guardrails::{self, Breach, Limits, LimitsPatch};
@@ -67,6 +68,43 @@ pub struct CreateSession {
     /// (needs a model endpoint; given lists take precedence).
     #[serde(default)]
     pub generate_criteria: bool,
+    /// Split the goal into tasks that run in parallel as child sessions
+    /// (at most 8), each with an equal share of the budget (the session
+    /// keeps one too). The session waits (`paused / waiting_for_children`)
+    /// until they all end, then runs its own steps with their results.
+    #[serde(default)]
+    #[schema(max_items = 8)]
+    pub subgoals: Vec<Subgoal>,
+}
+
+/// One task of a split goal: its text, or the text with criteria, a
+/// budget share and (for a scripted session) the child's own steps.
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[serde(untagged)]
+pub enum Subgoal {
+    /// Just the task's goal.
+    Goal(String),
+    /// The task in full.
+    Task(SubgoalTask),
+}
+
+/// A task of a split goal, in full.
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SubgoalTask {
+    /// The child's goal.
+    pub goal: String,
+    /// How the child knows it is done.
+    #[serde(default)]
+    pub success_criteria: Vec<String>,
+    /// Fraction of what the session has left the child gets (0 < share ≤ 1).
+    #[serde(default)]
+    pub budget_share: Option<f64>,
+    /// The child's own steps, for a session with the `scripted` executor
+    /// (without them it runs the session's script).
+    #[serde(default)]
+    #[schema(no_recursion)]
+    pub steps: Option<Vec<crate::executor::ScriptedStep>>,
 }
 
 /// A create's `Idempotency-Key` with the digest of its request body.
@@ -159,6 +197,8 @@ struct NewRequest {
     milestones: Vec<ChecklistItem>,
     /// The model endpoint for refinement and checklists, when configured.
     planner: Option<(LlmClient, String)>,
+    /// The tasks of a split goal, each with the child's own executor when not the session's.
+    split: Vec<(ChildRequest, Option<serde_json::Value>)>,
     req: CreateSession,
 }
 
@@ -176,6 +216,69 @@ struct Preflight {
     tokens: u64,
     /// What pre-flight did, for the log.
     events: Vec<SessionEvent>,
+}
+
+/// The tasks of a split goal as child requests: each gets an equal share
+/// of what is left when it is made, the session keeping one too.
+fn split_tasks(
+    subgoals: &[Subgoal],
+    executor: &ExecutorSpec,
+) -> Result<Vec<(ChildRequest, Option<serde_json::Value>)>> {
+    let max = crate::policy::delegation::DEFAULT_MAX_CHILDREN as usize;
+    if subgoals.len() > max {
+        return Err(ServiceError::Invalid(format!(
+            "subgoals may name at most {max} tasks, got {}",
+            subgoals.len()
+        )));
+    }
+    let n = subgoals.len();
+    subgoals
+        .iter()
+        .enumerate()
+        .map(|(i, subgoal)| {
+            let equal = 1.0 / (n + 1 - i) as f64;
+            let (request, steps) = match subgoal {
+                Subgoal::Goal(goal) => (
+                    ChildRequest {
+                        goal: goal.clone(),
+                        success_criteria: Vec::new(),
+                        budget_share: Some(equal),
+                        wait: true,
+                    },
+                    None,
+                ),
+                Subgoal::Task(task) => (
+                    ChildRequest {
+                        goal: task.goal.clone(),
+                        success_criteria: task.success_criteria.clone(),
+                        budget_share: Some(task.budget_share.unwrap_or(equal)),
+                        wait: true,
+                    },
+                    task.steps.clone(),
+                ),
+            };
+            request
+                .validate()
+                .map_err(|e| ServiceError::Invalid(format!("subgoals[{i}]: {e}")))?;
+            let own = match steps {
+                None => None,
+                Some(_) if !matches!(executor, ExecutorSpec::Scripted { .. }) => {
+                    return Err(ServiceError::Invalid(format!(
+                        "subgoals[{i}].steps: only a session with the scripted executor gives its tasks their own steps"
+                    )));
+                }
+                Some(steps) => {
+                    for (j, step) in steps.iter().enumerate() {
+                        step.validate().map_err(|e| {
+                            ServiceError::Invalid(format!("subgoals[{i}].steps[{j}].{e}"))
+                        })?;
+                    }
+                    Some(serde_json::json!({ "kind": "scripted", "steps": steps, "repeat": false }))
+                }
+            };
+            Ok((request, own))
+        })
+        .collect()
 }
 
 fn validate_goal(goal: &str) -> Result<String> {
@@ -458,6 +561,7 @@ impl SessionService {
                 serde_json::Value::String("<sealed>".into()),
             );
         }
+        let split = split_tasks(&req.subgoals, &req.executor)?;
         let planner = self.planner();
         if req.generate_criteria && planner.is_none() {
             return Err(ServiceError::Invalid(
@@ -474,6 +578,7 @@ impl SessionService {
             criteria,
             milestones,
             planner,
+            split,
             req,
         })
     }
@@ -511,7 +616,10 @@ impl SessionService {
             .await
             .map_err(ServiceError::EgressDenied)?;
         let report = ambiguity::assess(&request.goal);
-        if report.ambiguous && (self.config.require_concrete_goals || self.config.auto_refine_goals)
+        // A goal split into tasks is refined by its split.
+        if report.ambiguous
+            && request.split.is_empty()
+            && (self.config.require_concrete_goals || self.config.auto_refine_goals)
         {
             // An unreadable goal has no topic to refine: it waits for a new one.
             let refiner = request.planner.as_ref().filter(|_| !report.unreadable);
@@ -597,6 +705,7 @@ impl SessionService {
             executor,
             api_key,
             url_query,
+            split,
             req,
             ..
         } = request;
@@ -649,7 +758,9 @@ impl SessionService {
             from,
             proposal: &proposal_data,
         });
-        let start = if plan.waits {
+        let start = if !split.is_empty() {
+            persist::Start::Split(split)
+        } else if plan.waits {
             persist::Start::AwaitRefinement
         } else {
             persist::Start::Admit {

@@ -331,15 +331,39 @@ pub async fn take_reports(
     Ok((reports, count(live)))
 }
 
+/// Marks a session made with a split goal as waiting for its children
+/// (made next, in the same transaction).
+pub async fn wait_for_children(conn: &mut PgConnection, id: Uuid) -> Result<()> {
+    sqlx::query!(
+        "UPDATE sessions SET reason = 'waiting_for_children' WHERE id = $1 AND status = 'paused'",
+        id
+    )
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+/// A live descendant as a cascade sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LiveNode {
+    /// The session.
+    pub id: Uuid,
+    /// Its status.
+    pub status: Status,
+    /// Why it waits, if it does.
+    pub reason: Option<Reason>,
+}
+
 /// Live descendants of `id` that `scope` reaches, by depth below it
 /// (children first), each level in id order.
 pub async fn live_descendants(
     conn: &mut PgConnection,
     id: Uuid,
     scope: &TenantScope,
-) -> Result<Vec<Vec<Uuid>>> {
+) -> Result<Vec<Vec<LiveNode>>> {
     let rows = sqlx::query!(
-        r#"SELECT d.id, cardinality(d.lineage) - cardinality(s.lineage) AS "below!"
+        r#"SELECT d.id, cardinality(d.lineage) - cardinality(s.lineage) AS "below!",
+                  d.status AS "status: Status", d.reason AS "reason: Reason"
            FROM sessions s JOIN sessions d ON s.id = ANY(d.lineage)
            WHERE s.id = $1 AND ($2::text IS NULL OR s.tenant = $2) AND d.tenant = s.tenant
              AND d.parent_id IS NOT NULL AND NOT warden_session_ended(d.status)
@@ -349,15 +373,39 @@ pub async fn live_descendants(
     )
     .fetch_all(conn)
     .await?;
-    let mut levels: Vec<Vec<Uuid>> = Vec::new();
+    let mut levels: Vec<Vec<LiveNode>> = Vec::new();
     for r in rows {
         let level = usize::try_from(r.below.max(1) - 1).unwrap_or(0);
         while levels.len() <= level {
             levels.push(Vec::new());
         }
-        levels[level].push(r.id);
+        levels[level].push(LiveNode {
+            id: r.id,
+            status: r.status,
+            reason: r.reason,
+        });
     }
     Ok(levels)
+}
+
+/// Pauses a child that waits in the queue (it has not run, so no loop
+/// is told): it pauses `user_pause` like its tree. False when it was no
+/// longer queued.
+pub async fn pause_queued(conn: &mut PgConnection, id: Uuid, scope: &TenantScope) -> Result<bool> {
+    let done = sqlx::query!(
+        "UPDATE sessions SET status = 'paused', reason = 'user_pause', queued_at = NULL, updated_at = now()
+         WHERE id = $1 AND status = 'queued' AND ($2::text IS NULL OR tenant = $2)",
+        id,
+        scope.tenant(),
+    )
+    .execute(&mut *conn)
+    .await?;
+    if done.rows_affected() == 0 {
+        return Ok(false);
+    }
+    let paused = SessionEvent::status(Some(Status::Queued), Status::Paused);
+    event_log::append(conn, id, &[NewEvent::from_event(&paused)?]).await?;
+    Ok(true)
 }
 
 impl Store {
@@ -389,6 +437,59 @@ impl Store {
         self.announce(lease.session_id);
         self.announce(made.child_id);
         Ok(made)
+    }
+
+    /// The direct children of `id`, oldest first, if `scope` reaches it.
+    pub async fn children_of(&self, id: Uuid, scope: &TenantScope) -> Result<Vec<TreeRow>> {
+        let rows = sqlx::query!(
+            r#"SELECT c.id, c.parent_id, cardinality(c.lineage) AS "depth!", c.goal,
+                      c.status AS "status: Status", c.reason AS "reason: Reason", c.summary,
+                      c.tokens_used, c.iterations, c.limits AS "limits: Json<Limits>",
+                      c.budget_tokens, c.percent_complete, c.created_at, c.ended_at
+               FROM sessions c
+               WHERE c.parent_id = $1 AND ($2::text IS NULL OR c.tenant = $2)
+               ORDER BY c.created_at, c.id"#,
+            id,
+            scope.tenant(),
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows
+            .into_iter()
+            .map(|r| TreeRow {
+                id: r.id,
+                parent_id: r.parent_id,
+                depth: r.depth,
+                goal: r.goal,
+                status: r.status,
+                reason: r.reason,
+                summary: r.summary,
+                tokens_used: r.tokens_used,
+                iterations: r.iterations,
+                limits: r.limits.0,
+                budget_tokens: r.budget_tokens,
+                percent_complete: r.percent_complete,
+                created_at: r.created_at,
+                ended_at: r.ended_at,
+            })
+            .collect())
+    }
+
+    /// Live descendants of `id` by level (see [`live_descendants`]).
+    pub async fn live_tree(&self, id: Uuid, scope: &TenantScope) -> Result<Vec<Vec<LiveNode>>> {
+        let mut conn = self.pool.acquire().await?;
+        live_descendants(&mut conn, id, scope).await
+    }
+
+    /// Pauses a queued child (see [`pause_queued`]).
+    pub async fn pause_queued_child(&self, id: Uuid, scope: &TenantScope) -> Result<bool> {
+        let mut tx = self.pool.begin().await?;
+        let paused = pause_queued(&mut tx, id, scope).await?;
+        tx.commit().await?;
+        if paused {
+            self.announce(id);
+        }
+        Ok(paused)
     }
 
     /// The ended children of a parent for its step `iteration` (see [`take_reports`]).

@@ -59,14 +59,17 @@ BEGIN
     spent_tokens := NEW.tokens_used + NEW.children_tokens;
     spent_iterations := NEW.iterations + NEW.children_iterations;
     IF warden_session_ended(NEW.status) AND NOT warden_session_ended(OLD.status) THEN
+        -- What it spent is charged whole: a step that reported more than
+        -- it was allowed (only a scripted or external agent can) costs the
+        -- parent the difference, never less than 0 left.
         UPDATE sessions p
            SET limits = jsonb_set(jsonb_set(p.limits,
-                   '{max_tokens}', to_jsonb((p.limits ->> 'max_tokens')::bigint
-                                            + greatest(NEW.budget_tokens - spent_tokens, 0))),
-                   '{max_iterations}', to_jsonb((p.limits ->> 'max_iterations')::bigint
-                                                + greatest(NEW.budget_iterations - spent_iterations, 0))),
-               children_tokens = p.children_tokens + least(spent_tokens, NEW.budget_tokens),
-               children_iterations = p.children_iterations + least(spent_iterations, NEW.budget_iterations),
+                   '{max_tokens}', to_jsonb(greatest((p.limits ->> 'max_tokens')::bigint
+                                                     + NEW.budget_tokens - spent_tokens, 0))),
+                   '{max_iterations}', to_jsonb(greatest((p.limits ->> 'max_iterations')::bigint
+                                                         + NEW.budget_iterations - spent_iterations, 0))),
+               children_tokens = p.children_tokens + spent_tokens,
+               children_iterations = p.children_iterations + spent_iterations,
                last_event_seq = p.last_event_seq + 1,
                updated_at = now()
          WHERE p.id = NEW.parent_id

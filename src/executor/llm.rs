@@ -571,8 +571,7 @@ impl LlmExecutor {
     /// Makes a child session for the call; with `wait`, the session
     /// pauses after the step until its children end.
     async fn delegate_task(&self, iteration: u64, index: u32, args: Value) -> ToolOutcome {
-        let request: crate::policy::delegation::ChildRequest = match serde_json::from_value(args)
-        {
+        let request: crate::policy::delegation::ChildRequest = match serde_json::from_value(args) {
             Ok(r) => r,
             Err(e) => return ToolOutcome::error(format!("delegate_task: {e}")),
         };

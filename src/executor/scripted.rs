@@ -76,6 +76,9 @@ pub struct ScriptedDelegation {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(no_recursion)]
     pub steps: Option<Vec<ScriptedStep>>,
+    /// With `steps`: run them again and again.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub repeat: bool,
 }
 
 impl ScriptedStep {
@@ -191,7 +194,7 @@ impl ScriptedExecutor {
         let mut wait = false;
         for (index, task) in step.delegate.iter().enumerate() {
             let own = task.steps.as_ref().map(|steps| {
-                serde_json::json!({ "kind": "scripted", "steps": steps, "repeat": false })
+                serde_json::json!({ "kind": "scripted", "steps": steps, "repeat": task.repeat })
             });
             let ticket = desk
                 .delegate(iteration, index as u32, &task.request, step.tokens, own)

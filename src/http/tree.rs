@@ -199,7 +199,10 @@ mod tests {
 
     #[test]
     fn a_subtree_asked_for_has_its_session_on_top() {
-        let rows = vec![row(3, Some(1), 30, Status::Running), row(4, Some(3), 40, Status::Running)];
+        let rows = vec![
+            row(3, Some(1), 30, Status::Running),
+            row(4, Some(3), 40, Status::Running),
+        ];
         let view = nest(Uuid::from_u128(3), rows).unwrap();
         assert_eq!(view.node.parent_id, Some(Uuid::from_u128(1)));
         assert_eq!(view.node.children.len(), 1);

@@ -133,7 +133,9 @@ impl ChildRequest {
     pub fn validate(&self) -> Result<(), DelegationRefused> {
         let goal = self.goal.trim();
         if goal.is_empty() {
-            return Err(DelegationRefused::Invalid("`goal` must not be empty".into()));
+            return Err(DelegationRefused::Invalid(
+                "`goal` must not be empty".into(),
+            ));
         }
         if goal.chars().count() > MAX_CHILD_GOAL_CHARS {
             return Err(DelegationRefused::Invalid(format!(
@@ -233,12 +235,6 @@ pub fn child_limits(parent: &Limits, budget: ChildBudget) -> Limits {
         max_wall_time_ms: budget.wall_time_ms.max(100),
         ..*parent
     }
-}
-
-/// What is given back to the parent when a child ends: the part of its
-/// budget it did not spend.
-pub fn returned(budget: u64, spent: u64) -> u64 {
-    budget.saturating_sub(spent)
 }
 
 /// An ended child, as its parent is told of it.
@@ -525,13 +521,6 @@ mod tests {
     }
 
     #[test]
-    fn unspent_budget_is_returned_and_overspend_returns_nothing() {
-        assert_eq!(returned(1_000, 300), 700);
-        assert_eq!(returned(1_000, 1_000), 0);
-        assert_eq!(returned(1_000, 1_200), 0);
-    }
-
-    #[test]
     fn requests_are_checked_field_by_field() {
         let ok = ChildRequest {
             goal: "write the tests".into(),
@@ -624,7 +613,10 @@ mod tests {
             report(Status::Stopped, "out of tokens"),
         ]) {
             ParentNext::Blocked(why) => {
-                assert!(why.contains("no model") && why.contains("out of tokens"), "{why}");
+                assert!(
+                    why.contains("no model") && why.contains("out of tokens"),
+                    "{why}"
+                );
                 assert!(why.contains("failed") && why.contains("stopped"), "{why}");
             }
             other => panic!("{other:?}"),

@@ -24,8 +24,8 @@ pub mod runner;
 pub mod service;
 pub mod state;
 pub mod storable;
-pub mod tree;
 mod supervisor;
+pub mod tree;
 
 pub use error::{Result, ServiceError};
 pub use persist::{

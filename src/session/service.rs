@@ -26,8 +26,8 @@ use crate::executor::ExecutorSpec;
 use crate::llm::LlmClient;
 use crate::policy::ambiguity;
 use crate::policy::approval::Decision;
-use crate::policy::delegation::ChildRequest;
 use crate::policy::checklist::{self, ChecklistItem};
+use crate::policy::delegation::ChildRequest;
 use crate::policy::fleet::{self, OwnerWatch};
 use crate::policy::guardrails::{self, Breach, Limits, LimitsPatch};
 use crate::policy::lifecycle::{self, Action, Mode, PausePlan, Reason, Status, StopPlan};
@@ -105,6 +105,9 @@ pub struct SubgoalTask {
     #[serde(default)]
     #[schema(no_recursion)]
     pub steps: Option<Vec<crate::executor::ScriptedStep>>,
+    /// With `steps`: run them again and again (until a limit or a stop signal).
+    #[serde(default)]
+    pub repeat: bool,
 }
 
 /// A create's `Idempotency-Key` with the digest of its request body.
@@ -237,7 +240,7 @@ fn split_tasks(
         .enumerate()
         .map(|(i, subgoal)| {
             let equal = 1.0 / (n + 1 - i) as f64;
-            let (request, steps) = match subgoal {
+            let (request, steps, repeat) = match subgoal {
                 Subgoal::Goal(goal) => (
                     ChildRequest {
                         goal: goal.clone(),
@@ -246,6 +249,7 @@ fn split_tasks(
                         wait: true,
                     },
                     None,
+                    false,
                 ),
                 Subgoal::Task(task) => (
                     ChildRequest {
@@ -255,6 +259,7 @@ fn split_tasks(
                         wait: true,
                     },
                     task.steps.clone(),
+                    task.repeat,
                 ),
             };
             request
@@ -273,7 +278,7 @@ fn split_tasks(
                             ServiceError::Invalid(format!("subgoals[{i}].steps[{j}].{e}"))
                         })?;
                     }
-                    Some(serde_json::json!({ "kind": "scripted", "steps": steps, "repeat": false }))
+                    Some(serde_json::json!({ "kind": "scripted", "steps": steps, "repeat": repeat }))
                 }
             };
             Ok((request, own))

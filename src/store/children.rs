@@ -245,7 +245,11 @@ pub async fn delegate(
 }
 
 /// Shrinks the parent's limits by a child's budget.
-async fn carve_from_parent(conn: &mut PgConnection, parent: Uuid, carved: ChildBudget) -> Result<()> {
+async fn carve_from_parent(
+    conn: &mut PgConnection,
+    parent: Uuid,
+    carved: ChildBudget,
+) -> Result<()> {
     sqlx::query!(
         r#"UPDATE sessions SET limits = jsonb_set(jsonb_set(limits,
                   '{max_tokens}', to_jsonb((limits ->> 'max_tokens')::bigint - $2)),
@@ -493,7 +497,11 @@ impl Store {
     }
 
     /// The ended children of a parent for its step `iteration` (see [`take_reports`]).
-    pub async fn child_reports(&self, lease: Lease, iteration: u64) -> Result<(Vec<ChildReport>, u64)> {
+    pub async fn child_reports(
+        &self,
+        lease: Lease,
+        iteration: u64,
+    ) -> Result<(Vec<ChildReport>, u64)> {
         let mut tx = self.pool.begin().await?;
         let taken = take_reports(&mut tx, lease, iteration).await?;
         tx.commit().await?;

@@ -671,6 +671,13 @@ impl LlmExecutor {
                             )
                             .await
                         };
+                        if call.edited {
+                            outcome.content = format!(
+                                "{} {}",
+                                outcome.content,
+                                approval::edited_note(&call.tool, &call.arguments)
+                            );
+                        }
                         if let Some(m) = call
                             .message
                             .as_deref()

@@ -238,8 +238,11 @@ pub struct DecidedCall {
     pub tool_call_id: Option<String>,
     /// The tool or action.
     pub tool: String,
-    /// Its arguments.
+    /// The arguments it runs with: the person's when they edited them,
+    /// otherwise the agent's.
     pub arguments: serde_json::Value,
+    /// Whether a person approved it with arguments of their own.
+    pub edited: bool,
     /// Approve, reject or expired.
     pub decision: Decision,
     /// The person's message to the agent.

@@ -75,9 +75,14 @@ pub struct ActionApproval {
 pub struct ApprovalOutcome {
     /// The action.
     pub action: String,
-    /// Its arguments as asked.
+    /// Its arguments: as asked, or as the person edited them when
+    /// `arguments_edited` is true (do it with these).
     #[schema(value_type = Object)]
     pub arguments: serde_json::Value,
+    /// Present, and true, only when the person approved the action with
+    /// arguments of their own in place of the ones asked.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub arguments_edited: bool,
     /// `approve`, `reject` or `expired` (nobody decided in time): only an
     /// approved action may be done.
     pub decision: Decision,
@@ -247,6 +252,7 @@ pub(super) async fn decided_action(
     Ok(decided.into_iter().next().map(|d| ApprovalOutcome {
         action: d.tool,
         arguments: d.arguments,
+        arguments_edited: d.edited,
         decision: d.decision,
         message: d.message,
     }))

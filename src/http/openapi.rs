@@ -620,6 +620,12 @@ fn add_bounds(doc: &mut Value) {
             "else": { "properties": { "queues": {} } }
         }]);
     }
+    // Only an approval carries arguments of the person's own
+    // (`check_edited_arguments`).
+    if let Some(decide) = doc.pointer_mut("/components/schemas/DecideApproval") {
+        decide["if"] = json!({ "properties": { "decision": { "const": "approve" } }, "required": ["decision"] });
+        decide["else"] = json!({ "properties": { "arguments": false } });
+    }
     for (at, key, value) in bounds() {
         let target = locate(doc, &at).and_then(|p| doc.pointer_mut(&p));
         match target.and_then(Value::as_object_mut) {

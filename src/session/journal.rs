@@ -173,7 +173,8 @@ impl ApprovalDesk for StoreApprovalDesk {
                         call_index: u32::try_from(a.call_index).ok()?,
                         tool_call_id: a.tool_call_id,
                         tool: a.tool,
-                        arguments: a.arguments,
+                        edited: a.edited_arguments.is_some(),
+                        arguments: a.edited_arguments.unwrap_or(a.arguments),
                         decision: a.decision?,
                         message: a.message,
                     })

@@ -25,7 +25,7 @@ use crate::event::{RefinementProposal, SessionEvent};
 use crate::executor::ExecutorSpec;
 use crate::llm::LlmClient;
 use crate::policy::ambiguity;
-use crate::policy::approval::Decision;
+use crate::policy::approval::{self, Decision};
 use crate::policy::checklist::{self, ChecklistItem};
 use crate::policy::delegation::ChildRequest;
 use crate::policy::fleet::{self, OwnerWatch};
@@ -1414,18 +1414,18 @@ impl SessionService {
     /// Records a decision on a call that waits for approval. When it was
     /// the last call the session waited on, the session continues its
     /// step at once (as a resume would); `decided_by` is the key's actor,
-    /// or `None` for an expiry.
-    #[tracing::instrument(skip(self, message))]
+    /// or `None` for an expiry. An approval may carry the person's own
+    /// arguments, which the call then runs with; arguments equal to the
+    /// agent's are no edit and are not recorded as one.
+    #[tracing::instrument(skip(self, made), fields(decision = made.decision.as_str()))]
     pub async fn decide_approval(
         &self,
         id: Uuid,
         scope: &TenantScope,
         call_id: &str,
-        decision: Decision,
-        decided_by: Option<&str>,
-        message: Option<&str>,
+        made: store::NewDecision<'_>,
     ) -> Result<Session> {
-        let message = message.map(str::trim).filter(|m| !m.is_empty());
+        let message = made.message.map(str::trim).filter(|m| !m.is_empty());
         if let Some(m) = message
             && m.chars().count() > MAX_GUIDANCE_CHARS
         {
@@ -1434,15 +1434,18 @@ impl SessionService {
                 m.chars().count()
             )));
         }
+        approval::check_edited_arguments(
+            made.decision,
+            made.edited_arguments,
+            self.config.quotas.max_output_bytes,
+        )
+        .map_err(ServiceError::Invalid)?;
         let mut tx = self.store.begin().await?;
         let session = store::lock_session(&mut tx, id, scope)
             .await?
             .ok_or(ServiceError::NotFound(id))?;
-        let approval = match store::decide_approval(
-            &mut tx, id, scope, call_id, decision, decided_by, message,
-        )
-        .await?
-        {
+        let made = store::NewDecision { message, ..made };
+        let approval = match store::decide_approval(&mut tx, id, scope, call_id, &made).await? {
             store::Decided::Recorded(approval) => approval,
             store::Decided::Already(earlier) => {
                 return Err(ServiceError::AlreadyDecided {
@@ -1460,9 +1463,10 @@ impl SessionService {
         let decided = SessionEvent::ApprovalDecided {
             call_id: approval.call_id,
             tool: approval.tool,
-            decision,
-            decided_by: decided_by.map(str::to_string),
+            decision: made.decision,
+            decided_by: made.decided_by.map(str::to_string),
             message: message.map(str::to_string),
+            edited_arguments: approval.edited_arguments,
         };
         let waiting = store::count_waiting_approvals(&mut tx, id, scope).await?;
         let continues = waiting == 0

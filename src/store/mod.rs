@@ -50,7 +50,7 @@ pub(crate) mod testing;
 mod worker_tasks;
 
 pub use approvals::{
-    Approval, ApprovalCursor, Decided, NewApproval, call_id as approval_call_id,
+    Approval, ApprovalCursor, Decided, NewApproval, NewDecision, call_id as approval_call_id,
     count_waiting as count_waiting_approvals, decide as decide_approval,
 };
 pub use children::{

@@ -10,8 +10,8 @@ pub mod workspace;
 
 pub use llm::{LlmExecutor, SYSTEM_PROMPT};
 pub use scripted::{
-    MAX_ACTION_CHARS, MAX_DELAY_MS, MAX_OUTPUT_CHARS, ScriptedDelegation, ScriptedExecutor,
-    ScriptedStep,
+    MAX_ACTION_CHARS, MAX_DELAY_MS, MAX_OUTPUT_CHARS, MAX_SCRIPTS, SCRIPT_NAME_PATTERN,
+    ScriptedDelegation, ScriptedExecutor, ScriptedStep,
 };
 pub use webhook::{
     ActionApproval, ApprovalOutcome, WebhookExecutor, WebhookHistoryItem, WebhookRequest,
@@ -19,6 +19,7 @@ pub use webhook::{
 };
 pub use worker::{WorkerExecutor, WorkerSettings};
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -304,6 +305,10 @@ pub enum ExecutorSpec {
         /// Start again from the first step when the list runs out.
         #[serde(default)]
         repeat: bool,
+        /// Named scripts the tasks its steps delegate run (`delegate[].script`),
+        /// passed on to those children so that they can delegate too.
+        #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+        scripts: BTreeMap<String, Vec<ScriptedStep>>,
     },
     /// An OpenAI-compatible chat-completions model with tools, working in
     /// the session's workspace. Unset fields come from the environment.
@@ -501,7 +506,29 @@ impl ExecutorSpec {
     /// Checks the specification; the message names the offending field.
     pub fn validate(&self) -> Result<(), String> {
         match self {
-            ExecutorSpec::Scripted { steps, .. } => {
+            ExecutorSpec::Scripted { steps, scripts, .. } => {
+                if scripts.len() > MAX_SCRIPTS {
+                    return Err(format!(
+                        "executor.scripts may name at most {MAX_SCRIPTS} scripts, got {}",
+                        scripts.len()
+                    ));
+                }
+                for (name, script) in scripts {
+                    if !scripted::valid_script_name(name) {
+                        return Err(format!(
+                            "executor.scripts: {name:?} is not a script name (1 to 64 letters, digits, '_' or '-')"
+                        ));
+                    }
+                    if script.is_empty() || script.len() > MAX_SCRIPTED_STEPS {
+                        return Err(format!(
+                            "executor.scripts.{name} must hold 1 to {MAX_SCRIPTED_STEPS} steps"
+                        ));
+                    }
+                    for (i, step) in script.iter().enumerate() {
+                        step.validate()
+                            .map_err(|e| format!("executor.scripts.{name}[{i}].{e}"))?;
+                    }
+                }
                 if steps.is_empty() {
                     return Err("executor.steps must contain at least one step".into());
                 }
@@ -640,8 +667,13 @@ impl ExecutorSpec {
     /// Builds the executor for a session.
     pub fn build(&self, deps: ExecutorDeps) -> Result<Box<dyn Executor>, String> {
         match self {
-            ExecutorSpec::Scripted { steps, repeat } => Ok(Box::new(
-                ScriptedExecutor::new(steps.clone(), *repeat).with_children(deps.children.clone()),
+            ExecutorSpec::Scripted {
+                steps,
+                repeat,
+                scripts,
+            } => Ok(Box::new(
+                ScriptedExecutor::new(steps.clone(), *repeat)
+                    .with_children(deps.children.clone(), scripts.clone()),
             )),
             ExecutorSpec::Llm {
                 model,

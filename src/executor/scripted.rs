@@ -1,6 +1,7 @@
 //! The scripted executor: performs steps listed in the create request, so
 //! every path of the loop can be exercised without a model.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -65,20 +66,30 @@ pub struct ScriptedStep {
     pub delegate: Vec<ScriptedDelegation>,
 }
 
-/// A task a scripted step delegates: the request, and the child's own
-/// script (without one, the child runs its parent's script).
+/// A task a scripted step delegates: the request, and the script of the
+/// executor's `scripts` the child runs (without one, the child runs its
+/// parent's steps).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct ScriptedDelegation {
     /// The child's goal, criteria, budget share and whether to wait.
     #[serde(flatten)]
     pub request: ChildRequest,
-    /// The child's own steps.
+    /// The name of the child's script in `executor.scripts`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(no_recursion)]
-    pub steps: Option<Vec<ScriptedStep>>,
-    /// With `steps`: run them again and again.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub repeat: bool,
+    pub script: Option<String>,
+}
+
+/// Most named scripts a scripted executor may carry.
+pub const MAX_SCRIPTS: usize = 16;
+/// A script's name.
+pub const SCRIPT_NAME_PATTERN: &str = "^[A-Za-z0-9_-]{1,64}$";
+
+/// Whether `name` is written as [`SCRIPT_NAME_PATTERN`] says.
+pub fn valid_script_name(name: &str) -> bool {
+    (1..=64).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
 }
 
 impl ScriptedStep {
@@ -112,9 +123,12 @@ impl ScriptedStep {
             d.request
                 .validate()
                 .map_err(|e| format!("delegate[{i}]: {e}"))?;
-            for (j, step) in d.steps.iter().flatten().enumerate() {
-                step.validate()
-                    .map_err(|e| format!("delegate[{i}].steps[{j}].{e}"))?;
+            if let Some(name) = &d.script
+                && !valid_script_name(name)
+            {
+                return Err(format!(
+                    "delegate[{i}].script must be 1 to 64 letters, digits, '_' or '-'"
+                ));
             }
         }
         Ok(())
@@ -127,6 +141,8 @@ pub struct ScriptedExecutor {
     steps: Box<[KeptStep]>,
     repeat: bool,
     children: Option<Arc<dyn ChildDesk>>,
+    /// The named scripts children run, as given.
+    scripts: Arc<BTreeMap<String, Vec<ScriptedStep>>>,
 }
 
 /// A step as a running session keeps it. The script stays in memory for the
@@ -171,12 +187,19 @@ impl ScriptedExecutor {
             steps: steps.into_iter().map(KeptStep::from).collect(),
             repeat,
             children: None,
+            scripts: Arc::default(),
         }
     }
 
-    /// The same executor, delegating its steps' tasks through `desk`.
-    pub fn with_children(mut self, desk: Arc<dyn ChildDesk>) -> ScriptedExecutor {
+    /// The same executor, delegating its steps' tasks through `desk`, the
+    /// children running `scripts` by name.
+    pub fn with_children(
+        mut self,
+        desk: Arc<dyn ChildDesk>,
+        scripts: BTreeMap<String, Vec<ScriptedStep>>,
+    ) -> ScriptedExecutor {
         self.children = Some(desk);
+        self.scripts = Arc::new(scripts);
         self
     }
 
@@ -193,9 +216,17 @@ impl ScriptedExecutor {
         let mut made = Vec::new();
         let mut wait = false;
         for (index, task) in step.delegate.iter().enumerate() {
-            let own = task.steps.as_ref().map(|steps| {
-                serde_json::json!({ "kind": "scripted", "steps": steps, "repeat": task.repeat })
-            });
+            let own = match &task.script {
+                None => None,
+                Some(name) => {
+                    let steps = self
+                        .scripts
+                        .get(name)
+                        .ok_or_else(|| format!("no script named {name:?} in executor.scripts"))?;
+                    Some(serde_json::json!({ "kind": "scripted", "steps": steps,
+                                             "scripts": &*self.scripts }))
+                }
+            };
             let ticket = desk
                 .delegate(iteration, index as u32, &task.request, step.tokens, own)
                 .await?;

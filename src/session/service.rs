@@ -100,8 +100,8 @@ pub struct SubgoalTask {
     /// Fraction of what the session has left the child gets (0 < share ≤ 1).
     #[serde(default)]
     pub budget_share: Option<f64>,
-    /// The child's own steps, for a session with the `scripted` executor
-    /// (without them it runs the session's script).
+    /// The child's own scripted steps (without them it runs with the
+    /// session's executor).
     #[serde(default)]
     #[schema(no_recursion)]
     pub steps: Option<Vec<crate::executor::ScriptedStep>>,
@@ -223,10 +223,7 @@ struct Preflight {
 
 /// The tasks of a split goal as child requests: each gets an equal share
 /// of what is left when it is made, the session keeping one too.
-fn split_tasks(
-    subgoals: &[Subgoal],
-    executor: &ExecutorSpec,
-) -> Result<Vec<(ChildRequest, Option<serde_json::Value>)>> {
+fn split_tasks(subgoals: &[Subgoal]) -> Result<Vec<(ChildRequest, Option<serde_json::Value>)>> {
     let max = crate::policy::delegation::DEFAULT_MAX_CHILDREN as usize;
     if subgoals.len() > max {
         return Err(ServiceError::Invalid(format!(
@@ -267,18 +264,15 @@ fn split_tasks(
                 .map_err(|e| ServiceError::Invalid(format!("subgoals[{i}]: {e}")))?;
             let own = match steps {
                 None => None,
-                Some(_) if !matches!(executor, ExecutorSpec::Scripted { .. }) => {
-                    return Err(ServiceError::Invalid(format!(
-                        "subgoals[{i}].steps: only a session with the scripted executor gives its tasks their own steps"
-                    )));
-                }
                 Some(steps) => {
                     for (j, step) in steps.iter().enumerate() {
                         step.validate().map_err(|e| {
                             ServiceError::Invalid(format!("subgoals[{i}].steps[{j}].{e}"))
                         })?;
                     }
-                    Some(serde_json::json!({ "kind": "scripted", "steps": steps, "repeat": repeat }))
+                    Some(
+                        serde_json::json!({ "kind": "scripted", "steps": steps, "repeat": repeat }),
+                    )
                 }
             };
             Ok((request, own))
@@ -566,7 +560,7 @@ impl SessionService {
                 serde_json::Value::String("<sealed>".into()),
             );
         }
-        let split = split_tasks(&req.subgoals, &req.executor)?;
+        let split = split_tasks(&req.subgoals)?;
         let planner = self.planner();
         if req.generate_criteria && planner.is_none() {
             return Err(ServiceError::Invalid(

@@ -17,7 +17,8 @@ use super::{Result, Store, StoreError, TenantScope};
 use crate::event::SessionEvent;
 use crate::policy::checklist::ChecklistItem;
 use crate::policy::delegation::{
-    self, ChildBudget, ChildReport, ChildRequest, DelegationRefused, ParentBudget, TreeLimits,
+    self, ChildBudget, ChildReport, ChildRequest, DelegationRefused, ParentBudget, Shortfall,
+    TreeLimits,
 };
 use crate::policy::guardrails::Limits;
 use crate::policy::lifecycle::{Reason, Status};
@@ -184,20 +185,16 @@ pub async fn delegate(
             .and_then(|c| u32::try_from(c).ok())
             .unwrap_or(tree.max_children),
     };
-    let carved = delegation::carve(&budget, request.budget_share, tree)?;
+    let shortfall = match by {
+        Delegator::Step { .. } => Shortfall::Refuse,
+        Delegator::Split { .. } => Shortfall::TakeWhatIsLeft,
+    };
+    let carved = delegation::carve(&budget, request.budget_share, tree, shortfall)?;
     let child_limits = delegation::child_limits(&parent.limits.0, carved);
     let child_id = Uuid::new_v4();
-    let criteria: Vec<ChecklistItem> = request
-        .success_criteria
-        .iter()
-        .map(|c| c.trim())
-        .filter(|c| !c.is_empty())
-        .map(|text| ChecklistItem {
-            text: text.to_string(),
-            done: false,
-            done_at_iteration: None,
-        })
-        .collect();
+    let criteria =
+        crate::policy::checklist::from_texts("success_criteria", &request.success_criteria)
+            .map_err(DelegationRefused::Invalid)?;
     sqlx::query!(
         "INSERT INTO sessions (id, goal, mode, status, limits, executor, tenant, queued_at, criteria,
                                parent_id, lineage, parent_call, secrets_from, budget_tokens, budget_iterations)
@@ -205,7 +202,7 @@ pub async fn delegate(
                 p.id, p.lineage || p.id, $5, coalesce(p.secrets_from, p.id), $6, $7
          FROM sessions p WHERE p.id = $8",
         child_id,
-        request.goal.trim(),
+        crate::policy::text::trim(&request.goal),
         Json(child_limits) as _,
         Json(&criteria) as _,
         call,
@@ -230,7 +227,7 @@ pub async fn delegate(
     event_log::append(conn, child_id, &child_events).await?;
     let delegated = NewEvent::from_event(&SessionEvent::ChildDelegated {
         child_id,
-        goal: request.goal.trim().to_string(),
+        goal: crate::policy::text::trim(&request.goal).to_string(),
         budget_tokens: carved.tokens,
         budget_iterations: carved.iterations,
         wait: request.wait,

@@ -153,14 +153,15 @@ async fn a_step_delegates_waits_and_goes_on_with_the_results() {
             "executor": { "kind": "scripted", "steps": [
                 { "action": "split", "tokens": 50, "output": "two sections, two writers",
                   "delegate": [
-                      { "goal": "Write section one", "budget_share": 0.25,
-                        "steps": child_steps(1, 20, 400, "section one") },
-                      { "goal": "Write section two", "budget_share": 0.25,
-                        "steps": child_steps(1, 20, 400, "section two") }
+                      { "goal": "Write section one", "budget_share": 0.25, "script": "one" },
+                      { "goal": "Write section two", "budget_share": 0.25, "script": "two" }
                   ] },
                 { "action": "join", "tokens": 50,
                   "output": "joined\n<<WARDEN_GOAL_DONE: report written>>" }
-            ] }
+            ], "scripts": {
+                "one": child_steps(1, 20, 400, "section one"),
+                "two": child_steps(1, 20, 400, "section two")
+            } }
         }))
         .await;
     let id = doc["id"].as_str().expect("id").to_string();
@@ -309,16 +310,19 @@ async fn a_stop_of_the_root_interrupts_every_descendant_at_once() {
             "limits": { "max_tokens": 50_000 },
             "executor": { "kind": "scripted", "steps": [
                 { "action": "split", "delegate": [
-                    { "goal": "Do the first long part", "steps": [
-                        { "action": "split_again", "delegate": [
-                            { "goal": "Do the deepest part", "steps": slow }
-                        ] },
-                        { "action": "never", "output": "unreached" }
-                    ] },
-                    { "goal": "Do the second long part", "steps": slow }
+                    { "goal": "Do the first long part", "script": "middle" },
+                    { "goal": "Do the second long part", "script": "slow" }
                 ] },
                 { "action": "never", "output": "unreached" }
-            ] }
+            ], "scripts": {
+                "middle": [
+                    { "action": "split_again", "delegate": [
+                        { "goal": "Do the deepest part", "script": "slow" }
+                    ] },
+                    { "action": "never", "output": "unreached" }
+                ],
+                "slow": slow
+            } }
         }))
         .await;
     let id = doc["id"].as_str().expect("id").to_string();

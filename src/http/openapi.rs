@@ -17,10 +17,12 @@ use super::paging::{MAX_LIST_LIMIT, MAX_PAGE_LIMIT};
 use crate::executor::{MAX_ACTION_CHARS, MAX_DELAY_MS, MAX_OUTPUT_CHARS};
 use crate::executor::{MAX_ATTEMPTS, MAX_LABEL_NAME_CHARS, MAX_LABEL_VALUE_CHARS, MAX_LABELS};
 use crate::executor::{
-    MAX_SCRIPTED_STEPS, MAX_TOKENS_PER_CALL, TEMPERATURE, TIMEOUT_MS, WORKER_WAIT_MS,
+    MAX_SCRIPTED_STEPS, MAX_SCRIPTS, MAX_TOKENS_PER_CALL, SCRIPT_NAME_PATTERN, TEMPERATURE,
+    TIMEOUT_MS, WORKER_WAIT_MS,
 };
 use crate::policy::ambiguity::GOAL_HAS_LETTER_PATTERN;
 use crate::policy::checklist::{MAX_ITEM_CHARS, MAX_ITEMS};
+use crate::policy::delegation::{DEFAULT_MAX_CHILDREN, MAX_CHILD_GOAL_CHARS};
 use crate::policy::guardrails::RANGES;
 use crate::policy::history::Outcome;
 use crate::session::service::{MAX_GOAL_CHARS, MAX_GUIDANCE_CHARS};
@@ -74,6 +76,8 @@ use crate::session::service::{MAX_GOAL_CHARS, MAX_GUIDANCE_CHARS};
     components(schemas(
         super::views::EventView,
         super::views::SessionView,
+        crate::policy::delegation::ChildRequest,
+        crate::executor::ScriptedDelegation,
         super::views::ExecutorKind,
         super::views::SortKey,
         super::views::SortOrder,
@@ -473,6 +477,63 @@ pub fn bounds() -> Vec<Bound> {
         out.push((item.clone(), "maxLength", MAX_ITEM_CHARS.into()));
         out.push((item, "pattern", "\\S".into()));
     }
+    // Child sessions: a task's goal reads as a create's, its criteria as
+    // a create's checklist, its share of the budget in (0, 1].
+    for goal in [
+        "/components/schemas/Subgoal/oneOf/0".to_string(),
+        prop("SubgoalTask", "goal"),
+        prop("ChildRequest", "goal"),
+    ] {
+        out.push((goal.clone(), "minLength", 1.into()));
+        out.push((goal.clone(), "maxLength", MAX_CHILD_GOAL_CHARS.into()));
+        out.push((goal, "pattern", GOAL_HAS_LETTER_PATTERN.into()));
+    }
+    for task in ["SubgoalTask", "ChildRequest"] {
+        let criteria = prop(task, "success_criteria");
+        out.push((criteria.clone(), "maxItems", MAX_ITEMS.into()));
+        let item = format!("{criteria}/items");
+        out.push((item.clone(), "minLength", 1.into()));
+        out.push((item.clone(), "maxLength", MAX_ITEM_CHARS.into()));
+        out.push((item, "pattern", "\\S".into()));
+        let share = prop(task, "budget_share");
+        out.push((share.clone(), "exclusiveMinimum", 0.into()));
+        out.push((share, "maximum", 1.into()));
+    }
+    let task_steps = prop("SubgoalTask", "steps");
+    out.push((task_steps.clone(), "minItems", 1.into()));
+    out.push((task_steps, "maxItems", MAX_SCRIPTED_STEPS.into()));
+    out.push((
+        prop("CreateSession", "subgoals"),
+        "maxItems",
+        DEFAULT_MAX_CHILDREN.into(),
+    ));
+    out.push((
+        prop("ScriptedStep", "delegate"),
+        "maxItems",
+        DEFAULT_MAX_CHILDREN.into(),
+    ));
+    out.push((
+        "/components/schemas/ScriptedDelegation/allOf/1/properties/script".into(),
+        "pattern",
+        SCRIPT_NAME_PATTERN.into(),
+    ));
+    let scripts = branch("ExecutorSpec", 0, "scripts");
+    out.push((scripts.clone(), "maxProperties", MAX_SCRIPTS.into()));
+    out.push((
+        format!("{scripts}/propertyNames"),
+        "pattern",
+        SCRIPT_NAME_PATTERN.into(),
+    ));
+    out.push((
+        format!("{scripts}/additionalProperties"),
+        "minItems",
+        1.into(),
+    ));
+    out.push((
+        format!("{scripts}/additionalProperties"),
+        "maxItems",
+        MAX_SCRIPTED_STEPS.into(),
+    ));
     let action = prop("ScriptedStep", "action");
     out.push((action.clone(), "minLength", 1.into()));
     out.push((action.clone(), "maxLength", MAX_ACTION_CHARS.into()));

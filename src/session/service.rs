@@ -265,6 +265,12 @@ fn split_tasks(subgoals: &[Subgoal]) -> Result<Vec<(ChildRequest, Option<serde_j
             let own = match steps {
                 None => None,
                 Some(steps) => {
+                    if steps.is_empty() || steps.len() > crate::executor::MAX_SCRIPTED_STEPS {
+                        return Err(ServiceError::Invalid(format!(
+                            "subgoals[{i}].steps must hold 1 to {} steps",
+                            crate::executor::MAX_SCRIPTED_STEPS
+                        )));
+                    }
                     for (j, step) in steps.iter().enumerate() {
                         step.validate().map_err(|e| {
                             ServiceError::Invalid(format!("subgoals[{i}].steps[{j}].{e}"))

@@ -746,6 +746,7 @@ impl ExecutorSpec {
                     Duration::from_millis(timeout_ms.unwrap_or(60_000)),
                     &deps.egress,
                     deps.approvals.clone(),
+                    deps.children.clone(),
                 )
                 .map_err(|e| format!("executor.url {e}"))?,
             )),
@@ -770,6 +771,7 @@ impl ExecutorSpec {
                     ),
                 },
                 deps.approvals.clone(),
+                deps.children.clone(),
             ))),
         }
     }

@@ -70,13 +70,38 @@ pub struct ScriptedStep {
 /// executor's `scripts` the child runs (without one, the child runs its
 /// parent's steps).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
 pub struct ScriptedDelegation {
-    /// The child's goal, criteria, budget share and whether to wait.
-    #[serde(flatten)]
-    pub request: ChildRequest,
+    /// The child's goal.
+    pub goal: String,
+    /// How the child knows it is done.
+    #[serde(default)]
+    pub success_criteria: Vec<String>,
+    /// Fraction of the session's remaining budget the child gets (0 < share ≤ 1).
+    #[serde(default)]
+    pub budget_share: Option<f64>,
+    /// Whether the session waits (pauses) until its children end (default true).
+    #[serde(default = "wait_by_default")]
+    pub wait: bool,
     /// The name of the child's script in `executor.scripts`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub script: Option<String>,
+}
+
+fn wait_by_default() -> bool {
+    true
+}
+
+impl ScriptedDelegation {
+    /// The task as a request for a child.
+    pub fn request(&self) -> ChildRequest {
+        ChildRequest {
+            goal: self.goal.clone(),
+            success_criteria: self.success_criteria.clone(),
+            budget_share: self.budget_share,
+            wait: self.wait,
+        }
+    }
 }
 
 /// Most named scripts a scripted executor may carry.
@@ -120,7 +145,7 @@ impl ScriptedStep {
             ));
         }
         for (i, d) in self.delegate.iter().enumerate() {
-            d.request
+            d.request()
                 .validate()
                 .map_err(|e| format!("delegate[{i}]: {e}"))?;
             if let Some(name) = &d.script
@@ -228,9 +253,9 @@ impl ScriptedExecutor {
                 }
             };
             let ticket = desk
-                .delegate(iteration, index as u32, &task.request, step.tokens, own)
+                .delegate(iteration, index as u32, &task.request(), step.tokens, own)
                 .await?;
-            wait |= task.request.wait;
+            wait |= task.wait;
             made.push(format!(
                 "child {} ({} tokens, {} iterations)",
                 ticket.child_id, ticket.tokens, ticket.iterations

@@ -76,7 +76,6 @@ use crate::session::service::{MAX_GOAL_CHARS, MAX_GUIDANCE_CHARS};
     components(schemas(
         super::views::EventView,
         super::views::SessionView,
-        crate::policy::delegation::ChildRequest,
         crate::executor::ScriptedDelegation,
         super::views::ExecutorKind,
         super::views::SortKey,
@@ -483,12 +482,13 @@ pub fn bounds() -> Vec<Bound> {
         "/components/schemas/Subgoal/oneOf/0".to_string(),
         prop("SubgoalTask", "goal"),
         prop("ChildRequest", "goal"),
+        prop("ScriptedDelegation", "goal"),
     ] {
         out.push((goal.clone(), "minLength", 1.into()));
         out.push((goal.clone(), "maxLength", MAX_CHILD_GOAL_CHARS.into()));
         out.push((goal, "pattern", GOAL_HAS_LETTER_PATTERN.into()));
     }
-    for task in ["SubgoalTask", "ChildRequest"] {
+    for task in ["SubgoalTask", "ChildRequest", "ScriptedDelegation"] {
         let criteria = prop(task, "success_criteria");
         out.push((criteria.clone(), "maxItems", MAX_ITEMS.into()));
         let item = format!("{criteria}/items");
@@ -513,7 +513,7 @@ pub fn bounds() -> Vec<Bound> {
         DEFAULT_MAX_CHILDREN.into(),
     ));
     out.push((
-        "/components/schemas/ScriptedDelegation/allOf/1/properties/script".into(),
+        prop("ScriptedDelegation", "script"),
         "pattern",
         SCRIPT_NAME_PATTERN.into(),
     ));

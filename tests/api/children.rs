@@ -584,3 +584,80 @@ async fn a_kill_mid_tree_loses_nothing_and_repeats_nothing() {
     drop(restarted);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+mod delegating_agent {
+    use std::sync::{Arc, Mutex};
+
+    use axum::extract::State;
+    use axum::routing::post;
+    use axum::{Json, Router};
+    use serde_json::{Value, json};
+
+    /// An external agent that, as the parent, delegates one task and then
+    /// reports its child's result; as the child, does the task at once.
+    pub async fn start() -> (String, Arc<Mutex<Vec<Value>>>) {
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        async fn step(
+            State(seen): State<Arc<Mutex<Vec<Value>>>>,
+            Json(req): Json<Value>,
+        ) -> Json<Value> {
+            seen.lock().unwrap().push(req.clone());
+            Json(if req["goal"] == "Count the open issues" {
+                json!({ "action": "count", "tokens": 7, "output": "17 open",
+                        "signal": "done", "reason": "17 issues are open" })
+            } else if req["iteration"] == 1 {
+                json!({ "action": "plan", "tokens": 5, "output": "asking a helper",
+                        "delegate": [{ "goal": "Count the open issues", "budget_share": 0.5 }] })
+            } else {
+                let told = req["children"][0]["summary"]
+                    .as_str()
+                    .unwrap_or("")
+                    .to_string();
+                json!({ "action": "report", "tokens": 5, "output": format!("heard: {told}"),
+                        "signal": "done", "reason": format!("the helper said {told}") })
+            })
+        }
+        let app = Router::new()
+            .route("/step", post(step))
+            .with_state(seen.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/step", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        (url, seen)
+    }
+}
+
+#[tokio::test]
+async fn a_webhook_agent_delegates_in_its_answer_and_gets_the_result_in_its_next_request() {
+    let db = common::TestDb::new().await;
+    let (url, seen) = delegating_agent::start().await;
+    let app = TestApp::spawn(db.pool.clone()).await;
+    let doc = app
+        .create(json!({
+            "goal": "Report how many issues are open",
+            "limits": { "max_tokens": 1_000 },
+            "executor": { "kind": "webhook", "url": url }
+        }))
+        .await;
+    let id = doc["id"].as_str().expect("id").to_string();
+    let parent = settled(&app, &id, Duration::from_secs(30)).await;
+    assert_eq!(parent["status"], "completed", "{parent}");
+    let child = child_ids(&parent).remove(0);
+    assert_eq!(app.session(&child).await["status"], "completed");
+    let requests = seen.lock().unwrap().clone();
+    let last = requests
+        .iter()
+        .rev()
+        .find(|r| r["session_id"] == id.as_str())
+        .expect("the parent's last request");
+    assert_eq!(last["children"][0]["child_id"], child.as_str(), "{last}");
+    assert_eq!(last["children"][0]["status"], "completed");
+    assert!(
+        parent["summary"]
+            .as_str()
+            .is_some_and(|s| s.contains("17 issues")),
+        "{parent}"
+    );
+    // Half of what was left after the parent's first step (1,000 - 5).
+    assert_eq!(parent["children"][0]["budget_tokens"], 497);
+}

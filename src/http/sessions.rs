@@ -289,7 +289,13 @@ pub async fn get_session(
             .map(|(queue, since)| super::views::WaitingForWorker { queue, since });
     }
     show_pending_approvals(&state, &mut doc, &caller.scope).await?;
-    show_children(&state, &mut doc, &caller.scope).await?;
+    // A status answered from memory while Postgres is away still answers,
+    // without its children.
+    if let Err(err) = show_children(&state, &mut doc, &caller.scope).await
+        && !from_memory
+    {
+        return Err(err);
+    }
     doc.velocity = Some(
         velocity
             .into_iter()

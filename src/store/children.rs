@@ -197,9 +197,12 @@ pub async fn delegate(
             .map_err(DelegationRefused::Invalid)?;
     sqlx::query!(
         "INSERT INTO sessions (id, goal, mode, status, limits, executor, tenant, queued_at, criteria,
-                               parent_id, lineage, parent_call, secrets_from, budget_tokens, budget_iterations)
+                               parent_id, lineage, parent_call, secrets_from, budget_tokens, budget_iterations,
+                               created_at)
          SELECT $1, $2, p.mode, 'queued', $3, coalesce($9, p.executor), p.tenant, now(), $4,
-                p.id, p.lineage || p.id, $5, coalesce(p.secrets_from, p.id), $6, $7
+                p.id, p.lineage || p.id, $5, coalesce(p.secrets_from, p.id), $6, $7,
+                -- Children made in one transaction keep the order they were made in.
+                clock_timestamp()
          FROM sessions p WHERE p.id = $8",
         child_id,
         crate::policy::text::trim(&request.goal),

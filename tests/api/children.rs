@@ -459,7 +459,11 @@ async fn another_tenant_sees_no_node_of_a_tree() {
         .await
         .expect("json");
     assert_eq!(list["items"], json!([]), "{list}");
-    assert_eq!(app.session(&child).await["status"], "running");
+    let untouched = app.session(&child).await;
+    assert!(
+        ["queued", "running"].contains(&untouched["status"].as_str().unwrap_or("")),
+        "nothing the other tenant sent reached it: {untouched}"
+    );
     let (status, _) = app.post(&format!("/api/autonomous/{id}/stop"), None).await;
     assert_eq!(status, StatusCode::OK);
 }
@@ -660,4 +664,64 @@ async fn a_webhook_agent_delegates_in_its_answer_and_gets_the_result_in_its_next
     );
     // Half of what was left after the parent's first step (1,000 - 5).
     assert_eq!(parent["children"][0]["budget_tokens"], 497);
+}
+
+#[tokio::test]
+async fn a_tenants_tree_limits_refuse_a_deeper_child_and_the_agent_is_told_why() {
+    let db = common::TestDb::new().await;
+    let app = TestApp::spawn(db.pool.clone()).await;
+    common::store_on(db.pool.clone())
+        .set_tenant_tree_limits(common::TEST_TENANT, Some(1), Some(2))
+        .await
+        .expect("limits stored");
+    let doc = app
+        .create(json!({
+            "goal": "Plan the work and hand it out",
+            "limits": { "max_tokens": 10_000 },
+            "executor": { "kind": "scripted", "steps": [
+                { "action": "hand_out", "delegate": [
+                    { "goal": "Do the work", "script": "again", "wait": true }
+                ] },
+                { "action": "finish", "output": "done\n<<WARDEN_GOAL_DONE: handed out>>" }
+            ], "scripts": {
+                "again": [
+                    { "action": "hand_out_again", "delegate": [{ "goal": "Do part of the work" }] },
+                    { "action": "finish", "output": "done\n<<WARDEN_GOAL_DONE: did it>>" }
+                ]
+            } }
+        }))
+        .await;
+    let id = doc["id"].as_str().expect("id").to_string();
+    let parent = settled(&app, &id, Duration::from_secs(30)).await;
+    assert_eq!(parent["status"], "completed", "{parent}");
+    let child = child_ids(&parent).remove(0);
+    let its = app.iterations(&child).await;
+    assert_eq!(its[0]["outcome"], "error", "{its:?}");
+    let why = its[0]["record"]["error"].to_string();
+    assert!(why.contains("deeper than the 1 allowed"), "{why}");
+    assert_eq!(
+        tree(&app, &id).await["totals"]["sessions"],
+        2,
+        "no grandchild was made"
+    );
+    // A split over the children limit is refused at creation.
+    let res = app
+        .client
+        .post(app.url("/api/autonomous"))
+        .json(&json!({
+            "goal": "Do three things at once",
+            "executor": { "kind": "scripted", "steps": [{ "action": "a" }] },
+            "subgoals": ["Do the first thing", "Do the second thing", "Do the third thing"]
+        }))
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(res.status(), StatusCode::UNPROCESSABLE_ENTITY);
+    let body: Value = res.json().await.expect("json");
+    assert!(
+        body["detail"]
+            .as_str()
+            .is_some_and(|d| d.contains("children")),
+        "{body}"
+    );
 }

@@ -1043,6 +1043,88 @@ fn corpus() -> Vec<Case> {
         ),
         ends("completed", "goal_achieved", 5, 5),
     );
+
+    // ---- delegation: a parent waits for its children and judges by them ----
+    let mut delegation: Vec<(&str, Value, Expect)> = Vec::new();
+    let split = |goal: &str, subgoals: Value| {
+        json!({
+            "goal": goal,
+            "limits": { "max_tokens": 20_000 },
+            "executor": { "kind": "scripted", "steps": [done()] },
+            "subgoals": subgoals,
+        })
+    };
+    let finishing = json!([
+        { "action": "work", "tokens": 20, "output": "worked" },
+        { "action": "finish", "tokens": 20, "output": "ok\n<<WARDEN_GOAL_DONE: part done>>" }
+    ]);
+    // Each attempt a different one (the same failing call thrice would be
+    // `stuck`, a pause): the error streak stops it.
+    let erroring = Value::Array(
+        (1..=8)
+            .map(|i| {
+                json!({ "action": format!("try_way_{i}"), "arguments": { "i": i },
+                        "outcome": "error", "tokens": 5, "output": format!("way {i} broke") })
+            })
+            .collect(),
+    );
+    let spinning = json!([
+        { "action": "spin", "arguments": { "n": 1 }, "tokens": 500, "output": "more" },
+        { "action": "spin", "arguments": { "n": 2 }, "tokens": 500, "output": "more" }
+    ]);
+    delegation.push((
+        "delegation: split parts all complete, the parent completes",
+        split(
+            "Build the parser and write its tests",
+            json!([
+                { "goal": "Build the parser", "steps": finishing },
+                { "goal": "Write the parser's tests", "steps": finishing }
+            ]),
+        ),
+        ends("completed", "goal_achieved", 1, 1),
+    ));
+    delegation.push((
+        "delegation: a runaway child is stopped by its own budget, the parent goes on",
+        split(
+            "Index the archive and summarise it",
+            json!([
+                { "goal": "Index the archive", "budget_share": 0.1, "repeat": true, "steps": spinning },
+                { "goal": "Summarise the archive", "steps": finishing }
+            ]),
+        ),
+        ends("completed", "goal_achieved", 1, 1),
+    ));
+    delegation.push((
+        "delegation: one child fails, the parent decides to go on",
+        split(
+            "Translate the guide and proofread it",
+            json!([
+                { "goal": "Translate the guide", "steps": erroring },
+                { "goal": "Proofread the guide", "steps": finishing }
+            ]),
+        ),
+        ends("completed", "goal_achieved", 1, 1),
+    ));
+    delegation.push((
+        "delegation: every child fails, the parent is blocked with their reasons",
+        split(
+            "Migrate the database and move the files",
+            json!([
+                { "goal": "Migrate the database", "steps": erroring },
+                { "goal": "Move the files", "steps": erroring }
+            ]),
+        ),
+        ends("paused", "agent_blocked", 0, 0),
+    ));
+    for (name, body, expect) in delegation {
+        cases.push(Case {
+            name: name.into(),
+            category: "delegation",
+            body,
+            route: None,
+            expect,
+        });
+    }
     cases
 }
 
@@ -1102,8 +1184,13 @@ async fn run(app: &TestApp, case: &Case) -> Outcome {
     }
     assert_eq!(code, StatusCode::CREATED, "{}: {doc}", case.name);
     let id = doc["id"].as_str().expect("id").to_string();
+    // A parent waiting for its children has not ended yet.
     let s = app
-        .wait_until(&id, Duration::from_secs(120), |s| s["status"] != "running")
+        .wait_until(&id, Duration::from_secs(120), |s| {
+            s["status"] != "running"
+                && s["status"] != "queued"
+                && s["reason"] != "waiting_for_children"
+        })
         .await;
     Outcome {
         status: s["status"].as_str().unwrap_or("").to_string(),

@@ -220,6 +220,24 @@ def test_iterations_send_boolean_queries_as_true_false() -> None:
     assert seen[0].url.params["after"] == "2"
 
 
+def test_a_tree_is_read_and_the_list_can_leave_children_out() -> None:
+    seen: list[httpx.Request] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        if request.url.path.endswith("/tree"):
+            node = {"id": "p", "children": [{"id": "c", "children": []}]}
+            return httpx.Response(200, json={"totals": {"sessions": 2}, "node": node})
+        return httpx.Response(200, json={"items": [], "next_cursor": None})
+
+    client, _ = client_for(handler)
+    tree = client.get_tree("p")
+    assert tree["node"]["children"][0]["id"] == "c"
+    assert seen[0].url.path == "/api/autonomous/p/tree"
+    client.list_sessions(root_only=True)
+    assert seen[1].url.params["root_only"] == "true"
+
+
 def test_backoff_delay_is_capped_and_jittered() -> None:
     rng = random.Random(7)
     delays = [backoff_delay(n, 0.5, 4.0, rng) for n in range(10)]

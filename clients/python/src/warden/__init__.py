@@ -6,6 +6,8 @@ from .errors import Cancelled, StepError, WardenError, WardenUnavailable
 from .types import (
     ActionApproval,
     ApprovalOutcome,
+    ChildReport,
+    ChildTask,
     ClaimedTask,
     HeartbeatAnswer,
     HistoryItem,
@@ -14,6 +16,8 @@ from .types import (
     Session,
     SessionPage,
     StepContext,
+    Tree,
+    TreeNode,
 )
 from .worker import StepFn, Task, Worker
 
@@ -22,6 +26,8 @@ __all__ = [
     "ActionApproval",
     "ApprovalOutcome",
     "Cancelled",
+    "ChildReport",
+    "ChildTask",
     "ClaimedTask",
     "Client",
     "HeartbeatAnswer",
@@ -34,6 +40,8 @@ __all__ = [
     "StepError",
     "StepFn",
     "Task",
+    "Tree",
+    "TreeNode",
     "WardenError",
     "WardenUnavailable",
     "Worker",

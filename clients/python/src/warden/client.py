@@ -24,6 +24,7 @@ from .types import (
     Role,
     Session,
     SessionPage,
+    Tree,
 )
 
 log = logging.getLogger("warden.client")
@@ -42,6 +43,7 @@ ROUTES: Final[dict[str, tuple[str, str]]] = {
     "pause_session": ("POST", "/api/autonomous/{id}/pause"),
     "resume_session": ("POST", "/api/autonomous/{id}/resume"),
     "refine_session": ("POST", "/api/autonomous/{id}/refinement"),
+    "get_tree": ("GET", "/api/autonomous/{id}/tree"),
     "list_approvals": ("GET", "/api/autonomous/approvals"),
     "decide_approval": ("POST", "/api/autonomous/{id}/approvals/{call_id}"),
     "list_iterations": ("GET", "/api/autonomous/{id}/iterations"),
@@ -232,14 +234,25 @@ class Client:
         """A session's status, counters and, once ended, its termination record."""
         return cast(Session, self.request("get_session", path={"id": session_id}))
 
+    def get_tree(self, session_id: str) -> Tree:
+        """A session and all its child sessions, nested, with rolled-up tokens."""
+        return cast(Tree, self.request("get_tree", path={"id": session_id}))
+
     def list_sessions(
-        self, *, status: str | None = None, limit: int | None = None, cursor: str | None = None
+        self,
+        *,
+        status: str | None = None,
+        limit: int | None = None,
+        cursor: str | None = None,
+        root_only: bool | None = None,
     ) -> SessionPage:
-        """One page of sessions, newest first; pass ``next_cursor`` back as ``cursor``."""
+        """One page of sessions, newest first; pass ``next_cursor`` back as ``cursor``;
+        ``root_only`` leaves child sessions out."""
         return cast(
             SessionPage,
             self.request(
-                "list_sessions", params={"status": status, "limit": limit, "cursor": cursor}
+                "list_sessions",
+                params={"status": status, "limit": limit, "cursor": cursor, "root_only": root_only},
             ),
         )
 

@@ -56,6 +56,35 @@ class Session(TypedDict, total=False):
     created_at: str
     updated_at: str
     waiting_for_worker: dict[str, Any] | None
+    parent_id: str | None
+    depth: int
+    children: list[dict[str, Any]]
+    delegation: dict[str, int]
+
+
+class TreeNode(TypedDict, total=False):
+    """A session of a tree (``TreeNode``), its children nested."""
+
+    id: str
+    parent_id: str | None
+    depth: int
+    goal: str
+    status: Status
+    reason: str | None
+    summary: str | None
+    tokens_used: int
+    iterations: int
+    max_tokens: int
+    budget_tokens: int | None
+    subtree_tokens_used: int
+    children: list[TreeNode]
+
+
+class Tree(TypedDict, total=False):
+    """A session and its descendants (``GET /api/autonomous/{id}/tree``)."""
+
+    totals: dict[str, int]
+    node: TreeNode
 
 
 class SessionPage(TypedDict, total=False):
@@ -141,6 +170,28 @@ class ApprovalOutcome(TypedDict, total=False):
     message: str | None
 
 
+class ChildTask(TypedDict, total=False):
+    """A task an agent delegates to a child session; only ``goal`` is required."""
+
+    goal: str
+    success_criteria: list[str]
+    budget_share: float
+    wait: bool
+
+
+class ChildReport(TypedDict, total=False):
+    """A child session that ended, as its parent's next step is told."""
+
+    child_id: str
+    goal: str
+    status: Status
+    reason: str | None
+    summary: str | None
+    criteria_met: list[str]
+    files: list[str]
+    tokens_used: int
+
+
 class StepContext(TypedDict, total=False):
     """What an agent is given for a step (``WebhookRequest``)."""
 
@@ -152,6 +203,7 @@ class StepContext(TypedDict, total=False):
     token_allowance: int
     history: list[HistoryItem]
     approval: ApprovalOutcome
+    children: list[ChildReport]
 
 
 class Outcome(TypedDict, total=False):
@@ -168,6 +220,7 @@ class Outcome(TypedDict, total=False):
     percent_complete: float | None
     waiting: bool
     approval: ActionApproval
+    delegate: list[ChildTask]
 
 
 class ClaimedTask(TypedDict, total=False):

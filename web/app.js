@@ -720,7 +720,11 @@ async function showSession(id, tab, focusIteration) {
   }
   let refreshTimer = null, treeTimer = null;
   const refresh = async () => { try { renderSession(await api(`/${id}`)); } catch (err) { say("#control-error", err); } };
-  const treeSoon = () => { if (!treeTimer) treeTimer = setTimeout(() => { treeTimer = null; loadTree(id); }, 150); };
+  // A delegation is news even before the status read says the session has children.
+  const treeSoon = (delegated) => {
+    if (!delegated && !(current && hasTree(current))) return;
+    if (!treeTimer) treeTimer = setTimeout(() => { treeTimer = null; loadTree(id); }, 150);
+  };
   const soon = () => { if (!refreshTimer) refreshTimer = setTimeout(() => { refreshTimer = null; refresh(); }, 150); };
   const follow = (after) => {
     closeStream();
@@ -741,7 +745,7 @@ async function showSession(id, tab, focusIteration) {
         refresh(); treeSoon();
         // A parent paused for its children runs on by itself when they end: keep listening.
         if (ENDED.includes(ev.data.to) && ev.data.reason !== "waiting_for_children") closeStream();
-      } else if (TREE_KINDS.includes(ev.kind)) { soon(); treeSoon(); }
+      } else if (TREE_KINDS.includes(ev.kind)) { soon(); treeSoon(true); }
       else if (DECISION_KINDS.includes(ev.kind) || ["checkpoint_saved", "limits_changed", "goal_refined", "cycle_started", "agent_signal", "approval_requested", "approval_decided"].includes(ev.kind)) soon();
     });
   };
@@ -770,7 +774,7 @@ async function showSession(id, tab, focusIteration) {
     renderSession(s);
     await loadActor(id, s.last_event_seq);
     if (!isOver(s)) follow(Math.max(s.last_event_seq, ...events.map((e) => e.seq)));
-    loadTree(id);
+    if (hasTree(s)) await loadTree(id);
   } catch (err) { say("#control-error", err); }
   // A step in flight logs nothing: re-read now and then so a step that
   // started after the last event shows (from the owner's memory, cheap).
@@ -788,6 +792,10 @@ const TREE_KINDS = ["child_delegated", "child_ended", "delegated_by"];
 /* ---------- the session tree: the session, the sessions it delegated to, theirs ---------- */
 /* The tree last drawn: whose, how many of its sessions were live, and its markup (redrawn only when it changes, so a click is never lost to a redraw). */
 let tree = { id: null, live: 0, html: "" };
+/* Reads of the tree started; only the latest one's answer is drawn. */
+let treeReads = 0;
+/** Whether the session is part of a tree: it has a parent or children. */
+const hasTree = (s) => !!s.parent_id || (s.children || []).length > 0;
 
 /** "Part of <parent's goal>" under the title of a child session. */
 function renderParentLine(s) {
@@ -825,10 +833,11 @@ function treeNode(n, selfId) {
 /** Reads the session's tree and draws it, shown when the session has a parent or children. */
 async function loadTree(id) {
   if (!$("#tree-section") || shown.id !== id) return;
+  const read = ++treeReads;
   let t;
   try { t = await api(`/${id}/tree`); } catch (err) { say("#tree-error", err); return; }
   const section = $("#tree-section");
-  if (!section || shown.id !== id) return;
+  if (!section || shown.id !== id || read !== treeReads) return;
   $("#tree-error").textContent = "";
   const root = t.node;
   section.hidden = !root.parent_id && !(root.children || []).length;

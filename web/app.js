@@ -774,7 +774,7 @@ async function showSession(id, tab, focusIteration) {
     renderSession(s);
     await loadActor(id, s.last_event_seq);
     if (!isOver(s)) follow(Math.max(s.last_event_seq, ...events.map((e) => e.seq)));
-    if (hasTree(s)) await loadTree(id);
+    if (hasTree(s) || events.some((e) => TREE_KINDS.includes(e.kind))) await loadTree(id);
   } catch (err) { say("#control-error", err); }
   // A step in flight logs nothing: re-read now and then so a step that
   // started after the last event shows (from the owner's memory, cheap).

@@ -810,11 +810,21 @@ function renderParentLine(s) {
   if (!parentsAsked.has(s.parent_id)) resolveParents(line);
 }
 
+/** Statuses after which a child never runs again (its unspent budget went back to its parent). */
+const FINISHED = ["completed", "stopped", "interrupted", "failed"];
+
+/** A node's whole token budget: what its parent gave it; for the top of the
+ *  tree, its limit now plus what its children hold or spent of it (its
+ *  `max_tokens` shrinks by a child's budget and gets back what it did not spend). */
+function tokenBudget(n) {
+  if (n.budget_tokens != null) return n.budget_tokens;
+  return (n.children || []).reduce((sum, c) => sum + (FINISHED.includes(c.status) ? Math.min(c.subtree_tokens_used, c.budget_tokens) : c.budget_tokens), n.max_tokens);
+}
+
 /** One node of the tree and, nested, its children: status, goal (a link to its page), reason, progress, tokens against its budget. */
 function treeNode(n, selfId) {
   const self = n.id === selfId;
-  // Its budget: what its parent gave it, or its own limit for the root.
-  const budget = n.budget_tokens ?? n.max_tokens;
+  const budget = tokenBudget(n);
   const used = n.subtree_tokens_used ?? n.tokens_used;
   const pct = budget ? Math.min(100, Math.round((100 * used) / budget)) : 0;
   const goal = self ? `<b class="node-goal" aria-current="page">${esc(n.goal)}</b>` : `<a class="node-goal" href="#/s/${esc(n.id)}">${esc(n.goal)}</a>`;

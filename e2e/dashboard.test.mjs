@@ -494,7 +494,7 @@ test("a worker session waiting for a worker says so, and its queue shows the wai
   assert.deepEqual(pageErrors, []);
 });
 
-test("a call waiting for approval shows in the inbox and is approved from the session page", async () => {
+test("a call waiting for approval shows in the inbox and is approved, edited, from the session page", async () => {
   // A webhook agent in this process: it asks approval to deploy, and
   // deploys in the next step only when that step says it was approved.
   const seen = [];
@@ -542,6 +542,10 @@ test("a call waiting for approval shows in the inbox and is approved from the se
     assert.equal(await page.textContent("#reason"), "approval_required");
     assert.ok(await page.isDisabled("#resume-btn"), "a plain resume waits for the decision");
     await page.screenshot({ path: shots + "10-pending-call.png", fullPage: true });
+    // The person edits the arguments before approving: staging, not prod.
+    const box = call.locator(".approval-arguments");
+    assert.deepEqual(JSON.parse(await box.inputValue()), { env: "prod" });
+    await box.fill('{ "env": "staging" }');
     await call.locator(".approval-message").fill("go ahead");
     await call.locator(".approve-btn").click();
     await page.waitForFunction(() => document.querySelector("#status")?.textContent === "completed", null, {
@@ -550,7 +554,7 @@ test("a call waiting for approval shows in the inbox and is approved from the se
     assert.ok(await page.isHidden("#pending-approvals"), "nothing waits any more");
     assert.equal(seen.length, 2);
     assert.deepEqual(seen[1].approval, {
-      action: "deploy", arguments: { env: "prod" }, decision: "approve", message: "go ahead",
+      action: "deploy", arguments: { env: "staging" }, arguments_edited: true, decision: "approve", message: "go ahead",
     });
     await page.screenshot({ path: shots + "11-approved.png", fullPage: true });
     assert.deepEqual(pageErrors, []);

@@ -4,7 +4,11 @@
 #     must compile and complete create / status / stop / resume;
 #  2. the dashboard, in Debian's headless Chromium driven by Playwright, must
 #     create, show, stop and resume a session live;
-#  3. Schemathesis (pinned in requirements.txt, settings in schemathesis.toml)
+#  3. a real reference MCP server (@modelcontextprotocol/server-filesystem,
+#     pinned in package.json) serves an `llm` session's tools, driven by a
+#     fake OpenAI-compatible model (fake-model.mjs): a read runs at once, a
+#     write waits for a person, who approves it with edited arguments;
+#  4. Schemathesis (pinned in requirements.txt, settings in schemathesis.toml)
 #     runs every operation of the committed document against the server with
 #     all checks, a bounded number of examples and stateful links: 0 failures.
 # Installs what it needs (Chromium from Debian, packages from npm, a Python
@@ -30,6 +34,11 @@ DB_NAME="warden_e2e_$$"
 DB_URL="${ADMIN_URL%/*}/$DB_NAME"
 WORKSPACES="$(mktemp -d)"
 LOG="$WORKSPACES/warden.log"
+# The MCP server's config and the one folder it may touch.
+MCP_TMP="$(mktemp -d)"
+E2E_MCP_DIR="$MCP_TMP/shared"
+E2E_MCP_TENANT=e2e-mcp
+export E2E_MCP_DIR E2E_MCP_TENANT
 SERVER_PID=""
 
 cleanup() {
@@ -43,7 +52,7 @@ cleanup() {
     tail -n 60 "$LOG" >&2 || true
   fi
   psql "$ADMIN_URL" -qtAc "DROP DATABASE IF EXISTS $DB_NAME WITH (FORCE)" >/dev/null 2>&1 || true
-  rm -rf "$WORKSPACES"
+  rm -rf "$WORKSPACES" "$MCP_TMP"
   exit "$status"
 }
 trap cleanup EXIT INT TERM
@@ -53,9 +62,22 @@ psql "$ADMIN_URL" -v ON_ERROR_STOP=1 -qtAc "CREATE DATABASE $DB_NAME" >/dev/null
 PORT="$(node -e 'const s=require("net").createServer().listen(0,"127.0.0.1",()=>{console.log(s.address().port);s.close()})')"
 export WARDEN_URL="http://127.0.0.1:$PORT"
 
+# One stdio MCP server, run from node_modules (nothing is fetched at run
+# time), limited to the folder above and declared for one tenant only: the
+# sessions of every other tenant (Schemathesis' among them) see the server
+# undeclared, as the committed document describes a replica with none.
+mkdir -p "$E2E_MCP_DIR"
+FS_SERVER="$E2E_DIR/node_modules/@modelcontextprotocol/server-filesystem/dist/index.js"
+[ -f "$FS_SERVER" ] || { echo "e2e: FATAL: $FS_SERVER is missing (npm ci)" >&2; exit 1; }
+MCP_DIR="$E2E_MCP_DIR" MCP_TENANT="$E2E_MCP_TENANT" NODE_BIN="$(command -v node)" FS_SERVER="$FS_SERVER" \
+  node -e 'const e = process.env; console.log(JSON.stringify({ mcpServers: { fs: {
+    command: e.NODE_BIN, args: [e.FS_SERVER, e.MCP_DIR], tenants: [e.MCP_TENANT], timeout_ms: 20000 } } }))' \
+  >"$MCP_TMP/mcp.json"
+
 echo "e2e: starting warden on $WARDEN_URL"
 # The model endpoint is a closed port: `llm` sessions can be created (and
-# fail on their first call), and `generate_criteria` answers its documented 503.
+# fail on their first call), and `generate_criteria` answers its documented
+# 503. The MCP test's session names its own fake model as `base_url`.
 # Keys are required: an admin token from the environment, and an operator key
 # made through the API below for the client and dashboard tests. Loopback
 # is allowed as a destination: the dashboard test's webhook agent listens there.
@@ -63,7 +85,7 @@ WARDEN_ADMIN_TOKEN="e2e-admin-$(node -e 'console.log(require("crypto").randomByt
 export WARDEN_ADMIN_TOKEN
 DATABASE_URL="$DB_URL" WARDEN_LISTEN_ADDR="127.0.0.1:$PORT" WARDEN_WORKSPACE_ROOT="$WORKSPACES" \
   WARDEN_LLM_BASE_URL="http://127.0.0.1:9/v1" WARDEN_LLM_MODEL=e2e WARDEN_LLM_MAX_RETRIES=0 \
-  WARDEN_EGRESS_ALLOW=127.0.0.1 \
+  WARDEN_EGRESS_ALLOW=127.0.0.1 WARDEN_MCP_CONFIG="$MCP_TMP/mcp.json" \
   WARDEN_LOG_FORMAT=json RUST_LOG="${RUST_LOG:-warden=info}" \
   "$ROOT/target/debug/warden" >"$LOG" 2>&1 &
 SERVER_PID=$!
@@ -84,8 +106,8 @@ WARDEN_KEY="$(curl -fsS -X POST "$WARDEN_URL/api/keys" -H "authorization: Bearer
   | node -e 'let s="";process.stdin.on("data",d=>s+=d).on("end",()=>console.log(JSON.parse(s).secret))')"
 export WARDEN_KEY
 
-echo "e2e: node --test (generated client, dashboard in Chromium)"
-node --test --test-concurrency=1 dist/client.test.js dashboard.test.mjs
+echo "e2e: node --test (generated client, dashboard in Chromium, a real MCP server)"
+node --test --test-concurrency=1 dist/client.test.js dashboard.test.mjs mcp.test.mjs
 
 echo "e2e: schemathesis against the committed openapi/openapi.json"
 # NUL is left out of generated strings: the document says (422 InvalidBody)

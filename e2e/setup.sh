@@ -34,8 +34,13 @@ if ! cmp -s requirements.txt "$VENV/installed-requirements.txt"; then
   cp requirements.txt "$VENV/installed-requirements.txt"
 fi
 
-echo "e2e: npm ci"
-npm ci --no-audit --no-fund --loglevel=error
+# Installs only when package-lock.json changed since the last install (npm
+# ci alone removes and reinstalls node_modules every time).
+if ! cmp -s package-lock.json node_modules/.installed-package-lock.json; then
+  echo "e2e: npm ci"
+  npm ci --no-audit --no-fund --loglevel=error
+  cp package-lock.json node_modules/.installed-package-lock.json
+fi
 
 echo "e2e: generating the TypeScript client types from openapi/openapi.json"
 npx --no-install openapi-typescript ../openapi/openapi.json -o generated/schema.d.ts

@@ -377,6 +377,12 @@ pub enum SessionEvent {
         decided_by: Option<String>,
         /// The message to the agent.
         message: Option<String>,
+        /// The arguments the person approved the call with in place of the
+        /// agent's (the `arguments` of its `approval_requested`); absent
+        /// when it ran as asked.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        #[schema(value_type = Option<Object>)]
+        edited_arguments: Option<Value>,
     },
     /// The session delegated a task to a child session, its budget carved
     /// out of this session's limits.
@@ -740,9 +746,23 @@ mod tests {
                     decision: crate::policy::approval::Decision::Reject,
                     decided_by: Some("wdn_ab".into()),
                     message: None,
+                    edited_arguments: None,
                 },
                 json!({ "call_id": "3.0", "tool": "write_file", "decision": "reject",
                         "decided_by": "wdn_ab", "message": null }),
+            ),
+            (
+                SessionEvent::ApprovalDecided {
+                    call_id: "3.1".into(),
+                    tool: "write_file".into(),
+                    decision: crate::policy::approval::Decision::Approve,
+                    decided_by: Some("wdn_ab".into()),
+                    message: Some("in docs/".into()),
+                    edited_arguments: Some(json!({ "path": "docs/a" })),
+                },
+                json!({ "call_id": "3.1", "tool": "write_file", "decision": "approve",
+                        "decided_by": "wdn_ab", "message": "in docs/",
+                        "edited_arguments": { "path": "docs/a" } }),
             ),
         ]
     }

@@ -52,6 +52,7 @@ const SESSION: &[(&str, u8)] = &[
     ("supervisor", 4),
     ("service", 5),
     ("approvals", 6),
+    ("tree", 6),
 ];
 
 /// The files of `src/store`, from the bottom up: the SQL of one table
@@ -106,6 +107,7 @@ const HTTP: &[(&str, u8)] = &[
     ("sessions", 2),
     ("workers", 2),
     ("retention", 2),
+    ("tree", 2),
     ("approvals", 3),
     ("openapi", 4),
 ];

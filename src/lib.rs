@@ -293,8 +293,13 @@ impl Application {
             service.clone(),
             session::approvals::sweep_every(config.approval_timeout),
         ));
+        let tree_sweep = tokio::spawn(session::tree::sweep_forever(
+            service.clone(),
+            session::tree::SWEEP_EVERY,
+        ));
         let mut background = vec![
             expiry,
+            tree_sweep,
             loops.handle().spawn(supervisor.clone().maintain()),
             loops.handle().spawn(supervisor.clone().listen()),
             // On the API's runtime and pool, as the sweep: never the loops'.

@@ -688,11 +688,14 @@ drop from it every key `warden secrets status` lists with no secret"
 
 const TENANTS_USAGE: &str =
     "usage: warden tenants set TENANT [--weight 1..1000] [--max-running N|none]
+                              [--max-depth 1..64|default] [--max-children 1..64|default]
        warden tenants list
 (weight: the tenant's share of free places when the queue is claimed, against
 the other waiting tenants' weights (default 1); max-running: most sessions of
 the tenant running at once across the fleet, beyond which its sessions wait
-queued (default none); reads DATABASE_URL, or the embedded database when it is unset)";
+queued (default none); max-depth and max-children: how deep its trees of
+child sessions may grow and how many children one session may have (default
+3 and 8); reads DATABASE_URL, or the embedded database when it is unset)";
 
 /// `warden tenants ...`: the tenants' weights and running caps in the queue.
 async fn tenants(args: Vec<String>) -> ExitCode {
@@ -730,7 +733,7 @@ async fn tenants_on(store: &warden::store::Store, args: Vec<String>) -> ExitCode
                 }
             };
             let max_running = match flag("--max-running") {
-                None => current.and_then(|t| t.max_running),
+                None => current.as_ref().and_then(|t| t.max_running),
                 Some("none") => None,
                 Some(n) => match n.parse::<i32>() {
                     Ok(n) if n >= 0 => Some(n),
@@ -742,11 +745,51 @@ async fn tenants_on(store: &warden::store::Store, args: Vec<String>) -> ExitCode
                     }
                 },
             };
-            match store.set_tenant_settings(tenant, weight, max_running).await {
+            let tree_limit = |name: &str, now: Option<i32>| match flag(name) {
+                None => Ok(now),
+                Some("default") => Ok(None),
+                Some(n) => match n.parse::<i32>() {
+                    Ok(n) if (1..=64).contains(&n) => Ok(Some(n)),
+                    _ => Err(format!(
+                        "warden tenants: {name} is a whole number from 1 to 64, or default"
+                    )),
+                },
+            };
+            let limits = tree_limit("--max-depth", current.as_ref().and_then(|t| t.max_depth))
+                .and_then(|depth| {
+                    tree_limit(
+                        "--max-children",
+                        current.as_ref().and_then(|t| t.max_children),
+                    )
+                    .map(|children| (depth, children))
+                });
+            let (max_depth, max_children) = match limits {
+                Ok(limits) => limits,
+                Err(why) => {
+                    eprintln!("{why}");
+                    return ExitCode::from(2);
+                }
+            };
+            let saved = match store.set_tenant_settings(tenant, weight, max_running).await {
+                Ok(()) => {
+                    store
+                        .set_tenant_tree_limits(tenant, max_depth, max_children)
+                        .await
+                }
+                Err(err) => Err(err),
+            };
+            let default =
+                |n: Option<i32>, d: u32| n.map_or(format!("{d} (default)"), |n| n.to_string());
+            match saved {
                 Ok(()) => {
                     println!(
-                        "tenant {tenant}: weight {weight}, max running {}",
-                        max_running.map_or("none".to_string(), |n| n.to_string())
+                        "tenant {tenant}: weight {weight}, max running {}, max depth {}, max children {}",
+                        max_running.map_or("none".to_string(), |n| n.to_string()),
+                        default(max_depth, warden::policy::delegation::DEFAULT_MAX_DEPTH),
+                        default(
+                            max_children,
+                            warden::policy::delegation::DEFAULT_MAX_CHILDREN
+                        ),
                     );
                     ExitCode::SUCCESS
                 }
@@ -758,13 +801,16 @@ async fn tenants_on(store: &warden::store::Store, args: Vec<String>) -> ExitCode
         }
         Some("list") => match store.tenant_settings().await {
             Ok(all) => {
-                println!("TENANT\tWEIGHT\tMAX RUNNING\tRUNNING\tACTIVE");
+                println!("TENANT\tWEIGHT\tMAX RUNNING\tMAX DEPTH\tMAX CHILDREN\tRUNNING\tACTIVE");
+                let shown = |n: Option<i32>| n.map_or("-".to_string(), |n| n.to_string());
                 for t in all {
                     println!(
-                        "{}\t{}\t{}\t{}\t{}",
+                        "{}\t{}\t{}\t{}\t{}\t{}\t{}",
                         t.tenant,
                         t.weight,
-                        t.max_running.map_or("-".to_string(), |n| n.to_string()),
+                        shown(t.max_running),
+                        shown(t.max_depth),
+                        shown(t.max_children),
                         t.running,
                         t.active
                     );

@@ -510,21 +510,36 @@ function renderSession(s) {
 }
 
 /* ---------- approvals ---------- */
-/** One waiting call as table cells, with a message box and Approve / Reject buttons. */
+/** The arguments of a call as the editor shows them: indented JSON. */
+function argumentsText(args) { return JSON.stringify(args ?? {}, null, 2); }
+
+/** One waiting call as table cells: its arguments in an editable box (an
+ *  approval runs with what it holds), a message box and Approve / Reject. */
 function approvalCells(a) {
   const expires = new Date(a.expires_at).toLocaleString();
+  const text = argumentsText(a.arguments);
+  const rows = Math.min(12, Math.max(2, text.split("\n").length));
   return `<td><code>${esc(a.call_id)}</code></td><td><code>${esc(a.tool)}</code></td>
-    <td><code>${esc(JSON.stringify(a.arguments))}</code></td><td>${esc(a.reason)}</td><td class="muted">${esc(expires)}</td>
+    <td><textarea class="approval-arguments" rows="${rows}" spellcheck="false" aria-label="Arguments of call ${esc(a.call_id)} (edit before approving to run it with yours)">${esc(text)}</textarea></td>
+    <td>${esc(a.reason)}</td><td class="muted">${esc(expires)}</td>
     <td><div class="row"><input class="approval-message" placeholder="Message to the agent (optional)" aria-label="Message to the agent">
       <button class="primary approve-btn" type="button">Approve</button><button class="danger reject-btn" type="button">Reject</button></div></td>`;
 }
 
-/** Wires the buttons of a row for call `a`; `done` runs after a decision. */
+/** Wires the buttons of a row for call `a`; `done` runs after a decision.
+ *  Approve sends the edited arguments only when the box was changed. */
 function wireDecision(tr, a, errorSel, done) {
   const decide = async (decision) => {
     $(errorSel).textContent = "";
     const message = tr.querySelector(".approval-message").value.trim();
     const body = { decision, ...(message ? { message } : {}) };
+    const box = tr.querySelector(".approval-arguments");
+    if (decision === "approve" && box.value.trim() !== argumentsText(a.arguments)) {
+      let edited;
+      try { edited = JSON.parse(box.value); } catch (err) { say(errorSel, new Error(`the arguments are not JSON: ${err.message}`)); return; }
+      if (!edited || typeof edited !== "object" || Array.isArray(edited)) { say(errorSel, new Error("the arguments must be a JSON object")); return; }
+      body.arguments = edited;
+    }
     try {
       const s = await api(`/${a.session_id}/approvals/${encodeURIComponent(a.call_id)}`, { method: "POST", body: JSON.stringify(body) });
       done(s);
@@ -559,12 +574,18 @@ async function showApprovals() {
       const page = await api("/approvals?limit=200");
       const body = $("#approvals");
       if (!body) return;
+      // Rows still waiting are kept as they are: a person may be editing one.
+      const kept = new Map([...body.querySelectorAll("tr[data-call]")].map((tr) => [tr.dataset.call, tr]));
       body.replaceChildren();
       for (const a of page.items) {
-        const tr = document.createElement("tr");
-        tr.dataset.call = a.session_id + "/" + a.call_id;
-        tr.innerHTML = `<td><a href="#/s/${esc(a.session_id)}">${esc(a.session_id.slice(0, 8))}</a></td>` + approvalCells(a);
-        wireDecision(tr, a, "#approvals-error", () => load());
+        const key = a.session_id + "/" + a.call_id;
+        let tr = kept.get(key);
+        if (!tr) {
+          tr = document.createElement("tr");
+          tr.dataset.call = key;
+          tr.innerHTML = `<td><a href="#/s/${esc(a.session_id)}">${esc(a.session_id.slice(0, 8))}</a></td>` + approvalCells(a);
+          wireDecision(tr, a, "#approvals-error", () => load());
+        }
         body.append(tr);
       }
       if (!page.items.length) body.innerHTML = `<tr><td colspan="7" class="muted">nothing waits</td></tr>`;

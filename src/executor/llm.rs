@@ -11,8 +11,8 @@ use serde_json::{Value, json};
 
 use super::workspace::{ToolError, Workspace};
 use super::{
-    ApprovalAsk, ApprovalDesk, CycleChange, DecidedCall, Executor, ExecutorDeps, ExecutorError,
-    StepContext, StepOutput, StepResult, TaskQueue, ToolJournal,
+    ApprovalAsk, ApprovalDesk, ChildDesk, CycleChange, DecidedCall, Executor, ExecutorDeps,
+    ExecutorError, StepContext, StepOutput, StepResult, TaskQueue, ToolJournal,
 };
 use crate::event::SessionEvent;
 use crate::llm::{ChatRequest, LlmClient, Message, ToolCall, ToolSpec};
@@ -42,6 +42,10 @@ session pauses until they reply.
 - task_queue_read(): your task list, kept across context cycles and restarts.
 - task_queue_write(tasks): add tasks ({title, status?, notes?, priority?}) or update them \
 ({id, status?, notes?, title?, priority?}); statuses: pending, in_progress, done, blocked.
+- delegate_task(goal, success_criteria?, budget_share?, wait?): hand a separate sub-task to a \
+child agent that works on its own, in parallel with other children, with a share of your \
+remaining budget. With wait (the default) you pause until your children end; their results \
+are then given to you. A child works in `delegated/<child id>/` of your workspace.
 
 Your context window is limited. When it is nearly full you will be told to wrap up: save what \
 you learned in files and the task queue; the conversation is then summarised into your memory \
@@ -111,6 +115,17 @@ fn builtin_tools(workspace: bool) -> Vec<ToolSpec> {
                     "status": { "type": "string", "enum": ["pending", "in_progress", "done", "blocked"] },
                     "notes": { "type": "string" }, "priority": { "type": "integer" } } } } },
                 "required": ["tasks"] }),
+        ),
+        ToolSpec::function(
+            "delegate_task",
+            "Delegate a separate sub-task to a child agent with a share of your remaining budget",
+            json!({ "type": "object", "properties": {
+                "goal": { "type": "string", "description": "What the child must achieve" },
+                "success_criteria": { "type": "array", "items": { "type": "string" } },
+                "budget_share": { "type": "number", "exclusiveMinimum": 0, "maximum": 1,
+                    "description": "Fraction of your remaining tokens and iterations the child gets" },
+                "wait": { "type": "boolean", "description": "Pause until your children end (default true)" } },
+                "required": ["goal"] }),
         ),
         ToolSpec::function(
             "converse",
@@ -270,6 +285,10 @@ pub struct LlmExecutor {
     wrap_up_left: Option<u8>,
     /// The MCP tools the session chose, and whether it chose the built-in ones.
     mcp: Toolbox,
+    /// Where tasks are delegated to children.
+    children: Arc<dyn ChildDesk>,
+    /// Tokens the step in flight has spent so far (the model's answer).
+    step_tokens: u64,
 }
 
 /// Turns the agent gets to save its findings before a cycle ends.
@@ -364,6 +383,8 @@ impl LlmExecutor {
             context_budget: deps.context_budget_tokens.max(1),
             wrap_up_left: None,
             mcp,
+            children: deps.children,
+            step_tokens: 0,
         }
     }
 
@@ -474,6 +495,7 @@ impl LlmExecutor {
         };
         match name {
             "task_completion" => return self.complete(&args),
+            "delegate_task" => return self.delegate_task(iteration, index, args).await,
             "ask_question" | "converse" => {
                 let key = if name == "ask_question" {
                     "question"
@@ -546,6 +568,39 @@ impl LlmExecutor {
         self.run_journaled(iteration, index, name, &args).await
     }
 
+    /// Makes a child session for the call; with `wait`, the session
+    /// pauses after the step until its children end.
+    async fn delegate_task(&self, iteration: u64, index: u32, args: Value) -> ToolOutcome {
+        let request: crate::policy::delegation::ChildRequest = match serde_json::from_value(args) {
+            Ok(r) => r,
+            Err(e) => return ToolOutcome::error(format!("delegate_task: {e}")),
+        };
+        match self
+            .children
+            .delegate(iteration, index, &request, self.step_tokens, None)
+            .await
+        {
+            Ok(ticket) => ToolOutcome {
+                signal: request.wait.then(|| Sentinel {
+                    kind: SignalKind::WaitingForChildren,
+                    reason: Some(format!("delegated: {}", request.goal.trim())),
+                }),
+                ..ToolOutcome::ok(format!(
+                    "delegated to child {} with {} tokens and {} iterations; {}",
+                    ticket.child_id,
+                    ticket.tokens,
+                    ticket.iterations,
+                    if request.wait {
+                        "you pause until your children end, then get their results"
+                    } else {
+                        "you get its result when it ends"
+                    }
+                ))
+            },
+            Err(e) => ToolOutcome::error(format!("cannot delegate: {e}")),
+        }
+    }
+
     /// Journals a call as waiting for a person; the session pauses after the step.
     async fn ask_approval(
         &self,
@@ -616,6 +671,13 @@ impl LlmExecutor {
                             )
                             .await
                         };
+                        if call.edited {
+                            outcome.content = format!(
+                                "{} {}",
+                                outcome.content,
+                                approval::edited_note(&call.tool, &call.arguments)
+                            );
+                        }
                         if let Some(m) = call
                             .message
                             .as_deref()
@@ -856,6 +918,12 @@ impl LlmExecutor {
                 format!("Note from your supervisor: {nudge}"),
             ));
         }
+        if !ctx.children.is_empty() {
+            step_messages.push(Message::text(
+                "user",
+                crate::policy::delegation::render_reports(ctx.children),
+            ));
+        }
         if let Some(left) = self.wrap_up_left {
             step_messages.push(Message::text(
                 "user",
@@ -948,6 +1016,7 @@ impl LlmExecutor {
         }
         let calls = assistant.tool_calls.clone();
         let message_text = assistant.content.clone().unwrap_or_default();
+        self.step_tokens = completion.usage.total;
         step_messages.push(assistant);
 
         let mut observations = Vec::new();
@@ -993,8 +1062,16 @@ impl LlmExecutor {
             files.extend(outcome.file);
             events.extend(outcome.event);
             // A call waiting for a person outranks other signals of the
-            // step: nothing may end the session past an open question.
-            if outcome.awaiting || signal.is_none() {
+            // step: nothing may end the session past an open question;
+            // waiting for children outranks a claim of being done.
+            let waits_for_children = outcome
+                .signal
+                .as_ref()
+                .is_some_and(|s| s.kind == SignalKind::WaitingForChildren);
+            let awaits_person = signal
+                .as_ref()
+                .is_some_and(|s: &Sentinel| s.kind == SignalKind::ApprovalRequired);
+            if outcome.awaiting || signal.is_none() || (waits_for_children && !awaits_person) {
                 signal = outcome.signal.or(signal);
             }
         }
@@ -1090,6 +1167,10 @@ impl LlmExecutor {
             context_overflow,
             cycle_change,
             model_latency: Some(called.elapsed()),
+            delegated: calls
+                .iter()
+                .take(executed)
+                .any(|c| c.function.name == "delegate_task"),
         })))
     }
 }

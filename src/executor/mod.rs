@@ -10,7 +10,8 @@ pub mod workspace;
 
 pub use llm::{LlmExecutor, SYSTEM_PROMPT};
 pub use scripted::{
-    MAX_ACTION_CHARS, MAX_DELAY_MS, MAX_OUTPUT_CHARS, ScriptedExecutor, ScriptedStep,
+    MAX_ACTION_CHARS, MAX_DELAY_MS, MAX_OUTPUT_CHARS, MAX_SCRIPTS, SCRIPT_NAME_PATTERN,
+    ScriptedDelegation, ScriptedExecutor, ScriptedStep,
 };
 pub use webhook::{
     ActionApproval, ApprovalOutcome, WebhookExecutor, WebhookHistoryItem, WebhookRequest,
@@ -18,6 +19,7 @@ pub use webhook::{
 };
 pub use worker::{WorkerExecutor, WorkerSettings};
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -96,6 +98,8 @@ pub struct StepOutput {
     pub cycle_change: Option<CycleChange>,
     /// Time spent waiting for the model, when a model was called.
     pub model_latency: Option<std::time::Duration>,
+    /// The step delegated tasks to child sessions.
+    pub delegated: bool,
 }
 
 /// A new context cycle: its number and the memory carried into it.
@@ -129,6 +133,7 @@ impl StepOutput {
             context_overflow: false,
             cycle_change: None,
             model_latency: None,
+            delegated: false,
         }
     }
 }
@@ -234,8 +239,11 @@ pub struct DecidedCall {
     pub tool_call_id: Option<String>,
     /// The tool or action.
     pub tool: String,
-    /// Its arguments.
+    /// The arguments it runs with: the person's when they edited them,
+    /// otherwise the agent's.
     pub arguments: serde_json::Value,
+    /// Whether a person approved it with arguments of their own.
+    pub edited: bool,
     /// Approve, reject or expired.
     pub decision: Decision,
     /// The person's message to the agent.
@@ -266,13 +274,15 @@ pub struct ChildTicket {
 pub trait ChildDesk: Send + Sync {
     /// Makes a child for call `index` of `iteration` (the same call finds
     /// the child it made before); `pending_tokens`: what the step has
-    /// spent so far. `Err` carries a message for the agent.
+    /// spent so far; `executor`: the child's own specification, when not
+    /// its parent's. `Err` carries a message for the agent.
     fn delegate<'a>(
         &'a self,
         iteration: u64,
         index: u32,
         request: &'a ChildRequest,
         pending_tokens: u64,
+        executor: Option<serde_json::Value>,
     ) -> BoxFuture<'a, Result<ChildTicket, String>>;
 }
 
@@ -295,6 +305,10 @@ pub enum ExecutorSpec {
         /// Start again from the first step when the list runs out.
         #[serde(default)]
         repeat: bool,
+        /// Named scripts the tasks its steps delegate run (`delegate[].script`),
+        /// passed on to those children so that they can delegate too.
+        #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+        scripts: BTreeMap<String, Vec<ScriptedStep>>,
     },
     /// An OpenAI-compatible chat-completions model with tools, working in
     /// the session's workspace. Unset fields come from the environment.
@@ -492,7 +506,29 @@ impl ExecutorSpec {
     /// Checks the specification; the message names the offending field.
     pub fn validate(&self) -> Result<(), String> {
         match self {
-            ExecutorSpec::Scripted { steps, .. } => {
+            ExecutorSpec::Scripted { steps, scripts, .. } => {
+                if scripts.len() > MAX_SCRIPTS {
+                    return Err(format!(
+                        "executor.scripts may name at most {MAX_SCRIPTS} scripts, got {}",
+                        scripts.len()
+                    ));
+                }
+                for (name, script) in scripts {
+                    if !scripted::valid_script_name(name) {
+                        return Err(format!(
+                            "executor.scripts: {name:?} is not a script name (1 to 64 letters, digits, '_' or '-')"
+                        ));
+                    }
+                    if script.is_empty() || script.len() > MAX_SCRIPTED_STEPS {
+                        return Err(format!(
+                            "executor.scripts.{name} must hold 1 to {MAX_SCRIPTED_STEPS} steps"
+                        ));
+                    }
+                    for (i, step) in script.iter().enumerate() {
+                        step.validate()
+                            .map_err(|e| format!("executor.scripts.{name}[{i}].{e}"))?;
+                    }
+                }
                 if steps.is_empty() {
                     return Err("executor.steps must contain at least one step".into());
                 }
@@ -631,9 +667,14 @@ impl ExecutorSpec {
     /// Builds the executor for a session.
     pub fn build(&self, deps: ExecutorDeps) -> Result<Box<dyn Executor>, String> {
         match self {
-            ExecutorSpec::Scripted { steps, repeat } => {
-                Ok(Box::new(ScriptedExecutor::new(steps.clone(), *repeat)))
-            }
+            ExecutorSpec::Scripted {
+                steps,
+                repeat,
+                scripts,
+            } => Ok(Box::new(
+                ScriptedExecutor::new(steps.clone(), *repeat)
+                    .with_children(deps.children.clone(), scripts.clone()),
+            )),
             ExecutorSpec::Llm {
                 model,
                 base_url,
@@ -682,7 +723,8 @@ impl ExecutorSpec {
                         .map_err(|e| format!("executor.base_url {e}"))?;
                     LlmClient::with_http(settings, http, deps.egress.max_response_bytes())
                 };
-                let workspace = workspace::Workspace::open(&deps.workspace_root, deps.session_id)
+                let base = workspace::base_for(&deps.workspace_root, &deps.lineage);
+                let workspace = workspace::Workspace::open(&base, deps.session_id)
                     .map_err(|e| format!("cannot open the session workspace: {e}"))?
                     .with_limits(deps.workspace_limits);
                 Ok(Box::new(LlmExecutor::new(
@@ -704,6 +746,7 @@ impl ExecutorSpec {
                     Duration::from_millis(timeout_ms.unwrap_or(60_000)),
                     &deps.egress,
                     deps.approvals.clone(),
+                    deps.children.clone(),
                 )
                 .map_err(|e| format!("executor.url {e}"))?,
             )),
@@ -728,6 +771,7 @@ impl ExecutorSpec {
                     ),
                 },
                 deps.approvals.clone(),
+                deps.children.clone(),
             ))),
         }
     }

@@ -1,6 +1,8 @@
 //! The scripted executor: performs steps listed in the create request, so
 //! every path of the loop can be exercised without a model.
 
+use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::FutureExt;
@@ -8,8 +10,10 @@ use futures::future::BoxFuture;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-use super::{Executor, ExecutorError, StepContext, StepOutput, StepResult};
+use super::{ChildDesk, Executor, ExecutorError, StepContext, StepOutput, StepResult};
+use crate::policy::delegation::ChildRequest;
 use crate::policy::history::{FileWrite, Outcome};
+use crate::policy::sentinel::{Sentinel, SignalKind};
 
 /// Longest delay one scripted step may ask for (one hour).
 pub const MAX_DELAY_MS: u64 = 3_600_000;
@@ -56,6 +60,61 @@ pub struct ScriptedStep {
     #[serde(default)]
     #[schema(value_type = Vec<Object>)]
     pub files: Vec<FileWrite>,
+    /// Tasks the step delegates to child sessions.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schema(no_recursion)]
+    pub delegate: Vec<ScriptedDelegation>,
+}
+
+/// A task a scripted step delegates: the request, and the script of the
+/// executor's `scripts` the child runs (without one, the child runs its
+/// parent's steps).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ScriptedDelegation {
+    /// The child's goal.
+    pub goal: String,
+    /// How the child knows it is done.
+    #[serde(default)]
+    pub success_criteria: Vec<String>,
+    /// Fraction of the session's remaining budget the child gets (0 < share ≤ 1).
+    #[serde(default)]
+    pub budget_share: Option<f64>,
+    /// Whether the session waits (pauses) until its children end (default true).
+    #[serde(default = "wait_by_default")]
+    pub wait: bool,
+    /// The name of the child's script in `executor.scripts`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub script: Option<String>,
+}
+
+fn wait_by_default() -> bool {
+    true
+}
+
+impl ScriptedDelegation {
+    /// The task as a request for a child.
+    pub fn request(&self) -> ChildRequest {
+        ChildRequest {
+            goal: self.goal.clone(),
+            success_criteria: self.success_criteria.clone(),
+            budget_share: self.budget_share,
+            wait: self.wait,
+        }
+    }
+}
+
+/// Most named scripts a scripted executor may carry.
+pub const MAX_SCRIPTS: usize = 16;
+/// A script's name.
+pub const SCRIPT_NAME_PATTERN: &str = "^[A-Za-z0-9_-]{1,64}$";
+
+/// Whether `name` is written as [`SCRIPT_NAME_PATTERN`] says.
+pub fn valid_script_name(name: &str) -> bool {
+    (1..=64).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
 }
 
 impl ScriptedStep {
@@ -79,15 +138,36 @@ impl ScriptedStep {
                 "output must be at most {MAX_OUTPUT_CHARS} characters"
             ));
         }
+        if self.delegate.len() > crate::policy::delegation::DEFAULT_MAX_CHILDREN as usize {
+            return Err(format!(
+                "delegate may name at most {} tasks",
+                crate::policy::delegation::DEFAULT_MAX_CHILDREN
+            ));
+        }
+        for (i, d) in self.delegate.iter().enumerate() {
+            d.request()
+                .validate()
+                .map_err(|e| format!("delegate[{i}]: {e}"))?;
+            if let Some(name) = &d.script
+                && !valid_script_name(name)
+            {
+                return Err(format!(
+                    "delegate[{i}].script must be 1 to 64 letters, digits, '_' or '-'"
+                ));
+            }
+        }
         Ok(())
     }
 }
 
 /// Performs the steps of a script in order.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct ScriptedExecutor {
     steps: Box<[KeptStep]>,
     repeat: bool,
+    children: Option<Arc<dyn ChildDesk>>,
+    /// The named scripts children run, as given.
+    scripts: Arc<BTreeMap<String, Vec<ScriptedStep>>>,
 }
 
 /// A step as a running session keeps it. The script stays in memory for the
@@ -105,6 +185,7 @@ struct KeptStep {
     tool_calls: u64,
     waiting: bool,
     files: Box<[FileWrite]>,
+    delegate: Box<[ScriptedDelegation]>,
 }
 
 impl From<ScriptedStep> for KeptStep {
@@ -119,6 +200,7 @@ impl From<ScriptedStep> for KeptStep {
             tool_calls: step.tool_calls,
             waiting: step.waiting,
             files: step.files.into(),
+            delegate: step.delegate.into(),
         }
     }
 }
@@ -129,7 +211,61 @@ impl ScriptedExecutor {
         ScriptedExecutor {
             steps: steps.into_iter().map(KeptStep::from).collect(),
             repeat,
+            children: None,
+            scripts: Arc::default(),
         }
+    }
+
+    /// The same executor, delegating its steps' tasks through `desk`, the
+    /// children running `scripts` by name.
+    pub fn with_children(
+        mut self,
+        desk: Arc<dyn ChildDesk>,
+        scripts: BTreeMap<String, Vec<ScriptedStep>>,
+    ) -> ScriptedExecutor {
+        self.children = Some(desk);
+        self.scripts = Arc::new(scripts);
+        self
+    }
+
+    /// Delegates the step's tasks: the step fails if one cannot be made,
+    /// and waits when one of them says so.
+    async fn delegate(
+        &self,
+        iteration: u64,
+        step: &KeptStep,
+    ) -> Result<(Option<Sentinel>, Vec<String>), String> {
+        let Some(desk) = &self.children else {
+            return Err("this session cannot delegate".into());
+        };
+        let mut made = Vec::new();
+        let mut wait = false;
+        for (index, task) in step.delegate.iter().enumerate() {
+            let own = match &task.script {
+                None => None,
+                Some(name) => {
+                    let steps = self
+                        .scripts
+                        .get(name)
+                        .ok_or_else(|| format!("no script named {name:?} in executor.scripts"))?;
+                    Some(serde_json::json!({ "kind": "scripted", "steps": steps,
+                                             "scripts": &*self.scripts }))
+                }
+            };
+            let ticket = desk
+                .delegate(iteration, index as u32, &task.request(), step.tokens, own)
+                .await?;
+            wait |= task.wait;
+            made.push(format!(
+                "child {} ({} tokens, {} iterations)",
+                ticket.child_id, ticket.tokens, ticket.iterations
+            ));
+        }
+        let signal = wait.then(|| Sentinel {
+            kind: SignalKind::WaitingForChildren,
+            reason: Some(format!("{} delegated task(s)", made.len())),
+        });
+        Ok((signal, made))
     }
 
     /// The step for iteration `n`; the position comes from the iteration
@@ -168,6 +304,33 @@ impl Executor for ScriptedExecutor {
                     message: format!("the step's arguments cannot be read back: {e}"),
                     tokens: 0,
                 })?;
+            let mut observation = step.output.to_string();
+            let mut signal = None;
+            if !step.delegate.is_empty() {
+                let (waits, made) =
+                    self.delegate(ctx.iteration, step)
+                        .await
+                        .map_err(|message| ExecutorError::Failed {
+                            action: step.action.to_string(),
+                            message: format!("cannot delegate: {message}"),
+                            tokens: step.tokens,
+                        })?;
+                signal = waits;
+                observation = format!("{observation}\ndelegated: {}", made.join(", "));
+            }
+            if !ctx.children.is_empty() {
+                observation = format!(
+                    "{observation}\n{}",
+                    crate::policy::delegation::render_reports(ctx.children)
+                );
+            }
+            let mut output = StepOutput::simple(step.action.to_string(), step.output.to_string());
+            output.observation = observation;
+            output.delegated = !step.delegate.is_empty();
+            if signal.is_some() {
+                // The step's own text may not end the session past its children.
+                output.signal = signal;
+            }
             Ok(StepResult::Step(Box::new(StepOutput {
                 arguments,
                 outcome: step.outcome,
@@ -177,7 +340,7 @@ impl Executor for ScriptedExecutor {
                 files_written: step.files.to_vec(),
                 waiting: step.waiting,
                 percent_complete,
-                ..StepOutput::simple(step.action.to_string(), step.output.to_string())
+                ..output
             })))
         }
         .boxed()
@@ -202,6 +365,7 @@ mod tests {
             nudge: None,
             history: &[],
             token_allowance: 1_000,
+            children: &[],
         })
         .await
         .unwrap()

@@ -11,13 +11,15 @@ use utoipa::ToSchema;
 use uuid::Uuid;
 
 use super::{
-    ApprovalAsk, ApprovalDesk, Executor, ExecutorError, StepContext, StepOutput, StepResult,
+    ApprovalAsk, ApprovalDesk, ChildDesk, Executor, ExecutorError, StepContext, StepOutput,
+    StepResult,
 };
 use crate::egress::{
     EgressError, EgressPolicy, ReadError, read_capped, transport_error, upstream_error_summary,
 };
 use crate::event::SessionEvent;
 use crate::policy::approval::Decision;
+use crate::policy::delegation::{ChildReport, ChildRequest};
 use crate::policy::excerpt;
 use crate::policy::history::Outcome;
 use crate::policy::sentinel::{Sentinel, SignalKind};
@@ -53,6 +55,10 @@ pub struct WebhookRequest {
     /// (absent otherwise): do it when approved, skip it otherwise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub approval: Option<ApprovalOutcome>,
+    /// Child sessions this session delegated to that ended since the step
+    /// before, with their results (absent when none did).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub children: Vec<ChildReport>,
 }
 
 /// An action an external agent asks a person to approve before it does it.
@@ -75,9 +81,14 @@ pub struct ActionApproval {
 pub struct ApprovalOutcome {
     /// The action.
     pub action: String,
-    /// Its arguments as asked.
+    /// Its arguments: as asked, or as the person edited them when
+    /// `arguments_edited` is true (do it with these).
     #[schema(value_type = Object)]
     pub arguments: serde_json::Value,
+    /// Present, and true, only when the person approved the action with
+    /// arguments of their own in place of the ones asked.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub arguments_edited: bool,
     /// `approve`, `reject` or `expired` (nobody decided in time): only an
     /// approved action may be done.
     pub decision: Decision,
@@ -153,12 +164,18 @@ pub struct WebhookResponse {
     /// `approval` carries the decision.
     #[serde(default)]
     pub approval: Option<ActionApproval>,
+    /// Tasks to delegate to child sessions, each with a share of the
+    /// session's remaining budget; with `wait` (the default) the session
+    /// pauses until they end, and a later step's `children` has their results.
+    #[serde(default)]
+    pub delegate: Vec<ChildRequest>,
 }
 
 /// Calls an external agent over HTTP.
 pub struct WebhookExecutor {
     http: reqwest::Client,
     approvals: Arc<dyn ApprovalDesk>,
+    children: Arc<dyn ChildDesk>,
     url: String,
     /// Largest answer read.
     max_body: usize,
@@ -172,10 +189,12 @@ impl WebhookExecutor {
         timeout: Duration,
         egress: &Arc<EgressPolicy>,
         approvals: Arc<dyn ApprovalDesk>,
+        children: Arc<dyn ChildDesk>,
     ) -> Result<WebhookExecutor, EgressError> {
         Ok(WebhookExecutor {
             http: egress.client_for(&url, timeout)?,
             approvals,
+            children,
             url,
             max_body: egress.max_response_bytes(),
         })
@@ -224,7 +243,13 @@ impl WebhookExecutor {
             .map_err(|e| failed(format!("agent answer is not a step outcome: {e}")))?;
         // Up to the egress cap: not kept a moment longer than needed.
         drop(body);
-        external_step(self.approvals.as_ref(), ctx.iteration, answer).await
+        external_step(
+            self.approvals.as_ref(),
+            self.children.as_ref(),
+            ctx.iteration,
+            answer,
+        )
+        .await
     }
 }
 
@@ -247,20 +272,58 @@ pub(super) async fn decided_action(
     Ok(decided.into_iter().next().map(|d| ApprovalOutcome {
         action: d.tool,
         arguments: d.arguments,
+        arguments_edited: d.edited,
         decision: d.decision,
         message: d.message,
     }))
 }
 
-/// An external agent's answer as a step; an action it asks approval for
-/// is journaled as waiting and the session pauses after the step.
+/// An external agent's answer as a step: the tasks it delegates become
+/// child sessions (the session waits for them when one says so); an action
+/// it asks approval for is journaled as waiting and the session pauses
+/// after the step.
 pub(super) async fn external_step(
     desk: &dyn ApprovalDesk,
+    children: &dyn ChildDesk,
     iteration: u64,
     mut answer: WebhookResponse,
 ) -> Result<StepResult, ExecutorError> {
+    let tasks = std::mem::take(&mut answer.delegate);
+    let mut made = Vec::new();
+    for (index, task) in tasks.iter().enumerate() {
+        let ticket = children
+            .delegate(iteration, index as u32, task, answer.tokens, None)
+            .await
+            .map_err(|e| ExecutorError::Failed {
+                action: answer.action.clone(),
+                message: format!("cannot delegate `{}`: {e}", task.goal),
+                tokens: answer.tokens,
+            })?;
+        made.push(ticket.child_id.to_string());
+    }
+    let waits = tasks.iter().any(|t| t.wait);
+    let delegated = |mut result: StepResult| {
+        if let StepResult::Step(out) = &mut result
+            && !made.is_empty()
+        {
+            out.delegated = true;
+            out.observation = format!("{}\ndelegated to {}", out.observation, made.join(", "));
+            if waits
+                && out
+                    .signal
+                    .as_ref()
+                    .is_none_or(|s| s.kind != SignalKind::ApprovalRequired)
+            {
+                out.signal = Some(Sentinel {
+                    kind: SignalKind::WaitingForChildren,
+                    reason: Some(format!("{} delegated task(s)", made.len())),
+                });
+            }
+        }
+        result
+    };
     let Some(asked) = answer.approval.take() else {
-        return Ok(step_result(answer));
+        return Ok(delegated(step_result(answer)));
     };
     if crate::policy::text::is_blank(&asked.action) {
         return Err(ExecutorError::Failed {
@@ -297,7 +360,7 @@ pub(super) async fn external_step(
             reason: ask.reason,
         });
     }
-    Ok(result)
+    Ok(delegated(result))
 }
 
 /// The context of a step as an external agent (webhook or worker) gets it.
@@ -322,6 +385,7 @@ pub(super) fn request_for(ctx: &StepContext<'_>) -> WebhookRequest {
         token_allowance: ctx.token_allowance,
         history,
         traceparent: telemetry::traceparent(),
+        children: ctx.children.to_vec(),
         approval: None,
     }
 }

@@ -12,7 +12,9 @@ use futures::future::BoxFuture;
 use uuid::Uuid;
 
 use super::webhook::{decided_action, external_step, request_for};
-use super::{ApprovalDesk, Executor, ExecutorError, StepContext, StepResult, WebhookResponse};
+use super::{
+    ApprovalDesk, ChildDesk, Executor, ExecutorError, StepContext, StepResult, WebhookResponse,
+};
 use crate::policy::worker::{self, AttemptEnd, TaskFacts, TaskState, TaskVerdict};
 use crate::store::{NewWorkerTask, Store, StoreError, TenantScope, wait_for_worker_change};
 
@@ -41,6 +43,8 @@ pub struct WorkerExecutor {
     scope: TenantScope,
     settings: WorkerSettings,
     approvals: Arc<dyn ApprovalDesk>,
+    /// Where the worker's tasks are delegated to children.
+    children: Arc<dyn ChildDesk>,
 }
 
 impl WorkerExecutor {
@@ -50,12 +54,14 @@ impl WorkerExecutor {
         tenant: &str,
         settings: WorkerSettings,
         approvals: Arc<dyn ApprovalDesk>,
+        children: Arc<dyn ChildDesk>,
     ) -> WorkerExecutor {
         WorkerExecutor {
             store,
             scope: TenantScope::tenant_only(tenant),
             settings,
             approvals,
+            children,
         }
     }
 
@@ -149,7 +155,13 @@ impl WorkerExecutor {
                         serde_json::from_value(now.outcome.unwrap_or_default()).map_err(|e| {
                             failed(format!("worker outcome is not a step outcome: {e}"))
                         })?;
-                    return external_step(self.approvals.as_ref(), ctx.iteration, answer).await;
+                    return external_step(
+                        self.approvals.as_ref(),
+                        self.children.as_ref(),
+                        ctx.iteration,
+                        answer,
+                    )
+                    .await;
                 }
                 TaskVerdict::Reoffer { because, .. } => {
                     let error = last_error(because);

@@ -202,6 +202,20 @@ pub fn dir_of(base: &Path, session_id: Uuid) -> PathBuf {
     base.join(session_id.to_string())
 }
 
+/// The folder a session's workspace is made in: `root` for a root session;
+/// for a child, `delegated/` inside its parent's workspace, so the parent
+/// sees what its children wrote under `delegated/<child id>/`.
+pub fn base_for(root: &Path, lineage: &[Uuid]) -> PathBuf {
+    let mut base = root.to_path_buf();
+    for ancestor in lineage {
+        base = dir_of(&base, *ancestor).join(DELEGATED_DIR);
+    }
+    base
+}
+
+/// The folder of a workspace its children's workspaces live in.
+pub const DELEGATED_DIR: &str = "delegated";
+
 impl Workspace {
     /// Opens (creating it) the workspace of `session_id` under `base`.
     pub fn open(base: &Path, session_id: Uuid) -> io::Result<Workspace> {

@@ -19,7 +19,7 @@ use super::paging::{MAX_LIST_LIMIT, next_after, page_limit};
 use super::views::SessionView;
 use crate::auth::Principal;
 use crate::policy::approval::Decision;
-use crate::store::{Approval, ApprovalCursor};
+use crate::store::{Approval, ApprovalCursor, NewDecision};
 
 /// The approval routes, relative to `/api/autonomous`.
 pub fn router() -> Router<AppState> {
@@ -52,6 +52,14 @@ pub struct DecideApproval {
     /// A message to the agent, given with the call's result (at most 10000 characters).
     #[serde(default)]
     pub message: Option<String>,
+    /// With `approve` only: the arguments to run the call with in place of
+    /// the agent's (a JSON object, at most `WARDEN_MAX_OUTPUT_BYTES` bytes
+    /// of JSON). The approval records them as `edited_arguments`, and the
+    /// agent is told with the result that a person changed them. Arguments
+    /// equal to the agent's are no edit.
+    #[serde(default)]
+    #[schema(value_type = Object)]
+    pub arguments: Option<serde_json::Value>,
 }
 
 /// Paging of the approvals inbox.
@@ -140,9 +148,10 @@ pub async fn list_approvals(
 }
 
 /// Approve or reject a call that waits for a person. An approved call runs
-/// exactly once; a rejected one is answered to the agent as rejected, with
-/// the message. When no other call of the session waits, the session
-/// continues the same step at once. Who decided is recorded.
+/// exactly once, with the person's `arguments` when they give them; a
+/// rejected one is answered to the agent as rejected, with the message.
+/// When no other call of the session waits, the session continues the same
+/// step at once. Who decided, and any edit, is recorded.
 #[utoipa::path(
     post, path = "/api/autonomous/{id}/approvals/{call_id}", tag = "approvals",
     params(
@@ -154,7 +163,7 @@ pub async fn list_approvals(
         (status = 200, description = "Decided: the session (running again, or still paused while other calls wait)", body = SessionView),
         (status = 404, description = "No such session, or no such call of it (or not the caller's tenant)", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "The call was decided already (`already_decided`)", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "Invalid decision or message", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Invalid decision, message or arguments (arguments with `reject`, not an object, or too large)", body = Problem, content_type = "application/problem+json"),
     )
 )]
 pub async fn decide(
@@ -189,9 +198,12 @@ pub async fn decide(
             id,
             &caller.scope,
             &call_id,
-            decision,
-            Some(&caller.actor),
-            message.as_deref(),
+            NewDecision {
+                decision,
+                decided_by: Some(&caller.actor),
+                message: message.as_deref(),
+                edited_arguments: body.arguments.as_ref(),
+            },
         )
         .await?;
     let mut doc = super::sessions::view(&state, session);
@@ -234,6 +246,7 @@ mod tests {
             tool_call_id: None,
             tool: "write_file".into(),
             arguments: serde_json::json!({}),
+            edited_arguments: None,
             reason: String::new(),
             requested_at: DateTime::<Utc>::from_timestamp_micros(1_700_000_000_000_000).unwrap(),
             expires_at: DateTime::<Utc>::from_timestamp_micros(1_700_000_000_000_000).unwrap(),

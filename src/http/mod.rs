@@ -16,6 +16,7 @@ mod paging;
 pub mod retention;
 pub mod serve;
 pub mod sessions;
+pub mod tree;
 pub mod views;
 pub mod workers;
 
@@ -161,6 +162,7 @@ pub fn router(state: AppState, max_body_bytes: usize, limits: RequestLimits) -> 
     let api = sessions::router()
         .merge(history::router())
         .merge(approvals::router())
+        .merge(tree::router())
         .method_not_allowed_fallback(|| async { ApiError::method_not_allowed() });
     let keys =
         keys::router().method_not_allowed_fallback(|| async { ApiError::method_not_allowed() });

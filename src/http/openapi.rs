@@ -17,10 +17,12 @@ use super::paging::{MAX_LIST_LIMIT, MAX_PAGE_LIMIT};
 use crate::executor::{MAX_ACTION_CHARS, MAX_DELAY_MS, MAX_OUTPUT_CHARS};
 use crate::executor::{MAX_ATTEMPTS, MAX_LABEL_NAME_CHARS, MAX_LABEL_VALUE_CHARS, MAX_LABELS};
 use crate::executor::{
-    MAX_SCRIPTED_STEPS, MAX_TOKENS_PER_CALL, TEMPERATURE, TIMEOUT_MS, WORKER_WAIT_MS,
+    MAX_SCRIPTED_STEPS, MAX_SCRIPTS, MAX_TOKENS_PER_CALL, SCRIPT_NAME_PATTERN, TEMPERATURE,
+    TIMEOUT_MS, WORKER_WAIT_MS,
 };
 use crate::policy::ambiguity::GOAL_HAS_LETTER_PATTERN;
 use crate::policy::checklist::{MAX_ITEM_CHARS, MAX_ITEMS};
+use crate::policy::delegation::{DEFAULT_MAX_CHILDREN, MAX_CHILD_GOAL_CHARS};
 use crate::policy::guardrails::RANGES;
 use crate::policy::history::Outcome;
 use crate::session::service::{MAX_GOAL_CHARS, MAX_GUIDANCE_CHARS};
@@ -43,6 +45,7 @@ use crate::session::service::{MAX_GOAL_CHARS, MAX_GUIDANCE_CHARS};
         super::sessions::stop_session,
         super::sessions::pause_session,
         super::sessions::resume_session,
+        super::tree::get_tree,
         super::history::list_iterations,
         super::history::list_checkpoints,
         super::history::list_events,
@@ -73,6 +76,7 @@ use crate::session::service::{MAX_GOAL_CHARS, MAX_GUIDANCE_CHARS};
     components(schemas(
         super::views::EventView,
         super::views::SessionView,
+        crate::executor::ScriptedDelegation,
         super::views::ExecutorKind,
         super::views::SortKey,
         super::views::SortOrder,
@@ -472,6 +476,64 @@ pub fn bounds() -> Vec<Bound> {
         out.push((item.clone(), "maxLength", MAX_ITEM_CHARS.into()));
         out.push((item, "pattern", "\\S".into()));
     }
+    // Child sessions: a task's goal reads as a create's, its criteria as
+    // a create's checklist, its share of the budget in (0, 1].
+    for goal in [
+        "/components/schemas/Subgoal/oneOf/0".to_string(),
+        prop("SubgoalTask", "goal"),
+        prop("ChildRequest", "goal"),
+        prop("ScriptedDelegation", "goal"),
+    ] {
+        out.push((goal.clone(), "minLength", 1.into()));
+        out.push((goal.clone(), "maxLength", MAX_CHILD_GOAL_CHARS.into()));
+        out.push((goal, "pattern", GOAL_HAS_LETTER_PATTERN.into()));
+    }
+    for task in ["SubgoalTask", "ChildRequest", "ScriptedDelegation"] {
+        let criteria = prop(task, "success_criteria");
+        out.push((criteria.clone(), "maxItems", MAX_ITEMS.into()));
+        let item = format!("{criteria}/items");
+        out.push((item.clone(), "minLength", 1.into()));
+        out.push((item.clone(), "maxLength", MAX_ITEM_CHARS.into()));
+        out.push((item, "pattern", "\\S".into()));
+        let share = prop(task, "budget_share");
+        out.push((share.clone(), "exclusiveMinimum", 0.into()));
+        out.push((share, "maximum", 1.into()));
+    }
+    let task_steps = prop("SubgoalTask", "steps");
+    out.push((task_steps.clone(), "minItems", 1.into()));
+    out.push((task_steps, "maxItems", MAX_SCRIPTED_STEPS.into()));
+    out.push((
+        prop("CreateSession", "subgoals"),
+        "maxItems",
+        DEFAULT_MAX_CHILDREN.into(),
+    ));
+    out.push((
+        prop("ScriptedStep", "delegate"),
+        "maxItems",
+        DEFAULT_MAX_CHILDREN.into(),
+    ));
+    out.push((
+        prop("ScriptedDelegation", "script"),
+        "pattern",
+        SCRIPT_NAME_PATTERN.into(),
+    ));
+    let scripts = branch("ExecutorSpec", 0, "scripts");
+    out.push((scripts.clone(), "maxProperties", MAX_SCRIPTS.into()));
+    out.push((
+        format!("{scripts}/propertyNames"),
+        "pattern",
+        SCRIPT_NAME_PATTERN.into(),
+    ));
+    out.push((
+        format!("{scripts}/additionalProperties"),
+        "minItems",
+        1.into(),
+    ));
+    out.push((
+        format!("{scripts}/additionalProperties"),
+        "maxItems",
+        MAX_SCRIPTED_STEPS.into(),
+    ));
     let action = prop("ScriptedStep", "action");
     out.push((action.clone(), "minLength", 1.into()));
     out.push((action.clone(), "maxLength", MAX_ACTION_CHARS.into()));
@@ -618,6 +680,12 @@ fn add_bounds(doc: &mut Value) {
             "then": { "required": ["queues"], "properties": { "queues": { "items": {} } } },
             "else": { "properties": { "queues": {} } }
         }]);
+    }
+    // Only an approval carries arguments of the person's own
+    // (`check_edited_arguments`).
+    if let Some(decide) = doc.pointer_mut("/components/schemas/DecideApproval") {
+        decide["if"] = json!({ "properties": { "decision": { "const": "approve" } }, "required": ["decision"] });
+        decide["else"] = json!({ "properties": { "arguments": false } });
     }
     for (at, key, value) in bounds() {
         let target = locate(doc, &at).and_then(|p| doc.pointer_mut(&p));

@@ -168,6 +168,7 @@ pub async fn list_sessions(
     let after = q.cursor.as_deref().map(decode_cursor).transpose()?;
     let filter = SessionFilter {
         status: q.status,
+        root_only: q.root_only.unwrap_or(false),
         ..session_filter(q.mode, q.executor, q.q, q.created_from, q.created_before)?
     };
     let order = SessionOrder {
@@ -203,7 +204,10 @@ pub async fn count_sessions(
     Extension(caller): Extension<Principal>,
     ApiQuery(q): ApiQuery<CountsQuery>,
 ) -> ApiResult<Json<SessionCounts>> {
-    let filter = session_filter(q.mode, q.executor, q.q, q.created_from, q.created_before)?;
+    let filter = SessionFilter {
+        root_only: q.root_only.unwrap_or(false),
+        ..session_filter(q.mode, q.executor, q.q, q.created_from, q.created_before)?
+    };
     let counted = state
         .service
         .count_by_status(&filter, &caller.scope)
@@ -250,6 +254,7 @@ fn session_filter(
         goal_contains: goal.filter(|t| !t.is_empty()),
         created_from,
         created_before,
+        root_only: false,
     })
 }
 
@@ -284,6 +289,7 @@ pub async fn get_session(
             .map(|(queue, since)| super::views::WaitingForWorker { queue, since });
     }
     show_pending_approvals(&state, &mut doc, &caller.scope).await?;
+    show_children(&state, &mut doc, &caller.scope).await?;
     doc.velocity = Some(
         velocity
             .into_iter()
@@ -320,12 +326,37 @@ pub(super) async fn show_pending_approvals(
     Ok(())
 }
 
+/// Lists a session's direct children in its status.
+async fn show_children(
+    state: &AppState,
+    doc: &mut SessionView,
+    scope: &crate::store::TenantScope,
+) -> ApiResult<()> {
+    doc.children = state
+        .service
+        .store()
+        .children_of(doc.id, scope)
+        .await?
+        .into_iter()
+        .map(|c| super::views::ChildView {
+            id: c.id,
+            goal: c.goal,
+            status: c.status,
+            reason: c.reason,
+            tokens_used: c.tokens_used,
+            budget_tokens: c.budget_tokens,
+        })
+        .collect();
+    Ok(())
+}
+
 /// Response header of `GET /{id}`: `memory` when the replica running the
 /// session answered from its loop's committed state, `database` otherwise.
 pub const STATUS_SOURCE: &str = "warden-status-source";
 
 /// Stop a session at once (idempotent). The in-flight step is abandoned,
-/// a checkpoint saved, and the session ends `interrupted / user_stop`.
+/// a checkpoint saved, and the session ends `interrupted / user_stop`;
+/// then every live descendant is stopped the same way, a level at a time.
 #[utoipa::path(
     post, path = "/api/autonomous/{id}/stop", tag = "control",
     params(("id" = Uuid, Path, description = "Session id")),
@@ -342,7 +373,7 @@ pub async fn stop_session(
     Extension(caller): Extension<Principal>,
     SessionId(id): SessionId,
 ) -> ApiResult<Response> {
-    Ok(match state.service.stop(id, &caller.scope).await? {
+    Ok(match state.service.stop_tree(id, &caller.scope).await? {
         StopAnswer::Landed(session) => Json(view(&state, session)).into_response(),
         StopAnswer::Pending { session, lands_by } => {
             let mut doc = view(&state, session);
@@ -356,7 +387,8 @@ pub async fn stop_session(
     })
 }
 
-/// Pause a session once its step in flight finishes (`paused / user_pause`).
+/// Pause a session once its step in flight finishes (`paused / user_pause`),
+/// with every live descendant (a queued child pauses at once).
 #[utoipa::path(
     post, path = "/api/autonomous/{id}/pause", tag = "control",
     params(("id" = Uuid, Path, description = "Session id")),
@@ -373,12 +405,14 @@ pub async fn pause_session(
 ) -> ApiResult<Json<SessionView>> {
     Ok(Json(view(
         &state,
-        state.service.pause(id, &caller.scope).await?,
+        state.service.pause_tree(id, &caller.scope).await?,
     )))
 }
 
 /// Resume a paused, stopped, interrupted or failed session from its last
-/// checkpoint, optionally with guidance and raised limits.
+/// checkpoint, optionally with guidance and raised limits; descendants a
+/// pause stopped resume too. A session waiting for its children stays
+/// waiting (only they resume); a child that ended cannot be resumed.
 #[utoipa::path(
     post, path = "/api/autonomous/{id}/resume", tag = "control",
     params(("id" = Uuid, Path, description = "Session id")),
@@ -398,7 +432,7 @@ pub async fn resume_session(
     SessionId(id): SessionId,
     OptionalJson(req): OptionalJson<ResumeSession>,
 ) -> ApiResult<Json<SessionView>> {
-    let session = state.service.resume(id, &caller.scope, req).await?;
+    let session = state.service.resume_tree(id, &caller.scope, req).await?;
     Ok(Json(view(&state, session)))
 }
 
@@ -426,8 +460,8 @@ pub async fn update_session(
 }
 
 /// Delete an ended session: its iterations, events, checkpoints and other
-/// history, and its workspace on the disk. A session that has not ended is
-/// stopped first.
+/// history, its child sessions, and its workspace on the disk. A session
+/// that has not ended (or has a descendant that has not) is stopped first.
 #[utoipa::path(
     delete, path = "/api/autonomous/{id}", tag = "control",
     params(("id" = Uuid, Path, description = "Session id")),
@@ -442,7 +476,7 @@ pub async fn delete_session(
     Extension(caller): Extension<Principal>,
     SessionId(id): SessionId,
 ) -> ApiResult<StatusCode> {
-    state.service.delete(id, &caller.scope).await?;
+    state.service.delete_tree(id, &caller.scope).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 

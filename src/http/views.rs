@@ -226,6 +226,41 @@ pub struct SessionView {
     /// its arguments and the agent's reason, and the `call_id` to decide on.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub pending_approvals: Vec<crate::store::Approval>,
+    /// The session that delegated this one (null for a top-level session).
+    pub parent_id: Option<Uuid>,
+    /// How deep in its tree it is: 0 for a top-level session.
+    pub depth: usize,
+    /// Its direct children, oldest first (on `GET /{id}` only).
+    pub children: Vec<ChildView>,
+    /// What its children hold of its budget: its `limits.max_tokens` is
+    /// what it has left for itself.
+    pub delegation: DelegationView,
+}
+
+/// A child as its parent's status lists it.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct ChildView {
+    /// The child session.
+    pub id: Uuid,
+    /// Its goal.
+    pub goal: String,
+    /// Its status.
+    pub status: Status,
+    /// Why it waits or ended.
+    pub reason: Option<Reason>,
+    /// Tokens it used itself.
+    pub tokens_used: i64,
+    /// Tokens carved out of the parent for it (its subtree's budget).
+    pub budget_tokens: Option<i64>,
+}
+
+/// What a session's children hold of its token budget.
+#[derive(Debug, Clone, Copy, Default, Serialize, ToSchema)]
+pub struct DelegationView {
+    /// Tokens its live children were given and may still spend.
+    pub tokens_reserved: i64,
+    /// Tokens its ended children (and their descendants) spent.
+    pub tokens_spent_by_children: i64,
 }
 
 impl SessionView {
@@ -398,6 +433,13 @@ impl From<Session> for SessionView {
             stop_lands_by: None,
             waiting_for_worker: None,
             pending_approvals: Vec::new(),
+            parent_id: s.parent_id,
+            depth: s.lineage.len(),
+            children: Vec::new(),
+            delegation: DelegationView {
+                tokens_reserved: s.children_reserved_tokens,
+                tokens_spent_by_children: s.children_tokens,
+            },
         }
     }
 }
@@ -638,6 +680,8 @@ pub struct ListQuery {
     pub sort: Option<SortKey>,
     /// `desc` (default, newest first) or `asc`.
     pub order: Option<SortOrder>,
+    /// Only top-level sessions: no child sessions.
+    pub root_only: Option<bool>,
     /// `next_cursor` of the previous page, asked for with the same `sort` and `order`.
     pub cursor: Option<String>,
     /// Page size, 1 – 200 (default 50).
@@ -663,6 +707,8 @@ pub struct CountsQuery {
     pub created_from: Option<DateTime<Utc>>,
     /// Only sessions created before this time (RFC 3339).
     pub created_before: Option<DateTime<Utc>>,
+    /// Only top-level sessions: no child sessions.
+    pub root_only: Option<bool>,
     /// Admins only: the sessions of this tenant (default: every tenant).
     pub tenant: Option<String>,
 }

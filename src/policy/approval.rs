@@ -8,6 +8,7 @@
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
+use serde_json::Value;
 use utoipa::ToSchema;
 
 /// When a call of a tool needs a person's approval before it runs.
@@ -173,6 +174,47 @@ pub fn refusal_text(tool: &str, decision: Decision, message: Option<&str>) -> Op
         Some(m) => format!("{base}. Their message: {m}"),
         None => format!("{base}. Do not retry it unchanged; choose another way or ask the user."),
     })
+}
+
+/// Checks the arguments a person gives with a decision, to run in place of
+/// the agent's: only an approval carries them, they are a JSON object like
+/// every tool's arguments, and their JSON text is at most `max_bytes` (the
+/// cap of each text of an agent's step, `WARDEN_MAX_OUTPUT_BYTES`, so a
+/// person's arguments are never larger than the agent's could be).
+pub fn check_edited_arguments(
+    decision: Decision,
+    arguments: Option<&Value>,
+    max_bytes: usize,
+) -> Result<(), String> {
+    let Some(arguments) = arguments else {
+        return Ok(());
+    };
+    if decision != Decision::Approve {
+        return Err(format!(
+            "arguments are given only with `approve` (a call that does not run takes none), not with `{}`",
+            decision.as_str()
+        ));
+    }
+    if !arguments.is_object() {
+        return Err("arguments must be a JSON object, as a tool call's are".to_string());
+    }
+    let bytes = arguments.to_string().len();
+    if bytes > max_bytes {
+        return Err(format!(
+            "arguments must be at most {max_bytes} bytes of JSON (WARDEN_MAX_OUTPUT_BYTES), got {bytes}"
+        ));
+    }
+    Ok(())
+}
+
+/// What the agent is told after the result of a call a person approved
+/// with arguments of their own, so it knows the call did not run as it
+/// asked (and with what it ran, excerpted when large).
+pub fn edited_note(tool: &str, arguments: &Value) -> String {
+    format!(
+        "(a person edited the arguments of this call of `{tool}` before approving it; it ran with {})",
+        super::excerpt::history_arguments(arguments)
+    )
 }
 
 /// Whether a pending approval requested `age_ms` ago has expired under a
@@ -354,6 +396,61 @@ mod tests {
         assert!(bare.contains("rejected") && !bare.contains("Their message"));
         let expired = refusal_text("write_file", Decision::Expired, None).unwrap();
         assert!(expired.contains("expired") && !expired.contains("rejected"));
+    }
+
+    #[test]
+    fn edited_arguments_come_only_with_an_approval_as_a_bounded_object() {
+        let args = serde_json::json!({ "path": "docs/notes.md", "content": "hello" });
+        assert_eq!(check_edited_arguments(Decision::Approve, None, 10), Ok(()));
+        assert_eq!(check_edited_arguments(Decision::Reject, None, 10), Ok(()));
+        assert_eq!(check_edited_arguments(Decision::Expired, None, 10), Ok(()));
+        assert_eq!(
+            check_edited_arguments(Decision::Approve, Some(&args), 1_000),
+            Ok(())
+        );
+        for other in [Decision::Reject, Decision::Expired] {
+            let err = check_edited_arguments(other, Some(&args), 1_000).unwrap_err();
+            assert!(err.contains("only with `approve`"), "{err}");
+            assert!(err.contains(other.as_str()), "{err}");
+        }
+        for not_object in [
+            serde_json::json!([1]),
+            serde_json::json!("x"),
+            serde_json::json!(null),
+            serde_json::json!(3),
+        ] {
+            let err =
+                check_edited_arguments(Decision::Approve, Some(&not_object), 1_000).unwrap_err();
+            assert!(err.contains("JSON object"), "{not_object}: {err}");
+        }
+        // The bound is on the JSON text, inclusive.
+        let exact = args.to_string().len();
+        assert_eq!(
+            check_edited_arguments(Decision::Approve, Some(&args), exact),
+            Ok(())
+        );
+        let err = check_edited_arguments(Decision::Approve, Some(&args), exact - 1).unwrap_err();
+        assert!(
+            err.contains(&format!("at most {}", exact - 1)) && err.contains(&exact.to_string()),
+            "{err}"
+        );
+        assert_eq!(
+            check_edited_arguments(Decision::Approve, Some(&serde_json::json!({})), 2),
+            Ok(())
+        );
+    }
+
+    #[test]
+    fn the_edited_note_names_the_tool_and_the_arguments_it_ran_with() {
+        let note = edited_note("fs__write_file", &serde_json::json!({ "path": "b.md" }));
+        assert!(note.contains("`fs__write_file`"), "{note}");
+        assert!(note.contains("edited"), "{note}");
+        assert!(note.contains(r#"{"path":"b.md"}"#), "{note}");
+        // Large arguments are excerpted, never repeated whole.
+        let big = serde_json::json!({ "content": "x".repeat(100_000) });
+        let note = edited_note("write_file", &big);
+        assert!(note.len() < 10_000, "{}", note.len());
+        assert!(note.contains("digest"), "{note}");
     }
 
     #[test]

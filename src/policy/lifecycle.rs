@@ -58,6 +58,15 @@ impl Status {
         Status::ALL.into_iter().find(|st| st.as_str() == s)
     }
 
+    /// Whether a session in this status has ended (as Postgres's
+    /// `warden_session_ended` says too): completed, stopped, interrupted or failed.
+    pub fn has_ended(self) -> bool {
+        matches!(
+            self,
+            Status::Completed | Status::Stopped | Status::Interrupted | Status::Failed
+        )
+    }
+
     /// Whether a session in this status may be resumed.
     pub fn is_resumable(self) -> bool {
         matches!(

@@ -175,7 +175,7 @@ pub fn record(reason: Reason, facts: Facts<'_>) -> Termination {
             ),
             vec![
                 "See what waits in `pending_approvals` of GET /api/autonomous/{id}, or GET /api/autonomous/approvals".into(),
-                "Approve or reject it with POST /api/autonomous/{id}/approvals/{call_id}; the session continues the same step".into(),
+                "Approve (with edited `arguments` if you like) or reject it with POST /api/autonomous/{id}/approvals/{call_id}; the session continues the same step".into(),
             ],
         ),
         Reason::WaitingForChildren => (

@@ -7,7 +7,7 @@ use std::time::Duration;
 use super::ServiceError;
 use super::service::SessionService;
 use crate::policy::approval::Decision;
-use crate::store::TenantScope;
+use crate::store::{NewDecision, TenantScope};
 
 /// Most calls expired per sweep; the rest wait for the next one.
 const PER_SWEEP: i64 = 100;
@@ -44,9 +44,12 @@ pub async fn expire_overdue(service: &SessionService) {
                 session_id,
                 &TenantScope::Global,
                 &call_id,
-                Decision::Expired,
-                None,
-                None,
+                NewDecision {
+                    decision: Decision::Expired,
+                    decided_by: None,
+                    message: None,
+                    edited_arguments: None,
+                },
             )
             .await;
         match decided {

@@ -1,12 +1,17 @@
 //! The tool-call journal and the task queue of one session, backed by
 //! Postgres and fenced by the session's lease.
 
+use std::sync::Arc;
+
 use futures::FutureExt;
 use futures::future::BoxFuture;
 use serde_json::Value;
 
-use crate::executor::{ApprovalAsk, ApprovalDesk, DecidedCall, TaskQueue, ToolJournal};
-use crate::store::{Lease, NewApproval, Store, Task, TaskWrite};
+use crate::executor::{
+    ApprovalAsk, ApprovalDesk, ChildDesk, ChildTicket, DecidedCall, TaskQueue, ToolJournal,
+};
+use crate::policy::delegation::{ChildRequest, TreeLimits};
+use crate::store::{DelegateError, Lease, NewApproval, Store, Task, TaskWrite};
 
 /// Journals the tool calls of the session `lease` is for.
 pub struct StoreJournal {
@@ -168,7 +173,8 @@ impl ApprovalDesk for StoreApprovalDesk {
                         call_index: u32::try_from(a.call_index).ok()?,
                         tool_call_id: a.tool_call_id,
                         tool: a.tool,
-                        arguments: a.arguments,
+                        edited: a.edited_arguments.is_some(),
+                        arguments: a.edited_arguments.unwrap_or(a.arguments),
                         decision: a.decision?,
                         message: a.message,
                     })
@@ -220,6 +226,71 @@ impl TaskQueue for StoreTaskQueue {
                 Ok(result) => result,
                 Err(e) => Err(e.to_string()),
             }
+        }
+        .boxed()
+    }
+}
+
+/// Delegates the tasks of the session `lease` is for to child sessions.
+pub struct StoreChildDesk {
+    store: Store,
+    lease: Lease,
+    tree: TreeLimits,
+    /// Wakes this replica's queue claim, so a child starts at once.
+    wake: Arc<dyn Fn() + Send + Sync>,
+}
+
+impl StoreChildDesk {
+    /// A desk writing under `lease`, with the server's tree limits.
+    pub fn new(
+        store: Store,
+        lease: Lease,
+        tree: TreeLimits,
+        wake: Arc<dyn Fn() + Send + Sync>,
+    ) -> StoreChildDesk {
+        StoreChildDesk {
+            store,
+            lease,
+            tree,
+            wake,
+        }
+    }
+}
+
+impl ChildDesk for StoreChildDesk {
+    fn delegate<'a>(
+        &'a self,
+        iteration: u64,
+        index: u32,
+        request: &'a ChildRequest,
+        pending_tokens: u64,
+        executor: Option<serde_json::Value>,
+    ) -> BoxFuture<'a, Result<ChildTicket, String>> {
+        async move {
+            let call = format!("{iteration}.{index}");
+            let made = self
+                .store
+                .delegate_child(
+                    self.lease,
+                    pending_tokens,
+                    &call,
+                    request,
+                    executor.as_ref(),
+                    self.tree,
+                )
+                .await
+                .map_err(|e| match e {
+                    DelegateError::Refused(refused) => refused.to_string(),
+                    DelegateError::Store(err) => format!("the child could not be stored: {err}"),
+                })?;
+            if !made.existed {
+                (self.wake)();
+            }
+            Ok(ChildTicket {
+                child_id: made.child_id,
+                tokens: made.tokens,
+                iterations: made.iterations,
+            })
         }
         .boxed()
     }

@@ -6,6 +6,7 @@ use std::future::Future;
 use serde_json::Value;
 
 use crate::policy::checklist::ChecklistItem;
+use crate::policy::delegation::ChildReport;
 use crate::policy::termination::Termination;
 use crate::store::{
     ControlFlags, Counters, Lease, NewEvent, NewIteration, NewReflection, Store, StoreError,
@@ -74,6 +75,14 @@ pub trait LoopStore: Send + Sync + 'static {
         events: &[NewEvent],
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
 
+    /// The session's ended children not yet given to a step, for step
+    /// `iteration`, and how many of its children are still live.
+    fn child_reports(
+        &self,
+        lease: &Lease,
+        iteration: u64,
+    ) -> impl Future<Output = Result<(Vec<ChildReport>, u64), StoreError>> + Send;
+
     /// Checkpoints and gives the lease up at shutdown.
     fn release(
         &self,
@@ -84,6 +93,14 @@ pub trait LoopStore: Send + Sync + 'static {
 }
 
 impl LoopStore for Store {
+    fn child_reports(
+        &self,
+        lease: &Lease,
+        iteration: u64,
+    ) -> impl Future<Output = Result<(Vec<ChildReport>, u64), StoreError>> + Send {
+        Store::child_reports(self, *lease, iteration)
+    }
+
     fn append_fenced(
         &self,
         lease: &Lease,

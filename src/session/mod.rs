@@ -25,6 +25,7 @@ pub mod service;
 pub mod state;
 pub mod storable;
 mod supervisor;
+pub mod tree;
 
 pub use error::{Result, ServiceError};
 pub use persist::{

@@ -11,12 +11,13 @@ use sqlx::PgConnection;
 
 use super::ServiceError;
 use crate::event::SessionEvent;
+use crate::policy::delegation::{ChildRequest, TreeLimits};
 use crate::policy::lifecycle::{self, Status};
 use crate::secrets::Sealed;
 use crate::store::{self, Lease, NewEvent, NewSession, Session, Store, StoreError, TenantScope};
 
 /// How a new session starts.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub enum Start {
     /// Its goal waits for the user's refinement choice.
     AwaitRefinement,
@@ -28,6 +29,9 @@ pub enum Start {
         /// Whether that replica has a place for it.
         slot_reserved: bool,
     },
+    /// Its goal is split: it waits (`paused / waiting_for_children`) while
+    /// these tasks run as its children, queued in the same transaction.
+    Split(Vec<(ChildRequest, Option<Value>)>),
 }
 
 /// The first refinement of a goal refined before the session started.
@@ -70,8 +74,9 @@ pub async fn create_session(
     } = admission;
     let mut tx = store.begin().await?;
     check_tenant_room(&mut tx, &new.tenant, tenant_max_running).await?;
-    let (status, owner) = match start {
-        Start::AwaitRefinement => (Status::AwaitingRefinement, None),
+    let (status, owner, split) = match start {
+        Start::AwaitRefinement => (Status::AwaitingRefinement, None, Vec::new()),
+        Start::Split(tasks) => (Status::Paused, None, tasks),
         Start::Admit {
             owner,
             slot_reserved,
@@ -80,6 +85,7 @@ pub async fn create_session(
             (
                 lifecycle::admission(slot_reserved, queue_empty),
                 Some(owner),
+                Vec::new(),
             )
         }
     };
@@ -104,6 +110,26 @@ pub async fn create_session(
     let mut log = events.to_vec();
     log.push(NewEvent::from_event(&SessionEvent::status(None, status))?);
     store::append_events(&mut tx, new.id, &log).await?;
+    if !split.is_empty() {
+        store::wait_for_children(&mut tx, new.id).await?;
+        for (n, (request, executor)) in split.iter().enumerate() {
+            store::delegate_on(
+                &mut tx,
+                store::Delegator::Split { parent: new.id },
+                &format!("subgoal.{n}"),
+                request,
+                executor.as_ref(),
+                TreeLimits::default(),
+            )
+            .await
+            .map_err(|e| match e {
+                store::DelegateError::Refused(refused) => {
+                    ServiceError::Invalid(format!("subgoals[{n}]: {refused}"))
+                }
+                store::DelegateError::Store(err) => ServiceError::Store(err),
+            })?;
+        }
+    }
     let scope = TenantScope::tenant_only(&new.tenant);
     if let Some(r) = refinement {
         store::insert_refinement(

@@ -8,13 +8,14 @@ use sqlx::PgConnection;
 use uuid::Uuid;
 
 use super::error::{Result, ServiceError};
-use super::journal::{StoreApprovalDesk, StoreJournal, StoreTaskQueue};
+use super::journal::{StoreApprovalDesk, StoreChildDesk, StoreJournal, StoreTaskQueue};
 use super::state::{AppliedReflection, LoopState, StepEffects};
 use crate::config::Config;
 use crate::executor::{
     ApiKey, Executor, ExecutorDeps, ExecutorSpec, SEALED_QUERY_MARKER, UrlQuery,
 };
 use crate::llm::Message;
+use crate::policy::delegation::TreeLimits;
 use crate::policy::history::StepRecord;
 use crate::secrets::{API_KEY, URL_QUERY};
 use crate::store::{self, Lease, RebuildInputs, Session, Store, StoreError, TenantScope};
@@ -81,6 +82,7 @@ pub async fn build_executor(
     session: &Session,
     lease: Lease,
     mcp: &Arc<crate::mcp::McpRegistry>,
+    wake: Arc<dyn Fn() + Send + Sync>,
 ) -> Result<Box<dyn Executor>> {
     let mut stored = session.executor.clone();
     let query_sealed = stored
@@ -97,27 +99,27 @@ pub async fn build_executor(
             ServiceError::Unavailable("the secret key (WARDEN_SECRET_KEY) is not loaded".into())
         })
     };
-    // The session's own secrets, read within its own tenant.
+    // The session's own secrets (a child's are its ancestor's), read
+    // within its own tenant.
     let own = TenantScope::tenant_only(&session.tenant);
+    let sealer = session.secrets_from.unwrap_or(session.id);
     if matches!(spec, ExecutorSpec::Llm { .. })
-        && let Some(sealed) = store.session_secret(session.id, API_KEY, &own).await?
+        && let Some(sealed) = store.session_secret(sealer, API_KEY, &own).await?
     {
         // A spec from before sealing may still carry its key: it wins (and
         // is moved at the next start).
-        spec = spec.with_api_key(ApiKey::new(ring()?.open(session.id, API_KEY, &sealed)?));
+        spec = spec.with_api_key(ApiKey::new(ring()?.open(sealer, API_KEY, &sealed)?));
     }
     if query_sealed {
         // The URL's query, sealed at creation, goes back on the URL.
         let sealed = store
-            .session_secret(session.id, URL_QUERY, &own)
+            .session_secret(sealer, URL_QUERY, &own)
             .await?
             .ok_or_else(|| StoreError::Corrupt {
                 id: session.id,
                 detail: "executor: its URL's sealed query is missing".into(),
             })?;
-        spec = spec.with_url_query(&UrlQuery::new(
-            ring()?.open(session.id, URL_QUERY, &sealed)?,
-        ));
+        spec = spec.with_url_query(&UrlQuery::new(ring()?.open(sealer, URL_QUERY, &sealed)?));
     }
     let transcript = match spec {
         ExecutorSpec::Llm { .. } => store
@@ -148,6 +150,13 @@ pub async fn build_executor(
         )),
         transcript,
         tasks: Arc::new(StoreTaskQueue::new(store.clone(), lease)),
+        children: Arc::new(StoreChildDesk::new(
+            store.clone(),
+            lease,
+            TreeLimits::default(),
+            wake,
+        )),
+        lineage: session.lineage.clone(),
         cycle: u32::try_from(session.cycle).unwrap_or(1),
         memory: session.memory.clone(),
         context_budget_tokens: session.limits.context_budget_tokens,

@@ -25,8 +25,9 @@ use crate::event::{RefinementProposal, SessionEvent};
 use crate::executor::ExecutorSpec;
 use crate::llm::LlmClient;
 use crate::policy::ambiguity;
-use crate::policy::approval::Decision;
+use crate::policy::approval::{self, Decision};
 use crate::policy::checklist::{self, ChecklistItem};
+use crate::policy::delegation::ChildRequest;
 use crate::policy::fleet::{self, OwnerWatch};
 use crate::policy::guardrails::{self, Breach, Limits, LimitsPatch};
 use crate::policy::lifecycle::{self, Action, Mode, PausePlan, Reason, Status, StopPlan};
@@ -67,6 +68,46 @@ pub struct CreateSession {
     /// (needs a model endpoint; given lists take precedence).
     #[serde(default)]
     pub generate_criteria: bool,
+    /// Split the goal into tasks that run in parallel as child sessions
+    /// (at most 8), each with an equal share of the budget (the session
+    /// keeps one too). The session waits (`paused / waiting_for_children`)
+    /// until they all end, then runs its own steps with their results.
+    #[serde(default)]
+    #[schema(max_items = 8)]
+    pub subgoals: Vec<Subgoal>,
+}
+
+/// One task of a split goal: its text, or the text with criteria, a
+/// budget share and (for a scripted session) the child's own steps.
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[serde(untagged)]
+pub enum Subgoal {
+    /// Just the task's goal.
+    Goal(String),
+    /// The task in full.
+    Task(SubgoalTask),
+}
+
+/// A task of a split goal, in full.
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SubgoalTask {
+    /// The child's goal.
+    pub goal: String,
+    /// How the child knows it is done.
+    #[serde(default)]
+    pub success_criteria: Vec<String>,
+    /// Fraction of what the session has left the child gets (0 < share ≤ 1).
+    #[serde(default)]
+    pub budget_share: Option<f64>,
+    /// The child's own scripted steps (without them it runs with the
+    /// session's executor).
+    #[serde(default)]
+    #[schema(no_recursion)]
+    pub steps: Option<Vec<crate::executor::ScriptedStep>>,
+    /// With `steps`: run them again and again (until a limit or a stop signal).
+    #[serde(default)]
+    pub repeat: bool,
 }
 
 /// A create's `Idempotency-Key` with the digest of its request body.
@@ -159,6 +200,8 @@ struct NewRequest {
     milestones: Vec<ChecklistItem>,
     /// The model endpoint for refinement and checklists, when configured.
     planner: Option<(LlmClient, String)>,
+    /// The tasks of a split goal, each with the child's own executor when not the session's.
+    split: Vec<(ChildRequest, Option<serde_json::Value>)>,
     req: CreateSession,
 }
 
@@ -176,6 +219,71 @@ struct Preflight {
     tokens: u64,
     /// What pre-flight did, for the log.
     events: Vec<SessionEvent>,
+}
+
+/// The tasks of a split goal as child requests: each gets an equal share
+/// of what is left when it is made, the session keeping one too.
+fn split_tasks(subgoals: &[Subgoal]) -> Result<Vec<(ChildRequest, Option<serde_json::Value>)>> {
+    let max = crate::policy::delegation::DEFAULT_MAX_CHILDREN as usize;
+    if subgoals.len() > max {
+        return Err(ServiceError::Invalid(format!(
+            "subgoals may name at most {max} tasks, got {}",
+            subgoals.len()
+        )));
+    }
+    let n = subgoals.len();
+    subgoals
+        .iter()
+        .enumerate()
+        .map(|(i, subgoal)| {
+            let equal = 1.0 / (n + 1 - i) as f64;
+            let (request, steps, repeat) = match subgoal {
+                Subgoal::Goal(goal) => (
+                    ChildRequest {
+                        goal: goal.clone(),
+                        success_criteria: Vec::new(),
+                        budget_share: Some(equal),
+                        wait: true,
+                    },
+                    None,
+                    false,
+                ),
+                Subgoal::Task(task) => (
+                    ChildRequest {
+                        goal: task.goal.clone(),
+                        success_criteria: task.success_criteria.clone(),
+                        budget_share: Some(task.budget_share.unwrap_or(equal)),
+                        wait: true,
+                    },
+                    task.steps.clone(),
+                    task.repeat,
+                ),
+            };
+            request
+                .validate()
+                .map_err(|e| ServiceError::Invalid(format!("subgoals[{i}]: {e}")))?;
+            let own = match steps {
+                None => None,
+                Some(steps) => {
+                    if steps.is_empty() || steps.len() > crate::executor::MAX_SCRIPTED_STEPS {
+                        return Err(ServiceError::Invalid(format!(
+                            "subgoals[{i}].steps must hold 1 to {} steps",
+                            crate::executor::MAX_SCRIPTED_STEPS
+                        )));
+                    }
+                    for (j, step) in steps.iter().enumerate() {
+                        step.validate().map_err(|e| {
+                            ServiceError::Invalid(format!("subgoals[{i}].steps[{j}].{e}"))
+                        })?;
+                    }
+                    Some(
+                        serde_json::json!({ "kind": "scripted", "steps": steps, "repeat": repeat }),
+                    )
+                }
+            };
+            Ok((request, own))
+        })
+        .collect()
 }
 
 fn validate_goal(goal: &str) -> Result<String> {
@@ -458,6 +566,7 @@ impl SessionService {
                 serde_json::Value::String("<sealed>".into()),
             );
         }
+        let split = split_tasks(&req.subgoals)?;
         let planner = self.planner();
         if req.generate_criteria && planner.is_none() {
             return Err(ServiceError::Invalid(
@@ -474,6 +583,7 @@ impl SessionService {
             criteria,
             milestones,
             planner,
+            split,
             req,
         })
     }
@@ -511,7 +621,10 @@ impl SessionService {
             .await
             .map_err(ServiceError::EgressDenied)?;
         let report = ambiguity::assess(&request.goal);
-        if report.ambiguous && (self.config.require_concrete_goals || self.config.auto_refine_goals)
+        // A goal split into tasks is refined by its split.
+        if report.ambiguous
+            && request.split.is_empty()
+            && (self.config.require_concrete_goals || self.config.auto_refine_goals)
         {
             // An unreadable goal has no topic to refine: it waits for a new one.
             let refiner = request.planner.as_ref().filter(|_| !report.unreadable);
@@ -597,6 +710,7 @@ impl SessionService {
             executor,
             api_key,
             url_query,
+            split,
             req,
             ..
         } = request;
@@ -649,7 +763,9 @@ impl SessionService {
             from,
             proposal: &proposal_data,
         });
-        let start = if plan.waits {
+        let start = if !split.is_empty() {
+            persist::Start::Split(split)
+        } else if plan.waits {
             persist::Start::AwaitRefinement
         } else {
             persist::Start::Admit {
@@ -1298,18 +1414,18 @@ impl SessionService {
     /// Records a decision on a call that waits for approval. When it was
     /// the last call the session waited on, the session continues its
     /// step at once (as a resume would); `decided_by` is the key's actor,
-    /// or `None` for an expiry.
-    #[tracing::instrument(skip(self, message))]
+    /// or `None` for an expiry. An approval may carry the person's own
+    /// arguments, which the call then runs with; arguments equal to the
+    /// agent's are no edit and are not recorded as one.
+    #[tracing::instrument(skip(self, made), fields(decision = made.decision.as_str()))]
     pub async fn decide_approval(
         &self,
         id: Uuid,
         scope: &TenantScope,
         call_id: &str,
-        decision: Decision,
-        decided_by: Option<&str>,
-        message: Option<&str>,
+        made: store::NewDecision<'_>,
     ) -> Result<Session> {
-        let message = message.map(str::trim).filter(|m| !m.is_empty());
+        let message = made.message.map(str::trim).filter(|m| !m.is_empty());
         if let Some(m) = message
             && m.chars().count() > MAX_GUIDANCE_CHARS
         {
@@ -1318,15 +1434,18 @@ impl SessionService {
                 m.chars().count()
             )));
         }
+        approval::check_edited_arguments(
+            made.decision,
+            made.edited_arguments,
+            self.config.quotas.max_output_bytes,
+        )
+        .map_err(ServiceError::Invalid)?;
         let mut tx = self.store.begin().await?;
         let session = store::lock_session(&mut tx, id, scope)
             .await?
             .ok_or(ServiceError::NotFound(id))?;
-        let approval = match store::decide_approval(
-            &mut tx, id, scope, call_id, decision, decided_by, message,
-        )
-        .await?
-        {
+        let made = store::NewDecision { message, ..made };
+        let approval = match store::decide_approval(&mut tx, id, scope, call_id, &made).await? {
             store::Decided::Recorded(approval) => approval,
             store::Decided::Already(earlier) => {
                 return Err(ServiceError::AlreadyDecided {
@@ -1344,9 +1463,10 @@ impl SessionService {
         let decided = SessionEvent::ApprovalDecided {
             call_id: approval.call_id,
             tool: approval.tool,
-            decision,
-            decided_by: decided_by.map(str::to_string),
+            decision: made.decision,
+            decided_by: made.decided_by.map(str::to_string),
             message: message.map(str::to_string),
+            edited_arguments: approval.edited_arguments,
         };
         let waiting = store::count_waiting_approvals(&mut tx, id, scope).await?;
         let continues = waiting == 0

@@ -281,12 +281,14 @@ impl Supervisor {
             ));
         }
         let config = &self.inner.config;
+        let capacity = self.inner.capacity.clone();
         let executor = match build_executor(
             &self.inner.store,
             config,
             session,
             lease,
             &self.inner.mcp,
+            Arc::new(move || capacity.freed.notify_one()),
         )
         .await
         {
@@ -348,6 +350,7 @@ impl Supervisor {
             model_calls: self.inner.model_calls.clone(),
             metrics: self.inner.metrics.clone(),
             view: view.clone(),
+            has_children: session.children_count > 0,
         });
         let (done_tx, done_rx) = watch::channel(false);
         self.forget(lease.session_id);

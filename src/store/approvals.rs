@@ -30,9 +30,13 @@ pub struct Approval {
     pub tool_call_id: Option<String>,
     /// The tool (or the webhook or worker agent's action).
     pub tool: String,
-    /// Its arguments.
+    /// Its arguments, as the agent asked.
     #[schema(value_type = Object)]
     pub arguments: Value,
+    /// The arguments the person approved it with in place of the agent's;
+    /// absent when it was not edited (it runs as asked).
+    #[schema(value_type = Option<Object>)]
+    pub edited_arguments: Option<Value>,
     /// The agent's text of the step: why it makes the call.
     pub reason: String,
     /// When it was asked for.
@@ -66,6 +70,19 @@ pub struct NewApproval {
     pub reason: String,
     /// How long it may wait, ms.
     pub timeout_ms: u64,
+}
+
+/// A decision on a waiting call, as it is recorded.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct NewDecision<'a> {
+    /// Approve, reject or expired.
+    pub decision: Decision,
+    /// Which key decided (its actor); `None` for an expiry.
+    pub decided_by: Option<&'a str>,
+    /// The person's message to the agent.
+    pub message: Option<&'a str>,
+    /// The arguments the call runs with in place of the agent's (approvals only).
+    pub edited_arguments: Option<&'a Value>,
 }
 
 /// Where a page of waiting approvals starts after.
@@ -103,6 +120,7 @@ struct ApprovalRow {
     tool_call_id: Option<String>,
     tool: String,
     arguments: Value,
+    edited_arguments: Option<Value>,
     reason: String,
     requested_at: DateTime<Utc>,
     expires_at: DateTime<Utc>,
@@ -122,6 +140,7 @@ impl From<ApprovalRow> for Approval {
             tool_call_id: r.tool_call_id,
             tool: r.tool,
             arguments: r.arguments,
+            edited_arguments: r.edited_arguments,
             reason: r.reason,
             requested_at: r.requested_at,
             expires_at: r.expires_at,
@@ -192,8 +211,8 @@ impl Store {
         let rows = sqlx::query_as!(
             ApprovalRow,
             "SELECT a.session_id, a.call_id, a.iteration, a.call_index, a.tool_call_id, a.tool,
-                    a.arguments, a.reason, a.requested_at, a.expires_at, a.decision, a.decided_by,
-                    a.decided_at, a.message
+                    a.arguments, a.edited_arguments, a.reason, a.requested_at, a.expires_at,
+                    a.decision, a.decided_by, a.decided_at, a.message
              FROM approvals a JOIN sessions s ON s.id = a.session_id
              WHERE a.session_id = $1 AND a.iteration = $2 AND a.decision IS NOT NULL
                AND s.lease_token = $3
@@ -216,8 +235,8 @@ impl Store {
         let rows = sqlx::query_as!(
             ApprovalRow,
             "SELECT a.session_id, a.call_id, a.iteration, a.call_index, a.tool_call_id, a.tool,
-                    a.arguments, a.reason, a.requested_at, a.expires_at, a.decision, a.decided_by,
-                    a.decided_at, a.message
+                    a.arguments, a.edited_arguments, a.reason, a.requested_at, a.expires_at,
+                    a.decision, a.decided_by, a.decided_at, a.message
              FROM approvals a JOIN sessions s ON s.id = a.session_id
              WHERE a.session_id = $1 AND a.decision IS NULL AND a.iteration <= s.iterations
                AND ($2::text IS NULL OR s.tenant = $2)
@@ -241,8 +260,8 @@ impl Store {
         let rows = sqlx::query_as!(
             ApprovalRow,
             "SELECT a.session_id, a.call_id, a.iteration, a.call_index, a.tool_call_id, a.tool,
-                    a.arguments, a.reason, a.requested_at, a.expires_at, a.decision, a.decided_by,
-                    a.decided_at, a.message
+                    a.arguments, a.edited_arguments, a.reason, a.requested_at, a.expires_at,
+                    a.decision, a.decided_by, a.decided_at, a.message
              FROM approvals a JOIN sessions s ON s.id = a.session_id
              WHERE a.decision IS NULL AND a.iteration <= s.iterations
                AND ($1::text IS NULL OR s.tenant = $1)
@@ -280,32 +299,33 @@ impl Store {
 }
 
 /// Records a decision on a waiting call, inside the caller's transaction
-/// (which holds the session's row lock).
+/// (which holds the session's row lock). Edited arguments equal to the
+/// agent's are no edit: the row keeps none.
 pub async fn decide(
     conn: &mut PgConnection,
     session_id: Uuid,
     scope: &TenantScope,
     call_id: &str,
-    decision: Decision,
-    decided_by: Option<&str>,
-    message: Option<&str>,
+    made: &NewDecision<'_>,
 ) -> Result<Decided> {
     let recorded = sqlx::query_as!(
         ApprovalRow,
-        "UPDATE approvals a SET decision = $4, decided_by = $5, decided_at = now(), message = $6
+        "UPDATE approvals a SET decision = $4, decided_by = $5, decided_at = now(), message = $6,
+                                edited_arguments = NULLIF($7::jsonb, a.arguments)
          FROM sessions s
          WHERE s.id = a.session_id AND a.session_id = $1 AND a.call_id = $2
            AND ($3::text IS NULL OR s.tenant = $3)
            AND a.iteration <= s.iterations AND a.decision IS NULL
          RETURNING a.session_id, a.call_id, a.iteration, a.call_index, a.tool_call_id, a.tool,
-                   a.arguments, a.reason, a.requested_at, a.expires_at, a.decision, a.decided_by,
-                   a.decided_at, a.message",
+                   a.arguments, a.edited_arguments, a.reason, a.requested_at, a.expires_at,
+                   a.decision, a.decided_by, a.decided_at, a.message",
         session_id,
         call_id,
         scope.tenant(),
-        decision.as_str(),
-        decided_by,
-        message,
+        made.decision.as_str(),
+        made.decided_by,
+        made.message,
+        made.edited_arguments,
     )
     .fetch_optional(&mut *conn)
     .await?;
@@ -315,8 +335,8 @@ pub async fn decide(
     let earlier = sqlx::query_as!(
         ApprovalRow,
         "SELECT a.session_id, a.call_id, a.iteration, a.call_index, a.tool_call_id, a.tool,
-                a.arguments, a.reason, a.requested_at, a.expires_at, a.decision, a.decided_by,
-                a.decided_at, a.message
+                a.arguments, a.edited_arguments, a.reason, a.requested_at, a.expires_at,
+                a.decision, a.decided_by, a.decided_at, a.message
          FROM approvals a JOIN sessions s ON s.id = a.session_id
          WHERE a.session_id = $1 AND a.call_id = $2 AND ($3::text IS NULL OR s.tenant = $3)
            AND a.iteration <= s.iterations",

@@ -17,7 +17,8 @@ use super::{Result, Store, StoreError, TenantScope};
 use crate::event::SessionEvent;
 use crate::policy::checklist::ChecklistItem;
 use crate::policy::delegation::{
-    self, ChildBudget, ChildReport, ChildRequest, DelegationRefused, ParentBudget, TreeLimits,
+    self, ChildBudget, ChildReport, ChildRequest, DelegationRefused, ParentBudget, Shortfall,
+    TreeLimits,
 };
 use crate::policy::guardrails::Limits;
 use crate::policy::lifecycle::{Reason, Status};
@@ -124,6 +125,7 @@ pub async fn delegate(
     by: Delegator,
     call: &str,
     request: &ChildRequest,
+    executor: Option<&serde_json::Value>,
     tree: TreeLimits,
 ) -> std::result::Result<Delegated, DelegateError> {
     request.validate()?;
@@ -135,7 +137,9 @@ pub async fn delegate(
     let parent = sqlx::query!(
         r#"SELECT limits AS "limits: Json<Limits>", tokens_used, iterations, elapsed_ms,
                   cardinality(lineage) AS "depth!", tenant,
-                  (SELECT count(*) FROM sessions c WHERE c.parent_id = sessions.id) AS "children!"
+                  (SELECT count(*) FROM sessions c WHERE c.parent_id = sessions.id) AS "children!",
+                  (SELECT t.max_depth FROM tenant_settings t WHERE t.tenant = sessions.tenant) AS max_depth,
+                  (SELECT t.max_children FROM tenant_settings t WHERE t.tenant = sessions.tenant) AS max_children
            FROM sessions WHERE id = $1 AND ($2::uuid IS NULL OR lease_token = $2) FOR UPDATE"#,
         parent_id,
         lease_token,
@@ -170,34 +174,42 @@ pub async fn delegate(
         depth: u32::try_from(parent.depth).unwrap_or(u32::MAX),
         children: u32::try_from(parent.children).unwrap_or(u32::MAX),
     };
-    let carved = delegation::carve(&budget, request.budget_share, tree)?;
+    // The tenant's own limits, where it has them, over the server's.
+    let tree = TreeLimits {
+        max_depth: parent
+            .max_depth
+            .and_then(|d| u32::try_from(d).ok())
+            .unwrap_or(tree.max_depth),
+        max_children: parent
+            .max_children
+            .and_then(|c| u32::try_from(c).ok())
+            .unwrap_or(tree.max_children),
+    };
+    let shortfall = match by {
+        Delegator::Step { .. } => Shortfall::Refuse,
+        Delegator::Split { .. } => Shortfall::TakeWhatIsLeft,
+    };
+    let carved = delegation::carve(&budget, request.budget_share, tree, shortfall)?;
     let child_limits = delegation::child_limits(&parent.limits.0, carved);
     let child_id = Uuid::new_v4();
-    let criteria: Vec<ChecklistItem> = request
-        .success_criteria
-        .iter()
-        .map(|c| c.trim())
-        .filter(|c| !c.is_empty())
-        .map(|text| ChecklistItem {
-            text: text.to_string(),
-            done: false,
-            done_at_iteration: None,
-        })
-        .collect();
+    let criteria =
+        crate::policy::checklist::from_texts("success_criteria", &request.success_criteria)
+            .map_err(DelegationRefused::Invalid)?;
     sqlx::query!(
         "INSERT INTO sessions (id, goal, mode, status, limits, executor, tenant, queued_at, criteria,
                                parent_id, lineage, parent_call, secrets_from, budget_tokens, budget_iterations)
-         SELECT $1, $2, p.mode, 'queued', $3, p.executor, p.tenant, now(), $4,
+         SELECT $1, $2, p.mode, 'queued', $3, coalesce($9, p.executor), p.tenant, now(), $4,
                 p.id, p.lineage || p.id, $5, coalesce(p.secrets_from, p.id), $6, $7
          FROM sessions p WHERE p.id = $8",
         child_id,
-        request.goal.trim(),
+        crate::policy::text::trim(&request.goal),
         Json(child_limits) as _,
         Json(&criteria) as _,
         call,
         i64::try_from(carved.tokens).unwrap_or(i64::MAX),
         i64::try_from(carved.iterations).unwrap_or(i64::MAX),
         parent_id,
+        executor,
     )
     .execute(&mut *conn)
     .await?;
@@ -215,7 +227,7 @@ pub async fn delegate(
     event_log::append(conn, child_id, &child_events).await?;
     let delegated = NewEvent::from_event(&SessionEvent::ChildDelegated {
         child_id,
-        goal: request.goal.trim().to_string(),
+        goal: crate::policy::text::trim(&request.goal).to_string(),
         budget_tokens: carved.tokens,
         budget_iterations: carved.iterations,
         wait: request.wait,
@@ -230,7 +242,11 @@ pub async fn delegate(
 }
 
 /// Shrinks the parent's limits by a child's budget.
-async fn carve_from_parent(conn: &mut PgConnection, parent: Uuid, carved: ChildBudget) -> Result<()> {
+async fn carve_from_parent(
+    conn: &mut PgConnection,
+    parent: Uuid,
+    carved: ChildBudget,
+) -> Result<()> {
     sqlx::query!(
         r#"UPDATE sessions SET limits = jsonb_set(jsonb_set(limits,
                   '{max_tokens}', to_jsonb((limits ->> 'max_tokens')::bigint - $2)),
@@ -316,15 +332,39 @@ pub async fn take_reports(
     Ok((reports, count(live)))
 }
 
+/// Marks a session made with a split goal as waiting for its children
+/// (made next, in the same transaction).
+pub async fn wait_for_children(conn: &mut PgConnection, id: Uuid) -> Result<()> {
+    sqlx::query!(
+        "UPDATE sessions SET reason = 'waiting_for_children' WHERE id = $1 AND status = 'paused'",
+        id
+    )
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+/// A live descendant as a cascade sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LiveNode {
+    /// The session.
+    pub id: Uuid,
+    /// Its status.
+    pub status: Status,
+    /// Why it waits, if it does.
+    pub reason: Option<Reason>,
+}
+
 /// Live descendants of `id` that `scope` reaches, by depth below it
 /// (children first), each level in id order.
 pub async fn live_descendants(
     conn: &mut PgConnection,
     id: Uuid,
     scope: &TenantScope,
-) -> Result<Vec<Vec<Uuid>>> {
+) -> Result<Vec<Vec<LiveNode>>> {
     let rows = sqlx::query!(
-        r#"SELECT d.id, cardinality(d.lineage) - cardinality(s.lineage) AS "below!"
+        r#"SELECT d.id, cardinality(d.lineage) - cardinality(s.lineage) AS "below!",
+                  d.status AS "status: Status", d.reason AS "reason: Reason"
            FROM sessions s JOIN sessions d ON s.id = ANY(d.lineage)
            WHERE s.id = $1 AND ($2::text IS NULL OR s.tenant = $2) AND d.tenant = s.tenant
              AND d.parent_id IS NOT NULL AND NOT warden_session_ended(d.status)
@@ -334,15 +374,39 @@ pub async fn live_descendants(
     )
     .fetch_all(conn)
     .await?;
-    let mut levels: Vec<Vec<Uuid>> = Vec::new();
+    let mut levels: Vec<Vec<LiveNode>> = Vec::new();
     for r in rows {
         let level = usize::try_from(r.below.max(1) - 1).unwrap_or(0);
         while levels.len() <= level {
             levels.push(Vec::new());
         }
-        levels[level].push(r.id);
+        levels[level].push(LiveNode {
+            id: r.id,
+            status: r.status,
+            reason: r.reason,
+        });
     }
     Ok(levels)
+}
+
+/// Pauses a child that waits in the queue (it has not run, so no loop
+/// is told): it pauses `user_pause` like its tree. False when it was no
+/// longer queued.
+pub async fn pause_queued(conn: &mut PgConnection, id: Uuid, scope: &TenantScope) -> Result<bool> {
+    let done = sqlx::query!(
+        "UPDATE sessions SET status = 'paused', reason = 'user_pause', queued_at = NULL, updated_at = now()
+         WHERE id = $1 AND status = 'queued' AND ($2::text IS NULL OR tenant = $2)",
+        id,
+        scope.tenant(),
+    )
+    .execute(&mut *conn)
+    .await?;
+    if done.rows_affected() == 0 {
+        return Ok(false);
+    }
+    let paused = SessionEvent::status(Some(Status::Queued), Status::Paused);
+    event_log::append(conn, id, &[NewEvent::from_event(&paused)?]).await?;
+    Ok(true)
 }
 
 impl Store {
@@ -354,6 +418,7 @@ impl Store {
         pending_tokens: u64,
         call: &str,
         request: &ChildRequest,
+        executor: Option<&serde_json::Value>,
         tree: TreeLimits,
     ) -> std::result::Result<Delegated, DelegateError> {
         let mut tx = self.pool.begin().await?;
@@ -365,6 +430,7 @@ impl Store {
             },
             call,
             request,
+            executor,
             tree,
         )
         .await?;
@@ -374,8 +440,65 @@ impl Store {
         Ok(made)
     }
 
+    /// The direct children of `id`, oldest first, if `scope` reaches it.
+    pub async fn children_of(&self, id: Uuid, scope: &TenantScope) -> Result<Vec<TreeRow>> {
+        let rows = sqlx::query!(
+            r#"SELECT c.id, c.parent_id, cardinality(c.lineage) AS "depth!", c.goal,
+                      c.status AS "status: Status", c.reason AS "reason: Reason", c.summary,
+                      c.tokens_used, c.iterations, c.limits AS "limits: Json<Limits>",
+                      c.budget_tokens, c.percent_complete, c.created_at, c.ended_at
+               FROM sessions c
+               WHERE c.parent_id = $1 AND ($2::text IS NULL OR c.tenant = $2)
+               ORDER BY c.created_at, c.id"#,
+            id,
+            scope.tenant(),
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows
+            .into_iter()
+            .map(|r| TreeRow {
+                id: r.id,
+                parent_id: r.parent_id,
+                depth: r.depth,
+                goal: r.goal,
+                status: r.status,
+                reason: r.reason,
+                summary: r.summary,
+                tokens_used: r.tokens_used,
+                iterations: r.iterations,
+                limits: r.limits.0,
+                budget_tokens: r.budget_tokens,
+                percent_complete: r.percent_complete,
+                created_at: r.created_at,
+                ended_at: r.ended_at,
+            })
+            .collect())
+    }
+
+    /// Live descendants of `id` by level (see [`live_descendants`]).
+    pub async fn live_tree(&self, id: Uuid, scope: &TenantScope) -> Result<Vec<Vec<LiveNode>>> {
+        let mut conn = self.pool.acquire().await?;
+        live_descendants(&mut conn, id, scope).await
+    }
+
+    /// Pauses a queued child (see [`pause_queued`]).
+    pub async fn pause_queued_child(&self, id: Uuid, scope: &TenantScope) -> Result<bool> {
+        let mut tx = self.pool.begin().await?;
+        let paused = pause_queued(&mut tx, id, scope).await?;
+        tx.commit().await?;
+        if paused {
+            self.announce(id);
+        }
+        Ok(paused)
+    }
+
     /// The ended children of a parent for its step `iteration` (see [`take_reports`]).
-    pub async fn child_reports(&self, lease: Lease, iteration: u64) -> Result<(Vec<ChildReport>, u64)> {
+    pub async fn child_reports(
+        &self,
+        lease: Lease,
+        iteration: u64,
+    ) -> Result<(Vec<ChildReport>, u64)> {
         let mut tx = self.pool.begin().await?;
         let taken = take_reports(&mut tx, lease, iteration).await?;
         tx.commit().await?;

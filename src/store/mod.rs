@@ -50,11 +50,12 @@ pub(crate) mod testing;
 mod worker_tasks;
 
 pub use approvals::{
-    Approval, ApprovalCursor, Decided, NewApproval, call_id as approval_call_id,
+    Approval, ApprovalCursor, Decided, NewApproval, NewDecision, call_id as approval_call_id,
     count_waiting as count_waiting_approvals, decide as decide_approval,
 };
 pub use children::{
-    DelegateError, Delegated, Delegator, TreeRow, delegate as delegate_on, live_descendants,
+    DelegateError, Delegated, Delegator, LiveNode, TreeRow, delegate as delegate_on,
+    wait_for_children,
 };
 pub use connection::is_unavailable;
 pub use control_channel::{

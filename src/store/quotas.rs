@@ -46,6 +46,10 @@ pub struct TenantSettings {
     pub weight: i32,
     /// Its cap on running sessions across the fleet, if any.
     pub max_running: Option<i32>,
+    /// How deep its trees of sessions may grow (default 3).
+    pub max_depth: Option<i32>,
+    /// Most children one of its sessions may have (default 8).
+    pub max_children: Option<i32>,
     /// Its running sessions now.
     pub running: i64,
     /// Its active sessions now (running, queued or awaiting refinement).
@@ -73,6 +77,27 @@ impl Store {
         Ok(())
     }
 
+    /// Sets how deep `tenant`'s trees may grow and how many children one
+    /// of its sessions may have (`None`: the defaults, 3 and 8).
+    pub async fn set_tenant_tree_limits(
+        &self,
+        tenant: &str,
+        max_depth: Option<i32>,
+        max_children: Option<i32>,
+    ) -> Result<()> {
+        sqlx::query!(
+            "INSERT INTO tenant_settings (tenant, max_depth, max_children) VALUES ($1, $2, $3)
+             ON CONFLICT (tenant) DO UPDATE
+                SET max_depth = EXCLUDED.max_depth, max_children = EXCLUDED.max_children, updated_at = now()",
+            tenant,
+            max_depth,
+            max_children,
+        )
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
     /// Every tenant with settings or sessions: its settings and counts.
     pub async fn tenant_settings(&self) -> Result<Vec<TenantSettings>> {
         let rows = sqlx::query!(
@@ -82,7 +107,8 @@ impl Store {
                        UNION ALL SELECT tenant, active, running FROM tenant_count_deltas) c
                    GROUP BY tenant)
                SELECT coalesce(s.tenant, c.tenant) AS "tenant!", coalesce(s.weight, 1) AS "weight!",
-                      s.max_running, coalesce(c.running, 0)::bigint AS "running!",
+                      s.max_running, s.max_depth, s.max_children,
+                      coalesce(c.running, 0)::bigint AS "running!",
                       coalesce(c.active, 0)::bigint AS "active!"
                FROM tenant_settings s FULL JOIN counts c ON c.tenant = s.tenant
                ORDER BY 1"#
@@ -95,6 +121,8 @@ impl Store {
                 tenant: r.tenant,
                 weight: r.weight,
                 max_running: r.max_running,
+                max_depth: r.max_depth,
+                max_children: r.max_children,
                 running: r.running,
                 active: r.active,
             })

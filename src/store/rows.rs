@@ -463,6 +463,8 @@ pub struct SessionFilter {
     pub created_from: Option<DateTime<Utc>>,
     /// Created before this time.
     pub created_before: Option<DateTime<Utc>>,
+    /// Only top-level sessions (no child sessions).
+    pub root_only: bool,
 }
 
 /// The time a session list is ordered by.

@@ -158,6 +158,7 @@ impl Store {
                AND ($6::timestamptz IS NULL OR created_at < $6)
                AND ($7::text IS NULL OR tenant = $7)
                AND ($8::timestamptz IS NULL OR (created_at, id) < ($8, $9))
+               AND (NOT $11 OR parent_id IS NULL)
              ORDER BY created_at DESC, id DESC LIMIT $10",
                     filter.status as Option<Status>,
                     filter.mode as Option<Mode>,
@@ -169,6 +170,7 @@ impl Store {
                     at,
                     id,
                     limit,
+                    filter.root_only,
                 )
                 .fetch_all(&self.pool)
                 .await?
@@ -183,6 +185,7 @@ impl Store {
                AND ($6::timestamptz IS NULL OR created_at < $6)
                AND ($7::text IS NULL OR tenant = $7)
                AND ($8::timestamptz IS NULL OR (created_at, id) > ($8, $9))
+               AND (NOT $11 OR parent_id IS NULL)
              ORDER BY created_at ASC, id ASC LIMIT $10",
                     filter.status as Option<Status>,
                     filter.mode as Option<Mode>,
@@ -194,6 +197,7 @@ impl Store {
                     at,
                     id,
                     limit,
+                    filter.root_only,
                 )
                 .fetch_all(&self.pool)
                 .await?
@@ -208,6 +212,7 @@ impl Store {
                AND ($6::timestamptz IS NULL OR created_at < $6)
                AND ($7::text IS NULL OR tenant = $7)
                AND ($8::timestamptz IS NULL OR (updated_at, id) < ($8, $9))
+               AND (NOT $11 OR parent_id IS NULL)
              ORDER BY updated_at DESC, id DESC LIMIT $10",
                     filter.status as Option<Status>,
                     filter.mode as Option<Mode>,
@@ -219,6 +224,7 @@ impl Store {
                     at,
                     id,
                     limit,
+                    filter.root_only,
                 )
                 .fetch_all(&self.pool)
                 .await?
@@ -233,6 +239,7 @@ impl Store {
                AND ($6::timestamptz IS NULL OR created_at < $6)
                AND ($7::text IS NULL OR tenant = $7)
                AND ($8::timestamptz IS NULL OR (updated_at, id) > ($8, $9))
+               AND (NOT $11 OR parent_id IS NULL)
              ORDER BY updated_at ASC, id ASC LIMIT $10",
                     filter.status as Option<Status>,
                     filter.mode as Option<Mode>,
@@ -244,6 +251,7 @@ impl Store {
                     at,
                     id,
                     limit,
+                    filter.root_only,
                 )
                 .fetch_all(&self.pool)
                 .await?
@@ -268,6 +276,7 @@ impl Store {
                AND ($4::timestamptz IS NULL OR created_at >= $4)
                AND ($5::timestamptz IS NULL OR created_at < $5)
                AND ($6::text IS NULL OR tenant = $6)
+               AND (NOT $7 OR parent_id IS NULL)
              GROUP BY status"#,
             filter.mode as Option<Mode>,
             filter.executor_kind,
@@ -275,6 +284,7 @@ impl Store {
             filter.created_from,
             filter.created_before,
             scope.tenant(),
+            filter.root_only,
         )
         .fetch_all(&self.pool)
         .await?;

@@ -177,6 +177,137 @@ async fn an_approved_call_runs_once_and_the_session_continues_its_step() {
     );
 }
 
+/// The model writes notes.md (asking first), then claims the goal with
+/// docs/notes.md: only a person's edit of the path makes that claim true.
+fn script_write_then_claim_the_edited_path(fake: &FakeLlm) {
+    fake.agent(saying_and_calling(
+        "I will save the notes",
+        "write_file",
+        json!({ "path": "notes.md", "content": "hello" }),
+    ))
+    .agent(tool_calls(
+        &[(
+            "task_completion",
+            json!({ "result": "notes saved", "deliverables": ["docs/notes.md"] }),
+        )],
+        20,
+    ));
+}
+
+#[tokio::test]
+async fn an_approval_with_edited_arguments_runs_the_call_with_them_once() {
+    let db = common::TestDb::new().await;
+    let fake = FakeLlm::start().await;
+    script_write_then_claim_the_edited_path(&fake);
+    let app = app_with_model(db.pool.clone(), &fake, &[]).await;
+    let id = create_writer(&app).await;
+    waiting_for_approval(&app, &id).await;
+
+    let edited = json!({ "path": "docs/notes.md", "content": "hello, edited" });
+    let (status, body) = decide(
+        &app,
+        &id,
+        "1.0",
+        json!({ "decision": "approve", "arguments": edited, "message": "keep notes in docs/" }),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let s = app.wait_settled(&id).await;
+    // The claim of docs/notes.md was verified: the edited call wrote it.
+    assert_eq!(s["status"], "completed", "{s}");
+    assert_eq!(writes_of(&app, &id, "docs/notes.md").await, 1);
+    assert_eq!(
+        writes_of(&app, &id, "notes.md").await,
+        0,
+        "the agent's own arguments never ran"
+    );
+    // The model learns the call ran, that a person changed it, and how.
+    let requests = fake.agent_requests();
+    assert_eq!(requests.len(), 2, "no model call repeated");
+    let results = tool_results(&requests[1]);
+    let result = results
+        .iter()
+        .find(|r| r.starts_with("wrote docs/notes.md"))
+        .unwrap_or_else(|| panic!("the edited call's result: {results:?}"));
+    assert!(
+        result.contains("edited the arguments") && result.contains("docs/notes.md"),
+        "{result}"
+    );
+    assert!(result.contains("keep notes in docs/"), "{result}");
+    // The record keeps both: what the agent asked, and the person's edit.
+    let events = app.events(&id).await;
+    let requested = events
+        .iter()
+        .find(|e| e["kind"] == "approval_requested")
+        .expect("approval_requested");
+    assert_eq!(requested["data"]["arguments"]["path"], "notes.md");
+    let decided: Vec<&Value> = events
+        .iter()
+        .filter(|e| e["kind"] == "approval_decided")
+        .collect();
+    assert_eq!(decided.len(), 1, "journaled once: {decided:?}");
+    assert_eq!(decided[0]["data"]["decision"], "approve");
+    assert_eq!(decided[0]["data"]["edited_arguments"], edited);
+}
+
+#[tokio::test]
+async fn arguments_come_only_with_an_approval_and_as_an_object() {
+    let db = common::TestDb::new().await;
+    let fake = FakeLlm::start().await;
+    script_write_then_complete(&fake);
+    let app = app_with_model(
+        db.pool.clone(),
+        &fake,
+        &[("WARDEN_MAX_OUTPUT_BYTES", "2048")],
+    )
+    .await;
+    let id = create_writer(&app).await;
+    waiting_for_approval(&app, &id).await;
+
+    let refused = [
+        json!({ "decision": "reject", "arguments": { "path": "x.md" } }),
+        json!({ "decision": "approve", "arguments": ["notes.md"] }),
+        json!({ "decision": "approve", "arguments": null }),
+        json!({ "decision": "approve", "arguments": { "path": "notes.md", "content": "x".repeat(4_096) } }),
+    ];
+    for body in refused {
+        let (status, problem) = decide(&app, &id, "1.0", body.clone()).await;
+        assert_eq!(
+            status,
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "{body} -> {problem}"
+        );
+    }
+    let s = app.session(&id).await;
+    assert_eq!(s["reason"], "approval_required", "still waiting: {s}");
+    assert_eq!(writes_of(&app, &id, "notes.md").await, 0);
+
+    // The agent's own arguments given back are no edit.
+    let (status, body) = decide(
+        &app,
+        &id,
+        "1.0",
+        json!({ "decision": "approve",
+                "arguments": { "content": "hello", "path": "notes.md" } }),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let s = app.wait_settled(&id).await;
+    assert_eq!(s["status"], "completed", "{s}");
+    assert_eq!(writes_of(&app, &id, "notes.md").await, 1);
+    let results = tool_results(&fake.agent_requests()[1]);
+    assert!(results.iter().any(|r| r == "wrote notes.md"), "{results:?}");
+    let events = app.events(&id).await;
+    let decided = events
+        .iter()
+        .find(|e| e["kind"] == "approval_decided")
+        .expect("approval_decided");
+    assert!(
+        decided["data"].get("edited_arguments").is_none(),
+        "{decided}"
+    );
+}
+
 #[tokio::test]
 async fn a_rejected_call_is_the_models_next_tool_result() {
     let db = common::TestDb::new().await;

@@ -9,6 +9,7 @@ mod common;
 
 mod approvals;
 mod auth;
+mod children;
 mod connections;
 mod control;
 mod creates;

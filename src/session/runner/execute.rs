@@ -12,6 +12,7 @@ use super::{Flow, Runner};
 use crate::event::{AbandonedBecause, SessionEvent};
 use crate::executor::{ExecutorError, StepContext, StepOutput, StepResult};
 use crate::policy::budget;
+use crate::policy::delegation::{self, ParentNext};
 use crate::policy::eta;
 use crate::policy::guardrails;
 use crate::policy::history::{Outcome, StepRecord};
@@ -51,6 +52,22 @@ impl<S: LoopStore> Runner<S> {
     /// Execute: runs the step, abandoning it on stop, shutdown or timeout.
     pub(super) async fn execute(&mut self, gated: Gated) -> Result<Flow<Executed>, StoreError> {
         let Gated { step, decision } = gated;
+        // Children that ended since the step before are given to this one;
+        // when every one of them failed, a person decides.
+        let children = if self.has_children {
+            let (reports, live) = self.store.child_reports(&self.lease, step).await?;
+            if live == 0
+                && let ParentNext::Blocked(why) = delegation::after_children(&reports)
+            {
+                let exit = self
+                    .finish(Reason::AgentBlocked, Some(why), vec![decision])
+                    .await?;
+                return Ok(Flow::Exit(exit));
+            }
+            reports
+        } else {
+            Vec::new()
+        };
         let allowance = budget::allowance(self.settings.limits.max_tokens, self.state.usage.tokens);
         let started_at = Utc::now();
         let t0 = Instant::now();
@@ -62,7 +79,7 @@ impl<S: LoopStore> Runner<S> {
             session_elapsed_ms: self.elapsed_ms(),
             median_step_ms: eta::median(self.state.history.iter().map(|s| s.duration_ms)),
         });
-        let mut result = match self.run_executor(step, allowance).await {
+        let mut result = match self.run_executor(step, allowance, &children).await {
             StepEnd::Done(result) => result,
             StepEnd::Stopped => {
                 return self
@@ -104,6 +121,9 @@ impl<S: LoopStore> Runner<S> {
             }
         };
         let outcome = unanswered(decision, step, started_at, executor_time, sanitized);
+        if answer.as_ref().is_ok_and(|out| out.delegated) {
+            self.has_children = true;
+        }
         let outcome = match answer {
             Ok(out) => self.took(outcome, out),
             Err(ExecutorError::Failed {
@@ -138,7 +158,12 @@ impl<S: LoopStore> Runner<S> {
 
     /// Asks the executor for `step`, until a stop, a shutdown or the time
     /// left cuts it short.
-    async fn run_executor(&mut self, step: u64, allowance: u64) -> StepEnd {
+    async fn run_executor(
+        &mut self,
+        step: u64,
+        allowance: u64,
+        children: &[crate::policy::delegation::ChildReport],
+    ) -> StepEnd {
         let remaining = guardrails::time_remaining_ms(&self.settings.limits, &self.current_usage());
         let nudge = self.state.pending_nudge.clone();
         let ctx = StepContext {
@@ -149,6 +174,7 @@ impl<S: LoopStore> Runner<S> {
             nudge: nudge.as_deref(),
             history: &self.state.history,
             token_allowance: allowance,
+            children,
         };
         tokio::select! {
             biased;

@@ -105,6 +105,8 @@ pub struct RunnerDeps<S = Store> {
     pub metrics: Arc<Metrics>,
     /// The status this replica serves from memory, kept to what is committed.
     pub view: Arc<LiveView>,
+    /// The session has children (their ends are read before each step).
+    pub has_children: bool,
 }
 
 /// Everything a runner needs to drive one session.
@@ -130,6 +132,8 @@ pub struct Runner<S = Store> {
     started: Instant,
     /// The step whose throttle cooldown has been served.
     throttled_step: Option<u64>,
+    /// The session has children: their ends are read before each step.
+    has_children: bool,
 }
 
 /// What a step of the loop tells the loop.
@@ -182,6 +186,7 @@ impl<S: LoopStore> Runner<S> {
             view: deps.view,
             started: Instant::now(),
             throttled_step: None,
+            has_children: deps.has_children,
         }
     }
 

@@ -147,6 +147,14 @@ impl LoopStore for FakeStore {
         self.written().released = true;
         Ok(())
     }
+
+    async fn child_reports(
+        &self,
+        _lease: &Lease,
+        _iteration: u64,
+    ) -> Result<(Vec<crate::policy::delegation::ChildReport>, u64), StoreError> {
+        Ok((Vec::new(), 0))
+    }
 }
 
 /// Succeeds with a new action every step and counts its calls.
@@ -228,6 +236,7 @@ fn runner(limits: Limits) -> (Runner<FakeStore>, FakeStore, Arc<AtomicUsize>) {
         model_calls: Arc::new(crate::ratelimit::TenantLimiter::new(0)),
         metrics: Arc::new(Metrics::default()),
         view: Arc::default(),
+        has_children: false,
     });
     (runner, store, calls)
 }

@@ -321,12 +321,23 @@ class Client:
         return cast(dict[str, Any], self.request("list_approvals", params={"limit": limit, "cursor": cursor}))
 
     def decide_approval(
-        self, session_id: str, call_id: str, decision: str, *, message: str | None = None
+        self,
+        session_id: str,
+        call_id: str,
+        decision: str,
+        *,
+        message: str | None = None,
+        arguments: dict[str, Any] | None = None,
     ) -> Session:
-        """Approves (``approve``) or rejects (``reject``) a waiting call; the session continues its step."""
+        """Approves (``approve``) or rejects (``reject``) a waiting call; the session continues its step.
+
+        ``arguments`` (with ``approve`` only) runs the call with these in place of the agent's.
+        """
         body: dict[str, Any] = {"decision": decision}
         if message is not None:
             body["message"] = message
+        if arguments is not None:
+            body["arguments"] = arguments
         return cast(
             Session,
             self.request("decide_approval", path={"id": session_id, "call_id": call_id}, body=body),

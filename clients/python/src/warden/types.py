@@ -136,6 +136,7 @@ class ApprovalOutcome(TypedDict, total=False):
 
     action: str
     arguments: dict[str, Any]
+    arguments_edited: bool
     decision: Literal["approve", "reject", "expired"]
     message: str | None
 

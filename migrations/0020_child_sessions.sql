@@ -39,8 +39,8 @@ $$;
 -- When a child ends, in the same transaction: its parent gets back the
 -- budget it did not spend (and counts what it did), logs a `child_ended`
 -- event, and, if it paused waiting for its children and none is left
--- running, goes to the queue to continue. When a child that had ended is
--- resumed, its budget is taken from the parent again.
+-- running, goes to the queue to continue. A child that ended never runs
+-- again (the API refuses it; this is the last line).
 --
 -- The parent's row is locked by the first statement, and the wake-up is a
 -- later statement with a snapshot of its own: two children ending at once
@@ -59,14 +59,17 @@ BEGIN
     spent_tokens := NEW.tokens_used + NEW.children_tokens;
     spent_iterations := NEW.iterations + NEW.children_iterations;
     IF warden_session_ended(NEW.status) AND NOT warden_session_ended(OLD.status) THEN
+        -- What it spent is charged whole: a step that reported more than
+        -- it was allowed (only a scripted or external agent can) costs the
+        -- parent the difference, never less than 0 left.
         UPDATE sessions p
            SET limits = jsonb_set(jsonb_set(p.limits,
-                   '{max_tokens}', to_jsonb((p.limits ->> 'max_tokens')::bigint
-                                            + greatest(NEW.budget_tokens - spent_tokens, 0))),
-                   '{max_iterations}', to_jsonb((p.limits ->> 'max_iterations')::bigint
-                                                + greatest(NEW.budget_iterations - spent_iterations, 0))),
-               children_tokens = p.children_tokens + least(spent_tokens, NEW.budget_tokens),
-               children_iterations = p.children_iterations + least(spent_iterations, NEW.budget_iterations),
+                   '{max_tokens}', to_jsonb(greatest((p.limits ->> 'max_tokens')::bigint
+                                                     + NEW.budget_tokens - spent_tokens, 0))),
+                   '{max_iterations}', to_jsonb(greatest((p.limits ->> 'max_iterations')::bigint
+                                                         + NEW.budget_iterations - spent_iterations, 0))),
+               children_tokens = p.children_tokens + spent_tokens,
+               children_iterations = p.children_iterations + spent_iterations,
                last_event_seq = p.last_event_seq + 1,
                updated_at = now()
          WHERE p.id = NEW.parent_id
@@ -87,17 +90,10 @@ BEGIN
            AND NOT EXISTS (SELECT 1 FROM sessions c
                            WHERE c.parent_id = p.id AND NOT warden_session_ended(c.status));
     ELSIF warden_session_ended(OLD.status) AND NOT warden_session_ended(NEW.status) THEN
-        -- A resumed child takes its budget again: what it has left of it.
-        UPDATE sessions p
-           SET limits = jsonb_set(jsonb_set(p.limits,
-                   '{max_tokens}', to_jsonb((p.limits ->> 'max_tokens')::bigint
-                                            - greatest(NEW.budget_tokens - spent_tokens, 0))),
-                   '{max_iterations}', to_jsonb((p.limits ->> 'max_iterations')::bigint
-                                                - greatest(NEW.budget_iterations - spent_iterations, 0))),
-               children_tokens = p.children_tokens - least(spent_tokens, NEW.budget_tokens),
-               children_iterations = p.children_iterations - least(spent_iterations, NEW.budget_iterations),
-               updated_at = now()
-         WHERE p.id = NEW.parent_id;
+        -- Its budget went back to the parent when it ended: running it
+        -- again would spend what the parent may have given elsewhere.
+        RAISE EXCEPTION 'child session % ended and cannot run again; its parent delegates anew', NEW.id
+            USING ERRCODE = 'check_violation', TABLE = 'sessions', CONSTRAINT = 'sessions_child_ended';
     END IF;
     RETURN NULL;
 END
@@ -137,3 +133,8 @@ CREATE TRIGGER sessions_wait_for_children
     BEFORE UPDATE OF status ON sessions
     FOR EACH ROW WHEN (NEW.status = 'paused' AND NEW.reason = 'waiting_for_children')
     EXECUTE FUNCTION warden_wait_for_children();
+
+-- A tenant's own tree limits (NULL: the defaults, depth 3 and 8 children).
+ALTER TABLE tenant_settings
+    ADD COLUMN max_depth integer CHECK (max_depth BETWEEN 1 AND 64),
+    ADD COLUMN max_children integer CHECK (max_children BETWEEN 1 AND 64);

@@ -1,0 +1,211 @@
+//! A session's tree (`GET /api/autonomous/{id}/tree`): the session and
+//! every descendant, nested, with each node's own figures and those of its
+//! subtree rolled up, read within the caller's tenant.
+
+use std::collections::HashMap;
+
+use axum::extract::State;
+use axum::routing::get;
+use axum::{Extension, Json, Router};
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use utoipa::ToSchema;
+use uuid::Uuid;
+
+use super::AppState;
+use super::error::{ApiResult, Problem};
+use super::extract::SessionId;
+use crate::auth::Principal;
+use crate::policy::lifecycle::{Reason, Status};
+use crate::store::TreeRow;
+
+/// The tree route, relative to `/api/autonomous`.
+pub fn router() -> Router<AppState> {
+    Router::new().route("/{id}/tree", get(get_tree))
+}
+
+/// A session of a tree, with its children.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct TreeNode {
+    /// The session.
+    pub id: Uuid,
+    /// Its parent (null for a top-level session).
+    pub parent_id: Option<Uuid>,
+    /// Its depth in the whole tree (0 for a top-level session).
+    pub depth: i32,
+    /// Its goal.
+    pub goal: String,
+    /// Its status.
+    pub status: Status,
+    /// Why it waits or ended.
+    pub reason: Option<Reason>,
+    /// Its summary.
+    pub summary: Option<String>,
+    /// Tokens it used itself.
+    pub tokens_used: i64,
+    /// Iterations it committed itself.
+    pub iterations: i64,
+    /// Its token limit now (what it has left for itself after its live children's budgets).
+    pub max_tokens: u64,
+    /// Tokens carved out of its parent for it (null for a top-level session).
+    pub budget_tokens: Option<i64>,
+    /// Progress estimate, percent.
+    pub percent_complete: Option<f64>,
+    /// Created.
+    pub created_at: DateTime<Utc>,
+    /// Ended.
+    pub ended_at: Option<DateTime<Utc>>,
+    /// Tokens it and all its descendants used.
+    pub subtree_tokens_used: i64,
+    /// Its children, oldest first.
+    #[schema(no_recursion)]
+    pub children: Vec<TreeNode>,
+}
+
+/// Figures of a whole tree.
+#[derive(Debug, Clone, Copy, Serialize, ToSchema)]
+pub struct TreeTotals {
+    /// Sessions in it.
+    pub sessions: usize,
+    /// Sessions that have not ended.
+    pub live: usize,
+    /// Tokens they all used.
+    pub tokens_used: i64,
+    /// Iterations they all committed.
+    pub iterations: i64,
+}
+
+/// A session and its descendants.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct TreeView {
+    /// Figures of the whole tree below (and with) the session.
+    pub totals: TreeTotals,
+    /// The session, its children nested.
+    pub node: TreeNode,
+}
+
+/// A session's tree: the session, every descendant nested under its parent
+/// with its own and its subtree's figures, and the tree's totals.
+#[utoipa::path(
+    get, path = "/api/autonomous/{id}/tree", tag = "sessions",
+    params(("id" = Uuid, Path, description = "Session id")),
+    responses(
+        (status = 200, description = "The session and its descendants", body = TreeView),
+        (status = 404, description = "No such session (or not one of the caller's tenant)", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn get_tree(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Principal>,
+    SessionId(id): SessionId,
+) -> ApiResult<Json<TreeView>> {
+    let rows = state.service.store().tree(id, &caller.scope).await?;
+    let view = nest(id, rows).ok_or(crate::session::ServiceError::NotFound(id))?;
+    Ok(Json(view))
+}
+
+/// Nests `rows` (the session `top` first) into a tree with rolled-up
+/// figures; `None` when `top` is not among them.
+fn nest(top: Uuid, rows: Vec<TreeRow>) -> Option<TreeView> {
+    let totals = TreeTotals {
+        sessions: rows.len(),
+        live: rows.iter().filter(|r| !r.status.has_ended()).count(),
+        tokens_used: rows.iter().map(|r| r.tokens_used).sum(),
+        iterations: rows.iter().map(|r| r.iterations).sum(),
+    };
+    let mut by_parent: HashMap<Uuid, Vec<TreeRow>> = HashMap::new();
+    let mut root = None;
+    for row in rows {
+        if row.id == top {
+            root = Some(row);
+        } else if let Some(parent) = row.parent_id {
+            by_parent.entry(parent).or_default().push(row);
+        }
+    }
+    let node = build(root?, &mut by_parent);
+    Some(TreeView { totals, node })
+}
+
+fn build(row: TreeRow, by_parent: &mut HashMap<Uuid, Vec<TreeRow>>) -> TreeNode {
+    let children: Vec<TreeNode> = by_parent
+        .remove(&row.id)
+        .unwrap_or_default()
+        .into_iter()
+        .map(|child| build(child, by_parent))
+        .collect();
+    let subtree_tokens_used =
+        row.tokens_used + children.iter().map(|c| c.subtree_tokens_used).sum::<i64>();
+    TreeNode {
+        id: row.id,
+        parent_id: row.parent_id,
+        depth: row.depth,
+        goal: row.goal,
+        status: row.status,
+        reason: row.reason,
+        summary: row.summary,
+        tokens_used: row.tokens_used,
+        iterations: row.iterations,
+        max_tokens: row.limits.max_tokens,
+        budget_tokens: row.budget_tokens,
+        percent_complete: row.percent_complete,
+        created_at: row.created_at,
+        ended_at: row.ended_at,
+        subtree_tokens_used,
+        children,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(id: u128, parent: Option<u128>, tokens: i64, status: Status) -> TreeRow {
+        TreeRow {
+            id: Uuid::from_u128(id),
+            parent_id: parent.map(Uuid::from_u128),
+            depth: 0,
+            goal: format!("g{id}"),
+            status,
+            reason: None,
+            summary: None,
+            tokens_used: tokens,
+            iterations: 1,
+            limits: crate::policy::guardrails::tests::roomy(),
+            budget_tokens: parent.map(|_| 100),
+            percent_complete: None,
+            created_at: Utc::now(),
+            ended_at: None,
+        }
+    }
+
+    #[test]
+    fn rows_nest_under_their_parents_with_rolled_up_figures() {
+        let rows = vec![
+            row(1, None, 10, Status::Paused),
+            row(2, Some(1), 20, Status::Completed),
+            row(3, Some(1), 30, Status::Running),
+            row(4, Some(3), 40, Status::Running),
+        ];
+        let view = nest(Uuid::from_u128(1), rows).unwrap();
+        assert_eq!(view.totals.sessions, 4);
+        assert_eq!(view.totals.live, 3);
+        assert_eq!(view.totals.tokens_used, 100);
+        assert_eq!(view.node.subtree_tokens_used, 100);
+        assert_eq!(view.node.children.len(), 2);
+        assert_eq!(view.node.children[0].goal, "g2");
+        assert_eq!(view.node.children[1].subtree_tokens_used, 70);
+        assert_eq!(view.node.children[1].children[0].goal, "g4");
+    }
+
+    #[test]
+    fn a_subtree_asked_for_has_its_session_on_top() {
+        let rows = vec![
+            row(3, Some(1), 30, Status::Running),
+            row(4, Some(3), 40, Status::Running),
+        ];
+        let view = nest(Uuid::from_u128(3), rows).unwrap();
+        assert_eq!(view.node.parent_id, Some(Uuid::from_u128(1)));
+        assert_eq!(view.node.children.len(), 1);
+        assert!(nest(Uuid::from_u128(9), Vec::new()).is_none());
+    }
+}

@@ -1,0 +1,663 @@
+//! Sessions that delegate: children made by a split goal or by a step run
+//! in parallel under their parent with budgets carved from it; the parent
+//! waits for them and goes on with their results; the unspent budget goes
+//! back exactly; stop and pause follow the tree; a kill -9 mid-tree loses
+//! and repeats nothing; another tenant sees no node.
+
+use crate::common;
+
+use std::time::{Duration, Instant};
+
+use common::fake_llm::{FakeLlm, tool_calls};
+use common::{TestApp, client_with_key, config_with, create_key};
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+
+/// A child's script: `n` steps of `tokens` taking `delay_ms` each, the last
+/// saying it is done with `answer`.
+fn child_steps(n: usize, tokens: u64, delay_ms: u64, answer: &str) -> Value {
+    Value::Array(
+        (1..=n)
+            .map(|i| {
+                let output = if i == n {
+                    format!("finished\n<<WARDEN_GOAL_DONE: {answer}>>")
+                } else {
+                    format!("working {i}")
+                };
+                json!({ "action": format!("work_{i}"), "arguments": { "i": i },
+                        "tokens": tokens, "delay_ms": delay_ms, "output": output })
+            })
+            .collect(),
+    )
+}
+
+/// A parent whose own script says it is done at once, with `subgoals`.
+async fn create_split(app: &TestApp, subgoals: Value, max_tokens: u64) -> String {
+    let doc = app
+        .create(json!({
+            "goal": "Build feature X and write its tests",
+            "limits": { "max_tokens": max_tokens, "max_iterations": 200 },
+            "executor": { "kind": "scripted", "steps": [
+                { "action": "merge", "tokens": 10,
+                  "output": "merged the results\n<<WARDEN_GOAL_DONE: all parts done>>" }
+            ] },
+            "subgoals": subgoals,
+        }))
+        .await;
+    assert_eq!(doc["status"], "paused", "{doc}");
+    assert_eq!(doc["reason"], "waiting_for_children", "{doc}");
+    doc["id"].as_str().expect("id").to_string()
+}
+
+async fn tree(app: &TestApp, id: &str) -> Value {
+    let (status, body) = app.get(&format!("/api/autonomous/{id}/tree")).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    body
+}
+
+fn child_ids(parent: &Value) -> Vec<String> {
+    parent["children"]
+        .as_array()
+        .expect("children")
+        .iter()
+        .map(|c| c["id"].as_str().expect("id").to_string())
+        .collect()
+}
+
+async fn settled(app: &TestApp, id: &str, within: Duration) -> Value {
+    app.wait_until(id, within, |s| {
+        !["running", "queued"].contains(&s["status"].as_str().unwrap_or(""))
+            && s["reason"] != "waiting_for_children"
+    })
+    .await
+}
+
+#[tokio::test]
+async fn a_split_goal_runs_its_children_in_parallel_and_the_parent_completes_with_their_results() {
+    let db = common::TestDb::new().await;
+    let app = TestApp::spawn(db.pool.clone()).await;
+    let id = create_split(
+        &app,
+        json!([
+            { "goal": "Build feature X", "steps": child_steps(2, 100, 300, "feature built") },
+            { "goal": "Write the tests of X", "success_criteria": ["tests pass"],
+              "steps": child_steps(2, 100, 300, "tests written") }
+        ]),
+        3_000,
+    )
+    .await;
+
+    let parent = settled(&app, &id, Duration::from_secs(30)).await;
+    assert_eq!(parent["status"], "completed", "{parent}");
+    let children = child_ids(&parent);
+    assert_eq!(children.len(), 2, "{parent}");
+    let mut spans = Vec::new();
+    for child in &children {
+        let c = app.session(child).await;
+        assert_eq!(c["status"], "completed", "{c}");
+        assert_eq!(c["parent_id"], id.as_str());
+        assert_eq!(c["depth"], 1);
+        let its = app.iterations(child).await;
+        assert_eq!(its.len(), 2);
+        spans.push((
+            its[0]["started_at"].as_str().expect("start").to_string(),
+            its[1]["finished_at"].as_str().expect("end").to_string(),
+        ));
+    }
+    // In parallel: each started before the other finished.
+    assert!(
+        spans[0].0 < spans[1].1 && spans[1].0 < spans[0].1,
+        "{spans:?}"
+    );
+    // The parent's own step was given both results.
+    let its = app.iterations(&id).await;
+    assert_eq!(its.len(), 1, "{its:?}");
+    let seen = its[0]["record"]["observation"].as_str().unwrap_or("");
+    for needle in ["feature built", "tests written", &children[0], &children[1]] {
+        assert!(seen.contains(needle), "{needle} in {seen}");
+    }
+    // Each child's budget came back but what it spent (2 × 100 each).
+    assert_eq!(parent["delegation"]["tokens_reserved"], 0, "{parent}");
+    assert_eq!(parent["delegation"]["tokens_spent_by_children"], 400);
+    assert_eq!(parent["limits"]["max_tokens"], 3_000 - 400, "{parent}");
+    let ended = app
+        .events(&id)
+        .await
+        .into_iter()
+        .filter(|e| e["kind"] == "child_ended")
+        .count();
+    assert_eq!(ended, 2);
+    let t = tree(&app, &id).await;
+    assert_eq!(t["totals"]["sessions"], 3, "{t}");
+    assert_eq!(t["totals"]["live"], 0);
+    assert_eq!(t["node"]["subtree_tokens_used"], 410, "{t}");
+    assert_eq!(t["node"]["children"].as_array().map(Vec::len), Some(2));
+
+    // The list can leave the children out.
+    let (_, all) = app.get("/api/autonomous?limit=50").await;
+    assert_eq!(all["items"].as_array().map(Vec::len), Some(3));
+    let (_, roots) = app.get("/api/autonomous?root_only=true").await;
+    let roots = roots["items"].as_array().cloned().unwrap_or_default();
+    assert_eq!(roots.len(), 1);
+    assert_eq!(roots[0]["id"], id.as_str());
+}
+
+#[tokio::test]
+async fn a_step_delegates_waits_and_goes_on_with_the_results() {
+    let db = common::TestDb::new().await;
+    let app = TestApp::spawn(db.pool.clone()).await;
+    let doc = app
+        .create(json!({
+            "goal": "Write a report with two sections",
+            "limits": { "max_tokens": 10_000, "max_iterations": 50 },
+            "executor": { "kind": "scripted", "steps": [
+                { "action": "split", "tokens": 50, "output": "two sections, two writers",
+                  "delegate": [
+                      { "goal": "Write section one", "budget_share": 0.25, "script": "one" },
+                      { "goal": "Write section two", "budget_share": 0.25, "script": "two" }
+                  ] },
+                { "action": "join", "tokens": 50,
+                  "output": "joined\n<<WARDEN_GOAL_DONE: report written>>" }
+            ], "scripts": {
+                "one": child_steps(1, 20, 400, "section one"),
+                "two": child_steps(1, 20, 400, "section two")
+            } }
+        }))
+        .await;
+    let id = doc["id"].as_str().expect("id").to_string();
+    let waiting = app
+        .wait_until(&id, Duration::from_secs(20), |s| {
+            s["reason"] == "waiting_for_children"
+        })
+        .await;
+    assert_eq!(waiting["status"], "paused");
+    let children = child_ids(&waiting);
+    assert_eq!(children.len(), 2, "{waiting}");
+    // Carved: a quarter of what was left after the step's own 50 tokens,
+    // then a quarter of the rest.
+    let budgets: Vec<i64> = waiting["children"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["budget_tokens"].as_i64().unwrap())
+        .collect();
+    assert_eq!(budgets, vec![2_487, 1_865], "{waiting}");
+
+    let parent = settled(&app, &id, Duration::from_secs(30)).await;
+    assert_eq!(parent["status"], "completed", "{parent}");
+    let its = app.iterations(&id).await;
+    assert_eq!(its.len(), 2);
+    let seen = its[1]["record"]["observation"].as_str().unwrap_or("");
+    assert!(
+        seen.contains("section one") && seen.contains("section two"),
+        "{seen}"
+    );
+    // Exact return: 10,000 less the parent's 100 and the children's 40
+    // is what the parent could still spend.
+    assert_eq!(parent["limits"]["max_tokens"], 10_000 - 40, "{parent}");
+    assert_eq!(parent["tokens_used"], 100);
+    let delegated = app
+        .events(&id)
+        .await
+        .into_iter()
+        .filter(|e| e["kind"] == "child_delegated")
+        .count();
+    assert_eq!(delegated, 2, "one child per task, none twice");
+}
+
+#[tokio::test]
+async fn budgets_are_exact_when_many_children_end_at_once_and_a_runaway_child_is_stopped_by_its_own()
+ {
+    let db = common::TestDb::new().await;
+    let app = TestApp::spawn_with(
+        db.pool.clone(),
+        config_with(&[("WARDEN_MAX_RUNNING", "16")]),
+    )
+    .await;
+    // The runaway first, with a tenth of the budget: 2,000 tokens, which
+    // its 400-token steps use up in five; it would go on for ever.
+    let mut subgoals = vec![json!({ "goal": "Part 7 of the job", "budget_share": 0.1,
+        "repeat": true, "steps": [
+            { "action": "spin", "arguments": { "n": 1 }, "tokens": 400, "output": "more" },
+            { "action": "spin", "arguments": { "n": 2 }, "tokens": 400, "output": "more" }
+        ] })];
+    subgoals.extend((0..7).map(|i| {
+        json!({ "goal": format!("Part {i} of the job"),
+                "steps": child_steps(2, 37 + i, 50, "part done") })
+    }));
+    let id = create_split(&app, Value::Array(subgoals), 20_000).await;
+    let parent = settled(&app, &id, Duration::from_secs(60)).await;
+    assert_eq!(
+        parent["status"], "completed",
+        "the parent goes on: {parent}"
+    );
+
+    let t = tree(&app, &id).await;
+    let nodes = t["node"]["children"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(nodes.len(), 8);
+    let runaway = nodes
+        .iter()
+        .find(|n| n["goal"] == "Part 7 of the job")
+        .expect("runaway");
+    assert_eq!(runaway["status"], "stopped", "{runaway}");
+    assert_eq!(runaway["reason"], "cost_limit");
+    assert_eq!(runaway["budget_tokens"], 2_000, "{runaway}");
+    assert_eq!(runaway["tokens_used"], 2_000, "stopped at its own budget");
+    assert_eq!(runaway["iterations"], 5);
+    // Everything the children spent is counted once; nothing else is lost.
+    let spent: i64 = nodes
+        .iter()
+        .map(|n| n["subtree_tokens_used"].as_i64().unwrap())
+        .sum();
+    assert_eq!(parent["delegation"]["tokens_spent_by_children"], spent);
+    assert_eq!(parent["delegation"]["tokens_reserved"], 0);
+    assert_eq!(
+        parent["limits"]["max_tokens"].as_i64().unwrap(),
+        20_000 - spent,
+        "{parent}"
+    );
+    assert!(t["node"]["subtree_tokens_used"].as_i64().unwrap() <= 20_000);
+}
+
+#[tokio::test]
+async fn a_parent_whose_children_all_fail_is_blocked_with_their_reasons() {
+    let db = common::TestDb::new().await;
+    let app = TestApp::spawn(db.pool.clone()).await;
+    let failing = |what: &str| {
+        json!({ "goal": format!("Try {what}"), "steps": [
+            { "action": "try", "output": format!("no way\n<<WARDEN_GOAL_BLOCKED: {what} is impossible>>") }
+        ] })
+    };
+    let id = create_split(&app, json!([failing("plan A"), failing("plan B")]), 5_000).await;
+    // Each child pauses blocked; stopping them ends them, and the parent
+    // learns both ended without success.
+    let waiting = app.session(&id).await;
+    for child in child_ids(&waiting) {
+        app.wait_until(&child, Duration::from_secs(20), |s| {
+            s["reason"] == "agent_blocked"
+        })
+        .await;
+        let (status, body) = app
+            .post(&format!("/api/autonomous/{child}/stop"), None)
+            .await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+    }
+    let parent = settled(&app, &id, Duration::from_secs(20)).await;
+    assert_eq!(parent["status"], "paused", "{parent}");
+    assert_eq!(parent["reason"], "agent_blocked", "{parent}");
+    let why = format!("{} {}", parent["summary"], parent["reason_detail"]);
+    assert!(
+        why.contains("Try plan A") && why.contains("Try plan B"),
+        "{parent}"
+    );
+    assert!(
+        app.iterations(&id).await.is_empty(),
+        "no step of its own ran"
+    );
+}
+
+#[tokio::test]
+async fn a_stop_of_the_root_interrupts_every_descendant_at_once() {
+    let db = common::TestDb::new().await;
+    let app = TestApp::spawn(db.pool.clone()).await;
+    let slow = json!([{ "action": "wait", "delay_ms": 60_000, "output": "still" }]);
+    let doc = app
+        .create(json!({
+            "goal": "Coordinate a long job",
+            "limits": { "max_tokens": 50_000 },
+            "executor": { "kind": "scripted", "steps": [
+                { "action": "split", "delegate": [
+                    { "goal": "Do the first long part", "script": "middle" },
+                    { "goal": "Do the second long part", "script": "slow" }
+                ] },
+                { "action": "never", "output": "unreached" }
+            ], "scripts": {
+                "middle": [
+                    { "action": "split_again", "delegate": [
+                        { "goal": "Do the deepest part", "script": "slow" }
+                    ] },
+                    { "action": "never", "output": "unreached" }
+                ],
+                "slow": slow
+            } }
+        }))
+        .await;
+    let id = doc["id"].as_str().expect("id").to_string();
+    // Wait for the whole tree: the grandchild runs its long step.
+    let deepest = common::eventually_ok(Duration::from_secs(20), "the tree grows", || async {
+        let t = tree(&app, &id).await;
+        let running = t["totals"]["live"].as_u64().unwrap_or(0);
+        let grandchild = t["node"]["children"][0]["children"][0].clone();
+        if t["totals"]["sessions"] == 4 && grandchild["status"] == "running" && running == 4 {
+            Ok(grandchild["id"].as_str().unwrap_or("").to_string())
+        } else {
+            Err(t.to_string())
+        }
+    })
+    .await;
+    let started = Instant::now();
+    let (status, body) = app.post(&format!("/api/autonomous/{id}/stop"), None).await;
+    let took = started.elapsed();
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["status"], "interrupted");
+    assert!(
+        took < Duration::from_secs(5),
+        "the whole tree stopped in {took:?}"
+    );
+    let t = tree(&app, &id).await;
+    assert_eq!(t["totals"]["live"], 0, "nothing left running: {t}");
+    let deep = app.session(&deepest).await;
+    assert_eq!(deep["status"], "interrupted", "{deep}");
+    assert_eq!(deep["reason"], "user_stop");
+    // A child that ended cannot be run again on its own, and the root
+    // cannot be deleted while... it can now: the whole tree ended.
+    let (status, body) = app
+        .post(&format!("/api/autonomous/{deepest}/resume"), None)
+        .await;
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+    let res = app
+        .client
+        .delete(app.url(&format!("/api/autonomous/{id}")))
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(res.status(), StatusCode::NO_CONTENT);
+    let (status, _) = app.get(&format!("/api/autonomous/{deepest}")).await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "deleted with its tree");
+}
+
+#[tokio::test]
+async fn pause_and_resume_follow_the_tree() {
+    let db = common::TestDb::new().await;
+    let app = TestApp::spawn(db.pool.clone()).await;
+    let id = create_split(
+        &app,
+        json!([
+            { "goal": "Do part one slowly", "steps": child_steps(3, 10, 400, "one") },
+            { "goal": "Do part two slowly", "steps": child_steps(3, 10, 400, "two") }
+        ]),
+        5_000,
+    )
+    .await;
+    let children = child_ids(&app.session(&id).await);
+    for child in &children {
+        app.wait_until(child, Duration::from_secs(20), |s| s["status"] == "running")
+            .await;
+    }
+    let (status, body) = app.post(&format!("/api/autonomous/{id}/pause"), None).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    for child in &children {
+        let c = settled(&app, child, Duration::from_secs(20)).await;
+        assert_eq!(c["status"], "paused", "{c}");
+        assert_eq!(c["reason"], "user_pause");
+    }
+    // Deleting a tree that has not ended is refused.
+    let res = app
+        .client
+        .delete(app.url(&format!("/api/autonomous/{id}")))
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(res.status(), StatusCode::CONFLICT);
+
+    let (status, body) = app
+        .post(&format!("/api/autonomous/{id}/resume"), None)
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(
+        body["reason"], "waiting_for_children",
+        "it keeps waiting: {body}"
+    );
+    let parent = settled(&app, &id, Duration::from_secs(30)).await;
+    assert_eq!(parent["status"], "completed", "{parent}");
+    for child in &children {
+        assert_eq!(app.session(child).await["status"], "completed");
+    }
+}
+
+#[tokio::test]
+async fn another_tenant_sees_no_node_of_a_tree() {
+    let db = common::TestDb::new().await;
+    let app = TestApp::spawn(db.pool.clone()).await;
+    let id = create_split(
+        &app,
+        json!([{ "goal": "Do a slow part", "steps": child_steps(1, 10, 30_000, "done") }]),
+        5_000,
+    )
+    .await;
+    let child = child_ids(&app.session(&id).await).remove(0);
+    let other_key = create_key(&app.base, "other-tenant", "operator").await["secret"]
+        .as_str()
+        .expect("secret")
+        .to_string();
+    let other = client_with_key(&other_key);
+    for path in [
+        format!("/api/autonomous/{id}/tree"),
+        format!("/api/autonomous/{child}/tree"),
+        format!("/api/autonomous/{child}"),
+    ] {
+        let res = other.get(app.url(&path)).send().await.expect("sent");
+        assert_eq!(res.status(), StatusCode::NOT_FOUND, "{path}");
+    }
+    for action in ["stop", "pause", "resume"] {
+        let res = other
+            .post(app.url(&format!("/api/autonomous/{child}/{action}")))
+            .send()
+            .await
+            .expect("sent");
+        assert_eq!(res.status(), StatusCode::NOT_FOUND, "{action}");
+    }
+    let list: Value = other
+        .get(app.url("/api/autonomous"))
+        .send()
+        .await
+        .expect("sent")
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(list["items"], json!([]), "{list}");
+    assert_eq!(app.session(&child).await["status"], "running");
+    let (status, _) = app.post(&format!("/api/autonomous/{id}/stop"), None).await;
+    assert_eq!(status, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn a_model_agent_delegates_with_its_tool_and_reads_the_childs_result() {
+    let db = common::TestDb::new().await;
+    let fake = FakeLlm::start().await;
+    // The parent delegates; the child (its own session, the same model)
+    // answers; then the parent, given the result, completes.
+    fake.agent(tool_calls(
+        &[(
+            "delegate_task",
+            json!({ "goal": "Find the answer to the question", "budget_share": 0.5 }),
+        )],
+        30,
+    ))
+    .agent(tool_calls(
+        &[("task_completion", json!({ "result": "the answer is 42" }))],
+        20,
+    ))
+    .agent(tool_calls(
+        &[("task_completion", json!({ "result": "reported 42" }))],
+        20,
+    ));
+    let base = fake.base_url();
+    let app = TestApp::spawn_with(
+        db.pool.clone(),
+        config_with(&[
+            ("WARDEN_LLM_BASE_URL", base.as_str()),
+            ("WARDEN_LLM_MODEL", "fake-model"),
+        ]),
+    )
+    .await;
+    let doc = app
+        .create(json!({
+            "goal": "Answer the question with help",
+            "limits": { "max_tokens": 20_000 },
+            "executor": { "kind": "llm" }
+        }))
+        .await;
+    let id = doc["id"].as_str().expect("id").to_string();
+    let parent = settled(&app, &id, Duration::from_secs(30)).await;
+    assert_eq!(parent["status"], "completed", "{parent}");
+    let child = child_ids(&parent).remove(0);
+    let c = app.session(&child).await;
+    assert_eq!(c["status"], "completed", "{c}");
+    assert_eq!(c["goal"], "Find the answer to the question");
+    let requests = fake.agent_requests();
+    assert_eq!(requests.len(), 3);
+    let last = requests[2]["messages"].to_string();
+    assert!(
+        last.contains("Results of the tasks you delegated") && last.contains("the answer is 42"),
+        "the parent was given the child's result: {last}"
+    );
+    // The offered tools name delegation.
+    assert!(requests[0]["tools"].to_string().contains("delegate_task"));
+}
+
+#[tokio::test]
+async fn a_kill_mid_tree_loses_nothing_and_repeats_nothing() {
+    let db = common::TestDb::new().await;
+    let dir = std::env::temp_dir().join(format!("warden-tree-{}", uuid::Uuid::new_v4().simple()));
+    let warden = || {
+        let warden = if common::embedded() {
+            common::Warden::on_data_dir(&dir.join("data"))
+        } else {
+            common::Warden::at_url(&common::database_url(&db.pool))
+        };
+        warden.envs(&[
+            ("WARDEN_LEASE_TTL_MS", "2000"),
+            (
+                "WARDEN_WORKSPACE_ROOT",
+                dir.join("ws").to_str().expect("utf-8 path"),
+            ),
+        ])
+    };
+    let mut first = warden().serve().await;
+    let app = TestApp::connect(None, first.base.clone()).await;
+    let id = create_split(
+        &app,
+        json!([
+            { "goal": "Do part one", "steps": child_steps(6, 10, 300, "one") },
+            { "goal": "Do part two", "steps": child_steps(6, 10, 300, "two") }
+        ]),
+        5_000,
+    )
+    .await;
+    let children = child_ids(&app.session(&id).await);
+    common::eventually(
+        Duration::from_secs(20),
+        "both children have stepped",
+        || {
+            let app = &app;
+            let children = &children;
+            async move {
+                for child in children {
+                    if app.iterations(child).await.len() < 2 {
+                        return false;
+                    }
+                }
+                true
+            }
+        },
+    )
+    .await;
+    first.kill();
+    let restarted = warden().port(first.port()).serve().await;
+    let parent = settled(&app, &id, Duration::from_secs(90)).await;
+    assert_eq!(parent["status"], "completed", "{parent}");
+    let after = child_ids(&parent);
+    assert_eq!(after, children, "no child made twice");
+    for child in &children {
+        let c = app.session(child).await;
+        assert_eq!(c["status"], "completed", "{c}");
+        let its = app.iterations(child).await;
+        assert_eq!(its.len(), 6, "each step once");
+        common::assert_gap_free(&its);
+    }
+    assert_eq!(parent["delegation"]["tokens_spent_by_children"], 120);
+    assert_eq!(app.iterations(&id).await.len(), 1);
+    drop(restarted);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+mod delegating_agent {
+    use std::sync::{Arc, Mutex};
+
+    use axum::extract::State;
+    use axum::routing::post;
+    use axum::{Json, Router};
+    use serde_json::{Value, json};
+
+    /// An external agent that, as the parent, delegates one task and then
+    /// reports its child's result; as the child, does the task at once.
+    pub async fn start() -> (String, Arc<Mutex<Vec<Value>>>) {
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        async fn step(
+            State(seen): State<Arc<Mutex<Vec<Value>>>>,
+            Json(req): Json<Value>,
+        ) -> Json<Value> {
+            seen.lock().unwrap().push(req.clone());
+            Json(if req["goal"] == "Count the open issues" {
+                json!({ "action": "count", "tokens": 7, "output": "17 open",
+                        "signal": "done", "reason": "17 issues are open" })
+            } else if req["iteration"] == 1 {
+                json!({ "action": "plan", "tokens": 5, "output": "asking a helper",
+                        "delegate": [{ "goal": "Count the open issues", "budget_share": 0.5 }] })
+            } else {
+                let told = req["children"][0]["summary"]
+                    .as_str()
+                    .unwrap_or("")
+                    .to_string();
+                json!({ "action": "report", "tokens": 5, "output": format!("heard: {told}"),
+                        "signal": "done", "reason": format!("the helper said {told}") })
+            })
+        }
+        let app = Router::new()
+            .route("/step", post(step))
+            .with_state(seen.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/step", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        (url, seen)
+    }
+}
+
+#[tokio::test]
+async fn a_webhook_agent_delegates_in_its_answer_and_gets_the_result_in_its_next_request() {
+    let db = common::TestDb::new().await;
+    let (url, seen) = delegating_agent::start().await;
+    let app = TestApp::spawn(db.pool.clone()).await;
+    let doc = app
+        .create(json!({
+            "goal": "Report how many issues are open",
+            "limits": { "max_tokens": 1_000 },
+            "executor": { "kind": "webhook", "url": url }
+        }))
+        .await;
+    let id = doc["id"].as_str().expect("id").to_string();
+    let parent = settled(&app, &id, Duration::from_secs(30)).await;
+    assert_eq!(parent["status"], "completed", "{parent}");
+    let child = child_ids(&parent).remove(0);
+    assert_eq!(app.session(&child).await["status"], "completed");
+    let requests = seen.lock().unwrap().clone();
+    let last = requests
+        .iter()
+        .rev()
+        .find(|r| r["session_id"] == id.as_str())
+        .expect("the parent's last request");
+    assert_eq!(last["children"][0]["child_id"], child.as_str(), "{last}");
+    assert_eq!(last["children"][0]["status"], "completed");
+    assert!(
+        parent["summary"]
+            .as_str()
+            .is_some_and(|s| s.contains("17 issues")),
+        "{parent}"
+    );
+    // Half of what was left after the parent's first step (1,000 - 5).
+    assert_eq!(parent["children"][0]["budget_tokens"], 497);
+}

@@ -589,7 +589,8 @@ test("a parent's page shows its tree of child sessions live; a child links back;
   assert.ok(await page.isVisible("#tree-section"));
   const childIds = await page.$$eval("#tree li li", (items) => items.map((li) => li.dataset.id));
   const childGoals = await page.$$eval("#tree li li .node-goal", (links) => links.map((a) => a.textContent));
-  assert.deepEqual(childGoals, [child("api").goal, child("ui").goal], "the children, oldest first");
+  // Made in one request, the two share a creation time: their order is not asserted.
+  assert.deepEqual(childGoals.toSorted(), [child("api").goal, child("ui").goal]);
   assert.equal(await page.getAttribute("#tree > li", "data-id"), parent.id, "the parent is the tree's root");
   assert.ok(await page.isHidden("#parent-line"), "a root is part of no other session");
   // While they run the parent waits for them, and says so in words.
@@ -619,7 +620,7 @@ test("a parent's page shows its tree of child sessions live; a child links back;
   await page.click(`${node(childIds[0])} a.node-goal`);
   await page.waitForURL(new RegExp(`#/s/${childIds[0]}$`));
   await page.waitForFunction(() => document.querySelector("#status")?.textContent === "completed");
-  assert.equal(await page.textContent("#goal-text"), child("api").goal);
+  assert.equal(await page.textContent("#goal-text"), childGoals[0]);
   await page.waitForFunction((goal) => document.querySelector("#parent-link")?.textContent === goal, parent.goal);
   assert.equal(await page.getAttribute("#parent-link", "href"), `#/s/${parent.id}`);
   await page.waitForSelector(`${node(childIds[0])} .node.self`);
@@ -671,5 +672,32 @@ test("a parent's page shows its tree of child sessions live; a child links back;
   await phone.screenshot({ path: shots + "20-phone-tree.png", fullPage: true });
   await phone.close();
   assert.deepEqual(errors, []);
+  assert.deepEqual(pageErrors, []);
+});
+
+test("the create form splits a goal into subgoals, each a child session shown in the tree", async () => {
+  const tag = "split" + Date.now().toString(36);
+  await page.goto(`${baseUrl}/#/new`);
+  await page.waitForSelector("#create-form");
+  await page.fill("#goal", `Write the ${tag} handbook into handbook.md`);
+  await page.selectOption("#executor-kind", "scripted");
+  // One quick step: the children run it too (they have no script of their own).
+  const steps = page.locator("#steps-editor .step");
+  while ((await steps.count()) > 1) await steps.nth(1).locator(".st-remove").click();
+  await steps.nth(0).locator(".st-action").fill("write");
+  await steps.nth(0).locator(".st-tokens").fill("10");
+  await steps.nth(0).locator(".st-output").fill("<<WARDEN_GOAL_DONE: written>>");
+  await steps.nth(0).locator(".st-delay").fill("");
+  const goals = [`Write the ${tag} introduction into intro.md`, `Write the ${tag} glossary into glossary.md`];
+  await page.fill("#subgoals-input", `${goals[0]}\n\n  ${goals[1]}  \n`);
+  await page.click("#create-btn");
+  await page.waitForURL(/#\/s\/[0-9a-f-]{36}$/);
+  const id = page.url().split("/s/")[1];
+  await page.waitForFunction(() => document.querySelectorAll("#tree li li").length === 2, null, { timeout: 15_000 });
+  const shownGoals = await page.$$eval("#tree li li .node-goal", (links) => links.map((a) => a.textContent));
+  assert.deepEqual(shownGoals.toSorted(), goals.toSorted(), "one child a line, trimmed, blank lines skipped");
+  await page.waitForFunction(() => document.querySelector("#status")?.textContent === "completed", null, { timeout: 30_000 });
+  const s = await (await fetch(`${baseUrl}/api/autonomous/${id}`, { headers: { authorization: `Bearer ${key}` } })).json();
+  assert.deepEqual(s.children.map((c) => [c.goal, c.status]).toSorted(), goals.toSorted().map((g) => [g, "completed"]));
   assert.deepEqual(pageErrors, []);
 });

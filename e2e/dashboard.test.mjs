@@ -4,7 +4,7 @@
 // long step tick; filter the list by deep link; create from the form's
 // fields; open an iteration, the decisions, the timeline, the charts and
 // "why it ended"; read it all on a phone; see a worker session wait for its
-// worker.
+// worker; follow a parent's tree of child sessions.
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
 import { mkdirSync } from "node:fs";
@@ -561,4 +561,143 @@ test("a call waiting for approval shows in the inbox and is approved, edited, fr
   } finally {
     agent.close();
   }
+});
+
+test("a parent's page shows its tree of child sessions live; a child links back; the list can hide children", async () => {
+  const tag = "tree" + Date.now().toString(36);
+  // Two children, each a short script of its own; the parent's own step runs once both ended.
+  const child = (what) => ({
+    goal: `Draft the ${what} section of the ${tag} notes`,
+    steps: [
+      { action: `draft_${what}`, tokens: 20, output: `drafted the ${what} section`, delay_ms: 4000 },
+      { action: "report", tokens: 5, output: `${what} section drafted\n<<WARDEN_GOAL_DONE: ok>>` },
+    ],
+  });
+  const parent = await createSession({
+    goal: `Write the ${tag} release notes`,
+    subgoals: [child("api"), child("ui")],
+    executor: {
+      kind: "scripted",
+      steps: [{ action: "merge", tokens: 10, output: "merged the sections\n<<WARDEN_GOAL_DONE: all done>>" }],
+    },
+  });
+  const node = (id) => `#tree li[data-id="${id}"]`;
+
+  await page.goto(`${baseUrl}/#/s/${parent.id}`);
+  // Both children show in the tree, under the parent, with their goals.
+  await page.waitForFunction(() => document.querySelectorAll("#tree li li").length === 2, null, { timeout: 15_000 });
+  assert.ok(await page.isVisible("#tree-section"));
+  const childIds = await page.$$eval("#tree li li", (items) => items.map((li) => li.dataset.id));
+  const childGoals = await page.$$eval("#tree li li .node-goal", (links) => links.map((a) => a.textContent));
+  // Made in one request, the two share a creation time: their order is not asserted.
+  assert.deepEqual(childGoals.toSorted(), [child("api").goal, child("ui").goal]);
+  assert.equal(await page.getAttribute("#tree > li", "data-id"), parent.id, "the parent is the tree's root");
+  assert.ok(await page.isHidden("#parent-line"), "a root is part of no other session");
+  // While they run the parent waits for them, and says so in words.
+  await page.waitForFunction(() => document.querySelector("#reason")?.textContent === "Waiting for its delegated tasks");
+  assert.equal(await page.textContent("#status"), "paused");
+  assert.equal(await page.textContent(`${node(parent.id)} > .node .node-reason`), "Waiting for its delegated tasks");
+  assert.ok(await page.isHidden("#why-ended"), "a parent waiting for its children has not ended");
+  await page.screenshot({ path: shots + "17-tree-running.png", fullPage: true });
+
+  // They complete, the tree follows without a reload, and the parent then runs its own step to the end.
+  await page.waitForFunction(
+    (ids) => ids.every((id) => document.querySelector(`#tree li[data-id="${id}"]`)?.dataset.status === "completed"),
+    childIds,
+    { timeout: 30_000 },
+  );
+  await page.waitForFunction(() => document.querySelector("#status")?.textContent === "completed", null, { timeout: 30_000 });
+  await page.waitForFunction((id) => document.querySelector(`#tree li[data-id="${id}"]`)?.dataset.status === "completed", parent.id);
+  for (const id of childIds) {
+    assert.equal(await page.textContent(`${node(id)} .node-progress`), "100% done");
+    assert.match((await page.textContent(`${node(id)} .node-tokens`)) ?? "", /^25 of \d+ tokens/);
+  }
+  assert.match((await page.textContent("#tree-totals")) ?? "", /^3 sessions · 0 live/);
+  assert.match((await page.textContent("#summary")) ?? "", /all done/);
+  await page.screenshot({ path: shots + "18-tree-completed.png", fullPage: true });
+
+  // A child's node opens its page, which says whose part it is and links back.
+  await page.click(`${node(childIds[0])} a.node-goal`);
+  await page.waitForURL(new RegExp(`#/s/${childIds[0]}$`));
+  await page.waitForFunction(() => document.querySelector("#status")?.textContent === "completed");
+  assert.equal(await page.textContent("#goal-text"), childGoals[0]);
+  await page.waitForFunction((goal) => document.querySelector("#parent-link")?.textContent === goal, parent.goal);
+  assert.equal(await page.getAttribute("#parent-link", "href"), `#/s/${parent.id}`);
+  await page.waitForSelector(`${node(childIds[0])} .node.self`);
+  await page.click("#parent-link");
+  await page.waitForURL(new RegExp(`#/s/${parent.id}$`));
+  await page.waitForFunction(() => document.querySelectorAll("#tree li li").length === 2);
+
+  // The timeline names the delegations and their ends.
+  await page.goto(`${baseUrl}/#/s/${parent.id}/timeline`);
+  await page.waitForSelector('#timeline tr[data-kind="child_ended"]');
+  const kinds = await page.$$eval("#timeline tr[data-kind]", (rows) => rows.map((r) => r.dataset.kind));
+  assert.equal(kinds.filter((k) => k === "child_delegated").length, 2, `two delegations: ${kinds}`);
+  assert.equal(kinds.filter((k) => k === "child_ended").length, 2, `two ends: ${kinds}`);
+
+  // The list marks the children; "Top-level only" hides them, by deep link too.
+  await page.goto(`${baseUrl}/#/?q=${tag}`);
+  await page.waitForFunction(() => document.querySelectorAll("#sessions tr[data-id]").length === 3);
+  for (const id of childIds) {
+    await page.waitForFunction(
+      ([cid, goal]) => document.querySelector(`#sessions tr[data-id="${cid}"] .child-of a`)?.textContent === goal,
+      [id, parent.goal],
+    );
+  }
+  assert.equal(await page.$(`#sessions tr[data-id="${parent.id}"] .child-of`), null, "the parent is nobody's child");
+  assert.ok(!(await page.isChecked("#f-root")));
+  await page.check("#f-root");
+  await page.waitForURL(/root_only=true/);
+  assert.match(page.url(), new RegExp(`q=${tag}`), "the toggle keeps the other filters");
+  await page.waitForFunction((id) => {
+    const rows = [...document.querySelectorAll("#sessions tr[data-id]")];
+    return rows.length === 1 && rows[0].dataset.id === id;
+  }, parent.id);
+  await page.screenshot({ path: shots + "19-list-top-level.png", fullPage: true });
+  await page.goto(`${baseUrl}/#/?q=${tag}&root_only=true`);
+  await page.waitForSelector(`#sessions tr[data-id="${parent.id}"]`);
+  assert.ok(await page.isChecked("#f-root"), "the toggle shows the URL's filter");
+  assert.deepEqual(await page.$$eval("#sessions tr[data-id]", (rows) => rows.map((r) => r.dataset.id)), [parent.id]);
+
+  // The tree reads on a phone without sideways scrolling.
+  const phone = await browser.newPage({ viewport: { width: 390, height: 844 }, isMobile: true, hasTouch: true });
+  const errors = [];
+  phone.on("pageerror", (err) => errors.push(err.message));
+  await phone.goto(baseUrl + "/");
+  await phone.evaluate((k) => sessionStorage.setItem("warden.key", k), key);
+  await phone.goto(`${baseUrl}/#/s/${parent.id}`);
+  await phone.waitForFunction(() => document.querySelectorAll("#tree li li").length === 2);
+  const width = await phone.evaluate(() => document.documentElement.scrollWidth);
+  assert.ok(width <= 392, `the tree fits the phone (${width} px)`);
+  await phone.screenshot({ path: shots + "20-phone-tree.png", fullPage: true });
+  await phone.close();
+  assert.deepEqual(errors, []);
+  assert.deepEqual(pageErrors, []);
+});
+
+test("the create form splits a goal into subgoals, each a child session shown in the tree", async () => {
+  const tag = "split" + Date.now().toString(36);
+  await page.goto(`${baseUrl}/#/new`);
+  await page.waitForSelector("#create-form");
+  await page.fill("#goal", `Write the ${tag} handbook into handbook.md`);
+  await page.selectOption("#executor-kind", "scripted");
+  // One quick step: the children run it too (they have no script of their own).
+  const steps = page.locator("#steps-editor .step");
+  while ((await steps.count()) > 1) await steps.nth(1).locator(".st-remove").click();
+  await steps.nth(0).locator(".st-action").fill("write");
+  await steps.nth(0).locator(".st-tokens").fill("10");
+  await steps.nth(0).locator(".st-output").fill("<<WARDEN_GOAL_DONE: written>>");
+  await steps.nth(0).locator(".st-delay").fill("");
+  const goals = [`Write the ${tag} introduction into intro.md`, `Write the ${tag} glossary into glossary.md`];
+  await page.fill("#subgoals-input", `${goals[0]}\n\n  ${goals[1]}  \n`);
+  await page.click("#create-btn");
+  await page.waitForURL(/#\/s\/[0-9a-f-]{36}$/);
+  const id = page.url().split("/s/")[1];
+  await page.waitForFunction(() => document.querySelectorAll("#tree li li").length === 2, null, { timeout: 15_000 });
+  const shownGoals = await page.$$eval("#tree li li .node-goal", (links) => links.map((a) => a.textContent));
+  assert.deepEqual(shownGoals.toSorted(), goals.toSorted(), "one child a line, trimmed, blank lines skipped");
+  await page.waitForFunction(() => document.querySelector("#status")?.textContent === "completed", null, { timeout: 30_000 });
+  const s = await (await fetch(`${baseUrl}/api/autonomous/${id}`, { headers: { authorization: `Bearer ${key}` } })).json();
+  assert.deepEqual(s.children.map((c) => [c.goal, c.status]).toSorted(), goals.toSorted().map((g) => [g, "completed"]));
+  assert.deepEqual(pageErrors, []);
 });

@@ -5,6 +5,13 @@ const base = "/api/autonomous";
 const $ = (sel, root = document) => root.querySelector(sel);
 const esc = (s) => String(s ?? "").replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" }[c]));
 const ENDED = ["completed", "stopped", "interrupted", "failed", "paused"];
+/** Reasons that read better as words; any other shows as its code. */
+const REASON_TEXT = { waiting_for_children: "Waiting for its delegated tasks" };
+const reasonText = (reason) => (reason ? REASON_TEXT[reason] || reason : "");
+/** Paused only until its children end, then it runs on by itself: the page keeps following it. */
+const waitsForChildren = (s) => s.status === "paused" && s.reason === "waiting_for_children";
+/** Whether nothing more happens to the session without someone acting. */
+const isOver = (s) => ENDED.includes(s.status) && !waitsForChildren(s);
 let stream = null;
 
 /* ---------- the API key: asked once, kept in sessionStorage, never in a URL ---------- */
@@ -134,9 +141,36 @@ function percentOf(s) {
   return Math.min(100, Math.max(0, Math.round(raw)));
 }
 
+/* Goals of parent sessions, by id, as read for "child of …" (a goal never changes but by refinement; a stale one is harmless). */
+const parentGoals = new Map();
+/* Parents whose goal was asked for (read, in flight or failed): each is asked once. */
+const parentsAsked = new Set();
+
+/** A parent's goal, shortened, or its id's start until the goal is read. */
+function parentLabel(parentId) {
+  const goal = parentGoals.get(parentId);
+  return goal ? (goal.length > 60 ? goal.slice(0, 59) + "…" : goal) : parentId.slice(0, 8) + "…";
+}
+
+/** "child of <parent's goal>", a link to the parent. */
+function childOf(parentId) {
+  if (!parentId) return "";
+  return `<span class="muted child-of">child of <a href="#/s/${esc(parentId)}" data-parent="${esc(parentId)}">${esc(parentLabel(parentId))}</a></span>`;
+}
+
+/** Reads the goals of the parents linked under `root` that are not known yet, and writes them into every link to them. */
+async function resolveParents(root = document) {
+  const ids = [...new Set([...root.querySelectorAll("a[data-parent]")].map((a) => a.dataset.parent))].filter((id) => !parentsAsked.has(id));
+  ids.forEach((id) => parentsAsked.add(id));
+  await Promise.all(ids.map(async (id) => {
+    try { parentGoals.set(id, (await api(`/${id}`)).goal); } catch (_) { return; }
+    for (const a of document.querySelectorAll(`a[data-parent="${id}"]`)) { a.textContent = parentLabel(id); a.title = parentGoals.get(id); }
+  }));
+}
+
 function sessionRow(s) {
   const label = s.status === "queued" && s.queue_position ? `queued #${s.queue_position}` : s.status;
-  return `<td><span class="badge s-${esc(s.status)}">${esc(label)}</span></td><td><a class="sess-link" href="#/s/${esc(s.id)}">${esc(s.goal)}</a></td>
+  return `<td><span class="badge s-${esc(s.status)}">${esc(label)}</span></td><td><a class="sess-link" href="#/s/${esc(s.id)}">${esc(s.goal)}</a>${childOf(s.parent_id)}</td>
     <td><div class="bar bar-cell"><div></div></div></td><td>${s.iterations}</td><td class="hide-narrow">${s.tokens_used}</td>
     <td class="muted hide-narrow">${new Date(s.created_at).toLocaleString()}</td>`;
 }
@@ -144,6 +178,7 @@ function sessionRow(s) {
 /** Whether a session passes the list's filters (for sessions the live stream brings in). */
 function passes(s, f) {
   if (f.get("status") && s.status !== f.get("status")) return false;
+  if (f.get("root_only") === "true" && s.parent_id) return false;
   if (f.get("mode") && s.mode !== f.get("mode")) return false;
   if (f.get("executor") && (s.executor || {}).kind !== f.get("executor")) return false;
   if (f.get("q") && !s.goal.toLowerCase().includes(f.get("q").toLowerCase())) return false;
@@ -164,9 +199,10 @@ function upsertRow(s, prepend) {
   tr.dataset.status = s.status;
   tr.innerHTML = sessionRow(s);
   setBar(tr.querySelector(".bar > div"), percentOf(s));
+  if (s.parent_id && !parentsAsked.has(s.parent_id)) resolveParents(tr);
 }
 
-const FILTER_KEYS = ["status", "mode", "executor", "q", "created_from", "created_before", "sort", "order"];
+const FILTER_KEYS = ["status", "mode", "executor", "q", "created_from", "created_before", "sort", "order", "root_only"];
 /** The list's URL for these filters (and paging). */
 function listHash(params) {
   const p = new URLSearchParams();
@@ -201,12 +237,16 @@ async function showList(query, focusCreate) {
   $("#f-before").value = toLocal(filters.get("created_before"));
   $("#f-sort").value = filters.get("sort") || "created";
   $("#f-order").value = filters.get("order") || "desc";
+  $("#f-root").checked = filters.get("root_only") === "true";
   $("#filter-form").onsubmit = (e) => {
     e.preventDefault();
     location.hash = listHash([["status", $("#f-status").value], ["mode", $("#f-mode").value], ["executor", $("#f-executor").value],
       ["q", $("#f-q").value.trim()], ["created_from", toIso($("#f-from").value)], ["created_before", toIso($("#f-before").value)],
-      ["sort", $("#f-sort").value === "created" ? "" : $("#f-sort").value], ["order", $("#f-order").value === "desc" ? "" : $("#f-order").value]]);
+      ["sort", $("#f-sort").value === "created" ? "" : $("#f-sort").value], ["order", $("#f-order").value === "desc" ? "" : $("#f-order").value],
+      ["root_only", $("#f-root").checked ? "true" : ""]]);
   };
+  // A toggle acts at once, keeping whatever else the form says.
+  $("#f-root").onchange = () => $("#filter-form").requestSubmit();
   // Cursor pages: `cursor` is this page's start; `prev` the earlier starts, so Previous walks back.
   const cursor = query.get("cursor") || "";
   const prev = (query.get("prev") || "").split(",").filter(Boolean);
@@ -329,6 +369,7 @@ function setupCreateForm() {
       if ($("#mode").value) body.mode = $("#mode").value;
       if (lines("#criteria-input").length) body.success_criteria = lines("#criteria-input");
       if (lines("#milestones-input").length) body.milestones = lines("#milestones-input");
+      if (lines("#subgoals-input").length) body.subgoals = lines("#subgoals-input");
       const s = await api("", { method: "POST", body: JSON.stringify(body) });
       location.hash = "#/s/" + s.id;
     } catch (err) { say("#create-error", err); }
@@ -414,7 +455,9 @@ function renderSession(s) {
   current = s;
   $("#status").textContent = s.status === "queued" && s.queue_position ? `queued (#${s.queue_position} in the queue)` : s.status;
   $("#status").className = "badge s-" + s.status;
-  $("#reason").textContent = s.reason ? s.reason : "";
+  $("#reason").textContent = reasonText(s.reason);
+  $("#reason").dataset.reason = s.reason || "";
+  renderParentLine(s);
   $("#goal-text").textContent = s.goal;
   $("#summary").textContent = s.summary || s.question || "";
   const pct = percentOf(s);
@@ -631,7 +674,7 @@ function resumePlan(s) {
 function renderWhyEnded(s) {
   const box = $("#why-ended");
   if (!box) return;
-  const ended = ENDED.includes(s.status);
+  const ended = isOver(s);
   box.hidden = !ended;
   if (!ended) return;
   $("#why-reason").innerHTML = `It ended <b>${esc(s.status)}</b> because of <code>${esc(s.reason || "—")}</code>` +
@@ -690,14 +733,19 @@ const TAB_VIEWS = { overview: showOverview, iterations: showOverview, decisions:
 async function showSession(id, tab, focusIteration) {
   const app = $("#app");
   app.replaceChildren($("#session-view").content.cloneNode(true));
-  live = null; current = null; destroyCharts();
+  live = null; current = null; tree = { id: null, live: 0, html: "" }; destroyCharts();
   if (shown.id !== id) shown = { id, iterations: [], events: [] };
   for (const a of document.querySelectorAll("#tabs a")) {
     a.href = `#/s/${id}` + (a.dataset.tab === "overview" ? "" : "/" + a.dataset.tab);
     if (a.dataset.tab === tab || (tab === "iterations" && a.dataset.tab === "iterations")) a.setAttribute("aria-current", "page");
   }
-  let refreshTimer = null;
+  let refreshTimer = null, treeTimer = null;
   const refresh = async () => { try { renderSession(await api(`/${id}`)); } catch (err) { say("#control-error", err); } };
+  // A delegation is news even before the status read says the session has children.
+  const treeSoon = (delegated) => {
+    if (!delegated && !(current && hasTree(current))) return;
+    if (!treeTimer) treeTimer = setTimeout(() => { treeTimer = null; loadTree(id); }, 150);
+  };
   const soon = () => { if (!refreshTimer) refreshTimer = setTimeout(() => { refreshTimer = null; refresh(); }, 150); };
   const follow = (after) => {
     closeStream();
@@ -714,7 +762,11 @@ async function showSession(id, tab, focusIteration) {
         appendIteration(shown.iterations[shown.iterations.length - 1], id);
         soon();
       } else if (ev.kind === "reflection") { loadReflections(id).catch(() => {}); soon(); }
-      else if (ev.kind === "status_changed") { refresh(); if (ENDED.includes(ev.data.to)) closeStream(); }
+      else if (ev.kind === "status_changed") {
+        refresh(); treeSoon();
+        // A parent paused for its children runs on by itself when they end: keep listening.
+        if (ENDED.includes(ev.data.to) && ev.data.reason !== "waiting_for_children") closeStream();
+      } else if (TREE_KINDS.includes(ev.kind)) { soon(); treeSoon(true); }
       else if (DECISION_KINDS.includes(ev.kind) || ["checkpoint_saved", "limits_changed", "goal_refined", "cycle_started", "agent_signal", "approval_requested", "approval_decided"].includes(ev.kind)) soon();
     });
   };
@@ -724,7 +776,8 @@ async function showSession(id, tab, focusIteration) {
       const s = await api(`/${id}/${path}`, { method: "POST", body: body ? JSON.stringify(body) : undefined });
       renderSession(s);
       loadActor(id, s.last_event_seq).catch(() => {});
-      if (s.status === "running") follow(s.last_event_seq);
+      treeSoon();
+      if (!isOver(s)) follow(s.last_event_seq);
     } catch (err) { say("#control-error", err); }
   };
   $("#stop-btn").onclick = () => control("stop");
@@ -741,7 +794,8 @@ async function showSession(id, tab, focusIteration) {
     await TAB_VIEWS[tab](id, focusIteration);
     renderSession(s);
     await loadActor(id, s.last_event_seq);
-    if (!ENDED.includes(s.status)) follow(Math.max(s.last_event_seq, ...events.map((e) => e.seq)));
+    if (!isOver(s)) follow(Math.max(s.last_event_seq, ...events.map((e) => e.seq)));
+    if (hasTree(s) || events.some((e) => TREE_KINDS.includes(e.kind))) await loadTree(id);
   } catch (err) { say("#control-error", err); }
   // A step in flight logs nothing: re-read now and then so a step that
   // started after the last event shows (from the owner's memory, cheap).
@@ -749,7 +803,84 @@ async function showSession(id, tab, focusIteration) {
   const poll = setInterval(() => {
     if (!$("#status") || location.hash !== shownHash) { clearInterval(poll); return; }
     if (live) refresh();
+    // Children's steps are on their own streams: the tree is read again while any of it runs.
+    if (tree.id === id && tree.live > 0) loadTree(id);
   }, 3000);
+}
+/** Events on a parent's or child's stream that change the tree. */
+const TREE_KINDS = ["child_delegated", "child_ended", "delegated_by"];
+
+/* ---------- the session tree: the session, the sessions it delegated to, theirs ---------- */
+/* The tree last drawn: whose, how many of its sessions were live, and its markup (redrawn only when it changes, so a click is never lost to a redraw). */
+let tree = { id: null, live: 0, html: "" };
+/* Reads of the tree started; only the latest one's answer is drawn. */
+let treeReads = 0;
+/** Whether the session is part of a tree: it has a parent or children. */
+const hasTree = (s) => !!s.parent_id || (s.children || []).length > 0;
+
+/** "Part of <parent's goal>" under the title of a child session. */
+function renderParentLine(s) {
+  const line = $("#parent-line");
+  if (!line) return;
+  line.hidden = !s.parent_id;
+  if (!s.parent_id) return;
+  const a = $("#parent-link");
+  a.href = `#/s/${s.parent_id}`;
+  a.dataset.parent = s.parent_id;
+  a.textContent = parentLabel(s.parent_id);
+  if (!parentsAsked.has(s.parent_id)) resolveParents(line);
+}
+
+/** Statuses after which a child never runs again (its unspent budget went back to its parent). */
+const FINISHED = ["completed", "stopped", "interrupted", "failed"];
+
+/** A node's whole token budget: what its parent gave it; for the top of the
+ *  tree, its limit now plus what its children hold or spent of it (its
+ *  `max_tokens` shrinks by a child's budget and gets back what it did not spend). */
+function tokenBudget(n) {
+  if (n.budget_tokens != null) return n.budget_tokens;
+  return (n.children || []).reduce((sum, c) => sum + (FINISHED.includes(c.status) ? Math.min(c.subtree_tokens_used, c.budget_tokens) : c.budget_tokens), n.max_tokens);
+}
+
+/** One node of the tree and, nested, its children: status, goal (a link to its page), reason, progress, tokens against its budget. */
+function treeNode(n, selfId) {
+  const self = n.id === selfId;
+  const budget = tokenBudget(n);
+  const used = n.subtree_tokens_used ?? n.tokens_used;
+  const pct = budget ? Math.min(100, Math.round((100 * used) / budget)) : 0;
+  const goal = self ? `<b class="node-goal" aria-current="page">${esc(n.goal)}</b>` : `<a class="node-goal" href="#/s/${esc(n.id)}">${esc(n.goal)}</a>`;
+  const reason = reasonText(n.reason);
+  const kids = n.children || [];
+  return `<li data-id="${esc(n.id)}" data-status="${esc(n.status)}"><div class="node${self ? " self" : ""}">
+    <div class="node-head"><span class="badge s-${esc(n.status)}">${esc(n.status)}</span>${goal}</div>
+    <div class="row node-facts">${reason ? `<span class="muted node-reason">${esc(reason)}</span>` : ""}
+      <span class="node-progress">${percentOf(n)}% done</span>
+      <span class="bar tokens-bar" title="${pct}% of its token budget"><span data-pct="${pct}"></span></span>
+      <span class="muted node-tokens">${used} of ${budget ?? "—"} tokens${kids.length && used !== n.tokens_used ? ` (${n.tokens_used} its own)` : ""}</span></div>
+    ${n.summary && ENDED.includes(n.status) && !self ? `<p class="muted node-summary">${esc(n.summary.length > 200 ? n.summary.slice(0, 199) + "…" : n.summary)}</p>` : ""}
+  </div>${kids.length ? `<ul>${kids.map((c) => treeNode(c, selfId)).join("")}</ul>` : ""}</li>`;
+}
+
+/** Reads the session's tree and draws it, shown when the session has a parent or children. */
+async function loadTree(id) {
+  if (!$("#tree-section") || shown.id !== id) return;
+  const read = ++treeReads;
+  let t;
+  try { t = await api(`/${id}/tree`); } catch (err) { say("#tree-error", err); return; }
+  const section = $("#tree-section");
+  if (!section || shown.id !== id || read !== treeReads) return;
+  $("#tree-error").textContent = "";
+  const root = t.node;
+  section.hidden = !root.parent_id && !(root.children || []).length;
+  const totals = t.totals;
+  $("#tree-totals").textContent = `${totals.sessions} session${totals.sessions === 1 ? "" : "s"} · ${totals.live} live · ${totals.tokens_used} tokens · ${totals.iterations} iterations`;
+  const html = treeNode(root, id);
+  if (tree.id !== id || tree.html !== html) {
+    $("#tree").innerHTML = html;
+    // Widths from JS: the CSP allows no inline style attribute.
+    for (const fill of document.querySelectorAll("#tree .tokens-bar > span")) setBar(fill, Number(fill.dataset.pct));
+  }
+  tree = { id, live: totals.live, html };
 }
 const DECISION_KINDS = ["gate_decision", "stuck_detected", "guardrail_tripped"];
 
@@ -863,6 +994,9 @@ function eventWhat(e) {
     case "checkpoint_saved": return `after iteration ${d.iteration} (${esc(d.reason)})`;
     case "reflection": return `#${d.number} after iteration ${d.after_iteration}` + (d.ok && d.assessment ? `: ${esc(d.assessment.percent_complete)}%` : "");
     case "session_created": return esc(d.goal);
+    case "child_delegated": return `delegated <a href="#/s/${esc(d.child_id)}">${esc(d.goal)}</a>: ${d.budget_tokens} tokens, ${d.budget_iterations} iterations${d.wait ? ", waits for it" : ""}`;
+    case "child_ended": return `<a href="#/s/${esc(d.child_id)}">${esc(d.goal)}</a> ended <b>${esc(d.status)}</b>${d.reason ? ` (${esc(d.reason)})` : ""}: ${d.tokens_used} tokens used, ${d.tokens_returned} returned`;
+    case "delegated_by": return `delegated by <a href="#/s/${esc(d.parent_id)}">its parent</a> (${esc(d.call)})`;
     default: return `<code>${esc(JSON.stringify(d).slice(0, 160))}</code>`;
   }
 }

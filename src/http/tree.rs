@@ -170,7 +170,7 @@ mod tests {
             summary: None,
             tokens_used: tokens,
             iterations: 1,
-            limits: crate::policy::guardrails::tests::roomy(),
+            limits: sqlx::types::Json(crate::policy::guardrails::tests::roomy()),
             budget_tokens: parent.map(|_| 100),
             percent_complete: None,
             created_at: Utc::now(),

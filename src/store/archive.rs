@@ -87,8 +87,8 @@ pub struct ImportRows {
 }
 
 impl Store {
-    /// Up to `limit` ended sessions, oldest end first, whose end (or import)
-    /// is older than their tenant's retention, or the server's
+    /// Up to `limit` ended sessions without children left, oldest end
+    /// first, whose end (or import) is older than their tenant's retention, or the server's
     /// (`server_keep`, `None`: forever). Serves every tenant: the pruner's
     /// own work, scoped by each row's tenant from here on.
     pub async fn ended_sessions_due(
@@ -103,6 +103,9 @@ impl Store {
                FROM sessions s LEFT JOIN tenant_retention r ON r.tenant = s.tenant
                WHERE s.ended_at IS NOT NULL
                  AND s.status IN ('completed', 'stopped', 'interrupted', 'failed')
+                 -- Children first: a parent's delete takes its children with
+                 -- it, so it waits until they are archived and gone.
+                 AND NOT EXISTS (SELECT 1 FROM sessions c WHERE c.parent_id = s.id)
                  AND greatest(s.ended_at, s.imported_at) < now() - make_interval(secs =>
                        CASE WHEN r.tenant IS NULL THEN $1::float8 ELSE r.retention_seconds::float8 END)
                ORDER BY s.ended_at, s.id

@@ -103,7 +103,7 @@ pub struct TreeRow {
     /// Its own iterations.
     pub iterations: i64,
     /// Its limits now.
-    pub limits: Limits,
+    pub limits: Json<Limits>,
     /// Tokens carved out of its parent for it.
     pub budget_tokens: Option<i64>,
     /// Progress estimate.
@@ -445,7 +445,8 @@ impl Store {
 
     /// The direct children of `id`, oldest first, if `scope` reaches it.
     pub async fn children_of(&self, id: Uuid, scope: &TenantScope) -> Result<Vec<TreeRow>> {
-        let rows = sqlx::query!(
+        let rows = sqlx::query_as!(
+            TreeRow,
             r#"SELECT c.id, c.parent_id, cardinality(c.lineage) AS "depth!", c.goal,
                       c.status AS "status: Status", c.reason AS "reason: Reason", c.summary,
                       c.tokens_used, c.iterations, c.limits AS "limits: Json<Limits>",
@@ -458,25 +459,7 @@ impl Store {
         )
         .fetch_all(&self.pool)
         .await?;
-        Ok(rows
-            .into_iter()
-            .map(|r| TreeRow {
-                id: r.id,
-                parent_id: r.parent_id,
-                depth: r.depth,
-                goal: r.goal,
-                status: r.status,
-                reason: r.reason,
-                summary: r.summary,
-                tokens_used: r.tokens_used,
-                iterations: r.iterations,
-                limits: r.limits.0,
-                budget_tokens: r.budget_tokens,
-                percent_complete: r.percent_complete,
-                created_at: r.created_at,
-                ended_at: r.ended_at,
-            })
-            .collect())
+        Ok(rows)
     }
 
     /// Live descendants of `id` by level (see [`live_descendants`]).
@@ -511,7 +494,8 @@ impl Store {
     /// The session `id` and every descendant of it, if `scope` reaches it:
     /// the session first, then by depth and creation.
     pub async fn tree(&self, id: Uuid, scope: &TenantScope) -> Result<Vec<TreeRow>> {
-        let rows = sqlx::query!(
+        let rows = sqlx::query_as!(
+            TreeRow,
             r#"SELECT d.id AS "id!", d.parent_id, cardinality(d.lineage) AS "depth!", d.goal AS "goal!",
                       d.status AS "status!: Status", d.reason AS "reason: Reason", d.summary,
                       d.tokens_used AS "tokens_used!", d.iterations AS "iterations!",
@@ -525,25 +509,7 @@ impl Store {
         )
         .fetch_all(&self.pool)
         .await?;
-        Ok(rows
-            .into_iter()
-            .map(|r| TreeRow {
-                id: r.id,
-                parent_id: r.parent_id,
-                depth: r.depth,
-                goal: r.goal,
-                status: r.status,
-                reason: r.reason,
-                summary: r.summary,
-                tokens_used: r.tokens_used,
-                iterations: r.iterations,
-                limits: r.limits.0,
-                budget_tokens: r.budget_tokens,
-                percent_complete: r.percent_complete,
-                created_at: r.created_at,
-                ended_at: r.ended_at,
-            })
-            .collect())
+        Ok(rows)
     }
 
     /// Live children whose parent has ended (a stop that did not reach

@@ -208,13 +208,10 @@ pub fn dir_of(base: &Path, session_id: Uuid) -> PathBuf {
 pub fn base_for(root: &Path, lineage: &[Uuid]) -> PathBuf {
     let mut base = root.to_path_buf();
     for ancestor in lineage {
-        base = dir_of(&base, *ancestor).join(DELEGATED_DIR);
+        base = dir_of(&base, *ancestor).join(crate::policy::delegation::DELEGATED_DIR);
     }
     base
 }
-
-/// The folder of a workspace its children's workspaces live in.
-pub const DELEGATED_DIR: &str = "delegated";
 
 impl Workspace {
     /// Opens (creating it) the workspace of `session_id` under `base`.
@@ -441,6 +438,25 @@ impl Workspace {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_childs_workspace_is_inside_its_parents() {
+        let root = Path::new("/ws");
+        let (a, b) = (Uuid::from_u128(1), Uuid::from_u128(2));
+        assert_eq!(base_for(root, &[]), PathBuf::from("/ws"));
+        assert_eq!(
+            base_for(root, &[a]),
+            root.join(a.to_string()).join("delegated")
+        );
+        assert_eq!(
+            dir_of(&base_for(root, &[a, b]), Uuid::from_u128(3)),
+            root.join(a.to_string())
+                .join("delegated")
+                .join(b.to_string())
+                .join("delegated")
+                .join(Uuid::from_u128(3).to_string())
+        );
+    }
 
     fn workspace() -> (tempdir::Dir, Workspace) {
         let dir = tempdir::Dir::new();

@@ -18,6 +18,9 @@ pub const DEFAULT_MAX_CHILDREN: u32 = 8;
 pub const TREE_LIMIT_RANGE: std::ops::RangeInclusive<u32> = 1..=64;
 /// Longest goal of a delegated task, in characters (the create request's limit).
 pub const MAX_CHILD_GOAL_CHARS: usize = 10_000;
+/// The folder of a workspace its children's workspaces live in: a child
+/// works in `delegated/<child id>/` of its parent's.
+pub const DELEGATED_DIR: &str = "delegated";
 /// Fewest tokens a child may be given: less could not pay for one answer.
 pub const MIN_CHILD_TOKENS: u64 = 100;
 

@@ -17,8 +17,8 @@ use super::{Result, Store, StoreError, TenantScope};
 use crate::event::SessionEvent;
 use crate::policy::checklist::ChecklistItem;
 use crate::policy::delegation::{
-    self, ChildBudget, ChildReport, ChildRequest, DelegationRefused, ParentBudget, Shortfall,
-    TreeLimits,
+    self, ChildBudget, ChildReport, ChildRequest, DELEGATED_DIR, DelegationRefused, ParentBudget,
+    Shortfall, TreeLimits,
 };
 use crate::policy::guardrails::Limits;
 use crate::policy::lifecycle::{Reason, Status};
@@ -265,6 +265,9 @@ async fn carve_from_parent(
     Ok(())
 }
 
+/// Most files of one child named in its report.
+const MAX_REPORTED_FILES: usize = 50;
+
 fn count(n: i64) -> u64 {
     u64::try_from(n).unwrap_or(0)
 }
@@ -313,6 +316,28 @@ pub async fn take_reports(
     )
     .fetch_one(&mut *conn)
     .await?;
+    // What each wrote, as the parent sees it: inside its own workspace.
+    let ids: Vec<Uuid> = rows.iter().map(|r| r.id).collect();
+    let written = sqlx::query!(
+        r#"SELECT DISTINCT i.session_id, f ->> 'path' AS "path!"
+           FROM iterations i
+           CROSS JOIN LATERAL json_array_elements(
+               CASE WHEN json_typeof(i.record -> 'files_written') = 'array'
+                    THEN i.record -> 'files_written' ELSE '[]'::json END) f
+           WHERE i.session_id = ANY($1) AND f ->> 'path' IS NOT NULL
+           ORDER BY 1, 2"#,
+        &ids,
+    )
+    .fetch_all(&mut *conn)
+    .await?;
+    let files_of = |child: Uuid| -> Vec<String> {
+        written
+            .iter()
+            .filter(|w| w.session_id == child)
+            .take(MAX_REPORTED_FILES)
+            .map(|w| format!("{DELEGATED_DIR}/{child}/{}", w.path))
+            .collect()
+    };
     let reports = rows
         .into_iter()
         .map(|r| ChildReport {
@@ -328,7 +353,7 @@ pub async fn take_reports(
                 .filter(|c| c.done)
                 .map(|c| c.text)
                 .collect(),
-            files: Vec::new(),
+            files: files_of(r.id),
             tokens_used: count(r.spent),
         })
         .collect();

@@ -482,7 +482,17 @@ async fn a_model_agent_delegates_with_its_tool_and_reads_the_childs_result() {
         30,
     ))
     .agent(tool_calls(
-        &[("task_completion", json!({ "result": "the answer is 42" }))],
+        &[(
+            "write_file",
+            json!({ "path": "answer.md", "content": "42" }),
+        )],
+        20,
+    ))
+    .agent(tool_calls(
+        &[(
+            "task_completion",
+            json!({ "result": "the answer is 42", "deliverables": ["answer.md"] }),
+        )],
         20,
     ))
     .agent(tool_calls(
@@ -490,11 +500,13 @@ async fn a_model_agent_delegates_with_its_tool_and_reads_the_childs_result() {
         20,
     ));
     let base = fake.base_url();
+    let ws = std::env::temp_dir().join(format!("warden-tree-ws-{}", uuid::Uuid::new_v4().simple()));
     let app = TestApp::spawn_with(
         db.pool.clone(),
         config_with(&[
             ("WARDEN_LLM_BASE_URL", base.as_str()),
             ("WARDEN_LLM_MODEL", "fake-model"),
+            ("WARDEN_WORKSPACE_ROOT", ws.to_str().expect("utf-8 path")),
         ]),
     )
     .await;
@@ -513,12 +525,28 @@ async fn a_model_agent_delegates_with_its_tool_and_reads_the_childs_result() {
     assert_eq!(c["status"], "completed", "{c}");
     assert_eq!(c["goal"], "Find the answer to the question");
     let requests = fake.agent_requests();
-    assert_eq!(requests.len(), 3);
-    let last = requests[2]["messages"].to_string();
+    assert_eq!(requests.len(), 4);
+    let last = requests[3]["messages"].to_string();
     assert!(
         last.contains("Results of the tasks you delegated") && last.contains("the answer is 42"),
         "the parent was given the child's result: {last}"
     );
+    // The child worked inside the parent's workspace, and the parent was
+    // told where its file is.
+    assert!(
+        last.contains(&format!("delegated/{child}/answer.md")),
+        "{last}"
+    );
+    let written = ws
+        .join(&id)
+        .join("delegated")
+        .join(&child)
+        .join("answer.md");
+    assert_eq!(
+        std::fs::read_to_string(&written).expect("the child's file"),
+        "42"
+    );
+    let _ = std::fs::remove_dir_all(&ws);
     // The offered tools name delegation.
     assert!(requests[0]["tools"].to_string().contains("delegate_task"));
 }

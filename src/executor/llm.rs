@@ -1167,10 +1167,6 @@ impl LlmExecutor {
             context_overflow,
             cycle_change,
             model_latency: Some(called.elapsed()),
-            delegated: calls
-                .iter()
-                .take(executed)
-                .any(|c| c.function.name == "delegate_task"),
         })))
     }
 }

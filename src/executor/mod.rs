@@ -98,8 +98,6 @@ pub struct StepOutput {
     pub cycle_change: Option<CycleChange>,
     /// Time spent waiting for the model, when a model was called.
     pub model_latency: Option<std::time::Duration>,
-    /// The step delegated tasks to child sessions.
-    pub delegated: bool,
 }
 
 /// A new context cycle: its number and the memory carried into it.
@@ -133,7 +131,6 @@ impl StepOutput {
             context_overflow: false,
             cycle_change: None,
             model_latency: None,
-            delegated: false,
         }
     }
 }

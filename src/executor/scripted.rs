@@ -326,7 +326,6 @@ impl Executor for ScriptedExecutor {
             }
             let mut output = StepOutput::simple(step.action.to_string(), step.output.to_string());
             output.observation = observation;
-            output.delegated = !step.delegate.is_empty();
             if signal.is_some() {
                 // The step's own text may not end the session past its children.
                 output.signal = signal;

@@ -306,7 +306,6 @@ pub(super) async fn external_step(
         if let StepResult::Step(out) = &mut result
             && !made.is_empty()
         {
-            out.delegated = true;
             out.observation = format!("{}\ndelegated to {}", out.observation, made.join(", "));
             if waits
                 && out

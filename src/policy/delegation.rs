@@ -353,31 +353,6 @@ fn short(goal: &str) -> String {
     }
 }
 
-/// Splits a goal of the shape "X and Y and Z" (or "X, Y and Z") into its
-/// parts, when it has at least two and each is a phrase of a few words;
-/// `None` when it does not read as a list of separate tasks.
-pub fn split_goal(goal: &str) -> Option<Vec<String>> {
-    let goal = goal.trim().trim_end_matches('.');
-    let mut parts: Vec<String> = Vec::new();
-    for chunk in goal.split(" and ").flat_map(|c| c.split(", ")) {
-        let part = chunk.trim().trim_start_matches("and ").trim();
-        if part.is_empty() {
-            return None;
-        }
-        parts.push(part.to_string());
-    }
-    let words = |p: &String| p.split_whitespace().count();
-    if parts.len() < 2 || parts.len() > DEFAULT_MAX_CHILDREN as usize {
-        return None;
-    }
-    // "salt and pepper" is not two tasks: each part must read as one (a
-    // verb and its object, two words at the least).
-    if parts.iter().any(|p| words(p) < 2) {
-        return None;
-    }
-    Some(parts)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -715,28 +690,5 @@ mod tests {
         ] {
             assert!(text.contains(needle), "{needle} in {text}");
         }
-    }
-
-    #[test]
-    fn list_goals_split_and_others_do_not() {
-        assert_eq!(
-            split_goal("Build feature X and write tests and update docs"),
-            Some(vec![
-                "Build feature X".to_string(),
-                "write tests".to_string(),
-                "update docs".to_string()
-            ])
-        );
-        assert_eq!(
-            split_goal("write the parser, add tests and update the docs."),
-            Some(vec![
-                "write the parser".to_string(),
-                "add tests".to_string(),
-                "update the docs".to_string()
-            ])
-        );
-        assert_eq!(split_goal("make salt and pepper"), None);
-        assert_eq!(split_goal("write a haiku"), None);
-        assert_eq!(split_goal("a and b"), None);
     }
 }

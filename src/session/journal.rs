@@ -236,8 +236,9 @@ pub struct StoreChildDesk {
     store: Store,
     lease: Lease,
     tree: TreeLimits,
-    /// Wakes this replica's queue claim, so a child starts at once.
-    wake: Arc<dyn Fn() + Send + Sync>,
+    /// Called when a child was made: the runner reads its children's ends
+    /// from then on, and this replica's queue claim starts the child at once.
+    on_delegated: Arc<dyn Fn() + Send + Sync>,
 }
 
 impl StoreChildDesk {
@@ -246,13 +247,13 @@ impl StoreChildDesk {
         store: Store,
         lease: Lease,
         tree: TreeLimits,
-        wake: Arc<dyn Fn() + Send + Sync>,
+        on_delegated: Arc<dyn Fn() + Send + Sync>,
     ) -> StoreChildDesk {
         StoreChildDesk {
             store,
             lease,
             tree,
-            wake,
+            on_delegated,
         }
     }
 }
@@ -284,7 +285,7 @@ impl ChildDesk for StoreChildDesk {
                     DelegateError::Store(err) => format!("the child could not be stored: {err}"),
                 })?;
             if !made.existed {
-                (self.wake)();
+                (self.on_delegated)();
             }
             Ok(ChildTicket {
                 child_id: made.child_id,

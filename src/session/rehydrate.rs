@@ -82,7 +82,7 @@ pub async fn build_executor(
     session: &Session,
     lease: Lease,
     mcp: &Arc<crate::mcp::McpRegistry>,
-    wake: Arc<dyn Fn() + Send + Sync>,
+    on_delegated: Arc<dyn Fn() + Send + Sync>,
 ) -> Result<Box<dyn Executor>> {
     let mut stored = session.executor.clone();
     let query_sealed = stored
@@ -154,7 +154,7 @@ pub async fn build_executor(
             store.clone(),
             lease,
             TreeLimits::default(),
-            wake,
+            on_delegated,
         )),
         lineage: session.lineage.clone(),
         cycle: u32::try_from(session.cycle).unwrap_or(1),

@@ -3,7 +3,7 @@
 //! owner died, and relays stop/pause requests that reached other replicas.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, Instant};
 
@@ -281,14 +281,21 @@ impl Supervisor {
             ));
         }
         let config = &self.inner.config;
-        let capacity = self.inner.capacity.clone();
+        let has_children = Arc::new(AtomicBool::new(session.children_count > 0));
+        let on_delegated = {
+            let (has_children, capacity) = (has_children.clone(), self.inner.capacity.clone());
+            Arc::new(move || {
+                has_children.store(true, Ordering::SeqCst);
+                capacity.freed.notify_one();
+            })
+        };
         let executor = match build_executor(
             &self.inner.store,
             config,
             session,
             lease,
             &self.inner.mcp,
-            Arc::new(move || capacity.freed.notify_one()),
+            on_delegated,
         )
         .await
         {
@@ -350,7 +357,7 @@ impl Supervisor {
             model_calls: self.inner.model_calls.clone(),
             metrics: self.inner.metrics.clone(),
             view: view.clone(),
-            has_children: session.children_count > 0,
+            has_children,
         });
         let (done_tx, done_rx) = watch::channel(false);
         self.forget(lease.session_id);

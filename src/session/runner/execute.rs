@@ -2,6 +2,7 @@
 //! left; what the executor answered becomes a [`StepOutcome`] to commit, or
 //! an end when it could not run at all.
 
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
@@ -54,7 +55,7 @@ impl<S: LoopStore> Runner<S> {
         let Gated { step, decision } = gated;
         // Children that ended since the step before are given to this one;
         // when every one of them failed, a person decides.
-        let children = if self.has_children {
+        let children = if self.has_children.load(Ordering::SeqCst) {
             let (reports, live) = self.store.child_reports(&self.lease, step).await?;
             if live == 0
                 && let ParentNext::Blocked(why) = delegation::after_children(&reports)
@@ -121,9 +122,6 @@ impl<S: LoopStore> Runner<S> {
             }
         };
         let outcome = unanswered(decision, step, started_at, executor_time, sanitized);
-        if answer.as_ref().is_ok_and(|out| out.delegated) {
-            self.has_children = true;
-        }
         let outcome = match answer {
             Ok(out) => self.took(outcome, out),
             Err(ExecutorError::Failed {

@@ -105,8 +105,9 @@ pub struct RunnerDeps<S = Store> {
     pub metrics: Arc<Metrics>,
     /// The status this replica serves from memory, kept to what is committed.
     pub view: Arc<LiveView>,
-    /// The session has children (their ends are read before each step).
-    pub has_children: bool,
+    /// The session has children (their ends are read before each step);
+    /// set by the desk that makes them, whatever became of the step.
+    pub has_children: Arc<AtomicBool>,
 }
 
 /// Everything a runner needs to drive one session.
@@ -133,7 +134,7 @@ pub struct Runner<S = Store> {
     /// The step whose throttle cooldown has been served.
     throttled_step: Option<u64>,
     /// The session has children: their ends are read before each step.
-    has_children: bool,
+    has_children: Arc<AtomicBool>,
 }
 
 /// What a step of the loop tells the loop.

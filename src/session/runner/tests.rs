@@ -236,7 +236,7 @@ fn runner(limits: Limits) -> (Runner<FakeStore>, FakeStore, Arc<AtomicUsize>) {
         model_calls: Arc::new(crate::ratelimit::TenantLimiter::new(0)),
         metrics: Arc::new(Metrics::default()),
         view: Arc::default(),
-        has_children: false,
+        has_children: Arc::default(),
     });
     (runner, store, calls)
 }

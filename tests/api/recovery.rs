@@ -196,11 +196,20 @@ async fn a_stop_sent_to_another_instance_reaches_the_owner() {
 async fn a_live_owner_keeps_its_sessions_when_another_instance_starts() {
     let db = crate::common::TestDb::new().await;
     let pool = db.pool.clone();
-    let owner = TestApp::spawn(pool.clone()).await;
+    // This test is about ownership, not fast recovery: leases long enough
+    // that a heartbeat delayed by a loaded machine (two cores running the
+    // whole suite) is not mistaken for a dead owner.
+    let patient = || {
+        crate::common::config_with(&[
+            ("WARDEN_LEASE_TTL_MS", "15000"),
+            ("WARDEN_HEARTBEAT_INTERVAL_MS", "500"),
+        ])
+    };
+    let owner = TestApp::spawn_with(pool.clone(), patient()).await;
     let id = owner
         .create_scripted(distinct_steps(30, 10, 50), json!({}))
         .await;
-    let _second = TestApp::spawn(pool).await;
+    let _second = TestApp::spawn_with(pool, patient()).await;
     let s = owner.wait_settled(&id).await;
     assert_eq!(s["reason"], "executor_exhausted");
     let events = owner.events(&id).await;

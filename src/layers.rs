@@ -40,7 +40,6 @@ const SESSION: &[(&str, u8)] = &[
     ("planner", 0),
     ("reflector", 0),
     ("retention", 0),
-    ("state", 0),
     ("persist", 0),
     ("storable", 1),
     ("archive", 1),

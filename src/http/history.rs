@@ -19,12 +19,13 @@ use super::event_stream;
 use super::extract::{ApiQuery, SessionId};
 use super::paging::{DEFAULT_PAGE_LIMIT, MAX_PAGE_LIMIT, Paging, fill_page, page_limit};
 use super::views::{
-    AfterPage, CheckpointPage, DecisionQuery, EventPage, HistoryPageQuery, IterationPage,
-    RefinementList, ReflectionPage, TaskList, excerpt_strings, json_weight,
+    AfterPage, CheckpointPage, CheckpointView, DecisionQuery, EventPage, HistoryPageQuery,
+    IterationPage, IterationView, RefinementList, ReflectionPage, TaskList, excerpt_strings,
+    json_weight,
 };
 use crate::auth::Principal;
 use crate::session::{LoggedEvent, SessionReads};
-use crate::store::{CheckpointRecord, IterationRecord, ReflectionRecord, TenantScope};
+use crate::store::{ReflectionRecord, TenantScope};
 
 /// The history routes, relative to `/api/autonomous`.
 pub fn router() -> Router<AppState> {
@@ -122,6 +123,15 @@ async fn ensure_exists(state: &AppState, id: Uuid, scope: &TenantScope) -> ApiRe
     Ok(())
 }
 
+/// Typed rows as the views the page shapes. Writing a row that was read
+/// from its type back as JSON does not fail; if it ever did, it is our fault.
+fn as_views<R, V: TryFrom<R, Error = serde_json::Error>>(rows: Vec<R>) -> ApiResult<Vec<V>> {
+    rows.into_iter()
+        .map(V::try_from)
+        .collect::<Result<_, _>>()
+        .map_err(|e| ApiError::internal(&e))
+}
+
 /// Rows read at a time while a page of large rows fills up to its byte
 /// budget: what is held beyond the page itself.
 const LARGE_ROWS_BATCH: i64 = 25;
@@ -131,22 +141,23 @@ struct Iterations;
 
 impl History for Iterations {
     type Query = HistoryPageQuery;
-    type Row = IterationRecord;
+    type Row = IterationView;
     type Page = IterationPage;
     const BATCH: Option<i64> = Some(LARGE_ROWS_BATCH);
 
-    async fn read(at: PageRead<'_, HistoryPageQuery>) -> ApiResult<Vec<IterationRecord>> {
-        Ok(at
+    async fn read(at: PageRead<'_, HistoryPageQuery>) -> ApiResult<Vec<IterationView>> {
+        let rows = at
             .reads
             .iterations(at.id, at.scope, at.after, at.limit)
-            .await?)
+            .await?;
+        as_views(rows)
     }
 
-    fn number(row: &IterationRecord) -> i64 {
+    fn number(row: &IterationView) -> i64 {
         row.number
     }
 
-    fn weigh(row: &mut IterationRecord, query: &HistoryPageQuery) -> usize {
+    fn weigh(row: &mut IterationView, query: &HistoryPageQuery) -> usize {
         if !query.full.unwrap_or(false) {
             excerpt_strings(&mut row.record);
             excerpt_strings(&mut row.effects);
@@ -154,11 +165,8 @@ impl History for Iterations {
         json_weight(&row.record) + json_weight(&row.effects) + 256
     }
 
-    fn page(rows: Vec<IterationRecord>, next_after: Option<i64>) -> IterationPage {
-        IterationPage {
-            items: rows.into_iter().map(Into::into).collect(),
-            next_after,
-        }
+    fn page(items: Vec<IterationView>, next_after: Option<i64>) -> IterationPage {
+        IterationPage { items, next_after }
     }
 }
 
@@ -188,33 +196,31 @@ struct Checkpoints;
 
 impl History for Checkpoints {
     type Query = HistoryPageQuery;
-    type Row = CheckpointRecord;
+    type Row = CheckpointView;
     type Page = CheckpointPage;
     const BATCH: Option<i64> = Some(LARGE_ROWS_BATCH);
 
-    async fn read(at: PageRead<'_, HistoryPageQuery>) -> ApiResult<Vec<CheckpointRecord>> {
-        Ok(at
+    async fn read(at: PageRead<'_, HistoryPageQuery>) -> ApiResult<Vec<CheckpointView>> {
+        let rows = at
             .reads
             .checkpoints(at.id, at.scope, at.after, at.limit)
-            .await?)
+            .await?;
+        as_views(rows)
     }
 
-    fn number(row: &CheckpointRecord) -> i64 {
+    fn number(row: &CheckpointView) -> i64 {
         row.id
     }
 
-    fn weigh(row: &mut CheckpointRecord, query: &HistoryPageQuery) -> usize {
+    fn weigh(row: &mut CheckpointView, query: &HistoryPageQuery) -> usize {
         if !query.full.unwrap_or(false) {
             excerpt_strings(&mut row.state);
         }
         json_weight(&row.state) + 256
     }
 
-    fn page(rows: Vec<CheckpointRecord>, next_after: Option<i64>) -> CheckpointPage {
-        CheckpointPage {
-            items: rows.into_iter().map(Into::into).collect(),
-            next_after,
-        }
+    fn page(items: Vec<CheckpointView>, next_after: Option<i64>) -> CheckpointPage {
+        CheckpointPage { items, next_after }
     }
 }
 

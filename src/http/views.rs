@@ -12,7 +12,9 @@ use crate::policy::eta::{self, EtaBasis};
 use crate::policy::excerpt;
 use crate::policy::guardrails::Limits;
 use crate::policy::lifecycle::{Action, Mode, Reason, Status, allowed_actions};
+use crate::policy::loop_state::AppliedReflection;
 use crate::policy::projection::{self, ProgressSample};
+use crate::policy::reflection::Assessment;
 use crate::session::LoggedEvent;
 use crate::session::live::StepInFlight;
 use crate::store::{CheckpointRecord, IterationRecord, ReflectionSummary, Session};
@@ -480,20 +482,24 @@ pub struct IterationView {
     pub finished_at: DateTime<Utc>,
 }
 
-impl From<IterationRecord> for IterationView {
-    fn from(i: IterationRecord) -> IterationView {
-        IterationView {
+/// The typed record as a JSON tree, which the page shortens in place
+/// (`excerpt_strings`) unless the caller asks for it in full.
+impl TryFrom<IterationRecord> for IterationView {
+    type Error = serde_json::Error;
+
+    fn try_from(i: IterationRecord) -> Result<IterationView, serde_json::Error> {
+        Ok(IterationView {
             number: i.number,
             run: i.run,
             action: i.action,
             outcome: i.outcome,
             tokens: i.tokens,
             duration_ms: i.duration_ms,
-            record: i.record,
-            effects: i.effects,
+            record: serde_json::to_value(i.record.0)?,
+            effects: serde_json::to_value(i.effects.0)?,
             started_at: i.started_at,
             finished_at: i.finished_at,
-        }
+        })
     }
 }
 
@@ -522,15 +528,18 @@ pub struct CheckpointView {
     pub created_at: DateTime<Utc>,
 }
 
-impl From<CheckpointRecord> for CheckpointView {
-    fn from(c: CheckpointRecord) -> CheckpointView {
-        CheckpointView {
+/// As for iterations: the typed state as a JSON tree the page may shorten.
+impl TryFrom<CheckpointRecord> for CheckpointView {
+    type Error = serde_json::Error;
+
+    fn try_from(c: CheckpointRecord) -> Result<CheckpointView, serde_json::Error> {
+        Ok(CheckpointView {
             id: c.id,
             iteration: c.iteration,
             reason: c.reason,
-            state: c.state,
+            state: serde_json::to_value(c.state.0)?,
             created_at: c.created_at,
-        }
+        })
     }
 }
 
@@ -787,12 +796,12 @@ pub struct ReflectionView {
     pub ok: bool,
     /// The validated assessment (goal_achieved, progress, percent_complete, …).
     #[schema(value_type = Option<Object>)]
-    pub assessment: Option<serde_json::Value>,
+    pub assessment: Option<Assessment>,
     /// Why the reflection failed, when it did.
     pub error: Option<String>,
     /// What the loop did: verdict and reflection state after it.
     #[schema(value_type = Object)]
-    pub decision: serde_json::Value,
+    pub decision: AppliedReflection,
     /// Iterations until the next reflection (5 when stuck, 20 when progress is good).
     pub next_interval: i32,
     /// Tokens it used.
@@ -810,9 +819,9 @@ impl From<crate::store::ReflectionRecord> for ReflectionView {
             after_iteration: r.after_iteration,
             trigger: r.trigger,
             ok: r.ok,
-            assessment: r.assessment,
+            assessment: r.assessment.map(|a| a.0),
             error: r.error,
-            decision: r.decision,
+            decision: r.decision.0,
             next_interval: r.next_interval,
             tokens: r.tokens,
             raw: r.raw,

@@ -15,6 +15,7 @@ pub mod gate;
 pub mod guardrails;
 pub mod history;
 pub mod lifecycle;
+pub mod loop_state;
 pub mod projection;
 pub mod reflection;
 pub mod retention;

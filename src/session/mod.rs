@@ -22,7 +22,6 @@ pub mod rehydrate;
 pub mod retention;
 pub mod runner;
 pub mod service;
-pub mod state;
 pub mod storable;
 mod supervisor;
 pub mod tree;

@@ -9,14 +9,13 @@ use uuid::Uuid;
 
 use super::error::{Result, ServiceError};
 use super::journal::{StoreApprovalDesk, StoreChildDesk, StoreJournal, StoreTaskQueue};
-use super::state::{AppliedReflection, LoopState, StepEffects};
 use crate::config::Config;
 use crate::executor::{
     ApiKey, Executor, ExecutorDeps, ExecutorSpec, SEALED_QUERY_MARKER, UrlQuery,
 };
 use crate::llm::Message;
 use crate::policy::delegation::TreeLimits;
-use crate::policy::history::StepRecord;
+use crate::policy::loop_state::LoopState;
 use crate::secrets::{API_KEY, URL_QUERY};
 use crate::store::{self, Lease, RebuildInputs, Session, Store, StoreError, TenantScope};
 
@@ -29,7 +28,7 @@ pub async fn load_for_run(store: &Store, id: Uuid) -> Result<(Session, LoopState
         .await?
         .ok_or(ServiceError::NotFound(id))?;
     let inputs = store.rebuild_inputs(id).await?;
-    let state = replay(&session, inputs)?;
+    let state = replay(&session, inputs);
     Ok((session, state))
 }
 
@@ -39,31 +38,35 @@ pub async fn load_for_run(store: &Store, id: Uuid) -> Result<(Session, LoopState
 /// pool with a handful of concurrent stops (issue 13, defect 1).
 pub async fn rebuild_locked(conn: &mut PgConnection, session: &Session) -> Result<LoopState> {
     let inputs = store::rebuild_inputs_on(conn, session.id).await?;
-    Ok(replay(session, inputs)?)
+    Ok(replay(session, inputs))
+}
+
+/// The state a session starts with: its checklists, its context cycle,
+/// and the tokens already spent on refining it.
+pub fn initial_state(session: &Session) -> LoopState {
+    let mut state = LoopState::new(session.limits.reflection_interval);
+    state.criteria = session.criteria.0.clone();
+    state.milestones = session.milestones.0.clone();
+    state.usage.tokens = session.refinement_tokens.max(0) as u64;
+    state.cycle = u32::try_from(session.cycle).unwrap_or(1).max(1);
+    state
 }
 
 /// Rebuilds the loop state of `session` from what `inputs` holds: its latest
 /// checkpoint plus the iterations (and reflections) committed after it.
-pub fn replay(session: &Session, inputs: RebuildInputs) -> Result<LoopState, StoreError> {
-    let id = session.id;
-    let corrupt = |detail: String| StoreError::Corrupt { id, detail };
+/// The rows come typed from the store (a row that does not read as its type
+/// is refused there, as corrupt), so the fold itself cannot fail.
+pub fn replay(session: &Session, inputs: RebuildInputs) -> LoopState {
     let mut state = match inputs.checkpoint {
-        Some(c) => serde_json::from_value::<LoopState>(c.state)
-            .map_err(|e| corrupt(format!("checkpoint {}: {e}", c.id)))?,
-        None => LoopState::for_session(session),
+        Some(c) => c.state.0,
+        None => initial_state(session),
     };
     let mut reflections = inputs.reflections.into_iter().peekable();
     for it in inputs.iterations {
-        let record: StepRecord = serde_json::from_value(it.record)
-            .map_err(|e| corrupt(format!("iteration {}: {e}", it.number)))?;
-        let effects: StepEffects = serde_json::from_value(it.effects)
-            .map_err(|e| corrupt(format!("iteration {} effects: {e}", it.number)))?;
-        state.apply(it.run, &record, &effects);
+        state.apply(it.run, &it.record, &it.effects);
         // Reflections replay right after the iteration they followed.
         while let Some(r) = reflections.next_if(|r| r.after_iteration <= it.number) {
-            let applied: AppliedReflection = serde_json::from_value(r.decision)
-                .map_err(|e| corrupt(format!("reflection {}: {e}", r.number)))?;
-            state.apply_reflection(&applied);
+            state.apply_reflection(&r.decision);
         }
     }
     // A newer run than the state knows means a person resumed after the
@@ -71,7 +74,7 @@ pub fn replay(session: &Session, inputs: RebuildInputs) -> Result<LoopState, Sto
     if session.run > state.run {
         state.begin_run(session.run);
     }
-    Ok(state)
+    state
 }
 
 /// Builds the executor of a session whose lease this replica holds,

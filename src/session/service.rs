@@ -18,7 +18,6 @@ use super::persist::{self, FirstRefinement};
 use super::planner;
 use super::reads::SessionReads;
 use super::rehydrate::rebuild_locked;
-use super::state::LoopState;
 use super::supervisor::{Done, Slot, Supervisor};
 use crate::config::Config;
 use crate::event::{RefinementProposal, SessionEvent};
@@ -31,6 +30,7 @@ use crate::policy::delegation::ChildRequest;
 use crate::policy::fleet::{self, OwnerWatch};
 use crate::policy::guardrails::{self, Breach, Limits, LimitsPatch};
 use crate::policy::lifecycle::{self, Action, Mode, PausePlan, Reason, Status, StopPlan};
+use crate::policy::loop_state::LoopState;
 use crate::policy::retention::TenantRetention;
 use crate::policy::termination::{self, Facts};
 use crate::store::{
@@ -454,7 +454,7 @@ impl SessionService {
                     lease,
                     acquired,
                     &record,
-                    LoopState::for_session(&record),
+                    super::rehydrate::initial_state(&record),
                 )
                 .await
         {

@@ -19,13 +19,13 @@ use super::live::{LiveView, StepInFlight, Velocity};
 use super::reflector::Reflector;
 use super::rehydrate::{build_executor, load_for_run};
 use super::runner::{Control, Exit, Runner, RunnerDeps};
-use super::state::LoopState;
 use crate::config::Config;
 use crate::event::SessionEvent;
 use crate::llm::LlmClient;
 use crate::metrics::Metrics;
 use crate::policy::fleet::{self, FleetLoad};
 use crate::policy::lifecycle::Reason;
+use crate::policy::loop_state::LoopState;
 use crate::policy::termination::{self, Facts};
 use crate::secrets::{self, ForeignSeal, SecretsError};
 use crate::store::{

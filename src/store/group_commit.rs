@@ -334,74 +334,90 @@ fn distinct_sessions(group: &[(PendingCommit, Reply)]) -> bool {
 /// One iteration in one statement: the fenced update of the session row
 /// feeds both inserts, which insert nothing when the lease was lost. Kept
 /// apart from `commit_many` on purpose: for a single row the grouped
-/// statement's arrays made one session about a third slower (warden-bench).
+/// statement's arrays made one session about a third slower (warden-bench);
+/// here each column is one scalar parameter, named once as `commit_many`'s are.
 async fn commit_one<'e>(db: impl PgExecutor<'e>, p: &PendingCommit) -> Result<ControlFlags> {
-    let kinds: Vec<&str> = p.events.iter().map(|e| e.kind).collect();
-    let data: Vec<&str> = p.events.iter().map(|e| e.data.as_str()).collect();
-    let (next_cycle, memory) = match &p.iteration.next_cycle {
-        Some((cycle, memory)) => (Some(*cycle), Some(memory.as_str())),
-        None => (None, None),
-    };
+    let event_kinds: Vec<&str> = p.events.iter().map(|e| e.kind).collect();
+    let event_data: Vec<&str> = p.events.iter().map(|e| e.data.as_str()).collect();
     let it = &p.iteration;
     // An interval checkpoint rides in the same statement: one WAL flush.
     // JSON goes in as text into `json` columns: validated and stored as
     // sent, never parsed into `jsonb` (migrations/0008_lighter_commits.sql).
-    let flags = sqlx::query_as!(
-        ControlRow,
-        r#"WITH s AS (
-             UPDATE sessions SET last_event_seq = last_event_seq + cardinality($3::text[]),
-                    updated_at = now(), iterations = $5, tokens_used = $6, tool_calls = $7,
-                    consecutive_errors = $8, elapsed_ms = $9, percent_complete = $10,
-                    eta_seconds = $11, reflection_tokens = $12, agent_tokens = $6::bigint - $12::bigint,
-                    guidance = NULL, cycle = COALESCE($13, cycle), memory = COALESCE($14, memory),
-                    last_checkpoint_iteration = CASE WHEN $28::text IS NULL
-                                                     THEN last_checkpoint_iteration ELSE $15 END
-             WHERE id = $1 AND lease_token = $2 AND status IS NOT DISTINCT FROM $27
-             RETURNING last_event_seq, stop_requested, pause_requested, mode, limits, updated_at
-         ), i AS (
+    let flags = columns_statement!(query_as(ControlRow)
+        "WITH i AS (SELECT "
+        one {
+            id: Uuid = "$1::uuid AS id" <- p.lease.session_id,
+            token: Uuid = "$2::uuid AS token" <- p.lease.token,
+            kinds: &[&str] = "$3::text[] AS kinds" <- &event_kinds,
+            data: &[&str] = "$4::text[] AS data" <- &event_data,
+            iterations: i64 = "$5::bigint AS iterations" <- p.counters.iterations,
+            tokens_used: i64 = "$6::bigint AS tokens_used" <- p.counters.tokens_used,
+            tool_calls: i64 = "$7::bigint AS tool_calls" <- p.counters.tool_calls,
+            consecutive_errors: i32 = "$8::int AS consecutive_errors"
+                <- p.counters.consecutive_errors,
+            elapsed_ms: i64 = "$9::bigint AS elapsed_ms" <- p.counters.elapsed_ms,
+            percent: Option<f64> = "$10::float8 AS percent" <- p.progress.0,
+            eta: Option<f64> = "$11::float8 AS eta" <- p.progress.1,
+            reflection_tokens: i64 = "$12::bigint AS reflection_tokens"
+                <- p.counters.reflection_tokens,
+            next_cycle: Option<i32> = "$13::int AS next_cycle"
+                <- it.next_cycle.as_ref().map(|(n, _)| *n),
+            memory: Option<&str> = "$14::text AS memory"
+                <- it.next_cycle.as_ref().map(|(_, m)| m.as_str()),
+            number: i64 = "$15::bigint AS number" <- it.number,
+            run: i32 = "$16::int AS run" <- it.run,
+            action: &str = "$17::text AS action" <- it.action.as_str(),
+            outcome: &str = "$18::text AS outcome" <- it.outcome,
+            tokens: i64 = "$19::bigint AS tokens" <- it.tokens,
+            duration_ms: i64 = "$20::bigint AS duration_ms" <- it.duration_ms,
+            record: &str = "$21::text AS record" <- it.record.as_str(),
+            effects: &str = "$22::text AS effects" <- it.effects.as_str(),
+            started_at: DateTime<Utc> = "$23::timestamptz AS started_at" <- it.started_at,
+            finished_at: DateTime<Utc> = "$24::timestamptz AS finished_at" <- it.finished_at,
+            transcript: Option<&str> = "$25::text AS transcript"
+                <- it.transcript.as_ref().map(JsonText::as_str),
+            cycle: i32 = "$26::int AS cycle" <- it.cycle,
+            checkpoint: Option<&str> = "$27::text AS checkpoint"
+                <- it.checkpoint.as_ref().map(JsonText::as_str),
+            // The fence: the status a running session's row must still have.
+            status: &str = "$28::text AS status" <- Status::Running.as_str(),
+        }
+        r#"), s AS (
+             UPDATE sessions SET last_event_seq = sessions.last_event_seq + cardinality(i.kinds),
+                    updated_at = now(), iterations = i.iterations, tokens_used = i.tokens_used,
+                    tool_calls = i.tool_calls, consecutive_errors = i.consecutive_errors,
+                    elapsed_ms = i.elapsed_ms, percent_complete = i.percent, eta_seconds = i.eta,
+                    reflection_tokens = i.reflection_tokens,
+                    agent_tokens = i.tokens_used - i.reflection_tokens, guidance = NULL,
+                    cycle = COALESCE(i.next_cycle, sessions.cycle),
+                    memory = COALESCE(i.memory, sessions.memory),
+                    last_checkpoint_iteration = CASE WHEN i.checkpoint IS NULL
+                                                     THEN sessions.last_checkpoint_iteration
+                                                     ELSE i.number END
+             FROM i
+             WHERE sessions.id = i.id AND sessions.lease_token = i.token
+                   AND sessions.status IS NOT DISTINCT FROM i.status
+             RETURNING sessions.last_event_seq, sessions.stop_requested, sessions.pause_requested,
+                       sessions.mode, sessions.limits, sessions.updated_at
+         ), it AS (
              INSERT INTO iterations (session_id, number, run, action, outcome, tokens, duration_ms,
                                      record, effects, started_at, finished_at, transcript, cycle)
-             SELECT $1, $15, $16, $17, $18, $19, $20, $21::text::json, $22::text::json, $23, $24,
-                    $25::text::json, $26 FROM s
-         ), c AS (
+             SELECT i.id, i.number, i.run, i.action, i.outcome, i.tokens, i.duration_ms,
+                    i.record::json, i.effects::json, i.started_at, i.finished_at,
+                    i.transcript::json, i.cycle
+             FROM i, s
+         ), cp AS (
              INSERT INTO checkpoints (session_id, iteration, reason, state)
-             SELECT $1, $15, 'interval', $28::text::json FROM s WHERE $28::text IS NOT NULL
-         ), e AS (
+             SELECT i.id, i.number, 'interval', i.checkpoint::json
+             FROM i, s WHERE i.checkpoint IS NOT NULL
+         ), ev AS (
              INSERT INTO events (session_id, seq, kind, data)
-             SELECT $1, s.last_event_seq - cardinality($3::text[]) + t.ord, t.kind, t.data::json
-             FROM s, UNNEST($3::text[], $4::text[]) WITH ORDINALITY AS t(kind, data, ord)
+             SELECT i.id, s.last_event_seq - cardinality(i.kinds) + t.ord, t.kind, t.data::json
+             FROM i, s, UNNEST(i.kinds, i.data) WITH ORDINALITY AS t(kind, data, ord)
          )
          SELECT stop_requested AS "stop_requested!", pause_requested AS "pause_requested!",
                 mode AS "mode!: Mode", limits AS "limits!: Json<Limits>",
-                last_event_seq AS "last_event_seq!", updated_at AS "updated_at!" FROM s"#,
-        p.lease.session_id,
-        p.lease.token,
-        &kinds as &[&str],
-        &data as &[&str],
-        p.counters.iterations,
-        p.counters.tokens_used,
-        p.counters.tool_calls,
-        p.counters.consecutive_errors,
-        p.counters.elapsed_ms,
-        p.progress.0,
-        p.progress.1,
-        p.counters.reflection_tokens,
-        next_cycle,
-        memory,
-        it.number,
-        it.run,
-        &it.action,
-        it.outcome,
-        it.tokens,
-        it.duration_ms,
-        it.record.as_str(),
-        it.effects.as_str(),
-        it.started_at,
-        it.finished_at,
-        it.transcript.as_ref().map(JsonText::as_str),
-        it.cycle,
-        Status::Running as Status,
-        it.checkpoint.as_ref().map(JsonText::as_str),
+                last_event_seq AS "last_event_seq!", updated_at AS "updated_at!" FROM s"#
     )
     .fetch_optional(db)
     .await?

@@ -16,7 +16,9 @@ use super::rows::{
 use super::{Result, Store, StoreError, TenantScope};
 use crate::event::SessionEvent;
 use crate::policy::guardrails::Limits;
+use crate::policy::history::StepRecord;
 use crate::policy::lifecycle::{Mode, Reason, Status};
+use crate::policy::loop_state::{LoopState, StepEffects};
 use crate::policy::termination::Termination;
 
 /// Advances the session's event counter under the lease fence and returns
@@ -257,16 +259,18 @@ steps,
         scope: &TenantScope,
     ) -> Result<Vec<IterationRecord>> {
         Ok(sqlx::query_as!(
-IterationRecord,
-"SELECT number, run, action, outcome, tokens, duration_ms, record, effects, started_at, finished_at
+            IterationRecord,
+            r#"SELECT number, run, action, outcome, tokens, duration_ms,
+                    record AS "record: Json<StepRecord>", effects AS "effects: Json<StepEffects>",
+                    started_at, finished_at
              FROM iterations WHERE session_id = $1 AND number > $2
                AND EXISTS (SELECT 1 FROM sessions s WHERE s.id = $1 AND ($4::text IS NULL OR s.tenant = $4))
-             ORDER BY number LIMIT $3",
-session_id,
-after,
-limit,
-scope.tenant(),
-)
+             ORDER BY number LIMIT $3"#,
+            session_id,
+            after,
+            limit,
+            scope.tenant(),
+        )
         .fetch_all(&self.pool)
         .await?)
     }
@@ -281,10 +285,10 @@ scope.tenant(),
     ) -> Result<Vec<CheckpointRecord>> {
         Ok(sqlx::query_as!(
             CheckpointRecord,
-            "SELECT id, iteration, reason, state, created_at FROM checkpoints
+            r#"SELECT id, iteration, reason, state AS "state: Json<LoopState>", created_at FROM checkpoints
              WHERE session_id = $1 AND id > $2
                AND EXISTS (SELECT 1 FROM sessions s WHERE s.id = $1 AND ($4::text IS NULL OR s.tenant = $4))
-             ORDER BY id LIMIT $3",
+             ORDER BY id LIMIT $3"#,
             session_id,
             after,
             limit,

@@ -4,10 +4,14 @@
 //! at a time, so this never reaches for the pool under a row lock).
 
 use sqlx::PgConnection;
+use sqlx::types::Json;
 use uuid::Uuid;
 
 use super::rows::{CheckpointRecord, IterationRecord, RebuildInputs, ReflectionRecord};
-use super::{Result, Store};
+use super::{Result, Store, StoreError};
+use crate::policy::history::StepRecord;
+use crate::policy::loop_state::{AppliedReflection, LoopState, StepEffects};
+use crate::policy::reflection::Assessment;
 
 /// Reads the rebuild inputs of `session_id` on `conn` (inside the caller's
 /// transaction, so under its row lock). The one reader of these inputs:
@@ -15,36 +19,54 @@ use super::{Result, Store};
 pub async fn rebuild_inputs_on(conn: &mut PgConnection, session_id: Uuid) -> Result<RebuildInputs> {
     let checkpoint = sqlx::query_as!(
         CheckpointRecord,
-        "SELECT id, iteration, reason, state, created_at FROM checkpoints
-         WHERE session_id = $1 ORDER BY id DESC LIMIT 1",
+        r#"SELECT id, iteration, reason, state AS "state: Json<LoopState>", created_at FROM checkpoints
+         WHERE session_id = $1 ORDER BY id DESC LIMIT 1"#,
         session_id,
     )
     .fetch_optional(&mut *conn)
-    .await?;
+    .await
+    .map_err(|e| undecodable(session_id, "its latest checkpoint", e))?;
     let after = checkpoint.as_ref().map_or(0, |c| c.iteration);
     let iterations = sqlx::query_as!(
         IterationRecord,
-        "SELECT number, run, action, outcome, tokens, duration_ms, record, effects, started_at, finished_at
-         FROM iterations WHERE session_id = $1 AND number > $2 ORDER BY number",
+        r#"SELECT number, run, action, outcome, tokens, duration_ms,
+                    record AS "record: Json<StepRecord>", effects AS "effects: Json<StepEffects>",
+                    started_at, finished_at
+         FROM iterations WHERE session_id = $1 AND number > $2 ORDER BY number"#,
         session_id,
         after,
     )
     .fetch_all(&mut *conn)
-    .await?;
+    .await
+    .map_err(|e| undecodable(session_id, "an iteration", e))?;
     let reflections = sqlx::query_as!(
         ReflectionRecord,
-        "SELECT number, after_iteration, trigger, ok, assessment, error, decision, next_interval, tokens, raw, created_at
-         FROM reflections WHERE session_id = $1 AND after_iteration > $2 ORDER BY number",
+        r#"SELECT number, after_iteration, trigger, ok, assessment AS "assessment: Json<Assessment>", error,
+                    decision AS "decision: Json<AppliedReflection>", next_interval, tokens, raw, created_at
+         FROM reflections WHERE session_id = $1 AND after_iteration > $2 ORDER BY number"#,
         session_id,
         after,
     )
     .fetch_all(&mut *conn)
-    .await?;
+    .await
+    .map_err(|e| undecodable(session_id, "a reflection", e))?;
     Ok(RebuildInputs {
         checkpoint,
         iterations,
         reflections,
     })
+}
+
+/// A stored row whose JSON no longer reads as its type makes the session
+/// unrebuildable: said as such, naming the session and what failed to read.
+fn undecodable(id: Uuid, what: &str, error: sqlx::Error) -> StoreError {
+    match error {
+        sqlx::Error::ColumnDecode { index, source } => StoreError::Corrupt {
+            id,
+            detail: format!("{what} (column {index}): {source}"),
+        },
+        other => other.into(),
+    }
 }
 
 impl Store {

@@ -8,6 +8,8 @@ use super::rows::{Counters, Lease, NewEvent, NewReflection, ReflectionRecord, Re
 use super::{Result, Store, StoreError};
 use crate::policy::checklist::ChecklistItem;
 use crate::policy::lifecycle::Status;
+use crate::policy::loop_state::AppliedReflection;
+use crate::policy::reflection::Assessment;
 
 impl Store {
     /// Stores a reflection with its event and the session's token counters.
@@ -89,16 +91,17 @@ reflection.raw.as_deref(),
         scope: &super::TenantScope,
     ) -> Result<Vec<ReflectionRecord>> {
         Ok(sqlx::query_as!(
-ReflectionRecord,
-"SELECT number, after_iteration, trigger, ok, assessment, error, decision, next_interval, tokens, raw, created_at
+            ReflectionRecord,
+            r#"SELECT number, after_iteration, trigger, ok, assessment AS "assessment: Json<Assessment>", error,
+                    decision AS "decision: Json<AppliedReflection>", next_interval, tokens, raw, created_at
              FROM reflections WHERE session_id = $1 AND number > $2
                AND EXISTS (SELECT 1 FROM sessions s WHERE s.id = $1 AND ($4::text IS NULL OR s.tenant = $4))
-             ORDER BY number LIMIT $3",
-session_id,
-after,
-limit,
-scope.tenant(),
-)
+             ORDER BY number LIMIT $3"#,
+            session_id,
+            after,
+            limit,
+            scope.tenant(),
+        )
         .fetch_all(&self.pool)
         .await?)
     }

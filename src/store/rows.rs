@@ -19,7 +19,10 @@ use uuid::Uuid;
 use crate::event::{RefinementProposal, SessionEvent};
 use crate::policy::checklist::ChecklistItem;
 use crate::policy::guardrails::{Limits, Usage};
+use crate::policy::history::StepRecord;
 use crate::policy::lifecycle::{Mode, Reason, Status};
+use crate::policy::loop_state::{AppliedReflection, LoopState, StepEffects};
+use crate::policy::reflection::Assessment;
 
 /// Stores a lifecycle enum as its snake_case name in a `text` column. Written
 /// by hand rather than derived so policy stays free of sqlx, and so binding
@@ -613,9 +616,9 @@ pub struct IterationRecord {
     /// Wall time, ms.
     pub duration_ms: i64,
     /// Step record.
-    pub record: Value,
-    /// Policy effects.
-    pub effects: Value,
+    pub record: Json<StepRecord>,
+    /// What the policies concluded from the step.
+    pub effects: Json<StepEffects>,
     /// Start.
     pub started_at: DateTime<Utc>,
     /// End.
@@ -632,7 +635,7 @@ pub struct CheckpointRecord {
     /// Why it was taken.
     pub reason: String,
     /// Loop state snapshot.
-    pub state: Value,
+    pub state: Json<LoopState>,
     /// When.
     pub created_at: DateTime<Utc>,
 }
@@ -674,11 +677,11 @@ pub struct ReflectionRecord {
     /// Valid answer?
     pub ok: bool,
     /// Assessment.
-    pub assessment: Option<Value>,
+    pub assessment: Option<Json<Assessment>>,
     /// Failure.
     pub error: Option<String>,
     /// Decision.
-    pub decision: Value,
+    pub decision: Json<AppliedReflection>,
     /// Next interval.
     pub next_interval: i32,
     /// Tokens.

@@ -21,10 +21,11 @@ use crate::policy::lifecycle::{Mode, Reason, Status};
 use crate::policy::termination::Termination;
 
 /// `query_as!` over every column of `sessions`, typed as `Session`,
-/// followed by `$tail` (the query text must be literals for the macro).
+/// followed by the `$tail` pieces (the query text must be literals for the
+/// macro).
 macro_rules! select_session {
-    ($tail:literal $(, $arg:expr)* $(,)?) => {
-        select_session_with!("executor", $tail $(, $arg)*)
+    ($($tail:literal)+ $(, $arg:expr)* $(,)?) => {
+        select_session_with!("executor", $($tail)+ $(, $arg)*)
     };
 }
 
@@ -32,13 +33,13 @@ macro_rules! select_session {
 /// `executor_summary` Postgres keeps beside it (kind, step count, repeat,
 /// model, URL), so a page of sessions never reads their executor JSON.
 macro_rules! select_session_summary {
-    ($tail:literal $(, $arg:expr)* $(,)?) => {
-        select_session_with!(r#"executor_summary AS "executor!""#, $tail $(, $arg)*)
+    ($($tail:literal)+ $(, $arg:expr)* $(,)?) => {
+        select_session_with!(r#"executor_summary AS "executor!""#, $($tail)+ $(, $arg)*)
     };
 }
 
 macro_rules! select_session_with {
-    ($executor:literal, $tail:literal $(, $arg:expr)* $(,)?) => {
+    ($executor:literal, $($tail:literal)+ $(, $arg:expr)* $(,)?) => {
         sqlx::query_as!(
             Session,
             r#"SELECT id, goal, mode AS "mode: Mode", status AS "status: Status",
@@ -74,7 +75,7 @@ macro_rules! select_session_with {
                                FROM waiting w WHERE w.tenant IS NOT NULL)
                            SELECT count(tenant) FROM waiting)
                       END AS queue_tenants
-               FROM sessions "# + $tail
+               FROM sessions "# $(+ $tail)+
             $(, $arg)*
         )
     };
@@ -147,114 +148,53 @@ impl Store {
     ) -> Result<Vec<Session>> {
         let pattern = filter.goal_contains.as_deref().map(contains_pattern);
         let (at, id) = (after.map(|c| c.at), after.map(|c| c.id));
+        let pool = &self.pool;
+        // The four orders differ only in the cursor's comparison and the
+        // ORDER BY; each stays its own checked statement so it walks its index.
+        macro_rules! page {
+            ($after_cursor:literal, $order_by:literal) => {
+                select_session_summary!(
+                    "WHERE ($1::text IS NULL OR status = $1)
+               AND ($2::text IS NULL OR mode = $2)
+               AND ($3::text IS NULL OR executor_summary ->> 'kind' = $3)
+               AND ($4::text IS NULL OR goal ILIKE $4)
+               AND ($5::timestamptz IS NULL OR created_at >= $5)
+               AND ($6::timestamptz IS NULL OR created_at < $6)
+               AND ($7::text IS NULL OR tenant = $7)
+               AND (NOT $11 OR parent_id IS NULL)
+               AND ($8::timestamptz IS NULL OR "
+                    $after_cursor
+                    ") ORDER BY "
+                    $order_by
+                    " LIMIT $10",
+                    filter.status as Option<Status>,
+                    filter.mode as Option<Mode>,
+                    filter.executor_kind,
+                    pattern.as_deref(),
+                    filter.created_from,
+                    filter.created_before,
+                    scope.tenant(),
+                    at,
+                    id,
+                    limit,
+                    filter.root_only,
+                )
+                .fetch_all(pool)
+                .await?
+            };
+        }
         let rows = match (order.key, order.descending) {
             (SessionSortKey::Created, true) => {
-                select_session_summary!(
-                    "WHERE ($1::text IS NULL OR status = $1)
-               AND ($2::text IS NULL OR mode = $2)
-               AND ($3::text IS NULL OR executor_summary ->> 'kind' = $3)
-               AND ($4::text IS NULL OR goal ILIKE $4)
-               AND ($5::timestamptz IS NULL OR created_at >= $5)
-               AND ($6::timestamptz IS NULL OR created_at < $6)
-               AND ($7::text IS NULL OR tenant = $7)
-               AND ($8::timestamptz IS NULL OR (created_at, id) < ($8, $9))
-               AND (NOT $11 OR parent_id IS NULL)
-             ORDER BY created_at DESC, id DESC LIMIT $10",
-                    filter.status as Option<Status>,
-                    filter.mode as Option<Mode>,
-                    filter.executor_kind,
-                    pattern.as_deref(),
-                    filter.created_from,
-                    filter.created_before,
-                    scope.tenant(),
-                    at,
-                    id,
-                    limit,
-                    filter.root_only,
-                )
-                .fetch_all(&self.pool)
-                .await?
+                page!("(created_at, id) < ($8, $9)", "created_at DESC, id DESC")
             }
             (SessionSortKey::Created, false) => {
-                select_session_summary!(
-                    "WHERE ($1::text IS NULL OR status = $1)
-               AND ($2::text IS NULL OR mode = $2)
-               AND ($3::text IS NULL OR executor_summary ->> 'kind' = $3)
-               AND ($4::text IS NULL OR goal ILIKE $4)
-               AND ($5::timestamptz IS NULL OR created_at >= $5)
-               AND ($6::timestamptz IS NULL OR created_at < $6)
-               AND ($7::text IS NULL OR tenant = $7)
-               AND ($8::timestamptz IS NULL OR (created_at, id) > ($8, $9))
-               AND (NOT $11 OR parent_id IS NULL)
-             ORDER BY created_at ASC, id ASC LIMIT $10",
-                    filter.status as Option<Status>,
-                    filter.mode as Option<Mode>,
-                    filter.executor_kind,
-                    pattern.as_deref(),
-                    filter.created_from,
-                    filter.created_before,
-                    scope.tenant(),
-                    at,
-                    id,
-                    limit,
-                    filter.root_only,
-                )
-                .fetch_all(&self.pool)
-                .await?
+                page!("(created_at, id) > ($8, $9)", "created_at ASC, id ASC")
             }
             (SessionSortKey::Updated, true) => {
-                select_session_summary!(
-                    "WHERE ($1::text IS NULL OR status = $1)
-               AND ($2::text IS NULL OR mode = $2)
-               AND ($3::text IS NULL OR executor_summary ->> 'kind' = $3)
-               AND ($4::text IS NULL OR goal ILIKE $4)
-               AND ($5::timestamptz IS NULL OR created_at >= $5)
-               AND ($6::timestamptz IS NULL OR created_at < $6)
-               AND ($7::text IS NULL OR tenant = $7)
-               AND ($8::timestamptz IS NULL OR (updated_at, id) < ($8, $9))
-               AND (NOT $11 OR parent_id IS NULL)
-             ORDER BY updated_at DESC, id DESC LIMIT $10",
-                    filter.status as Option<Status>,
-                    filter.mode as Option<Mode>,
-                    filter.executor_kind,
-                    pattern.as_deref(),
-                    filter.created_from,
-                    filter.created_before,
-                    scope.tenant(),
-                    at,
-                    id,
-                    limit,
-                    filter.root_only,
-                )
-                .fetch_all(&self.pool)
-                .await?
+                page!("(updated_at, id) < ($8, $9)", "updated_at DESC, id DESC")
             }
             (SessionSortKey::Updated, false) => {
-                select_session_summary!(
-                    "WHERE ($1::text IS NULL OR status = $1)
-               AND ($2::text IS NULL OR mode = $2)
-               AND ($3::text IS NULL OR executor_summary ->> 'kind' = $3)
-               AND ($4::text IS NULL OR goal ILIKE $4)
-               AND ($5::timestamptz IS NULL OR created_at >= $5)
-               AND ($6::timestamptz IS NULL OR created_at < $6)
-               AND ($7::text IS NULL OR tenant = $7)
-               AND ($8::timestamptz IS NULL OR (updated_at, id) > ($8, $9))
-               AND (NOT $11 OR parent_id IS NULL)
-             ORDER BY updated_at ASC, id ASC LIMIT $10",
-                    filter.status as Option<Status>,
-                    filter.mode as Option<Mode>,
-                    filter.executor_kind,
-                    pattern.as_deref(),
-                    filter.created_from,
-                    filter.created_before,
-                    scope.tenant(),
-                    at,
-                    id,
-                    limit,
-                    filter.root_only,
-                )
-                .fetch_all(&self.pool)
-                .await?
+                page!("(updated_at, id) > ($8, $9)", "updated_at ASC, id ASC")
             }
         };
         Ok(rows)

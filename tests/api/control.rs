@@ -14,7 +14,6 @@ use uuid::Uuid;
 use warden::policy::guardrails::Usage;
 use warden::policy::lifecycle::{Mode, Reason};
 use warden::policy::termination::{self, Facts};
-use warden::session::state::LoopState;
 use warden::store::{self, Counters, Lease, NewSession, StoreError, TenantScope};
 
 use crate::common::{self, TestApp, config_with, distinct_steps, test_config};
@@ -341,7 +340,7 @@ async fn a_late_runner_start_does_not_replace_the_live_runner() {
             stale,
             Instant::now(),
             &record,
-            LoopState::for_session(&record),
+            warden::session::rehydrate::initial_state(&record),
         )
         .await
         .expect("the stale runner starts");
@@ -1169,12 +1168,11 @@ async fn a_database_outage_is_answered_503_and_survived() {
     for _ in 0..3 {
         ids.push(create_on(&client, &base, long_session(100)).await);
     }
-    let deadline = Instant::now() + Duration::from_secs(20);
     for id in &ids {
-        while committed(&client, &base, id).await.len() < 3 {
-            assert!(Instant::now() < deadline, "{id} did not start");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        common::eventually(Duration::from_secs(20), "each session to start", || async {
+            committed(&client, &base, id).await.len() >= 3
+        })
+        .await;
     }
     let mut before = Vec::new();
     for id in &ids {
@@ -1344,7 +1342,7 @@ async fn a_runner_started_late_renews_its_lease_instead_of_quitting() {
             lease.expect("a lease"),
             acquired,
             &record,
-            LoopState::for_session(&record),
+            warden::session::rehydrate::initial_state(&record),
         )
         .await
         .expect("started");

@@ -4,12 +4,12 @@
 //! no longer exist) are swept from the disk.
 
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, SystemTime};
 
 use reqwest::StatusCode;
 use serde_json::json;
 
-use crate::common::{TestApp, TestDb, client_with_key, config_with, create_key};
+use crate::common::{self, TestApp, TestDb, client_with_key, config_with, create_key};
 
 /// A fresh workspace root of one test.
 fn workspace_root() -> PathBuf {
@@ -154,16 +154,15 @@ async fn workspaces_of_long_ended_and_missing_sessions_are_swept() {
         .await;
     assert_eq!(status, StatusCode::OK, "{body}");
 
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while ended_dir.exists() || old_orphan.exists() {
-        assert!(
-            Instant::now() < deadline,
-            "swept within the deadline: ended {} old orphan {}",
-            ended_dir.exists(),
-            old_orphan.exists()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    common::eventually_ok(Duration::from_secs(20), "the sweep", || async {
+        match (ended_dir.exists(), old_orphan.exists()) {
+            (false, false) => Ok(()),
+            (ended, orphan) => Err(format!(
+                "ended dir left: {ended}, old orphan left: {orphan}"
+            )),
+        }
+    })
+    .await;
     assert!(running_dir.exists(), "a live session keeps its workspace");
     assert!(new_orphan.exists(), "a fresh directory is given its grace");
     assert!(stray.exists(), "what is not a session's is left alone");

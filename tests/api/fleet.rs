@@ -324,16 +324,17 @@ async fn the_status_of_a_running_session_comes_from_memory_and_equals_postgres()
     assert_eq!(first["limits"]["max_iterations"], 40);
     // A read refills the view once nothing changed while it ran (the
     // change's own notification also reaches this replica meanwhile).
-    let deadline = Instant::now() + Duration::from_secs(5);
-    let memory = loop {
-        let (source, doc) = status_with_source(&app, &id).await;
-        assert_eq!(doc["limits"]["max_iterations"], 40, "{doc}");
-        if source == "memory" {
-            break doc;
-        }
-        assert!(Instant::now() < deadline, "memory never answered again");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let memory =
+        common::eventually_ok(Duration::from_secs(5), "memory to answer again", || async {
+            let (source, doc) = status_with_source(&app, &id).await;
+            assert_eq!(doc["limits"]["max_iterations"], 40, "{doc}");
+            if source == "memory" {
+                Ok(doc)
+            } else {
+                Err(format!("answered from {source}"))
+            }
+        })
+        .await;
     assert_eq!(memory, status_from_postgres(&pool, &id).await);
 
     // Another tenant's key: a 404, as for a missing session.

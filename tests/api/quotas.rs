@@ -7,6 +7,7 @@ use std::time::Duration;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
+use crate::common;
 use crate::common::{TestApp, config_with};
 
 fn endless() -> Value {
@@ -126,18 +127,19 @@ async fn live_streams_per_tenant_are_capped_and_a_closed_one_frees_its_slot() {
         .unwrap();
     assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
     drop(first);
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    let reopened = loop {
-        let res = open_stream(&app).await;
-        if res.status() == StatusCode::OK {
-            break res;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the closed stream's slot never came back"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let reopened = common::eventually_ok(
+        Duration::from_secs(10),
+        "the closed stream's slot to come back",
+        || async {
+            let res = open_stream(&app).await;
+            if res.status() == StatusCode::OK {
+                Ok(res)
+            } else {
+                Err(res.status().to_string())
+            }
+        },
+    )
+    .await;
     drop((second, reopened));
 }
 
@@ -256,23 +258,14 @@ async fn an_event_stream_accept_header_exempts_no_other_route() {
     // …and, once it is in progress, holds the one request slot: a list
     // asking for an event stream is shed.
     let uuid: uuid::Uuid = id.parse().unwrap();
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        let requested: bool =
-            sqlx::query_scalar("SELECT pause_requested FROM sessions WHERE id = $1")
-                .bind(uuid)
-                .fetch_one(&db.pool)
-                .await
-                .unwrap();
-        if requested {
-            break;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the pause never arrived"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    common::eventually(Duration::from_secs(10), "the pause to arrive", || async {
+        sqlx::query_scalar::<_, bool>("SELECT pause_requested FROM sessions WHERE id = $1")
+            .bind(uuid)
+            .fetch_one(&db.pool)
+            .await
+            .unwrap()
+    })
+    .await;
     let shed = app
         .client
         .get(app.url("/api/autonomous"))

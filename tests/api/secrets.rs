@@ -12,6 +12,7 @@ use sqlx::PgPool;
 
 use warden::Application;
 
+use crate::common;
 use crate::common::fake_llm::{FakeLlm, text, tool_calls};
 use crate::common::{TEST_SECRET_KEY, TestApp, config_with, store_on, test_config};
 
@@ -68,14 +69,12 @@ async fn a_sessions_own_key_is_sealed_and_reaches_its_model_after_a_restart() {
         !doc.to_string().contains(OWN_KEY),
         "never shown back: {doc}"
     );
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while fake.authorizations().is_empty() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the model was never called"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    common::eventually(
+        Duration::from_secs(10),
+        "the model to be called",
+        || async { !fake.authorizations().is_empty() },
+    )
+    .await;
     first.crash();
 
     let second = TestApp::spawn(pool.clone()).await;
@@ -180,14 +179,12 @@ async fn orphan_llm_session(pool: &PgPool, fake: &FakeLlm) -> String {
     let mut first = TestApp::spawn(pool.clone()).await;
     let doc = first.create(llm_session(fake, OWN_KEY, 10)).await;
     let id = doc["id"].as_str().unwrap().to_string();
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while fake.authorizations().is_empty() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the model was never called"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    common::eventually(
+        Duration::from_secs(10),
+        "the model to be called",
+        || async { !fake.authorizations().is_empty() },
+    )
+    .await;
     first.crash();
     id
 }
@@ -317,8 +314,7 @@ async fn a_replica_whose_key_was_rotated_away_hands_sessions_over_instead_of_fai
     let doc = fresh.create(llm_session(&fake, OWN_KEY, 3)).await;
     let id = doc["id"].as_str().unwrap().to_string();
     assert_eq!(sealed_key_id(&pool, &id).await, key_id(&new));
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    let last_error = loop {
+    let last_error = common::eventually_ok(Duration::from_secs(10), "A to claim it", || async {
         let (status, error): (String, Option<String>) =
             sqlx::query_as("SELECT status, last_error FROM sessions WHERE id = $1::uuid")
                 .bind(&id)
@@ -326,12 +322,9 @@ async fn a_replica_whose_key_was_rotated_away_hands_sessions_over_instead_of_fai
                 .await
                 .unwrap();
         assert_ne!(status, "failed", "the stale replica failed the session");
-        if let Some(error) = error {
-            break error;
-        }
-        assert!(std::time::Instant::now() < deadline, "A never claimed it");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+        error.ok_or_else(|| format!("still {status}, no error yet"))
+    })
+    .await;
     assert!(last_error.contains(&key_id(&new)), "{last_error}");
     assert!(fake.authorizations().is_empty(), "no call without the key");
     // A goes away and B gets room: B takes the session over and runs it

@@ -28,12 +28,12 @@ use super::lease_clock::LeaseClock;
 use super::live::LiveView;
 use super::loop_store::LoopStore;
 use super::reflector::Reflector;
-use super::state::LoopState;
 use crate::config::Config;
 use crate::executor::Executor;
 use crate::metrics::Metrics;
 use crate::policy::guardrails::Usage;
 use crate::policy::lifecycle::Reason;
+use crate::policy::loop_state::LoopState;
 use crate::store::{ControlFlags, Lease, SessionSettings, Store, StoreError};
 use crate::telemetry;
 

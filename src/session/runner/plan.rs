@@ -10,10 +10,10 @@ use crate::executor::CycleChange;
 use crate::llm::Message;
 use crate::policy::guardrails::Usage;
 use crate::policy::history::{Outcome, StepRecord};
+use crate::policy::loop_state::{self, LoopState, StepEffects};
 use crate::policy::sentinel::Sentinel;
 use crate::policy::stuck::StuckConfig;
 use crate::session::event_codec::{self, to_stored_text};
-use crate::session::state::{self, LoopState, StepEffects};
 use crate::store::{Counters, NewEvent, NewIteration, StoreError};
 
 /// What the execute step produced: a finished step, ready to commit.
@@ -101,7 +101,7 @@ pub fn plan_commit(
     mut step: StepOutcome,
     ctx: &PlanContext<'_>,
 ) -> Result<CommitPlan, StoreError> {
-    let mut effects = state::assess(
+    let mut effects = loop_state::assess(
         &state,
         &step.record,
         step.signal.take(),
@@ -135,7 +135,7 @@ pub fn plan_commit(
     let row = RowChange {
         counters: Counters::from_usage(&state.usage, state.reflection.tokens),
         percent_complete: effects.percent_complete,
-        eta_seconds: state::eta_seconds(effects.percent_complete, effects.elapsed_ms),
+        eta_seconds: loop_state::eta_seconds(effects.percent_complete, effects.elapsed_ms),
         next_cycle: iteration.next_cycle.clone(),
         checkpointed: iteration.checkpoint.is_some().then_some(iteration.number),
     };
@@ -607,7 +607,7 @@ mod tests {
         assert!(checkpoint_due(&at(1, 0), 1));
 
         let mut ending = at(2, 0);
-        ending.pending_end = Some(state::PendingEnd {
+        ending.pending_end = Some(loop_state::PendingEnd {
             reason: Reason::GoalAchieved,
             detail: None,
             review_pending: true,

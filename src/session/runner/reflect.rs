@@ -9,11 +9,11 @@ use crate::event::SessionEvent;
 use crate::policy::checklist;
 use crate::policy::guardrails::{self, Usage};
 use crate::policy::lifecycle::{Mode, Reason};
+use crate::policy::loop_state::{self, AppliedReflection};
 use crate::policy::reflection::{self, Trigger, Verdict};
 use crate::session::event_codec::{self, to_stored};
 use crate::session::loop_store::{LoopStore, ReflectionCommit};
 use crate::session::reflector::{ReflectionAnswer, Reflector, SessionFacts};
-use crate::session::state::{self, AppliedReflection};
 use crate::session::storable::make_reflection_storable;
 use crate::store::{Counters, NewReflection, StoreError};
 use crate::telemetry;
@@ -237,7 +237,7 @@ impl<S: LoopStore> Runner<S> {
             record: &record,
             counters,
             percent_complete: next.percent_complete,
-            eta_seconds: state::eta_seconds(next.percent_complete, usage.elapsed_ms),
+            eta_seconds: loop_state::eta_seconds(next.percent_complete, usage.elapsed_ms),
             criteria: &next.criteria,
             milestones: &next.milestones,
         };

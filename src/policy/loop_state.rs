@@ -200,17 +200,6 @@ impl LoopState {
         }
     }
 
-    /// The state a session starts with: its checklists, and the tokens
-    /// already spent on refining it.
-    pub fn for_session(session: &crate::store::Session) -> LoopState {
-        let mut state = LoopState::new(session.limits.reflection_interval);
-        state.criteria = session.criteria.0.clone();
-        state.milestones = session.milestones.0.clone();
-        state.usage.tokens = session.refinement_tokens.max(0) as u64;
-        state.cycle = u32::try_from(session.cycle).unwrap_or(1).max(1);
-        state
-    }
-
     /// Folds one committed step (of run `run`) into the state.
     pub fn apply(&mut self, run: i32, record: &StepRecord, effects: &StepEffects) {
         self.usage = usage_after(&self.usage, record, effects.elapsed_ms);

@@ -16,6 +16,8 @@ use crate::policy::gate::{GateDecision, GateMetrics};
 use crate::policy::guardrails::{Breach, Limits, Usage};
 use crate::policy::history::{Outcome, Rework};
 use crate::policy::lifecycle::{Mode, Reason, Status};
+use crate::policy::loop_state::AppliedReflection;
+use crate::policy::reflection::Assessment;
 use crate::policy::sentinel::Sentinel;
 use crate::policy::stuck::{StuckPattern, StuckVerdict};
 
@@ -259,13 +261,13 @@ pub enum SessionEvent {
         ok: bool,
         /// The model's assessment.
         #[schema(value_type = Option<Object>, required = true)]
-        assessment: Option<Value>,
+        assessment: Option<Assessment>,
         /// Why it failed.
         #[schema(required = true)]
         error: Option<String>,
         /// What was decided.
         #[schema(value_type = Object)]
-        decision: Value,
+        decision: AppliedReflection,
         /// Iterations until the next reflection.
         next_interval: i32,
         /// Tokens it used.

@@ -60,20 +60,21 @@ impl Store {
         .await?;
         let last = last.ok_or(StoreError::LeaseLost(lease.session_id))?;
         sqlx::query!(
-"INSERT INTO reflections (session_id, number, after_iteration, trigger, ok, assessment, error, decision, next_interval, tokens, raw)
+            "INSERT INTO reflections (session_id, number, after_iteration, trigger, ok, assessment,
+                                      error, decision, next_interval, tokens, raw)
              VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
-lease.session_id,
-reflection.number,
-reflection.after_iteration,
-reflection.trigger.as_str(),
-reflection.ok,
-reflection.assessment.as_ref(),
-reflection.error.as_deref(),
-&reflection.decision,
-reflection.next_interval,
-reflection.tokens,
-reflection.raw.as_deref(),
-)
+            lease.session_id,
+            reflection.number,
+            reflection.after_iteration,
+            reflection.trigger.as_str(),
+            reflection.ok,
+            reflection.assessment.as_ref().map(Json) as _,
+            reflection.error.as_deref(),
+            Json(&reflection.decision) as _,
+            reflection.next_interval,
+            reflection.tokens,
+            reflection.raw.as_deref(),
+        )
         .execute(&mut *tx)
         .await?;
         event_log::insert_numbered(&mut tx, lease.session_id, last, &[summary]).await?;

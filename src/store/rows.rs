@@ -362,11 +362,11 @@ pub struct ReflectionSummary {
     /// Whether the model answered usably.
     pub ok: bool,
     /// The model's assessment.
-    pub assessment: Option<Value>,
+    pub assessment: Option<Assessment>,
     /// Why it failed.
     pub error: Option<String>,
     /// What was decided.
-    pub decision: Value,
+    pub decision: AppliedReflection,
     /// Iterations until the next reflection.
     pub next_interval: i32,
     /// Tokens it used.
@@ -652,11 +652,11 @@ pub struct NewReflection {
     /// Whether the reflector answered validly.
     pub ok: bool,
     /// The validated assessment.
-    pub assessment: Option<Value>,
+    pub assessment: Option<Assessment>,
     /// Why it failed.
     pub error: Option<String>,
     /// Verdict, state after, feedback.
-    pub decision: Value,
+    pub decision: AppliedReflection,
     /// Interval until the next reflection.
     pub next_interval: i32,
     /// Tokens it used.

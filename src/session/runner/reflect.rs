@@ -11,7 +11,7 @@ use crate::policy::guardrails::{self, Usage};
 use crate::policy::lifecycle::{Mode, Reason};
 use crate::policy::loop_state::{self, AppliedReflection};
 use crate::policy::reflection::{self, Trigger, Verdict};
-use crate::session::event_codec::{self, to_stored};
+use crate::session::event_codec;
 use crate::session::loop_store::{LoopStore, ReflectionCommit};
 use crate::session::reflector::{ReflectionAnswer, Reflector, SessionFacts};
 use crate::session::storable::make_reflection_storable;
@@ -275,14 +275,9 @@ fn reflection_row(
             Trigger::AgentClaimedDone => "agent_claimed_done".into(),
         },
         ok: answer.assessment.is_ok(),
-        assessment: answer
-            .assessment
-            .as_ref()
-            .ok()
-            .map(|a| to_stored("reflection assessment", a))
-            .transpose()?,
+        assessment: answer.assessment.as_ref().ok().cloned(),
         error: answer.assessment.as_ref().err().cloned(),
-        decision: to_stored("reflection decision", applied)?,
+        decision: applied.clone(),
         next_interval: i32::try_from(applied.state_after.interval).unwrap_or(i32::MAX),
         tokens: answer.tokens as i64,
         raw: answer.raw.clone(),

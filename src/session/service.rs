@@ -805,15 +805,7 @@ impl SessionService {
         scope: &TenantScope,
         choice: RefinementChoice,
     ) -> Result<Session> {
-        let mut tx = self.store.begin().await?;
-        let session = store::lock_session(&mut tx, id, scope)
-            .await?
-            .ok_or(ServiceError::NotFound(id))?;
-        lifecycle::check_writable(
-            Action::Refine,
-            session.status,
-            session.imported_at.is_some(),
-        )?;
+        let (mut tx, session) = self.lock_for(Action::Refine, id, scope).await?;
         lifecycle::check_refine(session.status)?;
         let suggested = session
             .refinement
@@ -881,6 +873,23 @@ impl SessionService {
         };
         let status = lifecycle::admission(slot.is_some(), queue_empty);
         Ok((slot.filter(|_| status == Status::Running), status))
+    }
+
+    /// Opens a transaction holding session `id`'s row (as `scope` reaches
+    /// it), refused when `action` may not touch it (an imported session is
+    /// read-only).
+    async fn lock_for(
+        &self,
+        action: Action,
+        id: Uuid,
+        scope: &TenantScope,
+    ) -> Result<(Transaction<'static, Postgres>, Session)> {
+        let mut tx = self.store.begin().await?;
+        let session = store::lock_session(&mut tx, id, scope)
+            .await?
+            .ok_or(ServiceError::NotFound(id))?;
+        lifecycle::check_writable(action, session.status, session.imported_at.is_some())?;
+        Ok((tx, session))
     }
 
     /// Commits a change to session `id` and wakes its readers.
@@ -1057,11 +1066,7 @@ impl SessionService {
     #[tracing::instrument(skip(self))]
     pub async fn stop(&self, id: Uuid, scope: &TenantScope) -> Result<StopAnswer> {
         let received = Instant::now();
-        let mut tx = self.store.begin().await?;
-        let session = store::lock_session(&mut tx, id, scope)
-            .await?
-            .ok_or(ServiceError::NotFound(id))?;
-        lifecycle::check_writable(Action::Stop, session.status, session.imported_at.is_some())?;
+        let (mut tx, session) = self.lock_for(Action::Stop, id, scope).await?;
         match lifecycle::plan_stop(session.status)? {
             StopPlan::AlreadyStopped => {
                 self.commit(tx, id).await?;
@@ -1226,11 +1231,7 @@ impl SessionService {
     /// Pauses a session after its step in flight.
     #[tracing::instrument(skip(self))]
     pub async fn pause(&self, id: Uuid, scope: &TenantScope) -> Result<Session> {
-        let mut tx = self.store.begin().await?;
-        let session = store::lock_session(&mut tx, id, scope)
-            .await?
-            .ok_or(ServiceError::NotFound(id))?;
-        lifecycle::check_writable(Action::Pause, session.status, session.imported_at.is_some())?;
+        let (mut tx, session) = self.lock_for(Action::Pause, id, scope).await?;
         match lifecycle::plan_pause(session.status)? {
             PausePlan::AlreadyPaused => {
                 self.commit(tx, id).await?;
@@ -1268,16 +1269,12 @@ impl SessionService {
                 g.chars().count()
             )));
         }
-        let mut tx = self.store.begin().await?;
-        let session = store::lock_session(&mut tx, id, scope)
-            .await?
-            .ok_or(ServiceError::NotFound(id))?;
         let action = if req.reopen {
             Action::Reopen
         } else {
             Action::Resume
         };
-        lifecycle::check_writable(action, session.status, session.imported_at.is_some())?;
+        let (mut tx, session) = self.lock_for(action, id, scope).await?;
         lifecycle::check_resume(session.status, req.reopen)?;
         let waiting = store::count_waiting_approvals(&mut tx, id, scope).await?;
         if waiting > 0 {
@@ -1507,15 +1504,7 @@ impl SessionService {
         scope: &TenantScope,
         req: UpdateSession,
     ) -> Result<Session> {
-        let mut tx = self.store.begin().await?;
-        let session = store::lock_session(&mut tx, id, scope)
-            .await?
-            .ok_or(ServiceError::NotFound(id))?;
-        lifecycle::check_writable(
-            Action::Update,
-            session.status,
-            session.imported_at.is_some(),
-        )?;
+        let (mut tx, session) = self.lock_for(Action::Update, id, scope).await?;
         lifecycle::check_update(session.status)?;
         let settings = SessionSettings {
             mode: req.mode.unwrap_or(session.mode),

@@ -4,7 +4,7 @@
 use sqlx::types::Json;
 
 use super::event_log;
-use super::rows::{Counters, Lease, NewEvent, NewReflection, ReflectionRecord, ReflectionSummary};
+use super::rows::{Counters, Lease, NewEvent, NewReflection, ReflectionRecord};
 use super::{Result, Store, StoreError};
 use crate::policy::checklist::ChecklistItem;
 use crate::policy::lifecycle::Status;
@@ -25,17 +25,7 @@ impl Store {
         milestones: &[ChecklistItem],
     ) -> Result<()> {
         let mut tx = self.pool.begin().await?;
-        let last_reflection = ReflectionSummary {
-            number: reflection.number,
-            after_iteration: reflection.after_iteration,
-            trigger: reflection.trigger.clone(),
-            ok: reflection.ok,
-            assessment: reflection.assessment.clone(),
-            error: reflection.error.clone(),
-            decision: reflection.decision.clone(),
-            next_interval: reflection.next_interval,
-            tokens: reflection.tokens,
-        };
+        let last_reflection = &reflection.summary;
         let summary = NewEvent::from_event(&last_reflection.event())?;
         let last: Option<i64> = sqlx::query_scalar!(
             "UPDATE sessions SET last_event_seq = last_event_seq + 1, last_reflection = $3,
@@ -47,7 +37,7 @@ impl Store {
              RETURNING last_event_seq",
             lease.session_id,
             lease.token,
-            Json(&last_reflection) as _,
+            Json(last_reflection) as _,
             counters.tokens_used,
             counters.reflection_tokens,
             percent_complete,
@@ -64,15 +54,15 @@ impl Store {
                                       error, decision, next_interval, tokens, raw)
              VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
             lease.session_id,
-            reflection.number,
-            reflection.after_iteration,
-            reflection.trigger.as_str(),
-            reflection.ok,
-            reflection.assessment.as_ref().map(Json) as _,
-            reflection.error.as_deref(),
-            Json(&reflection.decision) as _,
-            reflection.next_interval,
-            reflection.tokens,
+            last_reflection.number,
+            last_reflection.after_iteration,
+            last_reflection.trigger.as_str(),
+            last_reflection.ok,
+            last_reflection.assessment.as_ref().map(Json) as _,
+            last_reflection.error.as_deref(),
+            Json(&last_reflection.decision) as _,
+            last_reflection.next_interval,
+            last_reflection.tokens,
             reflection.raw.as_deref(),
         )
         .execute(&mut *tx)

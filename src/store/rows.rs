@@ -640,27 +640,12 @@ pub struct CheckpointRecord {
     pub created_at: DateTime<Utc>,
 }
 
-/// A reflection about to be stored.
+/// A reflection about to be stored: what the session and its event show
+/// of it, and the model's raw answer, kept in its row only.
 #[derive(Debug, Clone)]
 pub struct NewReflection {
-    /// 1-based number.
-    pub number: i32,
-    /// Iteration it followed.
-    pub after_iteration: i64,
-    /// `interval` or `agent_claimed_done`.
-    pub trigger: String,
-    /// Whether the reflector answered validly.
-    pub ok: bool,
-    /// The validated assessment.
-    pub assessment: Option<Assessment>,
-    /// Why it failed.
-    pub error: Option<String>,
-    /// Verdict, state after, feedback.
-    pub decision: AppliedReflection,
-    /// Interval until the next reflection.
-    pub next_interval: i32,
-    /// Tokens it used.
-    pub tokens: i64,
+    /// Number, trigger, assessment, decision, next interval, tokens.
+    pub summary: ReflectionSummary,
     /// The model's raw answer.
     pub raw: Option<String>,
 }

@@ -15,7 +15,7 @@ use crate::session::event_codec;
 use crate::session::loop_store::{LoopStore, ReflectionCommit};
 use crate::session::reflector::{ReflectionAnswer, Reflector, SessionFacts};
 use crate::session::storable::make_reflection_storable;
-use crate::store::{Counters, NewReflection, StoreError};
+use crate::store::{Counters, NewReflection, ReflectionSummary, StoreError};
 use crate::telemetry;
 use opentelemetry::KeyValue;
 
@@ -225,7 +225,7 @@ impl<S: LoopStore> Runner<S> {
     ) -> Result<(), StoreError> {
         let mut next = self.state.clone();
         next.apply_reflection(applied);
-        let record = reflection_row(answer, applied, trigger, usage.iterations)?;
+        let record = reflection_row(answer, applied, trigger, usage.iterations);
         let counters = Counters::from_usage(
             &Usage {
                 elapsed_ms: usage.elapsed_ms,
@@ -266,20 +266,22 @@ fn reflection_row(
     applied: &AppliedReflection,
     trigger: Trigger,
     after_iteration: u64,
-) -> Result<NewReflection, StoreError> {
-    Ok(NewReflection {
-        number: i32::try_from(applied.state_after.attempts).unwrap_or(i32::MAX),
-        after_iteration: after_iteration as i64,
-        trigger: match trigger {
-            Trigger::Interval => "interval".into(),
-            Trigger::AgentClaimedDone => "agent_claimed_done".into(),
+) -> NewReflection {
+    NewReflection {
+        summary: ReflectionSummary {
+            number: i32::try_from(applied.state_after.attempts).unwrap_or(i32::MAX),
+            after_iteration: after_iteration as i64,
+            trigger: match trigger {
+                Trigger::Interval => "interval".into(),
+                Trigger::AgentClaimedDone => "agent_claimed_done".into(),
+            },
+            ok: answer.assessment.is_ok(),
+            assessment: answer.assessment.as_ref().ok().cloned(),
+            error: answer.assessment.as_ref().err().cloned(),
+            decision: applied.clone(),
+            next_interval: i32::try_from(applied.state_after.interval).unwrap_or(i32::MAX),
+            tokens: answer.tokens as i64,
         },
-        ok: answer.assessment.is_ok(),
-        assessment: answer.assessment.as_ref().ok().cloned(),
-        error: answer.assessment.as_ref().err().cloned(),
-        decision: applied.clone(),
-        next_interval: i32::try_from(applied.state_after.interval).unwrap_or(i32::MAX),
-        tokens: answer.tokens as i64,
         raw: answer.raw.clone(),
-    })
+    }
 }

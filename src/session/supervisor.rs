@@ -281,11 +281,16 @@ impl Supervisor {
             ));
         }
         let config = &self.inner.config;
+        let view = Arc::new(LiveView::new(session));
         let has_children = Arc::new(AtomicBool::new(session.children_count > 0));
         let on_delegated = {
             let (has_children, capacity) = (has_children.clone(), self.inner.capacity.clone());
+            let view = view.clone();
             Arc::new(move || {
                 has_children.store(true, Ordering::SeqCst);
+                // The delegation changed the row (limits carved, children
+                // counted) outside an iteration: the next status reads it.
+                view.invalidate();
                 capacity.freed.notify_one();
             })
         };
@@ -326,7 +331,6 @@ impl Supervisor {
             config.lease.ttl,
             config.lease.margin,
         ));
-        let view = Arc::new(LiveView::new(session));
         if !self.refresh_if_stale(&clock, lease, &view).await? {
             // A rescue took the session over meanwhile: it runs there.
             tracing::info!(session_id = %lease.session_id, "session taken over before its loop started");

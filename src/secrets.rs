@@ -1,4 +1,4 @@
-//! Secrets at rest (issue 15, item 6): a session's own `api_key` is sealed
+//! Secrets at rest: a session's own `api_key` is sealed
 //! with XChaCha20-Poly1305 under a 256-bit key the operator provides
 //! (`WARDEN_SECRET_KEY`) or one generated on first start and kept in a file
 //! outside the database (`WARDEN_SECRET_KEY_FILE`). A database dump alone

@@ -816,7 +816,7 @@ async fn status_latency(
     let list_p99 = quantile(&mut list, 0.99);
     let raw_list_p99 = quantile(&mut raw_list, 0.99);
     let ten_ms = Duration::from_millis(10);
-    // Issue 18: status ≤ 0.5× the raw SELECT by id in the same run, and < 10 ms.
+    // The status target: ≤ 0.5× the raw SELECT by id in the same run, and < 10 ms.
     let get_met = match (get_p99, raw_get_p99) {
         (Some(g), Some(r)) => Some(g.as_secs_f64() <= 0.5 * r.as_secs_f64() && g < ten_ms),
         _ => None,
@@ -1238,7 +1238,7 @@ async fn run() -> BenchResult<()> {
                     "warden-bench: warning: only {running} of {n} sessions were still running"
                 );
             }
-            // Targets of issue 18: one session ≥ 0.9× raw; 32 and more ≥ 1.5× raw.
+            // The throughput targets: one session ≥ 0.9× raw; 32 and more ≥ 1.5× raw.
             let goal = match n {
                 1 => Some(0.9),
                 n if n >= 32 => Some(1.5),

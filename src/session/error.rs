@@ -35,7 +35,7 @@ pub enum ServiceError {
     /// server-side decision no schema can express, so not a 422.
     #[error("{0}")]
     EgressDenied(String),
-    /// A quota would be exceeded (issue 15, item 7); `code` names it.
+    /// A quota would be exceeded; `code` names it.
     #[error("{detail}")]
     Quota {
         /// Stable code, e.g. `tenant_running_limit`.

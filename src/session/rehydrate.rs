@@ -35,7 +35,7 @@ pub async fn load_for_run(store: &Store, id: Uuid) -> Result<(Session, LoopState
 /// Rebuilds the loop state of a session the caller has row-locked on
 /// `conn`. Everything is read on that same connection: a handler that held
 /// the lock and asked the pool for a second connection could exhaust the
-/// pool with a handful of concurrent stops (issue 13, defect 1).
+/// pool with a handful of concurrent stops.
 pub async fn rebuild_locked(conn: &mut PgConnection, session: &Session) -> Result<LoopState> {
     let inputs = store::rebuild_inputs_on(conn, session.id).await?;
     Ok(replay(session, inputs))

@@ -139,7 +139,7 @@ pub fn cap_output(result: &mut Result<StepResult, ExecutorError>, cap: usize) ->
 const SHORT_TEXT_BYTES: usize = 4_096;
 
 /// Makes what an executor answered storable: an agent that sends a NUL
-/// must not make every commit of its session fail (issue 13, defect 5).
+/// must not make every commit of its session fail.
 /// Returns how many characters were replaced, for the record.
 pub fn make_storable(result: &mut Result<StepResult, ExecutorError>) -> usize {
     match result {

@@ -1,4 +1,4 @@
-//! The embedded PostgreSQL (issue 17): PostgreSQL 17.5 compiled to WASM, run
+//! The embedded PostgreSQL: PostgreSQL 17.5 compiled to WASM, run
 //! in this process by `pglite-oxide`, used when `DATABASE_URL` is unset.
 //!
 //! It serves one backend, so Warden talks to it over a single connection

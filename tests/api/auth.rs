@@ -1,4 +1,4 @@
-//! Keys, roles, tenants and cross-site rules (issue 15): an auth matrix
+//! Keys, roles, tenants and cross-site rules: an auth matrix
 //! generated from the committed OpenAPI document, tenant isolation, key
 //! revocation, protected mode, and no secret in any answer or log line.
 

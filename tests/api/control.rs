@@ -1,4 +1,4 @@
-//! The control path under contention and hostile data (issue 13): stops that
+//! The control path under contention and hostile data: stops that
 //! must neither freeze the API nor be lost, agents whose output Postgres
 //! cannot store, the failure model, outage answers, and a hammer of
 //! concurrent clients against a real server process.
@@ -1197,8 +1197,8 @@ async fn a_database_outage_is_answered_503_and_survived() {
             "took {:?}",
             t.elapsed()
         );
-        // The status of a session this replica runs comes from its memory
-        // (issue 18): the last committed state.
+        // The status of a session this replica runs comes from its memory:
+        // the last committed state.
         let (status, doc) = send(
             &client,
             reqwest::Method::GET,
@@ -1213,7 +1213,7 @@ async fn a_database_outage_is_answered_503_and_survived() {
             "{doc}"
         );
     }
-    // For the whole outage (issue 35, item 6): once the loops' leases can
+    // For the whole outage: once the loops' leases can
     // no longer be trusted (TTL 2 s here), the status still answers from
     // memory, marked stale, with the time of its last committed state.
     let stale_by = outage + Duration::from_millis(2_500);

@@ -1,4 +1,4 @@
-//! Fair share in the queue (issue 34): free places go to the waiting
+//! Fair share in the queue: free places go to the waiting
 //! tenants by weight against what each already runs, oldest first inside a
 //! tenant, and a tenant at its running cap waits; queue places count per
 //! tenant.

@@ -1,4 +1,4 @@
-//! Issue 35, items 1 and 7: memory bounded whatever an agent sends. Big
+//! Memory bounded whatever an agent sends. Big
 //! step outputs are stored up to WARDEN_MAX_OUTPUT_BYTES with a marker,
 //! travel in histories as few-KiB excerpts, and are served in bounded
 //! pages; an answer over the egress cap is one permanent step error.

@@ -1,4 +1,4 @@
-//! Owners that die (issue 35, items 3 and 5): a stop sent through a peer
+//! Owners that die: a stop sent through a peer
 //! of a killed owner answers truthfully and lands within one lease period,
 //! and the survivors of a kill share its sessions. Two or three `warden`
 //! processes on one database: server Postgres only.

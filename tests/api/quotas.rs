@@ -1,4 +1,4 @@
-//! Quotas (issue 15, item 7): running sessions per tenant (race-safe),
+//! Quotas: running sessions per tenant (race-safe),
 //! live streams per tenant, the request timeout and the global concurrency
 //! limit, and lists that answer as before from summary columns.
 

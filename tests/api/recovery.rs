@@ -220,7 +220,7 @@ async fn a_live_owner_keeps_its_sessions_when_another_instance_starts() {
     assert_gap_free(&owner.iterations(&id).await);
 }
 
-/// Issue 17: sessions on the embedded PostgreSQL survive `kill -9` of the
+/// Sessions on the embedded PostgreSQL survive `kill -9` of the
 /// process; restarted on the same data directory, every one resumes and
 /// finishes gap-free, no committed iteration lost or repeated. Needs no
 /// server, so it runs on both passes.
@@ -284,7 +284,7 @@ async fn embedded_sessions_survive_sigkill_and_resume_gap_free() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// Issue 35, item 4: on the embedded store the data directory's lock
+/// On the embedded store the data directory's lock
 /// proves the killed process is gone, so the restarted one releases its
 /// leases at start and its sessions move at once, not a lease TTL (30 s
 /// here) later. Needs no server, so it runs on both passes.

@@ -1,4 +1,4 @@
-//! Secrets at rest (issue 15, item 6): a session's own `api_key` is sealed
+//! Secrets at rest: a session's own `api_key` is sealed
 //! apart from its record, reaches its model after a restart, is moved out of
 //! rows earlier versions wrote; a replica with another key refuses to start,
 //! a rotation moves the fleet to a new key, and a secret no replica can open

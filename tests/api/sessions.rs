@@ -676,7 +676,7 @@ async fn list_filters_by_status_and_pages_stably() {
 
 /// The API answers while many sessions run: on the embedded PostgreSQL the
 /// loops and the API share one connection, and nothing may hold it across
-/// an await on anything but the database (issue 17). The bound is a
+/// an await on anything but the database. The bound is a
 /// liveness check (a frozen API never answers), not a latency figure.
 #[tokio::test]
 async fn status_reads_answer_while_many_sessions_run() {

@@ -439,23 +439,30 @@ pub(super) mod shape {
         schema: &Value,
         path: &mut String,
     ) -> Result<(), Mismatch> {
-        // A free-form object (no declared properties) takes anything.
-        let Some(props) = schema.get("properties").and_then(Value::as_object) else {
-            return Ok(());
+        // Fields the document does not name: a map's values have the schema
+        // `additionalProperties` gives (walked like named fields, so their
+        // whole floats become integers too); `true` or absent takes anything.
+        let extra = schema.get("additionalProperties");
+        let extra_schema = extra.filter(|a| a.is_object());
+        let empty = Map::new();
+        let props = match schema.get("properties").and_then(Value::as_object) {
+            Some(props) => props,
+            // A free-form object (no declared properties) takes anything.
+            None if extra_schema.is_none() => return Ok(()),
+            None => &empty,
         };
-        let open = schema
-            .get("additionalProperties")
-            .is_some_and(|a| a != &Value::Bool(false));
+        let open = extra.is_none_or(|a| a != &Value::Bool(false));
         for (name, field) in fields.iter_mut() {
             let len = path.len();
             if !path.is_empty() {
                 path.push('.');
             }
             path.push_str(name);
-            match props.get(name) {
-                Some(prop) => walk(doc, field, prop, path)?,
-                None if open => {}
-                None => {
+            match (props.get(name), extra_schema) {
+                (Some(prop), _) => walk(doc, field, prop, path)?,
+                (None, Some(values)) => walk(doc, field, values, path)?,
+                (None, None) if open => {}
+                (None, None) => {
                     path.truncate(len);
                     let mut known: Vec<&str> = props.keys().map(String::as_str).collect();
                     known.sort_unstable();
@@ -484,6 +491,24 @@ mod tests {
         // The document as served; in the server the router hands it over.
         let doc = crate::http::openapi::spec();
         check(doc, &mut body, schema).map(|()| body)
+    }
+
+    #[test]
+    fn whole_floats_become_integers_in_the_values_of_a_map() {
+        // `executor.scripts` is a map of named scripts: its steps are
+        // walked like the steps of `executor.steps`.
+        let body = checked(
+            json!({ "goal": "g", "executor": { "kind": "scripted",
+                "steps": [{ "action": "a", "delay_ms": 5.0 }],
+                "scripts": { "child": [{ "action": "b", "delay_ms": 3600000.0 }] } } }),
+            "CreateSession",
+        )
+        .expect("a valid body");
+        assert_eq!(body["executor"]["steps"][0]["delay_ms"], json!(5));
+        assert_eq!(
+            body["executor"]["scripts"]["child"][0]["delay_ms"],
+            json!(3600000)
+        );
     }
 
     #[test]

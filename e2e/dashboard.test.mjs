@@ -442,8 +442,9 @@ test("readable on a phone: a 390 px viewport shows the list and a session withou
   const phone = await browser.newPage({ viewport: { width: 390, height: 844 }, isMobile: true, hasTouch: true });
   const errors = [];
   phone.on("pageerror", (err) => errors.push(err.message));
-  await phone.goto(baseUrl + "/");
-  await phone.evaluate((k) => sessionStorage.setItem("warden.key", k), key);
+  // The key is in place before the page's first script runs: one load,
+  // signed in (a load without it, then a hash change, raced the app's sign-in).
+  await phone.addInitScript((k) => sessionStorage.setItem("warden.key", k), key);
   await phone.goto(`${baseUrl}/#/`);
   await phone.waitForSelector(`#sessions tr[data-id="${s.id}"]`);
   const listWidth = await phone.evaluate(() => document.documentElement.scrollWidth);
@@ -663,8 +664,9 @@ test("a parent's page shows its tree of child sessions live; a child links back;
   const phone = await browser.newPage({ viewport: { width: 390, height: 844 }, isMobile: true, hasTouch: true });
   const errors = [];
   phone.on("pageerror", (err) => errors.push(err.message));
-  await phone.goto(baseUrl + "/");
-  await phone.evaluate((k) => sessionStorage.setItem("warden.key", k), key);
+  // The key is in place before the page's first script runs: one load,
+  // signed in (a load without it, then a hash change, raced the app's sign-in).
+  await phone.addInitScript((k) => sessionStorage.setItem("warden.key", k), key);
   await phone.goto(`${baseUrl}/#/s/${parent.id}`);
   await phone.waitForFunction(() => document.querySelectorAll("#tree li li").length === 2);
   const width = await phone.evaluate(() => document.documentElement.scrollWidth);

@@ -274,10 +274,6 @@ pub async fn get_session(
 ) -> ApiResult<(HeaderMap, Json<SessionView>)> {
     let (session, velocity, source) = state.service.status(id, &caller.scope).await?;
     let committed_at = session.updated_at;
-    // Children are read only for a session that has any: a status from
-    // memory stays a memory read for every other (a delegation invalidates
-    // the parent's view, so its next status reads the count afresh).
-    let has_children = session.children_count > 0;
     let mut doc = view(&state, session);
     if source == StatusSource::StaleMemory {
         doc.stale = true;
@@ -295,8 +291,7 @@ pub async fn get_session(
     show_pending_approvals(&state, &mut doc, &caller.scope).await?;
     // A status answered from memory while Postgres is away still answers,
     // without its children.
-    if has_children
-        && let Err(err) = show_children(&state, &mut doc, &caller.scope).await
+    if let Err(err) = show_children(&state, &mut doc, &caller.scope).await
         && !from_memory
     {
         return Err(err);

@@ -620,8 +620,9 @@ test("a parent's page shows its tree of child sessions live; a child links back;
   // A child's node opens its page, which says whose part it is and links back.
   await page.click(`${node(childIds[0])} a.node-goal`);
   await page.waitForURL(new RegExp(`#/s/${childIds[0]}$`));
+  // The child's own status, not the parent's page still shown before the hash change is handled.
+  await page.waitForFunction((goal) => document.querySelector("#goal-text")?.textContent === goal, childGoals[0]);
   await page.waitForFunction(() => document.querySelector("#status")?.textContent === "completed");
-  assert.equal(await page.textContent("#goal-text"), childGoals[0]);
   await page.waitForFunction((goal) => document.querySelector("#parent-link")?.textContent === goal, parent.goal);
   assert.equal(await page.getAttribute("#parent-link", "href"), `#/s/${parent.id}`);
   await page.waitForSelector(`${node(childIds[0])} .node.self`);

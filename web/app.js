@@ -451,7 +451,8 @@ function renderVelocity(points) {
 }
 
 function renderSession(s) {
-  if (!$("#status")) return;
+  // A read that was in flight when the person opened another session must not paint over it.
+  if (!$("#status") || s.id !== shown.id) return;
   current = s;
   $("#status").textContent = s.status === "queued" && s.queue_position ? `queued (#${s.queue_position} in the queue)` : s.status;
   $("#status").className = "badge s-" + s.status;

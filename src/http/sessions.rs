@@ -274,27 +274,26 @@ pub async fn get_session(
 ) -> ApiResult<(HeaderMap, Json<SessionView>)> {
     let (session, velocity, source) = state.service.status(id, &caller.scope).await?;
     let committed_at = session.updated_at;
+    // Children are read only for a session that has any: a status from
+    // memory stays a memory read for every other (a delegation invalidates
+    // the parent's view, so its next status reads the count afresh).
+    let has_children = session.children_count > 0;
     let mut doc = view(&state, session);
     if source == StatusSource::StaleMemory {
         doc.stale = true;
         doc.committed_at = Some(committed_at);
     }
-    let from_memory = source != StatusSource::Database;
-    if doc.executor.kind == "worker" && doc.status == crate::policy::lifecycle::Status::Running {
-        doc.waiting_for_worker = state
-            .service
-            .store()
-            .waiting_for_worker(id, &caller.scope)
-            .await?
-            .map(|(queue, since)| super::views::WaitingForWorker { queue, since });
-    }
-    show_pending_approvals(&state, &mut doc, &caller.scope).await?;
-    // A status answered from memory while Postgres is away still answers,
-    // without its children.
-    if let Err(err) = show_children(&state, &mut doc, &caller.scope).await
-        && !from_memory
-    {
-        return Err(err);
+    // Postgres is known to be away: the status answers from memory alone,
+    // without the parts only Postgres holds, rather than wait for them.
+    if source != StatusSource::StaleMemory {
+        let extras = show_database_parts(&state, &mut doc, &caller.scope, has_children).await;
+        // From memory, the status answers without them when Postgres went
+        // away just now; read from Postgres, it fails as the read would.
+        if let Err(err) = extras
+            && source == StatusSource::Database
+        {
+            return Err(err);
+        }
     }
     doc.velocity = Some(
         velocity
@@ -305,7 +304,11 @@ pub async fn get_session(
     let mut headers = HeaderMap::new();
     headers.insert(
         STATUS_SOURCE,
-        HeaderValue::from_static(if from_memory { "memory" } else { "database" }),
+        HeaderValue::from_static(if source == StatusSource::Database {
+            "database"
+        } else {
+            "memory"
+        }),
     );
     Ok((headers, Json(doc)))
 }
@@ -328,6 +331,29 @@ pub(super) async fn show_pending_approvals(
         .await?;
     if !doc.pending_approvals.is_empty() {
         doc.allowed_actions.retain(|a| *a != Action::Resume);
+    }
+    Ok(())
+}
+
+/// Fills the parts of a status only Postgres holds: the worker queue a
+/// running worker session waits on, pending approvals, and its children.
+async fn show_database_parts(
+    state: &AppState,
+    doc: &mut SessionView,
+    scope: &crate::store::TenantScope,
+    has_children: bool,
+) -> ApiResult<()> {
+    if doc.executor.kind == "worker" && doc.status == crate::policy::lifecycle::Status::Running {
+        doc.waiting_for_worker = state
+            .service
+            .store()
+            .waiting_for_worker(doc.id, scope)
+            .await?
+            .map(|(queue, since)| super::views::WaitingForWorker { queue, since });
+    }
+    show_pending_approvals(state, doc, scope).await?;
+    if has_children {
+        show_children(state, doc, scope).await?;
     }
     Ok(())
 }

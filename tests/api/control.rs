@@ -110,8 +110,8 @@ async fn wait_db(pool: &PgPool, id: &str, timeout: Duration, done: impl Fn(&str,
     .await
 }
 
-// Defect 1: stops of sessions no local loop runs held a row lock and asked
-// the pool for a second connection; 4 of them at once froze the API.
+// A stop of a session no local loop runs once held a row lock while asking
+// the pool for a second connection; four at once froze the API.
 #[tokio::test]
 #[ignore = "needs a Postgres server: a warden process beside the test, both on the test's database"]
 async fn concurrent_stops_of_paused_sessions_do_not_freeze_the_api() {
@@ -174,8 +174,8 @@ async fn concurrent_stops_of_paused_sessions_do_not_freeze_the_api() {
     );
 }
 
-// Defect 2: the loop finishing a pause cleared a stop committed meanwhile.
-// The store refuses the pause under the row lock; the loop records the stop.
+// A loop finishing a pause must not clear a stop committed meanwhile: the
+// store refuses the pause under the row lock and the loop records the stop.
 #[tokio::test]
 async fn the_loop_cannot_pause_over_a_pending_stop() {
     let db = crate::common::TestDb::new().await;
@@ -265,7 +265,7 @@ async fn the_loop_cannot_pause_over_a_pending_stop() {
     assert_eq!(s.status.as_str(), "interrupted");
 }
 
-// Defect 2, end to end: a stop sent right behind a pause wins.
+// The same race end to end: a stop sent right behind a pause wins.
 #[tokio::test]
 async fn a_stop_racing_a_pause_ends_interrupted() {
     let db = crate::common::TestDb::new().await;
@@ -307,8 +307,8 @@ async fn a_stop_racing_a_pause_ends_interrupted() {
     }
 }
 
-// Defect 3: a late start of a stale lease replaced the live runner in the
-// registry; the live one then lost its renewals and was rescued.
+// A late start on a stale lease must not replace the live runner in the
+// registry, or the live one loses its renewals and is rescued.
 #[tokio::test]
 async fn a_late_runner_start_does_not_replace_the_live_runner() {
     let db = crate::common::TestDb::new().await;
@@ -407,7 +407,8 @@ mod agent {
     }
 }
 
-// Defect 5: NUL in client text answered 500; now 422 naming the field.
+// Postgres text cannot hold NUL: client text carrying one is a 422 naming
+// the field, not a 500 from the database.
 #[tokio::test]
 async fn nul_in_client_text_is_refused_naming_the_field() {
     let db = crate::common::TestDb::new().await;
@@ -462,7 +463,7 @@ async fn nul_in_client_text_is_refused_naming_the_field() {
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{doc}");
 }
 
-// Defect 5 and the poison-pill test, first half: an agent that answers a
+// The same NUL from an agent is not a poison pill: an agent that answers a
 // NUL and then valid text keeps working; the NUL is replaced and recorded.
 #[tokio::test]
 async fn an_agent_answering_nul_keeps_working() {
@@ -506,10 +507,10 @@ async fn an_agent_answering_nul_keeps_working() {
     assert_eq!(sanitized[0]["data"]["nul_replaced"], 5);
 }
 
-// Defects 6 and 4, and the poison-pill test, second half: an answer that can
-// never be stored ends the session failed after N attempts, the agent called
-// at most N times with one Idempotency-Key; an exited runner's lease is given
-// up at once, so the attempts come a heartbeat apart, not a TTL.
+// A poison pill the store refuses: an answer that can never be stored ends
+// the session failed after N attempts, the agent called at most N times with
+// one Idempotency-Key; an exited runner's lease is given up at once, so the
+// attempts come a heartbeat apart, not a TTL.
 #[tokio::test]
 async fn an_unstorable_answer_fails_the_session_after_n_attempts() {
     let db = crate::common::TestDb::new().await;
@@ -587,8 +588,8 @@ async fn an_unstorable_answer_fails_the_session_after_n_attempts() {
     assert!(keys.lock().unwrap().len() <= 3);
 }
 
-// Defect 7: connection-level failures answer 503 with Retry-After, and
-// /readyz answers within a second.
+// Connection-level failures answer 503 with Retry-After, so clients back
+// off; /readyz answers within a second so balancers can route away.
 #[tokio::test]
 #[ignore = "needs a Postgres server: a second connection that terminates the service's backends"]
 async fn a_lost_database_answers_503_quickly() {
@@ -651,8 +652,8 @@ async fn a_lost_database_answers_503_quickly() {
     assert!(t.elapsed() < Duration::from_secs(1));
 }
 
-// Defect 9: hostile stream ids and cursors are 400, not a panic or a 500;
-// a webhook's u64::MAX tokens saturate instead of storing -1.
+// Hostile stream ids and cursors are 400, not a panic or a 500; a webhook's
+// u64::MAX tokens saturate instead of wrapping to -1 in a BIGINT.
 #[tokio::test]
 async fn hostile_ids_cursors_and_token_counts() {
     let db = crate::common::TestDb::new().await;
@@ -982,9 +983,10 @@ async fn control_path_hammer() {
     }
 }
 
-// Defect 8: a session naming its own model endpoint fell back to a 120 s
-// timeout and 3 retries, ignoring WARDEN_LLM_TIMEOUT_MS / _MAX_RETRIES /
-// _RETRY_BASE_MS (the tests set 2 retries, 10 ms backoff; here 300 ms).
+// A session naming its own model endpoint must get the same timeout and
+// retries as the server's (WARDEN_LLM_TIMEOUT_MS / _MAX_RETRIES /
+// _RETRY_BASE_MS; the tests set 2 retries, 10 ms backoff; here 300 ms),
+// not a built-in 120 s and 3 retries.
 #[tokio::test]
 async fn model_calls_honour_the_environment_for_any_endpoint() {
     let db = crate::common::TestDb::new().await;
@@ -1297,9 +1299,9 @@ async fn a_database_outage_is_answered_503_and_survived() {
     drop(server);
 }
 
-// Defect 4, second half: a runner's lease clock started when the acquiring
-// request began; started late (a long wait for a connection), the runner
-// trusted an expired clock, quit, and the session was rescued a TTL later.
+// A runner's lease clock starts when the acquiring request began; a runner
+// started late (a long wait for a connection) must renew rather than trust
+// that expired clock and quit, or the session is rescued a TTL later.
 #[tokio::test]
 async fn a_runner_started_late_renews_its_lease_instead_of_quitting() {
     let db = crate::common::TestDb::new().await;

@@ -422,6 +422,14 @@ async fn on_cli_store(
     code
 }
 
+/// The word after `name` among a command's `args` (`--tenant acme`).
+fn flag_value<'a>(args: &'a [String], name: &str) -> Option<&'a str> {
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1))
+        .map(String::as_str)
+}
+
 /// `warden keys ...`: create, list and revoke API keys straight in the
 /// database, for first setup without `WARDEN_ADMIN_TOKEN`.
 async fn keys(args: Vec<String>) -> ExitCode {
@@ -429,12 +437,7 @@ async fn keys(args: Vec<String>) -> ExitCode {
 }
 
 async fn keys_on(store: &warden::store::Store, args: Vec<String>) -> ExitCode {
-    let flag = |name: &str| {
-        args.iter()
-            .position(|a| a == name)
-            .and_then(|i| args.get(i + 1))
-            .map(String::as_str)
-    };
+    let flag = |name: &str| flag_value(&args, name);
     match args.first().map(String::as_str) {
         Some("create") => {
             let (Some(tenant), Some(role)) = (flag("--tenant"), flag("--role")) else {
@@ -703,12 +706,7 @@ async fn tenants(args: Vec<String>) -> ExitCode {
 }
 
 async fn tenants_on(store: &warden::store::Store, args: Vec<String>) -> ExitCode {
-    let flag = |name: &str| {
-        args.iter()
-            .position(|a| a == name)
-            .and_then(|i| args.get(i + 1))
-            .map(String::as_str)
-    };
+    let flag = |name: &str| flag_value(&args, name);
     match args.first().map(String::as_str) {
         Some("set") => {
             let Some(tenant) = args.get(1).filter(|t| warden::auth::valid_tenant(t)) else {

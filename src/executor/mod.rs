@@ -559,31 +559,17 @@ impl ExecutorSpec {
                 if model.as_deref().is_some_and(crate::policy::text::is_blank) {
                     return Err("executor.model must not be empty".into());
                 }
-                if timeout_ms.is_some_and(|t| !TIMEOUT_MS.contains(&t)) {
-                    return Err(timeout_out_of_range());
-                }
-                if max_tokens_per_call.is_some_and(|t| !MAX_TOKENS_PER_CALL.contains(&t)) {
-                    return Err(format!(
-                        "executor.max_tokens_per_call must be between {} and {}",
-                        MAX_TOKENS_PER_CALL.start(),
-                        MAX_TOKENS_PER_CALL.end()
-                    ));
-                }
-                if temperature.is_some_and(|t| !TEMPERATURE.contains(&t)) {
-                    return Err(format!(
-                        "executor.temperature must be between {} and {}",
-                        TEMPERATURE.start(),
-                        TEMPERATURE.end()
-                    ));
-                }
-                Ok(())
+                check_range("executor.timeout_ms", *timeout_ms, &TIMEOUT_MS)?;
+                check_range(
+                    "executor.max_tokens_per_call",
+                    *max_tokens_per_call,
+                    &MAX_TOKENS_PER_CALL,
+                )?;
+                check_range("executor.temperature", *temperature, &TEMPERATURE)
             }
             ExecutorSpec::Webhook { url, timeout_ms } => {
                 check_url("executor.url", url)?;
-                if timeout_ms.is_some_and(|t| !TIMEOUT_MS.contains(&t)) {
-                    return Err(timeout_out_of_range());
-                }
-                Ok(())
+                check_range("executor.timeout_ms", *timeout_ms, &TIMEOUT_MS)
             }
             ExecutorSpec::Worker {
                 queue,
@@ -608,28 +594,17 @@ impl ExecutorSpec {
                         "executor.labels may hold at most {MAX_LABELS} labels, names of 1 to {MAX_LABEL_NAME_CHARS} characters, values of at most {MAX_LABEL_VALUE_CHARS}"
                     ));
                 }
-                if heartbeat_timeout_ms.is_some_and(|t| !TIMEOUT_MS.contains(&t)) {
-                    return Err(format!(
-                        "executor.heartbeat_timeout_ms must be between {} and {}",
-                        TIMEOUT_MS.start(),
-                        TIMEOUT_MS.end()
-                    ));
-                }
-                if max_attempts.is_some_and(|n| !MAX_ATTEMPTS.contains(&n)) {
-                    return Err(format!(
-                        "executor.max_attempts must be between {} and {}",
-                        MAX_ATTEMPTS.start(),
-                        MAX_ATTEMPTS.end()
-                    ));
-                }
-                if worker_wait_timeout_ms.is_some_and(|t| !WORKER_WAIT_MS.contains(&t)) {
-                    return Err(format!(
-                        "executor.worker_wait_timeout_ms must be between {} and {}",
-                        WORKER_WAIT_MS.start(),
-                        WORKER_WAIT_MS.end()
-                    ));
-                }
-                Ok(())
+                check_range(
+                    "executor.heartbeat_timeout_ms",
+                    *heartbeat_timeout_ms,
+                    &TIMEOUT_MS,
+                )?;
+                check_range("executor.max_attempts", *max_attempts, &MAX_ATTEMPTS)?;
+                check_range(
+                    "executor.worker_wait_timeout_ms",
+                    *worker_wait_timeout_ms,
+                    &WORKER_WAIT_MS,
+                )
             }
         }
     }
@@ -905,12 +880,20 @@ fn same_endpoint(a: Option<&str>, b: Option<&str>) -> bool {
     }
 }
 
-fn timeout_out_of_range() -> String {
-    format!(
-        "executor.timeout_ms must be between {} and {}",
-        TIMEOUT_MS.start(),
-        TIMEOUT_MS.end()
-    )
+/// Refuses a `field` set outside `range`, naming both ends.
+fn check_range<T: PartialOrd + std::fmt::Display + Copy>(
+    field: &str,
+    value: Option<T>,
+    range: &std::ops::RangeInclusive<T>,
+) -> Result<(), String> {
+    match value {
+        Some(v) if !range.contains(&v) => Err(format!(
+            "{field} must be between {} and {}",
+            range.start(),
+            range.end()
+        )),
+        _ => Ok(()),
+    }
 }
 
 fn check_url(field: &str, url: &str) -> Result<(), String> {
@@ -977,6 +960,54 @@ mod tests {
 
     fn spec(value: serde_json::Value) -> ExecutorSpec {
         serde_json::from_value(value).unwrap()
+    }
+
+    #[test]
+    fn numbers_outside_their_range_are_refused_naming_the_field_and_both_ends() {
+        use serde_json::json;
+        for (value, said) in [
+            (
+                json!({ "kind": "llm", "timeout_ms": 99 }),
+                "executor.timeout_ms must be between 100 and 3600000",
+            ),
+            (
+                json!({ "kind": "llm", "max_tokens_per_call": 0 }),
+                "executor.max_tokens_per_call must be between 1 and 1000000",
+            ),
+            (
+                json!({ "kind": "llm", "temperature": 2.5 }),
+                "executor.temperature must be between 0 and 2",
+            ),
+            (
+                json!({ "kind": "webhook", "url": "https://agent.example/step", "timeout_ms": 3_600_001 }),
+                "executor.timeout_ms must be between 100 and 3600000",
+            ),
+            (
+                json!({ "kind": "worker", "queue": "q", "heartbeat_timeout_ms": 50 }),
+                "executor.heartbeat_timeout_ms must be between 100 and 3600000",
+            ),
+            (
+                json!({ "kind": "worker", "queue": "q", "max_attempts": 21 }),
+                "executor.max_attempts must be between 1 and 20",
+            ),
+            (
+                json!({ "kind": "worker", "queue": "q", "worker_wait_timeout_ms": 86_400_001 }),
+                "executor.worker_wait_timeout_ms must be between 100 and 86400000",
+            ),
+        ] {
+            assert_eq!(
+                spec(value.clone()).validate(),
+                Err(said.to_string()),
+                "{value}"
+            );
+        }
+        // Both ends are in range.
+        for value in [
+            json!({ "kind": "llm", "timeout_ms": 100, "max_tokens_per_call": 1_000_000, "temperature": 0.0 }),
+            json!({ "kind": "worker", "queue": "q", "max_attempts": 1, "worker_wait_timeout_ms": 86_400_000 }),
+        ] {
+            assert_eq!(spec(value.clone()).validate(), Ok(()), "{value}");
+        }
     }
 
     #[test]

@@ -345,11 +345,16 @@ pub async fn request_pause(conn: &mut PgConnection, id: Uuid, scope: &TenantScop
 
 /// The error of a scoped write that matched no row: the caller locked the
 /// session under the same scope first, so this is never a user's mistake.
-fn unreached(id: Uuid) -> StoreError {
-    StoreError::Corrupt {
-        id,
-        detail: "a locked session was not reached by its own scope".into(),
+/// A write to a session locked under the same scope must have reached it;
+/// one that did not is a broken invariant, not a missing session.
+fn reached(id: Uuid, done: &sqlx::postgres::PgQueryResult) -> Result<()> {
+    if done.rows_affected() == 0 {
+        return Err(StoreError::Corrupt {
+            id,
+            detail: "a locked session was not reached by its own scope".into(),
+        });
     }
+    Ok(())
 }
 
 /// Sets the durable flag of a stop or pause `request` and logs it.
@@ -370,9 +375,7 @@ async fn request(
     )
     .execute(&mut *conn)
     .await?;
-    if done.rows_affected() == 0 {
-        return Err(unreached(id));
-    }
+    reached(id, &done)?;
     event_log::append(conn, id, &[NewEvent::from_event(&request)?]).await
 }
 
@@ -394,9 +397,7 @@ pub async fn update_settings(
     )
     .execute(&mut *conn)
     .await?;
-    if done.rows_affected() == 0 {
-        return Err(unreached(id));
-    }
+    reached(id, &done)?;
     event_log::append(conn, id, events).await
 }
 
@@ -444,9 +445,7 @@ pub async fn resume(
     )
     .execute(&mut *conn)
     .await?;
-    if done.rows_affected() == 0 {
-        return Err(unreached(id));
-    }
+    reached(id, &done)?;
     event_log::append(conn, id, events).await?;
     Ok(token.map(|token| Lease {
         session_id: id,
@@ -492,9 +491,7 @@ pub async fn end_unowned(
     )
     .execute(&mut *conn)
     .await?;
-    if done.rows_affected() == 0 {
-        return Err(unreached(id));
-    }
+    reached(id, &done)?;
     event_log::append(conn, id, events).await
 }
 
@@ -521,10 +518,7 @@ pub async fn insert_refinement(
     )
     .execute(conn)
     .await?;
-    if done.rows_affected() == 0 {
-        return Err(unreached(id));
-    }
-    Ok(())
+    reached(id, &done)
 }
 
 /// Starts a session that waited for refinement, with its chosen goal and
@@ -566,9 +560,7 @@ pub async fn start_refined(
     )
     .execute(&mut *conn)
     .await?;
-    if done.rows_affected() == 0 {
-        return Err(unreached(id));
-    }
+    reached(id, &done)?;
     event_log::append(conn, id, events).await?;
     Ok(token.map(|token| Lease {
         session_id: id,
@@ -587,10 +579,7 @@ pub async fn delete(conn: &mut PgConnection, id: Uuid, scope: &TenantScope) -> R
     )
     .execute(&mut *conn)
     .await?;
-    if done.rows_affected() == 0 {
-        return Err(unreached(id));
-    }
-    Ok(())
+    reached(id, &done)
 }
 
 impl Store {

@@ -277,6 +277,8 @@ fn event_page(rows: Vec<LoggedEvent>, next_after: Option<i64>) -> EventPage {
 /// `Accept: text/event-stream` a live Server-Sent Events stream (the SSE id
 /// is the sequence number; reconnect with `Last-Event-ID` to continue
 /// without a gap; the stream ends after the event that ends the loop).
+/// Routine events further back than `WARDEN_EVENT_HORIZON` are compacted
+/// away, so their numbers are missing.
 #[utoipa::path(
     get, path = "/api/autonomous/{id}/events", tag = "history",
     params(("id" = Uuid, Path, description = "Session id"), AfterPage),

@@ -556,7 +556,8 @@ pub struct CheckpointPage {
 /// (`kind`, `data`: one of the session event kinds), and when it was appended.
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct EventView {
-    /// Per-session sequence number, gap-free.
+    /// Per-session sequence number, increasing; gap-free but for routine
+    /// events compacted away past `WARDEN_EVENT_HORIZON`.
     pub seq: i64,
     /// The event: `kind` and its `data`.
     #[serde(flatten)]

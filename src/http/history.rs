@@ -270,7 +270,19 @@ fn event_page(rows: Vec<LoggedEvent>, next_after: Option<i64>) -> EventPage {
     EventPage {
         items: rows.into_iter().map(Into::into).collect(),
         next_after,
+        compacted_through: None,
     }
+}
+
+/// `page` with how far compaction has thinned the log it was read from.
+async fn with_compaction(
+    state: &AppState,
+    id: Uuid,
+    scope: &TenantScope,
+    mut page: EventPage,
+) -> ApiResult<EventPage> {
+    page.compacted_through = state.service.reads().compacted_through(id, scope).await?;
+    Ok(page)
 }
 
 /// The session log in sequence order: a JSON page, or with
@@ -303,6 +315,7 @@ pub async fn list_events(
 ) -> ApiResult<Response> {
     if !event_stream::wants_stream(&headers) {
         let page = history_page::<Events>(&state, &caller, id, q).await?;
+        let page = with_compaction(&state, id, &caller.scope, page).await?;
         return Ok(Json(page).into_response());
     }
     ensure_exists(&state, id, &caller.scope).await?;
@@ -366,7 +379,8 @@ pub async fn list_decisions(
     SessionId(id): SessionId,
     ApiQuery(q): ApiQuery<DecisionQuery>,
 ) -> ApiResult<Json<EventPage>> {
-    history_page::<Decisions>(&state, &caller, id, q)
+    let page = history_page::<Decisions>(&state, &caller, id, q).await?;
+    with_compaction(&state, id, &caller.scope, page)
         .await
         .map(Json)
 }

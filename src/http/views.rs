@@ -587,6 +587,10 @@ pub struct EventPage {
     pub items: Vec<EventView>,
     /// Pass as `after` to get the next page; null on the last page.
     pub next_after: Option<i64>,
+    /// Routine events up to this sequence number were compacted away
+    /// (`WARDEN_EVENT_HORIZON`), so their numbers are missing; null when the
+    /// session's log was never compacted.
+    pub compacted_through: Option<i64>,
 }
 
 /// Paging of ordered per-session collections.

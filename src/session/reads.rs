@@ -101,6 +101,12 @@ impl SessionReads {
         decode_all(id, rows)
     }
 
+    /// Up to which sequence number compaction thinned the session's log,
+    /// if it ever did.
+    pub async fn compacted_through(&self, id: Uuid, scope: &TenantScope) -> Result<Option<i64>> {
+        Ok(self.store.compacted_through(id, scope).await?)
+    }
+
     /// Decision events after `after_seq`; gate evaluations that decided
     /// `continue` only when asked for.
     pub async fn decisions(

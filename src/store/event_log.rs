@@ -54,6 +54,19 @@ pub async fn append(conn: &mut PgConnection, session_id: Uuid, events: &[NewEven
 }
 
 impl Store {
+    /// Up to which sequence number compaction has thinned the log of
+    /// session `id` (`None`: never), if `scope` reaches it.
+    pub async fn compacted_through(&self, id: Uuid, scope: &TenantScope) -> Result<Option<i64>> {
+        Ok(sqlx::query_scalar!(
+            "SELECT c.through_seq FROM event_compaction c JOIN sessions s ON s.id = c.session_id
+             WHERE c.session_id = $1 AND ($2::text IS NULL OR s.tenant = $2)",
+            id,
+            scope.tenant(),
+        )
+        .fetch_optional(&self.pool)
+        .await?)
+    }
+
     /// Events of a session after `after_seq`, oldest first; only `kinds` when given.
     pub async fn events(
         &self,

@@ -352,6 +352,7 @@ async fn compaction_drops_routine_events_past_the_horizon_and_keeps_decisions_an
     };
     let before = app.events(&id).await;
     let ends = status_changes(&before);
+
     eventually(
         Duration::from_secs(60),
         "routine events past the horizon to be compacted",
@@ -359,6 +360,15 @@ async fn compaction_drops_routine_events_past_the_horizon_and_keeps_decisions_an
     )
     .await;
     let after = app.events(&id).await;
+    // The pages say how far back the log was thinned, the decisions' too
+    // (their `continue` gate evaluations are among what goes).
+    for list in ["events", "decisions"] {
+        let (status, page) = app
+            .get(&format!("/api/autonomous/{id}/{list}?limit=1"))
+            .await;
+        assert_eq!(status, StatusCode::OK, "{page}");
+        assert_eq!(page["compacted_through"], json!(last_seq - 10), "{list}");
+    }
     assert!(
         after.len() < before.len(),
         "{} → {}",

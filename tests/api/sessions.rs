@@ -39,6 +39,11 @@ async fn done_sentinel_completes_the_session() {
     assert!(s["summary"].as_str().unwrap().contains("README.md written"));
     assert!(!s["next_steps"].as_array().unwrap().is_empty());
     assert_gap_free(&app.iterations(id).await);
+    // A log far shorter than the event horizon was never compacted.
+    let (status, page) = app.get(&format!("/api/autonomous/{id}/events")).await;
+    assert_eq!(status, StatusCode::OK, "{page}");
+    assert!(page["compacted_through"].is_null(), "{page}");
+    assert!(!page["items"].as_array().unwrap().is_empty(), "{page}");
 }
 
 #[tokio::test]

@@ -129,6 +129,7 @@ class EventPage(TypedDict, total=False):
 
     items: list[Event]
     next_after: int | None
+    compacted_through: int | None
 
 
 class CreatedKey(TypedDict, total=False):

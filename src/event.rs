@@ -426,6 +426,20 @@ pub enum SessionEvent {
         /// Tokens given back to this session.
         tokens_returned: u64,
     },
+    /// A descendant paused for a person: the tree waits on it (its tree's
+    /// `on_child_pause` is `wait`). Logged on every ancestor, nearest first.
+    ChildNeedsAttention {
+        /// The descendant that waits.
+        child_id: Uuid,
+        /// Its goal.
+        goal: String,
+        /// Why it waits.
+        reason: Reason,
+        /// What it says about it.
+        summary: Option<String>,
+        /// Its depth in the tree (the root is at 0).
+        depth: u32,
+    },
 }
 
 impl SessionEvent {
@@ -465,6 +479,7 @@ impl SessionEvent {
             SessionEvent::ChildDelegated { .. } => "child_delegated",
             SessionEvent::DelegatedBy { .. } => "delegated_by",
             SessionEvent::ChildEnded { .. } => "child_ended",
+            SessionEvent::ChildNeedsAttention { .. } => "child_needs_attention",
         }
     }
 

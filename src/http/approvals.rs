@@ -19,12 +19,13 @@ use super::paging::{MAX_LIST_LIMIT, next_after, page_limit};
 use super::views::SessionView;
 use crate::auth::Principal;
 use crate::policy::approval::Decision;
-use crate::store::{Approval, ApprovalCursor, NewDecision};
+use crate::store::{Approval, ApprovalCursor, ChildAttention, NewDecision};
 
 /// The approval routes, relative to `/api/autonomous`.
 pub fn router() -> Router<AppState> {
     Router::new()
         .route("/approvals", get(list_approvals))
+        .route("/attention", get(list_attention))
         .route("/{id}/approvals/{call_id}", post(decide))
 }
 
@@ -145,6 +146,76 @@ pub async fn list_approvals(
         .await?;
     let next_cursor = next_after(&items, limit, encode_cursor);
     Ok(Json(ApprovalPage { items, next_cursor }))
+}
+
+/// Paging of the inbox of children needing attention.
+#[derive(Debug, Clone, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct AttentionListQuery {
+    /// `next_cursor` of the previous page.
+    pub cursor: Option<String>,
+    /// Page size, 1 – 200 (default 50).
+    pub limit: Option<i64>,
+}
+
+/// A page of child sessions that wait for a person, oldest pause first.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct AttentionPage {
+    /// The children, each with its tree's root, its parent and why it waits.
+    pub items: Vec<ChildAttention>,
+    /// Pass as `cursor` for the next page; absent on the last.
+    pub next_cursor: Option<String>,
+}
+
+fn encode_attention_cursor(a: &ChildAttention) -> String {
+    format!("{}_{}", a.paused_at.timestamp_micros(), a.child_id)
+}
+
+fn decode_attention_cursor(raw: &str) -> ApiResult<(DateTime<Utc>, Uuid)> {
+    let invalid = || ApiError::bad_request(format!("cursor {raw:?} is not a cursor from this API"));
+    let (micros, child) = raw.trim().split_once('_').ok_or_else(invalid)?;
+    let micros: i64 = micros.parse().map_err(|_| invalid())?;
+    if !(0..=999_999_999_999_999_999).contains(&micros) {
+        return Err(invalid());
+    }
+    Ok((
+        DateTime::<Utc>::from_timestamp_micros(micros).ok_or_else(invalid)?,
+        child.parse::<Uuid>().map_err(|_| invalid())?,
+    ))
+}
+
+/// Child sessions across the caller's tenant that paused for a person
+/// (a budget projected to overrun, a review point, a question, an
+/// approval, …) while their tree waits on them, oldest pause first: the
+/// trees' `on_child_pause` is `wait`. Resume, stop or answer the child
+/// itself; its parent goes on when it ends.
+#[utoipa::path(
+    get, path = "/api/autonomous/attention", tag = "approvals",
+    params(AttentionListQuery),
+    responses(
+        (status = 200, description = "A page of children waiting for a person", body = AttentionPage),
+        (status = 400, description = "Bad cursor or limit", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn list_attention(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Principal>,
+    ApiQuery(q): ApiQuery<AttentionListQuery>,
+) -> ApiResult<Json<AttentionPage>> {
+    let limit = page_limit(q.limit, 50, MAX_LIST_LIMIT)?;
+    let after = q
+        .cursor
+        .as_deref()
+        .map(decode_attention_cursor)
+        .transpose()?;
+    let items = state
+        .service
+        .store()
+        .attention_inbox(&caller.scope, after, limit)
+        .await?;
+    let next_cursor = next_after(&items, limit, encode_attention_cursor);
+    Ok(Json(AttentionPage { items, next_cursor }))
 }
 
 /// Approve or reject a call that waits for a person. An approved call runs

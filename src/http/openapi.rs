@@ -53,6 +53,7 @@ use crate::session::service::{MAX_GOAL_CHARS, MAX_GUIDANCE_CHARS};
         super::history::list_reflections,
         super::sessions::refine_session,
         super::approvals::list_approvals,
+        super::approvals::list_attention,
         super::approvals::decide,
         super::history::list_refinements,
         super::history::list_tasks,

@@ -354,9 +354,17 @@ async fn show_database_parts(
     show_pending_approvals(state, doc, scope).await?;
     if has_children {
         show_children(state, doc, scope).await?;
+        doc.children_needing_attention = state
+            .service
+            .store()
+            .children_needing_attention(doc.id, scope, ATTENTION_IN_STATUS)
+            .await?;
     }
     Ok(())
 }
+
+/// Most descendants waiting for a person a status names.
+const ATTENTION_IN_STATUS: i64 = 50;
 
 /// Lists a session's direct children in its status.
 async fn show_children(

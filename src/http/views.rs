@@ -234,6 +234,14 @@ pub struct SessionView {
     pub depth: usize,
     /// Its direct children, oldest first (on `GET /{id}` only).
     pub children: Vec<ChildView>,
+    /// Its descendants (at any depth) that wait for a person, nearest
+    /// first, and why (on `GET /{id}` only; at most 50): a tree whose
+    /// children paused for a person waits on them, and this names them.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub children_needing_attention: Vec<crate::store::ChildAttention>,
+    /// What a child of its tree does when it would pause for a person:
+    /// `wait` or `fail_child` (set at create, copied to children).
+    pub on_child_pause: crate::policy::delegation::ChildPausePolicy,
     /// What its children hold of its budget: its `limits.max_tokens` is
     /// what it has left for itself.
     pub delegation: DelegationView,
@@ -438,6 +446,8 @@ impl From<Session> for SessionView {
             parent_id: s.parent_id,
             depth: s.lineage.len(),
             children: Vec::new(),
+            children_needing_attention: Vec::new(),
+            on_child_pause: s.on_child_pause,
             delegation: DelegationView {
                 tokens_reserved: s.children_reserved_tokens,
                 tokens_spent_by_children: s.children_tokens,

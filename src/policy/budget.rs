@@ -15,6 +15,23 @@ pub fn allowance(max_tokens: u64, tokens_used: u64) -> u64 {
     max_tokens.saturating_sub(tokens_used)
 }
 
+/// A step's allowance in a tree of sessions: what its own budget has left
+/// (`own_left`), but never more than the tree has left (`tree_left`: what
+/// every live session of the tree has left, less what overspending steps
+/// took that no ancestor could give back; negative when the tree is over)
+/// once the allowances the tree's other steps in flight reserved are set
+/// aside. Reserved before the step starts, under the root's row lock, so
+/// the allowances of concurrent steps together never pass what the tree
+/// has: the tree can only pass its root's budget by what steps reported
+/// over their own allowance, and only steps in flight together when it ran
+/// out can (each ends its session; no later step starts on tokens the tree
+/// does not have).
+pub fn tree_allowance(own_left: u64, tree_left: i64, reserved_by_others: u64) -> u64 {
+    let free = i128::from(tree_left) - i128::from(reserved_by_others);
+    let free = u64::try_from(free.max(0)).unwrap_or(u64::MAX);
+    own_left.min(free)
+}
+
 /// The projected cost of the next step from the per-step token deltas,
 /// oldest first; 0 before the first step.
 ///
@@ -150,6 +167,17 @@ mod tests {
         assert_eq!(allowance(50_000, 50_000), 0);
         assert_eq!(allowance(50_000, 82_030), 0);
         assert_eq!(allowance(u64::MAX, 0), u64::MAX);
+    }
+
+    #[test]
+    fn a_tree_step_gets_its_own_budget_but_never_what_the_tree_lacks() {
+        assert_eq!(tree_allowance(500, 10_000, 0), 500);
+        assert_eq!(tree_allowance(500, 10_000, 9_700), 300);
+        assert_eq!(tree_allowance(500, 10_000, 10_000), 0);
+        assert_eq!(tree_allowance(500, -50, 0), 0);
+        assert_eq!(tree_allowance(500, 400, 500), 0);
+        assert_eq!(tree_allowance(u64::MAX, i64::MAX, 0), i64::MAX as u64);
+        assert_eq!(tree_allowance(7, i64::MIN, u64::MAX), 0);
     }
 
     #[test]

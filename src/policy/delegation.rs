@@ -251,6 +251,83 @@ pub fn child_limits(parent: &Limits, budget: ChildBudget) -> Limits {
     }
 }
 
+/// What a child does when it would pause for a person (any pause but a
+/// user's own and a wait for its own children): a tree's policy, set on its
+/// root at create (`on_child_pause`) and inherited by every child.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ChildPausePolicy {
+    /// The child pauses and its tree waits for a person: every ancestor's
+    /// status names it in `children_needing_attention`, every ancestor's
+    /// log gets a `child_needs_attention` event, and the tenant's inbox
+    /// (`GET /api/autonomous/attention`) lists it.
+    #[default]
+    Wait,
+    /// The child ends `failed` (with the reason it would have paused for)
+    /// and its parent gets that result like any other failed child.
+    FailChild,
+}
+
+impl ChildPausePolicy {
+    /// The snake_case name stored in Postgres and shown in JSON.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ChildPausePolicy::Wait => "wait",
+            ChildPausePolicy::FailChild => "fail_child",
+        }
+    }
+
+    /// Parses the stored name.
+    pub fn parse(s: &str) -> Option<ChildPausePolicy> {
+        [ChildPausePolicy::Wait, ChildPausePolicy::FailChild]
+            .into_iter()
+            .find(|p| p.as_str() == s)
+    }
+}
+
+/// Whether a session paused for `reason` waits for a person: every pause
+/// but a user's own (the person is there) and a wait for its own children
+/// (they go on by themselves).
+pub fn needs_person(reason: Reason) -> bool {
+    reason.status() == Status::Paused
+        && !matches!(reason, Reason::UserPause | Reason::WaitingForChildren)
+}
+
+/// The status a session ends its run in for `reason`: the reason's own,
+/// except that a child whose tree says `fail_child` ends `failed` instead
+/// of pausing for a person, so that its parent is never left waiting on it.
+pub fn run_end_status(reason: Reason, is_child: bool, policy: ChildPausePolicy) -> Status {
+    if is_child && policy == ChildPausePolicy::FailChild && needs_person(reason) {
+        Status::Failed
+    } else {
+        reason.status()
+    }
+}
+
+/// A session of a tree as the attention check sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NodeState {
+    /// Its status.
+    pub status: Status,
+    /// Why it waits or ended.
+    pub reason: Option<Reason>,
+    /// Whether it is a child (not the tree's root).
+    pub is_child: bool,
+}
+
+/// The children of a tree that wait for a person, by their index in
+/// `nodes`: what a root's status, its stream and the inbox name.
+pub fn needing_attention(nodes: &[NodeState]) -> Vec<usize> {
+    nodes
+        .iter()
+        .enumerate()
+        .filter(|(_, n)| {
+            n.is_child && n.status == Status::Paused && n.reason.is_some_and(needs_person)
+        })
+        .map(|(i, _)| i)
+        .collect()
+}
+
 /// An ended child, as its parent is told of it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct ChildReport {

@@ -135,11 +135,14 @@ pub enum Reason {
     ApprovalRequired,
     /// The session delegated tasks to child sessions and waits for them to end.
     WaitingForChildren,
+    /// A child session was still live when its parent ended by itself (a
+    /// `wait: false` child outliving its parent): it was stopped.
+    ParentEnded,
 }
 
 impl Reason {
     /// Every reason.
-    pub const ALL: [Reason; 26] = [
+    pub const ALL: [Reason; 27] = [
         Reason::GoalAchieved,
         Reason::AgentBlocked,
         Reason::AskUser,
@@ -166,6 +169,7 @@ impl Reason {
         Reason::NoWorker,
         Reason::ApprovalRequired,
         Reason::WaitingForChildren,
+        Reason::ParentEnded,
     ];
 
     /// The snake_case name stored in Postgres and shown in JSON.
@@ -197,6 +201,7 @@ impl Reason {
             Reason::NoWorker => "no_worker",
             Reason::ApprovalRequired => "approval_required",
             Reason::WaitingForChildren => "waiting_for_children",
+            Reason::ParentEnded => "parent_ended",
         }
     }
 
@@ -231,7 +236,7 @@ impl Reason {
             | Reason::BudgetExhausted
             | Reason::ExecutorExhausted
             | Reason::CycleLimit => Status::Stopped,
-            Reason::UserStop => Status::Interrupted,
+            Reason::UserStop | Reason::ParentEnded => Status::Interrupted,
             Reason::InternalError | Reason::SecretUnreadable => Status::Failed,
         }
     }
@@ -637,6 +642,7 @@ mod tests {
             expect(r, Status::Stopped);
         }
         expect(UserStop, Status::Interrupted);
+        expect(ParentEnded, Status::Interrupted);
         expect(InternalError, Status::Failed);
         expect(SecretUnreadable, Status::Failed);
     }

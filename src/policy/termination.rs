@@ -200,6 +200,13 @@ pub fn record(reason: Reason, facts: Facts<'_>) -> Termination {
             format!("Interrupted by a user {ran}"),
             vec![format!("{resume} to continue from the last checkpoint")],
         ),
+        Reason::ParentEnded => (
+            format!("Interrupted: the session that delegated it ended first {ran}"),
+            vec![
+                "Its parent was given its result so far; a child that ended cannot run again".into(),
+                "Delegate the task again from a live session (or have the parent wait for its children)".into(),
+            ],
+        ),
         Reason::UserPause => (
             format!("Paused by a user {ran}"),
             vec![format!("{resume}, optionally with guidance")],

@@ -342,6 +342,7 @@ pub(crate) mod tests {
             children_tokens: 0,
             children_reserved_tokens: 0,
             children_count: 0,
+            on_child_pause: Default::default(),
         }
     }
 

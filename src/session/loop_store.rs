@@ -83,6 +83,16 @@ pub trait LoopStore: Send + Sync + 'static {
         iteration: u64,
     ) -> impl Future<Output = Result<(Vec<ChildReport>, u64), StoreError>> + Send;
 
+    /// Reserves the next step's allowance for a session of a tree: what
+    /// its own budget has left (`own_allowance`), never more than the tree
+    /// has left beside the other steps in flight in it
+    /// ([`crate::policy::budget::tree_allowance`]). The tokens granted.
+    fn reserve_step(
+        &self,
+        lease: &Lease,
+        own_allowance: u64,
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send;
+
     /// Checkpoints and gives the lease up at shutdown.
     fn release(
         &self,
@@ -93,6 +103,14 @@ pub trait LoopStore: Send + Sync + 'static {
 }
 
 impl LoopStore for Store {
+    fn reserve_step(
+        &self,
+        lease: &Lease,
+        own_allowance: u64,
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send {
+        Store::reserve_step(self, *lease, own_allowance)
+    }
+
     fn child_reports(
         &self,
         lease: &Lease,

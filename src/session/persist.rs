@@ -11,7 +11,7 @@ use sqlx::PgConnection;
 
 use super::ServiceError;
 use crate::event::SessionEvent;
-use crate::policy::delegation::{ChildRequest, TreeLimits};
+use crate::policy::delegation::{ChildPausePolicy, ChildRequest, TreeLimits};
 use crate::policy::lifecycle::{self, Status};
 use crate::secrets::Sealed;
 use crate::store::{self, Lease, NewEvent, NewSession, Session, Store, StoreError, TenantScope};
@@ -53,6 +53,8 @@ pub struct Admission<'a> {
     pub tenant_max_running: i64,
     /// The client's `Idempotency-Key` and the digest of its request body.
     pub idempotency: Option<(&'a str, &'a [u8])>,
+    /// What the children of its tree do when they would pause for a person.
+    pub on_child_pause: ChildPausePolicy,
 }
 
 /// Creates a session with its events (then the status it starts in) and
@@ -71,6 +73,7 @@ pub async fn create_session(
         url_query,
         tenant_max_running,
         idempotency,
+        on_child_pause,
     } = admission;
     let mut tx = store.begin().await?;
     check_tenant_room(&mut tx, &new.tenant, tenant_max_running).await?;
@@ -81,7 +84,8 @@ pub async fn create_session(
             owner,
             slot_reserved,
         } => {
-            let queue_empty = slot_reserved && !store::queue_waiting(&mut tx, &new.tenant).await?;
+            let queue_empty = slot_reserved
+                && !store::queue_waiting(&mut tx, &new.tenant, tenant_max_running).await?;
             (
                 lifecycle::admission(slot_reserved, queue_empty),
                 Some(owner),
@@ -90,6 +94,10 @@ pub async fn create_session(
         }
     };
     let lease = store::insert_session(&mut tx, new, status, owner, lease_ttl).await?;
+    if on_child_pause != ChildPausePolicy::default() {
+        // Before its children are made: they copy it.
+        store::set_child_pause_policy(&mut tx, new.id, on_child_pause).await?;
+    }
     if let Some((key, digest)) = idempotency
         && let Some(used) =
             store::idempotency::claim(&mut tx, &new.tenant, key, digest, new.id).await?
@@ -340,6 +348,7 @@ mod tests {
                 url_query: None,
                 tenant_max_running: 100,
                 idempotency: None,
+                on_child_pause: ChildPausePolicy::default(),
             },
         )
         .await
@@ -384,6 +393,7 @@ mod tests {
                 url_query: None,
                 tenant_max_running: 100,
                 idempotency: None,
+                on_child_pause: ChildPausePolicy::default(),
             },
         )
         .await;

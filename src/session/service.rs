@@ -26,7 +26,7 @@ use crate::llm::LlmClient;
 use crate::policy::ambiguity;
 use crate::policy::approval::{self, Decision};
 use crate::policy::checklist::{self, ChecklistItem};
-use crate::policy::delegation::ChildRequest;
+use crate::policy::delegation::{ChildPausePolicy, ChildRequest};
 use crate::policy::fleet::{self, OwnerWatch};
 use crate::policy::guardrails::{self, Breach, Limits, LimitsPatch};
 use crate::policy::lifecycle::{self, Action, Mode, PausePlan, Reason, Status, StopPlan};
@@ -75,6 +75,17 @@ pub struct CreateSession {
     #[serde(default)]
     #[schema(max_items = 8)]
     pub subgoals: Vec<Subgoal>,
+    /// What a child of this session's tree (a subgoal, or a task any of its
+    /// sessions delegates) does when it would pause for a person (a budget
+    /// projected to overrun, a review point, a question, an approval, …):
+    /// `wait` (default: it pauses, and the tree waits with it, named in
+    /// `children_needing_attention` of every ancestor's status, in a
+    /// `child_needs_attention` event of every ancestor's log and in
+    /// `GET /api/autonomous/attention`) or `fail_child` (it ends `failed`
+    /// with the reason it would have paused for, and its parent gets that
+    /// result like any failed child's). Children copy it.
+    #[serde(default)]
+    pub on_child_pause: ChildPausePolicy,
 }
 
 /// One task of a split goal: its text, or the text with criteria, a
@@ -222,8 +233,12 @@ struct Preflight {
 }
 
 /// The tasks of a split goal as child requests: each gets an equal share
-/// of what is left when it is made, the session keeping one too.
-fn split_tasks(subgoals: &[Subgoal]) -> Result<Vec<(ChildRequest, Option<serde_json::Value>)>> {
+/// of what is left when it is made, the session keeping one too. A task
+/// with steps of its own runs them with the session's named `scripts`.
+fn split_tasks(
+    subgoals: &[Subgoal],
+    scripts: Option<&serde_json::Value>,
+) -> Result<Vec<(ChildRequest, Option<serde_json::Value>)>> {
     let max = crate::policy::delegation::DEFAULT_MAX_CHILDREN as usize;
     if subgoals.len() > max {
         return Err(ServiceError::Invalid(format!(
@@ -276,9 +291,12 @@ fn split_tasks(subgoals: &[Subgoal]) -> Result<Vec<(ChildRequest, Option<serde_j
                             ServiceError::Invalid(format!("subgoals[{i}].steps[{j}].{e}"))
                         })?;
                     }
-                    Some(
-                        serde_json::json!({ "kind": "scripted", "steps": steps, "repeat": repeat }),
-                    )
+                    let mut own =
+                        serde_json::json!({ "kind": "scripted", "steps": steps, "repeat": repeat });
+                    if let (Some(scripts), Some(obj)) = (scripts, own.as_object_mut()) {
+                        obj.insert("scripts".into(), scripts.clone());
+                    }
+                    Some(own)
                 }
             };
             Ok((request, own))
@@ -566,7 +584,9 @@ impl SessionService {
                 serde_json::Value::String("<sealed>".into()),
             );
         }
-        let split = split_tasks(&req.subgoals)?;
+        // A subgoal with steps of its own still gets the session's named
+        // scripts, so its own steps can delegate to them.
+        let split = split_tasks(&req.subgoals, executor.get("scripts"))?;
         let planner = self.planner();
         if req.generate_criteria && planner.is_none() {
             return Err(ServiceError::Invalid(
@@ -785,6 +805,7 @@ impl SessionService {
                 url_query: sealed_query.as_ref(),
                 tenant_max_running: self.config.quotas.tenant_max_running,
                 idempotency: idempotency.map(|k| (k.key.as_str(), k.digest.as_slice())),
+                on_child_pause: req.on_child_pause,
             },
         )
         .await
@@ -868,7 +889,9 @@ impl SessionService {
     ) -> Result<(Option<Slot>, Status)> {
         let slot = self.supervisor.try_reserve();
         let queue_empty = match slot {
-            Some(_) => !store::queue_waiting(conn, tenant).await?,
+            Some(_) => {
+                !store::queue_waiting(conn, tenant, self.config.quotas.tenant_max_running).await?
+            }
             None => false,
         };
         let status = lifecycle::admission(slot.is_some(), queue_empty);

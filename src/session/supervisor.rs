@@ -18,7 +18,7 @@ use super::lease_clock::LeaseClock;
 use super::live::{LiveView, StepInFlight, Velocity};
 use super::reflector::Reflector;
 use super::rehydrate::{build_executor, load_for_run};
-use super::runner::{Control, Exit, Runner, RunnerDeps};
+use super::runner::{Control, Exit, Runner, RunnerDeps, TreeRole};
 use crate::config::Config;
 use crate::event::SessionEvent;
 use crate::llm::LlmClient;
@@ -362,6 +362,10 @@ impl Supervisor {
             metrics: self.inner.metrics.clone(),
             view: view.clone(),
             has_children,
+            tree: TreeRole {
+                is_child: session.parent_id.is_some(),
+                on_child_pause: session.on_child_pause,
+            },
         });
         let (done_tx, done_rx) = watch::channel(false);
         self.forget(lease.session_id);
@@ -779,6 +783,7 @@ impl Supervisor {
                 self.inner.replica_id,
                 self.inner.config.lease.ttl,
                 free as i64,
+                u64::try_from(self.inner.config.quotas.tenant_max_running).unwrap_or(0),
             )
             .await
         {

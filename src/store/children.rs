@@ -7,8 +7,10 @@
 //! a session (a loop, a stop, a rescue) does it in the same transaction.
 
 use chrono::{DateTime, Utc};
+use serde::Serialize;
 use sqlx::PgConnection;
 use sqlx::types::Json;
+use utoipa::ToSchema;
 use uuid::Uuid;
 
 use super::event_log;
@@ -17,8 +19,8 @@ use super::{Result, Store, StoreError, TenantScope};
 use crate::event::SessionEvent;
 use crate::policy::checklist::ChecklistItem;
 use crate::policy::delegation::{
-    self, ChildBudget, ChildReport, ChildRequest, DELEGATED_DIR, DelegationRefused, ParentBudget,
-    Shortfall, TreeLimits,
+    self, ChildBudget, ChildPausePolicy, ChildReport, ChildRequest, DELEGATED_DIR,
+    DelegationRefused, ParentBudget, Shortfall, TreeLimits,
 };
 use crate::policy::guardrails::Limits;
 use crate::policy::lifecycle::{Reason, Status};
@@ -198,9 +200,9 @@ pub async fn delegate(
     sqlx::query!(
         "INSERT INTO sessions (id, goal, mode, status, limits, executor, tenant, queued_at, criteria,
                                parent_id, lineage, parent_call, secrets_from, budget_tokens, budget_iterations,
-                               created_at)
+                               on_child_pause, created_at)
          SELECT $1, $2, p.mode, 'queued', $3, coalesce($9, p.executor), p.tenant, now(), $4,
-                p.id, p.lineage || p.id, $5, coalesce(p.secrets_from, p.id), $6, $7,
+                p.id, p.lineage || p.id, $5, coalesce(p.secrets_from, p.id), $6, $7, p.on_child_pause,
                 -- Children made in one transaction keep the order they were made in.
                 clock_timestamp()
          FROM sessions p WHERE p.id = $8",
@@ -443,7 +445,153 @@ pub async fn pause_queued(conn: &mut PgConnection, id: Uuid, scope: &TenantScope
     Ok(true)
 }
 
+/// Sets what the children of a new session's tree do when they would
+/// pause for a person (the create's `on_child_pause`; children copy it).
+pub async fn set_child_pause_policy(
+    conn: &mut PgConnection,
+    id: Uuid,
+    policy: ChildPausePolicy,
+) -> Result<()> {
+    sqlx::query!(
+        "UPDATE sessions SET on_child_pause = $2 WHERE id = $1",
+        id,
+        policy as ChildPausePolicy,
+    )
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+/// A descendant that waits for a person, as its ancestors and the inbox
+/// name it.
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+pub struct ChildAttention {
+    /// The child that waits.
+    pub child_id: Uuid,
+    /// The top of its tree.
+    pub root_id: Uuid,
+    /// Its parent.
+    pub parent_id: Uuid,
+    /// How deep it is (its root is at 0).
+    pub depth: i32,
+    /// Its goal.
+    pub goal: String,
+    /// Why it waits.
+    pub reason: Reason,
+    /// What it says about it.
+    pub summary: Option<String>,
+    /// Since when it waits.
+    pub paused_at: DateTime<Utc>,
+}
+
 impl Store {
+    /// Reserves a step's allowance from its tree's budget (see
+    /// [`crate::policy::budget::tree_allowance`]): reservations of one
+    /// tree take turns on a lock of the tree (not a row: no row lock is
+    /// held while another is waited for), and the one statement that reads
+    /// the tree sees one snapshot of it. Fenced by the session's lease.
+    pub async fn reserve_step(&self, lease: Lease, own_allowance: u64) -> Result<u64> {
+        let mut tx = self.pool.begin().await?;
+        let tree = sqlx::query!(
+            r#"WITH me AS (SELECT id, CASE WHEN parent_id IS NULL THEN id ELSE lineage[1] END AS root
+                           FROM sessions WHERE id = $1 AND lease_token = $2),
+                    locked AS (SELECT pg_advisory_xact_lock(hashtext('warden.tree'), hashtext(me.root::text)) FROM me)
+               SELECT (SELECT count(*) FROM locked) AS "locked!",
+                      coalesce(sum((d.limits ->> 'max_tokens')::bigint - d.tokens_used)
+                               FILTER (WHERE NOT warden_session_ended(d.status)), 0)::bigint
+                        - coalesce(sum(d.forgiven_tokens), 0)::bigint AS "tree_left!",
+                      coalesce(sum(greatest(least(d.reserved_through, (d.limits ->> 'max_tokens')::bigint)
+                                            - d.tokens_used, 0))
+                               FILTER (WHERE d.status = 'running' AND d.id <> $1), 0)::bigint AS "reserved!"
+               FROM me JOIN sessions d
+                    ON d.id = me.root OR (d.parent_id IS NOT NULL AND d.lineage @> ARRAY[me.root])"#,
+            lease.session_id,
+            lease.token,
+        )
+        .fetch_one(&mut *tx)
+        .await?;
+        if tree.locked == 0 {
+            return Err(StoreError::LeaseLost(lease.session_id));
+        }
+        let granted = crate::policy::budget::tree_allowance(
+            own_allowance,
+            tree.tree_left,
+            count(tree.reserved),
+        );
+        let done = sqlx::query!(
+            "UPDATE sessions SET reserved_through = tokens_used + $3 WHERE id = $1 AND lease_token = $2",
+            lease.session_id,
+            lease.token,
+            i64::try_from(granted).unwrap_or(i64::MAX),
+        )
+        .execute(&mut *tx)
+        .await?;
+        if done.rows_affected() == 0 {
+            return Err(StoreError::LeaseLost(lease.session_id));
+        }
+        tx.commit().await?;
+        Ok(granted)
+    }
+
+    /// The descendants of `id` that wait for a person, if `scope` reaches
+    /// it: nearest first, then oldest pause first. At most `limit`.
+    pub async fn children_needing_attention(
+        &self,
+        id: Uuid,
+        scope: &TenantScope,
+        limit: i64,
+    ) -> Result<Vec<ChildAttention>> {
+        let rows = sqlx::query_as!(
+            ChildAttention,
+            r#"SELECT d.id AS "child_id!", d.lineage[1] AS "root_id!", d.parent_id AS "parent_id!",
+                      cardinality(d.lineage) AS "depth!", d.goal AS "goal!",
+                      d.reason AS "reason!: Reason", d.summary, d.updated_at AS "paused_at!"
+               FROM sessions s JOIN sessions d ON d.parent_id IS NOT NULL AND d.lineage @> ARRAY[s.id]
+               WHERE s.id = $1 AND ($2::text IS NULL OR s.tenant = $2)
+                 AND d.tenant IS NOT DISTINCT FROM s.tenant
+                 AND d.status = 'paused' AND d.reason NOT IN ('user_pause', 'waiting_for_children')
+               ORDER BY cardinality(d.lineage), d.updated_at, d.id
+               LIMIT $3"#,
+            id,
+            scope.tenant(),
+            limit,
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows)
+    }
+
+    /// The children of the tenant (every tenant for an unscoped caller)
+    /// that wait for a person, oldest pause first, after `after` (the
+    /// pause time and id of the last one of the previous page). At most `limit`.
+    pub async fn attention_inbox(
+        &self,
+        scope: &TenantScope,
+        after: Option<(DateTime<Utc>, Uuid)>,
+        limit: i64,
+    ) -> Result<Vec<ChildAttention>> {
+        let (after_at, after_id) = after.unzip();
+        let rows = sqlx::query_as!(
+            ChildAttention,
+            r#"SELECT d.id AS "child_id!", d.lineage[1] AS "root_id!", d.parent_id AS "parent_id!",
+                      cardinality(d.lineage) AS "depth!", d.goal AS "goal!",
+                      d.reason AS "reason!: Reason", d.summary, d.updated_at AS "paused_at!"
+               FROM sessions d
+               WHERE d.parent_id IS NOT NULL AND ($1::text IS NULL OR d.tenant = $1)
+                 AND d.status = 'paused' AND d.reason NOT IN ('user_pause', 'waiting_for_children')
+                 AND ($2::timestamptz IS NULL OR (d.updated_at, d.id) > ($2, $3::uuid))
+               ORDER BY d.updated_at, d.id
+               LIMIT $4"#,
+            scope.tenant(),
+            after_at,
+            after_id,
+            limit,
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows)
+    }
+
     /// Makes a child for a running parent's step (see [`delegate`]), in a
     /// transaction of its own; the child waits in the queue to be claimed.
     pub async fn delegate_child(

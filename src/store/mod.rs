@@ -54,8 +54,8 @@ pub use approvals::{
     count_waiting as count_waiting_approvals, decide as decide_approval,
 };
 pub use children::{
-    DelegateError, Delegated, Delegator, LiveNode, TreeRow, delegate as delegate_on,
-    wait_for_children,
+    ChildAttention, DelegateError, Delegated, Delegator, LiveNode, TreeRow,
+    delegate as delegate_on, set_child_pause_policy, wait_for_children,
 };
 pub use connection::is_unavailable;
 pub use control_channel::{

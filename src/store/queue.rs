@@ -18,15 +18,21 @@ use crate::policy::lifecycle::Status;
 /// Whether a new or resumed session of `tenant` must wait in the queue
 /// though a place is free, read on the caller's connection: some session
 /// waits already (a newcomer must not overtake it), or the tenant runs as
-/// many sessions as its cap (`warden tenants set`) allows.
-pub async fn queue_waiting(conn: &mut PgConnection, tenant: &str) -> Result<bool> {
+/// many sessions as its cap allows: its own (`warden tenants set`), and
+/// never more than `default_cap` (`WARDEN_TENANT_MAX_RUNNING`).
+pub async fn queue_waiting(
+    conn: &mut PgConnection,
+    tenant: &str,
+    default_cap: i64,
+) -> Result<bool> {
     // `status = 'queued'` stays a literal: the predicate of `sessions_queue`.
     Ok(sqlx::query_scalar!(
         r#"SELECT EXISTS (SELECT 1 FROM sessions WHERE status = 'queued')
-               OR coalesce((SELECT s.max_running <= coalesce((SELECT running FROM tenant_counts WHERE tenant = $1), 0)
-                                   + coalesce((SELECT sum(running) FROM tenant_count_deltas WHERE tenant = $1), 0)
-                            FROM tenant_settings s WHERE s.tenant = $1), false) AS "waiting!""#,
-        tenant
+               OR least(coalesce((SELECT s.max_running FROM tenant_settings s WHERE s.tenant = $1)::bigint, $2::bigint), $2::bigint)
+                  <= coalesce((SELECT running FROM tenant_counts WHERE tenant = $1), 0)
+                     + coalesce((SELECT sum(running) FROM tenant_count_deltas WHERE tenant = $1), 0) AS "waiting!""#,
+        tenant,
+        default_cap,
     )
     .fetch_one(conn)
     .await?)
@@ -42,9 +48,14 @@ pub struct WaitingTenant {
 }
 
 /// The tenants with queued sessions, oldest queued session first, with
-/// their running counts, weights and caps; `waiting` is counted up to
-/// `up_to` (more cannot be claimed at once).
-async fn waiting_tenants(conn: &mut PgConnection, up_to: i64) -> Result<Vec<WaitingTenant>> {
+/// their running counts, weights and caps (their own, never above
+/// `default_cap`); `waiting` is counted up to `up_to` (more cannot be
+/// claimed at once).
+async fn waiting_tenants(
+    conn: &mut PgConnection,
+    up_to: i64,
+    default_cap: u64,
+) -> Result<Vec<WaitingTenant>> {
     // A skip scan of `sessions_queue_by_tenant` finds the distinct tenants
     // without reading every queued session of a big one.
     let rows = sqlx::query!(
@@ -76,7 +87,11 @@ async fn waiting_tenants(conn: &mut PgConnection, up_to: i64) -> Result<Vec<Wait
             demand: Demand {
                 running: u64::try_from(r.running).unwrap_or(0),
                 weight: u32::try_from(r.weight).unwrap_or(1),
-                cap: r.max_running.map(|c| u64::try_from(c).unwrap_or(0)),
+                cap: Some(
+                    r.max_running
+                        .map_or(default_cap, |c| u64::try_from(c).unwrap_or(0))
+                        .min(default_cap),
+                ),
                 waiting: u64::try_from(r.waiting).unwrap_or(0),
             },
         })
@@ -89,11 +104,23 @@ impl Store {
     /// each becomes `running` under a fresh lease, with its status change
     /// in its log. Sessions another replica is claiming (or a user is
     /// stopping) at this moment are skipped, not waited for.
+    ///
+    /// A tenant runs at most its cap (its own, and never more than
+    /// `default_cap`, `WARDEN_TENANT_MAX_RUNNING`), children included:
+    /// children are made `queued` whatever the tenant runs (a parent must
+    /// not fail because its tenant is busy) and wait here for a place under
+    /// the cap and their tenant's fair share. Only `running` sessions hold
+    /// a place: a parent that waits for its children is `paused` and holds
+    /// none, so its children can always take the place it gave back, and a
+    /// tree can never wait on itself. A parent whose children were made
+    /// with `wait: false` keeps running and keeps its place; its children
+    /// run beside it when the cap leaves room (under a cap of 1, after it).
     pub async fn claim_queued(
         &self,
         owner: Uuid,
         ttl: std::time::Duration,
         limit: i64,
+        default_cap: u64,
     ) -> Result<Vec<Lease>> {
         if limit <= 0 {
             return Ok(Vec::new());
@@ -105,7 +132,7 @@ impl Store {
         sqlx::query!("SELECT pg_advisory_xact_lock(hashtext('warden.queue_claim'))")
             .execute(&mut *tx)
             .await?;
-        let tenants = waiting_tenants(&mut tx, limit).await?;
+        let tenants = waiting_tenants(&mut tx, limit, default_cap).await?;
         let demands: Vec<Demand> = tenants.iter().map(|t| t.demand).collect();
         let places = fair_share::share_places(&demands, u64::try_from(limit).unwrap_or(0));
         let (names, counts): (Vec<String>, Vec<i64>) = tenants

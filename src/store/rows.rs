@@ -18,6 +18,7 @@ use uuid::Uuid;
 
 use crate::event::{RefinementProposal, SessionEvent};
 use crate::policy::checklist::ChecklistItem;
+use crate::policy::delegation::ChildPausePolicy;
 use crate::policy::guardrails::{Limits, Usage};
 use crate::policy::history::StepRecord;
 use crate::policy::lifecycle::{Mode, Reason, Status};
@@ -58,6 +59,7 @@ macro_rules! text_enum {
 text_enum!(Status, "status");
 text_enum!(Mode, "mode");
 text_enum!(Reason, "reason");
+text_enum!(ChildPausePolicy, "child pause policy");
 
 /// Proof that this replica runs a session; every loop write is fenced by it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -323,6 +325,8 @@ pub struct Session {
     pub children_reserved_tokens: i64,
     /// Children it has (live or ended).
     pub children_count: i64,
+    /// What a child of its tree does when it would pause for a person.
+    pub on_child_pause: ChildPausePolicy,
 }
 
 impl Session {

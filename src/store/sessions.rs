@@ -16,6 +16,7 @@ use super::rows::{
 use super::{Result, Store, StoreError, TenantScope};
 use crate::event::{RefinementProposal, SessionEvent};
 use crate::policy::checklist::ChecklistItem;
+use crate::policy::delegation::ChildPausePolicy;
 use crate::policy::guardrails::Limits;
 use crate::policy::lifecycle::{Mode, Reason, Status};
 use crate::policy::termination::Termination;
@@ -60,6 +61,7 @@ macro_rules! select_session_with {
                       coalesce((SELECT sum(c.budget_tokens) FROM sessions c WHERE c.parent_id = sessions.id
                                 AND NOT warden_session_ended(c.status)), 0)::bigint AS "children_reserved_tokens!",
                       (SELECT count(*) FROM sessions c WHERE c.parent_id = sessions.id) AS "children_count!",
+                      on_child_pause AS "on_child_pause: ChildPausePolicy",
                       CASE WHEN status = 'queued' THEN
                           (SELECT count(*) FROM sessions q WHERE q.status = 'queued'
                               AND q.tenant = sessions.tenant

@@ -69,7 +69,14 @@ impl<S: LoopStore> Runner<S> {
         } else {
             Vec::new()
         };
-        let allowance = budget::allowance(self.settings.limits.max_tokens, self.state.usage.tokens);
+        let own = budget::allowance(self.settings.limits.max_tokens, self.state.usage.tokens);
+        // In a tree, concurrent steps of other sessions spend the same
+        // budget: the allowance is reserved from what the tree has left.
+        let allowance = if self.in_tree() {
+            self.store.reserve_step(&self.lease, own).await?
+        } else {
+            own
+        };
         let started_at = Utc::now();
         let t0 = Instant::now();
         // Memory only, never Postgres: the status shows the step in flight.

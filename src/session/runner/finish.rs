@@ -4,6 +4,7 @@
 
 use super::{Exit, Runner};
 use crate::event::SessionEvent;
+use crate::policy::delegation;
 use crate::policy::lifecycle::{Reason, Status};
 use crate::policy::termination::{self, Facts};
 use crate::session::event_codec;
@@ -38,7 +39,7 @@ impl<S: LoopStore> Runner<S> {
         let usage = self.current_usage();
         self.state.usage = usage;
         self.state.last_checkpoint_step = usage.iterations;
-        let record = termination::record(
+        let mut record = termination::record(
             reason,
             Facts {
                 usage: &usage,
@@ -46,6 +47,17 @@ impl<S: LoopStore> Runner<S> {
                 detail: detail.as_deref(),
             },
         );
+        // A child of a `fail_child` tree never waits for a person: it ends
+        // failed, and its parent is told why.
+        let status =
+            delegation::run_end_status(reason, self.tree.is_child, self.tree.on_child_pause);
+        if status != record.status {
+            record.summary = format!(
+                "Failed instead of waiting for a person (its tree's on_child_pause is fail_child): {}",
+                record.summary
+            );
+            record.status = status;
+        }
         events.push(SessionEvent::run_ended(Status::Running, &record, &usage));
         let events = event_codec::encode(&events)?;
         let snapshot = self.snapshot()?;

@@ -31,6 +31,7 @@ use super::reflector::Reflector;
 use crate::config::Config;
 use crate::executor::Executor;
 use crate::metrics::Metrics;
+use crate::policy::delegation::ChildPausePolicy;
 use crate::policy::guardrails::Usage;
 use crate::policy::lifecycle::Reason;
 use crate::policy::loop_state::LoopState;
@@ -108,6 +109,17 @@ pub struct RunnerDeps<S = Store> {
     /// The session has children (their ends are read before each step);
     /// set by the desk that makes them, whatever became of the step.
     pub has_children: Arc<AtomicBool>,
+    /// Its place in a tree of sessions.
+    pub tree: TreeRole,
+}
+
+/// A session's place in a tree of sessions, as its loop needs it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TreeRole {
+    /// It was delegated by a parent.
+    pub is_child: bool,
+    /// What it does when it would pause for a person (its tree's policy).
+    pub on_child_pause: ChildPausePolicy,
 }
 
 /// Everything a runner needs to drive one session.
@@ -135,6 +147,7 @@ pub struct Runner<S = Store> {
     throttled_step: Option<u64>,
     /// The session has children: their ends are read before each step.
     has_children: Arc<AtomicBool>,
+    tree: TreeRole,
 }
 
 /// What a step of the loop tells the loop.
@@ -188,6 +201,7 @@ impl<S: LoopStore> Runner<S> {
             started: Instant::now(),
             throttled_step: None,
             has_children: deps.has_children,
+            tree: deps.tree,
         }
     }
 
@@ -218,6 +232,12 @@ impl<S: LoopStore> Runner<S> {
             agent.record("warden.session.exit", tracing::field::debug(&exit));
         }
         exit
+    }
+
+    /// Whether the session is part of a tree: its steps reserve their
+    /// allowance from the tree's budget.
+    fn in_tree(&self) -> bool {
+        self.tree.is_child || self.has_children.load(Ordering::SeqCst)
     }
 
     fn elapsed_ms(&self) -> u64 {

@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 use chrono::Utc;
 use uuid::Uuid;
 
+use super::TreeRole;
 use super::*;
 use crate::event::SessionEvent;
 use crate::executor::{ExecutorError, StepContext, StepOutput, StepResult};
@@ -70,6 +71,10 @@ impl FakeStore {
 }
 
 impl LoopStore for FakeStore {
+    async fn reserve_step(&self, _lease: &Lease, own_allowance: u64) -> Result<u64, StoreError> {
+        Ok(own_allowance)
+    }
+
     async fn append_fenced(
         &self,
         _lease: &Lease,
@@ -237,6 +242,7 @@ fn runner(limits: Limits) -> (Runner<FakeStore>, FakeStore, Arc<AtomicUsize>) {
         metrics: Arc::new(Metrics::default()),
         view: Arc::default(),
         has_children: Arc::default(),
+        tree: TreeRole::default(),
     });
     (runner, store, calls)
 }

@@ -12,28 +12,31 @@
 -- the reservation shrinks by itself as the step's tokens commit and counts
 -- only while the session runs.
 --
--- `forgiven_tokens`: tokens this session's children spent over their
--- budgets that its own budget could not give back (its limit never goes
--- below zero). The tree's remaining budget subtracts every node's, so an
--- overspending child's excess is charged to the whole tree, never lost;
--- and a session that ends gives back what its spending left, counting what
--- was already charged to the tree.
+-- `forgiven_tokens`: tokens this session's children spent over what they
+-- had that its own budget could not pay (its limit never goes below zero).
+-- The tree's remaining budget subtracts every session's, so an
+-- overspending child's excess is charged to the whole tree, never lost.
 ALTER TABLE sessions
     ADD COLUMN on_child_pause text NOT NULL DEFAULT 'wait'
         CONSTRAINT sessions_on_child_pause CHECK (on_child_pause IN ('wait', 'fail_child')),
     ADD COLUMN reserved_through bigint,
     ADD COLUMN forgiven_tokens bigint NOT NULL DEFAULT 0;
 
--- As in 0020, with two changes: what a parent's budget cannot give back is
--- recorded (`forgiven_tokens`) instead of lost, and a child that pauses for
--- a person tells every ancestor, nearest first (the same order as the
--- ancestors' own ends lock them), with a `child_needs_attention` event.
+-- As in 0020, with three changes (the rule is `delegation::give_back`):
+-- a parent takes back what the child has left (its limit less what it
+-- spent, never more than its budget less what its subtree spent), so what
+-- the child's own live children hold is not given back twice; what the
+-- parent's limit cannot pay is recorded (`forgiven_tokens`) instead of
+-- lost; a parent that ended takes nothing back but is still charged. And a
+-- child that pauses for a person tells every ancestor, nearest first (the
+-- order the ancestors' own ends lock them in), with a
+-- `child_needs_attention` event.
 CREATE OR REPLACE FUNCTION warden_child_status() RETURNS trigger
 LANGUAGE plpgsql AS $$
 DECLARE
     spent_tokens     bigint;
     spent_iterations bigint;
-    charged          bigint;
+    child_left       bigint;
     seq              bigint;
     i                integer;
 BEGIN
@@ -43,17 +46,18 @@ BEGIN
     spent_tokens := NEW.tokens_used + NEW.children_tokens;
     spent_iterations := NEW.iterations + NEW.children_iterations;
     IF warden_session_ended(NEW.status) AND NOT warden_session_ended(OLD.status) THEN
-        -- What its subtree spent over its budget and was charged to the
-        -- tree already (at this session, as forgiven) is not charged twice.
-        charged := greatest(spent_tokens - NEW.forgiven_tokens, 0);
+        child_left := least((NEW.limits ->> 'max_tokens')::bigint - NEW.tokens_used,
+                            NEW.budget_tokens - spent_tokens);
         UPDATE sessions p
            SET limits = jsonb_set(jsonb_set(p.limits,
-                   '{max_tokens}', to_jsonb(greatest((p.limits ->> 'max_tokens')::bigint
-                                                     + NEW.budget_tokens - charged, 0))),
+                   '{max_tokens}', to_jsonb(CASE WHEN warden_session_ended(p.status)
+                                                 THEN (p.limits ->> 'max_tokens')::bigint
+                                                 ELSE greatest((p.limits ->> 'max_tokens')::bigint + child_left, 0) END)),
                    '{max_iterations}', to_jsonb(greatest((p.limits ->> 'max_iterations')::bigint
                                                          + NEW.budget_iterations - spent_iterations, 0))),
-               forgiven_tokens = p.forgiven_tokens + greatest(charged - NEW.budget_tokens
-                                                              - (p.limits ->> 'max_tokens')::bigint, 0),
+               forgiven_tokens = p.forgiven_tokens
+                   + greatest(-(CASE WHEN warden_session_ended(p.status) THEN 0
+                                     ELSE (p.limits ->> 'max_tokens')::bigint END + child_left), 0),
                children_tokens = p.children_tokens + spent_tokens,
                children_iterations = p.children_iterations + spent_iterations,
                last_event_seq = p.last_event_seq + 1,

@@ -328,6 +328,53 @@ pub fn needing_attention(nodes: &[NodeState]) -> Vec<usize> {
         .collect()
 }
 
+/// A child that ends, as its parent's budget takes it back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChildEnd {
+    /// Its token limit now (what was carved for it, less what it carved
+    /// for its own children, plus what they gave back).
+    pub max_tokens: u64,
+    /// Tokens it spent itself.
+    pub tokens_used: u64,
+    /// Tokens carved out of the parent for it.
+    pub budget: u64,
+    /// Tokens its ended children (and their descendants) spent.
+    pub children_spent: u64,
+}
+
+impl ChildEnd {
+    /// What it has left to give back: its limit less what it spent, but
+    /// never more than its budget less everything its subtree spent (a
+    /// limit a person raised on it is not the tree's to gain). Negative
+    /// when it spent more than it had.
+    pub fn left(&self) -> i128 {
+        let own = i128::from(self.max_tokens) - i128::from(self.tokens_used);
+        let carved = i128::from(self.budget)
+            - i128::from(self.tokens_used)
+            - i128::from(self.children_spent);
+        own.min(carved)
+    }
+}
+
+/// What a parent's token limit becomes when a child ends (the trigger of
+/// `migrations/0022_tree_attention_and_reservations.sql` computes the
+/// same): it takes back what the child has left ([`ChildEnd::left`]). A
+/// limit never goes below zero: what it cannot pay is recorded at the
+/// parent as forgiven (the second value) and still counts against the
+/// tree's budget. A parent that has ended takes nothing back (its budget
+/// went back when it ended, less what its live children held) but is still
+/// charged what its child spent over what it had. Returns the parent's new
+/// limit and what is added to its forgiven tokens.
+pub fn give_back(parent_max: u64, parent_ended: bool, child: ChildEnd) -> (u64, u64) {
+    let base = if parent_ended { 0 } else { parent_max };
+    let left = i128::from(base) + child.left();
+    let forgiven = u64::try_from((-left).max(0)).unwrap_or(u64::MAX);
+    if parent_ended {
+        return (parent_max, forgiven);
+    }
+    (u64::try_from(left.max(0)).unwrap_or(u64::MAX), forgiven)
+}
+
 /// An ended child, as its parent is told of it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct ChildReport {
@@ -748,6 +795,107 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
+    }
+
+    #[test]
+    fn only_pauses_for_a_person_need_one() {
+        for reason in Reason::ALL {
+            let expected = reason.status() == Status::Paused
+                && reason != Reason::UserPause
+                && reason != Reason::WaitingForChildren;
+            assert_eq!(needs_person(reason), expected, "{reason:?}");
+        }
+        assert!(needs_person(Reason::BudgetProjectedOverrun));
+        assert!(needs_person(Reason::ApprovalRequired));
+        assert!(!needs_person(Reason::ParentEnded));
+    }
+
+    #[test]
+    fn a_fail_child_tree_fails_children_instead_of_pausing_them() {
+        use ChildPausePolicy::*;
+        for reason in Reason::ALL {
+            // Roots and `wait` trees: the reason's own status.
+            assert_eq!(run_end_status(reason, false, FailChild), reason.status());
+            assert_eq!(run_end_status(reason, true, Wait), reason.status());
+            let failed = run_end_status(reason, true, FailChild);
+            if needs_person(reason) {
+                assert_eq!(failed, Status::Failed, "{reason:?}");
+            } else {
+                assert_eq!(failed, reason.status(), "{reason:?}");
+            }
+        }
+        assert_eq!(ChildPausePolicy::default(), Wait);
+        for p in [Wait, FailChild] {
+            assert_eq!(ChildPausePolicy::parse(p.as_str()), Some(p));
+            assert_eq!(serde_json::to_value(p).unwrap(), p.as_str());
+        }
+        assert_eq!(ChildPausePolicy::parse("pause"), None);
+    }
+
+    #[test]
+    fn attention_names_paused_children_waiting_for_a_person_only() {
+        let node = |status, reason, is_child| NodeState {
+            status,
+            reason,
+            is_child,
+        };
+        let nodes = [
+            node(Status::Paused, Some(Reason::AskUser), false),
+            node(Status::Paused, Some(Reason::WaitingForChildren), true),
+            node(Status::Paused, Some(Reason::BudgetProjectedOverrun), true),
+            node(Status::Paused, Some(Reason::UserPause), true),
+            node(Status::Running, None, true),
+            node(Status::Failed, Some(Reason::BudgetProjectedOverrun), true),
+            node(Status::Paused, Some(Reason::ReviewRequired), true),
+        ];
+        assert_eq!(needing_attention(&nodes), vec![2, 6]);
+        assert!(needing_attention(&[]).is_empty());
+    }
+
+    fn ended(max_tokens: u64, tokens_used: u64, budget: u64, children_spent: u64) -> ChildEnd {
+        ChildEnd {
+            max_tokens,
+            tokens_used,
+            budget,
+            children_spent,
+        }
+    }
+
+    #[test]
+    fn a_parent_takes_back_what_its_child_has_left() {
+        // Spent 300 of 1,000: 700 back.
+        assert_eq!(give_back(50, false, ended(1_000, 300, 1_000, 0)), (750, 0));
+        // Its live child holds 400 of it (its limit shrank by that): not given back twice.
+        assert_eq!(give_back(50, false, ended(600, 300, 1_000, 0)), (350, 0));
+        // Its ended children spent 200 of theirs.
+        assert_eq!(give_back(0, false, ended(800, 300, 1_000, 200)), (500, 0));
+        // A limit a person raised is not the tree's to gain.
+        assert_eq!(give_back(0, false, ended(5_000, 300, 1_000, 0)), (700, 0));
+    }
+
+    #[test]
+    fn what_a_parent_cannot_pay_is_forgiven_and_kept() {
+        // 120 over its budget: the parent pays from its 100 and 20 are forgiven.
+        assert_eq!(
+            give_back(100, false, ended(1_000, 1_120, 1_000, 0)),
+            (0, 20)
+        );
+        assert_eq!(
+            give_back(500, false, ended(1_000, 1_120, 1_000, 0)),
+            (380, 0)
+        );
+        // A parent that ended takes nothing back but is charged.
+        assert_eq!(give_back(100, true, ended(1_000, 400, 1_000, 0)), (100, 0));
+        assert_eq!(
+            give_back(100, true, ended(1_000, 1_120, 1_000, 0)),
+            (100, 120)
+        );
+        // Extremes saturate.
+        assert_eq!(
+            give_back(u64::MAX, false, ended(u64::MAX, 0, u64::MAX, 0)).1,
+            0
+        );
+        assert_eq!(give_back(0, false, ended(0, u64::MAX, 0, u64::MAX)).0, 0);
     }
 
     #[test]

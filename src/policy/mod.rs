@@ -23,4 +23,6 @@ pub mod sentinel;
 pub mod stuck;
 pub mod termination;
 pub mod text;
+#[cfg(test)]
+mod tree_property;
 pub mod worker;

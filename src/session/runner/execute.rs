@@ -77,6 +77,18 @@ impl<S: LoopStore> Runner<S> {
         } else {
             own
         };
+        if allowance == 0 {
+            // The tree has nothing left (a step elsewhere in it reported
+            // more than it was allowed): no step starts on tokens that are
+            // not there.
+            let detail = format!(
+                "step {step} cannot start: the token budget of its tree of sessions is used up (a step elsewhere in the tree reported more than it was allowed)"
+            );
+            let exit = self
+                .finish(Reason::CostLimit, Some(detail), vec![decision])
+                .await?;
+            return Ok(Flow::Exit(exit));
+        }
         let started_at = Utc::now();
         let t0 = Instant::now();
         // Memory only, never Postgres: the status shows the step in flight.

@@ -753,3 +753,246 @@ async fn a_tenants_tree_limits_refuse_a_deeper_child_and_the_agent_is_told_why()
         "{body}"
     );
 }
+
+/// Running sessions of the test tenant, as its list shows them.
+async fn running_count(app: &TestApp) -> usize {
+    let (status, list) = app.get("/api/autonomous?status=running&limit=200").await;
+    assert_eq!(status, StatusCode::OK, "{list}");
+    list["items"].as_array().map_or(0, Vec::len)
+}
+
+#[tokio::test]
+async fn children_count_against_the_tenants_running_cap_and_another_tenant_is_not_kept_waiting() {
+    let db = common::TestDb::new().await;
+    let app = TestApp::spawn_with(
+        db.pool.clone(),
+        config_with(&[("WARDEN_TENANT_MAX_RUNNING", "2")]),
+    )
+    .await;
+    // Eight children made at once: all queued, never refused.
+    let subgoals: Vec<Value> = (1..=8)
+        .map(|i| {
+            json!({ "goal": format!("Do part {i} of the job"),
+                         "steps": child_steps(2, 10, 150, &format!("part {i}")) })
+        })
+        .collect();
+    let id = create_split(&app, Value::Array(subgoals), 50_000).await;
+    // Another tenant's session starts at once though the first tenant
+    // has six children waiting.
+    let other_key = create_key(&app.base, "other-tenant", "operator").await["secret"]
+        .as_str()
+        .expect("secret")
+        .to_string();
+    let other = client_with_key(&other_key);
+    let created: Value = other
+        .post(app.url("/api/autonomous"))
+        .json(&json!({ "goal": "Do the other tenant's work",
+                       "executor": { "kind": "scripted",
+                                     "steps": child_steps(1, 10, 2_000, "other done") } }))
+        .send()
+        .await
+        .expect("sent")
+        .json()
+        .await
+        .expect("json");
+    let other_id = created["id"].as_str().expect("id").to_string();
+    let started = Instant::now();
+    let mut other_ran = false;
+    let mut most = 0;
+    let deadline = Instant::now() + Duration::from_secs(40);
+    loop {
+        most = most.max(running_count(&app).await);
+        if !other_ran {
+            let s: Value = other
+                .get(app.url(&format!("/api/autonomous/{other_id}")))
+                .send()
+                .await
+                .expect("sent")
+                .json()
+                .await
+                .expect("json");
+            other_ran = s["status"] != "queued";
+            assert!(
+                other_ran || started.elapsed() < Duration::from_secs(5),
+                "the other tenant waited behind the children: {s}"
+            );
+        }
+        let parent = app.session(&id).await;
+        if parent["status"] == "completed" {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the tree did not finish: {parent}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(other_ran);
+    assert!(most <= 2, "{most} of the tenant's sessions ran at once");
+    assert!(most >= 1);
+    let parent = app.session(&id).await;
+    assert_eq!(child_ids(&parent).len(), 8);
+    for child in child_ids(&parent) {
+        assert_eq!(app.session(&child).await["status"], "completed");
+    }
+}
+
+/// A child whose rising costs pause it (`budget_projected_overrun`) and
+/// one that finishes.
+fn one_child_pauses() -> Value {
+    json!([
+        { "goal": "Do the expensive part", "budget_share": 0.3, "steps": [
+            { "action": "a", "tokens": 100 }, { "action": "b", "tokens": 200 },
+            { "action": "c", "tokens": 400 },
+            { "action": "d", "tokens": 10, "output": "<<WARDEN_GOAL_DONE: never>>" }
+        ] },
+        { "goal": "Do the cheap part", "steps": child_steps(1, 10, 0, "cheap part done") }
+    ])
+}
+
+#[tokio::test]
+async fn a_child_that_pauses_for_a_person_is_named_by_its_root_its_stream_and_the_inbox() {
+    let db = common::TestDb::new().await;
+    let app = TestApp::spawn(db.pool.clone()).await;
+    let id = create_split(&app, one_child_pauses(), 3_000).await;
+    let root = app
+        .wait_until(&id, Duration::from_secs(30), |s| {
+            s["children_needing_attention"]
+                .as_array()
+                .is_some_and(|a| !a.is_empty())
+        })
+        .await;
+    assert_eq!(root["reason"], "waiting_for_children", "{root}");
+    assert_eq!(root["on_child_pause"], "wait");
+    let named = &root["children_needing_attention"][0];
+    assert_eq!(named["reason"], "budget_projected_overrun", "{root}");
+    assert_eq!(named["goal"], "Do the expensive part");
+    assert_eq!(named["root_id"], id.as_str());
+    assert_eq!(named["depth"], 1);
+    let child = named["child_id"].as_str().expect("child").to_string();
+    let event = app
+        .events(&id)
+        .await
+        .into_iter()
+        .find(|e| e["kind"] == "child_needs_attention")
+        .expect("the root's log names the child");
+    assert_eq!(event["data"]["child_id"], child.as_str(), "{event}");
+    assert_eq!(event["data"]["reason"], "budget_projected_overrun");
+    let (status, inbox) = app.get("/api/autonomous/attention").await;
+    assert_eq!(status, StatusCode::OK, "{inbox}");
+    assert_eq!(inbox["items"][0]["child_id"], child.as_str(), "{inbox}");
+    let (status, page) = app.get("/api/autonomous/attention?limit=1").await;
+    assert_eq!(status, StatusCode::OK);
+    let cursor = page["next_cursor"].as_str().expect("a cursor at the limit");
+    let (_, rest) = app
+        .get(&format!("/api/autonomous/attention?cursor={cursor}"))
+        .await;
+    assert_eq!(rest["items"], json!([]), "{rest}");
+    let (status, _) = app.get("/api/autonomous/attention?cursor=nonsense").await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    // A person stops the child: the root goes on with the other's result.
+    let (status, _) = app
+        .post(&format!("/api/autonomous/{child}/stop"), None)
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    let root = settled(&app, &id, Duration::from_secs(30)).await;
+    assert_eq!(root["status"], "completed", "{root}");
+    let (_, inbox) = app.get("/api/autonomous/attention").await;
+    assert_eq!(inbox["items"], json!([]));
+}
+
+#[tokio::test]
+async fn under_fail_child_a_child_that_would_pause_fails_and_its_parent_goes_on() {
+    let db = common::TestDb::new().await;
+    let app = TestApp::spawn(db.pool.clone()).await;
+    let doc = app
+        .create(json!({
+            "goal": "Build feature X and write its tests",
+            "limits": { "max_tokens": 3_000, "max_iterations": 200 },
+            "executor": { "kind": "scripted", "steps": [
+                { "action": "merge", "tokens": 10,
+                  "output": "merged\n<<WARDEN_GOAL_DONE: what could be done is done>>" }
+            ] },
+            "subgoals": one_child_pauses(),
+            "on_child_pause": "fail_child",
+        }))
+        .await;
+    let id = doc["id"].as_str().expect("id").to_string();
+    assert_eq!(doc["on_child_pause"], "fail_child", "{doc}");
+    let root = settled(&app, &id, Duration::from_secs(30)).await;
+    assert_eq!(root["status"], "completed", "{root}");
+    let failed = app
+        .events(&id)
+        .await
+        .into_iter()
+        .find(|e| e["kind"] == "child_ended" && e["data"]["status"] == "failed")
+        .expect("the parent was told the child failed");
+    assert_eq!(
+        failed["data"]["reason"], "budget_projected_overrun",
+        "{failed}"
+    );
+    let child = app
+        .session(failed["data"]["child_id"].as_str().expect("child"))
+        .await;
+    assert_eq!(child["status"], "failed", "{child}");
+    assert_eq!(child["on_child_pause"], "fail_child");
+    // Nothing ever waited for a person.
+    assert!(
+        !app.events(&id)
+            .await
+            .iter()
+            .any(|e| e["kind"] == "child_needs_attention")
+    );
+    let res = app
+        .client
+        .post(app.url("/api/autonomous"))
+        .json(&json!({ "goal": "Do the thing", "on_child_pause": "pause",
+                       "executor": { "kind": "scripted", "steps": [{ "action": "a" }] } }))
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(res.status(), StatusCode::UNPROCESSABLE_ENTITY);
+}
+
+#[tokio::test]
+async fn a_subgoal_with_its_own_steps_delegates_to_the_parents_scripts_and_an_outliving_child_ends_parent_ended()
+ {
+    let db = common::TestDb::new().await;
+    let app = TestApp::spawn(db.pool.clone()).await;
+    let doc = app
+        .create(json!({
+            "goal": "Plan the work and hand it out",
+            "limits": { "max_tokens": 10_000, "max_iterations": 200 },
+            "executor": { "kind": "scripted", "steps": [
+                { "action": "merge", "output": "merged\n<<WARDEN_GOAL_DONE: done>>" }
+            ], "scripts": { "leaf": [
+                { "action": "slow", "delay_ms": 60_000 },
+                { "action": "end", "output": "<<WARDEN_GOAL_DONE: never>>" }
+            ] } },
+            "subgoals": [{ "goal": "Start the background job", "steps": [
+                { "action": "start_job", "delegate": [
+                    { "goal": "Run the background job", "script": "leaf", "wait": false }
+                ] },
+                { "action": "finish", "output": "started\n<<WARDEN_GOAL_DONE: job started>>" }
+            ] }],
+        }))
+        .await;
+    let id = doc["id"].as_str().expect("id").to_string();
+    let root = settled(&app, &id, Duration::from_secs(30)).await;
+    assert_eq!(root["status"], "completed", "{root}");
+    let child = child_ids(&root).remove(0);
+    let its = app.iterations(&child).await;
+    assert_eq!(
+        its[0]["outcome"], "success",
+        "the script was found: {its:?}"
+    );
+    let c = app.session(&child).await;
+    assert_eq!(c["status"], "completed", "{c}");
+    let grandchild = child_ids(&c).remove(0);
+    let g = app
+        .wait_until(&grandchild, Duration::from_secs(30), |s| {
+            s["status"] == "interrupted"
+        })
+        .await;
+    assert_eq!(g["reason"], "parent_ended", "{g}");
+}

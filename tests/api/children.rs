@@ -996,3 +996,201 @@ async fn a_subgoal_with_its_own_steps_delegates_to_the_parents_scripts_and_an_ou
         .await;
     assert_eq!(g["reason"], "parent_ended", "{g}");
 }
+
+/// xorshift64*: the random trees below are the same on every run.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+}
+
+/// Random scripted steps: costs up to 300 tokens, sometimes a question
+/// for a person, sometimes tasks for `next_level` scripts.
+fn random_steps(rng: &mut Rng, next_level: &[String]) -> Value {
+    let len = 1 + rng.below(3);
+    let mut steps = Vec::new();
+    for i in 0..len {
+        let mut step = json!({ "action": format!("work_{i}_{}", rng.below(1_000)),
+                               "tokens": rng.below(300), "delay_ms": rng.below(60) });
+        if rng.below(10) == 0 {
+            step["output"] = json!("<<WARDEN_GOAL_BLOCKED: which of the two designs?>>");
+        }
+        if !next_level.is_empty() && rng.below(2) == 0 {
+            let tasks: Vec<Value> = (0..1 + rng.below(3))
+                .map(|t| {
+                    json!({ "goal": format!("Do sub-task {t}"),
+                            "script": next_level[rng.below(next_level.len() as u64) as usize],
+                            "budget_share": (20 + rng.below(50)) as f64 / 100.0,
+                            "wait": rng.below(5) != 0 })
+                })
+                .collect();
+            step["delegate"] = Value::Array(tasks);
+        }
+        steps.push(step);
+    }
+    steps.push(json!({ "action": "finish", "tokens": rng.below(50),
+                       "output": "<<WARDEN_GOAL_DONE: done>>" }));
+    Value::Array(steps)
+}
+
+/// Every node of a tree view, flattened.
+fn nodes(node: &Value, out: &mut Vec<Value>) {
+    out.push(node.clone());
+    for child in node["children"].as_array().into_iter().flatten() {
+        nodes(child, out);
+    }
+}
+
+/// Runs one random tree of depth ≤ 3 and fan-out ≤ 3 to its end, acting
+/// as the person whenever it stands still; checks that it never stands
+/// still without its root naming why, and how far it passed its budget.
+/// How many children a person was asked about, and how many sessions there were.
+async fn run_random_tree(app: &TestApp, seed: u64) -> (usize, usize) {
+    let mut asked = 0;
+    let mut rng = Rng(seed);
+    let level3: Vec<String> = (0..2).map(|i| format!("deep{i}")).collect();
+    let level2: Vec<String> = (0..2).map(|i| format!("mid{i}")).collect();
+    let mut scripts = serde_json::Map::new();
+    for name in &level3 {
+        scripts.insert(name.clone(), random_steps(&mut rng, &[]));
+    }
+    for name in &level2 {
+        scripts.insert(name.clone(), random_steps(&mut rng, &level3));
+    }
+    let subgoals: Vec<Value> = (0..1 + rng.below(3))
+        .map(
+            |i| json!({ "goal": format!("Do part {i}"), "steps": random_steps(&mut rng, &level2) }),
+        )
+        .collect();
+    let budget = 500 + rng.below(2_500);
+    let policy = if rng.below(2) == 0 {
+        "wait"
+    } else {
+        "fail_child"
+    };
+    let doc = app
+        .create(json!({
+            "goal": "Do the whole job in parts",
+            "limits": { "max_tokens": budget, "max_iterations": 500 },
+            "executor": { "kind": "scripted", "scripts": scripts, "steps": [
+                { "action": "merge", "tokens": rng.below(100), "output": "<<WARDEN_GOAL_DONE: merged>>" }
+            ] },
+            "subgoals": subgoals,
+            "on_child_pause": policy,
+        }))
+        .await;
+    let id = doc["id"].as_str().expect("id").to_string();
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let all = loop {
+        assert!(
+            Instant::now() < deadline,
+            "seed {seed}: the tree did not end"
+        );
+        let view = tree(app, &id).await;
+        let mut all = Vec::new();
+        nodes(&view["node"], &mut all);
+        if view["totals"]["live"] == 0 {
+            break all;
+        }
+        let moving = all
+            .iter()
+            .any(|n| ["queued", "running"].contains(&n["status"].as_str().unwrap_or("")));
+        let root = app.session(&id).await;
+        if moving
+            || ["completed", "stopped", "interrupted", "failed"]
+                .contains(&root["status"].as_str().unwrap_or(""))
+        {
+            // Moving, or the root ended and the sweep stops what is left.
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            continue;
+        }
+        // Standing still: the root's status says why.
+        if root["reason"] != "waiting_for_children" {
+            assert_eq!(root["status"], "paused", "seed {seed}: {root}");
+            let (status, _) = app.post(&format!("/api/autonomous/{id}/stop"), None).await;
+            assert_eq!(status, StatusCode::OK);
+            continue;
+        }
+        let named = root["children_needing_attention"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        // A child may have paused after the tree was read: read again.
+        if named.is_empty() {
+            let again = app.session(&id).await;
+            let named = again["children_needing_attention"]
+                .as_array()
+                .map_or(0, Vec::len);
+            let view = tree(app, &id).await;
+            let mut now = Vec::new();
+            nodes(&view["node"], &mut now);
+            let still = !now
+                .iter()
+                .any(|n| ["queued", "running"].contains(&n["status"].as_str().unwrap_or("")));
+            assert!(
+                !still || named > 0 || again["reason"] != "waiting_for_children",
+                "seed {seed}: the tree stands still and its root names no child: {again} {view}"
+            );
+            continue;
+        }
+        assert_eq!(
+            policy, "wait",
+            "seed {seed}: a fail_child tree waited: {root}"
+        );
+        asked += named.len();
+        for child in named {
+            let child = child["child_id"].as_str().expect("child");
+            let (status, _) = app
+                .post(&format!("/api/autonomous/{child}/stop"), None)
+                .await;
+            assert_eq!(status, StatusCode::OK);
+        }
+    };
+    let spent: i64 = all
+        .iter()
+        .map(|n| n["tokens_used"].as_i64().unwrap_or(0))
+        .sum();
+    // Only steps that reported more than they were allowed pass the
+    // budget, and each ends its session stopped for cost_limit: the tree
+    // is over by no more than those steps cost.
+    let mut overspent = 0;
+    for n in &all {
+        if n["reason"] == "cost_limit" {
+            let its = app.iterations(n["id"].as_str().expect("id")).await;
+            overspent += its
+                .last()
+                .map_or(0, |i| i["record"]["tokens"].as_i64().unwrap_or(0));
+        }
+    }
+    let over = spent - budget as i64;
+    assert!(
+        over <= overspent,
+        "seed {seed}: {spent} spent of {budget}, over by more than the {overspent} of its overspending steps"
+    );
+    (asked, all.len())
+}
+
+#[tokio::test]
+async fn random_trees_end_without_a_silent_stall_and_within_their_budget_bound() {
+    let db = common::TestDb::new().await;
+    let app = TestApp::spawn(db.pool.clone()).await;
+    let (mut asked, mut sessions) = (0, 0);
+    for seed in 1..=16u64 {
+        let (a, s) = run_random_tree(&app, seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1).await;
+        asked += a;
+        sessions += s;
+    }
+    eprintln!("{sessions} sessions in 16 trees; a person was asked about {asked} children");
+    // The trees were trees, and some stood still on a child that the root named.
+    assert!(sessions > 16 * 2, "{sessions}");
+    assert!(asked > 0);
+}

@@ -69,26 +69,9 @@ impl<S: LoopStore> Runner<S> {
         } else {
             Vec::new()
         };
-        let own = budget::allowance(self.settings.limits.max_tokens, self.state.usage.tokens);
-        // In a tree, concurrent steps of other sessions spend the same
-        // budget: the allowance is reserved from what the tree has left.
-        let allowance = if self.in_tree() {
-            self.store.reserve_step(&self.lease, own).await?
-        } else {
-            own
+        let Some(allowance) = self.allowance().await? else {
+            return self.tree_used_up(decision, step).await;
         };
-        if allowance == 0 {
-            // The tree has nothing left (a step elsewhere in it reported
-            // more than it was allowed): no step starts on tokens that are
-            // not there.
-            let detail = format!(
-                "step {step} cannot start: the token budget of its tree of sessions is used up (a step elsewhere in the tree reported more than it was allowed)"
-            );
-            let exit = self
-                .finish(Reason::CostLimit, Some(detail), vec![decision])
-                .await?;
-            return Ok(Flow::Exit(exit));
-        }
         let started_at = Utc::now();
         let t0 = Instant::now();
         // Memory only, never Postgres: the status shows the step in flight.
@@ -155,6 +138,34 @@ impl<S: LoopStore> Runner<S> {
             executor_time,
             allowance,
         }))
+    }
+
+    /// What the step may spend: what the budget has left. In a tree,
+    /// concurrent steps of other sessions spend the same budget, so it is
+    /// reserved from what the tree has left; `None` when that is nothing.
+    async fn allowance(&mut self) -> Result<Option<u64>, StoreError> {
+        let own = budget::allowance(self.settings.limits.max_tokens, self.state.usage.tokens);
+        if !self.in_tree() {
+            return Ok(Some(own));
+        }
+        let granted = self.store.reserve_step(&self.lease, own).await?;
+        Ok((granted > 0).then_some(granted))
+    }
+
+    /// The tree has nothing left (a step elsewhere in it reported more than
+    /// it was allowed): no step starts on tokens that are not there.
+    async fn tree_used_up(
+        &mut self,
+        decision: SessionEvent,
+        step: u64,
+    ) -> Result<Flow<Executed>, StoreError> {
+        let detail = format!(
+            "step {step} cannot start: the token budget of its tree of sessions is used up (a step elsewhere in the tree reported more than it was allowed)"
+        );
+        let exit = self
+            .finish(Reason::CostLimit, Some(detail), vec![decision])
+            .await?;
+        Ok(Flow::Exit(exit))
     }
 
     /// A step cut short by a stop, the time limit or a pause ends the run.

@@ -34,6 +34,10 @@ struct Written {
     finished: Option<Termination>,
     released: bool,
     fail_commits: bool,
+    /// What the tree grants a step (`None`: its own allowance).
+    tree_grants: Option<u64>,
+    /// Allowances asked of the tree.
+    reserved: Vec<u64>,
 }
 
 /// The loop's storage, in memory.
@@ -72,7 +76,11 @@ impl FakeStore {
 
 impl LoopStore for FakeStore {
     async fn reserve_step(&self, _lease: &Lease, own_allowance: u64) -> Result<u64, StoreError> {
-        Ok(own_allowance)
+        let mut written = self.written();
+        written.reserved.push(own_allowance);
+        Ok(written
+            .tree_grants
+            .map_or(own_allowance, |g| g.min(own_allowance)))
     }
 
     async fn append_fenced(
@@ -363,5 +371,64 @@ async fn a_pause_finishes_after_the_step_in_flight() {
     assert_eq!(
         store.written().finished.as_ref().map(|t| t.status),
         Some(Status::Paused)
+    );
+}
+
+#[tokio::test]
+async fn a_session_alone_reserves_nothing_and_a_child_reserves_each_step() {
+    let (alone, store, calls) = runner(limits(2, 100));
+    alone.run().await;
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+    assert!(store.written().reserved.is_empty());
+
+    let (mut runner, store, calls) = runner(limits(2, 100));
+    runner.tree.is_child = true;
+    runner.run().await;
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+    assert_eq!(store.written().reserved.len(), 2);
+}
+
+#[tokio::test]
+async fn a_child_whose_tree_has_nothing_left_ends_before_its_step() {
+    let (mut runner, store, calls) = runner(limits(5, 100));
+    runner.tree.is_child = true;
+    store.written().tree_grants = Some(0);
+    assert_eq!(runner.run().await, Exit::Finished(Reason::CostLimit));
+    assert_eq!(calls.load(Ordering::SeqCst), 0, "no step started");
+    let finished = store.written().finished.clone().expect("ended");
+    assert_eq!(finished.status, Status::Stopped);
+}
+
+#[tokio::test]
+async fn a_child_of_a_fail_child_tree_fails_where_it_would_pause_for_a_person() {
+    let (mut paused, store, _) = runner(limits(5, 100));
+    paused.tree = TreeRole {
+        is_child: true,
+        on_child_pause: crate::policy::delegation::ChildPausePolicy::FailChild,
+    };
+    paused.control.pause.store(true, Ordering::SeqCst);
+    // A user's pause is not a pause for a person: it pauses.
+    assert_eq!(paused.run().await, Exit::Finished(Reason::UserPause));
+    assert_eq!(
+        store.written().finished.as_ref().map(|t| t.status),
+        Some(Status::Paused)
+    );
+    let (mut runner, store, _) = runner(limits(5, 100));
+    runner.tree = TreeRole {
+        is_child: true,
+        on_child_pause: crate::policy::delegation::ChildPausePolicy::FailChild,
+    };
+    runner.state.pending_end = Some(crate::policy::loop_state::PendingEnd {
+        reason: Reason::AskUser,
+        detail: Some("which design?".into()),
+        review_pending: false,
+    });
+    assert_eq!(runner.run().await, Exit::Finished(Reason::AskUser));
+    let finished = store.written().finished.clone().expect("ended");
+    assert_eq!(finished.status, Status::Failed);
+    assert!(
+        finished.summary.contains("fail_child"),
+        "{}",
+        finished.summary
     );
 }

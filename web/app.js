@@ -6,7 +6,7 @@ const $ = (sel, root = document) => root.querySelector(sel);
 const esc = (s) => String(s ?? "").replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" }[c]));
 const ENDED = ["completed", "stopped", "interrupted", "failed", "paused"];
 /** Reasons that read better as words; any other shows as its code. */
-const REASON_TEXT = { waiting_for_children: "Waiting for its delegated tasks" };
+const REASON_TEXT = { waiting_for_children: "Waiting for its delegated tasks", parent_ended: "Its parent ended first" };
 const reasonText = (reason) => (reason ? REASON_TEXT[reason] || reason : "");
 /** Paused only until its children end, then it runs on by itself: the page keeps following it. */
 const waitsForChildren = (s) => s.status === "paused" && s.reason === "waiting_for_children";
@@ -809,7 +809,7 @@ async function showSession(id, tab, focusIteration) {
   }, 3000);
 }
 /** Events on a parent's or child's stream that change the tree. */
-const TREE_KINDS = ["child_delegated", "child_ended", "delegated_by"];
+const TREE_KINDS = ["child_delegated", "child_ended", "child_needs_attention", "delegated_by"];
 
 /* ---------- the session tree: the session, the sessions it delegated to, theirs ---------- */
 /* The tree last drawn: whose, how many of its sessions were live, and its markup (redrawn only when it changes, so a click is never lost to a redraw). */
@@ -996,6 +996,7 @@ function eventWhat(e) {
     case "reflection": return `#${d.number} after iteration ${d.after_iteration}` + (d.ok && d.assessment ? `: ${esc(d.assessment.percent_complete)}%` : "");
     case "session_created": return esc(d.goal);
     case "child_delegated": return `delegated <a href="#/s/${esc(d.child_id)}">${esc(d.goal)}</a>: ${d.budget_tokens} tokens, ${d.budget_iterations} iterations${d.wait ? ", waits for it" : ""}`;
+    case "child_needs_attention": return `<a href="#/s/${esc(d.child_id)}">${esc(d.goal)}</a> waits for a person <b>${esc(d.reason)}</b>${d.summary ? `: ${esc(d.summary)}` : ""}`;
     case "child_ended": return `<a href="#/s/${esc(d.child_id)}">${esc(d.goal)}</a> ended <b>${esc(d.status)}</b>${d.reason ? ` (${esc(d.reason)})` : ""}: ${d.tokens_used} tokens used, ${d.tokens_returned} returned`;
     case "delegated_by": return `delegated by <a href="#/s/${esc(d.parent_id)}">its parent</a> (${esc(d.call)})`;
     default: return `<code>${esc(JSON.stringify(d).slice(0, 160))}</code>`;

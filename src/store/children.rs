@@ -488,31 +488,36 @@ impl Store {
     /// Reserves a step's allowance from its tree's budget (see
     /// [`crate::policy::budget::tree_allowance`]): reservations of one
     /// tree take turns on a lock of the tree (not a row: no row lock is
-    /// held while another is waited for), and the one statement that reads
-    /// the tree sees one snapshot of it. Fenced by the session's lease.
+    /// held while another is waited for), taken by a statement of its own
+    /// so the read after it sees every reservation made before; that read
+    /// is one statement, one snapshot of the tree. Fenced by the session's lease.
     pub async fn reserve_step(&self, lease: Lease, own_allowance: u64) -> Result<u64> {
         let mut tx = self.pool.begin().await?;
+        let root = sqlx::query_scalar!(
+            r#"SELECT root AS "root!" FROM (
+                   SELECT CASE WHEN parent_id IS NULL THEN id ELSE lineage[1] END AS root
+                   FROM sessions WHERE id = $1 AND lease_token = $2) me,
+               LATERAL (SELECT pg_advisory_xact_lock(hashtext('warden.tree'), hashtext(me.root::text))) l"#,
+            lease.session_id,
+            lease.token,
+        )
+        .fetch_optional(&mut *tx)
+        .await?
+        .ok_or(StoreError::LeaseLost(lease.session_id))?;
         let tree = sqlx::query!(
-            r#"WITH me AS (SELECT id, CASE WHEN parent_id IS NULL THEN id ELSE lineage[1] END AS root
-                           FROM sessions WHERE id = $1 AND lease_token = $2),
-                    locked AS (SELECT pg_advisory_xact_lock(hashtext('warden.tree'), hashtext(me.root::text)) FROM me)
-               SELECT (SELECT count(*) FROM locked) AS "locked!",
-                      coalesce(sum((d.limits ->> 'max_tokens')::bigint - d.tokens_used)
+            r#"SELECT coalesce(sum((d.limits ->> 'max_tokens')::bigint - d.tokens_used)
                                FILTER (WHERE NOT warden_session_ended(d.status)), 0)::bigint
                         - coalesce(sum(d.forgiven_tokens), 0)::bigint AS "tree_left!",
                       coalesce(sum(greatest(least(d.reserved_through, (d.limits ->> 'max_tokens')::bigint)
                                             - d.tokens_used, 0))
-                               FILTER (WHERE d.status = 'running' AND d.id <> $1), 0)::bigint AS "reserved!"
-               FROM me JOIN sessions d
-                    ON d.id = me.root OR (d.parent_id IS NOT NULL AND d.lineage @> ARRAY[me.root])"#,
+                               FILTER (WHERE d.status = 'running' AND d.id <> $2), 0)::bigint AS "reserved!"
+               FROM sessions d
+               WHERE d.id = $1 OR (d.parent_id IS NOT NULL AND d.lineage @> ARRAY[$1::uuid])"#,
+            root,
             lease.session_id,
-            lease.token,
         )
         .fetch_one(&mut *tx)
         .await?;
-        if tree.locked == 0 {
-            return Err(StoreError::LeaseLost(lease.session_id));
-        }
         let granted = crate::policy::budget::tree_allowance(
             own_allowance,
             tree.tree_left,

@@ -114,7 +114,8 @@ impl Store {
     /// none, so its children can always take the place it gave back, and a
     /// tree can never wait on itself. A parent whose children were made
     /// with `wait: false` keeps running and keeps its place; its children
-    /// run beside it when the cap leaves room (under a cap of 1, after it).
+    /// run beside it only in places the cap leaves (under a cap of 1, none
+    /// until it waits for them: if it ends first they end `parent_ended`).
     pub async fn claim_queued(
         &self,
         owner: Uuid,

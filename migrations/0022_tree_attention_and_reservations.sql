@@ -37,6 +37,7 @@ DECLARE
     spent_tokens     bigint;
     spent_iterations bigint;
     child_left       bigint;
+    parent_over      boolean;
     seq              bigint;
     i                integer;
 BEGIN
@@ -63,13 +64,13 @@ BEGIN
                last_event_seq = p.last_event_seq + 1,
                updated_at = now()
          WHERE p.id = NEW.parent_id
-        RETURNING p.last_event_seq INTO seq;
+        RETURNING p.last_event_seq, warden_session_ended(p.status) INTO seq, parent_over;
         IF seq IS NOT NULL THEN
             INSERT INTO events (session_id, seq, kind, data)
             VALUES (NEW.parent_id, seq, 'child_ended', json_build_object(
                 'child_id', NEW.id, 'goal', NEW.goal, 'status', NEW.status, 'reason', NEW.reason,
                 'summary', NEW.summary, 'tokens_used', spent_tokens, 'iterations', spent_iterations,
-                'tokens_returned', greatest(NEW.budget_tokens - spent_tokens, 0)));
+                'tokens_returned', CASE WHEN parent_over THEN 0 ELSE greatest(child_left, 0) END));
         END IF;
         UPDATE sessions p
            SET status = 'queued', reason = NULL, summary = NULL, reason_detail = NULL,

@@ -157,6 +157,9 @@ pub struct AttentionListQuery {
     pub cursor: Option<String>,
     /// Page size, 1 – 200 (default 50).
     pub limit: Option<i64>,
+    /// Admins only: the children of this tenant (default: every tenant).
+    /// Other keys always see their own tenant's.
+    pub tenant: Option<String>,
 }
 
 /// A page of child sessions that wait for a person, oldest pause first.

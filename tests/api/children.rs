@@ -890,6 +890,20 @@ async fn a_child_that_pauses_for_a_person_is_named_by_its_root_its_stream_and_th
     assert_eq!(rest["items"], json!([]), "{rest}");
     let (status, _) = app.get("/api/autonomous/attention?cursor=nonsense").await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
+    // Another tenant's inbox does not list it.
+    let other_key = create_key(&app.base, "other-tenant", "operator").await["secret"]
+        .as_str()
+        .expect("secret")
+        .to_string();
+    let theirs: Value = client_with_key(&other_key)
+        .get(app.url("/api/autonomous/attention"))
+        .send()
+        .await
+        .expect("sent")
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(theirs["items"], json!([]), "{theirs}");
     // A person stops the child: the root goes on with the other's result.
     let (status, _) = app
         .post(&format!("/api/autonomous/{child}/stop"), None)

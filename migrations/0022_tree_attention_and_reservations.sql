@@ -22,15 +22,12 @@ ALTER TABLE sessions
     ADD COLUMN reserved_through bigint,
     ADD COLUMN forgiven_tokens bigint NOT NULL DEFAULT 0;
 
--- As in 0020, with three changes (the rule is `delegation::give_back`):
+-- As in 0020, with two changes (the rule is `delegation::give_back`):
 -- a parent takes back what the child has left (its limit less what it
 -- spent, never more than its budget less what its subtree spent), so what
 -- the child's own live children hold is not given back twice; what the
 -- parent's limit cannot pay is recorded (`forgiven_tokens`) instead of
--- lost; a parent that ended takes nothing back but is still charged. And a
--- child that pauses for a person tells every ancestor, nearest first (the
--- order the ancestors' own ends lock them in), with a
--- `child_needs_attention` event.
+-- lost; a parent that ended takes nothing back but is still charged.
 CREATE OR REPLACE FUNCTION warden_child_status() RETURNS trigger
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -39,7 +36,6 @@ DECLARE
     child_left       bigint;
     parent_over      boolean;
     seq              bigint;
-    i                integer;
 BEGIN
     IF NEW.parent_id IS NULL OR OLD.status = NEW.status THEN
         RETURN NULL;
@@ -83,23 +79,43 @@ BEGIN
     ELSIF warden_session_ended(OLD.status) AND NOT warden_session_ended(NEW.status) THEN
         RAISE EXCEPTION 'child session % ended and cannot run again; its parent delegates anew', NEW.id
             USING ERRCODE = 'check_violation', TABLE = 'sessions', CONSTRAINT = 'sessions_child_ended';
-    ELSIF NEW.status = 'paused' AND NEW.reason IS NOT NULL
-          AND NEW.reason NOT IN ('user_pause', 'waiting_for_children') THEN
-        FOR i IN REVERSE cardinality(NEW.lineage) .. 1 LOOP
-            UPDATE sessions a SET last_event_seq = a.last_event_seq + 1, updated_at = now()
-             WHERE a.id = NEW.lineage[i]
-            RETURNING a.last_event_seq INTO seq;
-            IF seq IS NOT NULL THEN
-                INSERT INTO events (session_id, seq, kind, data)
-                VALUES (NEW.lineage[i], seq, 'child_needs_attention', json_build_object(
-                    'child_id', NEW.id, 'goal', NEW.goal, 'reason', NEW.reason,
-                    'summary', NEW.summary, 'depth', cardinality(NEW.lineage)));
-            END IF;
-        END LOOP;
     END IF;
     RETURN NULL;
 END
 $$;
+
+-- A child that pauses for a person tells every ancestor, nearest first (the
+-- order the ancestors' own ends lock them in), with a
+-- `child_needs_attention` event: a trigger of its own, so a later change
+-- of the budget bookkeeping above leaves it alone.
+CREATE FUNCTION warden_child_needs_attention() RETURNS trigger
+LANGUAGE plpgsql AS $$
+DECLARE
+    seq bigint;
+    i   integer;
+BEGIN
+    FOR i IN REVERSE cardinality(NEW.lineage) .. 1 LOOP
+        UPDATE sessions a SET last_event_seq = a.last_event_seq + 1, updated_at = now()
+         WHERE a.id = NEW.lineage[i]
+        RETURNING a.last_event_seq INTO seq;
+        IF seq IS NOT NULL THEN
+            INSERT INTO events (session_id, seq, kind, data)
+            VALUES (NEW.lineage[i], seq, 'child_needs_attention', json_build_object(
+                'child_id', NEW.id, 'goal', NEW.goal, 'reason', NEW.reason,
+                'summary', NEW.summary, 'depth', cardinality(NEW.lineage)));
+        END IF;
+    END LOOP;
+    RETURN NULL;
+END
+$$;
+
+CREATE TRIGGER sessions_child_needs_attention
+    AFTER UPDATE OF status ON sessions
+    FOR EACH ROW WHEN (NEW.parent_id IS NOT NULL AND NEW.status = 'paused'
+                       AND OLD.status IS DISTINCT FROM NEW.status
+                       AND NEW.reason IS NOT NULL
+                       AND NEW.reason NOT IN ('user_pause', 'waiting_for_children'))
+    EXECUTE FUNCTION warden_child_needs_attention();
 
 -- A child that is stopped after its parent ended by itself (a `wait: false`
 -- child its parent did not wait for; the tree sweep stops it) ended because

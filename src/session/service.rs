@@ -13,7 +13,7 @@ use uuid::Uuid;
 
 pub use super::error::{Result, ServiceError};
 use super::event_codec::{self, to_stored};
-use super::live::{StepInFlight, VELOCITY_MINUTES, Velocity};
+use super::live::{Freshness, StepInFlight, VELOCITY_MINUTES, Velocity};
 use super::persist::{self, FirstRefinement};
 use super::planner;
 use super::reads::SessionReads;
@@ -965,11 +965,15 @@ impl SessionService {
         id: Uuid,
         scope: &TenantScope,
     ) -> Result<(Session, Velocity, StatusSource)> {
-        if let Some((session, velocity)) = self.supervisor.live(id) {
+        if let Some((session, velocity, freshness)) = self.supervisor.live(id) {
             if !scope.allows(&session.tenant) {
                 return Err(ServiceError::NotFound(id));
             }
-            return Ok((session, velocity, StatusSource::Memory));
+            let source = match freshness {
+                Freshness::Confirmed => StatusSource::Memory,
+                Freshness::WriteFailed => StatusSource::StaleMemory,
+            };
+            return Ok((session, velocity, source));
         }
         let refill = self.supervisor.refillable(id);
         // Both reads at once: under load each waits on Postgres, so the

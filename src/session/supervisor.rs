@@ -15,7 +15,7 @@ use uuid::Uuid;
 
 use super::error::ServiceError;
 use super::lease_clock::LeaseClock;
-use super::live::{LiveView, StepInFlight, Velocity};
+use super::live::{Freshness, LiveView, StepInFlight, Velocity};
 use super::reflector::Reflector;
 use super::rehydrate::{build_executor, load_for_run};
 use super::runner::{Control, Exit, Runner, RunnerDeps};
@@ -445,7 +445,7 @@ impl Supervisor {
 
     /// The committed status and velocity of `id` from memory, when it runs
     /// here under a lease this replica trusts and the view is fresh.
-    pub fn live(&self, id: Uuid) -> Option<(Session, Velocity)> {
+    pub fn live(&self, id: Uuid) -> Option<(Session, Velocity, Freshness)> {
         self.trusted_view(id)?.snapshot()
     }
 
@@ -676,7 +676,14 @@ impl Supervisor {
                     }
                 }
             }
-            Err(err) => tracing::warn!(error = %err, "lease renewal failed"),
+            Err(err) => {
+                tracing::warn!(error = %err, "lease renewal failed");
+                // From the first failed write on, statuses from memory say
+                // they may be behind.
+                for (_, _, view) in &held {
+                    view.write_failed();
+                }
+            }
         }
     }
 

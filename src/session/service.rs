@@ -630,7 +630,7 @@ impl SessionService {
             let refiner = request.planner.as_ref().filter(|_| !report.unreadable);
             let (suggested, source) = match refiner {
                 Some((client, model)) => {
-                    self.admit_model_call(tenant)?;
+                    self.admit_model_call(tenant).await?;
                     match planner::refine_goal(client, model, &request.goal).await {
                         Ok(p) => {
                             plan.tokens += p.tokens;
@@ -673,7 +673,7 @@ impl SessionService {
             && plan.milestones.is_empty()
             && let Some((client, model)) = &request.planner
         {
-            self.admit_model_call(tenant)?;
+            self.admit_model_call(tenant).await?;
             let p = planner::plan_checklists(client, model, &plan.goal)
                 .await
                 .map_err(|err| {
@@ -937,8 +937,8 @@ impl SessionService {
 
     /// Takes one of `tenant`'s calls on the server's own model, or refuses
     /// the request (429) naming the setting that raises the limit.
-    fn admit_model_call(&self, tenant: &str) -> Result<()> {
-        let admitted = self.supervisor.model_calls().admit(tenant);
+    async fn admit_model_call(&self, tenant: &str) -> Result<()> {
+        let admitted = self.supervisor.model_calls().admit(tenant).await;
         self.supervisor
             .metrics()
             .model_call(tenant, admitted.is_ok());

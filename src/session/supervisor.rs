@@ -134,8 +134,10 @@ impl Supervisor {
             },
             _ => None,
         };
-        let model_calls = Arc::new(crate::ratelimit::TenantLimiter::new(
+        // Counted in Postgres, so the limit holds for the fleet as a whole.
+        let model_calls = Arc::new(crate::ratelimit::TenantLimiter::shared(
             config.quotas.tenant_model_calls_per_minute,
+            Arc::new(store.clone()),
         ));
         let mcp = Arc::new(crate::mcp::McpRegistry::new(
             config.mcp.clone(),

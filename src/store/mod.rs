@@ -35,6 +35,7 @@ mod iterations;
 mod journal;
 mod keys;
 mod leases;
+mod model_calls;
 mod outcomes;
 mod queue;
 pub mod quotas;

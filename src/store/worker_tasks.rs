@@ -453,15 +453,17 @@ impl Store {
 
     /// Hands the sessions whose step a worker completed, but whose owner
     /// went silent for `silence` (its lease not yet lapsed), to the next
-    /// rescue at once: their lease ends now. Without it a done step would
-    /// wait a whole lease TTL for a dead owner. Returns how many.
+    /// rescue at once: their lease ends as a released one does (no expiry,
+    /// so the rescue takes them before sessions whose lease merely lapsed).
+    /// Without it a done step would wait a whole lease TTL for a dead
+    /// owner. Returns how many.
     pub async fn expire_silent_owners_of_done_steps(
         &self,
         silence: std::time::Duration,
     ) -> Result<u64> {
         // `status = 'running'` stays a literal (the partial index's predicate).
         let expired = sqlx::query!(
-            "UPDATE sessions s SET lease_expires_at = now()
+            "UPDATE sessions s SET lease_expires_at = NULL
              WHERE s.status = 'running' AND s.lease_expires_at > now()
                AND s.heartbeat_at < now() - make_interval(secs => $1)
                AND EXISTS (SELECT 1 FROM worker_tasks t

@@ -310,8 +310,8 @@ async fn accepted_worker_completions_survive_kill_nine_exactly_once() {
     }
     watcher.await.expect("watcher");
 
-    let log = log.lock().expect("log");
-    let committed = committed.lock().expect("committed");
+    let log = std::mem::take(&mut *log.lock().expect("log"));
+    let committed = std::mem::take(&mut *committed.lock().expect("committed"));
     eprintln!(
         "worker soak: {} accepted, {} refused (told), {} completions sent across a kill",
         log.accepted.len(),

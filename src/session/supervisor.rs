@@ -774,6 +774,26 @@ impl Supervisor {
         resumed
     }
 
+    /// A step a worker completed for a session whose owner went silent is
+    /// not left waiting for the owner's lease to lapse: the lease ends now
+    /// and this tick's rescue (or a peer's) collects the outcome. On the
+    /// embedded server there is no other owner to go silent.
+    async fn hand_over_done_steps(&self) {
+        let store = &self.inner.store;
+        if store.is_single_process() {
+            return;
+        }
+        let silence = self.inner.config.lease.heartbeat * fleet::MISSED_HEARTBEATS;
+        match store.expire_silent_owners_of_done_steps(silence).await {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(
+                sessions = n,
+                "silent owners' done worker steps handed to a rescue"
+            ),
+            Err(err) => tracing::warn!(error = %err, "cannot look for done steps of silent owners"),
+        }
+    }
+
     /// Claims queued sessions, oldest first, as many as this replica has
     /// room for and at most `budget`; returns how many started here.
     pub async fn claim_queued(&self, budget: usize) -> usize {
@@ -835,6 +855,7 @@ impl Supervisor {
     /// claim from the queue, at most `WARDEN_CLAIMS_PER_TICK` in all.
     pub async fn tick(&self) {
         self.heartbeat().await;
+        self.hand_over_done_steps().await;
         let budget = self.inner.config.claims_per_tick;
         let rescued = self.rescue_up_to(budget).await;
         self.claim_queued(budget.saturating_sub(rescued)).await;

@@ -82,7 +82,7 @@ pub use sessions::{
     update_settings,
 };
 pub use worker_tasks::{
-    ClaimedWorkerTask, Heartbeat, LeaseCheck, NewWorkerTask, QueueDepth, Settlement,
+    ClaimedWorkerTask, Heartbeat, LeaseCheck, NewWorkerTask, QueueDepth, Settlement, TaskEnd,
     WORKERS_CHANNEL, WorkerChange, WorkerSeen, WorkerTaskState, wait_for_worker_change,
 };
 

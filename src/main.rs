@@ -631,7 +631,10 @@ async fn keys_on(store: &warden::store::Store, args: Vec<String>) -> ExitCode {
                 eprintln!("{KEYS_USAGE}");
                 return ExitCode::from(2);
             };
-            match store.revoke_key(id, &warden::store::TenantScope::Global).await {
+            match store
+                .revoke_key(id, &warden::store::TenantScope::Global)
+                .await
+            {
                 Ok(Some(k)) => {
                     println!("revoked {} ({})", k.id, k.prefix);
                     ExitCode::SUCCESS

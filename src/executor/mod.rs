@@ -175,6 +175,30 @@ pub enum ExecutorError {
     },
 }
 
+/// The most tool calls one step may report: the largest `max_tool_calls`
+/// a session may have, so one step can use a whole budget and no more.
+pub const MAX_STEP_TOOL_CALLS: u64 = 10_000_000;
+
+/// Holds the counts a step reports to what it may have spent, before any
+/// of them touches state: its tokens to its allowance (more is charged as
+/// the whole allowance, and the budget is over), its tool calls to
+/// [`MAX_STEP_TOOL_CALLS`]. Every executor's outcome, a step or a failure,
+/// comes through here; returns the tokens as reported, for the
+/// overspend check.
+pub fn bound_usage(result: &mut Result<StepResult, ExecutorError>, allowance: u64) -> u64 {
+    let tokens = match result {
+        Ok(StepResult::Step(out)) => {
+            out.tool_calls = out.tool_calls.min(MAX_STEP_TOOL_CALLS);
+            &mut out.tokens
+        }
+        Err(ExecutorError::Failed { tokens, .. }) => tokens,
+        Ok(_) => return 0,
+    };
+    let reported = *tokens;
+    *tokens = reported.min(allowance);
+    reported
+}
+
 /// Performs iterations for one session.
 pub trait Executor: Send {
     /// Performs iteration `ctx.iteration`. Dropping the future cancels the step.

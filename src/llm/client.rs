@@ -158,7 +158,9 @@ fn charged(reported: Option<Usage>, request: &ChatRequest, answer: &Message) -> 
         return TokenUsage {
             prompt,
             completion,
-            total: u.total_tokens.unwrap_or(prompt + completion),
+            total: u
+                .total_tokens
+                .unwrap_or_else(|| prompt.saturating_add(completion)),
         };
     }
     let prompt_chars: usize = request

@@ -619,9 +619,7 @@ mod tests {
         );
         // Another tenant is told of the servers it may use, and of no other.
         for asked in ["nope:x", "pay"] {
-            let err = config
-                .check_choice(&choice(&[asked]), "other")
-                .unwrap_err();
+            let err = config.check_choice(&choice(&[asked]), "other").unwrap_err();
             assert!(err.contains("(configured: fs)"), "{err}");
             assert!(!err.contains("pay") || asked == "pay", "{err}");
             assert!(!err.contains("fs, pay"), "{err}");

@@ -302,8 +302,8 @@ pub fn token_allowance(limits: &Limits, usage: &Usage, requested: u64) -> u64 {
 /// its own and gets back what is left when it ends, so it changes only
 /// through the parent's. Other limits, and a root's, change freely.
 pub fn check_child_budget(is_child: bool, carved: &Limits, asked: &Limits) -> Result<(), String> {
-    let changed = asked.max_tokens != carved.max_tokens
-        || asked.max_iterations != carved.max_iterations;
+    let changed =
+        asked.max_tokens != carved.max_tokens || asked.max_iterations != carved.max_iterations;
     if is_child && changed {
         Err(
             "a child session's max_tokens and max_iterations are carved out of its parent's \

@@ -633,7 +633,7 @@ impl SessionService {
                     self.admit_model_call(tenant)?;
                     match planner::refine_goal(client, model, &request.goal).await {
                         Ok(p) => {
-                            plan.tokens += p.tokens;
+                            plan.tokens = plan.tokens.saturating_add(p.tokens);
                             (p.value, "model")
                         }
                         Err(err) => {
@@ -679,7 +679,7 @@ impl SessionService {
                 .map_err(|err| {
                     ServiceError::Unavailable(format!("could not generate success criteria: {err}"))
                 })?;
-            plan.tokens += p.tokens;
+            plan.tokens = plan.tokens.saturating_add(p.tokens);
             plan.criteria = checklist::from_texts("success_criteria", &p.value.0)
                 .map_err(ServiceError::Invalid)?;
             plan.milestones =

@@ -1225,10 +1225,7 @@ async fn a_tenant_admin_cannot_see_or_revoke_a_global_key_of_its_tenant_name() {
     );
 
     let res = ta
-        .delete(app.url(&format!(
-            "/api/keys/{}",
-            global["id"].as_str().unwrap()
-        )))
+        .delete(app.url(&format!("/api/keys/{}", global["id"].as_str().unwrap())))
         .send()
         .await
         .unwrap();
@@ -1251,10 +1248,7 @@ async fn a_tenant_admin_cannot_see_or_revoke_a_global_key_of_its_tenant_name() {
     assert_eq!(global_row["revoked_at"], Value::Null, "{global_row}");
     // A tenant admin's own tenant's plain keys stay within its reach.
     let res = ta
-        .delete(app.url(&format!(
-            "/api/keys/{}",
-            ops_viewer["id"].as_str().unwrap()
-        )))
+        .delete(app.url(&format!("/api/keys/{}", ops_viewer["id"].as_str().unwrap())))
         .send()
         .await
         .unwrap();

@@ -233,8 +233,10 @@ async fn task_and_key_ids_have_one_spelling_too() {
         .await
         .expect("json");
     let worker = client_with_key(worker_doc["secret"].as_str().expect("secret"));
-    app.create(json!({ "goal": "Write the notes file", "executor": { "kind": "worker", "queue": "q" } }))
-        .await;
+    app.create(
+        json!({ "goal": "Write the notes file", "executor": { "kind": "worker", "queue": "q" } }),
+    )
+    .await;
     let task: Value = worker
         .post(app.url("/api/workers/claim"))
         .json(&json!({ "wait_ms": 10_000, "worker": "w" }))

@@ -505,13 +505,12 @@ async fn an_import_checks_tenant_lineage_and_secrets_against_the_target_and_read
         .create_scripted(json!([{ "action": "a", "output": "done" }]), json!({}))
         .await;
     app.wait_settled(&ended).await;
-    let row: String = sqlx::query_scalar(
-        "SELECT row_to_json(s)::text FROM sessions s WHERE id = $1::text::uuid",
-    )
-    .bind(&ended)
-    .fetch_one(&db.pool)
-    .await
-    .expect("the row");
+    let row: String =
+        sqlx::query_scalar("SELECT row_to_json(s)::text FROM sessions s WHERE id = $1::text::uuid")
+            .bind(&ended)
+            .fetch_one(&db.pool)
+            .await
+            .expect("the row");
     let row: Value = serde_json::from_str(&row).expect("json");
     let sessions = || async {
         sqlx::query_scalar::<_, i64>("SELECT count(*) FROM sessions")
@@ -533,10 +532,22 @@ async fn an_import_checks_tenant_lineage_and_secrets_against_the_target_and_read
         r
     };
     for (why, r) in [
-        ("a child of another tenant's session", fresh("evil", Some(&victim), Some(&victim))),
-        ("a child of a missing session", fresh("test", Some(&uuid::Uuid::new_v4().to_string()), None)),
-        ("a root borrowing another session's secrets", fresh("evil", None, Some(&victim))),
-        ("a child borrowing secrets outside its lineage", fresh("test", Some(&victim), Some(&ended))),
+        (
+            "a child of another tenant's session",
+            fresh("evil", Some(&victim), Some(&victim)),
+        ),
+        (
+            "a child of a missing session",
+            fresh("test", Some(&uuid::Uuid::new_v4().to_string()), None),
+        ),
+        (
+            "a root borrowing another session's secrets",
+            fresh("evil", None, Some(&victim)),
+        ),
+        (
+            "a child borrowing secrets outside its lineage",
+            fresh("test", Some(&victim), Some(&ended)),
+        ),
         ("a tenant name that is none", fresh("../evil", None, None)),
     ] {
         let file = plain_archive(&dir, &r);

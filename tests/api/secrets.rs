@@ -777,7 +777,7 @@ async fn a_process_of_the_services_user_reads_neither_its_environment_nor_its_me
         .env("WARDEN_DATA_DIR", &home)
         .env("HOME", &home);
     if let Some((uid, gid)) = user {
-        warden = warden.as_user(uid, gid);
+        warden = warden.run_as(uid, gid);
     }
     let service = warden.serve().await;
     let pid = service.pid();

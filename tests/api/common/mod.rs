@@ -563,7 +563,7 @@ impl Warden {
     /// Runs as user `uid` and group `gid` (a test running as root starts
     /// it as another user).
     #[cfg(unix)]
-    pub fn as_user(mut self, uid: u32, gid: u32) -> Warden {
+    pub fn run_as(mut self, uid: u32, gid: u32) -> Warden {
         use std::os::unix::process::CommandExt;
         self.command.uid(uid).gid(gid);
         self

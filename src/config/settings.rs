@@ -293,9 +293,9 @@ settings! {
     WARDEN_TENANT_MAX_STREAMS (Http) = "32" =>
         "open live streams per tenant; 429 `stream_limit` beyond";
     WARDEN_TENANT_MAX_RUNNING (Session) = "1000" =>
-        "active sessions (running, awaiting refinement) per tenant; 429 `tenant_running_limit` beyond";
+        "active sessions (running, awaiting refinement) per tenant; 429 `tenant_running_limit` beyond; also the most of a tenant's sessions, children included, that the queue starts at once";
     WARDEN_TENANT_MODEL_CALLS_PER_MINUTE (Session) = "60" =>
-        "calls per tenant and replica on the server's model (refinement, criteria, reflection); 429 `tenant_model_rate_limit` on create, reflection deferred in the loop; `0` unlimited";
+        "calls per tenant, fleet-wide, on the server's model (refinement, criteria, reflection); 429 `tenant_model_rate_limit` on create, reflection deferred in the loop; `0` unlimited";
     WARDEN_LOOP_THREADS (Session) = cores =>
         "worker threads of the session loops' own runtime; `0` runs them on the API's";
     WARDEN_LOOP_NICE (Session) = "10" =>

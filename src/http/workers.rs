@@ -18,7 +18,7 @@ use uuid::Uuid;
 
 use super::AppState;
 use super::error::{ApiError, ApiResult, Problem};
-use super::extract::{ApiJson, ApiPath};
+use super::extract::{ApiJson, TaskId};
 use crate::auth::{Principal, Role};
 use crate::executor::{WebhookRequest, WebhookResponse};
 use crate::store::{LeaseCheck, Settlement};
@@ -107,9 +107,12 @@ pub struct HeartbeatRequest {
 /// What a heartbeat answers.
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct HeartbeatAnswer {
-    /// Abandon the step: the session is being stopped or paused.
+    /// Abandon the step: the session is being stopped or paused, the step
+    /// was offered again, or this lease lapsed (see `reason`).
     pub cancel: bool,
-    /// `stopped` or `paused` when `cancel`.
+    /// With `cancel`: `stopped`, `paused`, `superseded` or `lease_lost`
+    /// (abandon the step); without: `draining` (the session's replica shuts
+    /// down: finish and complete, the next one collects the outcome) or null.
     pub reason: Option<String>,
     /// The lease's new end (none when cancelled).
     pub lease_expires_at: Option<DateTime<Utc>>,
@@ -341,7 +344,7 @@ pub async fn claim(
 pub async fn heartbeat(
     State(state): State<AppState>,
     Extension(caller): Extension<Principal>,
-    ApiPath(id): ApiPath<Uuid>,
+    TaskId(id): TaskId,
     ApiJson(req): ApiJson<HeartbeatRequest>,
 ) -> ApiResult<Json<HeartbeatAnswer>> {
     if req
@@ -369,8 +372,8 @@ pub async fn heartbeat(
         .await?;
     let beat = settled(id, beat)?;
     Ok(Json(HeartbeatAnswer {
-        cancel: beat.cancel.is_some(),
-        reason: beat.cancel,
+        cancel: beat.cancel.is_some_and(|r| r.abandon()),
+        reason: beat.cancel.map(|r| r.as_str().to_string()),
         lease_expires_at: beat.lease_expires_at,
         token_allowance: beat.token_allowance,
     }))
@@ -409,7 +412,7 @@ async fn settle(
 pub async fn complete(
     State(state): State<AppState>,
     Extension(caller): Extension<Principal>,
-    ApiPath(id): ApiPath<Uuid>,
+    TaskId(id): TaskId,
     ApiJson(req): ApiJson<CompleteRequest>,
 ) -> ApiResult<Json<Accepted>> {
     let outcome = serde_json::to_value(&req.outcome)
@@ -440,7 +443,7 @@ pub async fn complete(
 pub async fn fail(
     State(state): State<AppState>,
     Extension(caller): Extension<Principal>,
-    ApiPath(id): ApiPath<Uuid>,
+    TaskId(id): TaskId,
     ApiJson(req): ApiJson<FailRequest>,
 ) -> ApiResult<Json<Accepted>> {
     if req.error.chars().count() > MAX_ERROR_CHARS {
@@ -477,7 +480,7 @@ pub async fn fail(
 pub async fn release(
     State(state): State<AppState>,
     Extension(caller): Extension<Principal>,
-    ApiPath(id): ApiPath<Uuid>,
+    TaskId(id): TaskId,
     ApiJson(req): ApiJson<ReleaseRequest>,
 ) -> ApiResult<Json<Accepted>> {
     settle(&state, &caller, id, &req.lease_token, Settlement::Release).await

@@ -11,7 +11,7 @@ use super::gate::Gated;
 use super::plan::StepOutcome;
 use super::{Flow, Runner};
 use crate::event::{AbandonedBecause, SessionEvent};
-use crate::executor::{ExecutorError, StepContext, StepOutput, StepResult};
+use crate::executor::{ExecutorError, Interruption, StepContext, StepOutput, StepResult};
 use crate::policy::budget;
 use crate::policy::delegation::{self, ParentNext};
 use crate::policy::eta;
@@ -31,13 +31,15 @@ pub(super) struct Executed {
     pub(super) executor_time: Duration,
     /// The tokens the step was allowed.
     pub(super) allowance: u64,
+    /// The tokens it reported (its record holds them up to the allowance).
+    pub(super) reported_tokens: u64,
 }
 
 impl Executed {
     /// The step's number and how far over its allowance it went, if it did.
     pub(super) fn overspent(&self) -> Option<(u64, budget::Overspent)> {
-        let record = &self.outcome.record;
-        budget::overspent(record.tokens, self.allowance).map(|o| (record.number, o))
+        let number = self.outcome.record.number;
+        budget::overspent(self.reported_tokens, self.allowance).map(|o| (number, o))
     }
 }
 
@@ -97,6 +99,7 @@ impl<S: LoopStore> Runner<S> {
             StepEnd::Shutdown => return Ok(Flow::Exit(self.release().await?)),
         };
         let sanitized = self.make_storable(step, &mut result);
+        let reported_tokens = crate::executor::bound_usage(&mut result, allowance);
         let executor_time = t0.elapsed();
         // The ends first: no outcome is held across their writes.
         let answer = match result {
@@ -137,6 +140,7 @@ impl<S: LoopStore> Runner<S> {
             outcome,
             executor_time,
             allowance,
+            reported_tokens,
         }))
     }
 
@@ -204,13 +208,24 @@ impl<S: LoopStore> Runner<S> {
             token_allowance: allowance,
             children,
         };
-        tokio::select! {
+        let end = tokio::select! {
             biased;
             _ = self.control.stop.cancelled() => StepEnd::Stopped,
             _ = self.control.shutdown.cancelled() => StepEnd::Shutdown,
             _ = tokio::time::sleep(Duration::from_millis(remaining)) => StepEnd::TimedOut,
             result = self.executor.execute(ctx) => StepEnd::Done(result),
+        };
+        // The executor hears why its step was cut short: a worker's task
+        // is given up on a stop, and kept for the next run on a drain.
+        let why = match end {
+            StepEnd::Done(_) => None,
+            StepEnd::Stopped | StepEnd::TimedOut => Some(Interruption::Stopped),
+            StepEnd::Shutdown => Some(Interruption::Draining),
+        };
+        if let Some(why) = why {
+            self.executor.interrupted(why).await;
         }
+        end
     }
 
     /// Agent output is made storable before anything commits it, and held to

@@ -18,7 +18,10 @@
 //!   under `fail_child` no child ever waits for a person.
 //!
 //! The old rules (no reservation, overspends forgiven) fail the budget
-//! check on some of the same trees: the test can fail.
+//! check on some of the same trees: the test can fail. The model's
+//! executors may be charged more than their allowance (the store now holds
+//! every reported count to it, so in the service no step is): the rules
+//! bound the tree even without that.
 
 use super::budget;
 use super::delegation::{

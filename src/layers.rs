@@ -27,6 +27,9 @@ const LAYERS: &[(&str, u8)] = &[
     ("auth", 3),
     ("session", 4),
     ("http", 5),
+    // The binary's command line (`mod cli` of src/main.rs, outside the
+    // library): it reaches the layers as `warden::...`; none can name it.
+    ("cli", 6),
 ];
 
 /// The files (or folders) of `src/session`, from the bottom up. Its face,

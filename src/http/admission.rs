@@ -193,6 +193,15 @@ pub struct ParkedClaim {
     tenant: String,
 }
 
+impl std::fmt::Debug for ParkedClaim {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ParkedClaim")
+            .field("key", &self.key)
+            .field("tenant", &self.tenant)
+            .finish()
+    }
+}
+
 impl Drop for ParkedClaim {
     fn drop(&mut self) {
         let mut book = self

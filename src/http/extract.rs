@@ -167,7 +167,7 @@ pub fn read_by(
 }
 
 /// The [`BodyReadTimeout`] somewhere in the causes of `err`, if any.
-fn read_timeout(err: &(dyn std::error::Error + 'static)) -> Option<&BodyReadTimeout> {
+fn read_timeout<'e>(err: &'e (dyn std::error::Error + 'static)) -> Option<&'e BodyReadTimeout> {
     let mut cause = Some(err);
     while let Some(err) = cause {
         if let Some(timeout) = err.downcast_ref::<BodyReadTimeout>() {

@@ -82,7 +82,7 @@ Content-Type: application/json\r\nContent-Length: {length}\r\n\r\n{{"
     )
 }
 
-/// Sends a create's headers, then its body a byte every 100 ms, until the
+/// Sends a create's headers, then its body a byte every 250 ms, until the
 /// server answers; returns the answer's status line (or what went wrong).
 async fn trickled_create(addr: std::net::SocketAddr, key: &str) -> String {
     let mut stream = TcpStream::connect(addr).await.expect("connected");
@@ -93,7 +93,7 @@ async fn trickled_create(addr: std::net::SocketAddr, key: &str) -> String {
     let (mut reader, mut writer) = stream.into_split();
     let trickle = tokio::spawn(async move {
         while writer.write_all(b" ").await.is_ok() {
-            tokio::time::sleep(Duration::from_millis(100)).await;
+            tokio::time::sleep(Duration::from_millis(250)).await;
         }
     });
     let mut answer = vec![0u8; 1_024];
@@ -150,10 +150,12 @@ async fn a_tenant_parking_claims_and_flooding_leaves_another_tenants_lists_as_fa
         db.pool.clone(),
         config_with(&[
             // Fewer slots than the claims tenant A parks: without a pool of
-            // their own, A's claims would take every one.
-            ("WARDEN_MAX_CONCURRENT_REQUESTS", "40"),
-            // 10 % of 40: A's requests hold 4 slots at most.
-            ("WARDEN_TENANT_REQUEST_SHARE", "10"),
+            // their own, A's claims would take every one. (More than A
+            // sends at once, 41: the slot is taken before the caller is
+            // known, so a burst beyond them would be shed for everyone.)
+            ("WARDEN_MAX_CONCURRENT_REQUESTS", "50"),
+            // 8 % of 50: A's requests hold 4 slots at most.
+            ("WARDEN_TENANT_REQUEST_SHARE", "8"),
             ("WARDEN_KEY_MAX_PARKED_CLAIMS", "4"),
             ("WARDEN_TENANT_MAX_PARKED_CLAIMS", "6"),
             ("WARDEN_MAX_PARKED_CLAIMS", "20"),
@@ -182,8 +184,8 @@ async fn a_tenant_parking_claims_and_flooding_leaves_another_tenants_lists_as_fa
     let (mut unloaded, failed) = timed_lists(&app, &b, 200).await;
     assert!(failed.is_empty(), "unloaded: {failed:?}");
 
-    // Tenant A parks 60 claims a minute long from two worker keys, as
-    // many again as there are request slots.
+    // Tenant A parks 60 claims a minute long from two worker keys, more
+    // than there are request slots.
     let a_workers = [
         worker_key(&app, "tenant-a").await,
         worker_key(&app, "tenant-a").await,

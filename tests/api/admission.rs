@@ -225,11 +225,11 @@ async fn a_tenant_parking_claims_and_flooding_leaves_another_tenants_lists_as_fa
     let mut failed = Vec::new();
     for _ in 0..4 {
         flood.pause().await;
-        let (samples, refused) = timed_lists(&app, &b, 75).await;
+        let (samples, refused) = timed_lists(&app, &b, 100).await;
         unloaded.extend(samples);
         failed.extend(refused);
         flood.resume().await;
-        let (samples, refused) = timed_lists(&app, &b, 75).await;
+        let (samples, refused) = timed_lists(&app, &b, 100).await;
         loaded.extend(samples);
         failed.extend(refused);
     }
@@ -259,7 +259,8 @@ medians {:?} and {:?}",
 /// Tenant A's flood: 40 creates at a time whose bodies trickle in (each
 /// holds a slot until WARDEN_BODY_READ_TIMEOUT_MS), each sent again once
 /// answered, and lists one after another; refusals wait as `Retry-After`
-/// says.
+/// says (refusals sent again at once cost the replica CPU of their own,
+/// which no share of slots gives back: that would take a rate limit).
 struct Flood {
     state: Arc<FloodState>,
     tasks: Vec<tokio::task::JoinHandle<()>>,

@@ -68,6 +68,7 @@ const STORE: &[(&str, u8)] = &[
     ("fleet", 0),
     ("idempotency", 0),
     ("keys", 0),
+    ("model_calls", 0),
     ("secrets", 0),
     ("worker_tasks", 0),
     ("testing", 1),

@@ -286,7 +286,7 @@ impl Application {
             service_store.clone(),
             config.retention.clone(),
             config.workspace_root.clone(),
-            replica_id,
+            (replica_id, config.lease.ttl),
             metrics.clone(),
         );
         let expiry = tokio::spawn(session::approvals::expire_forever(

@@ -1,9 +1,13 @@
 //! Per-tenant rate limit of the model calls the operator pays for (goal
 //! refinement, success-criteria generation, reflection): a token bucket per
-//! tenant, kept in this process's memory (each replica limits on its own).
+//! tenant, kept where the whole fleet takes from it ([`SharedBuckets`], the
+//! database) so N replicas allow the limit once, with one in this process's
+//! memory as the fallback while the shared one cannot be reached.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// The setting that sets the limit, named in every refusal.
@@ -61,11 +65,40 @@ impl TokenBucket {
 /// Buckets kept before full ones are dropped.
 const MAX_BUCKETS: usize = 10_000;
 
+/// How long until a bucket of `per_minute` calls that holds `tokens` has a
+/// whole call again.
+pub fn wait_for_one(tokens: f64, per_minute: u32) -> Duration {
+    let per_second = f64::from(per_minute.max(1)) / 60.0;
+    let missing = (1.0 - tokens).clamp(0.0, 1.0);
+    Duration::from_secs_f64(missing / per_second)
+}
+
+/// What taking from a shared bucket answers: `None` when admitted, else how
+/// long until a call would be; `Err` when the buckets cannot be reached.
+pub type Taken<'a> = Pin<Box<dyn Future<Output = Result<Option<Duration>, String>> + Send + 'a>>;
+
+/// Token buckets that every replica of the fleet takes from.
+pub trait SharedBuckets: Send + Sync {
+    /// Takes one call from `tenant`'s bucket of `per_minute` calls.
+    fn take<'a>(&'a self, tenant: &'a str, per_minute: u32) -> Taken<'a>;
+}
+
 /// One token bucket per tenant; `0` calls per minute means unlimited.
-#[derive(Debug)]
 pub struct TenantLimiter {
     per_minute: u32,
+    /// This process's buckets: the limit while `shared` cannot be reached
+    /// (and the whole of it without `shared`).
     buckets: Mutex<HashMap<String, TokenBucket>>,
+    shared: Option<Arc<dyn SharedBuckets>>,
+}
+
+impl std::fmt::Debug for TenantLimiter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TenantLimiter")
+            .field("per_minute", &self.per_minute)
+            .field("shared", &self.shared.is_some())
+            .finish()
+    }
 }
 
 /// A model call refused by the tenant's rate limit.
@@ -90,20 +123,49 @@ success criteria, reflection); retry in {} s, or raise {MODEL_CALLS_SETTING} (0:
 }
 
 impl TenantLimiter {
-    /// A limiter allowing `per_minute` calls per tenant (`0`: unlimited).
+    /// A limiter allowing `per_minute` calls per tenant (`0`: unlimited),
+    /// counted in this process alone.
     pub fn new(per_minute: u32) -> TenantLimiter {
         TenantLimiter {
             per_minute,
             buckets: Mutex::new(HashMap::new()),
+            shared: None,
         }
     }
 
-    /// Takes one call for `tenant` now.
-    pub fn admit(&self, tenant: &str) -> Result<(), Limited> {
+    /// A limiter allowing `per_minute` calls per tenant across the fleet,
+    /// counted in `shared`.
+    pub fn shared(per_minute: u32, shared: Arc<dyn SharedBuckets>) -> TenantLimiter {
+        TenantLimiter {
+            shared: Some(shared),
+            ..TenantLimiter::new(per_minute)
+        }
+    }
+
+    /// Takes one call for `tenant` now: from the fleet's bucket, or from
+    /// this process's while the fleet's cannot be reached.
+    pub async fn admit(&self, tenant: &str) -> Result<(), Limited> {
+        if self.per_minute == 0 {
+            return Ok(());
+        }
+        if let Some(shared) = &self.shared {
+            match shared.take(tenant, self.per_minute).await {
+                Ok(None) => return Ok(()),
+                Ok(Some(retry_after)) => {
+                    return Err(Limited {
+                        per_minute: self.per_minute,
+                        retry_after,
+                    });
+                }
+                Err(err) => {
+                    tracing::warn!(error = %err, "the fleet's model-call buckets are out of reach; this replica limits on its own meanwhile");
+                }
+            }
+        }
         self.admit_at(tenant, Instant::now())
     }
 
-    /// Takes one call for `tenant` at `now`.
+    /// Takes one call for `tenant` at `now` from this process's bucket.
     pub fn admit_at(&self, tenant: &str, now: Instant) -> Result<(), Limited> {
         if self.per_minute == 0 {
             return Ok(());
@@ -192,5 +254,91 @@ mod tests {
         for _ in 0..10_000 {
             assert!(limiter.admit_at("a", t0).is_ok());
         }
+    }
+
+    #[test]
+    fn the_wait_for_one_call_is_what_is_missing_at_the_rate() {
+        assert_eq!(wait_for_one(0.0, 60), Duration::from_secs(1));
+        assert_eq!(wait_for_one(0.5, 60), Duration::from_millis(500));
+        assert_eq!(
+            wait_for_one(-3.0, 6),
+            Duration::from_secs(10),
+            "never more than one call's wait"
+        );
+        assert_eq!(wait_for_one(1.5, 60), Duration::ZERO);
+        assert_eq!(
+            wait_for_one(0.0, 0),
+            Duration::from_secs(60),
+            "a rate of at least one a minute"
+        );
+    }
+
+    /// Buckets that answer as told, counting what was asked of them.
+    struct Scripted {
+        answer: Result<Option<Duration>, String>,
+        asked: Mutex<Vec<(String, u32)>>,
+    }
+
+    impl SharedBuckets for Scripted {
+        fn take<'a>(&'a self, tenant: &'a str, per_minute: u32) -> Taken<'a> {
+            self.asked
+                .lock()
+                .unwrap()
+                .push((tenant.to_string(), per_minute));
+            let answer = self.answer.clone();
+            Box::pin(async move { answer })
+        }
+    }
+
+    fn scripted(answer: Result<Option<Duration>, String>) -> Arc<Scripted> {
+        Arc::new(Scripted {
+            answer,
+            asked: Mutex::new(Vec::new()),
+        })
+    }
+
+    #[tokio::test]
+    async fn the_fleets_bucket_decides_when_it_answers() {
+        let admits = scripted(Ok(None));
+        let limiter = TenantLimiter::shared(1, admits.clone());
+        for _ in 0..5 {
+            assert!(
+                limiter.admit("a").await.is_ok(),
+                "the fleet's bucket admitted"
+            );
+        }
+        assert_eq!(admits.asked.lock().unwrap().len(), 5);
+        assert_eq!(admits.asked.lock().unwrap()[0], ("a".to_string(), 1));
+
+        let refuses = scripted(Ok(Some(Duration::from_secs(7))));
+        let limiter = TenantLimiter::shared(10, refuses);
+        let refused = limiter.admit("a").await.unwrap_err();
+        assert_eq!(refused.retry_after, Duration::from_secs(7));
+        assert_eq!(refused.per_minute, 10);
+    }
+
+    #[tokio::test]
+    async fn an_unreachable_fleet_bucket_falls_back_to_this_replicas() {
+        let down = scripted(Err("connection refused".into()));
+        let limiter = TenantLimiter::shared(2, down.clone());
+        assert!(limiter.admit("a").await.is_ok());
+        assert!(limiter.admit("a").await.is_ok());
+        assert!(
+            limiter.admit("a").await.is_err(),
+            "the local limit holds meanwhile"
+        );
+        assert_eq!(
+            down.asked.lock().unwrap().len(),
+            3,
+            "the fleet's is asked each time"
+        );
+    }
+
+    #[tokio::test]
+    async fn unlimited_asks_nobody() {
+        let buckets = scripted(Ok(Some(Duration::from_secs(1))));
+        let limiter = TenantLimiter::shared(0, buckets.clone());
+        assert!(limiter.admit("a").await.is_ok());
+        assert!(buckets.asked.lock().unwrap().is_empty());
     }
 }

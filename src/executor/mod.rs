@@ -182,6 +182,23 @@ pub trait Executor: Send {
         &'a mut self,
         ctx: StepContext<'a>,
     ) -> BoxFuture<'a, Result<StepResult, ExecutorError>>;
+
+    /// The step in flight was cut short (its future dropped), for `why`:
+    /// an executor whose step goes on outside this process (a worker's
+    /// task) tells it here. Nothing to do for the others.
+    fn interrupted(&mut self, why: Interruption) -> BoxFuture<'_, ()> {
+        let _ = why;
+        Box::pin(async {})
+    }
+}
+
+/// Why the loop cut a step short.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Interruption {
+    /// The session was stopped, or ran out of time: the step is given up.
+    Stopped,
+    /// This replica drains: the session goes on elsewhere, with the step.
+    Draining,
 }
 
 /// Records a tool call's intent before it runs and its result after, so a
@@ -493,6 +510,8 @@ pub struct ExecutorDeps {
     pub egress: Arc<EgressPolicy>,
     /// Where worker tasks are offered.
     pub store: crate::store::Store,
+    /// The run's lease token: the worker tasks it waits on are fenced by it.
+    pub run: Uuid,
     /// The session's tenant (its worker tasks are of it).
     pub tenant: String,
     /// This replica's MCP servers.
@@ -744,6 +763,7 @@ impl ExecutorSpec {
                 },
                 deps.approvals.clone(),
                 deps.children.clone(),
+                deps.run,
             ))),
         }
     }

@@ -13,10 +13,13 @@ use uuid::Uuid;
 
 use super::webhook::{decided_action, external_step, request_for};
 use super::{
-    ApprovalDesk, ChildDesk, Executor, ExecutorError, StepContext, StepResult, WebhookResponse,
+    ApprovalDesk, ChildDesk, Executor, ExecutorError, Interruption, StepContext, StepResult,
+    WebhookResponse,
 };
 use crate::policy::worker::{self, AttemptEnd, TaskFacts, TaskState, TaskVerdict};
-use crate::store::{NewWorkerTask, Store, StoreError, TenantScope, wait_for_worker_change};
+use crate::store::{
+    NewWorkerTask, Store, StoreError, TaskEnd, TenantScope, wait_for_worker_change,
+};
 
 /// Longest a waiting step goes without reading its task (lost wake-ups,
 /// pauses asked for while no worker holds it).
@@ -45,16 +48,22 @@ pub struct WorkerExecutor {
     approvals: Arc<dyn ApprovalDesk>,
     /// Where the worker's tasks are delegated to children.
     children: Arc<dyn ChildDesk>,
+    /// The run (the session's lease token) whose tasks these are.
+    run: Uuid,
+    /// The task of the step in flight, until the step settles it.
+    open: Option<Uuid>,
 }
 
 impl WorkerExecutor {
-    /// An executor for a session of `tenant`, asking for approvals at `approvals`.
+    /// An executor for the run `run` of a session of `tenant`, asking for
+    /// approvals at `approvals`.
     pub fn new(
         store: Store,
         tenant: &str,
         settings: WorkerSettings,
         approvals: Arc<dyn ApprovalDesk>,
         children: Arc<dyn ChildDesk>,
+        run: Uuid,
     ) -> WorkerExecutor {
         WorkerExecutor {
             store,
@@ -62,10 +71,20 @@ impl WorkerExecutor {
             settings,
             approvals,
             children,
+            run,
+            open: None,
         }
     }
 
-    async fn step(&self, ctx: StepContext<'_>) -> Result<StepResult, ExecutorError> {
+    /// Runs the step, and forgets its task once the step settled it (a
+    /// step cut short leaves it open, for [`Executor::interrupted`]).
+    async fn step(&mut self, ctx: StepContext<'_>) -> Result<StepResult, ExecutorError> {
+        let result = self.wait_for_step(ctx).await;
+        self.open = None;
+        result
+    }
+
+    async fn wait_for_step(&mut self, ctx: StepContext<'_>) -> Result<StepResult, ExecutorError> {
         let failed = |message: String| ExecutorError::Failed {
             action: "worker".into(),
             message,
@@ -77,17 +96,11 @@ impl WorkerExecutor {
         let context =
             serde_json::to_value(request).map_err(|e| failed(format!("step context: {e}")))?;
         let mut changes = self.store.worker_changes();
-        let task = OpenTask {
-            store: self.store.clone(),
-            scope: self.scope.clone(),
-            id: Uuid::new_v4(),
-            settled: false,
-        };
-        let mut task = task;
-        self.store
-            .offer_worker_task(
+        let id = self
+            .store
+            .open_worker_task(
                 &NewWorkerTask {
-                    id: task.id,
+                    id: Uuid::new_v4(),
                     session_id: ctx.session_id,
                     queue: &self.settings.queue,
                     labels: &self.settings.labels,
@@ -96,20 +109,26 @@ impl WorkerExecutor {
                     idempotency_key: &format!("{}:{}", ctx.session_id, ctx.iteration),
                     context: &context,
                 },
+                self.run,
                 &self.scope,
             )
             .await
             .map_err(store_failed)?;
+        self.open = Some(id);
         loop {
             // Changes made while reading stay queued in `changes`: none is lost.
             let Some(now) = self
                 .store
-                .worker_task_state(task.id, &self.scope)
+                .worker_task_state(id, self.run, &self.scope)
                 .await
                 .map_err(store_failed)?
             else {
                 return Err(failed("the step's task disappeared".into()));
             };
+            if now.taken_over {
+                // A newer run holds the session; this one's writes are refused.
+                return Err(failed("the session was taken over by another run".into()));
+            }
             let ms = |t: chrono::DateTime<chrono::Utc>| (t - now.now).num_milliseconds();
             let state = match now.state.as_str() {
                 "pending" => TaskState::Pending,
@@ -147,10 +166,10 @@ impl WorkerExecutor {
                 TaskVerdict::Wait { at_most_ms } => {
                     let wait = Duration::from_millis(at_most_ms.saturating_add(1)).min(POLL);
                     // Only a change of this task wakes it (or a lost relay).
-                    wait_for_worker_change(&mut changes, wait, |c| c.concerns_task(task.id)).await;
+                    wait_for_worker_change(&mut changes, wait, |c| c.concerns_task(id)).await;
                 }
                 TaskVerdict::Collect => {
-                    task.settled = true;
+                    self.open = None;
                     let answer: WebhookResponse =
                         serde_json::from_value(now.outcome.unwrap_or_default()).map_err(|e| {
                             failed(format!("worker outcome is not a step outcome: {e}"))
@@ -165,27 +184,23 @@ impl WorkerExecutor {
                 }
                 TaskVerdict::Reoffer { because, .. } => {
                     let error = last_error(because);
-                    tracing::info!(task = %task.id, %error, "worker task offered again");
+                    tracing::info!(task = %id, %error, "worker task offered again");
                     self.store
-                        .reoffer_worker_task(task.id, now.attempt, &error, &self.scope)
+                        .reoffer_worker_task(id, self.run, now.attempt, &error, &self.scope)
                         .await
                         .map_err(store_failed)?;
                 }
                 TaskVerdict::Fail { because } => {
                     let error = last_error(because);
-                    self.store
-                        .end_worker_task(task.id, "failed", "attempts spent", &self.scope)
+                    self.end(id, TaskEnd::AttemptsSpent)
                         .await
                         .map_err(store_failed)?;
-                    task.settled = true;
                     return Err(failed(error));
                 }
                 TaskVerdict::NoWorker => {
-                    self.store
-                        .end_worker_task(task.id, "cancelled", "no_worker", &self.scope)
+                    self.end(id, TaskEnd::NoWorker)
                         .await
                         .map_err(store_failed)?;
-                    task.settled = true;
                     return Ok(StepResult::NoWorker {
                         detail: format!(
                             "no worker claimed step {} on queue {:?} within {} ms",
@@ -196,15 +211,19 @@ impl WorkerExecutor {
                     });
                 }
                 TaskVerdict::Abandon => {
-                    self.store
-                        .end_worker_task(task.id, "cancelled", "paused", &self.scope)
-                        .await
-                        .map_err(store_failed)?;
-                    task.settled = true;
+                    self.end(id, TaskEnd::Paused).await.map_err(store_failed)?;
                     return Ok(StepResult::Abandoned);
                 }
             }
         }
+    }
+
+    /// Ends the step's task (this run's only), settling the step.
+    async fn end(&mut self, id: Uuid, end: TaskEnd) -> Result<(), StoreError> {
+        self.open = None;
+        self.store
+            .end_worker_task(id, self.run, end, &self.scope)
+            .await
     }
 }
 
@@ -215,35 +234,33 @@ impl Executor for WorkerExecutor {
     ) -> BoxFuture<'a, Result<StepResult, ExecutorError>> {
         self.step(ctx).boxed()
     }
-}
 
-/// A task the step offered: dropped unsettled (the step was cancelled by a
-/// stop, a shutdown or the time limit), it is cancelled so no worker goes on
-/// with it and a heartbeat answers `cancel`.
-struct OpenTask {
-    store: Store,
-    scope: TenantScope,
-    id: Uuid,
-    settled: bool,
-}
-
-impl Drop for OpenTask {
-    fn drop(&mut self) {
-        if self.settled {
-            return;
-        }
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        let (store, scope, id) = (self.store.clone(), self.scope.clone(), self.id);
-        runtime.spawn(async move {
-            if let Err(err) = store
-                .end_worker_task(id, "cancelled", "stopped", &scope)
-                .await
-            {
-                // The session's status still refuses the worker's completion.
-                tracing::warn!(task = %id, error = %err, "cannot cancel an abandoned worker task");
+    /// A stop or the time limit ends the task at once (its worker's next
+    /// heartbeat says `stopped`); a drain leaves it with its worker, marked
+    /// `draining`, for the run that takes the session over.
+    fn interrupted(&mut self, why: Interruption) -> BoxFuture<'_, ()> {
+        async move {
+            let Some(id) = self.open.take() else {
+                return;
+            };
+            let ended = match why {
+                Interruption::Stopped => {
+                    self.store
+                        .end_worker_task(id, self.run, TaskEnd::Stopped, &self.scope)
+                        .await
+                }
+                Interruption::Draining => {
+                    self.store
+                        .drain_worker_task(id, self.run, &self.scope)
+                        .await
+                }
+            };
+            if let Err(err) = ended {
+                // The session's status still tells the worker (a stop), or
+                // the next run takes the task over (a drain).
+                tracing::warn!(task = %id, error = %err, ?why, "cannot mark an interrupted worker task");
             }
-        });
+        }
+        .boxed()
     }
 }

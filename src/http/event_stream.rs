@@ -136,23 +136,57 @@ struct SessionTail {
     after: i64,
     rx: broadcast::Receiver<Uuid>,
     pending: VecDeque<LoggedEvent>,
+    /// A `gap` event to send first: the resume point lies in a part of the
+    /// log that compaction thinned.
+    gap: Option<Event>,
+}
+
+/// Where a stream resumes: after which sequence number, and up to which
+/// number compaction thinned the log (`None` when never).
+#[derive(Debug, Clone, Copy)]
+pub struct Resume {
+    /// The last sequence number the client has.
+    pub after: i64,
+    /// The session's `compacted_through` mark.
+    pub compacted_through: Option<i64>,
+}
+
+/// The explicit `gap` event for a resume from inside the compacted part of
+/// the log: routine events between `after` and the mark are gone, so the
+/// client is told rather than left to find numbers missing. It carries no
+/// SSE id, so the client's own resume point does not move.
+fn gap_event(resume: Resume) -> Option<Event> {
+    let through = resume.compacted_through?;
+    if resume.after >= through {
+        return None;
+    }
+    let data = serde_json::json!({
+        "after": resume.after,
+        "compacted_through": through,
+        "detail": "routine events up to compacted_through were compacted away; decisions, reflections, status changes and control events that follow are still sent",
+    });
+    Some(Event::default().event("gap").data(data.to_string()))
 }
 
 fn session_stream(
     store: SessionReads,
     id: Uuid,
     scope: TenantScope,
-    after: i64,
+    resume: Resume,
 ) -> impl Stream<Item = Result<Event, Infallible>> {
     let tail = SessionTail {
         rx: store.subscribe(),
         store,
         id,
         scope,
-        after,
+        after: resume.after,
         pending: VecDeque::new(),
+        gap: gap_event(resume),
     };
     futures::stream::unfold(tail, |mut t| async move {
+        if let Some(gap) = t.gap.take() {
+            return Some((Ok(gap), t));
+        }
         loop {
             // An end event in the log need not be the end: a resumed session
             // has one per run. The stream ends below, once caught up with a
@@ -200,15 +234,15 @@ fn session_stream(
     })
 }
 
-/// The SSE response for one session's log after `after`, read within `scope`.
+/// The SSE response for one session's log from `resume`, read within `scope`.
 pub fn session_events(
     store: SessionReads,
     id: Uuid,
     scope: TenantScope,
-    after: i64,
+    resume: Resume,
     slot: StreamSlot,
 ) -> Response {
-    Sse::new(holding(session_stream(store, id, scope, after), slot))
+    Sse::new(holding(session_stream(store, id, scope, resume), slot))
         .keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
         .into_response()
 }

@@ -327,13 +327,22 @@ pub async fn list_events(
             "Last-Event-ID must be an event sequence number (0 or more), got {after}"
         )));
     }
+    let compacted_through = state
+        .service
+        .reads()
+        .compacted_through(id, &caller.scope)
+        .await?;
     let slot = state.streams.acquire(&caller.tenant)?;
     let reads = state.service.reads().clone();
+    let resume = event_stream::Resume {
+        after,
+        compacted_through,
+    };
     Ok(event_stream::session_events(
         reads,
         id,
         caller.scope,
-        after,
+        resume,
         slot,
     ))
 }

@@ -108,9 +108,12 @@ pub struct HeartbeatRequest {
 /// What a heartbeat answers.
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct HeartbeatAnswer {
-    /// Abandon the step: the session is being stopped or paused.
+    /// Abandon the step: the session is being stopped or paused, the step
+    /// was offered again, or this lease lapsed (see `reason`).
     pub cancel: bool,
-    /// `stopped` or `paused` when `cancel`.
+    /// With `cancel`: `stopped`, `paused`, `superseded` or `lease_lost`
+    /// (abandon the step); without: `draining` (the session's replica shuts
+    /// down: finish and complete, the next one collects the outcome) or null.
     pub reason: Option<String>,
     /// The lease's new end (none when cancelled).
     pub lease_expires_at: Option<DateTime<Utc>>,
@@ -387,8 +390,8 @@ pub async fn heartbeat(
         .await?;
     let beat = settled(id, beat)?;
     Ok(Json(HeartbeatAnswer {
-        cancel: beat.cancel.is_some(),
-        reason: beat.cancel,
+        cancel: beat.cancel.is_some_and(|r| r.abandon()),
+        reason: beat.cancel.map(|r| r.as_str().to_string()),
         lease_expires_at: beat.lease_expires_at,
         token_allowance: beat.token_allowance,
     }))

@@ -136,6 +136,118 @@ pub fn decide(facts: &TaskFacts) -> TaskVerdict {
     }
 }
 
+/// Why a heartbeat tells a worker its step is no longer what it was.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BeatReason {
+    /// The session was stopped or ended (a stop, its time limit): abandon.
+    Stopped,
+    /// The session pauses: abandon; a resume offers the step again.
+    Paused,
+    /// The step was offered again as a newer task: abandon; it comes back
+    /// with the same idempotency key.
+    Superseded,
+    /// The replica running the session drains: finish and complete; the
+    /// run that takes the session over collects the outcome.
+    Draining,
+    /// No heartbeat within the lease: abandon; the step is offered again as
+    /// the next attempt.
+    LeaseLost,
+}
+
+impl BeatReason {
+    /// Every reason, as the protocol document lists them.
+    pub const ALL: [BeatReason; 5] = [
+        BeatReason::Stopped,
+        BeatReason::Paused,
+        BeatReason::Superseded,
+        BeatReason::Draining,
+        BeatReason::LeaseLost,
+    ];
+
+    /// Its name on the wire (and in `worker_tasks.cancel_reason`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BeatReason::Stopped => "stopped",
+            BeatReason::Paused => "paused",
+            BeatReason::Superseded => "superseded",
+            BeatReason::Draining => "draining",
+            BeatReason::LeaseLost => "lease_lost",
+        }
+    }
+
+    /// The reason a task was cancelled with, as stored; a stored reason
+    /// that is none of them (or none) reads as `stopped`.
+    pub fn from_stored(stored: Option<&str>) -> BeatReason {
+        BeatReason::ALL
+            .into_iter()
+            .find(|r| Some(r.as_str()) == stored)
+            .unwrap_or(BeatReason::Stopped)
+    }
+
+    /// Whether the worker is to abandon the step (else: finish and complete).
+    pub fn abandon(self) -> bool {
+        self != BeatReason::Draining
+    }
+}
+
+/// What a heartbeat is answered from: the task, and its session.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BeatFacts<'a> {
+    /// The task's state (`pending`, `claimed`, `completed`, `failed`, `cancelled`).
+    pub state: &'a str,
+    /// Its stored reason (why cancelled; `draining` on a claimed task).
+    pub cancel_reason: Option<&'a str>,
+    /// Its lease has not lapsed.
+    pub lease_live: bool,
+    /// The session's status.
+    pub status: &'a str,
+    /// A stop of the session was asked for.
+    pub stop_requested: bool,
+    /// A pause of the session was asked for.
+    pub pause_requested: bool,
+}
+
+/// What a heartbeat (of the token that holds the task) answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BeatVerdict {
+    /// The task is done with (completed, failed, offered again): 409.
+    Lost,
+    /// `cancel: true` with this reason; `end_task`: the task, still
+    /// claimed, is cancelled now so the waiting step ends at once.
+    Cancel {
+        /// Why.
+        reason: BeatReason,
+        /// Cancel the task now.
+        end_task: bool,
+    },
+    /// The lease is extended; `note` is said along (`draining`).
+    Extend {
+        /// A reason that does not cancel.
+        note: Option<BeatReason>,
+    },
+}
+
+/// What a heartbeat answers: a stop or a pause cancels at once, a lapsed
+/// lease is lost, a drain is said but the step goes on.
+pub fn heartbeat(facts: &BeatFacts<'_>) -> BeatVerdict {
+    let cancel = |reason, end_task| BeatVerdict::Cancel { reason, end_task };
+    match facts.state {
+        "cancelled" => cancel(BeatReason::from_stored(facts.cancel_reason), false),
+        "claimed" if !facts.lease_live => cancel(BeatReason::LeaseLost, false),
+        "claimed" if facts.stop_requested || !matches!(facts.status, "running" | "paused") => {
+            cancel(BeatReason::Stopped, true)
+        }
+        "claimed" if facts.pause_requested || facts.status == "paused" => {
+            cancel(BeatReason::Paused, true)
+        }
+        "claimed" => BeatVerdict::Extend {
+            note: (facts.cancel_reason == Some(BeatReason::Draining.as_str()))
+                .then_some(BeatReason::Draining),
+        },
+        _ => BeatVerdict::Lost,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -271,5 +383,120 @@ mod tests {
             ..facts(TaskState::Pending)
         };
         assert_eq!(decide(&paused), TaskVerdict::Abandon);
+    }
+
+    fn beat(state: &str) -> BeatFacts<'_> {
+        BeatFacts {
+            state,
+            cancel_reason: None,
+            lease_live: true,
+            status: "running",
+            stop_requested: false,
+            pause_requested: false,
+        }
+    }
+
+    #[test]
+    fn every_reason_has_one_name_and_reads_back() {
+        let names: Vec<&str> = BeatReason::ALL.iter().map(|r| r.as_str()).collect();
+        assert_eq!(
+            names,
+            ["stopped", "paused", "superseded", "draining", "lease_lost"]
+        );
+        for reason in BeatReason::ALL {
+            assert_eq!(BeatReason::from_stored(Some(reason.as_str())), reason);
+            assert_eq!(reason.abandon(), reason != BeatReason::Draining);
+        }
+        assert_eq!(BeatReason::from_stored(None), BeatReason::Stopped);
+        assert_eq!(
+            BeatReason::from_stored(Some("no_worker")),
+            BeatReason::Stopped
+        );
+    }
+
+    #[test]
+    fn a_held_lease_is_extended_and_a_drain_is_said_along() {
+        assert_eq!(
+            heartbeat(&beat("claimed")),
+            BeatVerdict::Extend { note: None }
+        );
+        let draining = BeatFacts {
+            cancel_reason: Some("draining"),
+            ..beat("claimed")
+        };
+        assert_eq!(
+            heartbeat(&draining),
+            BeatVerdict::Extend {
+                note: Some(BeatReason::Draining)
+            }
+        );
+    }
+
+    #[test]
+    fn a_stop_or_an_end_cancels_before_a_pause() {
+        let cancel = |reason| BeatVerdict::Cancel {
+            reason,
+            end_task: true,
+        };
+        let stop = BeatFacts {
+            stop_requested: true,
+            pause_requested: true,
+            cancel_reason: Some("draining"),
+            ..beat("claimed")
+        };
+        assert_eq!(heartbeat(&stop), cancel(BeatReason::Stopped));
+        for ended in ["completed", "failed", "interrupted", "queued"] {
+            let facts = BeatFacts {
+                status: ended,
+                ..beat("claimed")
+            };
+            assert_eq!(heartbeat(&facts), cancel(BeatReason::Stopped), "{ended}");
+        }
+        let pause = BeatFacts {
+            pause_requested: true,
+            ..beat("claimed")
+        };
+        assert_eq!(heartbeat(&pause), cancel(BeatReason::Paused));
+        let paused = BeatFacts {
+            status: "paused",
+            ..beat("claimed")
+        };
+        assert_eq!(heartbeat(&paused), cancel(BeatReason::Paused));
+    }
+
+    #[test]
+    fn a_lapsed_lease_is_lost_whatever_the_session_does() {
+        let lapsed = BeatFacts {
+            lease_live: false,
+            stop_requested: true,
+            ..beat("claimed")
+        };
+        assert_eq!(
+            heartbeat(&lapsed),
+            BeatVerdict::Cancel {
+                reason: BeatReason::LeaseLost,
+                end_task: false
+            }
+        );
+    }
+
+    #[test]
+    fn a_cancelled_task_says_why_and_a_settled_one_is_lost() {
+        for reason in BeatReason::ALL {
+            let facts = BeatFacts {
+                cancel_reason: Some(reason.as_str()),
+                ..beat("cancelled")
+            };
+            assert_eq!(
+                heartbeat(&facts),
+                BeatVerdict::Cancel {
+                    reason,
+                    end_task: false
+                }
+            );
+        }
+        for settled in ["pending", "completed", "failed"] {
+            assert_eq!(heartbeat(&beat(settled)), BeatVerdict::Lost, "{settled}");
+        }
     }
 }

@@ -39,6 +39,18 @@ struct ViewState {
     committing: bool,
     /// The step in flight, from its start until its iteration commits.
     step: Option<StepInFlight>,
+    /// A write to Postgres failed since the last one that succeeded: the
+    /// row may no longer be the latest, so statuses say `stale`.
+    write_failed: bool,
+}
+
+/// Whether the row a view answers with is known to be the latest.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Freshness {
+    /// Every write since it was taken succeeded.
+    Confirmed,
+    /// A write failed since: the row is the last committed state known.
+    WriteFailed,
 }
 
 /// The in-memory status of one running session.
@@ -116,6 +128,7 @@ impl LiveView {
                 closed: false,
                 committing: false,
                 step: None,
+                write_failed: false,
             }),
         }
     }
@@ -125,9 +138,15 @@ impl LiveView {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The committed status and velocity, when fresh.
-    pub fn snapshot(&self) -> Option<(Session, Velocity)> {
+    /// The committed status and velocity, when fresh, and whether a write
+    /// failed since.
+    pub fn snapshot(&self) -> Option<(Session, Velocity, Freshness)> {
         let state = self.state();
+        let freshness = if state.write_failed {
+            Freshness::WriteFailed
+        } else {
+            Freshness::Confirmed
+        };
         if state.closed {
             return None;
         }
@@ -143,7 +162,13 @@ impl LiveView {
             .filter(|(m, _)| *m >= since)
             .copied()
             .collect();
-        Some((record, velocity))
+        Some((record, velocity, freshness))
+    }
+
+    /// A write to Postgres failed (a lease renewal, a commit): from now
+    /// until a write succeeds, a status from this view is marked stale.
+    pub fn write_failed(&self) {
+        self.state().write_failed = true;
     }
 
     /// The last committed status this view knew, fresh or not, and its
@@ -169,6 +194,7 @@ impl LiveView {
         }
         state.record = Some(compact(record));
         state.last = None;
+        state.write_failed = false;
         state.velocity = Some(velocity.clone());
     }
 
@@ -221,6 +247,7 @@ impl LiveView {
         let mut state = self.state();
         state.generation += 1;
         state.committing = false;
+        state.write_failed = false;
         state.step = None;
         if let Some(velocity) = state.velocity.as_mut() {
             let m = minute(step.finished_at);
@@ -242,6 +269,7 @@ impl LiveView {
     pub fn appended(&self, flags: &ControlFlags) {
         let mut state = self.state();
         state.generation += 1;
+        state.write_failed = false;
         if let Some(record) = state.record.as_mut() {
             apply_flags(record, flags);
         }
@@ -251,6 +279,7 @@ impl LiveView {
     pub fn lease_renewed(&self, expires_at: DateTime<Utc>, heartbeat_at: DateTime<Utc>) {
         let mut state = self.state();
         state.generation += 1;
+        state.write_failed = false;
         if let Some(record) = state.record.as_mut() {
             record.lease_expires_at = Some(expires_at);
             record.heartbeat_at = Some(heartbeat_at);
@@ -371,7 +400,8 @@ pub(crate) mod tests {
         let view = LiveView::new(&record());
         commit(&view, 1, 4);
         commit(&view, 2, 6);
-        let (r, velocity) = view.snapshot().expect("fresh");
+        let (r, velocity, freshness) = view.snapshot().expect("fresh");
+        assert_eq!(freshness, Freshness::Confirmed);
         assert_eq!(r.iterations, 2);
         assert_eq!(r.last_event_seq, 6);
         assert_eq!(r.mode, Mode::Continuous);
@@ -389,6 +419,24 @@ pub(crate) mod tests {
         read.iterations = 7;
         view.refill(generation, &read, &Vec::new());
         assert_eq!(view.snapshot().expect("refilled").0.iterations, 7);
+    }
+
+    #[test]
+    fn a_failed_write_marks_the_view_until_a_write_succeeds() {
+        let view = LiveView::new(&record());
+        commit(&view, 1, 4);
+        view.write_failed();
+        let (r, _, freshness) = view.snapshot().expect("still answers");
+        assert_eq!(freshness, Freshness::WriteFailed);
+        assert_eq!(r.iterations, 1, "the last committed state");
+        view.lease_renewed(Utc::now(), Utc::now());
+        assert_eq!(view.snapshot().expect("fresh").2, Freshness::Confirmed);
+        view.write_failed();
+        commit(&view, 2, 6);
+        assert_eq!(view.snapshot().expect("fresh").2, Freshness::Confirmed);
+        view.write_failed();
+        view.appended(&flags(7));
+        assert_eq!(view.snapshot().expect("fresh").2, Freshness::Confirmed);
     }
 
     #[test]

@@ -24,8 +24,6 @@ use crate::store::{Store, TenantScope};
 
 /// The name of the lease that makes one replica the pruner.
 const LEASE: &str = "pruner";
-/// How long the lease lasts; renewed before every batch.
-const LEASE_TTL: Duration = Duration::from_secs(60);
 /// Sessions whose events are compacted per pass, the longest first.
 const COMPACT_SESSIONS: i64 = 50;
 /// Events read per compaction statement.
@@ -53,16 +51,21 @@ pub struct Pruner {
     retention: RetentionConfig,
     workspace_root: PathBuf,
     replica: Uuid,
+    /// How long the pruner lease lasts: the session leases' TTL, so a
+    /// successor takes pruning over after a crash as fast as it takes over
+    /// sessions. Renewed before every batch, and a batch is short.
+    lease_ttl: Duration,
     metrics: Arc<Metrics>,
 }
 
 impl Pruner {
-    /// A pruner over `store` acting as `replica`.
+    /// A pruner over `store` acting as `replica`, holding its lease for
+    /// `lease_ttl` at a time.
     pub fn new(
         store: Store,
         retention: RetentionConfig,
         workspace_root: PathBuf,
-        replica: Uuid,
+        (replica, lease_ttl): (Uuid, Duration),
         metrics: Arc<Metrics>,
     ) -> Pruner {
         Pruner {
@@ -70,6 +73,7 @@ impl Pruner {
             retention,
             workspace_root,
             replica,
+            lease_ttl,
             metrics,
         }
     }
@@ -121,7 +125,7 @@ impl Pruner {
     async fn renew(&self) -> Result<bool> {
         Ok(self
             .store
-            .take_maintenance_lease(LEASE, self.replica, LEASE_TTL)
+            .take_maintenance_lease(LEASE, self.replica, self.lease_ttl)
             .await?)
     }
 

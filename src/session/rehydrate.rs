@@ -166,6 +166,7 @@ pub async fn build_executor(
         criteria: session.criteria.iter().map(|c| c.text.clone()).collect(),
         egress: config.egress.clone(),
         store: store.clone(),
+        run: lease.token,
         tenant: session.tenant.clone(),
         mcp: mcp.clone(),
     };

@@ -13,7 +13,7 @@ use uuid::Uuid;
 
 pub use super::error::{Result, ServiceError};
 use super::event_codec::{self, to_stored};
-use super::live::{StepInFlight, VELOCITY_MINUTES, Velocity};
+use super::live::{Freshness, StepInFlight, VELOCITY_MINUTES, Velocity};
 use super::persist::{self, FirstRefinement};
 use super::planner;
 use super::reads::SessionReads;
@@ -630,7 +630,7 @@ impl SessionService {
             let refiner = request.planner.as_ref().filter(|_| !report.unreadable);
             let (suggested, source) = match refiner {
                 Some((client, model)) => {
-                    self.admit_model_call(tenant)?;
+                    self.admit_model_call(tenant).await?;
                     match planner::refine_goal(client, model, &request.goal).await {
                         Ok(p) => {
                             plan.tokens += p.tokens;
@@ -673,7 +673,7 @@ impl SessionService {
             && plan.milestones.is_empty()
             && let Some((client, model)) = &request.planner
         {
-            self.admit_model_call(tenant)?;
+            self.admit_model_call(tenant).await?;
             let p = planner::plan_checklists(client, model, &plan.goal)
                 .await
                 .map_err(|err| {
@@ -937,8 +937,8 @@ impl SessionService {
 
     /// Takes one of `tenant`'s calls on the server's own model, or refuses
     /// the request (429) naming the setting that raises the limit.
-    fn admit_model_call(&self, tenant: &str) -> Result<()> {
-        let admitted = self.supervisor.model_calls().admit(tenant);
+    async fn admit_model_call(&self, tenant: &str) -> Result<()> {
+        let admitted = self.supervisor.model_calls().admit(tenant).await;
         self.supervisor
             .metrics()
             .model_call(tenant, admitted.is_ok());
@@ -965,11 +965,15 @@ impl SessionService {
         id: Uuid,
         scope: &TenantScope,
     ) -> Result<(Session, Velocity, StatusSource)> {
-        if let Some((session, velocity)) = self.supervisor.live(id) {
+        if let Some((session, velocity, freshness)) = self.supervisor.live(id) {
             if !scope.allows(&session.tenant) {
                 return Err(ServiceError::NotFound(id));
             }
-            return Ok((session, velocity, StatusSource::Memory));
+            let source = match freshness {
+                Freshness::Confirmed => StatusSource::Memory,
+                Freshness::WriteFailed => StatusSource::StaleMemory,
+            };
+            return Ok((session, velocity, source));
         }
         let refill = self.supervisor.refillable(id);
         // Both reads at once: under load each waits on Postgres, so the

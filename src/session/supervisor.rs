@@ -15,7 +15,7 @@ use uuid::Uuid;
 
 use super::error::ServiceError;
 use super::lease_clock::LeaseClock;
-use super::live::{LiveView, StepInFlight, Velocity};
+use super::live::{Freshness, LiveView, StepInFlight, Velocity};
 use super::reflector::Reflector;
 use super::rehydrate::{build_executor, load_for_run};
 use super::runner::{Control, Exit, Runner, RunnerDeps};
@@ -134,8 +134,10 @@ impl Supervisor {
             },
             _ => None,
         };
-        let model_calls = Arc::new(crate::ratelimit::TenantLimiter::new(
+        // Counted in Postgres, so the limit holds for the fleet as a whole.
+        let model_calls = Arc::new(crate::ratelimit::TenantLimiter::shared(
             config.quotas.tenant_model_calls_per_minute,
+            Arc::new(store.clone()),
         ));
         let mcp = Arc::new(crate::mcp::McpRegistry::new(
             config.mcp.clone(),
@@ -445,7 +447,7 @@ impl Supervisor {
 
     /// The committed status and velocity of `id` from memory, when it runs
     /// here under a lease this replica trusts and the view is fresh.
-    pub fn live(&self, id: Uuid) -> Option<(Session, Velocity)> {
+    pub fn live(&self, id: Uuid) -> Option<(Session, Velocity, Freshness)> {
         self.trusted_view(id)?.snapshot()
     }
 
@@ -676,7 +678,14 @@ impl Supervisor {
                     }
                 }
             }
-            Err(err) => tracing::warn!(error = %err, "lease renewal failed"),
+            Err(err) => {
+                tracing::warn!(error = %err, "lease renewal failed");
+                // From the first failed write on, statuses from memory say
+                // they may be behind.
+                for (_, _, view) in &held {
+                    view.write_failed();
+                }
+            }
         }
     }
 
@@ -765,6 +774,26 @@ impl Supervisor {
         resumed
     }
 
+    /// A step a worker completed for a session whose owner went silent is
+    /// not left waiting for the owner's lease to lapse: the lease ends now
+    /// and this tick's rescue (or a peer's) collects the outcome. On the
+    /// embedded server there is no other owner to go silent.
+    async fn hand_over_done_steps(&self) {
+        let store = &self.inner.store;
+        if store.is_single_process() {
+            return;
+        }
+        let silence = self.inner.config.lease.heartbeat * fleet::MISSED_HEARTBEATS;
+        match store.expire_silent_owners_of_done_steps(silence).await {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(
+                sessions = n,
+                "silent owners' done worker steps handed to a rescue"
+            ),
+            Err(err) => tracing::warn!(error = %err, "cannot look for done steps of silent owners"),
+        }
+    }
+
     /// Claims queued sessions, oldest first, as many as this replica has
     /// room for and at most `budget`; returns how many started here.
     pub async fn claim_queued(&self, budget: usize) -> usize {
@@ -826,6 +855,7 @@ impl Supervisor {
     /// claim from the queue, at most `WARDEN_CLAIMS_PER_TICK` in all.
     pub async fn tick(&self) {
         self.heartbeat().await;
+        self.hand_over_done_steps().await;
         let budget = self.inner.config.claims_per_tick;
         let rescued = self.rescue_up_to(budget).await;
         self.claim_queued(budget.saturating_sub(rescued)).await;

@@ -35,6 +35,7 @@ mod iterations;
 mod journal;
 mod keys;
 mod leases;
+mod model_calls;
 mod outcomes;
 mod queue;
 pub mod quotas;
@@ -81,7 +82,7 @@ pub use sessions::{
     update_settings,
 };
 pub use worker_tasks::{
-    ClaimedWorkerTask, Heartbeat, LeaseCheck, NewWorkerTask, QueueDepth, Settlement,
+    ClaimedWorkerTask, Heartbeat, LeaseCheck, NewWorkerTask, QueueDepth, Settlement, TaskEnd,
     WORKERS_CHANNEL, WorkerChange, WorkerSeen, WorkerTaskState, wait_for_worker_change,
 };
 

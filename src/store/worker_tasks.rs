@@ -12,6 +12,7 @@ use sqlx::types::Json;
 use uuid::Uuid;
 
 use super::{Result, Store, TenantScope};
+use crate::policy::worker::{self, BeatFacts, BeatReason, BeatVerdict};
 
 /// The Postgres channel that announces a task offered or ended, so waiting
 /// claims and steps on other replicas wake at once.
@@ -59,6 +60,8 @@ pub struct WorkerTaskState {
     pub now: DateTime<Utc>,
     /// A pause of the session was asked for.
     pub pause_requested: bool,
+    /// A newer run of the session took the task over: this one lost the session.
+    pub taken_over: bool,
 }
 
 /// A task a worker claimed.
@@ -102,8 +105,9 @@ pub enum LeaseCheck<T> {
 /// A heartbeat's answer.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Heartbeat {
-    /// Why the worker should abandon the step: `stopped` or `paused`.
-    pub cancel: Option<String>,
+    /// What the worker is told of its step: abandon it (when
+    /// [`BeatReason::abandon`]), or finish it though its replica drains.
+    pub cancel: Option<BeatReason>,
     /// The lease's new end.
     pub lease_expires_at: Option<DateTime<Utc>>,
     /// Tokens the step may still use.
@@ -254,27 +258,57 @@ impl Store {
         Ok(())
     }
 
-    /// Offers a step to workers; a task of the session still open (from a
-    /// run before a resume or a takeover) is cancelled first.
-    pub async fn offer_worker_task(
+    /// Opens the step of `task.iteration` for the run `run` (the session's
+    /// lease token) and returns the id of the task it waits on. A task of
+    /// that iteration a run before this one left (a takeover, a drain) is
+    /// taken over, not offered again: a done one is collected, a claimed
+    /// one stays with its worker, a pending one gets this run's context.
+    /// Any other task of the session still open is cancelled (`superseded`).
+    pub async fn open_worker_task(
         &self,
         task: &NewWorkerTask<'_>,
+        run: Uuid,
         scope: &TenantScope,
-    ) -> Result<()> {
+    ) -> Result<Uuid> {
         let mut tx = self.pool.begin().await?;
+        let adopted = sqlx::query_scalar!(
+            "WITH left_open AS (
+                 SELECT id FROM worker_tasks
+                 WHERE session_id = $1 AND iteration = $2
+                   AND state IN ('pending', 'claimed', 'completed', 'failed')
+                   AND ($5::text IS NULL OR tenant = $5)
+                 ORDER BY offered_at DESC, created_at DESC LIMIT 1 FOR UPDATE)
+             UPDATE worker_tasks t SET run_token = $3, cancel_reason = NULL, updated_at = now(),
+                    context = CASE WHEN t.state = 'pending' THEN $4 ELSE t.context END
+             FROM left_open WHERE t.id = left_open.id
+             RETURNING t.id",
+            task.session_id,
+            task.iteration as i64,
+            run,
+            Json(task.context) as _,
+            scope.tenant(),
+        )
+        .fetch_optional(&mut *tx)
+        .await?;
         sqlx::query!(
             "UPDATE worker_tasks SET state = 'cancelled', cancel_reason = 'superseded', updated_at = now()
              WHERE session_id = $1 AND state IN ('pending', 'claimed')
-               AND ($2::text IS NULL OR tenant = $2)",
+               AND id IS DISTINCT FROM $2 AND ($3::text IS NULL OR tenant = $3)",
             task.session_id,
+            adopted,
             scope.tenant(),
         )
         .execute(&mut *tx)
         .await?;
+        if let Some(id) = adopted {
+            tx.commit().await?;
+            tracing::info!(task = %id, iteration = task.iteration, "worker task taken over by a new run");
+            return Ok(id);
+        }
         let inserted = sqlx::query!(
             "INSERT INTO worker_tasks (id, session_id, tenant, queue, labels, iteration,
-                                       heartbeat_timeout_ms, state, idempotency_key, context)
-             SELECT $1, s.id, s.tenant, $3, $4, $5, $6, 'pending', $7, $8
+                                       heartbeat_timeout_ms, state, idempotency_key, context, run_token)
+             SELECT $1, s.id, s.tenant, $3, $4, $5, $6, 'pending', $7, $8, $10
              FROM sessions s WHERE s.id = $2 AND ($9::text IS NULL OR s.tenant = $9)",
             task.id,
             task.session_id,
@@ -285,6 +319,7 @@ impl Store {
             task.idempotency_key,
             Json(task.context) as _,
             scope.tenant(),
+            run,
         )
         .execute(&mut *tx)
         .await?;
@@ -301,34 +336,40 @@ impl Store {
         self.announce_workers(&mut tx, change).await?;
         tx.commit().await?;
         self.workers_changed_locally(change);
-        Ok(())
+        Ok(task.id)
     }
 
-    /// Where a task stands, with the session's pause flag.
+    /// Where a task stands, with the session's pause flag and whether a
+    /// newer run than `run` took it over.
     pub async fn worker_task_state(
         &self,
         id: Uuid,
+        run: Uuid,
         scope: &TenantScope,
     ) -> Result<Option<WorkerTaskState>> {
         Ok(sqlx::query_as!(
             WorkerTaskState,
             r#"SELECT t.state, t.attempt, t.offered_at, t.lease_expires_at,
                       t.outcome AS "outcome: serde_json::Value", t.last_error, t.retryable,
-                      now() AS "now!", s.pause_requested
+                      now() AS "now!", s.pause_requested,
+                      t.run_token IS DISTINCT FROM $3 AS "taken_over!"
                FROM worker_tasks t JOIN sessions s ON s.id = t.session_id
                WHERE t.id = $1 AND ($2::text IS NULL OR t.tenant = $2)"#,
             id,
             scope.tenant(),
+            run,
         )
         .fetch_optional(&self.pool)
         .await?)
     }
 
-    /// Offers a task again as attempt `attempt + 1` (its lease lapsed or
-    /// its attempt failed); `false` when it is no longer at `attempt`.
+    /// Offers a task of the run `run` again as attempt `attempt + 1` (its
+    /// lease lapsed or its attempt failed); `false` when it is no longer at
+    /// `attempt` or no longer that run's.
     pub async fn reoffer_worker_task(
         &self,
         id: Uuid,
+        run: Uuid,
         attempt: i32,
         error: &str,
         scope: &TenantScope,
@@ -339,11 +380,12 @@ impl Store {
                     lease_digest = NULL, lease_expires_at = NULL, worker = NULL,
                     last_error = $3, updated_at = now()
              WHERE id = $1 AND attempt = $2 AND state IN ('claimed', 'failed')
-               AND ($4::text IS NULL OR tenant = $4)",
+               AND ($4::text IS NULL OR tenant = $4) AND run_token = $5",
             id,
             attempt,
             error,
             scope.tenant(),
+            run,
         )
         .execute(&mut *tx)
         .await?;
@@ -357,27 +399,82 @@ impl Store {
         Ok(done.rows_affected() == 1)
     }
 
-    /// Ends a task the step gave up on (`cancelled`, with why) or that
-    /// failed for good (`failed`), whatever its lease.
+    /// Ends a task of the run `run` the step gave up on (`cancelled`, with
+    /// why) or that failed for good (`failed`), whatever its lease. A task a
+    /// newer run took over is left to it.
     pub async fn end_worker_task(
         &self,
         id: Uuid,
-        state: &str,
-        reason: &str,
+        run: Uuid,
+        end: TaskEnd,
         scope: &TenantScope,
     ) -> Result<()> {
-        sqlx::query!(
+        let (state, reason) = end.as_row();
+        let mut tx = self.pool.begin().await?;
+        let ended = sqlx::query!(
             "UPDATE worker_tasks SET state = $2, cancel_reason = $3, updated_at = now()
              WHERE id = $1 AND state IN ('pending', 'claimed', 'failed')
-               AND ($4::text IS NULL OR tenant = $4)",
+               AND ($4::text IS NULL OR tenant = $4) AND run_token = $5",
             id,
             state,
             reason,
             scope.tenant(),
+            run,
+        )
+        .execute(&mut *tx)
+        .await?;
+        let change = WorkerChange {
+            task: Some(id),
+            offered: false,
+        };
+        if ended.rows_affected() > 0 {
+            self.announce_workers(&mut tx, change).await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// Marks the task of the run `run` as left by a replica that drains:
+    /// it stays with its worker (whose heartbeat says `draining`) for the
+    /// run that takes the session over next.
+    pub async fn drain_worker_task(&self, id: Uuid, run: Uuid, scope: &TenantScope) -> Result<()> {
+        sqlx::query!(
+            "UPDATE worker_tasks SET cancel_reason = 'draining', updated_at = now()
+             WHERE id = $1 AND state IN ('pending', 'claimed')
+               AND ($2::text IS NULL OR tenant = $2) AND run_token = $3",
+            id,
+            scope.tenant(),
+            run,
         )
         .execute(&self.pool)
         .await?;
         Ok(())
+    }
+
+    /// Hands the sessions whose step a worker completed, but whose owner
+    /// went silent for `silence` (its lease not yet lapsed), to the next
+    /// rescue at once: their lease ends as a released one does (no expiry,
+    /// so the rescue takes them before sessions whose lease merely lapsed).
+    /// Without it a done step would wait a whole lease TTL for a dead
+    /// owner. Returns how many.
+    pub async fn expire_silent_owners_of_done_steps(
+        &self,
+        silence: std::time::Duration,
+    ) -> Result<u64> {
+        // `status = 'running'` stays a literal (the partial index's predicate).
+        let expired = sqlx::query!(
+            "UPDATE sessions s SET lease_expires_at = NULL
+             WHERE s.status = 'running' AND s.lease_expires_at > now()
+               AND s.heartbeat_at < now() - make_interval(secs => $1)
+               AND EXISTS (SELECT 1 FROM worker_tasks t
+                           WHERE t.session_id = s.id AND t.iteration > s.iterations
+                             AND t.state = 'completed')",
+            silence.as_secs_f64(),
+        )
+        .execute(&self.pool)
+        .await?
+        .rows_affected();
+        Ok(expired)
     }
 
     /// Claims the oldest task offered on one of `queues` whose session runs
@@ -462,8 +559,8 @@ impl Store {
     }
 
     /// Extends the lease of `token` on a task and records its progress;
-    /// tells the worker to abandon the step when its session is being
-    /// stopped or paused (or the step was given up).
+    /// tells the worker why to abandon the step (`policy::worker::heartbeat`),
+    /// or that its replica drains.
     pub async fn heartbeat_worker_task(
         &self,
         id: Uuid,
@@ -480,46 +577,45 @@ impl Store {
             return Ok(LeaseCheck::Lost);
         }
         let allowance = u64::try_from(row.allowance).unwrap_or(0);
-        let cancel = if row.state == "cancelled" {
-            Some(
-                row.cancel_reason
-                    .clone()
-                    .unwrap_or_else(|| "stopped".into()),
-            )
-        } else if row.state != "claimed" || !row.live {
-            return Ok(LeaseCheck::Lost);
-        } else if row.stop_requested || !matches!(row.status.as_str(), "running" | "paused") {
-            Some("stopped".to_string())
-        } else if row.pause_requested || row.status == "paused" {
-            Some("paused".to_string())
-        } else {
-            None
-        };
-        if let Some(reason) = &cancel {
-            let cancelled = WorkerChange {
-                task: Some(id),
-                offered: false,
-            };
-            if row.state == "claimed" {
-                // The waiting step ends now instead of at the lease's end.
-                sqlx::query!(
-                    "UPDATE worker_tasks SET state = 'cancelled', cancel_reason = $2, updated_at = now()
-                     WHERE id = $1",
-                    id,
-                    reason,
-                )
-                .execute(&mut *tx)
-                .await?;
-                self.announce_workers(&mut tx, cancelled).await?;
+        let verdict = worker::heartbeat(&BeatFacts {
+            state: &row.state,
+            cancel_reason: row.cancel_reason.as_deref(),
+            lease_live: row.live,
+            status: &row.status,
+            stop_requested: row.stop_requested,
+            pause_requested: row.pause_requested,
+        });
+        let note = match verdict {
+            BeatVerdict::Lost => return Ok(LeaseCheck::Lost),
+            BeatVerdict::Extend { note } => note,
+            BeatVerdict::Cancel { reason, end_task } => {
+                let cancelled = WorkerChange {
+                    task: Some(id),
+                    offered: false,
+                };
+                if end_task {
+                    // The waiting step ends now instead of at the lease's end.
+                    sqlx::query!(
+                        "UPDATE worker_tasks SET state = 'cancelled', cancel_reason = $2, updated_at = now()
+                         WHERE id = $1",
+                        id,
+                        reason.as_str(),
+                    )
+                    .execute(&mut *tx)
+                    .await?;
+                    self.announce_workers(&mut tx, cancelled).await?;
+                }
+                tx.commit().await?;
+                if end_task {
+                    self.workers_changed_locally(cancelled);
+                }
+                return Ok(LeaseCheck::Held(Heartbeat {
+                    cancel: Some(reason),
+                    lease_expires_at: None,
+                    token_allowance: allowance,
+                }));
             }
-            tx.commit().await?;
-            self.workers_changed_locally(cancelled);
-            return Ok(LeaseCheck::Held(Heartbeat {
-                cancel,
-                lease_expires_at: None,
-                token_allowance: allowance,
-            }));
-        }
+        };
         let expires = sqlx::query_scalar!(
             r#"UPDATE worker_tasks SET updated_at = now(),
                       lease_expires_at = now() + make_interval(secs => heartbeat_timeout_ms / 1000.0),
@@ -533,7 +629,7 @@ impl Store {
         row.seen_holding(&mut tx, Some(id)).await?;
         tx.commit().await?;
         Ok(LeaseCheck::Held(Heartbeat {
-            cancel: None,
+            cancel: note,
             lease_expires_at: Some(expires),
             token_allowance: allowance,
         }))
@@ -664,6 +760,31 @@ impl Store {
         .fetch_optional(&self.pool)
         .await?;
         Ok(row.map(|r| (r.queue, r.offered_at)))
+    }
+}
+
+/// How a run ends a task it gives up on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TaskEnd {
+    /// The session was stopped or ended while the step was in flight.
+    Stopped,
+    /// The step was given up for a pause.
+    Paused,
+    /// Nobody claimed it in time.
+    NoWorker,
+    /// Its attempts are spent: the step failed.
+    AttemptsSpent,
+}
+
+impl TaskEnd {
+    /// The task's state and stored reason.
+    fn as_row(self) -> (&'static str, &'static str) {
+        match self {
+            TaskEnd::Stopped => ("cancelled", BeatReason::Stopped.as_str()),
+            TaskEnd::Paused => ("cancelled", BeatReason::Paused.as_str()),
+            TaskEnd::NoWorker => ("cancelled", "no_worker"),
+            TaskEnd::AttemptsSpent => ("failed", "attempts spent"),
+        }
     }
 }
 

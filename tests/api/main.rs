@@ -35,4 +35,5 @@ mod store;
 mod streams;
 mod telemetry;
 mod termination;
+mod worker_crash;
 mod workers;

@@ -437,6 +437,30 @@ async fn one_model_call_a_minute(
 }
 
 #[tokio::test]
+async fn the_model_call_limit_holds_for_the_fleet_not_per_replica() {
+    use crate::common::fake_llm::{FakeLlm, text};
+    let db = crate::common::TestDb::new().await;
+    let fake = FakeLlm::start().await;
+    for _ in 0..3 {
+        fake.reflection(text(
+            "Write PLAN.md with pricing, costs and first customers",
+            10,
+        ));
+    }
+    // Two replicas on one database, one model call a minute per tenant.
+    let first = one_model_call_a_minute(db.pool.clone(), &fake).await;
+    let second = one_model_call_a_minute(db.pool.clone(), &fake).await;
+    let vague = json!({ "goal": "Learn how to run a business",
+                        "executor": { "kind": "scripted", "steps": [{ "action": "a" }] } });
+    let s = first.create(vague.clone()).await;
+    assert_eq!(s["refinement"]["source"], "model", "{s}");
+    // The other replica counts the same call: the tenant's minute is spent.
+    let (status, doc) = second.post("/api/autonomous", Some(vague)).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{doc}");
+    assert_eq!(doc["code"], "tenant_model_rate_limit");
+}
+
+#[tokio::test]
 async fn model_calls_over_the_tenant_rate_limit_answer_429() {
     use crate::common::fake_llm::{FakeLlm, text};
     let db = crate::common::TestDb::new().await;

@@ -568,3 +568,69 @@ async fn replay_of_a_resumed_session_runs_through_every_run_to_the_live_tail() {
         .collect();
     assert_eq!(ends, [&json!("interrupted"), &json!("completed")]);
 }
+
+#[tokio::test]
+async fn a_resume_from_inside_the_compacted_log_is_told_of_the_gap_first() {
+    let db = crate::common::TestDb::new().await;
+    let app = TestApp::spawn_with(
+        db.pool.clone(),
+        crate::common::config_with(&[
+            ("WARDEN_PRUNE_INTERVAL", "1s"),
+            ("WARDEN_EVENT_HORIZON", "10"),
+        ]),
+    )
+    .await;
+    let id = app.create_scripted(script(30, 0), json!({})).await;
+    let ended = app.wait_settled(&id).await;
+    let last_seq = ended["last_event_seq"].as_i64().expect("seq");
+    let through = crate::common::eventually_ok(
+        Duration::from_secs(60),
+        "the log to be compacted",
+        || async {
+            let (_, page) = app
+                .get(&format!("/api/autonomous/{id}/events?limit=1"))
+                .await;
+            page["compacted_through"]
+                .as_i64()
+                .ok_or_else(|| page.to_string())
+        },
+    )
+    .await;
+    let path = format!("/api/autonomous/{id}/events");
+
+    // From inside the thinned part: a `gap` first, without an id (the
+    // client's resume point stays its own), then what is left, in order.
+    let frames = collect(
+        app.base.clone(),
+        path.clone(),
+        Some("2".into()),
+        |_| false,
+        10_000,
+    )
+    .await;
+    let gap = frames.first().expect("a first frame");
+    assert_eq!(gap.event.as_deref(), Some("gap"), "{gap:?}");
+    assert_eq!(gap.id, None, "{gap:?}");
+    assert_eq!(gap.data["after"], 2, "{gap:?}");
+    assert_eq!(gap.data["compacted_through"], through, "{gap:?}");
+    let rest = ids(&frames[1..]);
+    assert!(rest.windows(2).all(|w| w[0] < w[1]), "{rest:?}");
+    assert!(rest.iter().all(|seq| *seq > 2), "{rest:?}");
+    assert_eq!(rest.last().copied(), Some(last_seq));
+    assert!(
+        rest.len() < (last_seq - 2) as usize,
+        "some events were compacted away"
+    );
+
+    // From past the mark: no gap, every later event.
+    let frames = collect(
+        app.base.clone(),
+        path,
+        Some(through.to_string()),
+        |_| false,
+        10_000,
+    )
+    .await;
+    assert!(frames.iter().all(|f| f.event.as_deref() != Some("gap")));
+    assert_eq!(ids(&frames), ((through + 1)..=last_seq).collect::<Vec<_>>());
+}

@@ -54,7 +54,8 @@ impl<S: LoopStore> Runner<S> {
             (row.percent_complete, row.eta_seconds),
             events,
         ))
-        .await?;
+        .await
+        .inspect_err(|_| self.view.write_failed())?;
         pass.writes += commit_started.elapsed();
         self.show_committed(&row, &flags, finished_at);
         self.state = state_after;

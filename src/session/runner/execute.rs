@@ -11,7 +11,7 @@ use super::gate::Gated;
 use super::plan::StepOutcome;
 use super::{Flow, Runner};
 use crate::event::{AbandonedBecause, SessionEvent};
-use crate::executor::{ExecutorError, StepContext, StepOutput, StepResult};
+use crate::executor::{ExecutorError, Interruption, StepContext, StepOutput, StepResult};
 use crate::policy::budget;
 use crate::policy::delegation::{self, ParentNext};
 use crate::policy::eta;
@@ -174,13 +174,24 @@ impl<S: LoopStore> Runner<S> {
             token_allowance: allowance,
             children,
         };
-        tokio::select! {
+        let end = tokio::select! {
             biased;
             _ = self.control.stop.cancelled() => StepEnd::Stopped,
             _ = self.control.shutdown.cancelled() => StepEnd::Shutdown,
             _ = tokio::time::sleep(Duration::from_millis(remaining)) => StepEnd::TimedOut,
             result = self.executor.execute(ctx) => StepEnd::Done(result),
+        };
+        // The executor hears why its step was cut short: a worker's task
+        // is given up on a stop, and kept for the next run on a drain.
+        let why = match end {
+            StepEnd::Done(_) => None,
+            StepEnd::Stopped | StepEnd::TimedOut => Some(Interruption::Stopped),
+            StepEnd::Shutdown => Some(Interruption::Draining),
+        };
+        if let Some(why) = why {
+            self.executor.interrupted(why).await;
         }
+        end
     }
 
     /// Agent output is made storable before anything commits it, and held to

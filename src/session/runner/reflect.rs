@@ -55,7 +55,7 @@ impl<S: LoopStore> Runner<S> {
     /// guardrails) rather than failing the session. True when deferred; the
     /// event is logged once per wait.
     async fn reflection_deferred_by_rate_limit(&mut self) -> Result<bool, StoreError> {
-        let Err(limited) = self.model_calls.admit(&self.tenant) else {
+        let Err(limited) = self.model_calls.admit(&self.tenant).await else {
             self.reflection_deferred = false;
             self.metrics.model_call(&self.tenant, true);
             return Ok(false);

@@ -433,23 +433,25 @@ impl Authenticator {
         Ok(issued)
     }
 
-    /// Revokes a key (of `tenant` only, when given); effective at once on
-    /// this replica, within [`KEY_CACHE_TTL`] (usually milliseconds) on the others.
+    /// Revokes a key within `scope` (a tenant's: its non-global keys only);
+    /// effective at once on this replica, within [`KEY_CACHE_TTL`] (usually
+    /// milliseconds) on the others.
     pub async fn revoke(
         &self,
         id: Uuid,
-        tenant: Option<&str>,
+        scope: &TenantScope,
     ) -> Result<Option<KeyRecord>, AuthError> {
-        let key = self.0.store.revoke_key(id, tenant).await?;
+        let key = self.0.store.revoke_key(id, scope).await?;
         if let (Some(k), Ok(mut keys)) = (&key, self.0.keys.lock()) {
             keys.remove(&k.prefix);
         }
         Ok(key)
     }
 
-    /// The stored keys (hashes included; callers show only public fields).
-    pub async fn list(&self, tenant: Option<&str>) -> Result<Vec<KeyRecord>, AuthError> {
-        Ok(self.0.store.list_keys(tenant).await?)
+    /// The stored keys within `scope` (hashes included; callers show only
+    /// public fields).
+    pub async fn list(&self, scope: &TenantScope) -> Result<Vec<KeyRecord>, AuthError> {
+        Ok(self.0.store.list_keys(scope).await?)
     }
 }
 

@@ -35,9 +35,125 @@ fn purge_freed_pages_promptly() {
     }
 }
 
-#[tokio::main]
-async fn main() -> ExitCode {
+fn main() -> ExitCode {
     purge_freed_pages_promptly();
+    // The service reads its environment and takes its secrets out of it
+    // here, before the runtime starts: `remove_var` is sound only while no
+    // other thread reads or writes the environment, and from here on many do.
+    let service_vars = std::env::args()
+        .nth(1)
+        .is_none()
+        .then(hardening::take_service_env);
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(err) => {
+            eprintln!("warden: cannot start the runtime: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    runtime.block_on(run(service_vars))
+}
+
+/// Start-up hardening of the service against other processes of its user
+/// (an MCP stdio server runs as that user): they can read neither its
+/// memory nor its environment, and its secrets are no longer in that
+/// environment once read.
+mod hardening {
+    use std::collections::HashMap;
+
+    use warden::config::settings;
+
+    /// The service's environment, read once; then Warden's secrets are
+    /// taken out of the process environment and the process is made
+    /// non-dumpable. Call only while this is the only thread.
+    pub fn take_service_env() -> HashMap<String, String> {
+        let vars = settings::process_env();
+        deny_inspection();
+        // The OpenTelemetry SDK reads its own variables when the exporter
+        // starts: those stay (unreadable to others, as the rest).
+        let secrets = settings::SETTINGS
+            .iter()
+            .filter(|s| s.secret && !s.name.starts_with("OTEL_"))
+            .flat_map(|s| [Some(s.name), s.old_name])
+            .flatten();
+        for name in secrets {
+            // SAFETY: called from `main` before the runtime or any other
+            // thread exists, so nothing reads or writes the environment
+            // meanwhile.
+            unsafe { forget_var(name) };
+        }
+        vars
+    }
+
+    /// `PR_SET_DUMPABLE` off: `/proc/<pid>/environ`, `maps`, `mem` and
+    /// ptrace are then refused to every process of the same user that
+    /// lacks `CAP_SYS_PTRACE` (root keeps it), and no core file is written.
+    #[cfg(target_os = "linux")]
+    fn deny_inspection() {
+        // SAFETY: prctl with PR_SET_DUMPABLE takes plain integers.
+        if unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) } != 0 {
+            eprintln!(
+                "warden: cannot turn PR_SET_DUMPABLE off ({}); processes of this user can read its memory",
+                std::io::Error::last_os_error()
+            );
+        }
+    }
+
+    #[cfg(not(target_os = "linux"))]
+    fn deny_inspection() {}
+
+    /// Takes `name` out of the environment and, on Linux, zeroes every
+    /// `name=value` text it had: `/proc/<pid>/environ` shows the block the
+    /// process started with, which `remove_var` alone leaves as it was.
+    ///
+    /// # Safety
+    /// No other thread may read or write the environment meanwhile.
+    unsafe fn forget_var(name: &str) {
+        #[cfg(target_os = "linux")]
+        let texts = unsafe { entries_of(name) };
+        // SAFETY: the caller guarantees no other thread touches the environment.
+        unsafe { std::env::remove_var(name) };
+        #[cfg(target_os = "linux")]
+        for (start, len) in texts {
+            // SAFETY: `start..start + len` is an entry's text that the
+            // environment held (the initial block on the stack, or libc's
+            // copy): writable, and no longer referenced by `environ` now
+            // that the variable is removed.
+            unsafe { std::ptr::write_bytes(start, 0, len) };
+        }
+    }
+
+    /// Where the texts `name=…` of the environment are: (start, length).
+    ///
+    /// # Safety
+    /// No other thread may change the environment meanwhile.
+    #[cfg(target_os = "linux")]
+    unsafe fn entries_of(name: &str) -> Vec<(*mut u8, usize)> {
+        unsafe extern "C" {
+            static environ: *const *mut libc::c_char;
+        }
+        let prefix = format!("{name}=");
+        let mut found = Vec::new();
+        // SAFETY: `environ` is a NULL-terminated array of NUL-terminated
+        // strings that no other thread changes meanwhile (the caller's word).
+        unsafe {
+            let mut entry = environ;
+            while !entry.is_null() && !(*entry).is_null() {
+                let text = std::ffi::CStr::from_ptr(*entry);
+                if text.to_bytes().starts_with(prefix.as_bytes()) {
+                    found.push(((*entry).cast::<u8>(), text.to_bytes().len()));
+                }
+                entry = entry.add(1);
+            }
+        }
+        found
+    }
+}
+
+async fn run(service_vars: Option<std::collections::HashMap<String, String>>) -> ExitCode {
     match std::env::args().nth(1).as_deref() {
         Some("openapi") => {
             print!("{}", warden::http::openapi::document());
@@ -58,7 +174,8 @@ async fn main() -> ExitCode {
         }
         None => {}
     }
-    let config = match Config::from_env() {
+    let vars = service_vars.unwrap_or_else(settings::process_env);
+    let config = match Config::from_vars(&vars) {
         Ok(config) => config,
         Err(err) => {
             eprintln!("warden: configuration error: {err}");
@@ -483,7 +600,7 @@ async fn keys_on(store: &warden::store::Store, args: Vec<String>) -> ExitCode {
                 }
             }
         }
-        Some("list") => match store.list_keys(None).await {
+        Some("list") => match store.list_keys(&warden::store::TenantScope::Global).await {
             Ok(keys) => {
                 println!("ID\tPREFIX\tTENANT\tROLE\tGLOBAL\tCREATED\tLAST USED\tREVOKED");
                 let time = |t: Option<chrono::DateTime<chrono::Utc>>| {
@@ -514,7 +631,10 @@ async fn keys_on(store: &warden::store::Store, args: Vec<String>) -> ExitCode {
                 eprintln!("{KEYS_USAGE}");
                 return ExitCode::from(2);
             };
-            match store.revoke_key(id, None).await {
+            match store
+                .revoke_key(id, &warden::store::TenantScope::Global)
+                .await
+            {
                 Ok(Some(k)) => {
                     println!("revoked {} ({})", k.id, k.prefix);
                     ExitCode::SUCCESS

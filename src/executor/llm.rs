@@ -1126,7 +1126,7 @@ impl LlmExecutor {
                 if left == 0 || calls.is_empty() {
                     match self.next_cycle().await {
                         Ok((change, summary_tokens)) => {
-                            tokens += summary_tokens;
+                            tokens = tokens.saturating_add(summary_tokens);
                             events.push(SessionEvent::CycleStarted {
                                 cycle: change.cycle,
                                 memory_chars: change.memory.chars().count(),

@@ -175,6 +175,30 @@ pub enum ExecutorError {
     },
 }
 
+/// The most tool calls one step may report: the largest `max_tool_calls`
+/// a session may have, so one step can use a whole budget and no more.
+pub const MAX_STEP_TOOL_CALLS: u64 = 10_000_000;
+
+/// Holds the counts a step reports to what it may have spent, before any
+/// of them touches state: its tokens to its allowance (more is charged as
+/// the whole allowance, and the budget is over), its tool calls to
+/// [`MAX_STEP_TOOL_CALLS`]. Every executor's outcome, a step or a failure,
+/// comes through here; returns the tokens as reported, for the
+/// overspend check.
+pub fn bound_usage(result: &mut Result<StepResult, ExecutorError>, allowance: u64) -> u64 {
+    let tokens = match result {
+        Ok(StepResult::Step(out)) => {
+            out.tool_calls = out.tool_calls.min(MAX_STEP_TOOL_CALLS);
+            &mut out.tokens
+        }
+        Err(ExecutorError::Failed { tokens, .. }) => tokens,
+        Ok(_) => return 0,
+    };
+    let reported = *tokens;
+    *tokens = reported.min(allowance);
+    reported
+}
+
 /// Performs iterations for one session.
 pub trait Executor: Send {
     /// Performs iteration `ctx.iteration`. Dropping the future cancels the step.
@@ -951,6 +975,113 @@ fn has_userinfo(url: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// xorshift64*: a deterministic source of cases (no property-testing
+    /// crate is a dependency).
+    struct Cases(u64);
+
+    impl Cases {
+        fn next(&mut self) -> u64 {
+            self.0 ^= self.0 >> 12;
+            self.0 ^= self.0 << 25;
+            self.0 ^= self.0 >> 27;
+            self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+        }
+
+        /// A count an outside party could report: mostly the edges.
+        fn extreme(&mut self, near: u64) -> u64 {
+            let edges = [
+                0,
+                1,
+                near.saturating_sub(1),
+                near,
+                near.saturating_add(1),
+                i64::MAX as u64 - 1,
+                i64::MAX as u64,
+                i64::MAX as u64 + 1,
+                u64::MAX - 1,
+                u64::MAX,
+            ];
+            match self.next() % 12 {
+                i @ 0..10 => edges[i as usize],
+                10 => self.next(),
+                _ => self.next() % near.saturating_add(2),
+            }
+        }
+    }
+
+    /// Every executor's outcome for a step reporting `tokens` and
+    /// `tool_calls`: scripted, the webhook and worker answer (one mapping),
+    /// and a failure (the model executor's, or any other's).
+    async fn outcomes(
+        tokens: u64,
+        tool_calls: u64,
+    ) -> Vec<(&'static str, Result<StepResult, ExecutorError>)> {
+        let step = serde_json::from_value(serde_json::json!({
+            "action": "a", "tokens": tokens, "tool_calls": tool_calls
+        }))
+        .expect("a scripted step");
+        let mut scripted = scripted::ScriptedExecutor::new(vec![step], false);
+        let ctx = StepContext {
+            session_id: Uuid::nil(),
+            goal: "g",
+            iteration: 1,
+            guidance: None,
+            nudge: None,
+            history: &[],
+            token_allowance: 0,
+            children: &[],
+        };
+        let answer = serde_json::from_value(serde_json::json!({
+            "action": "a", "tokens": tokens, "tool_calls": tool_calls
+        }))
+        .expect("an answer");
+        vec![
+            ("scripted", scripted.execute(ctx).await),
+            ("webhook or worker", Ok(webhook::step_result(answer))),
+            (
+                "failure",
+                Err(ExecutorError::Failed {
+                    action: "a".into(),
+                    message: "m".into(),
+                    tokens,
+                }),
+            ),
+        ]
+    }
+
+    #[tokio::test]
+    async fn reported_counts_are_held_to_the_allowance_on_every_outcome_path() {
+        let mut cases = Cases(0x9e37_79b9_7f4a_7c15);
+        for _ in 0..2_000 {
+            let allowance = cases.extreme(10_000_000_000).min(10_000_000_000);
+            let tokens = cases.extreme(allowance);
+            let tool_calls = cases.extreme(MAX_STEP_TOOL_CALLS);
+            for (path, mut result) in outcomes(tokens, tool_calls).await {
+                let reported = bound_usage(&mut result, allowance);
+                let case =
+                    format!("{path}: {tokens} tokens, {tool_calls} calls, allowance {allowance}");
+                assert_eq!(reported, tokens, "{case}");
+                let (held, calls) = match &result {
+                    Ok(StepResult::Step(out)) => (out.tokens, Some(out.tool_calls)),
+                    Err(ExecutorError::Failed { tokens, .. }) => (*tokens, None),
+                    Ok(other) => panic!("{case}: {other:?}"),
+                };
+                assert_eq!(held, tokens.min(allowance), "{case}");
+                if let Some(calls) = calls {
+                    assert_eq!(calls, tool_calls.min(MAX_STEP_TOOL_CALLS), "{case}");
+                }
+                // What is stored next: a session's counters, which stay
+                // inside bigint whatever came before.
+                let usage = crate::policy::guardrails::Usage {
+                    tokens: cases.extreme(10_000_000_000).min(10_000_000_000),
+                    ..Default::default()
+                };
+                let after = usage.tokens.saturating_add(held);
+                assert!(i64::try_from(after).is_ok(), "{case}: {after}");
+            }
+        }
+    }
 
     fn llm_with_key() -> ExecutorSpec {
         serde_json::from_value(serde_json::json!({

@@ -41,7 +41,8 @@ pub struct ScriptedStep {
     #[schema(value_type = String, example = "success")]
     pub outcome: Outcome,
     /// Tokens the step reports as used; more than the step's allowance
-    /// (what is left of the budget) ends the session `stopped / cost_limit`.
+    /// (what is left of the budget) is charged as the allowance and ends
+    /// the session `stopped / cost_limit`.
     #[serde(default)]
     pub tokens: u64,
     /// Output text; a final line `<<WARDEN_GOAL_DONE: …>>` or `<<WARDEN_GOAL_BLOCKED: …>>` is a stop signal.

@@ -42,8 +42,8 @@ pub struct WebhookRequest {
     /// A supervisor's note (stuck nudge, reviewer feedback), delivered once.
     pub nudge: Option<String>,
     /// Most tokens this step may use: what is left of the session's token
-    /// budget. An answer reporting more `tokens` is recorded as reported and
-    /// ends the session `stopped / cost_limit`.
+    /// budget. An answer reporting more `tokens` is charged the whole
+    /// allowance (never more) and ends the session `stopped / cost_limit`.
     pub token_allowance: u64,
     /// The most recent steps, oldest first.
     pub history: Vec<WebhookHistoryItem>,
@@ -138,7 +138,8 @@ pub struct WebhookResponse {
     #[schema(value_type = Option<String>)]
     pub outcome: Option<Outcome>,
     /// Tokens the step used (charged to the session's budget); more than
-    /// the request's `token_allowance` ends the session `stopped / cost_limit`.
+    /// the request's `token_allowance` is charged as the allowance and ends
+    /// the session `stopped / cost_limit`.
     #[serde(default)]
     pub tokens: u64,
     /// Output text; a final sentinel line is honoured like any executor's.

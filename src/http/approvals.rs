@@ -4,7 +4,7 @@
 //! session's step when it was the last call it waited on.
 
 use axum::Router;
-use axum::extract::{RawPathParams, State};
+use axum::extract::State;
 use axum::routing::{get, post};
 use axum::{Extension, Json};
 use chrono::{DateTime, Utc};
@@ -14,7 +14,7 @@ use uuid::Uuid;
 
 use super::AppState;
 use super::error::{ApiError, ApiResult, Problem};
-use super::extract::{ApiJson, ApiQuery, SessionId};
+use super::extract::{ApiJson, ApiQuery, SessionId, WrittenCallId};
 use super::paging::{MAX_LIST_LIMIT, next_after, page_limit};
 use super::views::SessionView;
 use crate::auth::Principal;
@@ -170,15 +170,10 @@ pub async fn decide(
     State(state): State<AppState>,
     Extension(caller): Extension<Principal>,
     SessionId(id): SessionId,
-    params: RawPathParams,
+    WrittenCallId(call_id): WrittenCallId,
     ApiJson(body): ApiJson<DecideApproval>,
 ) -> ApiResult<Json<SessionView>> {
-    let Some(call_id) = params
-        .iter()
-        .find(|(name, _)| *name == "call_id")
-        .map(|(_, value)| value.to_string())
-        .filter(|c| valid_call_id(c))
-    else {
+    let Some(call_id) = call_id.filter(|c| valid_call_id(c)) else {
         // A missing session answers as one, whatever the call is called.
         state.service.get(id, &caller.scope).await?;
         return Err(ApiError::new(

@@ -2,7 +2,7 @@
 //! unknown fields, bad ids and oversized bodies all answer the same way.
 
 use axum::body::Bytes;
-use axum::extract::{FromRequest, FromRequestParts, RawPathParams, Request};
+use axum::extract::{FromRequest, FromRequestParts, MatchedPath, Request};
 use axum::http::header;
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, StatusCode};
@@ -12,11 +12,6 @@ use utoipa::ToSchema;
 use uuid::Uuid;
 
 use super::error::ApiError;
-
-/// Path parameters, rejected as a 400 problem.
-#[derive(Debug, FromRequestParts)]
-#[from_request(via(axum::extract::Path), rejection(ApiError))]
-pub struct ApiPath<T>(pub T);
 
 /// The `{id}` of a session route. Only the canonical spelling is taken:
 /// 36 characters, hex digits (either case) in groups of 8-4-4-4-12 joined by
@@ -29,24 +24,83 @@ pub struct SessionId(pub Uuid);
 impl<S: Send + Sync> FromRequestParts<S> for SessionId {
     type Rejection = ApiError;
 
-    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
-        // axum hands path parameters over percent-decoded; the id must also
-        // stand in the request's path exactly as decoded (a canonical id has
-        // nothing to encode), or it was spelled with escapes.
-        let params = RawPathParams::from_request_parts(parts, state)
-            .await
-            .map_err(|_| session_not_found())?;
-        let decoded = params
-            .iter()
-            .find(|(name, _)| *name == "id")
-            .map(|(_, value)| value)
-            .ok_or_else(session_not_found)?;
-        let written_plainly = parts.uri.path().split('/').any(|s| s == decoded);
-        canonical_uuid(decoded)
-            .filter(|_| written_plainly)
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
+        path_id(parts, "id")
             .map(SessionId)
             .ok_or_else(session_not_found)
     }
+}
+
+/// The `{task_id}` of a worker task route, in its one spelling (as
+/// [`SessionId`]); any other answers the 404 of a missing task.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TaskId(pub Uuid);
+
+impl<S: Send + Sync> FromRequestParts<S> for TaskId {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
+        path_id(parts, "task_id").map(TaskId).ok_or_else(|| {
+            ApiError::new(
+                StatusCode::NOT_FOUND,
+                "task_not_found",
+                "no such task (a task id is written as 8-4-4-4-12 hex digits)",
+            )
+        })
+    }
+}
+
+/// The `{id}` of a key route, in its one spelling (as [`SessionId`]); any
+/// other answers the 404 of a missing key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KeyId(pub Uuid);
+
+impl<S: Send + Sync> FromRequestParts<S> for KeyId {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
+        path_id(parts, "id").map(KeyId).ok_or_else(|| {
+            ApiError::new(
+                StatusCode::NOT_FOUND,
+                "key_not_found",
+                "no such key (a key id is written as 8-4-4-4-12 hex digits)",
+            )
+        })
+    }
+}
+
+/// The `{call_id}` of an approval route exactly as the request wrote it,
+/// not percent-decoded (`1%2E0` is not the call `1.0`); `None` when the
+/// route has none. The handler checks its shape.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WrittenCallId(pub Option<String>);
+
+impl<S: Send + Sync> FromRequestParts<S> for WrittenCallId {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
+        Ok(WrittenCallId(
+            written_param(parts, "call_id").map(str::to_string),
+        ))
+    }
+}
+
+/// The path parameter `name` as the request wrote it (never
+/// percent-decoded): the segment of the request's path standing where the
+/// matched route has `{name}`. Counted from the end, because a nested
+/// router sees its path without the prefix it is nested under while the
+/// matched route is the whole one; a parameter holds no `/`, so segments
+/// line up.
+fn written_param<'a>(parts: &'a Parts, name: &str) -> Option<&'a str> {
+    let route = parts.extensions.get::<MatchedPath>()?.as_str();
+    let placeholder = format!("{{{name}}}");
+    let from_end = route.split('/').rev().position(|s| s == placeholder)?;
+    parts.uri.path().split('/').rev().nth(from_end)
+}
+
+/// The id in parameter `name`, when the request wrote it canonically.
+fn path_id(parts: &Parts, name: &str) -> Option<Uuid> {
+    written_param(parts, name).and_then(canonical_uuid)
 }
 
 fn session_not_found() -> ApiError {

@@ -1,6 +1,7 @@
 //! `/api/keys`: create, list and revoke API keys (admin only; the gate in
 //! `auth.rs` enforces it). A key's secret is answered once, at creation. A
-//! tenant admin manages its own tenant's keys only; a global admin, every key.
+//! tenant admin manages its own tenant's non-global keys only; a global
+//! admin, every key.
 
 use axum::Extension;
 use axum::extract::State;
@@ -14,9 +15,9 @@ use uuid::Uuid;
 
 use super::AppState;
 use super::error::{ApiError, ApiResult, Problem};
-use super::extract::{ApiJson, ApiPath};
+use super::extract::{ApiJson, KeyId};
 use crate::auth::{AuthError, AuthMode, KeySpec, Principal, Role};
-use crate::store::KeyRecord;
+use crate::store::{KeyRecord, TenantScope};
 
 /// The key routes, relative to `/api/keys`.
 pub fn router() -> Router<AppState> {
@@ -195,8 +196,19 @@ pub async fn create_key(
     ))
 }
 
+/// The keys `caller` manages: every key for a global admin; for a tenant
+/// admin, the non-global keys of its tenant (a global key made under that
+/// tenant name is not its to see or revoke).
+fn managed_keys(caller: &Principal) -> TenantScope {
+    if caller.global {
+        TenantScope::Global
+    } else {
+        TenantScope::tenant_only(&caller.tenant)
+    }
+}
+
 /// List API keys (admin): public fields only; a tenant admin sees its
-/// tenant's keys only.
+/// tenant's non-global keys only.
 #[utoipa::path(
     get, path = "/api/keys", tag = "keys",
     responses((status = 200, description = "Every key the caller manages", body = KeyList))
@@ -205,15 +217,15 @@ pub async fn list_keys(
     State(state): State<AppState>,
     Extension(caller): Extension<Principal>,
 ) -> ApiResult<Json<KeyList>> {
-    let tenant = (!caller.global).then_some(caller.tenant.as_str());
-    let keys = state.auth.list(tenant).await?;
+    let keys = state.auth.list(&managed_keys(&caller)).await?;
     Ok(Json(KeyList {
         items: keys.into_iter().map(Into::into).collect(),
     }))
 }
 
 /// Revoke an API key (admin); effective at once on this replica, within a
-/// second on the others. Another tenant's key is, to a tenant admin, not found.
+/// second on the others. Another tenant's key, and any global key, is to a
+/// tenant admin not found.
 #[utoipa::path(
     delete, path = "/api/keys/{id}", tag = "keys",
     params(("id" = Uuid, Path, description = "Key id")),
@@ -225,10 +237,9 @@ pub async fn list_keys(
 pub async fn revoke_key(
     State(state): State<AppState>,
     Extension(caller): Extension<Principal>,
-    ApiPath(id): ApiPath<Uuid>,
+    KeyId(id): KeyId,
 ) -> ApiResult<Json<KeyView>> {
-    let tenant = (!caller.global).then_some(caller.tenant.as_str());
-    match state.auth.revoke(id, tenant).await? {
+    match state.auth.revoke(id, &managed_keys(&caller)).await? {
         Some(key) => {
             tracing::info!(key = %key.prefix, "API key revoked");
             Ok(Json(key.into()))

@@ -110,8 +110,8 @@ fn nest(top: Uuid, rows: Vec<TreeRow>) -> Option<TreeView> {
     let totals = TreeTotals {
         sessions: rows.len(),
         live: rows.iter().filter(|r| !r.status.has_ended()).count(),
-        tokens_used: rows.iter().map(|r| r.tokens_used).sum(),
-        iterations: rows.iter().map(|r| r.iterations).sum(),
+        tokens_used: saturating_sum(rows.iter().map(|r| r.tokens_used)),
+        iterations: saturating_sum(rows.iter().map(|r| r.iterations)),
     };
     let mut by_parent: HashMap<Uuid, Vec<TreeRow>> = HashMap::new();
     let mut root = None;
@@ -126,6 +126,11 @@ fn nest(top: Uuid, rows: Vec<TreeRow>) -> Option<TreeView> {
     Some(TreeView { totals, node })
 }
 
+/// A sum of stored counts that stops at the largest instead of wrapping.
+fn saturating_sum(counts: impl Iterator<Item = i64>) -> i64 {
+    counts.fold(0, i64::saturating_add)
+}
+
 fn build(row: TreeRow, by_parent: &mut HashMap<Uuid, Vec<TreeRow>>) -> TreeNode {
     let children: Vec<TreeNode> = by_parent
         .remove(&row.id)
@@ -133,8 +138,9 @@ fn build(row: TreeRow, by_parent: &mut HashMap<Uuid, Vec<TreeRow>>) -> TreeNode 
         .into_iter()
         .map(|child| build(child, by_parent))
         .collect();
-    let subtree_tokens_used =
-        row.tokens_used + children.iter().map(|c| c.subtree_tokens_used).sum::<i64>();
+    let subtree_tokens_used = saturating_sum(
+        std::iter::once(row.tokens_used).chain(children.iter().map(|c| c.subtree_tokens_used)),
+    );
     TreeNode {
         id: row.id,
         parent_id: row.parent_id,

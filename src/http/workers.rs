@@ -19,7 +19,7 @@ use uuid::Uuid;
 use super::AppState;
 use super::admission::RequestSlot;
 use super::error::{ApiError, ApiResult, Problem};
-use super::extract::{ApiJson, ApiPath};
+use super::extract::{ApiJson, TaskId};
 use crate::auth::{Principal, Role};
 use crate::executor::{WebhookRequest, WebhookResponse};
 use crate::store::{LeaseCheck, Settlement};
@@ -362,7 +362,7 @@ pub async fn claim(
 pub async fn heartbeat(
     State(state): State<AppState>,
     Extension(caller): Extension<Principal>,
-    ApiPath(id): ApiPath<Uuid>,
+    TaskId(id): TaskId,
     ApiJson(req): ApiJson<HeartbeatRequest>,
 ) -> ApiResult<Json<HeartbeatAnswer>> {
     if req
@@ -430,7 +430,7 @@ async fn settle(
 pub async fn complete(
     State(state): State<AppState>,
     Extension(caller): Extension<Principal>,
-    ApiPath(id): ApiPath<Uuid>,
+    TaskId(id): TaskId,
     ApiJson(req): ApiJson<CompleteRequest>,
 ) -> ApiResult<Json<Accepted>> {
     let outcome = serde_json::to_value(&req.outcome)
@@ -461,7 +461,7 @@ pub async fn complete(
 pub async fn fail(
     State(state): State<AppState>,
     Extension(caller): Extension<Principal>,
-    ApiPath(id): ApiPath<Uuid>,
+    TaskId(id): TaskId,
     ApiJson(req): ApiJson<FailRequest>,
 ) -> ApiResult<Json<Accepted>> {
     if req.error.chars().count() > MAX_ERROR_CHARS {
@@ -498,7 +498,7 @@ pub async fn fail(
 pub async fn release(
     State(state): State<AppState>,
     Extension(caller): Extension<Principal>,
-    ApiPath(id): ApiPath<Uuid>,
+    TaskId(id): TaskId,
     ApiJson(req): ApiJson<ReleaseRequest>,
 ) -> ApiResult<Json<Accepted>> {
     settle(&state, &caller, id, &req.lease_token, Settlement::Release).await

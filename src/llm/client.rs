@@ -158,7 +158,9 @@ fn charged(reported: Option<Usage>, request: &ChatRequest, answer: &Message) -> 
         return TokenUsage {
             prompt,
             completion,
-            total: u.total_tokens.unwrap_or(prompt + completion),
+            total: u
+                .total_tokens
+                .unwrap_or_else(|| prompt.saturating_add(completion)),
         };
     }
     let prompt_chars: usize = request
@@ -380,6 +382,25 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+
+    #[test]
+    fn reported_usage_at_the_extremes_never_overflows() {
+        let request = request("hi");
+        let answer = Message::text("assistant", "ok");
+        for (prompt, completion) in [
+            (u64::MAX, u64::MAX),
+            (u64::MAX, 1),
+            (i64::MAX as u64, i64::MAX as u64),
+        ] {
+            let usage = Usage {
+                prompt_tokens: Some(prompt),
+                completion_tokens: Some(completion),
+                total_tokens: None,
+            };
+            let charged = charged(Some(usage), &request, &answer);
+            assert_eq!(charged.total, prompt.saturating_add(completion));
+        }
+    }
 
     #[test]
     fn an_answer_over_the_cap_is_not_retried_and_not_unreachable() {

@@ -165,27 +165,26 @@ impl McpConfig {
     }
 
     /// Checks a session's choice against the declared servers and what
-    /// `tenant` may use. The message names the item at fault.
+    /// `tenant` may use. The message names the item at fault and lists only
+    /// the servers `tenant` may use: a server kept for other tenants is, to
+    /// this one, not configured.
     pub fn check_choice(&self, choice: &ToolChoice, tenant: &str) -> Result<(), String> {
         for (i, server) in &choice.item_servers {
-            match self.servers.get(server) {
-                None => {
-                    let known: Vec<&str> = self.names().collect();
-                    return Err(format!(
-                        "executor.tools[{i}]: no MCP server named `{server}` is configured (configured: {})",
-                        if known.is_empty() {
-                            "none".to_string()
-                        } else {
-                            known.join(", ")
-                        }
-                    ));
-                }
-                Some(s) if !s.allows(tenant) => {
-                    return Err(format!(
-                        "executor.tools[{i}]: the MCP server `{server}` is not available to this tenant"
-                    ));
-                }
-                Some(_) => {}
+            if self.servers.get(server).is_none_or(|s| !s.allows(tenant)) {
+                let usable: Vec<&str> = self
+                    .servers
+                    .iter()
+                    .filter(|(_, s)| s.allows(tenant))
+                    .map(|(name, _)| name.as_str())
+                    .collect();
+                return Err(format!(
+                    "executor.tools[{i}]: no MCP server named `{server}` is configured for this tenant (configured: {})",
+                    if usable.is_empty() {
+                        "none".to_string()
+                    } else {
+                        usable.join(", ")
+                    }
+                ));
             }
         }
         Ok(())
@@ -618,6 +617,13 @@ mod tests {
             err.contains("no MCP server named `nope`") && err.contains("fs, pay"),
             "{err}"
         );
+        // Another tenant is told of the servers it may use, and of no other.
+        for asked in ["nope:x", "pay"] {
+            let err = config.check_choice(&choice(&[asked]), "other").unwrap_err();
+            assert!(err.contains("(configured: fs)"), "{err}");
+            assert!(!err.contains("pay") || asked == "pay", "{err}");
+            assert!(!err.contains("fs, pay"), "{err}");
+        }
         let err = McpConfig::default()
             .check_choice(&choice(&["fs"]), "acme")
             .unwrap_err();

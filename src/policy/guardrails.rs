@@ -297,9 +297,55 @@ pub fn token_allowance(limits: &Limits, usage: &Usage, requested: u64) -> u64 {
     requested.min(tokens_remaining(limits, usage))
 }
 
+/// Refuses a change of a child session's carved budget (`max_tokens`,
+/// `max_iterations`) from `carved` to `asked`: its parent carved it out of
+/// its own and gets back what is left when it ends, so it changes only
+/// through the parent's. Other limits, and a root's, change freely.
+pub fn check_child_budget(is_child: bool, carved: &Limits, asked: &Limits) -> Result<(), String> {
+    let changed =
+        asked.max_tokens != carved.max_tokens || asked.max_iterations != carved.max_iterations;
+    if is_child && changed {
+        Err(
+            "a child session's max_tokens and max_iterations are carved out of its parent's \
+             and change only through its parent's limits"
+                .into(),
+        )
+    } else {
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+
+    #[test]
+    fn a_childs_carved_budget_changes_only_through_its_parent() {
+        let carved = roomy();
+        let more_tokens = Limits {
+            max_tokens: 1_000_000,
+            ..carved
+        };
+        let more_steps = Limits {
+            max_iterations: 200,
+            ..carved
+        };
+        let fewer_tokens = Limits {
+            max_tokens: 1,
+            ..carved
+        };
+        for asked in [more_tokens, more_steps, fewer_tokens] {
+            assert!(check_child_budget(true, &carved, &asked).is_err());
+            assert_eq!(check_child_budget(false, &carved, &asked), Ok(()));
+        }
+        let other = Limits {
+            max_wall_time_ms: 99_999,
+            max_consecutive_errors: 7,
+            ..carved
+        };
+        assert_eq!(check_child_budget(true, &carved, &other), Ok(()));
+        assert_eq!(check_child_budget(true, &carved, &carved), Ok(()));
+    }
 
     /// Limits large enough that nothing trips unless a test says so.
     pub(crate) fn roomy() -> Limits {

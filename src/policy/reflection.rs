@@ -302,7 +302,7 @@ pub fn decide(
         disagreements: prior.disagreements,
         coherence: a.coherence.or(prior.coherence),
         uncertainty: a.uncertainty.or(prior.uncertainty),
-        tokens: prior.tokens + tokens,
+        tokens: prior.tokens.saturating_add(tokens),
         attempts: prior.attempts + 1,
     };
     let criteria_open = !unmet_criteria.is_empty();
@@ -370,7 +370,7 @@ pub fn on_failure(
         interval: base_interval.max(1),
         last_at: iterations,
         failures: prior.failures + 1,
-        tokens: prior.tokens + tokens,
+        tokens: prior.tokens.saturating_add(tokens),
         attempts: prior.attempts + 1,
         ..*prior
     };

@@ -367,12 +367,35 @@ pub fn parse(text: impl BufRead) -> Result<ArchivedSession> {
     })
 }
 
-/// Reads an archive file (zstd-compressed, or plain JSON Lines).
+/// Opens `path` for reading when it is a regular file: a FIFO, a device or
+/// a folder is refused at once, never waited on or read without end.
+fn open_regular(path: &Path) -> Result<std::fs::File> {
+    let mut options = std::fs::OpenOptions::new();
+    options.read(true);
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        // A FIFO opened for reading waits for a writer; non-blocking it
+        // opens at once, and is refused below. (No effect on a regular file.)
+        options.custom_flags(libc::O_NONBLOCK);
+    }
+    let file = options.open(path).map_err(|e| io_error(path, e))?;
+    let meta = file.metadata().map_err(|e| io_error(path, e))?;
+    if !meta.is_file() {
+        return Err(io_error(path, "not a regular file"));
+    }
+    Ok(file)
+}
+
+/// Reads an archive file (zstd-compressed, or plain JSON Lines); regular
+/// files only.
 pub fn read_file(path: &Path) -> Result<ArchivedSession> {
-    let mut file = std::fs::File::open(path).map_err(|e| io_error(path, e))?;
+    use std::io::{Seek, SeekFrom};
+    let mut file = open_regular(path)?;
     let mut magic = [0u8; 4];
     let n = file.read(&mut magic).map_err(|e| io_error(path, e))?;
-    let file = std::fs::File::open(path).map_err(|e| io_error(path, e))?;
+    file.seek(SeekFrom::Start(0))
+        .map_err(|e| io_error(path, e))?;
     if n == 4 && magic == [0x28, 0xB5, 0x2F, 0xFD] {
         let decoder = zstd::Decoder::new(file).map_err(|e| io_error(path, e))?;
         parse(std::io::BufReader::new(decoder))
@@ -382,12 +405,20 @@ pub fn read_file(path: &Path) -> Result<ArchivedSession> {
 }
 
 /// Imports the session archived in `path`, read-only, under the tenant it
-/// had; refuses a file that is no archive, or a session whose id exists.
+/// had; refuses a file that is no archive (or no regular file), a tenant
+/// name that is not one, a session whose id exists, and a child whose
+/// parent, lineage or secrets do not match this database.
 pub async fn import(store: &Store, path: &Path) -> Result<ArchivedSession> {
     let owned = path.to_path_buf();
     let archived = tokio::task::spawn_blocking(move || read_file(&owned))
         .await
         .map_err(|e| ServiceError::Archive(format!("the archive reader stopped: {e}")))??;
+    if !crate::auth::valid_tenant(&archived.tenant) {
+        return Err(ServiceError::Invalid(format!(
+            "archive line 1: the tenant {:?} is no valid tenant name",
+            archived.tenant
+        )));
+    }
     store.import_session(archived.id, &archived.rows).await?;
     Ok(archived)
 }

@@ -633,7 +633,7 @@ impl SessionService {
                     self.admit_model_call(tenant).await?;
                     match planner::refine_goal(client, model, &request.goal).await {
                         Ok(p) => {
-                            plan.tokens += p.tokens;
+                            plan.tokens = plan.tokens.saturating_add(p.tokens);
                             (p.value, "model")
                         }
                         Err(err) => {
@@ -679,7 +679,7 @@ impl SessionService {
                 .map_err(|err| {
                     ServiceError::Unavailable(format!("could not generate success criteria: {err}"))
                 })?;
-            plan.tokens += p.tokens;
+            plan.tokens = plan.tokens.saturating_add(p.tokens);
             plan.criteria = checklist::from_texts("success_criteria", &p.value.0)
                 .map_err(ServiceError::Invalid)?;
             plan.milestones =
@@ -1315,6 +1315,8 @@ impl SessionService {
         .await?;
         let new_goal = req.goal.as_deref().map(validate_goal).transpose()?;
         let limits = session.limits.apply(&req.limits)?;
+        guardrails::check_child_budget(session.parent_id.is_some(), &session.limits.0, &limits)
+            .map_err(ServiceError::Invalid)?;
         let usage = session.counters().usage();
         if let Some(breach) = guardrails::exhausted_for_resume(&limits, &usage) {
             let (used, limit) = match breach {
@@ -1514,6 +1516,12 @@ impl SessionService {
             mode: req.mode.unwrap_or(session.mode),
             limits: session.limits.apply(&req.limits)?,
         };
+        guardrails::check_child_budget(
+            session.parent_id.is_some(),
+            &session.limits.0,
+            &settings.limits,
+        )
+        .map_err(ServiceError::Invalid)?;
         let mut events = Vec::new();
         if settings.mode != session.mode {
             events.push(SessionEvent::ModeChanged {

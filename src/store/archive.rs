@@ -270,6 +270,33 @@ impl Store {
     /// Fails, importing nothing, when a session of that id exists.
     pub async fn import_session(&self, id: Uuid, rows: &ImportRows) -> Result<()> {
         let mut tx = self.pool.begin().await?;
+        // The row's place in a tree is checked against this database, not
+        // taken from the file: a root has no parent, lineage or borrowed
+        // secrets; a child's parent is here, of the same tenant, its lineage
+        // is its parent's and the parent, and the secrets it uses are an
+        // ancestor's. (Checked before the insert, whose foreign key would
+        // otherwise answer for a missing parent.)
+        let placed = sqlx::query_scalar!(
+            r#"SELECT coalesce(
+                   (r.parent_id IS NULL AND cardinality(r.lineage) = 0 AND r.secrets_from IS NULL)
+                   OR EXISTS (SELECT 1 FROM sessions p
+                              WHERE p.id = r.parent_id AND p.tenant = r.tenant
+                                AND r.lineage = p.lineage || p.id
+                                AND r.secrets_from = ANY (r.lineage)),
+                   false) AS "placed!"
+               FROM json_populate_record(NULL::sessions, $1::text::json) r"#,
+            rows.session,
+        )
+        .fetch_one(&mut *tx)
+        .await?;
+        if !placed {
+            return Err(StoreError::Import {
+                id,
+                detail: "its parent, lineage or secrets do not match this database: a child \
+                         imports only under its own parent, of the same tenant, imported first"
+                    .into(),
+            });
+        }
         let inserted = sqlx::query!(
             "INSERT INTO sessions SELECT * FROM json_populate_record(NULL::sessions, $1::text::json)
              ON CONFLICT (id) DO NOTHING",

@@ -302,7 +302,7 @@ pub async fn take_reports(
     .await?;
     let rows = sqlx::query!(
         r#"SELECT id, goal, status AS "status: Status", reason AS "reason: Reason", summary,
-                  criteria AS "criteria: Json<Vec<ChecklistItem>>", tokens_used + children_tokens AS "spent!"
+                  criteria AS "criteria: Json<Vec<ChecklistItem>>", warden_saturating(tokens_used::numeric + children_tokens) AS "spent!"
            FROM sessions WHERE parent_id = $1 AND reported_iteration >= $2
            ORDER BY created_at, id"#,
         lease.session_id,

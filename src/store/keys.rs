@@ -4,7 +4,7 @@
 use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
-use super::{Result, Store};
+use super::{Result, Store, TenantScope};
 
 /// A stored API key (never its secret).
 #[derive(Debug, Clone)]
@@ -89,28 +89,32 @@ impl Store {
         .await?)
     }
 
-    /// Every key, newest first, optionally of one tenant.
-    pub async fn list_keys(&self, tenant: Option<&str>) -> Result<Vec<KeyRecord>> {
+    /// The keys `scope` manages, newest first: every key for
+    /// [`TenantScope::Global`], the non-global keys of its tenant for a
+    /// tenant (a global admin key is never within a tenant admin's reach,
+    /// whatever tenant it was made under).
+    pub async fn list_keys(&self, scope: &TenantScope) -> Result<Vec<KeyRecord>> {
         Ok(sqlx::query_as!(
             KeyRecord,
             "SELECT id, prefix, hash, tenant, role, global, name, created_at, last_used_at, revoked_at, queues
-             FROM api_keys WHERE ($1::text IS NULL OR tenant = $1) ORDER BY created_at DESC, id",
-            tenant,
+             FROM api_keys WHERE ($1::text IS NULL OR (tenant = $1 AND NOT global))
+             ORDER BY created_at DESC, id",
+            scope.tenant(),
         )
         .fetch_all(&self.pool)
         .await?)
     }
 
-    /// Revokes a key (of `tenant` only, when given); returns it, or `None`
-    /// when there is no such key.
-    pub async fn revoke_key(&self, id: Uuid, tenant: Option<&str>) -> Result<Option<KeyRecord>> {
+    /// Revokes a key that `scope` manages (as [`Store::list_keys`] reads
+    /// them); returns it, or `None` when there is no such key within reach.
+    pub async fn revoke_key(&self, id: Uuid, scope: &TenantScope) -> Result<Option<KeyRecord>> {
         let record = sqlx::query_as!(
             KeyRecord,
             "UPDATE api_keys SET revoked_at = coalesce(revoked_at, now())
-             WHERE id = $1 AND ($2::text IS NULL OR tenant = $2)
+             WHERE id = $1 AND ($2::text IS NULL OR (tenant = $2 AND NOT global))
              RETURNING id, prefix, hash, tenant, role, global, name, created_at, last_used_at, revoked_at, queues",
             id,
-            tenant,
+            scope.tenant(),
         )
         .fetch_optional(&self.pool)
         .await?;

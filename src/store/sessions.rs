@@ -57,8 +57,8 @@ macro_rules! select_session_with {
                       last_event_seq, owner, lease_expires_at, heartbeat_at, created_at,
                       updated_at, ended_at, tenant, attempts, last_error, imported_at,
                       parent_id, lineage, secrets_from, budget_tokens, children_tokens,
-                      coalesce((SELECT sum(c.budget_tokens) FROM sessions c WHERE c.parent_id = sessions.id
-                                AND NOT warden_session_ended(c.status)), 0)::bigint AS "children_reserved_tokens!",
+                      warden_saturating(coalesce((SELECT sum(c.budget_tokens) FROM sessions c WHERE c.parent_id = sessions.id
+                                AND NOT warden_session_ended(c.status)), 0)) AS "children_reserved_tokens!",
                       (SELECT count(*) FROM sessions c WHERE c.parent_id = sessions.id) AS "children_count!",
                       CASE WHEN status = 'queued' THEN
                           (SELECT count(*) FROM sessions q WHERE q.status = 'queued'

@@ -577,3 +577,40 @@ async fn a_webhook_agent_asks_approval_for_an_action_and_learns_the_decision() {
                 "decision": "approve", "message": "go ahead" })
     );
 }
+
+#[tokio::test]
+async fn a_call_and_its_session_are_reached_by_their_one_spelling_only() {
+    let db = common::TestDb::new().await;
+    let fake = FakeLlm::start().await;
+    script_write_then_complete(&fake);
+    let app = app_with_model(db.pool.clone(), &fake, &[]).await;
+    let id = create_writer(&app).await;
+    waiting_for_approval(&app, &id).await;
+
+    // A call id is read as written: `1%2E0` is not the call `1.0`.
+    for spelled in ["1%2E0", "1%2e0", "%31.0", "1.%30"] {
+        let (status, doc) = decide(&app, &id, spelled, json!({ "decision": "approve" })).await;
+        assert_eq!(status, StatusCode::NOT_FOUND, "{spelled}: {doc}");
+        assert_eq!(doc["code"], "approval_not_found", "{spelled}: {doc}");
+    }
+    // The session's own segment is checked, not any segment: an encoded
+    // session id with the canonical one standing elsewhere in the path is
+    // no session.
+    let encoded = format!("%{:02X}{}", id.as_bytes()[0], &id[1..]);
+    let path = format!("/api/autonomous/{encoded}/approvals/{id}");
+    let (status, doc) = app
+        .post(&path, Some(json!({ "decision": "approve" })))
+        .await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{doc}");
+    assert_eq!(doc["code"], "session_not_found", "{doc}");
+    let (status, doc) = decide(&app, &encoded, "1.0", json!({ "decision": "approve" })).await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{doc}");
+    assert_eq!(doc["code"], "session_not_found", "{doc}");
+
+    let s = app.session(&id).await;
+    assert_eq!(s["reason"], "approval_required", "still waiting: {s}");
+    assert_eq!(writes_of(&app, &id, "notes.md").await, 0);
+    // Its one spelling decides it.
+    let (status, doc) = decide(&app, &id, "1.0", json!({ "decision": "reject" })).await;
+    assert_eq!(status, StatusCode::OK, "{doc}");
+}

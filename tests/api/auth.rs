@@ -1175,3 +1175,82 @@ async fn keys_change_on_every_replica_within_a_second() {
         );
     }
 }
+
+#[tokio::test]
+async fn a_tenant_admin_cannot_see_or_revoke_a_global_key_of_its_tenant_name() {
+    // The README's first key: `--tenant ops --global`; then a tenant admin of ops.
+    let db = crate::common::TestDb::new().await;
+    let app = TestApp::spawn(db.pool.clone()).await;
+    let (status, global) = post_key(
+        &app.base,
+        Some(ADMIN_TOKEN),
+        json!({ "tenant": "ops", "role": "admin", "global": true }),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED, "{global}");
+    let (status, ops_admin) = post_key(
+        &app.base,
+        Some(&secret(&global)),
+        json!({ "tenant": "ops", "role": "admin" }),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED, "{ops_admin}");
+    let ops_viewer = create_key(&app.base, "ops", "viewer").await;
+    let ta = client_with_key(&secret(&ops_admin));
+
+    let listed: Value = ta
+        .get(app.url("/api/keys"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let ids: Vec<&Value> = listed["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|k| &k["id"])
+        .collect();
+    assert!(ids.contains(&&ops_viewer["id"]), "{listed}");
+    assert!(ids.contains(&&ops_admin["id"]), "{listed}");
+    assert!(!ids.contains(&&global["id"]), "{listed}");
+    assert!(
+        listed["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|k| k["global"] == false),
+        "{listed}"
+    );
+
+    let res = ta
+        .delete(app.url(&format!("/api/keys/{}", global["id"].as_str().unwrap())))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::NOT_FOUND);
+    // The global admin still gets in, and still manages every key.
+    let res = client_with_key(&secret(&global))
+        .get(app.url("/api/keys"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    let listed: Value = res.json().await.unwrap();
+    let global_row = listed["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|k| k["id"] == global["id"])
+        .cloned()
+        .expect("the global key is listed to a global admin");
+    assert_eq!(global_row["revoked_at"], Value::Null, "{global_row}");
+    // A tenant admin's own tenant's plain keys stay within its reach.
+    let res = ta
+        .delete(app.url(&format!("/api/keys/{}", ops_viewer["id"].as_str().unwrap())))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+}

@@ -193,3 +193,133 @@ async fn no_spelling_of_an_id_reaches_another_tenants_session() {
     assert_eq!(status, StatusCode::OK, "{stopped}");
     assert_eq!(stopped["status"], "interrupted", "{stopped}");
 }
+
+/// The spellings of `id` that are not its one spelling.
+fn other_spellings(id: &str) -> Vec<(String, String)> {
+    spellings(id)
+        .into_iter()
+        .filter(|(name, _)| name != "canonical" && name != "upper case")
+        .collect()
+}
+
+#[tokio::test]
+async fn task_and_key_ids_have_one_spelling_too() {
+    let db = TestDb::new().await;
+    let app = TestApp::spawn(db.pool.clone()).await;
+    // A key: only its canonical id revokes it.
+    let key = create_key(&app.base, crate::common::TEST_TENANT, "viewer").await;
+    let key_id = key["id"].as_str().expect("id").to_string();
+    for (spelling, spelled) in other_spellings(&key_id) {
+        let req = reqwest::Client::new()
+            .delete(app.url(&format!("/api/keys/{spelled}")))
+            .bearer_auth(crate::common::ADMIN_TOKEN);
+        let (status, _, doc) = crate::common::answer_of(req).await;
+        assert_eq!(status, StatusCode::NOT_FOUND, "{spelling}: {doc}");
+        assert_eq!(doc["code"], "key_not_found", "{spelling}: {doc}");
+    }
+    let viewer = client_with_key(key["secret"].as_str().expect("secret"));
+    let res = viewer.get(app.url("/api/autonomous")).send().await.unwrap();
+    assert_eq!(res.status(), StatusCode::OK, "the key is not revoked");
+
+    // A task: a worker reaches it by its canonical id only.
+    let worker_doc = reqwest::Client::new()
+        .post(app.url("/api/keys"))
+        .bearer_auth(crate::common::ADMIN_TOKEN)
+        .json(&json!({ "tenant": crate::common::TEST_TENANT, "role": "worker", "queues": ["q"] }))
+        .send()
+        .await
+        .expect("sent")
+        .json::<Value>()
+        .await
+        .expect("json");
+    let worker = client_with_key(worker_doc["secret"].as_str().expect("secret"));
+    app.create(
+        json!({ "goal": "Write the notes file", "executor": { "kind": "worker", "queue": "q" } }),
+    )
+    .await;
+    let task: Value = worker
+        .post(app.url("/api/workers/claim"))
+        .json(&json!({ "wait_ms": 10_000, "worker": "w" }))
+        .send()
+        .await
+        .expect("sent")
+        .json()
+        .await
+        .expect("a task");
+    let task_id = task["task_id"].as_str().expect("task id").to_string();
+    let beat = json!({ "lease_token": task["lease_token"] });
+    for (spelling, spelled) in other_spellings(&task_id) {
+        let req = worker
+            .post(app.url(&format!("/api/workers/tasks/{spelled}/heartbeat")))
+            .json(&beat);
+        let (status, _, doc) = crate::common::answer_of(req).await;
+        assert_eq!(status, StatusCode::NOT_FOUND, "{spelling}: {doc}");
+        assert_eq!(doc["code"], "task_not_found", "{spelling}: {doc}");
+    }
+    let req = worker
+        .post(app.url(&format!("/api/workers/tasks/{task_id}/heartbeat")))
+        .json(&beat);
+    let (status, _, doc) = crate::common::answer_of(req).await;
+    assert_eq!(status, StatusCode::OK, "{doc}");
+}
+
+#[tokio::test]
+async fn a_childs_budget_changes_only_through_its_parents() {
+    let db = TestDb::new().await;
+    let app = TestApp::spawn(db.pool.clone()).await;
+    let parent = app
+        .create(json!({
+            "goal": "Build feature X and write its tests",
+            "limits": { "max_tokens": 1_000, "max_iterations": 20 },
+            "executor": { "kind": "scripted", "steps": [{ "action": "merge", "tokens": 1 }] },
+            "subgoals": [{ "goal": "Build feature X", "budget_share": 0.333,
+                           "steps": [{ "action": "build", "delay_ms": 600_000 }] }],
+        }))
+        .await;
+    let parent_id = parent["id"].as_str().expect("id").to_string();
+    let (status, tree) = app.get(&format!("/api/autonomous/{parent_id}/tree")).await;
+    assert_eq!(status, StatusCode::OK, "{tree}");
+    let child = tree["node"]["children"][0]["id"]
+        .as_str()
+        .expect("a child")
+        .to_string();
+    let before = app.session(&child).await;
+    for limits in [
+        json!({ "max_tokens": 1_000_000 }),
+        json!({ "max_iterations": 200 }),
+        json!({ "max_tokens": 1 }),
+    ] {
+        let (status, doc) = app
+            .patch(
+                &format!("/api/autonomous/{child}"),
+                json!({ "limits": limits }),
+            )
+            .await;
+        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{limits}: {doc}");
+        assert!(
+            doc["detail"].as_str().unwrap_or("").contains("parent"),
+            "{doc}"
+        );
+    }
+    let after = app.session(&child).await;
+    assert_eq!(after["limits"], before["limits"]);
+    // Its other limits are its own; the parent's budget is its parent's to change.
+    let (status, doc) = app
+        .patch(
+            &format!("/api/autonomous/{child}"),
+            json!({ "limits": { "max_consecutive_errors": 7 } }),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{doc}");
+    let (status, doc) = app
+        .patch(
+            &format!("/api/autonomous/{parent_id}"),
+            json!({ "limits": { "max_tokens": 2_000 } }),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{doc}");
+    let (status, _) = app
+        .post(&format!("/api/autonomous/{parent_id}/stop"), None)
+        .await;
+    assert_eq!(status, StatusCode::OK);
+}

@@ -430,9 +430,13 @@ async fn servers_a_tenant_may_not_use_or_that_do_not_exist_are_refused_at_create
     let fake = FakeLlm::start().await;
     let app = app_with(db.pool.clone(), &fake, &config).await;
     for (tools, says) in [
-        (json!(["pay"]), "`pay` is not available to this tenant"),
+        (json!(["pay"]), "no MCP server named `pay`"),
         (json!(["builtin", "pay:echo"]), "executor.tools[1]"),
-        (json!(["nope"]), "no MCP server named `nope`"),
+        // Only the servers this tenant may use are named.
+        (
+            json!(["nope"]),
+            "no MCP server named `nope` is configured for this tenant (configured: open)",
+        ),
         (json!(["a_b"]), "executor.tools[0] must be"),
         (json!(["builtin:read_file"]), "takes no `:tool`"),
     ] {

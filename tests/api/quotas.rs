@@ -563,3 +563,55 @@ async fn a_reflection_over_the_tenant_rate_limit_is_deferred_not_failed() {
     assert_eq!(deferred[0]["data"]["reason"], "tenant_model_rate_limit");
     assert!(deferred[0]["data"]["retry_after_ms"].as_u64().unwrap() > 0);
 }
+
+#[tokio::test]
+async fn a_child_reporting_the_largest_count_is_charged_its_budget_and_its_tree_stays_whole() {
+    let db = common::TestDb::new().await;
+    let app = TestApp::spawn(db.pool.clone()).await;
+    let doc = app
+        .create(json!({
+            "goal": "Build feature X and write its tests",
+            "limits": { "max_tokens": 3_000, "max_iterations": 20 },
+            "executor": { "kind": "scripted", "steps": [
+                { "action": "merge", "tokens": 10, "output": "merged\n<<WARDEN_GOAL_DONE: merged>>" }
+            ] },
+            "subgoals": [{ "goal": "Build feature X", "budget_share": 0.5,
+                           "steps": [{ "action": "build", "tokens": i64::MAX }] }],
+        }))
+        .await;
+    let parent = doc["id"].as_str().expect("id").to_string();
+    let settled = app
+        .wait_until(&parent, Duration::from_secs(30), |s| {
+            !["running", "queued"].contains(&s["status"].as_str().unwrap_or(""))
+                && s["reason"] != "waiting_for_children"
+        })
+        .await;
+    let (status, tree) = app.get(&format!("/api/autonomous/{parent}/tree")).await;
+    assert_eq!(status, StatusCode::OK, "{tree}");
+    let child = tree["node"]["children"][0].clone();
+    let child = app.session(child["id"].as_str().expect("child")).await;
+    // The child was charged its whole budget, no more, and stopped on it.
+    assert_eq!(child["status"], "stopped", "{child}");
+    assert_eq!(child["reason"], "cost_limit", "{child}");
+    let budget = child["limits"]["max_tokens"].as_i64().expect("budget");
+    assert_eq!(child["tokens_used"].as_i64(), Some(budget), "{child}");
+    // The parent got back what was left and waits for a person (its only
+    // child failed); its figures are sums, not wrapped.
+    assert_eq!(settled["reason"], "agent_blocked", "{settled}");
+    assert_eq!(settled["limits"]["max_tokens"], 3_000 - budget, "{settled}");
+    assert_eq!(settled["delegation"]["tokens_spent_by_children"], budget);
+    let used = tree["totals"]["tokens_used"].as_i64().expect("total");
+    assert!((0..=3_000).contains(&used), "{tree}");
+    // Nothing is stuck: the parent stops, and deletes with its tree.
+    let (status, stopped) = app
+        .post(&format!("/api/autonomous/{parent}/stop"), None)
+        .await;
+    assert_eq!(status, StatusCode::OK, "{stopped}");
+    let res = app
+        .client
+        .delete(app.url(&format!("/api/autonomous/{parent}")))
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(res.status(), StatusCode::NO_CONTENT);
+}

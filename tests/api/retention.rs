@@ -480,3 +480,107 @@ async fn the_archive_import_command_brings_a_session_back_read_only() {
     let _ = std::fs::remove_dir_all(&data_dir);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Writes `row` as a plain JSON Lines archive of one session into `dir`.
+fn plain_archive(dir: &Path, row: &Value) -> PathBuf {
+    std::fs::create_dir_all(dir).expect("folder");
+    let path = dir.join(format!("{}.jsonl", uuid::Uuid::new_v4()));
+    let line = json!({ "type": "session", "format": 1, "row": row });
+    std::fs::write(&path, format!("{line}\n")).expect("written");
+    path
+}
+
+#[tokio::test]
+async fn an_import_checks_tenant_lineage_and_secrets_against_the_target_and_reads_regular_files_only()
+ {
+    let db = TestDb::new().await;
+    let app = TestApp::spawn(db.pool.clone()).await;
+    let dir = archive_dir();
+    let store = store_on(db.pool.clone());
+    // Another tenant's session, and an ended one to copy rows from.
+    let victim = app
+        .create_scripted(json!([{ "action": "a", "delay_ms": 600_000 }]), json!({}))
+        .await;
+    let ended = app
+        .create_scripted(json!([{ "action": "a", "output": "done" }]), json!({}))
+        .await;
+    app.wait_settled(&ended).await;
+    let row: String =
+        sqlx::query_scalar("SELECT row_to_json(s)::text FROM sessions s WHERE id = $1::text::uuid")
+            .bind(&ended)
+            .fetch_one(&db.pool)
+            .await
+            .expect("the row");
+    let row: Value = serde_json::from_str(&row).expect("json");
+    let sessions = || async {
+        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM sessions")
+            .fetch_one(&db.pool)
+            .await
+            .expect("count")
+    };
+    let before = sessions().await;
+    let fresh = |tenant: &str, parent: Option<&str>, secrets_from: Option<&str>| {
+        let mut r = row.clone();
+        r["id"] = json!(uuid::Uuid::new_v4());
+        r["tenant"] = json!(tenant);
+        r["parent_id"] = json!(parent);
+        r["lineage"] = json!(parent.map_or_else(Vec::new, |p| vec![p]));
+        r["parent_call"] = json!(parent.map(|_| "split.0"));
+        r["budget_tokens"] = json!(parent.map(|_| 10));
+        r["budget_iterations"] = json!(parent.map(|_| 1));
+        r["secrets_from"] = json!(secrets_from);
+        r
+    };
+    for (why, r) in [
+        (
+            "a child of another tenant's session",
+            fresh("evil", Some(&victim), Some(&victim)),
+        ),
+        (
+            "a child of a missing session",
+            fresh("test", Some(&uuid::Uuid::new_v4().to_string()), None),
+        ),
+        (
+            "a root borrowing another session's secrets",
+            fresh("evil", None, Some(&victim)),
+        ),
+        (
+            "a child borrowing secrets outside its lineage",
+            fresh("test", Some(&victim), Some(&ended)),
+        ),
+        ("a tenant name that is none", fresh("../evil", None, None)),
+    ] {
+        let file = plain_archive(&dir, &r);
+        let refused = warden::session::archive::import(&store, &file).await;
+        assert!(refused.is_err(), "{why} was imported");
+    }
+    assert_eq!(sessions().await, before, "nothing was imported");
+    // A child that fits under its parent here imports.
+    let file = plain_archive(&dir, &fresh("test", Some(&victim), Some(&victim)));
+    warden::session::archive::import(&store, &file)
+        .await
+        .expect("a child in its place imports");
+    assert_eq!(sessions().await, before + 1);
+
+    // A FIFO is refused at once, not waited on.
+    #[cfg(target_os = "linux")]
+    {
+        let fifo = dir.join("archive.fifo");
+        let c_path = std::ffi::CString::new(fifo.to_str().expect("utf-8")).expect("no NUL");
+        // SAFETY: a valid NUL-terminated path; mkfifo only reads it.
+        assert_eq!(unsafe { libc::mkfifo(c_path.as_ptr(), 0o600) }, 0);
+        let refused = tokio::time::timeout(
+            Duration::from_secs(10),
+            warden::session::archive::import(&store, &fifo),
+        )
+        .await
+        .expect("the import of a FIFO returns at once");
+        let err = refused.expect_err("a FIFO is no archive").to_string();
+        assert!(err.contains("not a regular file"), "{err}");
+    }
+    let (code, _) = app
+        .post(&format!("/api/autonomous/{victim}/stop"), None)
+        .await;
+    assert_eq!(code, StatusCode::OK);
+    let _ = std::fs::remove_dir_all(&dir);
+}

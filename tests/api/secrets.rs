@@ -734,3 +734,103 @@ async fn a_replica_refuses_to_start_without_a_key_the_database_needs_naming_its_
         .unwrap();
     assert_ne!(status, "failed", "a refused replica fails nothing");
 }
+
+/// What `cat` run as `user` (uid, gid; `None`: as the test) reads of
+/// `path`, or what it said when it could not.
+#[cfg(target_os = "linux")]
+fn read_as(user: Option<(u32, u32)>, path: &str) -> Result<Vec<u8>, String> {
+    use std::os::unix::process::CommandExt;
+    let mut cat = std::process::Command::new("cat");
+    cat.arg(path);
+    if let Some((uid, gid)) = user {
+        cat.uid(uid).gid(gid);
+    }
+    let out = cat.output().map_err(|e| format!("cat did not run: {e}"))?;
+    if out.status.success() {
+        Ok(out.stdout)
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).into_owned())
+    }
+}
+
+#[cfg(target_os = "linux")]
+#[tokio::test]
+#[ignore = "needs a Postgres server: a warden process of another user beside the test, on the test's database"]
+async fn a_process_of_the_services_user_reads_neither_its_environment_nor_its_memory_map() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    common::require_server_postgres("a warden process of another user on the test's database");
+    const MODEL_KEY: &str = "sk-model-key-never-readable-7c1d";
+    const METRICS_TOKEN: &str = "metrics-token-never-readable-5e2a";
+    let db = common::TestDb::new().await;
+    // Root reads any process's files (CAP_SYS_PTRACE), dumpable or not: a
+    // test running as root runs the service and the reader as another
+    // user, the case of an MCP server started by the service.
+    // SAFETY: getuid has no preconditions.
+    let user = (unsafe { libc::getuid() } == 0).then_some((65534, 65534));
+    let home = std::env::temp_dir().join(format!("warden-user-{}", uuid::Uuid::new_v4()));
+    std::fs::create_dir_all(&home).expect("folder");
+    std::fs::set_permissions(&home, std::fs::Permissions::from_mode(0o777)).expect("chmod");
+    let mut warden = common::Warden::on(&db.pool)
+        .env("WARDEN_LLM_API_KEY", MODEL_KEY)
+        .env("WARDEN_METRICS_TOKEN", METRICS_TOKEN)
+        .env("WARDEN_WORKSPACE_ROOT", home.join("workspaces"))
+        .env("WARDEN_DATA_DIR", &home)
+        .env("HOME", &home);
+    if let Some((uid, gid)) = user {
+        warden = warden.run_as(uid, gid);
+    }
+    let service = warden.serve().await;
+    let pid = service.pid();
+
+    // The same user reads what anyone may (the switch to it works) ...
+    let status = read_as(user, &format!("/proc/{pid}/status")).expect("status is readable");
+    assert!(String::from_utf8_lossy(&status).contains("Name:"));
+    // ... but neither the environment nor the memory map.
+    for file in ["environ", "maps"] {
+        let path = format!("/proc/{pid}/{file}");
+        let refused = match read_as(user, &path) {
+            Ok(read) => panic!("{path} was readable ({} bytes)", read.len()),
+            Err(refused) => refused,
+        };
+        assert!(refused.contains("Permission denied"), "{path}: {refused}");
+        // A non-dumpable process's files are root's, whoever runs it.
+        let meta = std::fs::metadata(&path).expect("stat");
+        assert_eq!((meta.uid(), meta.gid()), (0, 0), "{path}");
+    }
+
+    // What root still reads there holds none of the secrets: they were
+    // taken out, and their text zeroed, once read.
+    if user.is_some() {
+        let environ = std::fs::read(format!("/proc/{pid}/environ")).expect("root reads it");
+        let environ = String::from_utf8_lossy(&environ);
+        assert!(
+            environ.contains("WARDEN_LEASE_TTL_MS=2000"),
+            "the environment is read: {environ}"
+        );
+        let url = common::database_url(&db.pool);
+        for secret in [
+            "WARDEN_ADMIN_TOKEN=",
+            "DATABASE_URL=",
+            "WARDEN_SECRET_KEY=",
+            "WARDEN_LLM_API_KEY=",
+            "WARDEN_METRICS_TOKEN=",
+            common::ADMIN_TOKEN,
+            TEST_SECRET_KEY,
+            MODEL_KEY,
+            METRICS_TOKEN,
+            url.as_str(),
+        ] {
+            assert!(!environ.contains(secret), "{secret} in {environ}");
+        }
+    }
+    // And the service works with the secrets it read.
+    let res = reqwest::Client::new()
+        .get(format!("{}/api/autonomous", service.base))
+        .bearer_auth(common::ADMIN_TOKEN)
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(res.status(), StatusCode::OK);
+    drop(service);
+    let _ = std::fs::remove_dir_all(&home);
+}

@@ -383,8 +383,8 @@ fn corpus() -> Vec<Case> {
         // 50 left cannot pay for a 100-token step: paused before it.
         ends("paused", "budget_projected_overrun", 2, 2).spending(200),
     );
-    // An agent that reports more than its allowance: the step is recorded
-    // as reported (it was spent, by the agent), and the session stops.
+    // An agent that reports more than its allowance: the step is charged
+    // the whole allowance (never more), and the session stops.
     add(
         "a step over its allowance",
         "limits",
@@ -394,7 +394,7 @@ fn corpus() -> Vec<Case> {
             false,
             json!({ "max_tokens": 1_000 }),
         ),
-        ends("stopped", "cost_limit", 2, 2).spending(5_400),
+        ends("stopped", "cost_limit", 2, 2).spending(1_000),
     );
     add(
         "iteration limit",

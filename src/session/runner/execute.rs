@@ -31,13 +31,15 @@ pub(super) struct Executed {
     pub(super) executor_time: Duration,
     /// The tokens the step was allowed.
     pub(super) allowance: u64,
+    /// The tokens it reported (its record holds them up to the allowance).
+    pub(super) reported_tokens: u64,
 }
 
 impl Executed {
     /// The step's number and how far over its allowance it went, if it did.
     pub(super) fn overspent(&self) -> Option<(u64, budget::Overspent)> {
-        let record = &self.outcome.record;
-        budget::overspent(record.tokens, self.allowance).map(|o| (record.number, o))
+        let number = self.outcome.record.number;
+        budget::overspent(self.reported_tokens, self.allowance).map(|o| (number, o))
     }
 }
 
@@ -95,6 +97,7 @@ impl<S: LoopStore> Runner<S> {
             StepEnd::Shutdown => return Ok(Flow::Exit(self.release().await?)),
         };
         let sanitized = self.make_storable(step, &mut result);
+        let reported_tokens = crate::executor::bound_usage(&mut result, allowance);
         let executor_time = t0.elapsed();
         // The ends first: no outcome is held across their writes.
         let answer = match result {
@@ -135,6 +138,7 @@ impl<S: LoopStore> Runner<S> {
             outcome,
             executor_time,
             allowance,
+            reported_tokens,
         }))
     }
 

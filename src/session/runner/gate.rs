@@ -151,8 +151,8 @@ impl<S: LoopStore> Runner<S> {
     }
 
     /// A step reported more tokens than it was allowed: it is committed as
-    /// reported (the tokens were spent), and the budget is over, whatever
-    /// else the step said.
+    /// spending its whole allowance (a reported count is never taken past
+    /// it), and the budget is over, whatever else the step said.
     pub(super) async fn overspent(
         &mut self,
         number: u64,

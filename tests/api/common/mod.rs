@@ -560,6 +560,15 @@ impl Warden {
         self
     }
 
+    /// Runs as user `uid` and group `gid` (a test running as root starts
+    /// it as another user).
+    #[cfg(unix)]
+    pub fn run_as(mut self, uid: u32, gid: u32) -> Warden {
+        use std::os::unix::process::CommandExt;
+        self.command.uid(uid).gid(gid);
+        self
+    }
+
     /// Listens on `port` (a restart answering where its predecessor did).
     pub fn port(mut self, port: u16) -> Warden {
         self.port = Some(port);

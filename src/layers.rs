@@ -99,6 +99,7 @@ const HTTP: &[(&str, u8)] = &[
     ("error", 0),
     ("views", 0),
     ("serve", 0),
+    ("admission", 1),
     ("assets", 1),
     ("auth", 1),
     ("extract", 1),

@@ -17,6 +17,7 @@ use utoipa::ToSchema;
 use uuid::Uuid;
 
 use super::AppState;
+use super::admission::RequestSlot;
 use super::error::{ApiError, ApiResult, Problem};
 use super::extract::{ApiJson, TaskId};
 use crate::auth::{Principal, Role};
@@ -243,7 +244,9 @@ fn settled<T>(id: Uuid, check: LeaseCheck<T>) -> ApiResult<T> {
 }
 
 /// Claim the next task (worker keys): long-polls up to `wait_ms` for the
-/// oldest task on the queues; two workers never get the same task.
+/// oldest task on the queues; two workers never get the same task. A claim
+/// that may wait (`wait_ms` above 0) holds a place among the parked claims,
+/// capped per key, per tenant and per replica, and no request slot.
 #[utoipa::path(
     post, path = "/api/workers/claim", tag = "workers",
     request_body = ClaimRequest,
@@ -252,11 +255,16 @@ fn settled<T>(id: Uuid, check: LeaseCheck<T>) -> ApiResult<T> {
         (status = 204, description = "No task arrived within `wait_ms`"),
         (status = 403, description = "Not a worker key, or a queue that is not the key's", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Invalid `wait_ms`, `worker` or queue", body = Problem, content_type = "application/problem+json"),
+        (status = 429, description = "The key has WARDEN_KEY_MAX_PARKED_CLAIMS claims waiting, or its tenant WARDEN_TENANT_MAX_PARKED_CLAIMS (`claim_limit`), or the tenant's share of the request slots is taken (`tenant_request_limit`); retry after `Retry-After` seconds", body = Problem, content_type = "application/problem+json",
+            headers(("Retry-After" = u32, description = "Seconds to wait before claiming again"))),
+        (status = 503, description = "WARDEN_MAX_PARKED_CLAIMS claims are waiting on this replica or its request slots are taken (`overloaded`), Postgres does not answer, or the service is shutting down; retry after `Retry-After` seconds", body = Problem, content_type = "application/problem+json",
+            headers(("Retry-After" = u32, description = "Seconds to wait before claiming again"))),
     )
 )]
 pub async fn claim(
     State(state): State<AppState>,
     Extension(caller): Extension<Principal>,
+    slot: Option<Extension<RequestSlot>>,
     ApiJson(req): ApiJson<ClaimRequest>,
 ) -> ApiResult<Response> {
     let invalid =
@@ -282,6 +290,16 @@ pub async fn claim(
         return Err(invalid(format!("queue {bad:?} is not a queue name")));
     }
     let queues = queues_of(&caller, req.queues)?;
+    // Held until the claim answers; a claim that cannot wait parks nowhere.
+    let _parked = match slot {
+        _ if wait_ms == 0 => None,
+        Some(Extension(slot)) => Some(slot.park(&caller)?),
+        None => {
+            return Err(ApiError::internal(
+                &"a claim reached its handler without the request limits",
+            ));
+        }
+    };
     let store = state.service.store();
     let mut changes = store.worker_changes();
     let deadline = Instant::now() + Duration::from_millis(wait_ms);

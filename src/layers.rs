@@ -73,7 +73,6 @@ const STORE: &[(&str, u8)] = &[
     ("keys", 0),
     ("model_calls", 0),
     ("secrets", 0),
-    ("worker_tasks", 0),
     ("testing", 1),
     ("rows", 2),
     ("event_log", 3),
@@ -88,6 +87,7 @@ const STORE: &[(&str, u8)] = &[
     ("rebuild", 3),
     ("sessions", 4),
     ("children", 4),
+    ("worker_tasks", 4),
     ("iterations", 5),
     ("archive", 5),
 ];

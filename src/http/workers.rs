@@ -143,6 +143,10 @@ pub struct FailRequest {
     /// offered again while attempts remain; `false` fails the step at once.
     #[serde(default = "yes")]
     pub retryable: bool,
+    /// Tokens the attempt spent. Charged to the session when the step was
+    /// given up before this call (a cancel), at most the step's allowance.
+    #[serde(default)]
+    pub tokens: u64,
 }
 
 fn yes() -> bool {
@@ -155,6 +159,11 @@ fn yes() -> bool {
 pub struct ReleaseRequest {
     /// The task's lease token.
     pub lease_token: String,
+    /// Tokens the worker spent on the task. Charged to the session when
+    /// the step was given up before this call (a cancel), at most the
+    /// step's allowance.
+    #[serde(default)]
+    pub tokens: u64,
 }
 
 /// A call on a task was taken.
@@ -235,10 +244,22 @@ fn lease_lost() -> ApiError {
     )
 }
 
+/// A call after the step was given up: refused, its usage charged.
+fn charged(tokens: u64) -> ApiError {
+    ApiError::new(
+        StatusCode::CONFLICT,
+        "lease_lost",
+        format!(
+            "the step was given up (stopped, paused, superseded or its lease lapsed): the call was not taken, but the {tokens} tokens it reported were charged to the session"
+        ),
+    )
+}
+
 fn settled<T>(id: Uuid, check: LeaseCheck<T>) -> ApiResult<T> {
     match check {
         LeaseCheck::NotFound => Err(task_not_found(id)),
         LeaseCheck::Lost => Err(lease_lost()),
+        LeaseCheck::Charged(tokens) => Err(charged(tokens)),
         LeaseCheck::Held(value) => Ok(value),
     }
 }
@@ -424,7 +445,7 @@ async fn settle(
     responses(
         (status = 200, description = "Outcome taken", body = Accepted),
         (status = 404, description = "No such task on this key's queues", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "The lease was lost; the outcome was discarded", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "The lease was lost; the outcome was discarded (after a cancel, the outcome's `tokens` were charged to the session)", body = Problem, content_type = "application/problem+json"),
     )
 )]
 pub async fn complete(
@@ -454,7 +475,7 @@ pub async fn complete(
     responses(
         (status = 200, description = "Failure taken", body = Accepted),
         (status = 404, description = "No such task on this key's queues", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "The lease was lost", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "The lease was lost (after a cancel, the `tokens` reported were charged to the session)", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Error text too long", body = Problem, content_type = "application/problem+json"),
     )
 )]
@@ -479,6 +500,7 @@ pub async fn fail(
         Settlement::Fail {
             error: &req.error,
             retryable: req.retryable,
+            tokens: req.tokens,
         },
     )
     .await
@@ -492,7 +514,7 @@ pub async fn fail(
     responses(
         (status = 200, description = "Task offered again", body = Accepted),
         (status = 404, description = "No such task on this key's queues", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "The lease was lost", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "The lease was lost (after a cancel, the `tokens` reported were charged to the session)", body = Problem, content_type = "application/problem+json"),
     )
 )]
 pub async fn release(
@@ -501,7 +523,14 @@ pub async fn release(
     TaskId(id): TaskId,
     ApiJson(req): ApiJson<ReleaseRequest>,
 ) -> ApiResult<Json<Accepted>> {
-    settle(&state, &caller, id, &req.lease_token, Settlement::Release).await
+    settle(
+        &state,
+        &caller,
+        id,
+        &req.lease_token,
+        Settlement::Release { tokens: req.tokens },
+    )
+    .await
 }
 
 /// The caller's queues: depth, oldest waiting task and workers seen.

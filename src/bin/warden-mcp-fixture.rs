@@ -95,6 +95,7 @@ const MAX_SLEEP_SECONDS: f64 = 3600.0;
 const MAX_BIG_SIZE: u64 = 16 * 1024 * 1024;
 
 impl Spec {
+    /// The tool as `tools/list` shows it: an object schema of required parameters.
     fn tool(&self) -> Tool {
         let properties: JsonObject = self
             .params
@@ -102,11 +103,10 @@ impl Spec {
             .map(|(name, kind)| (name.to_string(), json!({ "type": kind })))
             .collect();
         let required: Vec<&str> = self.params.iter().map(|(name, _)| *name).collect();
-        let schema = json!({ "type": "object", "properties": properties, "required": required });
-        let schema = match schema {
-            Value::Object(object) => object,
-            _ => JsonObject::new(),
-        };
+        let mut schema = JsonObject::new();
+        schema.insert("type".into(), json!("object"));
+        schema.insert("properties".into(), Value::Object(properties));
+        schema.insert("required".into(), json!(required));
         let tool = Tool::new(self.name, self.description, Arc::new(schema));
         if self.read_only.is_none() && self.destructive.is_none() {
             return tool;

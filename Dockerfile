@@ -9,8 +9,9 @@ COPY .sqlx ./.sqlx
 COPY src ./src
 COPY migrations ./migrations
 COPY web ./web
-# Without the embedded PostgreSQL (`embedded` feature): a container runs on a
-# Postgres server (DATABASE_URL), and the image stays small.
+# Without the default features: no embedded PostgreSQL (`embedded`), since a
+# container runs on a Postgres server (DATABASE_URL), and so the image stays
+# small; and no MCP server of the tests (`mcp-fixture`, rmcp's server side).
 RUN cargo build --release --locked --no-default-features
 
 FROM debian:bookworm-slim

@@ -6,6 +6,9 @@
 // server's own annotations: waits for a person), and finish once the write's
 // result came back. A person approves the write with an edited path through
 // the API; only the edited file is written, once, and the model is told.
+// Then the same round for a server on the Python SDK (FastMCP,
+// fastmcp/server.py), as `py` over stdio and `pyweb` over Streamable HTTP:
+// a read-only echo runs at once, a destructive write waits for a person.
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import { existsSync, readFileSync, writeFileSync } from "node:fs";
@@ -18,6 +21,8 @@ const adminToken = process.env.WARDEN_ADMIN_TOKEN ?? "";
 // The folder the `fs` server may use, and the one tenant it serves (run.sh).
 const folder = process.env.E2E_MCP_DIR ?? "";
 const tenant = process.env.E2E_MCP_TENANT ?? "";
+// Where the FastMCP servers log each call's tool name (run.sh).
+const fastmcpLogs = process.env.E2E_FASTMCP_LOGS ?? "";
 
 async function call(key, method, path, body) {
   const res = await fetch(baseUrl + path, {
@@ -135,3 +140,79 @@ test("a real MCP server's tools run for the llm agent, and a person approves a w
     await model.close();
   }
 });
+
+/** The tools a FastMCP server really ran, in order (its MCP_FIXTURE_LOG). */
+function fastmcpCalls(server) {
+  const log = join(fastmcpLogs, `${server}.log`);
+  return existsSync(log) ? readFileSync(log, "utf8").split("\n").filter(Boolean) : [];
+}
+
+for (const [server, transport] of [["py", "stdio"], ["pyweb", "Streamable HTTP"]]) {
+  test(`the Python SDK's FastMCP server over ${transport} serves the llm agent, and a write waits for a person`, async () => {
+    assert.ok(fastmcpLogs && tenant, "run.sh sets E2E_FASTMCP_LOGS and E2E_MCP_TENANT");
+    const made = await call(adminToken, "POST", "/api/keys", { tenant, role: "operator" });
+    assert.equal(made.status, 201, JSON.stringify(made.body));
+    const key = made.body.secret;
+    const token = randomBytes(6).toString("hex");
+    const content = `approved text ${token}`;
+
+    const echo = `${server}__echo`;
+    const write = `${server}__write`;
+    const model = await startFakeModel((request) => {
+      const offered = (request.tools ?? []).map((t) => t.function?.name);
+      if (!offered.includes(echo) || !offered.includes(write)) return null;
+      const results = toolResults(request);
+      const last = results.at(-1) ?? "";
+      if (results.length === 0) return toolCall("call_echo", echo, { text: token });
+      if (results.length === 1 && last.includes(`echo: ${token}`)) {
+        return toolCall("call_write", write, { name: "draft", text: "the agent's draft" });
+      }
+      if (results.length === 2 && last.includes(`wrote ${content.length} characters to approved`)) {
+        return toolCall("call_done", "task_completion", { result: "the note is written", deliverables: [] });
+      }
+      return null;
+    });
+    try {
+      const created = await call(key, "POST", "/api/autonomous", {
+        goal: "Echo a token, then leave a note",
+        executor: {
+          kind: "llm",
+          base_url: model.baseUrl,
+          model: "e2e-fake",
+          tools: [server],
+          approvals: { default: "never", tools: { [`${server}__*`]: "when_not_read_only" } },
+        },
+      });
+      assert.equal(created.status, 201, JSON.stringify(created.body));
+      const id = created.body.id;
+
+      // The server's own annotations: echo is read-only (ran), write is destructive (waits).
+      const waiting = await until(key, id, "the write waits for approval",
+        (s) => s.status === "paused" && s.reason === "approval_required");
+      assert.equal(waiting.pending_approvals.length, 1, JSON.stringify(waiting));
+      const pending = waiting.pending_approvals[0];
+      assert.equal(pending.tool, write);
+      assert.deepEqual(fastmcpCalls(server), ["echo"], "the echo ran, the write waits");
+
+      const decided = await call(key, "POST", `/api/autonomous/${id}/approvals/${pending.call_id}`, {
+        decision: "approve",
+        arguments: { name: "approved", text: content },
+      });
+      assert.equal(decided.status, 200, JSON.stringify(decided.body));
+      const done = await until(key, id, "the session completes", (s) => s.status === "completed");
+      assert.equal(done.status, "completed");
+      assert.deepEqual(fastmcpCalls(server), ["echo", "write"], "the approved write ran once");
+
+      const iterations = await call(key, "GET", `/api/autonomous/${id}/iterations`);
+      assert.equal(iterations.status, 200);
+      const observations = iterations.body.items.map((i) => i.record?.observation ?? "");
+      assert.ok(observations.some((o) => o.includes(`${echo}: echo: ${token}`)), JSON.stringify(observations));
+      assert.ok(
+        observations.some((o) => o.includes(`${write}: wrote ${content.length} characters to approved`)),
+        JSON.stringify(observations),
+      );
+    } finally {
+      await model.close();
+    }
+  });
+}

@@ -7,7 +7,10 @@
 #  3. a real reference MCP server (@modelcontextprotocol/server-filesystem,
 #     pinned in package.json) serves an `llm` session's tools, driven by a
 #     fake OpenAI-compatible model (fake-model.mjs): a read runs at once, a
-#     write waits for a person, who approves it with edited arguments;
+#     write waits for a person, who approves it with edited arguments; and
+#     the same for a server on the Python SDK (FastMCP, fastmcp/server.py,
+#     `mcp` pinned in fastmcp/requirements.txt), over stdio and over
+#     Streamable HTTP;
 #  4. Schemathesis (pinned in requirements.txt, settings in schemathesis.toml)
 #     runs every operation of the committed document against the server with
 #     all checks, a bounded number of examples and stateful links: 0 failures.
@@ -39,14 +42,20 @@ MCP_TMP="$(mktemp -d)"
 E2E_MCP_DIR="$MCP_TMP/shared"
 E2E_MCP_TENANT=e2e-mcp
 export E2E_MCP_DIR E2E_MCP_TENANT
+# Where the FastMCP servers log each call's tool name (`py.log`, `pyweb.log`).
+E2E_FASTMCP_LOGS="$MCP_TMP"
+export E2E_FASTMCP_LOGS
 SERVER_PID=""
+FASTMCP_PID=""
 
 cleanup() {
   status=$?
-  if [ -n "$SERVER_PID" ]; then
-    kill "$SERVER_PID" 2>/dev/null || true
-    wait "$SERVER_PID" 2>/dev/null || true
-  fi
+  for pid in "$SERVER_PID" "$FASTMCP_PID"; do
+    if [ -n "$pid" ]; then
+      kill "$pid" 2>/dev/null || true
+      wait "$pid" 2>/dev/null || true
+    fi
+  done
   if [ "$status" -ne 0 ] && [ -f "$LOG" ]; then
     echo "e2e: --- last lines of the server log ---" >&2
     tail -n 60 "$LOG" >&2 || true
@@ -62,17 +71,44 @@ psql "$ADMIN_URL" -v ON_ERROR_STOP=1 -qtAc "CREATE DATABASE $DB_NAME" >/dev/null
 PORT="$(node -e 'const s=require("net").createServer().listen(0,"127.0.0.1",()=>{console.log(s.address().port);s.close()})')"
 export WARDEN_URL="http://127.0.0.1:$PORT"
 
-# One stdio MCP server, run from node_modules (nothing is fetched at run
-# time), limited to the folder above and declared for one tenant only: the
-# sessions of every other tenant (Schemathesis' among them) see the server
-# undeclared, as the committed document describes a replica with none.
+# The MCP servers, all declared for one tenant only: the sessions of every
+# other tenant (Schemathesis' among them) see them undeclared, as the
+# committed document describes a replica with none. `fs`: the reference
+# filesystem server on stdio, run from node_modules (nothing is fetched at
+# run time), limited to the folder above. `py` and `pyweb`: the FastMCP
+# server from its venv, on stdio and over Streamable HTTP on loopback.
 mkdir -p "$E2E_MCP_DIR"
 FS_SERVER="$E2E_DIR/node_modules/@modelcontextprotocol/server-filesystem/dist/index.js"
 [ -f "$FS_SERVER" ] || { echo "e2e: FATAL: $FS_SERVER is missing (npm ci)" >&2; exit 1; }
+FASTMCP_PYTHON="$E2E_DIR/.venv-fastmcp/bin/python"
+[ -x "$FASTMCP_PYTHON" ] || { echo "e2e: FATAL: $FASTMCP_PYTHON is missing (setup.sh)" >&2; exit 1; }
+FASTMCP_PORT="$(node -e 'const s=require("net").createServer().listen(0,"127.0.0.1",()=>{console.log(s.address().port);s.close()})')"
+MCP_FIXTURE_LOG="$E2E_FASTMCP_LOGS/pyweb.log" \
+  "$FASTMCP_PYTHON" "$E2E_DIR/fastmcp/server.py" --http "$FASTMCP_PORT" >"$MCP_TMP/pyweb.out" 2>&1 &
+FASTMCP_PID=$!
 MCP_DIR="$E2E_MCP_DIR" MCP_TENANT="$E2E_MCP_TENANT" NODE_BIN="$(command -v node)" FS_SERVER="$FS_SERVER" \
-  node -e 'const e = process.env; console.log(JSON.stringify({ mcpServers: { fs: {
-    command: e.NODE_BIN, args: [e.FS_SERVER, e.MCP_DIR], tenants: [e.MCP_TENANT], timeout_ms: 20000 } } }))' \
+  FASTMCP_PYTHON="$FASTMCP_PYTHON" FASTMCP_SERVER="$E2E_DIR/fastmcp/server.py" \
+  FASTMCP_URL="http://127.0.0.1:$FASTMCP_PORT/mcp" \
+  node -e 'const e = process.env; const only = { tenants: [e.MCP_TENANT], timeout_ms: 20000 };
+    console.log(JSON.stringify({ mcpServers: {
+      fs: { command: e.NODE_BIN, args: [e.FS_SERVER, e.MCP_DIR], ...only },
+      py: { command: e.FASTMCP_PYTHON, args: [e.FASTMCP_SERVER],
+            env: { MCP_FIXTURE_LOG: e.E2E_FASTMCP_LOGS + "/py.log" }, ...only },
+      pyweb: { url: e.FASTMCP_URL, ...only } } }))' \
   >"$MCP_TMP/mcp.json"
+for _ in $(seq 1 100); do
+  (exec 3<>"/dev/tcp/127.0.0.1/$FASTMCP_PORT") 2>/dev/null && break
+  if ! kill -0 "$FASTMCP_PID" 2>/dev/null; then
+    echo "e2e: FATAL: the FastMCP server exited during start-up:" >&2
+    cat "$MCP_TMP/pyweb.out" >&2
+    exit 1
+  fi
+  sleep 0.1
+done
+(exec 3<>"/dev/tcp/127.0.0.1/$FASTMCP_PORT") 2>/dev/null || {
+  echo "e2e: FATAL: the FastMCP server is not listening on 127.0.0.1:$FASTMCP_PORT" >&2
+  exit 1
+}
 
 echo "e2e: starting warden on $WARDEN_URL"
 # The model endpoint is a closed port: `llm` sessions can be created (and
@@ -106,7 +142,7 @@ WARDEN_KEY="$(curl -fsS -X POST "$WARDEN_URL/api/keys" -H "authorization: Bearer
   | node -e 'let s="";process.stdin.on("data",d=>s+=d).on("end",()=>console.log(JSON.parse(s).secret))')"
 export WARDEN_KEY
 
-echo "e2e: node --test (generated client, dashboard in Chromium, a real MCP server)"
+echo "e2e: node --test (generated client, dashboard in Chromium, real MCP servers)"
 node --test --test-concurrency=1 dist/client.test.js dashboard.test.mjs mcp.test.mjs
 
 echo "e2e: schemathesis against the committed openapi/openapi.json"

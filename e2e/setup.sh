@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what the end-to-end run needs, each step a no-op when done:
-# Debian's chromium, the Python venv for schemathesis (e2e/.venv, pinned in
-# requirements.txt), the npm packages (package-lock.json), and the TypeScript
+# Debian's chromium, the Python venvs for schemathesis (e2e/.venv, pinned in
+# requirements.txt) and for the Python SDK's MCP server (e2e/.venv-fastmcp,
+# fastmcp/requirements.txt), the npm packages (package-lock.json), and the TypeScript
 # client generated from the committed openapi/openapi.json. run.sh calls it;
 # CI also starts it early, beside the build.
 set -euo pipefail
@@ -21,18 +22,29 @@ fi
 "$CHROMIUM_PATH" --version
 
 PYTHON="${PYTHON:-$(command -v python3.11 || command -v python3)}"
-VENV="$E2E_DIR/.venv"
-if ! "$VENV/bin/python" -m pip --version >/dev/null 2>&1; then
-  echo "e2e: creating the Python venv for schemathesis"
-  rm -rf "$VENV"
-  "$PYTHON" -m venv "$VENV"
+# Makes the venv $1 (when it has no pip) and installs into it the pinned
+# requirements file $2, only when that file changed since the last install.
+python_venv() {
+  local venv=$1 requirements=$2
+  if ! "$venv/bin/python" -m pip --version >/dev/null 2>&1; then
+    echo "e2e: creating the Python venv $venv"
+    rm -rf "$venv"
+    "$PYTHON" -m venv "$venv"
+  fi
+  if ! cmp -s "$requirements" "$venv/installed-requirements.txt"; then
+    echo "e2e: pip install -r $requirements (into $venv)"
+    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -r "$requirements"
+    cp "$requirements" "$venv/installed-requirements.txt"
+  fi
+}
+# Schemathesis.
+python_venv "$E2E_DIR/.venv" requirements.txt
+# The Python SDK's MCP server (fastmcp/server.py; the `mcp` package needs 3.10+).
+if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 10))'; then
+  echo "e2e: $PYTHON is older than Python 3.10 (the mcp package needs 3.10+)" >&2
+  exit 1
 fi
-# Installs only when requirements.txt changed since the last install.
-if ! cmp -s requirements.txt "$VENV/installed-requirements.txt"; then
-  echo "e2e: pip install -r requirements.txt"
-  "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -r requirements.txt
-  cp requirements.txt "$VENV/installed-requirements.txt"
-fi
+python_venv "$E2E_DIR/.venv-fastmcp" fastmcp/requirements.txt
 
 # Installs only when package-lock.json changed since the last install (npm
 # ci alone removes and reinstalls node_modules every time).

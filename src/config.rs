@@ -230,6 +230,9 @@ pub struct Config {
     pub quotas: Quotas,
     /// Limits on the HTTP connections themselves (`WARDEN_MAX_CONNECTIONS`, …).
     pub connections: ConnectionLimits,
+    /// Per-tenant and per-key shares of a replica's request handling
+    /// (`WARDEN_TENANT_REQUEST_SHARE`, the parked-claim caps, …).
+    pub admission: AdmissionLimits,
     /// `WARDEN_MCP_CONFIG`: the MCP servers the model agent's sessions may
     /// choose tools from, read and checked at start.
     pub mcp: Option<Arc<crate::mcp::McpConfig>>,
@@ -271,6 +274,25 @@ pub struct ConnectionLimits {
     /// address (an IPv6 client's /64); more are closed as
     /// soon as they are accepted.
     pub max_connections_per_ip: usize,
+}
+
+/// What one tenant or one key may hold of a replica's request handling, so
+/// that none can take what every tenant shares.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AdmissionLimits {
+    /// `WARDEN_TENANT_REQUEST_SHARE`: percent of the request slots
+    /// (`WARDEN_MAX_CONCURRENT_REQUESTS`) one tenant's requests may hold.
+    pub tenant_request_share: u32,
+    /// `WARDEN_BODY_READ_TIMEOUT_MS`: how long a request's body may take to
+    /// arrive in full, counted from its headers.
+    pub body_read_timeout: Duration,
+    /// `WARDEN_MAX_PARKED_CLAIMS`: worker claims waiting for a task at once
+    /// on a replica (a pool apart from the request slots).
+    pub max_parked_claims: usize,
+    /// `WARDEN_TENANT_MAX_PARKED_CLAIMS`: of those, one tenant's.
+    pub tenant_max_parked_claims: usize,
+    /// `WARDEN_KEY_MAX_PARKED_CLAIMS`: of those, one key's.
+    pub key_max_parked_claims: usize,
 }
 
 /// Where the key sealing sessions' secrets comes from.
@@ -436,6 +458,16 @@ impl Env<'_> {
                 0,
                 1_000_000,
             )?,
+        })
+    }
+
+    fn admission(&self) -> Result<AdmissionLimits, ConfigError> {
+        Ok(AdmissionLimits {
+            tenant_request_share: self.parse(&WARDEN_TENANT_REQUEST_SHARE, 1, 100)?,
+            body_read_timeout: self.millis(&WARDEN_BODY_READ_TIMEOUT_MS, 100, 600_000)?,
+            max_parked_claims: self.parse(&WARDEN_MAX_PARKED_CLAIMS, 1, 1_000_000)?,
+            tenant_max_parked_claims: self.parse(&WARDEN_TENANT_MAX_PARKED_CLAIMS, 1, 1_000_000)?,
+            key_max_parked_claims: self.parse(&WARDEN_KEY_MAX_PARKED_CLAIMS, 1, 1_000_000)?,
         })
     }
 
@@ -860,6 +892,7 @@ impl Config {
             secret_key_previous: env.secret_key_previous()?,
             quotas: env.quotas()?,
             connections: env.connections()?,
+            admission: env.admission()?,
             mcp: env.mcp_config()?,
             telemetry: env.telemetry()?,
         })
@@ -1387,6 +1420,50 @@ mod tests {
         ] {
             let err = Config::from_vars(&vars(&[(var, "0")])).unwrap_err();
             assert!(err.to_string().contains(var), "{err}");
+        }
+    }
+
+    #[test]
+    fn admission_limits_are_read_and_checked() {
+        let c = Config::from_vars(&vars(&[])).unwrap();
+        assert_eq!(
+            c.admission,
+            AdmissionLimits {
+                tenant_request_share: 25,
+                body_read_timeout: Duration::from_secs(5),
+                max_parked_claims: 1_024,
+                tenant_max_parked_claims: 256,
+                key_max_parked_claims: 64,
+            }
+        );
+        let c = Config::from_vars(&vars(&[
+            ("WARDEN_TENANT_REQUEST_SHARE", "100"),
+            ("WARDEN_BODY_READ_TIMEOUT_MS", "750"),
+            ("WARDEN_MAX_PARKED_CLAIMS", "9"),
+            ("WARDEN_TENANT_MAX_PARKED_CLAIMS", "4"),
+            ("WARDEN_KEY_MAX_PARKED_CLAIMS", "2"),
+        ]))
+        .unwrap();
+        assert_eq!(
+            c.admission,
+            AdmissionLimits {
+                tenant_request_share: 100,
+                body_read_timeout: Duration::from_millis(750),
+                max_parked_claims: 9,
+                tenant_max_parked_claims: 4,
+                key_max_parked_claims: 2,
+            }
+        );
+        for (var, bad) in [
+            ("WARDEN_TENANT_REQUEST_SHARE", "0"),
+            ("WARDEN_TENANT_REQUEST_SHARE", "101"),
+            ("WARDEN_BODY_READ_TIMEOUT_MS", "0"),
+            ("WARDEN_MAX_PARKED_CLAIMS", "0"),
+            ("WARDEN_TENANT_MAX_PARKED_CLAIMS", "0"),
+            ("WARDEN_KEY_MAX_PARKED_CLAIMS", "0"),
+        ] {
+            let err = Config::from_vars(&vars(&[(var, bad)])).unwrap_err();
+            assert!(err.to_string().contains(var), "{var}={bad}: {err}");
         }
     }
 

@@ -42,6 +42,18 @@ pub enum AbandonedBecause {
     UserPause,
 }
 
+/// Where tokens charged outside a committed step were spent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ChargeSource {
+    /// A worker reported the usage of a step it was told to abandon.
+    WorkerAfterCancel,
+    /// A model call cut short: its prompt estimate and what it streamed.
+    AbandonedModelCall,
+    /// A step's outcome a stop won over: not applied, its tokens charged.
+    UncollectedOutcome,
+}
+
 /// A refinement proposal for an ambiguous goal; also kept on the session.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct RefinementProposal {
@@ -440,6 +452,19 @@ pub enum SessionEvent {
         /// Its depth in the tree (the root is at 0).
         depth: u32,
     },
+    /// Tokens spent by a step that was cut short were charged to the
+    /// session (counted in `tokens_used` and against the budget); the
+    /// session's status and outcome are unchanged.
+    UsageCharged {
+        /// Where they were spent.
+        source: ChargeSource,
+        /// The iteration of the step.
+        iteration: u64,
+        /// Tokens charged: what was reported, at most the step's allowance.
+        tokens: u64,
+        /// Tokens reported (or estimated), before the cap.
+        reported: u64,
+    },
 }
 
 impl SessionEvent {
@@ -451,6 +476,7 @@ impl SessionEvent {
             SessionEvent::GateDecision { .. } => "gate_decision",
             SessionEvent::GuardrailTripped { .. } => "guardrail_tripped",
             SessionEvent::StepAbandoned { .. } => "step_abandoned",
+            SessionEvent::UsageCharged { .. } => "usage_charged",
             SessionEvent::AgentOutputSanitized { .. } => "agent_output_sanitized",
             SessionEvent::IterationCompleted { .. } => "iteration_completed",
             SessionEvent::StuckDetected { .. } => "stuck_detected",
@@ -683,6 +709,15 @@ mod tests {
                     why: AbandonedBecause::Timeout,
                 },
                 json!({ "step": 4, "why": "timeout" }),
+            ),
+            (
+                SessionEvent::UsageCharged {
+                    source: ChargeSource::WorkerAfterCancel,
+                    iteration: 2,
+                    tokens: 50,
+                    reported: 900,
+                },
+                json!({ "source": "worker_after_cancel", "iteration": 2, "tokens": 50, "reported": 900 }),
             ),
             (
                 SessionEvent::IterationCompleted {

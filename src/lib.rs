@@ -328,6 +328,7 @@ impl Application {
             http::RequestLimits::new(
                 config.quotas.request_timeout,
                 config.quotas.max_concurrent_requests,
+                &config.admission,
             ),
         );
         let stop_serving = CancellationToken::new();

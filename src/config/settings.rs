@@ -282,6 +282,16 @@ settings! {
         "longest a request may run (live streams and probes exempt); 503 `request_timeout` after";
     WARDEN_MAX_CONCURRENT_REQUESTS (Http) = "512" =>
         "requests served at once (live streams and probes exempt); 503 `overloaded` beyond";
+    WARDEN_TENANT_REQUEST_SHARE (Http) = "25" =>
+        "percent of `WARDEN_MAX_CONCURRENT_REQUESTS` one tenant's requests may hold at once (at least 1), so a tenant flooding a replica leaves the others their slots; 429 `tenant_request_limit` (with `Retry-After`) beyond";
+    WARDEN_BODY_READ_TIMEOUT_MS (Http) = "5000" =>
+        "a request's body must arrive in full within this of its headers; 408 `body_timeout` after (and the connection closed), so a body trickled in cannot hold a request slot";
+    WARDEN_MAX_PARKED_CLAIMS (Http) = "1024" =>
+        "worker claims waiting for a task (`wait_ms`) at once per replica, in a pool of their own: a waiting claim holds no request slot; 503 `overloaded` beyond";
+    WARDEN_TENANT_MAX_PARKED_CLAIMS (Http) = "256" =>
+        "waiting worker claims per tenant and replica; 429 `claim_limit` (with `Retry-After`) beyond";
+    WARDEN_KEY_MAX_PARKED_CLAIMS (Http) = "64" =>
+        "waiting worker claims per worker key and replica; 429 `claim_limit` (with `Retry-After`) beyond";
     WARDEN_HEADER_READ_TIMEOUT_MS (Http) = "10000" =>
         "a request's line and headers must arrive within this of the connection's accept (or, kept alive, of the previous response); the connection is closed after it";
     WARDEN_IDLE_TIMEOUT_MS (Http) = "60000" =>

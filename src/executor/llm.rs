@@ -289,6 +289,10 @@ pub struct LlmExecutor {
     children: Arc<dyn ChildDesk>,
     /// Tokens the step in flight has spent so far (the model's answer).
     step_tokens: u64,
+    /// Tokens the step in flight spent that no answer reports yet: charged
+    /// by the loop when the step is cut short
+    /// ([`Executor::take_unreported_tokens`]).
+    unreported: u64,
 }
 
 /// Turns the agent gets to save its findings before a cycle ends.
@@ -385,6 +389,7 @@ impl LlmExecutor {
             mcp,
             children: deps.children,
             step_tokens: 0,
+            unreported: 0,
         }
     }
 
@@ -857,6 +862,7 @@ impl LlmExecutor {
     }
 
     async fn step(&mut self, ctx: StepContext<'_>) -> Result<StepResult, ExecutorError> {
+        self.unreported = 0;
         let mut step_messages = Vec::new();
         // Calls of the step before that waited for a person are answered
         // first, as that step's tool results.
@@ -987,6 +993,10 @@ impl LlmExecutor {
             top_p: None,
         };
         let called = std::time::Instant::now();
+        // A call cut short is charged its prompt: the model read it. The
+        // call does not stream, so nothing of an answer is counted before
+        // it arrives whole.
+        self.unreported = prompt_tokens;
         let completion = match self.client.chat(&request).await {
             Ok(completion) => completion,
             // Decided calls already answered are kept in the conversation,
@@ -1017,6 +1027,9 @@ impl LlmExecutor {
         let calls = assistant.tool_calls.clone();
         let message_text = assistant.content.clone().unwrap_or_default();
         self.step_tokens = completion.usage.total;
+        // Spent, and reported only with the step's answer (tools may still
+        // keep it waiting).
+        self.unreported = completion.usage.total.max(prompt_tokens);
         step_messages.push(assistant);
 
         let mut observations = Vec::new();
@@ -1258,6 +1271,10 @@ impl Executor for LlmExecutor {
         ctx: StepContext<'a>,
     ) -> BoxFuture<'a, Result<StepResult, ExecutorError>> {
         self.step(ctx).boxed()
+    }
+
+    fn take_unreported_tokens(&mut self) -> u64 {
+        std::mem::take(&mut self.unreported)
     }
 }
 

@@ -214,6 +214,14 @@ pub trait Executor: Send {
         let _ = why;
         Box::pin(async {})
     }
+
+    /// Tokens the step cut short spent that no answer will report (a model
+    /// call abandoned: its prompt's estimate plus what it streamed), taken
+    /// once; the loop charges them. 0 for executors whose usage is
+    /// reported another way (a worker reports its own).
+    fn take_unreported_tokens(&mut self) -> u64 {
+        0
+    }
 }
 
 /// Why the loop cut a step short.

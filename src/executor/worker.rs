@@ -52,6 +52,8 @@ pub struct WorkerExecutor {
     run: Uuid,
     /// The task of the step in flight, until the step settles it.
     open: Option<Uuid>,
+    /// The session whose steps these are (known from the first step).
+    session_id: Option<Uuid>,
 }
 
 impl WorkerExecutor {
@@ -73,6 +75,7 @@ impl WorkerExecutor {
             children,
             run,
             open: None,
+            session_id: None,
         }
     }
 
@@ -95,6 +98,7 @@ impl WorkerExecutor {
         request.approval = decided_action(self.approvals.as_ref(), ctx.iteration).await?;
         let context =
             serde_json::to_value(request).map_err(|e| failed(format!("step context: {e}")))?;
+        self.session_id = Some(ctx.session_id);
         let mut changes = self.store.worker_changes();
         let id = self
             .store
@@ -236,7 +240,9 @@ impl Executor for WorkerExecutor {
     }
 
     /// A stop or the time limit ends the task at once (its worker's next
-    /// heartbeat says `stopped`); a drain leaves it with its worker, marked
+    /// heartbeat says `stopped`, and the usage it reports then is charged;
+    /// an outcome it completed but the step did not collect yet is not
+    /// applied, its tokens charged); a drain leaves it with its worker, marked
     /// `draining`, for the run that takes the session over.
     fn interrupted(&mut self, why: Interruption) -> BoxFuture<'_, ()> {
         async move {
@@ -245,9 +251,20 @@ impl Executor for WorkerExecutor {
             };
             let ended = match why {
                 Interruption::Stopped => {
-                    self.store
+                    let ended = self
+                        .store
                         .end_worker_task(id, self.run, TaskEnd::Stopped, &self.scope)
-                        .await
+                        .await;
+                    // A worker that completed the step just before the stop
+                    // landed: the stop wins, the tokens it spent are charged.
+                    match (ended, self.session_id) {
+                        (Ok(()), Some(session)) => self
+                            .store
+                            .charge_uncollected_outcomes_of(session, &self.scope)
+                            .await
+                            .map(|_| ()),
+                        (ended, _) => ended,
+                    }
                 }
                 Interruption::Draining => {
                     self.store

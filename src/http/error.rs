@@ -32,6 +32,8 @@ pub struct ApiError {
     status: StatusCode,
     code: &'static str,
     detail: String,
+    /// Seconds for a `Retry-After` header, when the error says when to retry.
+    retry_after: Option<u32>,
 }
 
 /// Shorthand for handler results.
@@ -44,7 +46,14 @@ impl ApiError {
             status,
             code,
             detail: detail.into(),
+            retry_after: None,
         }
+    }
+
+    /// The same error, telling the client to retry after `seconds`.
+    pub fn with_retry_after(mut self, seconds: u32) -> ApiError {
+        self.retry_after = Some(seconds);
+        self
     }
 
     /// The HTTP status this error answers with.
@@ -101,7 +110,11 @@ impl IntoResponse for ApiError {
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/problem+json"),
         );
-        if matches!(
+        if let Some(seconds) = self.retry_after {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(seconds));
+        } else if matches!(
             self.code,
             "database_unavailable" | "overloaded" | "request_timeout"
         ) {

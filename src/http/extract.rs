@@ -194,10 +194,58 @@ fn deserialize<T: DeserializeOwned + ToSchema>(
     })
 }
 
+/// A request body that did not arrive in full by its deadline
+/// (`WARDEN_BODY_READ_TIMEOUT_MS`).
+#[derive(Debug, thiserror::Error)]
+#[error("the request body did not arrive within {} ms", .0.as_millis())]
+pub struct BodyReadTimeout(pub std::time::Duration);
+
+/// `body`, failing with [`BodyReadTimeout`] (`timeout` after the request's
+/// headers) if it has not ended by `deadline`, so a body trickled in a
+/// byte at a time cannot keep its request, and the slot it holds, alive.
+pub fn read_by(
+    body: axum::body::Body,
+    deadline: tokio::time::Instant,
+    timeout: std::time::Duration,
+) -> axum::body::Body {
+    use futures::StreamExt;
+    let chunks = futures::stream::unfold(Some(body.into_data_stream()), move |data| async move {
+        let mut data = data?;
+        match tokio::time::timeout_at(deadline, data.next()).await {
+            Ok(Some(chunk)) => Some((chunk, Some(data))),
+            Ok(None) => None,
+            Err(_) => Some((Err(axum::Error::new(BodyReadTimeout(timeout))), None)),
+        }
+    });
+    axum::body::Body::from_stream(chunks)
+}
+
+/// The [`BodyReadTimeout`] somewhere in the causes of `err`, if any.
+fn read_timeout<'e>(err: &'e (dyn std::error::Error + 'static)) -> Option<&'e BodyReadTimeout> {
+    let mut cause = Some(err);
+    while let Some(err) = cause {
+        if let Some(timeout) = err.downcast_ref::<BodyReadTimeout>() {
+            return Some(timeout);
+        }
+        cause = err.source();
+    }
+    None
+}
+
 async fn body_of<S: Send + Sync>(req: Request, state: &S) -> Result<(HeaderMap, Bytes), ApiError> {
     let headers = req.headers().clone();
     let limit = req.extensions().get::<BodyLimit>().copied();
     let bytes = Bytes::from_request(req, state).await.map_err(|rejection| {
+        if let Some(BodyReadTimeout(timeout)) = read_timeout(&rejection) {
+            return ApiError::new(
+                StatusCode::REQUEST_TIMEOUT,
+                "body_timeout",
+                format!(
+                    "the request body did not arrive in full within WARDEN_BODY_READ_TIMEOUT_MS={} of its headers; send it at once",
+                    timeout.as_millis()
+                ),
+            );
+        }
         let mut err = ApiError::from(rejection);
         if let (Some(BodyLimit(max)), StatusCode::PAYLOAD_TOO_LARGE) = (limit, err.status()) {
             err = ApiError::new(
@@ -540,6 +588,48 @@ mod tests {
     use serde_json::{Value, json};
 
     use super::shape::check;
+
+    #[tokio::test]
+    async fn a_body_that_misses_its_deadline_answers_408_and_one_in_time_is_read() {
+        use axum::body::{Body, Bytes};
+        use futures::StreamExt;
+        use std::time::Duration;
+        use tokio::time::Instant;
+        let request = |body: Body| {
+            axum::extract::Request::builder()
+                .method("POST")
+                .uri("/api/autonomous")
+                .header("content-type", "application/json")
+                .body(body)
+                .expect("a request")
+        };
+        let timeout = Duration::from_millis(50);
+        // Half a body, then nothing more: a client trickling it.
+        let first = futures::stream::once(async {
+            Ok::<_, std::io::Error>(Bytes::from_static(b"{\"goal\": "))
+        });
+        let trickled = Body::from_stream(first.chain(futures::stream::pending()));
+        let started = Instant::now();
+        let slow = super::read_by(trickled, started + timeout, timeout);
+        let err = super::body_of(request(slow), &())
+            .await
+            .expect_err("the deadline passed");
+        assert_eq!(err.status(), axum::http::StatusCode::REQUEST_TIMEOUT);
+        assert!(started.elapsed() >= timeout, "{:?}", started.elapsed());
+        let whole = super::read_by(Body::from("{}"), Instant::now() + timeout, timeout);
+        let (_, bytes) = super::body_of(request(whole), &())
+            .await
+            .expect("read in time");
+        assert_eq!(&bytes[..], b"{}");
+        // A body already here when its handler reads it, however late, is
+        // read: only waiting for more bytes is bounded.
+        let early = super::read_by(Body::from("{}"), Instant::now(), timeout);
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        let (_, bytes) = super::body_of(request(early), &())
+            .await
+            .expect("nothing was waited for");
+        assert_eq!(&bytes[..], b"{}");
+    }
 
     fn checked(mut body: Value, schema: &str) -> Result<Value, (String, String)> {
         // The document as served; in the server the router hands it over.

@@ -2,6 +2,7 @@
 //! document and the docs page. Handlers only translate between HTTP and the
 //! session service.
 
+pub mod admission;
 pub mod approvals;
 mod assets;
 mod auth;
@@ -44,22 +45,33 @@ pub struct AppState {
     pub streams: event_stream::StreamSlots,
 }
 
-/// The request timeout and the global concurrency limit
-/// (`WARDEN_REQUEST_TIMEOUT_MS`, `WARDEN_MAX_CONCURRENT_REQUESTS`).
+/// The request timeout, the global concurrency limit, the body's read
+/// deadline and the per-tenant and per-key shares
+/// (`WARDEN_REQUEST_TIMEOUT_MS`, `WARDEN_MAX_CONCURRENT_REQUESTS`,
+/// `WARDEN_BODY_READ_TIMEOUT_MS`, [`admission`]).
 #[derive(Clone)]
 pub struct RequestLimits {
     timeout: Duration,
     permits: std::sync::Arc<tokio::sync::Semaphore>,
     max: usize,
+    body_read_timeout: Duration,
+    admission: admission::Admission,
 }
 
 impl RequestLimits {
-    /// At most `max` requests at once, each for at most `timeout`.
-    pub fn new(timeout: Duration, max: usize) -> RequestLimits {
+    /// At most `max` requests at once, each for at most `timeout`, shared
+    /// among tenants and keys as `shares` says.
+    pub fn new(
+        timeout: Duration,
+        max: usize,
+        shares: &crate::config::AdmissionLimits,
+    ) -> RequestLimits {
         RequestLimits {
             timeout,
             permits: std::sync::Arc::new(tokio::sync::Semaphore::new(max)),
             max,
+            body_read_timeout: shares.body_read_timeout,
+            admission: admission::Admission::new(max, shares),
         }
     }
 }
@@ -103,17 +115,22 @@ pub fn exempt_route(method: &axum::http::Method, path: &str, wants_stream: bool)
 
 /// Sheds load rather than queueing it: a request over the concurrency
 /// limit is answered 503 at once, and one that runs past the timeout is
-/// cancelled (its transaction rolls back) and answered 503.
+/// cancelled (its transaction rolls back) and answered 503. A body must
+/// arrive within `WARDEN_BODY_READ_TIMEOUT_MS` of the headers (408 and the
+/// connection closed after). The slot is handed to the request
+/// ([`admission::RequestSlot`]), so the gate can add the tenant's share and
+/// a waiting claim can give both back.
 async fn request_limits(
     axum::extract::State(limits): axum::extract::State<RequestLimits>,
-    req: Request<axum::body::Body>,
+    mut req: Request<axum::body::Body>,
     next: axum::middleware::Next,
 ) -> axum::response::Response {
+    use axum::body::HttpBody;
     use axum::response::IntoResponse;
     if unlimited(&req) {
         return next.run(req).await;
     }
-    let Ok(_permit) = limits.permits.clone().try_acquire_owned() else {
+    let Ok(permit) = limits.permits.clone().try_acquire_owned() else {
         return ApiError::new(
             axum::http::StatusCode::SERVICE_UNAVAILABLE,
             "overloaded",
@@ -124,6 +141,12 @@ async fn request_limits(
         )
         .into_response();
     };
+    let slot = admission::RequestSlot::new(limits.admission.clone(), permit);
+    req.extensions_mut().insert(slot.clone());
+    if !req.body().is_end_stream() {
+        let read_by = tokio::time::Instant::now() + limits.body_read_timeout;
+        req = req.map(|body| extract::read_by(body, read_by, limits.body_read_timeout));
+    }
     // A claim long-polls for up to its own bounded wait on top.
     let timeout =
         if req.method() == axum::http::Method::POST && req.uri().path() == "/api/workers/claim" {
@@ -131,8 +154,19 @@ async fn request_limits(
         } else {
             limits.timeout
         };
-    match tokio::time::timeout(timeout, next.run(req)).await {
-        Ok(response) => response,
+    let answered = tokio::time::timeout(timeout, next.run(req)).await;
+    slot.release();
+    match answered {
+        Ok(mut response) => {
+            if response.status() == axum::http::StatusCode::REQUEST_TIMEOUT {
+                // The rest of a late body is not waited for.
+                response.headers_mut().insert(
+                    axum::http::header::CONNECTION,
+                    axum::http::HeaderValue::from_static("close"),
+                );
+            }
+            response
+        }
         Err(_) => ApiError::new(
             axum::http::StatusCode::SERVICE_UNAVAILABLE,
             "request_timeout",
@@ -181,6 +215,8 @@ pub fn router(state: AppState, max_body_bytes: usize, limits: RequestLimits) -> 
         // Every route, health and docs included, answers a wrong method with a problem.
         .method_not_allowed_fallback(|| async { ApiError::method_not_allowed() })
         .fallback(|| async { ApiError::no_route() })
+        // Once the gate knows the caller, its tenant's share of the slots.
+        .layer(axum::middleware::from_fn(admission::tenant_share))
         // Every request, known route or not, passes the one auth gate.
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),

@@ -773,6 +773,15 @@ no string may contain NUL (U+0000), which Postgres cannot store",
             "The key's role may not do this, or a cross-site request (foreign Origin, not JSON) was refused",
         ),
         (
+            "BodyTimeout",
+            "The body did not arrive in full within WARDEN_BODY_READ_TIMEOUT_MS of the headers (`body_timeout`); the connection is closed",
+        ),
+        (
+            "TenantRequestLimit",
+            "The caller's tenant already has its share of this replica's request slots in progress \
+(WARDEN_TENANT_REQUEST_SHARE percent of WARDEN_MAX_CONCURRENT_REQUESTS, `tenant_request_limit`); retry after `Retry-After` seconds",
+        ),
+        (
             "InternalError",
             "An internal error; it is logged, never detailed",
         ),
@@ -825,7 +834,11 @@ requests are in progress (`overloaded`) or the request ran past WARDEN_REQUEST_T
             if !open {
                 op.insert("security".into(), json!([{ "bearer": [] }]));
                 if let Some(responses) = op.get_mut("responses").and_then(Value::as_object_mut) {
-                    for (code, name) in [("401", "Unauthorized"), ("403", "Forbidden")] {
+                    for (code, name) in [
+                        ("401", "Unauthorized"),
+                        ("403", "Forbidden"),
+                        ("429", "TenantRequestLimit"),
+                    ] {
                         responses.entry(code).or_insert_with(
                             || json!({ "$ref": format!("#/components/responses/{name}") }),
                         );
@@ -852,6 +865,7 @@ fn add_operation_errors(op: &mut Map<String, Value>) {
             ("413", "PayloadTooLarge"),
             ("415", "UnsupportedMediaType"),
             ("422", "InvalidBody"),
+            ("408", "BodyTimeout"),
         ]);
     }
     let tags = op.get("tags").cloned().unwrap_or(Value::Null);

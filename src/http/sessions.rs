@@ -89,7 +89,7 @@ fn decode_cursor(raw: &str) -> ApiResult<SessionCursor> {
         (status = 413, description = "Body too large", body = Problem, content_type = "application/problem+json"),
         (status = 415, description = "Not JSON", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Unknown field, wrong type or out-of-range limit; or an Idempotency-Key used with another body (`idempotency_key_reused`)", body = Problem, content_type = "application/problem+json"),
-        (status = 429, description = "The tenant has WARDEN_TENANT_MAX_RUNNING active sessions (`tenant_running_limit`)", body = Problem, content_type = "application/problem+json"),
+        (status = 429, description = "The tenant has WARDEN_TENANT_MAX_RUNNING active sessions (`tenant_running_limit`), or its share of the request slots is in use (`tenant_request_limit`, with `Retry-After`)", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "The session could not be created right now (its workspace cannot be made, the database is unreachable, Warden is shutting down); nothing was created, retry", body = Problem, content_type = "application/problem+json"),
     )
 )]
@@ -463,7 +463,7 @@ pub async fn pause_session(
         (status = 404, description = "No such session", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "Not resumable, or a budget is exhausted and must be raised", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Invalid guidance or limits", body = Problem, content_type = "application/problem+json"),
-        (status = 429, description = "The tenant has WARDEN_TENANT_MAX_RUNNING active sessions (`tenant_running_limit`)", body = Problem, content_type = "application/problem+json"),
+        (status = 429, description = "The tenant has WARDEN_TENANT_MAX_RUNNING active sessions (`tenant_running_limit`), or its share of the request slots is in use (`tenant_request_limit`, with `Retry-After`)", body = Problem, content_type = "application/problem+json"),
     )
 )]
 pub async fn resume_session(
@@ -530,7 +530,7 @@ pub async fn delete_session(
             content((String = "text/event-stream"))),
         (status = 400, description = "Last-Event-ID is not an id of this stream", body = Problem, content_type = "application/problem+json"),
         (status = 406, description = "The request accepts no `text/event-stream`", body = Problem, content_type = "application/problem+json"),
-        (status = 429, description = "The tenant has WARDEN_TENANT_MAX_STREAMS live streams open (`stream_limit`)", body = Problem, content_type = "application/problem+json"),
+        (status = 429, description = "The tenant has WARDEN_TENANT_MAX_STREAMS live streams open (`stream_limit`), or, as a plain read, its share of the request slots is in use (`tenant_request_limit`, with `Retry-After`)", body = Problem, content_type = "application/problem+json"),
     )
 )]
 pub async fn session_changes(

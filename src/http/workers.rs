@@ -17,6 +17,7 @@ use utoipa::ToSchema;
 use uuid::Uuid;
 
 use super::AppState;
+use super::admission::RequestSlot;
 use super::error::{ApiError, ApiResult, Problem};
 use super::extract::{ApiJson, TaskId};
 use crate::auth::{Principal, Role};
@@ -142,6 +143,10 @@ pub struct FailRequest {
     /// offered again while attempts remain; `false` fails the step at once.
     #[serde(default = "yes")]
     pub retryable: bool,
+    /// Tokens the attempt spent. Charged to the session when the step was
+    /// given up before this call (a cancel), at most the step's allowance.
+    #[serde(default)]
+    pub tokens: u64,
 }
 
 fn yes() -> bool {
@@ -154,6 +159,11 @@ fn yes() -> bool {
 pub struct ReleaseRequest {
     /// The task's lease token.
     pub lease_token: String,
+    /// Tokens the worker spent on the task. Charged to the session when
+    /// the step was given up before this call (a cancel), at most the
+    /// step's allowance.
+    #[serde(default)]
+    pub tokens: u64,
 }
 
 /// A call on a task was taken.
@@ -234,16 +244,30 @@ fn lease_lost() -> ApiError {
     )
 }
 
+/// A call after the step was given up: refused, its usage charged.
+fn charged(tokens: u64) -> ApiError {
+    ApiError::new(
+        StatusCode::CONFLICT,
+        "lease_lost",
+        format!(
+            "the step was given up (stopped, paused, superseded or its lease lapsed): the call was not taken, but the {tokens} tokens it reported were charged to the session"
+        ),
+    )
+}
+
 fn settled<T>(id: Uuid, check: LeaseCheck<T>) -> ApiResult<T> {
     match check {
         LeaseCheck::NotFound => Err(task_not_found(id)),
         LeaseCheck::Lost => Err(lease_lost()),
+        LeaseCheck::Charged(tokens) => Err(charged(tokens)),
         LeaseCheck::Held(value) => Ok(value),
     }
 }
 
 /// Claim the next task (worker keys): long-polls up to `wait_ms` for the
-/// oldest task on the queues; two workers never get the same task.
+/// oldest task on the queues; two workers never get the same task. A claim
+/// that may wait (`wait_ms` above 0) holds a place among the parked claims,
+/// capped per key, per tenant and per replica, and no request slot.
 #[utoipa::path(
     post, path = "/api/workers/claim", tag = "workers",
     request_body = ClaimRequest,
@@ -252,11 +276,16 @@ fn settled<T>(id: Uuid, check: LeaseCheck<T>) -> ApiResult<T> {
         (status = 204, description = "No task arrived within `wait_ms`"),
         (status = 403, description = "Not a worker key, or a queue that is not the key's", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Invalid `wait_ms`, `worker` or queue", body = Problem, content_type = "application/problem+json"),
+        (status = 429, description = "The key has WARDEN_KEY_MAX_PARKED_CLAIMS claims waiting, or its tenant WARDEN_TENANT_MAX_PARKED_CLAIMS (`claim_limit`), or the tenant's share of the request slots is taken (`tenant_request_limit`); retry after `Retry-After` seconds", body = Problem, content_type = "application/problem+json",
+            headers(("Retry-After" = u32, description = "Seconds to wait before claiming again"))),
+        (status = 503, description = "WARDEN_MAX_PARKED_CLAIMS claims are waiting on this replica or its request slots are taken (`overloaded`), Postgres does not answer, or the service is shutting down; retry after `Retry-After` seconds", body = Problem, content_type = "application/problem+json",
+            headers(("Retry-After" = u32, description = "Seconds to wait before claiming again"))),
     )
 )]
 pub async fn claim(
     State(state): State<AppState>,
     Extension(caller): Extension<Principal>,
+    slot: Option<Extension<RequestSlot>>,
     ApiJson(req): ApiJson<ClaimRequest>,
 ) -> ApiResult<Response> {
     let invalid =
@@ -282,6 +311,16 @@ pub async fn claim(
         return Err(invalid(format!("queue {bad:?} is not a queue name")));
     }
     let queues = queues_of(&caller, req.queues)?;
+    // Held until the claim answers; a claim that cannot wait parks nowhere.
+    let _parked = match slot {
+        _ if wait_ms == 0 => None,
+        Some(Extension(slot)) => Some(slot.park(&caller)?),
+        None => {
+            return Err(ApiError::internal(
+                &"a claim reached its handler without the request limits",
+            ));
+        }
+    };
     let store = state.service.store();
     let mut changes = store.worker_changes();
     let deadline = Instant::now() + Duration::from_millis(wait_ms);
@@ -406,7 +445,7 @@ async fn settle(
     responses(
         (status = 200, description = "Outcome taken", body = Accepted),
         (status = 404, description = "No such task on this key's queues", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "The lease was lost; the outcome was discarded", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "The lease was lost; the outcome was discarded (after a cancel, the outcome's `tokens` were charged to the session)", body = Problem, content_type = "application/problem+json"),
     )
 )]
 pub async fn complete(
@@ -436,7 +475,7 @@ pub async fn complete(
     responses(
         (status = 200, description = "Failure taken", body = Accepted),
         (status = 404, description = "No such task on this key's queues", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "The lease was lost", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "The lease was lost (after a cancel, the `tokens` reported were charged to the session)", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Error text too long", body = Problem, content_type = "application/problem+json"),
     )
 )]
@@ -461,6 +500,7 @@ pub async fn fail(
         Settlement::Fail {
             error: &req.error,
             retryable: req.retryable,
+            tokens: req.tokens,
         },
     )
     .await
@@ -474,7 +514,7 @@ pub async fn fail(
     responses(
         (status = 200, description = "Task offered again", body = Accepted),
         (status = 404, description = "No such task on this key's queues", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "The lease was lost", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "The lease was lost (after a cancel, the `tokens` reported were charged to the session)", body = Problem, content_type = "application/problem+json"),
     )
 )]
 pub async fn release(
@@ -483,7 +523,14 @@ pub async fn release(
     TaskId(id): TaskId,
     ApiJson(req): ApiJson<ReleaseRequest>,
 ) -> ApiResult<Json<Accepted>> {
-    settle(&state, &caller, id, &req.lease_token, Settlement::Release).await
+    settle(
+        &state,
+        &caller,
+        id,
+        &req.lease_token,
+        Settlement::Release { tokens: req.tokens },
+    )
+    .await
 }
 
 /// The caller's queues: depth, oldest waiting task and workers seen.

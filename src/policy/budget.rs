@@ -118,6 +118,12 @@ pub fn overspent(tokens: u64, allowance: u64) -> Option<Overspent> {
     (tokens > allowance).then_some(Overspent { tokens, allowance })
 }
 
+/// What is charged for usage reported (or estimated) outside a committed
+/// step: the report, at most what the step was allowed.
+pub fn charge(reported: u64, allowance: u64) -> u64 {
+    reported.min(allowance)
+}
+
 /// A rough token count of a text of `bytes` bytes (about four a token),
 /// rounded up: enough to keep a model call inside its allowance.
 pub fn estimate_tokens(bytes: usize) -> u64 {
@@ -158,6 +164,15 @@ mod tests {
         assert_eq!(completion_cap(0, 0, 4_096), None);
         // A zero per-call cap asks for nothing, so no call either.
         assert_eq!(completion_cap(10_000, 1_000, 0), None);
+    }
+
+    #[test]
+    fn a_charge_is_the_report_at_most_the_allowance() {
+        assert_eq!(charge(0, 100), 0);
+        assert_eq!(charge(40, 100), 40);
+        assert_eq!(charge(100, 100), 100);
+        assert_eq!(charge(u64::MAX, 100), 100);
+        assert_eq!(charge(40, 0), 0);
     }
 
     #[test]

@@ -104,6 +104,10 @@ pub struct LoopState {
     /// (at most `HISTORY_WINDOW`): what the gate projects from.
     #[serde(default)]
     pub progress_trail: Vec<ProgressPoint>,
+    /// How much of the session's charges from outside the loop (its
+    /// `tokens_charged`: usage of steps cut short) `usage.tokens` counts.
+    #[serde(default)]
+    pub charges_seen: u64,
 }
 
 fn first_cycle() -> u32 {
@@ -333,6 +337,16 @@ impl LoopState {
         self.pending_end.as_ref().filter(|e| e.review_pending)
     }
 
+    /// Counts the charges made outside the loop that the state has not
+    /// seen yet (`charged`: their sum so far) in its token usage; returns
+    /// how many tokens that added.
+    pub fn absorb_charges(&mut self, charged: u64) -> u64 {
+        let unseen = charged.saturating_sub(self.charges_seen);
+        self.usage.tokens = self.usage.tokens.saturating_add(unseen);
+        self.charges_seen = self.charges_seen.max(charged);
+        unseen
+    }
+
     /// Starts a new run after a person resumed the session: the step count,
     /// nudges, error streak and any unrecorded end start over.
     pub fn begin_run(&mut self, run: i32) {
@@ -392,6 +406,24 @@ impl LoopState {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn charges_are_absorbed_once_and_saturate() {
+        let mut state = LoopState::new(0);
+        state.usage.tokens = 100;
+        assert_eq!(state.absorb_charges(30), 30);
+        assert_eq!(state.usage.tokens, 130);
+        // The same sum again adds nothing; only what is new counts.
+        assert_eq!(state.absorb_charges(30), 0);
+        assert_eq!(state.absorb_charges(45), 15);
+        assert_eq!(state.usage.tokens, 145);
+        // A smaller sum than seen (never written so) adds nothing.
+        assert_eq!(state.absorb_charges(10), 0);
+        assert_eq!(state.charges_seen, 45);
+        state.usage.tokens = u64::MAX - 1;
+        state.absorb_charges(1_000);
+        assert_eq!(state.usage.tokens, u64::MAX);
+    }
     use crate::policy::history::tests::step;
 
     fn effects(elapsed_ms: u64) -> StepEffects {

@@ -2,6 +2,7 @@
 //! their inputs. Nothing here performs I/O or reads a clock, so each rule can
 //! be tested exhaustively and replayed from stored data.
 
+pub mod admission;
 pub mod ambiguity;
 pub mod approval;
 pub mod budget;

@@ -93,12 +93,14 @@ pub trait LoopStore: Send + Sync + 'static {
         own_allowance: u64,
     ) -> impl Future<Output = Result<u64, StoreError>> + Send;
 
-    /// Checkpoints and gives the lease up at shutdown.
+    /// Checkpoints and gives the lease up at shutdown, logging `events`
+    /// (a charge of the step cut short) with the release.
     fn release(
         &self,
         lease: &Lease,
         counters: Counters,
         checkpoint: (i64, &Value),
+        events: &[NewEvent],
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
 }
 
@@ -190,7 +192,8 @@ impl LoopStore for Store {
         lease: &Lease,
         counters: Counters,
         checkpoint: (i64, &Value),
+        events: &[NewEvent],
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
-        Store::release(self, lease, counters, checkpoint)
+        Store::release(self, lease, counters, checkpoint, events)
     }
 }

@@ -74,6 +74,9 @@ pub fn replay(session: &Session, inputs: RebuildInputs) -> LoopState {
     if session.run > state.run {
         state.begin_run(session.run);
     }
+    // Usage charged outside the loop since the state was saved (steps cut
+    // short) counts against the budget from now on.
+    state.absorb_charges(inputs.tokens_charged);
     state
 }
 

@@ -1099,6 +1099,10 @@ impl SessionService {
                 self.commit(tx, id).await?;
             }
             StopPlan::InterruptNow => {
+                // An outcome a worker completed but no run collected is not
+                // applied (the stop wins); its tokens are charged, and so
+                // counted by the state rebuilt next.
+                store::charge_uncollected_outcomes(&mut tx, id, scope).await?;
                 // On the locked connection: never a second one while the lock is held.
                 let state = rebuild_locked(&mut tx, &session).await?;
                 self.end_unowned(&mut tx, &session, scope, &state, Reason::UserStop)
@@ -1184,6 +1188,9 @@ impl SessionService {
             && fleet::owner_watch(l.now, l.lease_expires_at, l.heartbeat_at, heartbeat)
                 == OwnerWatch::Gone
         {
+            // As a stop of an unowned session: the stop wins over an
+            // uncollected outcome, whose tokens are charged.
+            store::charge_uncollected_outcomes(&mut tx, id, scope).await?;
             let state = rebuild_locked(&mut tx, &locked).await?;
             self.end_unowned(&mut tx, &locked, scope, &state, Reason::UserStop)
                 .await?;

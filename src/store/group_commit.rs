@@ -381,14 +381,19 @@ async fn commit_one<'e>(db: impl PgExecutor<'e>, p: &PendingCommit) -> Result<Co
                 <- it.checkpoint.as_ref().map(JsonText::as_str),
             // The fence: the status a running session's row must still have.
             status: &str = "$28::text AS status" <- Status::Running.as_str(),
+            charges_seen: i64 = "$29::bigint AS charges_seen" <- p.counters.charges_seen,
         }
         r#"), s AS (
              UPDATE sessions SET last_event_seq = sessions.last_event_seq + cardinality(i.kinds),
-                    updated_at = now(), iterations = i.iterations, tokens_used = i.tokens_used,
+                    updated_at = now(), iterations = i.iterations,
+                    tokens_used = warden_sat_add(i.tokens_used,
+                        GREATEST(sessions.tokens_charged - i.charges_seen, 0)),
                     tool_calls = i.tool_calls, consecutive_errors = i.consecutive_errors,
                     elapsed_ms = i.elapsed_ms, percent_complete = i.percent, eta_seconds = i.eta,
                     reflection_tokens = i.reflection_tokens,
-                    agent_tokens = i.tokens_used - i.reflection_tokens, guidance = NULL,
+                    agent_tokens = warden_sat_add(i.tokens_used,
+                        GREATEST(sessions.tokens_charged - i.charges_seen, 0)) - i.reflection_tokens,
+                    guidance = NULL,
                     cycle = COALESCE(i.next_cycle, sessions.cycle),
                     memory = COALESCE(i.memory, sessions.memory),
                     last_checkpoint_iteration = CASE WHEN i.checkpoint IS NULL
@@ -477,14 +482,16 @@ async fn commit_many<'e>(
                 <- p.iteration.checkpoint.as_ref().map(JsonText::as_str),
             // The fence: the status a running session's row must still have.
             status: &str = "unnest($27::text[]) AS status" <- Status::Running.as_str(),
+            charges_seen: i64 = "unnest($28::bigint[]) AS charges_seen"
+                <- p.counters.charges_seen,
         }
         // Events, flattened: the session each belongs to and its place among them.
         "), event_input AS (SELECT "
         each((session, ord, e) in events) {
-            event_session: Uuid = "unnest($28::uuid[]) AS id" <- session,
-            event_ord: i32 = "unnest($29::int[]) AS ord" <- ord,
-            event_kind: &str = "unnest($30::text[]) AS kind" <- e.kind,
-            event_data: &str = "unnest($31::text[]) AS data" <- e.data.as_str(),
+            event_session: Uuid = "unnest($29::uuid[]) AS id" <- session,
+            event_ord: i32 = "unnest($30::int[]) AS ord" <- ord,
+            event_kind: &str = "unnest($31::text[]) AS kind" <- e.kind,
+            event_data: &str = "unnest($32::text[]) AS data" <- e.data.as_str(),
         }
         r#"), locked AS (
              -- One primary-key probe per member, in the input's (id) order:
@@ -496,11 +503,15 @@ async fn commit_many<'e>(
                  FOR UPDATE) l
          ), s AS (
              UPDATE sessions SET last_event_seq = sessions.last_event_seq + i.event_count,
-                    updated_at = now(), iterations = i.iterations, tokens_used = i.tokens_used,
+                    updated_at = now(), iterations = i.iterations,
+                    tokens_used = warden_sat_add(i.tokens_used,
+                        GREATEST(sessions.tokens_charged - i.charges_seen, 0)),
                     tool_calls = i.tool_calls, consecutive_errors = i.consecutive_errors,
                     elapsed_ms = i.elapsed_ms, percent_complete = i.percent, eta_seconds = i.eta,
                     reflection_tokens = i.reflection_tokens,
-                    agent_tokens = i.tokens_used - i.reflection_tokens, guidance = NULL,
+                    agent_tokens = warden_sat_add(i.tokens_used,
+                        GREATEST(sessions.tokens_charged - i.charges_seen, 0)) - i.reflection_tokens,
+                    guidance = NULL,
                     cycle = COALESCE(i.next_cycle, sessions.cycle),
                     memory = COALESCE(i.memory, sessions.memory),
                     last_checkpoint_iteration = CASE WHEN i.checkpoint IS NULL

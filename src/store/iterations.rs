@@ -165,8 +165,10 @@ impl Store {
         sqlx::query!(
 "UPDATE sessions SET status = $2, reason = $3, summary = $4, next_steps = $5,
                     checkpoint_saved = true, last_checkpoint_iteration = $6,
-                    iterations = $7, tokens_used = $8, tool_calls = $9, consecutive_errors = $10, elapsed_ms = $11,
-                    reflection_tokens = $12, agent_tokens = $8::bigint - $12::bigint, reason_detail = $13,
+                    iterations = $7, tool_calls = $9, consecutive_errors = $10, elapsed_ms = $11,
+                    tokens_used = warden_sat_add($8, GREATEST(tokens_charged - $16, 0)),
+                    reflection_tokens = $12, reason_detail = $13,
+                    agent_tokens = warden_sat_add($8, GREATEST(tokens_charged - $16, 0)) - $12::bigint,
                     percent_complete = CASE WHEN $14 THEN 100 ELSE percent_complete END,
                     eta_seconds = CASE WHEN $15 THEN eta_seconds ELSE NULL END,
                     stop_requested = false, pause_requested = false,
@@ -188,6 +190,7 @@ counters.reflection_tokens,
 detail,
 completed,
 paused,
+counters.charges_seen,
 )
         .execute(&mut *tx)
         .await?;
@@ -203,13 +206,15 @@ paused,
         lease: &Lease,
         counters: Counters,
         checkpoint: (i64, &Value),
+        charges: &[NewEvent],
     ) -> Result<()> {
         let mut tx = self.pool.begin().await?;
-        let event = NewEvent::from_event(&SessionEvent::LeaseReleased {
+        let mut events = charges.to_vec();
+        events.push(NewEvent::from_event(&SessionEvent::LeaseReleased {
             iteration: checkpoint.0,
             reason: "shutdown".into(),
-        })?;
-        let (last_seq, _) = fenced_update(&mut tx, lease, 1).await?;
+        })?);
+        let (last_seq, _) = fenced_update(&mut tx, lease, events.len()).await?;
         insert_checkpoint(
             &mut tx,
             lease.session_id,
@@ -220,15 +225,20 @@ paused,
         .await?;
         sqlx::query!(
             "UPDATE sessions SET last_checkpoint_iteration = $2, elapsed_ms = $3,
+                    tokens_used = warden_sat_add($4, GREATEST(tokens_charged - $6, 0)),
+                    agent_tokens = warden_sat_add($4, GREATEST(tokens_charged - $6, 0)) - $5::bigint,
                     owner = NULL, lease_token = NULL, lease_expires_at = NULL
              WHERE id = $1",
             lease.session_id,
             checkpoint.0,
             counters.elapsed_ms,
+            counters.tokens_used,
+            counters.reflection_tokens,
+            counters.charges_seen,
         )
         .execute(&mut *tx)
         .await?;
-        self.log_and_commit(tx, lease.session_id, last_seq, &[event])
+        self.log_and_commit(tx, lease.session_id, last_seq, &events)
             .await?;
         Ok(())
     }

@@ -50,10 +50,18 @@ pub async fn rebuild_inputs_on(conn: &mut PgConnection, session_id: Uuid) -> Res
     .fetch_all(&mut *conn)
     .await
     .map_err(|e| undecodable(session_id, "a reflection", e))?;
+    let tokens_charged = sqlx::query_scalar!(
+        "SELECT tokens_charged FROM sessions WHERE id = $1",
+        session_id,
+    )
+    .fetch_optional(&mut *conn)
+    .await?
+    .unwrap_or(0);
     Ok(RebuildInputs {
         checkpoint,
         iterations,
         reflections,
+        tokens_charged: u64::try_from(tokens_charged).unwrap_or(0),
     })
 }
 

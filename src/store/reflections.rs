@@ -29,7 +29,8 @@ impl Store {
         let summary = NewEvent::from_event(&last_reflection.event())?;
         let last: Option<i64> = sqlx::query_scalar!(
             "UPDATE sessions SET last_event_seq = last_event_seq + 1, last_reflection = $3,
-                    tokens_used = $4, reflection_tokens = $5, agent_tokens = $4::bigint - $5::bigint,
+                    tokens_used = warden_sat_add($4, GREATEST(tokens_charged - $11, 0)), reflection_tokens = $5,
+                    agent_tokens = warden_sat_add($4, GREATEST(tokens_charged - $11, 0)) - $5::bigint,
                     percent_complete = COALESCE($6, percent_complete),
                     eta_seconds = COALESCE($7, eta_seconds), criteria = $8, milestones = $9,
                     updated_at = now()
@@ -45,6 +46,7 @@ impl Store {
             Json(criteria) as _,
             Json(milestones) as _,
             Status::Running as Status,
+            counters.charges_seen,
         )
         .fetch_optional(&mut *tx)
         .await?;

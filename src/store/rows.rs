@@ -184,6 +184,9 @@ pub struct Counters {
     pub elapsed_ms: i64,
     /// Tokens spent on reflection (part of `tokens_used`).
     pub reflection_tokens: i64,
+    /// How much of the session's outside charges `tokens_used` counts
+    /// (`LoopState::charges_seen`): a write adds the rest.
+    pub charges_seen: i64,
 }
 
 impl Counters {
@@ -198,8 +201,9 @@ impl Counters {
         }
     }
 
-    /// Counters from guardrail usage and the reflection share of its tokens.
-    pub fn from_usage(u: &Usage, reflection_tokens: u64) -> Counters {
+    /// Counters from guardrail usage, the reflection share of its tokens
+    /// and the outside charges it counts.
+    pub fn from_usage(u: &Usage, reflection_tokens: u64, charges_seen: u64) -> Counters {
         let big = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
         Counters {
             iterations: big(u.iterations),
@@ -208,6 +212,7 @@ impl Counters {
             consecutive_errors: i32::try_from(u.consecutive_errors).unwrap_or(i32::MAX),
             elapsed_ms: big(u.elapsed_ms),
             reflection_tokens: big(reflection_tokens),
+            charges_seen: big(charges_seen),
         }
     }
 }
@@ -339,6 +344,8 @@ impl Session {
             consecutive_errors: self.consecutive_errors,
             elapsed_ms: self.elapsed_ms,
             reflection_tokens: self.reflection_tokens,
+            // Read for usage only: a row's counters are never written back.
+            charges_seen: 0,
         }
     }
 
@@ -807,6 +814,8 @@ pub struct RebuildInputs {
     pub iterations: Vec<IterationRecord>,
     /// Reflections after those iterations, in order.
     pub reflections: Vec<ReflectionRecord>,
+    /// The sum of the session's charges from outside its loop.
+    pub tokens_charged: u64,
 }
 
 /// An attempt at running a session, as counted when a rescue took it over.

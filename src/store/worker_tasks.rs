@@ -11,7 +11,10 @@ use sqlx::PgConnection;
 use sqlx::types::Json;
 use uuid::Uuid;
 
-use super::{Result, Store, TenantScope};
+use super::rows::NewEvent;
+use super::{Result, Store, TenantScope, event_log};
+use crate::event::{ChargeSource, SessionEvent};
+use crate::policy::budget;
 use crate::policy::worker::{self, BeatFacts, BeatReason, BeatVerdict};
 
 /// The Postgres channel that announces a task offered or ended, so waiting
@@ -98,6 +101,10 @@ pub enum LeaseCheck<T> {
     NotFound,
     /// The lease is no longer this token's.
     Lost,
+    /// The step was given up (stopped, paused, superseded, its lease
+    /// lapsed): what the call reported is not taken, but the usage it
+    /// reported was charged to the session (this many tokens, once per lease).
+    Charged(u64),
     /// Done.
     Held(T),
 }
@@ -497,7 +504,7 @@ impl Store {
                  ORDER BY t.offered_at, t.id LIMIT 1 FOR UPDATE OF t SKIP LOCKED)
                UPDATE worker_tasks w SET state = 'claimed', lease_digest = $3,
                       lease_expires_at = now() + make_interval(secs => w.heartbeat_timeout_ms / 1000.0),
-                      claimed_at = now(), worker = $4, updated_at = now()
+                      claimed_at = now(), worker = $4, charged_tokens = NULL, updated_at = now()
                FROM next WHERE w.id = next.id
                RETURNING w.id, w.lease_expires_at AS "lease_expires_at!", w.heartbeat_timeout_ms,
                          w.session_id, w.tenant, w.queue, w.labels AS "labels: serde_json::Value",
@@ -658,7 +665,12 @@ impl Store {
             return Ok(LeaseCheck::Held(()));
         }
         if row.state != "claimed" || !row.live || row.stop_requested || row.status != "running" {
-            return Ok(LeaseCheck::Lost);
+            // Given up: the outcome is never taken, the usage is (once).
+            let check = self
+                .charge_after_cancel(&mut tx, id, &row, settlement.reported_tokens())
+                .await?;
+            tx.commit().await?;
+            return Ok(check);
         }
         match settlement {
             Settlement::Complete(outcome) => {
@@ -671,7 +683,9 @@ impl Store {
                 .execute(&mut *tx)
                 .await?;
             }
-            Settlement::Fail { error, retryable } => {
+            Settlement::Fail {
+                error, retryable, ..
+            } => {
                 sqlx::query!(
                     "UPDATE worker_tasks SET state = 'failed', last_error = $2, retryable = $3,
                             updated_at = now()
@@ -683,7 +697,7 @@ impl Store {
                 .execute(&mut *tx)
                 .await?;
             }
-            Settlement::Release => {
+            Settlement::Release { .. } => {
                 sqlx::query!(
                     "UPDATE worker_tasks SET state = 'pending', lease_digest = NULL,
                             lease_expires_at = NULL, worker = NULL, updated_at = now()
@@ -697,12 +711,60 @@ impl Store {
         row.seen_holding(&mut tx, None).await?;
         let change = WorkerChange {
             task: Some(id),
-            offered: matches!(settlement, Settlement::Release),
+            offered: matches!(settlement, Settlement::Release { .. }),
         };
         self.announce_workers(&mut tx, change).await?;
         tx.commit().await?;
         self.workers_changed_locally(change);
         Ok(LeaseCheck::Held(()))
+    }
+
+    /// What a call of the lease holder on a task whose step was given up
+    /// gets: the usage it reports is charged once per lease (the same
+    /// report again answers the first charge), its outcome never taken.
+    async fn charge_after_cancel(
+        &self,
+        conn: &mut PgConnection,
+        id: Uuid,
+        row: &LockedTask,
+        reported: u64,
+    ) -> Result<LeaseCheck<()>> {
+        if let Some(charged) = row.charged_tokens {
+            return Ok(LeaseCheck::Charged(u64::try_from(charged).unwrap_or(0)));
+        }
+        if !row.given_up() || reported == 0 {
+            return Ok(LeaseCheck::Lost);
+        }
+        let charge = Charge {
+            session_id: row.session_id,
+            tenant: &row.tenant,
+            source: ChargeSource::WorkerAfterCancel,
+            iteration: row.iteration,
+            reported,
+            allowance: u64::try_from(row.allowance).unwrap_or(0),
+        };
+        let tokens = charge_session(conn, &charge).await?;
+        sqlx::query!(
+            "UPDATE worker_tasks SET charged_tokens = $2, updated_at = now() WHERE id = $1",
+            id,
+            i64::try_from(tokens).unwrap_or(i64::MAX),
+        )
+        .execute(&mut *conn)
+        .await?;
+        Ok(LeaseCheck::Charged(tokens))
+    }
+
+    /// [`charge_uncollected_outcomes`] in a transaction of its own: a
+    /// step cut short by a stop after its worker completed it.
+    pub async fn charge_uncollected_outcomes_of(
+        &self,
+        session_id: Uuid,
+        scope: &TenantScope,
+    ) -> Result<u64> {
+        let mut tx = self.pool.begin().await?;
+        let charged = charge_uncollected_outcomes(&mut tx, session_id, scope).await?;
+        tx.commit().await?;
+        Ok(charged)
     }
 
     /// Depth and oldest task of every queue with a waiting task or a worker
@@ -799,9 +861,128 @@ pub enum Settlement<'a> {
         error: &'a str,
         /// Whether another attempt may succeed.
         retryable: bool,
+        /// Tokens the worker spent (charged only after a cancel).
+        tokens: u64,
     },
     /// Given back without counting an attempt.
-    Release,
+    Release {
+        /// Tokens the worker spent (charged only after a cancel).
+        tokens: u64,
+    },
+}
+
+impl Settlement<'_> {
+    /// The tokens the worker says it spent: an outcome's `tokens`, or
+    /// what a failure or a release reports.
+    pub fn reported_tokens(&self) -> u64 {
+        match self {
+            Settlement::Complete(outcome) => outcome_tokens(outcome),
+            Settlement::Fail { tokens, .. } | Settlement::Release { tokens } => *tokens,
+        }
+    }
+}
+
+/// The `tokens` of a step outcome (0 when missing or not a count).
+fn outcome_tokens(outcome: &serde_json::Value) -> u64 {
+    outcome
+        .get("tokens")
+        .and_then(serde_json::Value::as_u64)
+        .unwrap_or(0)
+}
+
+/// A charge of tokens to a session outside its loop.
+struct Charge<'a> {
+    session_id: Uuid,
+    tenant: &'a str,
+    source: ChargeSource,
+    iteration: i64,
+    /// What was reported (or estimated).
+    reported: u64,
+    /// The step's allowance: the most that is charged.
+    allowance: u64,
+}
+
+/// Charges a session (of `charge.tenant` only) outside its loop: at most
+/// the step's allowance, added (saturating) to `tokens_used` and to the
+/// charges a run folds into its budget (`tokens_charged`), with a
+/// `usage_charged` event; never its status or outcome. Returns the tokens
+/// charged (0 charges nothing and writes nothing).
+async fn charge_session(conn: &mut PgConnection, charge: &Charge<'_>) -> Result<u64> {
+    let tokens = budget::charge(charge.reported, charge.allowance);
+    if tokens == 0 {
+        return Ok(0);
+    }
+    let amount = i64::try_from(tokens).unwrap_or(i64::MAX);
+    let charged = sqlx::query!(
+        "UPDATE sessions SET tokens_charged = warden_sat_add(tokens_charged, $2),
+                tokens_used = warden_sat_add(tokens_used, $2),
+                agent_tokens = warden_sat_add(agent_tokens, $2), updated_at = now()
+         WHERE id = $1 AND tenant = $3",
+        charge.session_id,
+        amount,
+        charge.tenant,
+    )
+    .execute(&mut *conn)
+    .await?;
+    if charged.rows_affected() == 0 {
+        return Ok(0);
+    }
+    let event = NewEvent::from_event(&SessionEvent::UsageCharged {
+        source: charge.source,
+        iteration: u64::try_from(charge.iteration).unwrap_or(0),
+        tokens,
+        reported: charge.reported,
+    })?;
+    event_log::append(conn, charge.session_id, &[event]).await?;
+    tracing::info!(session = %charge.session_id, tokens, source = ?charge.source, "usage charged outside the loop");
+    Ok(tokens)
+}
+
+/// Charges the tokens of every outcome of session `session_id` that was
+/// completed but not collected (a stop won over it), and cancels those
+/// tasks (`stopped`): the outcome is never applied, not even by a resume.
+/// Returns the tokens charged.
+pub async fn charge_uncollected_outcomes(
+    conn: &mut PgConnection,
+    session_id: Uuid,
+    scope: &TenantScope,
+) -> Result<u64> {
+    let rows = sqlx::query!(
+        r#"SELECT t.id, t.tenant, t.iteration, t.outcome AS "outcome: serde_json::Value",
+                  coalesce((t.context->>'token_allowance')::bigint, 0) AS "allowance!"
+           FROM worker_tasks t JOIN sessions s ON s.id = t.session_id
+           WHERE t.session_id = $1 AND t.state = 'completed' AND t.iteration > s.iterations
+             AND ($2::text IS NULL OR t.tenant = $2)
+           FOR UPDATE OF t"#,
+        session_id,
+        scope.tenant(),
+    )
+    .fetch_all(&mut *conn)
+    .await?;
+    let mut total = 0u64;
+    for row in rows {
+        let charge = Charge {
+            session_id,
+            tenant: &row.tenant,
+            source: ChargeSource::UncollectedOutcome,
+            iteration: row.iteration,
+            reported: row.outcome.as_ref().map_or(0, outcome_tokens),
+            allowance: u64::try_from(row.allowance).unwrap_or(0),
+        };
+        let tokens = charge_session(conn, &charge).await?;
+        sqlx::query!(
+            "UPDATE worker_tasks SET state = 'cancelled', cancel_reason = $2, charged_tokens = $3,
+                    updated_at = now()
+             WHERE id = $1",
+            row.id,
+            BeatReason::Stopped.as_str(),
+            i64::try_from(tokens).unwrap_or(i64::MAX),
+        )
+        .execute(&mut *conn)
+        .await?;
+        total = total.saturating_add(tokens);
+    }
+    Ok(total)
 }
 
 /// A task locked for a heartbeat or a settlement, with what its session
@@ -818,9 +999,21 @@ struct LockedTask {
     stop_requested: bool,
     pause_requested: bool,
     status: String,
+    session_id: Uuid,
+    iteration: i64,
+    charged_tokens: Option<i64>,
 }
 
 impl LockedTask {
+    /// Whether the step of the task was given up while this lease held it
+    /// (cancelled, or its session stopped or no longer running, or the
+    /// lease lapsed): its worker's usage may be charged, its outcome not taken.
+    fn given_up(&self) -> bool {
+        self.state == "cancelled"
+            || (self.state == "claimed"
+                && (!self.live || self.stop_requested || self.status != "running"))
+    }
+
     /// Whether `token` is this task's lease token.
     fn held_by(&self, token: &str) -> bool {
         self.lease_digest.as_deref() == Some(digest(token).as_slice())
@@ -858,7 +1051,8 @@ async fn lock_task(
         r#"SELECT t.state, t.lease_digest, t.lease_expires_at > now() AS "live!",
                   t.cancel_reason, t.tenant, t.queue, t.worker,
                   coalesce((t.context->>'token_allowance')::bigint, 0) AS "allowance!",
-                  s.stop_requested, s.pause_requested, s.status
+                  s.stop_requested, s.pause_requested, s.status,
+                  t.session_id, t.iteration, t.charged_tokens
            FROM worker_tasks t JOIN sessions s ON s.id = t.session_id
            WHERE t.id = $1 AND ($2::text IS NULL OR t.tenant = $2)
              AND ($3::text[] IS NULL OR t.queue = ANY($3))

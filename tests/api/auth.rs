@@ -772,7 +772,10 @@ async fn keys_and_db_dump_work_on_the_embedded_data_directory() {
         "a key's secret is never stored, so never dumped"
     );
     let (ok, _, err) = warden(&["db", "dump", "extra"]);
-    assert!(!ok && err.contains("usage: warden db dump"), "{err}");
+    assert!(
+        !ok && err.contains("'extra'") && err.contains("Usage: warden db dump"),
+        "{err}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 

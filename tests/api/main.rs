@@ -7,6 +7,7 @@
 
 mod common;
 
+mod admission;
 mod approvals;
 mod auth;
 mod children;

@@ -1,7 +1,11 @@
-//! MCP tools for the model agent, against a real MCP server: the Python
-//! fixture `tests/fixtures/mcp/server.py` (FastMCP, the `mcp` package, in
-//! the venv `scripts/mcp-fixture-venv` makes), over stdio and over
-//! Streamable HTTP on loopback, with the fake model driving the calls.
+//! MCP tools for the model agent, against a real MCP server: the fixture
+//! `warden-mcp-fixture` (src/bin/warden-mcp-fixture.rs, rmcp's server side,
+//! which Cargo builds for these tests), over stdio and over Streamable HTTP
+//! on loopback, with the fake model driving the calls. The end-to-end run
+//! (e2e/mcp.test.mjs) checks Warden against the Python and TypeScript SDKs'
+//! servers as well. A build without the `mcp-fixture` feature (on by
+//! default) has no fixture, and so none of these tests.
+#![cfg(feature = "mcp-fixture")]
 
 use crate::common;
 
@@ -14,33 +18,9 @@ use reqwest::StatusCode;
 use serde_json::{Value, json};
 use sqlx::PgPool;
 
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
-/// The fixture venv's Python; a missing venv fails the test, naming the fix.
-fn fixture_python() -> PathBuf {
-    let venv = std::env::var_os("MCP_FIXTURE_VENV")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| root().join("target/mcp-fixture-venv"));
-    let python = venv.join("bin/python");
-    let ready = std::process::Command::new(&python)
-        .args(["-c", "import mcp.server.fastmcp"])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    assert!(
-        ready,
-        "the MCP fixture needs Python with the `mcp` package in {}: run scripts/mcp-fixture-venv first",
-        venv.display()
-    );
-    python
-}
-
-fn fixture_script() -> String {
-    root()
-        .join("tests/fixtures/mcp/server.py")
-        .to_string_lossy()
-        .to_string()
+/// The fixture server's binary, built by Cargo beside the tests.
+fn fixture() -> &'static str {
+    env!("CARGO_BIN_EXE_warden-mcp-fixture")
 }
 
 /// A scratch directory for one test: its MCP config and the fixture's call log.
@@ -69,8 +49,8 @@ impl Scratch {
     /// A stdio server declaration running the fixture, with `extra` fields.
     fn stdio(&self, extra: Value) -> Value {
         let mut server = json!({
-            "command": fixture_python().to_string_lossy(),
-            "args": [fixture_script()],
+            "command": fixture(),
+            "args": [],
             "env": { "MCP_FIXTURE_LOG": self.log().to_string_lossy() },
         });
         if let (Some(s), Some(e)) = (server.as_object_mut(), extra.as_object()) {
@@ -102,8 +82,8 @@ struct HttpFixture {
 impl HttpFixture {
     async fn start(log: &Path) -> HttpFixture {
         let port = common::free_port();
-        let child = std::process::Command::new(fixture_python())
-            .args([fixture_script(), "--http".into(), port.to_string()])
+        let child = std::process::Command::new(fixture())
+            .args(["--http", &port.to_string()])
             .env("MCP_FIXTURE_LOG", log)
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null())

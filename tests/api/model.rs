@@ -563,6 +563,27 @@ async fn stop_abandons_an_in_flight_model_call() {
     );
     assert_eq!(s["status"], "interrupted");
     assert_eq!(s["iterations"], 0);
+    // The abandoned call is charged its prompt's estimate (about four bytes
+    // a token; the call does not stream, so nothing more), as an event.
+    let request = &fake.agent_requests()[0];
+    let prompt_bytes = request["messages"].to_string().len() + request["tools"].to_string().len();
+    let charged = s["tokens_used"].as_u64().expect("tokens_used");
+    assert!(
+        charged >= prompt_bytes as u64 / 6 && charged <= prompt_bytes as u64 / 3,
+        "{charged} tokens for a prompt of {prompt_bytes} bytes"
+    );
+    let charges: Vec<Value> = app
+        .events(&id)
+        .await
+        .into_iter()
+        .filter(|e| e["kind"] == "usage_charged")
+        .map(|e| e["data"].clone())
+        .collect();
+    assert_eq!(
+        charges,
+        [json!({ "source": "abandoned_model_call", "iteration": 1,
+                 "tokens": charged, "reported": charged })]
+    );
 }
 
 mod webhook_agent {

@@ -547,3 +547,160 @@ async fn a_worker_asks_approval_for_an_action_and_its_next_task_carries_the_reje
     let s = app.wait_settled(&id).await;
     assert_eq!(s["status"], "completed", "{s}");
 }
+
+/// A worker session on `queue` with a token budget of `max_tokens`.
+async fn budgeted_worker_session(app: &TestApp, queue: &str, max_tokens: u64) -> String {
+    let doc = app
+        .create(json!({
+            "goal": "Create README.md with a project description",
+            "mode": "continuous",
+            "limits": { "max_tokens": max_tokens, "max_iterations": 50 },
+            "executor": { "kind": "worker", "queue": queue },
+        }))
+        .await;
+    doc["id"].as_str().expect("id").to_string()
+}
+
+/// The `usage_charged` events of a session.
+async fn charges(app: &TestApp, id: &str) -> Vec<Value> {
+    app.events(id)
+        .await
+        .into_iter()
+        .filter(|e| e["kind"] == "usage_charged")
+        .map(|e| e["data"].clone())
+        .collect()
+}
+
+#[tokio::test]
+async fn a_worker_stopped_mid_step_is_charged_once_what_it_reports_after_the_cancel() {
+    let db = TestDb::new().await;
+    let app = TestApp::spawn(db.pool.clone()).await;
+    let worker = Worker::new(
+        &app,
+        &worker_key(&app, common::TEST_TENANT, &["charged"]).await,
+    );
+    let id = budgeted_worker_session(&app, "charged", 10_000).await;
+    let task = worker.claim(5_000).await.expect("a task");
+    assert_eq!(task["context"]["token_allowance"], 10_000);
+
+    let (status, body) = app.post(&format!("/api/autonomous/{id}/stop"), None).await;
+    assert!(status.is_success(), "{status}: {body}");
+    let s = app.wait_settled(&id).await;
+    assert_eq!(s["status"], "interrupted", "{s}");
+    assert_eq!(s["tokens_used"], 0, "nothing reported yet");
+    let (status, beat) = worker.task(&task, "heartbeat", json!({})).await;
+    assert_eq!(status, StatusCode::OK, "{beat}");
+    assert_eq!(beat["cancel"], true);
+
+    // The worker gives the step up and says what it spent: charged, once.
+    let report = json!({ "error": "cancelled", "retryable": false, "tokens": 120 });
+    for _ in 0..2 {
+        let (status, body) = worker.task(&task, "fail", report.clone()).await;
+        assert_eq!(status, StatusCode::CONFLICT, "{body}");
+        assert!(
+            body["detail"].as_str().unwrap_or("").contains("120 tokens"),
+            "{body}"
+        );
+    }
+    let (status, s) = app.get(&format!("/api/autonomous/{id}")).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(s["tokens_used"], 120, "{s}");
+    assert_eq!(s["status"], "interrupted", "the status is unchanged");
+    assert_eq!(s["iterations"], 0);
+    assert_eq!(
+        charges(&app, &id).await,
+        [
+            json!({ "source": "worker_after_cancel", "iteration": 1, "tokens": 120, "reported": 120 })
+        ]
+    );
+    // A release with another report under the same lease charges nothing more.
+    let (status, _) = worker
+        .task(&task, "release", json!({ "tokens": 500 }))
+        .await;
+    assert_eq!(status, StatusCode::CONFLICT);
+    let (_, s) = app.get(&format!("/api/autonomous/{id}")).await;
+    assert_eq!(s["tokens_used"], 120, "{s}");
+}
+
+#[tokio::test]
+async fn a_completion_after_a_stop_is_never_applied_and_its_tokens_are_capped_at_the_allowance() {
+    let db = TestDb::new().await;
+    let app = TestApp::spawn(db.pool.clone()).await;
+    let worker = Worker::new(
+        &app,
+        &worker_key(&app, common::TEST_TENANT, &["capped"]).await,
+    );
+    let id = budgeted_worker_session(&app, "capped", 500).await;
+    let task = worker.claim(5_000).await.expect("a task");
+    let (status, body) = app.post(&format!("/api/autonomous/{id}/stop"), None).await;
+    assert!(status.is_success(), "{status}: {body}");
+    app.wait_settled(&id).await;
+
+    let late = json!({ "outcome": {
+        "action": "report", "tokens": 1_000_000_000_000u64, "output": "README.md written",
+        "signal": "done", "reason": "done"
+    } });
+    let (status, body) = worker.task(&task, "complete", late).await;
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+    let (_, s) = app.get(&format!("/api/autonomous/{id}")).await;
+    assert_eq!(
+        s["status"], "interrupted",
+        "the outcome is not applied: {s}"
+    );
+    assert_eq!(s["iterations"], 0);
+    assert_eq!(s["tokens_used"], 500, "capped at the step's allowance: {s}");
+    assert_eq!(
+        charges(&app, &id).await,
+        [
+            json!({ "source": "worker_after_cancel", "iteration": 1, "tokens": 500,
+                 "reported": 1_000_000_000_000u64 })
+        ]
+    );
+    assert!(app.iterations(&id).await.is_empty());
+}
+
+#[tokio::test]
+async fn usage_reported_after_a_pause_counts_against_the_budget_of_the_next_step() {
+    let db = TestDb::new().await;
+    let app = TestApp::spawn(db.pool.clone()).await;
+    let worker = Worker::new(
+        &app,
+        &worker_key(&app, common::TEST_TENANT, &["paused"]).await,
+    );
+    let id = budgeted_worker_session(&app, "paused", 1_000).await;
+    let task = worker.claim(5_000).await.expect("a task");
+    let (status, body) = app.post(&format!("/api/autonomous/{id}/pause"), None).await;
+    assert!(status.is_success(), "{status}: {body}");
+    let (status, beat) = worker.task(&task, "heartbeat", json!({})).await;
+    assert_eq!(status, StatusCode::OK, "{beat}");
+    assert_eq!(beat["cancel"], true);
+    assert_eq!(beat["reason"], "paused");
+    let (status, body) = worker
+        .task(&task, "release", json!({ "tokens": 300 }))
+        .await;
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+    let s = app.wait_settled(&id).await;
+    assert_eq!(s["status"], "paused", "{s}");
+    common::eventually(Duration::from_secs(5), "the charge to show", || async {
+        let (_, s) = app.get(&format!("/api/autonomous/{id}")).await;
+        s["tokens_used"] == 300
+    })
+    .await;
+
+    let (status, body) = app
+        .post(&format!("/api/autonomous/{id}/resume"), None)
+        .await;
+    assert!(status.is_success(), "{status}: {body}");
+    let again = worker.claim(5_000).await.expect("the step offered again");
+    assert_eq!(again["iteration"], 1);
+    assert_eq!(
+        again["context"]["token_allowance"], 700,
+        "the charge came out of the budget"
+    );
+    let done = json!({ "outcome": { "action": "report", "tokens": 50, "output": "ok", "signal": "done" } });
+    let (status, _) = worker.task(&again, "complete", done).await;
+    assert_eq!(status, StatusCode::OK);
+    let s = app.wait_settled(&id).await;
+    assert_eq!(s["status"], "completed", "{s}");
+    assert_eq!(s["tokens_used"], 350, "the charge stays counted: {s}");
+}

@@ -10,7 +10,7 @@ use chrono::{DateTime, Utc};
 use super::gate::Gated;
 use super::plan::StepOutcome;
 use super::{Flow, Runner};
-use crate::event::{AbandonedBecause, SessionEvent};
+use crate::event::{AbandonedBecause, ChargeSource, SessionEvent};
 use crate::executor::{ExecutorError, Interruption, StepContext, StepOutput, StepResult};
 use crate::policy::budget;
 use crate::policy::delegation::{self, ParentNext};
@@ -43,12 +43,13 @@ impl Executed {
     }
 }
 
-/// What happened to the step in flight.
+/// What happened to the step in flight; a step cut short carries the
+/// charge of what it spent that no answer reported, if anything.
 enum StepEnd {
     Done(Result<StepResult, ExecutorError>),
-    Stopped,
-    Shutdown,
-    TimedOut,
+    Stopped(Option<SessionEvent>),
+    Shutdown(Option<SessionEvent>),
+    TimedOut(Option<SessionEvent>),
 }
 
 impl<S: LoopStore> Runner<S> {
@@ -86,17 +87,20 @@ impl<S: LoopStore> Runner<S> {
         });
         let mut result = match self.run_executor(step, allowance, &children).await {
             StepEnd::Done(result) => result,
-            StepEnd::Stopped => {
+            StepEnd::Stopped(charge) => {
                 return self
-                    .abandon(decision, step, AbandonedBecause::UserStop)
+                    .abandon(decision, step, AbandonedBecause::UserStop, charge)
                     .await;
             }
-            StepEnd::TimedOut => {
+            StepEnd::TimedOut(charge) => {
                 return self
-                    .abandon(decision, step, AbandonedBecause::Timeout)
+                    .abandon(decision, step, AbandonedBecause::Timeout, charge)
                     .await;
             }
-            StepEnd::Shutdown => return Ok(Flow::Exit(self.release().await?)),
+            StepEnd::Shutdown(charge) => {
+                let charges = Vec::from_iter(charge);
+                return Ok(Flow::Exit(self.release_with(&charges).await?));
+            }
         };
         let sanitized = self.make_storable(step, &mut result);
         let reported_tokens = crate::executor::bound_usage(&mut result, allowance);
@@ -122,7 +126,7 @@ impl<S: LoopStore> Runner<S> {
             // and a resume offers the step again.
             Ok(StepResult::Abandoned) => {
                 return self
-                    .abandon(decision, step, AbandonedBecause::UserPause)
+                    .abandon(decision, step, AbandonedBecause::UserPause, None)
                     .await;
             }
         };
@@ -178,13 +182,15 @@ impl<S: LoopStore> Runner<S> {
         decision: SessionEvent,
         step: u64,
         why: AbandonedBecause,
+        charge: Option<SessionEvent>,
     ) -> Result<Flow<Executed>, StoreError> {
         let reason = match why {
             AbandonedBecause::UserStop => Reason::UserStop,
             AbandonedBecause::Timeout => Reason::Timeout,
             AbandonedBecause::UserPause => Reason::UserPause,
         };
-        let events = vec![decision, SessionEvent::StepAbandoned { step, why }];
+        let mut events = vec![decision, SessionEvent::StepAbandoned { step, why }];
+        events.extend(charge);
         Ok(Flow::Exit(self.finish(reason, None, events).await?))
     }
 
@@ -210,22 +216,45 @@ impl<S: LoopStore> Runner<S> {
         };
         let end = tokio::select! {
             biased;
-            _ = self.control.stop.cancelled() => StepEnd::Stopped,
-            _ = self.control.shutdown.cancelled() => StepEnd::Shutdown,
-            _ = tokio::time::sleep(Duration::from_millis(remaining)) => StepEnd::TimedOut,
+            _ = self.control.stop.cancelled() => StepEnd::Stopped(None),
+            _ = self.control.shutdown.cancelled() => StepEnd::Shutdown(None),
+            _ = tokio::time::sleep(Duration::from_millis(remaining)) => StepEnd::TimedOut(None),
             result = self.executor.execute(ctx) => StepEnd::Done(result),
         };
         // The executor hears why its step was cut short: a worker's task
         // is given up on a stop, and kept for the next run on a drain.
         let why = match end {
-            StepEnd::Done(_) => None,
-            StepEnd::Stopped | StepEnd::TimedOut => Some(Interruption::Stopped),
-            StepEnd::Shutdown => Some(Interruption::Draining),
+            StepEnd::Done(_) => return end,
+            StepEnd::Stopped(_) | StepEnd::TimedOut(_) => Interruption::Stopped,
+            StepEnd::Shutdown(_) => Interruption::Draining,
         };
-        if let Some(why) = why {
-            self.executor.interrupted(why).await;
+        self.executor.interrupted(why).await;
+        let charge = self.charge_unreported(step, allowance);
+        match end {
+            StepEnd::Stopped(_) => StepEnd::Stopped(charge),
+            StepEnd::TimedOut(_) => StepEnd::TimedOut(charge),
+            StepEnd::Shutdown(_) => StepEnd::Shutdown(charge),
+            StepEnd::Done(result) => StepEnd::Done(result),
         }
-        end
+    }
+
+    /// What the step cut short spent that no answer will report (an
+    /// abandoned model call), at most its allowance, counted in the usage
+    /// the end writes; its event, when there is anything to charge.
+    fn charge_unreported(&mut self, step: u64, allowance: u64) -> Option<SessionEvent> {
+        let reported = self.executor.take_unreported_tokens();
+        let tokens = budget::charge(reported, allowance);
+        if tokens == 0 {
+            return None;
+        }
+        self.state.usage.tokens = self.state.usage.tokens.saturating_add(tokens);
+        tracing::info!(step, tokens, "abandoned model call charged");
+        Some(SessionEvent::UsageCharged {
+            source: ChargeSource::AbandonedModelCall,
+            iteration: step,
+            tokens,
+            reported,
+        })
     }
 
     /// Agent output is made storable before anything commits it, and held to

@@ -67,7 +67,11 @@ impl<S: LoopStore> Runner<S> {
             &self.lease,
             &record,
             detail.as_deref(),
-            Counters::from_usage(&usage, self.state.reflection.tokens),
+            Counters::from_usage(
+                &usage,
+                self.state.reflection.tokens,
+                self.state.charges_seen,
+            ),
             (usage.iterations as i64, &snapshot),
             &events,
         ))
@@ -78,6 +82,15 @@ impl<S: LoopStore> Runner<S> {
 
     /// Checkpoints and gives the lease up: the process is shutting down.
     pub(super) async fn release(&mut self) -> Result<Exit, StoreError> {
+        self.release_with(&[]).await
+    }
+
+    /// As [`Runner::release`], logging the charges of a step it cut short.
+    pub(super) async fn release_with(
+        &mut self,
+        charges: &[SessionEvent],
+    ) -> Result<Exit, StoreError> {
+        let charges = event_codec::encode(charges)?;
         let usage = self.current_usage();
         self.state.usage = usage;
         self.state.last_checkpoint_step = usage.iterations;
@@ -85,8 +98,13 @@ impl<S: LoopStore> Runner<S> {
         self.view.close();
         Box::pin(self.store.release(
             &self.lease,
-            Counters::from_usage(&usage, self.state.reflection.tokens),
+            Counters::from_usage(
+                &usage,
+                self.state.reflection.tokens,
+                self.state.charges_seen,
+            ),
             (usage.iterations as i64, &snapshot),
+            &charges,
         ))
         .await?;
         Ok(Exit::Released)

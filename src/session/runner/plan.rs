@@ -133,7 +133,7 @@ pub fn plan_commit(
         });
     }
     let row = RowChange {
-        counters: Counters::from_usage(&state.usage, state.reflection.tokens),
+        counters: Counters::from_usage(&state.usage, state.reflection.tokens, state.charges_seen),
         percent_complete: effects.percent_complete,
         eta_seconds: loop_state::eta_seconds(effects.percent_complete, effects.elapsed_ms),
         next_cycle: iteration.next_cycle.clone(),
@@ -367,6 +367,7 @@ mod tests {
                 consecutive_errors: 0,
                 elapsed_ms: 5_000,
                 reflection_tokens: 0,
+                charges_seen: 0,
             }
         );
         assert_eq!(

@@ -232,6 +232,7 @@ impl<S: LoopStore> Runner<S> {
                 ..next.usage
             },
             next.reflection.tokens,
+            next.charges_seen,
         );
         let commit = ReflectionCommit {
             record: &record,

@@ -156,6 +156,7 @@ impl LoopStore for FakeStore {
         _lease: &Lease,
         _counters: Counters,
         _checkpoint: (i64, &Value),
+        _events: &[NewEvent],
     ) -> Result<(), StoreError> {
         self.written().released = true;
         Ok(())

@@ -1,0 +1,139 @@
+//! The `warden` command line: clap parses it (`--help` at every level,
+//! errors that name the flag, shell completions), one file per command
+//! group runs it. No command starts the service (`src/main.rs`).
+
+use std::process::ExitCode;
+
+use clap::{CommandFactory, Parser, Subcommand};
+
+mod archive;
+mod config;
+mod db;
+mod healthcheck;
+mod keys;
+mod secrets;
+mod store;
+mod tenants;
+
+/// Runs and supervises long-running autonomous agent sessions.
+///
+/// With no command, starts the service: reads its settings from the
+/// environment (`warden config` shows them), serves the API on
+/// WARDEN_LISTEN_ADDR and runs sessions until SIGINT or SIGTERM.
+#[derive(Debug, Parser)]
+#[command(name = "warden", version)]
+pub struct Cli {
+    /// What to do instead of serving.
+    #[command(subcommand)]
+    pub command: Option<Command>,
+}
+
+/// The commands beside serving.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Print the OpenAPI document of the HTTP API (JSON)
+    Openapi,
+    /// Ask this machine's Warden for /readyz: exit 0 when ready
+    ///
+    /// For container health checks (the runtime image has no curl): asks
+    /// WARDEN_LISTEN_ADDR, on 127.0.0.1 when it listens on every address.
+    Healthcheck,
+    /// Create, list and revoke API keys straight in the database
+    #[command(subcommand)]
+    Keys(keys::KeysCommand),
+    /// Rotate the secret key, see what each key seals, drop keys that seal nothing
+    #[command(subcommand)]
+    Secrets(secrets::SecretsCommand),
+    /// The tenants' share of the queue, running caps and tree limits
+    #[command(subcommand)]
+    Tenants(tenants::TenantsCommand),
+    /// The embedded PostgreSQL
+    #[command(subcommand)]
+    Db(db::DbCommand),
+    /// Print every setting with the value in effect and where it came from
+    Config(config::ConfigArgs),
+    /// Sessions archived past their retention
+    #[command(subcommand)]
+    Archive(archive::ArchiveCommand),
+    /// Print a shell completion script
+    ///
+    /// e.g. `warden completions bash > /etc/bash_completion.d/warden`,
+    /// `warden completions zsh > "${fpath[1]}/_warden"`,
+    /// `warden completions fish > ~/.config/fish/completions/warden.fish`.
+    Completions {
+        /// The shell to complete in
+        shell: clap_complete::Shell,
+    },
+}
+
+/// The command line of this process: `Ok(None)` serves, `Ok(Some)` runs a
+/// command, `Err` is the exit code once clap has printed the help, the
+/// version, or an error naming the flag.
+pub fn parse() -> Result<Option<Command>, ExitCode> {
+    parse_from(std::env::args_os())
+}
+
+/// [`parse`] of the given words (the first is the program's name).
+fn parse_from<I, T>(args: I) -> Result<Option<Command>, ExitCode>
+where
+    I: IntoIterator<Item = T>,
+    T: Into<std::ffi::OsString> + Clone,
+{
+    match Cli::try_parse_from(args) {
+        Ok(cli) => Ok(cli.command),
+        Err(err) => {
+            // Help and the version go to stdout with 0, errors to stderr with 2.
+            let _ = err.print();
+            Err(ExitCode::from(u8::try_from(err.exit_code()).unwrap_or(2)))
+        }
+    }
+}
+
+/// Runs one command to its exit code.
+pub async fn run(command: Command) -> ExitCode {
+    match command {
+        Command::Openapi => write_out("openapi", warden::http::openapi::document().as_bytes()),
+        Command::Healthcheck => healthcheck::run(),
+        Command::Keys(command) => keys::run(command).await,
+        Command::Secrets(command) => secrets::run(command).await,
+        Command::Tenants(command) => tenants::run(command).await,
+        Command::Db(command) => db::run(command).await,
+        Command::Config(args) => config::run(args),
+        Command::Archive(command) => archive::run(command).await,
+        Command::Completions { shell } => completions(shell),
+    }
+}
+
+/// `warden completions SHELL`: the completion script clap_complete writes
+/// from the same definitions the parser uses.
+fn completions(shell: clap_complete::Shell) -> ExitCode {
+    let mut script = Vec::new();
+    clap_complete::generate(shell, &mut Cli::command(), "warden", &mut script);
+    write_out("completions", &script)
+}
+
+/// Writes a command's whole output to stdout; a closed pipe (`| head`) is
+/// an error message and exit 1, not a panic.
+fn write_out(command: &str, bytes: &[u8]) -> ExitCode {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    match out.write_all(bytes).and_then(|()| out.flush()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("warden {command}: {err}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// A tenant's name as the API accepts it (checked before any database is opened).
+fn tenant_name(raw: &str) -> Result<String, String> {
+    if warden::auth::valid_tenant(raw) {
+        Ok(raw.to_string())
+    } else {
+        Err("a tenant is 1 to 64 letters, digits, `-`, `_` or `.`".into())
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -19,7 +19,7 @@ use super::paging::{MAX_LIST_LIMIT, next_after, page_limit};
 use super::views::SessionView;
 use crate::auth::Principal;
 use crate::policy::approval::Decision;
-use crate::store::{Approval, ApprovalCursor, ChildAttention, NewDecision};
+use crate::session::{Approval, ApprovalCursor, ChildAttention, NewDecision};
 
 /// The approval routes, relative to `/api/autonomous`.
 pub fn router() -> Router<AppState> {
@@ -141,7 +141,7 @@ pub async fn list_approvals(
     let after = q.cursor.as_deref().map(decode_cursor).transpose()?;
     let items = state
         .service
-        .store()
+        .reads()
         .waiting_approvals(&caller.scope, after.as_ref(), limit)
         .await?;
     let next_cursor = next_after(&items, limit, encode_cursor);
@@ -214,7 +214,6 @@ pub async fn list_attention(
         .transpose()?;
     let items = state
         .service
-        .store()
         .attention_inbox(&caller.scope, after, limit)
         .await?;
     let next_cursor = next_after(&items, limit, encode_attention_cursor);
@@ -260,7 +259,7 @@ pub async fn decide(
         PersonDecision::Approve => Decision::Approve,
         PersonDecision::Reject => Decision::Reject,
     };
-    let message = body.message.as_deref().map(crate::store::storable_text);
+    let message = body.message.as_deref().map(crate::session::storable_text);
     let session = state
         .service
         .decide_approval(

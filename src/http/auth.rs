@@ -9,7 +9,7 @@
 use super::AppState;
 use super::error::ApiError;
 use crate::auth::{AuthMode, Principal, Role};
-use crate::store::TenantScope;
+use crate::session::TenantScope;
 use axum::extract::{Request, State};
 use axum::http::{HeaderMap, Method, StatusCode, header};
 use axum::middleware::Next;
@@ -222,7 +222,7 @@ pub async fn guard(State(state): State<AppState>, mut req: Request, next: Next) 
         req.extensions_mut()
             .insert(Principal::unrestricted(scope_param));
         if matches!(need, Access::Write | Access::Worker) {
-            return crate::store::ACTOR
+            return crate::session::ACTOR
                 .scope("auth-off".to_string(), next.run(req))
                 .await;
         }
@@ -275,7 +275,7 @@ pub async fn guard(State(state): State<AppState>, mut req: Request, next: Next) 
     let actor = principal.actor.clone();
     req.extensions_mut().insert(principal);
     if matches!(need, Access::Write | Access::Worker) {
-        crate::store::ACTOR.scope(actor, next.run(req)).await
+        crate::session::ACTOR.scope(actor, next.run(req)).await
     } else {
         next.run(req).await
     }

@@ -8,7 +8,7 @@ use serde::Serialize;
 use utoipa::ToSchema;
 
 use crate::session::ServiceError;
-use crate::store::StoreError;
+use crate::session::StoreError;
 
 /// The problem document every error answers with.
 #[derive(Debug, Clone, Serialize, ToSchema)]
@@ -179,7 +179,7 @@ impl From<ServiceError> for ApiError {
 impl From<StoreError> for ApiError {
     fn from(err: StoreError) -> ApiError {
         match &err {
-            StoreError::Database(db) if crate::store::is_unavailable(db) => {
+            StoreError::Database(db) if crate::session::is_unavailable(db) => {
                 tracing::error!(error = %err, "database unavailable");
                 ApiError::new(
                     StatusCode::SERVICE_UNAVAILABLE,

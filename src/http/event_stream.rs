@@ -19,8 +19,8 @@ use uuid::Uuid;
 
 use super::views::{EventView, SessionView};
 use crate::policy::lifecycle::Status;
+use crate::session::TenantScope;
 use crate::session::{LoggedEvent, SessionReads, SessionService};
-use crate::store::TenantScope;
 
 /// Live-stream connections per tenant (`WARDEN_TENANT_MAX_STREAMS`): a
 /// slot is taken when a stream starts and given back when its response

@@ -25,7 +25,7 @@ use super::views::{
 };
 use crate::auth::Principal;
 use crate::session::{LoggedEvent, SessionReads};
-use crate::store::{ReflectionRecord, TenantScope};
+use crate::session::{ReflectionRecord, TenantScope};
 
 /// The history routes, relative to `/api/autonomous`.
 pub fn router() -> Router<AppState> {

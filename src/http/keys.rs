@@ -17,7 +17,7 @@ use super::AppState;
 use super::error::{ApiError, ApiResult, Problem};
 use super::extract::{ApiJson, KeyId};
 use crate::auth::{AuthError, AuthMode, KeySpec, Principal, Role};
-use crate::store::{KeyRecord, TenantScope};
+use crate::session::{KeyRecord, TenantScope};
 
 /// The key routes, relative to `/api/keys`.
 pub fn router() -> Router<AppState> {

@@ -24,7 +24,7 @@ use crate::auth::Principal;
 use crate::policy::lifecycle::{Mode, Status};
 use crate::session::service::{Created, IdempotencyKey, StatusSource, StopAnswer};
 use crate::session::{CreateSession, RefinementChoice, ResumeSession, UpdateSession};
-use crate::store::{SessionCursor, SessionFilter, SessionOrder, SessionSortKey};
+use crate::session::{SessionCursor, SessionFilter, SessionOrder, SessionSortKey};
 
 /// The session routes, relative to `/api/autonomous`.
 pub fn router() -> Router<AppState> {
@@ -46,7 +46,7 @@ pub fn router() -> Router<AppState> {
 }
 
 /// The status document of a session, priced.
-pub(super) fn view(state: &AppState, session: crate::store::Session) -> SessionView {
+pub(super) fn view(state: &AppState, session: crate::session::Session) -> SessionView {
     let step = state.service.step_in_flight(session.id);
     SessionView::from(session)
         .priced(state.service.token_price())
@@ -318,7 +318,7 @@ pub async fn get_session(
 pub(super) async fn show_pending_approvals(
     state: &AppState,
     doc: &mut SessionView,
-    scope: &crate::store::TenantScope,
+    scope: &crate::session::TenantScope,
 ) -> ApiResult<()> {
     use crate::policy::lifecycle::{Action, Reason, Status};
     if doc.status != Status::Paused || doc.reason != Some(Reason::ApprovalRequired) {
@@ -326,7 +326,7 @@ pub(super) async fn show_pending_approvals(
     }
     doc.pending_approvals = state
         .service
-        .store()
+        .reads()
         .waiting_approvals_of(doc.id, scope)
         .await?;
     if !doc.pending_approvals.is_empty() {
@@ -340,13 +340,13 @@ pub(super) async fn show_pending_approvals(
 async fn show_database_parts(
     state: &AppState,
     doc: &mut SessionView,
-    scope: &crate::store::TenantScope,
+    scope: &crate::session::TenantScope,
     has_children: bool,
 ) -> ApiResult<()> {
     if doc.executor.kind == "worker" && doc.status == crate::policy::lifecycle::Status::Running {
         doc.waiting_for_worker = state
             .service
-            .store()
+            .reads()
             .waiting_for_worker(doc.id, scope)
             .await?
             .map(|(queue, since)| super::views::WaitingForWorker { queue, since });
@@ -356,7 +356,6 @@ async fn show_database_parts(
         show_children(state, doc, scope).await?;
         doc.children_needing_attention = state
             .service
-            .store()
             .children_needing_attention(doc.id, scope, ATTENTION_IN_STATUS)
             .await?;
     }
@@ -370,11 +369,11 @@ const ATTENTION_IN_STATUS: i64 = 50;
 async fn show_children(
     state: &AppState,
     doc: &mut SessionView,
-    scope: &crate::store::TenantScope,
+    scope: &crate::session::TenantScope,
 ) -> ApiResult<()> {
     doc.children = state
         .service
-        .store()
+        .reads()
         .children_of(doc.id, scope)
         .await?
         .into_iter()

@@ -17,7 +17,7 @@ use super::error::{ApiResult, Problem};
 use super::extract::SessionId;
 use crate::auth::Principal;
 use crate::policy::lifecycle::{Reason, Status};
-use crate::store::TreeRow;
+use crate::session::TreeRow;
 
 /// The tree route, relative to `/api/autonomous`.
 pub fn router() -> Router<AppState> {
@@ -99,7 +99,7 @@ pub async fn get_tree(
     Extension(caller): Extension<Principal>,
     SessionId(id): SessionId,
 ) -> ApiResult<Json<TreeView>> {
-    let rows = state.service.store().tree(id, &caller.scope).await?;
+    let rows = state.service.reads().tree(id, &caller.scope).await?;
     let view = nest(id, rows).ok_or(crate::session::ServiceError::NotFound(id))?;
     Ok(Json(view))
 }

@@ -17,7 +17,7 @@ use crate::policy::projection::{self, ProgressSample};
 use crate::policy::reflection::Assessment;
 use crate::session::LoggedEvent;
 use crate::session::live::StepInFlight;
-use crate::store::{CheckpointRecord, IterationRecord, ReflectionSummary, Session};
+use crate::session::{CheckpointRecord, IterationRecord, ReflectionSummary, Session};
 
 /// Which executor a session uses.
 #[derive(Debug, Clone, Serialize, ToSchema)]
@@ -227,7 +227,7 @@ pub struct SessionView {
     /// `approval_required`; on `GET /{id}` and decisions only): the tool,
     /// its arguments and the agent's reason, and the `call_id` to decide on.
     #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub pending_approvals: Vec<crate::store::Approval>,
+    pub pending_approvals: Vec<crate::session::Approval>,
     /// The session that delegated this one (null for a top-level session).
     pub parent_id: Option<Uuid>,
     /// How deep in its tree it is: 0 for a top-level session.
@@ -238,7 +238,7 @@ pub struct SessionView {
     /// first, and why (on `GET /{id}` only; at most 50): a tree whose
     /// children paused for a person waits on them, and this names them.
     #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub children_needing_attention: Vec<crate::store::ChildAttention>,
+    pub children_needing_attention: Vec<crate::session::ChildAttention>,
     /// What a child of its tree does when it would pause for a person:
     /// `wait` or `fail_child` (set at create, copied to children).
     pub on_child_pause: crate::policy::delegation::ChildPausePolicy,
@@ -827,8 +827,8 @@ pub struct ReflectionView {
     pub created_at: DateTime<Utc>,
 }
 
-impl From<crate::store::ReflectionRecord> for ReflectionView {
-    fn from(r: crate::store::ReflectionRecord) -> ReflectionView {
+impl From<crate::session::ReflectionRecord> for ReflectionView {
+    fn from(r: crate::session::ReflectionRecord) -> ReflectionView {
         ReflectionView {
             number: r.number,
             after_iteration: r.after_iteration,
@@ -872,8 +872,8 @@ pub struct RefinementView {
     pub created_at: DateTime<Utc>,
 }
 
-impl From<crate::store::RefinementRecord> for RefinementView {
-    fn from(r: crate::store::RefinementRecord) -> RefinementView {
+impl From<crate::session::RefinementRecord> for RefinementView {
+    fn from(r: crate::session::RefinementRecord) -> RefinementView {
         RefinementView {
             number: r.number,
             kind: r.kind,
@@ -896,7 +896,7 @@ pub struct RefinementList {
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct TaskList {
     /// Tasks, highest priority first.
-    pub items: Vec<crate::store::Task>,
+    pub items: Vec<crate::session::Task>,
 }
 
 /// How sessions turned out, from the stored data.
@@ -924,8 +924,8 @@ pub struct OutcomeMetrics {
     pub premature_stop_rate: Option<f64>,
 }
 
-impl From<crate::store::Outcomes> for OutcomeMetrics {
-    fn from(o: crate::store::Outcomes) -> OutcomeMetrics {
+impl From<crate::session::Outcomes> for OutcomeMetrics {
+    fn from(o: crate::session::Outcomes) -> OutcomeMetrics {
         let count = |s: &str| o.by_status.get(s).copied().unwrap_or(0);
         let completed = count("completed");
         let ended = completed + count("stopped") + count("interrupted") + count("failed");

@@ -4,7 +4,7 @@
 //! the outcome. The contract is docs/worker-protocol.md.
 
 use std::collections::BTreeMap;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -22,7 +22,7 @@ use super::error::{ApiError, ApiResult, Problem};
 use super::extract::{ApiJson, TaskId};
 use crate::auth::{Principal, Role};
 use crate::executor::{WebhookRequest, WebhookResponse};
-use crate::store::{LeaseCheck, Settlement};
+use crate::session::{ClaimedStep, LeaseCheck, Settlement};
 
 /// Default wait of a claim, ms.
 pub const DEFAULT_CLAIM_WAIT_MS: u64 = 30_000;
@@ -36,8 +36,6 @@ pub const MAX_PROGRESS_CHARS: usize = 4_096;
 pub const MAX_ERROR_CHARS: usize = 16_384;
 /// A worker name: no control characters (what `char::is_control` refuses).
 pub const WORKER_NAME_PATTERN: &str = "^[^\\u0000-\\u001f\\u007f-\\u009f]*$";
-/// A waiting claim reads the queue at least this often (lost wake-ups).
-const CLAIM_POLL: Duration = Duration::from_secs(1);
 /// Workers seen within this long count as connected in the queue listing.
 const SEEN_WITHIN: Duration = Duration::from_secs(120);
 
@@ -321,50 +319,33 @@ pub async fn claim(
             ));
         }
     };
-    let store = state.service.store();
-    let mut changes = store.worker_changes();
-    let deadline = Instant::now() + Duration::from_millis(wait_ms);
-    loop {
-        // Offers made while claiming stay queued in `changes`: none is lost.
-        if let Some(task) = store
-            .claim_worker_task(&caller.scope, queues.as_deref(), &worker)
-            .await?
-        {
-            let context: WebhookRequest = serde_json::from_value(task.context).map_err(|e| {
-                ApiError::from(crate::store::StoreError::Corrupt {
-                    id: task.session_id,
-                    detail: format!("worker task context: {e}"),
-                })
-            })?;
-            let answer = ClaimedTask {
-                task_id: task.id,
-                lease_token: task.lease_token,
-                lease_expires_at: task.lease_expires_at,
-                heartbeat_timeout_ms: u64::try_from(task.heartbeat_timeout_ms).unwrap_or(0),
-                session_id: task.session_id,
-                queue: task.queue,
-                labels: serde_json::from_value(task.labels).unwrap_or_default(),
-                iteration: u64::try_from(task.iteration).unwrap_or(0),
-                attempt: u32::try_from(task.attempt).unwrap_or(0),
-                idempotency_key: task.idempotency_key,
-                context,
-            };
-            return Ok(Json(answer).into_response());
-        }
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            break;
-        }
-        // Only an offer (or a lost relay) wakes a waiting claim.
-        crate::store::wait_for_worker_change(&mut changes, left.min(CLAIM_POLL), |c| {
-            c.concerns_claims()
-        })
-        .await;
-    }
-    if let (Some(tenant), Some(queues)) = (caller.scope.tenant(), &queues) {
-        store.worker_polled(tenant, queues, &worker).await?;
-    }
-    Ok(StatusCode::NO_CONTENT.into_response())
+    let claimed = state
+        .service
+        .workers()
+        .claim(
+            &caller.scope,
+            queues.as_deref(),
+            &worker,
+            Duration::from_millis(wait_ms),
+        )
+        .await?;
+    let Some(ClaimedStep { task, context }) = claimed else {
+        return Ok(StatusCode::NO_CONTENT.into_response());
+    };
+    let answer = ClaimedTask {
+        task_id: task.id,
+        lease_token: task.lease_token,
+        lease_expires_at: task.lease_expires_at,
+        heartbeat_timeout_ms: u64::try_from(task.heartbeat_timeout_ms).unwrap_or(0),
+        session_id: task.session_id,
+        queue: task.queue,
+        labels: serde_json::from_value(task.labels).unwrap_or_default(),
+        iteration: u64::try_from(task.iteration).unwrap_or(0),
+        attempt: u32::try_from(task.attempt).unwrap_or(0),
+        idempotency_key: task.idempotency_key,
+        context,
+    };
+    Ok(Json(answer).into_response())
 }
 
 /// Heartbeat a task (worker keys): extends the lease; answers `cancel:
@@ -400,8 +381,8 @@ pub async fn heartbeat(
     let queues = queues_of(&caller, None)?;
     let beat = state
         .service
-        .store()
-        .heartbeat_worker_task(
+        .workers()
+        .heartbeat(
             id,
             &caller.scope,
             queues.as_deref(),
@@ -428,8 +409,8 @@ async fn settle(
     let queues = queues_of(caller, None)?;
     let check = state
         .service
-        .store()
-        .settle_worker_task(id, &caller.scope, queues.as_deref(), token, settlement)
+        .workers()
+        .settle(id, &caller.scope, queues.as_deref(), token, settlement)
         .await?;
     settled(id, check)?;
     Ok(Json(Accepted { accepted: true }))
@@ -545,8 +526,8 @@ pub async fn queues(
     let queues = queues_of(&caller, None)?;
     let (depths, workers) = state
         .service
-        .store()
-        .worker_queues(&caller.scope, queues.as_deref(), SEEN_WITHIN)
+        .workers()
+        .queues(&caller.scope, queues.as_deref(), SEEN_WITHIN)
         .await?;
     let mut by_queue: BTreeMap<(String, String), QueueView> = BTreeMap::new();
     let show_tenant = caller.scope.tenant().is_none();

@@ -3,7 +3,8 @@
 //!
 //! Inside, dependencies point one way: `service` → `supervisor` → `runner`;
 //! both `service` and `supervisor` rebuild sessions through `rehydrate`; the
-//! HTTP layer reads through `reads` and acts through `service`.
+//! HTTP layer reads through `reads` and acts through `service` and the use
+//! cases of `tree`, `approvals` and `workers`, never through the store.
 
 pub mod approvals;
 pub mod archive;
@@ -25,6 +26,7 @@ pub mod service;
 pub mod storable;
 mod supervisor;
 pub mod tree;
+pub mod workers;
 
 pub use error::{Result, ServiceError};
 pub use persist::{
@@ -33,3 +35,14 @@ pub use persist::{
 pub use reads::{LoggedEvent, SessionReads};
 pub use service::{CreateSession, RefinementChoice, ResumeSession, SessionService, UpdateSession};
 pub use supervisor::Supervisor;
+pub use workers::{ClaimedStep, WorkerProtocol};
+
+// The store's row and scope types the HTTP layer shapes its answers from,
+// and what it needs to map errors and record the actor: it names them here,
+// never `crate::store` (handlers call use cases, not the store).
+pub use crate::store::{
+    ACTOR, Approval, ApprovalCursor, CheckpointRecord, ChildAttention, IterationRecord, KeyRecord,
+    LeaseCheck, NewDecision, Outcomes, RefinementRecord, ReflectionRecord, ReflectionSummary,
+    Session, SessionCursor, SessionFilter, SessionOrder, SessionSortKey, Settlement, StoreError,
+    Task, TenantScope, TreeRow, is_unavailable, storable_text,
+};

@@ -12,8 +12,8 @@ use super::error::Result;
 use super::event_codec;
 use crate::event::SessionEvent;
 use crate::store::{
-    CheckpointRecord, EventRecord, IterationRecord, Outcomes, RefinementRecord, ReflectionRecord,
-    Session, Store, Task, TenantScope,
+    Approval, ApprovalCursor, CheckpointRecord, EventRecord, IterationRecord, Outcomes,
+    RefinementRecord, ReflectionRecord, Session, Store, Task, TenantScope, TreeRow,
 };
 
 /// An event of a session's log, decoded.
@@ -165,6 +165,44 @@ impl SessionReads {
             .store
             .sessions_changed_since(since, limit, scope)
             .await?)
+    }
+
+    /// A session and every descendant `scope` reaches, the session first.
+    pub async fn tree(&self, id: Uuid, scope: &TenantScope) -> Result<Vec<TreeRow>> {
+        Ok(self.store.tree(id, scope).await?)
+    }
+
+    /// A session's direct children.
+    pub async fn children_of(&self, id: Uuid, scope: &TenantScope) -> Result<Vec<TreeRow>> {
+        Ok(self.store.children_of(id, scope).await?)
+    }
+
+    /// The calls of one session that wait for a person.
+    pub async fn waiting_approvals_of(
+        &self,
+        id: Uuid,
+        scope: &TenantScope,
+    ) -> Result<Vec<Approval>> {
+        Ok(self.store.waiting_approvals_of(id, scope).await?)
+    }
+
+    /// Calls waiting for a person across the scope, oldest first, after `after`.
+    pub async fn waiting_approvals(
+        &self,
+        scope: &TenantScope,
+        after: Option<&ApprovalCursor>,
+        limit: i64,
+    ) -> Result<Vec<Approval>> {
+        Ok(self.store.waiting_approvals(scope, after, limit).await?)
+    }
+
+    /// The queue a worker session's step waits on, and since when, if it waits.
+    pub async fn waiting_for_worker(
+        &self,
+        id: Uuid,
+        scope: &TenantScope,
+    ) -> Result<Option<(String, DateTime<Utc>)>> {
+        Ok(self.store.waiting_for_worker(id, scope).await?)
     }
 
     /// Wakes on every in-process append to a session's log.

@@ -390,8 +390,9 @@ impl SessionService {
             .unwrap_or_default()
     }
 
-    /// The store, for the worker protocol's routes (every call scoped).
-    pub fn store(&self) -> &Store {
+    /// The store, for the use cases of this layer's other files (never
+    /// the HTTP layer's: it calls use cases).
+    pub(super) fn store(&self) -> &Store {
         &self.store
     }
 

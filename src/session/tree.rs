@@ -14,7 +14,7 @@ use uuid::Uuid;
 use super::ServiceError;
 use super::service::{ResumeSession, SessionService, StopAnswer};
 use crate::policy::lifecycle::{IllegalTransition, Reason, Status};
-use crate::store::{LiveNode, Session, TenantScope};
+use crate::store::{ChildAttention, LiveNode, Session, TenantScope};
 
 /// Most leftovers the sweep handles per pass; the rest wait for the next.
 const PER_SWEEP: i64 = 100;
@@ -82,6 +82,31 @@ impl SessionService {
         };
         self.cascade(id, scope, Cascade::Resume).await?;
         Ok(resumed)
+    }
+
+    /// The descendants of `id` that wait for a person, nearest first (at
+    /// most `limit`), if `scope` reaches it.
+    pub async fn children_needing_attention(
+        &self,
+        id: Uuid,
+        scope: &TenantScope,
+        limit: i64,
+    ) -> Result<Vec<ChildAttention>, ServiceError> {
+        Ok(self
+            .store()
+            .children_needing_attention(id, scope, limit)
+            .await?)
+    }
+
+    /// The children of the caller's tenant that wait for a person, oldest
+    /// pause first, after `after` (the previous page's last), at most `limit`.
+    pub async fn attention_inbox(
+        &self,
+        scope: &TenantScope,
+        after: Option<(chrono::DateTime<chrono::Utc>, Uuid)>,
+        limit: i64,
+    ) -> Result<Vec<ChildAttention>, ServiceError> {
+        Ok(self.store().attention_inbox(scope, after, limit).await?)
     }
 
     /// Deletes an ended session whose descendants have all ended too (they

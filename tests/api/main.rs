@@ -15,6 +15,7 @@ mod connections;
 mod control;
 mod creates;
 mod deletion;
+mod docs;
 mod egress;
 mod fairness;
 mod fleet;

@@ -13,7 +13,7 @@ use warden::config::{Config, settings};
 (secrets shown only as (set)); exits 2 when the configuration would not start."
 )]
 pub struct ConfigArgs {
-    /// Print the README's settings table (Markdown) instead
+    /// Print the settings table of docs/reference/configuration.md (Markdown) instead
     #[arg(long)]
     pub markdown: bool,
 }

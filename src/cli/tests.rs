@@ -265,10 +265,21 @@ fn help_is_answered_at_every_level() {
     assert_eq!(refused("warden --version").0, ErrorKind::DisplayVersion);
 }
 
-/// The `warden ...` and `cargo run ... [-- ...]` lines of the README's
+/// The pages whose shell blocks show the command line: the README and
+/// every page under docs/ that runs `warden`.
+const DOCUMENTED: [&str; 6] = [
+    include_str!("../../README.md"),
+    include_str!("../../docs/reference/cli.md"),
+    include_str!("../../docs/operations/storage.md"),
+    include_str!("../../docs/operations/fleet.md"),
+    include_str!("../../docs/operations/security.md"),
+    include_str!("../../docs/operations/retention.md"),
+];
+
+/// The `warden ...` and `cargo run ... [-- ...]` lines of the documentation's
 /// shell blocks, as words (up to a comment or a redirection; `$VAR` as an id).
 fn readme_command_lines() -> Vec<String> {
-    let readme = include_str!("../../README.md");
+    let readme = DOCUMENTED.join("\n");
     let mut lines = Vec::new();
     let mut in_shell = false;
     for line in readme.lines().map(str::trim) {

@@ -1,6 +1,6 @@
 //! Every setting, defined once: its name, default, meaning, the layer that
 //! reads it and the create-request field that overrides it per session.
-//! Loading the configuration, `warden config` and the README's table all
+//! Loading the configuration, `warden config` and the configuration reference's table (docs/reference/configuration.md) all
 //! read this table, so none of them can drift from the others.
 
 use std::borrow::Cow;
@@ -221,7 +221,7 @@ macro_rules! settings {
             )$(.$flag($($arg)?))*;
         )*
 
-        /// Every setting, in the order the README's table lists them.
+        /// Every setting, in the order the configuration reference lists them.
         pub const SETTINGS: &[Setting] = &[$($name),*];
     };
 }
@@ -475,13 +475,13 @@ pub fn render_in_effect(vars: &HashMap<String, String>) -> String {
     out
 }
 
-/// The opening marker of the README's settings table.
+/// The opening marker of the settings table in docs/reference/configuration.md.
 pub const README_BEGIN: &str =
     "<!-- settings:begin (generated: cargo run -q -- config --markdown) -->";
-/// The closing marker of the README's settings table.
+/// The closing marker of the settings table in docs/reference/configuration.md.
 pub const README_END: &str = "<!-- settings:end -->";
 
-/// The README's settings section between its markers, rendered from the table.
+/// The settings section of docs/reference/configuration.md between its markers, rendered from the table.
 pub fn markdown() -> String {
     let mut out = String::from(
         "Every setting is an environment variable, read once at start; a bad value stops \
@@ -614,11 +614,14 @@ mod tests {
         }
     }
 
+    /// The page that holds the settings table.
+    const CONFIGURATION_PAGE: &str = "docs/reference/configuration.md";
+
     fn manifest_dir() -> PathBuf {
         PathBuf::from(env!("CARGO_MANIFEST_DIR"))
     }
 
-    /// The text between the README's settings markers.
+    /// The text between the configuration page's settings markers.
     fn readme_section(readme: &str) -> Option<&str> {
         let start = readme.find(README_BEGIN)? + README_BEGIN.len();
         let end = start + readme[start..].find(README_END)?;
@@ -627,10 +630,11 @@ mod tests {
 
     #[test]
     fn the_readme_table_is_the_code_table() {
-        let path = manifest_dir().join("README.md");
-        let readme = std::fs::read_to_string(&path).expect("README.md is readable");
-        let section = readme_section(&readme)
-            .unwrap_or_else(|| panic!("README.md has no {README_BEGIN} … {README_END} section"));
+        let path = manifest_dir().join(CONFIGURATION_PAGE);
+        let readme = std::fs::read_to_string(&path).expect("the configuration page is readable");
+        let section = readme_section(&readme).unwrap_or_else(|| {
+            panic!("{CONFIGURATION_PAGE} has no {README_BEGIN} … {README_END} section")
+        });
         let rendered = markdown();
         if section == rendered {
             return;
@@ -639,11 +643,11 @@ mod tests {
             let start = readme.find(README_BEGIN).expect("found above") + README_BEGIN.len();
             let end = start + readme[start..].find(README_END).expect("found above");
             let updated = format!("{}\n{rendered}{}", &readme[..start], &readme[end..]);
-            std::fs::write(&path, updated).expect("README.md is writable");
+            std::fs::write(&path, updated).expect("the configuration page is writable");
             return;
         }
         panic!(
-            "README.md's settings table differs from src/config/settings.rs; rewrite it with \
+            "{CONFIGURATION_PAGE}'s settings table differs from src/config/settings.rs; rewrite it with \
 `UPDATE_README=1 cargo test --lib the_readme_table_is_the_code_table` (or paste the output \
 of `cargo run -q -- config --markdown` between the markers)"
         );
@@ -735,7 +739,25 @@ of `cargo run -q -- config --markdown` between the markers)"
     fn the_readme_and_the_container_files_name_only_settings() {
         let root = manifest_dir();
         let mut unknown = Vec::new();
-        for file in ["README.md", "Dockerfile", "docker-compose.yml"] {
+        let mut files = vec![
+            "README.md".to_string(),
+            "Dockerfile".to_string(),
+            "docker-compose.yml".to_string(),
+        ];
+        for folder in ["docs", "docs/guides", "docs/reference", "docs/operations"] {
+            for entry in std::fs::read_dir(root.join(folder)).expect("docs are readable") {
+                let path = entry.expect("an entry").path();
+                if path.extension().is_some_and(|e| e == "md") {
+                    files.push(
+                        path.strip_prefix(&root)
+                            .expect("below root")
+                            .display()
+                            .to_string(),
+                    );
+                }
+            }
+        }
+        for file in &files {
             let text = std::fs::read_to_string(root.join(file)).expect("file is readable");
             for name in setting_names(&text, false) {
                 if find(&name).is_none() {

@@ -1,5 +1,6 @@
 //! The JSON documents the API answers with. Field names are the stable
-//! contract clients rely on (snake_case, see DESIGN.md "API contract").
+//! contract clients rely on: snake_case, never renamed; a change is a new
+//! field (the OpenAPI document, kept in sync by a test, is that contract).
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;

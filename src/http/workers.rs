@@ -1,7 +1,7 @@
 //! `/api/workers`: the worker protocol. Agents that Warden cannot reach call
 //! in with a worker key, long-poll a queue for a step, heartbeat while they
 //! work (and learn there that the session was stopped or paused), and report
-//! the outcome. The contract is docs/worker-protocol.md.
+//! the outcome. The contract is docs/reference/worker-protocol.md.
 
 use std::collections::BTreeMap;
 use std::time::Duration;

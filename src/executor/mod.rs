@@ -784,7 +784,7 @@ impl ExecutorSpec {
                 &deps.tenant,
                 WorkerSettings {
                     queue: queue.clone(),
-                    labels: serde_json::to_value(labels).unwrap_or_default(),
+                    labels: labels.clone(),
                     heartbeat_timeout: Duration::from_millis(
                         heartbeat_timeout_ms.unwrap_or(30_000),
                     ),

@@ -7,6 +7,7 @@ use utoipa::{IntoParams, ToSchema};
 use uuid::Uuid;
 
 use crate::event::{RefinementProposal, SessionEvent};
+use crate::policy::approval::Decision;
 use crate::policy::checklist::ChecklistItem;
 use crate::policy::eta::{self, EtaBasis};
 use crate::policy::excerpt;
@@ -17,7 +18,69 @@ use crate::policy::projection::{self, ProgressSample};
 use crate::policy::reflection::Assessment;
 use crate::session::LoggedEvent;
 use crate::session::live::StepInFlight;
-use crate::store::{CheckpointRecord, IterationRecord, ReflectionSummary, Session};
+use crate::store::{ApprovalRow, CheckpointRecord, IterationRecord, ReflectionSummary, Session};
+
+/// A call that waits for (or had) a person's decision.
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+#[schema(as = Approval)]
+pub struct ApprovalView {
+    /// The session.
+    pub session_id: Uuid,
+    /// Warden's name of the call: `{iteration}.{call_index}`.
+    pub call_id: String,
+    /// The step that asked.
+    pub iteration: i64,
+    /// Which call of the step (0-based).
+    pub call_index: i32,
+    /// The model's own id of the tool call, when a model made it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+    /// The tool (or the webhook or worker agent's action).
+    pub tool: String,
+    /// Its arguments, as the agent asked.
+    #[schema(value_type = Object)]
+    pub arguments: serde_json::Value,
+    /// The arguments the person approved it with in place of the agent's;
+    /// absent when it was not edited (it runs as asked).
+    #[schema(value_type = Option<Object>)]
+    pub edited_arguments: Option<serde_json::Value>,
+    /// The agent's text of the step: why it makes the call.
+    pub reason: String,
+    /// When it was asked for.
+    pub requested_at: DateTime<Utc>,
+    /// When it expires undecided (`WARDEN_APPROVAL_TIMEOUT_MS` after the request).
+    pub expires_at: DateTime<Utc>,
+    /// `approve`, `reject` or `expired`; absent while it waits.
+    pub decision: Option<Decision>,
+    /// Which key decided (its public prefix); absent when it expired.
+    pub decided_by: Option<String>,
+    /// When it was decided.
+    pub decided_at: Option<DateTime<Utc>>,
+    /// The person's message to the agent.
+    pub message: Option<String>,
+}
+
+impl From<ApprovalRow> for ApprovalView {
+    fn from(r: ApprovalRow) -> ApprovalView {
+        ApprovalView {
+            session_id: r.session_id,
+            call_id: r.call_id,
+            iteration: r.iteration,
+            call_index: r.call_index,
+            tool_call_id: r.tool_call_id,
+            tool: r.tool,
+            arguments: r.arguments,
+            edited_arguments: r.edited_arguments,
+            reason: r.reason,
+            requested_at: r.requested_at,
+            expires_at: r.expires_at,
+            decision: r.decision,
+            decided_by: r.decided_by,
+            decided_at: r.decided_at,
+            message: r.message,
+        }
+    }
+}
 
 /// Which executor a session uses.
 #[derive(Debug, Clone, Serialize, ToSchema)]
@@ -227,7 +290,7 @@ pub struct SessionView {
     /// `approval_required`; on `GET /{id}` and decisions only): the tool,
     /// its arguments and the agent's reason, and the `call_id` to decide on.
     #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub pending_approvals: Vec<crate::store::Approval>,
+    pub pending_approvals: Vec<ApprovalView>,
     /// The session that delegated this one (null for a top-level session).
     pub parent_id: Option<Uuid>,
     /// How deep in its tree it is: 0 for a top-level session.

@@ -17,12 +17,14 @@ use utoipa::ToSchema;
 use uuid::Uuid;
 
 use crate::event::{RefinementProposal, SessionEvent};
+use crate::policy::approval::Decision;
 use crate::policy::checklist::ChecklistItem;
 use crate::policy::guardrails::{Limits, Usage};
 use crate::policy::history::StepRecord;
 use crate::policy::lifecycle::{Mode, Reason, Status};
 use crate::policy::loop_state::{AppliedReflection, LoopState, StepEffects};
 use crate::policy::reflection::Assessment;
+use crate::policy::worker::WorkerTaskState;
 
 /// Stores a lifecycle enum as its snake_case name in a `text` column. Written
 /// by hand rather than derived so policy stays free of sqlx, and so binding
@@ -58,6 +60,8 @@ macro_rules! text_enum {
 text_enum!(Status, "status");
 text_enum!(Mode, "mode");
 text_enum!(Reason, "reason");
+text_enum!(WorkerTaskState, "worker task state");
+text_enum!(Decision, "approval decision");
 
 /// Proof that this replica runs a session; every loop write is fenced by it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -471,7 +471,56 @@ impl std::fmt::Debug for UrlQuery {
 
 /// The key a stored executor JSON carries when its URL's query was taken
 /// off and sealed as the session secret of the same name.
-pub const SEALED_QUERY_MARKER: &str = crate::secrets::URL_QUERY;
+const SEALED_QUERY_KEY: &str = crate::secrets::URL_QUERY;
+
+/// An executor as a session row stores it (`sessions.executor`): the spec
+/// with its secrets taken out, and whether its URL's query was sealed apart.
+/// [`StoredExecutor::to_json`] at creation and [`StoredExecutor::from_json`]
+/// at rehydration are the two ends of one round trip. The JSON keeps the
+/// layout every version wrote (the spec's fields, plus `url_query:
+/// "<sealed>"` beside them when sealed), which the summary Postgres keeps
+/// and the secret migration read, so older rows read as they are.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StoredExecutor {
+    /// The spec, without its API key or its URL's query.
+    pub spec: ExecutorSpec,
+    /// The URL's query was taken off and sealed as the session secret `url_query`.
+    pub query_sealed: bool,
+}
+
+impl StoredExecutor {
+    /// Takes the secrets out of `spec`: what is stored, and the API key and
+    /// URL query to seal apart.
+    pub fn seal(mut spec: ExecutorSpec) -> (StoredExecutor, Option<ApiKey>, Option<UrlQuery>) {
+        let api_key = spec.take_api_key();
+        let url_query = spec.take_url_query();
+        let stored = StoredExecutor {
+            spec,
+            query_sealed: url_query.is_some(),
+        };
+        (stored, api_key, url_query)
+    }
+
+    /// The JSON stored in the row.
+    pub fn to_json(&self) -> Result<serde_json::Value, serde_json::Error> {
+        let mut value = serde_json::to_value(&self.spec)?;
+        if self.query_sealed {
+            let fields = value
+                .as_object_mut()
+                .ok_or_else(|| serde::ser::Error::custom("an executor spec is a JSON object"))?;
+            fields.insert(SEALED_QUERY_KEY.into(), "<sealed>".into());
+        }
+        Ok(value)
+    }
+
+    /// Reads the JSON stored in a row (of this version or an older one).
+    pub fn from_json(stored: &serde_json::Value) -> Result<StoredExecutor, serde_json::Error> {
+        let mut fields = serde_json::Map::<String, serde_json::Value>::deserialize(stored)?;
+        let query_sealed = fields.remove(SEALED_QUERY_KEY).is_some();
+        let spec = ExecutorSpec::deserialize(serde_json::Value::Object(fields))?;
+        Ok(StoredExecutor { spec, query_sealed })
+    }
+}
 
 /// Most scripted steps one session may carry.
 pub const MAX_SCRIPTED_STEPS: usize = 10_000;
@@ -1119,6 +1168,61 @@ mod tests {
 
     fn spec(value: serde_json::Value) -> ExecutorSpec {
         serde_json::from_value(value).unwrap()
+    }
+
+    #[test]
+    fn a_stored_executor_round_trips_with_its_secrets_sealed_apart() {
+        let (stored, key, query) = StoredExecutor::seal(llm_with_key());
+        assert_eq!(
+            key.map(|k| k.expose().to_string()).as_deref(),
+            Some("sk-spec-secret-1")
+        );
+        assert_eq!(query.as_ref().map(UrlQuery::expose), Some("k=q"));
+        assert!(stored.query_sealed);
+        let json = stored.to_json().unwrap();
+        assert!(!json.to_string().contains("sk-spec") && !json.to_string().contains("k=q"));
+        assert_eq!(StoredExecutor::from_json(&json).unwrap(), stored);
+        // Given its secrets back, it is the spec as created.
+        let back = stored
+            .spec
+            .with_api_key(ApiKey::new("sk-spec-secret-1"))
+            .with_url_query(&UrlQuery::new("k=q"));
+        assert_eq!(back, llm_with_key());
+        // Without a query, nothing says there was one.
+        let (plain, _, none) = StoredExecutor::seal(spec(serde_json::json!({
+            "kind": "webhook", "url": "https://agent.example/step"
+        })));
+        assert!(none.is_none() && !plain.query_sealed);
+        let json = plain.to_json().unwrap();
+        assert!(json.get(SEALED_QUERY_KEY).is_none(), "{json}");
+        assert_eq!(StoredExecutor::from_json(&json).unwrap(), plain);
+    }
+
+    #[test]
+    fn rows_written_by_older_versions_still_read() {
+        use serde_json::json;
+        // The marker older versions put beside the spec's fields.
+        let sealed = json!({ "kind": "webhook", "url": "https://agent.example/step",
+                             "timeout_ms": null, "url_query": "<sealed>" });
+        let read = StoredExecutor::from_json(&sealed).unwrap();
+        assert!(read.query_sealed);
+        assert_eq!(
+            read.spec,
+            spec(json!({ "kind": "webhook", "url": "https://agent.example/step" }))
+        );
+        // A key left in the spec from before keys were sealed still reads.
+        let keyed = json!({ "kind": "llm", "api_key": "sk-old" });
+        let read = StoredExecutor::from_json(&keyed).unwrap();
+        assert!(!read.query_sealed);
+        assert_eq!(
+            read.spec.clone().take_api_key(),
+            Some(ApiKey::new("sk-old"))
+        );
+        // A field no version wrote is refused (the row is corrupt), as is a non-object.
+        assert!(
+            StoredExecutor::from_json(&json!({ "kind": "scripted", "steps": [], "x": 1 })).is_err()
+        );
+        assert!(StoredExecutor::from_json(&json!("scripted")).is_err());
     }
 
     #[test]

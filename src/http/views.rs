@@ -2,7 +2,7 @@
 //! contract clients rely on (snake_case, see DESIGN.md "API contract").
 
 use chrono::{DateTime, Utc};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 use uuid::Uuid;
 
@@ -78,6 +78,54 @@ impl From<ApprovalRow> for ApprovalView {
             decided_by: r.decided_by,
             decided_at: r.decided_at,
             message: r.message,
+        }
+    }
+}
+
+/// What a status shows of a row's executor, read from either form the row
+/// holds it in: the stored spec (`GET /{id}`), or the summary Postgres keeps
+/// beside it (lists, and the live view), where `steps` is a count and `url`
+/// is the spec's `url` or `base_url`.
+#[derive(Debug, Default, Deserialize)]
+struct ExecutorFields {
+    kind: Option<String>,
+    steps: Option<StepCount>,
+    repeat: Option<bool>,
+    model: Option<String>,
+    #[serde(alias = "base_url")]
+    url: Option<String>,
+    queue: Option<String>,
+    tools: Option<Vec<String>>,
+}
+
+/// Scripted steps: listed in a spec, counted in a summary.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum StepCount {
+    Listed(Vec<serde::de::IgnoredAny>),
+    Counted(usize),
+}
+
+impl ExecutorSummary {
+    /// The summary of a row's executor; one that does not read (a corrupt
+    /// row) shows as kind `unknown` rather than failing the whole status.
+    fn of_row(executor: &serde_json::Value) -> ExecutorSummary {
+        let fields = ExecutorFields::deserialize(executor).unwrap_or_else(|e| {
+            tracing::warn!(error = %e, "a session's executor does not read as a spec or summary");
+            ExecutorFields::default()
+        });
+        ExecutorSummary {
+            kind: fields.kind.unwrap_or_else(|| "unknown".into()),
+            steps: fields.steps.map(|n| match n {
+                StepCount::Listed(steps) => steps.len(),
+                StepCount::Counted(n) => n,
+            }),
+            repeat: fields.repeat,
+            model: fields.model,
+            // Credentials in the userinfo or the query are never shown back.
+            url: fields.url.as_deref().map(crate::egress::redact_url),
+            queue: fields.queue,
+            tools: fields.tools,
         }
     }
 }
@@ -378,43 +426,7 @@ impl SessionView {
 impl From<Session> for SessionView {
     /// The one place the status document is made from the stored row.
     fn from(s: Session) -> SessionView {
-        let kind = s
-            .executor
-            .get("kind")
-            .and_then(|k| k.as_str())
-            .unwrap_or("unknown")
-            .to_string();
-        let executor = ExecutorSummary {
-            // An array in a full record, a count in a listed one.
-            steps: s.executor.get("steps").and_then(|v| {
-                v.as_array()
-                    .map(Vec::len)
-                    .or_else(|| v.as_u64().and_then(|n| usize::try_from(n).ok()))
-            }),
-            repeat: s.executor.get("repeat").and_then(|v| v.as_bool()),
-            model: s
-                .executor
-                .get("model")
-                .and_then(|v| v.as_str())
-                .map(str::to_string),
-            url: s
-                .executor
-                .get("url")
-                .or_else(|| s.executor.get("base_url"))
-                .and_then(|v| v.as_str())
-                // Credentials in the userinfo or the query are never shown back.
-                .map(crate::egress::redact_url),
-            queue: s
-                .executor
-                .get("queue")
-                .and_then(|v| v.as_str())
-                .map(str::to_string),
-            tools: s
-                .executor
-                .get("tools")
-                .and_then(|v| serde_json::from_value(v.clone()).ok()),
-            kind,
-        };
+        let executor = ExecutorSummary::of_row(&s.executor);
         let projection = s.percent_complete.and_then(|percent_complete| {
             let tokens = u64::try_from(s.tokens_used).unwrap_or(0);
             let iterations = u64::try_from(s.iterations).unwrap_or(0);

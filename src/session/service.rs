@@ -550,22 +550,14 @@ impl SessionService {
             .defaults
             .limits_for(mode)
             .for_create(&req.limits)?;
-        // The key never enters the stored spec: it is sealed on its own.
-        let mut public_spec = req.executor.clone();
-        let api_key = public_spec.take_api_key();
-        // So is the URL's query (it often is a credential); the stored spec
-        // only says there is one.
-        let url_query = public_spec.take_url_query();
-        let mut executor = serde_json::to_value(&public_spec)
+        // The key never enters the stored spec: it is sealed on its own. So
+        // is the URL's query (it often is a credential); the stored
+        // executor only says there is one.
+        let (stored, api_key, url_query) =
+            crate::executor::StoredExecutor::seal(req.executor.clone());
+        let executor = stored
+            .to_json()
             .map_err(|e| ServiceError::Invalid(format!("executor: {e}")))?;
-        if url_query.is_some()
-            && let Some(obj) = executor.as_object_mut()
-        {
-            obj.insert(
-                crate::executor::SEALED_QUERY_MARKER.into(),
-                serde_json::Value::String("<sealed>".into()),
-            );
-        }
         let split = split_tasks(&req.subgoals)?;
         let planner = self.planner();
         if req.generate_criteria && planner.is_none() {

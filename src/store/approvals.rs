@@ -31,7 +31,7 @@ pub struct ApprovalRow {
     /// Its arguments, as the agent asked (free-form agent data).
     pub arguments: Value,
     /// The arguments the person approved it with in place of the agent's;
-    /// absent when it was not edited (it runs as asked).
+    /// absent when it was not edited (it runs as asked). Free-form.
     pub edited_arguments: Option<Value>,
     /// The agent's text of the step: why it makes the call.
     pub reason: String,
@@ -60,7 +60,7 @@ pub struct NewApproval {
     pub tool_call_id: Option<String>,
     /// The tool or action.
     pub tool: String,
-    /// Its arguments.
+    /// Its arguments (free-form agent data).
     pub arguments: Value,
     /// The agent's text of the step.
     pub reason: String,
@@ -77,7 +77,8 @@ pub struct NewDecision<'a> {
     pub decided_by: Option<&'a str>,
     /// The person's message to the agent.
     pub message: Option<&'a str>,
-    /// The arguments the call runs with in place of the agent's (approvals only).
+    /// The arguments the call runs with in place of the agent's (approvals
+    /// only; free-form, as the agent's are).
     pub edited_arguments: Option<&'a Value>,
 }
 

@@ -163,7 +163,8 @@ pub struct EventRecord {
     pub seq: i64,
     /// Kind.
     pub kind: String,
-    /// Payload.
+    /// Payload: the JSON of the `SessionEvent` of this `kind`
+    /// (`SessionEvent::from_parts` reads it back).
     pub data: Value,
     /// When it was appended.
     pub created_at: DateTime<Utc>,
@@ -263,7 +264,11 @@ pub struct Session {
     pub eta_seconds: Option<f64>,
     /// Limits in force.
     pub limits: Json<Limits>,
-    /// Executor specification as given (its API key aside); in lists, its summary.
+    /// The executor as stored: the JSON of `executor::StoredExecutor` (the
+    /// spec, its secrets sealed apart), read typed by the executor layer
+    /// above the store (`StoredExecutor::from_json`); in lists, the summary
+    /// Postgres keeps (`warden_executor_summary`: kind, step count, repeat,
+    /// model, url).
     pub executor: Value,
     /// Iterations committed.
     pub iterations: i64,
@@ -412,7 +417,8 @@ pub struct NewSession {
     pub mode: Mode,
     /// Resolved limits.
     pub limits: Limits,
-    /// Executor specification.
+    /// The executor to store: `executor::StoredExecutor::to_json` (a type of
+    /// the layer above the store, so it arrives as its JSON).
     pub executor: Value,
     /// The goal as first given, when a refinement replaced it.
     pub original_goal: Option<String>,

@@ -40,7 +40,8 @@ pub struct NewWorkerTask<'a> {
     pub heartbeat_timeout_ms: u64,
     /// The same for every attempt of this iteration.
     pub idempotency_key: &'a str,
-    /// The step context (the webhook request).
+    /// The step context: the executor layer's webhook request, handed to
+    /// the worker as it is (the store reads only its `token_allowance`).
     pub context: &'a serde_json::Value,
 }
 
@@ -55,7 +56,8 @@ pub struct WorkerTaskSnapshot {
     pub offered_at: DateTime<Utc>,
     /// When the current lease lapses.
     pub lease_expires_at: Option<DateTime<Utc>>,
-    /// The outcome a worker reported.
+    /// The outcome a worker reported: free-form agent data, read as the
+    /// webhook answer by the waiting step.
     pub outcome: Option<serde_json::Value>,
     /// The last error (a failed attempt, a lapsed lease).
     pub last_error: Option<String>,
@@ -92,7 +94,7 @@ pub struct ClaimedWorkerTask {
     pub attempt: i32,
     /// Idempotency key.
     pub idempotency_key: String,
-    /// Step context.
+    /// Step context (the webhook request, as offered).
     pub context: serde_json::Value,
 }
 

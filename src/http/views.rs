@@ -2,7 +2,7 @@
 //! contract clients rely on (snake_case, see DESIGN.md "API contract").
 
 use chrono::{DateTime, Utc};
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use utoipa::{IntoParams, ToSchema};
 use uuid::Uuid;
 
@@ -18,6 +18,7 @@ use crate::policy::projection::{self, ProgressSample};
 use crate::policy::reflection::Assessment;
 use crate::session::LoggedEvent;
 use crate::session::live::StepInFlight;
+use crate::spec::ExecutorBrief;
 use crate::store::{ApprovalRow, CheckpointRecord, IterationRecord, ReflectionSummary, Session};
 
 /// A call that waits for (or had) a person's decision.
@@ -82,50 +83,23 @@ impl From<ApprovalRow> for ApprovalView {
     }
 }
 
-/// What a status shows of a row's executor, read from either form the row
-/// holds it in: the stored spec (`GET /{id}`), or the summary Postgres keeps
-/// beside it (lists, and the live view), where `steps` is a count and `url`
-/// is the spec's `url` or `base_url`.
-#[derive(Debug, Default, Deserialize)]
-struct ExecutorFields {
-    kind: Option<String>,
-    steps: Option<StepCount>,
-    repeat: Option<bool>,
-    model: Option<String>,
-    #[serde(alias = "base_url")]
-    url: Option<String>,
-    queue: Option<String>,
-    tools: Option<Vec<String>>,
-}
-
-/// Scripted steps: listed in a spec, counted in a summary.
-#[derive(Debug, Deserialize)]
-#[serde(untagged)]
-enum StepCount {
-    Listed(Vec<serde::de::IgnoredAny>),
-    Counted(usize),
-}
-
 impl ExecutorSummary {
-    /// The summary of a row's executor; one that does not read (a corrupt
-    /// row) shows as kind `unknown` rather than failing the whole status.
-    fn of_row(executor: &serde_json::Value) -> ExecutorSummary {
-        let fields = ExecutorFields::deserialize(executor).unwrap_or_else(|e| {
-            tracing::warn!(error = %e, "a session's executor does not read as a spec or summary");
-            ExecutorFields::default()
-        });
+    /// What the status shows of a row's executor: from its spec when the
+    /// row was read whole, else from the summary Postgres keeps (lists).
+    fn of_row(s: &Session) -> ExecutorSummary {
+        let brief = match &s.executor {
+            Some(stored) => ExecutorBrief::from(&stored.spec),
+            None => s.executor_summary.0.clone(),
+        };
         ExecutorSummary {
-            kind: fields.kind.unwrap_or_else(|| "unknown".into()),
-            steps: fields.steps.map(|n| match n {
-                StepCount::Listed(steps) => steps.len(),
-                StepCount::Counted(n) => n,
-            }),
-            repeat: fields.repeat,
-            model: fields.model,
+            kind: brief.kind,
+            steps: brief.steps,
+            repeat: brief.repeat,
+            model: brief.model,
             // Credentials in the userinfo or the query are never shown back.
-            url: fields.url.as_deref().map(crate::egress::redact_url),
-            queue: fields.queue,
-            tools: fields.tools,
+            url: brief.url.as_deref().map(crate::egress::redact_url),
+            queue: brief.queue,
+            tools: brief.tools,
         }
     }
 }
@@ -426,7 +400,7 @@ impl SessionView {
 impl From<Session> for SessionView {
     /// The one place the status document is made from the stored row.
     fn from(s: Session) -> SessionView {
-        let executor = ExecutorSummary::of_row(&s.executor);
+        let executor = ExecutorSummary::of_row(&s);
         let projection = s.percent_complete.and_then(|percent_complete| {
             let tokens = u64::try_from(s.tokens_used).unwrap_or(0);
             let iterations = u64::try_from(s.iterations).unwrap_or(0);
@@ -1044,7 +1018,7 @@ mod tests {
         let mut record = crate::session::live::tests::record();
         record.iterations = 3;
         record.elapsed_ms = 900;
-        record.executor = json!({ "kind": "scripted", "steps": 6 });
+        record.executor_summary.0.steps = Some(6);
         let started_at = Utc::now();
         let step = StepInFlight {
             iteration: 4,

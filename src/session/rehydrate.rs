@@ -5,6 +5,7 @@
 use std::sync::Arc;
 
 use sqlx::PgConnection;
+use sqlx::types::Json;
 use uuid::Uuid;
 
 use super::error::{Result, ServiceError};
@@ -88,13 +89,17 @@ pub async fn build_executor(
     mcp: &Arc<crate::mcp::McpRegistry>,
     on_delegated: Arc<dyn Fn() + Send + Sync>,
 ) -> Result<Box<dyn Executor>> {
-    let StoredExecutor {
+    let Some(Json(StoredExecutor {
         mut spec,
         query_sealed,
-    } = StoredExecutor::from_json(&session.executor).map_err(|e| StoreError::Corrupt {
-        id: session.id,
-        detail: format!("executor: {e}"),
-    })?;
+    })) = session.executor.clone()
+    else {
+        return Err(StoreError::Corrupt {
+            id: session.id,
+            detail: "executor: read without its spec".into(),
+        }
+        .into());
+    };
     let ring = || {
         config.keyring().ok_or_else(|| {
             ServiceError::Unavailable("the secret key (WARDEN_SECRET_KEY) is not loaded".into())

@@ -191,7 +191,7 @@ struct NewRequest {
     goal: String,
     mode: Mode,
     limits: Limits,
-    executor: serde_json::Value,
+    executor: crate::executor::StoredExecutor,
     /// The session's own model API key, stored sealed apart from `executor`.
     api_key: Option<crate::executor::ApiKey>,
     /// The query of the client-chosen URL, stored sealed apart from `executor`.
@@ -553,11 +553,8 @@ impl SessionService {
         // The key never enters the stored spec: it is sealed on its own. So
         // is the URL's query (it often is a credential); the stored
         // executor only says there is one.
-        let (stored, api_key, url_query) =
+        let (executor, api_key, url_query) =
             crate::executor::StoredExecutor::seal(req.executor.clone());
-        let executor = stored
-            .to_json()
-            .map_err(|e| ServiceError::Invalid(format!("executor: {e}")))?;
         let split = split_tasks(&req.subgoals)?;
         let planner = self.planner();
         if req.generate_criteria && planner.is_none() {

@@ -25,6 +25,7 @@ use crate::policy::lifecycle::{Mode, Reason, Status};
 use crate::policy::loop_state::{AppliedReflection, LoopState, StepEffects};
 use crate::policy::reflection::Assessment;
 use crate::policy::worker::WorkerTaskState;
+use crate::spec::{ExecutorBrief, StoredExecutor};
 
 /// Stores a lifecycle enum as its snake_case name in a `text` column. Written
 /// by hand rather than derived so policy stays free of sqlx, and so binding
@@ -264,12 +265,11 @@ pub struct Session {
     pub eta_seconds: Option<f64>,
     /// Limits in force.
     pub limits: Json<Limits>,
-    /// The executor as stored: the JSON of `executor::StoredExecutor` (the
-    /// spec, its secrets sealed apart), read typed by the executor layer
-    /// above the store (`StoredExecutor::from_json`); in lists, the summary
-    /// Postgres keeps (`warden_executor_summary`: kind, step count, repeat,
-    /// model, url).
-    pub executor: Value,
+    /// The executor as stored (`select_session!`); `None` where only its
+    /// summary is read (lists) or kept (the live view).
+    pub executor: Option<Json<StoredExecutor>>,
+    /// What lists and the status show of it: the summary Postgres keeps.
+    pub executor_summary: Json<ExecutorBrief>,
     /// Iterations committed.
     pub iterations: i64,
     /// Tokens used.
@@ -417,9 +417,8 @@ pub struct NewSession {
     pub mode: Mode,
     /// Resolved limits.
     pub limits: Limits,
-    /// The executor to store: `executor::StoredExecutor::to_json` (a type of
-    /// the layer above the store, so it arrives as its JSON).
-    pub executor: Value,
+    /// The executor to store (its secrets sealed apart).
+    pub executor: StoredExecutor,
     /// The goal as first given, when a refinement replaced it.
     pub original_goal: Option<String>,
     /// Refinement proposal (for sessions awaiting refinement, or applied automatically).

@@ -576,7 +576,8 @@ pub struct RefinementRecord {
     pub goal_before: String,
     /// Goal after.
     pub goal_after: String,
-    /// Details (patterns, confidence, limits).
+    /// Details (patterns, confidence, limits): their shape depends on
+    /// `kind`, and they are shown to clients as stored.
     pub data: Value,
     /// When.
     pub created_at: DateTime<Utc>,

@@ -22,6 +22,7 @@ const LAYERS: &[(&str, u8)] = &[
     ("event", 1),
     ("llm", 1),
     ("mcp", 1),
+    ("spec", 1),
     ("metrics", 1),
     ("store", 2),
     ("config", 2),

@@ -18,6 +18,7 @@ pub mod policy;
 pub mod ratelimit;
 pub mod secrets;
 pub mod session;
+pub mod spec;
 pub mod store;
 pub mod telemetry;
 pub mod thread_priority;

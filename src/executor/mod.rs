@@ -8,10 +8,11 @@ mod webhook;
 mod worker;
 pub mod workspace;
 
+pub use crate::spec::{ApiKey, ExecutorSpec, ScriptedDelegation, ScriptedStep, StoredExecutor};
 pub use llm::{LlmExecutor, SYSTEM_PROMPT};
 pub use scripted::{
     MAX_ACTION_CHARS, MAX_DELAY_MS, MAX_OUTPUT_CHARS, MAX_SCRIPTS, SCRIPT_NAME_PATTERN,
-    ScriptedDelegation, ScriptedExecutor, ScriptedStep,
+    ScriptedExecutor,
 };
 pub use webhook::{
     ActionApproval, ApprovalOutcome, WebhookExecutor, WebhookHistoryItem, WebhookRequest,
@@ -19,20 +20,17 @@ pub use webhook::{
 };
 pub use worker::{WorkerExecutor, WorkerSettings};
 
-use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::BoxFuture;
-use serde::{Deserialize, Serialize};
-use utoipa::ToSchema;
 use uuid::Uuid;
 
 use crate::egress::EgressPolicy;
 use crate::event::SessionEvent;
 use crate::llm::{LlmClient, LlmSettings, Message};
-use crate::policy::approval::{ApprovalPolicy, Decision};
+use crate::policy::approval::Decision;
 use crate::policy::delegation::{ChildReport, ChildRequest};
 use crate::policy::history::{FileWrite, Outcome, StepRecord};
 use crate::policy::sentinel::Sentinel;
@@ -340,111 +338,6 @@ pub trait TaskQueue: Send + Sync {
     fn write<'a>(&'a self, writes: &'a [TaskWrite]) -> BoxFuture<'a, Result<Vec<Task>, String>>;
 }
 
-/// How a session's iterations are performed, as given in the create request.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
-#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
-pub enum ExecutorSpec {
-    /// Steps given in the request: for demos, tests and dry runs of policy.
-    Scripted {
-        /// The steps, performed in order.
-        steps: Vec<ScriptedStep>,
-        /// Start again from the first step when the list runs out.
-        #[serde(default)]
-        repeat: bool,
-        /// Named scripts the tasks its steps delegate run (`delegate[].script`),
-        /// passed on to those children so that they can delegate too.
-        #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-        scripts: BTreeMap<String, Vec<ScriptedStep>>,
-    },
-    /// An OpenAI-compatible chat-completions model with tools, working in
-    /// the session's workspace. Unset fields come from the environment.
-    Llm {
-        /// Model name (default `WARDEN_LLM_MODEL`).
-        #[serde(default)]
-        model: Option<String>,
-        /// Base URL up to `/v1` (default `WARDEN_LLM_BASE_URL`).
-        #[serde(default)]
-        base_url: Option<String>,
-        /// API key for that endpoint (default `WARDEN_LLM_API_KEY`); stored
-        /// encrypted apart from the session, never shown back.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        #[schema(value_type = Option<String>)]
-        api_key: Option<ApiKey>,
-        /// Timeout of one model call in ms (default `WARDEN_LLM_TIMEOUT_MS`).
-        #[serde(default)]
-        timeout_ms: Option<u64>,
-        /// Most tokens one call may generate (default `WARDEN_LLM_MAX_TOKENS`).
-        #[serde(default)]
-        max_tokens_per_call: Option<u64>,
-        /// Sampling temperature.
-        #[serde(default)]
-        temperature: Option<f64>,
-        /// The tools the agent may use: `builtin` (the workspace tools), an
-        /// MCP server's name (all its tools) or `server:tool` (one tool);
-        /// servers are those the operator declared (`WARDEN_MCP_CONFIG`)
-        /// for the session's tenant. Absent: the built-in tools only. The
-        /// tools that end or pause a session are always offered.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        tools: Option<Vec<String>>,
-        /// Which tool calls wait for a person's approval (default: none).
-        #[serde(default, skip_serializing_if = "ApprovalPolicy::is_never")]
-        approvals: ApprovalPolicy,
-    },
-    /// An external agent: Warden POSTs each step's context to `url` and
-    /// reads back the outcome (see `WebhookRequest` / `WebhookResponse`).
-    Webhook {
-        /// The agent's step endpoint (http or https).
-        url: String,
-        /// Timeout of one step in ms (default 60000).
-        #[serde(default)]
-        timeout_ms: Option<u64>,
-    },
-    /// Agents that call Warden: each step becomes a task on `queue` that a
-    /// worker claims, heartbeats and completes (see `/api/workers`).
-    Worker {
-        /// The queue: 1 to 64 letters, digits, `-`, `_` or `.`.
-        queue: String,
-        /// Labels shown to workers with each task (at most 32, string values).
-        #[serde(default)]
-        labels: std::collections::BTreeMap<String, String>,
-        /// Lease of a claimed task in ms: a worker that does not heartbeat
-        /// within it loses the task, which is offered again (default 30000).
-        #[serde(default)]
-        heartbeat_timeout_ms: Option<u64>,
-        /// Attempts one step gets before it fails (default 3).
-        #[serde(default)]
-        max_attempts: Option<u32>,
-        /// How long a task may wait for a claim, in ms, before the session
-        /// pauses with reason `no_worker` (default 600000).
-        #[serde(default)]
-        worker_wait_timeout_ms: Option<u64>,
-    },
-}
-
-/// A session's own model API key: its `Debug` never shows it, and it is
-/// taken out of the spec before the spec is stored (see [`ExecutorSpec::take_api_key`]).
-#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(transparent)]
-pub struct ApiKey(String);
-
-impl ApiKey {
-    /// Wraps a key.
-    pub fn new(key: impl Into<String>) -> ApiKey {
-        ApiKey(key.into())
-    }
-
-    /// The key itself, for sealing and for the one request header it goes in.
-    pub fn expose(&self) -> &str {
-        &self.0
-    }
-}
-
-impl std::fmt::Debug for ApiKey {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("ApiKey(<redacted>)")
-    }
-}
-
 /// The query of a client-chosen URL (`?…`): often a credential (`?key=…`,
 /// a signed token), so it is kept like an API key: sealed apart from the
 /// stored spec, never shown, its `Debug` redacted.
@@ -469,9 +362,19 @@ impl std::fmt::Debug for UrlQuery {
     }
 }
 
-/// The key a stored executor JSON carries when its URL's query was taken
-/// off and sealed as the session secret of the same name.
-pub const SEALED_QUERY_MARKER: &str = crate::secrets::URL_QUERY;
+impl StoredExecutor {
+    /// Takes the secrets out of `spec`: what is stored, and the API key and
+    /// URL query to seal apart.
+    pub fn seal(mut spec: ExecutorSpec) -> (StoredExecutor, Option<ApiKey>, Option<UrlQuery>) {
+        let api_key = spec.take_api_key();
+        let url_query = spec.take_url_query();
+        let stored = StoredExecutor {
+            spec,
+            query_sealed: url_query.is_some(),
+        };
+        (stored, api_key, url_query)
+    }
+}
 
 /// Most scripted steps one session may carry.
 pub const MAX_SCRIPTED_STEPS: usize = 10_000;
@@ -784,7 +687,7 @@ impl ExecutorSpec {
                 &deps.tenant,
                 WorkerSettings {
                     queue: queue.clone(),
-                    labels: serde_json::to_value(labels).unwrap_or_default(),
+                    labels: labels.clone(),
                     heartbeat_timeout: Duration::from_millis(
                         heartbeat_timeout_ms.unwrap_or(30_000),
                     ),
@@ -1119,6 +1022,70 @@ mod tests {
 
     fn spec(value: serde_json::Value) -> ExecutorSpec {
         serde_json::from_value(value).unwrap()
+    }
+
+    #[test]
+    fn a_stored_executor_round_trips_with_its_secrets_sealed_apart() {
+        let (stored, key, query) = StoredExecutor::seal(llm_with_key());
+        assert_eq!(
+            key.map(|k| k.expose().to_string()).as_deref(),
+            Some("sk-spec-secret-1")
+        );
+        assert_eq!(query.as_ref().map(UrlQuery::expose), Some("k=q"));
+        assert!(stored.query_sealed);
+        let json = serde_json::to_value(&stored).unwrap();
+        assert!(!json.to_string().contains("sk-spec") && !json.to_string().contains("k=q"));
+        assert_eq!(
+            serde_json::from_value::<StoredExecutor>(json.clone()).unwrap(),
+            stored
+        );
+        // Given its secrets back, it is the spec as created.
+        let back = stored
+            .spec
+            .with_api_key(ApiKey::new("sk-spec-secret-1"))
+            .with_url_query(&UrlQuery::new("k=q"));
+        assert_eq!(back, llm_with_key());
+        // Without a query, nothing says there was one.
+        let (plain, _, none) = StoredExecutor::seal(spec(serde_json::json!({
+            "kind": "webhook", "url": "https://agent.example/step"
+        })));
+        assert!(none.is_none() && !plain.query_sealed);
+        let json = serde_json::to_value(&plain).unwrap();
+        assert!(json.get(crate::spec::SEALED_QUERY_KEY).is_none(), "{json}");
+        assert_eq!(
+            serde_json::from_value::<StoredExecutor>(json.clone()).unwrap(),
+            plain
+        );
+    }
+
+    #[test]
+    fn rows_written_by_older_versions_still_read() {
+        use serde_json::json;
+        // The marker older versions put beside the spec's fields.
+        let sealed = json!({ "kind": "webhook", "url": "https://agent.example/step",
+                             "timeout_ms": null, "url_query": "<sealed>" });
+        let read = serde_json::from_value::<StoredExecutor>(sealed).unwrap();
+        assert!(read.query_sealed);
+        assert_eq!(
+            read.spec,
+            spec(json!({ "kind": "webhook", "url": "https://agent.example/step" }))
+        );
+        // A key left in the spec from before keys were sealed still reads.
+        let keyed = json!({ "kind": "llm", "api_key": "sk-old" });
+        let read = serde_json::from_value::<StoredExecutor>(keyed).unwrap();
+        assert!(!read.query_sealed);
+        assert_eq!(
+            read.spec.clone().take_api_key(),
+            Some(ApiKey::new("sk-old"))
+        );
+        // A field no version wrote is refused (the row is corrupt), as is a non-object.
+        assert!(
+            serde_json::from_value::<StoredExecutor>(
+                json!({ "kind": "scripted", "steps": [], "x": 1 })
+            )
+            .is_err()
+        );
+        assert!(serde_json::from_value::<StoredExecutor>(json!("scripted")).is_err());
     }
 
     #[test]

@@ -7,13 +7,11 @@ use std::time::Duration;
 
 use futures::FutureExt;
 use futures::future::BoxFuture;
-use serde::{Deserialize, Serialize};
-use utoipa::ToSchema;
 
 use super::{ChildDesk, Executor, ExecutorError, StepContext, StepOutput, StepResult};
-use crate::policy::delegation::ChildRequest;
 use crate::policy::history::{FileWrite, Outcome};
 use crate::policy::sentinel::{Sentinel, SignalKind};
+use crate::spec::{ScriptedDelegation, ScriptedStep};
 
 /// Longest delay one scripted step may ask for (one hour).
 pub const MAX_DELAY_MS: u64 = 3_600_000;
@@ -21,89 +19,6 @@ pub const MAX_DELAY_MS: u64 = 3_600_000;
 pub const MAX_ACTION_CHARS: usize = 200;
 /// Longest step output, in characters.
 pub const MAX_OUTPUT_CHARS: usize = 1_000_000;
-
-fn default_outcome() -> Outcome {
-    Outcome::Success
-}
-
-/// One step of a scripted session.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct ScriptedStep {
-    /// Action name, e.g. `write_file`.
-    pub action: String,
-    /// Arguments of the action (compared to detect rework).
-    #[serde(default)]
-    #[schema(value_type = Object)]
-    pub arguments: serde_json::Value,
-    /// `success` (default), `failure` or `error`.
-    #[serde(default = "default_outcome")]
-    #[schema(value_type = String, example = "success")]
-    pub outcome: Outcome,
-    /// Tokens the step reports as used; more than the step's allowance
-    /// (what is left of the budget) is charged as the allowance and ends
-    /// the session `stopped / cost_limit`.
-    #[serde(default)]
-    pub tokens: u64,
-    /// Output text; a final line `<<WARDEN_GOAL_DONE: …>>` or `<<WARDEN_GOAL_BLOCKED: …>>` is a stop signal.
-    #[serde(default)]
-    pub output: String,
-    /// How long the step takes, in ms (at most one hour).
-    #[serde(default)]
-    pub delay_ms: u64,
-    /// Tool calls the step reports.
-    #[serde(default)]
-    pub tool_calls: u64,
-    /// The step is polling a long-running job (exempt from repeat detection).
-    #[serde(default)]
-    pub waiting: bool,
-    /// Files the step claims to write: path and content digest.
-    #[serde(default)]
-    #[schema(value_type = Vec<Object>)]
-    pub files: Vec<FileWrite>,
-    /// Tasks the step delegates to child sessions.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schema(no_recursion)]
-    pub delegate: Vec<ScriptedDelegation>,
-}
-
-/// A task a scripted step delegates: the request, and the script of the
-/// executor's `scripts` the child runs (without one, the child runs its
-/// parent's steps).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct ScriptedDelegation {
-    /// The child's goal.
-    pub goal: String,
-    /// How the child knows it is done.
-    #[serde(default)]
-    pub success_criteria: Vec<String>,
-    /// Fraction of the session's remaining budget the child gets (0 < share ≤ 1).
-    #[serde(default)]
-    pub budget_share: Option<f64>,
-    /// Whether the session waits (pauses) until its children end (default true).
-    #[serde(default = "wait_by_default")]
-    pub wait: bool,
-    /// The name of the child's script in `executor.scripts`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub script: Option<String>,
-}
-
-fn wait_by_default() -> bool {
-    true
-}
-
-impl ScriptedDelegation {
-    /// The task as a request for a child.
-    pub fn request(&self) -> ChildRequest {
-        ChildRequest {
-            goal: self.goal.clone(),
-            success_criteria: self.success_criteria.clone(),
-            budget_share: self.budget_share,
-            wait: self.wait,
-        }
-    }
-}
 
 /// Most named scripts a scripted executor may carry.
 pub const MAX_SCRIPTS: usize = 16;

@@ -16,7 +16,7 @@ use super::{
     ApprovalDesk, ChildDesk, Executor, ExecutorError, Interruption, StepContext, StepResult,
     WebhookResponse,
 };
-use crate::policy::worker::{self, AttemptEnd, TaskFacts, TaskState, TaskVerdict};
+use crate::policy::worker::{self, AttemptEnd, TaskFacts, TaskState, TaskVerdict, WorkerTaskState};
 use crate::store::{
     NewWorkerTask, Store, StoreError, TaskEnd, TenantScope, wait_for_worker_change,
 };
@@ -31,7 +31,7 @@ pub struct WorkerSettings {
     /// The queue its tasks go on.
     pub queue: String,
     /// Labels shown to workers.
-    pub labels: serde_json::Value,
+    pub labels: std::collections::BTreeMap<String, String>,
     /// Lease length: a worker that does not heartbeat within it loses the task.
     pub heartbeat_timeout: Duration,
     /// Attempts a step gets.
@@ -134,16 +134,16 @@ impl WorkerExecutor {
                 return Err(failed("the session was taken over by another run".into()));
             }
             let ms = |t: chrono::DateTime<chrono::Utc>| (t - now.now).num_milliseconds();
-            let state = match now.state.as_str() {
-                "pending" => TaskState::Pending,
-                "claimed" => TaskState::Claimed {
+            let state = match now.state {
+                WorkerTaskState::Pending => TaskState::Pending,
+                WorkerTaskState::Claimed => TaskState::Claimed {
                     lease_left_ms: now.lease_expires_at.map_or(0, ms),
                 },
-                "completed" => TaskState::Completed,
-                "failed" => TaskState::Failed {
+                WorkerTaskState::Completed => TaskState::Completed,
+                WorkerTaskState::Failed => TaskState::Failed {
                     retryable: now.retryable,
                 },
-                _ => TaskState::Cancelled,
+                WorkerTaskState::Cancelled => TaskState::Cancelled,
             };
             let attempt = u32::try_from(now.attempt).unwrap_or(u32::MAX);
             let verdict = worker::decide(&TaskFacts {

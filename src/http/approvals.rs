@@ -16,10 +16,10 @@ use super::AppState;
 use super::error::{ApiError, ApiResult, Problem};
 use super::extract::{ApiJson, ApiQuery, SessionId, WrittenCallId};
 use super::paging::{MAX_LIST_LIMIT, next_after, page_limit};
-use super::views::SessionView;
+use super::views::{ApprovalView, SessionView};
 use crate::auth::Principal;
 use crate::policy::approval::Decision;
-use crate::session::{Approval, ApprovalCursor, ChildAttention, NewDecision};
+use crate::session::{ApprovalCursor, ChildAttention, NewDecision};
 
 /// The approval routes, relative to `/api/autonomous`.
 pub fn router() -> Router<AppState> {
@@ -81,12 +81,12 @@ pub struct ApprovalListQuery {
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct ApprovalPage {
     /// The calls.
-    pub items: Vec<Approval>,
+    pub items: Vec<ApprovalView>,
     /// Pass as `cursor` for the next page; absent on the last.
     pub next_cursor: Option<String>,
 }
 
-fn encode_cursor(a: &Approval) -> String {
+fn encode_cursor(a: &ApprovalView) -> String {
     format!(
         "{}_{}_{}",
         a.requested_at.timestamp_micros(),
@@ -143,7 +143,10 @@ pub async fn list_approvals(
         .service
         .reads()
         .waiting_approvals(&caller.scope, after.as_ref(), limit)
-        .await?;
+        .await?
+        .into_iter()
+        .map(ApprovalView::from)
+        .collect::<Vec<_>>();
     let next_cursor = next_after(&items, limit, encode_cursor);
     Ok(Json(ApprovalPage { items, next_cursor }))
 }
@@ -306,7 +309,7 @@ mod tests {
 
     #[test]
     fn a_cursor_reads_back() {
-        let approval = Approval {
+        let approval = ApprovalView {
             session_id: Uuid::nil(),
             call_id: "3.1".into(),
             iteration: 3,

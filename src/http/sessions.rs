@@ -328,7 +328,10 @@ pub(super) async fn show_pending_approvals(
         .service
         .reads()
         .waiting_approvals_of(doc.id, scope)
-        .await?;
+        .await?
+        .into_iter()
+        .map(super::views::ApprovalView::from)
+        .collect();
     if !doc.pending_approvals.is_empty() {
         doc.allowed_actions.retain(|a| *a != Action::Resume);
     }

@@ -8,6 +8,7 @@ use utoipa::{IntoParams, ToSchema};
 use uuid::Uuid;
 
 use crate::event::{RefinementProposal, SessionEvent};
+use crate::policy::approval::Decision;
 use crate::policy::checklist::ChecklistItem;
 use crate::policy::eta::{self, EtaBasis};
 use crate::policy::excerpt;
@@ -18,7 +19,91 @@ use crate::policy::projection::{self, ProgressSample};
 use crate::policy::reflection::Assessment;
 use crate::session::LoggedEvent;
 use crate::session::live::StepInFlight;
-use crate::session::{CheckpointRecord, IterationRecord, ReflectionSummary, Session};
+use crate::session::{ApprovalRow, CheckpointRecord, IterationRecord, ReflectionSummary, Session};
+use crate::spec::ExecutorBrief;
+
+/// A call that waits for (or had) a person's decision.
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+#[schema(as = Approval)]
+pub struct ApprovalView {
+    /// The session.
+    pub session_id: Uuid,
+    /// Warden's name of the call: `{iteration}.{call_index}`.
+    pub call_id: String,
+    /// The step that asked.
+    pub iteration: i64,
+    /// Which call of the step (0-based).
+    pub call_index: i32,
+    /// The model's own id of the tool call, when a model made it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+    /// The tool (or the webhook or worker agent's action).
+    pub tool: String,
+    /// Its arguments, as the agent asked.
+    #[schema(value_type = Object)]
+    pub arguments: serde_json::Value,
+    /// The arguments the person approved it with in place of the agent's;
+    /// absent when it was not edited (it runs as asked).
+    #[schema(value_type = Option<Object>)]
+    pub edited_arguments: Option<serde_json::Value>,
+    /// The agent's text of the step: why it makes the call.
+    pub reason: String,
+    /// When it was asked for.
+    pub requested_at: DateTime<Utc>,
+    /// When it expires undecided (`WARDEN_APPROVAL_TIMEOUT_MS` after the request).
+    pub expires_at: DateTime<Utc>,
+    /// `approve`, `reject` or `expired`; absent while it waits.
+    pub decision: Option<Decision>,
+    /// Which key decided (its public prefix); absent when it expired.
+    pub decided_by: Option<String>,
+    /// When it was decided.
+    pub decided_at: Option<DateTime<Utc>>,
+    /// The person's message to the agent.
+    pub message: Option<String>,
+}
+
+impl From<ApprovalRow> for ApprovalView {
+    fn from(r: ApprovalRow) -> ApprovalView {
+        ApprovalView {
+            session_id: r.session_id,
+            call_id: r.call_id,
+            iteration: r.iteration,
+            call_index: r.call_index,
+            tool_call_id: r.tool_call_id,
+            tool: r.tool,
+            arguments: r.arguments,
+            edited_arguments: r.edited_arguments,
+            reason: r.reason,
+            requested_at: r.requested_at,
+            expires_at: r.expires_at,
+            decision: r.decision,
+            decided_by: r.decided_by,
+            decided_at: r.decided_at,
+            message: r.message,
+        }
+    }
+}
+
+impl ExecutorSummary {
+    /// What the status shows of a row's executor: from its spec when the
+    /// row was read whole, else from the summary Postgres keeps (lists).
+    fn of_row(s: &Session) -> ExecutorSummary {
+        let brief = match &s.executor {
+            Some(stored) => ExecutorBrief::from(&stored.spec),
+            None => s.executor_summary.0.clone(),
+        };
+        ExecutorSummary {
+            kind: brief.kind,
+            steps: brief.steps,
+            repeat: brief.repeat,
+            model: brief.model,
+            // Credentials in the userinfo or the query are never shown back.
+            url: brief.url.as_deref().map(crate::egress::redact_url),
+            queue: brief.queue,
+            tools: brief.tools,
+        }
+    }
+}
 
 /// Which executor a session uses.
 #[derive(Debug, Clone, Serialize, ToSchema)]
@@ -228,7 +313,7 @@ pub struct SessionView {
     /// `approval_required`; on `GET /{id}` and decisions only): the tool,
     /// its arguments and the agent's reason, and the `call_id` to decide on.
     #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub pending_approvals: Vec<crate::session::Approval>,
+    pub pending_approvals: Vec<ApprovalView>,
     /// The session that delegated this one (null for a top-level session).
     pub parent_id: Option<Uuid>,
     /// How deep in its tree it is: 0 for a top-level session.
@@ -324,43 +409,7 @@ impl SessionView {
 impl From<Session> for SessionView {
     /// The one place the status document is made from the stored row.
     fn from(s: Session) -> SessionView {
-        let kind = s
-            .executor
-            .get("kind")
-            .and_then(|k| k.as_str())
-            .unwrap_or("unknown")
-            .to_string();
-        let executor = ExecutorSummary {
-            // An array in a full record, a count in a listed one.
-            steps: s.executor.get("steps").and_then(|v| {
-                v.as_array()
-                    .map(Vec::len)
-                    .or_else(|| v.as_u64().and_then(|n| usize::try_from(n).ok()))
-            }),
-            repeat: s.executor.get("repeat").and_then(|v| v.as_bool()),
-            model: s
-                .executor
-                .get("model")
-                .and_then(|v| v.as_str())
-                .map(str::to_string),
-            url: s
-                .executor
-                .get("url")
-                .or_else(|| s.executor.get("base_url"))
-                .and_then(|v| v.as_str())
-                // Credentials in the userinfo or the query are never shown back.
-                .map(crate::egress::redact_url),
-            queue: s
-                .executor
-                .get("queue")
-                .and_then(|v| v.as_str())
-                .map(str::to_string),
-            tools: s
-                .executor
-                .get("tools")
-                .and_then(|v| serde_json::from_value(v.clone()).ok()),
-            kind,
-        };
+        let executor = ExecutorSummary::of_row(&s);
         let projection = s.percent_complete.and_then(|percent_complete| {
             let tokens = u64::try_from(s.tokens_used).unwrap_or(0);
             let iterations = u64::try_from(s.iterations).unwrap_or(0);
@@ -980,7 +1029,7 @@ mod tests {
         let mut record = crate::session::live::tests::record();
         record.iterations = 3;
         record.elapsed_ms = 900;
-        record.executor = json!({ "kind": "scripted", "steps": 6 });
+        record.executor_summary.0.steps = Some(6);
         let started_at = Utc::now();
         let step = StepInFlight {
             iteration: 4,

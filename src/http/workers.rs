@@ -339,7 +339,7 @@ pub async fn claim(
         heartbeat_timeout_ms: u64::try_from(task.heartbeat_timeout_ms).unwrap_or(0),
         session_id: task.session_id,
         queue: task.queue,
-        labels: serde_json::from_value(task.labels).unwrap_or_default(),
+        labels: task.labels,
         iteration: u64::try_from(task.iteration).unwrap_or(0),
         attempt: u32::try_from(task.attempt).unwrap_or(0),
         idempotency_key: task.idempotency_key,

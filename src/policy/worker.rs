@@ -3,6 +3,51 @@
 //! attempt, fail the step once its attempts are spent, pause the session
 //! when no worker claims the task in time, or give the step up for a pause.
 
+/// A worker task's stored state (the `worker_tasks.state` column). A name
+/// the column does not know is refused when read, never guessed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WorkerTaskState {
+    /// Offered; no worker holds it.
+    Pending,
+    /// A worker holds it under a lease.
+    Claimed,
+    /// A worker reported the outcome.
+    Completed,
+    /// A worker reported an error (or its attempts are spent).
+    Failed,
+    /// The step was given up.
+    Cancelled,
+}
+
+impl WorkerTaskState {
+    /// Every state, in the column's order.
+    pub const ALL: [WorkerTaskState; 5] = [
+        WorkerTaskState::Pending,
+        WorkerTaskState::Claimed,
+        WorkerTaskState::Completed,
+        WorkerTaskState::Failed,
+        WorkerTaskState::Cancelled,
+    ];
+
+    /// Its stored name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WorkerTaskState::Pending => "pending",
+            WorkerTaskState::Claimed => "claimed",
+            WorkerTaskState::Completed => "completed",
+            WorkerTaskState::Failed => "failed",
+            WorkerTaskState::Cancelled => "cancelled",
+        }
+    }
+
+    /// The state stored as `name`, if it is one.
+    pub fn parse(name: &str) -> Option<WorkerTaskState> {
+        WorkerTaskState::ALL
+            .into_iter()
+            .find(|s| s.as_str() == name)
+    }
+}
+
 /// Where a task stands.
 #[derive(Debug, Clone, PartialEq)]
 pub enum TaskState {
@@ -193,8 +238,8 @@ impl BeatReason {
 /// What a heartbeat is answered from: the task, and its session.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BeatFacts<'a> {
-    /// The task's state (`pending`, `claimed`, `completed`, `failed`, `cancelled`).
-    pub state: &'a str,
+    /// The task's state.
+    pub state: WorkerTaskState,
     /// Its stored reason (why cancelled; `draining` on a claimed task).
     pub cancel_reason: Option<&'a str>,
     /// Its lease has not lapsed.
@@ -232,19 +277,23 @@ pub enum BeatVerdict {
 pub fn heartbeat(facts: &BeatFacts<'_>) -> BeatVerdict {
     let cancel = |reason, end_task| BeatVerdict::Cancel { reason, end_task };
     match facts.state {
-        "cancelled" => cancel(BeatReason::from_stored(facts.cancel_reason), false),
-        "claimed" if !facts.lease_live => cancel(BeatReason::LeaseLost, false),
-        "claimed" if facts.stop_requested || !matches!(facts.status, "running" | "paused") => {
+        WorkerTaskState::Cancelled => cancel(BeatReason::from_stored(facts.cancel_reason), false),
+        WorkerTaskState::Claimed if !facts.lease_live => cancel(BeatReason::LeaseLost, false),
+        WorkerTaskState::Claimed
+            if facts.stop_requested || !matches!(facts.status, "running" | "paused") =>
+        {
             cancel(BeatReason::Stopped, true)
         }
-        "claimed" if facts.pause_requested || facts.status == "paused" => {
+        WorkerTaskState::Claimed if facts.pause_requested || facts.status == "paused" => {
             cancel(BeatReason::Paused, true)
         }
-        "claimed" => BeatVerdict::Extend {
+        WorkerTaskState::Claimed => BeatVerdict::Extend {
             note: (facts.cancel_reason == Some(BeatReason::Draining.as_str()))
                 .then_some(BeatReason::Draining),
         },
-        _ => BeatVerdict::Lost,
+        WorkerTaskState::Pending | WorkerTaskState::Completed | WorkerTaskState::Failed => {
+            BeatVerdict::Lost
+        }
     }
 }
 
@@ -385,7 +434,7 @@ mod tests {
         assert_eq!(decide(&paused), TaskVerdict::Abandon);
     }
 
-    fn beat(state: &str) -> BeatFacts<'_> {
+    fn beat(state: WorkerTaskState) -> BeatFacts<'static> {
         BeatFacts {
             state,
             cancel_reason: None,
@@ -417,12 +466,12 @@ mod tests {
     #[test]
     fn a_held_lease_is_extended_and_a_drain_is_said_along() {
         assert_eq!(
-            heartbeat(&beat("claimed")),
+            heartbeat(&beat(WorkerTaskState::Claimed)),
             BeatVerdict::Extend { note: None }
         );
         let draining = BeatFacts {
             cancel_reason: Some("draining"),
-            ..beat("claimed")
+            ..beat(WorkerTaskState::Claimed)
         };
         assert_eq!(
             heartbeat(&draining),
@@ -442,24 +491,24 @@ mod tests {
             stop_requested: true,
             pause_requested: true,
             cancel_reason: Some("draining"),
-            ..beat("claimed")
+            ..beat(WorkerTaskState::Claimed)
         };
         assert_eq!(heartbeat(&stop), cancel(BeatReason::Stopped));
         for ended in ["completed", "failed", "interrupted", "queued"] {
             let facts = BeatFacts {
                 status: ended,
-                ..beat("claimed")
+                ..beat(WorkerTaskState::Claimed)
             };
             assert_eq!(heartbeat(&facts), cancel(BeatReason::Stopped), "{ended}");
         }
         let pause = BeatFacts {
             pause_requested: true,
-            ..beat("claimed")
+            ..beat(WorkerTaskState::Claimed)
         };
         assert_eq!(heartbeat(&pause), cancel(BeatReason::Paused));
         let paused = BeatFacts {
             status: "paused",
-            ..beat("claimed")
+            ..beat(WorkerTaskState::Claimed)
         };
         assert_eq!(heartbeat(&paused), cancel(BeatReason::Paused));
     }
@@ -469,7 +518,7 @@ mod tests {
         let lapsed = BeatFacts {
             lease_live: false,
             stop_requested: true,
-            ..beat("claimed")
+            ..beat(WorkerTaskState::Claimed)
         };
         assert_eq!(
             heartbeat(&lapsed),
@@ -485,7 +534,7 @@ mod tests {
         for reason in BeatReason::ALL {
             let facts = BeatFacts {
                 cancel_reason: Some(reason.as_str()),
-                ..beat("cancelled")
+                ..beat(WorkerTaskState::Cancelled)
             };
             assert_eq!(
                 heartbeat(&facts),
@@ -495,8 +544,30 @@ mod tests {
                 }
             );
         }
-        for settled in ["pending", "completed", "failed"] {
-            assert_eq!(heartbeat(&beat(settled)), BeatVerdict::Lost, "{settled}");
+        for settled in [
+            WorkerTaskState::Pending,
+            WorkerTaskState::Completed,
+            WorkerTaskState::Failed,
+        ] {
+            assert_eq!(heartbeat(&beat(settled)), BeatVerdict::Lost, "{settled:?}");
         }
+    }
+
+    #[test]
+    fn every_task_state_has_one_name_and_reads_back() {
+        let names: Vec<&str> = WorkerTaskState::ALL.iter().map(|s| s.as_str()).collect();
+        assert_eq!(
+            names,
+            ["pending", "claimed", "completed", "failed", "cancelled"]
+        );
+        for state in WorkerTaskState::ALL {
+            assert_eq!(WorkerTaskState::parse(state.as_str()), Some(state));
+        }
+        assert_eq!(WorkerTaskState::parse("Cancelled"), None);
+        assert_eq!(
+            WorkerTaskState::parse("lost"),
+            None,
+            "an unknown name is refused"
+        );
     }
 }

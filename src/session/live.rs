@@ -13,6 +13,7 @@ use std::sync::{Mutex, MutexGuard};
 use chrono::{DateTime, DurationRound, TimeDelta, Utc};
 use sqlx::types::Json;
 
+use crate::spec::ExecutorBrief;
 use crate::store::{ControlFlags, Session};
 
 /// Iterations committed per minute, oldest minute first.
@@ -90,29 +91,19 @@ fn minute(at: DateTime<Utc>) -> DateTime<Utc> {
     at.duration_trunc(TimeDelta::minutes(1)).unwrap_or(at)
 }
 
-/// `record` as the view keeps it: a scripted executor's steps as their
-/// count, the form a listed record has too (the status shows only the
-/// count), so a waiting session does not hold its script twice.
+/// `record` as the view keeps it: its executor's summary (made from the
+/// spec, so it says all the status shows), not the spec itself, so a
+/// waiting session does not hold its script twice.
 fn compact(record: &Session) -> Session {
-    let mut kept = Session {
-        executor: serde_json::Value::Null,
+    let executor_summary = match &record.executor {
+        Some(stored) => Json(ExecutorBrief::from(&stored.spec)),
+        None => record.executor_summary.clone(),
+    };
+    Session {
+        executor: None,
+        executor_summary,
         ..record.clone()
-    };
-    kept.executor = match &record.executor {
-        serde_json::Value::Object(fields) => serde_json::Value::Object(
-            fields
-                .iter()
-                .map(|(k, v)| match v {
-                    serde_json::Value::Array(steps) if k == "steps" => {
-                        (k.clone(), serde_json::Value::from(steps.len()))
-                    }
-                    other => (k.clone(), other.clone()),
-                })
-                .collect(),
-        ),
-        other => other.clone(),
-    };
-    kept
+    }
 }
 
 impl LiveView {
@@ -307,7 +298,6 @@ fn apply_flags(record: &mut Session, flags: &ControlFlags) {
 
 #[cfg(test)]
 pub(crate) mod tests {
-    use serde_json::json;
     use uuid::Uuid;
 
     use super::*;
@@ -338,7 +328,11 @@ pub(crate) mod tests {
             percent_complete: None,
             eta_seconds: None,
             limits: Json(roomy()),
-            executor: json!({ "kind": "scripted" }),
+            executor: None,
+            executor_summary: Json(ExecutorBrief {
+                kind: "scripted".into(),
+                ..ExecutorBrief::default()
+            }),
             iterations: 0,
             tokens_used: 0,
             tool_calls: 0,

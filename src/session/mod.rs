@@ -41,8 +41,8 @@ pub use workers::{ClaimedStep, WorkerProtocol};
 // and what it needs to map errors and record the actor: it names them here,
 // never `crate::store` (handlers call use cases, not the store).
 pub use crate::store::{
-    ACTOR, Approval, ApprovalCursor, CheckpointRecord, ChildAttention, IterationRecord, KeyRecord,
-    LeaseCheck, NewDecision, Outcomes, RefinementRecord, ReflectionRecord, ReflectionSummary,
-    Session, SessionCursor, SessionFilter, SessionOrder, SessionSortKey, Settlement, StoreError,
-    Task, TenantScope, TreeRow, is_unavailable, storable_text,
+    ACTOR, ApprovalCursor, ApprovalRow, CheckpointRecord, ChildAttention, IterationRecord,
+    KeyRecord, LeaseCheck, NewDecision, Outcomes, RefinementRecord, ReflectionRecord,
+    ReflectionSummary, Session, SessionCursor, SessionFilter, SessionOrder, SessionSortKey,
+    Settlement, StoreError, Task, TenantScope, TreeRow, is_unavailable, storable_text,
 };

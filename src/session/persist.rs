@@ -306,7 +306,7 @@ mod tests {
             goal: goal.into(),
             mode: Mode::Fixed,
             limits: roomy(),
-            executor: json!({ "kind": "scripted", "steps": [] }),
+            executor: serde_json::from_value(json!({ "kind": "scripted", "steps": [] })).unwrap(),
             tenant: "default".into(),
             original_goal: Some(original.into()),
             refinement: Some(crate::event::RefinementProposal {

@@ -12,7 +12,7 @@ use super::error::Result;
 use super::event_codec;
 use crate::event::SessionEvent;
 use crate::store::{
-    Approval, ApprovalCursor, CheckpointRecord, EventRecord, IterationRecord, Outcomes,
+    ApprovalCursor, ApprovalRow, CheckpointRecord, EventRecord, IterationRecord, Outcomes,
     RefinementRecord, ReflectionRecord, Session, Store, Task, TenantScope, TreeRow,
 };
 
@@ -182,7 +182,7 @@ impl SessionReads {
         &self,
         id: Uuid,
         scope: &TenantScope,
-    ) -> Result<Vec<Approval>> {
+    ) -> Result<Vec<ApprovalRow>> {
         Ok(self.store.waiting_approvals_of(id, scope).await?)
     }
 
@@ -192,7 +192,7 @@ impl SessionReads {
         scope: &TenantScope,
         after: Option<&ApprovalCursor>,
         limit: i64,
-    ) -> Result<Vec<Approval>> {
+    ) -> Result<Vec<ApprovalRow>> {
         Ok(self.store.waiting_approvals(scope, after, limit).await?)
     }
 

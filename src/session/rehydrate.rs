@@ -5,14 +5,13 @@
 use std::sync::Arc;
 
 use sqlx::PgConnection;
+use sqlx::types::Json;
 use uuid::Uuid;
 
 use super::error::{Result, ServiceError};
 use super::journal::{StoreApprovalDesk, StoreChildDesk, StoreJournal, StoreTaskQueue};
 use crate::config::Config;
-use crate::executor::{
-    ApiKey, Executor, ExecutorDeps, ExecutorSpec, SEALED_QUERY_MARKER, UrlQuery,
-};
+use crate::executor::{ApiKey, Executor, ExecutorDeps, ExecutorSpec, StoredExecutor, UrlQuery};
 use crate::llm::Message;
 use crate::policy::delegation::TreeLimits;
 use crate::policy::loop_state::LoopState;
@@ -90,16 +89,17 @@ pub async fn build_executor(
     mcp: &Arc<crate::mcp::McpRegistry>,
     on_delegated: Arc<dyn Fn() + Send + Sync>,
 ) -> Result<Box<dyn Executor>> {
-    let mut stored = session.executor.clone();
-    let query_sealed = stored
-        .as_object_mut()
-        .and_then(|obj| obj.remove(SEALED_QUERY_MARKER))
-        .is_some();
-    let mut spec: ExecutorSpec =
-        serde_json::from_value(stored).map_err(|e| StoreError::Corrupt {
+    let Some(Json(StoredExecutor {
+        mut spec,
+        query_sealed,
+    })) = session.executor.clone()
+    else {
+        return Err(StoreError::Corrupt {
             id: session.id,
-            detail: format!("executor: {e}"),
-        })?;
+            detail: "executor: read without its spec".into(),
+        }
+        .into());
+    };
     let ring = || {
         config.keyring().ok_or_else(|| {
             ServiceError::Unavailable("the secret key (WARDEN_SECRET_KEY) is not loaded".into())

@@ -202,7 +202,7 @@ struct NewRequest {
     goal: String,
     mode: Mode,
     limits: Limits,
-    executor: serde_json::Value,
+    executor: crate::executor::StoredExecutor,
     /// The session's own model API key, stored sealed apart from `executor`.
     api_key: Option<crate::executor::ApiKey>,
     /// The query of the client-chosen URL, stored sealed apart from `executor`.
@@ -569,25 +569,21 @@ impl SessionService {
             .defaults
             .limits_for(mode)
             .for_create(&req.limits)?;
-        // The key never enters the stored spec: it is sealed on its own.
-        let mut public_spec = req.executor.clone();
-        let api_key = public_spec.take_api_key();
-        // So is the URL's query (it often is a credential); the stored spec
-        // only says there is one.
-        let url_query = public_spec.take_url_query();
-        let mut executor = serde_json::to_value(&public_spec)
-            .map_err(|e| ServiceError::Invalid(format!("executor: {e}")))?;
-        if url_query.is_some()
-            && let Some(obj) = executor.as_object_mut()
-        {
-            obj.insert(
-                crate::executor::SEALED_QUERY_MARKER.into(),
-                serde_json::Value::String("<sealed>".into()),
-            );
-        }
+        // The key never enters the stored spec: it is sealed on its own. So
+        // is the URL's query (it often is a credential); the stored
+        // executor only says there is one.
+        let (executor, api_key, url_query) =
+            crate::executor::StoredExecutor::seal(req.executor.clone());
         // A subgoal with steps of its own still gets the session's named
         // scripts, so its own steps can delegate to them.
-        let split = split_tasks(&req.subgoals, executor.get("scripts"))?;
+        let scripts = match &executor.spec {
+            crate::executor::ExecutorSpec::Scripted { scripts, .. } if !scripts.is_empty() => Some(
+                serde_json::to_value(scripts)
+                    .map_err(|e| ServiceError::Invalid(format!("executor.scripts: {e}")))?,
+            ),
+            _ => None,
+        };
+        let split = split_tasks(&req.subgoals, scripts.as_ref())?;
         let planner = self.planner();
         if req.generate_criteria && planner.is_none() {
             return Err(ServiceError::Invalid(

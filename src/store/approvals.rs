@@ -4,19 +4,18 @@
 //! every read joins the session and keeps `iteration <= sessions.iterations`.
 
 use chrono::{DateTime, Utc};
-use serde::Serialize;
 use serde_json::Value;
 use sqlx::PgConnection;
-use utoipa::ToSchema;
 use uuid::Uuid;
 
 use super::rows::Lease;
 use super::{Result, Store, StoreError, TenantScope};
 use crate::policy::approval::Decision;
 
-/// A call that waits for (or had) a person's decision.
-#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
-pub struct Approval {
+/// A call that waits for (or had) a person's decision: the `approvals`
+/// row (the API shows it as `http::views::ApprovalView`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ApprovalRow {
     /// The session.
     pub session_id: Uuid,
     /// Warden's name of the call: `{iteration}.{call_index}`.
@@ -26,16 +25,13 @@ pub struct Approval {
     /// Which call of the step (0-based).
     pub call_index: i32,
     /// The model's own id of the tool call, when a model made it.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub tool_call_id: Option<String>,
     /// The tool (or the webhook or worker agent's action).
     pub tool: String,
-    /// Its arguments, as the agent asked.
-    #[schema(value_type = Object)]
+    /// Its arguments, as the agent asked (free-form agent data).
     pub arguments: Value,
     /// The arguments the person approved it with in place of the agent's;
-    /// absent when it was not edited (it runs as asked).
-    #[schema(value_type = Option<Object>)]
+    /// absent when it was not edited (it runs as asked). Free-form.
     pub edited_arguments: Option<Value>,
     /// The agent's text of the step: why it makes the call.
     pub reason: String,
@@ -64,7 +60,7 @@ pub struct NewApproval {
     pub tool_call_id: Option<String>,
     /// The tool or action.
     pub tool: String,
-    /// Its arguments.
+    /// Its arguments (free-form agent data).
     pub arguments: Value,
     /// The agent's text of the step.
     pub reason: String,
@@ -81,7 +77,8 @@ pub struct NewDecision<'a> {
     pub decided_by: Option<&'a str>,
     /// The person's message to the agent.
     pub message: Option<&'a str>,
-    /// The arguments the call runs with in place of the agent's (approvals only).
+    /// The arguments the call runs with in place of the agent's (approvals
+    /// only; free-form, as the agent's are).
     pub edited_arguments: Option<&'a Value>,
 }
 
@@ -100,9 +97,9 @@ pub struct ApprovalCursor {
 #[derive(Debug, Clone, PartialEq)]
 pub enum Decided {
     /// The decision was recorded.
-    Recorded(Approval),
+    Recorded(ApprovalRow),
     /// The call had been decided already (the earlier decision).
-    Already(Approval),
+    Already(ApprovalRow),
     /// No such call of that session (or not one the scope reaches).
     Missing,
 }
@@ -110,47 +107,6 @@ pub enum Decided {
 /// The name of call `index` of step `iteration`.
 pub fn call_id(iteration: i64, index: i32) -> String {
     format!("{iteration}.{index}")
-}
-
-struct ApprovalRow {
-    session_id: Uuid,
-    call_id: String,
-    iteration: i64,
-    call_index: i32,
-    tool_call_id: Option<String>,
-    tool: String,
-    arguments: Value,
-    edited_arguments: Option<Value>,
-    reason: String,
-    requested_at: DateTime<Utc>,
-    expires_at: DateTime<Utc>,
-    decision: Option<String>,
-    decided_by: Option<String>,
-    decided_at: Option<DateTime<Utc>>,
-    message: Option<String>,
-}
-
-impl From<ApprovalRow> for Approval {
-    fn from(r: ApprovalRow) -> Approval {
-        Approval {
-            session_id: r.session_id,
-            call_id: r.call_id,
-            iteration: r.iteration,
-            call_index: r.call_index,
-            tool_call_id: r.tool_call_id,
-            tool: r.tool,
-            arguments: r.arguments,
-            edited_arguments: r.edited_arguments,
-            reason: r.reason,
-            requested_at: r.requested_at,
-            expires_at: r.expires_at,
-            // The column's CHECK allows only the three names.
-            decision: r.decision.as_deref().and_then(Decision::parse),
-            decided_by: r.decided_by,
-            decided_at: r.decided_at,
-            message: r.message,
-        }
-    }
 }
 
 impl Store {
@@ -207,23 +163,23 @@ impl Store {
 
     /// The decided calls of step `iteration` of the session `lease` is
     /// for, in call order: what the next step carries out or refuses.
-    pub async fn decided_calls(&self, lease: &Lease, iteration: i64) -> Result<Vec<Approval>> {
+    pub async fn decided_calls(&self, lease: &Lease, iteration: i64) -> Result<Vec<ApprovalRow>> {
         let rows = sqlx::query_as!(
             ApprovalRow,
-            "SELECT a.session_id, a.call_id, a.iteration, a.call_index, a.tool_call_id, a.tool,
+            r#"SELECT a.session_id, a.call_id, a.iteration, a.call_index, a.tool_call_id, a.tool,
                     a.arguments, a.edited_arguments, a.reason, a.requested_at, a.expires_at,
-                    a.decision, a.decided_by, a.decided_at, a.message
+                    a.decision AS "decision: Decision", a.decided_by, a.decided_at, a.message
              FROM approvals a JOIN sessions s ON s.id = a.session_id
              WHERE a.session_id = $1 AND a.iteration = $2 AND a.decision IS NOT NULL
                AND s.lease_token = $3
-             ORDER BY a.call_index",
+             ORDER BY a.call_index"#,
             lease.session_id,
             iteration,
             lease.token,
         )
         .fetch_all(&self.pool)
         .await?;
-        Ok(rows.into_iter().map(Approval::from).collect())
+        Ok(rows)
     }
 
     /// The calls of a session that wait for a decision, oldest first.
@@ -231,22 +187,22 @@ impl Store {
         &self,
         session_id: Uuid,
         scope: &TenantScope,
-    ) -> Result<Vec<Approval>> {
+    ) -> Result<Vec<ApprovalRow>> {
         let rows = sqlx::query_as!(
             ApprovalRow,
-            "SELECT a.session_id, a.call_id, a.iteration, a.call_index, a.tool_call_id, a.tool,
+            r#"SELECT a.session_id, a.call_id, a.iteration, a.call_index, a.tool_call_id, a.tool,
                     a.arguments, a.edited_arguments, a.reason, a.requested_at, a.expires_at,
-                    a.decision, a.decided_by, a.decided_at, a.message
+                    a.decision AS "decision: Decision", a.decided_by, a.decided_at, a.message
              FROM approvals a JOIN sessions s ON s.id = a.session_id
              WHERE a.session_id = $1 AND a.decision IS NULL AND a.iteration <= s.iterations
                AND ($2::text IS NULL OR s.tenant = $2)
-             ORDER BY a.iteration, a.call_index",
+             ORDER BY a.iteration, a.call_index"#,
             session_id,
             scope.tenant(),
         )
         .fetch_all(&self.pool)
         .await?;
-        Ok(rows.into_iter().map(Approval::from).collect())
+        Ok(rows)
     }
 
     /// A page of the calls that wait for a decision across the sessions
@@ -256,19 +212,19 @@ impl Store {
         scope: &TenantScope,
         after: Option<&ApprovalCursor>,
         limit: i64,
-    ) -> Result<Vec<Approval>> {
+    ) -> Result<Vec<ApprovalRow>> {
         let rows = sqlx::query_as!(
             ApprovalRow,
-            "SELECT a.session_id, a.call_id, a.iteration, a.call_index, a.tool_call_id, a.tool,
+            r#"SELECT a.session_id, a.call_id, a.iteration, a.call_index, a.tool_call_id, a.tool,
                     a.arguments, a.edited_arguments, a.reason, a.requested_at, a.expires_at,
-                    a.decision, a.decided_by, a.decided_at, a.message
+                    a.decision AS "decision: Decision", a.decided_by, a.decided_at, a.message
              FROM approvals a JOIN sessions s ON s.id = a.session_id
              WHERE a.decision IS NULL AND a.iteration <= s.iterations
                AND ($1::text IS NULL OR s.tenant = $1)
                AND ($2::timestamptz IS NULL
                     OR (a.requested_at, a.session_id, a.call_id) > ($2, $3, $4))
              ORDER BY a.requested_at, a.session_id, a.call_id
-             LIMIT $5",
+             LIMIT $5"#,
             scope.tenant(),
             after.map(|c| c.requested_at),
             after.map(|c| c.session_id),
@@ -277,7 +233,7 @@ impl Store {
         )
         .fetch_all(&self.pool)
         .await?;
-        Ok(rows.into_iter().map(Approval::from).collect())
+        Ok(rows)
     }
 
     /// Waiting calls past their expiry, oldest first, at most `limit`: the
@@ -310,7 +266,7 @@ pub async fn decide(
 ) -> Result<Decided> {
     let recorded = sqlx::query_as!(
         ApprovalRow,
-        "UPDATE approvals a SET decision = $4, decided_by = $5, decided_at = now(), message = $6,
+        r#"UPDATE approvals a SET decision = $4, decided_by = $5, decided_at = now(), message = $6,
                                 edited_arguments = NULLIF($7::jsonb, a.arguments)
          FROM sessions s
          WHERE s.id = a.session_id AND a.session_id = $1 AND a.call_id = $2
@@ -318,7 +274,7 @@ pub async fn decide(
            AND a.iteration <= s.iterations AND a.decision IS NULL
          RETURNING a.session_id, a.call_id, a.iteration, a.call_index, a.tool_call_id, a.tool,
                    a.arguments, a.edited_arguments, a.reason, a.requested_at, a.expires_at,
-                   a.decision, a.decided_by, a.decided_at, a.message",
+                   a.decision AS "decision: Decision", a.decided_by, a.decided_at, a.message"#,
         session_id,
         call_id,
         scope.tenant(),
@@ -330,16 +286,16 @@ pub async fn decide(
     .fetch_optional(&mut *conn)
     .await?;
     if let Some(row) = recorded {
-        return Ok(Decided::Recorded(row.into()));
+        return Ok(Decided::Recorded(row));
     }
     let earlier = sqlx::query_as!(
         ApprovalRow,
-        "SELECT a.session_id, a.call_id, a.iteration, a.call_index, a.tool_call_id, a.tool,
+        r#"SELECT a.session_id, a.call_id, a.iteration, a.call_index, a.tool_call_id, a.tool,
                 a.arguments, a.edited_arguments, a.reason, a.requested_at, a.expires_at,
-                a.decision, a.decided_by, a.decided_at, a.message
+                a.decision AS "decision: Decision", a.decided_by, a.decided_at, a.message
          FROM approvals a JOIN sessions s ON s.id = a.session_id
          WHERE a.session_id = $1 AND a.call_id = $2 AND ($3::text IS NULL OR s.tenant = $3)
-           AND a.iteration <= s.iterations",
+           AND a.iteration <= s.iterations"#,
         session_id,
         call_id,
         scope.tenant(),
@@ -347,7 +303,7 @@ pub async fn decide(
     .fetch_optional(&mut *conn)
     .await?;
     Ok(match earlier {
-        Some(row) => Decided::Already(row.into()),
+        Some(row) => Decided::Already(row),
         None => Decided::Missing,
     })
 }

@@ -51,7 +51,7 @@ pub(crate) mod testing;
 mod worker_tasks;
 
 pub use approvals::{
-    Approval, ApprovalCursor, Decided, NewApproval, NewDecision, call_id as approval_call_id,
+    ApprovalCursor, ApprovalRow, Decided, NewApproval, NewDecision, call_id as approval_call_id,
     count_waiting as count_waiting_approvals, decide as decide_approval,
 };
 pub use children::{
@@ -83,7 +83,7 @@ pub use sessions::{
 };
 pub use worker_tasks::{
     ClaimedWorkerTask, Heartbeat, LeaseCheck, NewWorkerTask, QueueDepth, Settlement, TaskEnd,
-    WORKERS_CHANNEL, WorkerChange, WorkerSeen, WorkerTaskState, charge_uncollected_outcomes,
+    WORKERS_CHANNEL, WorkerChange, WorkerSeen, WorkerTaskSnapshot, charge_uncollected_outcomes,
     wait_for_worker_change,
 };
 

@@ -17,6 +17,7 @@ use utoipa::ToSchema;
 use uuid::Uuid;
 
 use crate::event::{RefinementProposal, SessionEvent};
+use crate::policy::approval::Decision;
 use crate::policy::checklist::ChecklistItem;
 use crate::policy::delegation::ChildPausePolicy;
 use crate::policy::guardrails::{Limits, Usage};
@@ -24,6 +25,8 @@ use crate::policy::history::StepRecord;
 use crate::policy::lifecycle::{Mode, Reason, Status};
 use crate::policy::loop_state::{AppliedReflection, LoopState, StepEffects};
 use crate::policy::reflection::Assessment;
+use crate::policy::worker::WorkerTaskState;
+use crate::spec::{ExecutorBrief, StoredExecutor};
 
 /// Stores a lifecycle enum as its snake_case name in a `text` column. Written
 /// by hand rather than derived so policy stays free of sqlx, and so binding
@@ -60,6 +63,8 @@ text_enum!(Status, "status");
 text_enum!(Mode, "mode");
 text_enum!(Reason, "reason");
 text_enum!(ChildPausePolicy, "child pause policy");
+text_enum!(WorkerTaskState, "worker task state");
+text_enum!(Decision, "approval decision");
 
 /// Proof that this replica runs a session; every loop write is fenced by it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -161,7 +166,8 @@ pub struct EventRecord {
     pub seq: i64,
     /// Kind.
     pub kind: String,
-    /// Payload.
+    /// Payload: the JSON of the `SessionEvent` of this `kind`
+    /// (`SessionEvent::from_parts` reads it back).
     pub data: Value,
     /// When it was appended.
     pub created_at: DateTime<Utc>,
@@ -261,8 +267,11 @@ pub struct Session {
     pub eta_seconds: Option<f64>,
     /// Limits in force.
     pub limits: Json<Limits>,
-    /// Executor specification as given (its API key aside); in lists, its summary.
-    pub executor: Value,
+    /// The executor as stored (`select_session!`); `None` where only its
+    /// summary is read (lists) or kept (the live view).
+    pub executor: Option<Json<StoredExecutor>>,
+    /// What lists and the status show of it: the summary Postgres keeps.
+    pub executor_summary: Json<ExecutorBrief>,
     /// Iterations committed.
     pub iterations: i64,
     /// Tokens used.
@@ -412,8 +421,8 @@ pub struct NewSession {
     pub mode: Mode,
     /// Resolved limits.
     pub limits: Limits,
-    /// Executor specification.
-    pub executor: Value,
+    /// The executor to store (its secrets sealed apart).
+    pub executor: StoredExecutor,
     /// The goal as first given, when a refinement replaced it.
     pub original_goal: Option<String>,
     /// Refinement proposal (for sessions awaiting refinement, or applied automatically).
@@ -571,7 +580,8 @@ pub struct RefinementRecord {
     pub goal_before: String,
     /// Goal after.
     pub goal_after: String,
-    /// Details (patterns, confidence, limits).
+    /// Details (patterns, confidence, limits): their shape depends on
+    /// `kind`, and they are shown to clients as stored.
     pub data: Value,
     /// When.
     pub created_at: DateTime<Utc>,

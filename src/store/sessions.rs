@@ -20,22 +20,23 @@ use crate::policy::delegation::ChildPausePolicy;
 use crate::policy::guardrails::Limits;
 use crate::policy::lifecycle::{Mode, Reason, Status};
 use crate::policy::termination::Termination;
+use crate::spec::{ExecutorBrief, StoredExecutor};
 
 /// `query_as!` over every column of `sessions`, typed as `Session`,
 /// followed by the `$tail` pieces (the query text must be literals for the
 /// macro).
 macro_rules! select_session {
     ($($tail:literal)+ $(, $arg:expr)* $(,)?) => {
-        select_session_with!("executor", $($tail)+ $(, $arg)*)
+        select_session_with!(r#"executor AS "executor?: Json<StoredExecutor>""#, $($tail)+ $(, $arg)*)
     };
 }
 
-/// As `select_session!`, for lists: the executor column is the small
-/// `executor_summary` Postgres keeps beside it (kind, step count, repeat,
-/// model, URL), so a page of sessions never reads their executor JSON.
+/// As `select_session!`, for lists: only the small `executor_summary`
+/// Postgres keeps beside the executor (kind, step count, repeat, model,
+/// URL) is read, so a page of sessions never reads their executor JSON.
 macro_rules! select_session_summary {
     ($($tail:literal)+ $(, $arg:expr)* $(,)?) => {
-        select_session_with!(r#"executor_summary AS "executor!""#, $($tail)+ $(, $arg)*)
+        select_session_with!(r#"NULL::jsonb AS "executor?: Json<StoredExecutor>""#, $($tail)+ $(, $arg)*)
     };
 }
 
@@ -52,7 +53,8 @@ macro_rules! select_session_with {
                       last_reflection AS "last_reflection: Json<ReflectionSummary>",
                       reflection_tokens,
                       next_steps AS "next_steps: Json<Vec<String>>", percent_complete, eta_seconds,
-                      limits AS "limits: Json<Limits>", "# + $executor + r#", iterations, tokens_used,
+                      limits AS "limits: Json<Limits>", "# + $executor + r#",
+                      executor_summary AS "executor_summary: Json<ExecutorBrief>", iterations, tokens_used,
                       tool_calls, consecutive_errors, elapsed_ms, run, checkpoint_saved,
                       last_checkpoint_iteration, stop_requested, pause_requested, guidance,
                       last_event_seq, owner, lease_expires_at, heartbeat_at, created_at,
@@ -298,7 +300,7 @@ pub async fn insert(
         &new.goal,
         new.mode as Mode,
         Json(new.limits) as _,
-        &new.executor,
+        Json(&new.executor) as _,
         owner,
         token,
         lease_ttl.as_secs_f64(),

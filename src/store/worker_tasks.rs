@@ -5,6 +5,8 @@
 //! is stored. Every function takes the caller's [`TenantScope`] (and a
 //! worker's queues), so a task of another tenant or queue is not found.
 
+use std::collections::BTreeMap;
+
 use chrono::{DateTime, Utc};
 use sha2::{Digest, Sha256};
 use sqlx::PgConnection;
@@ -15,7 +17,7 @@ use super::rows::NewEvent;
 use super::{Result, Store, TenantScope, event_log};
 use crate::event::{ChargeSource, SessionEvent};
 use crate::policy::budget;
-use crate::policy::worker::{self, BeatFacts, BeatReason, BeatVerdict};
+use crate::policy::worker::{self, BeatFacts, BeatReason, BeatVerdict, WorkerTaskState};
 
 /// The Postgres channel that announces a task offered or ended, so waiting
 /// claims and steps on other replicas wake at once.
@@ -31,29 +33,31 @@ pub struct NewWorkerTask<'a> {
     /// The queue it goes on.
     pub queue: &'a str,
     /// Labels a worker may select on.
-    pub labels: &'a serde_json::Value,
+    pub labels: &'a BTreeMap<String, String>,
     /// Iteration of the step.
     pub iteration: u64,
     /// Lease length, ms.
     pub heartbeat_timeout_ms: u64,
     /// The same for every attempt of this iteration.
     pub idempotency_key: &'a str,
-    /// The step context (the webhook request).
+    /// The step context: the executor layer's webhook request, handed to
+    /// the worker as it is (the store reads only its `token_allowance`).
     pub context: &'a serde_json::Value,
 }
 
 /// Where a task stands, as the waiting step reads it.
 #[derive(Debug, Clone)]
-pub struct WorkerTaskState {
-    /// `pending`, `claimed`, `completed`, `failed` or `cancelled`.
-    pub state: String,
+pub struct WorkerTaskSnapshot {
+    /// Its state.
+    pub state: WorkerTaskState,
     /// Attempt number (1-based).
     pub attempt: i32,
     /// When it was (last) offered.
     pub offered_at: DateTime<Utc>,
     /// When the current lease lapses.
     pub lease_expires_at: Option<DateTime<Utc>>,
-    /// The outcome a worker reported.
+    /// The outcome a worker reported: free-form agent data, read as the
+    /// webhook answer by the waiting step.
     pub outcome: Option<serde_json::Value>,
     /// The last error (a failed attempt, a lapsed lease).
     pub last_error: Option<String>,
@@ -83,14 +87,14 @@ pub struct ClaimedWorkerTask {
     /// Queue.
     pub queue: String,
     /// Labels.
-    pub labels: serde_json::Value,
+    pub labels: BTreeMap<String, String>,
     /// Iteration.
     pub iteration: i64,
     /// Attempt.
     pub attempt: i32,
     /// Idempotency key.
     pub idempotency_key: String,
-    /// Step context.
+    /// Step context (the webhook request, as offered).
     pub context: serde_json::Value,
 }
 
@@ -353,10 +357,10 @@ impl Store {
         id: Uuid,
         run: Uuid,
         scope: &TenantScope,
-    ) -> Result<Option<WorkerTaskState>> {
+    ) -> Result<Option<WorkerTaskSnapshot>> {
         Ok(sqlx::query_as!(
-            WorkerTaskState,
-            r#"SELECT t.state, t.attempt, t.offered_at, t.lease_expires_at,
+            WorkerTaskSnapshot,
+            r#"SELECT t.state AS "state: WorkerTaskState", t.attempt, t.offered_at, t.lease_expires_at,
                       t.outcome AS "outcome: serde_json::Value", t.last_error, t.retryable,
                       now() AS "now!", s.pause_requested,
                       t.run_token IS DISTINCT FROM $3 AS "taken_over!"
@@ -423,7 +427,7 @@ impl Store {
              WHERE id = $1 AND state IN ('pending', 'claimed', 'failed')
                AND ($4::text IS NULL OR tenant = $4) AND run_token = $5",
             id,
-            state,
+            state.as_str(),
             reason,
             scope.tenant(),
             run,
@@ -507,7 +511,7 @@ impl Store {
                       claimed_at = now(), worker = $4, charged_tokens = NULL, updated_at = now()
                FROM next WHERE w.id = next.id
                RETURNING w.id, w.lease_expires_at AS "lease_expires_at!", w.heartbeat_timeout_ms,
-                         w.session_id, w.tenant, w.queue, w.labels AS "labels: serde_json::Value",
+                         w.session_id, w.tenant, w.queue, w.labels AS "labels: Json<BTreeMap<String, String>>",
                          w.iteration, w.attempt, w.idempotency_key,
                          w.context AS "context: serde_json::Value""#,
             scope.tenant(),
@@ -540,7 +544,7 @@ impl Store {
             heartbeat_timeout_ms: row.heartbeat_timeout_ms,
             session_id: row.session_id,
             queue: row.queue,
-            labels: row.labels,
+            labels: row.labels.0,
             iteration: row.iteration,
             attempt: row.attempt,
             idempotency_key: row.idempotency_key,
@@ -585,7 +589,7 @@ impl Store {
         }
         let allowance = u64::try_from(row.allowance).unwrap_or(0);
         let verdict = worker::heartbeat(&BeatFacts {
-            state: &row.state,
+            state: row.state,
             cancel_reason: row.cancel_reason.as_deref(),
             lease_live: row.live,
             status: &row.status,
@@ -661,10 +665,15 @@ impl Store {
         if !row.held_by(token) {
             return Ok(LeaseCheck::Lost);
         }
-        if row.state == "completed" && matches!(settlement, Settlement::Complete(_)) {
+        if row.state == WorkerTaskState::Completed && matches!(settlement, Settlement::Complete(_))
+        {
             return Ok(LeaseCheck::Held(()));
         }
-        if row.state != "claimed" || !row.live || row.stop_requested || row.status != "running" {
+        if row.state != WorkerTaskState::Claimed
+            || !row.live
+            || row.stop_requested
+            || row.status != "running"
+        {
             // Given up: the outcome is never taken, the usage is (once).
             let check = self
                 .charge_after_cancel(&mut tx, id, &row, settlement.reported_tokens())
@@ -840,12 +849,12 @@ pub enum TaskEnd {
 
 impl TaskEnd {
     /// The task's state and stored reason.
-    fn as_row(self) -> (&'static str, &'static str) {
+    fn as_row(self) -> (WorkerTaskState, &'static str) {
         match self {
-            TaskEnd::Stopped => ("cancelled", BeatReason::Stopped.as_str()),
-            TaskEnd::Paused => ("cancelled", BeatReason::Paused.as_str()),
-            TaskEnd::NoWorker => ("cancelled", "no_worker"),
-            TaskEnd::AttemptsSpent => ("failed", "attempts spent"),
+            TaskEnd::Stopped => (WorkerTaskState::Cancelled, BeatReason::Stopped.as_str()),
+            TaskEnd::Paused => (WorkerTaskState::Cancelled, BeatReason::Paused.as_str()),
+            TaskEnd::NoWorker => (WorkerTaskState::Cancelled, "no_worker"),
+            TaskEnd::AttemptsSpent => (WorkerTaskState::Failed, "attempts spent"),
         }
     }
 }
@@ -988,7 +997,7 @@ pub async fn charge_uncollected_outcomes(
 /// A task locked for a heartbeat or a settlement, with what its session
 /// says about going on.
 struct LockedTask {
-    state: String,
+    state: WorkerTaskState,
     lease_digest: Option<Vec<u8>>,
     live: bool,
     cancel_reason: Option<String>,
@@ -1009,8 +1018,8 @@ impl LockedTask {
     /// (cancelled, or its session stopped or no longer running, or the
     /// lease lapsed): its worker's usage may be charged, its outcome not taken.
     fn given_up(&self) -> bool {
-        self.state == "cancelled"
-            || (self.state == "claimed"
+        self.state == WorkerTaskState::Cancelled
+            || (self.state == WorkerTaskState::Claimed
                 && (!self.live || self.stop_requested || self.status != "running"))
     }
 
@@ -1048,7 +1057,7 @@ async fn lock_task(
 ) -> Result<Option<LockedTask>> {
     Ok(sqlx::query_as!(
         LockedTask,
-        r#"SELECT t.state, t.lease_digest, t.lease_expires_at > now() AS "live!",
+        r#"SELECT t.state AS "state: WorkerTaskState", t.lease_digest, t.lease_expires_at > now() AS "live!",
                   t.cancel_reason, t.tenant, t.queue, t.worker,
                   coalesce((t.context->>'token_allowance')::bigint, 0) AS "allowance!",
                   s.stop_requested, s.pause_requested, s.status,

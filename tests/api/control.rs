@@ -189,7 +189,10 @@ async fn the_loop_cannot_pause_over_a_pending_stop() {
         goal: "Create README.md".into(),
         mode: Mode::Fixed,
         limits,
-        executor: json!({ "kind": "scripted", "steps": [{ "action": "a" }] }),
+        executor: serde_json::from_value(
+            json!({ "kind": "scripted", "steps": [{ "action": "a" }] }),
+        )
+        .unwrap(),
         original_goal: None,
         refinement: None,
         criteria: Vec::new(),
@@ -1320,7 +1323,10 @@ async fn a_runner_started_late_renews_its_lease_instead_of_quitting() {
             max_iterations: 100_000,
             ..test_config().defaults.limits
         },
-        executor: json!({ "kind": "scripted", "steps": distinct_steps(400, 1, 30) }),
+        executor: serde_json::from_value(
+            json!({ "kind": "scripted", "steps": distinct_steps(400, 1, 30) }),
+        )
+        .unwrap(),
         original_goal: None,
         refinement: None,
         criteria: Vec::new(),

@@ -377,6 +377,64 @@ async fn a_secret_under_a_key_no_replica_has_fails_the_session_naming_the_secret
 }
 
 #[tokio::test]
+async fn an_executor_row_as_an_earlier_version_wrote_it_still_runs() {
+    let db = crate::common::TestDb::new().await;
+    let pool = db.pool.clone();
+    let fake = FakeLlm::start().await;
+    fake.agent(text("working on it", 10));
+    let mut first = TestApp::spawn(pool.clone()).await;
+    let base_url = format!("{}?key={URL_SECRET}", fake.base_url());
+    let doc = first
+        .create(json!({
+            "goal": "Create README.md with a project description",
+            "mode": "fixed",
+            "limits": { "max_iterations": 1 },
+            "executor": { "kind": "llm", "base_url": base_url, "model": "m", "api_key": OWN_KEY }
+        }))
+        .await;
+    let id = doc["id"].as_str().unwrap().to_string();
+    let s = first.wait_settled(&id).await;
+    assert_eq!(s["status"], "stopped", "{s}");
+    first.shutdown().await;
+    // The row exactly as the versions that wrote the spec as untyped JSON
+    // (with the sealed query's marker among its fields) left it.
+    let legacy = json!({ "kind": "llm", "model": "m", "base_url": fake.base_url(),
+                         "timeout_ms": null, "max_tokens_per_call": null,
+                         "temperature": null, "url_query": "<sealed>" });
+    sqlx::query("UPDATE sessions SET executor = $2 WHERE id = $1::uuid")
+        .bind(&id)
+        .bind(&legacy)
+        .execute(&pool)
+        .await
+        .unwrap();
+
+    let second = TestApp::spawn(pool.clone()).await;
+    let (_, shown) = second.get(&format!("/api/autonomous/{id}")).await;
+    assert_eq!(shown["executor"]["kind"], "llm", "{shown}");
+    assert_eq!(shown["executor"]["url"], fake.base_url(), "{shown}");
+    fake.agent(text("done\n<<WARDEN_GOAL_DONE: ok>>", 10));
+    let (status, body) = second
+        .post(
+            &format!("/api/autonomous/{id}/resume"),
+            Some(json!({ "limits": { "max_iterations": 3 } })),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let s = second.wait_settled(&id).await;
+    assert_eq!(s["status"], "completed", "{s}");
+    // Its sealed query and key went back on the calls it made.
+    let expected = format!("key={URL_SECRET}");
+    assert_eq!(
+        fake.queries().last().cloned().flatten().as_deref(),
+        Some(expected.as_str())
+    );
+    assert_eq!(
+        fake.authorizations().last().cloned().flatten().as_deref(),
+        Some(format!("Bearer {OWN_KEY}").as_str())
+    );
+}
+
+#[tokio::test]
 async fn urls_shown_back_drop_userinfo_and_query() {
     let db = crate::common::TestDb::new().await;
     let pool = db.pool.clone();

@@ -26,7 +26,7 @@ async fn running_session(store: &Store) -> Lease {
         goal: "count to five".into(),
         mode: Mode::Fixed,
         limits: config.defaults.limits_for(Mode::Fixed),
-        executor: json!({"kind": "scripted", "steps": []}),
+        executor: serde_json::from_value(json!({"kind": "scripted", "steps": []})).unwrap(),
         original_goal: None,
         refinement: None,
         criteria: Vec::new(),

@@ -601,6 +601,13 @@ pub fn bounds() -> Vec<Bound> {
         "^[0-9]{1,18}_[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}_[0-9]{1,19}[.][0-9]{1,10}$"
             .into(),
     ));
+    // The attention inbox's cursor: micros, `_`, the child.
+    out.push((
+        format!("{}/cursor", query_parameters("/api/autonomous/attention")),
+        "pattern",
+        "^[0-9]{1,18}_[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"
+            .into(),
+    ));
     out.push((
         format!(
             "/paths/{}/post/parameters/1/schema",
@@ -637,6 +644,7 @@ pub fn bounds() -> Vec<Bound> {
     for (path, max) in [
         ("/api/autonomous", MAX_LIST_LIMIT),
         ("/api/autonomous/approvals", MAX_LIST_LIMIT),
+        ("/api/autonomous/attention", MAX_LIST_LIMIT),
         ("/api/autonomous/{id}/iterations", MAX_PAGE_LIMIT),
         ("/api/autonomous/{id}/checkpoints", MAX_PAGE_LIMIT),
         ("/api/autonomous/{id}/events", MAX_PAGE_LIMIT),

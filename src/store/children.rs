@@ -132,23 +132,7 @@ pub async fn delegate(
 ) -> std::result::Result<Delegated, DelegateError> {
     request.validate()?;
     let parent_id = by.parent();
-    let lease_token = match by {
-        Delegator::Step { lease, .. } => Some(lease.token),
-        Delegator::Split { .. } => None,
-    };
-    let parent = sqlx::query!(
-        r#"SELECT limits AS "limits: Json<Limits>", tokens_used, iterations, elapsed_ms,
-                  cardinality(lineage) AS "depth!", tenant,
-                  (SELECT count(*) FROM sessions c WHERE c.parent_id = sessions.id) AS "children!",
-                  (SELECT t.max_depth FROM tenant_settings t WHERE t.tenant = sessions.tenant) AS max_depth,
-                  (SELECT t.max_children FROM tenant_settings t WHERE t.tenant = sessions.tenant) AS max_children
-           FROM sessions WHERE id = $1 AND ($2::uuid IS NULL OR lease_token = $2) FOR UPDATE"#,
-        parent_id,
-        lease_token,
-    )
-    .fetch_optional(&mut *conn)
-    .await?
-    .ok_or(StoreError::LeaseLost(parent_id))?;
+    let (budget, tree, parent_limits) = lock_parent(conn, by, tree).await?;
     if let Some(existing) = sqlx::query!(
         "SELECT id, budget_tokens, budget_iterations FROM sessions WHERE parent_id = $1 AND parent_call = $2",
         parent_id,
@@ -164,35 +148,12 @@ pub async fn delegate(
             existed: true,
         });
     }
-    let pending = match by {
-        Delegator::Step { pending_tokens, .. } => pending_tokens,
-        Delegator::Split { .. } => 0,
-    };
-    let budget = ParentBudget {
-        limits: parent.limits.0,
-        tokens_used: count(parent.tokens_used).saturating_add(pending),
-        iterations: count(parent.iterations),
-        elapsed_ms: count(parent.elapsed_ms),
-        depth: u32::try_from(parent.depth).unwrap_or(u32::MAX),
-        children: u32::try_from(parent.children).unwrap_or(u32::MAX),
-    };
-    // The tenant's own limits, where it has them, over the server's.
-    let tree = TreeLimits {
-        max_depth: parent
-            .max_depth
-            .and_then(|d| u32::try_from(d).ok())
-            .unwrap_or(tree.max_depth),
-        max_children: parent
-            .max_children
-            .and_then(|c| u32::try_from(c).ok())
-            .unwrap_or(tree.max_children),
-    };
     let shortfall = match by {
         Delegator::Step { .. } => Shortfall::Refuse,
         Delegator::Split { .. } => Shortfall::TakeWhatIsLeft,
     };
     let carved = delegation::carve(&budget, request.budget_share, tree, shortfall)?;
-    let child_limits = delegation::child_limits(&parent.limits.0, carved);
+    let child_limits = delegation::child_limits(&parent_limits, carved);
     let child_id = Uuid::new_v4();
     let criteria =
         crate::policy::checklist::from_texts("success_criteria", &request.success_criteria)
@@ -219,6 +180,76 @@ pub async fn delegate(
     .execute(&mut *conn)
     .await?;
     carve_from_parent(conn, parent_id, carved).await?;
+    log_delegation(conn, (parent_id, child_id), call, request, carved).await?;
+    Ok(Delegated {
+        child_id,
+        tokens: carved.tokens,
+        iterations: carved.iterations,
+        existed: false,
+    })
+}
+
+/// Locks the delegating parent's row (fenced by the step's lease when a
+/// step delegates) and reads what it may give a child: its budget left, the
+/// tree's limits (the tenant's own over the server's) and its limits.
+async fn lock_parent(
+    conn: &mut PgConnection,
+    by: Delegator,
+    tree: TreeLimits,
+) -> std::result::Result<(ParentBudget, TreeLimits, Limits), DelegateError> {
+    let parent_id = by.parent();
+    let lease_token = match by {
+        Delegator::Step { lease, .. } => Some(lease.token),
+        Delegator::Split { .. } => None,
+    };
+    let parent = sqlx::query!(
+        r#"SELECT limits AS "limits: Json<Limits>", tokens_used, iterations, elapsed_ms,
+                  cardinality(lineage) AS "depth!", tenant,
+                  (SELECT count(*) FROM sessions c WHERE c.parent_id = sessions.id) AS "children!",
+                  (SELECT t.max_depth FROM tenant_settings t WHERE t.tenant = sessions.tenant) AS max_depth,
+                  (SELECT t.max_children FROM tenant_settings t WHERE t.tenant = sessions.tenant) AS max_children
+           FROM sessions WHERE id = $1 AND ($2::uuid IS NULL OR lease_token = $2) FOR UPDATE"#,
+        parent_id,
+        lease_token,
+    )
+    .fetch_optional(&mut *conn)
+    .await?
+    .ok_or(StoreError::LeaseLost(parent_id))?;
+    let pending = match by {
+        Delegator::Step { pending_tokens, .. } => pending_tokens,
+        Delegator::Split { .. } => 0,
+    };
+    let budget = ParentBudget {
+        limits: parent.limits.0,
+        tokens_used: count(parent.tokens_used).saturating_add(pending),
+        iterations: count(parent.iterations),
+        elapsed_ms: count(parent.elapsed_ms),
+        depth: u32::try_from(parent.depth).unwrap_or(u32::MAX),
+        children: u32::try_from(parent.children).unwrap_or(u32::MAX),
+    };
+    // The tenant's own limits, where it has them, over the server's.
+    let tree = TreeLimits {
+        max_depth: parent
+            .max_depth
+            .and_then(|d| u32::try_from(d).ok())
+            .unwrap_or(tree.max_depth),
+        max_children: parent
+            .max_children
+            .and_then(|c| u32::try_from(c).ok())
+            .unwrap_or(tree.max_children),
+    };
+    Ok((budget, tree, parent.limits.0))
+}
+
+/// The delegation in both logs: the child's (who made it, queued) and the
+/// parent's (`child_delegated`).
+async fn log_delegation(
+    conn: &mut PgConnection,
+    (parent_id, child_id): (Uuid, Uuid),
+    call: &str,
+    request: &ChildRequest,
+    carved: ChildBudget,
+) -> std::result::Result<(), DelegateError> {
     let child_events = [
         SessionEvent::DelegatedBy {
             parent_id,
@@ -238,12 +269,7 @@ pub async fn delegate(
         wait: request.wait,
     })?;
     event_log::append(conn, parent_id, std::slice::from_ref(&delegated)).await?;
-    Ok(Delegated {
-        child_id,
-        tokens: carved.tokens,
-        iterations: carved.iterations,
-        existed: false,
-    })
+    Ok(())
 }
 
 /// Shrinks the parent's limits by a child's budget.

@@ -22,72 +22,10 @@ ALTER TABLE sessions
     ADD COLUMN reserved_through bigint,
     ADD COLUMN forgiven_tokens bigint NOT NULL DEFAULT 0;
 
--- As in 0020, with two changes (the rule is `delegation::give_back`):
--- a parent takes back what the child has left (its limit less what it
--- spent, never more than its budget less what its subtree spent), so what
--- the child's own live children hold is not given back twice; what the
--- parent's limit cannot pay is recorded (`forgiven_tokens`) instead of
--- lost; a parent that ended takes nothing back but is still charged.
-CREATE OR REPLACE FUNCTION warden_child_status() RETURNS trigger
-LANGUAGE plpgsql AS $$
-DECLARE
-    spent_tokens     bigint;
-    spent_iterations bigint;
-    child_left       bigint;
-    parent_over      boolean;
-    seq              bigint;
-BEGIN
-    IF NEW.parent_id IS NULL OR OLD.status = NEW.status THEN
-        RETURN NULL;
-    END IF;
-    spent_tokens := NEW.tokens_used + NEW.children_tokens;
-    spent_iterations := NEW.iterations + NEW.children_iterations;
-    IF warden_session_ended(NEW.status) AND NOT warden_session_ended(OLD.status) THEN
-        child_left := least((NEW.limits ->> 'max_tokens')::bigint - NEW.tokens_used,
-                            NEW.budget_tokens - spent_tokens);
-        UPDATE sessions p
-           SET limits = jsonb_set(jsonb_set(p.limits,
-                   '{max_tokens}', to_jsonb(CASE WHEN warden_session_ended(p.status)
-                                                 THEN (p.limits ->> 'max_tokens')::bigint
-                                                 ELSE greatest((p.limits ->> 'max_tokens')::bigint + child_left, 0) END)),
-                   '{max_iterations}', to_jsonb(greatest((p.limits ->> 'max_iterations')::bigint
-                                                         + NEW.budget_iterations - spent_iterations, 0))),
-               forgiven_tokens = p.forgiven_tokens
-                   + greatest(-(CASE WHEN warden_session_ended(p.status) THEN 0
-                                     ELSE (p.limits ->> 'max_tokens')::bigint END + child_left), 0),
-               children_tokens = p.children_tokens + spent_tokens,
-               children_iterations = p.children_iterations + spent_iterations,
-               last_event_seq = p.last_event_seq + 1,
-               updated_at = now()
-         WHERE p.id = NEW.parent_id
-        RETURNING p.last_event_seq, warden_session_ended(p.status) INTO seq, parent_over;
-        IF seq IS NOT NULL THEN
-            INSERT INTO events (session_id, seq, kind, data)
-            VALUES (NEW.parent_id, seq, 'child_ended', json_build_object(
-                'child_id', NEW.id, 'goal', NEW.goal, 'status', NEW.status, 'reason', NEW.reason,
-                'summary', NEW.summary, 'tokens_used', spent_tokens, 'iterations', spent_iterations,
-                'tokens_returned', CASE WHEN parent_over THEN 0 ELSE greatest(child_left, 0) END));
-        END IF;
-        UPDATE sessions p
-           SET status = 'queued', reason = NULL, summary = NULL, reason_detail = NULL,
-               ended_at = NULL, stop_requested = false, pause_requested = false,
-               run = p.run + 1, queued_at = now(), owner = NULL, lease_token = NULL,
-               lease_expires_at = NULL, heartbeat_at = NULL, updated_at = now()
-         WHERE p.id = NEW.parent_id AND p.status = 'paused' AND p.reason = 'waiting_for_children'
-           AND NOT EXISTS (SELECT 1 FROM sessions c
-                           WHERE c.parent_id = p.id AND NOT warden_session_ended(c.status));
-    ELSIF warden_session_ended(OLD.status) AND NOT warden_session_ended(NEW.status) THEN
-        RAISE EXCEPTION 'child session % ended and cannot run again; its parent delegates anew', NEW.id
-            USING ERRCODE = 'check_violation', TABLE = 'sessions', CONSTRAINT = 'sessions_child_ended';
-    END IF;
-    RETURN NULL;
-END
-$$;
-
 -- A child that pauses for a person tells every ancestor, nearest first (the
 -- order the ancestors' own ends lock them in), with a
 -- `child_needs_attention` event: a trigger of its own, so a later change
--- of the budget bookkeeping above leaves it alone.
+-- of the budget bookkeeping (warden_child_status, 0023) leaves it alone.
 CREATE FUNCTION warden_child_needs_attention() RETURNS trigger
 LANGUAGE plpgsql AS $$
 DECLARE

@@ -11,9 +11,13 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
     SELECT greatest(least(n, 9223372036854775807), -9223372036854775808)::bigint
 $$;
 
--- As in 0022_tree_attention_and_reservations.sql (the parent takes back
--- what the child has left, and what its limit cannot pay is kept against
--- the tree as forgiven), with every sum saturating.
+-- As in 0020, with three changes. The parent takes back what the child
+-- has left (its limit less what it spent, never more than its budget less
+-- what its subtree spent), so what the child's own live children hold is
+-- not given back twice (the rule is `delegation::give_back`); what the
+-- parent's limit cannot pay is recorded (`forgiven_tokens`, 0022) instead
+-- of lost, and a parent that ended takes nothing back but is still
+-- charged; every sum saturates.
 CREATE OR REPLACE FUNCTION warden_child_status() RETURNS trigger
 LANGUAGE plpgsql AS $$
 DECLARE

@@ -357,7 +357,7 @@ impl ChildEnd {
 }
 
 /// What a parent's token limit becomes when a child ends (the trigger of
-/// `migrations/0022_tree_attention_and_reservations.sql` computes the
+/// `migrations/0023_saturating_counts.sql` computes the
 /// same): it takes back what the child has left ([`ChildEnd::left`]). A
 /// limit never goes below zero: what it cannot pay is recorded at the
 /// parent as forgiven (the second value) and still counts against the

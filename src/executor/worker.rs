@@ -18,7 +18,8 @@ use super::{
 };
 use crate::policy::worker::{self, AttemptEnd, TaskFacts, TaskState, TaskVerdict, WorkerTaskState};
 use crate::store::{
-    NewWorkerTask, Store, StoreError, TaskEnd, TenantScope, wait_for_worker_change,
+    NewWorkerTask, Store, StoreError, TaskEnd, TenantScope, WorkerTaskSnapshot,
+    wait_for_worker_change,
 };
 
 /// Longest a waiting step goes without reading its task (lost wake-ups,
@@ -88,36 +89,11 @@ impl WorkerExecutor {
     }
 
     async fn wait_for_step(&mut self, ctx: StepContext<'_>) -> Result<StepResult, ExecutorError> {
-        let failed = |message: String| ExecutorError::Failed {
-            action: "worker".into(),
-            message,
-            tokens: 0,
-        };
+        let failed = step_failed;
         let store_failed = |e: StoreError| failed(format!("worker queue unavailable: {e}"));
-        let mut request = request_for(&ctx);
-        request.approval = decided_action(self.approvals.as_ref(), ctx.iteration).await?;
-        let context =
-            serde_json::to_value(request).map_err(|e| failed(format!("step context: {e}")))?;
-        self.session_id = Some(ctx.session_id);
+        // Subscribed before the task is opened: no change of it is missed.
         let mut changes = self.store.worker_changes();
-        let id = self
-            .store
-            .open_worker_task(
-                &NewWorkerTask {
-                    id: Uuid::new_v4(),
-                    session_id: ctx.session_id,
-                    queue: &self.settings.queue,
-                    labels: &self.settings.labels,
-                    iteration: ctx.iteration,
-                    heartbeat_timeout_ms: self.settings.heartbeat_timeout.as_millis() as u64,
-                    idempotency_key: &format!("{}:{}", ctx.session_id, ctx.iteration),
-                    context: &context,
-                },
-                self.run,
-                &self.scope,
-            )
-            .await
-            .map_err(store_failed)?;
+        let id = self.open_task(&ctx).await?;
         self.open = Some(id);
         loop {
             // Changes made while reading stay queued in `changes`: none is lost.
@@ -133,27 +109,9 @@ impl WorkerExecutor {
                 // A newer run holds the session; this one's writes are refused.
                 return Err(failed("the session was taken over by another run".into()));
             }
-            let ms = |t: chrono::DateTime<chrono::Utc>| (t - now.now).num_milliseconds();
-            let state = match now.state {
-                WorkerTaskState::Pending => TaskState::Pending,
-                WorkerTaskState::Claimed => TaskState::Claimed {
-                    lease_left_ms: now.lease_expires_at.map_or(0, ms),
-                },
-                WorkerTaskState::Completed => TaskState::Completed,
-                WorkerTaskState::Failed => TaskState::Failed {
-                    retryable: now.retryable,
-                },
-                WorkerTaskState::Cancelled => TaskState::Cancelled,
-            };
-            let attempt = u32::try_from(now.attempt).unwrap_or(u32::MAX);
-            let verdict = worker::decide(&TaskFacts {
-                state,
-                attempt,
-                max_attempts: self.settings.max_attempts,
-                offered_ms_ago: -ms(now.offered_at),
-                worker_wait_timeout_ms: self.settings.worker_wait_timeout.as_millis() as u64,
-                pause_requested: now.pause_requested,
-            });
+            let facts = self.facts(&now);
+            let attempt = facts.attempt;
+            let verdict = worker::decide(&facts);
             let last_error = |because: AttemptEnd| match because {
                 AttemptEnd::LeaseLapsed => format!(
                     "attempt {attempt}: no heartbeat within {} ms",
@@ -222,6 +180,57 @@ impl WorkerExecutor {
         }
     }
 
+    /// Offers the step as a task on the queue, or takes over this
+    /// iteration's task a run before offered (see `open_worker_task`).
+    async fn open_task(&mut self, ctx: &StepContext<'_>) -> Result<Uuid, ExecutorError> {
+        let mut request = request_for(ctx);
+        request.approval = decided_action(self.approvals.as_ref(), ctx.iteration).await?;
+        let context =
+            serde_json::to_value(request).map_err(|e| step_failed(format!("step context: {e}")))?;
+        self.session_id = Some(ctx.session_id);
+        self.store
+            .open_worker_task(
+                &NewWorkerTask {
+                    id: Uuid::new_v4(),
+                    session_id: ctx.session_id,
+                    queue: &self.settings.queue,
+                    labels: &self.settings.labels,
+                    iteration: ctx.iteration,
+                    heartbeat_timeout_ms: self.settings.heartbeat_timeout.as_millis() as u64,
+                    idempotency_key: &format!("{}:{}", ctx.session_id, ctx.iteration),
+                    context: &context,
+                },
+                self.run,
+                &self.scope,
+            )
+            .await
+            .map_err(|e| step_failed(format!("worker queue unavailable: {e}")))
+    }
+
+    /// What the policy decides the task's fate from, as of the read `now`.
+    fn facts(&self, now: &WorkerTaskSnapshot) -> TaskFacts {
+        let ms = |t: chrono::DateTime<chrono::Utc>| (t - now.now).num_milliseconds();
+        let state = match now.state {
+            WorkerTaskState::Pending => TaskState::Pending,
+            WorkerTaskState::Claimed => TaskState::Claimed {
+                lease_left_ms: now.lease_expires_at.map_or(0, ms),
+            },
+            WorkerTaskState::Completed => TaskState::Completed,
+            WorkerTaskState::Failed => TaskState::Failed {
+                retryable: now.retryable,
+            },
+            WorkerTaskState::Cancelled => TaskState::Cancelled,
+        };
+        TaskFacts {
+            state,
+            attempt: u32::try_from(now.attempt).unwrap_or(u32::MAX),
+            max_attempts: self.settings.max_attempts,
+            offered_ms_ago: -ms(now.offered_at),
+            worker_wait_timeout_ms: self.settings.worker_wait_timeout.as_millis() as u64,
+            pause_requested: now.pause_requested,
+        }
+    }
+
     /// Ends the step's task (this run's only), settling the step.
     async fn end(&mut self, id: Uuid, end: TaskEnd) -> Result<(), StoreError> {
         self.open = None;
@@ -279,5 +288,14 @@ impl Executor for WorkerExecutor {
             }
         }
         .boxed()
+    }
+}
+
+/// A step the worker path could not carry out.
+fn step_failed(message: String) -> ExecutorError {
+    ExecutorError::Failed {
+        action: "worker".into(),
+        message,
+        tokens: 0,
     }
 }

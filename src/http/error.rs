@@ -167,6 +167,9 @@ impl From<ServiceError> for ApiError {
             ServiceError::AlreadyDecided { .. } => {
                 ApiError::new(StatusCode::CONFLICT, "already_decided", err.to_string())
             }
+            ServiceError::CarvedBudget(_) => {
+                ApiError::new(StatusCode::CONFLICT, "carved_budget", err.to_string())
+            }
             ServiceError::ApprovalsWaiting { .. } => {
                 ApiError::new(StatusCode::CONFLICT, "approvals_waiting", err.to_string())
             }

@@ -463,7 +463,7 @@ pub async fn pause_session(
     responses(
         (status = 200, description = "The session, running again (or `queued` when no replica has room)", body = SessionView),
         (status = 404, description = "No such session", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "Not resumable, or a budget is exhausted and must be raised", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "Not resumable, a budget is exhausted and must be raised, a child's carved budget was asked to change (`carved_budget`), or a parent waiting for its children was sent changes", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Invalid guidance or limits", body = Problem, content_type = "application/problem+json"),
         (status = 429, description = "The tenant has WARDEN_TENANT_MAX_RUNNING active sessions (`tenant_running_limit`), or its share of the request slots is in use (`tenant_request_limit`, with `Retry-After`)", body = Problem, content_type = "application/problem+json"),
     )
@@ -487,7 +487,7 @@ pub async fn resume_session(
     responses(
         (status = 200, description = "The updated session", body = SessionView),
         (status = 404, description = "No such session", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "The session is completed", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "The session is completed, or a child's carved budget was asked to change (`carved_budget`)", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Invalid mode or limits", body = Problem, content_type = "application/problem+json"),
     )
 )]

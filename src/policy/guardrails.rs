@@ -297,19 +297,28 @@ pub fn token_allowance(limits: &Limits, usage: &Usage, requested: u64) -> u64 {
     requested.min(tokens_remaining(limits, usage))
 }
 
+/// A change a child session's carved budget refuses: the request is
+/// well-formed, the session being a child is what conflicts with it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "a child session's max_tokens and max_iterations are carved out of its parent's \
+     and change only through its parent's limits"
+)]
+pub struct CarvedBudget;
+
 /// Refuses a change of a child session's carved budget (`max_tokens`,
 /// `max_iterations`) from `carved` to `asked`: its parent carved it out of
 /// its own and gets back what is left when it ends, so it changes only
 /// through the parent's. Other limits, and a root's, change freely.
-pub fn check_child_budget(is_child: bool, carved: &Limits, asked: &Limits) -> Result<(), String> {
+pub fn check_child_budget(
+    is_child: bool,
+    carved: &Limits,
+    asked: &Limits,
+) -> Result<(), CarvedBudget> {
     let changed =
         asked.max_tokens != carved.max_tokens || asked.max_iterations != carved.max_iterations;
     if is_child && changed {
-        Err(
-            "a child session's max_tokens and max_iterations are carved out of its parent's \
-             and change only through its parent's limits"
-                .into(),
-        )
+        Err(CarvedBudget)
     } else {
         Ok(())
     }

@@ -3,7 +3,7 @@
 
 use uuid::Uuid;
 
-use crate::policy::guardrails::{Breach, LimitOutOfRange};
+use crate::policy::guardrails::{Breach, CarvedBudget, LimitOutOfRange};
 use crate::policy::lifecycle::IllegalTransition;
 use crate::store::StoreError;
 
@@ -88,6 +88,9 @@ pub enum ServiceError {
         /// How many.
         waiting: i64,
     },
+    /// A child's carved budget was asked to change on the child itself.
+    #[error(transparent)]
+    CarvedBudget(#[from] CarvedBudget),
     /// The service is shutting down or could not start the loop.
     #[error("{0}")]
     Unavailable(String),

@@ -1342,8 +1342,7 @@ impl SessionService {
         .await?;
         let new_goal = req.goal.as_deref().map(validate_goal).transpose()?;
         let limits = session.limits.apply(&req.limits)?;
-        guardrails::check_child_budget(session.parent_id.is_some(), &session.limits.0, &limits)
-            .map_err(ServiceError::Invalid)?;
+        guardrails::check_child_budget(session.parent_id.is_some(), &session.limits.0, &limits)?;
         let usage = session.counters().usage();
         if let Some(breach) = guardrails::exhausted_for_resume(&limits, &usage) {
             let (used, limit) = match breach {
@@ -1547,8 +1546,7 @@ impl SessionService {
             session.parent_id.is_some(),
             &session.limits.0,
             &settings.limits,
-        )
-        .map_err(ServiceError::Invalid)?;
+        )?;
         let mut events = Vec::new();
         if settings.mode != session.mode {
             events.push(SessionEvent::ModeChanged {

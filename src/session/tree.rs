@@ -76,6 +76,7 @@ impl SessionService {
             }));
         }
         let resumed = if waits_for_children(&session) {
+            check_resume_while_waiting(&session, &req)?;
             session
         } else {
             self.resume(id, scope, req).await?
@@ -181,6 +182,30 @@ impl SessionService {
             }
         }
     }
+}
+
+/// A resume of a session that waits for its children only resumes the
+/// children a pause stopped: the parent goes on by itself when they end.
+/// So its body is checked as any resume's (bad limits are a 422) and a
+/// body that asks for a change is refused rather than dropped.
+fn check_resume_while_waiting(session: &Session, req: &ResumeSession) -> Result<(), ServiceError> {
+    session.limits.apply(&req.limits)?;
+    let guidance = req
+        .guidance
+        .as_deref()
+        .is_some_and(|g| !g.trim().is_empty());
+    let asks_for_change =
+        guidance || req.goal.is_some() || req.reopen || req.limits != Default::default();
+    if asks_for_change {
+        return Err(ServiceError::Conflict(IllegalTransition {
+            action: "resume with guidance, a goal or limits",
+            from: session.status,
+            hint: "it waits for its children and goes on by itself when they end; \
+                   resume it without a body to resume its paused children, \
+                   and change its limits with PATCH",
+        }));
+    }
+    Ok(())
 }
 
 fn waits_for_children(session: &Session) -> bool {

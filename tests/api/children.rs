@@ -402,6 +402,30 @@ async fn pause_and_resume_follow_the_tree() {
         .await
         .expect("sent");
     assert_eq!(res.status(), StatusCode::CONFLICT);
+    // A parent waiting for its children goes on by itself: a resume body
+    // is checked (out-of-range limits are a 422) and a change it asks for
+    // is refused, never dropped.
+    let resume = format!("/api/autonomous/{id}/resume");
+    let too_many = json!({ "limits": { "max_iterations": 9_116_445 } });
+    let (status, body) = app.post(&resume, Some(too_many)).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+    let guided = json!({ "guidance": "Hurry up" });
+    let (status, body) = app.post(&resume, Some(guided)).await;
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+    assert!(
+        app.session(&children[0]).await["status"] == "paused",
+        "a refused resume resumed nothing"
+    );
+    // A child's carved budget changes only through its parent: a conflict
+    // with what the session is, not a malformed request.
+    let (status, body) = app
+        .patch(
+            &format!("/api/autonomous/{}", children[0]),
+            json!({ "limits": { "max_iterations": 15 } }),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+    assert_eq!(body["code"], "carved_budget", "{body}");
 
     let (status, body) = app
         .post(&format!("/api/autonomous/{id}/resume"), None)

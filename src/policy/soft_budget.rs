@@ -117,9 +117,7 @@ pub fn due(thresholds: &[u8], gauges: &[Gauge], sent: &[(Budget, u8)]) -> Vec<Bu
         .iter()
         .filter_map(|g| {
             let highest = thresholds.iter().rev().find(|p| g.reached(**p))?;
-            let warned = sent
-                .iter()
-                .any(|(b, p)| *b == g.budget && *p >= *highest);
+            let warned = sent.iter().any(|(b, p)| *b == g.budget && *p >= *highest);
             (!warned).then_some(BudgetWarning {
                 budget: g.budget,
                 percent: *highest,
@@ -235,7 +233,10 @@ mod tests {
         assert_eq!(steps_left(&w, 8), Some(2));
         assert_eq!(steps_left(&w, 0), None);
         let note = wrap_up_note(&w, 8);
-        assert!(note.contains("80% of the token budget is spent (8000 of 10000)"), "{note}");
+        assert!(
+            note.contains("80% of the token budget is spent (8000 of 10000)"),
+            "{note}"
+        );
         assert!(note.contains("about 2 steps are left"), "{note}");
         assert!(wrap_up_note(&w, 1).contains("last step"));
         let iterations = BudgetWarning {

@@ -8,6 +8,7 @@ pub mod approval;
 pub mod budget;
 pub mod checklist;
 pub mod delegation;
+pub mod estimate;
 pub mod eta;
 pub mod excerpt;
 pub mod fair_share;

@@ -59,6 +59,7 @@ const SESSION: &[(&str, u8)] = &[
     ("approvals", 6),
     ("tree", 6),
     ("workers", 6),
+    ("estimate", 6),
 ];
 
 /// The files of `src/store`, from the bottom up: the SQL of one table
@@ -94,6 +95,7 @@ const STORE: &[(&str, u8)] = &[
     ("worker_tasks", 4),
     ("iterations", 5),
     ("archive", 5),
+    ("past_runs", 3),
 ];
 
 /// The files of `src/http`, from the bottom up: errors and documents, the
@@ -116,6 +118,7 @@ const HTTP: &[(&str, u8)] = &[
     ("workers", 2),
     ("retention", 2),
     ("tree", 2),
+    ("estimate", 2),
     ("approvals", 3),
     ("openapi", 4),
 ];

@@ -7,6 +7,7 @@ pub mod approvals;
 mod assets;
 mod auth;
 pub mod error;
+pub mod estimate;
 pub mod event_stream;
 mod extract;
 mod health;
@@ -194,6 +195,7 @@ fn panic_response(_: Box<dyn std::any::Any + Send + 'static>) -> axum::response:
 pub fn router(state: AppState, max_body_bytes: usize, limits: RequestLimits) -> Router {
     let mcp_servers = state.service.mcp_servers();
     let api = sessions::router()
+        .merge(estimate::router())
         .merge(history::router())
         .merge(approvals::router())
         .merge(tree::router())

@@ -9,6 +9,7 @@
 pub mod approvals;
 pub mod archive;
 mod error;
+pub mod estimate;
 pub mod event_codec;
 mod journal;
 mod lease_clock;

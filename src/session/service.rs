@@ -304,7 +304,7 @@ fn split_tasks(
         .collect()
 }
 
-fn validate_goal(goal: &str) -> Result<String> {
+pub(super) fn validate_goal(goal: &str) -> Result<String> {
     let goal = crate::policy::text::trim(goal);
     if goal.is_empty() {
         return Err(ServiceError::Invalid("goal must not be empty".into()));
@@ -394,6 +394,11 @@ impl SessionService {
     /// the HTTP layer's: it calls use cases).
     pub(super) fn store(&self) -> &Store {
         &self.store
+    }
+
+    /// The settings, for the use cases of this layer's other files.
+    pub(super) fn settings(&self) -> &Config {
+        &self.config
     }
 
     /// The read model the read-only endpoints use.

@@ -37,6 +37,7 @@ mod keys;
 mod leases;
 mod model_calls;
 mod outcomes;
+mod past_runs;
 mod queue;
 pub mod quotas;
 mod rebuild;
@@ -66,6 +67,7 @@ pub use event_log::append as append_events;
 pub use fleet::{FleetCounts, OwnerLiveness, owner_liveness_on};
 pub use keys::{KeyRecord, NewKey};
 pub use leases::storable_text;
+pub use past_runs::{MAX_HISTORY, PastRun};
 pub use queue::queue_waiting;
 pub use rebuild::rebuild_inputs_on;
 pub use rows::{

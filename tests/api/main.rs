@@ -17,6 +17,7 @@ mod creates;
 mod deletion;
 mod docs;
 mod egress;
+mod estimates;
 mod fairness;
 mod fleet;
 mod goals;

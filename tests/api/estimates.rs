@@ -1,0 +1,116 @@
+//! `POST /api/autonomous/estimate`: figures from the tenant's completed
+//! sessions like this one, or `basis: none` and the limits when there are
+//! too few; never another tenant's history, never a session created.
+
+use std::time::Duration;
+
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+
+use crate::common::{self, TestApp, client_with_key, create_key};
+
+/// A scripted create body: `tokens` per step over `steps` steps, done at the end.
+fn body(goal: &str, steps: u64, tokens: u64) -> Value {
+    let mut script: Vec<Value> = (1..steps)
+        .map(|i| json!({ "action": format!("step {i}"), "tokens": tokens }))
+        .collect();
+    script.push(json!({ "action": "finish", "tokens": tokens,
+                        "output": "done\n<<WARDEN_GOAL_DONE: finished>>" }));
+    json!({
+        "goal": goal,
+        "success_criteria": ["The tests pass"],
+        "limits": { "max_iterations": 40, "max_tokens": 100_000 },
+        "executor": { "kind": "scripted", "steps": script }
+    })
+}
+
+async fn estimate(client: &reqwest::Client, app: &TestApp, body: &Value) -> (StatusCode, Value) {
+    let res = client
+        .post(app.url("/api/autonomous/estimate"))
+        .json(body)
+        .send()
+        .await
+        .expect("sent");
+    let status = res.status();
+    (status, res.json().await.expect("json"))
+}
+
+#[tokio::test]
+async fn an_estimate_comes_from_completed_sessions_like_this_one_and_says_so() {
+    let db = common::TestDb::new().await;
+    let app = TestApp::spawn(db.pool.clone()).await;
+    let query = body("Write unit tests for the billing parser", 3, 100);
+    // No history: the figures are the limits and the answer says so.
+    let (status, first) = estimate(&app.client, &app, &query).await;
+    assert_eq!(status, StatusCode::OK, "{first}");
+    assert_eq!(first["basis"], "none", "{first}");
+    assert_eq!(first["sessions_used"], 0);
+    assert_eq!(first["iterations"]["p90"], 40);
+    assert_eq!(first["tokens"]["p50"], 100_000);
+    assert_eq!(first["cost_usd"], Value::Null, "no cost is made up");
+    assert_eq!(first["executor_kind"], "scripted");
+    let (status, list) = app.get("/api/autonomous").await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(list["items"], json!([]), "an estimate creates nothing");
+
+    // Six completed sessions with similar goals, 2 to 7 steps of 100 tokens.
+    let mut ids = Vec::new();
+    for (i, steps) in [2_u64, 3, 4, 5, 6, 7].into_iter().enumerate() {
+        let goal = format!("Write unit tests for the billing parser, part {i}");
+        ids.push(
+            app.create(body(&goal, steps, 100)).await["id"]
+                .as_str()
+                .expect("id")
+                .to_string(),
+        );
+    }
+    for id in &ids {
+        let s = app
+            .wait_until(id, Duration::from_secs(30), |s| s["status"] != "running")
+            .await;
+        assert_eq!(s["status"], "completed", "{s}");
+    }
+    let (status, later) = estimate(&app.client, &app, &query).await;
+    assert_eq!(status, StatusCode::OK, "{later}");
+    assert_eq!(later["basis"], "similar_goals", "{later}");
+    assert_eq!(later["sessions_used"], 6);
+    let p50 = later["iterations"]["p50"].as_u64().expect("p50");
+    let p90 = later["iterations"]["p90"].as_u64().expect("p90");
+    // Order statistics of 2..=7: ranks ⌈0.5·7⌉ = 4 and ⌈0.9·7⌉ = 7, capped at 6.
+    assert_eq!((p50, p90), (5, 7), "{later}");
+    assert_eq!(later["tokens"]["p90"], 700);
+    assert!(
+        later["closest_similarity"].as_f64().expect("similarity") > 0.5,
+        "{later}"
+    );
+    assert_eq!(later["fits_limits"], true);
+
+    // Another tenant's history is not this tenant's.
+    let other_key = create_key(&app.base, "estimates-other", "operator").await["secret"]
+        .as_str()
+        .expect("secret")
+        .to_string();
+    let other = client_with_key(&other_key);
+    let (status, theirs) = estimate(&other, &app, &query).await;
+    assert_eq!(status, StatusCode::OK, "{theirs}");
+    assert_eq!(theirs["basis"], "none", "{theirs}");
+}
+
+#[tokio::test]
+async fn an_estimate_checks_its_body_like_a_create() {
+    let db = common::TestDb::new().await;
+    let app = TestApp::spawn(db.pool.clone()).await;
+    for bad in [
+        json!({ "goal": "", "executor": { "kind": "scripted", "steps": [{ "action": "a" }] } }),
+        json!({ "goal": "Do it", "limits": { "max_iterations": 0 },
+                "executor": { "kind": "scripted", "steps": [{ "action": "a" }] } }),
+        json!({ "goal": "Do it", "executor": { "kind": "scripted", "steps": [] }, "nonsense": 1 }),
+    ] {
+        let (status, answer) = estimate(&app.client, &app, &bad).await;
+        assert_eq!(
+            status,
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "{bad} -> {answer}"
+        );
+    }
+}

@@ -11,7 +11,8 @@
 #     the same for a server on the Python SDK (FastMCP, fastmcp/server.py,
 #     `mcp` pinned in fastmcp/requirements.txt), over stdio and over
 #     Streamable HTTP;
-#  4. Schemathesis (pinned in requirements.txt, settings in schemathesis.toml)
+#  4. Redocly's recommended lint of the document (@redocly/cli, pinned in
+#     package.json; redocly.yaml), then Schemathesis (pinned in requirements.txt, settings in schemathesis.toml)
 #     runs every operation of the committed document against the server with
 #     all checks, a bounded number of examples and stateful links: 0 failures.
 # Installs what it needs (Chromium from Debian, packages from npm, a Python
@@ -145,9 +146,16 @@ export WARDEN_KEY
 echo "e2e: node --test (generated client, dashboard in Chromium, real MCP servers)"
 node --test --test-concurrency=1 dist/client.test.js dashboard.test.mjs mcp.test.mjs
 
+echo "e2e: Redocly's recommended lint of the committed openapi/openapi.json"
+# Config in redocly.yaml, known exceptions (with reasons) in .redocly.lint-ignore.yaml;
+# no telemetry or update check (CI has no internet but the registries).
+(cd "$ROOT" && REDOCLY_TELEMETRY=off REDOCLY_SUPPRESS_UPDATE_NOTICE=true \
+  "$E2E_DIR/node_modules/.bin/redocly" lint --format stylish openapi/openapi.json)
+
 echo "e2e: schemathesis against the committed openapi/openapi.json"
-# NUL is left out of generated strings: the document says (422 InvalidBody)
-# that Postgres cannot store it, which no JSON Schema keyword expresses.
+# NUL is left out of generated strings: the document says with patterns that
+# no string or key may hold one (Postgres cannot store it; NulFreeJson for
+# free-form data), and the run looks for other faults.
 "$VENV/bin/schemathesis" --config-file schemathesis.toml run ../openapi/openapi.json \
   --url "$WARDEN_URL" --header "Authorization: Bearer $WARDEN_ADMIN_TOKEN" --checks all --max-examples "${SCHEMATHESIS_EXAMPLES:-30}" \
   ${SCHEMATHESIS_SEED:+--seed "$SCHEMATHESIS_SEED"} --request-timeout 10 \

@@ -33,8 +33,9 @@ use crate::session::service::{MAX_GOAL_CHARS, MAX_GUIDANCE_CHARS};
     info(
         title = "Warden",
         description = "Runs and supervises long-running autonomous agent sessions: guardrails, a per-step continue gate, checkpoints and resume.",
-        license(name = "MIT")
+        license(name = "MIT", identifier = "MIT")
     ),
+    servers((url = "http://127.0.0.1:8080", description = "A Warden on its default address (WARDEN_LISTEN_ADDR)")),
     paths(
         super::sessions::create_session,
         super::estimate::estimate_session,
@@ -156,6 +157,23 @@ fn build() -> Value {
 /// The pattern of a string that holds no NUL (U+0000).
 pub const NO_NUL_PATTERN: &str = "^[^\\u0000]*$";
 
+/// The schema of any JSON value with no NUL in a key or string, at any depth.
+const NUL_FREE_JSON: &str = "NulFreeJson";
+
+/// [`NUL_FREE_JSON`]: what a free-form object of the API may hold.
+fn nul_free_json() -> Value {
+    let me = json!({ "$ref": format!("#/components/schemas/{NUL_FREE_JSON}") });
+    json!({
+        "description": "Any JSON value with no NUL (U+0000) in a key or a string, at any depth (Postgres stores none)",
+        "anyOf": [
+            { "type": "string", "pattern": NO_NUL_PATTERN },
+            { "type": ["number", "boolean", "null"] },
+            { "type": "array", "items": me },
+            { "type": "object", "propertyNames": { "pattern": NO_NUL_PATTERN }, "additionalProperties": me }
+        ]
+    })
+}
+
 /// One rule for text: Postgres stores no NUL, so no string of the API may
 /// hold one, and the document says so on every string, nested ones too. A
 /// string with no pattern gets [`NO_NUL_PATTERN`]; one that has a pattern
@@ -169,12 +187,33 @@ fn refuse_nul(doc: &mut Value) {
             _ => false,
         }
     }
+    fn is_free_object(schema: &serde_json::Map<String, Value>) -> bool {
+        let shaped = [
+            "properties",
+            "additionalProperties",
+            "propertyNames",
+            "$ref",
+        ]
+        .iter()
+        .chain(&["allOf", "oneOf", "anyOf"])
+        .any(|k| schema.contains_key(*k));
+        schema.get("type") == Some(&json!("object")) && !shaped
+    }
     fn walk(value: &mut Value) {
         match value {
             Value::Object(schema) => {
                 let constrained = ["format", "enum", "const", "contentMediaType"]
                     .iter()
                     .any(|k| schema.contains_key(*k));
+                if is_free_object(schema) {
+                    // Free-form agent data: any JSON, but no NUL in a key
+                    // or in a string at any depth (Postgres' jsonb has none).
+                    schema.insert("propertyNames".into(), json!({ "pattern": NO_NUL_PATTERN }));
+                    schema.insert(
+                        "additionalProperties".into(),
+                        json!({ "$ref": format!("#/components/schemas/{NUL_FREE_JSON}") }),
+                    );
+                }
                 if is_string(schema) && !constrained {
                     if schema.contains_key("pattern") {
                         // Typed, so that `null` (of a nullable string) is not refused.
@@ -199,6 +238,8 @@ fn refuse_nul(doc: &mut Value) {
     }
     if let Some(schemas) = doc.pointer_mut("/components/schemas") {
         walk(schemas);
+        // Added after the walk: its own strings carry their pattern already.
+        schemas[NUL_FREE_JSON] = nul_free_json();
     }
     // Inline schemas of bodies, parameters and headers; not of query
     // parameters, which reach no storage and are taken as sent (`%00` in a
@@ -840,7 +881,11 @@ requests are in progress (`overloaded`) or the request ran past WARDEN_REQUEST_T
                     || json!({ "$ref": "#/components/responses/UnsupportedMediaType" }),
                 );
             }
-            if !open {
+            if open {
+                // Said outright, so no reader (or linter) takes a probe for
+                // an operation that forgot its key.
+                op.insert("security".into(), json!([]));
+            } else {
                 op.insert("security".into(), json!([{ "bearer": [] }]));
                 if let Some(responses) = op.get_mut("responses").and_then(Value::as_object_mut) {
                     for (code, name) in [

@@ -400,10 +400,17 @@ impl Env<'_> {
                     expected,
                 });
         }
-        let file = self
-            .string(&WARDEN_SECRET_KEY_FILE)
-            .ok_or_else(|| missing_default(&WARDEN_SECRET_KEY_FILE))?;
-        Ok(SecretKeySource::File(PathBuf::from(file)))
+        // The key belongs with the data it seals: a start from another
+        // working directory finds the same key.
+        let file = match self.string(&WARDEN_SECRET_KEY_FILE) {
+            Some(file) => PathBuf::from(file),
+            None => PathBuf::from(
+                self.string(&WARDEN_DATA_DIR)
+                    .ok_or_else(|| missing_default(&WARDEN_DATA_DIR))?,
+            )
+            .join("secret.key"),
+        };
+        Ok(SecretKeySource::File(file))
     }
 
     /// The keys that still open what they sealed: `WARDEN_SECRET_KEYS`
@@ -1268,7 +1275,21 @@ mod tests {
         let c = Config::from_vars(&vars(&[])).unwrap();
         assert_eq!(
             c.secret_key,
-            SecretKeySource::File(PathBuf::from(".warden/secret.key"))
+            SecretKeySource::File(PathBuf::from("./.warden/secret.key"))
+        );
+        // The key lives with the data it seals, wherever the data is.
+        let elsewhere = Config::from_vars(&vars(&[("WARDEN_DATA_DIR", "/srv/warden")])).unwrap();
+        assert_eq!(
+            elsewhere.secret_key,
+            SecretKeySource::File(PathBuf::from("/srv/warden/secret.key"))
+        );
+        let named = vars(&[
+            ("WARDEN_DATA_DIR", "/srv/warden"),
+            ("WARDEN_SECRET_KEY_FILE", "/k"),
+        ]);
+        assert_eq!(
+            Config::from_vars(&named).unwrap().secret_key,
+            SecretKeySource::File(PathBuf::from("/k"))
         );
         assert_eq!(
             c.quotas,

@@ -270,8 +270,8 @@ settings! {
         "`off` serves without keys on any address (warned at start), to loopback `Host` names only";
     WARDEN_SECRET_KEY (Session, secret) = unset =>
         "256-bit key (64 hex digits or base64) sealing sessions' own API keys; a wrong length stops start-up";
-    WARDEN_SECRET_KEY_FILE (Session) = ".warden/secret.key" =>
-        "where the keys are kept when `WARDEN_SECRET_KEY(S)` is unset: one a line, the current first (generated, mode 0600, on first start; `warden secrets rotate` adds one)";
+    WARDEN_SECRET_KEY_FILE (Session) = unset =>
+        "where the keys are kept when `WARDEN_SECRET_KEY(S)` is unset (default `secret.key` in `WARDEN_DATA_DIR`, beside the data it seals): one a line, the current first (generated, mode 0600, on first start; `warden secrets rotate` adds one)";
     WARDEN_SECRET_KEYS (Session, secret) = unset =>
         "the key ring, comma-separated keys: the first seals new secrets, the others still open what they sealed (wins over `WARDEN_SECRET_KEY` and the key file); see `warden secrets`";
     WARDEN_SECRET_KEY_PREVIOUS (Session, secret) = unset =>
@@ -332,6 +332,8 @@ settings! {
         "pause (`budget_projected_overrun`) when the projected tokens to finish exceed this many times the tokens left…";
     WARDEN_PROJECTION_EVALUATIONS (Session) = "3" =>
         "…for this many gate evaluations in a row (1–20)";
+    WARDEN_MODEL_PRICES (Session) = unset =>
+        "prices per million tokens by model, `pattern=input/output[/cached_input][@YYYY-MM-DD]` separated by `;` (`*` matches any run of characters; a lone `*` prices unnamed and unknown models); see docs/guides/money.md";
     WARDEN_TOKEN_PRICE_PER_MILLION (Session) = unset =>
         "price of a million tokens; when set, the status reports `cost`";
     WARDEN_APPROVAL_TIMEOUT_MS (Session) = "86400000" =>

@@ -177,6 +177,9 @@ pub struct CurrentStep {
 pub struct SessionView {
     /// Session id.
     pub id: Uuid,
+    /// The tenant the session belongs to (its creator's key's tenant, or
+    /// `default` for a session made with the admin token).
+    pub tenant: String,
     /// The goal.
     pub goal: String,
     /// `fixed` or `continuous`.
@@ -425,6 +428,7 @@ impl From<Session> for SessionView {
         let refinement = s.refinement_tokens;
         SessionView {
             id: s.id,
+            tenant: s.tenant.clone(),
             goal: s.goal,
             mode: s.mode,
             status: s.status,

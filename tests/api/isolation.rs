@@ -295,11 +295,11 @@ async fn a_childs_budget_changes_only_through_its_parents() {
                 json!({ "limits": limits }),
             )
             .await;
-        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{limits}: {doc}");
-        assert!(
-            doc["detail"].as_str().unwrap_or("").contains("parent"),
-            "{doc}"
-        );
+        // Well-formed, but in conflict with what the session is: a child.
+        assert_eq!(status, StatusCode::CONFLICT, "{limits}: {doc}");
+        assert_eq!(doc["code"], "carved_budget", "{doc}");
+        let detail = doc["detail"].as_str().expect("detail");
+        assert!(detail.contains("parent"), "{doc}");
     }
     let after = app.session(&child).await;
     assert_eq!(after["limits"], before["limits"]);

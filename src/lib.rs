@@ -255,28 +255,7 @@ impl Application {
             &loops,
             rotating,
         );
-        let app = http::router(
-            http::AppState {
-                service,
-                metrics,
-                auth,
-                streams: http::event_stream::StreamSlots::new(config.quotas.tenant_max_streams),
-            },
-            config.max_body_bytes,
-            http::RequestLimits::new(
-                config.quotas.request_timeout,
-                config.quotas.max_concurrent_requests,
-                &config.admission,
-            ),
-        );
-        let stop_serving = CancellationToken::new();
-        let graceful = stop_serving.clone();
-        let server = tokio::spawn(http::serve::serve(
-            listener,
-            app,
-            config.connections,
-            graceful,
-        ));
+        let (server, stop_serving) = serve(listener, service, metrics, auth, &config);
         Ok(Application {
             addr,
             supervisor,
@@ -570,4 +549,37 @@ fn start_background(
         policy::retention::sweep_every(config.workspace_retention),
     )));
     background
+}
+
+/// Serves the API on `listener` until the returned token is cancelled.
+fn serve(
+    listener: TcpListener,
+    service: SessionService,
+    metrics: Arc<metrics::Metrics>,
+    auth: auth::Authenticator,
+    config: &Config,
+) -> (JoinHandle<Result<(), std::io::Error>>, CancellationToken) {
+    let app = http::router(
+        http::AppState {
+            service,
+            metrics,
+            auth,
+            streams: http::event_stream::StreamSlots::new(config.quotas.tenant_max_streams),
+        },
+        config.max_body_bytes,
+        http::RequestLimits::new(
+            config.quotas.request_timeout,
+            config.quotas.max_concurrent_requests,
+            &config.admission,
+        ),
+    );
+    let stop_serving = CancellationToken::new();
+    let graceful = stop_serving.clone();
+    let server = tokio::spawn(http::serve::serve(
+        listener,
+        app,
+        config.connections,
+        graceful,
+    ));
+    (server, stop_serving)
 }

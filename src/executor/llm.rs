@@ -877,22 +877,8 @@ impl LlmExecutor {
         self.unreported = prompt_tokens;
         let completion = match self.client.chat(&request).await {
             Ok(completion) => completion,
-            // Decided calls already answered are kept in the conversation,
-            // so the next step does not answer them again.
-            Err(e) if !carried.is_empty() => {
-                return Ok(self.model_failed_after_decisions(
-                    e.to_string(),
-                    step_messages,
-                    &carried,
-                    called,
-                ));
-            }
             Err(e) => {
-                return Err(ExecutorError::Failed {
-                    action: "model_call".into(),
-                    message: e.to_string(),
-                    tokens: 0,
-                });
+                return self.model_call_failed(e.to_string(), step_messages, &carried, called);
             }
         };
         let (calls, message_text) = self.take_answer(
@@ -1343,6 +1329,27 @@ impl LlmExecutor {
 }
 
 impl LlmExecutor {
+    /// A failed model call: an error step when decided calls were answered
+    /// before it, else the executor's error.
+    fn model_call_failed(
+        &mut self,
+        error: String,
+        step_messages: Vec<Message>,
+        carried: &[(String, ToolOutcome)],
+        called: std::time::Instant,
+    ) -> Result<StepResult, ExecutorError> {
+        if !carried.is_empty() {
+            // Decided calls already answered are kept in the conversation,
+            // so the next step does not answer them again.
+            return Ok(self.model_failed_after_decisions(error, step_messages, carried, called));
+        }
+        Err(ExecutorError::Failed {
+            action: "model_call".into(),
+            message: error,
+            tokens: 0,
+        })
+    }
+
     /// A step whose model call failed after decided calls were answered:
     /// an error step that keeps those answers in the conversation.
     fn model_failed_after_decisions(

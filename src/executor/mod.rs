@@ -611,17 +611,13 @@ impl ExecutorSpec {
             } => Ok(Box::new(WorkerExecutor::new(
                 deps.store.clone(),
                 &deps.tenant,
-                WorkerSettings {
-                    queue: queue.clone(),
-                    labels: labels.clone(),
-                    heartbeat_timeout: Duration::from_millis(
-                        heartbeat_timeout_ms.unwrap_or(30_000),
-                    ),
-                    max_attempts: max_attempts.unwrap_or(3),
-                    worker_wait_timeout: Duration::from_millis(
-                        worker_wait_timeout_ms.unwrap_or(600_000),
-                    ),
-                },
+                worker_settings(
+                    queue,
+                    labels,
+                    *heartbeat_timeout_ms,
+                    *max_attempts,
+                    *worker_wait_timeout_ms,
+                ),
                 deps.approvals.clone(),
                 deps.children.clone(),
                 deps.run,
@@ -786,6 +782,23 @@ fn validate_queue_and_labels(queue: &str, labels: &BTreeMap<String, String>) -> 
         ));
     }
     Ok(())
+}
+
+/// A worker executor's settings, its defaults filled in.
+fn worker_settings(
+    queue: &str,
+    labels: &BTreeMap<String, String>,
+    heartbeat_timeout_ms: Option<u64>,
+    max_attempts: Option<u32>,
+    worker_wait_timeout_ms: Option<u64>,
+) -> WorkerSettings {
+    WorkerSettings {
+        queue: queue.to_string(),
+        labels: labels.clone(),
+        heartbeat_timeout: Duration::from_millis(heartbeat_timeout_ms.unwrap_or(30_000)),
+        max_attempts: max_attempts.unwrap_or(3),
+        worker_wait_timeout: Duration::from_millis(worker_wait_timeout_ms.unwrap_or(600_000)),
+    }
 }
 
 /// The session's workspace, beneath its tree's root, with the limits set.

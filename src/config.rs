@@ -172,7 +172,7 @@ pub struct Config {
     pub retention: RetentionConfig,
     /// `WARDEN_APPROVAL_TIMEOUT_MS`: how long a call waits for approval.
     pub approval_timeout: Duration,
-    /// Session defaults.
+    /// A new session's mode and limits when its request leaves them out.
     pub defaults: SessionDefaults,
     /// The continue gate's thresholds.
     pub gate: GateConfig,
@@ -724,129 +724,18 @@ impl Config {
     /// environment in production), every one through the settings table.
     pub fn from_vars(vars: &HashMap<String, String>) -> Result<Config, ConfigError> {
         let env = Env { vars };
-        let (listen_var, listen_raw) = env
-            .text(&WARDEN_LISTEN_ADDR)
-            .ok_or_else(|| missing_default(&WARDEN_LISTEN_ADDR))?;
-        let listen_addr = listen_raw
-            .trim()
-            .parse()
-            .map_err(|_| ConfigError::Invalid {
-                var: listen_var,
-                value: listen_raw.to_string(),
-                expected: "an address like 127.0.0.1:8080".into(),
-            })?;
-        let database_url = env.text(&DATABASE_URL).map(|(_, url)| url.into_owned());
-        #[cfg(not(feature = "embedded"))]
-        if database_url.is_none() {
-            return Err(ConfigError::Missing {
-                var: DATABASE_URL.name,
-                why: "Warden keeps every session in Postgres, e.g. postgres://postgres@127.0.0.1:5432/warden \
-(this build has no embedded PostgreSQL: the `embedded` feature is off)",
-            });
-        }
-        if let Some(url) = &database_url
-            && !url.starts_with("postgres://")
-            && !url.starts_with("postgresql://")
-        {
-            return Err(ConfigError::Invalid {
-                var: DATABASE_URL.name,
-                // It may carry a password.
-                value: "<redacted>".into(),
-                expected: "a postgres:// URL (or unset it for the embedded PostgreSQL)".into(),
-            });
-        }
+        let listen_addr = env.listen_addr()?;
+        let database_url = env.database_url()?;
         let data_dir = PathBuf::from(
             env.string(&WARDEN_DATA_DIR)
                 .ok_or_else(|| missing_default(&WARDEN_DATA_DIR))?,
         );
-        let (mode_var, mode_raw) = env
-            .text(&AUTONOMOUS_MODE)
-            .ok_or_else(|| missing_default(&AUTONOMOUS_MODE))?;
-        let mode = Mode::parse(mode_raw.trim()).ok_or_else(|| ConfigError::Invalid {
-            var: mode_var,
-            value: mode_raw.to_string(),
-            expected: "fixed or continuous".into(),
-        })?;
-        let limits = Limits {
-            max_iterations: env.parse(&AUTONOMOUS_MAX_ITERATIONS, 1, 1_000_000)?,
-            max_wall_time_ms: env.parse(&AUTONOMOUS_MAX_WALL_TIME_MS, 100, 2_592_000_000)?,
-            max_tokens: env.parse(&AUTONOMOUS_MAX_TOKENS, 1, 10_000_000_000)?,
-            max_consecutive_errors: env.parse(&AUTONOMOUS_MAX_CONSECUTIVE_ERRORS, 1, 1_000)?,
-            reflection_interval: env.parse(&AUTONOMOUS_REFLECTION_INTERVAL, 1, 1_000)?,
-            checkpoint_interval: env.parse(&AUTONOMOUS_CHECKPOINT_INTERVAL, 1, 10_000)?,
-            max_tool_calls: None,
-            max_cycles: env.parse(&AUTONOMOUS_MAX_CYCLES, 1, 1_000)?,
-            context_budget_tokens: env.parse(&AUTONOMOUS_CONTEXT_TOKENS, 500, 10_000_000)?,
-            review_every: None,
-        };
-        let defaults = SessionDefaults {
-            mode,
-            limits,
-            fixed_iterations: env.parse(&AUTONOMOUS_FIXED_ITERATIONS, 1, 1_000_000)?,
-        };
-        let gate = GateConfig {
-            // The table reads the earlier name too, so existing deployments keep theirs.
-            review_every: env.parse(&WARDEN_GATE_REVIEW_EVERY, 0, 1_000_000)?,
-            checkpoint_every: env.parse(&WARDEN_GATE_CHECKPOINT_EVERY, 1, 1_000_000)?,
-            projection_margin: env.float(&WARDEN_PROJECTION_MARGIN, 1.0, 1_000.0)?,
-            projection_evaluations: env.parse(&WARDEN_PROJECTION_EVALUATIONS, 1, 20)?,
-            ..GateConfig::default()
-        };
-        let ttl = env.millis(&WARDEN_LEASE_TTL_MS, 200, 3_600_000)?;
-        let heartbeat = env.millis(&WARDEN_HEARTBEAT_INTERVAL_MS, 50, 3_600_000)?;
-        if heartbeat * 2 > ttl {
-            return Err(ConfigError::Invalid {
-                var: WARDEN_HEARTBEAT_INTERVAL_MS.name,
-                value: heartbeat.as_millis().to_string(),
-                expected: format!(
-                    "at most half of WARDEN_LEASE_TTL_MS ({} ms) so a lease is renewed before it expires",
-                    ttl.as_millis()
-                ),
-            });
-        }
+        let defaults = env.session_defaults()?;
+        let gate = env.gate()?;
+        let lease = env.lease()?;
         let log_json = env.choice(&WARDEN_LOG_FORMAT, &[("text", false), ("json", true)])?;
-        // Read whether or not a default endpoint is set: sessions that
-        // name their own endpoint are bound by them too.
-        let call = crate::llm::CallPolicy {
-            timeout: env.millis(&WARDEN_LLM_TIMEOUT_MS, 100, 3_600_000)?,
-            max_retries: env.parse(&WARDEN_LLM_MAX_RETRIES, 0, 10)?,
-            retry_base: env.millis(&WARDEN_LLM_RETRY_BASE_MS, 1, 60_000)?,
-        };
-        let endpoint = env.url(&WARDEN_LLM_BASE_URL)?.map(|base_url| LlmSettings {
-            base_url,
-            api_key: env.string(&WARDEN_LLM_API_KEY),
-            timeout: call.timeout,
-            max_retries: call.max_retries,
-            retry_base: call.retry_base,
-        });
-        let models = ModelConfig {
-            endpoint,
-            call,
-            // Defaults to WARDEN_LLM_MODEL through the table.
-            reflection_model: env.string(&AUTONOMOUS_REFLECTION_MODEL),
-            model: env.string(&WARDEN_LLM_MODEL),
-            max_tokens_per_call: env.parse(&WARDEN_LLM_MAX_TOKENS, 1, 1_000_000)?,
-            reflection_temperature: env.float(&AUTONOMOUS_REFLECTION_TEMPERATURE, 0.0, 2.0)?,
-            reflection_top_p: env.float(&AUTONOMOUS_REFLECTION_TOP_P, 0.0, 1.0)?,
-            max_file_bytes: env.parse(&WARDEN_MAX_FILE_BYTES, 1, 104_857_600)?,
-        };
-        let allow = env.text(&WARDEN_EGRESS_ALLOW);
-        let egress = EgressPolicy::new()
-            .with_allow_list(allow.as_ref().map_or("", |(_, list)| list))
-            .map_err(|why| ConfigError::Invalid {
-                var: WARDEN_EGRESS_ALLOW.name,
-                value: allow
-                    .as_ref()
-                    .map_or(String::new(), |(_, list)| list.to_string()),
-                expected: format!(
-                    "comma-separated hosts, host:port, addresses or CIDR ranges: {why}"
-                ),
-            })?
-            .with_max_response_bytes(env.parse(
-                &WARDEN_EGRESS_MAX_RESPONSE_BYTES,
-                1_024,
-                1_073_741_824,
-            )?);
+        let models = env.models()?;
+        let egress = env.egress()?;
         let workspace_root = env
             .text(&WARDEN_WORKSPACE_ROOT)
             .map(|(_, root)| PathBuf::from(root.as_ref()))
@@ -866,11 +755,7 @@ impl Config {
             gate,
             stuck: StuckConfig::default(),
             throttle_cooldown: env.millis(&WARDEN_THROTTLE_COOLDOWN_MS, 0, 3_600_000)?,
-            lease: LeaseConfig {
-                ttl,
-                heartbeat,
-                margin: ttl / 5,
-            },
+            lease,
             max_running: env.parse(&WARDEN_MAX_RUNNING, 1, 1_000_000)?,
             claims_per_tick: env.parse(&WARDEN_CLAIMS_PER_TICK, 1, 100_000)?,
             control_wait: env.millis(&WARDEN_STOP_WAIT_MS, 0, 600_000)?,
@@ -903,6 +788,166 @@ impl Config {
             mcp: env.mcp_config()?,
             telemetry: env.telemetry()?,
         })
+    }
+}
+
+/// The parts of `Config::from_vars`, in the order it reads them (which
+/// decides which of several bad settings is reported).
+impl Env<'_> {
+    /// The address to listen on.
+    fn listen_addr(&self) -> Result<SocketAddr, ConfigError> {
+        let (listen_var, listen_raw) = self
+            .text(&WARDEN_LISTEN_ADDR)
+            .ok_or_else(|| missing_default(&WARDEN_LISTEN_ADDR))?;
+        let listen_addr = listen_raw
+            .trim()
+            .parse()
+            .map_err(|_| ConfigError::Invalid {
+                var: listen_var,
+                value: listen_raw.to_string(),
+                expected: "an address like 127.0.0.1:8080".into(),
+            })?;
+        Ok(listen_addr)
+    }
+
+    /// The Postgres URL: required unless the build embeds PostgreSQL, and
+    /// a postgres:// one when set.
+    fn database_url(&self) -> Result<Option<String>, ConfigError> {
+        let database_url = self.text(&DATABASE_URL).map(|(_, url)| url.into_owned());
+        #[cfg(not(feature = "embedded"))]
+        if database_url.is_none() {
+            return Err(ConfigError::Missing {
+                var: DATABASE_URL.name,
+                why: "Warden keeps every session in Postgres, e.g. postgres://postgres@127.0.0.1:5432/warden \
+(this build has no embedded PostgreSQL: the `embedded` feature is off)",
+            });
+        }
+        if let Some(url) = &database_url
+            && !url.starts_with("postgres://")
+            && !url.starts_with("postgresql://")
+        {
+            return Err(ConfigError::Invalid {
+                var: DATABASE_URL.name,
+                // It may carry a password.
+                value: "<redacted>".into(),
+                expected: "a postgres:// URL (or unset it for the embedded PostgreSQL)".into(),
+            });
+        }
+        Ok(database_url)
+    }
+
+    /// A new session's mode and limits when its request does not set them.
+    fn session_defaults(&self) -> Result<SessionDefaults, ConfigError> {
+        let (mode_var, mode_raw) = self
+            .text(&AUTONOMOUS_MODE)
+            .ok_or_else(|| missing_default(&AUTONOMOUS_MODE))?;
+        let mode = Mode::parse(mode_raw.trim()).ok_or_else(|| ConfigError::Invalid {
+            var: mode_var,
+            value: mode_raw.to_string(),
+            expected: "fixed or continuous".into(),
+        })?;
+        let limits = Limits {
+            max_iterations: self.parse(&AUTONOMOUS_MAX_ITERATIONS, 1, 1_000_000)?,
+            max_wall_time_ms: self.parse(&AUTONOMOUS_MAX_WALL_TIME_MS, 100, 2_592_000_000)?,
+            max_tokens: self.parse(&AUTONOMOUS_MAX_TOKENS, 1, 10_000_000_000)?,
+            max_consecutive_errors: self.parse(&AUTONOMOUS_MAX_CONSECUTIVE_ERRORS, 1, 1_000)?,
+            reflection_interval: self.parse(&AUTONOMOUS_REFLECTION_INTERVAL, 1, 1_000)?,
+            checkpoint_interval: self.parse(&AUTONOMOUS_CHECKPOINT_INTERVAL, 1, 10_000)?,
+            max_tool_calls: None,
+            max_cycles: self.parse(&AUTONOMOUS_MAX_CYCLES, 1, 1_000)?,
+            context_budget_tokens: self.parse(&AUTONOMOUS_CONTEXT_TOKENS, 500, 10_000_000)?,
+            review_every: None,
+        };
+        Ok(SessionDefaults {
+            mode,
+            limits,
+            fixed_iterations: self.parse(&AUTONOMOUS_FIXED_ITERATIONS, 1, 1_000_000)?,
+        })
+    }
+
+    /// The continue gate's review and checkpoint cadence and its projection.
+    fn gate(&self) -> Result<GateConfig, ConfigError> {
+        Ok(GateConfig {
+            // The table reads the earlier name too, so existing deployments keep theirs.
+            review_every: self.parse(&WARDEN_GATE_REVIEW_EVERY, 0, 1_000_000)?,
+            checkpoint_every: self.parse(&WARDEN_GATE_CHECKPOINT_EVERY, 1, 1_000_000)?,
+            projection_margin: self.float(&WARDEN_PROJECTION_MARGIN, 1.0, 1_000.0)?,
+            projection_evaluations: self.parse(&WARDEN_PROJECTION_EVALUATIONS, 1, 20)?,
+            ..GateConfig::default()
+        })
+    }
+
+    /// The lease's time to live and heartbeat; the heartbeat at most half
+    /// the time to live.
+    fn lease(&self) -> Result<LeaseConfig, ConfigError> {
+        let ttl = self.millis(&WARDEN_LEASE_TTL_MS, 200, 3_600_000)?;
+        let heartbeat = self.millis(&WARDEN_HEARTBEAT_INTERVAL_MS, 50, 3_600_000)?;
+        if heartbeat * 2 > ttl {
+            return Err(ConfigError::Invalid {
+                var: WARDEN_HEARTBEAT_INTERVAL_MS.name,
+                value: heartbeat.as_millis().to_string(),
+                expected: format!(
+                    "at most half of WARDEN_LEASE_TTL_MS ({} ms) so a lease is renewed before it expires",
+                    ttl.as_millis()
+                ),
+            });
+        }
+        Ok(LeaseConfig {
+            ttl,
+            heartbeat,
+            margin: ttl / 5,
+        })
+    }
+
+    /// The default model endpoint, the call policy and the model settings.
+    fn models(&self) -> Result<ModelConfig, ConfigError> {
+        // Read whether or not a default endpoint is set: sessions that
+        // name their own endpoint are bound by them too.
+        let call = crate::llm::CallPolicy {
+            timeout: self.millis(&WARDEN_LLM_TIMEOUT_MS, 100, 3_600_000)?,
+            max_retries: self.parse(&WARDEN_LLM_MAX_RETRIES, 0, 10)?,
+            retry_base: self.millis(&WARDEN_LLM_RETRY_BASE_MS, 1, 60_000)?,
+        };
+        let endpoint = self.url(&WARDEN_LLM_BASE_URL)?.map(|base_url| LlmSettings {
+            base_url,
+            api_key: self.string(&WARDEN_LLM_API_KEY),
+            timeout: call.timeout,
+            max_retries: call.max_retries,
+            retry_base: call.retry_base,
+        });
+        Ok(ModelConfig {
+            endpoint,
+            call,
+            // Defaults to WARDEN_LLM_MODEL through the table.
+            reflection_model: self.string(&AUTONOMOUS_REFLECTION_MODEL),
+            model: self.string(&WARDEN_LLM_MODEL),
+            max_tokens_per_call: self.parse(&WARDEN_LLM_MAX_TOKENS, 1, 1_000_000)?,
+            reflection_temperature: self.float(&AUTONOMOUS_REFLECTION_TEMPERATURE, 0.0, 2.0)?,
+            reflection_top_p: self.float(&AUTONOMOUS_REFLECTION_TOP_P, 0.0, 1.0)?,
+            max_file_bytes: self.parse(&WARDEN_MAX_FILE_BYTES, 1, 104_857_600)?,
+        })
+    }
+
+    /// Where tools and endpoints may connect, and how much they may read.
+    fn egress(&self) -> Result<EgressPolicy, ConfigError> {
+        let allow = self.text(&WARDEN_EGRESS_ALLOW);
+        let egress = EgressPolicy::new()
+            .with_allow_list(allow.as_ref().map_or("", |(_, list)| list))
+            .map_err(|why| ConfigError::Invalid {
+                var: WARDEN_EGRESS_ALLOW.name,
+                value: allow
+                    .as_ref()
+                    .map_or(String::new(), |(_, list)| list.to_string()),
+                expected: format!(
+                    "comma-separated hosts, host:port, addresses or CIDR ranges: {why}"
+                ),
+            })?
+            .with_max_response_bytes(self.parse(
+                &WARDEN_EGRESS_MAX_RESPONSE_BYTES,
+                1_024,
+                1_073_741_824,
+            )?);
+        Ok(egress)
     }
 }
 

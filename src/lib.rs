@@ -45,9 +45,9 @@ pub enum AppError {
     /// The listen address could not be bound.
     #[error("cannot listen on {addr}: {source}")]
     Bind {
-        /// Address.
+        /// The address asked for (`WARDEN_LISTEN_ADDR`).
         addr: SocketAddr,
-        /// Cause.
+        /// Why the bind failed (in use, not permitted...).
         source: std::io::Error,
     },
     /// The server failed.
@@ -211,24 +211,7 @@ impl Application {
             config.loop_threads = 0;
         }
         let config = Arc::new(config);
-        let auth = auth::Authenticator::new(
-            store.clone(),
-            config.auth.admin_token.as_ref(),
-            config.auth.metrics_token.as_ref(),
-            config.auth.off,
-        )
-        .await?;
-        match auth.mode() {
-            auth::AuthMode::On => tracing::info!("API keys required"),
-            auth::AuthMode::Off => tracing::warn!(
-                "WARDEN_AUTH=off: AUTHENTICATION IS DISABLED; anyone who can reach {} can read and control every session",
-                config.listen_addr
-            ),
-            auth::AuthMode::Protected if config.listen_addr.ip().is_loopback() => tracing::warn!(
-                "authentication is off (no WARDEN_ADMIN_TOKEN and no API keys): serving loopback only"
-            ),
-            auth::AuthMode::Protected => return Err(AppError::Unprotected(config.listen_addr)),
-        }
+        let auth = authenticate(&config, &store).await?;
         let listener = TcpListener::bind(config.listen_addr)
             .await
             .map_err(|source| AppError::Bind {
@@ -239,31 +222,7 @@ impl Application {
         let replica_id = Uuid::new_v4();
         let metrics = Arc::new(metrics::Metrics::default());
         let loops = LoopRuntime::start(config.loop_threads, config.loop_nice)?;
-        let loop_store = match &loops.0 {
-            // The loops' connections are made on the loops' runtime, so their
-            // I/O is driven there too.
-            Some(rt) => {
-                // Every statement of the loops reaches a session by its key.
-                // Without seq scans the planner takes the key on a database
-                // whose statistics are stale (any fresh one): it otherwise
-                // believed `sessions` a few pages long and scanned all of it
-                // for each group commit, halving the rate at 1,000 sessions.
-                let options = store
-                    .pool()
-                    .connect_options()
-                    .as_ref()
-                    .clone()
-                    .options([("enable_seqscan", "off")]);
-                let max = config.db_max_connections;
-                let pool = rt
-                    .spawn(async move { Store::pool_options(max).connect_with(options).await })
-                    .await
-                    .map_err(|e| AppError::Runtime(std::io::Error::other(e)))?
-                    .map_err(StoreError::from)?;
-                store.sibling(pool)
-            }
-            None => store.clone(),
-        };
+        let loop_store = loop_store(&loops, &store, &config).await?;
         let supervisor = Supervisor::new(
             loop_store.clone(),
             config.clone(),
@@ -280,9 +239,6 @@ impl Application {
             .await;
         tracing::info!(%addr, %replica_id, rescued, claimed, max_running = config.max_running, "warden listening");
 
-        // Lease renewals, claims and control notes are loop work, on the
-        // loops' pool: they run on the loops' runtime, so a heartbeat that
-        // renews thousands of leases never holds an API thread.
         let pruner = session::pruner::Pruner::new(
             service_store.clone(),
             config.retention.clone(),
@@ -290,56 +246,16 @@ impl Application {
             (replica_id, config.lease.ttl),
             metrics.clone(),
         );
-        let expiry = tokio::spawn(session::approvals::expire_forever(
-            service.clone(),
-            session::approvals::sweep_every(config.approval_timeout),
-        ));
-        let tree_sweep = tokio::spawn(session::tree::sweep_forever(
-            service.clone(),
-            session::tree::SWEEP_EVERY,
-        ));
-        let mut background = vec![
-            expiry,
-            tree_sweep,
-            loops.handle().spawn(supervisor.clone().maintain()),
-            loops.handle().spawn(supervisor.clone().listen()),
-            // On the API's runtime and pool, as the sweep: never the loops'.
-            tokio::spawn(pruner.prune_forever()),
-        ];
-        if let Some(ring) = rotating {
-            background.push(tokio::spawn(session::reseal_in_background(
-                service_store.clone(),
-                ring,
-            )));
-        }
-        background.push(tokio::spawn(session::retention::sweep_forever(
+        let background = start_background(
+            &config,
+            &service,
+            &supervisor,
             service_store,
-            config.workspace_root.clone(),
-            config.workspace_retention,
-            policy::retention::sweep_every(config.workspace_retention),
-        )));
-        let app = http::router(
-            http::AppState {
-                service,
-                metrics,
-                auth,
-                streams: http::event_stream::StreamSlots::new(config.quotas.tenant_max_streams),
-            },
-            config.max_body_bytes,
-            http::RequestLimits::new(
-                config.quotas.request_timeout,
-                config.quotas.max_concurrent_requests,
-                &config.admission,
-            ),
+            pruner,
+            &loops,
+            rotating,
         );
-        let stop_serving = CancellationToken::new();
-        let graceful = stop_serving.clone();
-        let server = tokio::spawn(http::serve::serve(
-            listener,
-            app,
-            config.connections,
-            graceful,
-        ));
+        let (server, stop_serving) = serve(listener, service, metrics, auth, &config);
         Ok(Application {
             addr,
             supervisor,
@@ -528,4 +444,142 @@ pub async fn shutdown_signal() {
         _ = ctrl_c => tracing::info!("SIGINT received"),
         _ = terminate => tracing::info!("SIGTERM received"),
     }
+}
+
+/// The API's authenticator; refuses to serve beyond loopback when nothing
+/// protects the API.
+async fn authenticate(config: &Config, store: &Store) -> Result<auth::Authenticator, AppError> {
+    let auth = auth::Authenticator::new(
+        store.clone(),
+        config.auth.admin_token.as_ref(),
+        config.auth.metrics_token.as_ref(),
+        config.auth.off,
+    )
+    .await?;
+    match auth.mode() {
+        auth::AuthMode::On => tracing::info!("API keys required"),
+        auth::AuthMode::Off => tracing::warn!(
+            "WARDEN_AUTH=off: AUTHENTICATION IS DISABLED; anyone who can reach {} can read and control every session",
+            config.listen_addr
+        ),
+        auth::AuthMode::Protected if config.listen_addr.ip().is_loopback() => tracing::warn!(
+            "authentication is off (no WARDEN_ADMIN_TOKEN and no API keys): serving loopback only"
+        ),
+        auth::AuthMode::Protected => return Err(AppError::Unprotected(config.listen_addr)),
+    }
+    Ok(auth)
+}
+
+/// The store the session loops use: a pool of their own on the loops'
+/// runtime when they have one, else the API's.
+async fn loop_store(
+    loops: &LoopRuntime,
+    store: &Store,
+    config: &Config,
+) -> Result<Store, AppError> {
+    let loop_store = match &loops.0 {
+        // The loops' connections are made on the loops' runtime, so their
+        // I/O is driven there too.
+        Some(rt) => {
+            // Every statement of the loops reaches a session by its key.
+            // Without seq scans the planner takes the key on a database
+            // whose statistics are stale (any fresh one): it otherwise
+            // believed `sessions` a few pages long and scanned all of it
+            // for each group commit, halving the rate at 1,000 sessions.
+            let options = store
+                .pool()
+                .connect_options()
+                .as_ref()
+                .clone()
+                .options([("enable_seqscan", "off")]);
+            let max = config.db_max_connections;
+            let pool = rt
+                .spawn(async move { Store::pool_options(max).connect_with(options).await })
+                .await
+                .map_err(|e| AppError::Runtime(std::io::Error::other(e)))?
+                .map_err(StoreError::from)?;
+            store.sibling(pool)
+        }
+        None => store.clone(),
+    };
+    Ok(loop_store)
+}
+
+/// Starts the background work: approval expiry, the tree sweep, lease
+/// upkeep and control notes on the loops' runtime, pruning, resealing
+/// under a rotated key, and the workspace retention sweep.
+fn start_background(
+    config: &Config,
+    service: &SessionService,
+    supervisor: &Supervisor,
+    service_store: Store,
+    pruner: session::pruner::Pruner,
+    loops: &LoopRuntime,
+    rotating: Option<secrets::Keyring>,
+) -> Vec<JoinHandle<()>> {
+    let expiry = tokio::spawn(session::approvals::expire_forever(
+        service.clone(),
+        session::approvals::sweep_every(config.approval_timeout),
+    ));
+    let tree_sweep = tokio::spawn(session::tree::sweep_forever(
+        service.clone(),
+        session::tree::SWEEP_EVERY,
+    ));
+    let mut background = vec![
+        expiry,
+        tree_sweep,
+        // Lease renewals, claims and control notes are loop work, on the
+        // loops' pool: they run on the loops' runtime, so a heartbeat that
+        // renews thousands of leases never holds an API thread.
+        loops.handle().spawn(supervisor.clone().maintain()),
+        loops.handle().spawn(supervisor.clone().listen()),
+        // On the API's runtime and pool, as the sweep: never the loops'.
+        tokio::spawn(pruner.prune_forever()),
+    ];
+    if let Some(ring) = rotating {
+        background.push(tokio::spawn(session::reseal_in_background(
+            service_store.clone(),
+            ring,
+        )));
+    }
+    background.push(tokio::spawn(session::retention::sweep_forever(
+        service_store,
+        config.workspace_root.clone(),
+        config.workspace_retention,
+        policy::retention::sweep_every(config.workspace_retention),
+    )));
+    background
+}
+
+/// Serves the API on `listener` until the returned token is cancelled.
+fn serve(
+    listener: TcpListener,
+    service: SessionService,
+    metrics: Arc<metrics::Metrics>,
+    auth: auth::Authenticator,
+    config: &Config,
+) -> (JoinHandle<Result<(), std::io::Error>>, CancellationToken) {
+    let app = http::router(
+        http::AppState {
+            service,
+            metrics,
+            auth,
+            streams: http::event_stream::StreamSlots::new(config.quotas.tenant_max_streams),
+        },
+        config.max_body_bytes,
+        http::RequestLimits::new(
+            config.quotas.request_timeout,
+            config.quotas.max_concurrent_requests,
+            &config.admission,
+        ),
+    );
+    let stop_serving = CancellationToken::new();
+    let graceful = stop_serving.clone();
+    let server = tokio::spawn(http::serve::serve(
+        listener,
+        app,
+        config.connections,
+        graceful,
+    ));
+    (server, stop_serving)
 }

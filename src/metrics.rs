@@ -211,50 +211,54 @@ impl Metrics {
     /// The text exposition, with `sessions` (status → count) as a gauge.
     pub fn render(&self, sessions: &BTreeMap<String, i64>) -> String {
         let mut out = String::new();
-        let _ = writeln!(
-            out,
-            "# HELP warden_sessions Sessions by status (all replicas)."
-        );
-        let _ = writeln!(out, "# TYPE warden_sessions gauge");
-        for status in crate::policy::lifecycle::Status::ALL {
-            let n = sessions.get(status.as_str()).copied().unwrap_or(0);
-            let _ = writeln!(out, "warden_sessions{{status=\"{}\"}} {n}", status.as_str());
-        }
+        render_sessions(&mut out, sessions);
+        self.render_totals(&mut out);
+        self.render_labelled(&mut out);
+        self.render_durations(&mut out);
+        out
+    }
+
+    /// The process's plain counters.
+    fn render_totals(&self, out: &mut String) {
         let counter = |out: &mut String, name: &str, help: &str, value: u64| {
             let _ = writeln!(out, "# HELP {name} {help}");
             let _ = writeln!(out, "# TYPE {name} counter");
             let _ = writeln!(out, "{name} {value}");
         };
         counter(
-            &mut out,
+            out,
             "warden_iterations_total",
             "Iterations committed by this process.",
             self.iterations.load(Ordering::Relaxed),
         );
         counter(
-            &mut out,
+            out,
             "warden_tokens_total",
             "Tokens charged by this process (agent and reflection).",
             self.tokens.load(Ordering::Relaxed),
         );
         counter(
-            &mut out,
+            out,
             "warden_archived_sessions_total",
             "Ended sessions archived and deleted by retention in this process.",
             self.archived_sessions.load(Ordering::Relaxed),
         );
         counter(
-            &mut out,
+            out,
             "warden_archive_failures_total",
             "Sessions whose archive file could not be written (kept, tried again).",
             self.archive_failures.load(Ordering::Relaxed),
         );
         counter(
-            &mut out,
+            out,
             "warden_compacted_events_total",
             "Events dropped by compaction past the horizon in this process.",
             self.compacted_events.load(Ordering::Relaxed),
         );
+    }
+
+    /// The counters kept by a label (reason, decision, tenant).
+    fn render_labelled(&self, out: &mut String) {
         for (name, help, label, map) in [
             (
                 "warden_terminations_total",
@@ -294,37 +298,53 @@ impl Metrics {
                 let _ = writeln!(out, "{name}{{{label}=\"{}\"}} {value}", escape(key));
             }
         }
+    }
+
+    /// The duration histograms.
+    fn render_durations(&self, out: &mut String) {
         self.iteration_seconds.render(
-            &mut out,
+            out,
             "warden_iteration_duration_seconds",
             "Wall time of an iteration, executor included.",
         );
         self.model_seconds.render(
-            &mut out,
+            out,
             "warden_model_latency_seconds",
             "Latency of model calls.",
         );
         self.stop_seconds.render(
-            &mut out,
+            out,
             "warden_stop_latency_seconds",
             "Stop request received to stop recorded.",
         );
         self.overhead_seconds.render(
-            &mut out,
+            out,
             "warden_iteration_overhead_seconds",
             "Iteration wall time minus the executor's time: loop, policies and commit.",
         );
         self.writes_seconds.render(
-            &mut out,
+            out,
             "warden_iteration_writes_seconds",
             "Time an iteration waited for durable writes (its commit, checkpoints).",
         );
         self.supervisor_seconds.render(
-            &mut out,
+            out,
             "warden_iteration_supervisor_seconds",
             "Iteration overhead without durable writes: the loop and policies alone.",
         );
-        out
+    }
+}
+
+/// The sessions gauge, by status (every status, zero when none).
+fn render_sessions(out: &mut String, sessions: &BTreeMap<String, i64>) {
+    let _ = writeln!(
+        out,
+        "# HELP warden_sessions Sessions by status (all replicas)."
+    );
+    let _ = writeln!(out, "# TYPE warden_sessions gauge");
+    for status in crate::policy::lifecycle::Status::ALL {
+        let n = sessions.get(status.as_str()).copied().unwrap_or(0);
+        let _ = writeln!(out, "warden_sessions{{status=\"{}\"}} {n}", status.as_str());
     }
 }
 

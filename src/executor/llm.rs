@@ -15,7 +15,7 @@ use super::{
     ExecutorError, StepContext, StepOutput, StepResult, TaskQueue, ToolJournal,
 };
 use crate::event::SessionEvent;
-use crate::llm::{ChatRequest, LlmClient, Message, ToolCall, ToolSpec};
+use crate::llm::{ChatRequest, LlmClient, Message, TokenUsage, ToolCall, ToolSpec};
 use crate::mcp::{OfferedTool, Toolbox};
 use crate::policy::approval::{self, ApprovalPolicy, CallDecision, Decision, ToolFacts};
 use crate::policy::budget;
@@ -501,45 +501,14 @@ impl LlmExecutor {
         match name {
             "task_completion" => return self.complete(&args),
             "delegate_task" => return self.delegate_task(iteration, index, args).await,
-            "ask_question" | "converse" => {
-                let key = if name == "ask_question" {
-                    "question"
-                } else {
-                    "message"
-                };
-                return match str_arg(&args, key) {
-                    Ok(text) => ToolOutcome {
-                        signal: Some(Sentinel {
-                            kind: SignalKind::AskUser,
-                            reason: Some(text.to_string()),
-                        }),
-                        ..ToolOutcome::ok(
-                            "the user has been asked; the session pauses until they answer",
-                        )
-                    },
-                    Err(e) => ToolOutcome::error(e),
-                };
-            }
+            "ask_question" | "converse" => return ask_user(name, &args),
             "task_queue_read" => {
                 return match self.tasks.read().await {
                     Ok(tasks) => ToolOutcome::ok(format_tasks(&tasks)),
                     Err(e) => ToolOutcome::error(e),
                 };
             }
-            "task_queue_write" => {
-                let writes: Result<Vec<TaskWrite>, _> =
-                    serde_json::from_value(args.get("tasks").cloned().unwrap_or(Value::Null));
-                return match writes {
-                    Ok(writes) => match self.tasks.write(&writes).await {
-                        Ok(tasks) => ToolOutcome::ok(format!(
-                            "task queue updated:\n{}",
-                            format_tasks(&tasks)
-                        )),
-                        Err(e) => ToolOutcome::error(e),
-                    },
-                    Err(e) => ToolOutcome::error(format!("`tasks` must be a list of tasks: {e}")),
-                };
-            }
+            "task_queue_write" => return self.write_tasks(&args).await,
             "read_file" | "write_file" | "list_files" if self.mcp.builtin() => {}
             other if let Some(tool) = self.mcp.tool(other) => {
                 // MCP tools ask for approval by their own annotations: one
@@ -571,6 +540,21 @@ impl LlmExecutor {
                 .await;
         }
         self.run_journaled(iteration, index, name, &args).await
+    }
+
+    /// Writes the task queue (`task_queue_write`) and shows it as written.
+    async fn write_tasks(&self, args: &Value) -> ToolOutcome {
+        let writes: Result<Vec<TaskWrite>, _> =
+            serde_json::from_value(args.get("tasks").cloned().unwrap_or(Value::Null));
+        match writes {
+            Ok(writes) => match self.tasks.write(&writes).await {
+                Ok(tasks) => {
+                    ToolOutcome::ok(format!("task queue updated:\n{}", format_tasks(&tasks)))
+                }
+                Err(e) => ToolOutcome::error(e),
+            },
+            Err(e) => ToolOutcome::error(format!("`tasks` must be a list of tasks: {e}")),
+        }
     }
 
     /// Makes a child session for the call; with `wait`, the session
@@ -861,12 +845,186 @@ impl LlmExecutor {
         }
     }
 
+    /// One iteration: answer the calls decided since the step before, add
+    /// the notes for the model, call it within the token allowance, run
+    /// the tools it asks for, keep the step in the conversation, and start
+    /// the next context cycle when the window is full.
     async fn step(&mut self, ctx: StepContext<'_>) -> Result<StepResult, ExecutorError> {
         self.unreported = 0;
         let mut step_messages = Vec::new();
-        // Calls of the step before that waited for a person are answered
-        // first, as that step's tool results.
-        let decided = match ctx.iteration.checked_sub(1).filter(|n| *n > 0) {
+        let decided = self.decided_before(ctx.iteration).await?;
+        let carried = self
+            .answer_decided(&decided, ctx.iteration, &mut step_messages)
+            .await;
+        self.add_notes(&ctx, &mut step_messages);
+        let (messages, tools) = self.prompt(&step_messages).await;
+        // What the prompt costs comes out of the allowance before any
+        // answer; an estimate from its size (the tools count too).
+        let prompt_tokens = estimate_prompt_tokens(&messages, &tools);
+        let Some(max_tokens) =
+            budget::completion_cap(ctx.token_allowance, prompt_tokens, self.max_tokens_per_call)
+        else {
+            return Ok(StepResult::OverBudget {
+                needed: prompt_tokens.saturating_add(1),
+                allowance: ctx.token_allowance,
+            });
+        };
+        let request = self.chat_request(messages, tools, max_tokens);
+        let called = std::time::Instant::now();
+        // A call cut short is charged its prompt: the model read it. The
+        // call does not stream, so nothing of an answer is counted before
+        // it arrives whole.
+        self.unreported = prompt_tokens;
+        let completion = match self.client.chat(&request).await {
+            Ok(completion) => completion,
+            Err(e) => {
+                return self.model_call_failed(e.to_string(), step_messages, &carried, called);
+            }
+        };
+        let (calls, message_text) = self.take_answer(
+            completion.message,
+            ctx.iteration,
+            &completion.usage,
+            prompt_tokens,
+            &mut step_messages,
+        );
+        let mut ran = ToolsRun::carried(carried);
+        self.run_calls(
+            ctx.iteration,
+            &calls,
+            &message_text,
+            &mut ran,
+            &mut step_messages,
+        )
+        .await;
+        let (action, arguments) = first_action(&calls);
+        let observation = clip_observation(ran.observations.join("\n"));
+        let transcript = self.keep_step(step_messages);
+        let (tokens, context_overflow, cycle_change) = self
+            .advance_cycle(&completion.usage, calls.is_empty(), &mut ran.events)
+            .await;
+        Ok(StepResult::Step(Box::new(StepOutput {
+            action,
+            arguments,
+            outcome: if ran.failed.is_empty() {
+                Outcome::Success
+            } else {
+                Outcome::Failure
+            },
+            observation,
+            message: message_text,
+            error: (!ran.failed.is_empty()).then(|| ran.failed.join("; ")),
+            tokens,
+            tool_calls: ran.executed as u64,
+            files_written: ran.files,
+            waiting: false,
+            percent_complete: None,
+            signal: ran.signal,
+            transcript,
+            events: ran.events,
+            context_overflow,
+            cycle_change,
+            model_latency: Some(called.elapsed()),
+        })))
+    }
+}
+
+/// What the tool calls of one step came to, the decided calls of the step
+/// before included.
+struct ToolsRun {
+    /// `tool: result` lines for the observation.
+    observations: Vec<String>,
+    /// `tool: result` lines of the calls that failed.
+    failed: Vec<String>,
+    /// Files the calls wrote.
+    files: Vec<FileWrite>,
+    /// Events the calls raised.
+    events: Vec<SessionEvent>,
+    /// The signal that wins among the calls' signals.
+    signal: Option<Sentinel>,
+    /// Calls of the answer that ran (the rest were over the limit).
+    executed: usize,
+}
+
+impl ToolsRun {
+    /// Starts from the decided calls answered before the model call.
+    fn carried(carried: Vec<(String, ToolOutcome)>) -> ToolsRun {
+        let mut observations = Vec::new();
+        let mut files = Vec::new();
+        let mut failed = Vec::new();
+        for (tool, outcome) in carried {
+            observations.push(format!("{tool}: {}", outcome.content));
+            if outcome.failed {
+                failed.push(format!("{tool}: {}", outcome.content));
+            }
+            files.extend(outcome.file);
+        }
+        ToolsRun {
+            observations,
+            failed,
+            files,
+            events: Vec::new(),
+            signal: None,
+            executed: 0,
+        }
+    }
+}
+
+/// The prompt's cost in tokens, estimated from its size (messages and tools).
+fn estimate_prompt_tokens(messages: &[Message], tools: &[ToolSpec]) -> u64 {
+    let prompt_bytes = serde_json::to_string(messages).map_or(0, |j| j.len())
+        + serde_json::to_string(tools).map_or(0, |j| j.len());
+    budget::estimate_tokens(prompt_bytes)
+}
+
+/// The step's action: its first call with its arguments, or `respond`.
+fn first_action(calls: &[ToolCall]) -> (String, Value) {
+    match calls.first() {
+        Some(c) => (
+            c.function.name.clone(),
+            serde_json::from_str(&c.function.arguments).unwrap_or(Value::Null),
+        ),
+        None => ("respond".to_string(), Value::Null),
+    }
+}
+
+/// `ask_question` or `converse`: the session pauses until the user answers.
+fn ask_user(name: &str, args: &Value) -> ToolOutcome {
+    let key = if name == "ask_question" {
+        "question"
+    } else {
+        "message"
+    };
+    match str_arg(args, key) {
+        Ok(text) => ToolOutcome {
+            signal: Some(Sentinel {
+                kind: SignalKind::AskUser,
+                reason: Some(text.to_string()),
+            }),
+            ..ToolOutcome::ok("the user has been asked; the session pauses until they answer")
+        },
+        Err(e) => ToolOutcome::error(e),
+    }
+}
+
+/// The observation held to `OBSERVATION_CHARS` bytes, cut on a character.
+fn clip_observation(mut observation: String) -> String {
+    if observation.len() > OBSERVATION_CHARS {
+        let cut = (0..=OBSERVATION_CHARS)
+            .rev()
+            .find(|i| observation.is_char_boundary(*i))
+            .unwrap_or(0);
+        observation.truncate(cut);
+        observation.push('…');
+    }
+    observation
+}
+
+/// The steps of `step`, in the order it takes them.
+impl LlmExecutor {
+    /// The decisions on the calls of the step before that waited for a person.
+    async fn decided_before(&self, iteration: u64) -> Result<Vec<DecidedCall>, ExecutorError> {
+        let decided = match iteration.checked_sub(1).filter(|n| *n > 0) {
             Some(before) => {
                 self.approvals
                     .decided(before)
@@ -881,12 +1039,23 @@ impl LlmExecutor {
             }
             None => Vec::new(),
         };
+        Ok(decided)
+    }
+
+    /// Carries out the decided calls and answers them first, as the tool
+    /// results of the step that made them.
+    async fn answer_decided(
+        &mut self,
+        decided: &[DecidedCall],
+        iteration: u64,
+        step_messages: &mut Vec<Message>,
+    ) -> Vec<(String, ToolOutcome)> {
         if !decided.is_empty() {
             // A decided MCP call runs through its server: list the tools
             // first (a resumed executor has not listed them yet).
             self.mcp.offered().await;
         }
-        let carried = self.carry_out(&decided, ctx.iteration - 1).await;
+        let carried = self.carry_out(decided, iteration - 1).await;
         let asked_ids: Vec<String> = self
             .transcript
             .back()
@@ -912,6 +1081,13 @@ impl LlmExecutor {
                 )),
             }
         }
+        carried
+    }
+
+    /// The notes for the model: a person's guidance, the supervisor's
+    /// nudge, children's reports, the wrap-up warning, or a prompt to begin
+    /// or go on when there is nothing else to answer.
+    fn add_notes(&self, ctx: &StepContext<'_>, step_messages: &mut Vec<Message>) {
         if let Some(guidance) = ctx.guidance {
             step_messages.push(Message::text(
                 "user",
@@ -953,6 +1129,11 @@ impl LlmExecutor {
                 },
             ));
         }
+    }
+
+    /// The request's messages (system prompt, kept conversation, this
+    /// step's messages) and the tools offered.
+    async fn prompt(&mut self, step_messages: &[Message]) -> (Vec<Message>, Vec<ToolSpec>) {
         let tasks = match self.tasks.read().await {
             Ok(tasks) => format_tasks(&tasks),
             Err(e) => format!("(unavailable: {e})"),
@@ -970,20 +1151,17 @@ impl LlmExecutor {
         messages.extend(step_messages.iter().cloned());
         let mut tools = builtin_tools(self.mcp.builtin());
         tools.extend(offered.iter().map(mcp_tool_spec));
-        // What the prompt costs comes out of the allowance before any
-        // answer; an estimate from its size (the tools count too).
-        let prompt_bytes = serde_json::to_string(&messages).map_or(0, |j| j.len())
-            + serde_json::to_string(&tools).map_or(0, |j| j.len());
-        let prompt_tokens = budget::estimate_tokens(prompt_bytes);
-        let Some(max_tokens) =
-            budget::completion_cap(ctx.token_allowance, prompt_tokens, self.max_tokens_per_call)
-        else {
-            return Ok(StepResult::OverBudget {
-                needed: prompt_tokens.saturating_add(1),
-                allowance: ctx.token_allowance,
-            });
-        };
-        let request = ChatRequest {
+        (messages, tools)
+    }
+
+    /// The chat request for the step, its answer capped at `max_tokens`.
+    fn chat_request(
+        &self,
+        messages: Vec<Message>,
+        tools: Vec<ToolSpec>,
+        max_tokens: u64,
+    ) -> ChatRequest {
+        ChatRequest {
             model: self.model.clone(),
             messages,
             tools,
@@ -991,72 +1169,60 @@ impl LlmExecutor {
             max_completion_tokens: Some(max_tokens),
             temperature: self.temperature,
             top_p: None,
-        };
-        let called = std::time::Instant::now();
-        // A call cut short is charged its prompt: the model read it. The
-        // call does not stream, so nothing of an answer is counted before
-        // it arrives whole.
-        self.unreported = prompt_tokens;
-        let completion = match self.client.chat(&request).await {
-            Ok(completion) => completion,
-            // Decided calls already answered are kept in the conversation,
-            // so the next step does not answer them again.
-            Err(e) if !carried.is_empty() => {
-                return Ok(self.model_failed_after_decisions(
-                    e.to_string(),
-                    step_messages,
-                    &carried,
-                    called,
-                ));
-            }
-            Err(e) => {
-                return Err(ExecutorError::Failed {
-                    action: "model_call".into(),
-                    message: e.to_string(),
-                    tokens: 0,
-                });
-            }
-        };
-        let mut assistant = completion.message;
+        }
+    }
+
+    /// Takes the model's answer into the step: every call gets an id, the
+    /// tokens are counted, and the answer joins the step's messages.
+    /// Returns its calls and its text.
+    fn take_answer(
+        &mut self,
+        mut assistant: Message,
+        iteration: u64,
+        usage: &TokenUsage,
+        prompt_tokens: u64,
+        step_messages: &mut Vec<Message>,
+    ) -> (Vec<ToolCall>, String) {
         assistant.role = "assistant".into();
         for (i, call) in assistant.tool_calls.iter_mut().enumerate() {
             if call.id.is_empty() {
-                call.id = format!("call_{}_{i}", ctx.iteration);
+                call.id = format!("call_{}_{i}", iteration);
             }
         }
         let calls = assistant.tool_calls.clone();
         let message_text = assistant.content.clone().unwrap_or_default();
-        self.step_tokens = completion.usage.total;
+        self.step_tokens = usage.total;
         // Spent, and reported only with the step's answer (tools may still
         // keep it waiting).
-        self.unreported = completion.usage.total.max(prompt_tokens);
+        self.unreported = usage.total.max(prompt_tokens);
         step_messages.push(assistant);
+        (calls, message_text)
+    }
 
-        let mut observations = Vec::new();
-        let mut files = Vec::new();
-        let mut events = Vec::new();
-        let mut signal = None;
-        let mut failed = Vec::new();
-        for (tool, outcome) in carried {
-            observations.push(format!("{tool}: {}", outcome.content));
-            if outcome.failed {
-                failed.push(format!("{tool}: {}", outcome.content));
-            }
-            files.extend(outcome.file);
-        }
+    /// Runs the answer's calls up to the per-step limit; each result joins
+    /// the step's messages unless the call waits for a person.
+    async fn run_calls(
+        &self,
+        iteration: u64,
+        calls: &[ToolCall],
+        message_text: &str,
+        ran: &mut ToolsRun,
+        step_messages: &mut Vec<Message>,
+    ) {
         let executed = calls.len().min(self.max_tool_calls);
         if executed < calls.len() {
-            events.push(SessionEvent::ToolCallsLimited {
+            ran.events.push(SessionEvent::ToolCallsLimited {
                 requested: calls.len(),
                 executed,
                 limit: self.max_tool_calls,
             });
         }
+        ran.executed = executed;
         for (index, call) in calls.iter().enumerate() {
             let outcome = if index < executed {
                 let span = tool_span(call);
                 let outcome = self
-                    .run_tool(ctx.iteration, index as u32, call, &message_text)
+                    .run_tool(iteration, index as u32, call, message_text)
                     .instrument(span.clone())
                     .await;
                 record_tool(&span, call, &outcome);
@@ -1064,16 +1230,18 @@ impl LlmExecutor {
             } else {
                 ToolOutcome::error(over_tool_call_limit(self.max_tool_calls))
             };
-            observations.push(format!("{}: {}", call.function.name, outcome.content));
+            ran.observations
+                .push(format!("{}: {}", call.function.name, outcome.content));
             // A call that waits is answered in the step after the decision.
             if !outcome.awaiting {
                 step_messages.push(Message::tool_result(&call.id, outcome.content.clone()));
             }
             if outcome.failed {
-                failed.push(format!("{}: {}", call.function.name, outcome.content));
+                ran.failed
+                    .push(format!("{}: {}", call.function.name, outcome.content));
             }
-            files.extend(outcome.file);
-            events.extend(outcome.event);
+            ran.files.extend(outcome.file);
+            ran.events.extend(outcome.event);
             // A call waiting for a person outranks other signals of the
             // step: nothing may end the session past an open question;
             // waiting for children outranks a claim of being done.
@@ -1081,31 +1249,20 @@ impl LlmExecutor {
                 .signal
                 .as_ref()
                 .is_some_and(|s| s.kind == SignalKind::WaitingForChildren);
-            let awaits_person = signal
+            let awaits_person = ran
+                .signal
                 .as_ref()
                 .is_some_and(|s: &Sentinel| s.kind == SignalKind::ApprovalRequired);
-            if outcome.awaiting || signal.is_none() || (waits_for_children && !awaits_person) {
-                signal = outcome.signal.or(signal);
+            if outcome.awaiting || ran.signal.is_none() || (waits_for_children && !awaits_person) {
+                ran.signal = outcome.signal.or(ran.signal.take());
             }
         }
-        let (action, arguments) = match calls.first() {
-            Some(c) => (
-                c.function.name.clone(),
-                serde_json::from_str(&c.function.arguments).unwrap_or(Value::Null),
-            ),
-            None => ("respond".to_string(), Value::Null),
-        };
-        let mut observation = observations.join("\n");
-        if observation.len() > OBSERVATION_CHARS {
-            let cut = (0..=OBSERVATION_CHARS)
-                .rev()
-                .find(|i| observation.is_char_boundary(*i))
-                .unwrap_or(0);
-            observation.truncate(cut);
-            observation.push('…');
-        }
-        // What this step keeps is held to the output cap; the step before
-        // it, no longer the newest, to a few KiB per message.
+    }
+
+    /// Keeps the step in the conversation: this step held to the output
+    /// cap, the step before it, no longer the newest, to a few KiB per
+    /// message. Returns the step as kept, for the record.
+    fn keep_step(&mut self, mut step_messages: Vec<Message>) -> Option<Vec<Message>> {
         cap_step(&mut step_messages, self.max_output_bytes);
         let transcript = Some(step_messages.clone());
         if let Some(previous) = self.transcript.back_mut() {
@@ -1115,20 +1272,29 @@ impl LlmExecutor {
         while self.transcript.len() > TRANSCRIPT_STEPS {
             self.transcript.pop_front();
         }
-        // Context cycles: at 80 % of the budget the agent gets a few turns to
-        // wrap up; then the cycle is summarised into memory and restarted.
-        let mut tokens = completion.usage.total;
+        transcript
+    }
+
+    /// Context cycles: at 80 % of the budget the agent gets a few turns to
+    /// wrap up; then the cycle is summarised into memory and restarted.
+    /// Returns the step's tokens (the summary's included), whether the
+    /// window overflowed, and the new cycle if one began.
+    async fn advance_cycle(
+        &mut self,
+        usage: &TokenUsage,
+        no_calls: bool,
+        events: &mut Vec<SessionEvent>,
+    ) -> (u64, bool, Option<CycleChange>) {
+        let mut tokens = usage.total;
         let mut context_overflow = false;
         let mut cycle_change = None;
         match self.wrap_up_left {
-            None if completion.usage.prompt.saturating_mul(5)
-                >= self.context_budget.saturating_mul(4) =>
-            {
+            None if usage.prompt.saturating_mul(5) >= self.context_budget.saturating_mul(4) => {
                 self.wrap_up_left = Some(WRAP_UP_TURNS);
                 context_overflow = true;
                 events.push(SessionEvent::ContextWrapUp {
                     cycle: self.cycle,
-                    prompt_tokens: completion.usage.prompt,
+                    prompt_tokens: usage.prompt,
                     context_budget_tokens: self.context_budget,
                 });
             }
@@ -1136,7 +1302,7 @@ impl LlmExecutor {
             Some(left) => {
                 let left = left.saturating_sub(1);
                 self.wrap_up_left = Some(left);
-                if left == 0 || calls.is_empty() {
+                if left == 0 || no_calls {
                     match self.next_cycle().await {
                         Ok((change, summary_tokens)) => {
                             tokens = tokens.saturating_add(summary_tokens);
@@ -1158,33 +1324,32 @@ impl LlmExecutor {
                 }
             }
         }
-        Ok(StepResult::Step(Box::new(StepOutput {
-            action,
-            arguments,
-            outcome: if failed.is_empty() {
-                Outcome::Success
-            } else {
-                Outcome::Failure
-            },
-            observation,
-            message: message_text,
-            error: (!failed.is_empty()).then(|| failed.join("; ")),
-            tokens,
-            tool_calls: executed as u64,
-            files_written: files,
-            waiting: false,
-            percent_complete: None,
-            signal,
-            transcript,
-            events,
-            context_overflow,
-            cycle_change,
-            model_latency: Some(called.elapsed()),
-        })))
+        (tokens, context_overflow, cycle_change)
     }
 }
 
 impl LlmExecutor {
+    /// A failed model call: an error step when decided calls were answered
+    /// before it, else the executor's error.
+    fn model_call_failed(
+        &mut self,
+        error: String,
+        step_messages: Vec<Message>,
+        carried: &[(String, ToolOutcome)],
+        called: std::time::Instant,
+    ) -> Result<StepResult, ExecutorError> {
+        if !carried.is_empty() {
+            // Decided calls already answered are kept in the conversation,
+            // so the next step does not answer them again.
+            return Ok(self.model_failed_after_decisions(error, step_messages, carried, called));
+        }
+        Err(ExecutorError::Failed {
+            action: "model_call".into(),
+            message: error,
+            tokens: 0,
+        })
+    }
+
     /// A step whose model call failed after decided calls were answered:
     /// an error step that keeps those answers in the conversation.
     fn model_failed_after_decisions(

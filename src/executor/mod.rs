@@ -20,6 +20,7 @@ pub use webhook::{
 };
 pub use worker::{WorkerExecutor, WorkerSettings};
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -39,7 +40,7 @@ use crate::store::{Task, TaskWrite};
 /// What an executor is told about the step it is asked to do.
 #[derive(Debug, Clone, Copy)]
 pub struct StepContext<'a> {
-    /// Session.
+    /// The session the step is of.
     pub session_id: Uuid,
     /// The goal.
     pub goal: &'a str,
@@ -399,7 +400,7 @@ pub const TEMPERATURE: std::ops::RangeInclusive<f64> = 0.0..=2.0;
 /// Defaults and shared parts executors are built from.
 #[derive(Clone)]
 pub struct ExecutorDeps {
-    /// Session.
+    /// The session the executor works for (its workspace is named by it).
     pub session_id: Uuid,
     /// The goal (the model executor's system prompt names it).
     pub goal: String,
@@ -458,42 +459,8 @@ impl ExecutorSpec {
     pub fn validate(&self) -> Result<(), String> {
         match self {
             ExecutorSpec::Scripted { steps, scripts, .. } => {
-                if scripts.len() > MAX_SCRIPTS {
-                    return Err(format!(
-                        "executor.scripts may name at most {MAX_SCRIPTS} scripts, got {}",
-                        scripts.len()
-                    ));
-                }
-                for (name, script) in scripts {
-                    if !scripted::valid_script_name(name) {
-                        return Err(format!(
-                            "executor.scripts: {name:?} is not a script name (1 to 64 letters, digits, '_' or '-')"
-                        ));
-                    }
-                    if script.is_empty() || script.len() > MAX_SCRIPTED_STEPS {
-                        return Err(format!(
-                            "executor.scripts.{name} must hold 1 to {MAX_SCRIPTED_STEPS} steps"
-                        ));
-                    }
-                    for (i, step) in script.iter().enumerate() {
-                        step.validate()
-                            .map_err(|e| format!("executor.scripts.{name}[{i}].{e}"))?;
-                    }
-                }
-                if steps.is_empty() {
-                    return Err("executor.steps must contain at least one step".into());
-                }
-                if steps.len() > MAX_SCRIPTED_STEPS {
-                    return Err(format!(
-                        "executor.steps may contain at most {MAX_SCRIPTED_STEPS} steps, got {}",
-                        steps.len()
-                    ));
-                }
-                for (i, step) in steps.iter().enumerate() {
-                    step.validate()
-                        .map_err(|e| format!("executor.steps[{i}].{e}"))?;
-                }
-                Ok(())
+                validate_scripts(scripts)?;
+                validate_steps(steps)
             }
             ExecutorSpec::Llm {
                 model,
@@ -532,22 +499,7 @@ impl ExecutorSpec {
                 max_attempts,
                 worker_wait_timeout_ms,
             } => {
-                if !crate::policy::worker::valid_queue(queue) {
-                    return Err(
-                        "executor.queue must be 1 to 64 letters, digits, '-', '_' or '.'".into(),
-                    );
-                }
-                if labels.len() > MAX_LABELS
-                    || labels.iter().any(|(k, v)| {
-                        k.is_empty()
-                            || k.chars().count() > MAX_LABEL_NAME_CHARS
-                            || v.chars().count() > MAX_LABEL_VALUE_CHARS
-                    })
-                {
-                    return Err(format!(
-                        "executor.labels may hold at most {MAX_LABELS} labels, names of 1 to {MAX_LABEL_NAME_CHARS} characters, values of at most {MAX_LABEL_VALUE_CHARS}"
-                    ));
-                }
+                validate_queue_and_labels(queue, labels)?;
                 check_range(
                     "executor.heartbeat_timeout_ms",
                     *heartbeat_timeout_ms,
@@ -619,40 +571,14 @@ impl ExecutorSpec {
                     .clone()
                     .or_else(|| deps.llm_model.clone())
                     .ok_or("no model name: set WARDEN_LLM_MODEL or executor.model")?;
-                let settings = LlmSettings {
-                    base_url: endpoint.base_url.clone(),
-                    // The server's own key goes only to the server's own
-                    // endpoint; a session naming another brings its own.
-                    api_key: api_key
-                        .as_ref()
-                        .map(|k| k.expose().to_string())
-                        .or_else(|| {
-                            endpoint
-                                .is_operators
-                                .then(|| defaults.as_ref().and_then(|d| d.api_key.clone()))
-                                .flatten()
-                        }),
-                    // The environment's policy, whichever endpoint; a
-                    // session's own timeout overrides only the timeout.
-                    timeout: timeout_ms
-                        .map(Duration::from_millis)
-                        .unwrap_or(deps.llm_call.timeout),
-                    max_retries: deps.llm_call.max_retries,
-                    retry_base: deps.llm_call.retry_base,
-                };
-                let client = if endpoint.is_operators {
-                    LlmClient::new(settings).map_err(|e| e.to_string())?
-                } else {
-                    let http = deps
-                        .egress
-                        .client_for(&settings.base_url, settings.timeout)
-                        .map_err(|e| format!("executor.base_url {e}"))?;
-                    LlmClient::with_http(settings, http, deps.egress.max_response_bytes())
-                };
-                let base = workspace::base_for(&deps.workspace_root, &deps.lineage);
-                let workspace = workspace::Workspace::open(&base, deps.session_id)
-                    .map_err(|e| format!("cannot open the session workspace: {e}"))?
-                    .with_limits(deps.workspace_limits);
+                let settings = endpoint.settings(
+                    api_key.as_ref(),
+                    *timeout_ms,
+                    defaults.as_ref(),
+                    &deps.llm_call,
+                );
+                let client = endpoint.client(settings, &deps.egress)?;
+                let workspace = open_workspace(&deps)?;
                 Ok(Box::new(LlmExecutor::new(
                     client,
                     model,
@@ -685,17 +611,13 @@ impl ExecutorSpec {
             } => Ok(Box::new(WorkerExecutor::new(
                 deps.store.clone(),
                 &deps.tenant,
-                WorkerSettings {
-                    queue: queue.clone(),
-                    labels: labels.clone(),
-                    heartbeat_timeout: Duration::from_millis(
-                        heartbeat_timeout_ms.unwrap_or(30_000),
-                    ),
-                    max_attempts: max_attempts.unwrap_or(3),
-                    worker_wait_timeout: Duration::from_millis(
-                        worker_wait_timeout_ms.unwrap_or(600_000),
-                    ),
-                },
+                worker_settings(
+                    queue,
+                    labels,
+                    *heartbeat_timeout_ms,
+                    *max_attempts,
+                    *worker_wait_timeout_ms,
+                ),
                 deps.approvals.clone(),
                 deps.children.clone(),
                 deps.run,
@@ -796,6 +718,98 @@ impl ExecutorSpec {
     }
 }
 
+/// Checks the named scripts a scripted executor may run: how many, their
+/// names and their steps.
+fn validate_scripts(scripts: &BTreeMap<String, Vec<ScriptedStep>>) -> Result<(), String> {
+    if scripts.len() > MAX_SCRIPTS {
+        return Err(format!(
+            "executor.scripts may name at most {MAX_SCRIPTS} scripts, got {}",
+            scripts.len()
+        ));
+    }
+    for (name, script) in scripts {
+        if !scripted::valid_script_name(name) {
+            return Err(format!(
+                "executor.scripts: {name:?} is not a script name (1 to 64 letters, digits, '_' or '-')"
+            ));
+        }
+        if script.is_empty() || script.len() > MAX_SCRIPTED_STEPS {
+            return Err(format!(
+                "executor.scripts.{name} must hold 1 to {MAX_SCRIPTED_STEPS} steps"
+            ));
+        }
+        for (i, step) in script.iter().enumerate() {
+            step.validate()
+                .map_err(|e| format!("executor.scripts.{name}[{i}].{e}"))?;
+        }
+    }
+    Ok(())
+}
+
+/// Checks a scripted executor's main steps: at least one, not too many,
+/// each valid.
+fn validate_steps(steps: &[ScriptedStep]) -> Result<(), String> {
+    if steps.is_empty() {
+        return Err("executor.steps must contain at least one step".into());
+    }
+    if steps.len() > MAX_SCRIPTED_STEPS {
+        return Err(format!(
+            "executor.steps may contain at most {MAX_SCRIPTED_STEPS} steps, got {}",
+            steps.len()
+        ));
+    }
+    for (i, step) in steps.iter().enumerate() {
+        step.validate()
+            .map_err(|e| format!("executor.steps[{i}].{e}"))?;
+    }
+    Ok(())
+}
+
+/// Checks a worker executor's queue name and its labels' count and sizes.
+fn validate_queue_and_labels(queue: &str, labels: &BTreeMap<String, String>) -> Result<(), String> {
+    if !crate::policy::worker::valid_queue(queue) {
+        return Err("executor.queue must be 1 to 64 letters, digits, '-', '_' or '.'".into());
+    }
+    if labels.len() > MAX_LABELS
+        || labels.iter().any(|(k, v)| {
+            k.is_empty()
+                || k.chars().count() > MAX_LABEL_NAME_CHARS
+                || v.chars().count() > MAX_LABEL_VALUE_CHARS
+        })
+    {
+        return Err(format!(
+            "executor.labels may hold at most {MAX_LABELS} labels, names of 1 to {MAX_LABEL_NAME_CHARS} characters, values of at most {MAX_LABEL_VALUE_CHARS}"
+        ));
+    }
+    Ok(())
+}
+
+/// A worker executor's settings, its defaults filled in.
+fn worker_settings(
+    queue: &str,
+    labels: &BTreeMap<String, String>,
+    heartbeat_timeout_ms: Option<u64>,
+    max_attempts: Option<u32>,
+    worker_wait_timeout_ms: Option<u64>,
+) -> WorkerSettings {
+    WorkerSettings {
+        queue: queue.to_string(),
+        labels: labels.clone(),
+        heartbeat_timeout: Duration::from_millis(heartbeat_timeout_ms.unwrap_or(30_000)),
+        max_attempts: max_attempts.unwrap_or(3),
+        worker_wait_timeout: Duration::from_millis(worker_wait_timeout_ms.unwrap_or(600_000)),
+    }
+}
+
+/// The session's workspace, beneath its tree's root, with the limits set.
+fn open_workspace(deps: &ExecutorDeps) -> Result<workspace::Workspace, String> {
+    let base = workspace::base_for(&deps.workspace_root, &deps.lineage);
+    let workspace = workspace::Workspace::open(&base, deps.session_id)
+        .map_err(|e| format!("cannot open the session workspace: {e}"))?
+        .with_limits(deps.workspace_limits);
+    Ok(workspace)
+}
+
 /// The model endpoint a session calls, and whether it is the operator's own.
 struct ModelEndpoint {
     base_url: String,
@@ -824,6 +838,52 @@ impl ModelEndpoint {
                     "no model endpoint: set WARDEN_LLM_BASE_URL or executor.base_url".to_string()
                 }),
         }
+    }
+
+    /// The client settings for this endpoint: the session's key, else the
+    /// server's for the server's own endpoint, and the server's call policy.
+    fn settings(
+        &self,
+        api_key: Option<&ApiKey>,
+        timeout_ms: Option<u64>,
+        defaults: Option<&LlmSettings>,
+        call: &crate::llm::CallPolicy,
+    ) -> LlmSettings {
+        LlmSettings {
+            base_url: self.base_url.clone(),
+            // The server's own key goes only to the server's own
+            // endpoint; a session naming another brings its own.
+            api_key: api_key.map(|k| k.expose().to_string()).or_else(|| {
+                self.is_operators
+                    .then(|| defaults.and_then(|d| d.api_key.clone()))
+                    .flatten()
+            }),
+            // The environment's policy, whichever endpoint; a
+            // session's own timeout overrides only the timeout.
+            timeout: timeout_ms
+                .map(Duration::from_millis)
+                .unwrap_or(call.timeout),
+            max_retries: call.max_retries,
+            retry_base: call.retry_base,
+        }
+    }
+
+    /// The client: the operator's endpoint is trusted, any other goes
+    /// through the outbound-request policy.
+    fn client(
+        &self,
+        settings: LlmSettings,
+        egress: &Arc<EgressPolicy>,
+    ) -> Result<LlmClient, String> {
+        let client = if self.is_operators {
+            LlmClient::new(settings).map_err(|e| e.to_string())?
+        } else {
+            let http = egress
+                .client_for(&settings.base_url, settings.timeout)
+                .map_err(|e| format!("executor.base_url {e}"))?;
+            LlmClient::with_http(settings, http, egress.max_response_bytes())
+        };
+        Ok(client)
     }
 }
 

@@ -344,6 +344,17 @@ fn range(at: String, min: impl Into<Value>, max: impl Into<Value>) -> [Bound; 2]
 /// Every bound the validators enforce, from their own constants.
 pub fn bounds() -> Vec<Bound> {
     let mut out: Vec<Bound> = Vec::new();
+    key_and_limit_bounds(&mut out);
+    executor_bounds(&mut out);
+    goal_bounds(&mut out);
+    child_bounds(&mut out);
+    scripted_step_bounds(&mut out);
+    query_bounds(&mut out);
+    out
+}
+
+/// Bounds of keys, retention and limit patches, and which queues a key may name.
+fn key_and_limit_bounds(out: &mut Vec<Bound>) {
     out.extend([
         (prop("CreateKey", "tenant"), "minLength", 1.into()),
         (
@@ -405,6 +416,10 @@ pub fn bounds() -> Vec<Bound> {
         "maxItems",
         0.into(),
     ));
+}
+
+/// Bounds of the model, webhook and worker executors and the worker API.
+fn executor_bounds(out: &mut Vec<Bound>) {
     // ExecutorSpec: scripted (0), llm (1), webhook (2), worker (3).
     let tools = branch("ExecutorSpec", 1, "tools");
     out.push((
@@ -481,6 +496,10 @@ pub fn bounds() -> Vec<Bound> {
         "maxLength",
         super::workers::MAX_WORKER_CHARS.into(),
     ));
+}
+
+/// Bounds of goals, their refinement, criteria and milestones.
+fn goal_bounds(out: &mut Vec<Bound>) {
     let (wall_min, wall_max) = RANGES
         .iter()
         .find(|(f, _, _)| *f == "max_wall_time_ms")
@@ -519,6 +538,10 @@ pub fn bounds() -> Vec<Bound> {
         out.push((item.clone(), "maxLength", MAX_ITEM_CHARS.into()));
         out.push((item, "pattern", "\\S".into()));
     }
+}
+
+/// Bounds of child sessions and scripted scripts.
+fn child_bounds(out: &mut Vec<Bound>) {
     // Child sessions: a task's goal reads as a create's, its criteria as
     // a create's checklist, its share of the budget in (0, 1].
     for goal in [
@@ -577,6 +600,10 @@ pub fn bounds() -> Vec<Bound> {
         "maxItems",
         MAX_SCRIPTED_STEPS.into(),
     ));
+}
+
+/// Bounds of scripted steps, executor timeouts and URLs.
+fn scripted_step_bounds(out: &mut Vec<Bound>) {
     let action = prop("ScriptedStep", "action");
     out.push((action.clone(), "minLength", 1.into()));
     out.push((action.clone(), "maxLength", MAX_ACTION_CHARS.into()));
@@ -628,6 +655,10 @@ pub fn bounds() -> Vec<Bound> {
         out.push((at.clone(), "pattern", url.into()));
         out.push((at, "minLength", ("https://".len() + 1).into()));
     }
+}
+
+/// Bounds of cursors, approval rules and the query parameters of lists.
+fn query_bounds(out: &mut Vec<Bound>) {
     // `decode_cursor`: micros since the epoch (at most 18 digits, so within
     // Postgres' range), `_`, a UUID.
     out.push((
@@ -696,7 +727,6 @@ pub fn bounds() -> Vec<Bound> {
         let at = format!("{}/limit", query_parameters(path));
         out.extend(range(at, 1, max));
     }
-    out
 }
 
 /// Where [`bounds`] names a query parameter of a GET: resolved by [`add_bounds`].
@@ -796,6 +826,28 @@ fn problem(description: &str) -> Value {
 /// The answers any operation can give for its kind of input: path and query
 /// parameters (400), a JSON body (400, 413, 415, 422), storage (500, 503).
 fn add_shared_errors(doc: &mut Value) {
+    add_shared_components(doc);
+    let Some(paths) = doc.get_mut("paths").and_then(Value::as_object_mut) else {
+        return;
+    };
+    for (path, item) in paths.iter_mut() {
+        let Some(item) = item.as_object_mut() else {
+            continue;
+        };
+        // The probes are the only operations open without a key.
+        let open = matches!(path.as_str(), "/healthz" | "/readyz");
+        for (method, op) in item.iter_mut() {
+            let Some(op) = op.as_object_mut() else {
+                continue;
+            };
+            add_operation_errors(op);
+            add_access_errors(method, op, open);
+        }
+    }
+}
+
+/// The shared error responses and the bearer scheme, in `components`.
+fn add_shared_components(doc: &mut Value) {
     let shared = [
         (
             "BadRequest",
@@ -858,46 +910,35 @@ requests are in progress (`overloaded`) or the request ran past WARDEN_REQUEST_T
             "description": "An API key (wdn_…) from POST /api/keys, `warden keys create` or WARDEN_ADMIN_TOKEN",
         });
     }
-    let Some(paths) = doc.get_mut("paths").and_then(Value::as_object_mut) else {
-        return;
-    };
-    for (path, item) in paths.iter_mut() {
-        let Some(item) = item.as_object_mut() else {
-            continue;
-        };
-        // The probes are the only operations open without a key.
-        let open = matches!(path.as_str(), "/healthz" | "/readyz");
-        for (method, op) in item.iter_mut() {
-            let Some(op) = op.as_object_mut() else {
-                continue;
-            };
-            add_operation_errors(op);
-            // With authentication off, a state change without a key must be
-            // sent as JSON, body or not (the cross-site rule).
-            if matches!(method.as_str(), "post" | "patch" | "delete")
-                && let Some(responses) = op.get_mut("responses").and_then(Value::as_object_mut)
-            {
-                responses.entry("415").or_insert_with(
-                    || json!({ "$ref": "#/components/responses/UnsupportedMediaType" }),
-                );
-            }
-            if open {
-                // Said outright, so no reader (or linter) takes a probe for
-                // an operation that forgot its key.
-                op.insert("security".into(), json!([]));
-            } else {
-                op.insert("security".into(), json!([{ "bearer": [] }]));
-                if let Some(responses) = op.get_mut("responses").and_then(Value::as_object_mut) {
-                    for (code, name) in [
-                        ("401", "Unauthorized"),
-                        ("403", "Forbidden"),
-                        ("429", "TenantRequestLimit"),
-                    ] {
-                        responses.entry(code).or_insert_with(
-                            || json!({ "$ref": format!("#/components/responses/{name}") }),
-                        );
-                    }
-                }
+}
+
+/// The answers of the HTTP gate: 415 for a state change not sent as JSON,
+/// and, on all but the probes, the key's 401, 403 and 429.
+fn add_access_errors(method: &str, op: &mut Map<String, Value>, open: bool) {
+    // With authentication off, a state change without a key must be
+    // sent as JSON, body or not (the cross-site rule).
+    if matches!(method, "post" | "patch" | "delete")
+        && let Some(responses) = op.get_mut("responses").and_then(Value::as_object_mut)
+    {
+        responses
+            .entry("415")
+            .or_insert_with(|| json!({ "$ref": "#/components/responses/UnsupportedMediaType" }));
+    }
+    if open {
+        // Said outright, so no reader (or linter) takes a probe for an
+        // operation that forgot its key.
+        op.insert("security".into(), json!([]));
+    } else {
+        op.insert("security".into(), json!([{ "bearer": [] }]));
+        if let Some(responses) = op.get_mut("responses").and_then(Value::as_object_mut) {
+            for (code, name) in [
+                ("401", "Unauthorized"),
+                ("403", "Forbidden"),
+                ("429", "TenantRequestLimit"),
+            ] {
+                responses
+                    .entry(code)
+                    .or_insert_with(|| json!({ "$ref": format!("#/components/responses/{name}") }));
             }
         }
     }

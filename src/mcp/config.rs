@@ -200,17 +200,7 @@ impl ServerConfig {
 
 impl RawServer {
     fn check(self, at: &str, inherited: &BTreeMap<String, String>) -> Result<ServerConfig, String> {
-        let timeout = match self.timeout_ms {
-            None => DEFAULT_CALL_TIMEOUT,
-            Some(ms) if CALL_TIMEOUT_MS.contains(&ms) => Duration::from_millis(ms),
-            Some(_) => {
-                return Err(format!(
-                    "{at}.timeout_ms must be between {} and {}",
-                    CALL_TIMEOUT_MS.start(),
-                    CALL_TIMEOUT_MS.end()
-                ));
-            }
-        };
+        let timeout = call_timeout(at, self.timeout_ms)?;
         let tenants = match self.tenants {
             None => None,
             Some(list) if list.iter().any(|t| t.trim().is_empty()) => {
@@ -227,16 +217,10 @@ impl RawServer {
                 if !self.headers.is_empty() {
                     return Err(format!("{at}.headers is for `url` servers only"));
                 }
-                let mut env: BTreeMap<String, String> = inherited
-                    .iter()
-                    .filter(|(k, _)| INHERITED_ENV.contains(&k.as_str()))
-                    .map(|(k, v)| (k.clone(), v.clone()))
-                    .collect();
-                env.extend(self.env);
                 Transport::Stdio {
                     command,
                     args: self.args,
-                    env,
+                    env: stdio_env(inherited, self.env),
                 }
             }
             (None, Some(url))
@@ -254,21 +238,7 @@ impl RawServer {
                 if !self.args.is_empty() || !self.env.is_empty() {
                     return Err(format!("{at}: args and env are for `command` servers only"));
                 }
-                for (name, value) in &self.headers {
-                    let name_ok = !name.is_empty()
-                        && name
-                            .bytes()
-                            .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b));
-                    let value_ok = value
-                        .bytes()
-                        .all(|b| b == b'\t' || (0x20..0x7f).contains(&b));
-                    if !name_ok || !value_ok {
-                        // The value is a secret: only the name is shown.
-                        return Err(format!(
-                            "{at}.headers.{name}: a header name is a token and its value visible ASCII"
-                        ));
-                    }
-                }
+                check_headers(at, &self.headers)?;
                 Transport::Http {
                     url,
                     headers: self.headers,
@@ -295,6 +265,58 @@ impl RawServer {
             tenants,
         })
     }
+}
+
+/// A server's call timeout: its `timeout_ms` within bounds, else the default.
+fn call_timeout(at: &str, timeout_ms: Option<u64>) -> Result<Duration, String> {
+    let timeout = match timeout_ms {
+        None => DEFAULT_CALL_TIMEOUT,
+        Some(ms) if CALL_TIMEOUT_MS.contains(&ms) => Duration::from_millis(ms),
+        Some(_) => {
+            return Err(format!(
+                "{at}.timeout_ms must be between {} and {}",
+                CALL_TIMEOUT_MS.start(),
+                CALL_TIMEOUT_MS.end()
+            ));
+        }
+    };
+    Ok(timeout)
+}
+
+/// A stdio server's environment: the few variables it inherits from
+/// Warden's, then its own `env` over them.
+fn stdio_env(
+    inherited: &BTreeMap<String, String>,
+    own: BTreeMap<String, String>,
+) -> BTreeMap<String, String> {
+    let mut env: BTreeMap<String, String> = inherited
+        .iter()
+        .filter(|(k, _)| INHERITED_ENV.contains(&k.as_str()))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    env.extend(own);
+    env
+}
+
+/// Refuses a header whose name is not a token or whose value is not
+/// visible ASCII.
+fn check_headers(at: &str, headers: &BTreeMap<String, String>) -> Result<(), String> {
+    for (name, value) in headers {
+        let name_ok = !name.is_empty()
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b));
+        let value_ok = value
+            .bytes()
+            .all(|b| b == b'\t' || (0x20..0x7f).contains(&b));
+        if !name_ok || !value_ok {
+            // The value is a secret: only the name is shown.
+            return Err(format!(
+                "{at}.headers.{name}: a header name is a token and its value visible ASCII"
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// A session's choice of tools (`executor.tools`).

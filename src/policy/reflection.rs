@@ -285,26 +285,7 @@ pub fn decide(
     tokens: u64,
 ) -> (Verdict, ReflectionState) {
     let a = assessment;
-    let mut next = ReflectionState {
-        interval: match a.progress {
-            Progress::Stuck => STUCK_INTERVAL,
-            Progress::Good => GOOD_INTERVAL,
-            Progress::Slow => base_interval.max(1),
-        },
-        last_at: iterations,
-        count: prior.count + 1,
-        slow_streak: if a.progress == Progress::Slow {
-            prior.slow_streak + 1
-        } else {
-            0
-        },
-        failures: 0,
-        disagreements: prior.disagreements,
-        coherence: a.coherence.or(prior.coherence),
-        uncertainty: a.uncertainty.or(prior.uncertainty),
-        tokens: prior.tokens.saturating_add(tokens),
-        attempts: prior.attempts + 1,
-    };
+    let mut next = next_state(prior, a, base_interval, iterations, tokens);
     let criteria_open = !unmet_criteria.is_empty();
     let verdict = if a.goal_achieved == GoalAchieved::Yes && !criteria_open {
         Verdict::Complete
@@ -315,20 +296,9 @@ pub fn decide(
                 reason: Reason::AskUser,
             }
         } else {
-            let mut feedback = format!(
-                "A reviewer checked your claim that the goal is done and disagrees: {}",
-                a.reasoning
-            );
-            if criteria_open {
-                feedback.push_str(&format!(
-                    " Success criteria not yet met: {}.",
-                    unmet_criteria.join("; ")
-                ));
+            Verdict::Reject {
+                feedback: disagreement(a, unmet_criteria),
             }
-            if !a.next_steps.is_empty() {
-                feedback.push_str(&format!(" Still to do: {}", a.next_steps.join("; ")));
-            }
-            Verdict::Reject { feedback }
         }
     } else if a.goal_achieved == GoalAchieved::Yes {
         Verdict::Reject {
@@ -355,6 +325,56 @@ pub fn decide(
         Verdict::Monitor
     };
     (verdict, next)
+}
+
+/// The state after a valid assessment: the next interval by progress, the
+/// slow streak, and the running counts.
+fn next_state(
+    prior: &ReflectionState,
+    a: &Assessment,
+    base_interval: u32,
+    iterations: u64,
+    tokens: u64,
+) -> ReflectionState {
+    ReflectionState {
+        interval: match a.progress {
+            Progress::Stuck => STUCK_INTERVAL,
+            Progress::Good => GOOD_INTERVAL,
+            Progress::Slow => base_interval.max(1),
+        },
+        last_at: iterations,
+        count: prior.count + 1,
+        slow_streak: if a.progress == Progress::Slow {
+            prior.slow_streak + 1
+        } else {
+            0
+        },
+        failures: 0,
+        disagreements: prior.disagreements,
+        coherence: a.coherence.or(prior.coherence),
+        uncertainty: a.uncertainty.or(prior.uncertainty),
+        tokens: prior.tokens.saturating_add(tokens),
+        attempts: prior.attempts + 1,
+    }
+}
+
+/// What the agent is told when the reviewer disagrees with its claim of
+/// being done: the reasoning, the criteria still open, what is left.
+fn disagreement(a: &Assessment, unmet_criteria: &[String]) -> String {
+    let mut feedback = format!(
+        "A reviewer checked your claim that the goal is done and disagrees: {}",
+        a.reasoning
+    );
+    if !unmet_criteria.is_empty() {
+        feedback.push_str(&format!(
+            " Success criteria not yet met: {}.",
+            unmet_criteria.join("; ")
+        ));
+    }
+    if !a.next_steps.is_empty() {
+        feedback.push_str(&format!(" Still to do: {}", a.next_steps.join("; ")));
+    }
+    feedback
 }
 
 /// What a failed reflection (model down, invalid answer) leads to: fall back

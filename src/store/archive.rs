@@ -5,6 +5,7 @@
 //! replica of the fleet prune at a time.
 
 use chrono::{DateTime, Utc};
+use sqlx::PgConnection;
 use uuid::Uuid;
 
 use super::sessions::delete as delete_session;
@@ -15,7 +16,7 @@ use crate::policy::retention::TenantRetention;
 /// changed since (its row's `updated_at` and latest event).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EndedSession {
-    /// Id.
+    /// The session.
     pub id: Uuid,
     /// Its tenant.
     pub tenant: String,
@@ -270,6 +271,17 @@ impl Store {
     /// Fails, importing nothing, when a session of that id exists.
     pub async fn import_session(&self, id: Uuid, rows: &ImportRows) -> Result<()> {
         let mut tx = self.pool.begin().await?;
+        Self::check_placed(&mut tx, id, &rows.session).await?;
+        Self::insert_ended(&mut tx, id, &rows.session).await?;
+        Self::insert_history(&mut tx, id, &rows.tables).await?;
+        tx.commit().await?;
+        self.durable().await?;
+        Ok(())
+    }
+
+    /// Refuses a `sessions` row whose place in a tree this database does
+    /// not hold.
+    async fn check_placed(conn: &mut PgConnection, id: Uuid, session: &str) -> Result<()> {
         // The row's place in a tree is checked against this database, not
         // taken from the file: a root has no parent, lineage or borrowed
         // secrets; a child's parent is here, of the same tenant, its lineage
@@ -285,9 +297,9 @@ impl Store {
                                 AND r.secrets_from = ANY (r.lineage)),
                    false) AS "placed!"
                FROM json_populate_record(NULL::sessions, $1::text::json) r"#,
-            rows.session,
+            session,
         )
-        .fetch_one(&mut *tx)
+        .fetch_one(&mut *conn)
         .await?;
         if !placed {
             return Err(StoreError::Import {
@@ -297,12 +309,18 @@ impl Store {
                     .into(),
             });
         }
+        Ok(())
+    }
+
+    /// Inserts the `sessions` row, refused when the id is taken, and marks
+    /// it imported and ownerless, refused when it had not ended.
+    async fn insert_ended(conn: &mut PgConnection, id: Uuid, session: &str) -> Result<()> {
         let inserted = sqlx::query!(
             "INSERT INTO sessions SELECT * FROM json_populate_record(NULL::sessions, $1::text::json)
              ON CONFLICT (id) DO NOTHING",
-            rows.session,
+            session,
         )
-        .execute(&mut *tx)
+        .execute(&mut *conn)
         .await?;
         if inserted.rows_affected() == 0 {
             return Err(StoreError::Import {
@@ -319,7 +337,7 @@ impl Store {
                AND status IN ('completed', 'stopped', 'interrupted', 'failed')",
             id,
         )
-        .execute(&mut *tx)
+        .execute(&mut *conn)
         .await?;
         if marked.rows_affected() == 0 {
             return Err(StoreError::Import {
@@ -328,44 +346,51 @@ impl Store {
                     .into(),
             });
         }
-        for (table, json) in &rows.tables {
+        Ok(())
+    }
+
+    /// Inserts the session's history, table by table.
+    async fn insert_history(
+        conn: &mut PgConnection,
+        id: Uuid,
+        tables: &[(HistoryTable, String)],
+    ) -> Result<()> {
+        for (table, json) in tables {
             let done = match table {
                 HistoryTable::Iterations => sqlx::query!(
                     "INSERT INTO iterations SELECT * FROM json_populate_recordset(NULL::iterations, $1::text::json) WHERE session_id = $2",
                     json, id
-                ).execute(&mut *tx).await?,
+                ).execute(&mut *conn).await?,
                 HistoryTable::Reflections => sqlx::query!(
                     "INSERT INTO reflections SELECT * FROM json_populate_recordset(NULL::reflections, $1::text::json) WHERE session_id = $2",
                     json, id
-                ).execute(&mut *tx).await?,
+                ).execute(&mut *conn).await?,
                 HistoryTable::Decisions | HistoryTable::Events => sqlx::query!(
                     "INSERT INTO events SELECT * FROM json_populate_recordset(NULL::events, $1::text::json) WHERE session_id = $2",
                     json, id
-                ).execute(&mut *tx).await?,
+                ).execute(&mut *conn).await?,
                 // Checkpoint ids are the database's own: numbered anew here.
                 HistoryTable::Checkpoints => sqlx::query!(
                     "INSERT INTO checkpoints (session_id, iteration, reason, state, created_at)
                      SELECT session_id, iteration, reason, state, created_at
                      FROM json_populate_recordset(NULL::checkpoints, $1::text::json) WHERE session_id = $2 ORDER BY id",
                     json, id
-                ).execute(&mut *tx).await?,
+                ).execute(&mut *conn).await?,
                 HistoryTable::ToolCalls => sqlx::query!(
                     "INSERT INTO tool_calls SELECT * FROM json_populate_recordset(NULL::tool_calls, $1::text::json) WHERE session_id = $2",
                     json, id
-                ).execute(&mut *tx).await?,
+                ).execute(&mut *conn).await?,
                 HistoryTable::Refinements => sqlx::query!(
                     "INSERT INTO refinements SELECT * FROM json_populate_recordset(NULL::refinements, $1::text::json) WHERE session_id = $2",
                     json, id
-                ).execute(&mut *tx).await?,
+                ).execute(&mut *conn).await?,
                 HistoryTable::Tasks => sqlx::query!(
                     "INSERT INTO tasks SELECT * FROM json_populate_recordset(NULL::tasks, $1::text::json) WHERE session_id = $2",
                     json, id
-                ).execute(&mut *tx).await?,
+                ).execute(&mut *conn).await?,
             };
             let _ = done;
         }
-        tx.commit().await?;
-        self.durable().await?;
         Ok(())
     }
 

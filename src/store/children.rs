@@ -310,16 +310,7 @@ pub async fn take_reports(
     iteration: u64,
 ) -> Result<(Vec<ChildReport>, u64)> {
     let iteration = i64::try_from(iteration).unwrap_or(i64::MAX);
-    let owned = sqlx::query_scalar!(
-        "SELECT id FROM sessions WHERE id = $1 AND lease_token = $2",
-        lease.session_id,
-        lease.token,
-    )
-    .fetch_optional(&mut *conn)
-    .await?;
-    if owned.is_none() {
-        return Err(StoreError::LeaseLost(lease.session_id));
-    }
+    holds_lease(conn, lease).await?;
     sqlx::query!(
         "UPDATE sessions SET reported_iteration = $2
          WHERE parent_id = $1 AND warden_session_ended(status) AND reported_iteration IS NULL",
@@ -346,24 +337,13 @@ pub async fn take_reports(
     .await?;
     // What each wrote, as the parent sees it: inside its own workspace.
     let ids: Vec<Uuid> = rows.iter().map(|r| r.id).collect();
-    let written = sqlx::query!(
-        r#"SELECT DISTINCT i.session_id, f ->> 'path' AS "path!"
-           FROM iterations i
-           CROSS JOIN LATERAL json_array_elements(
-               CASE WHEN json_typeof(i.record -> 'files_written') = 'array'
-                    THEN i.record -> 'files_written' ELSE '[]'::json END) f
-           WHERE i.session_id = ANY($1) AND f ->> 'path' IS NOT NULL
-           ORDER BY 1, 2"#,
-        &ids,
-    )
-    .fetch_all(&mut *conn)
-    .await?;
+    let written = files_written(conn, &ids).await?;
     let files_of = |child: Uuid| -> Vec<String> {
         written
             .iter()
-            .filter(|w| w.session_id == child)
+            .filter(|(session_id, _)| *session_id == child)
             .take(MAX_REPORTED_FILES)
-            .map(|w| format!("{DELEGATED_DIR}/{child}/{}", w.path))
+            .map(|(_, path)| format!("{DELEGATED_DIR}/{child}/{path}"))
             .collect()
     };
     let reports = rows
@@ -386,6 +366,41 @@ pub async fn take_reports(
         })
         .collect();
     Ok((reports, count(live)))
+}
+
+/// Refuses unless `lease` still holds its session.
+async fn holds_lease(conn: &mut PgConnection, lease: Lease) -> Result<()> {
+    let owned = sqlx::query_scalar!(
+        "SELECT id FROM sessions WHERE id = $1 AND lease_token = $2",
+        lease.session_id,
+        lease.token,
+    )
+    .fetch_optional(&mut *conn)
+    .await?;
+    if owned.is_none() {
+        return Err(StoreError::LeaseLost(lease.session_id));
+    }
+    Ok(())
+}
+
+/// The paths each of `ids` wrote, by session and path, in that order.
+async fn files_written(conn: &mut PgConnection, ids: &[Uuid]) -> Result<Vec<(Uuid, String)>> {
+    let written = sqlx::query!(
+        r#"SELECT DISTINCT i.session_id, f ->> 'path' AS "path!"
+           FROM iterations i
+           CROSS JOIN LATERAL json_array_elements(
+               CASE WHEN json_typeof(i.record -> 'files_written') = 'array'
+                    THEN i.record -> 'files_written' ELSE '[]'::json END) f
+           WHERE i.session_id = ANY($1) AND f ->> 'path' IS NOT NULL
+           ORDER BY 1, 2"#,
+        ids,
+    )
+    .fetch_all(&mut *conn)
+    .await?;
+    Ok(written
+        .into_iter()
+        .map(|w| (w.session_id, w.path))
+        .collect())
 }
 
 /// Marks a session made with a split goal as waiting for its children

@@ -272,7 +272,8 @@ impl Application {
             loops.handle(),
         );
         let service_store = store.clone();
-        let service = SessionService::new(store, config.clone(), supervisor.clone());
+        let (service, stop_landings) =
+            SessionService::new(store, config.clone(), supervisor.clone());
 
         let rescued = supervisor.rescue().await;
         let claimed = supervisor
@@ -305,6 +306,8 @@ impl Application {
             loops.handle().spawn(supervisor.clone().listen()),
             // On the API's runtime and pool, as the sweep: never the loops'.
             tokio::spawn(pruner.prune_forever()),
+            // Stops answered before they landed, landed once their owner is gone.
+            tokio::spawn(stop_landings.run()),
         ];
         if let Some(ring) = rotating {
             background.push(tokio::spawn(session::reseal_in_background(

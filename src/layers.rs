@@ -75,7 +75,7 @@ const RUNTIME: &[(&str, u8)] = &[
 const API: &[(&str, u8)] = &[
     ("planner", 0),
     ("reads", 0),
-    ("create_request", 1),
+    ("create_request", 0),
     ("delete", 1),
     ("queries", 1),
     ("refine", 1),

@@ -9,12 +9,13 @@ use sqlx::{Postgres, Transaction};
 use utoipa::ToSchema;
 use uuid::Uuid;
 
+use super::MAX_GUIDANCE_CHARS;
 use super::SessionService;
+use super::create_request::validate_goal;
 use super::stop_landing::LANDING_SLACK;
-use super::{MAX_GUIDANCE_CHARS, validate_goal};
 use crate::event::SessionEvent;
 use crate::policy::fleet::{self, OwnerWatch};
-use crate::policy::guardrails::{self, Breach, LimitsPatch};
+use crate::policy::guardrails::{self, Breach, Limits, LimitsPatch};
 use crate::policy::lifecycle::{self, Action, PausePlan, Reason, Status, StopPlan};
 use crate::session::error::{Result, ServiceError};
 use crate::session::event_codec;
@@ -204,24 +205,7 @@ impl SessionService {
         let new_goal = req.goal.as_deref().map(validate_goal).transpose()?;
         let limits = session.limits.apply(&req.limits)?;
         guardrails::check_child_budget(session.parent_id.is_some(), &session.limits.0, &limits)?;
-        let usage = session.counters().usage();
-        if let Some(breach) = guardrails::exhausted_for_resume(&limits, &usage) {
-            let (used, limit) = match breach {
-                Breach::Timeout => (usage.elapsed_ms, limits.max_wall_time_ms),
-                Breach::MaxIterations => (usage.iterations, limits.max_iterations),
-                Breach::CostLimit => (usage.tokens, limits.max_tokens),
-                Breach::ErrorThreshold => (
-                    u64::from(usage.consecutive_errors),
-                    u64::from(limits.max_consecutive_errors),
-                ),
-            };
-            return Err(ServiceError::LimitExhausted {
-                breach,
-                field: breach.limit_field(),
-                used,
-                limit,
-            });
-        }
+        check_not_exhausted(&session, &limits)?;
         let mut events = leading;
         if limits != session.limits.0 {
             events.push(SessionEvent::LimitsChanged {
@@ -276,4 +260,28 @@ impl SessionService {
         self.start_run(tx, id, scope, lease.zip(slot), acquired)
             .await
     }
+}
+
+/// Refuses a resume under `limits` that one of them already stops: the
+/// answer names the limit, what was used and what it allows.
+fn check_not_exhausted(session: &Session, limits: &Limits) -> Result<()> {
+    let usage = session.counters().usage();
+    if let Some(breach) = guardrails::exhausted_for_resume(limits, &usage) {
+        let (used, limit) = match breach {
+            Breach::Timeout => (usage.elapsed_ms, limits.max_wall_time_ms),
+            Breach::MaxIterations => (usage.iterations, limits.max_iterations),
+            Breach::CostLimit => (usage.tokens, limits.max_tokens),
+            Breach::ErrorThreshold => (
+                u64::from(usage.consecutive_errors),
+                u64::from(limits.max_consecutive_errors),
+            ),
+        };
+        return Err(ServiceError::LimitExhausted {
+            breach,
+            field: breach.limit_field(),
+            used,
+            limit,
+        });
+    }
+    Ok(())
 }

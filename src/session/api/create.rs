@@ -10,6 +10,7 @@ use super::SessionService;
 use super::create_request::{CreateSession, IdempotencyKey, NewRequest};
 use super::preflight::Preflight;
 use crate::event::SessionEvent;
+use crate::secrets::Sealed;
 use crate::session::error::{Result, ServiceError};
 use crate::session::event_codec::{self, to_stored};
 use crate::session::persist::{self, FirstRefinement};
@@ -185,22 +186,7 @@ impl SessionService {
             .map(|p| to_stored("refinement proposal", p))
             .transpose()?
             .unwrap_or(serde_json::Value::Null);
-        let sealed = match &api_key {
-            Some(key) => Some(self.sealing_key()?.seal(
-                id,
-                crate::secrets::API_KEY,
-                key.expose(),
-            )?),
-            None => None,
-        };
-        let sealed_query = match &url_query {
-            Some(query) => Some(self.sealing_key()?.seal(
-                id,
-                crate::secrets::URL_QUERY,
-                query.expose(),
-            )?),
-            None => None,
-        };
+        let (sealed, sealed_query) = self.seal_secrets(id, &api_key, &url_query)?;
         let new = NewSession {
             id,
             original_goal: (plan.goal != goal).then(|| goal.clone()),
@@ -244,6 +230,33 @@ impl SessionService {
             },
         )
         .await
+    }
+
+    /// The session's own model API key and its URL's query, sealed to
+    /// `id`, for the store (they never enter the stored executor).
+    fn seal_secrets(
+        &self,
+        id: Uuid,
+        api_key: &Option<crate::executor::ApiKey>,
+        url_query: &Option<crate::executor::UrlQuery>,
+    ) -> Result<(Option<Sealed>, Option<Sealed>)> {
+        let sealed = match &api_key {
+            Some(key) => Some(self.sealing_key()?.seal(
+                id,
+                crate::secrets::API_KEY,
+                key.expose(),
+            )?),
+            None => None,
+        };
+        let sealed_query = match &url_query {
+            Some(query) => Some(self.sealing_key()?.seal(
+                id,
+                crate::secrets::URL_QUERY,
+                query.expose(),
+            )?),
+            None => None,
+        };
+        Ok((sealed, sealed_query))
     }
 
     /// The key sessions' secrets are sealed with (loaded at start).

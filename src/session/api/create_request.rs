@@ -4,10 +4,11 @@
 use serde::Deserialize;
 use utoipa::ToSchema;
 
+use super::MAX_GOAL_CHARS;
 use super::SessionService;
-use super::validate_goal;
 use crate::executor::ExecutorSpec;
 use crate::llm::LlmClient;
+use crate::policy::ambiguity;
 use crate::policy::checklist::{self, ChecklistItem};
 use crate::policy::delegation::{ChildPausePolicy, ChildRequest};
 use crate::policy::guardrails::{Limits, LimitsPatch};
@@ -266,4 +267,23 @@ impl SessionService {
         let model = self.config.models.model.clone()?;
         LlmClient::new(endpoint).ok().map(|c| (c, model))
     }
+}
+
+/// The goal as the session runs it: trimmed, not empty, not too long,
+/// and not one the rules refuse outright.
+pub(super) fn validate_goal(goal: &str) -> Result<String> {
+    let goal = crate::policy::text::trim(goal);
+    if goal.is_empty() {
+        return Err(ServiceError::Invalid("goal must not be empty".into()));
+    }
+    if goal.chars().count() > MAX_GOAL_CHARS {
+        return Err(ServiceError::Invalid(format!(
+            "goal must be at most {MAX_GOAL_CHARS} characters, got {}",
+            goal.chars().count()
+        )));
+    }
+    if let Some(why) = ambiguity::refusal(goal) {
+        return Err(ServiceError::Invalid(why));
+    }
+    Ok(goal.to_string())
 }

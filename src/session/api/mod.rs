@@ -43,7 +43,6 @@ use crate::session::runtime::{Slot, Supervisor};
 use tokio::sync::mpsc;
 
 use crate::config::Config;
-use crate::policy::ambiguity;
 use crate::policy::lifecycle::{self, Action, Status};
 use crate::store::{self, Lease, Session, Store, StoreError, TenantScope};
 use stop_landing::PendingStop;
@@ -63,23 +62,6 @@ pub struct SessionService {
     supervisor: Supervisor,
     /// Stops answered before they landed, for the landing task.
     landings: mpsc::UnboundedSender<PendingStop>,
-}
-
-fn validate_goal(goal: &str) -> Result<String> {
-    let goal = crate::policy::text::trim(goal);
-    if goal.is_empty() {
-        return Err(ServiceError::Invalid("goal must not be empty".into()));
-    }
-    if goal.chars().count() > MAX_GOAL_CHARS {
-        return Err(ServiceError::Invalid(format!(
-            "goal must be at most {MAX_GOAL_CHARS} characters, got {}",
-            goal.chars().count()
-        )));
-    }
-    if let Some(why) = ambiguity::refusal(goal) {
-        return Err(ServiceError::Invalid(why));
-    }
-    Ok(goal.to_string())
 }
 
 impl SessionService {

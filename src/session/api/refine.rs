@@ -9,7 +9,7 @@ use utoipa::ToSchema;
 use uuid::Uuid;
 
 use super::SessionService;
-use super::validate_goal;
+use super::create_request::validate_goal;
 use crate::event::SessionEvent;
 use crate::policy::guardrails::LimitsPatch;
 use crate::policy::lifecycle::{self, Action, Status};

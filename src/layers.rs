@@ -2,9 +2,11 @@
 //! and a module may name (`crate::x`) only modules of a lower rank, so no
 //! import cycle between top-level modules can exist. Inside the layers with
 //! many files (`session`, `store`, `http`) the files are ranked the same way
-//! and a file may name (`super::x`, `crate::layer::x`) only files below it.
-//! A few edges the ranks would allow are refused outright (`NEVER`): the
-//! HTTP layer never names the store, it calls the use cases of `session`.
+//! and a file may name (`super::x`, `crate::layer::x`) only files below it;
+//! so are the files of `session`'s two folders, `runtime` below `api`.
+//! A few edges are refused outright (`NEVER`): the HTTP layer never names
+//! the store, it calls the use cases of `session`; the session runtime
+//! never names those use cases.
 //! A new module or file must be given its place here.
 
 use std::collections::BTreeSet;
@@ -35,31 +37,58 @@ const LAYERS: &[(&str, u8)] = &[
     ("cli", 6),
 ];
 
-/// The files (or folders) of `src/session`, from the bottom up. Its face,
-/// `mod.rs`, declares and re-exports them and has no rank.
+/// The files and folders of `src/session`, from the bottom up: what both
+/// halves share, the runtime that runs the loops, and above it the use
+/// cases the HTTP layer calls. Its face, `mod.rs`, declares and re-exports
+/// them and has no rank.
 const SESSION: &[(&str, u8)] = &[
     ("error", 0),
     ("event_codec", 0),
+    ("retention", 0),
+    ("persist", 0),
+    ("archive", 1),
+    ("runtime", 2),
+    ("api", 3),
+];
+
+/// The files (or folders) of `src/session/runtime`, from the bottom up: a
+/// loop's memory and store ports, the loop, how a session is rebuilt, and
+/// the supervisor that runs the loops. Its face, `mod.rs`, has no rank.
+const RUNTIME: &[(&str, u8)] = &[
     ("lease_clock", 0),
     ("live", 0),
     ("loop_store", 0),
-    ("planner", 0),
     ("reflector", 0),
-    ("retention", 0),
-    ("persist", 0),
+    ("pruner", 0),
     ("storable", 1),
-    ("archive", 1),
-    ("pruner", 2),
-    ("reads", 1),
     ("journal", 2),
     ("runner", 2),
     ("rehydrate", 3),
     ("supervisor", 4),
-    ("service", 5),
-    ("approvals", 6),
-    ("tree", 6),
-    ("workers", 6),
-    ("estimate", 6),
+];
+
+/// The files of `src/session/api`, one use case each, from the bottom up:
+/// a use case may use the ones below it (a create's request below its
+/// pre-flight below the create; a stop's landing below the stop; the
+/// approvals and trees resume and stop through `control`). Its `mod.rs`
+/// holds the service they share and has no rank.
+const API: &[(&str, u8)] = &[
+    ("planner", 0),
+    ("reads", 0),
+    ("create_request", 0),
+    ("delete", 1),
+    ("queries", 1),
+    ("refine", 1),
+    ("stop_landing", 1),
+    ("tenant_retention", 1),
+    ("update", 1),
+    ("workers", 1),
+    ("preflight", 2),
+    ("control", 2),
+    ("create", 3),
+    ("approvals", 3),
+    ("tree", 3),
+    ("estimate", 3),
 ];
 
 /// The files of `src/store`, from the bottom up: the SQL of one table
@@ -123,16 +152,31 @@ const HTTP: &[(&str, u8)] = &[
     ("openapi", 4),
 ];
 
-/// Modules a layer never names though they rank below it, and why: the
-/// ranks allow any lower module, these edges skip a layer.
-const NEVER: &[(&str, &str, &str)] = &[(
-    "http",
-    "store",
-    "handlers call the use cases of `session` (which re-exports the row and scope types they shape), never the store",
-)];
+/// Modules a layer (or a folder of one) never names, as `crate::` paths,
+/// and why: the ranks allow any lower module, these edges skip a layer or
+/// point against the flow the ranks only imply.
+const NEVER: &[(&str, &str, &str)] = &[
+    (
+        "http",
+        "store",
+        "handlers call the use cases of `session` (which re-exports the row and scope types they shape), never the store",
+    ),
+    (
+        "session/runtime",
+        "session::api",
+        "the use cases drive the runtime; the runtime never calls a use case",
+    ),
+];
 
-/// The layers whose files are ranked, with their ranking.
-const INSIDE: &[(&str, &[(&str, u8)])] = &[("session", SESSION), ("store", STORE), ("http", HTTP)];
+/// The layers (and folders of them) whose files are ranked, with their
+/// ranking.
+const INSIDE: &[(&str, &[(&str, u8)])] = &[
+    ("session", SESSION),
+    ("session/runtime", RUNTIME),
+    ("session/api", API),
+    ("store", STORE),
+    ("http", HTTP),
+];
 
 fn rank(module: &str) -> Option<u8> {
     rank_in(LAYERS, module)
@@ -235,8 +279,13 @@ fn modules_only_use_lower_layers() {
 }
 
 /// The files below `src/{layer}` that name `crate::{module}` (comments
-/// aside; unit tests included: a grep must find none).
+/// aside; unit tests included: a grep must find none). `module` may be a
+/// path (`session::api`).
 fn naming(src: &Path, layer: &str, module: &str) -> Vec<String> {
+    let (parent, name) = match module.rsplit_once("::") {
+        Some((parent, name)) => (format!("crate::{parent}::"), name),
+        None => ("crate::".to_string(), module),
+    };
     let mut files = Vec::new();
     sources(&src.join(layer), &mut files);
     files.sort();
@@ -244,7 +293,7 @@ fn naming(src: &Path, layer: &str, module: &str) -> Vec<String> {
         .into_iter()
         .filter(|file| {
             let source = std::fs::read_to_string(file).unwrap();
-            named_modules(&source).contains(module)
+            names_after(&source, &parent).contains(name)
         })
         .map(|file| file.strip_prefix(src).unwrap().display().to_string())
         .collect()
@@ -289,6 +338,26 @@ fn a_store_path_in_http_is_found() {
     let found = naming(&dir, "http", "store");
     std::fs::remove_dir_all(&dir).unwrap();
     assert_eq!(found, ["http/b.rs", "http/c.rs"]);
+}
+
+#[test]
+fn an_api_path_in_the_runtime_is_found() {
+    let dir = std::env::temp_dir().join(format!("warden-layers-api-{}", std::process::id()));
+    let runtime = dir.join("session").join("runtime");
+    std::fs::create_dir_all(&runtime).unwrap();
+    std::fs::write(
+        runtime.join("a.rs"),
+        "use crate::session::{api::SessionService, error::Result};\n",
+    )
+    .unwrap();
+    std::fs::write(
+        runtime.join("b.rs"),
+        "use crate::session::runtime::live::LiveView; // crate::session::api\n",
+    )
+    .unwrap();
+    let found = naming(&dir, "session/runtime", "session::api");
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert_eq!(found, ["session/runtime/a.rs"]);
 }
 
 /// A file's own code: without its trailing `#[cfg(test)] mod tests` (a
@@ -348,7 +417,8 @@ fn files_only_use_lower_files_inside_their_layer() {
             });
             let source = std::fs::read_to_string(&file).unwrap();
             let directly_inside = parts.len() == 1;
-            for used in named_files(without_unit_tests(&source), layer, directly_inside) {
+            let path = layer.replace('/', "::");
+            for used in named_files(without_unit_tests(&source), &path, directly_inside) {
                 if used == parts[0] {
                     continue;
                 }

@@ -231,7 +231,8 @@ impl Application {
             loops.handle(),
         );
         let service_store = store.clone();
-        let service = SessionService::new(store, config.clone(), supervisor.clone());
+        let (service, stop_landings) =
+            SessionService::new(store, config.clone(), supervisor.clone());
 
         let rescued = supervisor.rescue().await;
         let claimed = supervisor
@@ -246,7 +247,7 @@ impl Application {
             (replica_id, config.lease.ttl),
             metrics.clone(),
         );
-        let background = start_background(
+        let mut background = start_background(
             &config,
             &service,
             &supervisor,
@@ -255,6 +256,8 @@ impl Application {
             &loops,
             rotating,
         );
+        // Stops answered before they landed, landed once their owner is gone.
+        background.push(tokio::spawn(stop_landings.run()));
         let (server, stop_serving) = serve(listener, service, metrics, auth, &config);
         Ok(Application {
             addr,

@@ -1,42 +1,35 @@
-//! Sessions at run time: the per-session loop, the supervisor that owns the
-//! loops of this replica, and the operations the HTTP layer calls.
+//! Sessions: the use cases the HTTP layer calls (`api`) and the runtime
+//! that runs the loops of this replica (`runtime`).
 //!
-//! Inside, dependencies point one way: `service` → `supervisor` → `runner`;
-//! both `service` and `supervisor` rebuild sessions through `rehydrate`; the
-//! HTTP layer reads through `reads` and acts through `service` and the use
-//! cases of `tree`, `approvals` and `workers`, never through the store.
+//! Inside, dependencies point one way: `api` → `runtime` → (`archive`,
+//! `retention`, `persist`, `event_codec`, `error`); a use case starts,
+//! signals and reads loops through the runtime's `Supervisor`, and the
+//! runtime never names a use case. The HTTP layer acts through the use
+//! cases of `api`, never through the store.
 
-pub mod approvals;
+pub mod api;
 pub mod archive;
 mod error;
-pub mod estimate;
 pub mod event_codec;
-mod journal;
-mod lease_clock;
-pub mod live;
-pub mod loop_store;
 mod persist;
-mod planner;
-pub mod pruner;
-pub mod reads;
-pub mod reflector;
-pub mod rehydrate;
 pub mod retention;
-pub mod runner;
-pub mod service;
-pub mod storable;
-mod supervisor;
-pub mod tree;
-pub mod workers;
+pub mod runtime;
 
+pub use api::{ClaimedStep, WorkerProtocol, approvals, estimate, tree, workers};
+pub use api::{
+    CreateSession, Created, IdempotencyKey, LoggedEvent, MAX_GOAL_CHARS, MAX_GUIDANCE_CHARS,
+    RefinementChoice, ResumeSession, SessionReads, SessionService, StatusSource, StopAnswer,
+    StopLandings, UpdateSession,
+};
 pub use error::{Result, ServiceError};
 pub use persist::{
     RESEAL_BATCH, Resealed, reseal_in_background, reseal_under_current, seal_plaintext_keys,
 };
-pub use reads::{LoggedEvent, SessionReads};
-pub use service::{CreateSession, RefinementChoice, ResumeSession, SessionService, UpdateSession};
-pub use supervisor::Supervisor;
-pub use workers::{ClaimedStep, WorkerProtocol};
+pub use runtime::Supervisor;
+// The use cases under the path the HTTP layer named before the split.
+pub use api as service;
+// The runtime's modules under the paths they had before the split.
+pub use runtime::{live, loop_store, pruner, reflector, rehydrate, runner, storable};
 
 // The store's row and scope types the HTTP layer shapes its answers from,
 // and what it needs to map errors and record the actor: it names them here,

@@ -13,12 +13,12 @@ use std::time::{Duration, Instant};
 
 use uuid::Uuid;
 
-use super::archive;
-use super::error::Result;
-use super::retention::remove as remove_workspace;
 use crate::config::RetentionConfig;
 use crate::metrics::Metrics;
 use crate::policy::retention::{self as rules, FIRST_PACE, Pace};
+use crate::session::archive;
+use crate::session::error::Result;
+use crate::session::retention::remove as remove_workspace;
 use crate::store::archive::EndedSession;
 use crate::store::{Store, TenantScope};
 

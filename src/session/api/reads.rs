@@ -8,9 +8,9 @@ use chrono::{DateTime, Utc};
 use tokio::sync::broadcast;
 use uuid::Uuid;
 
-use super::error::Result;
-use super::event_codec;
 use crate::event::SessionEvent;
+use crate::session::error::Result;
+use crate::session::event_codec;
 use crate::store::{
     ApprovalCursor, ApprovalRow, CheckpointRecord, EventRecord, IterationRecord, Outcomes,
     RefinementRecord, ReflectionRecord, Session, Store, Task, TenantScope, TreeRow,

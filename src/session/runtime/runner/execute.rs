@@ -18,9 +18,9 @@ use crate::policy::eta;
 use crate::policy::guardrails;
 use crate::policy::history::{Outcome, StepRecord};
 use crate::policy::lifecycle::Reason;
-use crate::session::live::StepInFlight;
-use crate::session::loop_store::LoopStore;
-use crate::session::storable::{cap_output, make_storable};
+use crate::session::runtime::live::StepInFlight;
+use crate::session::runtime::loop_store::LoopStore;
+use crate::session::runtime::storable::{cap_output, make_storable};
 use crate::store::StoreError;
 
 /// A step the executor finished, ready to commit.

@@ -8,7 +8,6 @@ use sqlx::PgConnection;
 use sqlx::types::Json;
 use uuid::Uuid;
 
-use super::error::{Result, ServiceError};
 use super::journal::{StoreApprovalDesk, StoreChildDesk, StoreJournal, StoreTaskQueue};
 use crate::config::Config;
 use crate::executor::{ApiKey, Executor, ExecutorDeps, ExecutorSpec, StoredExecutor, UrlQuery};
@@ -16,6 +15,7 @@ use crate::llm::Message;
 use crate::policy::delegation::TreeLimits;
 use crate::policy::loop_state::LoopState;
 use crate::secrets::{API_KEY, URL_QUERY};
+use crate::session::error::{Result, ServiceError};
 use crate::store::{self, Lease, RebuildInputs, Session, Store, StoreError, TenantScope};
 
 /// Loads a session and rebuilds its loop state from its latest checkpoint

@@ -5,9 +5,10 @@
 use serde::Serialize;
 use utoipa::ToSchema;
 
-use super::service::{CreateSession, SessionService, validate_goal};
-use super::{Result, ServiceError};
+use super::SessionService;
+use super::create_request::{CreateSession, validate_goal};
 use crate::policy::estimate::{self, Estimate, Figures, PastSession, Query};
+use crate::session::{Result, ServiceError};
 use crate::spec::ExecutorBrief;
 use crate::store::TenantScope;
 
@@ -31,14 +32,14 @@ impl SessionService {
     /// nothing is created.
     pub async fn estimate(&self, req: &CreateSession, tenant: &str) -> Result<EstimateAnswer> {
         let goal = validate_goal(&req.goal)?;
-        let defaults = &self.settings().defaults;
+        let defaults = &self.config.defaults;
         let limits = defaults
             .limits_for(req.mode.unwrap_or(defaults.mode))
             .for_create(&req.limits)?;
         let brief = ExecutorBrief::from(&req.executor);
         let scope = TenantScope::tenant_only(tenant);
         let past = self
-            .store()
+            .store
             .completed_like(&scope, tenant, &brief.kind, brief.model.as_deref())
             .await
             .map_err(ServiceError::from)?;

@@ -11,9 +11,10 @@ use std::time::Duration;
 use futures::future::join_all;
 use uuid::Uuid;
 
-use super::ServiceError;
-use super::service::{ResumeSession, SessionService, StopAnswer};
+use super::SessionService;
+use super::control::{ResumeSession, StopAnswer};
 use crate::policy::lifecycle::{IllegalTransition, Reason, Status};
+use crate::session::ServiceError;
 use crate::store::{ChildAttention, LiveNode, Session, TenantScope};
 
 /// Most leftovers the sweep handles per pass; the rest wait for the next.

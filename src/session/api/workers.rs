@@ -7,9 +7,9 @@ use std::time::{Duration, Instant};
 
 use uuid::Uuid;
 
-use super::error::Result;
-use super::service::SessionService;
+use super::SessionService;
 use crate::executor::WebhookRequest;
+use crate::session::error::Result;
 use crate::store::{
     ClaimedWorkerTask, Heartbeat, LeaseCheck, QueueDepth, Settlement, Store, StoreError,
     TenantScope, WorkerSeen, wait_for_worker_change,

@@ -22,7 +22,7 @@ use crate::executor::{ExecutorError, StepContext, StepOutput, StepResult};
 use crate::policy::guardrails::Limits;
 use crate::policy::lifecycle::{Mode, Status};
 use crate::policy::termination::Termination;
-use crate::session::loop_store::ReflectionCommit;
+use crate::session::runtime::loop_store::ReflectionCommit;
 use crate::store::{Counters, NewEvent, NewIteration};
 
 /// What the loop wrote, in order.

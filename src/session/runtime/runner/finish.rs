@@ -8,7 +8,7 @@ use crate::policy::delegation;
 use crate::policy::lifecycle::{Reason, Status};
 use crate::policy::termination::{self, Facts};
 use crate::session::event_codec;
-use crate::session::loop_store::LoopStore;
+use crate::session::runtime::loop_store::LoopStore;
 use crate::store::{Counters, StoreError};
 
 impl<S: LoopStore> Runner<S> {

@@ -13,7 +13,7 @@ use crate::policy::history::StepRecord;
 use crate::policy::lifecycle::Reason;
 use crate::policy::termination;
 use crate::session::event_codec::{self, to_stored};
-use crate::session::loop_store::LoopStore;
+use crate::session::runtime::loop_store::LoopStore;
 use crate::store::StoreError;
 use crate::telemetry;
 use opentelemetry::KeyValue;

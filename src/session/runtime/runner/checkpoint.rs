@@ -6,7 +6,7 @@ use std::time::Instant;
 use super::plan::checkpoint_due;
 use super::{Pass, Runner};
 use crate::session::event_codec::to_stored;
-use crate::session::loop_store::LoopStore;
+use crate::session::runtime::loop_store::LoopStore;
 use crate::store::StoreError;
 
 impl<S: LoopStore> Runner<S> {

@@ -7,8 +7,8 @@ use super::execute::Executed;
 use super::plan::{self, CommitPlan, PlanContext, RowChange, StepOutcome};
 use super::{Pass, Runner};
 use crate::metrics::IterationTimes;
-use crate::session::live::CommittedStep;
-use crate::session::loop_store::LoopStore;
+use crate::session::runtime::live::CommittedStep;
+use crate::session::runtime::loop_store::LoopStore;
 use crate::store::{ControlFlags, Session, StoreError};
 use crate::telemetry;
 

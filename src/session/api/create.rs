@@ -1,0 +1,268 @@
+//! Creating a session: validate, pre-flight, persist in one transaction,
+//! then start its loop here (or queue it); a create that fails after the
+//! commit is undone, so an error means nothing was created.
+
+use std::time::Instant;
+
+use uuid::Uuid;
+
+use super::SessionService;
+use super::create_request::{CreateSession, IdempotencyKey, NewRequest};
+use super::preflight::Preflight;
+use crate::event::SessionEvent;
+use crate::secrets::Sealed;
+use crate::session::error::{Result, ServiceError};
+use crate::session::event_codec::{self, to_stored};
+use crate::session::persist::{self, FirstRefinement};
+use crate::store::{self, NewSession, Session, TenantScope};
+
+/// What a create did.
+#[derive(Debug)]
+pub enum Created {
+    /// A new session.
+    New(Session),
+    /// The session an earlier request with the same idempotency key created.
+    Replayed(Session),
+}
+
+impl SessionService {
+    /// Creates a session and starts its loop: validate, pre-flight (goal
+    /// refinement, generated checklists), then persist in one transaction.
+    /// Everything that can fail is done before the commit, or undone after
+    /// it: an error means no session was created. With an idempotency key,
+    /// a repeated request (same tenant, key and body, within 24 hours)
+    /// answers the session the first one created.
+    #[tracing::instrument(skip_all)]
+    pub async fn create(
+        &self,
+        req: CreateSession,
+        tenant: &str,
+        idempotency: Option<&IdempotencyKey>,
+    ) -> Result<Created> {
+        let scope = TenantScope::tenant_only(tenant);
+        if let Some(key) = idempotency
+            && let Some(used) = self
+                .store
+                .used_idempotency_key(&scope, tenant, &key.key)
+                .await?
+        {
+            return self
+                .replay(used.session_id, used.request_digest == key.digest, &scope)
+                .await;
+        }
+        let request = self.validate_create(req)?;
+        let plan = self.preflight(&request, tenant).await?;
+        let id = Uuid::new_v4();
+        let workspace = self.prepare_workspace(&request, id).await?;
+        let acquired = Instant::now();
+        let slot = if plan.waits {
+            None
+        } else {
+            self.supervisor.try_reserve()
+        };
+        let persisted = self
+            .persist_new(id, request, plan, tenant, slot.is_some(), idempotency)
+            .await;
+        let (record, lease) = match persisted {
+            Ok(done) => done,
+            Err(err) => {
+                if workspace {
+                    self.remove_workspace(id).await;
+                }
+                return match err {
+                    // A concurrent create with the same key won.
+                    ServiceError::KeyUsed {
+                        session_id,
+                        same_request,
+                    } => self.replay(session_id, same_request, &scope).await,
+                    err => Err(err),
+                };
+            }
+        };
+        tracing::info!(session_id = %record.id, status = record.status.as_str(), "session created");
+        if let (Some(lease), Some(slot)) = (lease, slot)
+            && let Err(err) = self
+                .supervisor
+                .spawn_in(
+                    slot,
+                    lease,
+                    acquired,
+                    &record,
+                    crate::session::runtime::rehydrate::initial_state(&record),
+                )
+                .await
+        {
+            self.undo_create(&record).await;
+            return Err(err);
+        }
+        Ok(Created::New(record))
+    }
+
+    /// The answer to a create whose idempotency key was used already.
+    async fn replay(&self, id: Uuid, same_request: bool, scope: &TenantScope) -> Result<Created> {
+        if !same_request {
+            return Err(ServiceError::KeyUsed {
+                session_id: id,
+                same_request,
+            });
+        }
+        Ok(Created::Replayed(self.get(id, scope).await?))
+    }
+
+    /// Makes the workspace of a new session whose executor works in one,
+    /// before anything is committed; says whether it made one.
+    async fn prepare_workspace(&self, request: &NewRequest, id: Uuid) -> Result<bool> {
+        if !request.req.executor.uses_workspace() {
+            return Ok(false);
+        }
+        let root = self.config.workspace_root.clone();
+        tokio::task::spawn_blocking(move || crate::executor::workspace::Workspace::open(&root, id))
+            .await
+            .map_err(|e| ServiceError::Unavailable(format!("cannot open the session workspace: {e}")))?
+            .map_err(|e| {
+                ServiceError::Unavailable(format!(
+                    "cannot open the session workspace (WARDEN_WORKSPACE_ROOT): {e}; nothing was created"
+                ))
+            })?;
+        Ok(true)
+    }
+
+    /// Takes back a session whose create committed but whose loop could not
+    /// start, so that the error answered means nothing was created.
+    async fn undo_create(&self, record: &Session) {
+        let scope = TenantScope::tenant_only(&record.tenant);
+        let undone: Result<()> = async {
+            let mut tx = self.store.begin().await?;
+            store::delete_session(&mut tx, record.id, &scope).await?;
+            self.commit(tx, record.id).await
+        }
+        .await;
+        match undone {
+            Ok(()) => {
+                tracing::warn!(session_id = %record.id, "the new session's loop could not start; the create was undone")
+            }
+            Err(err) => {
+                tracing::error!(session_id = %record.id, error = %err, "the new session's loop could not start and the create could not be undone; it is rescued like an orphan")
+            }
+        }
+        self.remove_workspace(record.id).await;
+    }
+
+    /// Persist: the session, its log and its first refinement, in one
+    /// transaction; it runs here when `slot_reserved`, else it is queued.
+    async fn persist_new(
+        &self,
+        id: Uuid,
+        request: NewRequest,
+        plan: Preflight,
+        tenant: &str,
+        slot_reserved: bool,
+        idempotency: Option<&IdempotencyKey>,
+    ) -> Result<(Session, Option<store::Lease>)> {
+        let NewRequest {
+            goal,
+            mode,
+            limits,
+            executor,
+            api_key,
+            url_query,
+            split,
+            req,
+            ..
+        } = request;
+        let mut log = Vec::with_capacity(plan.events.len() + 1);
+        log.push(SessionEvent::SessionCreated {
+            goal: goal.clone(),
+            mode,
+            limits,
+            executor: req.executor.kind().into(),
+            success_criteria: req.success_criteria,
+            milestones: req.milestones,
+        });
+        log.extend(plan.events);
+        let proposal_data = plan
+            .proposal
+            .as_ref()
+            .map(|p| to_stored("refinement proposal", p))
+            .transpose()?
+            .unwrap_or(serde_json::Value::Null);
+        let (sealed, sealed_query) = self.seal_secrets(id, &api_key, &url_query)?;
+        let new = NewSession {
+            id,
+            original_goal: (plan.goal != goal).then(|| goal.clone()),
+            goal: plan.goal,
+            mode,
+            limits,
+            executor,
+            refinement: plan.proposal,
+            criteria: plan.criteria,
+            milestones: plan.milestones,
+            refinement_tokens: i64::try_from(plan.tokens).unwrap_or(i64::MAX),
+            tenant: tenant.to_string(),
+        };
+        let first_refinement = new.original_goal.as_ref().map(|from| FirstRefinement {
+            from,
+            proposal: &proposal_data,
+        });
+        let start = if !split.is_empty() {
+            persist::Start::Split(split)
+        } else if plan.waits {
+            persist::Start::AwaitRefinement
+        } else {
+            persist::Start::Admit {
+                owner: self.supervisor.replica_id(),
+                slot_reserved,
+            }
+        };
+        persist::create_session(
+            &self.store,
+            &new,
+            start,
+            self.config.lease.ttl,
+            &event_codec::encode(&log)?,
+            first_refinement,
+            persist::Admission {
+                api_key: sealed.as_ref(),
+                url_query: sealed_query.as_ref(),
+                tenant_max_running: self.config.quotas.tenant_max_running,
+                idempotency: idempotency.map(|k| (k.key.as_str(), k.digest.as_slice())),
+                on_child_pause: req.on_child_pause,
+            },
+        )
+        .await
+    }
+
+    /// The session's own model API key and its URL's query, sealed to
+    /// `id`, for the store (they never enter the stored executor).
+    fn seal_secrets(
+        &self,
+        id: Uuid,
+        api_key: &Option<crate::executor::ApiKey>,
+        url_query: &Option<crate::executor::UrlQuery>,
+    ) -> Result<(Option<Sealed>, Option<Sealed>)> {
+        let sealed = match &api_key {
+            Some(key) => Some(self.sealing_key()?.seal(
+                id,
+                crate::secrets::API_KEY,
+                key.expose(),
+            )?),
+            None => None,
+        };
+        let sealed_query = match &url_query {
+            Some(query) => Some(self.sealing_key()?.seal(
+                id,
+                crate::secrets::URL_QUERY,
+                query.expose(),
+            )?),
+            None => None,
+        };
+        Ok((sealed, sealed_query))
+    }
+
+    /// The key sessions' secrets are sealed with (loaded at start).
+    fn sealing_key(&self) -> Result<&crate::secrets::SecretKey> {
+        self.config.secret_key.key().ok_or_else(|| {
+            ServiceError::Unavailable("the secret key (WARDEN_SECRET_KEY) is not loaded".into())
+        })
+    }
+}

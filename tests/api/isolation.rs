@@ -9,7 +9,7 @@
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 
-use crate::common::{TestApp, TestDb, client_with_key, create_key, valid_body};
+use crate::common::{TestApp, client_with_key, create_key, valid_body};
 
 fn committed_document() -> Value {
     let text =
@@ -101,8 +101,7 @@ fn fingerprint(session: &Value) -> Value {
 
 #[tokio::test]
 async fn no_spelling_of_an_id_reaches_another_tenants_session() {
-    let db = TestDb::new().await;
-    let app = TestApp::spawn(db.pool.clone()).await;
+    let app = TestApp::start().await;
     let secret = |doc: Value| doc["secret"].as_str().expect("secret").to_string();
     let victim_key = secret(create_key(&app.base, "victim", "operator").await);
     let attackers = [
@@ -204,8 +203,7 @@ fn other_spellings(id: &str) -> Vec<(String, String)> {
 
 #[tokio::test]
 async fn task_and_key_ids_have_one_spelling_too() {
-    let db = TestDb::new().await;
-    let app = TestApp::spawn(db.pool.clone()).await;
+    let app = TestApp::start().await;
     // A key: only its canonical id revokes it.
     let key = create_key(&app.base, crate::common::TEST_TENANT, "viewer").await;
     let key_id = key["id"].as_str().expect("id").to_string();
@@ -265,8 +263,7 @@ async fn task_and_key_ids_have_one_spelling_too() {
 
 #[tokio::test]
 async fn a_childs_budget_changes_only_through_its_parents() {
-    let db = TestDb::new().await;
-    let app = TestApp::spawn(db.pool.clone()).await;
+    let app = TestApp::start().await;
     let parent = app
         .create(json!({
             "goal": "Build feature X and write its tests",
@@ -297,7 +294,7 @@ async fn a_childs_budget_changes_only_through_its_parents() {
             .await;
         assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{limits}: {doc}");
         assert!(
-            doc["detail"].as_str().unwrap_or("").contains("parent"),
+            crate::common::problem(&doc).detail.contains("parent"),
             "{doc}"
         );
     }

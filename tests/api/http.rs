@@ -36,7 +36,7 @@ fn assert_problem(status: StatusCode, ct: &str, body: &Value, expected: StatusCo
     assert_eq!(status, expected, "{body}");
     assert_eq!(ct, "application/problem+json");
     assert_eq!(body["status"], expected.as_u16());
-    let detail = crate::common::problem(&body).detail;
+    let detail = crate::common::problem(body).detail;
     assert!(
         detail.contains(mention),
         "detail {detail:?} should mention {mention:?}"

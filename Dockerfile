@@ -7,6 +7,10 @@ COPY Cargo.toml Cargo.lock build.rs ./
 COPY .cargo ./.cargo
 COPY .sqlx ./.sqlx
 COPY src ./src
+# The benchmark's crate: a member of the Cargo workspace, so its manifest
+# must be there for Cargo to read the workspace; the build below builds the
+# service alone (no --workspace), not the benchmark.
+COPY bench ./bench
 COPY migrations ./migrations
 COPY web ./web
 # Without the default features: no embedded PostgreSQL (`embedded`), since a

@@ -706,6 +706,7 @@ of `cargo run -q -- config --markdown` between the markers)"
         let mut files = Vec::new();
         sources(&root.join("src"), &mut files);
         sources(&root.join("tests"), &mut files);
+        sources(&root.join("bench"), &mut files);
         let mut unknown = Vec::new();
         let mut direct = Vec::new();
         for file in files {
@@ -718,7 +719,13 @@ of `cargo run -q -- config --markdown` between the markers)"
             }
             // Only configuration loading reads the environment; the test
             // harness and the benchmark read their own database's URL.
-            let allowed = ["src/config", "src/store/testing.rs", "src/bin/", "tests/"];
+            let allowed = [
+                "src/config",
+                "src/store/testing.rs",
+                "src/bin/",
+                "tests/",
+                "bench/",
+            ];
             let path = relative.to_string_lossy().replace('\\', "/");
             if !allowed.iter().any(|a| path.starts_with(a))
                 && (text.contains("env::var(") || text.contains("env::var_os("))

@@ -145,23 +145,19 @@ async fn timed_lists(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tenant_parking_claims_and_flooding_leaves_another_tenants_lists_as_fast() {
-    let db = common::TestDb::new().await;
-    let app = TestApp::spawn_with(
-        db.pool.clone(),
-        config_with(&[
-            // Fewer slots than the claims tenant A parks: without a pool of
-            // their own, A's claims would take every one. (More than A
-            // sends at once, 40: the slot is taken before the caller is
-            // known, so a burst beyond them would be shed for everyone.)
-            ("WARDEN_MAX_CONCURRENT_REQUESTS", "50"),
-            // 8 % of 50: A's requests hold 4 slots at most.
-            ("WARDEN_TENANT_REQUEST_SHARE", "8"),
-            ("WARDEN_KEY_MAX_PARKED_CLAIMS", "4"),
-            ("WARDEN_TENANT_MAX_PARKED_CLAIMS", "6"),
-            ("WARDEN_MAX_PARKED_CLAIMS", "20"),
-            ("WARDEN_BODY_READ_TIMEOUT_MS", "1000"),
-        ]),
-    )
+    let app = TestApp::start_with(config_with(&[
+        // Fewer slots than the claims tenant A parks: without a pool of
+        // their own, A's claims would take every one. (More than A
+        // sends at once, 40: the slot is taken before the caller is
+        // known, so a burst beyond them would be shed for everyone.)
+        ("WARDEN_MAX_CONCURRENT_REQUESTS", "50"),
+        // 8 % of 50: A's requests hold 4 slots at most.
+        ("WARDEN_TENANT_REQUEST_SHARE", "8"),
+        ("WARDEN_KEY_MAX_PARKED_CLAIMS", "4"),
+        ("WARDEN_TENANT_MAX_PARKED_CLAIMS", "6"),
+        ("WARDEN_MAX_PARKED_CLAIMS", "20"),
+        ("WARDEN_BODY_READ_TIMEOUT_MS", "1000"),
+    ]))
     .await;
     let addr = app.app.as_ref().expect("server").addr();
     // Tenant B lists its few sessions.
@@ -378,15 +374,11 @@ impl Flood {
 
 #[tokio::test]
 async fn a_trickled_body_is_cut_off_and_gives_its_slot_back() {
-    let db = common::TestDb::new().await;
-    let app = TestApp::spawn_with(
-        db.pool.clone(),
-        config_with(&[
-            ("WARDEN_MAX_CONCURRENT_REQUESTS", "1"),
-            ("WARDEN_BODY_READ_TIMEOUT_MS", "1000"),
-            ("WARDEN_REQUEST_TIMEOUT_MS", "30000"),
-        ]),
-    )
+    let app = TestApp::start_with(config_with(&[
+        ("WARDEN_MAX_CONCURRENT_REQUESTS", "1"),
+        ("WARDEN_BODY_READ_TIMEOUT_MS", "1000"),
+        ("WARDEN_REQUEST_TIMEOUT_MS", "30000"),
+    ]))
     .await;
     let addr = app.app.as_ref().expect("server").addr();
     let mut stream = TcpStream::connect(addr).await.expect("connected");

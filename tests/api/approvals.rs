@@ -12,16 +12,15 @@ use common::fake_llm::{Answer, FakeLlm, tool_calls};
 use common::{TestApp, client_with_key, config_with, create_key};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
-use sqlx::PgPool;
 
-async fn app_with_model(pool: PgPool, fake: &FakeLlm, extra: &[(&str, &str)]) -> TestApp {
+async fn app_with_model(fake: &FakeLlm, extra: &[(&str, &str)]) -> TestApp {
     let base = fake.base_url();
     let mut vars = vec![
         ("WARDEN_LLM_BASE_URL", base.as_str()),
         ("WARDEN_LLM_MODEL", "fake-model"),
     ];
     vars.extend_from_slice(extra);
-    TestApp::spawn_with(pool, config_with(&vars)).await
+    TestApp::start_with(config_with(&vars)).await
 }
 
 /// A model answer that says `text` and calls `name` with `args`.
@@ -82,7 +81,7 @@ async fn writes_of(app: &TestApp, id: &str, path: &str) -> usize {
             i["record"]["files_written"]
                 .as_array()
                 .cloned()
-                .unwrap_or_default()
+                .expect("files_written")
         })
         .filter(|f| f["path"] == path)
         .count()
@@ -95,16 +94,15 @@ fn tool_results(request: &Value) -> Vec<String> {
         .into_iter()
         .flatten()
         .filter(|m| m["role"] == "tool")
-        .map(|m| m["content"].as_str().unwrap_or_default().to_string())
+        .map(|m| m["content"].as_str().expect("content").to_string())
         .collect()
 }
 
 #[tokio::test]
 async fn an_approved_call_runs_once_and_the_session_continues_its_step() {
-    let db = common::TestDb::new().await;
     let fake = FakeLlm::start().await;
     script_write_then_complete(&fake);
-    let app = app_with_model(db.pool.clone(), &fake, &[]).await;
+    let app = app_with_model(&fake, &[]).await;
     let id = create_writer(&app).await;
 
     let s = waiting_for_approval(&app, &id).await;
@@ -196,10 +194,9 @@ fn script_write_then_claim_the_edited_path(fake: &FakeLlm) {
 
 #[tokio::test]
 async fn an_approval_with_edited_arguments_runs_the_call_with_them_once() {
-    let db = common::TestDb::new().await;
     let fake = FakeLlm::start().await;
     script_write_then_claim_the_edited_path(&fake);
-    let app = app_with_model(db.pool.clone(), &fake, &[]).await;
+    let app = app_with_model(&fake, &[]).await;
     let id = create_writer(&app).await;
     waiting_for_approval(&app, &id).await;
 
@@ -252,15 +249,9 @@ async fn an_approval_with_edited_arguments_runs_the_call_with_them_once() {
 
 #[tokio::test]
 async fn arguments_come_only_with_an_approval_and_as_an_object() {
-    let db = common::TestDb::new().await;
     let fake = FakeLlm::start().await;
     script_write_then_complete(&fake);
-    let app = app_with_model(
-        db.pool.clone(),
-        &fake,
-        &[("WARDEN_MAX_OUTPUT_BYTES", "2048")],
-    )
-    .await;
+    let app = app_with_model(&fake, &[("WARDEN_MAX_OUTPUT_BYTES", "2048")]).await;
     let id = create_writer(&app).await;
     waiting_for_approval(&app, &id).await;
 
@@ -310,7 +301,6 @@ async fn arguments_come_only_with_an_approval_and_as_an_object() {
 
 #[tokio::test]
 async fn a_rejected_call_is_the_models_next_tool_result() {
-    let db = common::TestDb::new().await;
     let fake = FakeLlm::start().await;
     fake.agent(saying_and_calling(
         "Saving",
@@ -321,7 +311,7 @@ async fn a_rejected_call_is_the_models_next_tool_result() {
         &[("ask_question", json!({ "question": "where then?" }))],
         20,
     ));
-    let app = app_with_model(db.pool.clone(), &fake, &[]).await;
+    let app = app_with_model(&fake, &[]).await;
     let id = create_writer(&app).await;
     waiting_for_approval(&app, &id).await;
 
@@ -355,10 +345,9 @@ async fn a_rejected_call_is_the_models_next_tool_result() {
 
 #[tokio::test]
 async fn another_tenant_can_neither_see_nor_decide_a_call() {
-    let db = common::TestDb::new().await;
     let fake = FakeLlm::start().await;
     script_write_then_complete(&fake);
-    let app = app_with_model(db.pool.clone(), &fake, &[]).await;
+    let app = app_with_model(&fake, &[]).await;
     let id = create_writer(&app).await;
     waiting_for_approval(&app, &id).await;
 
@@ -403,7 +392,6 @@ async fn another_tenant_can_neither_see_nor_decide_a_call() {
 
 #[tokio::test]
 async fn an_unanswered_call_expires_as_not_approved() {
-    let db = common::TestDb::new().await;
     let fake = FakeLlm::start().await;
     fake.agent(saying_and_calling(
         "Saving",
@@ -417,12 +405,7 @@ async fn an_unanswered_call_expires_as_not_approved() {
         )],
         20,
     ));
-    let app = app_with_model(
-        db.pool.clone(),
-        &fake,
-        &[("WARDEN_APPROVAL_TIMEOUT_MS", "1000")],
-    )
-    .await;
+    let app = app_with_model(&fake, &[("WARDEN_APPROVAL_TIMEOUT_MS", "1000")]).await;
     let id = create_writer(&app).await;
     waiting_for_approval(&app, &id).await;
     let s = app
@@ -540,9 +523,8 @@ mod approving_agent {
 
 #[tokio::test]
 async fn a_webhook_agent_asks_approval_for_an_action_and_learns_the_decision() {
-    let db = common::TestDb::new().await;
     let (url, seen) = approving_agent::start().await;
-    let app = TestApp::spawn(db.pool.clone()).await;
+    let app = TestApp::start().await;
     let doc = app
         .create(json!({
             "goal": "Build and deploy v2",
@@ -580,10 +562,9 @@ async fn a_webhook_agent_asks_approval_for_an_action_and_learns_the_decision() {
 
 #[tokio::test]
 async fn a_call_and_its_session_are_reached_by_their_one_spelling_only() {
-    let db = common::TestDb::new().await;
     let fake = FakeLlm::start().await;
     script_write_then_complete(&fake);
-    let app = app_with_model(db.pool.clone(), &fake, &[]).await;
+    let app = app_with_model(&fake, &[]).await;
     let id = create_writer(&app).await;
     waiting_for_approval(&app, &id).await;
 

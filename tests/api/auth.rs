@@ -65,9 +65,7 @@ fn secret(doc: &Value) -> String {
 
 #[tokio::test]
 async fn auth_matrix_over_every_documented_operation() {
-    let db = crate::common::TestDb::new().await;
-    let pool = db.pool.clone();
-    let app = TestApp::spawn(pool).await;
+    let app = TestApp::start().await;
     let operator_a = secret(&create_key(&app.base, "a", "operator").await);
     let viewer_a = secret(&create_key(&app.base, "a", "viewer").await);
     let operator_b = secret(&create_key(&app.base, "b", "operator").await);
@@ -202,9 +200,7 @@ async fn auth_matrix_over_every_documented_operation() {
 
 #[tokio::test]
 async fn tenants_see_only_their_sessions_and_admins_see_all() {
-    let db = crate::common::TestDb::new().await;
-    let pool = db.pool.clone();
-    let app = TestApp::spawn(pool).await;
+    let app = TestApp::start().await;
     let b_key = secret(&create_key(&app.base, "b", "operator").await);
     let viewer_b = secret(&create_key(&app.base, "b", "viewer").await);
     let mine = app
@@ -296,9 +292,7 @@ async fn tenants_see_only_their_sessions_and_admins_see_all() {
 
 #[tokio::test]
 async fn keys_are_listed_without_secrets_and_revoked_at_once() {
-    let db = crate::common::TestDb::new().await;
-    let pool = db.pool.clone();
-    let app = TestApp::spawn(pool).await;
+    let app = TestApp::start().await;
     let created = create_key(&app.base, "acme", "viewer").await;
     let key = secret(&created);
     assert!(key.starts_with("wdn_") && key.len() >= 40);
@@ -371,9 +365,7 @@ async fn keys_are_listed_without_secrets_and_revoked_at_once() {
 
 #[tokio::test]
 async fn cross_site_requests_cannot_change_state() {
-    let db = crate::common::TestDb::new().await;
-    let pool = db.pool.clone();
-    let app = TestApp::spawn(pool).await;
+    let app = TestApp::start().await;
     let res = app
         .client
         .post(app.url("/api/autonomous"))
@@ -401,11 +393,9 @@ async fn cross_site_requests_cannot_change_state() {
 
 #[tokio::test]
 async fn auth_off_serves_loopback_names_and_json_writes_only() {
-    let db = crate::common::TestDb::new().await;
-    let pool = db.pool.clone();
     let config = config_with(&[("WARDEN_ADMIN_TOKEN", "")]);
     assert!(config.auth.admin_token.is_none());
-    let app = TestApp::spawn_with(pool, config).await;
+    let app = TestApp::start_with(config).await;
     assert!(
         app.key.is_empty(),
         "protected mode: no key needed on loopback"
@@ -448,12 +438,10 @@ async fn auth_off_serves_loopback_names_and_json_writes_only() {
 
 #[tokio::test]
 async fn forced_off_serves_loopback_host_names_only() {
-    let db = crate::common::TestDb::new().await;
-    let pool = db.pool.clone();
     // WARDEN_AUTH=off (here with an admin token set too, which it overrides):
     // a page on a foreign name that resolves to this machine must not be
     // able to read or drive sessions, just as in protected mode.
-    let app = TestApp::spawn_with(pool, config_with(&[("WARDEN_AUTH", "off")])).await;
+    let app = TestApp::start_with(config_with(&[("WARDEN_AUTH", "off")])).await;
     assert!(app.key.is_empty(), "auth off: no key needed");
     for host in [
         "evil.example",
@@ -707,9 +695,7 @@ async fn the_keys_command_creates_lists_and_revokes() {
 
 #[tokio::test]
 async fn control_events_name_the_key_that_acted() {
-    let db = crate::common::TestDb::new().await;
-    let pool = db.pool.clone();
-    let app = TestApp::spawn(pool).await;
+    let app = TestApp::start().await;
     let id = app
         .create_scripted(json!([{ "action": "a", "delay_ms": 60000 }]), json!({}))
         .await;
@@ -855,8 +841,7 @@ async fn the_first_key_made_without_auth_is_a_global_admin() {
 
 #[tokio::test]
 async fn tenant_admins_manage_their_own_tenant_only() {
-    let db = crate::common::TestDb::new().await;
-    let app = TestApp::spawn(db.pool.clone()).await;
+    let app = TestApp::start().await;
     let (status, tenant_admin) = post_key(
         &app.base,
         Some(ADMIN_TOKEN),
@@ -1004,8 +989,7 @@ async fn tenant_admins_manage_their_own_tenant_only() {
 
 #[tokio::test]
 async fn key_names_are_empty_or_one_to_64_printable_characters() {
-    let db = crate::common::TestDb::new().await;
-    let app = TestApp::spawn(db.pool.clone()).await;
+    let app = TestApp::start().await;
     // An empty name is no name (created below without one).
     let (status, doc) = post_key(
         &app.base,
@@ -1047,8 +1031,7 @@ async fn key_names_are_empty_or_one_to_64_printable_characters() {
 
 #[tokio::test]
 async fn origins_are_compared_by_scheme_host_and_port() {
-    let db = crate::common::TestDb::new().await;
-    let app = TestApp::spawn(db.pool.clone()).await;
+    let app = TestApp::start().await;
     let port = app.base.rsplit(':').next().unwrap().to_string();
     let body = json!({ "goal": "Create README.md with a project description", "executor": { "kind": "scripted", "steps": [{ "action": "a" }] } });
     for (origin, want) in [
@@ -1182,8 +1165,7 @@ async fn keys_change_on_every_replica_within_a_second() {
 #[tokio::test]
 async fn a_tenant_admin_cannot_see_or_revoke_a_global_key_of_its_tenant_name() {
     // The README's first key: `--tenant ops --global`; then a tenant admin of ops.
-    let db = crate::common::TestDb::new().await;
-    let app = TestApp::spawn(db.pool.clone()).await;
+    let app = TestApp::start().await;
     let (status, global) = post_key(
         &app.base,
         Some(ADMIN_TOKEN),

@@ -9,7 +9,7 @@ use crate::common;
 use std::time::{Duration, Instant};
 
 use common::fake_llm::{FakeLlm, tool_calls};
-use common::{TestApp, client_with_key, config_with, create_key};
+use common::{SessionView, TestApp, client_with_key, config_with, create_key};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
@@ -66,16 +66,14 @@ fn child_ids(parent: &Value) -> Vec<String> {
 
 async fn settled(app: &TestApp, id: &str, within: Duration) -> Value {
     app.wait_until(id, within, |s| {
-        !["running", "queued"].contains(&s["status"].as_str().unwrap_or(""))
-            && s["reason"] != "waiting_for_children"
+        !common::view::<SessionView>(s).is_live() && s["reason"] != "waiting_for_children"
     })
     .await
 }
 
 #[tokio::test]
 async fn a_split_goal_runs_its_children_in_parallel_and_the_parent_completes_with_their_results() {
-    let db = common::TestDb::new().await;
-    let app = TestApp::spawn(db.pool.clone()).await;
+    let app = TestApp::start().await;
     let id = create_split(
         &app,
         json!([
@@ -112,7 +110,9 @@ async fn a_split_goal_runs_its_children_in_parallel_and_the_parent_completes_wit
     // The parent's own step was given both results.
     let its = app.iterations(&id).await;
     assert_eq!(its.len(), 1, "{its:?}");
-    let seen = its[0]["record"]["observation"].as_str().unwrap_or("");
+    let seen = its[0]["record"]["observation"]
+        .as_str()
+        .expect("observation");
     for needle in ["feature built", "tests written", &children[0], &children[1]] {
         assert!(seen.contains(needle), "{needle} in {seen}");
     }
@@ -137,15 +137,14 @@ async fn a_split_goal_runs_its_children_in_parallel_and_the_parent_completes_wit
     let (_, all) = app.get("/api/autonomous?limit=50").await;
     assert_eq!(all["items"].as_array().map(Vec::len), Some(3));
     let (_, roots) = app.get("/api/autonomous?root_only=true").await;
-    let roots = roots["items"].as_array().cloned().unwrap_or_default();
+    let roots = roots["items"].as_array().cloned().expect("items");
     assert_eq!(roots.len(), 1);
     assert_eq!(roots[0]["id"], id.as_str());
 }
 
 #[tokio::test]
 async fn a_step_delegates_waits_and_goes_on_with_the_results() {
-    let db = common::TestDb::new().await;
-    let app = TestApp::spawn(db.pool.clone()).await;
+    let app = TestApp::start().await;
     let doc = app
         .create(json!({
             "goal": "Write a report with two sections",
@@ -187,7 +186,9 @@ async fn a_step_delegates_waits_and_goes_on_with_the_results() {
     assert_eq!(parent["status"], "completed", "{parent}");
     let its = app.iterations(&id).await;
     assert_eq!(its.len(), 2);
-    let seen = its[1]["record"]["observation"].as_str().unwrap_or("");
+    let seen = its[1]["record"]["observation"]
+        .as_str()
+        .expect("observation");
     assert!(
         seen.contains("section one") && seen.contains("section two"),
         "{seen}"
@@ -233,10 +234,7 @@ async fn budgets_are_exact_when_many_children_end_at_once_and_a_runaway_child_is
     );
 
     let t = tree(&app, &id).await;
-    let nodes = t["node"]["children"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default();
+    let nodes = t["node"]["children"].as_array().cloned().expect("children");
     assert_eq!(nodes.len(), 8);
     let runaway = nodes
         .iter()
@@ -264,8 +262,7 @@ async fn budgets_are_exact_when_many_children_end_at_once_and_a_runaway_child_is
 
 #[tokio::test]
 async fn a_parent_whose_children_all_fail_is_blocked_with_their_reasons() {
-    let db = common::TestDb::new().await;
-    let app = TestApp::spawn(db.pool.clone()).await;
+    let app = TestApp::start().await;
     let failing = |what: &str| {
         json!({ "goal": format!("Try {what}"), "steps": [
             { "action": "try", "output": format!("no way\n<<WARDEN_GOAL_BLOCKED: {what} is impossible>>") }
@@ -301,8 +298,7 @@ async fn a_parent_whose_children_all_fail_is_blocked_with_their_reasons() {
 
 #[tokio::test]
 async fn a_stop_of_the_root_interrupts_every_descendant_at_once() {
-    let db = common::TestDb::new().await;
-    let app = TestApp::spawn(db.pool.clone()).await;
+    let app = TestApp::start().await;
     let slow = json!([{ "action": "wait", "delay_ms": 60_000, "output": "still" }]);
     let doc = app
         .create(json!({
@@ -329,10 +325,10 @@ async fn a_stop_of_the_root_interrupts_every_descendant_at_once() {
     // Wait for the whole tree: the grandchild runs its long step.
     let deepest = common::eventually_ok(Duration::from_secs(20), "the tree grows", || async {
         let t = tree(&app, &id).await;
-        let running = t["totals"]["live"].as_u64().unwrap_or(0);
+        let running = t["totals"]["live"].as_u64().expect("live");
         let grandchild = t["node"]["children"][0]["children"][0].clone();
         if t["totals"]["sessions"] == 4 && grandchild["status"] == "running" && running == 4 {
-            Ok(grandchild["id"].as_str().unwrap_or("").to_string())
+            Ok(grandchild["id"].as_str().expect("id").to_string())
         } else {
             Err(t.to_string())
         }
@@ -371,8 +367,7 @@ async fn a_stop_of_the_root_interrupts_every_descendant_at_once() {
 
 #[tokio::test]
 async fn pause_and_resume_follow_the_tree() {
-    let db = common::TestDb::new().await;
-    let app = TestApp::spawn(db.pool.clone()).await;
+    let app = TestApp::start().await;
     let id = create_split(
         &app,
         json!([
@@ -444,8 +439,7 @@ async fn pause_and_resume_follow_the_tree() {
 
 #[tokio::test]
 async fn another_tenant_sees_no_node_of_a_tree() {
-    let db = common::TestDb::new().await;
-    let app = TestApp::spawn(db.pool.clone()).await;
+    let app = TestApp::start().await;
     let id = create_split(
         &app,
         json!([{ "goal": "Do a slow part", "steps": child_steps(1, 10, 30_000, "done") }]),
@@ -485,7 +479,7 @@ async fn another_tenant_sees_no_node_of_a_tree() {
     assert_eq!(list["items"], json!([]), "{list}");
     let untouched = app.session(&child).await;
     assert!(
-        ["queued", "running"].contains(&untouched["status"].as_str().unwrap_or("")),
+        common::view::<SessionView>(&untouched).is_live(),
         "nothing the other tenant sent reached it: {untouched}"
     );
     let (status, _) = app.post(&format!("/api/autonomous/{id}/stop"), None).await;
@@ -494,7 +488,6 @@ async fn another_tenant_sees_no_node_of_a_tree() {
 
 #[tokio::test]
 async fn a_model_agent_delegates_with_its_tool_and_reads_the_childs_result() {
-    let db = common::TestDb::new().await;
     let fake = FakeLlm::start().await;
     // The parent delegates; the child (its own session, the same model)
     // answers; then the parent, given the result, completes.
@@ -525,14 +518,11 @@ async fn a_model_agent_delegates_with_its_tool_and_reads_the_childs_result() {
     ));
     let base = fake.base_url();
     let ws = std::env::temp_dir().join(format!("warden-tree-ws-{}", uuid::Uuid::new_v4().simple()));
-    let app = TestApp::spawn_with(
-        db.pool.clone(),
-        config_with(&[
-            ("WARDEN_LLM_BASE_URL", base.as_str()),
-            ("WARDEN_LLM_MODEL", "fake-model"),
-            ("WARDEN_WORKSPACE_ROOT", ws.to_str().expect("utf-8 path")),
-        ]),
-    )
+    let app = TestApp::start_with(config_with(&[
+        ("WARDEN_LLM_BASE_URL", base.as_str()),
+        ("WARDEN_LLM_MODEL", "fake-model"),
+        ("WARDEN_WORKSPACE_ROOT", ws.to_str().expect("utf-8 path")),
+    ]))
     .await;
     let doc = app
         .create(json!({
@@ -667,7 +657,7 @@ mod delegating_agent {
             } else {
                 let told = req["children"][0]["summary"]
                     .as_str()
-                    .unwrap_or("")
+                    .expect("the child's summary")
                     .to_string();
                 json!({ "action": "report", "tokens": 5, "output": format!("heard: {told}"),
                         "signal": "done", "reason": format!("the helper said {told}") })
@@ -685,9 +675,8 @@ mod delegating_agent {
 
 #[tokio::test]
 async fn a_webhook_agent_delegates_in_its_answer_and_gets_the_result_in_its_next_request() {
-    let db = common::TestDb::new().await;
     let (url, seen) = delegating_agent::start().await;
-    let app = TestApp::spawn(db.pool.clone()).await;
+    let app = TestApp::start().await;
     let doc = app
         .create(json!({
             "goal": "Report how many issues are open",
@@ -720,9 +709,8 @@ async fn a_webhook_agent_delegates_in_its_answer_and_gets_the_result_in_its_next
 
 #[tokio::test]
 async fn a_tenants_tree_limits_refuse_a_deeper_child_and_the_agent_is_told_why() {
-    let db = common::TestDb::new().await;
-    let app = TestApp::spawn(db.pool.clone()).await;
-    common::store_on(db.pool.clone())
+    let app = TestApp::start().await;
+    common::store_on(app.pool().clone())
         .set_tenant_tree_limits(common::TEST_TENANT, Some(1), Some(2))
         .await
         .expect("limits stored");
@@ -787,12 +775,7 @@ async fn running_count(app: &TestApp) -> usize {
 
 #[tokio::test]
 async fn children_count_against_the_tenants_running_cap_and_another_tenant_is_not_kept_waiting() {
-    let db = common::TestDb::new().await;
-    let app = TestApp::spawn_with(
-        db.pool.clone(),
-        config_with(&[("WARDEN_TENANT_MAX_RUNNING", "2")]),
-    )
-    .await;
+    let app = TestApp::start_with(config_with(&[("WARDEN_TENANT_MAX_RUNNING", "2")])).await;
     // Eight children made at once: all queued, never refused.
     let subgoals: Vec<Value> = (1..=8)
         .map(|i| {
@@ -876,8 +859,7 @@ fn one_child_pauses() -> Value {
 
 #[tokio::test]
 async fn a_child_that_pauses_for_a_person_is_named_by_its_root_its_stream_and_the_inbox() {
-    let db = common::TestDb::new().await;
-    let app = TestApp::spawn(db.pool.clone()).await;
+    let app = TestApp::start().await;
     let id = create_split(&app, one_child_pauses(), 3_000).await;
     let root = app
         .wait_until(&id, Duration::from_secs(30), |s| {
@@ -941,8 +923,7 @@ async fn a_child_that_pauses_for_a_person_is_named_by_its_root_its_stream_and_th
 
 #[tokio::test]
 async fn under_fail_child_a_child_that_would_pause_fails_and_its_parent_goes_on() {
-    let db = common::TestDb::new().await;
-    let app = TestApp::spawn(db.pool.clone()).await;
+    let app = TestApp::start().await;
     let doc = app
         .create(json!({
             "goal": "Build feature X and write its tests",
@@ -1141,11 +1122,11 @@ async fn run_random_tree(app: &TestApp, seed: u64) -> (usize, usize) {
         }
         let moving = all
             .iter()
-            .any(|n| ["queued", "running"].contains(&n["status"].as_str().unwrap_or("")));
+            .any(|n| ["queued", "running"].contains(&n["status"].as_str().expect("status")));
         let root = app.session(&id).await;
         if moving
             || ["completed", "stopped", "interrupted", "failed"]
-                .contains(&root["status"].as_str().unwrap_or(""))
+                .contains(&root["status"].as_str().expect("status"))
         {
             // Moving, or the root ended and the sweep stops what is left.
             tokio::time::sleep(Duration::from_millis(100)).await;
@@ -1161,7 +1142,7 @@ async fn run_random_tree(app: &TestApp, seed: u64) -> (usize, usize) {
         let named = root["children_needing_attention"]
             .as_array()
             .cloned()
-            .unwrap_or_default();
+            .expect("children_needing_attention");
         // A child may have paused after the tree was read: read again.
         if named.is_empty() {
             let again = app.session(&id).await;
@@ -1173,7 +1154,7 @@ async fn run_random_tree(app: &TestApp, seed: u64) -> (usize, usize) {
             nodes(&view["node"], &mut now);
             let still = !now
                 .iter()
-                .any(|n| ["queued", "running"].contains(&n["status"].as_str().unwrap_or("")));
+                .any(|n| ["queued", "running"].contains(&n["status"].as_str().expect("status")));
             assert!(
                 !still || named > 0 || again["reason"] != "waiting_for_children",
                 "seed {seed}: the tree stands still and its root names no child: {again} {view}"
@@ -1195,7 +1176,7 @@ async fn run_random_tree(app: &TestApp, seed: u64) -> (usize, usize) {
     };
     let spent: i64 = all
         .iter()
-        .map(|n| n["tokens_used"].as_i64().unwrap_or(0))
+        .map(|n| n["tokens_used"].as_i64().expect("tokens_used"))
         .sum();
     // Steps that report more than they were allowed are charged their
     // allowance, and the allowances of steps in flight together never pass
@@ -1209,8 +1190,7 @@ async fn run_random_tree(app: &TestApp, seed: u64) -> (usize, usize) {
 
 #[tokio::test]
 async fn random_trees_end_without_a_silent_stall_and_within_their_budget() {
-    let db = common::TestDb::new().await;
-    let app = TestApp::spawn(db.pool.clone()).await;
+    let app = TestApp::start().await;
     let (mut asked, mut sessions) = (0, 0);
     for seed in 1..=16u64 {
         let (a, s) = run_random_tree(&app, seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1).await;

@@ -102,15 +102,11 @@ fn addr(app: &TestApp) -> SocketAddr {
 async fn idle_connections_neither_starve_the_server_nor_outlive_the_header_timeout() {
     // The test holds both ends of every connection: 4,000 descriptors and more.
     let _ = warden::http::serve::raise_open_files_limit();
-    let db = crate::common::TestDb::new().await;
-    let app = TestApp::spawn_with(
-        db.pool.clone(),
-        config_with(&[
-            ("WARDEN_HEADER_READ_TIMEOUT_MS", "2000"),
-            // All of them come from 127.0.0.1.
-            ("WARDEN_MAX_CONNECTIONS_PER_IP", "5000"),
-        ]),
-    )
+    let app = TestApp::start_with(config_with(&[
+        ("WARDEN_HEADER_READ_TIMEOUT_MS", "2000"),
+        // All of them come from 127.0.0.1.
+        ("WARDEN_MAX_CONNECTIONS_PER_IP", "5000"),
+    ]))
     .await;
     let id = app
         .create_scripted(
@@ -175,14 +171,10 @@ both answered {probed:?} after the first was opened"
 
 #[tokio::test]
 async fn a_silent_connection_is_closed_after_the_idle_timeout() {
-    let db = crate::common::TestDb::new().await;
-    let app = TestApp::spawn_with(
-        db.pool.clone(),
-        config_with(&[
-            ("WARDEN_HEADER_READ_TIMEOUT_MS", "60000"),
-            ("WARDEN_IDLE_TIMEOUT_MS", "1000"),
-        ]),
-    )
+    let app = TestApp::start_with(config_with(&[
+        ("WARDEN_HEADER_READ_TIMEOUT_MS", "60000"),
+        ("WARDEN_IDLE_TIMEOUT_MS", "1000"),
+    ]))
     .await;
     let started = Instant::now();
     let mut silent = connect_from(Ipv4Addr::LOCALHOST, addr(&app)).await;
@@ -204,15 +196,11 @@ async fn a_silent_connection_is_closed_after_the_idle_timeout() {
 #[cfg(target_os = "linux")]
 #[tokio::test]
 async fn connections_beyond_the_caps_are_refused_at_once_and_places_come_back() {
-    let db = crate::common::TestDb::new().await;
-    let app = TestApp::spawn_with(
-        db.pool.clone(),
-        config_with(&[
-            ("WARDEN_MAX_CONNECTIONS", "6"),
-            ("WARDEN_MAX_CONNECTIONS_PER_IP", "3"),
-            ("WARDEN_HEADER_READ_TIMEOUT_MS", "60000"),
-        ]),
-    )
+    let app = TestApp::start_with(config_with(&[
+        ("WARDEN_MAX_CONNECTIONS", "6"),
+        ("WARDEN_MAX_CONNECTIONS_PER_IP", "3"),
+        ("WARDEN_HEADER_READ_TIMEOUT_MS", "60000"),
+    ]))
     .await;
     let to = addr(&app);
     let (a, b, c) = (

@@ -5,7 +5,7 @@
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
-use crate::common::{TestApp, TestDb, client_with_key, config_with, create_key};
+use crate::common::{TestApp, client_with_key, config_with, create_key};
 
 /// Sessions stored, of every tenant.
 async fn stored_sessions(pool: &sqlx::PgPool) -> i64 {
@@ -44,16 +44,11 @@ async fn create_with_key(
 
 #[tokio::test]
 async fn a_create_that_cannot_make_its_workspace_answers_503_and_leaves_nothing() {
-    let db = TestDb::new().await;
     // A file where the workspace root should be: no directory can be made under it.
     let blocker = std::env::temp_dir().join(format!("warden-not-a-dir-{}", uuid::Uuid::new_v4()));
     std::fs::write(&blocker, "a file").expect("file");
     let root = blocker.to_string_lossy().to_string();
-    let app = TestApp::spawn_with(
-        db.pool.clone(),
-        config_with(&[("WARDEN_WORKSPACE_ROOT", root.as_str())]),
-    )
-    .await;
+    let app = TestApp::start_with(config_with(&[("WARDEN_WORKSPACE_ROOT", root.as_str())])).await;
     let body = json!({
         "goal": "Write notes.md with three lines about the project",
         "executor": { "kind": "llm", "base_url": "http://127.0.0.1:9/v1", "model": "m" }
@@ -68,7 +63,11 @@ async fn a_create_that_cannot_make_its_workspace_answers_503_and_leaves_nothing(
             "{problem}"
         );
     }
-    assert_eq!(stored_sessions(&db.pool).await, 0, "a 503 created nothing");
+    assert_eq!(
+        stored_sessions(app.pool()).await,
+        0,
+        "a 503 created nothing"
+    );
     let (status, list) = app.get("/api/autonomous").await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(list["items"], json!([]));
@@ -86,8 +85,7 @@ async fn a_create_that_cannot_make_its_workspace_answers_503_and_leaves_nothing(
 
 #[tokio::test]
 async fn a_retried_create_with_the_same_idempotency_key_answers_the_first_session() {
-    let db = TestDb::new().await;
-    let app = TestApp::spawn(db.pool.clone()).await;
+    let app = TestApp::start().await;
     let body = scripted("Write the changelog for the release");
     let (status, replayed, first) =
         create_with_key(&app.client, &app, Some("retry-1"), &body).await;
@@ -103,7 +101,7 @@ async fn a_retried_create_with_the_same_idempotency_key_answers_the_first_sessio
     assert_eq!(status, StatusCode::CREATED, "{again}");
     assert_eq!(replayed.as_deref(), Some("true"));
     assert_eq!(again["id"], id);
-    assert_eq!(stored_sessions(&db.pool).await, 1);
+    assert_eq!(stored_sessions(app.pool()).await, 1);
 
     // The same key with another body is refused, and creates nothing.
     let (status, _, problem) = create_with_key(
@@ -115,7 +113,7 @@ async fn a_retried_create_with_the_same_idempotency_key_answers_the_first_sessio
     .await;
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{problem}");
     assert_eq!(problem["code"], "idempotency_key_reused");
-    assert_eq!(stored_sessions(&db.pool).await, 1);
+    assert_eq!(stored_sessions(app.pool()).await, 1);
 
     // Keys are per tenant: another tenant's same key is its own.
     let other = client_with_key(
@@ -133,7 +131,7 @@ async fn a_retried_create_with_the_same_idempotency_key_answers_the_first_sessio
         let (status, _, problem) = create_with_key(&app.client, &app, Some(bad), &body).await;
         assert_eq!(status, StatusCode::BAD_REQUEST, "{bad:?}: {problem}");
     }
-    assert_eq!(stored_sessions(&db.pool).await, 2);
+    assert_eq!(stored_sessions(app.pool()).await, 2);
 
     // A deleted session frees its key.
     app.post(&format!("/api/autonomous/{id}/stop"), None).await;
@@ -166,8 +164,7 @@ async fn a_retried_create_with_the_same_idempotency_key_answers_the_first_sessio
 
 #[tokio::test]
 async fn concurrent_creates_with_one_idempotency_key_make_one_session() {
-    let db = TestDb::new().await;
-    let app = TestApp::spawn(db.pool.clone()).await;
+    let app = TestApp::start().await;
     let body = scripted("Write the migration guide");
     let answers = futures::future::join_all(
         (0..8).map(|_| create_with_key(&app.client, &app, Some("burst"), &body)),
@@ -184,7 +181,7 @@ async fn concurrent_creates_with_one_idempotency_key_make_one_session() {
         1,
         "exactly one answer is the original"
     );
-    assert_eq!(stored_sessions(&db.pool).await, 1);
+    assert_eq!(stored_sessions(app.pool()).await, 1);
     let id = ids.into_iter().next().unwrap();
     app.post(&format!("/api/autonomous/{id}/stop"), None).await;
 }

@@ -9,7 +9,7 @@ use std::time::{Duration, SystemTime};
 use reqwest::StatusCode;
 use serde_json::json;
 
-use crate::common::{self, TestApp, TestDb, client_with_key, config_with, create_key};
+use crate::common::{self, TestApp, client_with_key, config_with, create_key};
 
 /// A fresh workspace root of one test.
 fn workspace_root() -> PathBuf {
@@ -50,14 +50,10 @@ async fn delete(client: &reqwest::Client, app: &TestApp, id: &str) -> (StatusCod
 
 #[tokio::test]
 async fn an_ended_session_is_deleted_with_its_history_and_workspace() {
-    let db = TestDb::new().await;
     let root = workspace_root();
     let root_var = root.to_string_lossy().to_string();
-    let app = TestApp::spawn_with(
-        db.pool.clone(),
-        config_with(&[("WARDEN_WORKSPACE_ROOT", root_var.as_str())]),
-    )
-    .await;
+    let app =
+        TestApp::start_with(config_with(&[("WARDEN_WORKSPACE_ROOT", root_var.as_str())])).await;
     let id = app
         .create_scripted(json!([{ "action": "a", "delay_ms": 600_000 }]), json!({}))
         .await;
@@ -69,8 +65,8 @@ async fn an_ended_session_is_deleted_with_its_history_and_workspace() {
     assert!(body.contains("stop it first"), "{body}");
     let (status, stopped) = app.post(&format!("/api/autonomous/{id}/stop"), None).await;
     assert_eq!(status, StatusCode::OK, "{stopped}");
-    assert!(rows_of(&db.pool, "events", &id).await > 0);
-    assert!(rows_of(&db.pool, "checkpoints", &id).await > 0);
+    assert!(rows_of(app.pool(), "events", &id).await > 0);
+    assert!(rows_of(app.pool(), "checkpoints", &id).await > 0);
 
     // Another tenant cannot, a viewer of the same tenant may not.
     let other = client_with_key(
@@ -100,7 +96,7 @@ async fn an_ended_session_is_deleted_with_its_history_and_workspace() {
         "refinements",
         "reflections",
     ] {
-        assert_eq!(rows_of(&db.pool, table, &id).await, 0, "{table}");
+        assert_eq!(rows_of(app.pool(), table, &id).await, 0, "{table}");
     }
     let (status, _) = app.get(&format!("/api/autonomous/{id}")).await;
     assert_eq!(status, StatusCode::NOT_FOUND);
@@ -121,16 +117,12 @@ fn age(dir: &Path, by: Duration) {
 
 #[tokio::test]
 async fn workspaces_of_long_ended_and_missing_sessions_are_swept() {
-    let db = TestDb::new().await;
     let root = workspace_root();
     let root_var = root.to_string_lossy().to_string();
-    let app = TestApp::spawn_with(
-        db.pool.clone(),
-        config_with(&[
-            ("WARDEN_WORKSPACE_ROOT", root_var.as_str()),
-            ("WARDEN_WORKSPACE_RETENTION", "2s"),
-        ]),
-    )
+    let app = TestApp::start_with(config_with(&[
+        ("WARDEN_WORKSPACE_ROOT", root_var.as_str()),
+        ("WARDEN_WORKSPACE_RETENTION", "2s"),
+    ]))
     .await;
     let ended = app
         .create_scripted(json!([{ "action": "a", "delay_ms": 600_000 }]), json!({}))

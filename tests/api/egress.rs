@@ -80,9 +80,7 @@ fn llm(base_url: &str) -> Value {
 
 #[tokio::test]
 async fn internal_destinations_are_refused_and_never_reached() {
-    let db = crate::common::TestDb::new().await;
-    let pool = db.pool.clone();
-    let app = TestApp::spawn_with(pool, closed_config(&[])).await;
+    let app = TestApp::start_with(closed_config(&[])).await;
     let trap = Tripwire::start().await;
     let port = trap.port;
     let urls = [
@@ -100,8 +98,9 @@ async fn internal_destinations_are_refused_and_never_reached() {
         for body in [webhook(url), llm(url)] {
             let (status, problem) = app.post("/api/autonomous", Some(body)).await;
             assert_eq!(status, StatusCode::FORBIDDEN, "{url}: {problem}");
-            assert_eq!(problem["code"], "egress_denied", "{url}: {problem}");
-            let detail = problem["detail"].as_str().unwrap_or_default();
+            let refused = crate::common::problem(&problem);
+            assert_eq!(refused.code, "egress_denied", "{url}: {problem}");
+            let detail = refused.detail;
             assert!(
                 detail.contains("executor.url") || detail.contains("executor.base_url"),
                 "{url}: the detail names the field: {detail}"
@@ -115,8 +114,6 @@ async fn internal_destinations_are_refused_and_never_reached() {
 
 #[tokio::test]
 async fn redirects_to_internal_destinations_are_not_followed() {
-    let db = crate::common::TestDb::new().await;
-    let pool = db.pool.clone();
     let trap = Tripwire::start().await;
     let targets = [
         format!("http://127.0.0.1:{}/secret", trap.port),
@@ -134,7 +131,7 @@ async fn redirects_to_internal_destinations_are_not_followed() {
     .await;
     // Only the redirector's port is allowed, not the tripwire's.
     let allow = format!("127.0.0.1:{redirector}");
-    let app = TestApp::spawn_with(pool, closed_config(&[("WARDEN_EGRESS_ALLOW", &allow)])).await;
+    let app = TestApp::start_with(closed_config(&[("WARDEN_EGRESS_ALLOW", &allow)])).await;
     for (i, to) in targets.iter().enumerate() {
         if let Ok(mut t) = target.lock() {
             *t = to.clone();
@@ -233,21 +230,16 @@ async fn key_recorder() -> (u16, Arc<Mutex<Vec<Option<String>>>>) {
 
 #[tokio::test]
 async fn the_server_key_never_reaches_a_foreign_endpoint() {
-    let db = crate::common::TestDb::new().await;
-    let pool = db.pool.clone();
     let (operator, operator_seen) = key_recorder().await;
     let (foreign, foreign_seen) = key_recorder().await;
     let operator_url = format!("http://127.0.0.1:{operator}/v1");
     let allow = format!("127.0.0.1:{foreign}");
-    let app = TestApp::spawn_with(
-        pool,
-        closed_config(&[
-            ("WARDEN_LLM_BASE_URL", &operator_url),
-            ("WARDEN_LLM_API_KEY", "sk-server-secret-123"),
-            ("WARDEN_LLM_MODEL", "m"),
-            ("WARDEN_EGRESS_ALLOW", &allow),
-        ]),
-    )
+    let app = TestApp::start_with(closed_config(&[
+        ("WARDEN_LLM_BASE_URL", &operator_url),
+        ("WARDEN_LLM_API_KEY", "sk-server-secret-123"),
+        ("WARDEN_LLM_MODEL", "m"),
+        ("WARDEN_EGRESS_ALLOW", &allow),
+    ]))
     .await;
 
     // A session on the operator's endpoint uses the operator's key.

@@ -7,7 +7,7 @@ use std::time::Duration;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
-use crate::common::{self, TestApp, client_with_key, create_key};
+use crate::common::{TestApp, client_with_key, create_key};
 
 /// A scripted create body: `tokens` per step over `steps` steps, done at the end.
 fn body(goal: &str, steps: u64, tokens: u64) -> Value {
@@ -37,8 +37,7 @@ async fn estimate(client: &reqwest::Client, app: &TestApp, body: &Value) -> (Sta
 
 #[tokio::test]
 async fn an_estimate_comes_from_completed_sessions_like_this_one_and_says_so() {
-    let db = common::TestDb::new().await;
-    let app = TestApp::spawn(db.pool.clone()).await;
+    let app = TestApp::start().await;
     let query = body("Write unit tests for the billing parser", 3, 100);
     // No history: the figures are the limits and the answer says so.
     let (status, first) = estimate(&app.client, &app, &query).await;
@@ -98,8 +97,7 @@ async fn an_estimate_comes_from_completed_sessions_like_this_one_and_says_so() {
 
 #[tokio::test]
 async fn an_estimate_checks_its_body_like_a_create() {
-    let db = common::TestDb::new().await;
-    let app = TestApp::spawn(db.pool.clone()).await;
+    let app = TestApp::start().await;
     for bad in [
         json!({ "goal": "", "executor": { "kind": "scripted", "steps": [{ "action": "a" }] } }),
         json!({ "goal": "Do it", "limits": { "max_iterations": 0 },

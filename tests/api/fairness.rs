@@ -72,9 +72,8 @@ async fn stop(app: &TestApp, id: &str) {
 
 #[tokio::test]
 async fn freed_places_go_to_the_tenants_that_run_least_for_their_weight_within_their_caps() {
-    let db = common::TestDb::new().await;
-    let pool = db.pool.clone();
-    let app = TestApp::spawn_with(pool.clone(), config_with(&[("WARDEN_MAX_RUNNING", "4")])).await;
+    let app = TestApp::start_with(config_with(&[("WARDEN_MAX_RUNNING", "4")])).await;
+    let pool = app.pool().clone();
     // C weighs three times as much but may run one session at a time.
     store_on(pool.clone())
         .set_tenant_settings("tenant-c", 3, Some(1))
@@ -149,9 +148,8 @@ async fn freed_places_go_to_the_tenants_that_run_least_for_their_weight_within_t
 
 #[tokio::test]
 async fn a_tenant_at_its_running_cap_queues_though_places_are_free() {
-    let db = common::TestDb::new().await;
-    let pool = db.pool.clone();
-    let app = TestApp::spawn_with(pool.clone(), config_with(&[("WARDEN_MAX_RUNNING", "4")])).await;
+    let app = TestApp::start_with(config_with(&[("WARDEN_MAX_RUNNING", "4")])).await;
+    let pool = app.pool().clone();
     store_on(pool.clone())
         .set_tenant_settings("tenant-d", 1, Some(1))
         .await

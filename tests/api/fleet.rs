@@ -20,11 +20,8 @@ fn long_steps() -> Value {
 }
 
 async fn status_of(app: &TestApp, id: &str) -> (String, Option<i64>) {
-    let s = app.session(id).await;
-    (
-        s["status"].as_str().unwrap_or_default().to_string(),
-        s["queue_position"].as_i64(),
-    )
+    let s = app.session_view(id).await;
+    (s.status, s.queue_position)
 }
 
 async fn stop(app: &TestApp, id: &str) -> Value {
@@ -35,9 +32,7 @@ async fn stop(app: &TestApp, id: &str) -> Value {
 
 #[tokio::test]
 async fn beyond_capacity_sessions_queue_with_their_place_and_start_oldest_first() {
-    let db = crate::common::TestDb::new().await;
-    let pool = db.pool.clone();
-    let app = TestApp::spawn_with(pool, config_with(&[("WARDEN_MAX_RUNNING", "2")])).await;
+    let app = TestApp::start_with(config_with(&[("WARDEN_MAX_RUNNING", "2")])).await;
     let mut ids = Vec::new();
     for i in 0..5 {
         let doc = app.create(long_steps()).await;
@@ -61,8 +56,8 @@ async fn beyond_capacity_sessions_queue_with_their_place_and_start_oldest_first(
         .iter()
         .map(|s| {
             (
-                s["id"].as_str().unwrap_or_default().to_string(),
-                s["queue_position"].as_i64().unwrap_or(0),
+                s["id"].as_str().expect("id").to_string(),
+                s["queue_position"].as_i64().expect("queue_position"),
             )
         })
         .collect();
@@ -112,9 +107,7 @@ async fn beyond_capacity_sessions_queue_with_their_place_and_start_oldest_first(
 
 #[tokio::test]
 async fn a_session_resumed_beyond_capacity_is_queued() {
-    let db = crate::common::TestDb::new().await;
-    let pool = db.pool.clone();
-    let app = TestApp::spawn_with(pool, config_with(&[("WARDEN_MAX_RUNNING", "1")])).await;
+    let app = TestApp::start_with(config_with(&[("WARDEN_MAX_RUNNING", "1")])).await;
     let first = app.create(long_steps()).await["id"]
         .as_str()
         .expect("id")
@@ -184,7 +177,7 @@ async fn a_draining_replica_hands_its_sessions_to_a_peer_within_a_heartbeat() {
     let released = Instant::now();
     let mut handed = Vec::new();
     for id in &ids {
-        let at_release = b.session(id).await["iterations"].as_i64().unwrap_or(0);
+        let at_release = b.session_view(id).await.iterations;
         let s = b
             .wait_until(id, Duration::from_secs(8), |s| {
                 s["owner"] == json!(b_id) && s["iterations"].as_i64() > Some(at_release)
@@ -275,17 +268,13 @@ fn committed_part(mut status: Value) -> Value {
 /// change; another tenant still gets a 404; once it ends, Postgres answers.
 #[tokio::test]
 async fn the_status_of_a_running_session_comes_from_memory_and_equals_postgres() {
-    let db = crate::common::TestDb::new().await;
-    let pool = db.pool.clone();
     // A long heartbeat: no lease renewal between the two reads compared.
-    let app = TestApp::spawn_with(
-        pool.clone(),
-        config_with(&[
-            ("WARDEN_LEASE_TTL_MS", "60000"),
-            ("WARDEN_HEARTBEAT_INTERVAL_MS", "30000"),
-        ]),
-    )
+    let app = TestApp::start_with(config_with(&[
+        ("WARDEN_LEASE_TTL_MS", "60000"),
+        ("WARDEN_HEARTBEAT_INTERVAL_MS", "30000"),
+    ]))
     .await;
+    let pool = app.pool().clone();
     let mut steps = distinct_steps(12, 7, 0)
         .as_array()
         .cloned()

@@ -25,9 +25,7 @@ async fn create_vague(app: &TestApp) -> Value {
 
 #[tokio::test]
 async fn a_vague_goal_waits_for_refinement_and_each_choice_starts_it() {
-    let db = crate::common::TestDb::new().await;
-    let pool = db.pool.clone();
-    let app = TestApp::spawn(pool).await;
+    let app = TestApp::start().await;
 
     let concrete = app
         .create(json!({ "goal": "Create README.md with a project description", "executor": done_script() }))
@@ -143,13 +141,7 @@ async fn a_vague_goal_waits_for_refinement_and_each_choice_starts_it() {
 
 #[tokio::test]
 async fn auto_refinement_applies_the_suggestion_without_waiting() {
-    let db = crate::common::TestDb::new().await;
-    let pool = db.pool.clone();
-    let app = TestApp::spawn_with(
-        pool,
-        config_with(&[("AUTONOMOUS_AUTO_REFINE_GOALS", "true")]),
-    )
-    .await;
+    let app = TestApp::start_with(config_with(&[("AUTONOMOUS_AUTO_REFINE_GOALS", "true")])).await;
     let s = create_vague(&app).await;
     assert_eq!(s["status"], "running");
     assert!(s["goal"].as_str().unwrap().starts_with("Write REPORT.md"));
@@ -161,12 +153,10 @@ async fn auto_refinement_applies_the_suggestion_without_waiting() {
 
 #[tokio::test]
 async fn without_require_concrete_goals_a_vague_goal_runs() {
-    let db = crate::common::TestDb::new().await;
-    let pool = db.pool.clone();
-    let app = TestApp::spawn_with(
-        pool,
-        config_with(&[("AUTONOMOUS_REQUIRE_CONCRETE_GOALS", "false")]),
-    )
+    let app = TestApp::start_with(config_with(&[(
+        "AUTONOMOUS_REQUIRE_CONCRETE_GOALS",
+        "false",
+    )]))
     .await;
     let s = create_vague(&app).await;
     assert_eq!(s["status"], "running");
@@ -175,21 +165,16 @@ async fn without_require_concrete_goals_a_vague_goal_runs() {
 
 #[tokio::test]
 async fn the_model_writes_the_suggestion_when_one_is_configured() {
-    let db = crate::common::TestDb::new().await;
-    let pool = db.pool.clone();
     let fake = FakeLlm::start().await;
     fake.reflection(text(
         "Write BUSINESS_PLAN.md covering pricing, costs and first customers",
         40,
     ));
     let base = fake.base_url();
-    let app = TestApp::spawn_with(
-        pool,
-        config_with(&[
-            ("WARDEN_LLM_BASE_URL", base.as_str()),
-            ("WARDEN_LLM_MODEL", "fake-model"),
-        ]),
-    )
+    let app = TestApp::start_with(config_with(&[
+        ("WARDEN_LLM_BASE_URL", base.as_str()),
+        ("WARDEN_LLM_MODEL", "fake-model"),
+    ]))
     .await;
     let s = create_vague(&app).await;
     assert_eq!(s["status"], "awaiting_refinement");
@@ -207,9 +192,7 @@ async fn the_model_writes_the_suggestion_when_one_is_configured() {
 
 #[tokio::test]
 async fn resume_with_a_refined_goal_is_recorded() {
-    let db = crate::common::TestDb::new().await;
-    let pool = db.pool.clone();
-    let app = TestApp::spawn(pool).await;
+    let app = TestApp::start().await;
     let s = app
         .create(
             json!({ "goal": "Create README.md", "executor": { "kind": "scripted", "steps": [
@@ -254,8 +237,6 @@ fn reflection_answer(
 
 #[tokio::test]
 async fn milestones_progress_from_reflection_and_unmet_criteria_refuse_completion() {
-    let db = crate::common::TestDb::new().await;
-    let pool = db.pool.clone();
     let fake = FakeLlm::start().await;
     fake.reflection(reflection_answer(
         "PARTIAL",
@@ -275,13 +256,10 @@ async fn milestones_progress_from_reflection_and_unmet_criteria_refuse_completio
         &["final"],
     ));
     let base = fake.base_url();
-    let app = TestApp::spawn_with(
-        pool,
-        config_with(&[
-            ("WARDEN_LLM_BASE_URL", base.as_str()),
-            ("WARDEN_LLM_MODEL", "fake-model"),
-        ]),
-    )
+    let app = TestApp::start_with(config_with(&[
+        ("WARDEN_LLM_BASE_URL", base.as_str()),
+        ("WARDEN_LLM_MODEL", "fake-model"),
+    ]))
     .await;
     let mut steps: Vec<Value> = (1..=5)
         .map(|i| json!({ "action": format!("s{i}"), "tokens": 5, "output": format!("o{i}") }))
@@ -410,7 +388,13 @@ async fn context_cycles_carry_memory_and_tasks_across_a_restart() {
         .await;
     assert_eq!(s["cycle"], 2);
     assert!(s["memory_chars"].as_u64().unwrap() > 0);
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    // The crash comes while the seventh request (the slow one) is in flight.
+    common::eventually(
+        Duration::from_secs(5),
+        "the seventh model request",
+        || async { fake.agent_requests().len() >= 7 },
+    )
+    .await;
     first.crash();
 
     let second = TestApp::spawn_with(pool, config_with(&vars)).await;
@@ -423,7 +407,7 @@ async fn context_cycles_carry_memory_and_tasks_across_a_restart() {
     let system = |r: &Value| {
         r["messages"][0]["content"]
             .as_str()
-            .unwrap_or_default()
+            .expect("content")
             .to_string()
     };
     // Wrap-up turns were announced.
@@ -468,9 +452,7 @@ async fn context_cycles_carry_memory_and_tasks_across_a_restart() {
 
 #[tokio::test]
 async fn outcome_metrics_match_the_sessions() {
-    let db = crate::common::TestDb::new().await;
-    let pool = db.pool.clone();
-    let app = TestApp::spawn(pool).await;
+    let app = TestApp::start().await;
     let two = app
         .create(json!({ "goal": "Create A.md", "executor": done_script() }))
         .await;

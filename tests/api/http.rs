@@ -36,7 +36,7 @@ fn assert_problem(status: StatusCode, ct: &str, body: &Value, expected: StatusCo
     assert_eq!(status, expected, "{body}");
     assert_eq!(ct, "application/problem+json");
     assert_eq!(body["status"], expected.as_u16());
-    let detail = body["detail"].as_str().unwrap_or_default();
+    let detail = crate::common::problem(body).detail;
     assert!(
         detail.contains(mention),
         "detail {detail:?} should mention {mention:?}"
@@ -47,9 +47,8 @@ fn assert_problem(status: StatusCode, ct: &str, body: &Value, expected: StatusCo
 
 #[tokio::test]
 async fn bad_create_requests_get_clear_problems_and_create_nothing() {
-    let db = crate::common::TestDb::new().await;
-    let pool = db.pool.clone();
-    let app = TestApp::spawn(pool.clone()).await;
+    let app = TestApp::start().await;
+    let pool = app.pool().clone();
     let valid_executor = json!({ "kind": "scripted", "steps": [{ "action": "a" }] });
     let cases: Vec<(String, StatusCode, &str)> = vec![
         ("{\"goal\": ".into(), StatusCode::BAD_REQUEST, "malformed JSON"),
@@ -102,9 +101,7 @@ async fn bad_create_requests_get_clear_problems_and_create_nothing() {
 
 #[tokio::test]
 async fn unknown_ids_routes_and_methods_answer_problems() {
-    let db = crate::common::TestDb::new().await;
-    let pool = db.pool.clone();
-    let app = TestApp::spawn(pool).await;
+    let app = TestApp::start().await;
     let missing = uuid::Uuid::new_v4();
     for path in [
         format!("/api/autonomous/{missing}"),
@@ -167,9 +164,7 @@ async fn unknown_ids_routes_and_methods_answer_problems() {
 
 #[tokio::test]
 async fn bad_resume_and_update_bodies_change_nothing() {
-    let db = crate::common::TestDb::new().await;
-    let pool = db.pool.clone();
-    let app = TestApp::spawn(pool).await;
+    let app = TestApp::start().await;
     let id = app
         .create_scripted(
             json!([{ "action": "a", "output": "<<WARDEN_GOAL_BLOCKED: help>>" }]),
@@ -224,9 +219,7 @@ async fn bad_resume_and_update_bodies_change_nothing() {
 
 #[tokio::test]
 async fn health_and_readiness() {
-    let db = crate::common::TestDb::new().await;
-    let pool = db.pool.clone();
-    let app = TestApp::spawn(pool).await;
+    let app = TestApp::start().await;
     let (status, body) = app.get("/healthz").await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(body["status"], "ok");
@@ -237,9 +230,7 @@ async fn health_and_readiness() {
 
 #[tokio::test]
 async fn dashboard_is_served_self_contained() {
-    let db = crate::common::TestDb::new().await;
-    let pool = db.pool.clone();
-    let app = TestApp::spawn(pool).await;
+    let app = TestApp::start().await;
     // No key needed for the page and its files (the API behind them asks for one).
     let plain = reqwest::Client::new();
     let res = plain.get(app.url("/")).send().await.expect("GET /");
@@ -327,7 +318,7 @@ async fn status_reports_cost_and_velocity() {
     let velocity = s["velocity"].as_array().expect("velocity series");
     let total: u64 = velocity
         .iter()
-        .map(|p| p["iterations"].as_u64().unwrap_or(0))
+        .map(|p| p["iterations"].as_u64().expect("iterations"))
         .sum();
     assert_eq!(total, 4, "{velocity:?}");
     assert!(velocity.iter().all(|p| p["minute"].is_string()));
@@ -342,9 +333,7 @@ async fn status_reports_cost_and_velocity() {
 
 #[tokio::test]
 async fn status_document_has_the_contract_fields() {
-    let db = crate::common::TestDb::new().await;
-    let pool = db.pool.clone();
-    let app = TestApp::spawn(pool).await;
+    let app = TestApp::start().await;
     let id = app
         .create_scripted(distinct_steps(2, 5, 0), json!({ "max_iterations": 7 }))
         .await;
@@ -376,9 +365,7 @@ async fn status_document_has_the_contract_fields() {
 
 #[tokio::test]
 async fn served_openapi_matches_the_committed_document() {
-    let db = crate::common::TestDb::new().await;
-    let pool = db.pool.clone();
-    let app = TestApp::spawn(pool).await;
+    let app = TestApp::start().await;
     let (status, served) = app.get("/openapi.json").await;
     assert_eq!(status, StatusCode::OK);
     let committed: Value = serde_json::from_str(

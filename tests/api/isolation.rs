@@ -9,7 +9,7 @@
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 
-use crate::common::{TestApp, TestDb, client_with_key, create_key, valid_body};
+use crate::common::{TestApp, client_with_key, create_key, valid_body};
 
 fn committed_document() -> Value {
     let text =
@@ -101,8 +101,7 @@ fn fingerprint(session: &Value) -> Value {
 
 #[tokio::test]
 async fn no_spelling_of_an_id_reaches_another_tenants_session() {
-    let db = TestDb::new().await;
-    let app = TestApp::spawn(db.pool.clone()).await;
+    let app = TestApp::start().await;
     let secret = |doc: Value| doc["secret"].as_str().expect("secret").to_string();
     let victim_key = secret(create_key(&app.base, "victim", "operator").await);
     let attackers = [
@@ -204,8 +203,7 @@ fn other_spellings(id: &str) -> Vec<(String, String)> {
 
 #[tokio::test]
 async fn task_and_key_ids_have_one_spelling_too() {
-    let db = TestDb::new().await;
-    let app = TestApp::spawn(db.pool.clone()).await;
+    let app = TestApp::start().await;
     // A key: only its canonical id revokes it.
     let key = create_key(&app.base, crate::common::TEST_TENANT, "viewer").await;
     let key_id = key["id"].as_str().expect("id").to_string();
@@ -265,8 +263,7 @@ async fn task_and_key_ids_have_one_spelling_too() {
 
 #[tokio::test]
 async fn a_childs_budget_changes_only_through_its_parents() {
-    let db = TestDb::new().await;
-    let app = TestApp::spawn(db.pool.clone()).await;
+    let app = TestApp::start().await;
     let parent = app
         .create(json!({
             "goal": "Build feature X and write its tests",
@@ -297,9 +294,9 @@ async fn a_childs_budget_changes_only_through_its_parents() {
             .await;
         // Well-formed, but in conflict with what the session is: a child.
         assert_eq!(status, StatusCode::CONFLICT, "{limits}: {doc}");
-        assert_eq!(doc["code"], "carved_budget", "{doc}");
-        let detail = doc["detail"].as_str().expect("detail");
-        assert!(detail.contains("parent"), "{doc}");
+        let problem = crate::common::problem(&doc);
+        assert_eq!(problem.code, "carved_budget", "{doc}");
+        assert!(problem.detail.contains("parent"), "{doc}");
     }
     let after = app.session(&child).await;
     assert_eq!(after["limits"], before["limits"]);

@@ -1,7 +1,8 @@
 //! Warden's integration tests, one binary: each module drives a real
-//! Warden over HTTP against its own database (`common::TestDb`: a private
-//! database on the `DATABASE_URL` server, or, with it unset, a temporary
-//! embedded PostgreSQL).
+//! Warden over HTTP against its own database (`common::TestApp::start`
+//! makes one and keeps it as long as the app: a private database on the
+//! `DATABASE_URL` server, or, with it unset, a temporary embedded
+//! PostgreSQL), and reads the answers as typed views (`common::views`).
 //! One binary links once and shares the harness; `TEST_LOG=1 cargo test`
 //! prints the servers' logs (`RUST_LOG` filters them, default `info`).
 

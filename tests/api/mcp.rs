@@ -16,7 +16,6 @@ use common::fake_llm::{FakeLlm, tool_calls};
 use common::{TestApp, client_with_key, config_with, create_key};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
-use sqlx::PgPool;
 
 /// The fixture server's binary, built by Cargo beside the tests.
 fn fixture() -> &'static str {
@@ -122,9 +121,9 @@ fn vars<'a>(fake_base: &'a str, config: &'a str) -> [(&'a str, &'a str); 3] {
     ]
 }
 
-async fn app_with(pool: PgPool, fake: &FakeLlm, config: &str) -> TestApp {
+async fn app_with(fake: &FakeLlm, config: &str) -> TestApp {
     let base = fake.base_url();
-    TestApp::spawn_with(pool, config_with(&vars(&base, config))).await
+    TestApp::start_with(config_with(&vars(&base, config))).await
 }
 
 fn llm_session(tools: Value) -> Value {
@@ -152,7 +151,7 @@ fn offered(request: &Value) -> Vec<String> {
         .as_array()
         .expect("tools")
         .iter()
-        .map(|t| t["function"]["name"].as_str().unwrap_or("").to_string())
+        .map(|t| t["function"]["name"].as_str().expect("name").to_string())
         .collect()
 }
 
@@ -179,7 +178,6 @@ fn observations(iterations: &[Value]) -> Vec<String> {
 
 #[tokio::test]
 async fn stdio_tools_are_offered_namespaced_and_their_results_reach_the_model() {
-    let db = common::TestDb::new().await;
     let scratch = Scratch::new();
     let config = scratch.config(json!({ "fix": scratch.stdio(json!({})) }));
     let fake = FakeLlm::start().await;
@@ -188,7 +186,7 @@ async fn stdio_tools_are_offered_namespaced_and_their_results_reach_the_model() 
         20,
     ))
     .agent(done());
-    let app = app_with(db.pool.clone(), &fake, &config).await;
+    let app = app_with(&fake, &config).await;
     let id = create(&app, json!(["builtin", "fix"])).await;
     let s = app.wait_settled(&id).await;
     assert_eq!(s["status"], "completed", "{s}");
@@ -236,7 +234,6 @@ async fn stdio_tools_are_offered_namespaced_and_their_results_reach_the_model() 
 
 #[tokio::test]
 async fn streamable_http_tools_are_called_the_same_way() {
-    let db = common::TestDb::new().await;
     let scratch = Scratch::new();
     let fixture = HttpFixture::start(&scratch.log()).await;
     let config = scratch.config(json!({
@@ -248,7 +245,7 @@ async fn streamable_http_tools_are_called_the_same_way() {
         20,
     ))
     .agent(done());
-    let app = app_with(db.pool.clone(), &fake, &config).await;
+    let app = app_with(&fake, &config).await;
     let id = create(&app, json!(["web:echo"])).await;
     let s = app.wait_settled(&id).await;
     assert_eq!(s["status"], "completed", "{s}");
@@ -268,7 +265,6 @@ async fn streamable_http_tools_are_called_the_same_way() {
 
 #[tokio::test]
 async fn only_the_chosen_tools_are_offered_and_callable() {
-    let db = common::TestDb::new().await;
     let scratch = Scratch::new();
     let config = scratch.config(json!({ "fs": scratch.stdio(json!({})) }));
     let fake = FakeLlm::start().await;
@@ -279,7 +275,7 @@ async fn only_the_chosen_tools_are_offered_and_callable() {
     ))
     .agent(tool_calls(&[("fs__read", json!({ "name": "notes" }))], 20))
     .agent(done());
-    let app = app_with(db.pool.clone(), &fake, &config).await;
+    let app = app_with(&fake, &config).await;
     let id = create(&app, json!(["fs:read"])).await;
     let s = app.wait_settled(&id).await;
     assert_eq!(s["status"], "completed", "{s}");
@@ -308,14 +304,13 @@ async fn only_the_chosen_tools_are_offered_and_callable() {
 
 #[tokio::test]
 async fn a_call_past_its_timeout_is_a_tool_error_and_the_session_goes_on() {
-    let db = common::TestDb::new().await;
     let scratch = Scratch::new();
     let config = scratch.config(json!({ "fix": scratch.stdio(json!({ "timeout_ms": 1000 })) }));
     let fake = FakeLlm::start().await;
     fake.agent(tool_calls(&[("fix__sleep", json!({ "seconds": 30 }))], 20))
         .agent(tool_calls(&[("fix__echo", json!({ "text": "after" }))], 20))
         .agent(done());
-    let app = app_with(db.pool.clone(), &fake, &config).await;
+    let app = app_with(&fake, &config).await;
     let id = create(&app, json!(["fix"])).await;
     let s = app.wait_settled(&id).await;
     assert_eq!(s["status"], "completed", "{s}");
@@ -333,14 +328,13 @@ async fn a_call_past_its_timeout_is_a_tool_error_and_the_session_goes_on() {
 
 #[tokio::test]
 async fn a_crashed_server_gives_a_tool_error_and_is_started_again() {
-    let db = common::TestDb::new().await;
     let scratch = Scratch::new();
     let config = scratch.config(json!({ "fix": scratch.stdio(json!({ "per_session": true })) }));
     let fake = FakeLlm::start().await;
     fake.agent(tool_calls(&[("fix__crash", json!({}))], 20))
         .agent(tool_calls(&[("fix__echo", json!({ "text": "again" }))], 20))
         .agent(done());
-    let app = app_with(db.pool.clone(), &fake, &config).await;
+    let app = app_with(&fake, &config).await;
     let id = create(&app, json!(["fix"])).await;
     let s = app.wait_settled(&id).await;
     assert_eq!(s["status"], "completed", "{s}");
@@ -401,14 +395,13 @@ async fn a_journaled_call_is_not_run_again_when_the_step_is_redone() {
 
 #[tokio::test]
 async fn servers_a_tenant_may_not_use_or_that_do_not_exist_are_refused_at_create() {
-    let db = common::TestDb::new().await;
     let scratch = Scratch::new();
     let config = scratch.config(json!({
         "open": scratch.stdio(json!({})),
         "pay": scratch.stdio(json!({ "tenants": ["acme"] })),
     }));
     let fake = FakeLlm::start().await;
-    let app = app_with(db.pool.clone(), &fake, &config).await;
+    let app = app_with(&fake, &config).await;
     for (tools, says) in [
         (json!(["pay"]), "no MCP server named `pay`"),
         (json!(["builtin", "pay:echo"]), "executor.tools[1]"),
@@ -428,7 +421,7 @@ async fn servers_a_tenant_may_not_use_or_that_do_not_exist_are_refused_at_create
             StatusCode::UNPROCESSABLE_ENTITY,
             "{tools}: {problem}"
         );
-        let detail = problem["detail"].as_str().unwrap_or_default();
+        let detail = crate::common::problem(&problem).detail;
         assert!(detail.contains(says), "{tools}: {detail}");
     }
     // The served document names the declared servers, so a value it allows is taken.
@@ -453,7 +446,6 @@ async fn servers_a_tenant_may_not_use_or_that_do_not_exist_are_refused_at_create
 
 #[tokio::test]
 async fn a_tool_result_is_held_to_the_output_cap() {
-    let db = common::TestDb::new().await;
     let scratch = Scratch::new();
     let config = scratch.config(json!({ "fix": scratch.stdio(json!({})) }));
     let fake = FakeLlm::start().await;
@@ -462,7 +454,7 @@ async fn a_tool_result_is_held_to_the_output_cap() {
     let base = fake.base_url();
     let mut vars = vars(&base, &config).to_vec();
     vars.push(("WARDEN_MAX_OUTPUT_BYTES", "2048"));
-    let app = TestApp::spawn_with(db.pool.clone(), config_with(&vars)).await;
+    let app = TestApp::start_with(config_with(&vars)).await;
     let id = create(&app, json!(["fix"])).await;
     let s = app.wait_settled(&id).await;
     assert_eq!(s["status"], "completed", "{s}");
@@ -481,7 +473,6 @@ async fn a_tool_result_is_held_to_the_output_cap() {
 
 #[tokio::test]
 async fn an_http_server_the_egress_policy_refuses_offers_no_tools() {
-    let db = common::TestDb::new().await;
     let scratch = Scratch::new();
     let fixture = HttpFixture::start(&scratch.log()).await;
     let config = scratch.config(json!({ "web": { "url": fixture.url() } }));
@@ -492,7 +483,7 @@ async fn an_http_server_the_egress_policy_refuses_offers_no_tools() {
     let mut vars = vars(&base, &config).to_vec();
     // Loopback is refused unless named (the model's endpoint is the operator's, trusted).
     vars.push(("WARDEN_EGRESS_ALLOW", ""));
-    let app = TestApp::spawn_with(db.pool.clone(), config_with(&vars)).await;
+    let app = TestApp::start_with(config_with(&vars)).await;
     let id = create(&app, json!(["web"])).await;
     let s = app.wait_settled(&id).await;
     assert_eq!(s["status"], "completed", "{s}");
@@ -505,7 +496,6 @@ async fn an_http_server_the_egress_policy_refuses_offers_no_tools() {
 
 #[tokio::test]
 async fn an_mcp_tool_that_may_write_waits_for_approval_by_its_annotations_and_runs_once() {
-    let db = common::TestDb::new().await;
     let scratch = Scratch::new();
     let config = scratch.config(json!({ "fix": scratch.stdio(json!({})) }));
     let fake = FakeLlm::start().await;
@@ -522,7 +512,7 @@ async fn an_mcp_tool_that_may_write_waits_for_approval_by_its_annotations_and_ru
         20,
     ))
     .agent(done());
-    let app = app_with(db.pool.clone(), &fake, &config).await;
+    let app = app_with(&fake, &config).await;
     let doc = app
         .create(json!({
             "goal": "Create README.md with a project description",

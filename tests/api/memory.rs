@@ -63,10 +63,9 @@ fn webhook_session(url: &str) -> Value {
 
 #[tokio::test]
 async fn big_answers_are_capped_in_storage_histories_and_pages() {
-    let db = TestDb::new().await;
     let _serial = SERIAL.lock().await;
     let (url, sizes) = big_agent().await;
-    let app = TestApp::spawn(db.pool.clone()).await;
+    let app = TestApp::start().await;
     let mut ids = Vec::new();
     for _ in 0..SESSIONS {
         ids.push(
@@ -154,7 +153,7 @@ async fn big_answers_are_capped_in_storage_histories_and_pages() {
             body.len()
         );
         let page: Value = serde_json::from_slice(&body).expect("json");
-        full.extend(page["items"].as_array().cloned().unwrap_or_default());
+        full.extend(page["items"].as_array().cloned().expect("items"));
         pages += 1;
         match page["next_after"].as_i64() {
             Some(next) => after = next,
@@ -181,7 +180,7 @@ async fn big_answers_are_capped_in_storage_histories_and_pages() {
         ))
         .await;
     assert_eq!(status, StatusCode::OK);
-    let checkpoints = page["items"].as_array().cloned().unwrap_or_default();
+    let checkpoints = page["items"].as_array().cloned().expect("items");
     assert!(!checkpoints.is_empty());
     for c in checkpoints {
         let size = c["state"].to_string().len();
@@ -311,17 +310,13 @@ async fn rss_peak_stays_bounded_with_big_answers() {
 
 #[tokio::test]
 async fn a_model_answer_over_the_cap_is_one_permanent_error_per_iteration() {
-    let db = TestDb::new().await;
     let fake = FakeLlm::start().await;
     let big = "y".repeat(8_192);
     for _ in 0..10 {
         fake.agent(text(&big, 10));
     }
-    let app = TestApp::spawn_with(
-        db.pool.clone(),
-        config_with(&[("WARDEN_EGRESS_MAX_RESPONSE_BYTES", "4096")]),
-    )
-    .await;
+    let app =
+        TestApp::start_with(config_with(&[("WARDEN_EGRESS_MAX_RESPONSE_BYTES", "4096")])).await;
     let doc = app
         .create(json!({
             "goal": "Create README.md with a project description",
@@ -343,7 +338,7 @@ async fn a_model_answer_over_the_cap_is_one_permanent_error_per_iteration() {
         "exactly one request per iteration: never retried"
     );
     for it in &its {
-        let error = it["record"]["error"].as_str().unwrap_or("");
+        let error = it["record"]["error"].as_str().expect("error");
         assert!(error.contains("answer too large"), "{error}");
         assert!(error.contains("over the cap of 4096 bytes"), "{error}");
         assert!(!error.contains("unreachable"), "{error}");

@@ -10,17 +10,13 @@ use common::fake_llm::{Answer, FakeLlm, assessment, text, tool_calls};
 use common::{TestApp, assert_gap_free, config_with};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
-use sqlx::PgPool;
 
-async fn app_with_model(pool: PgPool, fake: &FakeLlm) -> TestApp {
+async fn app_with_model(fake: &FakeLlm) -> TestApp {
     let base = fake.base_url();
-    TestApp::spawn_with(
-        pool,
-        config_with(&[
-            ("WARDEN_LLM_BASE_URL", base.as_str()),
-            ("WARDEN_LLM_MODEL", "fake-model"),
-        ]),
-    )
+    TestApp::start_with(config_with(&[
+        ("WARDEN_LLM_BASE_URL", base.as_str()),
+        ("WARDEN_LLM_MODEL", "fake-model"),
+    ]))
     .await
 }
 
@@ -44,8 +40,6 @@ fn messages_text(request: &Value) -> String {
 
 #[tokio::test]
 async fn writes_a_file_and_completes_with_a_verified_deliverable() {
-    let db = crate::common::TestDb::new().await;
-    let pool = db.pool.clone();
     let fake = FakeLlm::start().await;
     fake.agent(tool_calls(
         &[(
@@ -61,7 +55,7 @@ async fn writes_a_file_and_completes_with_a_verified_deliverable() {
         )],
         80,
     ));
-    let app = app_with_model(pool, &fake).await;
+    let app = app_with_model(&fake).await;
     let id = create_llm(&app, "fixed", json!({}), json!({})).await;
     let s = app.wait_settled(&id).await;
     assert_eq!(s["status"], "completed", "{s}");
@@ -104,8 +98,6 @@ async fn writes_a_file_and_completes_with_a_verified_deliverable() {
 
 #[tokio::test]
 async fn a_false_completion_claim_is_rejected_and_the_loop_continues() {
-    let db = crate::common::TestDb::new().await;
-    let pool = db.pool.clone();
     let fake = FakeLlm::start().await;
     fake.agent(tool_calls(
         &[(
@@ -128,7 +120,7 @@ async fn a_false_completion_claim_is_rejected_and_the_loop_continues() {
         )],
         50,
     ));
-    let app = app_with_model(pool, &fake).await;
+    let app = app_with_model(&fake).await;
     let id = create_llm(&app, "fixed", json!({}), json!({})).await;
     let s = app.wait_settled(&id).await;
     assert_eq!(s["status"], "completed", "{s}");
@@ -147,8 +139,6 @@ async fn a_false_completion_claim_is_rejected_and_the_loop_continues() {
 
 #[tokio::test]
 async fn ask_question_pauses_and_the_answer_reaches_the_next_request() {
-    let db = crate::common::TestDb::new().await;
-    let pool = db.pool.clone();
     let fake = FakeLlm::start().await;
     fake.agent(tool_calls(
         &[(
@@ -171,7 +161,7 @@ async fn ask_question_pauses_and_the_answer_reaches_the_next_request() {
         )],
         40,
     ));
-    let app = app_with_model(pool, &fake).await;
+    let app = app_with_model(&fake).await;
     let id = create_llm(&app, "fixed", json!({}), json!({})).await;
     let s = app.wait_settled(&id).await;
     assert_eq!(s["status"], "paused", "{s}");
@@ -200,14 +190,12 @@ async fn ask_question_pauses_and_the_answer_reaches_the_next_request() {
 
 #[tokio::test]
 async fn a_done_sentinel_in_plain_text_completes() {
-    let db = crate::common::TestDb::new().await;
-    let pool = db.pool.clone();
     let fake = FakeLlm::start().await;
     fake.agent(text(
         "I cannot call tools, but the work is finished.\n<<WARDEN_GOAL_DONE: nothing left>>",
         30,
     ));
-    let app = app_with_model(pool, &fake).await;
+    let app = app_with_model(&fake).await;
     let id = create_llm(&app, "fixed", json!({}), json!({})).await;
     let s = app.wait_settled(&id).await;
     assert_eq!(s["status"], "completed");
@@ -217,8 +205,6 @@ async fn a_done_sentinel_in_plain_text_completes() {
 
 #[tokio::test]
 async fn server_errors_are_retried_then_count_as_iteration_errors() {
-    let db = crate::common::TestDb::new().await;
-    let pool = db.pool.clone();
     let fake = FakeLlm::start().await;
     // Two 500s, then an answer: one successful iteration after retries.
     fake.agent(Answer::status(500))
@@ -228,7 +214,7 @@ async fn server_errors_are_retried_then_count_as_iteration_errors() {
     for _ in 0..9 {
         fake.agent(Answer::status(500));
     }
-    let app = app_with_model(pool, &fake).await;
+    let app = app_with_model(&fake).await;
     let id = create_llm(
         &app,
         "fixed",
@@ -255,13 +241,11 @@ async fn server_errors_are_retried_then_count_as_iteration_errors() {
 
 #[tokio::test]
 async fn model_timeouts_count_as_errors() {
-    let db = crate::common::TestDb::new().await;
-    let pool = db.pool.clone();
     let fake = FakeLlm::start().await;
     for _ in 0..6 {
         fake.agent(text("slow", 10).delayed(2_000));
     }
-    let app = app_with_model(pool, &fake).await;
+    let app = app_with_model(&fake).await;
     let started = Instant::now();
     let id = create_llm(
         &app,
@@ -284,8 +268,6 @@ async fn model_timeouts_count_as_errors() {
 
 #[tokio::test]
 async fn usage_tokens_reach_the_cost_limit_and_calls_never_ask_beyond_it() {
-    let db = crate::common::TestDb::new().await;
-    let pool = db.pool.clone();
     let fake = FakeLlm::start().await;
     for i in 0..14 {
         fake.agent(tool_calls(
@@ -296,7 +278,7 @@ async fn usage_tokens_reach_the_cost_limit_and_calls_never_ask_beyond_it() {
             400,
         ));
     }
-    let app = app_with_model(pool, &fake).await;
+    let app = app_with_model(&fake).await;
     // The per-call cap is far above the budget: the allowance is the cap.
     let id = create_llm(
         &app,
@@ -327,11 +309,9 @@ async fn usage_tokens_reach_the_cost_limit_and_calls_never_ask_beyond_it() {
 
 #[tokio::test]
 async fn a_prompt_that_alone_exceeds_the_budget_is_never_sent() {
-    let db = crate::common::TestDb::new().await;
-    let pool = db.pool.clone();
     let fake = FakeLlm::start().await;
     fake.agent(tool_calls(&[("list_files", json!({ "path": "." }))], 10));
-    let app = app_with_model(pool, &fake).await;
+    let app = app_with_model(&fake).await;
     // The system prompt and the tools alone are far more than 50 tokens.
     let id = create_llm(&app, "fixed", json!({ "max_tokens": 50 }), json!({})).await;
     let s = app.wait_settled(&id).await;
@@ -346,8 +326,6 @@ async fn a_prompt_that_alone_exceeds_the_budget_is_never_sent() {
 
 #[tokio::test]
 async fn path_traversal_by_the_model_is_refused_and_recorded() {
-    let db = crate::common::TestDb::new().await;
-    let pool = db.pool.clone();
     let fake = FakeLlm::start().await;
     fake.agent(tool_calls(
         &[
@@ -364,7 +342,7 @@ async fn path_traversal_by_the_model_is_refused_and_recorded() {
         "<<WARDEN_GOAL_BLOCKED: cannot leave the workspace>>",
         10,
     ));
-    let app = app_with_model(pool, &fake).await;
+    let app = app_with_model(&fake).await;
     let id = create_llm(&app, "fixed", json!({}), json!({})).await;
     let s = app.wait_settled(&id).await;
     assert_eq!(s["reason"], "agent_blocked", "{s}");
@@ -384,8 +362,6 @@ async fn path_traversal_by_the_model_is_refused_and_recorded() {
 
 #[tokio::test]
 async fn reflection_yes_completes_and_intervals_adapt() {
-    let db = crate::common::TestDb::new().await;
-    let pool = db.pool.clone();
     let fake = FakeLlm::start().await;
     for i in 0..7 {
         fake.agent(tool_calls(
@@ -398,7 +374,7 @@ async fn reflection_yes_completes_and_intervals_adapt() {
     }
     fake.reflection(assessment("NO", "STUCK", 30.0, false, "CONTINUE"))
         .reflection(assessment("YES", "GOOD", 100.0, false, "STOP"));
-    let app = app_with_model(pool, &fake).await;
+    let app = app_with_model(&fake).await;
     let id = create_llm(
         &app,
         "continuous",
@@ -427,8 +403,6 @@ async fn reflection_yes_completes_and_intervals_adapt() {
 
 #[tokio::test]
 async fn reflection_loop_and_stuck_pauses_the_session() {
-    let db = crate::common::TestDb::new().await;
-    let pool = db.pool.clone();
     let fake = FakeLlm::start().await;
     for i in 0..4 {
         fake.agent(tool_calls(
@@ -437,7 +411,7 @@ async fn reflection_loop_and_stuck_pauses_the_session() {
         ));
     }
     fake.reflection(assessment("NO", "STUCK", 10.0, true, "CONTINUE"));
-    let app = app_with_model(pool, &fake).await;
+    let app = app_with_model(&fake).await;
     let id = create_llm(
         &app,
         "continuous",
@@ -455,8 +429,6 @@ async fn reflection_loop_and_stuck_pauses_the_session() {
 
 #[tokio::test]
 async fn a_malformed_reflection_is_recorded_and_the_session_continues() {
-    let db = crate::common::TestDb::new().await;
-    let pool = db.pool.clone();
     let fake = FakeLlm::start().await;
     for i in 0..3 {
         fake.agent(tool_calls(
@@ -476,7 +448,7 @@ async fn a_malformed_reflection_is_recorded_and_the_session_continues() {
             r#"{"goalAchieved":"MAYBE","progress":"GOOD","percentComplete":50,"loopDetected":false,"recommendation":"CONTINUE","reasoning":"r"}"#,
             15,
         ));
-    let app = app_with_model(pool, &fake).await;
+    let app = app_with_model(&fake).await;
     let id = create_llm(
         &app,
         "continuous",
@@ -508,8 +480,6 @@ async fn a_malformed_reflection_is_recorded_and_the_session_continues() {
 
 #[tokio::test]
 async fn the_reviewer_disagreeing_twice_with_the_agent_asks_the_user() {
-    let db = crate::common::TestDb::new().await;
-    let pool = db.pool.clone();
     let fake = FakeLlm::start().await;
     for _ in 0..2 {
         fake.agent(tool_calls(
@@ -522,7 +492,7 @@ async fn the_reviewer_disagreeing_twice_with_the_agent_asks_the_user() {
     }
     fake.reflection(assessment("NO", "SLOW", 40.0, false, "CONTINUE"))
         .reflection(assessment("PARTIAL", "SLOW", 60.0, false, "CONTINUE"));
-    let app = app_with_model(pool, &fake).await;
+    let app = app_with_model(&fake).await;
     let id = create_llm(
         &app,
         "continuous",
@@ -540,11 +510,9 @@ async fn the_reviewer_disagreeing_twice_with_the_agent_asks_the_user() {
 
 #[tokio::test]
 async fn stop_abandons_an_in_flight_model_call() {
-    let db = crate::common::TestDb::new().await;
-    let pool = db.pool.clone();
     let fake = FakeLlm::start().await;
     fake.agent(text("thinking very slowly", 10).delayed(10_000));
-    let app = app_with_model(pool, &fake).await;
+    let app = app_with_model(&fake).await;
     let id = create_llm(&app, "fixed", json!({}), json!({})).await;
     crate::common::eventually(
         Duration::from_secs(5),
@@ -602,7 +570,7 @@ mod webhook_agent {
             Json(req): Json<Value>,
         ) -> Json<Value> {
             seen.lock().unwrap().push(req.clone());
-            let n = req["iteration"].as_u64().unwrap_or(0);
+            let n = req["iteration"].as_u64().expect("iteration");
             Json(if n < 3 {
                 json!({ "action": format!("edit_{n}"), "outcome": "success", "tokens": 25,
                         "output": format!("edited part {n}"), "percent_complete": n as f64 * 30.0 })
@@ -623,10 +591,8 @@ mod webhook_agent {
 
 #[tokio::test]
 async fn a_webhook_agent_runs_to_completion() {
-    let db = crate::common::TestDb::new().await;
-    let pool = db.pool.clone();
     let (url, seen) = webhook_agent::start().await;
-    let app = TestApp::spawn(pool).await;
+    let app = TestApp::start().await;
     let doc = app
         .create(json!({
             "goal": "Edit three parts",
@@ -654,9 +620,7 @@ async fn a_webhook_agent_runs_to_completion() {
 
 #[tokio::test]
 async fn an_unreachable_webhook_counts_as_errors() {
-    let db = crate::common::TestDb::new().await;
-    let pool = db.pool.clone();
-    let app = TestApp::spawn(pool).await;
+    let app = TestApp::start().await;
     let doc = app
         .create(json!({
             "goal": "Talk to a dead agent",
@@ -670,9 +634,7 @@ async fn an_unreachable_webhook_counts_as_errors() {
 
 #[tokio::test]
 async fn llm_sessions_need_an_endpoint() {
-    let db = crate::common::TestDb::new().await;
-    let pool = db.pool.clone();
-    let app = TestApp::spawn(pool).await;
+    let app = TestApp::start().await;
     let (status, problem) = app
         .post(
             "/api/autonomous",
@@ -698,8 +660,6 @@ async fn llm_sessions_need_an_endpoint() {
 
 #[tokio::test]
 async fn a_journaled_tool_result_is_replayed_instead_of_run_again() {
-    let db = crate::common::TestDb::new().await;
-    let pool = db.pool.clone();
     let fake = FakeLlm::start().await;
     let args = json!({ "path": "deploy.log", "content": "deployed once" });
     // The first answer arrives late, so the journal entry below is in place
@@ -709,15 +669,13 @@ async fn a_journaled_tool_result_is_replayed_instead_of_run_again() {
     let workspaces = std::env::temp_dir().join(format!("warden-replay-{}", uuid::Uuid::new_v4()));
     let base = fake.base_url();
     let ws = workspaces.to_string_lossy().to_string();
-    let app = TestApp::spawn_with(
-        pool.clone(),
-        config_with(&[
-            ("WARDEN_LLM_BASE_URL", base.as_str()),
-            ("WARDEN_LLM_MODEL", "fake-model"),
-            ("WARDEN_WORKSPACE_ROOT", ws.as_str()),
-        ]),
-    )
+    let app = TestApp::start_with(config_with(&[
+        ("WARDEN_LLM_BASE_URL", base.as_str()),
+        ("WARDEN_LLM_MODEL", "fake-model"),
+        ("WARDEN_WORKSPACE_ROOT", ws.as_str()),
+    ]))
     .await;
+    let pool = app.pool().clone();
     let id = create_llm(&app, "fixed", json!({}), json!({})).await;
     sqlx::query(
         "INSERT INTO tool_calls (session_id, iteration, call_index, tool, arguments, status, result, finished_at)
@@ -778,7 +736,13 @@ async fn a_restart_mid_session_keeps_the_conversation() {
     first
         .wait_until(&id, Duration::from_secs(5), |s| s["iterations"] == 1)
         .await;
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    // The crash comes while the second request (the slow one) is in flight.
+    common::eventually(
+        Duration::from_secs(5),
+        "the second model request",
+        || async { fake.agent_requests().len() >= 2 },
+    )
+    .await;
     first.crash();
     let second = TestApp::spawn_with(pool, config_with(&vars)).await;
     let s = second.wait_settled(&id).await;

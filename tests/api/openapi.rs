@@ -34,7 +34,7 @@ fn assert_invalid(got: (StatusCode, String, Value), mention: &str) {
     let (status, ct, body) = got;
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
     assert_eq!(ct, "application/problem+json");
-    let detail = body["detail"].as_str().unwrap_or_default();
+    let detail = crate::common::problem(&body).detail;
     assert!(
         detail.contains(mention),
         "{detail:?} should mention {mention:?}"
@@ -45,9 +45,8 @@ const JSON: Option<&str> = Some("application/json");
 
 #[tokio::test]
 async fn arrays_in_place_of_objects_are_rejected_with_their_path() {
-    let db = crate::common::TestDb::new().await;
-    let pool = db.pool.clone();
-    let app = TestApp::spawn(pool.clone()).await;
+    let app = TestApp::start().await;
+    let pool = app.pool().clone();
     let post = reqwest::Method::POST;
     let create = |body: Value| {
         let app = &app;
@@ -123,9 +122,7 @@ async fn arrays_in_place_of_objects_are_rejected_with_their_path() {
 
 #[tokio::test]
 async fn resume_takes_no_body_or_null_as_no_changes() {
-    let db = crate::common::TestDb::new().await;
-    let pool = db.pool.clone();
-    let app = TestApp::spawn(pool).await;
+    let app = TestApp::start().await;
     for body in [None, Some("null"), Some("  ")] {
         let id = app
             .create_scripted(
@@ -165,11 +162,9 @@ async fn resume_takes_no_body_or_null_as_no_changes() {
 
 #[tokio::test]
 async fn every_4xx_is_a_problem_and_413_names_the_limit() {
-    let db = crate::common::TestDb::new().await;
-    let pool = db.pool.clone();
     let config = common::test_config();
     let limit = config.max_body_bytes;
-    let app = TestApp::spawn_with(pool, config).await;
+    let app = TestApp::start_with(config).await;
     for path in ["/healthz", "/readyz", "/metrics", "/openapi.json"] {
         let (status, ct, body) = send(&app, reqwest::Method::DELETE, path, None, "").await;
         assert_eq!(status, StatusCode::METHOD_NOT_ALLOWED, "{path}");
@@ -180,7 +175,7 @@ async fn every_4xx_is_a_problem_and_413_names_the_limit() {
     let (status, ct, body) = send(&app, reqwest::Method::POST, "/api/autonomous", JSON, &big).await;
     assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
     assert_eq!(ct, "application/problem+json");
-    let detail = body["detail"].as_str().unwrap_or_default();
+    let detail = crate::common::problem(&body).detail;
     assert!(detail.contains(&format!("{limit} bytes")), "{detail}");
 
     // Out-of-range or unknown query parameters: 400, as documented.
@@ -213,9 +208,7 @@ async fn every_4xx_is_a_problem_and_413_names_the_limit() {
 
 #[tokio::test]
 async fn the_session_list_stream_refuses_clients_that_take_no_stream() {
-    let db = crate::common::TestDb::new().await;
-    let pool = db.pool.clone();
-    let app = TestApp::spawn(pool).await;
+    let app = TestApp::start().await;
     let res = app
         .client
         .get(app.url("/api/autonomous/events"))
@@ -229,9 +222,7 @@ async fn the_session_list_stream_refuses_clients_that_take_no_stream() {
 
 #[tokio::test]
 async fn the_docs_page_loads_nothing_from_elsewhere() {
-    let db = crate::common::TestDb::new().await;
-    let pool = db.pool.clone();
-    let app = TestApp::spawn(pool).await;
+    let app = TestApp::start().await;
     let res = app
         .client
         .get(app.url("/docs/swagger-initializer.js"))
@@ -247,9 +238,7 @@ async fn the_docs_page_loads_nothing_from_elsewhere() {
 
 #[tokio::test]
 async fn documented_answers_of_the_event_operations_are_streams_as_text() {
-    let db = crate::common::TestDb::new().await;
-    let pool = db.pool.clone();
-    let app = TestApp::spawn(pool).await;
+    let app = TestApp::start().await;
     let (_, doc) = app.get("/openapi.json").await;
     for path in ["/api/autonomous/{id}/events", "/api/autonomous/events"] {
         // One event per schema (OpenAPI 3.1 on `text/event-stream`): the SSE

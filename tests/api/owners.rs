@@ -139,7 +139,7 @@ async fn the_survivors_of_a_kill_share_its_sessions() {
             })
             .await;
         *owners
-            .entry(s["owner"].as_str().unwrap_or_default().to_string())
+            .entry(s["owner"].as_str().expect("owner").to_string())
             .or_default() += 1;
     }
     eprintln!(

@@ -20,9 +20,7 @@ fn endless() -> Value {
 
 #[tokio::test]
 async fn running_sessions_per_tenant_are_capped_even_under_concurrent_creates() {
-    let db = crate::common::TestDb::new().await;
-    let pool = db.pool.clone();
-    let app = TestApp::spawn_with(pool, config_with(&[("WARDEN_TENANT_MAX_RUNNING", "2")])).await;
+    let app = TestApp::start_with(config_with(&[("WARDEN_TENANT_MAX_RUNNING", "2")])).await;
     let sends = (0..6).map(|_| {
         app.client
             .post(app.url("/api/autonomous"))
@@ -96,9 +94,7 @@ async fn open_stream(app: &TestApp) -> reqwest::Response {
 
 #[tokio::test]
 async fn live_streams_per_tenant_are_capped_and_a_closed_one_frees_its_slot() {
-    let db = crate::common::TestDb::new().await;
-    let pool = db.pool.clone();
-    let app = TestApp::spawn_with(pool, config_with(&[("WARDEN_TENANT_MAX_STREAMS", "2")])).await;
+    let app = TestApp::start_with(config_with(&[("WARDEN_TENANT_MAX_STREAMS", "2")])).await;
     let first = open_stream(&app).await;
     let second = open_stream(&app).await;
     assert_eq!(first.status(), StatusCode::OK);
@@ -145,16 +141,11 @@ async fn live_streams_per_tenant_are_capped_and_a_closed_one_frees_its_slot() {
 
 #[tokio::test]
 async fn slow_requests_time_out_and_excess_requests_are_shed() {
-    let db = crate::common::TestDb::new().await;
-    let pool = db.pool.clone();
-    let app = TestApp::spawn_with(
-        pool,
-        config_with(&[
-            ("WARDEN_REQUEST_TIMEOUT_MS", "400"),
-            ("WARDEN_MAX_CONCURRENT_REQUESTS", "1"),
-            ("WARDEN_STOP_WAIT_MS", "10000"),
-        ]),
-    )
+    let app = TestApp::start_with(config_with(&[
+        ("WARDEN_REQUEST_TIMEOUT_MS", "400"),
+        ("WARDEN_MAX_CONCURRENT_REQUESTS", "1"),
+        ("WARDEN_STOP_WAIT_MS", "10000"),
+    ]))
     .await;
     // A pause waits for the step in flight (3 s here): past the timeout.
     let id = app
@@ -177,14 +168,23 @@ async fn slow_requests_time_out_and_excess_requests_are_shed() {
         .post(app.url(&format!("/api/autonomous/{id}/pause")))
         .json(&json!({}))
         .send();
-    let other = async {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        app.client
-            .get(app.url("/api/autonomous"))
-            .send()
-            .await
-            .unwrap()
-    };
+    // Asked again until the pause holds the only slot (for its 400 ms).
+    let other = common::eventually_ok(
+        Duration::from_secs(5),
+        "a request shed while the pause holds the only slot",
+        || async {
+            let res = app
+                .client
+                .get(app.url("/api/autonomous"))
+                .send()
+                .await
+                .expect("sent");
+            match res.status() {
+                StatusCode::SERVICE_UNAVAILABLE => Ok(res),
+                other => Err(other.to_string()),
+            }
+        },
+    );
     let (paused, shed) = tokio::join!(pause, other);
     let paused = paused.unwrap();
     assert_eq!(paused.status(), StatusCode::SERVICE_UNAVAILABLE);
@@ -300,9 +300,8 @@ async fn an_event_stream_accept_header_exempts_no_other_route() {
 
 #[tokio::test]
 async fn lists_show_the_executor_summary_from_summary_columns() {
-    let db = crate::common::TestDb::new().await;
-    let pool = db.pool.clone();
-    let app = TestApp::spawn(pool.clone()).await;
+    let app = TestApp::start().await;
+    let pool = app.pool().clone();
     let steps: Vec<Value> = (0..2_000)
         .map(|i| json!({ "action": format!("step {i}"), "output": "o".repeat(400) }))
         .collect();
@@ -343,8 +342,6 @@ async fn lists_show_the_executor_summary_from_summary_columns() {
 
 #[tokio::test]
 async fn tool_calls_per_step_and_workspace_files_are_capped() {
-    let db = crate::common::TestDb::new().await;
-    let pool = db.pool.clone();
     use crate::common::fake_llm::{FakeLlm, text, tool_calls};
     let fake = FakeLlm::start().await;
     fake.agent(tool_calls(
@@ -357,15 +354,12 @@ async fn tool_calls_per_step_and_workspace_files_are_capped() {
     ))
     .agent(text("<<WARDEN_GOAL_BLOCKED: limits>>", 10));
     let base = fake.base_url();
-    let app = TestApp::spawn_with(
-        pool,
-        config_with(&[
-            ("WARDEN_LLM_BASE_URL", base.as_str()),
-            ("WARDEN_LLM_MODEL", "fake-model"),
-            ("WARDEN_MAX_TOOL_CALLS_PER_STEP", "2"),
-            ("WARDEN_WORKSPACE_MAX_FILES", "1"),
-        ]),
-    )
+    let app = TestApp::start_with(config_with(&[
+        ("WARDEN_LLM_BASE_URL", base.as_str()),
+        ("WARDEN_LLM_MODEL", "fake-model"),
+        ("WARDEN_MAX_TOOL_CALLS_PER_STEP", "2"),
+        ("WARDEN_WORKSPACE_MAX_FILES", "1"),
+    ]))
     .await;
     let id = app
         .create(json!({
@@ -566,8 +560,7 @@ async fn a_reflection_over_the_tenant_rate_limit_is_deferred_not_failed() {
 
 #[tokio::test]
 async fn a_child_reporting_the_largest_count_is_charged_its_budget_and_its_tree_stays_whole() {
-    let db = common::TestDb::new().await;
-    let app = TestApp::spawn(db.pool.clone()).await;
+    let app = TestApp::start().await;
     let doc = app
         .create(json!({
             "goal": "Build feature X and write its tests",
@@ -582,7 +575,7 @@ async fn a_child_reporting_the_largest_count_is_charged_its_budget_and_its_tree_
     let parent = doc["id"].as_str().expect("id").to_string();
     let settled = app
         .wait_until(&parent, Duration::from_secs(30), |s| {
-            !["running", "queued"].contains(&s["status"].as_str().unwrap_or(""))
+            !common::view::<common::SessionView>(s).is_live()
                 && s["reason"] != "waiting_for_children"
         })
         .await;

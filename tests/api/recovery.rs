@@ -256,7 +256,7 @@ async fn embedded_sessions_survive_sigkill_and_resume_gap_free() {
     .await;
     let mut before = Vec::new();
     for id in &ids {
-        before.push(app.session(id).await["iterations"].as_i64().unwrap_or(0));
+        before.push(app.session_view(id).await.iterations);
     }
     // SIGKILL: no checkpoint, no lease release, nothing flushed by Warden.
     first.kill();
@@ -323,7 +323,7 @@ async fn an_embedded_restart_after_sigkill_resumes_sessions_at_once() {
         .await;
     let ready = std::time::Instant::now();
     for id in &ids {
-        let at_restart = app.session(id).await["iterations"].as_i64().unwrap_or(0);
+        let at_restart = app.session_view(id).await.iterations;
         let s = app
             .wait_until(id, Duration::from_secs(20), |s| {
                 s["iterations"].as_i64() > Some(at_restart) && s["owner"] != old_owner

@@ -150,11 +150,9 @@ async fn sessions_past_their_tenants_retention_are_archived_and_deleted_and_impo
     let file = archive_file(&dir, "test", &ended_a).expect("the archive file is written");
     assert!(archive_file(&dir, "test", &ended_b).is_some());
     // The running session went on, and the other tenant's ended one stays.
-    let at = app.session(&running).await["iterations"]
-        .as_i64()
-        .expect("n");
+    let at = app.session_view(&running).await.iterations;
     app.wait_until(&running, Duration::from_secs(30), |s| {
-        s["status"] == "running" && s["iterations"].as_i64().unwrap_or(0) > at
+        s["status"] == "running" && s["iterations"].as_i64().expect("iterations") > at
     })
     .await;
     let res = other
@@ -249,17 +247,13 @@ async fn sessions_past_their_tenants_retention_are_archived_and_deleted_and_impo
 
 #[tokio::test]
 async fn the_server_retention_applies_to_tenants_without_their_own() {
-    let db = TestDb::new().await;
     let dir = archive_dir();
     let dir_var = dir.to_string_lossy().to_string();
-    let app = TestApp::spawn_with(
-        db.pool.clone(),
-        config_with(&[
-            ("WARDEN_RETENTION_DAYS", "1s"),
-            ("WARDEN_PRUNE_INTERVAL", "1s"),
-            ("WARDEN_ARCHIVE_DIR", dir_var.as_str()),
-        ]),
-    )
+    let app = TestApp::start_with(config_with(&[
+        ("WARDEN_RETENTION_DAYS", "1s"),
+        ("WARDEN_PRUNE_INTERVAL", "1s"),
+        ("WARDEN_ARCHIVE_DIR", dir_var.as_str()),
+    ]))
     .await;
     // Tenant "keep" keeps its sessions forever, over the server's 1 s.
     let kept_key = create_key(&app.base, "keep", "operator").await;
@@ -319,14 +313,10 @@ async fn the_server_retention_applies_to_tenants_without_their_own() {
 
 #[tokio::test]
 async fn compaction_drops_routine_events_past_the_horizon_and_keeps_decisions_and_ends() {
-    let db = TestDb::new().await;
-    let app = TestApp::spawn_with(
-        db.pool.clone(),
-        config_with(&[
-            ("WARDEN_PRUNE_INTERVAL", "1s"),
-            ("WARDEN_EVENT_HORIZON", "10"),
-        ]),
-    )
+    let app = TestApp::start_with(config_with(&[
+        ("WARDEN_PRUNE_INTERVAL", "1s"),
+        ("WARDEN_EVENT_HORIZON", "10"),
+    ]))
     .await;
     let id = app
         .create_scripted(distinct_steps(40, 10, 0), json!({}))
@@ -344,10 +334,8 @@ async fn compaction_drops_routine_events_past_the_horizon_and_keeps_decisions_an
     let routine_past_horizon = |events: &[Value]| -> usize {
         events
             .iter()
-            .filter(|e| {
-                e["kind"] == "iteration_completed"
-                    && e["seq"].as_i64().unwrap_or(0) <= last_seq - 10
-            })
+            .map(crate::common::view::<crate::common::EventView>)
+            .filter(|e| e.kind == "iteration_completed" && e.seq <= last_seq - 10)
             .count()
     };
     let before = app.events(&id).await;
@@ -398,17 +386,13 @@ async fn compaction_drops_routine_events_past_the_horizon_and_keeps_decisions_an
 
 #[tokio::test]
 async fn the_archive_import_command_brings_a_session_back_read_only() {
-    let db = TestDb::new().await;
     let dir = archive_dir();
     let dir_var = dir.to_string_lossy().to_string();
-    let app = TestApp::spawn_with(
-        db.pool.clone(),
-        config_with(&[
-            ("WARDEN_RETENTION_DAYS", "1s"),
-            ("WARDEN_PRUNE_INTERVAL", "1s"),
-            ("WARDEN_ARCHIVE_DIR", dir_var.as_str()),
-        ]),
-    )
+    let app = TestApp::start_with(config_with(&[
+        ("WARDEN_RETENTION_DAYS", "1s"),
+        ("WARDEN_PRUNE_INTERVAL", "1s"),
+        ("WARDEN_ARCHIVE_DIR", dir_var.as_str()),
+    ]))
     .await;
     let id = app
         .create_scripted(distinct_steps(2, 10, 0), json!({}))

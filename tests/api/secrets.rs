@@ -361,7 +361,7 @@ async fn a_secret_under_a_key_no_replica_has_fails_the_session_naming_the_secret
         .await;
     assert_eq!(s["reason"], "secret_unreadable", "{s}");
     assert!(
-        s["summary"].as_str().unwrap_or("").contains("api_key"),
+        s["summary"].as_str().expect("summary").contains("api_key"),
         "{s}"
     );
     // The server goes on serving; a resume says why it cannot run.
@@ -436,9 +436,7 @@ async fn an_executor_row_as_an_earlier_version_wrote_it_still_runs() {
 
 #[tokio::test]
 async fn urls_shown_back_drop_userinfo_and_query() {
-    let db = crate::common::TestDb::new().await;
-    let pool = db.pool.clone();
-    let app = TestApp::spawn(pool).await;
+    let app = TestApp::start().await;
     // Nothing listens on port 9: every step fails, and its error is shown too.
     let doc = app
         .create(json!({
@@ -473,8 +471,6 @@ const URL_SECRET: &str = "q-secret-in-query-91d2";
 
 #[tokio::test]
 async fn a_url_query_is_sealed_reaches_its_model_after_the_path_and_is_never_shown() {
-    let db = crate::common::TestDb::new().await;
-    let pool = db.pool.clone();
     let fake = FakeLlm::start().await;
     fake.agent(tool_calls(
         &[(
@@ -484,7 +480,8 @@ async fn a_url_query_is_sealed_reaches_its_model_after_the_path_and_is_never_sho
         10,
     ))
     .agent(text("README.md written\n<<WARDEN_GOAL_DONE: done>>", 10));
-    let app = TestApp::spawn(pool.clone()).await;
+    let app = TestApp::start().await;
+    let pool = app.pool().clone();
     let base_url = format!("{}?api-version=2024&key={URL_SECRET}#frag", fake.base_url());
     let doc = app
         .create(json!({
@@ -552,8 +549,7 @@ async fn a_url_query_is_sealed_reaches_its_model_after_the_path_and_is_never_sho
 
 #[tokio::test]
 async fn urls_carrying_credentials_are_refused_with_422() {
-    let db = crate::common::TestDb::new().await;
-    let app = TestApp::spawn(db.pool.clone()).await;
+    let app = TestApp::start().await;
     for (executor, field, hint) in [
         (
             json!({ "kind": "llm", "base_url": "http://user:pw-userinfo@127.0.0.1:9/v1", "model": "m" }),
@@ -573,7 +569,7 @@ async fn urls_carrying_credentials_are_refused_with_422() {
             )
             .await;
         assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{problem}");
-        let detail = problem["detail"].as_str().unwrap_or_default();
+        let detail = crate::common::problem(&problem).detail;
         assert!(
             detail.contains(field) && detail.contains(hint) && !detail.contains("pw-userinfo"),
             "{detail}"

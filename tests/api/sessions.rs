@@ -11,9 +11,7 @@ use serde_json::json;
 
 #[tokio::test]
 async fn done_sentinel_completes_the_session() {
-    let db = crate::common::TestDb::new().await;
-    let pool = db.pool.clone();
-    let app = TestApp::spawn(pool).await;
+    let app = TestApp::start().await;
     let created = app
         .create(json!({
             "goal": "Create README.md with a project description",
@@ -48,9 +46,7 @@ async fn done_sentinel_completes_the_session() {
 
 #[tokio::test]
 async fn blocked_sentinel_pauses_with_agent_blocked() {
-    let db = crate::common::TestDb::new().await;
-    let pool = db.pool.clone();
-    let app = TestApp::spawn(pool).await;
+    let app = TestApp::start().await;
     let id = app
         .create_scripted(
             json!([
@@ -70,9 +66,7 @@ async fn blocked_sentinel_pauses_with_agent_blocked() {
 
 #[tokio::test]
 async fn quoted_sentinel_does_not_stop() {
-    let db = crate::common::TestDb::new().await;
-    let pool = db.pool.clone();
-    let app = TestApp::spawn(pool).await;
+    let app = TestApp::start().await;
     let id = app
         .create_scripted(
             json!([
@@ -89,9 +83,7 @@ async fn quoted_sentinel_does_not_stop() {
 
 #[tokio::test]
 async fn script_running_out_stops_with_executor_exhausted() {
-    let db = crate::common::TestDb::new().await;
-    let pool = db.pool.clone();
-    let app = TestApp::spawn(pool).await;
+    let app = TestApp::start().await;
     let id = app
         .create_scripted(distinct_steps(2, 10, 0), json!({}))
         .await;
@@ -103,9 +95,7 @@ async fn script_running_out_stops_with_executor_exhausted() {
 
 #[tokio::test]
 async fn iteration_cap_stops_with_max_iterations() {
-    let db = crate::common::TestDb::new().await;
-    let pool = db.pool.clone();
-    let app = TestApp::spawn(pool).await;
+    let app = TestApp::start().await;
     let id = app
         .create_scripted(distinct_steps(10, 10, 0), json!({ "max_iterations": 3 }))
         .await;
@@ -124,9 +114,7 @@ async fn iteration_cap_stops_with_max_iterations() {
 
 #[tokio::test]
 async fn token_budget_stops_with_cost_limit() {
-    let db = crate::common::TestDb::new().await;
-    let pool = db.pool.clone();
-    let app = TestApp::spawn(pool).await;
+    let app = TestApp::start().await;
     let id = app
         .create_scripted(distinct_steps(10, 100, 0), json!({ "max_tokens": 300 }))
         .await;
@@ -139,9 +127,7 @@ async fn token_budget_stops_with_cost_limit() {
 
 #[tokio::test]
 async fn wall_clock_stops_a_long_step_with_timeout() {
-    let db = crate::common::TestDb::new().await;
-    let pool = db.pool.clone();
-    let app = TestApp::spawn(pool).await;
+    let app = TestApp::start().await;
     let started = Instant::now();
     let id = app
         .create_scripted(
@@ -159,9 +145,7 @@ async fn wall_clock_stops_a_long_step_with_timeout() {
 
 #[tokio::test]
 async fn consecutive_errors_stop_with_error_threshold() {
-    let db = crate::common::TestDb::new().await;
-    let pool = db.pool.clone();
-    let app = TestApp::spawn(pool).await;
+    let app = TestApp::start().await;
     let steps: Vec<_> = (1..=6)
         .map(|i| json!({ "action": format!("call_{i}"), "outcome": "error", "output": format!("error {i}") }))
         .collect();
@@ -183,9 +167,7 @@ async fn consecutive_errors_stop_with_error_threshold() {
 
 #[tokio::test]
 async fn fixed_mode_defaults_to_fifty_iterations() {
-    let db = crate::common::TestDb::new().await;
-    let pool = db.pool.clone();
-    let app = TestApp::spawn(pool).await;
+    let app = TestApp::start().await;
     let created = app
         .create(json!({
             "goal": "Create README.md",
@@ -212,9 +194,7 @@ async fn fixed_mode_defaults_to_fifty_iterations() {
 
 #[tokio::test]
 async fn stop_lands_during_a_long_step_and_resume_continues() {
-    let db = crate::common::TestDb::new().await;
-    let pool = db.pool.clone();
-    let app = TestApp::spawn(pool).await;
+    let app = TestApp::start().await;
     let id = app
         .create_scripted(
             json!([
@@ -286,9 +266,7 @@ async fn stop_lands_during_a_long_step_and_resume_continues() {
 
 #[tokio::test]
 async fn budgets_count_across_resume_and_raising_them_is_recorded() {
-    let db = crate::common::TestDb::new().await;
-    let pool = db.pool.clone();
-    let app = TestApp::spawn(pool).await;
+    let app = TestApp::start().await;
     let id = app
         .create_scripted(distinct_steps(20, 100, 0), json!({ "max_tokens": 300 }))
         .await;
@@ -336,9 +314,7 @@ async fn budgets_count_across_resume_and_raising_them_is_recorded() {
 
 #[tokio::test]
 async fn pause_lets_the_step_finish_then_resume_runs_on() {
-    let db = crate::common::TestDb::new().await;
-    let pool = db.pool.clone();
-    let app = TestApp::spawn(pool).await;
+    let app = TestApp::start().await;
     let mut steps = distinct_steps(4, 10, 400).as_array().unwrap().clone();
     steps.push(json!({ "action": "finish", "output": "<<WARDEN_GOAL_DONE>>" }));
     let id = app.create_scripted(json!(steps), json!({})).await;
@@ -372,9 +348,7 @@ async fn pause_lets_the_step_finish_then_resume_runs_on() {
 
 #[tokio::test]
 async fn stopping_a_paused_session_interrupts_it() {
-    let db = crate::common::TestDb::new().await;
-    let pool = db.pool.clone();
-    let app = TestApp::spawn(pool).await;
+    let app = TestApp::start().await;
     let id = app
         .create_scripted(
             json!([{ "action": "ask", "output": "<<WARDEN_GOAL_BLOCKED: which repo?>>" }]),
@@ -393,9 +367,7 @@ async fn stopping_a_paused_session_interrupts_it() {
 
 #[tokio::test]
 async fn patch_switches_mode_and_limits_on_a_live_session() {
-    let db = crate::common::TestDb::new().await;
-    let pool = db.pool.clone();
-    let app = TestApp::spawn(pool).await;
+    let app = TestApp::start().await;
     let id = app
         .create_scripted(distinct_steps(50, 10, 100), json!({}))
         .await;
@@ -423,9 +395,7 @@ async fn patch_switches_mode_and_limits_on_a_live_session() {
 
 #[tokio::test]
 async fn repeating_a_failing_action_is_nudged_then_paused_as_stuck() {
-    let db = crate::common::TestDb::new().await;
-    let pool = db.pool.clone();
-    let app = TestApp::spawn(pool).await;
+    let app = TestApp::start().await;
     let created = app
         .create(json!({
             "goal": "Make the tests pass",
@@ -465,9 +435,7 @@ async fn repeating_a_failing_action_is_nudged_then_paused_as_stuck() {
 
 #[tokio::test]
 async fn accelerating_spend_is_throttled_and_recorded() {
-    let db = crate::common::TestDb::new().await;
-    let pool = db.pool.clone();
-    let app = TestApp::spawn(pool).await;
+    let app = TestApp::start().await;
     let steps: Vec<_> = (1..=13u64)
         .map(|i| json!({ "action": format!("s{i}"), "tokens": 10 * i * i, "output": format!("o{i}") }))
         .collect();
@@ -493,9 +461,7 @@ async fn accelerating_spend_is_throttled_and_recorded() {
 
 #[tokio::test]
 async fn steady_spend_is_not_throttled() {
-    let db = crate::common::TestDb::new().await;
-    let pool = db.pool.clone();
-    let app = TestApp::spawn(pool).await;
+    let app = TestApp::start().await;
     let id = app
         .create_scripted(distinct_steps(15, 100, 0), json!({}))
         .await;
@@ -520,9 +486,7 @@ async fn steady_spend_is_not_throttled() {
 
 #[tokio::test]
 async fn rework_ratio_pauses_with_rework_loop() {
-    let db = crate::common::TestDb::new().await;
-    let pool = db.pool.clone();
-    let app = TestApp::spawn(pool).await;
+    let app = TestApp::start().await;
     // Every other step redoes the same `edit` with the same arguments.
     let steps: Vec<_> = (1..=12)
         .map(|i| {
@@ -547,11 +511,9 @@ async fn rework_ratio_pauses_with_rework_loop() {
 
 #[tokio::test]
 async fn a_review_point_pauses_a_continuous_session_and_a_resume_grants_another_stretch() {
-    let db = crate::common::TestDb::new().await;
-    let pool = db.pool.clone();
     let mut config = common::test_config();
     config.gate.review_every = 4;
-    let app = TestApp::spawn_with(pool, config).await;
+    let app = TestApp::start_with(config).await;
     let steps = distinct_steps(10, 1, 0);
     let continuous = app
         .create(json!({
@@ -635,9 +597,7 @@ async fn a_review_point_pauses_a_continuous_session_and_a_resume_grants_another_
 
 #[tokio::test]
 async fn list_filters_by_status_and_pages_stably() {
-    let db = crate::common::TestDb::new().await;
-    let pool = db.pool.clone();
-    let app = TestApp::spawn(pool).await;
+    let app = TestApp::start().await;
     let mut ids = Vec::new();
     for _ in 0..5 {
         let id = app
@@ -685,9 +645,7 @@ async fn list_filters_by_status_and_pages_stably() {
 /// liveness check (a frozen API never answers), not a latency figure.
 #[tokio::test]
 async fn status_reads_answer_while_many_sessions_run() {
-    let db = crate::common::TestDb::new().await;
-    let pool = db.pool.clone();
-    let app = TestApp::spawn(pool).await;
+    let app = TestApp::start().await;
     let mut ids = Vec::new();
     for _ in 0..24 {
         // Distinct steps (no rework), each waiting a little as a model call does.
@@ -725,8 +683,7 @@ async fn status_reads_answer_while_many_sessions_run() {
 
 #[tokio::test]
 async fn the_status_says_what_may_be_done_and_each_of_it_works() {
-    let db = crate::common::TestDb::new().await;
-    let app = TestApp::spawn(db.pool.clone()).await;
+    let app = TestApp::start().await;
     let id = app
         .create_scripted(json!([{ "action": "a", "delay_ms": 600_000 }]), json!({}))
         .await;
@@ -792,9 +749,7 @@ async fn ids_paged(app: &TestApp, query: &str) -> Vec<String> {
 
 #[tokio::test]
 async fn list_filters_by_mode_executor_goal_and_time_sorts_both_ways_and_counts() {
-    let db = crate::common::TestDb::new().await;
-    let pool = db.pool.clone();
-    let app = TestApp::spawn(pool).await;
+    let app = TestApp::start().await;
     let mut ids = Vec::new();
     for (goal, mode) in [
         ("Write the alpha report", "fixed"),

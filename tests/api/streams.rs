@@ -8,7 +8,7 @@ use crate::common;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use common::{ServiceProcess, TestApp, Warden, distinct_steps};
+use common::{ServiceProcess, SessionView, TestApp, Warden, distinct_steps};
 use serde_json::{Value, json};
 use sqlx::PgPool;
 
@@ -134,8 +134,23 @@ async fn collect(
     until: impl Fn(&Frame) -> bool + Send + 'static,
     max: usize,
 ) -> Vec<Frame> {
+    let (opened, _) = tokio::sync::oneshot::channel();
+    collect_telling(base, path, last_event_id, until, max, opened).await
+}
+
+/// [`collect`], telling `opened` once the stream's head has arrived: the
+/// server has subscribed the stream to changes by then.
+async fn collect_telling(
+    base: String,
+    path: String,
+    last_event_id: Option<String>,
+    until: impl Fn(&Frame) -> bool + Send + 'static,
+    max: usize,
+    opened: tokio::sync::oneshot::Sender<()>,
+) -> Vec<Frame> {
     tokio::task::spawn_blocking(move || {
         let mut sse = RawSse::open(&base, &path, last_event_id.as_deref());
+        let _ = opened.send(());
         let mut frames = Vec::new();
         while frames.len() < max {
             let Some(frame) = sse.next() else { break };
@@ -184,7 +199,7 @@ async fn a_stream_delivers_every_event_in_order_and_ends_after_the_terminal_one(
     let frames = collect(app.base.clone(), path, None, |_| false, 10_000).await;
     let s = app.session(&id).await;
     assert_eq!(s["status"], "completed");
-    let expected: Vec<i64> = (1..=s["last_event_seq"].as_i64().unwrap()).collect();
+    let expected: Vec<i64> = (1..=common::view::<SessionView>(&s).last_event_seq).collect();
     assert_eq!(ids(&frames), expected, "every event, in order, once");
     let last = frames.last().unwrap();
     assert_eq!(last.event.as_deref(), Some("status_changed"));
@@ -206,12 +221,16 @@ async fn a_reconnect_with_last_event_id_loses_and_repeats_nothing() {
     let head = collect(app.base.clone(), path.clone(), None, |_| false, 7).await;
     let resume_from = head.last().unwrap().id.clone().unwrap();
     // Events go on while the client is away: the resume must cover them.
-    tokio::time::sleep(Duration::from_millis(150)).await;
+    let away_from: i64 = resume_from.parse().expect("an event id is its seq");
+    app.wait_until(&id, Duration::from_secs(10), |s| {
+        common::view::<SessionView>(s).last_event_seq >= away_from + 2
+    })
+    .await;
     let tail = collect(app.base.clone(), path, Some(resume_from), |_| false, 10_000).await;
     let mut all = ids(&head);
     all.extend(ids(&tail));
     let s = app.session(&id).await;
-    let expected: Vec<i64> = (1..=s["last_event_seq"].as_i64().unwrap()).collect();
+    let expected: Vec<i64> = (1..=common::view::<SessionView>(&s).last_event_seq).collect();
     assert_eq!(all, expected);
     assert_eq!(tail.last().unwrap().data["data"]["to"], "completed");
 }
@@ -330,8 +349,14 @@ async fn clients_that_never_read_do_not_slow_a_session() {
     // back bytes that neither socket took (it could not write them).
     for client in stalled {
         let mut queues = client.queues();
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
         loop {
+            // Polled, not waited out: settled is two equal reads in a row.
             tokio::time::sleep(Duration::from_millis(200)).await;
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the socket queues never settle: {queues:?}"
+            );
             let now = client.queues();
             if now == queues {
                 break;
@@ -355,16 +380,20 @@ async fn the_session_list_stream_shows_status_changes() {
     let db = crate::common::TestDb::new().await;
     let pool = db.pool.clone();
     let (_process, app) = service(pool).await;
-    let reader = tokio::spawn(collect(
+    let (opened, subscribed) = tokio::sync::oneshot::channel();
+    let reader = tokio::spawn(collect_telling(
         app.base.clone(),
         "/api/autonomous/events".to_string(),
         None,
         |f| f.data["status"] == "completed",
         1_000,
+        opened,
     ));
-    // The reader subscribes before the session exists (no sign of it shows
-    // outside the reader's task).
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The reader subscribes before the session exists.
+    tokio::time::timeout(Duration::from_secs(10), subscribed)
+        .await
+        .expect("the stream opens within 10 s")
+        .expect("the reader tells it opened");
     let id = app.create_scripted(script(2, 50), json!({})).await;
     let frames = tokio::time::timeout(Duration::from_secs(15), reader)
         .await
@@ -388,9 +417,11 @@ async fn the_session_list_stream_shows_status_changes() {
     );
 }
 
-/// A number of the status document, 0 when absent.
+/// A number of the status document; fails the test when it is absent.
 fn figure(doc: &Value, pointer: &str) -> f64 {
-    doc.pointer(pointer).and_then(Value::as_f64).unwrap_or(0.0)
+    doc.pointer(pointer)
+        .and_then(Value::as_f64)
+        .unwrap_or_else(|| panic!("no number at {pointer} in {doc}"))
 }
 
 #[tokio::test]
@@ -426,7 +457,7 @@ async fn a_long_step_shows_its_clock_and_a_nonzero_eta_while_in_flight() {
         assert!(figure(s, "/eta_seconds") > 0.0, "a nonzero ETA: {s}");
         // The script reports its progress: both bounds say two steps.
         assert!(
-            ["progress", "script"].contains(&s["eta_basis"]["source"].as_str().unwrap_or("")),
+            ["progress", "script"].contains(&s["eta_basis"]["source"].as_str().expect("source")),
             "{s}"
         );
         assert_eq!(s["eta_basis"]["steps_left"], 2, "{s}");
@@ -487,9 +518,7 @@ fn parse_prometheus(text: &str) -> BTreeMap<String, f64> {
 
 #[tokio::test]
 async fn metrics_parse_and_match_the_sessions_that_ran() {
-    let db = crate::common::TestDb::new().await;
-    let pool = db.pool.clone();
-    let app = TestApp::spawn(pool).await;
+    let app = TestApp::start().await;
     let done = app.create_scripted(script(2, 0), json!({})).await;
     let capped = app
         .create_scripted(distinct_steps(5, 10, 0), json!({ "max_iterations": 2 }))
@@ -558,7 +587,7 @@ async fn replay_of_a_resumed_session_runs_through_every_run_to_the_live_tail() {
     let frames = collect(app.base.clone(), path, None, |_| false, 10_000).await;
     let s = app.session(&id).await;
     assert_eq!(s["status"], "completed");
-    let expected: Vec<i64> = (1..=s["last_event_seq"].as_i64().unwrap()).collect();
+    let expected: Vec<i64> = (1..=common::view::<SessionView>(&s).last_event_seq).collect();
     assert_eq!(ids(&frames), expected, "every event of both runs, in order");
     let ends: Vec<&Value> = frames
         .iter()
@@ -571,14 +600,10 @@ async fn replay_of_a_resumed_session_runs_through_every_run_to_the_live_tail() {
 
 #[tokio::test]
 async fn a_resume_from_inside_the_compacted_log_is_told_of_the_gap_first() {
-    let db = crate::common::TestDb::new().await;
-    let app = TestApp::spawn_with(
-        db.pool.clone(),
-        crate::common::config_with(&[
-            ("WARDEN_PRUNE_INTERVAL", "1s"),
-            ("WARDEN_EVENT_HORIZON", "10"),
-        ]),
-    )
+    let app = TestApp::start_with(crate::common::config_with(&[
+        ("WARDEN_PRUNE_INTERVAL", "1s"),
+        ("WARDEN_EVENT_HORIZON", "10"),
+    ]))
     .await;
     let id = app.create_scripted(script(30, 0), json!({})).await;
     let ended = app.wait_settled(&id).await;

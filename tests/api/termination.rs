@@ -15,7 +15,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Json, Router};
 use common::fake_llm::{Answer, assessment, text, tool_calls};
-use common::{TestApp, config_with};
+use common::{SessionView, TestApp, config_with};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
@@ -1192,42 +1192,38 @@ async fn run(app: &TestApp, case: &Case) -> Outcome {
                 && s["reason"] != "waiting_for_children"
         })
         .await;
+    let view: SessionView = common::view(&s);
     Outcome {
-        status: s["status"].as_str().unwrap_or("").to_string(),
+        status: view.status,
         reason: s["reason"].as_str().map(str::to_string),
-        iterations: s["iterations"].as_i64().unwrap_or(-1),
-        tokens: s["tokens_used"].as_i64().unwrap_or(-1),
+        iterations: view.iterations,
+        tokens: view.tokens_used,
         doc: s,
     }
 }
 
 #[tokio::test]
 async fn the_labelled_corpus_ends_every_session_right() {
-    let db = crate::common::TestDb::new().await;
-    let pool = db.pool.clone();
     let routes: Routes = Arc::default();
     let base = start_model(routes.clone()).await;
     let ws = std::env::temp_dir()
         .join(format!("warden-corpus-{}", uuid::Uuid::new_v4()))
         .to_string_lossy()
         .to_string();
-    let app = TestApp::spawn_with(
-        pool,
-        config_with(&[
-            ("WARDEN_LLM_BASE_URL", base.as_str()),
-            ("WARDEN_LLM_MODEL", "fake-model"),
-            ("WARDEN_WORKSPACE_ROOT", ws.as_str()),
-            ("WARDEN_TOKEN_PRICE_PER_MILLION", "2.0"),
-            // The corpus judges the policy, not crash recovery: a lease long
-            // enough that a loaded CI machine never hands a session over
-            // mid-case (the model's scripted answers are consumed once).
-            ("WARDEN_LEASE_TTL_MS", "30000"),
-            ("WARDEN_HEARTBEAT_INTERVAL_MS", "1000"),
-            // Accelerating cost series are throttled; the cooldown delays
-            // them without changing how they end.
-            ("WARDEN_THROTTLE_COOLDOWN_MS", "50"),
-        ]),
-    )
+    let app = TestApp::start_with(config_with(&[
+        ("WARDEN_LLM_BASE_URL", base.as_str()),
+        ("WARDEN_LLM_MODEL", "fake-model"),
+        ("WARDEN_WORKSPACE_ROOT", ws.as_str()),
+        ("WARDEN_TOKEN_PRICE_PER_MILLION", "2.0"),
+        // The corpus judges the policy, not crash recovery: a lease long
+        // enough that a loaded CI machine never hands a session over
+        // mid-case (the model's scripted answers are consumed once).
+        ("WARDEN_LEASE_TTL_MS", "30000"),
+        ("WARDEN_HEARTBEAT_INTERVAL_MS", "1000"),
+        // Accelerating cost series are throttled; the cooldown delays
+        // them without changing how they end.
+        ("WARDEN_THROTTLE_COOLDOWN_MS", "50"),
+    ]))
     .await;
     let mut cases = corpus();
     assert!(cases.len() >= 60, "the corpus has {} cases", cases.len());
@@ -1362,7 +1358,7 @@ async fn the_labelled_corpus_ends_every_session_right() {
             .contains("no words")
     );
     let review = find("continuous, review_every 5");
-    let summary = review["summary"].as_str().unwrap_or_default();
+    let summary = review["summary"].as_str().expect("summary");
     assert!(
         summary.contains("5 steps since a person last looked")
             && summary.contains("#5 write_part_5 → wrote part 5"),

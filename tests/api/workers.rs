@@ -8,7 +8,7 @@ use crate::common;
 
 use std::time::{Duration, Instant};
 
-use common::{ADMIN_TOKEN, TestApp, TestDb, client_with_key};
+use common::{ADMIN_TOKEN, TestApp, client_with_key};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
@@ -97,8 +97,7 @@ impl Worker {
 
 #[tokio::test]
 async fn a_worker_claims_heartbeats_and_completes_a_session() {
-    let db = TestDb::new().await;
-    let app = TestApp::spawn(db.pool.clone()).await;
+    let app = TestApp::start().await;
     let worker = Worker::new(
         &app,
         &worker_key(&app, common::TEST_TENANT, &["research"]).await,
@@ -177,8 +176,7 @@ async fn worker_queues(worker: &Worker) -> Value {
 
 #[tokio::test]
 async fn concurrent_workers_never_get_the_same_task() {
-    let db = TestDb::new().await;
-    let app = TestApp::spawn(db.pool.clone()).await;
+    let app = TestApp::start().await;
     let key = worker_key(&app, common::TEST_TENANT, &["batch"]).await;
     let sessions = 6;
     for _ in 0..sessions {
@@ -205,8 +203,7 @@ async fn concurrent_workers_never_get_the_same_task() {
 
 #[tokio::test]
 async fn a_lapsed_lease_is_offered_again_once_and_the_late_completion_is_refused() {
-    let db = TestDb::new().await;
-    let app = TestApp::spawn(db.pool.clone()).await;
+    let app = TestApp::start().await;
     let worker = Worker::new(
         &app,
         &worker_key(&app, common::TEST_TENANT, &["slow"]).await,
@@ -242,8 +239,7 @@ async fn a_lapsed_lease_is_offered_again_once_and_the_late_completion_is_refused
 
 #[tokio::test]
 async fn spent_attempts_fail_the_step_with_the_last_error() {
-    let db = TestDb::new().await;
-    let app = TestApp::spawn(db.pool.clone()).await;
+    let app = TestApp::start().await;
     let worker = Worker::new(
         &app,
         &worker_key(&app, common::TEST_TENANT, &["flaky"]).await,
@@ -274,8 +270,7 @@ async fn spent_attempts_fail_the_step_with_the_last_error() {
 
 #[tokio::test]
 async fn a_stop_reaches_a_heartbeating_worker_within_a_second() {
-    let db = TestDb::new().await;
-    let app = TestApp::spawn(db.pool.clone()).await;
+    let app = TestApp::start().await;
     let worker = Worker::new(
         &app,
         &worker_key(&app, common::TEST_TENANT, &["stops"]).await,
@@ -344,8 +339,7 @@ async fn a_stop_reaches_a_heartbeating_worker_within_a_second() {
 
 #[tokio::test]
 async fn a_worker_of_another_tenant_or_queue_sees_nothing() {
-    let db = TestDb::new().await;
-    let app = TestApp::spawn(db.pool.clone()).await;
+    let app = TestApp::start().await;
     let owner = Worker::new(
         &app,
         &worker_key(&app, common::TEST_TENANT, &["private"]).await,
@@ -392,8 +386,7 @@ async fn a_worker_of_another_tenant_or_queue_sees_nothing() {
 
 #[tokio::test]
 async fn worker_keys_reach_only_the_worker_routes_and_others_cannot_claim() {
-    let db = TestDb::new().await;
-    let app = TestApp::spawn(db.pool.clone()).await;
+    let app = TestApp::start().await;
     let key = worker_key(&app, common::TEST_TENANT, &["q"]).await;
     let worker = client_with_key(&key);
     let id = worker_session(&app, "q", json!({})).await;
@@ -452,8 +445,7 @@ async fn worker_keys_reach_only_the_worker_routes_and_others_cannot_claim() {
 
 #[tokio::test]
 async fn an_unclaimed_step_shows_waiting_then_pauses_for_no_worker() {
-    let db = TestDb::new().await;
-    let app = TestApp::spawn(db.pool.clone()).await;
+    let app = TestApp::start().await;
     let id = worker_session(&app, "nobody", json!({ "worker_wait_timeout_ms": 1_500 })).await;
     let waiting = app
         .wait_until(&id, Duration::from_secs(5), |s| {
@@ -501,8 +493,7 @@ async fn an_unclaimed_step_shows_waiting_then_pauses_for_no_worker() {
 
 #[tokio::test]
 async fn a_worker_asks_approval_for_an_action_and_its_next_task_carries_the_rejection() {
-    let db = TestDb::new().await;
-    let app = TestApp::spawn(db.pool.clone()).await;
+    let app = TestApp::start().await;
     let worker = Worker::new(
         &app,
         &worker_key(&app, common::TEST_TENANT, &["deploys"]).await,
@@ -573,8 +564,7 @@ async fn charges(app: &TestApp, id: &str) -> Vec<Value> {
 
 #[tokio::test]
 async fn a_worker_stopped_mid_step_is_charged_once_what_it_reports_after_the_cancel() {
-    let db = TestDb::new().await;
-    let app = TestApp::spawn(db.pool.clone()).await;
+    let app = TestApp::start().await;
     let worker = Worker::new(
         &app,
         &worker_key(&app, common::TEST_TENANT, &["charged"]).await,
@@ -598,7 +588,10 @@ async fn a_worker_stopped_mid_step_is_charged_once_what_it_reports_after_the_can
         let (status, body) = worker.task(&task, "fail", report.clone()).await;
         assert_eq!(status, StatusCode::CONFLICT, "{body}");
         assert!(
-            body["detail"].as_str().unwrap_or("").contains("120 tokens"),
+            body["detail"]
+                .as_str()
+                .expect("detail")
+                .contains("120 tokens"),
             "{body}"
         );
     }
@@ -624,8 +617,7 @@ async fn a_worker_stopped_mid_step_is_charged_once_what_it_reports_after_the_can
 
 #[tokio::test]
 async fn a_completion_after_a_stop_is_never_applied_and_its_tokens_are_capped_at_the_allowance() {
-    let db = TestDb::new().await;
-    let app = TestApp::spawn(db.pool.clone()).await;
+    let app = TestApp::start().await;
     let worker = Worker::new(
         &app,
         &worker_key(&app, common::TEST_TENANT, &["capped"]).await,
@@ -661,8 +653,7 @@ async fn a_completion_after_a_stop_is_never_applied_and_its_tokens_are_capped_at
 
 #[tokio::test]
 async fn usage_reported_after_a_pause_counts_against_the_budget_of_the_next_step() {
-    let db = TestDb::new().await;
-    let app = TestApp::spawn(db.pool.clone()).await;
+    let app = TestApp::start().await;
     let worker = Worker::new(
         &app,
         &worker_key(&app, common::TEST_TENANT, &["paused"]).await,

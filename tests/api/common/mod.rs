@@ -6,6 +6,9 @@
 //! nothing here reads `PGHOST`, `PGPORT` or any default server address.
 
 pub mod fake_llm;
+pub mod views;
+
+pub use views::{EventView, IterationView, ListView, SessionView, problem, view};
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -172,6 +175,11 @@ pub struct TestApp {
     pub client: reqwest::Client,
     /// The key `client` sends (empty when the server runs without auth).
     pub key: String,
+    /// The database it runs on, when the test knows it ([`TestApp::pool`]).
+    pub pool: Option<PgPool>,
+    /// The database [`TestApp::start`] made for it; declared last so it is
+    /// dropped after the server that uses it.
+    pub db: Option<TestDb>,
 }
 
 /// A client that sends `key` as a bearer token on every request.
@@ -255,7 +263,22 @@ pub fn config_with(extra: &[(&str, &str)]) -> Config {
 }
 
 impl TestApp {
-    /// Starts Warden on `pool` with the test configuration.
+    /// Starts Warden with the test configuration on a database of its own,
+    /// which lives as long as the app (zero2prod's `spawn_app`).
+    pub async fn start() -> TestApp {
+        TestApp::start_with(test_config()).await
+    }
+
+    /// Starts Warden with `config` on a database of its own.
+    pub async fn start_with(config: Config) -> TestApp {
+        let db = TestDb::new().await;
+        let mut app = TestApp::spawn_with(db.pool.clone(), config).await;
+        app.db = Some(db);
+        app
+    }
+
+    /// Starts Warden on `pool` with the test configuration: for a test that
+    /// needs the database before the app, or two apps on one database.
     pub async fn spawn(pool: PgPool) -> TestApp {
         TestApp::spawn_with(pool, test_config()).await
     }
@@ -267,7 +290,17 @@ impl TestApp {
             .await
             .expect("warden starts");
         let base = format!("http://{}", app.addr());
-        TestApp::connect(Some(app), base).await
+        let mut test_app = TestApp::connect(Some(app), base).await;
+        test_app.pool = Some(pool);
+        test_app
+    }
+
+    /// The database the app runs on, for a test that reads or writes the
+    /// store beside the API.
+    pub fn pool(&self) -> &PgPool {
+        self.pool
+            .as_ref()
+            .expect("an app started on a database (start or spawn), not connected to one")
     }
 
     /// A client of the Warden at `base`: with an operator key of tenant
@@ -288,6 +321,8 @@ impl TestApp {
                 base,
                 client: client_with_key(&key),
                 key,
+                pool: None,
+                db: None,
             }
         } else {
             TestApp {
@@ -295,6 +330,8 @@ impl TestApp {
                 base,
                 client: reqwest::Client::new(),
                 key: String::new(),
+                pool: None,
+                db: None,
             }
         }
     }
@@ -377,6 +414,11 @@ impl TestApp {
         body
     }
 
+    /// The session's status document, typed: a missing counter fails here.
+    pub async fn session_view(&self, id: &str) -> SessionView {
+        view(&self.session(id).await)
+    }
+
     /// Polls the session until `done` holds, or panics after `timeout`.
     pub async fn wait_until(
         &self,
@@ -412,8 +454,8 @@ impl TestApp {
         let (status, body) = self
             .get(&format!("/api/autonomous/{id}/iterations?limit=500"))
             .await;
-        assert_eq!(status, StatusCode::OK);
-        body["items"].as_array().cloned().unwrap_or_default()
+        assert_eq!(status, StatusCode::OK, "{body}");
+        view::<ListView<Value>>(&body).items
     }
 
     /// Every event of a session.
@@ -421,8 +463,19 @@ impl TestApp {
         let (status, body) = self
             .get(&format!("/api/autonomous/{id}/events?limit=500"))
             .await;
-        assert_eq!(status, StatusCode::OK);
-        body["items"].as_array().cloned().unwrap_or_default()
+        assert_eq!(status, StatusCode::OK, "{body}");
+        view::<ListView<Value>>(&body).items
+    }
+
+    /// Every iteration of a session, typed: each must have its fields.
+    pub async fn iteration_views(&self, id: &str) -> Vec<IterationView> {
+        self.iterations(id).await.iter().map(view).collect()
+    }
+
+    /// Every event of a session, typed: a filter on `kind` cannot pass
+    /// because the field is missing.
+    pub async fn event_views(&self, id: &str) -> Vec<EventView> {
+        self.events(id).await.iter().map(view).collect()
     }
 
     /// Decision events (without `continue` gate evaluations).
@@ -430,8 +483,8 @@ impl TestApp {
         let (status, body) = self
             .get(&format!("/api/autonomous/{id}/decisions?limit=500"))
             .await;
-        assert_eq!(status, StatusCode::OK);
-        body["items"].as_array().cloned().unwrap_or_default()
+        assert_eq!(status, StatusCode::OK, "{body}");
+        view::<ListView<Value>>(&body).items
     }
 
     /// Graceful shutdown (checkpoint and release every session).

@@ -3,7 +3,7 @@
 //! figure beside the raw Postgres figure for the same pattern measured in the
 //! same run, so results read as ratios rather than absolute times.
 //!
-//! Run with `cargo build --release --locked && target/release/warden-bench`
+//! Run with `cargo build --release --locked --workspace && target/release/warden-bench`
 //! (`--quick` for a smoke run of a few seconds). See BENCHMARKS.md.
 
 use std::collections::BTreeMap;

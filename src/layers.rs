@@ -77,6 +77,7 @@ const STORE: &[(&str, u8)] = &[
     ("keys", 0),
     ("model_calls", 0),
     ("secrets", 0),
+    ("schema", 0),
     ("testing", 1),
     ("rows", 2),
     ("event_log", 3),

@@ -25,6 +25,7 @@ use crate::executor::ExecutorSpec;
 use crate::llm::LlmClient;
 use crate::policy::ambiguity;
 use crate::policy::approval::{self, Decision};
+use crate::policy::capabilities::{self, Placement};
 use crate::policy::checklist::{self, ChecklistItem};
 use crate::policy::delegation::{ChildPausePolicy, ChildRequest};
 use crate::policy::fleet::{self, OwnerWatch};
@@ -436,11 +437,14 @@ impl SessionService {
                 .await;
         }
         let request = self.validate_create(req)?;
+        let placement = self
+            .placement(&request.limits, Some(&request.executor.spec))
+            .await?;
         let plan = self.preflight(&request, tenant).await?;
         let id = Uuid::new_v4();
         let workspace = self.prepare_workspace(&request, id).await?;
         let acquired = Instant::now();
-        let slot = if plan.waits {
+        let slot = if plan.waits || placement == Placement::Queue {
             None
         } else {
             self.supervisor.try_reserve()
@@ -874,6 +878,34 @@ impl SessionService {
         .await?;
         self.start_run(tx, id, scope, lease.zip(slot), acquired)
             .await
+    }
+
+    /// Where a session that uses `limits` and `executor` may run, by the
+    /// capabilities it needs (see [`capabilities::placement`]): here, the
+    /// queue (a live replica that has what this one lacks claims it), or
+    /// nowhere, refused with nothing written.
+    async fn placement(
+        &self,
+        limits: &Limits,
+        executor: Option<&crate::spec::ExecutorSpec>,
+    ) -> Result<Placement> {
+        let needs = crate::spec::needs(limits, executor);
+        if self.config.capabilities.missing(&needs).is_empty() {
+            return Ok(Placement::Here);
+        }
+        let names: Vec<String> = needs.iter().map(|c| c.as_str().to_string()).collect();
+        let elsewhere = self
+            .store
+            .fleet_covers(
+                self.supervisor.replica_id(),
+                &names,
+                self.config.lease.heartbeat * fleet::MISSED_HEARTBEATS,
+            )
+            .await?;
+        match capabilities::placement(false, elsewhere) {
+            Placement::Nowhere => Err(ServiceError::CapabilityUnavailable { needs: names }),
+            placement => Ok(placement),
+        }
     }
 
     /// Where a session ready to run goes (see [`lifecycle::admission`]): a
@@ -1396,7 +1428,11 @@ impl SessionService {
             from_status: session.status,
             from_reason: session.reason,
         });
-        let (slot, status) = self.admit(&mut tx, &session.tenant).await?;
+        let executor = session.executor.as_ref().map(|e| &e.0.spec);
+        let (slot, status) = match self.placement(&limits, executor).await? {
+            Placement::Here => self.admit(&mut tx, &session.tenant).await?,
+            _ => (None, lifecycle::admission(false, false)),
+        };
         events.push(SessionEvent::status(Some(session.status), status));
         let events = event_codec::encode(&events)?;
         let acquired = Instant::now();

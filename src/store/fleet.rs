@@ -41,15 +41,19 @@ impl Store {
     /// Records this replica's heartbeat and reads the fleet's load: live
     /// replicas (heartbeat within `live_within`; the caller always counts),
     /// running sessions and orphans among them.
+    ///
+    /// The heartbeat also writes what the replica runs (`capabilities`),
+    /// so a row made again after peers forgot it says it too.
     pub async fn fleet_heartbeat(
         &self,
         replica: Uuid,
         live_within: std::time::Duration,
+        capabilities: &[String],
     ) -> Result<FleetCounts> {
         let row = sqlx::query!(
             r#"WITH beat AS (
-                 INSERT INTO replicas (id) VALUES ($1)
-                 ON CONFLICT (id) DO UPDATE SET heartbeat_at = now()
+                 INSERT INTO replicas (id, capabilities) VALUES ($1, $4)
+                 ON CONFLICT (id) DO UPDATE SET heartbeat_at = now(), capabilities = EXCLUDED.capabilities
                  RETURNING id),
                gone AS (
                  DELETE FROM replicas
@@ -64,6 +68,7 @@ impl Store {
             replica,
             live_within.as_secs_f64(),
             FORGET_REPLICAS_AFTER_SECS,
+            capabilities,
         )
         .fetch_one(&self.pool)
         .await?;
@@ -72,6 +77,49 @@ impl Store {
             running: row.running,
             orphans: row.orphans,
         })
+    }
+
+    /// Enters this replica in the fleet before it takes any session: what
+    /// it runs, its version and the newest migration it knows. Its leases
+    /// need the row: without it, it covers no session's needs.
+    pub async fn announce_replica(
+        &self,
+        replica: Uuid,
+        capabilities: &[String],
+        version: &str,
+    ) -> Result<()> {
+        sqlx::query!(
+            "INSERT INTO replicas (id, capabilities, version, schema_version) VALUES ($1, $2, $3, $4)
+             ON CONFLICT (id) DO UPDATE SET heartbeat_at = now(), capabilities = EXCLUDED.capabilities,
+                    version = EXCLUDED.version, schema_version = EXCLUDED.schema_version",
+            replica,
+            capabilities,
+            version,
+            super::schema::binary_version(),
+        )
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    /// Whether a live replica other than `replica` (heartbeat within
+    /// `live_within`) has every capability of `needs`.
+    pub async fn fleet_covers(
+        &self,
+        replica: Uuid,
+        needs: &[String],
+        live_within: std::time::Duration,
+    ) -> Result<bool> {
+        Ok(sqlx::query_scalar!(
+            r#"SELECT EXISTS (SELECT 1 FROM replicas
+                 WHERE id <> $1 AND heartbeat_at > now() - make_interval(secs => $3)
+                   AND capabilities @> $2) AS "covered!""#,
+            replica,
+            needs,
+            live_within.as_secs_f64(),
+        )
+        .fetch_one(&self.pool)
+        .await?)
     }
 
     /// Removes this replica from the fleet (it drains): peers stop counting

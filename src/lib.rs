@@ -280,6 +280,7 @@ impl Application {
                 replica_id,
                 &config.capabilities.names(),
                 env!("CARGO_PKG_VERSION"),
+                store::schema::binary_version(),
             )
             .await?;
         let supervisor = Supervisor::new(

@@ -10,8 +10,8 @@ use utoipa::ToSchema;
 
 use crate::policy::approval::ApprovalPolicy;
 use crate::policy::capabilities::Capability;
-use crate::policy::guardrails::Limits;
 use crate::policy::delegation::ChildRequest;
+use crate::policy::guardrails::Limits;
 use crate::policy::history::{FileWrite, Outcome};
 
 /// How a session's iterations are performed, as given in the create request.

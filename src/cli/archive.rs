@@ -25,7 +25,10 @@ pub enum ArchiveCommand {
 pub(super) async fn run(command: ArchiveCommand) -> ExitCode {
     match command {
         ArchiveCommand::Import { file } => {
-            on_cli_store("archive", Schema::Write, async |store| import(store, &file).await).await
+            on_cli_store("archive", Schema::Write, async |store| {
+                import(store, &file).await
+            })
+            .await
         }
     }
 }

@@ -32,7 +32,10 @@ pub struct MigrateArgs {
 pub(super) async fn run(args: MigrateArgs) -> ExitCode {
     on_cli_store("migrate", Schema::AsIs, async |store| {
         let done = match (args.down_to, args.dry_run) {
-            (None, true) => store.pending_migrations().await.map(|p| report("would apply", &p)),
+            (None, true) => store
+                .pending_migrations()
+                .await
+                .map(|p| report("would apply", &p)),
             (None, false) => apply(store).await,
             (Some(target), true) => down_plan(store, target).await,
             (Some(target), false) => store

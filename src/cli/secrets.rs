@@ -57,9 +57,14 @@ pub(super) async fn run(command: SecretsCommand) -> ExitCode {
     match command {
         SecretsCommand::Rotate if keys.env_keys => new_env_key(),
         SecretsCommand::Rotate => rotate_file(&keys.key_file),
-        SecretsCommand::Status => on_cli_store("secrets", Schema::Read, async |store| status(store).await).await,
+        SecretsCommand::Status => {
+            on_cli_store("secrets", Schema::Read, async |store| status(store).await).await
+        }
         SecretsCommand::Retire => {
-            on_cli_store("secrets", Schema::Write, async |store| retire(store, &keys).await).await
+            on_cli_store("secrets", Schema::Write, async |store| {
+                retire(store, &keys).await
+            })
+            .await
         }
     }
 }

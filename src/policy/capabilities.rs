@@ -143,7 +143,10 @@ mod tests {
             Ok(vec![Capability::Delegate, Capability::ReviewEvery])
         );
         let err = parse_list("delegate,teleport").unwrap_err();
-        assert!(err.contains("teleport") && err.contains("mcp_tools"), "{err}");
+        assert!(
+            err.contains("teleport") && err.contains("mcp_tools"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -116,7 +116,10 @@ pub fn migration_name(version: i64) -> MigrationName {
     let description = MIGRATOR
         .iter()
         .find(|m| m.version == version && !m.migration_type.is_down_migration())
-        .map_or_else(|| "(not in this binary)".into(), |m| m.description.to_string());
+        .map_or_else(
+            || "(not in this binary)".into(),
+            |m| m.description.to_string(),
+        );
     MigrationName {
         version,
         description,
@@ -130,10 +133,9 @@ impl Store {
     pub async fn applied_migrations(&self) -> Result<BTreeSet<i64>> {
         // Not `query!`: `_sqlx_migrations` is sqlx's own table, absent from
         // the schema the queries are checked against.
-        let exists: bool =
-            sqlx::query_scalar("SELECT to_regclass('_sqlx_migrations') IS NOT NULL")
-                .fetch_one(&self.pool)
-                .await?;
+        let exists: bool = sqlx::query_scalar("SELECT to_regclass('_sqlx_migrations') IS NOT NULL")
+            .fetch_one(&self.pool)
+            .await?;
         if !exists {
             return Ok(BTreeSet::new());
         }
@@ -146,7 +148,10 @@ impl Store {
 
     /// Where the schema stands against this binary's migrations.
     pub async fn schema_status(&self) -> Result<SchemaStatus> {
-        Ok(compare(&self.applied_migrations().await?, &known_versions()))
+        Ok(compare(
+            &self.applied_migrations().await?,
+            &known_versions(),
+        ))
     }
 
     /// Refuses a schema newer than this binary, in plain words.
@@ -224,11 +229,10 @@ impl Store {
     ) -> Result<Vec<MigrationName>> {
         self.refuse_newer().await?;
         let applied = self.applied_migrations().await?;
-        let plan = down_plan(&applied, target, DOWNS).map_err(|version| {
-            StoreError::Irreversible {
+        let plan =
+            down_plan(&applied, target, DOWNS).map_err(|version| StoreError::Irreversible {
                 migration: migration_name(version).to_string(),
-            }
-        })?;
+            })?;
         let mut done = Vec::with_capacity(plan.len());
         for (version, sql) in plan {
             let mut tx = sqlx::Connection::begin(&mut *conn).await?;
@@ -259,7 +263,10 @@ mod tests {
             compare(&set(&[1]), &set(&[1, 2, 3])),
             SchemaStatus::Behind(vec![2, 3])
         );
-        assert_eq!(compare(&set(&[]), &set(&[1])), SchemaStatus::Behind(vec![1]));
+        assert_eq!(
+            compare(&set(&[]), &set(&[1])),
+            SchemaStatus::Behind(vec![1])
+        );
         // Unknown versions win: nothing is applied over a schema not understood.
         assert_eq!(
             compare(&set(&[1, 3]), &set(&[1, 2])),
@@ -285,5 +292,206 @@ mod tests {
             assert!(sql.contains(&format!("{version:04}_")), "{version}");
         }
         assert!(binary_version() >= 27);
+    }
+
+    /// The schema as the database describes it: every column, trigger and
+    /// function of the public schema, in a stable order.
+    async fn shape(pool: &sqlx::PgPool) -> Vec<String> {
+        sqlx::query_scalar(
+            "SELECT table_name || '.' || column_name || ' ' || data_type || ' ' || coalesce(column_default, '')
+               FROM information_schema.columns WHERE table_schema = 'public'
+             UNION ALL SELECT 'trigger ' || tgname || ' ' || pg_get_triggerdef(oid) FROM pg_trigger WHERE NOT tgisinternal
+             UNION ALL SELECT 'function ' || p.oid::regprocedure::text || ' ' || md5(pg_get_functiondef(p.oid))
+               FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace WHERE n.nspname = 'public'
+             ORDER BY 1",
+        )
+        .fetch_all(pool)
+        .await
+        .unwrap()
+    }
+
+    async fn insert_session(pool: &sqlx::PgPool, limits: &str, executor: &str) -> uuid::Uuid {
+        let id = uuid::Uuid::new_v4();
+        sqlx::query(
+            "INSERT INTO sessions (id, goal, mode, status, limits, executor, queued_at)
+             VALUES ($1, 'goal', 'fixed', 'queued', $2::jsonb, $3::jsonb, now())",
+        )
+        .bind(id)
+        .bind(limits)
+        .bind(executor)
+        .execute(pool)
+        .await
+        .unwrap();
+        id
+    }
+
+    async fn needs_of(pool: &sqlx::PgPool, id: uuid::Uuid) -> Vec<String> {
+        sqlx::query_scalar("SELECT needs FROM sessions WHERE id = $1")
+            .bind(id)
+            .fetch_one(pool)
+            .await
+            .unwrap()
+    }
+
+    /// Up, down, up on a database with sessions in it: the schema is the
+    /// same as after the first up, the sessions are all there and their
+    /// needs are derived again.
+    #[tokio::test]
+    async fn the_reversible_migrations_round_trip_on_a_populated_database() {
+        let db = crate::store::testing::TestDb::new().await;
+        let store = Store::from_pool(db.pool.clone());
+        let id = insert_session(&db.pool, r#"{"review_every": 5}"#, r#"{"kind": "webhook"}"#).await;
+        let plain = insert_session(&db.pool, "{}", r#"{"kind": "webhook"}"#).await;
+        let before = shape(&db.pool).await;
+        assert_eq!(needs_of(&db.pool, id).await, ["review_every"]);
+
+        let reversed = store.migrate_down_to(26).await.unwrap();
+        assert_eq!(reversed.iter().map(|m| m.version).collect::<Vec<_>>(), [27]);
+        assert_eq!(
+            store.schema_status().await.unwrap(),
+            SchemaStatus::Behind(vec![27])
+        );
+        let down = shape(&db.pool).await;
+        assert!(!down.iter().any(|c| c.starts_with("sessions.needs ")));
+        assert!(!down.iter().any(|c| c.contains("capabilities")));
+
+        store.migrate().await.unwrap();
+        assert_eq!(shape(&db.pool).await, before);
+        assert_eq!(needs_of(&db.pool, id).await, ["review_every"]);
+        assert!(needs_of(&db.pool, plain).await.is_empty());
+        let count: i64 = sqlx::query_scalar("SELECT count(*) FROM sessions")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+        assert_eq!(count, 2);
+    }
+
+    /// A way down through a migration without a reverse is refused whole,
+    /// naming it, before anything is reversed.
+    #[tokio::test]
+    async fn a_way_down_through_an_irreversible_migration_changes_nothing() {
+        let db = crate::store::testing::TestDb::new().await;
+        let store = Store::from_pool(db.pool.clone());
+        let before = shape(&db.pool).await;
+        let err = store.migrate_down_to(25).await.unwrap_err();
+        let text = err.to_string();
+        assert!(
+            text.contains("0026 usage charges cannot be reversed"),
+            "{text}"
+        );
+        assert_eq!(shape(&db.pool).await, before);
+        assert_eq!(store.schema_status().await.unwrap(), SchemaStatus::Current);
+    }
+
+    /// A schema with a migration this binary lacks is refused in plain
+    /// words (both versions, what to do), before sqlx is asked anything.
+    #[tokio::test]
+    async fn a_newer_schema_is_refused_in_plain_words() {
+        let db = crate::store::testing::TestDb::new().await;
+        let store = Store::from_pool(db.pool.clone());
+        sqlx::query(
+            "INSERT INTO _sqlx_migrations (version, description, success, checksum, execution_time)
+             VALUES (9001, 'from the future', true, '\\x00', 1)",
+        )
+        .execute(&db.pool)
+        .await
+        .unwrap();
+        let binary = binary_version();
+        for err in [
+            store.migrate().await.unwrap_err(),
+            store.require_current_schema().await.unwrap_err(),
+            store.pending_migrations().await.unwrap_err(),
+        ] {
+            assert!(
+                matches!(err, StoreError::SchemaNewer { database: 9001, .. }),
+                "{err:?}"
+            );
+            let text = err.to_string();
+            assert!(
+                text.contains(&format!(
+                    "this database's schema is at migration 9001, newer than this binary's {binary}"
+                )),
+                "{text}"
+            );
+            assert!(
+                text.contains(&format!("warden migrate --down-to {binary}")),
+                "{text}"
+            );
+        }
+    }
+
+    /// `WARDEN_MIGRATE=off`'s check: a schema behind the binary is refused
+    /// with the command that brings it up to date, and nothing is applied.
+    #[tokio::test]
+    async fn a_schema_behind_is_refused_without_migrating() {
+        let db = crate::store::testing::TestDb::new().await;
+        let store = Store::from_pool(db.pool.clone());
+        store.require_current_schema().await.unwrap();
+        store.migrate_down_to(26).await.unwrap();
+        let err = store.require_current_schema().await.unwrap_err();
+        let text = err.to_string();
+        assert!(text.contains("behind this binary's"), "{text}");
+        assert!(text.contains("run `warden migrate`"), "{text}");
+        assert_eq!(
+            store.pending_migrations().await.unwrap(),
+            vec![migration_name(27)]
+        );
+        assert_eq!(
+            store.schema_status().await.unwrap(),
+            SchemaStatus::Behind(vec![27])
+        );
+    }
+
+    /// The database derives a session's needs as `spec::needs` does, from
+    /// the columns as the store writes them.
+    #[tokio::test]
+    async fn the_database_derives_the_needs_the_code_does() {
+        use crate::policy::guardrails::Limits;
+        use crate::spec::{ExecutorSpec, needs};
+        let db = crate::store::testing::TestDb::new().await;
+        let executors = [
+            serde_json::json!({"kind": "scripted", "steps": [{"action": "a", "output": "o"}]}),
+            serde_json::json!({"kind": "scripted", "steps": [{"action": "a", "output": "o",
+                "delegate": [{"goal": "child"}]}]}),
+            serde_json::json!({"kind": "scripted", "steps": [{"action": "a", "output": "o"}],
+                "scripts": {"c": [{"action": "a", "output": "o", "delegate": [{"goal": "g"}]}]}}),
+            serde_json::json!({"kind": "llm", "model": "m", "base_url": "http://x/v1"}),
+            serde_json::json!({"kind": "llm", "model": "m", "base_url": "http://x/v1",
+                "tools": ["builtin"]}),
+            serde_json::json!({"kind": "llm", "model": "m", "base_url": "http://x/v1",
+                "tools": ["builtin", "fs:read"], "approvals": {"tools": {"fs:read": "always"}}}),
+            serde_json::json!({"kind": "worker", "queue": "q"}),
+            serde_json::json!({"kind": "webhook", "url": "http://x/step"}),
+        ];
+        for review_every in [None, Some(0), Some(7)] {
+            let limits = Limits {
+                max_iterations: 10,
+                max_wall_time_ms: 60_000,
+                max_tokens: 1_000,
+                max_consecutive_errors: 3,
+                reflection_interval: 5,
+                checkpoint_interval: 5,
+                max_tool_calls: None,
+                max_cycles: 10,
+                context_budget_tokens: 32_000,
+                review_every,
+            };
+            for executor in &executors {
+                let spec: ExecutorSpec = serde_json::from_value(executor.clone()).unwrap();
+                let stored = serde_json::to_string(&spec).unwrap();
+                let id =
+                    insert_session(&db.pool, &serde_json::to_string(&limits).unwrap(), &stored)
+                        .await;
+                let expected: Vec<String> = needs(&limits, Some(&spec))
+                    .iter()
+                    .map(|c| c.as_str().to_string())
+                    .collect();
+                let mut got = needs_of(&db.pool, id).await;
+                got.sort_by_key(|n| {
+                    crate::policy::capabilities::Capability::parse(n).map(|c| c as u8)
+                });
+                assert_eq!(got, expected, "{review_every:?} {stored}");
+            }
+        }
     }
 }

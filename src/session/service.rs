@@ -899,7 +899,10 @@ impl SessionService {
             .fleet_covers(
                 self.supervisor.replica_id(),
                 &names,
-                self.config.lease.heartbeat * fleet::MISSED_HEARTBEATS,
+                // Live as long as its leases would be: a busy replica's
+                // heartbeat may come late, and one silent for a whole TTL
+                // has lost its sessions anyway.
+                self.config.lease.ttl,
             )
             .await?;
         match capabilities::placement(false, elsewhere) {

@@ -854,7 +854,11 @@ impl SessionService {
         };
         let data = json!({ "limits": limits, "proposal": session.refinement });
         store::insert_refinement(&mut tx, id, scope, kind, &session.goal, &goal, &data).await?;
-        let (slot, status) = self.admit(&mut tx, &session.tenant).await?;
+        let executor = session.executor.as_ref().map(|e| &e.0.spec);
+        let (slot, status) = match self.placement(&limits, executor).await? {
+            Placement::Here => self.admit(&mut tx, &session.tenant).await?,
+            _ => (None, lifecycle::admission(false, false)),
+        };
         let events = event_codec::encode(&[
             SessionEvent::GoalRefined {
                 kind: kind.into(),

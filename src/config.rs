@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use crate::egress::EgressPolicy;
 use crate::llm::LlmSettings;
+use crate::policy::capabilities::{self, Capabilities};
 use crate::policy::gate::GateConfig;
 use crate::policy::guardrails::Limits;
 use crate::policy::lifecycle::Mode;
@@ -143,6 +144,15 @@ impl ModelConfig {
     }
 }
 
+/// Whether start-up applies the migrations (`WARDEN_MIGRATE`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MigrateMode {
+    /// Apply those the schema lacks (refusing a schema newer than the binary).
+    Auto,
+    /// Apply none; refuse to start unless the schema is exactly this binary's.
+    Off,
+}
+
 /// Everything the service reads from its environment.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -189,6 +199,11 @@ pub struct Config {
     /// replica claims per heartbeat, so a replica that starts
     /// (or a queue that fills) never takes on a burst all at once.
     pub claims_per_tick: usize,
+    /// `WARDEN_CAPABILITIES_OFF`: what this replica runs is every
+    /// capability but those.
+    pub capabilities: Capabilities,
+    /// `WARDEN_MIGRATE`: whether start-up applies the migrations.
+    pub migrate: MigrateMode,
     /// `WARDEN_STOP_WAIT_MS`: how long stop/pause requests wait for the loop to land.
     pub control_wait: Duration,
     /// `WARDEN_MAX_ATTEMPTS`: consecutive failed attempts (rescues without a
@@ -595,6 +610,20 @@ impl Env<'_> {
         }
     }
 
+    /// `WARDEN_CAPABILITIES_OFF`: every capability but the ones it names.
+    fn capabilities(&self) -> Result<Capabilities, ConfigError> {
+        let Some((var, raw)) = self.text(&WARDEN_CAPABILITIES_OFF) else {
+            return Ok(Capabilities::default());
+        };
+        capabilities::parse_list(&raw)
+            .map(|off| Capabilities::without(&off))
+            .map_err(|expected| ConfigError::Invalid {
+                var,
+                value: raw.to_string(),
+                expected,
+            })
+    }
+
     /// One of `choices` (trimmed, exactly as written).
     fn choice<T: Copy>(&self, setting: &Setting, choices: &[(&str, T)]) -> Result<T, ConfigError> {
         let (var, raw) = self.text(setting).ok_or_else(|| missing_default(setting))?;
@@ -758,6 +787,11 @@ impl Config {
             lease,
             max_running: env.parse(&WARDEN_MAX_RUNNING, 1, 1_000_000)?,
             claims_per_tick: env.parse(&WARDEN_CLAIMS_PER_TICK, 1, 100_000)?,
+            capabilities: env.capabilities()?,
+            migrate: env.choice(
+                &WARDEN_MIGRATE,
+                &[("auto", MigrateMode::Auto), ("off", MigrateMode::Off)],
+            )?,
             control_wait: env.millis(&WARDEN_STOP_WAIT_MS, 0, 600_000)?,
             max_attempts: env.parse(&WARDEN_MAX_ATTEMPTS, 1, 1_000)?,
             db_acquire_timeout: env.millis(&WARDEN_DB_ACQUIRE_TIMEOUT_MS, 50, 60_000)?,

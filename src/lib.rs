@@ -117,6 +117,16 @@ impl Drop for LoopRuntime {
     }
 }
 
+/// Brings the schema to this binary's or refuses to start: `auto`
+/// applies what it lacks, `off` applies nothing and requires it current;
+/// either way a schema newer than the binary is refused in plain words.
+async fn prepare_schema(store: &Store, mode: config::MigrateMode) -> Result<(), StoreError> {
+    match mode {
+        config::MigrateMode::Auto => store.migrate().await,
+        config::MigrateMode::Off => store.require_current_schema().await,
+    }
+}
+
 /// A built Warden: bound listener, supervisor, background tasks.
 pub struct Application {
     addr: SocketAddr,
@@ -150,7 +160,7 @@ impl Application {
         };
         let store =
             Store::connect_api(url.expose(), api_connections, config.db_acquire_timeout).await?;
-        store.migrate().await?;
+        prepare_schema(&store, config.migrate).await?;
         Application::build_with_store(config, store).await
     }
 
@@ -177,7 +187,7 @@ impl Application {
             pool.clone(),
             embedded.data_dir().unwrap_or(&config.data_dir),
         )?;
-        store.migrate().await?;
+        prepare_schema(&store, config.migrate).await?;
         // The data directory's lock proves no other process runs a session:
         // a lease left by a killed predecessor is released now, not waited out.
         let released = store.release_previous_process().await?;
@@ -223,6 +233,15 @@ impl Application {
         let metrics = Arc::new(metrics::Metrics::default());
         let loops = LoopRuntime::start(config.loop_threads, config.loop_nice)?;
         let loop_store = loop_store(&loops, &store, &config).await?;
+        // In the fleet with what it runs before it takes any lease.
+        store
+            .announce_replica(
+                replica_id,
+                &config.capabilities.names(),
+                env!("CARGO_PKG_VERSION"),
+                store::schema::binary_version(),
+            )
+            .await?;
         let supervisor = Supervisor::new(
             loop_store.clone(),
             config.clone(),

@@ -3,13 +3,15 @@
 //! store so that the row is typed; how an executor is built from a spec,
 //! checked and shown lives in `executor`.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use utoipa::ToSchema;
 
 use crate::policy::approval::ApprovalPolicy;
+use crate::policy::capabilities::Capability;
 use crate::policy::delegation::ChildRequest;
+use crate::policy::guardrails::Limits;
 use crate::policy::history::{FileWrite, Outcome};
 
 /// How a session's iterations are performed, as given in the create request.
@@ -304,6 +306,40 @@ impl From<&ExecutorSpec> for ExecutorBrief {
             },
         }
     }
+}
+
+/// What a session asking for `limits` and `executor` needs of the replica
+/// that runs it (see [`crate::policy::capabilities`]). Migration 0027's
+/// `warden_session_needs` derives the same in the database, from the
+/// columns as stored; a test on Postgres compares the two.
+pub fn needs(limits: &Limits, executor: Option<&ExecutorSpec>) -> BTreeSet<Capability> {
+    let mut needs = BTreeSet::new();
+    if limits.review_every.is_some_and(|n| n > 0) {
+        needs.insert(Capability::ReviewEvery);
+    }
+    match executor {
+        Some(ExecutorSpec::Scripted { steps, scripts, .. }) => {
+            if steps
+                .iter()
+                .chain(scripts.values().flatten())
+                .any(|s| !s.delegate.is_empty())
+            {
+                needs.insert(Capability::Delegate);
+            }
+        }
+        Some(ExecutorSpec::Llm {
+            tools, approvals, ..
+        }) => {
+            if !approvals.is_never() {
+                needs.insert(Capability::Approvals);
+            }
+            if tools.iter().flatten().any(|t| t != "builtin") {
+                needs.insert(Capability::McpTools);
+            }
+        }
+        Some(ExecutorSpec::Webhook { .. } | ExecutorSpec::Worker { .. }) | None => {}
+    }
+    needs
 }
 
 #[cfg(test)]

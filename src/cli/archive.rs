@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use clap::Subcommand;
 use warden::store::Store;
 
-use super::store::on_cli_store;
+use super::store::{Schema, on_cli_store};
 
 /// The subcommands of `warden archive`.
 #[derive(Debug, Subcommand)]
@@ -25,7 +25,10 @@ pub enum ArchiveCommand {
 pub(super) async fn run(command: ArchiveCommand) -> ExitCode {
     match command {
         ArchiveCommand::Import { file } => {
-            on_cli_store("archive", async |store| import(store, &file).await).await
+            on_cli_store("archive", Schema::Write, async |store| {
+                import(store, &file).await
+            })
+            .await
         }
     }
 }

@@ -8,7 +8,7 @@ use clap::{Args, Subcommand};
 use warden::auth::Role;
 use warden::store::{Store, TenantScope};
 
-use super::store::on_cli_store;
+use super::store::{Schema, on_cli_store};
 
 /// Where every `warden keys` command works, said once in each one's help.
 const WHERE: &str = "Reads DATABASE_URL, or the embedded database in WARDEN_DATA_DIR when it is \
@@ -61,7 +61,11 @@ fn role() -> impl TypedValueParser<Value = Role> {
 
 /// Runs `warden keys ...` on the CLI's database.
 pub(super) async fn run(command: KeysCommand) -> ExitCode {
-    on_cli_store("keys", async |store| match command {
+    let schema = match command {
+        KeysCommand::List => Schema::Read,
+        _ => Schema::Write,
+    };
+    on_cli_store("keys", schema, async |store| match command {
         KeysCommand::Create(key) => create(store, key).await,
         KeysCommand::List => list(store).await,
         KeysCommand::Revoke { id } => revoke(store, id).await,

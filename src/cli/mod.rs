@@ -11,6 +11,7 @@ mod config;
 mod db;
 mod healthcheck;
 mod keys;
+mod migrate;
 mod secrets;
 mod store;
 mod tenants;
@@ -50,6 +51,12 @@ pub enum Command {
     /// The embedded PostgreSQL
     #[command(subcommand)]
     Db(db::DbCommand),
+    /// Apply this binary's migrations (--dry-run lists them), or reverse some (--down-to N)
+    ///
+    /// The service applies them itself at start-up unless WARDEN_MIGRATE=off;
+    /// a database whose schema is newer than this binary is refused, never
+    /// changed. Other commands never migrate when they only read.
+    Migrate(migrate::MigrateArgs),
     /// Print every setting with the value in effect and where it came from
     Config(config::ConfigArgs),
     /// Sessions archived past their retention
@@ -98,6 +105,7 @@ pub async fn run(command: Command) -> ExitCode {
         Command::Secrets(command) => secrets::run(command).await,
         Command::Tenants(command) => tenants::run(command).await,
         Command::Db(command) => db::run(command).await,
+        Command::Migrate(args) => migrate::run(args).await,
         Command::Config(args) => config::run(args),
         Command::Archive(command) => archive::run(command).await,
         Command::Completions { shell } => completions(shell),

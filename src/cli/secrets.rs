@@ -8,7 +8,7 @@ use clap::Subcommand;
 use warden::config::settings;
 use warden::store::Store;
 
-use super::store::on_cli_store;
+use super::store::{Schema, on_cli_store};
 
 /// The subcommands of `warden secrets`.
 #[derive(Debug, Subcommand)]
@@ -57,9 +57,14 @@ pub(super) async fn run(command: SecretsCommand) -> ExitCode {
     match command {
         SecretsCommand::Rotate if keys.env_keys => new_env_key(),
         SecretsCommand::Rotate => rotate_file(&keys.key_file),
-        SecretsCommand::Status => on_cli_store("secrets", async |store| status(store).await).await,
+        SecretsCommand::Status => {
+            on_cli_store("secrets", Schema::Read, async |store| status(store).await).await
+        }
         SecretsCommand::Retire => {
-            on_cli_store("secrets", async |store| retire(store, &keys).await).await
+            on_cli_store("secrets", Schema::Write, async |store| {
+                retire(store, &keys).await
+            })
+            .await
         }
     }
 }

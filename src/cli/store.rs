@@ -6,11 +6,25 @@ use std::process::ExitCode;
 use warden::config::settings;
 use warden::store::Store;
 
+/// What a command needs of the schema before it runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Schema {
+    /// A command that writes: the schema brought to this binary's as the
+    /// service would at start-up (`WARDEN_MIGRATE`: `auto` applies what is
+    /// missing, `off` requires it current).
+    Write,
+    /// A command that only reads: never migrates, requires it current.
+    Read,
+    /// `warden migrate` itself: opened as it is.
+    AsIs,
+}
+
 /// Runs `warden {name} ...` on the database the service would use
-/// (`DATABASE_URL`, else the embedded one): opens and migrates it, runs
-/// `command` on it, and closes it.
+/// (`DATABASE_URL`, else the embedded one): opens it, checks or migrates
+/// its schema as `schema` says, runs `command` on it, and closes it.
 pub(super) async fn on_cli_store(
     name: &str,
+    schema: Schema,
     command: impl AsyncFnOnce(&Store) -> ExitCode,
 ) -> ExitCode {
     let (store, db) = match cli_store().await {
@@ -20,7 +34,12 @@ pub(super) async fn on_cli_store(
             return ExitCode::FAILURE;
         }
     };
-    let code = match store.migrate().await {
+    let ready = match schema {
+        Schema::Write if migrate_at_start() => store.migrate().await,
+        Schema::Write | Schema::Read => store.require_current_schema().await,
+        Schema::AsIs => Ok(()),
+    };
+    let code = match ready {
         Ok(()) => command(&store).await,
         Err(err) => {
             eprintln!("warden {name}: {err}");
@@ -30,6 +49,14 @@ pub(super) async fn on_cli_store(
     drop(store);
     db.close().await;
     code
+}
+
+/// Whether `WARDEN_MIGRATE` lets a command apply migrations (anything but
+/// `off`: the service refuses a value it does not know at its start).
+fn migrate_at_start() -> bool {
+    settings::WARDEN_MIGRATE
+        .value(&settings::process_env())
+        .is_none_or(|v| v.trim() != "off")
 }
 
 /// `WARDEN_DATA_DIR` as the service reads it.

@@ -7,7 +7,7 @@ use clap::{Args, Subcommand};
 use warden::policy::delegation::{DEFAULT_MAX_CHILDREN, DEFAULT_MAX_DEPTH};
 use warden::store::Store;
 
-use super::store::on_cli_store;
+use super::store::{Schema, on_cli_store};
 
 /// The subcommands of `warden tenants`.
 #[derive(Debug, Subcommand)]
@@ -73,7 +73,11 @@ fn tree_limit(raw: &str) -> Result<Limit, String> {
 
 /// Runs `warden tenants ...` on the CLI's database.
 pub(super) async fn run(command: TenantsCommand) -> ExitCode {
-    on_cli_store("tenants", async |store| match command {
+    let schema = match command {
+        TenantsCommand::List => Schema::Read,
+        TenantsCommand::Set(_) => Schema::Write,
+    };
+    on_cli_store("tenants", schema, async |store| match command {
         TenantsCommand::Set(set) => self::set(store, set).await,
         TenantsCommand::List => list(store).await,
     })

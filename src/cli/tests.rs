@@ -267,13 +267,14 @@ fn help_is_answered_at_every_level() {
 
 /// The pages whose shell blocks show the command line: the README and
 /// every page under docs/ that runs `warden`.
-const DOCUMENTED: [&str; 6] = [
+const DOCUMENTED: [&str; 7] = [
     include_str!("../../README.md"),
     include_str!("../../docs/reference/cli.md"),
     include_str!("../../docs/operations/storage.md"),
     include_str!("../../docs/operations/fleet.md"),
     include_str!("../../docs/operations/security.md"),
     include_str!("../../docs/operations/retention.md"),
+    include_str!("../../docs/operations/upgrades.md"),
 ];
 
 /// The `warden ...` and `cargo run ... [-- ...]` lines of the documentation's

@@ -254,6 +254,8 @@ settings! {
     // The service.
     WARDEN_DATA_DIR (Store) = "./.warden" =>
         "the embedded PostgreSQL's data (unused with `DATABASE_URL`); one process at a time";
+    WARDEN_MIGRATE (Store) = "auto" =>
+        "`auto`: apply this binary's migrations at start-up; `off`: never, and refuse to start on a schema that is behind (apply them with `warden migrate`); a schema newer than the binary is always refused";
     WARDEN_DB_MAX_CONNECTIONS (Store) = "16" =>
         "pool of the session loops; the API has a pool of its own, a quarter of this (at least 2), unless `WARDEN_LOOP_THREADS=0` makes them share one";
     WARDEN_DB_ACQUIRE_TIMEOUT_MS (Store) = "2000" =>
@@ -318,6 +320,8 @@ settings! {
         "sessions this replica runs at once; beyond it a created or resumed session waits `queued` (with its `queue_position`) until some replica has room";
     WARDEN_CLAIMS_PER_TICK (Session) = "100" =>
         "most queued or orphaned sessions a replica claims per heartbeat (a freed place claims at once)";
+    WARDEN_CAPABILITIES_OFF (Session) = unset =>
+        "capabilities this replica does not announce, comma-separated (`delegate`, `review_every`, `approvals`, `mcp_tools`): it never runs a session that needs one, and a create needing one goes to a replica that has it (409 when none does)";
     WARDEN_MAX_ATTEMPTS (Session) = "5" =>
         "failed attempts in a row (rescues without progress) before a session ends `failed / internal_error`";
     WARDEN_STOP_WAIT_MS (Session) = "5000" =>

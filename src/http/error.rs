@@ -167,6 +167,11 @@ impl From<ServiceError> for ApiError {
             ServiceError::AlreadyDecided { .. } => {
                 ApiError::new(StatusCode::CONFLICT, "already_decided", err.to_string())
             }
+            ServiceError::CapabilityUnavailable { .. } => ApiError::new(
+                StatusCode::CONFLICT,
+                "capability_unavailable",
+                err.to_string(),
+            ),
             ServiceError::CarvedBudget(_) => {
                 ApiError::new(StatusCode::CONFLICT, "carved_budget", err.to_string())
             }

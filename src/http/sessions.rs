@@ -86,6 +86,7 @@ fn decode_cursor(raw: &str) -> ApiResult<SessionCursor> {
             headers(("Idempotent-Replayed" = String, description = "`true` when the answer is the session an earlier request with the same Idempotency-Key created"))),
         (status = 400, description = "Malformed JSON, or a malformed Idempotency-Key", body = Problem, content_type = "application/problem+json"),
         (status = 403, description = "The executor's URL is refused by the outbound-request policy (code `egress_denied`)", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "The session needs a capability (`delegate`, `review_every`, `approvals`, `mcp_tools`) that no live replica has, e.g. during a rolling upgrade (`capability_unavailable`)", body = Problem, content_type = "application/problem+json"),
         (status = 413, description = "Body too large", body = Problem, content_type = "application/problem+json"),
         (status = 415, description = "Not JSON", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Unknown field, wrong type or out-of-range limit; or an Idempotency-Key used with another body (`idempotency_key_reused`)", body = Problem, content_type = "application/problem+json"),
@@ -463,7 +464,7 @@ pub async fn pause_session(
     responses(
         (status = 200, description = "The session, running again (or `queued` when no replica has room)", body = SessionView),
         (status = 404, description = "No such session", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "Not resumable, a budget is exhausted and must be raised, a child's carved budget was asked to change (`carved_budget`), or a parent waiting for its children was sent changes", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "Not resumable, a budget is exhausted and must be raised, a child's carved budget was asked to change (`carved_budget`), a parent waiting for its children was sent changes, or the session needs a capability no live replica has (`capability_unavailable`)", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Invalid guidance or limits", body = Problem, content_type = "application/problem+json"),
         (status = 429, description = "The tenant has WARDEN_TENANT_MAX_RUNNING active sessions (`tenant_running_limit`), or its share of the request slots is in use (`tenant_request_limit`, with `Retry-After`)", body = Problem, content_type = "application/problem+json"),
     )

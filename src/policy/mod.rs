@@ -6,6 +6,7 @@ pub mod admission;
 pub mod ambiguity;
 pub mod approval;
 pub mod budget;
+pub mod capabilities;
 pub mod checklist;
 pub mod delegation;
 pub mod estimate;

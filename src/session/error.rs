@@ -91,6 +91,17 @@ pub enum ServiceError {
     /// A child's carved budget was asked to change on the child itself.
     #[error(transparent)]
     CarvedBudget(#[from] CarvedBudget),
+    /// The session needs capabilities no live replica of the fleet has
+    /// (an upgrade in progress, or switched off): nothing was written.
+    #[error(
+        "this session needs {} and no live replica runs that yet (a rolling upgrade in progress, \
+or WARDEN_CAPABILITIES_OFF); retry once the fleet runs a release that has it",
+        needs.join(", ")
+    )]
+    CapabilityUnavailable {
+        /// The capabilities it needs that no live replica has.
+        needs: Vec<String>,
+    },
     /// The service is shutting down or could not start the loop.
     #[error("{0}")]
     Unavailable(String),

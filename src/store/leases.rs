@@ -58,7 +58,8 @@ Status::Running as Status,
             .collect())
     }
 
-    /// Takes over running sessions whose lease has expired (or was released).
+    /// Takes over running sessions whose lease has expired (or was released)
+    /// and whose needs this replica covers (its row in `replicas` says).
     /// `SKIP LOCKED` lets several replicas rescue concurrently without
     /// claiming the same session twice.
     pub async fn claim_orphans(
@@ -74,6 +75,8 @@ Status::Running as Status,
             r#"WITH orphans AS (
                  SELECT id, owner AS previous_owner FROM sessions
                  WHERE status = 'running' AND (lease_expires_at IS NULL OR lease_expires_at < now())
+                   -- Only what this replica can run (migration 0027).
+                   AND needs <@ coalesce((SELECT r.capabilities FROM replicas r WHERE r.id = $1), '{}')
                  ORDER BY lease_expires_at NULLS FIRST LIMIT $3 FOR UPDATE SKIP LOCKED)
              UPDATE sessions s SET owner = $1, lease_token = gen_random_uuid(),
                     lease_expires_at = now() + make_interval(secs => $2), heartbeat_at = now()

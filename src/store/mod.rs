@@ -43,6 +43,7 @@ pub mod quotas;
 mod rebuild;
 mod reflections;
 mod rows;
+pub mod schema;
 mod scope;
 mod secrets;
 mod sessions;
@@ -112,6 +113,44 @@ pub enum StoreError {
     /// A migration could not be applied.
     #[error("migration failed: {0}")]
     Migration(#[from] sqlx::migrate::MigrateError),
+    /// The database's schema has migrations this binary does not know (a
+    /// newer release applied them): nothing was changed.
+    #[error(
+        "this database's schema is at migration {database}, newer than this binary's {binary}: \
+a newer Warden has upgraded it. Run that newer version, or roll the schema back first with the \
+newer version's `warden migrate --down-to {binary}` (see docs/operations/upgrades.md)"
+    )]
+    SchemaNewer {
+        /// The newest migration applied to the database.
+        database: i64,
+        /// The newest migration this binary has.
+        binary: i64,
+    },
+    /// The schema lacks migrations of this binary and migrating was not
+    /// asked for (`WARDEN_MIGRATE=off`).
+    #[error(
+        "this database's schema is at migration {database}, behind this binary's {binary} \
+({pending} to apply) and WARDEN_MIGRATE=off: run `warden migrate` (`warden migrate --dry-run` \
+lists them), or start with WARDEN_MIGRATE=auto"
+    )]
+    SchemaBehind {
+        /// The newest migration applied to the database.
+        database: i64,
+        /// The newest migration this binary has.
+        binary: i64,
+        /// How many migrations of this binary are not applied.
+        pending: usize,
+    },
+    /// `migrate --down-to` would have to reverse a migration that has no
+    /// reverse: nothing was changed.
+    #[error(
+        "migration {migration} cannot be reversed (it has no down script: the data it changed \
+cannot be put back); nothing was changed. Restore a backup taken before it to go further back"
+    )]
+    Irreversible {
+        /// The migration concerned.
+        migration: String,
+    },
     /// The writer no longer holds the session's lease; nothing was written.
     #[error("lease on session {0} is no longer held by this replica")]
     LeaseLost(Uuid),
@@ -312,12 +351,6 @@ impl Store {
     /// Wakes on every announced append (of any session).
     pub fn subscribe(&self) -> tokio::sync::broadcast::Receiver<Uuid> {
         self.appended.subscribe()
-    }
-
-    /// Applies the embedded migrations.
-    pub async fn migrate(&self) -> Result<()> {
-        sqlx::migrate!("./migrations").run(&self.pool).await?;
-        Ok(())
     }
 
     /// Answers when Postgres answers.

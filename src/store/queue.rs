@@ -103,7 +103,9 @@ impl Store {
     /// among the waiting tenants by weight and oldest first inside each:
     /// each becomes `running` under a fresh lease, with its status change
     /// in its log. Sessions another replica is claiming (or a user is
-    /// stopping) at this moment are skipped, not waited for.
+    /// stopping) at this moment are skipped, not waited for, and so are
+    /// those that need a capability this replica lacks: they wait for a
+    /// replica that has it.
     ///
     /// A tenant runs at most its cap (its own, and never more than
     /// `default_cap`, `WARDEN_TENANT_MAX_RUNNING`), children included:
@@ -152,6 +154,8 @@ impl Store {
                       SELECT q.id, q.queued_at FROM shares CROSS JOIN LATERAL (
                           SELECT id, queued_at FROM sessions
                           WHERE status = 'queued' AND tenant = shares.tenant
+                            -- Only what this replica can run (migration 0027).
+                            AND needs <@ coalesce((SELECT r.capabilities FROM replicas r WHERE r.id = $1), '{}')
                           ORDER BY queued_at, id LIMIT shares.places FOR UPDATE SKIP LOCKED) q)
              UPDATE sessions s SET status = $5, owner = $1, lease_token = gen_random_uuid(),
                     lease_expires_at = now() + make_interval(secs => $2), heartbeat_at = now(),

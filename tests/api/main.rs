@@ -38,5 +38,6 @@ mod store;
 mod streams;
 mod telemetry;
 mod termination;
+mod upgrades;
 mod worker_crash;
 mod workers;

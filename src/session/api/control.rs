@@ -241,7 +241,10 @@ impl SessionService {
             from_status: session.status,
             from_reason: session.reason,
         });
-        let (slot, status) = self.admit(&mut tx, &session.tenant).await?;
+        let executor = session.executor.as_ref().map(|e| &e.0.spec);
+        let (slot, status) = self
+            .admit_placed(&mut tx, &session.tenant, &limits, executor)
+            .await?;
         events.push(SessionEvent::status(Some(session.status), status));
         let events = event_codec::encode(&events)?;
         let acquired = Instant::now();

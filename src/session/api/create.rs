@@ -10,6 +10,7 @@ use super::SessionService;
 use super::create_request::{CreateSession, IdempotencyKey, NewRequest};
 use super::preflight::Preflight;
 use crate::event::SessionEvent;
+use crate::policy::capabilities::Placement;
 use crate::secrets::Sealed;
 use crate::session::error::{Result, ServiceError};
 use crate::session::event_codec::{self, to_stored};
@@ -51,11 +52,14 @@ impl SessionService {
                 .await;
         }
         let request = self.validate_create(req)?;
+        let placement = self
+            .placement(&request.limits, Some(&request.executor.spec))
+            .await?;
         let plan = self.preflight(&request, tenant).await?;
         let id = Uuid::new_v4();
         let workspace = self.prepare_workspace(&request, id).await?;
         let acquired = Instant::now();
-        let slot = if plan.waits {
+        let slot = if plan.waits || placement == Placement::Queue {
             None
         } else {
             self.supervisor.try_reserve()

@@ -10,6 +10,7 @@ mod create;
 mod create_request;
 mod delete;
 pub mod estimate;
+mod placement;
 mod planner;
 mod preflight;
 mod queries;

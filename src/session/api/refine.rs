@@ -71,7 +71,10 @@ impl SessionService {
         };
         let data = json!({ "limits": limits, "proposal": session.refinement });
         store::insert_refinement(&mut tx, id, scope, kind, &session.goal, &goal, &data).await?;
-        let (slot, status) = self.admit(&mut tx, &session.tenant).await?;
+        let executor = session.executor.as_ref().map(|e| &e.0.spec);
+        let (slot, status) = self
+            .admit_placed(&mut tx, &session.tenant, &limits, executor)
+            .await?;
         let events = event_codec::encode(&[
             SessionEvent::GoalRefined {
                 kind: kind.into(),

@@ -187,6 +187,7 @@ impl Supervisor {
             .fleet_heartbeat(
                 self.inner.replica_id,
                 lease.heartbeat * fleet::MISSED_HEARTBEATS,
+                &self.inner.config.capabilities.names(),
             )
             .await
         {

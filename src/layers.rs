@@ -57,6 +57,7 @@ const SESSION: &[(&str, u8)] = &[
     ("supervisor", 4),
     ("service", 5),
     ("approvals", 6),
+    ("notify", 6),
     ("tree", 6),
     ("workers", 6),
 ];
@@ -76,6 +77,7 @@ const STORE: &[(&str, u8)] = &[
     ("idempotency", 0),
     ("keys", 0),
     ("model_calls", 0),
+    ("notify", 1),
     ("secrets", 0),
     ("testing", 1),
     ("rows", 2),
@@ -116,6 +118,7 @@ const HTTP: &[(&str, u8)] = &[
     ("workers", 2),
     ("retention", 2),
     ("tree", 2),
+    ("notify", 2),
     ("approvals", 3),
     ("openapi", 4),
 ];

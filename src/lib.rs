@@ -298,9 +298,11 @@ impl Application {
             service.clone(),
             session::tree::SWEEP_EVERY,
         ));
+        let notifier = tokio::spawn(session::notify::deliver_forever(service.notifier()));
         let mut background = vec![
             expiry,
             tree_sweep,
+            notifier,
             loops.handle().spawn(supervisor.clone().maintain()),
             loops.handle().spawn(supervisor.clone().listen()),
             // On the API's runtime and pool, as the sweep: never the loops'.

@@ -73,6 +73,14 @@ use crate::session::service::{MAX_GOAL_CHARS, MAX_GUIDANCE_CHARS};
         super::workers::fail,
         super::workers::release,
         super::workers::queues,
+        super::notify::set_tenant_target,
+        super::notify::get_tenant_target,
+        super::notify::delete_tenant_target,
+        super::notify::rotate_secret,
+        super::notify::set_session_target,
+        super::notify::get_session_target,
+        super::notify::delete_session_target,
+        super::notify::list_notifications,
     ),
     components(schemas(
         super::views::EventView,
@@ -95,6 +103,7 @@ use crate::session::service::{MAX_GOAL_CHARS, MAX_GUIDANCE_CHARS};
         (name = "keys", description = "API keys (admin)"),
         (name = "approvals", description = "Calls that wait for a person: the inbox, approve and reject"),
         (name = "workers", description = "The worker protocol: claim, heartbeat and complete the steps of `worker` sessions"),
+        (name = "notify", description = "Notifications: signed webhooks to a tenant's or a session's target, and their deliveries"),
     )
 )]
 pub struct ApiDoc;

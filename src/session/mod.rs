@@ -14,6 +14,7 @@ mod journal;
 mod lease_clock;
 pub mod live;
 pub mod loop_store;
+pub mod notify;
 mod persist;
 mod planner;
 pub mod pruner;
@@ -42,7 +43,8 @@ pub use workers::{ClaimedStep, WorkerProtocol};
 // never `crate::store` (handlers call use cases, not the store).
 pub use crate::store::{
     ACTOR, ApprovalCursor, ApprovalRow, CheckpointRecord, ChildAttention, IterationRecord,
-    KeyRecord, LeaseCheck, NewDecision, Outcomes, RefinementRecord, ReflectionRecord,
-    ReflectionSummary, Session, SessionCursor, SessionFilter, SessionOrder, SessionSortKey,
-    Settlement, StoreError, Task, TenantScope, TreeRow, is_unavailable, storable_text,
+    KeyRecord, LeaseCheck, NewDecision, NotificationRow, NotifyTarget, Outcomes, RefinementRecord,
+    ReflectionRecord, ReflectionSummary, Session, SessionCursor, SessionFilter, SessionOrder,
+    SessionSortKey, Settlement, StoreError, Task, TenantScope, TreeRow, is_unavailable,
+    storable_text,
 };

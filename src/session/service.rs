@@ -396,6 +396,11 @@ impl SessionService {
         &self.store
     }
 
+    /// The configuration, for the use cases of this layer's other files.
+    pub(super) fn config(&self) -> &Arc<Config> {
+        &self.config
+    }
+
     /// The read model the read-only endpoints use.
     pub fn reads(&self) -> &SessionReads {
         &self.reads

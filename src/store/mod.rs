@@ -36,6 +36,7 @@ mod journal;
 mod keys;
 mod leases;
 mod model_calls;
+mod notify;
 mod outcomes;
 mod queue;
 pub mod quotas;
@@ -66,6 +67,7 @@ pub use event_log::append as append_events;
 pub use fleet::{FleetCounts, OwnerLiveness, owner_liveness_on};
 pub use keys::{KeyRecord, NewKey};
 pub use leases::storable_text;
+pub use notify::{DueNotification, NotificationRow, NotifyTarget, Settled, StoredNotifySecret};
 pub use queue::queue_waiting;
 pub use rebuild::rebuild_inputs_on;
 pub use rows::{

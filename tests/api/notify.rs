@@ -46,7 +46,11 @@ struct Receiver {
     plan: Arc<Mutex<Plan>>,
 }
 
-async fn receive(State(plan): State<Arc<Mutex<Plan>>>, headers: HeaderMap, body: Bytes) -> StatusCode {
+async fn receive(
+    State(plan): State<Arc<Mutex<Plan>>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> StatusCode {
     let header = |name: &str| {
         headers
             .get(name)
@@ -123,7 +127,9 @@ async fn put(client: &reqwest::Client, url: String, body: Value) -> (StatusCode,
 }
 
 async fn notifications(app: &TestApp, id: &str) -> Vec<Value> {
-    let (status, body) = app.get(&format!("/api/autonomous/{id}/notifications")).await;
+    let (status, body) = app
+        .get(&format!("/api/autonomous/{id}/notifications"))
+        .await;
     assert_eq!(status, StatusCode::OK, "{body}");
     body["items"].as_array().cloned().unwrap_or_default()
 }
@@ -137,9 +143,15 @@ async fn a_tenant_target_hears_of_an_end_within_a_second_signed() {
     let admin = client_with_key(admin["secret"].as_str().unwrap());
     let (status, set) = put(&admin, app.url("/api/notify"), json!({"url": receiver.url})).await;
     assert_eq!(status, StatusCode::OK, "{set}");
-    let secret = set["signing_secret"].as_str().expect("the first target answers the secret").to_string();
+    let secret = set["signing_secret"]
+        .as_str()
+        .expect("the first target answers the secret")
+        .to_string();
     assert!(secret.starts_with("whsec_"));
-    assert!(!set["target"]["url"].as_str().unwrap().contains("s3cret"), "{set}");
+    assert!(
+        !set["target"]["url"].as_str().unwrap().contains("s3cret"),
+        "{set}"
+    );
     // Setting it again does not show the secret again.
     let (_, again) = put(&admin, app.url("/api/notify"), json!({"url": receiver.url})).await;
     assert!(again.get("signing_secret").is_none(), "{again}");
@@ -160,11 +172,21 @@ async fn a_tenant_target_hears_of_an_end_within_a_second_signed() {
     assert_eq!(body["data"]["event"]["to"], "completed");
     let logged = chrono::DateTime::parse_from_rfc3339(body["timestamp"].as_str().unwrap()).unwrap();
     let late = r.at.signed_duration_since(logged);
-    assert!(late < chrono::Duration::seconds(1), "delivered {late} after the event");
+    assert!(
+        late < chrono::Duration::seconds(1),
+        "delivered {late} after the event"
+    );
 
-    eventually(Duration::from_secs(5), "the delivery is recorded", || async {
-        notifications(&app, &id).await.first().is_some_and(|n| n["status"] == "delivered")
-    })
+    eventually(
+        Duration::from_secs(5),
+        "the delivery is recorded",
+        || async {
+            notifications(&app, &id)
+                .await
+                .first()
+                .is_some_and(|n| n["status"] == "delivered")
+        },
+    )
     .await;
     let listed = notifications(&app, &id).await;
     assert_eq!(listed[0]["webhook_id"], r.id.as_str());
@@ -177,7 +199,9 @@ async fn a_failing_receiver_is_retried_with_the_same_id_and_bytes() {
     let db = TestDb::new().await;
     let app = TestApp::spawn(db.pool.clone()).await;
     let receiver = Receiver::start(&[503]).await;
-    let id = app.create_scripted(finishing_steps(6, 150), json!({})).await;
+    let id = app
+        .create_scripted(finishing_steps(6, 150), json!({}))
+        .await;
     let (status, set) = put(
         &app.client,
         app.url(&format!("/api/autonomous/{id}/notify")),
@@ -185,11 +209,21 @@ async fn a_failing_receiver_is_retried_with_the_same_id_and_bytes() {
     )
     .await;
     assert_eq!(status, StatusCode::OK, "{set}");
-    let secret = set["signing_secret"].as_str().expect("the tenant had no secret").to_string();
+    let secret = set["signing_secret"]
+        .as_str()
+        .expect("the tenant had no secret")
+        .to_string();
     app.wait_settled(&id).await;
-    eventually(Duration::from_secs(5), "the first attempt fails", || async {
-        notifications(&app, &id).await.first().is_some_and(|n| n["last_status"] == 503)
-    })
+    eventually(
+        Duration::from_secs(5),
+        "the first attempt fails",
+        || async {
+            notifications(&app, &id)
+                .await
+                .first()
+                .is_some_and(|n| n["last_status"] == 503)
+        },
+    )
     .await;
     let pending = &notifications(&app, &id).await[0];
     assert_eq!(pending["status"], "pending", "{pending}");
@@ -197,9 +231,11 @@ async fn a_failing_receiver_is_retried_with_the_same_id_and_bytes() {
     assert_eq!(pending["last_error"], "the receiver answered 503");
 
     // The schedule's first wait is 5 s (± 20 %).
-    eventually(Duration::from_secs(15), "the retry is delivered", || async {
-        receiver.got().len() >= 2
-    })
+    eventually(
+        Duration::from_secs(15),
+        "the retry is delivered",
+        || async { receiver.got().len() >= 2 },
+    )
     .await;
     let got = receiver.got();
     assert_eq!(got.len(), 2, "{got:?}");
@@ -207,7 +243,10 @@ async fn a_failing_receiver_is_retried_with_the_same_id_and_bytes() {
     assert_eq!(got[0].body, got[1].body, "the same bytes");
     assert!(got.iter().all(|r| verifies(&secret, r)));
     eventually(Duration::from_secs(5), "recorded as delivered", || async {
-        notifications(&app, &id).await.first().is_some_and(|n| n["status"] == "delivered" && n["attempts"] == 2)
+        notifications(&app, &id)
+            .await
+            .first()
+            .is_some_and(|n| n["status"] == "delivered" && n["attempts"] == 2)
     })
     .await;
 }
@@ -219,17 +258,35 @@ async fn a_410_disables_the_target() {
     let receiver = Receiver::start(&[410]).await;
     let admin = create_key(&app.base, common::TEST_TENANT, "admin").await;
     let admin = client_with_key(admin["secret"].as_str().unwrap());
-    let (status, _) = put(&admin, app.url("/api/notify"), json!({"url": receiver.url, "format": "slack"})).await;
+    let (status, _) = put(
+        &admin,
+        app.url("/api/notify"),
+        json!({"url": receiver.url, "format": "slack"}),
+    )
+    .await;
     assert_eq!(status, StatusCode::OK);
     let id = app.create_scripted(finishing_steps(1, 10), json!({})).await;
     app.wait_settled(&id).await;
     eventually(Duration::from_secs(5), "the 410 disables", || async {
-        notifications(&app, &id).await.first().is_some_and(|n| n["status"] == "disabled")
+        notifications(&app, &id)
+            .await
+            .first()
+            .is_some_and(|n| n["status"] == "disabled")
     })
     .await;
     let body: Value = serde_json::from_slice(&receiver.got()[0].body).unwrap();
-    assert!(body["text"].as_str().unwrap().contains(&id), "slack text: {body}");
-    let target: Value = admin.get(app.url("/api/notify")).send().await.unwrap().json().await.unwrap();
+    assert!(
+        body["text"].as_str().unwrap().contains(&id),
+        "slack text: {body}"
+    );
+    let target: Value = admin
+        .get(app.url("/api/notify"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
     assert_eq!(target["enabled"], false, "{target}");
     // A disabled target gets no more notifications.
     let next = app.create_scripted(finishing_steps(1, 10), json!({})).await;
@@ -244,24 +301,62 @@ async fn another_tenant_neither_sees_nor_sets_targets() {
     let app = TestApp::spawn(db.pool.clone()).await;
     let receiver = Receiver::start(&[]).await;
     let id = app.create_scripted(finishing_steps(1, 10), json!({})).await;
-    let (status, _) = put(&app.client, app.url(&format!("/api/autonomous/{id}/notify")), json!({"url": receiver.url})).await;
+    let (status, _) = put(
+        &app.client,
+        app.url(&format!("/api/autonomous/{id}/notify")),
+        json!({"url": receiver.url}),
+    )
+    .await;
     assert_eq!(status, StatusCode::OK);
-    let own_admin = client_with_key(create_key(&app.base, common::TEST_TENANT, "admin").await["secret"].as_str().unwrap());
-    let (status, _) = put(&own_admin, app.url("/api/notify"), json!({"url": receiver.url})).await;
+    let own_admin = client_with_key(
+        create_key(&app.base, common::TEST_TENANT, "admin").await["secret"]
+            .as_str()
+            .unwrap(),
+    );
+    let (status, _) = put(
+        &own_admin,
+        app.url("/api/notify"),
+        json!({"url": receiver.url}),
+    )
+    .await;
     assert_eq!(status, StatusCode::OK);
 
-    let other = client_with_key(create_key(&app.base, "other", "operator").await["secret"].as_str().unwrap());
-    let other_admin = client_with_key(create_key(&app.base, "other", "admin").await["secret"].as_str().unwrap());
-    for path in [format!("/api/autonomous/{id}/notify"), format!("/api/autonomous/{id}/notifications")] {
+    let other = client_with_key(
+        create_key(&app.base, "other", "operator").await["secret"]
+            .as_str()
+            .unwrap(),
+    );
+    let other_admin = client_with_key(
+        create_key(&app.base, "other", "admin").await["secret"]
+            .as_str()
+            .unwrap(),
+    );
+    for path in [
+        format!("/api/autonomous/{id}/notify"),
+        format!("/api/autonomous/{id}/notifications"),
+    ] {
         let res = other.get(app.url(&path)).send().await.unwrap();
         assert_eq!(res.status(), StatusCode::NOT_FOUND, "{path}");
     }
-    let (status, _) = put(&other, app.url(&format!("/api/autonomous/{id}/notify")), json!({"url": receiver.url})).await;
+    let (status, _) = put(
+        &other,
+        app.url(&format!("/api/autonomous/{id}/notify")),
+        json!({"url": receiver.url}),
+    )
+    .await;
     assert_eq!(status, StatusCode::NOT_FOUND);
-    let res = other.delete(app.url(&format!("/api/autonomous/{id}/notify"))).send().await.unwrap();
+    let res = other
+        .delete(app.url(&format!("/api/autonomous/{id}/notify")))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(res.status(), StatusCode::NOT_FOUND);
     // The other tenant's admin sees its own (none), never this tenant's.
-    let res = other_admin.get(app.url("/api/notify")).send().await.unwrap();
+    let res = other_admin
+        .get(app.url("/api/notify"))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(res.status(), StatusCode::NOT_FOUND);
     // An operator sets no tenant target.
     let (status, _) = put(&other, app.url("/api/notify"), json!({"url": receiver.url})).await;
@@ -274,11 +369,27 @@ async fn another_tenant_neither_sees_nor_sets_targets() {
 #[tokio::test]
 async fn a_target_outside_the_egress_policy_is_refused() {
     let db = TestDb::new().await;
-    let app = TestApp::spawn_with(db.pool.clone(), common::config_with(&[("WARDEN_EGRESS_ALLOW", "")])).await;
+    let app = TestApp::spawn_with(
+        db.pool.clone(),
+        common::config_with(&[("WARDEN_EGRESS_ALLOW", "")]),
+    )
+    .await;
     let id = app.create_scripted(finishing_steps(1, 10), json!({})).await;
-    for url in ["http://127.0.0.1:9/hook", "http://169.254.169.254/latest", "ftp://example.com/x"] {
-        let (status, body) = put(&app.client, app.url(&format!("/api/autonomous/{id}/notify")), json!({"url": url})).await;
-        assert!(status == StatusCode::FORBIDDEN || status == StatusCode::UNPROCESSABLE_ENTITY, "{url}: {status} {body}");
+    for url in [
+        "http://127.0.0.1:9/hook",
+        "http://169.254.169.254/latest",
+        "ftp://example.com/x",
+    ] {
+        let (status, body) = put(
+            &app.client,
+            app.url(&format!("/api/autonomous/{id}/notify")),
+            json!({"url": url}),
+        )
+        .await;
+        assert!(
+            status == StatusCode::FORBIDDEN || status == StatusCode::UNPROCESSABLE_ENTITY,
+            "{url}: {status} {body}"
+        );
     }
 }
 
@@ -286,7 +397,8 @@ async fn a_target_outside_the_egress_policy_is_refused() {
 async fn a_kill_after_the_commit_still_delivers_once_with_the_same_id() {
     let db = TestDb::new().await;
     let receiver = Receiver::start(&[503]).await;
-    let data_dir = std::env::temp_dir().join(format!("warden-notify-{}", uuid::Uuid::new_v4().simple()));
+    let data_dir =
+        std::env::temp_dir().join(format!("warden-notify-{}", uuid::Uuid::new_v4().simple()));
     let warden = || {
         let w = if common::embedded() {
             common::Warden::on_data_dir(&data_dir)
@@ -305,12 +417,35 @@ async fn a_kill_after_the_commit_still_delivers_once_with_the_same_id() {
         .unwrap();
     let created: Value = res.json().await.unwrap();
     let id = created["id"].as_str().expect("created").to_string();
-    let (status, set) = put(&admin, format!("{}/api/autonomous/{id}/notify", first.base), json!({"url": receiver.url})).await;
+    let (status, set) = put(
+        &admin,
+        format!("{}/api/autonomous/{id}/notify", first.base),
+        json!({"url": receiver.url}),
+    )
+    .await;
     assert_eq!(status, StatusCode::OK, "{set}");
     let secret = set["signing_secret"].as_str().unwrap().to_string();
     // The end is committed and its first attempt fails; the process dies
     // before the retry.
-    eventually(Duration::from_secs(15), "the first attempt", || async { !receiver.got().is_empty() }).await;
+    // Killed after the failed attempt is recorded: killed mid-send, its row
+    // would wait out its one-minute lease first.
+    let listed = format!("{}/api/autonomous/{id}/notifications", first.base);
+    eventually(
+        Duration::from_secs(15),
+        "the first attempt is recorded",
+        || async {
+            let notes: Value = admin
+                .get(&listed)
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            notes["items"][0]["last_status"] == 503
+        },
+    )
+    .await;
     first.kill();
 
     let second = warden().serve().await;
@@ -327,8 +462,15 @@ async fn a_kill_after_the_commit_still_delivers_once_with_the_same_id() {
         .await
         .unwrap();
     let got = receiver.got();
-    assert_eq!(got.iter().filter(|r| r.answered == 200).count(), 1, "{got:?}");
-    assert!(got.iter().all(|r| r.id == got[0].id), "one webhook-id: {got:?}");
+    assert_eq!(
+        got.iter().filter(|r| r.answered == 200).count(),
+        1,
+        "{got:?}"
+    );
+    assert!(
+        got.iter().all(|r| r.id == got[0].id),
+        "one webhook-id: {got:?}"
+    );
     assert!(got.iter().all(|r| verifies(&secret, r)));
     assert_eq!(notes["items"].as_array().map(Vec::len), Some(1), "{notes}");
     drop(second);

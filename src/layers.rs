@@ -90,6 +90,7 @@ const API: &[(&str, u8)] = &[
     ("approvals", 3),
     ("tree", 3),
     ("estimate", 3),
+    ("notify", 2),
 ];
 
 /// The files of `src/store`, from the bottom up: the SQL of one table
@@ -107,6 +108,7 @@ const STORE: &[(&str, u8)] = &[
     ("idempotency", 0),
     ("keys", 0),
     ("model_calls", 0),
+    ("notify", 1),
     ("secrets", 0),
     ("schema", 0),
     ("testing", 1),
@@ -150,6 +152,7 @@ const HTTP: &[(&str, u8)] = &[
     ("retention", 2),
     ("tree", 2),
     ("estimate", 2),
+    ("notify", 2),
     ("approvals", 3),
     ("openapi", 4),
 ];

@@ -547,9 +547,11 @@ fn start_background(
         service.clone(),
         session::tree::SWEEP_EVERY,
     ));
+    let notifier = tokio::spawn(session::notify::deliver_forever(service.notifier()));
     let mut background = vec![
         expiry,
         tree_sweep,
+        notifier,
         // Lease renewals, claims and control notes are loop work, on the
         // loops' pool: they run on the loops' runtime, so a heartbeat that
         // renews thousands of leases never holds an API thread.

@@ -47,6 +47,8 @@ pub fn access(method: &Method, path: &str) -> Access {
         || path.starts_with("/api/keys/")
         || path == "/api/retention"
         || path.starts_with("/api/retention/")
+        || path == "/api/notify"
+        || path.starts_with("/api/notify/")
     {
         Access::Admin
     } else if !read && (path == "/api/workers" || path.starts_with("/api/workers/")) {

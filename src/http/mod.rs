@@ -13,6 +13,7 @@ mod extract;
 mod health;
 pub mod history;
 pub mod keys;
+pub mod notify;
 pub mod openapi;
 mod paging;
 pub mod retention;
@@ -199,6 +200,7 @@ pub fn router(state: AppState, max_body_bytes: usize, limits: RequestLimits) -> 
         .merge(history::router())
         .merge(approvals::router())
         .merge(tree::router())
+        .merge(notify::session_router())
         .method_not_allowed_fallback(|| async { ApiError::method_not_allowed() });
     let keys =
         keys::router().method_not_allowed_fallback(|| async { ApiError::method_not_allowed() });
@@ -206,11 +208,14 @@ pub fn router(state: AppState, max_body_bytes: usize, limits: RequestLimits) -> 
         workers::router().method_not_allowed_fallback(|| async { ApiError::method_not_allowed() });
     let retention = retention::router()
         .method_not_allowed_fallback(|| async { ApiError::method_not_allowed() });
+    let notify = notify::tenant_router()
+        .method_not_allowed_fallback(|| async { ApiError::method_not_allowed() });
     Router::new()
         .nest("/api/autonomous", api)
         .nest("/api/keys", keys)
         .nest("/api/workers", workers)
         .nest("/api/retention", retention)
+        .nest("/api/notify", notify)
         .merge(health::router())
         .merge(openapi::router(&mcp_servers))
         .merge(assets::router())

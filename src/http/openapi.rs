@@ -75,6 +75,14 @@ use crate::session::service::{MAX_GOAL_CHARS, MAX_GUIDANCE_CHARS};
         super::workers::fail,
         super::workers::release,
         super::workers::queues,
+        super::notify::set_tenant_target,
+        super::notify::get_tenant_target,
+        super::notify::delete_tenant_target,
+        super::notify::rotate_secret,
+        super::notify::set_session_target,
+        super::notify::get_session_target,
+        super::notify::delete_session_target,
+        super::notify::list_notifications,
     ),
     components(schemas(
         super::views::EventView,
@@ -97,6 +105,7 @@ use crate::session::service::{MAX_GOAL_CHARS, MAX_GUIDANCE_CHARS};
         (name = "keys", description = "API keys (admin)"),
         (name = "approvals", description = "Calls that wait for a person: the inbox, approve and reject"),
         (name = "workers", description = "The worker protocol: claim, heartbeat and complete the steps of `worker` sessions"),
+        (name = "notify", description = "Notifications: signed webhooks to a tenant's or a session's target, and their deliveries"),
     )
 )]
 pub struct ApiDoc;
@@ -350,6 +359,11 @@ pub fn bounds() -> Vec<Bound> {
     child_bounds(&mut out);
     scripted_step_bounds(&mut out);
     query_bounds(&mut out);
+    out.push((
+        prop("SetNotifyTarget", "url"),
+        "maxLength",
+        crate::session::notify::MAX_URL_BYTES.into(),
+    ));
     out
 }
 

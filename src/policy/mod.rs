@@ -19,6 +19,7 @@ pub mod guardrails;
 pub mod history;
 pub mod lifecycle;
 pub mod loop_state;
+pub mod notify;
 pub mod pricing;
 pub mod projection;
 pub mod reflection;

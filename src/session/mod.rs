@@ -15,7 +15,7 @@ mod persist;
 pub mod retention;
 pub mod runtime;
 
-pub use api::{ClaimedStep, WorkerProtocol, approvals, estimate, tree, workers};
+pub use api::{ClaimedStep, WorkerProtocol, approvals, estimate, notify, tree, workers};
 pub use api::{
     CreateSession, Created, IdempotencyKey, LoggedEvent, MAX_GOAL_CHARS, MAX_GUIDANCE_CHARS,
     RefinementChoice, ResumeSession, SessionReads, SessionService, StatusSource, StopAnswer,
@@ -36,7 +36,8 @@ pub use runtime::{live, loop_store, pruner, reflector, rehydrate, runner, storab
 // never `crate::store` (handlers call use cases, not the store).
 pub use crate::store::{
     ACTOR, ApprovalCursor, ApprovalRow, CheckpointRecord, ChildAttention, IterationRecord,
-    KeyRecord, LeaseCheck, NewDecision, Outcomes, RefinementRecord, ReflectionRecord,
-    ReflectionSummary, Session, SessionCursor, SessionFilter, SessionOrder, SessionSortKey,
-    Settlement, StoreError, Task, TenantScope, TreeRow, is_unavailable, storable_text,
+    KeyRecord, LeaseCheck, NewDecision, NotificationRow, NotifyTarget, Outcomes, RefinementRecord,
+    ReflectionRecord, ReflectionSummary, Session, SessionCursor, SessionFilter, SessionOrder,
+    SessionSortKey, Settlement, StoreError, Task, TenantScope, TreeRow, is_unavailable,
+    storable_text,
 };

@@ -29,6 +29,10 @@ pub const DOWNS: &[(i64, &str)] = &[
         include_str!("../../migrations/down/0027_replica_capabilities.sql"),
     ),
     (
+        29,
+        include_str!("../../migrations/down/0029_notifications.sql"),
+    ),
+    (
         30,
         include_str!("../../migrations/down/0030_money_and_history.sql"),
     ),

@@ -27,6 +27,7 @@ mod isolation;
 mod mcp;
 mod memory;
 mod model;
+mod notify;
 mod openapi;
 mod owners;
 mod quotas;

@@ -10,6 +10,7 @@ mod create;
 mod create_request;
 mod delete;
 pub mod estimate;
+pub mod notify;
 mod placement;
 mod planner;
 mod preflight;

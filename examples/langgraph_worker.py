@@ -33,7 +33,7 @@ from langchain_openai import ChatOpenAI
 from langgraph.graph import END, START, MessagesState, StateGraph
 from langgraph.prebuilt import ToolNode, tools_condition
 
-from warden import Client, Outcome, Task, Worker
+from warden_client import Client, Outcome, Task, Worker
 
 log = logging.getLogger("langgraph_worker")
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from warden import Client
+from warden_client import Client
 
 pytestmark = pytest.mark.e2e
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import httpx
 
-from warden import ClaimedTask, Client, Worker
+from warden_client import ClaimedTask, Client, Worker
 
 
 def make_task(n: int = 1, heartbeat_timeout_ms: int = 300, **context: Any) -> ClaimedTask:

@@ -9,7 +9,7 @@ from typing import Any
 import httpx
 import pytest
 
-from warden import Client, WardenError, WardenUnavailable, backoff_delay
+from warden_client import Client, WardenError, WardenUnavailable, backoff_delay
 
 from .fake_warden import problem
 

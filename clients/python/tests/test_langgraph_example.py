@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from langchain_openai import ChatOpenAI
 
-from warden import Cancelled, HistoryItem, Task
+from warden_client import Cancelled, HistoryItem, Task
 
 from .fake_warden import make_task
 

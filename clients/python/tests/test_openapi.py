@@ -6,11 +6,11 @@ import json
 import re
 from pathlib import Path
 
-from warden import ROUTES
+from warden_client import ROUTES
 
 ROOT = Path(__file__).resolve().parents[3]
 DOCUMENT = ROOT / "openapi" / "openapi.json"
-SOURCES = Path(__file__).resolve().parents[1] / "src" / "warden"
+SOURCES = Path(__file__).resolve().parents[1] / "src" / "warden_client"
 
 
 def document_operations() -> set[tuple[str, str]]:

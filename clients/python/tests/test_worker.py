@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
-from warden import Cancelled, Outcome, StepError, Task, Worker
+from warden_client import Cancelled, Outcome, StepError, Task, Worker
 
 from .fake_warden import FakeWarden, make_task
 
@@ -160,7 +160,7 @@ def test_409_on_complete_is_logged_and_the_worker_moves_on(caplog: pytest.LogCap
         return {"action": "noop"}
 
     worker = worker_for(fake, step)
-    with caplog.at_level(logging.WARNING, logger="warden.worker"):
+    with caplog.at_level(logging.WARNING, logger="warden_client.worker"):
         worker.run(install_signal_handlers=False)
     assert len(steps) == 2
     assert len(fake.calls_to("complete")) == 2

@@ -19,7 +19,7 @@ from .client import Client, backoff_delay
 from .errors import Cancelled, StepError, WardenError, WardenUnavailable
 from .types import ApprovalOutcome, ClaimedTask, HistoryItem, Outcome, StepContext
 
-log = logging.getLogger("warden.worker")
+log = logging.getLogger("warden_client.worker")
 
 #: A step function: given the task, answers the step's outcome (a WebhookResponse).
 #: An ``async def`` step is run to completion on an event loop of its own.

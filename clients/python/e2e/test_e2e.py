@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from warden_client import Client
+from warden_client import Client, WorkerExecutor
 
 pytestmark = pytest.mark.e2e
 
@@ -182,10 +182,13 @@ def workers(warden: str, fake_model: str, keys: dict[str, str], logs: Path, tmp_
     pool.stop_all()
 
 
-def worker_session(client: Client, goal: str, queue: str, **executor: Any) -> str:
+def worker_session(client: Client, goal: str, queue: str, heartbeat_timeout_ms: int | None = None) -> str:
+    executor: WorkerExecutor = {"kind": "worker", "queue": queue}
+    if heartbeat_timeout_ms is not None:
+        executor["heartbeat_timeout_ms"] = heartbeat_timeout_ms
     session = client.create_session(
         goal,
-        {"kind": "worker", "queue": queue, **executor},
+        executor,
         mode="fixed",
         limits={"max_iterations": 10},
     )

@@ -1,50 +1,88 @@
-"""Warden's Python client: the HTTP API (:class:`Client`) and a worker (:class:`Worker`)
-that runs any Python function as a supervised agent's steps."""
+"""Warden's Python client: the HTTP API (:class:`Client`, :class:`AsyncClient`) and
+workers (:class:`Worker`, :class:`AsyncWorker`) that run any Python function or
+coroutine as a supervised agent's steps."""
 
-from .client import ROUTES, Client, backoff_delay
+from ._version import __version__
+from .aio import AsyncClient
+from .async_worker import AsyncStepFn, AsyncWorker
+from .client import ROUTES, SETTLED, Client, backoff_delay, settled
 from .errors import Cancelled, StepError, WardenError, WardenUnavailable
 from .types import (
     ActionApproval,
     ApprovalOutcome,
+    ApprovalPolicy,
+    ApprovalRule,
+    ChildPausePolicy,
     ChildReport,
     ChildTask,
     ClaimedTask,
+    Executor,
     HeartbeatAnswer,
     HistoryItem,
+    Limits,
+    LimitsPatch,
+    LlmExecutor,
+    Mode,
     Outcome,
     Problem,
+    ScriptedDelegation,
+    ScriptedExecutor,
+    ScriptedStep,
     Session,
     SessionPage,
     StepContext,
+    SubgoalTask,
     Tree,
     TreeNode,
+    WebhookExecutor,
+    WorkerExecutor,
 )
-from .worker import StepFn, Task, Worker
+from .worker import DEFAULT_HEARTBEAT_INTERVAL, StepFn, Task, Worker
 
 __all__ = [
+    "DEFAULT_HEARTBEAT_INTERVAL",
     "ROUTES",
+    "SETTLED",
     "ActionApproval",
     "ApprovalOutcome",
+    "ApprovalPolicy",
+    "ApprovalRule",
+    "AsyncClient",
+    "AsyncStepFn",
+    "AsyncWorker",
     "Cancelled",
+    "ChildPausePolicy",
     "ChildReport",
     "ChildTask",
     "ClaimedTask",
     "Client",
+    "Executor",
     "HeartbeatAnswer",
     "HistoryItem",
+    "Limits",
+    "LimitsPatch",
+    "LlmExecutor",
+    "Mode",
     "Outcome",
     "Problem",
+    "ScriptedDelegation",
+    "ScriptedExecutor",
+    "ScriptedStep",
     "Session",
     "SessionPage",
     "StepContext",
     "StepError",
     "StepFn",
+    "SubgoalTask",
     "Task",
     "Tree",
     "TreeNode",
     "WardenError",
     "WardenUnavailable",
+    "WebhookExecutor",
     "Worker",
+    "WorkerExecutor",
+    "__version__",
     "backoff_delay",
+    "settled",
 ]
-__version__ = "0.1.0"

@@ -11,19 +11,25 @@ from urllib.parse import quote
 
 import httpx
 
+from ._version import __version__
 from .errors import WardenError, WardenUnavailable
 from .types import (
     Accepted,
+    ChildPausePolicy,
     ClaimedTask,
     CreatedKey,
     EventPage,
+    Executor,
     HeartbeatAnswer,
     IterationPage,
+    LimitsPatch,
+    Mode,
     Outcome,
     QueueList,
     Role,
     Session,
     SessionPage,
+    SubgoalTask,
     Tree,
 )
 
@@ -83,6 +89,20 @@ _RETRY_SAFE: Final[frozenset[str]] = frozenset(
 )
 
 _UNSENT_ERRORS = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
+
+
+#: The statuses :meth:`Client.wait_for` waits for by default: ended, or paused for a person.
+SETTLED: Final[tuple[str, ...]] = ("completed", "stopped", "interrupted", "failed", "paused")
+
+
+def settled(session: Session, statuses: tuple[str, ...], waiting_for_children: bool = False) -> bool:
+    """Whether ``wait_for`` answers with this view: its status is one of ``statuses``, and a
+    ``paused / waiting_for_children`` only when ``waiting_for_children``."""
+    if session.get("status") not in statuses:
+        return False
+    return waiting_for_children or not (
+        session.get("status") == "paused" and session.get("reason") == "waiting_for_children"
+    )
 
 
 def backoff_delay(attempt: int, base: float, cap: float, rng: random.Random | None = None) -> float:
@@ -149,7 +169,7 @@ class Client(_Retrying):
         transport: httpx.BaseTransport | None = None,
         sleep: Any = time.sleep,
     ) -> None:
-        headers = {"accept": "application/json", "user-agent": "warden-client-python/0.1"}
+        headers = {"accept": "application/json", "user-agent": f"warden-client-python/{__version__}"}
         if api_key:
             headers["authorization"] = f"Bearer {api_key}"
         self._http = httpx.Client(
@@ -222,25 +242,26 @@ class Client(_Retrying):
     def create_session(
         self,
         goal: str,
-        executor: Mapping[str, Any],
+        executor: Executor,
         *,
-        mode: str | None = None,
-        limits: Mapping[str, Any] | None = None,
+        mode: Mode | None = None,
+        limits: LimitsPatch | None = None,
         success_criteria: list[str] | None = None,
         milestones: list[str] | None = None,
-        **extra: Any,
+        subgoals: list[str | SubgoalTask] | None = None,
+        on_child_pause: ChildPausePolicy | None = None,
+        generate_criteria: bool | None = None,
     ) -> Session:
         """Creates a session (``POST /api/autonomous``); answers its view."""
-        body: dict[str, Any] = {"goal": goal, "executor": dict(executor), **extra}
-        if mode is not None:
-            body["mode"] = mode
-        if limits is not None:
-            body["limits"] = dict(limits)
-        if success_criteria is not None:
-            body["success_criteria"] = success_criteria
-        if milestones is not None:
-            body["milestones"] = milestones
-        return cast(Session, self.request("create_session", body=body))
+        return cast(
+            Session,
+            self.request(
+                "create_session",
+                body=_create_body(
+                    goal, executor, mode, limits, success_criteria, milestones, subgoals, on_child_pause, generate_criteria
+                ),
+            ),
+        )
 
     def get_session(self, session_id: str) -> Session:
         """A session's status, counters and, once ended, its termination record."""
@@ -279,7 +300,7 @@ class Client(_Retrying):
                 return
 
     def update_session(
-        self, session_id: str, *, mode: str | None = None, limits: Mapping[str, Any] | None = None
+        self, session_id: str, *, mode: Mode | None = None, limits: LimitsPatch | None = None
     ) -> Session:
         """Retunes a live session's mode or limits (from its next iteration)."""
         body: dict[str, Any] = {}
@@ -306,7 +327,7 @@ class Client(_Retrying):
         session_id: str,
         *,
         guidance: str | None = None,
-        limits: Mapping[str, Any] | None = None,
+        limits: LimitsPatch | None = None,
         goal: str | None = None,
         reopen: bool | None = None,
     ) -> Session:
@@ -393,16 +414,21 @@ class Client(_Retrying):
     def wait_for(
         self,
         session_id: str,
-        statuses: tuple[str, ...] = ("completed", "stopped", "interrupted", "failed", "paused"),
+        statuses: tuple[str, ...] = SETTLED,
         *,
         timeout: float = 60.0,
         poll: float = 0.1,
+        waiting_for_children: bool = False,
     ) -> Session:
-        """Polls until the session's status is one of ``statuses``; TimeoutError after ``timeout`` seconds."""
+        """Polls until the session's status is one of ``statuses``; TimeoutError after ``timeout`` seconds.
+
+        A session paused only to wait for its children (``paused / waiting_for_children``)
+        goes on by itself, so it is not an answer unless ``waiting_for_children`` is true.
+        """
         deadline = time.monotonic() + timeout
         while True:
             session = self.get_session(session_id)
-            if session.get("status") in statuses:
+            if settled(session, statuses, waiting_for_children):
                 return session
             if time.monotonic() >= deadline:
                 raise TimeoutError(
@@ -520,6 +546,32 @@ class Client(_Retrying):
         except httpx.TransportError:
             return False
         return response.status_code == 200
+
+
+def _create_body(
+    goal: str,
+    executor: Executor,
+    mode: Mode | None,
+    limits: LimitsPatch | None,
+    success_criteria: list[str] | None,
+    milestones: list[str] | None,
+    subgoals: list[str | SubgoalTask] | None,
+    on_child_pause: ChildPausePolicy | None,
+    generate_criteria: bool | None,
+) -> dict[str, Any]:
+    """A ``CreateSession`` body with the fields given (None: left to the server's default)."""
+    body: dict[str, Any] = {"goal": goal, "executor": dict(executor)}
+    optional: dict[str, Any] = {
+        "mode": mode,
+        "limits": dict(limits) if limits is not None else None,
+        "success_criteria": success_criteria,
+        "milestones": milestones,
+        "subgoals": subgoals,
+        "on_child_pause": on_child_pause,
+        "generate_criteria": generate_criteria,
+    }
+    body.update({key: value for key, value in optional.items() if value is not None})
+    return body
 
 
 def _prepare(

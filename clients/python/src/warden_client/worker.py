@@ -22,7 +22,9 @@ from .types import ApprovalOutcome, ClaimedTask, HistoryItem, Outcome, StepConte
 log = logging.getLogger("warden_client.worker")
 
 #: A step function: given the task, answers the step's outcome (a WebhookResponse).
-#: An ``async def`` step is run to completion on an event loop of its own.
+#: An ``async def`` step is run to completion on an event loop of its own, a new
+#: one per step; prefer :class:`~warden_client.AsyncWorker`, which keeps one loop
+#: and cancels the step's task on a stop.
 StepFn = Callable[["Task"], Outcome | dict[str, Any] | Awaitable[Outcome | dict[str, Any]]]
 
 _PROGRESS_MAX_BYTES = 4096
@@ -147,8 +149,14 @@ class Worker:
 
     For each task a background thread heartbeats every
     ``heartbeat_fraction`` of the task's ``heartbeat_timeout_ms`` (at most
-    ``max_heartbeat_interval`` seconds apart); when Warden answers
-    ``cancel: true`` the task is cancelled and heartbeats stop. The step's
+    ``max_heartbeat_interval`` seconds apart, 0.25 by default); when Warden
+    answers ``cancel: true`` the task is cancelled and heartbeats stop: a
+    thread cannot be interrupted, so the step's next
+    :meth:`Task.check_cancelled` or :meth:`Task.report_progress` raises
+    :class:`~warden_client.Cancelled` (the documented way a sync step learns
+    of a stop; call one between units of work). The task's
+    ``context.traceparent`` is sent as the ``traceparent`` header of every
+    call about it. The step's
     outcome is completed, an exception is reported with ``fail``, a
     :class:`Cancelled` step reports nothing (Warden already moved on), and a
     409 on complete (the lease was lost) is logged and the worker goes on.

@@ -1,4 +1,9 @@
-"""A LangGraph agent supervised by Warden, as a worker.
+"""A LangGraph agent supervised by Warden, as an async worker.
+
+It runs on one event loop under ``warden_client.AsyncWorker`` (the model
+client is made once and reused across steps). A stop cancels the step's
+task: ``asyncio.CancelledError`` is raised at the ``await`` the step is in
+(the model call in flight is abandoned), and no tool runs after it.
 
 Each Warden step is one LangGraph run: one model turn plus the tool calls it
 asks for (read_file, write_file, list_files in a scratch directory per
@@ -18,6 +23,7 @@ Run (after ``pip install ./clients/python -r examples/requirements.txt``):
 from __future__ import annotations
 
 import ast
+import asyncio
 import logging
 import operator
 import os
@@ -33,7 +39,7 @@ from langchain_openai import ChatOpenAI
 from langgraph.graph import END, START, MessagesState, StateGraph
 from langgraph.prebuilt import ToolNode, tools_condition
 
-from warden import Client, Outcome, Task, Worker
+from warden_client import AsyncClient, AsyncWorker, Outcome, Task
 
 log = logging.getLogger("langgraph_worker")
 
@@ -143,9 +149,9 @@ def build_graph(model: ChatOpenAI) -> Any:
     """agent -> (tools ->) END: one model turn plus the tool calls it asks for."""
     bound = model.bind_tools(TOOLS)
 
-    def agent(state: MessagesState, config: RunnableConfig) -> dict[str, list[BaseMessage]]:
+    async def agent(state: MessagesState, config: RunnableConfig) -> dict[str, list[BaseMessage]]:
         _check(config)
-        return {"messages": [bound.invoke(state["messages"], config)]}
+        return {"messages": [await bound.ainvoke(state["messages"], config)]}
 
     graph = StateGraph(MessagesState)
     graph.add_node("agent", agent)
@@ -181,7 +187,7 @@ class LangGraphAgent:
         self.conversations: dict[str, Conversation] = {}
         self.lock = threading.Lock()
 
-    def __call__(self, task: Task) -> Outcome:
+    async def __call__(self, task: Task) -> Outcome:
         with self.lock:
             known = self.conversations.get(task.session_id)
         if known is not None and known.iteration == task.iteration - 1:
@@ -198,7 +204,7 @@ class LangGraphAgent:
             "configurable": {"workspace": str(self.scratch / task.session_id), "task": task},
         }
         new: list[BaseMessage] = []
-        for update in self.graph.stream({"messages": messages}, config, stream_mode="updates"):
+        async for update in self.graph.astream({"messages": messages}, config, stream_mode="updates"):
             for node, change in update.items():
                 new.extend(change.get("messages", []))
                 task.report_progress(f"{node} finished")  # raises Cancelled when stopped
@@ -240,8 +246,8 @@ def outcome_of(new: list[BaseMessage]) -> Outcome:
     }
 
 
-def main() -> None:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+async def serve() -> None:
+    """Serves the queues until SIGTERM or SIGINT."""
     model = ChatOpenAI(
         model=os.environ.get("OPENAI_MODEL", "gpt-4o-mini"),
         base_url=os.environ.get("OPENAI_BASE_URL"),
@@ -250,9 +256,9 @@ def main() -> None:
         max_retries=2,
     )
     agent = LangGraphAgent(model, Path(os.environ.get("WORKER_SCRATCH_DIR", "scratch")).resolve())
-    client = Client(os.environ.get("WARDEN_URL", "http://127.0.0.1:8080"), os.environ.get("WARDEN_KEY"))
+    client = AsyncClient(os.environ.get("WARDEN_URL", "http://127.0.0.1:8080"), os.environ.get("WARDEN_KEY"))
     queues = [q for q in os.environ.get("WARDEN_QUEUE", "langgraph").split(",") if q]
-    worker = Worker(
+    worker = AsyncWorker(
         client,
         agent,
         queues=queues,
@@ -261,7 +267,13 @@ def main() -> None:
         grace_period=float(os.environ.get("WORKER_GRACE_SECONDS", "25")),
     )
     log.info("worker %s: serving queues %s of %s", worker.name, queues, os.environ.get("WARDEN_URL"))
-    worker.run()
+    async with client:
+        await worker.run()
+
+
+def main() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    asyncio.run(serve())
 
 
 if __name__ == "__main__":

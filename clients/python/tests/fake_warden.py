@@ -10,7 +10,10 @@ from typing import Any
 
 import httpx
 
-from warden import ClaimedTask, Client, Worker
+from warden_client import AsyncClient, AsyncWorker, ClaimedTask, Client, Worker
+
+
+TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 
 
 def make_task(n: int = 1, heartbeat_timeout_ms: int = 300, **context: Any) -> ClaimedTask:
@@ -44,13 +47,15 @@ class FakeWarden:
     def __init__(self, tasks: list[ClaimedTask] | None = None) -> None:
         self.tasks = list(tasks or [])
         self.calls: list[tuple[str, str, Any]] = []
+        #: Each request's kind and headers, in order.
+        self.headers: list[tuple[str, dict[str, str]]] = []
         self.lock = threading.Lock()
         self.cancel_after_heartbeats: int | None = None
         self.cancel_reason = "stopped"
         self.heartbeat_status = 200
         self.complete_status = 200
         self.claim_failures: list[int | Exception] = []
-        self.worker: Worker | None = None
+        self.worker: Worker | AsyncWorker | None = None
         self.stop_when_empty = True
         self.overrides: dict[str, Callable[[httpx.Request], httpx.Response]] = {}
 
@@ -59,6 +64,17 @@ class FakeWarden:
         kwargs.setdefault("backoff_base", 0.001)
         kwargs.setdefault("backoff_cap", 0.002)
         return Client("http://warden.test", "wk_secret", transport=httpx.MockTransport(self.handle), **kwargs)
+
+    def async_client(self, **kwargs: Any) -> AsyncClient:
+        """An async client whose requests this fake answers."""
+        kwargs.setdefault("backoff_base", 0.001)
+        kwargs.setdefault("backoff_cap", 0.002)
+        return AsyncClient("http://warden.test", "wk_secret", transport=httpx.MockTransport(self.handle), **kwargs)
+
+    def headers_to(self, kind: str, name: str) -> list[str | None]:
+        """The value of header ``name`` on each call to one kind of route (None where absent)."""
+        with self.lock:
+            return [headers.get(name) for k, headers in self.headers if k == kind]
 
     def calls_to(self, kind: str) -> list[Any]:
         """The bodies sent to one kind of route (claim, heartbeat, complete, fail, release)."""
@@ -79,6 +95,7 @@ class FakeWarden:
         kind = path.rsplit("/", 1)[-1]
         with self.lock:
             self.calls.append((kind, path, body))
+            self.headers.append((kind, dict(request.headers)))
         if kind in self.overrides:
             return self.overrides[kind](request)
         if kind == "claim":

@@ -9,7 +9,7 @@ from typing import Any
 import httpx
 import pytest
 
-from warden import Client, WardenError, WardenUnavailable, backoff_delay
+from warden_client import Client, WardenError, WardenUnavailable, backoff_delay
 
 from .fake_warden import problem
 
@@ -244,3 +244,47 @@ def test_backoff_delay_is_capped_and_jittered() -> None:
     assert all(0.25 <= d <= 4.0 for d in delays)
     assert all(d >= 2.0 for d in delays[4:])  # at the cap: between half of it and it
     assert len(set(delays)) == len(delays)  # jitter: no two the same
+
+
+def test_wait_for_goes_past_a_pause_for_children_unless_asked() -> None:
+    answers = iter(
+        [
+            {"id": "s", "status": "running"},
+            {"id": "s", "status": "paused", "reason": "waiting_for_children"},
+            {"id": "s", "status": "completed", "reason": "goal_achieved"},
+        ]
+    )
+    client, _ = client_for(lambda request: httpx.Response(200, json=next(answers)))
+    assert client.wait_for("s", poll=0)["status"] == "completed"
+
+    client, _ = client_for(lambda request: httpx.Response(200, json={"id": "s", "status": "paused", "reason": "waiting_for_children"}))
+    assert client.wait_for("s", poll=0, waiting_for_children=True)["reason"] == "waiting_for_children"
+    with pytest.raises(TimeoutError):
+        client.wait_for("s", poll=0.01, timeout=0.05)
+    # A pause for a person is an answer.
+    client, _ = client_for(lambda request: httpx.Response(200, json={"id": "s", "status": "paused", "reason": "user_pause"}))
+    assert client.wait_for("s", poll=0)["reason"] == "user_pause"
+
+
+def test_create_sends_the_typed_executor_and_limits_and_only_the_fields_given() -> None:
+    seen: list[Any] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(json.loads(request.content))
+        return httpx.Response(201, json={"id": "s1", "status": "queued"})
+
+    client, _ = client_for(handler)
+    client.create_session(
+        "Write notes.md",
+        {"kind": "worker", "queue": "research", "heartbeat_timeout_ms": 2000},
+        limits={"max_iterations": 5},
+        on_child_pause="fail_child",
+    )
+    assert seen == [
+        {
+            "goal": "Write notes.md",
+            "executor": {"kind": "worker", "queue": "research", "heartbeat_timeout_ms": 2000},
+            "limits": {"max_iterations": 5},
+            "on_child_pause": "fail_child",
+        }
+    ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
 import sys
 import threading
@@ -14,7 +15,7 @@ from typing import Any
 import pytest
 from langchain_openai import ChatOpenAI
 
-from warden import Cancelled, HistoryItem, Task
+from warden_client import Cancelled, HistoryItem, Task
 
 from .fake_warden import make_task
 
@@ -60,7 +61,7 @@ def test_each_step_is_one_model_turn_with_its_tool_calls_and_real_usage(model: C
     history: list[HistoryItem] = []
     outcomes = []
     for iteration in (1, 2, 3):
-        outcome = agent(task_for(iteration, history))
+        outcome = asyncio.run(agent(task_for(iteration, history)))
         outcomes.append(outcome)
         history.append(record(iteration, outcome))
 
@@ -80,7 +81,7 @@ def test_a_restarted_worker_rebuilds_the_conversation_from_history(model: ChatOp
         {"number": 2, "action": "calculator", "outcome": "success", "output": "calculator: 42"},
     ]
     fresh = example.LangGraphAgent(model, tmp_path)
-    outcome = fresh(task_for(3, history, session=7))
+    outcome = asyncio.run(fresh(task_for(3, history, session=7)))
     # Two earlier turns in the rebuilt conversation: the model is on its third.
     assert outcome["action"] == "answer" and outcome["signal"] == "done"
 
@@ -96,7 +97,7 @@ def test_a_cancelled_step_stops_before_its_tool_runs(model: ChatOpenAI, tmp_path
 
     task.report_progress = cancel_after_the_model_turn  # type: ignore[method-assign]
     with pytest.raises(Cancelled):
-        agent(task)
+        asyncio.run(agent(task))
     assert not (tmp_path / task.session_id / "notes.md").exists()
     assert task.session_id not in agent.conversations
 

@@ -12,9 +12,9 @@ from typing import Any
 import httpx
 import pytest
 
-from warden import Cancelled, Outcome, StepError, Task, Worker
+from warden_client import Cancelled, Outcome, StepError, Task, Worker
 
-from .fake_warden import FakeWarden, make_task
+from .fake_warden import TRACEPARENT, FakeWarden, make_task
 
 
 def worker_for(fake: FakeWarden, step: Any, **kwargs: Any) -> Worker:
@@ -160,7 +160,7 @@ def test_409_on_complete_is_logged_and_the_worker_moves_on(caplog: pytest.LogCap
         return {"action": "noop"}
 
     worker = worker_for(fake, step)
-    with caplog.at_level(logging.WARNING, logger="warden.worker"):
+    with caplog.at_level(logging.WARNING, logger="warden_client.worker"):
         worker.run(install_signal_handlers=False)
     assert len(steps) == 2
     assert len(fake.calls_to("complete")) == 2
@@ -309,3 +309,40 @@ def test_a_task_claimed_during_shutdown_is_released_unrun() -> None:
     worker.run(install_signal_handlers=False)
     assert ran == []
     assert fake.calls_to("release") == [{"lease_token": "lease-1"}]
+
+
+def test_the_trace_of_the_task_is_continued_on_every_call_about_it() -> None:
+    fake = FakeWarden([make_task(1, heartbeat_timeout_ms=150, traceparent=TRACEPARENT), make_task(2)])
+
+    def step(task: Task) -> Outcome:
+        if task.task_id.endswith("2"):
+            raise RuntimeError("boom")
+        fake.wait_for(lambda: len(fake.calls_to("heartbeat")) >= 1)
+        return {"action": "a"}
+
+    worker = worker_for(fake, step)
+    worker.run(install_signal_handlers=False)
+    assert seen_once(fake.headers_to("heartbeat", "traceparent")) <= {TRACEPARENT, None}
+    assert fake.headers_to("heartbeat", "traceparent")[0] == TRACEPARENT
+    assert fake.headers_to("complete", "traceparent") == [TRACEPARENT]
+    assert fake.headers_to("fail", "traceparent") == [None]
+    # A claim belongs to no trace yet.
+    assert set(fake.headers_to("claim", "traceparent")) == {None}
+
+
+def test_a_released_task_carries_its_trace() -> None:
+    fake = FakeWarden([make_task(1, traceparent=TRACEPARENT)])
+    fake.stop_when_empty = False
+    worker = worker_for(fake, lambda task: {"action": "a"})
+    worker.shutdown()
+    worker.run_once()
+    assert fake.headers_to("release", "traceparent") == [TRACEPARENT]
+
+
+def test_the_default_heartbeat_interval_meets_a_stop_in_under_a_second() -> None:
+    worker = Worker(FakeWarden().client(), lambda task: {"action": "a"})
+    assert worker.heartbeat_interval(Task(make_task(1, heartbeat_timeout_ms=30000))) <= 0.3
+
+
+def seen_once(values: list[str | None]) -> set[str | None]:
+    return set(values)

@@ -19,13 +19,19 @@ from .client import Client, backoff_delay
 from .errors import Cancelled, StepError, WardenError, WardenUnavailable
 from .types import ApprovalOutcome, ClaimedTask, HistoryItem, Outcome, StepContext
 
-log = logging.getLogger("warden.worker")
+log = logging.getLogger("warden_client.worker")
 
 #: A step function: given the task, answers the step's outcome (a WebhookResponse).
-#: An ``async def`` step is run to completion on an event loop of its own.
+#: An ``async def`` step is run to completion on an event loop of its own, a new
+#: one per step; prefer :class:`~warden_client.AsyncWorker`, which keeps one loop
+#: and cancels the step's task on a stop.
 StepFn = Callable[["Task"], Outcome | dict[str, Any] | Awaitable[Outcome | dict[str, Any]]]
 
 _PROGRESS_MAX_BYTES = 4096
+
+#: Seconds between heartbeats by default: a stop reaches the step within about
+#: this plus a round trip, well inside the one second a stop is promised in.
+DEFAULT_HEARTBEAT_INTERVAL = 0.25
 
 
 class Task:
@@ -52,6 +58,8 @@ class Task:
         self.context: StepContext = claimed.get("context") or {}
         self.cancel_event = threading.Event()
         self.cancel_reason: str | None = None
+        #: When the cancellation was learnt (``time.monotonic()``), for measuring stop latency.
+        self.cancelled_at: float | None = None
         self._token_allowance: int | None = self.context.get("token_allowance")
         self._progress: str | None = None
         self._lock = threading.Lock()
@@ -59,6 +67,15 @@ class Task:
     def __repr__(self) -> str:
         # Never the lease token.
         return f"Task(task_id={self.task_id!r}, session_id={self.session_id!r}, iteration={self.iteration})"
+
+    @property
+    def traceparent(self) -> str | None:
+        """The W3C trace context of the step (``context.traceparent``), when Warden exports traces.
+
+        The worker sends it as the ``traceparent`` header of its heartbeat, complete, fail
+        and release calls; start your own spans under it to see the step whole in one trace.
+        """
+        return self.context.get("traceparent") or None
 
     @property
     def goal(self) -> str:
@@ -113,6 +130,7 @@ class Task:
         with self._lock:
             if self.cancel_reason is None:
                 self.cancel_reason = reason
+                self.cancelled_at = time.monotonic()
         self.cancel_event.set()
 
     def _take_progress(self) -> str | None:
@@ -131,8 +149,14 @@ class Worker:
 
     For each task a background thread heartbeats every
     ``heartbeat_fraction`` of the task's ``heartbeat_timeout_ms`` (at most
-    ``max_heartbeat_interval`` seconds apart); when Warden answers
-    ``cancel: true`` the task is cancelled and heartbeats stop. The step's
+    ``max_heartbeat_interval`` seconds apart, 0.25 by default); when Warden
+    answers ``cancel: true`` the task is cancelled and heartbeats stop: a
+    thread cannot be interrupted, so the step's next
+    :meth:`Task.check_cancelled` or :meth:`Task.report_progress` raises
+    :class:`~warden_client.Cancelled` (the documented way a sync step learns
+    of a stop; call one between units of work). The task's
+    ``context.traceparent`` is sent as the ``traceparent`` header of every
+    call about it. The step's
     outcome is completed, an exception is reported with ``fail``, a
     :class:`Cancelled` step reports nothing (Warden already moved on), and a
     409 on complete (the lease was lost) is logged and the worker goes on.
@@ -150,7 +174,7 @@ class Worker:
         name: str | None = None,
         wait_ms: int = 20000,
         heartbeat_fraction: float = 1 / 3,
-        max_heartbeat_interval: float = 1.0,
+        max_heartbeat_interval: float = DEFAULT_HEARTBEAT_INTERVAL,
         grace_period: float = 25.0,
         idle_backoff_cap: float = 30.0,
     ) -> None:
@@ -305,7 +329,9 @@ class Worker:
             if error is not None:
                 retryable = not (isinstance(error, StepError) and not error.retryable)
                 message = f"{type(error).__name__}: {error}\n{result.get('traceback', '')}"[-4000:]
-                self.client.fail(task.task_id, task.lease_token, message, retryable=retryable)
+                self.client.fail(
+                    task.task_id, task.lease_token, message, retryable=retryable, traceparent=task.traceparent
+                )
                 self.stats["failed"] += 1
                 log.warning("worker %s: task %s failed: %s", self.name, task.task_id, error)
                 return
@@ -316,10 +342,11 @@ class Worker:
                     task.lease_token,
                     f"the step answered {type(outcome).__name__}, not an outcome with an action",
                     retryable=False,
+                    traceparent=task.traceparent,
                 )
                 self.stats["failed"] += 1
                 return
-            self.client.complete(task.task_id, task.lease_token, outcome)  # type: ignore[arg-type]
+            self.client.complete(task.task_id, task.lease_token, outcome, traceparent=task.traceparent)  # type: ignore[arg-type]
             self.stats["completed"] += 1
         except WardenError as problem:
             if problem.status == 409:
@@ -336,7 +363,7 @@ class Worker:
 
     def _release(self, task: Task) -> None:
         try:
-            self.client.release(task.task_id, task.lease_token)
+            self.client.release(task.task_id, task.lease_token, traceparent=task.traceparent)
             self.stats["released"] += 1
             log.info("worker %s: released task %s", self.name, task.task_id)
         except WardenError as problem:
@@ -352,7 +379,9 @@ class Worker:
         interval = self.heartbeat_interval(task)
         while not stop.wait(interval):
             try:
-                answer = self.client.heartbeat(task.task_id, task.lease_token, task._take_progress())
+                answer = self.client.heartbeat(
+                    task.task_id, task.lease_token, task._take_progress(), traceparent=task.traceparent
+                )
             except WardenError as problem:
                 if problem.status in (404, 409):
                     log.warning("worker %s: task %s: lease lost (%d)", self.name, task.task_id, problem.status)

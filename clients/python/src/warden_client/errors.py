@@ -52,8 +52,8 @@ class WardenUnavailable(Exception):
 class Cancelled(Exception):
     """The step was cancelled (session stopped or paused, lease lost, worker shutting down).
 
-    Raised by :meth:`warden.Task.check_cancelled` and
-    :meth:`warden.Task.report_progress`; let it propagate out of the step.
+    Raised by :meth:`warden_client.Task.check_cancelled` and
+    :meth:`warden_client.Task.report_progress`; let it propagate out of the step.
     """
 
     def __init__(self, reason: str) -> None:

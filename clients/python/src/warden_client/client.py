@@ -11,23 +11,29 @@ from urllib.parse import quote
 
 import httpx
 
+from ._version import __version__
 from .errors import WardenError, WardenUnavailable
 from .types import (
     Accepted,
+    ChildPausePolicy,
     ClaimedTask,
     CreatedKey,
     EventPage,
+    Executor,
     HeartbeatAnswer,
     IterationPage,
+    LimitsPatch,
+    Mode,
     Outcome,
     QueueList,
     Role,
     Session,
     SessionPage,
+    SubgoalTask,
     Tree,
 )
 
-log = logging.getLogger("warden.client")
+log = logging.getLogger("warden_client.client")
 
 #: Every operation the client performs, as (method, path template). The
 #: client builds URLs only from this table, and a test checks that each entry
@@ -85,13 +91,63 @@ _RETRY_SAFE: Final[frozenset[str]] = frozenset(
 _UNSENT_ERRORS = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
 
 
+#: The statuses :meth:`Client.wait_for` waits for by default: ended, or paused for a person.
+SETTLED: Final[tuple[str, ...]] = ("completed", "stopped", "interrupted", "failed", "paused")
+
+
+def settled(session: Session, statuses: tuple[str, ...], waiting_for_children: bool = False) -> bool:
+    """Whether ``wait_for`` answers with this view: its status is one of ``statuses``, and a
+    ``paused / waiting_for_children`` only when ``waiting_for_children``."""
+    if session.get("status") not in statuses:
+        return False
+    return waiting_for_children or not (
+        session.get("status") == "paused" and session.get("reason") == "waiting_for_children"
+    )
+
+
 def backoff_delay(attempt: int, base: float, cap: float, rng: random.Random | None = None) -> float:
     """Exponential backoff with jitter: up to ``base * 2**attempt``, at most ``cap``, never less than half."""
     ceiling = min(cap, base * (2 ** max(attempt, 0)))
     return (rng or random).uniform(ceiling / 2, ceiling)
 
 
-class Client:
+class _Retrying:
+    """The retry rules :class:`Client` and ``AsyncClient`` share: which failures are tried again, and after how long."""
+
+    max_attempts: int
+    backoff_base: float
+    backoff_cap: float
+
+    def _retry_after_error(
+        self, operation: str, error: httpx.TransportError, attempt: int, method: str, url: str
+    ) -> float:
+        """The delay before try ``attempt + 1`` after a network error; raises WardenUnavailable when none is due."""
+        retryable = operation in _RETRY_SAFE or isinstance(error, _UNSENT_ERRORS)
+        if not retryable or attempt >= self.max_attempts:
+            raise WardenUnavailable(
+                f"{method} {url}: {type(error).__name__}: {error} (after {attempt} attempts)"
+            ) from error
+        delay = backoff_delay(attempt - 1, self.backoff_base, self.backoff_cap)
+        log.warning("%s %s: %s; retrying in %.2fs", method, url, type(error).__name__, delay)
+        return delay
+
+    def _retry_after_status(
+        self, operation: str, response: httpx.Response, attempt: int, method: str, url: str
+    ) -> float | None:
+        """The delay before another try after a 5xx or 429 (None: take this answer); raises when spent."""
+        status = response.status_code
+        if not ((status >= 500 or status == 429) and operation in _RETRY_SAFE):
+            return None
+        if attempt < self.max_attempts:
+            delay = backoff_delay(attempt - 1, self.backoff_base, self.backoff_cap)
+            log.warning("%s %s: %d; retrying in %.2fs", method, url, status, delay)
+            return delay
+        if status >= 500:
+            raise WardenUnavailable(f"{method} {url}: {status} {_detail(response)} (after {attempt} attempts)")
+        return None
+
+
+class Client(_Retrying):
     """Warden's API: sessions, their records, keys and the worker protocol.
 
     Errors answer as :class:`WardenError` (status, title, detail, code and the
@@ -113,7 +169,7 @@ class Client:
         transport: httpx.BaseTransport | None = None,
         sleep: Any = time.sleep,
     ) -> None:
-        headers = {"accept": "application/json", "user-agent": "warden-client-python/0.1"}
+        headers = {"accept": "application/json", "user-agent": f"warden-client-python/{__version__}"}
         if api_key:
             headers["authorization"] = f"Bearer {api_key}"
         self._http = httpx.Client(
@@ -151,18 +207,14 @@ class Client:
         send_body: bool = False,
         timeout: float | None = None,
         ok_empty: tuple[int, ...] = (),
+        traceparent: str | None = None,
     ) -> Any:
-        """Performs one operation of :data:`ROUTES`; answers the parsed JSON (None for an empty answer)."""
-        method, template = ROUTES[operation]
-        url = template.format(**{k: quote(str(v), safe="") for k, v in (path or {}).items()})
-        query = {k: _query_value(v) for k, v in (params or {}).items() if v is not None}
-        headers: dict[str, str] = {}
-        content: bytes | None = None
-        if method in ("POST", "PATCH", "PUT") or send_body:
-            # A state change is JSON even with no body (the server requires it).
-            headers["content-type"] = "application/json"
-            if body is not None:
-                content = httpx.Request("POST", "/", json=body).content
+        """Performs one operation of :data:`ROUTES`; answers the parsed JSON (None for an empty answer).
+
+        ``traceparent`` (W3C trace context) is sent as the ``traceparent`` header, so the
+        call joins that trace instead of starting one.
+        """
+        method, url, query, headers, content = _prepare(operation, path, params, body, send_body, traceparent)
         attempt = 0
         while True:
             try:
@@ -175,60 +227,41 @@ class Client:
                     timeout=timeout if timeout is not None else self._timeout,
                 )
             except httpx.TransportError as error:
-                retryable = operation in _RETRY_SAFE or isinstance(error, _UNSENT_ERRORS)
                 attempt += 1
-                if not retryable or attempt >= self.max_attempts:
-                    raise WardenUnavailable(
-                        f"{method} {url}: {type(error).__name__}: {error} (after {attempt} attempts)"
-                    ) from error
-                delay = backoff_delay(attempt - 1, self.backoff_base, self.backoff_cap)
-                log.warning("%s %s: %s; retrying in %.2fs", method, url, type(error).__name__, delay)
-                self._sleep(delay)
+                self._sleep(self._retry_after_error(operation, error, attempt, method, url))
                 continue
-            status = response.status_code
-            if (status >= 500 or status == 429) and operation in _RETRY_SAFE:
+            retry = self._retry_after_status(operation, response, attempt + 1, method, url)
+            if retry is not None:
                 attempt += 1
-                if attempt < self.max_attempts:
-                    delay = backoff_delay(attempt - 1, self.backoff_base, self.backoff_cap)
-                    log.warning("%s %s: %d; retrying in %.2fs", method, url, status, delay)
-                    self._sleep(delay)
-                    continue
-                if status >= 500:
-                    raise WardenUnavailable(
-                        f"{method} {url}: {status} {_detail(response)} (after {attempt} attempts)"
-                    )
-            if status >= 400:
-                raise WardenError.from_body(
-                    status, _json_or_text(response), response.reason_phrase, method, template
-                )
-            if status in ok_empty or not response.content:
-                return None
-            return response.json()
+                self._sleep(retry)
+                continue
+            return _answer(operation, response, ok_empty)
 
     # -- sessions ---------------------------------------------------------
 
     def create_session(
         self,
         goal: str,
-        executor: Mapping[str, Any],
+        executor: Executor,
         *,
-        mode: str | None = None,
-        limits: Mapping[str, Any] | None = None,
+        mode: Mode | None = None,
+        limits: LimitsPatch | None = None,
         success_criteria: list[str] | None = None,
         milestones: list[str] | None = None,
-        **extra: Any,
+        subgoals: list[str | SubgoalTask] | None = None,
+        on_child_pause: ChildPausePolicy | None = None,
+        generate_criteria: bool | None = None,
     ) -> Session:
         """Creates a session (``POST /api/autonomous``); answers its view."""
-        body: dict[str, Any] = {"goal": goal, "executor": dict(executor), **extra}
-        if mode is not None:
-            body["mode"] = mode
-        if limits is not None:
-            body["limits"] = dict(limits)
-        if success_criteria is not None:
-            body["success_criteria"] = success_criteria
-        if milestones is not None:
-            body["milestones"] = milestones
-        return cast(Session, self.request("create_session", body=body))
+        return cast(
+            Session,
+            self.request(
+                "create_session",
+                body=_create_body(
+                    goal, executor, mode, limits, success_criteria, milestones, subgoals, on_child_pause, generate_criteria
+                ),
+            ),
+        )
 
     def get_session(self, session_id: str) -> Session:
         """A session's status, counters and, once ended, its termination record."""
@@ -267,7 +300,7 @@ class Client:
                 return
 
     def update_session(
-        self, session_id: str, *, mode: str | None = None, limits: Mapping[str, Any] | None = None
+        self, session_id: str, *, mode: Mode | None = None, limits: LimitsPatch | None = None
     ) -> Session:
         """Retunes a live session's mode or limits (from its next iteration)."""
         body: dict[str, Any] = {}
@@ -294,7 +327,7 @@ class Client:
         session_id: str,
         *,
         guidance: str | None = None,
-        limits: Mapping[str, Any] | None = None,
+        limits: LimitsPatch | None = None,
         goal: str | None = None,
         reopen: bool | None = None,
     ) -> Session:
@@ -381,16 +414,21 @@ class Client:
     def wait_for(
         self,
         session_id: str,
-        statuses: tuple[str, ...] = ("completed", "stopped", "interrupted", "failed", "paused"),
+        statuses: tuple[str, ...] = SETTLED,
         *,
         timeout: float = 60.0,
         poll: float = 0.1,
+        waiting_for_children: bool = False,
     ) -> Session:
-        """Polls until the session's status is one of ``statuses``; TimeoutError after ``timeout`` seconds."""
+        """Polls until the session's status is one of ``statuses``; TimeoutError after ``timeout`` seconds.
+
+        A session paused only to wait for its children (``paused / waiting_for_children``)
+        goes on by itself, so it is not an answer unless ``waiting_for_children`` is true.
+        """
         deadline = time.monotonic() + timeout
         while True:
             session = self.get_session(session_id)
-            if session.get("status") in statuses:
+            if settled(session, statuses, waiting_for_children):
                 return session
             if time.monotonic() >= deadline:
                 raise TimeoutError(
@@ -444,27 +482,58 @@ class Client:
         )
         return cast(ClaimedTask | None, answer)
 
-    def heartbeat(self, task_id: str, lease_token: str, progress: str | None = None) -> HeartbeatAnswer:
-        """Extends the lease; the answer says whether to cancel. 409 (WardenError) when the lease was lost."""
+    def heartbeat(
+        self, task_id: str, lease_token: str, progress: str | None = None, *, traceparent: str | None = None
+    ) -> HeartbeatAnswer:
+        """Extends the lease; the answer says whether to cancel. 409 (WardenError) when the lease was lost.
+
+        ``traceparent``: the task's ``context.traceparent``, sent as the header (as on complete, fail, release).
+        """
         body: dict[str, Any] = {"lease_token": lease_token}
         if progress is not None:
             body["progress"] = progress
-        return cast(HeartbeatAnswer, self.request("heartbeat", path={"task_id": task_id}, body=body))
+        return cast(
+            HeartbeatAnswer,
+            self.request("heartbeat", path={"task_id": task_id}, body=body, traceparent=traceparent),
+        )
 
-    def complete(self, task_id: str, lease_token: str, outcome: Outcome) -> Accepted:
+    def complete(
+        self, task_id: str, lease_token: str, outcome: Outcome, *, traceparent: str | None = None
+    ) -> Accepted:
         """Reports the step's outcome; 409 (WardenError) when the lease was lost."""
         body = {"lease_token": lease_token, "outcome": outcome}
-        return cast(Accepted, self.request("complete", path={"task_id": task_id}, body=body))
+        return cast(
+            Accepted, self.request("complete", path={"task_id": task_id}, body=body, traceparent=traceparent)
+        )
 
-    def fail(self, task_id: str, lease_token: str, error: str, *, retryable: bool = True) -> Accepted:
-        """Reports the step failed (an executor error; ``retryable=False``: a permanent one)."""
-        body = {"lease_token": lease_token, "error": error, "retryable": retryable}
-        return cast(Accepted, self.request("fail", path={"task_id": task_id}, body=body))
+    def fail(
+        self,
+        task_id: str,
+        lease_token: str,
+        error: str,
+        *,
+        retryable: bool = True,
+        tokens: int | None = None,
+        traceparent: str | None = None,
+    ) -> Accepted:
+        """Reports the step failed (an executor error; ``retryable=False``: a permanent one); ``tokens`` spent."""
+        body: dict[str, Any] = {"lease_token": lease_token, "error": error, "retryable": retryable}
+        if tokens is not None:
+            body["tokens"] = tokens
+        return cast(
+            Accepted, self.request("fail", path={"task_id": task_id}, body=body, traceparent=traceparent)
+        )
 
-    def release(self, task_id: str, lease_token: str) -> Accepted:
-        """Gives the task back without counting an attempt (a worker shutting down)."""
-        body = {"lease_token": lease_token}
-        return cast(Accepted, self.request("release", path={"task_id": task_id}, body=body))
+    def release(
+        self, task_id: str, lease_token: str, *, tokens: int | None = None, traceparent: str | None = None
+    ) -> Accepted:
+        """Gives the task back without counting an attempt (a worker shutting down); ``tokens`` spent."""
+        body: dict[str, Any] = {"lease_token": lease_token}
+        if tokens is not None:
+            body["tokens"] = tokens
+        return cast(
+            Accepted, self.request("release", path={"task_id": task_id}, body=body, traceparent=traceparent)
+        )
 
     def queues(self) -> QueueList:
         """The caller's queues: depth, oldest task age and connected workers."""
@@ -477,6 +546,67 @@ class Client:
         except httpx.TransportError:
             return False
         return response.status_code == 200
+
+
+def _create_body(
+    goal: str,
+    executor: Executor,
+    mode: Mode | None,
+    limits: LimitsPatch | None,
+    success_criteria: list[str] | None,
+    milestones: list[str] | None,
+    subgoals: list[str | SubgoalTask] | None,
+    on_child_pause: ChildPausePolicy | None,
+    generate_criteria: bool | None,
+) -> dict[str, Any]:
+    """A ``CreateSession`` body with the fields given (None: left to the server's default)."""
+    body: dict[str, Any] = {"goal": goal, "executor": dict(executor)}
+    optional: dict[str, Any] = {
+        "mode": mode,
+        "limits": dict(limits) if limits is not None else None,
+        "success_criteria": success_criteria,
+        "milestones": milestones,
+        "subgoals": subgoals,
+        "on_child_pause": on_child_pause,
+        "generate_criteria": generate_criteria,
+    }
+    body.update({key: value for key, value in optional.items() if value is not None})
+    return body
+
+
+def _prepare(
+    operation: str,
+    path: Mapping[str, str] | None,
+    params: Mapping[str, Any] | None,
+    body: Any,
+    send_body: bool,
+    traceparent: str | None,
+) -> tuple[str, str, dict[str, Any], dict[str, str], bytes | None]:
+    """An operation's method, URL, query, headers and body (shared by :class:`Client` and ``AsyncClient``)."""
+    method, template = ROUTES[operation]
+    url = template.format(**{k: quote(str(v), safe="") for k, v in (path or {}).items()})
+    query = {k: _query_value(v) for k, v in (params or {}).items() if v is not None}
+    headers: dict[str, str] = {}
+    content: bytes | None = None
+    if method in ("POST", "PATCH", "PUT") or send_body:
+        # A state change is JSON even with no body (the server requires it).
+        headers["content-type"] = "application/json"
+        if body is not None:
+            content = httpx.Request("POST", "/", json=body).content
+    if traceparent:
+        headers["traceparent"] = traceparent
+    return method, url, query, headers, content
+
+
+def _answer(operation: str, response: httpx.Response, ok_empty: tuple[int, ...]) -> Any:
+    """The parsed JSON of a final answer (None when empty); WardenError for 4xx/5xx."""
+    status = response.status_code
+    if status >= 400:
+        method, template = ROUTES[operation]
+        raise WardenError.from_body(status, _json_or_text(response), response.reason_phrase, method, template)
+    if status in ok_empty or not response.content:
+        return None
+    return response.json()
 
 
 def _query_value(value: Any) -> Any:

@@ -7,7 +7,7 @@ leaves some out).
 
 from __future__ import annotations
 
-from typing import Any, Literal, TypedDict
+from typing import Any, Literal, NotRequired, TypedDict
 
 #: A session's status.
 Status = Literal[
@@ -26,6 +26,146 @@ Signal = Literal["done", "blocked", "ask_user"]
 
 #: What a key may do.
 Role = Literal["admin", "operator", "viewer", "worker"]
+
+#: How the session loop chooses between iteration limits and reflection.
+Mode = Literal["fixed", "continuous"]
+
+#: When a tool call needs a person's approval before it runs.
+ApprovalRule = Literal["never", "always", "when_not_read_only"]
+
+#: What a child does when it would pause for a person.
+ChildPausePolicy = Literal["wait", "fail_child"]
+
+
+# -- request shapes (``CreateSession``): a misspelt key is a type error -------
+#
+# Written from openapi/openapi.json; tests/test_openapi.py checks each key and
+# which are required against the document's schemas.
+
+
+class LimitsPatch(TypedDict, total=False):
+    """Limits to set in a create, resume or update (``LimitsPatch``); any subset."""
+
+    max_iterations: int | None
+    max_wall_time_ms: int | None
+    max_tokens: int | None
+    max_tool_calls: int | None
+    max_consecutive_errors: int | None
+    max_cycles: int | None
+    context_budget_tokens: int | None
+    reflection_interval: int | None
+    checkpoint_interval: int | None
+    review_every: int | None
+
+
+class Limits(TypedDict, total=False):
+    """The limits a session runs under, all resolved (``Limits``, in a session's view)."""
+
+    max_iterations: int
+    max_wall_time_ms: int
+    max_tokens: int
+    max_tool_calls: int | None
+    max_consecutive_errors: int
+    max_cycles: int
+    context_budget_tokens: int
+    reflection_interval: int
+    checkpoint_interval: int
+    review_every: int | None
+
+
+class WorkerExecutor(TypedDict):
+    """Steps become tasks on ``queue`` that workers claim (the worker protocol)."""
+
+    kind: Literal["worker"]
+    queue: str
+    labels: NotRequired[dict[str, str]]
+    heartbeat_timeout_ms: NotRequired[int | None]
+    max_attempts: NotRequired[int | None]
+    worker_wait_timeout_ms: NotRequired[int | None]
+
+
+class WebhookExecutor(TypedDict):
+    """Warden POSTs each step's context to ``url`` and reads back the outcome."""
+
+    kind: Literal["webhook"]
+    url: str
+    timeout_ms: NotRequired[int | None]
+
+
+class ApprovalPolicy(TypedDict, total=False):
+    """Which tool calls wait for a person: a default and rules per tool or server prefix (``fs__*``)."""
+
+    default: ApprovalRule
+    tools: dict[str, ApprovalRule]
+
+
+class LlmExecutor(TypedDict):
+    """An OpenAI-compatible chat model with tools; unset fields come from the server's settings."""
+
+    kind: Literal["llm"]
+    api_key: NotRequired[str | None]
+    approvals: NotRequired[ApprovalPolicy]
+    base_url: NotRequired[str | None]
+    max_tokens_per_call: NotRequired[int | None]
+    model: NotRequired[str | None]
+    temperature: NotRequired[float | None]
+    timeout_ms: NotRequired[int | None]
+    tools: NotRequired[list[str] | None]
+
+
+class ScriptedFile(TypedDict):
+    """A file a scripted step claims to write."""
+
+    path: str
+    digest: str
+
+
+class ScriptedDelegation(TypedDict):
+    """A task a scripted step delegates to a child session."""
+
+    goal: str
+    budget_share: NotRequired[float | None]
+    script: NotRequired[str | None]
+    success_criteria: NotRequired[list[str]]
+    wait: NotRequired[bool]
+
+
+class ScriptedStep(TypedDict):
+    """One step of a scripted session."""
+
+    action: str
+    arguments: NotRequired[dict[str, Any]]
+    delay_ms: NotRequired[int]
+    delegate: NotRequired[list[ScriptedDelegation]]
+    files: NotRequired[list[ScriptedFile]]
+    outcome: NotRequired[Literal["success", "failure", "error"]]
+    output: NotRequired[str]
+    tokens: NotRequired[int]
+    tool_calls: NotRequired[int]
+    waiting: NotRequired[bool]
+
+
+class ScriptedExecutor(TypedDict):
+    """Steps given in the request (demos, tests, dry runs of policy)."""
+
+    kind: Literal["scripted"]
+    steps: list[ScriptedStep]
+    repeat: NotRequired[bool]
+    scripts: NotRequired[dict[str, list[ScriptedStep]]]
+
+
+#: How a session's iterations are performed (``ExecutorSpec``), told apart by ``kind``.
+Executor = WorkerExecutor | WebhookExecutor | LlmExecutor | ScriptedExecutor
+
+
+class SubgoalTask(TypedDict):
+    """One task of a split goal, in full (``SubgoalTask``)."""
+
+    goal: str
+    success_criteria: NotRequired[list[str]]
+    budget_share: NotRequired[float | None]
+    steps: NotRequired[list[ScriptedStep] | None]
+    repeat: NotRequired[bool]
 
 
 class Problem(TypedDict, total=False):
@@ -50,8 +190,8 @@ class Session(TypedDict, total=False):
     tokens_used: int
     tool_calls: int
     percent_complete: float | None
-    mode: str
-    limits: dict[str, Any]
+    mode: Mode
+    limits: Limits
     executor: dict[str, Any]
     created_at: str
     updated_at: str
@@ -205,6 +345,7 @@ class StepContext(TypedDict, total=False):
     history: list[HistoryItem]
     approval: ApprovalOutcome
     children: list[ChildReport]
+    traceparent: str | None
 
 
 class Outcome(TypedDict, total=False):

@@ -336,8 +336,6 @@ settings! {
         "pause (`budget_projected_overrun`) when the projected tokens to finish exceed this many times the tokens left…";
     WARDEN_PROJECTION_EVALUATIONS (Session) = "3" =>
         "…for this many gate evaluations in a row (1–20)";
-    WARDEN_MODEL_PRICES (Session) = unset =>
-        "prices per million tokens by model, `pattern=input/output[/cached_input][@YYYY-MM-DD]` separated by `;` (`*` matches any run of characters; a lone `*` prices unnamed and unknown models); see docs/guides/money.md";
     WARDEN_TOKEN_PRICE_PER_MILLION (Session) = unset =>
         "price of a million tokens; when set, the status reports `cost`";
     WARDEN_APPROVAL_TIMEOUT_MS (Session) = "86400000" =>

@@ -4,8 +4,8 @@
 //! price change never reprices history. Amounts are exact decimals: the sum
 //! of the steps' costs is the session's cost, digit for digit.
 //!
-//! The table is written as `WARDEN_MODEL_PRICES`, entries separated by `;`
-//! or new lines:
+//! The table's text form (the operator's setting, once money is wired
+//! through the loop; issue 43) has entries separated by `;` or new lines:
 //!
 //! ```text
 //! gpt-4o=2.50/10.00/1.25; gpt-4o-mini=0.15/0.60/0.075
@@ -90,7 +90,7 @@ pub enum StepCost {
 
 /// Why a price table was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("WARDEN_MODEL_PRICES entry {entry}: {problem}")]
+#[error("price table entry {entry}: {problem}")]
 pub struct PriceTableError {
     /// The 1-based entry.
     pub entry: usize,
@@ -99,7 +99,7 @@ pub struct PriceTableError {
 }
 
 impl PriceTable {
-    /// Parses the `WARDEN_MODEL_PRICES` text; empty text is an empty table.
+    /// Parses the table's text form; empty text is an empty table.
     pub fn parse(text: &str) -> Result<PriceTable, PriceTableError> {
         let lines = text
             .split([';', '\n'])

@@ -183,31 +183,34 @@ fn nul_free_json() -> Value {
     })
 }
 
+/// Whether a schema types a string (alone or among other types).
+fn is_string(schema: &serde_json::Map<String, Value>) -> bool {
+    match schema.get("type") {
+        Some(Value::String(t)) => t == "string",
+        Some(Value::Array(ts)) => ts.iter().any(|t| t == "string"),
+        _ => false,
+    }
+}
+/// Whether a schema is an object of no declared shape: free-form data.
+fn is_free_object(schema: &serde_json::Map<String, Value>) -> bool {
+    let shaped = [
+        "properties",
+        "additionalProperties",
+        "propertyNames",
+        "$ref",
+    ]
+    .iter()
+    .chain(&["allOf", "oneOf", "anyOf"])
+    .any(|k| schema.contains_key(*k));
+    schema.get("type") == Some(&json!("object")) && !shaped
+}
+
 /// One rule for text: Postgres stores no NUL, so no string of the API may
 /// hold one, and the document says so on every string, nested ones too. A
 /// string with no pattern gets [`NO_NUL_PATTERN`]; one that has a pattern
 /// keeps it and gets `not: {pattern: "\u0000"}` beside it. Strings with a
 /// `format`, an `enum` or a `const` already admit no NUL.
 fn refuse_nul(doc: &mut Value) {
-    fn is_string(schema: &serde_json::Map<String, Value>) -> bool {
-        match schema.get("type") {
-            Some(Value::String(t)) => t == "string",
-            Some(Value::Array(ts)) => ts.iter().any(|t| t == "string"),
-            _ => false,
-        }
-    }
-    fn is_free_object(schema: &serde_json::Map<String, Value>) -> bool {
-        let shaped = [
-            "properties",
-            "additionalProperties",
-            "propertyNames",
-            "$ref",
-        ]
-        .iter()
-        .chain(&["allOf", "oneOf", "anyOf"])
-        .any(|k| schema.contains_key(*k));
-        schema.get("type") == Some(&json!("object")) && !shaped
-    }
     fn walk(value: &mut Value) {
         match value {
             Value::Object(schema) => {

@@ -191,6 +191,7 @@ fn is_string(schema: &serde_json::Map<String, Value>) -> bool {
         _ => false,
     }
 }
+
 /// Whether a schema is an object of no declared shape: free-form data.
 fn is_free_object(schema: &serde_json::Map<String, Value>) -> bool {
     let shaped = [

@@ -847,6 +847,9 @@ pub fn valid_body(method: &reqwest::Method, template: &str) -> Option<Value> {
         ("POST", "/api/autonomous/{id}/approvals/{call_id}") => {
             Some(json!({ "decision": "approve" }))
         }
+        ("PUT", "/api/autonomous/{id}/notify") | ("PUT", "/api/notify") => {
+            Some(json!({ "url": "http://127.0.0.1:9/hook" }))
+        }
         _ => None,
     }
 }

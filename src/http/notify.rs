@@ -264,23 +264,19 @@ pub async fn get_tenant_target(
 #[utoipa::path(
     delete, path = "/api/notify", tag = "notify",
     responses(
-        (status = 204, description = "Removed"),
-        (status = 404, description = "The tenant has no target", body = Problem, content_type = "application/problem+json"),
+        (status = 204, description = "The tenant has no target now (whether or not it had one)"),
     )
 )]
 pub async fn delete_tenant_target(
     State(state): State<AppState>,
     Extension(caller): Extension<Principal>,
 ) -> ApiResult<StatusCode> {
-    if state
+    // Idempotent: removing a target that is not there leaves none, too.
+    state
         .service
         .delete_tenant_target(&tenant_of(&caller))
-        .await?
-    {
-        Ok(StatusCode::NO_CONTENT)
-    } else {
-        Err(no_target())
-    }
+        .await?;
+    Ok(StatusCode::NO_CONTENT)
 }
 
 /// Make a new signing secret for the tenant and answer it, once. The
@@ -334,16 +330,21 @@ pub async fn set_session_target(
     params(("id" = Uuid, Path, description = "Session id")),
     responses(
         (status = 200, description = "The target", body = NotifyTargetView),
-        (status = 404, description = "No such session, or it has no target of its own", body = Problem, content_type = "application/problem+json"),
+        (status = 204, description = "The session has no target of its own (its tenant's, if any, applies)"),
+        (status = 404, description = "No such session", body = Problem, content_type = "application/problem+json"),
     )
 )]
 pub async fn get_session_target(
     State(state): State<AppState>,
     Extension(caller): Extension<Principal>,
     SessionId(id): SessionId,
-) -> ApiResult<Json<NotifyTargetView>> {
+) -> ApiResult<axum::response::Response> {
+    use axum::response::IntoResponse;
     let target = state.service.session_target(id, &caller.scope).await?;
-    target.map(|t| Json(t.into())).ok_or_else(no_target)
+    Ok(match target {
+        Some(t) => Json(NotifyTargetView::from(t)).into_response(),
+        None => StatusCode::NO_CONTENT.into_response(),
+    })
 }
 
 /// Remove a session's own notify target.
@@ -351,8 +352,8 @@ pub async fn get_session_target(
     delete, path = "/api/autonomous/{id}/notify", tag = "notify",
     params(("id" = Uuid, Path, description = "Session id")),
     responses(
-        (status = 204, description = "Removed"),
-        (status = 404, description = "No such session, or it has no target of its own", body = Problem, content_type = "application/problem+json"),
+        (status = 204, description = "The session has no target of its own now (whether or not it had one)"),
+        (status = 404, description = "No such session", body = Problem, content_type = "application/problem+json"),
     )
 )]
 pub async fn delete_session_target(
@@ -360,15 +361,12 @@ pub async fn delete_session_target(
     Extension(caller): Extension<Principal>,
     SessionId(id): SessionId,
 ) -> ApiResult<StatusCode> {
-    if state
+    // Idempotent: removing a target that is not there leaves none, too.
+    state
         .service
         .delete_session_target(id, &caller.scope)
-        .await?
-    {
-        Ok(StatusCode::NO_CONTENT)
-    } else {
-        Err(no_target())
-    }
+        .await?;
+    Ok(StatusCode::NO_CONTENT)
 }
 
 /// A session's notification deliveries, newest first: attempts, status,

@@ -736,6 +736,7 @@ fn query_bounds(out: &mut Vec<Bound>) {
         ("/api/autonomous", MAX_LIST_LIMIT),
         ("/api/autonomous/approvals", MAX_LIST_LIMIT),
         ("/api/autonomous/attention", MAX_LIST_LIMIT),
+        ("/api/autonomous/{id}/notifications", MAX_LIST_LIMIT),
         ("/api/autonomous/{id}/iterations", MAX_PAGE_LIMIT),
         ("/api/autonomous/{id}/checkpoints", MAX_PAGE_LIMIT),
         ("/api/autonomous/{id}/events", MAX_PAGE_LIMIT),

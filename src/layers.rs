@@ -151,9 +151,9 @@ const HTTP: &[(&str, u8)] = &[
     ("workers", 2),
     ("retention", 2),
     ("tree", 2),
-    ("estimate", 2),
     ("notify", 2),
     ("approvals", 3),
+    ("estimate", 3),
     ("openapi", 4),
 ];
 

@@ -6,7 +6,7 @@ use axum::routing::post;
 use axum::{Extension, Json, Router};
 
 use super::AppState;
-use super::error::{ApiError, ApiResult, Problem};
+use super::error::{ApiResult, Problem};
 use super::extract::ApiJson;
 use crate::auth::Principal;
 use crate::session::CreateSession;
@@ -43,9 +43,6 @@ pub async fn estimate_session(
     Extension(caller): Extension<Principal>,
     ApiJson(body): ApiJson<CreateSession>,
 ) -> ApiResult<Json<EstimateAnswer>> {
-    let tenant = caller.create_tenant();
-    if !crate::auth::valid_tenant(tenant) {
-        return Err(ApiError::bad_request(format!("invalid tenant {tenant:?}")));
-    }
+    let tenant = super::sessions::new_session_tenant(&caller)?;
     Ok(Json(state.service.estimate(&body, tenant).await?))
 }

@@ -100,10 +100,7 @@ pub async fn create_session(
     request_headers: HeaderMap,
     body: DigestedJson<CreateSession>,
 ) -> ApiResult<(StatusCode, HeaderMap, Json<SessionView>)> {
-    let tenant = caller.create_tenant();
-    if !crate::auth::valid_tenant(tenant) {
-        return Err(ApiError::bad_request(format!("invalid tenant {tenant:?}")));
-    }
+    let tenant = new_session_tenant(&caller)?;
     let idempotency = idempotency_key(&request_headers)?.map(|key| IdempotencyKey {
         key,
         digest: body.digest,
@@ -124,6 +121,15 @@ pub async fn create_session(
         headers.insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
     }
     Ok((StatusCode::CREATED, headers, Json(view(&state, session))))
+}
+
+/// The tenant a session created (or estimated) by `caller` belongs to.
+pub(super) fn new_session_tenant(caller: &Principal) -> ApiResult<&str> {
+    let tenant = caller.create_tenant();
+    if !crate::auth::valid_tenant(tenant) {
+        return Err(ApiError::bad_request(format!("invalid tenant {tenant:?}")));
+    }
+    Ok(tenant)
 }
 
 /// Response header of a create answered from an earlier request with the

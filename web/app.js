@@ -485,6 +485,10 @@ function renderSession(s) {
   $("#waiting-worker").hidden = !ww;
   if (ww) {
     $("#ww-queue").textContent = ww.queue;
+    $("#ww-tenant").textContent = ww.tenant;
+    $("#ww-seen").textContent = ww.last_worker_seen_at
+      ? "a worker of it last polled " + fmtSecs((Date.now() - Date.parse(ww.last_worker_seen_at)) / 1000) + " ago"
+      : "no worker of that tenant has polled that queue";
     $("#ww-for").textContent = fmtSecs((Date.now() - Date.parse(ww.since)) / 1000);
   }
   tickLive();

@@ -359,7 +359,7 @@ async fn show_database_parts(
             .reads()
             .waiting_for_worker(doc.id, scope)
             .await?
-            .map(|(queue, since)| super::views::WaitingForWorker { queue, since });
+            .map(super::views::WaitingForWorker::of);
     }
     show_pending_approvals(state, doc, scope).await?;
     if has_children {

@@ -135,8 +135,41 @@ pub struct ExecutorSummary {
 pub struct WaitingForWorker {
     /// The queue it waits on.
     pub queue: String,
+    /// The tenant whose worker keys may claim it: a worker of another
+    /// tenant never sees it.
+    pub tenant: String,
     /// Since when.
     pub since: DateTime<Utc>,
+    /// The last claim or heartbeat of a worker of that tenant on that
+    /// queue; null when none was ever seen.
+    pub last_worker_seen_at: Option<DateTime<Utc>>,
+    /// What it waits for, in words.
+    pub message: String,
+}
+
+impl WaitingForWorker {
+    /// The view of a waiting task.
+    pub fn of(task: crate::session::WaitingTask) -> WaitingForWorker {
+        let message = match task.last_worker_seen_at {
+            None => format!(
+                "waiting for a worker of tenant {:?} on queue {:?}: no worker of that tenant has polled that queue (a worker needs a key of that tenant with that queue: POST /api/keys {{\"tenant\": {:?}, \"role\": \"worker\", \"queues\": [{:?}]}})",
+                task.tenant, task.queue, task.tenant, task.queue
+            ),
+            Some(at) => format!(
+                "waiting for a worker of tenant {:?} on queue {:?}: the last one polled at {}",
+                task.tenant,
+                task.queue,
+                at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+            ),
+        };
+        WaitingForWorker {
+            queue: task.queue,
+            tenant: task.tenant,
+            since: task.since,
+            last_worker_seen_at: task.last_worker_seen_at,
+            message,
+        }
+    }
 }
 
 /// Iterations committed in one minute.

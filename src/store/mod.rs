@@ -88,7 +88,7 @@ pub use sessions::{
 };
 pub use worker_tasks::{
     ClaimedWorkerTask, Heartbeat, LeaseCheck, NewWorkerTask, QueueDepth, Settlement, TaskEnd,
-    WORKERS_CHANNEL, WorkerChange, WorkerSeen, WorkerTaskSnapshot, charge_uncollected_outcomes,
+    WORKERS_CHANNEL, WaitingTask, WorkerChange, WorkerSeen, WorkerTaskSnapshot, charge_uncollected_outcomes,
     wait_for_worker_change,
 };
 

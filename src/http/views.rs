@@ -149,7 +149,7 @@ pub struct WaitingForWorker {
 
 impl WaitingForWorker {
     /// The view of a waiting task.
-    pub fn of(task: crate::session::WaitingTask) -> WaitingForWorker {
+    pub fn of(task: crate::session::WaitingWorkerTask) -> WaitingForWorker {
         let message = match task.last_worker_seen_at {
             None => format!(
                 "waiting for a worker of tenant {:?} on queue {:?}: no worker of that tenant has polled that queue (a worker needs a key of that tenant with that queue: POST /api/keys {{\"tenant\": {:?}, \"role\": \"worker\", \"queues\": [{:?}]}})",

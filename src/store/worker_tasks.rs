@@ -820,7 +820,7 @@ impl Store {
         &self,
         session_id: Uuid,
         scope: &TenantScope,
-    ) -> Result<Option<WaitingTask>> {
+    ) -> Result<Option<WaitingWorkerTask>> {
         let row = sqlx::query!(
             r#"SELECT t.queue, t.tenant, t.offered_at,
                       (SELECT max(w.last_seen_at) FROM workers_seen w
@@ -834,7 +834,7 @@ impl Store {
         )
         .fetch_optional(&self.pool)
         .await?;
-        Ok(row.map(|r| WaitingTask {
+        Ok(row.map(|r| WaitingWorkerTask {
             queue: r.queue,
             tenant: r.tenant,
             since: r.offered_at,
@@ -845,7 +845,7 @@ impl Store {
 
 /// A session's step offered to workers and not claimed yet.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct WaitingTask {
+pub struct WaitingWorkerTask {
     /// The queue it waits on.
     pub queue: String,
     /// The tenant whose workers may claim it.

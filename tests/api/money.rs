@@ -201,3 +201,55 @@ async fn a_trees_cost_is_the_sum_of_its_sessions_costs() {
     }
     assert!((sum - 0.0008).abs() < 1e-12, "{sum}");
 }
+
+#[tokio::test]
+async fn a_workers_completion_reports_its_usage_and_is_priced() {
+    let app = TestApp::start_with(config_with(&[(
+        "WARDEN_MODEL_PRICES",
+        "claude-sonnet-4*=3/15/0.30",
+    )]))
+    .await;
+    let res = reqwest::Client::new()
+        .post(app.url("/api/keys"))
+        .bearer_auth(common::ADMIN_TOKEN)
+        .json(&json!({ "tenant": common::TEST_TENANT, "role": "worker", "queues": ["money"] }))
+        .send()
+        .await
+        .expect("sent");
+    let key: Value = res.json().await.expect("json");
+    let worker = common::client_with_key(key["secret"].as_str().expect("secret"));
+    let doc = app
+        .create(json!({ "goal": "Write the report",
+                        "executor": { "kind": "worker", "queue": "money" } }))
+        .await;
+    let id = doc["id"].as_str().expect("id");
+    let task: Value = worker
+        .post(app.url("/api/workers/claim"))
+        .json(&json!({ "wait_ms": 5_000, "worker": "w" }))
+        .send()
+        .await
+        .expect("claim")
+        .json()
+        .await
+        .expect("a task");
+    let done = json!({ "lease_token": task["lease_token"], "outcome": {
+        "action": "report", "output": "written", "signal": "done", "reason": "written",
+        "usage": { "input_tokens": 2_000, "cached_tokens": 1_000, "output_tokens": 500,
+                   "reasoning_tokens": 100, "model": "claude-sonnet-4-5" } } });
+    let task_id = task["task_id"].as_str().expect("task id");
+    let res = worker
+        .post(app.url(&format!("/api/workers/tasks/{task_id}/complete")))
+        .json(&done)
+        .send()
+        .await
+        .expect("complete");
+    assert_eq!(res.status(), StatusCode::OK);
+    let s = app.wait_settled(id).await;
+    assert_eq!(s["status"], "completed", "{s}");
+    assert_eq!(s["tokens_used"], 2_500);
+    // 1,000 × 3 + 1,000 × 0.30 + 500 × 15 = 10,800 per million.
+    assert_eq!(s["cost_usd"], "0.0108", "{s}");
+    assert_eq!(s["unpriced_steps"], 0);
+    let its = app.iterations(id).await;
+    assert_eq!(its[0]["price_pattern"], "claude-sonnet-4*");
+}

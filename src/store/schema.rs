@@ -36,6 +36,10 @@ pub const DOWNS: &[(i64, &str)] = &[
         30,
         include_str!("../../migrations/down/0030_money_and_history.sql"),
     ),
+    (
+        31,
+        include_str!("../../migrations/down/0031_step_costs.sql"),
+    ),
 ];
 
 /// The key of the advisory lock that `migrate --down-to` holds, so two

@@ -12,8 +12,8 @@ use crate::common::{TestApp, distinct_steps};
 /// `warden ARGS` against `app` with its key passed as `--key` (no config
 /// file, no client variables from the test's own environment).
 async fn warden(app: &TestApp, args: &[&str]) -> Output {
-    let mut all = vec!["--url", app.base.as_str(), "--key", app.key.as_str()];
-    all.extend_from_slice(args);
+    let mut all = args.to_vec();
+    all.extend_from_slice(&["--url", app.base.as_str(), "--key", app.key.as_str()]);
     warden_with(&all, &[]).await
 }
 

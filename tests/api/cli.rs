@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use crate::common::{TestApp, distinct_steps};
+use crate::common::{TestApp, Warden, distinct_steps};
 
 /// `warden ARGS` against `app` with its key passed as `--key` (no config
 /// file, no client variables from the test's own environment).
@@ -253,4 +253,62 @@ async fn workers_queues_is_a_table_and_json() {
     let table = ok(&warden(&app, &["workers", "queues"]).await);
     assert!(table.starts_with("TENANT"), "{table}");
     assert!(table.contains("cli-test"), "{table}");
+}
+
+#[tokio::test]
+#[ignore = "needs a Postgres server: a warden process killed and restarted on the test's database"]
+async fn watch_resumes_after_the_server_restarts_without_losing_or_repeating_an_event() {
+    crate::common::require_server_postgres("a restart on the same database");
+    let db = crate::common::TestDb::new().await;
+    let mut first = Warden::on(&db.pool).serve().await;
+    let app = TestApp::connect(None, first.base.clone()).await;
+    let mut steps = distinct_steps(12, 10, 300)
+        .as_array()
+        .cloned()
+        .expect("steps");
+    steps.push(json!({ "action": "finish", "tokens": 10, "output": "<<WARDEN_GOAL_DONE: done>>" }));
+    let id = app
+        .create_scripted(Value::Array(steps), json!({ "max_iterations": 20 }))
+        .await;
+    let watch = {
+        let (base, key, id) = (app.base.clone(), app.key.clone(), id.clone());
+        tokio::spawn(async move {
+            let args = [
+                "sessions",
+                "watch",
+                &id,
+                "--replay",
+                "--json",
+                "--retries",
+                "8",
+            ];
+            let mut all = args.to_vec();
+            all.extend_from_slice(&["--url", &base, "--key", &key]);
+            warden_with(&all, &[]).await
+        })
+    };
+    app.wait_until(&id, Duration::from_secs(20), |s| {
+        s["iterations"].as_i64() >= Some(3)
+    })
+    .await;
+    // SIGKILL mid-stream; the next process takes the session over once
+    // the dead one's lease ends, and answers on the same port.
+    first.kill();
+    let _second = Warden::on(&db.pool).port(first.port()).serve().await;
+    let out = watch.await.expect("joined");
+    let seqs: Vec<i64> = ok(&out)
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<Value>(l).expect("JSON")["seq"]
+                .as_i64()
+                .expect("seq")
+        })
+        .collect();
+    assert!(stderr(&out).contains("reconnecting"), "{}", stderr(&out));
+    let expected: Vec<i64> = (1..=seqs.len() as i64).collect();
+    assert_eq!(
+        seqs, expected,
+        "every event once, in order, across the restart"
+    );
+    assert_eq!(app.session(&id).await["status"], "completed");
 }

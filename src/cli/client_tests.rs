@@ -209,3 +209,10 @@ fn figures_are_written_short() {
     assert_eq!(table::bar(0.5, 4), "[##..]");
     assert_eq!(table::bar(2.0, 2), "[##]");
 }
+
+#[test]
+fn reconnections_back_off_to_a_ceiling() {
+    let waits: Vec<u128> = (1..=7).map(|n| watch::backoff(n).as_millis()).collect();
+    assert_eq!(waits, [500, 1000, 2000, 4000, 8000, 8000, 8000]);
+    assert_eq!(watch::backoff(u32::MAX).as_millis(), 8000);
+}

@@ -311,7 +311,7 @@ fn gave_up(err: ClientError, retries: u32) -> ClientError {
 }
 
 /// The wait before the `failures`-th reconnection in a row.
-fn backoff(failures: u32) -> Duration {
+pub(super) fn backoff(failures: u32) -> Duration {
     let factor = 2u32.saturating_pow(failures.saturating_sub(1).min(10));
     FIRST_BACKOFF.saturating_mul(factor).min(MAX_BACKOFF)
 }

@@ -88,6 +88,22 @@ async fn list_shows_a_created_session_and_json_is_the_page() {
     assert_eq!(page["items"][0]["id"], id.as_str());
     let none = ok(&warden(&app, &["sessions", "list", "--status", "completed"]).await);
     assert!(!none.contains(&id), "{none}");
+    // No flag, no variable: the config file names the server and the key.
+    let dir = std::env::temp_dir().join(format!("warden-cli-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::create_dir_all(dir.join("warden")).expect("config dir");
+    let config = format!(
+        "# the test's server\nurl = \"{}\"\nkey = \"{}\"\n",
+        app.base, app.key
+    );
+    std::fs::write(dir.join("warden").join("cli.toml"), config).expect("config file");
+    let dir_text = dir.to_string_lossy().into_owned();
+    let out = warden_with(
+        &["sessions", "list"],
+        &[("XDG_CONFIG_HOME", dir_text.as_str())],
+    )
+    .await;
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(ok(&out).contains(&id), "{}", stdout(&out));
 }
 
 #[tokio::test]

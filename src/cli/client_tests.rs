@@ -141,6 +141,11 @@ fn status_lines_say_what_an_operator_asks() {
         "next_steps": ["approve or reject 4.0"],
     });
     let text = status_lines(&s);
+    let pausing = status_lines(&json!({ "status": "running", "pause_requested": true }));
+    assert!(
+        pausing.contains("requested   pause (after the step in flight)"),
+        "{pausing}"
+    );
     for want in [
         "(tenant acme)",
         "status      paused/approval_required",

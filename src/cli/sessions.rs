@@ -281,6 +281,7 @@ pub(super) fn status_lines(s: &Value) -> String {
     ];
     lines.extend(step_of(s).map(|step| ("step", step)));
     lines.extend(waiting_of(s).map(|w| ("waiting", w)));
+    lines.extend(requested_of(s).map(|r| ("requested", r)));
     if !text(s, "summary").is_empty() {
         lines.push(("summary", text(s, "summary").to_string()));
     }
@@ -388,6 +389,18 @@ fn waiting_of(s: &Value) -> Option<String> {
     }
     let position = s.get("queue_position").and_then(Value::as_i64)?;
     Some(format!("to start: {position} in its tenant's queue"))
+}
+
+/// A stop or pause asked for that has not landed yet.
+fn requested_of(s: &Value) -> Option<String> {
+    let asked = |name: &str| s.get(name).and_then(Value::as_bool) == Some(true);
+    if asked("stop_requested") {
+        return Some(match text(s, "stop_lands_by") {
+            "" => "stop (not landed yet)".to_string(),
+            by => format!("stop (lands by {by})"),
+        });
+    }
+    asked("pause_requested").then(|| "pause (after the step in flight)".to_string())
 }
 
 /// A titled list of `field`'s items, one line each; nothing when empty.

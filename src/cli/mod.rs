@@ -7,14 +7,19 @@ use std::process::ExitCode;
 use clap::{CommandFactory, Parser, Subcommand};
 
 mod archive;
+mod client;
 mod config;
 mod db;
 mod healthcheck;
 mod keys;
 mod migrate;
 mod secrets;
+mod sessions;
+mod sse;
 mod store;
+mod table;
 mod tenants;
+mod watch;
 
 /// Runs and supervises long-running autonomous agent sessions.
 ///
@@ -62,6 +67,14 @@ pub enum Command {
     /// Sessions archived past their retention
     #[command(subcommand)]
     Archive(archive::ArchiveCommand),
+    /// A running server's sessions, over its HTTP API: list, show, watch, stop, …
+    ///
+    /// The server is --url, else WARDEN_URL, else the `url` of
+    /// ~/.config/warden/cli.toml, else http://127.0.0.1:8080; the key is
+    /// --key, else WARDEN_API_KEY, else that file's `key`.
+    Sessions(sessions::SessionsArgs),
+    /// A running server's workers and their queues, over its HTTP API
+    Workers(sessions::WorkersArgs),
     /// Print a shell completion script
     ///
     /// e.g. `warden completions bash > /etc/bash_completion.d/warden`,
@@ -108,6 +121,8 @@ pub async fn run(command: Command) -> ExitCode {
         Command::Migrate(args) => migrate::run(args).await,
         Command::Config(args) => config::run(args),
         Command::Archive(command) => archive::run(command).await,
+        Command::Sessions(args) => sessions::run(args).await,
+        Command::Workers(args) => sessions::run_workers(args).await,
         Command::Completions { shell } => completions(shell),
     }
 }
@@ -143,5 +158,7 @@ fn tenant_name(raw: &str) -> Result<String, String> {
     }
 }
 
+#[cfg(test)]
+mod client_tests;
 #[cfg(test)]
 mod tests;

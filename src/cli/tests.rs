@@ -267,8 +267,9 @@ fn help_is_answered_at_every_level() {
 
 /// The pages whose shell blocks show the command line: the README and
 /// every page under docs/ that runs `warden`.
-const DOCUMENTED: [&str; 7] = [
+const DOCUMENTED: [&str; 8] = [
     include_str!("../../README.md"),
+    include_str!("../../docs/guides/cli.md"),
     include_str!("../../docs/reference/cli.md"),
     include_str!("../../docs/operations/storage.md"),
     include_str!("../../docs/operations/fleet.md"),
@@ -327,6 +328,7 @@ fn the_readme_command_lines_parse() {
         "db dump",
         "--help",
         "completions",
+        "sessions watch",
     ] {
         assert!(
             lines.iter().any(|l| l.contains(want)),

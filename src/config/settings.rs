@@ -671,11 +671,19 @@ of `cargo run -q -- config --markdown` between the markers)"
 
     /// Names with a settings prefix that are not settings: the goal
     /// sentinels a model writes in its output, the README's shell variable
-    /// holding the reader's key, and the Python worker's own variables
-    /// (where its Warden is, which queue it serves, which binary its end-to-end run starts).
+    /// holding the reader's key, the Python worker's own variables
+    /// (where its Warden is, which queue it serves, which binary its end-to-end run starts),
+    /// and the key the `warden sessions` client sends (src/cli/client.rs).
     fn not_a_setting(name: &str) -> bool {
         name.starts_with("WARDEN_GOAL")
-            || ["WARDEN_KEY", "WARDEN_URL", "WARDEN_QUEUE", "WARDEN_BIN"].contains(&name)
+            || [
+                "WARDEN_KEY",
+                "WARDEN_URL",
+                "WARDEN_QUEUE",
+                "WARDEN_BIN",
+                "WARDEN_API_KEY",
+            ]
+            .contains(&name)
     }
 
     /// Each `WARDEN_*` / `AUTONOMOUS_*` name in `text`, where `quoted` asks

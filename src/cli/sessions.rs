@@ -327,12 +327,12 @@ fn tokens_of(s: &Value, limits: &Value) -> String {
         number(s, "tokens_used"),
         number(limits, "max_tokens")
     );
-    match s.get("cost") {
-        Some(Value::Null) | None => {}
-        Some(cost) => out.push_str(&format!(
-            "  (cost {})",
-            cost.as_str().map_or(cost.to_string(), String::from)
-        )),
+    if let Some(cost) = s.get("cost_usd").and_then(Value::as_str) {
+        out.push_str(&format!("  (${cost}"));
+        match s.get("unpriced_steps").and_then(Value::as_u64) {
+            Some(n) if n > 0 => out.push_str(&format!(", {n} steps unpriced)")),
+            _ => out.push(')'),
+        }
     }
     out
 }

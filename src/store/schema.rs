@@ -36,6 +36,10 @@ pub const DOWNS: &[(i64, &str)] = &[
         30,
         include_str!("../../migrations/down/0030_money_and_history.sql"),
     ),
+    (
+        32,
+        include_str!("../../migrations/down/0032_budget_warnings.sql"),
+    ),
 ];
 
 /// The key of the advisory lock that `migrate --down-to` holds, so two
@@ -500,6 +504,7 @@ mod tests {
                 max_cycles: 10,
                 context_budget_tokens: 32_000,
                 review_every,
+                warn_at: crate::policy::soft_budget::WarnAt::DEFAULT,
             };
             for executor in &executors {
                 let spec: ExecutorSpec = serde_json::from_value(executor.clone()).unwrap();

@@ -35,6 +35,7 @@ mod recovery;
 mod retention;
 mod secrets;
 mod sessions;
+mod soft_budgets;
 mod store;
 mod streams;
 mod telemetry;

@@ -78,6 +78,7 @@ impl<S: LoopStore> Runner<S> {
             stuck: &self.config.stuck,
             checkpoint_interval: self.settings.limits.checkpoint_interval,
             elapsed_ms: self.elapsed_ms(),
+            limits: &self.settings.limits,
         };
         // Moved into the plan, not copied. On an error the loop ends: only
         // the usage is put back, for the loop's last log line.
@@ -110,6 +111,7 @@ impl<S: LoopStore> Runner<S> {
                 if let Some(n) = row.checkpointed {
                     r.last_checkpoint_iteration = n;
                 }
+                r.budget_warnings.0.extend_from_slice(&row.budget_warnings);
             },
         });
     }

@@ -208,6 +208,7 @@ fn limits(max_iterations: u64, checkpoint_interval: u32) -> Limits {
         max_cycles: 10,
         context_budget_tokens: 32_000,
         review_every: None,
+        warn_at: crate::policy::soft_budget::WarnAt::DEFAULT,
     }
 }
 

@@ -7,13 +7,13 @@ use serde::{Deserialize, Serialize};
 use crate::policy::checklist::ChecklistItem;
 use crate::policy::excerpt;
 use crate::policy::gate::{Budget as GateBudget, GateInputs};
-use crate::policy::soft_budget::{self, Budget, BudgetWarning};
 use crate::policy::guardrails::{self, Limits, Usage};
 use crate::policy::history::{self, Outcome, Rework, StepRecord};
 use crate::policy::lifecycle::{Mode, Reason};
 use crate::policy::projection::{ProgressPoint, ProgressSample};
 use crate::policy::reflection::{ReflectionState, Verdict};
 use crate::policy::sentinel::{self, Sentinel, SignalKind};
+use crate::policy::soft_budget::{self, Budget, BudgetWarning};
 use crate::policy::stuck::{self, StuckConfig, StuckPattern, StuckVerdict};
 
 /// How many recent steps the policies look at.

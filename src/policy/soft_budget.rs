@@ -298,7 +298,10 @@ mod tests {
         assert!(serde_json::from_str::<WarnAt>("[100]").is_err());
         assert!(serde_json::from_str::<WarnAt>("[300]").is_err());
         assert_eq!(WarnAt::new(&[]).expect("none").percents(), Vec::<u8>::new());
-        assert_eq!(WarnAt::new(&[1, 99]).expect("edges").percents(), vec![1, 99]);
+        assert_eq!(
+            WarnAt::new(&[1, 99]).expect("edges").percents(),
+            vec![1, 99]
+        );
     }
 
     #[test]

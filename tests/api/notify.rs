@@ -499,9 +499,11 @@ async fn a_budget_warning_reaches_the_tenant_target_within_a_second_of_its_step(
                 .is_ok_and(|b| b["type"] == "session.budget_warning")
         })
     };
-    eventually(Duration::from_secs(5), "the warning is notified", || async {
-        warning().is_some()
-    })
+    eventually(
+        Duration::from_secs(5),
+        "the warning is notified",
+        || async { warning().is_some() },
+    )
     .await;
     let r = warning().expect("a warning");
     assert!(verifies(&secret, &r), "the signature verifies: {r:?}");

@@ -41,7 +41,10 @@ fn iteration_warnings(warnings: &[BudgetWarningView]) -> Vec<(u64, u8)> {
         warnings.iter().all(|w| w.budget == "iterations"),
         "{warnings:?}"
     );
-    warnings.iter().map(|w| (w.iteration, w.threshold)).collect()
+    warnings
+        .iter()
+        .map(|w| (w.iteration, w.threshold))
+        .collect()
 }
 
 #[tokio::test]
@@ -104,10 +107,7 @@ async fn custom_thresholds_warn_where_asked_and_none_never() {
         iteration_warnings(&status.budget_warnings),
         [(5, 25), (12, 60)]
     );
-    assert_eq!(
-        app.session(&id).await["limits"]["warn_at"],
-        json!([25, 60])
-    );
+    assert_eq!(app.session(&id).await["limits"]["warn_at"], json!([25, 60]));
 
     let quiet = app
         .create_scripted(steps(30), json!({ "max_iterations": 5, "warn_at": [] }))
@@ -152,7 +152,10 @@ async fn a_resumed_session_does_not_repeat_a_sent_threshold() {
 
 #[tokio::test]
 async fn a_webhook_agent_is_told_to_wrap_up_in_its_next_request() {
-    async fn step(State(got): State<Arc<Mutex<Vec<Value>>>>, Json(body): Json<Value>) -> Json<Value> {
+    async fn step(
+        State(got): State<Arc<Mutex<Vec<Value>>>>,
+        Json(body): Json<Value>,
+    ) -> Json<Value> {
         let n = {
             let mut got = got.lock().unwrap();
             got.push(body);

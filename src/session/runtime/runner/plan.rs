@@ -524,7 +524,10 @@ mod tests {
             },
         )
         .expect("a plan");
-        assert!(plan.row.budget_warnings.is_empty(), "warn_at [] never warns");
+        assert!(
+            plan.row.budget_warnings.is_empty(),
+            "warn_at [] never warns"
+        );
     }
 
     #[test]

@@ -4,7 +4,6 @@
 
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
-use utoipa::openapi::schema::{Array, ArrayBuilder, ObjectBuilder, SchemaType, Type};
 
 use super::lifecycle::Reason;
 use super::soft_budget::WarnAt;
@@ -43,38 +42,8 @@ pub struct Limits {
     /// Percentages of each budget at which the session warns (soft
     /// budgets): 1–99, at most 10; `[]` warns never.
     #[serde(default)]
-    #[schema(schema_with = warn_at_schema)]
+    #[schema(value_type = Vec<u8>, example = json!([50, 80, 95]))]
     pub warn_at: WarnAt,
-}
-
-/// `warn_at` as the API documents it: percentages 1–99, at most 10.
-fn warn_at_schema() -> Array {
-    ArrayBuilder::new()
-        .items(
-            ObjectBuilder::new()
-                .schema_type(Type::Integer)
-                .minimum(Some(1))
-                .maximum(Some(99)),
-        )
-        .max_items(Some(super::soft_budget::MAX_THRESHOLDS))
-        .description(Some(
-            "Percentages of each budget at which the session warns (soft budgets): \
-             1–99, at most 10; `[]` warns never.",
-        ))
-        .examples([serde_json::json!([50, 80, 95])])
-        .build()
-}
-
-/// `warn_at` of a patch: as [`warn_at_schema`], or null to leave it.
-fn warn_at_patch_schema() -> Array {
-    let mut schema = warn_at_schema();
-    schema.schema_type = SchemaType::from_iter([Type::Array, Type::Null]);
-    schema.description = Some(
-        "Percentages of each budget to warn at (each 1 – 99, at most 10; `[]` for none). \
-         Default `[50, 80, 95]`."
-            .into(),
-    );
-    schema
 }
 
 fn default_max_cycles() -> u32 {
@@ -111,7 +80,7 @@ pub struct LimitsPatch {
     pub review_every: Option<u64>,
     /// Percentages of each budget to warn at (each 1 – 99, at most 10;
     /// `[]` for none). Default `[50, 80, 95]`.
-    #[schema(schema_with = warn_at_patch_schema)]
+    #[schema(value_type = Option<Vec<u8>>)]
     pub warn_at: Option<WarnAt>,
 }
 

@@ -14,6 +14,8 @@ use super::guardrails::{Limits, Usage};
 pub const DEFAULT_THRESHOLDS: [u8; 3] = [50, 80, 95];
 /// Most thresholds a session may ask for.
 pub const MAX_THRESHOLDS: usize = 10;
+/// The lowest and highest threshold (percent): 100 would be the hard limit.
+pub const PERCENTS: (u8, u8) = (1, 99);
 
 /// A budget that can warn.
 #[derive(
@@ -99,9 +101,10 @@ pub fn thresholds(asked: &[u8]) -> Result<Vec<u8>, String> {
             asked.len()
         ));
     }
-    if let Some(bad) = asked.iter().find(|p| !(1..=99).contains(*p)) {
+    let (lowest, highest) = PERCENTS;
+    if let Some(bad) = asked.iter().find(|p| !(lowest..=highest).contains(*p)) {
         return Err(format!(
-            "warn_at: {bad} is not a percentage between 1 and 99"
+            "warn_at: {bad} is not a percentage between {lowest} and {highest}"
         ));
     }
     let mut sorted = asked.to_vec();
@@ -119,6 +122,8 @@ pub struct WarnAt(u128);
 impl WarnAt {
     /// [`DEFAULT_THRESHOLDS`]: 50, 80 and 95 %.
     pub const DEFAULT: WarnAt = WarnAt((1 << 50) | (1 << 80) | (1 << 95));
+    /// No thresholds: the session never warns.
+    pub const NONE: WarnAt = WarnAt(0);
 
     /// Thresholds from a checked list (see [`thresholds`]).
     pub fn new(asked: &[u8]) -> Result<WarnAt, String> {
@@ -130,7 +135,9 @@ impl WarnAt {
 
     /// The thresholds, ascending.
     pub fn percents(self) -> Vec<u8> {
-        (1..=99u8).filter(|p| self.0 & (1u128 << p) != 0).collect()
+        (PERCENTS.0..=PERCENTS.1)
+            .filter(|p| self.0 & (1u128 << p) != 0)
+            .collect()
     }
 }
 
@@ -297,7 +304,8 @@ mod tests {
         assert!(serde_json::from_str::<WarnAt>("[0]").is_err());
         assert!(serde_json::from_str::<WarnAt>("[100]").is_err());
         assert!(serde_json::from_str::<WarnAt>("[300]").is_err());
-        assert_eq!(WarnAt::new(&[]).expect("none").percents(), Vec::<u8>::new());
+        assert_eq!(WarnAt::new(&[]), Ok(WarnAt::NONE));
+        assert_eq!(WarnAt::NONE.percents(), Vec::<u8>::new());
         assert_eq!(
             WarnAt::new(&[1, 99]).expect("edges").percents(),
             vec![1, 99]

@@ -16,6 +16,7 @@ use crate::policy::capabilities::{self, Capabilities};
 use crate::policy::gate::GateConfig;
 use crate::policy::guardrails::Limits;
 use crate::policy::lifecycle::Mode;
+use crate::policy::pricing::PriceTable;
 use crate::policy::stuck::StuckConfig;
 use crate::secrets::{Keyring, SecretKey};
 use crate::telemetry::{Protocol, TelemetryConfig};
@@ -224,8 +225,9 @@ pub struct Config {
     pub require_concrete_goals: bool,
     /// `AUTONOMOUS_AUTO_REFINE_GOALS`: apply the suggested refinement without waiting.
     pub auto_refine_goals: bool,
-    /// `WARDEN_TOKEN_PRICE_PER_MILLION`: price of a million tokens, for the `cost` field.
-    pub token_price_per_million: Option<f64>,
+    /// `WARDEN_MODEL_PRICES`: what a million tokens cost, by model, for
+    /// every step's `cost_usd`.
+    pub model_prices: PriceTable,
     /// The outbound-request policy for client-chosen URLs:
     /// `WARDEN_EGRESS_ALLOW` and `WARDEN_EGRESS_MAX_RESPONSE_BYTES`.
     pub egress: Arc<EgressPolicy>,
@@ -518,6 +520,18 @@ impl Env<'_> {
         })
     }
 
+    /// A price table (`policy::pricing`); empty when unset.
+    fn price_table(&self, setting: &Setting) -> Result<PriceTable, ConfigError> {
+        let Some((var, raw)) = self.text(setting) else {
+            return Ok(PriceTable::default());
+        };
+        PriceTable::parse(&raw).map_err(|e| ConfigError::Invalid {
+            var,
+            value: raw.to_string(),
+            expected: format!("a price table (pattern=input/output[/cached][@date]; ...): {e}"),
+        })
+    }
+
     /// The trimmed text in effect, if any.
     fn string(&self, setting: &Setting) -> Option<String> {
         self.text(setting).map(|(_, t)| t.trim().to_string())
@@ -803,11 +817,7 @@ impl Config {
             models,
             require_concrete_goals: env.bool(&AUTONOMOUS_REQUIRE_CONCRETE_GOALS)?,
             auto_refine_goals: env.bool(&AUTONOMOUS_AUTO_REFINE_GOALS)?,
-            token_price_per_million: env.float_opt(
-                &WARDEN_TOKEN_PRICE_PER_MILLION,
-                0.0,
-                1_000_000.0,
-            )?,
+            model_prices: env.price_table(&WARDEN_MODEL_PRICES)?,
             egress: Arc::new(egress),
             auth: AuthConfig {
                 admin_token: env.secret(&WARDEN_ADMIN_TOKEN, 16)?,

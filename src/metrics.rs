@@ -9,6 +9,8 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use rust_decimal::Decimal;
+
 /// A cumulative histogram with fixed bucket bounds (seconds).
 #[derive(Debug)]
 pub struct Histogram {
@@ -88,6 +90,10 @@ pub struct Metrics {
     gate: Mutex<BTreeMap<String, u64>>,
     model_calls: Mutex<BTreeMap<String, u64>>,
     model_calls_limited: Mutex<BTreeMap<String, u64>>,
+    /// Money the committed steps of each tenant cost (exact), and its
+    /// steps no price entry priced.
+    tenant_cost: Mutex<BTreeMap<String, Decimal>>,
+    tenant_unpriced: Mutex<BTreeMap<String, u64>>,
     /// Wall time of whole iterations.
     pub iteration_seconds: Histogram,
     /// Latency of model calls (agent and reflection).
@@ -126,6 +132,8 @@ impl Default for Metrics {
             reflections: Mutex::new(BTreeMap::new()),
             model_calls: Mutex::new(BTreeMap::new()),
             model_calls_limited: Mutex::new(BTreeMap::new()),
+            tenant_cost: Mutex::new(BTreeMap::new()),
+            tenant_unpriced: Mutex::new(BTreeMap::new()),
             gate: Mutex::new(BTreeMap::new()),
             iteration_seconds: Histogram::new(SLOW),
             model_seconds: Histogram::new(SLOW),
@@ -160,6 +168,19 @@ impl Metrics {
         self.writes_seconds.observe(times.writes);
         self.supervisor_seconds
             .observe(overhead.saturating_sub(times.writes));
+    }
+
+    /// Adds a committed step's cost to its tenant's (an unpriced step is
+    /// counted apart).
+    pub fn cost(&self, tenant: &str, usd: Decimal, unpriced: bool) {
+        if unpriced {
+            bump(&self.tenant_unpriced, tenant);
+        }
+        if !usd.is_zero() {
+            let mut map = self.tenant_cost.lock().unwrap_or_else(|p| p.into_inner());
+            let sum = map.entry(tenant.to_string()).or_insert(Decimal::ZERO);
+            *sum = sum.saturating_add(usd);
+        }
     }
 
     /// Counts sessions archived and deleted by retention.
@@ -214,6 +235,7 @@ impl Metrics {
         render_sessions(&mut out, sessions);
         self.render_totals(&mut out);
         self.render_labelled(&mut out);
+        self.render_cost(&mut out);
         self.render_durations(&mut out);
         out
     }
@@ -290,6 +312,12 @@ impl Metrics {
                 "tenant",
                 &self.model_calls_limited,
             ),
+            (
+                "warden_tenant_unpriced_steps_total",
+                "Committed steps whose model no WARDEN_MODEL_PRICES entry prices, by tenant.",
+                "tenant",
+                &self.tenant_unpriced,
+            ),
         ] {
             let _ = writeln!(out, "# HELP {name} {help}");
             let _ = writeln!(out, "# TYPE {name} counter");
@@ -297,6 +325,20 @@ impl Metrics {
             for (key, value) in map.iter() {
                 let _ = writeln!(out, "{name}{{{label}=\"{}\"}} {value}", escape(key));
             }
+        }
+    }
+
+    /// The money counter: USD, exact decimals, by tenant.
+    fn render_cost(&self, out: &mut String) {
+        let name = "warden_tenant_cost_usd_total";
+        let _ = writeln!(
+            out,
+            "# HELP {name} Money the steps committed in this process cost at WARDEN_MODEL_PRICES, USD, by tenant."
+        );
+        let _ = writeln!(out, "# TYPE {name} counter");
+        let map = self.tenant_cost.lock().unwrap_or_else(|p| p.into_inner());
+        for (tenant, usd) in map.iter() {
+            let _ = writeln!(out, "{name}{{tenant=\"{}\"}} {usd}", escape(tenant));
         }
     }
 

@@ -479,14 +479,16 @@ function renderSession(s) {
   const proj = $("#projection");
   proj.textContent = s.projected_tokens_to_finish == null ? "to finish —"
     : `to finish ≈ ${s.projected_tokens_to_finish} tokens` +
-      (s.projected_cost_to_finish == null ? "" : ` ($${s.projected_cost_to_finish.toFixed(4)})`) +
+      (s.projected_cost_to_finish_usd == null ? "" : ` ($${s.projected_cost_to_finish_usd})`) +
       ` · ${left} left`;
   proj.classList.toggle("error", s.projected_tokens_to_finish > left);
   const b = s.projection_basis;
   proj.title = b ? `${b.percent_complete}% complete after ${b.tokens} tokens and ${b.iterations} iterations` : "";
   $("#iterations-count").textContent = s.iterations;
   $("#tokens").textContent = s.tokens_used;
-  $("#cost").textContent = s.cost == null ? "—" : "$" + s.cost.toFixed(4);
+  // An exact decimal string; steps no price entry priced are flagged, not 0.
+  $("#cost").textContent = s.cost_usd == null ? "—"
+    : "$" + s.cost_usd + (s.unpriced_steps > 0 ? ` + ${s.unpriced_steps} unpriced` : "");
   $("#elapsed").textContent = fmtSecs(s.elapsed_ms / 1000);
   live = s.status === "running" ? { s, at: performance.now() } : null;
   $("#current-step").hidden = !live || !s.current_step || !!s.waiting_for_worker;
@@ -494,6 +496,10 @@ function renderSession(s) {
   $("#waiting-worker").hidden = !ww;
   if (ww) {
     $("#ww-queue").textContent = ww.queue;
+    $("#ww-tenant").textContent = ww.tenant;
+    $("#ww-seen").textContent = ww.last_worker_seen_at
+      ? "a worker of it last polled " + fmtSecs((Date.now() - Date.parse(ww.last_worker_seen_at)) / 1000) + " ago"
+      : "no worker of that tenant has polled that queue";
     $("#ww-for").textContent = fmtSecs((Date.now() - Date.parse(ww.since)) / 1000);
   }
   tickLive();

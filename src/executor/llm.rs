@@ -21,6 +21,7 @@ use crate::policy::approval::{self, ApprovalPolicy, CallDecision, Decision, Tool
 use crate::policy::budget;
 use crate::policy::excerpt;
 use crate::policy::history::{FileWrite, Outcome};
+use crate::policy::pricing::StepUsage;
 use crate::policy::sentinel::{Sentinel, SignalKind};
 use crate::store::{Task, TaskWrite};
 use crate::telemetry;
@@ -915,6 +916,15 @@ impl LlmExecutor {
             message: message_text,
             error: (!ran.failed.is_empty()).then(|| ran.failed.join("; ")),
             tokens,
+            // The step's tokens as the model API split them; a summary of
+            // the cycle (part of `tokens`) is priced as output.
+            usage: Some(StepUsage {
+                input_tokens: completion.usage.prompt,
+                output_tokens: completion.usage.completion,
+                cached_tokens: completion.usage.cached,
+                reasoning_tokens: 0,
+                model: Some(self.model.clone()),
+            }),
             tool_calls: ran.executed as u64,
             files_written: ran.files,
             waiting: false,

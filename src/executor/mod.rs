@@ -34,6 +34,7 @@ use crate::llm::{LlmClient, LlmSettings, Message};
 use crate::policy::approval::Decision;
 use crate::policy::delegation::{ChildReport, ChildRequest};
 use crate::policy::history::{FileWrite, Outcome, StepRecord};
+use crate::policy::pricing::StepUsage;
 use crate::policy::sentinel::Sentinel;
 use crate::store::{Task, TaskWrite};
 
@@ -78,8 +79,11 @@ pub struct StepOutput {
     pub message: String,
     /// Error text for failures and errors.
     pub error: Option<String>,
-    /// Tokens consumed.
+    /// Tokens consumed (input plus output): what the token budget counts.
     pub tokens: u64,
+    /// The same tokens split (input, cached input, output) and the model
+    /// that used them, when the executor knows; priced by the price table.
+    pub usage: Option<StepUsage>,
     /// Tool calls made.
     pub tool_calls: u64,
     /// Files written.
@@ -123,6 +127,7 @@ impl StepOutput {
             message: output,
             error: None,
             tokens: 0,
+            usage: None,
             tool_calls: 0,
             files_written: Vec::new(),
             waiting: false,
@@ -184,21 +189,26 @@ pub const MAX_STEP_TOOL_CALLS: u64 = 10_000_000;
 /// Holds the counts a step reports to what it may have spent, before any
 /// of them touches state: its tokens to its allowance (more is charged as
 /// the whole allowance, and the budget is over), its tool calls to
-/// [`MAX_STEP_TOOL_CALLS`]. Every executor's outcome, a step or a failure,
+/// [`MAX_STEP_TOOL_CALLS`], its usage split to those tokens (see
+/// [`StepUsage::bounded`]). Every executor's outcome, a step or a failure,
 /// comes through here; returns the tokens as reported, for the
 /// overspend check.
 pub fn bound_usage(result: &mut Result<StepResult, ExecutorError>, allowance: u64) -> u64 {
-    let tokens = match result {
+    match result {
         Ok(StepResult::Step(out)) => {
             out.tool_calls = out.tool_calls.min(MAX_STEP_TOOL_CALLS);
-            &mut out.tokens
+            let reported = out.tokens;
+            out.tokens = reported.min(allowance);
+            out.usage = out.usage.take().map(|u| u.bounded(out.tokens));
+            reported
         }
-        Err(ExecutorError::Failed { tokens, .. }) => tokens,
-        Ok(_) => return 0,
-    };
-    let reported = *tokens;
-    *tokens = reported.min(allowance);
-    reported
+        Err(ExecutorError::Failed { tokens, .. }) => {
+            let reported = *tokens;
+            *tokens = reported.min(allowance);
+            reported
+        }
+        Ok(_) => 0,
+    }
 }
 
 /// Performs iterations for one session.
@@ -1023,6 +1033,43 @@ mod tests {
                 }),
             ),
         ]
+    }
+
+    #[test]
+    fn a_reported_usage_is_counted_and_held_to_the_allowance() {
+        let answer = serde_json::from_value(serde_json::json!({
+            "action": "a", "tokens": 5,
+            "usage": { "input_tokens": u64::MAX, "output_tokens": u64::MAX,
+                       "cached_tokens": u64::MAX, "reasoning_tokens": u64::MAX, "model": "m" }
+        }))
+        .expect("an answer");
+        let mut result = Ok(webhook::step_result(answer));
+        assert_eq!(bound_usage(&mut result, 1_000), u64::MAX);
+        let Ok(StepResult::Step(out)) = result else {
+            panic!("a step")
+        };
+        assert_eq!(out.tokens, 1_000);
+        let usage = out.usage.expect("usage");
+        assert_eq!(
+            (usage.input_tokens, usage.output_tokens, usage.cached_tokens),
+            (1_000, 0, 1_000)
+        );
+        assert_eq!(usage.reasoning_tokens, 0);
+        // Under the count: the rest is output, and `tokens` wins.
+        let answer = serde_json::from_value(serde_json::json!({
+            "action": "a", "tokens": 50, "usage": { "input_tokens": 10, "output_tokens": 5 }
+        }))
+        .expect("an answer");
+        let mut result = Ok(webhook::step_result(answer));
+        assert_eq!(bound_usage(&mut result, 1_000), 50);
+        let Ok(StepResult::Step(out)) = result else {
+            panic!("a step")
+        };
+        let usage = out.usage.expect("usage");
+        assert_eq!(
+            (out.tokens, usage.input_tokens, usage.output_tokens),
+            (50, 10, 40)
+        );
     }
 
     #[tokio::test]

@@ -22,6 +22,7 @@ use crate::policy::approval::Decision;
 use crate::policy::delegation::{ChildReport, ChildRequest};
 use crate::policy::excerpt;
 use crate::policy::history::Outcome;
+use crate::policy::pricing::StepUsage;
 use crate::policy::sentinel::{Sentinel, SignalKind};
 use crate::telemetry;
 
@@ -148,6 +149,13 @@ pub struct WebhookResponse {
     /// the session `stopped / cost_limit`.
     #[serde(default)]
     pub tokens: u64,
+    /// The step's tokens split and its model (the OpenAI Agents SDK's
+    /// names), for pricing it: the budget counts the larger of `tokens` and
+    /// `input_tokens + output_tokens`, and the split is held to that count.
+    /// Without it the step's tokens are priced as output tokens of an
+    /// unnamed model (the price table's `*` entry, else `unpriced`).
+    #[serde(default)]
+    pub usage: Option<StepUsage>,
     /// Output text; a final sentinel line is honoured like any executor's.
     #[serde(default)]
     pub output: String,
@@ -413,7 +421,11 @@ pub(super) fn step_result(answer: WebhookResponse) -> StepResult {
         arguments: answer.arguments,
         outcome,
         error: (outcome != Outcome::Success).then(|| answer.output.clone()),
-        tokens: answer.tokens,
+        tokens: answer
+            .usage
+            .as_ref()
+            .map_or(answer.tokens, |u| u.total().max(answer.tokens)),
+        usage: answer.usage,
         tool_calls: answer.tool_calls,
         waiting: answer.waiting,
         percent_complete: answer.percent_complete.map(|p| p.clamp(0.0, 100.0)),

@@ -305,9 +305,7 @@ fn list_stream(
                         }
                         t.since = t.since.max(s.updated_at);
                         t.sent.insert(s.id, key);
-                        let view = SessionView::from(s)
-                            .priced(t.service.token_price())
-                            .with_step(step, Utc::now());
+                        let view = SessionView::from(s).with_step(step, Utc::now());
                         t.pending.push_back(view);
                     }
                     if !t.pending.is_empty() {

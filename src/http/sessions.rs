@@ -9,6 +9,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Extension, Json};
 use chrono::{DateTime, Utc};
+use rust_decimal::Decimal;
 use uuid::Uuid;
 
 use super::AppState;
@@ -48,18 +49,45 @@ pub fn router() -> Router<AppState> {
 /// The status document of a session, priced.
 pub(super) fn view(state: &AppState, session: crate::session::Session) -> SessionView {
     let step = state.service.step_in_flight(session.id);
-    SessionView::from(session)
-        .priced(state.service.token_price())
-        .with_step(step, Utc::now())
+    SessionView::from(session).with_step(step, Utc::now())
 }
 
-fn encode_cursor(c: &SessionCursor) -> String {
-    format!("{}_{}", c.at.timestamp_micros(), c.id)
+/// A cursor as the list gives it: `<micros>_<id>`, or `c<cost>_<id>` in
+/// the order by cost.
+fn encode_cursor(c: &SessionCursor, key: SessionSortKey) -> String {
+    match key {
+        SessionSortKey::Cost => format!("c{}_{}", c.cost, c.id),
+        _ => format!("{}_{}", c.at.timestamp_micros(), c.id),
+    }
 }
 
-fn decode_cursor(raw: &str) -> ApiResult<SessionCursor> {
+/// A filter's amount of money: not negative, at most 12 places.
+fn check_amount(usd: Decimal) -> ApiResult<Decimal> {
+    if usd.is_sign_negative() || usd.scale() > 12 {
+        return Err(ApiError::bad_request(format!(
+            "min_cost_usd {usd} is not an amount of USD (0 or more, at most 12 decimal places)"
+        )));
+    }
+    Ok(usd)
+}
+
+fn decode_cursor(raw: &str, key: SessionSortKey) -> ApiResult<SessionCursor> {
     let raw = raw.trim();
     let invalid = || ApiError::bad_request(format!("cursor {raw:?} is not a cursor from this API"));
+    if key == SessionSortKey::Cost {
+        let (cost, id) = raw
+            .strip_prefix('c')
+            .and_then(|r| r.split_once('_'))
+            .ok_or_else(invalid)?;
+        let cost: Decimal = cost.parse().map_err(|_| invalid())?;
+        let id: Uuid = id.parse().map_err(|_| invalid())?;
+        // The time only says there is a cursor; the order by cost reads its cost.
+        return Ok(SessionCursor {
+            at: DateTime::<Utc>::UNIX_EPOCH,
+            id,
+            cost,
+        });
+    }
     let (micros, id) = raw.split_once('_').ok_or_else(invalid)?;
     let micros: i64 = micros.parse().map_err(|_| invalid())?;
     // Before the epoch no session was created; far ones are outside Postgres' range.
@@ -68,7 +96,11 @@ fn decode_cursor(raw: &str) -> ApiResult<SessionCursor> {
     }
     let at = DateTime::<Utc>::from_timestamp_micros(micros).ok_or_else(invalid)?;
     let id: Uuid = id.parse().map_err(|_| invalid())?;
-    Ok(SessionCursor { at, id })
+    Ok(SessionCursor {
+        at,
+        id,
+        cost: Decimal::ZERO,
+    })
 }
 
 /// Create a session and start it.
@@ -172,24 +204,32 @@ pub async fn list_sessions(
     ApiQuery(q): ApiQuery<ListQuery>,
 ) -> ApiResult<Json<SessionPage>> {
     let limit = page_limit(q.limit, 50, MAX_LIST_LIMIT)?;
-    let after = q.cursor.as_deref().map(decode_cursor).transpose()?;
     let filter = SessionFilter {
         status: q.status,
         root_only: q.root_only.unwrap_or(false),
+        min_cost_usd: q.min_cost_usd.map(check_amount).transpose()?,
         ..session_filter(q.mode, q.executor, q.q, q.created_from, q.created_before)?
     };
     let order = SessionOrder {
         key: match q.sort {
             None | Some(SortKey::Created) => SessionSortKey::Created,
             Some(SortKey::Updated) => SessionSortKey::Updated,
+            Some(SortKey::Cost) => SessionSortKey::Cost,
         },
         descending: q.order != Some(SortOrder::Asc),
     };
+    let after = q
+        .cursor
+        .as_deref()
+        .map(|c| decode_cursor(c, order.key))
+        .transpose()?;
     let rows = state
         .service
         .list(&filter, order, after, limit, &caller.scope)
         .await?;
-    let next_cursor = next_after(&rows, limit, |s| encode_cursor(&order.cursor_of(s)));
+    let next_cursor = next_after(&rows, limit, |s| {
+        encode_cursor(&order.cursor_of(s), order.key)
+    });
     Ok(Json(SessionPage {
         items: rows.into_iter().map(|s| view(&state, s)).collect(),
         next_cursor,
@@ -262,6 +302,7 @@ fn session_filter(
         created_from,
         created_before,
         root_only: false,
+        min_cost_usd: None,
     })
 }
 
@@ -359,7 +400,7 @@ async fn show_database_parts(
             .reads()
             .waiting_for_worker(doc.id, scope)
             .await?
-            .map(|(queue, since)| super::views::WaitingForWorker { queue, since });
+            .map(super::views::WaitingForWorker::of);
     }
     show_pending_approvals(state, doc, scope).await?;
     if has_children {

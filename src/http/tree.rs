@@ -8,6 +8,7 @@ use axum::extract::State;
 use axum::routing::get;
 use axum::{Extension, Json, Router};
 use chrono::{DateTime, Utc};
+use rust_decimal::Decimal;
 use serde::Serialize;
 use utoipa::ToSchema;
 use uuid::Uuid;
@@ -57,13 +58,21 @@ pub struct TreeNode {
     pub ended_at: Option<DateTime<Utc>>,
     /// Tokens it and all its descendants used.
     pub subtree_tokens_used: i64,
+    /// What its own steps cost, USD (exact decimal string).
+    #[schema(value_type = String, example = "0.0123")]
+    pub cost_usd: Decimal,
+    /// Its own steps no price entry priced.
+    pub unpriced_steps: i64,
+    /// What it and all its descendants' steps cost, USD: the exact sum.
+    #[schema(value_type = String, example = "0.0123")]
+    pub subtree_cost_usd: Decimal,
     /// Its children, oldest first.
     #[schema(no_recursion)]
     pub children: Vec<TreeNode>,
 }
 
 /// Figures of a whole tree.
-#[derive(Debug, Clone, Copy, Serialize, ToSchema)]
+#[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct TreeTotals {
     /// Sessions in it.
     pub sessions: usize,
@@ -73,6 +82,12 @@ pub struct TreeTotals {
     pub tokens_used: i64,
     /// Iterations they all committed.
     pub iterations: i64,
+    /// What all their steps cost, USD (exact decimal string): the sum of
+    /// every session's `cost_usd`.
+    #[schema(value_type = String, example = "0.0123")]
+    pub cost_usd: Decimal,
+    /// Steps of theirs no price entry priced.
+    pub unpriced_steps: i64,
 }
 
 /// A session and its descendants.
@@ -112,6 +127,8 @@ fn nest(top: Uuid, rows: Vec<TreeRow>) -> Option<TreeView> {
         live: rows.iter().filter(|r| !r.status.has_ended()).count(),
         tokens_used: saturating_sum(rows.iter().map(|r| r.tokens_used)),
         iterations: saturating_sum(rows.iter().map(|r| r.iterations)),
+        cost_usd: money_sum(rows.iter().map(|r| r.cost_usd)),
+        unpriced_steps: saturating_sum(rows.iter().map(|r| r.unpriced_steps)),
     };
     let mut by_parent: HashMap<Uuid, Vec<TreeRow>> = HashMap::new();
     let mut root = None;
@@ -131,6 +148,13 @@ fn saturating_sum(counts: impl Iterator<Item = i64>) -> i64 {
     counts.fold(0, i64::saturating_add)
 }
 
+/// An exact sum of amounts (saturating at Decimal's largest, far past any bill).
+fn money_sum(amounts: impl Iterator<Item = Decimal>) -> Decimal {
+    amounts
+        .fold(Decimal::ZERO, Decimal::saturating_add)
+        .normalize()
+}
+
 fn build(row: TreeRow, by_parent: &mut HashMap<Uuid, Vec<TreeRow>>) -> TreeNode {
     let children: Vec<TreeNode> = by_parent
         .remove(&row.id)
@@ -141,6 +165,8 @@ fn build(row: TreeRow, by_parent: &mut HashMap<Uuid, Vec<TreeRow>>) -> TreeNode 
     let subtree_tokens_used = saturating_sum(
         std::iter::once(row.tokens_used).chain(children.iter().map(|c| c.subtree_tokens_used)),
     );
+    let subtree_cost_usd =
+        money_sum(std::iter::once(row.cost_usd).chain(children.iter().map(|c| c.subtree_cost_usd)));
     TreeNode {
         id: row.id,
         parent_id: row.parent_id,
@@ -157,6 +183,9 @@ fn build(row: TreeRow, by_parent: &mut HashMap<Uuid, Vec<TreeRow>>) -> TreeNode 
         created_at: row.created_at,
         ended_at: row.ended_at,
         subtree_tokens_used,
+        cost_usd: row.cost_usd.normalize(),
+        unpriced_steps: row.unpriced_steps,
+        subtree_cost_usd,
         children,
     }
 }
@@ -181,6 +210,8 @@ mod tests {
             percent_complete: None,
             created_at: Utc::now(),
             ended_at: None,
+            cost_usd: Decimal::new(tokens, 4),
+            unpriced_steps: 1,
         }
     }
 
@@ -197,6 +228,9 @@ mod tests {
         assert_eq!(view.totals.live, 3);
         assert_eq!(view.totals.tokens_used, 100);
         assert_eq!(view.node.subtree_tokens_used, 100);
+        assert_eq!(view.totals.cost_usd, Decimal::new(100, 4));
+        assert_eq!(view.node.subtree_cost_usd, Decimal::new(100, 4));
+        assert_eq!(view.totals.unpriced_steps, 4);
         assert_eq!(view.node.children.len(), 2);
         assert_eq!(view.node.children[0].goal, "g2");
         assert_eq!(view.node.children[1].subtree_tokens_used, 70);

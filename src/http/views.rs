@@ -3,6 +3,7 @@
 //! field (the OpenAPI document, kept in sync by a test, is that contract).
 
 use chrono::{DateTime, Utc};
+use rust_decimal::Decimal;
 use serde::Serialize;
 use utoipa::{IntoParams, ToSchema};
 use uuid::Uuid;
@@ -15,6 +16,7 @@ use crate::policy::excerpt;
 use crate::policy::guardrails::Limits;
 use crate::policy::lifecycle::{Action, Mode, Reason, Status, allowed_actions};
 use crate::policy::loop_state::AppliedReflection;
+use crate::policy::pricing::StepUsage;
 use crate::policy::projection::{self, ProgressSample};
 use crate::policy::reflection::Assessment;
 use crate::session::LoggedEvent;
@@ -135,8 +137,41 @@ pub struct ExecutorSummary {
 pub struct WaitingForWorker {
     /// The queue it waits on.
     pub queue: String,
+    /// The tenant whose worker keys may claim it: a worker of another
+    /// tenant never sees it.
+    pub tenant: String,
     /// Since when.
     pub since: DateTime<Utc>,
+    /// The last claim or heartbeat of a worker of that tenant on that
+    /// queue; null when none was ever seen.
+    pub last_worker_seen_at: Option<DateTime<Utc>>,
+    /// What it waits for, in words.
+    pub message: String,
+}
+
+impl WaitingForWorker {
+    /// The view of a waiting task.
+    pub fn of(task: crate::session::WaitingWorkerTask) -> WaitingForWorker {
+        let message = match task.last_worker_seen_at {
+            None => format!(
+                "waiting for a worker of tenant {:?} on queue {:?}: no worker of that tenant has polled that queue (a worker needs a key of that tenant with that queue: POST /api/keys {{\"tenant\": {:?}, \"role\": \"worker\", \"queues\": [{:?}]}})",
+                task.tenant, task.queue, task.tenant, task.queue
+            ),
+            Some(at) => format!(
+                "waiting for a worker of tenant {:?} on queue {:?}: the last one polled at {}",
+                task.tenant,
+                task.queue,
+                at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+            ),
+        };
+        WaitingForWorker {
+            queue: task.queue,
+            tenant: task.tenant,
+            since: task.since,
+            last_worker_seen_at: task.last_worker_seen_at,
+            message,
+        }
+    }
 }
 
 /// Iterations committed in one minute.
@@ -227,8 +262,15 @@ pub struct SessionView {
     /// Latest reflection: assessment, decision and next interval.
     #[schema(value_type = Option<Object>)]
     pub last_reflection: Option<ReflectionSummary>,
-    /// Money spent so far at `WARDEN_TOKEN_PRICE_PER_MILLION` (null when no price is set).
-    pub cost: Option<f64>,
+    /// What the committed steps cost at `WARDEN_MODEL_PRICES`, USD, as an
+    /// exact decimal in a string (`"0.0123"`): the sum of the iterations'
+    /// `cost_usd`. Steps no price entry priced add nothing here and are
+    /// counted in `unpriced_steps`.
+    #[schema(value_type = String, example = "0.0123")]
+    pub cost_usd: Decimal,
+    /// Committed steps that used tokens of a model no `WARDEN_MODEL_PRICES`
+    /// entry prices (no `*` default): `cost_usd` leaves them out.
+    pub unpriced_steps: i64,
     /// Iterations per minute over the last 30 minutes (only on `GET /{id}`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub velocity: Option<Vec<VelocityPoint>>,
@@ -255,8 +297,11 @@ pub struct SessionView {
     pub projected_tokens_to_finish: Option<u64>,
     /// Iterations still needed to finish at the progress rate so far.
     pub projected_iterations_to_finish: Option<u64>,
-    /// Money those tokens cost at `WARDEN_TOKEN_PRICE_PER_MILLION` (null when no price is set).
-    pub projected_cost_to_finish: Option<f64>,
+    /// What those tokens would cost at the session's price per token so
+    /// far (`cost_usd / tokens_used`), USD as a decimal string rounded to
+    /// 6 places (null before any progress or any priced token).
+    #[schema(value_type = Option<String>, example = "0.394")]
+    pub projected_cost_to_finish_usd: Option<Decimal>,
     /// The estimate behind the projection: the latest percent complete and the spend so far.
     pub projection_basis: Option<ProgressSample>,
     /// Limits in force.
@@ -367,17 +412,6 @@ pub struct DelegationView {
 }
 
 impl SessionView {
-    /// Adds the money spent at `price_per_million` tokens.
-    pub fn priced(mut self, price_per_million: Option<f64>) -> SessionView {
-        self.cost = price_per_million.map(|p| self.tokens_used as f64 * p / 1_000_000.0);
-        self.projected_cost_to_finish = price_per_million
-            .zip(self.projected_tokens_to_finish)
-            .map(|(p, t)| t as f64 * p / 1_000_000.0);
-        self
-    }
-}
-
-impl SessionView {
     /// Adds the live figures of `step`, in flight at `now`: the step, the
     /// running time up to `now` and the ETA from the median step duration.
     /// Nothing changes unless the session is running.
@@ -411,6 +445,17 @@ impl SessionView {
         });
         self
     }
+}
+
+/// `tokens` more at the price per token `cost` over `used` tokens came to,
+/// rounded to 6 places; `None` when nothing was priced yet.
+fn projected_cost(cost: Decimal, used: i64, tokens: u64) -> Option<Decimal> {
+    if used <= 0 || cost.is_zero() {
+        return None;
+    }
+    let per_token = cost.checked_div(Decimal::from(used))?;
+    let projected = per_token.checked_mul(Decimal::from(tokens))?;
+    Some(projected.round_dp(6).normalize())
 }
 
 impl From<Session> for SessionView {
@@ -462,7 +507,8 @@ impl From<Session> for SessionView {
                 0.0
             },
             last_reflection: s.last_reflection.map(|r| r.0),
-            cost: None,
+            cost_usd: s.cost_usd.normalize(),
+            unpriced_steps: s.unpriced_steps,
             velocity: None,
             iterations: s.iterations,
             tokens_used: s.tokens_used,
@@ -475,7 +521,8 @@ impl From<Session> for SessionView {
             current_step: None,
             projected_tokens_to_finish: projection.map(|p| p.tokens_to_finish),
             projected_iterations_to_finish: projection.map(|p| p.iterations_to_finish),
-            projected_cost_to_finish: None,
+            projected_cost_to_finish_usd: projection
+                .and_then(|p| projected_cost(s.cost_usd, s.tokens_used, p.tokens_to_finish)),
             projection_basis: projection.map(|p| p.basis),
             limits: s.limits.0,
             executor,
@@ -549,6 +596,17 @@ pub struct IterationView {
     pub started_at: DateTime<Utc>,
     /// End.
     pub finished_at: DateTime<Utc>,
+    /// Its tokens split (input, output, cached, reasoning) and the model,
+    /// as priced (null for steps committed before money was counted).
+    pub usage: Option<StepUsage>,
+    /// What it cost at `WARDEN_MODEL_PRICES`, USD (exact decimal string);
+    /// null when no entry priced its model (`unpriced`).
+    #[schema(value_type = Option<String>, example = "0.0045")]
+    pub cost_usd: Option<Decimal>,
+    /// The entry that priced it: its model pattern...
+    pub price_pattern: Option<String>,
+    /// ...and the first day of that price (null: always).
+    pub price_valid_from: Option<chrono::NaiveDate>,
 }
 
 /// The typed record as a JSON tree, which the page shortens in place
@@ -568,6 +626,10 @@ impl TryFrom<IterationRecord> for IterationView {
             effects: serde_json::to_value(i.effects.0)?,
             started_at: i.started_at,
             finished_at: i.finished_at,
+            usage: i.usage.map(|u| u.0),
+            cost_usd: i.cost_usd.map(|c| c.normalize()),
+            price_pattern: i.price_pattern,
+            price_valid_from: i.price_valid_from,
         })
     }
 }
@@ -759,12 +821,16 @@ pub struct ListQuery {
     pub created_from: Option<DateTime<Utc>>,
     /// Only sessions created before this time (RFC 3339).
     pub created_before: Option<DateTime<Utc>>,
-    /// Order by creation (default) or last update time.
+    /// Order by creation (default), last update time or cost.
     pub sort: Option<SortKey>,
     /// `desc` (default, newest first) or `asc`.
     pub order: Option<SortOrder>,
     /// Only top-level sessions: no child sessions.
     pub root_only: Option<bool>,
+    /// Only sessions whose steps cost at least this much, USD (a decimal,
+    /// e.g. `0.50`).
+    #[param(value_type = Option<String>, example = "0.50")]
+    pub min_cost_usd: Option<Decimal>,
     /// `next_cursor` of the previous page, asked for with the same `sort` and `order`.
     pub cursor: Option<String>,
     /// Page size, 1 – 200 (default 50).
@@ -836,6 +902,8 @@ pub enum SortKey {
     Created,
     /// Last update time.
     Updated,
+    /// What its steps cost (`cost_usd`).
+    Cost,
 }
 
 /// Which way the session list runs.

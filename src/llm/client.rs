@@ -83,6 +83,8 @@ pub struct TokenUsage {
     pub prompt: u64,
     /// Completion tokens.
     pub completion: u64,
+    /// Of the prompt's, those served from a prompt cache (as reported, else 0).
+    pub cached: u64,
     /// Total (as reported, else prompt + completion).
     pub total: u64,
 }
@@ -155,9 +157,14 @@ fn charged(reported: Option<Usage>, request: &ChatRequest, answer: &Message) -> 
     if let Some(u) = reported {
         let prompt = u.prompt_tokens.unwrap_or(0);
         let completion = u.completion_tokens.unwrap_or(0);
+        let cached = u
+            .prompt_tokens_details
+            .and_then(|d| d.cached_tokens)
+            .unwrap_or(0);
         return TokenUsage {
             prompt,
             completion,
+            cached,
             total: u
                 .total_tokens
                 .unwrap_or_else(|| prompt.saturating_add(completion)),
@@ -179,6 +186,7 @@ fn charged(reported: Option<Usage>, request: &ChatRequest, answer: &Message) -> 
     TokenUsage {
         prompt,
         completion,
+        cached: 0,
         total: prompt + completion,
     }
 }
@@ -396,9 +404,13 @@ mod tests {
                 prompt_tokens: Some(prompt),
                 completion_tokens: Some(completion),
                 total_tokens: None,
+                prompt_tokens_details: Some(crate::llm::wire::PromptTokensDetails {
+                    cached_tokens: Some(prompt),
+                }),
             };
             let charged = charged(Some(usage), &request, &answer);
             assert_eq!(charged.total, prompt.saturating_add(completion));
+            assert_eq!(charged.cached, prompt);
         }
     }
 

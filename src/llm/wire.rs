@@ -161,6 +161,15 @@ pub(super) struct Usage {
     pub completion_tokens: Option<u64>,
     #[serde(default)]
     pub total_tokens: Option<u64>,
+    #[serde(default)]
+    pub prompt_tokens_details: Option<PromptTokensDetails>,
+}
+
+/// Of the prompt's tokens, those served from the provider's prompt cache.
+#[derive(Debug, Default, Deserialize)]
+pub(super) struct PromptTokensDetails {
+    #[serde(default)]
+    pub cached_tokens: Option<u64>,
 }
 
 fn lenient_arguments<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {

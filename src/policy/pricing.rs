@@ -70,6 +70,75 @@ pub struct TokenUsage {
     pub output: u64,
 }
 
+/// The usage a step reported, as an agent or a model API gives it (the
+/// OpenAI Agents SDK's names): input tokens (cached ones included), output
+/// tokens (reasoning ones included), and the model that used them.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, serde::Deserialize, utoipa::ToSchema)]
+pub struct StepUsage {
+    /// All input tokens, cached ones included.
+    #[serde(default)]
+    pub input_tokens: u64,
+    /// Output tokens, reasoning ones included.
+    #[serde(default)]
+    pub output_tokens: u64,
+    /// Of `input_tokens`, those served from a prompt cache.
+    #[serde(default)]
+    pub cached_tokens: u64,
+    /// Of `output_tokens`, those spent reasoning (reported, not priced apart).
+    #[serde(default)]
+    pub reasoning_tokens: u64,
+    /// The model's name (the price table's key; at most 200 characters
+    /// are kept).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+}
+
+impl StepUsage {
+    /// A step that reported only a count: no split, and priced as output
+    /// tokens (the dearer kind for every common model, so a cost is never
+    /// under what was spent).
+    pub fn unsplit(tokens: u64, model: Option<String>) -> StepUsage {
+        StepUsage {
+            output_tokens: tokens,
+            model,
+            ..StepUsage::default()
+        }
+    }
+
+    /// Input plus output, saturating.
+    pub fn total(&self) -> u64 {
+        self.input_tokens.saturating_add(self.output_tokens)
+    }
+
+    /// The usage held to the `tokens` the step was counted (its budgeted
+    /// count, itself held to the step's allowance): input and output add
+    /// up to exactly `tokens`, so the tokens priced are the tokens counted.
+    /// Input is kept first (it is known before the answer); output takes
+    /// the rest, whether the report was over or under. Cached tokens stay
+    /// within input, reasoning within output, and the model's name within
+    /// [`MAX_PATTERN_CHARS`] characters.
+    pub fn bounded(mut self, tokens: u64) -> StepUsage {
+        self.input_tokens = self.input_tokens.min(tokens);
+        self.output_tokens = tokens - self.input_tokens;
+        self.cached_tokens = self.cached_tokens.min(self.input_tokens);
+        self.reasoning_tokens = self.reasoning_tokens.min(self.output_tokens);
+        self.model = self
+            .model
+            .map(|m| m.trim().chars().take(MAX_PATTERN_CHARS).collect::<String>())
+            .filter(|m| !m.is_empty());
+        self
+    }
+
+    /// The counts the price table prices.
+    pub fn priced_tokens(&self) -> TokenUsage {
+        TokenUsage {
+            input: self.input_tokens,
+            cached_input: self.cached_tokens,
+            output: self.output_tokens,
+        }
+    }
+}
+
 /// What a step cost.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum StepCost {
@@ -488,6 +557,58 @@ mod tests {
             assert_eq!(once, per_model[m], "{model}");
         }
         assert_eq!(total, per_model.iter().copied().sum::<Decimal>());
+    }
+
+    #[test]
+    fn reported_usage_is_held_to_the_counted_tokens() {
+        let u = |i, o, c, r| StepUsage {
+            input_tokens: i,
+            output_tokens: o,
+            cached_tokens: c,
+            reasoning_tokens: r,
+            model: Some(format!("  {}  ", "m".repeat(300))),
+        };
+        // Over: input kept, output takes the rest.
+        let b = u(80, 50, 100, 40).bounded(100);
+        assert_eq!(
+            (
+                b.input_tokens,
+                b.output_tokens,
+                b.cached_tokens,
+                b.reasoning_tokens
+            ),
+            (80, 20, 80, 20)
+        );
+        assert_eq!(b.model.as_deref().map(str::len), Some(MAX_PATTERN_CHARS));
+        // Input alone over.
+        let b = u(u64::MAX, u64::MAX, u64::MAX, u64::MAX).bounded(7);
+        assert_eq!(
+            (
+                b.input_tokens,
+                b.output_tokens,
+                b.cached_tokens,
+                b.reasoning_tokens
+            ),
+            (7, 0, 7, 0)
+        );
+        // Under: the rest is output.
+        let b = u(10, 5, 3, 1).bounded(40);
+        assert_eq!((b.input_tokens, b.output_tokens, b.total()), (10, 30, 40));
+        // An empty name is no name.
+        let b = StepUsage {
+            model: Some("  ".into()),
+            ..StepUsage::default()
+        }
+        .bounded(0);
+        assert_eq!(b.model, None);
+        assert_eq!(
+            StepUsage::unsplit(9, None).priced_tokens(),
+            TokenUsage {
+                input: 0,
+                cached_input: 0,
+                output: 9
+            }
+        );
     }
 
     #[test]

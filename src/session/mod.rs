@@ -38,6 +38,6 @@ pub use crate::store::{
     ACTOR, ApprovalCursor, ApprovalRow, CheckpointRecord, ChildAttention, IterationRecord,
     KeyRecord, LeaseCheck, NewDecision, NotificationRow, NotifyTarget, Outcomes, RefinementRecord,
     ReflectionRecord, ReflectionSummary, Session, SessionCursor, SessionFilter, SessionOrder,
-    SessionSortKey, Settlement, StoreError, Task, TenantScope, TreeRow, is_unavailable,
-    storable_text,
+    SessionSortKey, Settlement, StoreError, Task, TenantScope, TreeRow, WaitingWorkerTask,
+    is_unavailable, storable_text,
 };

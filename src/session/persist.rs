@@ -77,22 +77,8 @@ pub async fn create_session(
     } = admission;
     let mut tx = store.begin().await?;
     check_tenant_room(&mut tx, &new.tenant, tenant_max_running).await?;
-    let (status, owner, split) = match start {
-        Start::AwaitRefinement => (Status::AwaitingRefinement, None, Vec::new()),
-        Start::Split(tasks) => (Status::Paused, None, tasks),
-        Start::Admit {
-            owner,
-            slot_reserved,
-        } => {
-            let queue_empty = slot_reserved
-                && !store::queue_waiting(&mut tx, &new.tenant, tenant_max_running).await?;
-            (
-                lifecycle::admission(slot_reserved, queue_empty),
-                Some(owner),
-                Vec::new(),
-            )
-        }
-    };
+    let (status, owner, split) =
+        first_status(&mut tx, &new.tenant, start, tenant_max_running).await?;
     let lease = store::insert_session(&mut tx, new, status, owner, lease_ttl).await?;
     if on_child_pause != ChildPausePolicy::default() {
         // Before its children are made: they copy it.
@@ -118,26 +104,7 @@ pub async fn create_session(
     let mut log = events.to_vec();
     log.push(NewEvent::from_event(&SessionEvent::status(None, status))?);
     store::append_events(&mut tx, new.id, &log).await?;
-    if !split.is_empty() {
-        store::wait_for_children(&mut tx, new.id).await?;
-        for (n, (request, executor)) in split.iter().enumerate() {
-            store::delegate_on(
-                &mut tx,
-                store::Delegator::Split { parent: new.id },
-                &format!("subgoal.{n}"),
-                request,
-                executor.as_ref(),
-                TreeLimits::default(),
-            )
-            .await
-            .map_err(|e| match e {
-                store::DelegateError::Refused(refused) => {
-                    ServiceError::Invalid(format!("subgoals[{n}]: {refused}"))
-                }
-                store::DelegateError::Store(err) => ServiceError::Store(err),
-            })?;
-        }
-    }
+    queue_subgoals(&mut tx, new.id, &split).await?;
     let scope = TenantScope::tenant_only(&new.tenant);
     if let Some(r) = refinement {
         store::insert_refinement(
@@ -156,6 +123,63 @@ pub async fn create_session(
     store.durable().await?;
     store.announce(new.id);
     Ok((record, lease))
+}
+
+/// The status a new session starts in, the replica that runs it (when it
+/// is admitted) and the subgoals it waits for (when its goal is split).
+async fn first_status(
+    tx: &mut PgConnection,
+    tenant: &str,
+    start: Start,
+    tenant_max_running: i64,
+) -> Result<(Status, Option<Uuid>, Vec<(ChildRequest, Option<Value>)>), ServiceError> {
+    Ok(match start {
+        Start::AwaitRefinement => (Status::AwaitingRefinement, None, Vec::new()),
+        Start::Split(tasks) => (Status::Paused, None, tasks),
+        Start::Admit {
+            owner,
+            slot_reserved,
+        } => {
+            let queue_empty =
+                slot_reserved && !store::queue_waiting(tx, tenant, tenant_max_running).await?;
+            (
+                lifecycle::admission(slot_reserved, queue_empty),
+                Some(owner),
+                Vec::new(),
+            )
+        }
+    })
+}
+
+/// Queues a split goal's subgoals as children of `parent`, which waits for
+/// them; nothing when the goal is not split.
+async fn queue_subgoals(
+    tx: &mut PgConnection,
+    parent: Uuid,
+    split: &[(ChildRequest, Option<Value>)],
+) -> Result<(), ServiceError> {
+    if split.is_empty() {
+        return Ok(());
+    }
+    store::wait_for_children(tx, parent).await?;
+    for (n, (request, executor)) in split.iter().enumerate() {
+        store::delegate_on(
+            tx,
+            store::Delegator::Split { parent },
+            &format!("subgoal.{n}"),
+            request,
+            executor.as_ref(),
+            TreeLimits::default(),
+        )
+        .await
+        .map_err(|e| match e {
+            store::DelegateError::Refused(refused) => {
+                ServiceError::Invalid(format!("subgoals[{n}]: {refused}"))
+            }
+            store::DelegateError::Store(err) => ServiceError::Store(err),
+        })?;
+    }
+    Ok(())
 }
 
 /// Moves every plaintext `api_key` earlier versions left in sessions'

@@ -7,6 +7,7 @@
 //! a session (a loop, a stop, a rescue) does it in the same transaction.
 
 use chrono::{DateTime, Utc};
+use rust_decimal::Decimal;
 use serde::Serialize;
 use sqlx::PgConnection;
 use sqlx::types::Json;
@@ -114,6 +115,10 @@ pub struct TreeRow {
     pub created_at: DateTime<Utc>,
     /// Ended.
     pub ended_at: Option<DateTime<Utc>>,
+    /// What its own steps cost, USD.
+    pub cost_usd: Decimal,
+    /// Its own steps no price entry priced.
+    pub unpriced_steps: i64,
 }
 
 /// Makes a child of the delegator's parent for `request`, named `call`
@@ -675,7 +680,8 @@ impl Store {
             r#"SELECT c.id, c.parent_id, cardinality(c.lineage) AS "depth!", c.goal,
                       c.status AS "status: Status", c.reason AS "reason: Reason", c.summary,
                       c.tokens_used, c.iterations, c.limits AS "limits: Json<Limits>",
-                      c.budget_tokens, c.percent_complete, c.created_at, c.ended_at
+                      c.budget_tokens, c.percent_complete, c.created_at, c.ended_at,
+                      c.cost_usd, c.unpriced_steps
                FROM sessions c
                WHERE c.parent_id = $1 AND ($2::text IS NULL OR c.tenant = $2)
                ORDER BY c.created_at, c.id"#,
@@ -726,7 +732,8 @@ impl Store {
                       d.status AS "status!: Status", d.reason AS "reason: Reason", d.summary,
                       d.tokens_used AS "tokens_used!", d.iterations AS "iterations!",
                       d.limits AS "limits!: Json<Limits>", d.budget_tokens, d.percent_complete,
-                      d.created_at AS "created_at!", d.ended_at
+                      d.created_at AS "created_at!", d.ended_at,
+                      d.cost_usd AS "cost_usd!", d.unpriced_steps AS "unpriced_steps!"
                FROM sessions s JOIN sessions d
                     ON d.id = s.id OR (d.parent_id IS NOT NULL AND d.lineage @> ARRAY[s.id])
                WHERE s.id = $1 AND ($2::text IS NULL OR s.tenant = $2)

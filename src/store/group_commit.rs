@@ -12,7 +12,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use chrono::{DateTime, Utc};
+use chrono::{DateTime, NaiveDate, Utc};
+use rust_decimal::Decimal;
 use sqlx::pool::PoolConnection;
 use sqlx::types::Json;
 use sqlx::{PgExecutor, PgPool, Postgres};
@@ -382,6 +383,12 @@ async fn commit_one<'e>(db: impl PgExecutor<'e>, p: &PendingCommit) -> Result<Co
             // The fence: the status a running session's row must still have.
             status: &str = "$28::text AS status" <- Status::Running.as_str(),
             charges_seen: i64 = "$29::bigint AS charges_seen" <- p.counters.charges_seen,
+            usage: Option<&str> = "$30::text AS usage" <- it.usage.as_ref().map(JsonText::as_str),
+            cost_usd: Option<Decimal> = "$31::numeric AS cost_usd" <- it.cost_usd,
+            price_pattern: Option<&str> = "$32::text AS price_pattern"
+                <- it.price_pattern.as_deref(),
+            price_valid_from: Option<NaiveDate> = "$33::date AS price_valid_from"
+                <- it.price_valid_from,
         }
         r#"), s AS (
              UPDATE sessions SET last_event_seq = sessions.last_event_seq + cardinality(i.kinds),
@@ -391,6 +398,10 @@ async fn commit_one<'e>(db: impl PgExecutor<'e>, p: &PendingCommit) -> Result<Co
                     tool_calls = i.tool_calls, consecutive_errors = i.consecutive_errors,
                     elapsed_ms = i.elapsed_ms, percent_complete = i.percent, eta_seconds = i.eta,
                     reflection_tokens = i.reflection_tokens,
+                    -- Added here, in the statement that inserts the
+                    -- iteration: the session's cost is the sum of its steps'.
+                    cost_usd = sessions.cost_usd + COALESCE(i.cost_usd, 0),
+                    unpriced_steps = sessions.unpriced_steps + (i.cost_usd IS NULL)::int,
                     agent_tokens = warden_sat_add(i.tokens_used,
                         GREATEST(sessions.tokens_charged - i.charges_seen, 0)) - i.reflection_tokens,
                     guidance = NULL,
@@ -406,10 +417,12 @@ async fn commit_one<'e>(db: impl PgExecutor<'e>, p: &PendingCommit) -> Result<Co
                        sessions.mode, sessions.limits, sessions.updated_at
          ), it AS (
              INSERT INTO iterations (session_id, number, run, action, outcome, tokens, duration_ms,
-                                     record, effects, started_at, finished_at, transcript, cycle)
+                                     record, effects, started_at, finished_at, transcript, cycle,
+                                     usage, cost_usd, price_pattern, price_valid_from)
              SELECT i.id, i.number, i.run, i.action, i.outcome, i.tokens, i.duration_ms,
                     i.record::json, i.effects::json, i.started_at, i.finished_at,
-                    i.transcript::json, i.cycle
+                    i.transcript::json, i.cycle, i.usage::json, i.cost_usd, i.price_pattern,
+                    i.price_valid_from
              FROM i, s
          ), cp AS (
              INSERT INTO checkpoints (session_id, iteration, reason, state)
@@ -484,14 +497,22 @@ async fn commit_many<'e>(
             status: &str = "unnest($27::text[]) AS status" <- Status::Running.as_str(),
             charges_seen: i64 = "unnest($28::bigint[]) AS charges_seen"
                 <- p.counters.charges_seen,
+            usage: Option<&str> = "unnest($29::text[]) AS usage"
+                <- p.iteration.usage.as_ref().map(JsonText::as_str),
+            cost_usd: Option<Decimal> = "unnest($30::numeric[]) AS cost_usd"
+                <- p.iteration.cost_usd,
+            price_pattern: Option<&str> = "unnest($31::text[]) AS price_pattern"
+                <- p.iteration.price_pattern.as_deref(),
+            price_valid_from: Option<NaiveDate> = "unnest($32::date[]) AS price_valid_from"
+                <- p.iteration.price_valid_from,
         }
         // Events, flattened: the session each belongs to and its place among them.
         "), event_input AS (SELECT "
         each((session, ord, e) in events) {
-            event_session: Uuid = "unnest($29::uuid[]) AS id" <- session,
-            event_ord: i32 = "unnest($30::int[]) AS ord" <- ord,
-            event_kind: &str = "unnest($31::text[]) AS kind" <- e.kind,
-            event_data: &str = "unnest($32::text[]) AS data" <- e.data.as_str(),
+            event_session: Uuid = "unnest($33::uuid[]) AS id" <- session,
+            event_ord: i32 = "unnest($34::int[]) AS ord" <- ord,
+            event_kind: &str = "unnest($35::text[]) AS kind" <- e.kind,
+            event_data: &str = "unnest($36::text[]) AS data" <- e.data.as_str(),
         }
         r#"), locked AS (
              -- One primary-key probe per member, in the input's (id) order:
@@ -509,6 +530,10 @@ async fn commit_many<'e>(
                     tool_calls = i.tool_calls, consecutive_errors = i.consecutive_errors,
                     elapsed_ms = i.elapsed_ms, percent_complete = i.percent, eta_seconds = i.eta,
                     reflection_tokens = i.reflection_tokens,
+                    -- Added here, in the statement that inserts the
+                    -- iteration: the session's cost is the sum of its steps'.
+                    cost_usd = sessions.cost_usd + COALESCE(i.cost_usd, 0),
+                    unpriced_steps = sessions.unpriced_steps + (i.cost_usd IS NULL)::int,
                     agent_tokens = warden_sat_add(i.tokens_used,
                         GREATEST(sessions.tokens_charged - i.charges_seen, 0)) - i.reflection_tokens,
                     guidance = NULL,
@@ -528,10 +553,12 @@ async fn commit_many<'e>(
              FROM input i JOIN s ON s.id = i.id WHERE i.checkpoint IS NOT NULL
          ), it AS (
              INSERT INTO iterations (session_id, number, run, action, outcome, tokens, duration_ms,
-                                     record, effects, started_at, finished_at, transcript, cycle)
+                                     record, effects, started_at, finished_at, transcript, cycle,
+                                     usage, cost_usd, price_pattern, price_valid_from)
              SELECT i.id, i.number, i.run, i.action, i.outcome, i.tokens, i.duration_ms,
                     i.record::json, i.effects::json, i.started_at, i.finished_at,
-                    i.transcript::json, i.cycle
+                    i.transcript::json, i.cycle, i.usage::json, i.cost_usd, i.price_pattern,
+                    i.price_valid_from
              FROM input i JOIN s ON s.id = i.id
          ), ev AS (
              INSERT INTO events (session_id, seq, kind, data)
@@ -621,6 +648,12 @@ mod tests {
                 checkpoint: None,
                 started_at: now,
                 finished_at: now,
+                usage: Some(JsonText::from(
+                    &json!({ "input_tokens": 3, "output_tokens": 4 }),
+                )),
+                cost_usd: Some(Decimal::new(123, 7)),
+                price_pattern: Some("m*".into()),
+                price_valid_from: None,
             },
             counters: Counters {
                 iterations: 1,
@@ -704,6 +737,23 @@ mod tests {
         .await
         .unwrap();
         assert_eq!(covered, vec![1, 0]);
+        // Each session's cost grew by its step's, an unpriced step counted.
+        let mut unpriced = pending(b, 0, None);
+        unpriced.iteration.number = 2;
+        unpriced.iteration.cost_usd = None;
+        commit_many(&pool, &[&unpriced]).await.unwrap();
+        let money: Vec<(Decimal, i64)> = sqlx::query_as(
+            "SELECT cost_usd, unpriced_steps FROM sessions WHERE id = ANY($1) ORDER BY id = $2 DESC",
+        )
+        .bind(vec![a.session_id, b.session_id])
+        .bind(a.session_id)
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+        assert_eq!(
+            money,
+            vec![(Decimal::new(123, 7), 0), (Decimal::new(123, 7), 1)]
+        );
     }
 
     #[tokio::test]

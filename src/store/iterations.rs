@@ -19,6 +19,7 @@ use crate::policy::guardrails::Limits;
 use crate::policy::history::StepRecord;
 use crate::policy::lifecycle::{Mode, Reason, Status};
 use crate::policy::loop_state::{LoopState, StepEffects};
+use crate::policy::pricing::StepUsage;
 use crate::policy::termination::Termination;
 
 /// Advances the session's event counter under the lease fence and returns
@@ -272,7 +273,8 @@ steps,
             IterationRecord,
             r#"SELECT number, run, action, outcome, tokens, duration_ms,
                     record AS "record: Json<StepRecord>", effects AS "effects: Json<StepEffects>",
-                    started_at, finished_at
+                    started_at, finished_at, usage AS "usage: Json<StepUsage>", cost_usd,
+                    price_pattern, price_valid_from
              FROM iterations WHERE session_id = $1 AND number > $2
                AND EXISTS (SELECT 1 FROM sessions s WHERE s.id = $1 AND ($4::text IS NULL OR s.tenant = $4))
              ORDER BY number LIMIT $3"#,

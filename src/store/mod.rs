@@ -88,8 +88,8 @@ pub use sessions::{
 };
 pub use worker_tasks::{
     ClaimedWorkerTask, Heartbeat, LeaseCheck, NewWorkerTask, QueueDepth, Settlement, TaskEnd,
-    WORKERS_CHANNEL, WorkerChange, WorkerSeen, WorkerTaskSnapshot, charge_uncollected_outcomes,
-    wait_for_worker_change,
+    WORKERS_CHANNEL, WaitingWorkerTask, WorkerChange, WorkerSeen, WorkerTaskSnapshot,
+    charge_uncollected_outcomes, wait_for_worker_change,
 };
 
 use std::sync::{Arc, OnceLock};

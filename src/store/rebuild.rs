@@ -11,6 +11,7 @@ use super::rows::{CheckpointRecord, IterationRecord, RebuildInputs, ReflectionRe
 use super::{Result, Store, StoreError};
 use crate::policy::history::StepRecord;
 use crate::policy::loop_state::{AppliedReflection, LoopState, StepEffects};
+use crate::policy::pricing::StepUsage;
 use crate::policy::reflection::Assessment;
 
 /// Reads the rebuild inputs of `session_id` on `conn` (inside the caller's
@@ -31,7 +32,8 @@ pub async fn rebuild_inputs_on(conn: &mut PgConnection, session_id: Uuid) -> Res
         IterationRecord,
         r#"SELECT number, run, action, outcome, tokens, duration_ms,
                     record AS "record: Json<StepRecord>", effects AS "effects: Json<StepEffects>",
-                    started_at, finished_at
+                    started_at, finished_at, usage AS "usage: Json<StepUsage>", cost_usd,
+                    price_pattern, price_valid_from
          FROM iterations WHERE session_id = $1 AND number > $2 ORDER BY number"#,
         session_id,
         after,

@@ -5,7 +5,8 @@
 
 use std::collections::BTreeMap;
 
-use chrono::{DateTime, Utc};
+use chrono::{DateTime, NaiveDate, Utc};
+use rust_decimal::Decimal;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sqlx::Postgres;
@@ -24,6 +25,7 @@ use crate::policy::guardrails::{Limits, Usage};
 use crate::policy::history::StepRecord;
 use crate::policy::lifecycle::{Mode, Reason, Status};
 use crate::policy::loop_state::{AppliedReflection, LoopState, StepEffects};
+use crate::policy::pricing::StepUsage;
 use crate::policy::reflection::Assessment;
 use crate::policy::soft_budget::SentWarning;
 use crate::policy::worker::WorkerTaskState;
@@ -285,6 +287,10 @@ pub struct Session {
     pub elapsed_ms: i64,
     /// Tokens spent on reflection (part of `tokens_used`).
     pub reflection_tokens: i64,
+    /// What its committed steps cost, USD: the exact sum of theirs.
+    pub cost_usd: Decimal,
+    /// Its committed steps that used tokens no price entry priced.
+    pub unpriced_steps: i64,
     /// Run number: 1 at creation, +1 on every resume.
     pub run: i32,
     /// Whether the latest stop saved a checkpoint.
@@ -473,6 +479,8 @@ pub struct SessionCursor {
     pub at: DateTime<Utc>,
     /// Its id (tie-breaker).
     pub id: Uuid,
+    /// Its cost, the sort key of the order by cost (0 in the others).
+    pub cost: Decimal,
 }
 
 /// Which sessions a list or a count covers; every field narrows it.
@@ -492,6 +500,8 @@ pub struct SessionFilter {
     pub created_before: Option<DateTime<Utc>>,
     /// Only top-level sessions (no child sessions).
     pub root_only: bool,
+    /// Whose steps cost at least this much, USD (lists only).
+    pub min_cost_usd: Option<Decimal>,
 }
 
 /// The time a session list is ordered by.
@@ -502,6 +512,8 @@ pub enum SessionSortKey {
     Created,
     /// Last update time.
     Updated,
+    /// What its steps cost (`cost_usd`).
+    Cost,
 }
 
 /// The order of a session list: a time, then the id, both one way.
@@ -526,10 +538,18 @@ impl SessionOrder {
     /// The cursor that continues after `session` in this order.
     pub fn cursor_of(self, session: &Session) -> SessionCursor {
         let at = match self.key {
-            SessionSortKey::Created => session.created_at,
+            SessionSortKey::Created | SessionSortKey::Cost => session.created_at,
             SessionSortKey::Updated => session.updated_at,
         };
-        SessionCursor { at, id: session.id }
+        let cost = match self.key {
+            SessionSortKey::Cost => session.cost_usd,
+            _ => Decimal::ZERO,
+        };
+        SessionCursor {
+            at,
+            id: session.id,
+            cost,
+        }
     }
 }
 
@@ -623,6 +643,14 @@ pub struct NewIteration {
     pub started_at: DateTime<Utc>,
     /// End time.
     pub finished_at: DateTime<Utc>,
+    /// The usage it was priced from (`StepUsage` as JSON).
+    pub usage: Option<JsonText>,
+    /// What it cost, USD; `None`: unpriced (tokens no price entry names).
+    pub cost_usd: Option<Decimal>,
+    /// The price entry that priced it.
+    pub price_pattern: Option<String>,
+    /// That entry's first day.
+    pub price_valid_from: Option<NaiveDate>,
 }
 
 /// An iteration as stored.
@@ -648,6 +676,14 @@ pub struct IterationRecord {
     pub started_at: DateTime<Utc>,
     /// End.
     pub finished_at: DateTime<Utc>,
+    /// The usage it was priced from (none before migration 0031).
+    pub usage: Option<Json<StepUsage>>,
+    /// What it cost, USD (none: unpriced, or committed before 0031).
+    pub cost_usd: Option<Decimal>,
+    /// The price entry that priced it.
+    pub price_pattern: Option<String>,
+    /// That entry's first day.
+    pub price_valid_from: Option<NaiveDate>,
 }
 
 /// A checkpoint as stored.

@@ -37,6 +37,10 @@ pub const DOWNS: &[(i64, &str)] = &[
         include_str!("../../migrations/down/0030_money_and_history.sql"),
     ),
     (
+        31,
+        include_str!("../../migrations/down/0031_step_costs.sql"),
+    ),
+    (
         32,
         include_str!("../../migrations/down/0032_budget_warnings.sql"),
     ),

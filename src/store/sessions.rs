@@ -52,7 +52,7 @@ macro_rules! select_session_with {
                       milestones AS "milestones: Json<Vec<ChecklistItem>>", cycle, memory,
                       refinement_tokens,
                       last_reflection AS "last_reflection: Json<ReflectionSummary>",
-                      reflection_tokens,
+                      reflection_tokens, cost_usd, unpriced_steps,
                       next_steps AS "next_steps: Json<Vec<String>>", percent_complete, eta_seconds,
                       limits AS "limits: Json<Limits>", "# + $executor + r#",
                       executor_summary AS "executor_summary: Json<ExecutorBrief>", iterations, tokens_used,
@@ -156,6 +156,7 @@ impl Store {
     ) -> Result<Vec<Session>> {
         let pattern = filter.goal_contains.as_deref().map(contains_pattern);
         let (at, id) = (after.map(|c| c.at), after.map(|c| c.id));
+        let cost = after.map(|c| c.cost);
         let pool = &self.pool;
         // The four orders differ only in the cursor's comparison and the
         // ORDER BY; each stays its own checked statement so it walks its index.
@@ -170,7 +171,8 @@ impl Store {
                AND ($6::timestamptz IS NULL OR created_at < $6)
                AND ($7::text IS NULL OR tenant = $7)
                AND (NOT $11 OR parent_id IS NULL)
-               AND ($8::timestamptz IS NULL OR "
+               AND ($12::numeric IS NULL OR cost_usd >= $12)
+               AND ($8::timestamptz IS NULL AND $13::numeric IS NULL OR "
                     $after_cursor
                     ") ORDER BY "
                     $order_by
@@ -186,6 +188,8 @@ impl Store {
                     id,
                     limit,
                     filter.root_only,
+                    filter.min_cost_usd,
+                    cost,
                 )
                 .fetch_all(pool)
                 .await?
@@ -203,6 +207,19 @@ impl Store {
             }
             (SessionSortKey::Updated, false) => {
                 page!("(updated_at, id) > ($8, $9)", "updated_at ASC, id ASC")
+            }
+            // A cursor of this order carries its cost in $13.
+            (SessionSortKey::Cost, true) => {
+                page!(
+                    "(cost_usd, id) < ($13::numeric, $9)",
+                    "cost_usd DESC, id DESC"
+                )
+            }
+            (SessionSortKey::Cost, false) => {
+                page!(
+                    "(cost_usd, id) > ($13::numeric, $9)",
+                    "cost_usd ASC, id ASC"
+                )
             }
         };
         Ok(rows)

@@ -814,24 +814,47 @@ impl Store {
         Ok((depths, workers))
     }
 
-    /// The queue and offer time of the session's task nobody has claimed,
-    /// if it has one.
+    /// The session's task nobody has claimed, if it has one: its queue,
+    /// tenant and offer time, and when a worker last polled that queue.
     pub async fn waiting_for_worker(
         &self,
         session_id: Uuid,
         scope: &TenantScope,
-    ) -> Result<Option<(String, DateTime<Utc>)>> {
+    ) -> Result<Option<WaitingWorkerTask>> {
         let row = sqlx::query!(
-            "SELECT queue, offered_at FROM worker_tasks
-             WHERE session_id = $1 AND state = 'pending' AND ($2::text IS NULL OR tenant = $2)
-             ORDER BY offered_at DESC LIMIT 1",
+            r#"SELECT t.queue, t.tenant, t.offered_at,
+                      (SELECT max(w.last_seen_at) FROM workers_seen w
+                        WHERE w.tenant = t.tenant AND w.queue = t.queue) AS last_worker_seen_at
+                 FROM worker_tasks t
+                WHERE t.session_id = $1 AND t.state = 'pending'
+                  AND ($2::text IS NULL OR t.tenant = $2)
+                ORDER BY t.offered_at DESC LIMIT 1"#,
             session_id,
             scope.tenant(),
         )
         .fetch_optional(&self.pool)
         .await?;
-        Ok(row.map(|r| (r.queue, r.offered_at)))
+        Ok(row.map(|r| WaitingWorkerTask {
+            queue: r.queue,
+            tenant: r.tenant,
+            since: r.offered_at,
+            last_worker_seen_at: r.last_worker_seen_at,
+        }))
     }
+}
+
+/// A session's step offered to workers and not claimed yet.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WaitingWorkerTask {
+    /// The queue it waits on.
+    pub queue: String,
+    /// The tenant whose workers may claim it.
+    pub tenant: String,
+    /// When it was offered.
+    pub since: DateTime<Utc>,
+    /// The last claim or heartbeat of any worker of that tenant on that
+    /// queue; none when no such worker was ever seen.
+    pub last_worker_seen_at: Option<DateTime<Utc>>,
 }
 
 /// How a run ends a task it gives up on.

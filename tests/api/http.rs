@@ -303,7 +303,7 @@ async fn dashboard_is_served_self_contained() {
 async fn status_reports_cost_and_velocity() {
     let db = crate::common::TestDb::new().await;
     let pool = db.pool.clone();
-    let config = common::config_with(&[("WARDEN_TOKEN_PRICE_PER_MILLION", "2.5")]);
+    let config = common::config_with(&[("WARDEN_MODEL_PRICES", "*=2.5/2.5")]);
     let app = TestApp::spawn_with(pool.clone(), config).await;
     let id = app
         .create_scripted(
@@ -313,8 +313,8 @@ async fn status_reports_cost_and_velocity() {
         .await;
     let s = app.wait_settled(&id).await;
     assert_eq!(s["tokens_used"], 400_000);
-    let cost = s["cost"].as_f64().expect("cost with a price configured");
-    assert!((cost - 1.0).abs() < 1e-9, "{cost}");
+    assert_eq!(s["cost_usd"], "1", "{s}");
+    assert_eq!(s["unpriced_steps"], 0, "{s}");
     let velocity = s["velocity"].as_array().expect("velocity series");
     let total: u64 = velocity
         .iter()
@@ -323,10 +323,11 @@ async fn status_reports_cost_and_velocity() {
     assert_eq!(total, 4, "{velocity:?}");
     assert!(velocity.iter().all(|p| p["minute"].is_string()));
 
-    // Without a price there is no cost; lists leave the series out.
+    // The cost was committed with the steps: a replica without a price
+    // table shows it too. Lists leave the series out.
     let plain = TestApp::spawn(pool).await;
     let s = plain.session(&id).await;
-    assert!(s["cost"].is_null(), "{s}");
+    assert_eq!(s["cost_usd"], "1", "{s}");
     let (_, page) = plain.get("/api/autonomous").await;
     assert!(page["items"][0].get("velocity").is_none_or(Value::is_null));
 }

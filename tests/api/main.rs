@@ -27,6 +27,7 @@ mod isolation;
 mod mcp;
 mod memory;
 mod model;
+mod money;
 mod notify;
 mod openapi;
 mod owners;

@@ -58,6 +58,10 @@ fn iteration(number: i64) -> NewIteration {
         checkpoint: None,
         started_at: now,
         finished_at: now,
+        usage: None,
+        cost_usd: None,
+        price_pattern: None,
+        price_valid_from: None,
     }
 }
 

@@ -1214,7 +1214,7 @@ async fn the_labelled_corpus_ends_every_session_right() {
         ("WARDEN_LLM_BASE_URL", base.as_str()),
         ("WARDEN_LLM_MODEL", "fake-model"),
         ("WARDEN_WORKSPACE_ROOT", ws.as_str()),
-        ("WARDEN_TOKEN_PRICE_PER_MILLION", "2.0"),
+        ("WARDEN_MODEL_PRICES", "*=2/2"),
         // The corpus judges the policy, not crash recovery: a lease long
         // enough that a loaded CI machine never hands a session over
         // mid-case (the model's scripted answers are consumed once).
@@ -1370,7 +1370,7 @@ async fn the_labelled_corpus_ends_every_session_right() {
     );
     let overrun = find("cannot finish within budget");
     assert_eq!(overrun["projected_tokens_to_finish"], 197_000);
-    assert_eq!(overrun["projected_cost_to_finish"], 0.394);
+    assert_eq!(overrun["projected_cost_to_finish_usd"], "0.394");
     assert_eq!(overrun["projection_basis"]["percent_complete"], 1.5);
     let id = overrun["id"].as_str().unwrap();
     let decisions = app.decisions(id).await;

@@ -444,6 +444,51 @@ async fn worker_keys_reach_only_the_worker_routes_and_others_cannot_claim() {
 }
 
 #[tokio::test]
+async fn a_waiting_step_names_its_tenant_and_whether_a_worker_of_it_polled() {
+    let app = TestApp::start().await;
+    let id = worker_session(&app, "langgraph", json!({})).await;
+    // A worker of another tenant polls the same queue name and sees nothing.
+    let stranger = Worker::new(&app, &worker_key(&app, "demo", &["langgraph"]).await);
+    assert!(stranger.claim(0).await.is_none());
+    let waiting = app
+        .wait_until(&id, Duration::from_secs(5), |s| {
+            s["waiting_for_worker"].is_object()
+        })
+        .await;
+    let tenant = waiting["tenant"].as_str().expect("tenant").to_string();
+    assert_ne!(tenant, "demo");
+    let w = &waiting["waiting_for_worker"];
+    assert_eq!(w["tenant"], tenant.as_str(), "{w}");
+    assert_eq!(w["queue"], "langgraph", "{w}");
+    assert!(w["last_worker_seen_at"].is_null(), "{w}");
+    let message = w["message"].as_str().expect("message");
+    assert!(
+        message.contains("no worker of that tenant has polled"),
+        "{message}"
+    );
+    assert!(
+        message.contains(&format!("\"tenant\": \"{tenant}\"")),
+        "{message}"
+    );
+
+    // A worker of its tenant claims the step and gives it back: the step
+    // waits again, and the status says when that worker was last seen.
+    let own = Worker::new(&app, &worker_key(&app, &tenant, &["langgraph"]).await);
+    let task = own.claim(5_000).await.expect("a task");
+    let (status, body) = own.task(&task, "release", json!({})).await;
+    assert!(status.is_success(), "{status}: {body}");
+    let waiting = app
+        .wait_until(&id, Duration::from_secs(5), |s| {
+            s["waiting_for_worker"]["last_worker_seen_at"].is_string()
+        })
+        .await;
+    let message = waiting["waiting_for_worker"]["message"]
+        .as_str()
+        .expect("message");
+    assert!(message.contains("the last one polled at"), "{message}");
+}
+
+#[tokio::test]
 async fn an_unclaimed_step_shows_waiting_then_pauses_for_no_worker() {
     let app = TestApp::start().await;
     let id = worker_session(&app, "nobody", json!({ "worker_wait_timeout_ms": 1_500 })).await;

@@ -107,11 +107,6 @@ impl SessionService {
         &self.reads
     }
 
-    /// Price of a million tokens, when configured.
-    pub fn token_price(&self) -> Option<f64> {
-        self.config.token_price_per_million
-    }
-
     /// The step of `id` in flight on this replica, if it runs here.
     pub fn step_in_flight(&self, id: Uuid) -> Option<StepInFlight> {
         self.supervisor.step_in_flight(id)

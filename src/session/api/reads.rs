@@ -14,6 +14,7 @@ use crate::session::event_codec;
 use crate::store::{
     ApprovalCursor, ApprovalRow, CheckpointRecord, EventRecord, IterationRecord, Outcomes,
     RefinementRecord, ReflectionRecord, Session, Store, Task, TenantScope, TreeRow,
+    WaitingWorkerTask,
 };
 
 /// An event of a session's log, decoded.
@@ -201,7 +202,7 @@ impl SessionReads {
         &self,
         id: Uuid,
         scope: &TenantScope,
-    ) -> Result<Option<(String, DateTime<Utc>)>> {
+    ) -> Result<Option<WaitingWorkerTask>> {
         Ok(self.store.waiting_for_worker(id, scope).await?)
     }
 

@@ -339,6 +339,8 @@ pub(crate) mod tests {
             consecutive_errors: 0,
             elapsed_ms: 0,
             reflection_tokens: 0,
+            cost_usd: rust_decimal::Decimal::ZERO,
+            unpriced_steps: 0,
             run: 1,
             checkpoint_saved: false,
             last_checkpoint_iteration: 0,

@@ -89,44 +89,7 @@ pub async fn build_executor(
     mcp: &Arc<crate::mcp::McpRegistry>,
     on_delegated: Arc<dyn Fn() + Send + Sync>,
 ) -> Result<Box<dyn Executor>> {
-    let Some(Json(StoredExecutor {
-        mut spec,
-        query_sealed,
-    })) = session.executor.clone()
-    else {
-        return Err(StoreError::Corrupt {
-            id: session.id,
-            detail: "executor: read without its spec".into(),
-        }
-        .into());
-    };
-    let ring = || {
-        config.keyring().ok_or_else(|| {
-            ServiceError::Unavailable("the secret key (WARDEN_SECRET_KEY) is not loaded".into())
-        })
-    };
-    // The session's own secrets (a child's are its ancestor's), read
-    // within its own tenant.
-    let own = TenantScope::tenant_only(&session.tenant);
-    let sealer = session.secrets_from.unwrap_or(session.id);
-    if matches!(spec, ExecutorSpec::Llm { .. })
-        && let Some(sealed) = store.session_secret(sealer, API_KEY, &own).await?
-    {
-        // A spec from before sealing may still carry its key: it wins (and
-        // is moved at the next start).
-        spec = spec.with_api_key(ApiKey::new(ring()?.open(sealer, API_KEY, &sealed)?));
-    }
-    if query_sealed {
-        // The URL's query, sealed at creation, goes back on the URL.
-        let sealed = store
-            .session_secret(sealer, URL_QUERY, &own)
-            .await?
-            .ok_or_else(|| StoreError::Corrupt {
-                id: session.id,
-                detail: "executor: its URL's sealed query is missing".into(),
-            })?;
-        spec = spec.with_url_query(&UrlQuery::new(ring()?.open(sealer, URL_QUERY, &sealed)?));
-    }
+    let spec = unsealed_spec(store, config, session).await?;
     let transcript = match spec {
         ExecutorSpec::Llm { .. } => store
             .transcript(session.id, 30)
@@ -174,4 +137,48 @@ pub async fn build_executor(
         mcp: mcp.clone(),
     };
     spec.build(deps).map_err(ServiceError::Unavailable)
+}
+
+/// The session's stored executor spec with the secrets sealed at creation
+/// put back: the model key of an `llm` executor and a URL's query.
+async fn unsealed_spec(store: &Store, config: &Config, session: &Session) -> Result<ExecutorSpec> {
+    let Some(Json(StoredExecutor {
+        mut spec,
+        query_sealed,
+    })) = session.executor.clone()
+    else {
+        return Err(StoreError::Corrupt {
+            id: session.id,
+            detail: "executor: read without its spec".into(),
+        }
+        .into());
+    };
+    let ring = || {
+        config.keyring().ok_or_else(|| {
+            ServiceError::Unavailable("the secret key (WARDEN_SECRET_KEY) is not loaded".into())
+        })
+    };
+    // The session's own secrets (a child's are its ancestor's), read
+    // within its own tenant.
+    let own = TenantScope::tenant_only(&session.tenant);
+    let sealer = session.secrets_from.unwrap_or(session.id);
+    if matches!(spec, ExecutorSpec::Llm { .. })
+        && let Some(sealed) = store.session_secret(sealer, API_KEY, &own).await?
+    {
+        // A spec from before sealing may still carry its key: it wins (and
+        // is moved at the next start).
+        spec = spec.with_api_key(ApiKey::new(ring()?.open(sealer, API_KEY, &sealed)?));
+    }
+    if query_sealed {
+        // The URL's query, sealed at creation, goes back on the URL.
+        let sealed = store
+            .session_secret(sealer, URL_QUERY, &own)
+            .await?
+            .ok_or_else(|| StoreError::Corrupt {
+                id: session.id,
+                detail: "executor: its URL's sealed query is missing".into(),
+            })?;
+        spec = spec.with_url_query(&UrlQuery::new(ring()?.open(sealer, URL_QUERY, &sealed)?));
+    }
+    Ok(spec)
 }

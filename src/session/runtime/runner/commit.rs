@@ -58,6 +58,7 @@ impl<S: LoopStore> Runner<S> {
         .inspect_err(|_| self.view.write_failed())?;
         pass.writes += commit_started.elapsed();
         self.show_committed(&row, &flags, finished_at);
+        self.metrics.cost(&self.tenant, row.cost.0, row.cost.1);
         self.state = state_after;
         self.guidance = None;
         self.apply_flags(flags);
@@ -78,6 +79,7 @@ impl<S: LoopStore> Runner<S> {
             stuck: &self.config.stuck,
             checkpoint_interval: self.settings.limits.checkpoint_interval,
             elapsed_ms: self.elapsed_ms(),
+            prices: &self.config.model_prices,
             limits: &self.settings.limits,
         };
         // Moved into the plan, not copied. On an error the loop ends: only
@@ -101,6 +103,9 @@ impl<S: LoopStore> Runner<S> {
             finished_at,
             apply: &|r: &mut Session| {
                 r.set_counters(row.counters);
+                // As the commit's statement adds them to the row.
+                r.cost_usd += row.cost.0;
+                r.unpriced_steps += i64::from(row.cost.1);
                 r.percent_complete = row.percent_complete;
                 r.eta_seconds = row.eta_seconds;
                 r.guidance = None;

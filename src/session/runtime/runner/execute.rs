@@ -18,6 +18,7 @@ use crate::policy::eta;
 use crate::policy::guardrails;
 use crate::policy::history::{Outcome, StepRecord};
 use crate::policy::lifecycle::Reason;
+use crate::policy::pricing::StepUsage;
 use crate::session::runtime::live::StepInFlight;
 use crate::session::runtime::loop_store::LoopStore;
 use crate::session::runtime::storable::{cap_output, make_storable};
@@ -296,6 +297,10 @@ impl<S: LoopStore> Runner<S> {
             transcript: out.transcript,
             events: out.events,
             cycle_change: out.cycle_change,
+            // Held to the tokens (bound_usage); a count alone is unsplit.
+            usage: out
+                .usage
+                .unwrap_or_else(|| StepUsage::unsplit(out.tokens, None)),
             ..outcome
         }
     }
@@ -334,6 +339,7 @@ fn failed(outcome: StepOutcome, action: String, message: String, tokens: u64) ->
             tokens,
             ..outcome.record
         },
+        usage: StepUsage::unsplit(tokens, None),
         ..outcome
     }
 }
@@ -358,6 +364,7 @@ fn unanswered(
         started_at,
         finished_at: Utc::now(),
         sanitized,
+        usage: StepUsage::default(),
     }
 }
 

@@ -4,6 +4,7 @@
 //! the plan out, so every rule here is tested without a database.
 
 use chrono::{DateTime, Utc};
+use rust_decimal::Decimal;
 
 use crate::event::SessionEvent;
 use crate::executor::CycleChange;
@@ -11,6 +12,7 @@ use crate::llm::Message;
 use crate::policy::guardrails::{Limits, Usage};
 use crate::policy::history::{Outcome, StepRecord};
 use crate::policy::loop_state::{self, LoopState, StepEffects};
+use crate::policy::pricing::{PriceTable, StepCost, StepUsage};
 use crate::policy::sentinel::Sentinel;
 use crate::policy::soft_budget::{self, BudgetWarning, SentWarning};
 use crate::policy::stuck::StuckConfig;
@@ -40,6 +42,8 @@ pub struct StepOutcome {
     pub finished_at: DateTime<Utc>,
     /// NUL characters replaced in the executor's answer.
     pub sanitized: usize,
+    /// The step's tokens split and its model, held to the record's tokens.
+    pub usage: StepUsage,
 }
 
 /// What the plan needs besides the state and the step.
@@ -53,6 +57,8 @@ pub struct PlanContext<'a> {
     pub elapsed_ms: u64,
     /// The limits in force: the soft budgets warn against them.
     pub limits: &'a Limits,
+    /// The operator's price table (`WARDEN_MODEL_PRICES`).
+    pub prices: &'a PriceTable,
 }
 
 /// Everything one commit writes, and the state the loop goes on with.
@@ -85,6 +91,9 @@ pub struct RowChange {
     pub checkpointed: Option<i64>,
     /// Soft-budget warnings the commit logs, as the status lists them.
     pub budget_warnings: Vec<SentWarning>,
+    /// What the step adds to the session's cost, and whether it is one
+    /// more unpriced step (the row adds both in the commit's statement).
+    pub cost: (Decimal, bool),
 }
 
 /// Whether an interval checkpoint is due in `state`: a multiple of the
@@ -117,6 +126,7 @@ pub fn plan_commit(
     effects.new_cycle = step.cycle_change.as_ref().map(|c| c.cycle);
     effects.budget_warnings = budget_warnings_due(&state, &step.record, &effects, ctx.limits);
     let mut iteration = iteration_row(&state, &step, &effects)?;
+    price(&mut iteration, &step.usage, ctx.prices);
     let run = state.run;
     state.apply(run, &step.record, &effects);
     let mut logged = Vec::with_capacity(step.events.len() + 5);
@@ -146,6 +156,10 @@ pub fn plan_commit(
         next_cycle: iteration.next_cycle.clone(),
         checkpointed: iteration.checkpoint.is_some().then_some(iteration.number),
         budget_warnings: sent_warnings(&effects.budget_warnings, step.record.number),
+        cost: (
+            iteration.cost_usd.unwrap_or(Decimal::ZERO),
+            iteration.cost_usd.is_none(),
+        ),
     };
     Ok(CommitPlan {
         iteration,
@@ -241,7 +255,32 @@ fn iteration_row(
         checkpoint: None,
         started_at: step.started_at,
         finished_at: step.finished_at,
+        usage: None,
+        cost_usd: None,
+        price_pattern: None,
+        price_valid_from: None,
     })
+}
+
+/// Prices the step's usage on the day it finished: the iteration keeps the
+/// usage, the cost and the entry that priced it; a step whose model no
+/// entry prices keeps no cost (`unpriced`), a step without tokens costs 0.
+fn price(iteration: &mut NewIteration, usage: &StepUsage, prices: &PriceTable) {
+    let day = iteration.finished_at.date_naive();
+    match prices.cost(usage.model.as_deref(), usage.priced_tokens(), day) {
+        StepCost::Priced {
+            usd,
+            pattern,
+            valid_from,
+        } => {
+            iteration.cost_usd = Some(usd);
+            iteration.price_pattern = Some(pattern);
+            iteration.price_valid_from = valid_from;
+        }
+        StepCost::Free => iteration.cost_usd = Some(Decimal::ZERO),
+        StepCost::Unpriced => iteration.cost_usd = None,
+    }
+    iteration.usage = to_stored_text("step usage", usage).ok();
 }
 
 /// The events a committed step adds to the log after the executor's own.
@@ -309,6 +348,8 @@ mod tests {
         review_every: None,
         warn_at: WarnAt::DEFAULT,
     };
+    static PRICES: std::sync::LazyLock<PriceTable> =
+        std::sync::LazyLock::new(|| PriceTable::parse("*=1/2").expect("a table"));
 
     fn ctx(checkpoint_interval: u32) -> PlanContext<'static> {
         PlanContext {
@@ -316,6 +357,7 @@ mod tests {
             checkpoint_interval,
             elapsed_ms: 5_000,
             limits: &LIMITS,
+            prices: &PRICES,
         }
     }
 
@@ -369,6 +411,7 @@ mod tests {
             started_at: at(0),
             finished_at: at(1),
             sanitized: 0,
+            usage: StepUsage::unsplit(10, None),
         }
     }
 
@@ -442,6 +485,45 @@ mod tests {
         assert_eq!(plan.state_after.history.len(), 1);
         assert_eq!(plan.state_after.last_checkpoint_step, 0);
         assert_eq!(plan.row.checkpointed, None);
+    }
+
+    #[test]
+    fn a_step_is_priced_by_its_model_and_an_unknown_model_is_unpriced() {
+        // A count alone is priced by `*` as output: 10 tokens at $2 per million.
+        let state = LoopState::new(5);
+        let plan = plan_commit(state.clone(), next_step(&state), &ctx(100)).expect("a plan");
+        assert_eq!(plan.iteration.cost_usd, Some(Decimal::new(2, 5)));
+        assert_eq!(plan.iteration.price_pattern.as_deref(), Some("*"));
+        assert_eq!(plan.row.cost, (Decimal::new(2, 5), false));
+        let usage: StepUsage =
+            serde_json::from_str(plan.iteration.usage.as_ref().expect("usage").as_str())
+                .expect("the usage decodes");
+        assert_eq!(usage, StepUsage::unsplit(10, None));
+
+        let gpt = PriceTable::parse("gpt-4o=2.50/10/1.25").expect("a table");
+        let mut step = next_step(&state);
+        step.usage = StepUsage {
+            input_tokens: 8,
+            output_tokens: 2,
+            cached_tokens: 4,
+            reasoning_tokens: 0,
+            model: Some("gpt-4o".into()),
+        };
+        let mut priced = ctx(100);
+        priced.prices = &gpt;
+        let plan = plan_commit(state.clone(), step, &priced).expect("a plan");
+        // 4 × 2.50 + 4 × 1.25 + 2 × 10 = 35 per million.
+        assert_eq!(plan.iteration.cost_usd, Some(Decimal::new(35, 6)));
+        // No `*` here: a step naming no model is unpriced, never 0.
+        let plan = plan_commit(state.clone(), next_step(&state), &priced).expect("a plan");
+        assert_eq!(plan.iteration.cost_usd, None);
+        assert_eq!(plan.row.cost, (Decimal::ZERO, true));
+        // A step without tokens costs nothing and is not unpriced.
+        let mut step = next_step(&state);
+        step.record.tokens = 0;
+        step.usage = StepUsage::default();
+        let plan = plan_commit(state, step, &priced).expect("a plan");
+        assert_eq!(plan.row.cost, (Decimal::ZERO, false));
     }
 
     #[test]

@@ -1,0 +1,255 @@
+//! Money (issue 43): every committed step is priced at `WARDEN_MODEL_PRICES`
+//! from the usage it reported (input, cached input and output apart, by
+//! model); the session's `cost_usd` is the exact sum of its steps', a tree's
+//! the sum of its sessions'; a model no entry prices is counted
+//! `unpriced_steps`, never 0.
+
+use crate::common;
+
+use std::time::Duration;
+
+use common::fake_llm::{Answer, FakeLlm, tool_calls};
+use common::{SessionView, TestApp, config_with};
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+
+/// A completion calling `write_file`, with a usage that has cached tokens.
+fn cached_write(prompt: u64, cached: u64, completion: u64) -> Answer {
+    Answer::ok(json!({
+        "choices": [{ "index": 0, "finish_reason": "tool_calls",
+            "message": { "role": "assistant", "content": null, "tool_calls": [
+                { "id": "call_0", "type": "function", "function": { "name": "write_file",
+                  "arguments": json!({ "path": "README.md", "content": "# Warden\n" }).to_string() } }
+            ] } }],
+        "usage": { "prompt_tokens": prompt, "completion_tokens": completion,
+                   "total_tokens": prompt + completion,
+                   "prompt_tokens_details": { "cached_tokens": cached } }
+    }))
+}
+
+#[tokio::test]
+async fn a_model_session_costs_what_its_usage_comes_to_at_the_price_table() {
+    let fake = FakeLlm::start().await;
+    fake.agent(cached_write(1_000, 200, 100)).agent(tool_calls(
+        &[(
+            "task_completion",
+            json!({ "result": "README.md written", "deliverables": ["README.md"] }),
+        )],
+        80,
+    ));
+    let base = fake.base_url();
+    let app = TestApp::start_with(config_with(&[
+        ("WARDEN_LLM_BASE_URL", base.as_str()),
+        ("WARDEN_LLM_MODEL", "fake-model"),
+        (
+            "WARDEN_MODEL_PRICES",
+            "fake-*=2.50/10/1.25@2020-01-01; other=1/1",
+        ),
+    ]))
+    .await;
+    let doc = app
+        .create(json!({
+            "goal": "Create README.md with a project description",
+            "executor": { "kind": "llm" }
+        }))
+        .await;
+    let id = doc["id"].as_str().expect("id");
+    let s = app.wait_settled(id).await;
+    assert_eq!(s["status"], "completed", "{s}");
+    assert_eq!(s["tokens_used"], 1_180);
+    // By hand: 800 uncached × 2.50 + 200 cached × 1.25 + 100 out × 10 =
+    // 3,250 per million; then 40 × 2.50 + 40 × 10 = 500 per million.
+    assert_eq!(s["cost_usd"], "0.00375", "{s}");
+    assert_eq!(s["unpriced_steps"], 0);
+    let its = app.iterations(id).await;
+    assert_eq!(its.len(), 2);
+    assert_eq!(its[0]["cost_usd"], "0.00325", "{:?}", its[0]);
+    assert_eq!(its[1]["cost_usd"], "0.0005");
+    assert_eq!(its[0]["price_pattern"], "fake-*");
+    assert_eq!(its[0]["price_valid_from"], "2020-01-01");
+    assert_eq!(its[0]["usage"]["input_tokens"], 1_000);
+    assert_eq!(its[0]["usage"]["cached_tokens"], 200);
+    assert_eq!(its[0]["usage"]["output_tokens"], 100);
+    assert_eq!(its[0]["usage"]["model"], "fake-model");
+
+    // The list shows it, sorts by it and filters on it.
+    let (status, page) = app
+        .get("/api/autonomous?sort=cost&min_cost_usd=0.003")
+        .await;
+    assert_eq!(status, StatusCode::OK, "{page}");
+    assert_eq!(page["items"][0]["cost_usd"], "0.00375", "{page}");
+    let (_, none) = app.get("/api/autonomous?min_cost_usd=0.004").await;
+    assert_eq!(none["items"].as_array().map(Vec::len), Some(0), "{none}");
+    let (status, _) = app.get("/api/autonomous?min_cost_usd=-1").await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+
+    // /metrics counts it for the tenant.
+    let metrics = app.admin_get("/metrics").await.text().await.expect("text");
+    assert!(
+        metrics.contains("warden_tenant_cost_usd_total{tenant=\"test\"} 0.00375"),
+        "{metrics}"
+    );
+}
+
+mod usage_agent {
+    use axum::routing::post;
+    use axum::{Json, Router};
+    use serde_json::{Value, json};
+
+    /// An agent that reports its usage the OpenAI Agents SDK's way: a
+    /// priced model, then one no entry names, then a count alone.
+    pub async fn start() -> String {
+        async fn step(Json(req): Json<Value>) -> Json<Value> {
+            let n = req["iteration"].as_u64().expect("iteration");
+            Json(match n {
+                1 => json!({ "action": "plan", "output": "planned",
+                    "usage": { "input_tokens": 1_000, "output_tokens": 100, "cached_tokens": 200,
+                               "reasoning_tokens": 40, "model": "gpt-4o" } }),
+                2 => json!({ "action": "edit", "output": "edited", "tokens": 10,
+                    "usage": { "input_tokens": 300, "output_tokens": 100, "cached_tokens": 5_000,
+                               "model": "mystery-model" } }),
+                _ => json!({ "action": "report", "tokens": 5, "output": "done",
+                             "signal": "done", "reason": "all done" }),
+            })
+        }
+        let app = Router::new().route("/step", post(step));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/step", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        url
+    }
+}
+
+#[tokio::test]
+async fn a_webhook_agents_unknown_model_is_flagged_unpriced_never_zero() {
+    let url = usage_agent::start().await;
+    let app = TestApp::start_with(config_with(&[(
+        "WARDEN_MODEL_PRICES",
+        "gpt-4o=2.50/10/1.25",
+    )]))
+    .await;
+    let doc = app
+        .create(json!({ "goal": "Edit the parts", "executor": { "kind": "webhook", "url": url } }))
+        .await;
+    let id = doc["id"].as_str().expect("id");
+    let s = app.wait_settled(id).await;
+    assert_eq!(s["status"], "completed", "{s}");
+    // The budget counts input + output (the larger of that and `tokens`).
+    assert_eq!(s["tokens_used"], 1_100 + 400 + 5, "{s}");
+    assert_eq!(s["cost_usd"], "0.00325", "{s}");
+    assert_eq!(s["unpriced_steps"], 2, "{s}");
+    let its = app.iterations(id).await;
+    assert_eq!(its[0]["usage"]["reasoning_tokens"], 40);
+    assert!(its[1]["cost_usd"].is_null(), "{:?}", its[1]);
+    assert_eq!(its[1]["usage"]["model"], "mystery-model");
+    // Cached tokens are held within the input.
+    assert_eq!(its[1]["usage"]["cached_tokens"], 300);
+    assert!(its[2]["cost_usd"].is_null());
+}
+
+#[tokio::test]
+async fn a_trees_cost_is_the_sum_of_its_sessions_costs() {
+    // A lone `*` prices steps that name no model; a count alone is priced
+    // as output tokens.
+    let app = TestApp::start_with(config_with(&[("WARDEN_MODEL_PRICES", "*=1/2")])).await;
+    let child = |goal: &str| {
+        json!({ "goal": goal, "steps": [
+            { "action": "work_1", "tokens": 100, "output": "working" },
+            { "action": "work_2", "tokens": 100, "output": "finished\n<<WARDEN_GOAL_DONE: done>>" }
+        ] })
+    };
+    let doc = app
+        .create(json!({
+            "goal": "Build feature X and write its tests",
+            "limits": { "max_tokens": 3_000, "max_iterations": 200 },
+            "executor": { "kind": "scripted", "steps": [
+                { "action": "merge", "tokens": 10,
+                  "output": "merged\n<<WARDEN_GOAL_DONE: all parts done>>" }
+            ] },
+            "subgoals": [child("Build feature X"), child("Write the tests of X")],
+        }))
+        .await;
+    let id = doc["id"].as_str().expect("id").to_string();
+    let parent = app
+        .wait_until(&id, Duration::from_secs(30), |s| {
+            !common::view::<SessionView>(s).is_live() && s["reason"] != "waiting_for_children"
+        })
+        .await;
+    assert_eq!(parent["status"], "completed", "{parent}");
+    assert_eq!(parent["cost_usd"], "0.00002", "{parent}");
+    let (status, t) = app.get(&format!("/api/autonomous/{id}/tree")).await;
+    assert_eq!(status, StatusCode::OK, "{t}");
+    // 410 tokens at $2 per million.
+    assert_eq!(t["totals"]["cost_usd"], "0.00082", "{t}");
+    assert_eq!(t["node"]["subtree_cost_usd"], "0.00082", "{t}");
+    assert_eq!(t["totals"]["unpriced_steps"], 0);
+    for c in t["node"]["children"].as_array().expect("children") {
+        assert_eq!(c["cost_usd"], "0.0004", "{c}");
+    }
+    let children: Vec<Value> = t["node"]["children"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let mut sum = 0.0;
+    for c in &children {
+        let s = app.session(c["id"].as_str().expect("id")).await;
+        sum += s["cost_usd"]
+            .as_str()
+            .expect("a decimal string")
+            .parse::<f64>()
+            .unwrap();
+    }
+    assert!((sum - 0.0008).abs() < 1e-12, "{sum}");
+}
+
+#[tokio::test]
+async fn a_workers_completion_reports_its_usage_and_is_priced() {
+    let app = TestApp::start_with(config_with(&[(
+        "WARDEN_MODEL_PRICES",
+        "claude-sonnet-4*=3/15/0.30",
+    )]))
+    .await;
+    let res = reqwest::Client::new()
+        .post(app.url("/api/keys"))
+        .bearer_auth(common::ADMIN_TOKEN)
+        .json(&json!({ "tenant": common::TEST_TENANT, "role": "worker", "queues": ["money"] }))
+        .send()
+        .await
+        .expect("sent");
+    let key: Value = res.json().await.expect("json");
+    let worker = common::client_with_key(key["secret"].as_str().expect("secret"));
+    let doc = app
+        .create(json!({ "goal": "Write the report",
+                        "executor": { "kind": "worker", "queue": "money" } }))
+        .await;
+    let id = doc["id"].as_str().expect("id");
+    let task: Value = worker
+        .post(app.url("/api/workers/claim"))
+        .json(&json!({ "wait_ms": 5_000, "worker": "w" }))
+        .send()
+        .await
+        .expect("claim")
+        .json()
+        .await
+        .expect("a task");
+    let done = json!({ "lease_token": task["lease_token"], "outcome": {
+        "action": "report", "output": "written", "signal": "done", "reason": "written",
+        "usage": { "input_tokens": 2_000, "cached_tokens": 1_000, "output_tokens": 500,
+                   "reasoning_tokens": 100, "model": "claude-sonnet-4-5" } } });
+    let task_id = task["task_id"].as_str().expect("task id");
+    let res = worker
+        .post(app.url(&format!("/api/workers/tasks/{task_id}/complete")))
+        .json(&done)
+        .send()
+        .await
+        .expect("complete");
+    assert_eq!(res.status(), StatusCode::OK);
+    let s = app.wait_settled(id).await;
+    assert_eq!(s["status"], "completed", "{s}");
+    assert_eq!(s["tokens_used"], 2_500);
+    // 1,000 × 3 + 1,000 × 0.30 + 500 × 15 = 10,800 per million.
+    assert_eq!(s["cost_usd"], "0.0108", "{s}");
+    assert_eq!(s["unpriced_steps"], 0);
+    let its = app.iterations(id).await;
+    assert_eq!(its[0]["price_pattern"], "claude-sonnet-4*");
+}

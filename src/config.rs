@@ -901,6 +901,7 @@ impl Env<'_> {
             max_cycles: self.parse(&AUTONOMOUS_MAX_CYCLES, 1, 1_000)?,
             context_budget_tokens: self.parse(&AUTONOMOUS_CONTEXT_TOKENS, 500, 10_000_000)?,
             review_every: None,
+            warn_at: crate::policy::soft_budget::WarnAt::DEFAULT,
         };
         Ok(SessionDefaults {
             mode,

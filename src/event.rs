@@ -19,6 +19,7 @@ use crate::policy::lifecycle::{Mode, Reason, Status};
 use crate::policy::loop_state::AppliedReflection;
 use crate::policy::reflection::Assessment;
 use crate::policy::sentinel::Sentinel;
+use crate::policy::soft_budget::Budget;
 use crate::policy::stuck::{StuckPattern, StuckVerdict};
 
 /// Kinds the decisions view reads; the partial index `events_decisions` in
@@ -465,6 +466,26 @@ pub enum SessionEvent {
         /// Tokens reported (or estimated), before the cap.
         reported: u64,
     },
+    /// A soft budget: a step's commit took a budget past one of the
+    /// session's `limits.warn_at` thresholds (once per threshold per
+    /// session). Nothing stops; the next step is told `note`, and the
+    /// session's notify targets hear of it.
+    BudgetWarning {
+        /// Which budget.
+        budget: Budget,
+        /// The threshold crossed (percent).
+        threshold: u8,
+        /// Spent at that commit (a decimal string).
+        #[schema(value_type = String)]
+        used: rust_decimal::Decimal,
+        /// The hard limit (a decimal string).
+        #[schema(value_type = String)]
+        limit: rust_decimal::Decimal,
+        /// The iteration whose commit crossed it.
+        iteration: u64,
+        /// What the agent is told in its next step.
+        note: String,
+    },
 }
 
 impl SessionEvent {
@@ -506,6 +527,7 @@ impl SessionEvent {
             SessionEvent::DelegatedBy { .. } => "delegated_by",
             SessionEvent::ChildEnded { .. } => "child_ended",
             SessionEvent::ChildNeedsAttention { .. } => "child_needs_attention",
+            SessionEvent::BudgetWarning { .. } => "budget_warning",
         }
     }
 
@@ -637,6 +659,7 @@ mod tests {
             max_cycles: 10,
             context_budget_tokens: 32_000,
             review_every: None,
+            warn_at: crate::policy::soft_budget::WarnAt::DEFAULT,
         }
     }
 
@@ -718,6 +741,18 @@ mod tests {
                     reported: 900,
                 },
                 json!({ "source": "worker_after_cancel", "iteration": 2, "tokens": 50, "reported": 900 }),
+            ),
+            (
+                SessionEvent::BudgetWarning {
+                    budget: Budget::Iterations,
+                    threshold: 80,
+                    used: 16.into(),
+                    limit: 20.into(),
+                    iteration: 16,
+                    note: "80% of the iteration budget is spent".into(),
+                },
+                json!({ "budget": "iterations", "threshold": 80, "used": "16", "limit": "20",
+                        "iteration": 16, "note": "80% of the iteration budget is spent" }),
             ),
             (
                 SessionEvent::IterationCompleted {

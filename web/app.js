@@ -450,6 +450,14 @@ function renderVelocity(points) {
   }).join("") + `<line x1="0" y1="110" x2="300" y2="110" stroke="#d9dee5"/>`;
 }
 
+// Soft budgets: the highest threshold each budget has crossed, as a badge.
+function renderBudgetWarnings(warnings) {
+  const highest = new Map();
+  for (const w of warnings) highest.set(w.budget, w);
+  $("#budget-warnings").innerHTML = [...highest.values()].map(w =>
+    `<span class="badge warn" title="${esc(w.used)} of ${esc(w.limit)}, at iteration ${w.iteration}">${esc(w.budget.replace("_", " "))} ${w.threshold}%</span>`).join("");
+}
+
 function renderSession(s) {
   // A read that was in flight when the person opened another session must not paint over it.
   if (!$("#status") || s.id !== shown.id) return;
@@ -459,6 +467,7 @@ function renderSession(s) {
   $("#reason").textContent = reasonText(s.reason);
   $("#reason").dataset.reason = s.reason || "";
   renderParentLine(s);
+  renderBudgetWarnings(s.budget_warnings || []);
   $("#goal-text").textContent = s.goal;
   $("#summary").textContent = s.summary || s.question || "";
   const pct = percentOf(s);
@@ -999,6 +1008,7 @@ function eventWhat(e) {
     case "iteration_completed": return `step ${d.number} <code>${esc(d.action)}</code> ${esc(d.outcome)}, ${d.tokens} tokens, ${d.duration_ms} ms`;
     case "status_changed": case "gate_decision": case "guardrail_tripped": case "stuck_detected": return decisionSummary(e);
     case "checkpoint_saved": return `after iteration ${d.iteration} (${esc(d.reason)})`;
+    case "budget_warning": return `<b>${d.threshold}%</b> of the ${esc(d.budget.replace("_", " "))} budget spent (${esc(d.used)} of ${esc(d.limit)})`;
     case "reflection": return `#${d.number} after iteration ${d.after_iteration}` + (d.ok && d.assessment ? `: ${esc(d.assessment.percent_complete)}%` : "");
     case "session_created": return esc(d.goal);
     case "child_delegated": return `delegated <a href="#/s/${esc(d.child_id)}">${esc(d.goal)}</a>: ${d.budget_tokens} tokens, ${d.budget_iterations} iterations${d.wait ? ", waits for it" : ""}`;

@@ -1095,7 +1095,7 @@ impl LlmExecutor {
     }
 
     /// The notes for the model: a person's guidance, the supervisor's
-    /// nudge, children's reports, the wrap-up warning, or a prompt to begin
+    /// nudge, a soft budget's warning, children's reports, the wrap-up warning, or a prompt to begin
     /// or go on when there is nothing else to answer.
     fn add_notes(&self, ctx: &StepContext<'_>, step_messages: &mut Vec<Message>) {
         if let Some(guidance) = ctx.guidance {
@@ -1109,6 +1109,9 @@ impl LlmExecutor {
                 "user",
                 format!("Note from your supervisor: {nudge}"),
             ));
+        }
+        if let Some(note) = ctx.budget_note {
+            step_messages.push(Message::text("user", format!("Budget warning: {note}")));
         }
         if !ctx.children.is_empty() {
             step_messages.push(Message::text(

@@ -51,6 +51,9 @@ pub struct StepContext<'a> {
     pub guidance: Option<&'a str>,
     /// A nudge from stuck detection or reflection, delivered once.
     pub nudge: Option<&'a str>,
+    /// Soft budgets: the wrap-up note of the thresholds the last step
+    /// crossed ("80% of the token budget is spent; …"), delivered once.
+    pub budget_note: Option<&'a str>,
     /// Recent committed steps, oldest first.
     pub history: &'a [StepRecord],
     /// Most tokens this step may use: what is left of the session's token
@@ -1009,6 +1012,7 @@ mod tests {
             iteration: 1,
             guidance: None,
             nudge: None,
+            budget_note: None,
             history: &[],
             token_allowance: 0,
             children: &[],

@@ -278,6 +278,7 @@ mod tests {
             iteration: n,
             guidance: None,
             nudge: None,
+            budget_note: None,
             history: &[],
             token_allowance: 1_000,
             children: &[],

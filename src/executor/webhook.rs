@@ -42,6 +42,12 @@ pub struct WebhookRequest {
     pub guidance: Option<String>,
     /// A supervisor's note (stuck nudge, reviewer feedback), delivered once.
     pub nudge: Option<String>,
+    /// Soft budgets: how much of a budget is spent and about how many
+    /// steps are left at this rate, when the last step crossed one of the
+    /// session's `limits.warn_at` thresholds (absent otherwise): time to
+    /// wrap up. Delivered once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget_note: Option<String>,
     /// Most tokens this step may use: what is left of the session's token
     /// budget. An answer reporting more `tokens` is charged the whole
     /// allowance (never more) and ends the session `stopped / cost_limit`.
@@ -390,6 +396,7 @@ pub(super) fn request_for(ctx: &StepContext<'_>) -> WebhookRequest {
         iteration: ctx.iteration,
         guidance: ctx.guidance.map(str::to_string),
         nudge: ctx.nudge.map(str::to_string),
+        budget_note: ctx.budget_note.map(str::to_string),
         token_allowance: ctx.token_allowance,
         history,
         traceparent: telemetry::traceparent(),

@@ -414,6 +414,17 @@ fn key_and_limit_bounds(out: &mut Vec<Bound>) {
             crate::config::RETENTION_PATTERN.into(),
         ),
     ]);
+    // Soft budgets' thresholds, as `soft_budget::thresholds` checks them.
+    let (lowest, highest) = crate::policy::soft_budget::PERCENTS;
+    for schema in ["LimitsPatch", "Limits"] {
+        let warn_at = prop(schema, "warn_at");
+        out.extend(range(format!("{warn_at}/items"), lowest, highest));
+        out.push((
+            warn_at,
+            "maxItems",
+            crate::policy::soft_budget::MAX_THRESHOLDS.into(),
+        ));
+    }
     for (field, min, max) in RANGES {
         out.extend(range(prop("LimitsPatch", field), min, max));
     }

@@ -379,6 +379,10 @@ pub struct SessionView {
     /// What its children hold of its budget: its `limits.max_tokens` is
     /// what it has left for itself.
     pub delegation: DelegationView,
+    /// Soft budgets: the warnings sent so far, oldest first, one per budget
+    /// and threshold of `limits.warn_at` crossed (each also logged as a
+    /// `budget_warning` event and told to the agent in its next step).
+    pub budget_warnings: Vec<crate::policy::soft_budget::SentWarning>,
 }
 
 /// A child as its parent's status lists it.
@@ -553,6 +557,7 @@ impl From<Session> for SessionView {
                 tokens_reserved: s.children_reserved_tokens,
                 tokens_spent_by_children: s.children_tokens,
             },
+            budget_warnings: s.budget_warnings.0,
         }
     }
 }

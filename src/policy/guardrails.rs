@@ -6,6 +6,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use super::lifecycle::Reason;
+use super::soft_budget::WarnAt;
 
 /// The limits one session runs under (all resolved, none optional but tool calls).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
@@ -38,6 +39,11 @@ pub struct Limits {
     /// own limit is the only stop.
     #[serde(default)]
     pub review_every: Option<u64>,
+    /// Percentages of each budget at which the session warns (soft
+    /// budgets): 1–99, at most 10; `[]` warns never.
+    #[serde(default)]
+    #[schema(value_type = Vec<u8>, example = json!([50, 80, 95]))]
+    pub warn_at: WarnAt,
 }
 
 fn default_max_cycles() -> u32 {
@@ -72,6 +78,10 @@ pub struct LimitsPatch {
     pub context_budget_tokens: Option<u64>,
     /// Steps between review points (0 – 1,000,000; 0 = never).
     pub review_every: Option<u64>,
+    /// Percentages of each budget to warn at (each 1 – 99, at most 10;
+    /// `[]` for none). Default `[50, 80, 95]`.
+    #[schema(value_type = Option<Vec<u8>>)]
+    pub warn_at: Option<WarnAt>,
 }
 
 /// A limit outside its allowed range.
@@ -165,6 +175,8 @@ impl Limits {
                 Some(v) => Some(in_range("review_every", v)?),
                 None => self.review_every,
             },
+            // Checked when read (`WarnAt`'s deserializer).
+            warn_at: patch.warn_at.unwrap_or(self.warn_at),
         })
     }
 
@@ -369,6 +381,7 @@ pub(crate) mod tests {
             max_cycles: 10,
             context_budget_tokens: 32_000,
             review_every: None,
+            warn_at: WarnAt::DEFAULT,
         }
     }
 

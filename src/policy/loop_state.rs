@@ -6,13 +6,14 @@ use serde::{Deserialize, Serialize};
 
 use crate::policy::checklist::ChecklistItem;
 use crate::policy::excerpt;
-use crate::policy::gate::{Budget, GateInputs};
+use crate::policy::gate::{Budget as GateBudget, GateInputs};
 use crate::policy::guardrails::{self, Limits, Usage};
 use crate::policy::history::{self, Outcome, Rework, StepRecord};
 use crate::policy::lifecycle::{Mode, Reason};
 use crate::policy::projection::{ProgressPoint, ProgressSample};
 use crate::policy::reflection::{ReflectionState, Verdict};
 use crate::policy::sentinel::{self, Sentinel, SignalKind};
+use crate::policy::soft_budget::{self, Budget, BudgetWarning};
 use crate::policy::stuck::{self, StuckConfig, StuckPattern, StuckVerdict};
 
 /// How many recent steps the policies look at.
@@ -56,6 +57,9 @@ pub struct StepEffects {
     pub new_cycle: Option<u32>,
     /// Progress estimate after the step, percent.
     pub percent_complete: Option<f64>,
+    /// Soft-budget thresholds the step's commit crossed (warned of once).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub budget_warnings: Vec<BudgetWarning>,
 }
 
 /// Everything the loop needs to continue a session.
@@ -108,6 +112,13 @@ pub struct LoopState {
     /// `tokens_charged`: usage of steps cut short) `usage.tokens` counts.
     #[serde(default)]
     pub charges_seen: u64,
+    /// Soft-budget thresholds warned of so far: each warns once per session.
+    #[serde(default)]
+    pub budget_warnings_sent: Vec<(Budget, u8)>,
+    /// The wrap-up note of the warnings the last step crossed, for the next
+    /// step (delivered once).
+    #[serde(default)]
+    pub pending_budget_note: Option<String>,
 }
 
 fn first_cycle() -> u32 {
@@ -165,6 +176,7 @@ pub fn assess(
         elapsed_ms,
         new_cycle: None,
         percent_complete: percent_complete.or(state.percent_complete),
+        budget_warnings: Vec::new(),
     }
 }
 
@@ -279,6 +291,19 @@ impl LoopState {
         if let Some(cycle) = effects.new_cycle {
             self.cycle = cycle;
         }
+        self.take_budget_warnings(&effects.budget_warnings);
+    }
+
+    /// Records the warnings a step crossed as sent, and tells the next step.
+    fn take_budget_warnings(&mut self, warnings: &[BudgetWarning]) {
+        self.budget_warnings_sent
+            .extend(warnings.iter().map(|w| (w.budget, w.percent)));
+        let steps = self.usage.iterations;
+        let notes: Vec<String> = warnings
+            .iter()
+            .map(|w| soft_budget::wrap_up_note(w, steps))
+            .collect();
+        self.pending_budget_note = (!notes.is_empty()).then(|| notes.join(" "));
     }
 
     /// Folds a stored reflection into the state.
@@ -356,8 +381,11 @@ impl LoopState {
         self.pending_nudge = None;
         self.pending_end = None;
         self.usage.consecutive_errors = 0;
-        // A person has looked: overruns seen before the resume no longer count.
+        // A person has looked: overruns seen before the resume no longer
+        // count, and a wrap-up note may speak of limits since raised (the
+        // thresholds sent stay sent: each warns once per session).
         self.progress_trail.clear();
+        self.pending_budget_note = None;
     }
 
     fn sample(&self, percent_complete: f64) -> ProgressSample {
@@ -385,7 +413,7 @@ impl LoopState {
             tool_calls: self.usage.tool_calls,
             coherence: None,
             uncertainty: None,
-            budget: Budget {
+            budget: GateBudget {
                 tokens_remaining: Some(guardrails::tokens_remaining(limits, &self.usage)),
                 tool_calls_remaining: limits
                     .max_tool_calls
@@ -434,7 +462,34 @@ mod tests {
             elapsed_ms,
             new_cycle: None,
             percent_complete: None,
+            budget_warnings: Vec::new(),
         }
+    }
+
+    #[test]
+    fn a_crossed_threshold_is_recorded_once_and_told_to_the_next_step_only() {
+        let mut s = LoopState::new(10);
+        let warning = BudgetWarning {
+            budget: Budget::Iterations,
+            percent: 50,
+            used: 1.into(),
+            limit: 2.into(),
+        };
+        let crossed = StepEffects {
+            budget_warnings: vec![warning],
+            ..effects(10)
+        };
+        s.apply(1, &step(1, "a"), &crossed);
+        assert_eq!(s.budget_warnings_sent, vec![(Budget::Iterations, 50)]);
+        let note = s.pending_budget_note.clone().expect("a note");
+        assert!(note.contains("50% of the iteration budget"), "{note}");
+        s.apply(1, &step(2, "b"), &effects(20));
+        assert_eq!(s.pending_budget_note, None, "told once");
+        assert_eq!(s.budget_warnings_sent.len(), 1);
+        s.pending_budget_note = Some(note);
+        s.begin_run(2);
+        assert_eq!(s.pending_budget_note, None, "a person has looked");
+        assert_eq!(s.budget_warnings_sent.len(), 1, "sent survives a resume");
     }
 
     #[test]

@@ -5,13 +5,17 @@
 //! a person can step in before the hard limit ends the session.
 
 use rust_decimal::Decimal;
-use serde::{Deserialize, Serialize};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use utoipa::ToSchema;
+
+use super::guardrails::{Limits, Usage};
 
 /// The thresholds a session warns at unless told otherwise (percent).
 pub const DEFAULT_THRESHOLDS: [u8; 3] = [50, 80, 95];
 /// Most thresholds a session may ask for.
 pub const MAX_THRESHOLDS: usize = 10;
+/// The lowest and highest threshold (percent): 100 would be the hard limit.
+pub const PERCENTS: (u8, u8) = (1, 99);
 
 /// A budget that can warn.
 #[derive(
@@ -93,19 +97,100 @@ pub struct BudgetWarning {
 pub fn thresholds(asked: &[u8]) -> Result<Vec<u8>, String> {
     if asked.len() > MAX_THRESHOLDS {
         return Err(format!(
-            "budget_warnings: at most {MAX_THRESHOLDS} thresholds, got {}",
+            "warn_at: at most {MAX_THRESHOLDS} thresholds, got {}",
             asked.len()
         ));
     }
-    if let Some(bad) = asked.iter().find(|p| !(1..=99).contains(*p)) {
+    let (lowest, highest) = PERCENTS;
+    if let Some(bad) = asked.iter().find(|p| !(lowest..=highest).contains(*p)) {
         return Err(format!(
-            "budget_warnings: {bad} is not a percentage between 1 and 99"
+            "warn_at: {bad} is not a percentage between {lowest} and {highest}"
         ));
     }
     let mut sorted = asked.to_vec();
     sorted.sort_unstable();
     sorted.dedup();
     Ok(sorted)
+}
+
+/// The thresholds a session warns at (`limits.warn_at`), checked by
+/// [`thresholds`] when read: a set of percentages 1–99, kept as bits so the
+/// limits stay a plain copyable value. Written as a sorted JSON array.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct WarnAt(u128);
+
+impl WarnAt {
+    /// [`DEFAULT_THRESHOLDS`]: 50, 80 and 95 %.
+    pub const DEFAULT: WarnAt = WarnAt((1 << 50) | (1 << 80) | (1 << 95));
+    /// No thresholds: the session never warns.
+    pub const NONE: WarnAt = WarnAt(0);
+
+    /// Thresholds from a checked list (see [`thresholds`]).
+    pub fn new(asked: &[u8]) -> Result<WarnAt, String> {
+        let bits = thresholds(asked)?
+            .into_iter()
+            .fold(0u128, |bits, p| bits | (1u128 << p));
+        Ok(WarnAt(bits))
+    }
+
+    /// The thresholds, ascending.
+    pub fn percents(self) -> Vec<u8> {
+        (PERCENTS.0..=PERCENTS.1)
+            .filter(|p| self.0 & (1u128 << p) != 0)
+            .collect()
+    }
+}
+
+impl Default for WarnAt {
+    fn default() -> WarnAt {
+        WarnAt::DEFAULT
+    }
+}
+
+impl Serialize for WarnAt {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        self.percents().serialize(serializer)
+    }
+}
+
+impl<'de> Deserialize<'de> for WarnAt {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<WarnAt, D::Error> {
+        let asked = Vec::<u8>::deserialize(deserializer)?;
+        WarnAt::new(&asked).map_err(serde::de::Error::custom)
+    }
+}
+
+/// A warning a session has sent, as its status lists it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct SentWarning {
+    /// Which budget.
+    pub budget: Budget,
+    /// The threshold crossed (percent).
+    pub threshold: u8,
+    /// Spent when it was crossed (a decimal string).
+    #[schema(value_type = String)]
+    pub used: Decimal,
+    /// The hard limit (a decimal string).
+    #[schema(value_type = String)]
+    pub limit: Decimal,
+    /// The iteration whose commit crossed it.
+    pub iteration: u64,
+}
+
+/// The gauges of every budget `limits` puts a hard limit on, at `usage`.
+/// `cost` is the money gauge when the session counts cost (spent and
+/// `limits.max_cost_usd`); the caller passes `None` until it does.
+pub fn gauges(limits: &Limits, usage: &Usage, cost: Option<Gauge>) -> Vec<Gauge> {
+    let mut gauges = vec![
+        Gauge::whole(Budget::Tokens, usage.tokens, limits.max_tokens),
+        Gauge::whole(Budget::WallTime, usage.elapsed_ms, limits.max_wall_time_ms),
+        Gauge::whole(Budget::Iterations, usage.iterations, limits.max_iterations),
+    ];
+    if let Some(max) = limits.max_tool_calls {
+        gauges.push(Gauge::whole(Budget::ToolCalls, usage.tool_calls, max));
+    }
+    gauges.extend(cost);
+    gauges
 }
 
 /// The warnings due now: for each budget, the highest threshold its spend
@@ -208,6 +293,57 @@ mod tests {
         };
         assert!(due(&[50], &[gauge("0.149999")], &[]).is_empty());
         assert_eq!(due(&[50], &[gauge("0.15")], &[]).len(), 1);
+    }
+
+    #[test]
+    fn warn_at_reads_and_writes_a_checked_sorted_list() {
+        assert_eq!(WarnAt::default().percents(), DEFAULT_THRESHOLDS.to_vec());
+        let read: WarnAt = serde_json::from_str("[90, 10, 10]").expect("valid");
+        assert_eq!(read.percents(), vec![10, 90]);
+        assert_eq!(serde_json::to_string(&read).expect("json"), "[10,90]");
+        assert!(serde_json::from_str::<WarnAt>("[0]").is_err());
+        assert!(serde_json::from_str::<WarnAt>("[100]").is_err());
+        assert!(serde_json::from_str::<WarnAt>("[300]").is_err());
+        assert_eq!(WarnAt::new(&[]), Ok(WarnAt::NONE));
+        assert_eq!(WarnAt::NONE.percents(), Vec::<u8>::new());
+        assert_eq!(
+            WarnAt::new(&[1, 99]).expect("edges").percents(),
+            vec![1, 99]
+        );
+    }
+
+    #[test]
+    fn every_hard_limit_has_a_gauge_and_tool_calls_only_when_capped() {
+        let limits = crate::policy::guardrails::tests::roomy();
+        let usage = Usage {
+            iterations: 3,
+            elapsed_ms: 10,
+            tokens: 40,
+            consecutive_errors: 0,
+            tool_calls: 2,
+        };
+        let budgets = |g: Vec<Gauge>| g.iter().map(|g| g.budget).collect::<Vec<_>>();
+        assert_eq!(
+            budgets(gauges(&limits, &usage, None)),
+            [Budget::Tokens, Budget::WallTime, Budget::Iterations]
+        );
+        let capped = Limits {
+            max_tool_calls: Some(4),
+            ..limits
+        };
+        let cost = Gauge::whole(Budget::CostUsd, 1, 2);
+        let all = gauges(&capped, &usage, Some(cost));
+        assert_eq!(
+            budgets(all.clone()),
+            [
+                Budget::Tokens,
+                Budget::WallTime,
+                Budget::Iterations,
+                Budget::ToolCalls,
+                Budget::CostUsd
+            ]
+        );
+        assert_eq!(all[3], Gauge::whole(Budget::ToolCalls, 2, 4));
     }
 
     #[test]

@@ -607,6 +607,7 @@ mod tests {
         max_cycles: 10,
         context_budget_tokens: 32_000,
         review_every: None,
+        warn_at: crate::policy::soft_budget::WarnAt::DEFAULT,
     };
 
     async fn running_session(pool: &PgPool, mode: Mode) -> Lease {

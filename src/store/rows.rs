@@ -27,6 +27,7 @@ use crate::policy::lifecycle::{Mode, Reason, Status};
 use crate::policy::loop_state::{AppliedReflection, LoopState, StepEffects};
 use crate::policy::pricing::StepUsage;
 use crate::policy::reflection::Assessment;
+use crate::policy::soft_budget::SentWarning;
 use crate::policy::worker::WorkerTaskState;
 use crate::spec::{ExecutorBrief, StoredExecutor};
 
@@ -347,6 +348,9 @@ pub struct Session {
     pub children_count: i64,
     /// What a child of its tree does when it would pause for a person.
     pub on_child_pause: ChildPausePolicy,
+    /// The soft-budget warnings it has logged (`budget_warning` events),
+    /// oldest first.
+    pub budget_warnings: Json<Vec<SentWarning>>,
 }
 
 impl Session {

@@ -40,6 +40,10 @@ pub const DOWNS: &[(i64, &str)] = &[
         31,
         include_str!("../../migrations/down/0031_step_costs.sql"),
     ),
+    (
+        32,
+        include_str!("../../migrations/down/0032_budget_warnings.sql"),
+    ),
 ];
 
 /// The key of the advisory lock that `migrate --down-to` holds, so two
@@ -504,6 +508,7 @@ mod tests {
                 max_cycles: 10,
                 context_budget_tokens: 32_000,
                 review_every,
+                warn_at: crate::policy::soft_budget::WarnAt::DEFAULT,
             };
             for executor in &executors {
                 let spec: ExecutorSpec = serde_json::from_value(executor.clone()).unwrap();

@@ -19,6 +19,7 @@ use crate::policy::checklist::ChecklistItem;
 use crate::policy::delegation::ChildPausePolicy;
 use crate::policy::guardrails::Limits;
 use crate::policy::lifecycle::{Mode, Reason, Status};
+use crate::policy::soft_budget::SentWarning;
 use crate::policy::termination::Termination;
 use crate::spec::{ExecutorBrief, StoredExecutor};
 
@@ -64,6 +65,9 @@ macro_rules! select_session_with {
                                 AND NOT warden_session_ended(c.status)), 0)) AS "children_reserved_tokens!",
                       (SELECT count(*) FROM sessions c WHERE c.parent_id = sessions.id) AS "children_count!",
                       on_child_pause AS "on_child_pause: ChildPausePolicy",
+                      (SELECT coalesce(jsonb_agg(w.data ORDER BY w.seq), '[]') FROM events w
+                        WHERE w.session_id = sessions.id AND w.kind = 'budget_warning')
+                        AS "budget_warnings!: Json<Vec<SentWarning>>",
                       CASE WHEN status = 'queued' THEN
                           (SELECT count(*) FROM sessions q WHERE q.status = 'queued'
                               AND q.tenant = sessions.tenant

@@ -37,6 +37,7 @@ mod recovery;
 mod retention;
 mod secrets;
 mod sessions;
+mod soft_budgets;
 mod store;
 mod streams;
 mod telemetry;

@@ -476,3 +476,63 @@ async fn a_kill_after_the_commit_still_delivers_once_with_the_same_id() {
     drop(second);
     let _ = std::fs::remove_dir_all(&data_dir);
 }
+
+#[tokio::test]
+async fn a_budget_warning_reaches_the_tenant_target_within_a_second_of_its_step() {
+    let db = TestDb::new().await;
+    let app = TestApp::spawn(db.pool.clone()).await;
+    let receiver = Receiver::start(&[]).await;
+    let admin = create_key(&app.base, common::TEST_TENANT, "admin").await;
+    let admin = client_with_key(admin["secret"].as_str().unwrap());
+    let (status, set) = put(&admin, app.url("/api/notify"), json!({"url": receiver.url})).await;
+    assert_eq!(status, StatusCode::OK, "{set}");
+    let secret = set["signing_secret"].as_str().expect("secret").to_string();
+
+    // Four steps of a budget of eight: the fourth crosses 50 %.
+    let id = app
+        .create_scripted(finishing_steps(3, 50), json!({ "max_iterations": 8 }))
+        .await;
+    app.wait_settled(&id).await;
+    let warning = || {
+        receiver.got().into_iter().find(|r| {
+            serde_json::from_slice::<Value>(&r.body)
+                .is_ok_and(|b| b["type"] == "session.budget_warning")
+        })
+    };
+    eventually(
+        Duration::from_secs(5),
+        "the warning is notified",
+        || async { warning().is_some() },
+    )
+    .await;
+    let r = warning().expect("a warning");
+    assert!(verifies(&secret, &r), "the signature verifies: {r:?}");
+    let body: Value = serde_json::from_slice(&r.body).unwrap();
+    assert_eq!(body["data"]["session_id"], id.as_str());
+    let event = &body["data"]["event"];
+    assert_eq!(event["budget"], "iterations", "{body}");
+    assert_eq!(event["threshold"], 50, "{body}");
+    assert_eq!(event["iteration"], 4, "{body}");
+    // Within a second of the commit of the step that crossed it.
+    let iterations = app.iterations(&id).await;
+    let step = iterations
+        .iter()
+        .find(|i| i["number"] == 4)
+        .expect("the fourth iteration");
+    let committed =
+        chrono::DateTime::parse_from_rfc3339(step["finished_at"].as_str().unwrap()).unwrap();
+    let late = r.at.signed_duration_since(committed);
+    assert!(
+        late < chrono::Duration::seconds(1),
+        "delivered {late} after the step"
+    );
+    let warnings = receiver
+        .got()
+        .iter()
+        .filter(|r| {
+            serde_json::from_slice::<Value>(&r.body)
+                .is_ok_and(|b| b["type"] == "session.budget_warning")
+        })
+        .count();
+    assert_eq!(warnings, 1, "one threshold crossed, one warning");
+}

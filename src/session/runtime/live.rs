@@ -368,6 +368,7 @@ pub(crate) mod tests {
             children_reserved_tokens: 0,
             children_count: 0,
             on_child_pause: Default::default(),
+            budget_warnings: Json(Vec::new()),
         }
     }
 

@@ -8,7 +8,9 @@
 pub mod fake_llm;
 pub mod views;
 
-pub use views::{EventView, IterationView, ListView, SessionView, problem, view};
+pub use views::{
+    BudgetWarningView, EventView, IterationView, ListView, SessionView, problem, view,
+};
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};

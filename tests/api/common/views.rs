@@ -27,6 +27,18 @@ pub struct SessionView {
     pub last_event_seq: i64,
     /// Its place in the queue, while it waits for one.
     pub queue_position: Option<i64>,
+    /// The soft-budget warnings sent so far, oldest first.
+    pub budget_warnings: Vec<BudgetWarningView>,
+}
+
+/// A soft-budget warning as a status lists it.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct BudgetWarningView {
+    pub budget: String,
+    pub threshold: u8,
+    pub used: String,
+    pub limit: String,
+    pub iteration: u64,
 }
 
 impl SessionView {

@@ -80,6 +80,7 @@ impl<S: LoopStore> Runner<S> {
             checkpoint_interval: self.settings.limits.checkpoint_interval,
             elapsed_ms: self.elapsed_ms(),
             prices: &self.config.model_prices,
+            limits: &self.settings.limits,
         };
         // Moved into the plan, not copied. On an error the loop ends: only
         // the usage is put back, for the loop's last log line.
@@ -115,6 +116,7 @@ impl<S: LoopStore> Runner<S> {
                 if let Some(n) = row.checkpointed {
                     r.last_checkpoint_iteration = n;
                 }
+                r.budget_warnings.0.extend_from_slice(&row.budget_warnings);
             },
         });
     }

@@ -205,12 +205,14 @@ impl<S: LoopStore> Runner<S> {
     ) -> StepEnd {
         let remaining = guardrails::time_remaining_ms(&self.settings.limits, &self.current_usage());
         let nudge = self.state.pending_nudge.clone();
+        let budget_note = self.state.pending_budget_note.clone();
         let ctx = StepContext {
             session_id: self.lease.session_id,
             goal: &self.goal,
             iteration: step,
             guidance: self.guidance.as_deref(),
             nudge: nudge.as_deref(),
+            budget_note: budget_note.as_deref(),
             history: &self.state.history,
             token_allowance: allowance,
             children,

@@ -9,11 +9,12 @@ use rust_decimal::Decimal;
 use crate::event::SessionEvent;
 use crate::executor::CycleChange;
 use crate::llm::Message;
-use crate::policy::guardrails::Usage;
+use crate::policy::guardrails::{Limits, Usage};
 use crate::policy::history::{Outcome, StepRecord};
 use crate::policy::loop_state::{self, LoopState, StepEffects};
 use crate::policy::pricing::{PriceTable, StepCost, StepUsage};
 use crate::policy::sentinel::Sentinel;
+use crate::policy::soft_budget::{self, BudgetWarning, SentWarning};
 use crate::policy::stuck::StuckConfig;
 use crate::session::event_codec::{self, to_stored_text};
 use crate::store::{Counters, NewEvent, NewIteration, StoreError};
@@ -54,6 +55,8 @@ pub struct PlanContext<'a> {
     pub checkpoint_interval: u32,
     /// The session's running time at the commit, ms.
     pub elapsed_ms: u64,
+    /// The limits in force: the soft budgets warn against them.
+    pub limits: &'a Limits,
     /// The operator's price table (`WARDEN_MODEL_PRICES`).
     pub prices: &'a PriceTable,
 }
@@ -86,6 +89,8 @@ pub struct RowChange {
     pub next_cycle: Option<(i32, String)>,
     /// The iteration an interval checkpoint is saved at, when one is folded in.
     pub checkpointed: Option<i64>,
+    /// Soft-budget warnings the commit logs, as the status lists them.
+    pub budget_warnings: Vec<SentWarning>,
     /// What the step adds to the session's cost, and whether it is one
     /// more unpriced step (the row adds both in the commit's statement).
     pub cost: (Decimal, bool),
@@ -119,6 +124,7 @@ pub fn plan_commit(
         step.percent,
     );
     effects.new_cycle = step.cycle_change.as_ref().map(|c| c.cycle);
+    effects.budget_warnings = budget_warnings_due(&state, &step.record, &effects, ctx.limits);
     let mut iteration = iteration_row(&state, &step, &effects)?;
     price(&mut iteration, &step.usage, ctx.prices);
     let run = state.run;
@@ -127,6 +133,7 @@ pub fn plan_commit(
     logged.push(step.decision);
     logged.extend(step.events);
     logged.extend(step_events(&step.record, &effects, &state.usage));
+    logged.extend(warning_events(&effects.budget_warnings, &state));
     if step.sanitized > 0 {
         logged.push(SessionEvent::AgentOutputSanitized {
             step: step.record.number,
@@ -148,6 +155,7 @@ pub fn plan_commit(
         eta_seconds: loop_state::eta_seconds(effects.percent_complete, effects.elapsed_ms),
         next_cycle: iteration.next_cycle.clone(),
         checkpointed: iteration.checkpoint.is_some().then_some(iteration.number),
+        budget_warnings: sent_warnings(&effects.budget_warnings, step.record.number),
         cost: (
             iteration.cost_usd.unwrap_or(Decimal::ZERO),
             iteration.cost_usd.is_none(),
@@ -160,6 +168,56 @@ pub fn plan_commit(
         state_after: state,
         step_tokens: step.record.tokens,
     })
+}
+
+/// Soft budgets: the thresholds the step takes a budget past, at the usage
+/// it commits, that the session has not warned of yet.
+fn budget_warnings_due(
+    state: &LoopState,
+    record: &StepRecord,
+    effects: &StepEffects,
+    limits: &Limits,
+) -> Vec<BudgetWarning> {
+    let usage = loop_state::usage_after(&state.usage, record, effects.elapsed_ms);
+    // Cost warns too once the session counts it: its gauge goes here
+    // (`Budget::CostUsd`, spent against `limits.max_cost_usd`).
+    let cost = None;
+    let gauges = soft_budget::gauges(limits, &usage, cost);
+    soft_budget::due(
+        &limits.warn_at.percents(),
+        &gauges,
+        &state.budget_warnings_sent,
+    )
+}
+
+/// The `budget_warning` events of `warnings`, each with the note the next
+/// step is told (`state` is the state after the step).
+fn warning_events(warnings: &[BudgetWarning], state: &LoopState) -> Vec<SessionEvent> {
+    warnings
+        .iter()
+        .map(|w| SessionEvent::BudgetWarning {
+            budget: w.budget,
+            threshold: w.percent,
+            used: w.used,
+            limit: w.limit,
+            iteration: state.usage.iterations,
+            note: soft_budget::wrap_up_note(w, state.usage.iterations),
+        })
+        .collect()
+}
+
+/// `warnings` as the status lists them, crossed at `iteration`.
+fn sent_warnings(warnings: &[BudgetWarning], iteration: u64) -> Vec<SentWarning> {
+    warnings
+        .iter()
+        .map(|w| SentWarning {
+            budget: w.budget,
+            threshold: w.percent,
+            used: w.used,
+            limit: w.limit,
+            iteration,
+        })
+        .collect()
 }
 
 /// The iteration row for `step`, in the state's run and cycle, without a
@@ -264,6 +322,7 @@ mod tests {
     use crate::policy::history::FileWrite;
     use crate::policy::lifecycle::{Mode, Reason};
     use crate::policy::sentinel::SignalKind;
+    use crate::policy::soft_budget::{Budget, WarnAt};
 
     const STUCK: StuckConfig = StuckConfig {
         same_observation: 4,
@@ -275,6 +334,20 @@ mod tests {
         max_total_wait_ms: 1_800_000,
     };
 
+    /// Limits no test step comes near, soft budgets included.
+    const LIMITS: Limits = Limits {
+        max_iterations: 100,
+        max_wall_time_ms: 600_000,
+        max_tokens: 1_000_000,
+        max_consecutive_errors: 3,
+        reflection_interval: 100,
+        checkpoint_interval: 100,
+        max_tool_calls: None,
+        max_cycles: 10,
+        context_budget_tokens: 32_000,
+        review_every: None,
+        warn_at: WarnAt::DEFAULT,
+    };
     static PRICES: std::sync::LazyLock<PriceTable> =
         std::sync::LazyLock::new(|| PriceTable::parse("*=1/2").expect("a table"));
 
@@ -283,26 +356,15 @@ mod tests {
             stuck: &STUCK,
             checkpoint_interval,
             elapsed_ms: 5_000,
+            limits: &LIMITS,
             prices: &PRICES,
         }
     }
 
     /// The gate's decision before the state's next step, as the loop logs it.
     fn decision(state: &LoopState) -> SessionEvent {
-        let limits = Limits {
-            max_iterations: 100,
-            max_wall_time_ms: 600_000,
-            max_tokens: 1_000_000,
-            max_consecutive_errors: 3,
-            reflection_interval: 100,
-            checkpoint_interval: 100,
-            max_tool_calls: None,
-            max_cycles: 10,
-            context_budget_tokens: 32_000,
-            review_every: None,
-        };
         let deltas = state.token_deltas();
-        let inputs = state.gate_inputs(Mode::Fixed, &limits, &deltas);
+        let inputs = state.gate_inputs(Mode::Fixed, &LIMITS, &deltas);
         let evaluation = gate::evaluate(&GateConfig::default(), &inputs);
         SessionEvent::GateDecision {
             step: state.usage.iterations + 1,
@@ -484,6 +546,70 @@ mod tests {
             event(&plan, "checkpoint_saved"),
             SessionEvent::CheckpointSaved { iteration: 2, ref reason } if reason == "interval"
         ));
+    }
+
+    #[test]
+    fn each_threshold_warns_once_with_the_step_that_crosses_it_and_survives_a_replay() {
+        let limits = Limits {
+            max_iterations: 20,
+            ..LIMITS
+        };
+        let ctx = PlanContext {
+            limits: &limits,
+            ..ctx(100)
+        };
+        let mut state = LoopState::new(5);
+        let mut crossed = Vec::new();
+        for _ in 1..=20 {
+            let step = next_step(&state);
+            let plan = plan_commit(state, step, &ctx).expect("a plan");
+            for w in &plan.row.budget_warnings {
+                assert_eq!(w.budget, Budget::Iterations);
+                crossed.push((w.iteration, w.threshold));
+                match event(&plan, "budget_warning") {
+                    SessionEvent::BudgetWarning {
+                        threshold, note, ..
+                    } => {
+                        assert_eq!(threshold, w.threshold);
+                        assert!(note.contains(&format!("{threshold}% of the iteration budget")));
+                    }
+                    other => panic!("{other:?}"),
+                }
+                assert!(plan.state_after.pending_budget_note.is_some());
+            }
+            state = plan.state_after;
+        }
+        assert_eq!(crossed, [(10, 50), (16, 80), (19, 95)]);
+        // The state rebuilt from the stored effects knows what was sent.
+        assert_eq!(
+            state.budget_warnings_sent,
+            [
+                (Budget::Iterations, 50),
+                (Budget::Iterations, 80),
+                (Budget::Iterations, 95)
+            ]
+        );
+        let quiet = Limits {
+            warn_at: WarnAt::new(&[]).expect("none"),
+            ..limits
+        };
+        let state = LoopState::new(5);
+        let plan = plan_commit(
+            state.clone(),
+            next_step(&state),
+            &PlanContext {
+                limits: &Limits {
+                    max_iterations: 1,
+                    ..quiet
+                },
+                ..ctx
+            },
+        )
+        .expect("a plan");
+        assert!(
+            plan.row.budget_warnings.is_empty(),
+            "warn_at [] never warns"
+        );
     }
 
     #[test]

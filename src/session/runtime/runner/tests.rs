@@ -208,6 +208,9 @@ fn limits(max_iterations: u64, checkpoint_interval: u32) -> Limits {
         max_cycles: 10,
         context_budget_tokens: 32_000,
         review_every: None,
+        // No soft budgets: these tests count the events a step logs (the
+        // warnings are the plan's, tested there).
+        warn_at: crate::policy::soft_budget::WarnAt::NONE,
     }
 }
 

@@ -139,6 +139,10 @@ fn status_lines_say_what_an_operator_asks() {
         "pending_approvals": [{ "call_id": "4.0", "tool": "write_file", "reason": "save" }],
         "children_needing_attention": [{ "child_id": "c1", "reason": "ask_user", "goal": "sub" }],
         "next_steps": ["approve or reject 4.0"],
+        "cost_usd": "0.0125", "unpriced_steps": 1,
+        "budget_warnings": [
+            { "budget": "tokens", "threshold": 50 }, { "budget": "iterations", "threshold": 50 },
+            { "budget": "tokens", "threshold": 80 } ],
     });
     let text = status_lines(&s);
     let pausing = status_lines(&json!({ "status": "running", "pause_requested": true }));
@@ -150,7 +154,8 @@ fn status_lines_say_what_an_operator_asks() {
         "(tenant acme)",
         "status      paused/approval_required",
         "iterations  4 / 10  (40% complete)",
-        "tokens      900 / 5000",
+        "tokens      900 / 5000  ($0.0125, 1 steps unpriced)",
+        "warnings    tokens 80%, iterations 50%",
         "elapsed     2m05s  (eta 30s)",
         "executor    model (model qwen3)",
         "pending approvals:\n  - 4.0  write_file  save",

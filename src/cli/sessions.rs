@@ -282,6 +282,7 @@ pub(super) fn status_lines(s: &Value) -> String {
     lines.extend(step_of(s).map(|step| ("step", step)));
     lines.extend(waiting_of(s).map(|w| ("waiting", w)));
     lines.extend(requested_of(s).map(|r| ("requested", r)));
+    lines.extend(warnings_of(s).map(|w| ("warnings", w)));
     if !text(s, "summary").is_empty() {
         lines.push(("summary", text(s, "summary").to_string()));
     }
@@ -381,14 +382,34 @@ pub(super) fn step_of(s: &Value) -> Option<String> {
 fn waiting_of(s: &Value) -> Option<String> {
     if let Some(w) = s.get("waiting_for_worker").filter(|v| v.is_object()) {
         return Some(format!(
-            "for a worker of tenant {} on queue {} since {}",
-            text(s, "tenant"),
-            text(w, "queue"),
-            text(w, "since")
+            "since {}: {}",
+            text(w, "since"),
+            text(w, "message")
         ));
     }
     let position = s.get("queue_position").and_then(Value::as_i64)?;
     Some(format!("to start: {position} in its tenant's queue"))
+}
+
+/// The soft-budget warnings sent so far, each budget at the highest
+/// threshold it crossed: `tokens 80%, iterations 50%`.
+fn warnings_of(s: &Value) -> Option<String> {
+    let mut highest: Vec<(String, u64)> = Vec::new();
+    for w in s.get("budget_warnings")?.as_array()? {
+        let budget = text(w, "budget").replace('_', " ");
+        let threshold = w.get("threshold").and_then(Value::as_u64).unwrap_or(0);
+        match highest.iter_mut().find(|(b, _)| *b == budget) {
+            Some(entry) => entry.1 = entry.1.max(threshold),
+            None => highest.push((budget, threshold)),
+        }
+    }
+    (!highest.is_empty()).then(|| {
+        highest
+            .iter()
+            .map(|(budget, threshold)| format!("{budget} {threshold}%"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    })
 }
 
 /// A stop or pause asked for that has not landed yet.

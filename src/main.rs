@@ -42,14 +42,21 @@ fn main() -> ExitCode {
     purge_freed_pages_promptly();
     // The command line first: a command other than serving keeps its
     // environment (it reads DATABASE_URL and the secret key itself).
-    let command = match cli::parse() {
-        Ok(command) => command,
+    let (command, service_vars) = match cli::parse() {
+        Ok(cli::Invocation::Run(command)) => (Some(command), None),
+        // The service reads its environment and takes its secrets out of it
+        // here, before the runtime starts: `remove_var` is sound only while
+        // no other thread reads or writes the environment, and from here on
+        // many do. `--listen` wins over WARDEN_LISTEN_ADDR.
+        Ok(cli::Invocation::Serve { listen }) => {
+            let mut vars = hardening::take_service_env();
+            if let Some(addr) = listen {
+                vars.insert(settings::WARDEN_LISTEN_ADDR.name.to_string(), addr);
+            }
+            (None, Some(vars))
+        }
         Err(code) => return code,
     };
-    // The service reads its environment and takes its secrets out of it
-    // here, before the runtime starts: `remove_var` is sound only while no
-    // other thread reads or writes the environment, and from here on many do.
-    let service_vars = command.is_none().then(hardening::take_service_env);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

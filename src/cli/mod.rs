@@ -25,13 +25,29 @@ mod watch;
 ///
 /// With no command, starts the service: reads its settings from the
 /// environment (`warden config` shows them), serves the API on
-/// WARDEN_LISTEN_ADDR and runs sessions until SIGINT or SIGTERM.
+/// WARDEN_LISTEN_ADDR (or --listen) and runs sessions until SIGINT or
+/// SIGTERM.
 #[derive(Debug, Parser)]
-#[command(name = "warden", version)]
+#[command(name = "warden", version, args_conflicts_with_subcommands = true)]
 pub struct Cli {
+    /// Serve on this address (host:port) instead of WARDEN_LISTEN_ADDR's
+    #[arg(long, value_name = "ADDR")]
+    pub listen: Option<String>,
     /// What to do instead of serving.
     #[command(subcommand)]
     pub command: Option<Command>,
+}
+
+/// What this process was asked to do.
+#[derive(Debug)]
+pub enum Invocation {
+    /// Serve, on `listen` when given.
+    Serve {
+        /// `--listen`.
+        listen: Option<String>,
+    },
+    /// Run a command.
+    Run(Command),
 }
 
 /// The commands beside serving.
@@ -86,21 +102,27 @@ pub enum Command {
     },
 }
 
-/// The command line of this process: `Ok(None)` serves, `Ok(Some)` runs a
-/// command, `Err` is the exit code once clap has printed the help, the
-/// version, or an error naming the flag.
-pub fn parse() -> Result<Option<Command>, ExitCode> {
+/// The command line of this process; `Err` is the exit code once clap has
+/// printed the help, the version, or an error naming the flag.
+pub fn parse() -> Result<Invocation, ExitCode> {
     parse_from(std::env::args_os())
 }
 
 /// [`parse`] of the given words (the first is the program's name).
-fn parse_from<I, T>(args: I) -> Result<Option<Command>, ExitCode>
+fn parse_from<I, T>(args: I) -> Result<Invocation, ExitCode>
 where
     I: IntoIterator<Item = T>,
     T: Into<std::ffi::OsString> + Clone,
 {
     match Cli::try_parse_from(args) {
-        Ok(cli) => Ok(cli.command),
+        Ok(Cli {
+            command: Some(command),
+            ..
+        }) => Ok(Invocation::Run(command)),
+        Ok(Cli {
+            command: None,
+            listen,
+        }) => Ok(Invocation::Serve { listen }),
         Err(err) => {
             // Help and the version go to stdout with 0, errors to stderr with 2.
             let _ = err.print();

@@ -343,3 +343,17 @@ fn the_readme_command_lines_parse() {
         }
     }
 }
+
+#[test]
+fn listen_is_a_flag_of_serving_only() {
+    let cli = Cli::try_parse_from(["warden", "--listen", "0.0.0.0:9000"]).expect("parses");
+    assert_eq!(cli.listen.as_deref(), Some("0.0.0.0:9000"));
+    assert!(cli.command.is_none());
+    let err = Cli::try_parse_from(["warden", "--listen", "0.0.0.0:9000", "openapi"])
+        .expect_err("a command does not serve");
+    assert_eq!(
+        err.kind(),
+        clap::error::ErrorKind::ArgumentConflict,
+        "{err}"
+    );
+}

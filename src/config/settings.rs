@@ -261,7 +261,7 @@ settings! {
     WARDEN_DB_ACQUIRE_TIMEOUT_MS (Store) = "2000" =>
         "how long an API request waits for a pooled connection before answering 503";
     WARDEN_LISTEN_ADDR (Http) = "127.0.0.1:8080" =>
-        "listen address (beyond loopback only with auth, see Security)";
+        "listen address, unless `warden --listen ADDR` names another (beyond loopback only with auth, see Security)";
     WARDEN_LOG_FORMAT (Log) = "text" =>
         "`text` or `json` (one object per line); the level is `RUST_LOG`'s";
     WARDEN_ADMIN_TOKEN (Auth, secret) = unset =>

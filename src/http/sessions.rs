@@ -402,6 +402,13 @@ async fn show_database_parts(
             .await?
             .map(super::views::WaitingForWorker::of);
     }
+    if doc.status == crate::policy::lifecycle::Status::Queued {
+        doc.waiting_for_replica = state
+            .service
+            .waiting_for_replica(doc.id, scope)
+            .await?
+            .map(|capabilities| super::views::WaitingForReplica { capabilities });
+    }
     show_pending_approvals(state, doc, scope).await?;
     if has_children {
         show_children(state, doc, scope).await?;

@@ -174,6 +174,15 @@ impl WaitingForWorker {
     }
 }
 
+/// What a queued session waits for when no live replica can run it.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct WaitingForReplica {
+    /// The capabilities it needs of the replica that runs it (`delegate`,
+    /// `review_every`, `approvals`, `mcp_tools`): no live replica has them
+    /// all, so it stays `queued` until one that does starts.
+    pub capabilities: Vec<String>,
+}
+
 /// Iterations committed in one minute.
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct VelocityPoint {
@@ -357,6 +366,11 @@ pub struct SessionView {
     /// on `GET /{id}` only); after the executor's `worker_wait_timeout_ms`
     /// the session pauses with reason `no_worker`.
     pub waiting_for_worker: Option<WaitingForWorker>,
+    /// While `queued` (on `GET /{id}` only): the capabilities it needs that
+    /// no live replica has all of, in a fleet of mixed versions or with
+    /// `WARDEN_CAPABILITIES_OFF`; it waits, it does not fail. Null when a
+    /// live replica covers it (or it needs nothing).
+    pub waiting_for_replica: Option<WaitingForReplica>,
     /// The calls that wait for a person's approval (reason
     /// `approval_required`; on `GET /{id}` and decisions only): the tool,
     /// its arguments and the agent's reason, and the `call_id` to decide on.
@@ -547,6 +561,7 @@ impl From<Session> for SessionView {
             committed_at: None,
             stop_lands_by: None,
             waiting_for_worker: None,
+            waiting_for_replica: None,
             pending_approvals: Vec::new(),
             parent_id: s.parent_id,
             depth: s.lineage.len(),

@@ -123,6 +123,30 @@ impl Store {
         .await?)
     }
 
+    /// The needs of session `id`, if `scope` reaches it, when it needs
+    /// something and no live replica (heartbeat within `live_within`) has
+    /// all of it: what it waits for while queued. `None` otherwise.
+    pub async fn uncovered_needs(
+        &self,
+        id: Uuid,
+        scope: &TenantScope,
+        live_within: std::time::Duration,
+    ) -> Result<Option<Vec<String>>> {
+        Ok(sqlx::query_scalar!(
+            r#"SELECT s.needs FROM sessions s
+               WHERE s.id = $1 AND ($2::text IS NULL OR s.tenant = $2)
+                 AND cardinality(s.needs) > 0
+                 AND NOT EXISTS (SELECT 1 FROM replicas r
+                                 WHERE r.heartbeat_at > now() - make_interval(secs => $3)
+                                   AND r.capabilities @> s.needs)"#,
+            id,
+            scope.tenant(),
+            live_within.as_secs_f64(),
+        )
+        .fetch_optional(&self.pool)
+        .await?)
+    }
+
     /// Removes this replica from the fleet (it drains): peers stop counting
     /// it when they share out the sessions it releases.
     pub async fn leave_fleet(&self, replica: Uuid) -> Result<()> {
@@ -160,6 +184,29 @@ impl Store {
         let mut conn = self.pool.acquire().await?;
         owner_liveness_on(&mut conn, id, scope).await
     }
+}
+
+/// Whether a live replica (heartbeat within `live_within`) has every
+/// capability of `needs`: `replica` itself when given (the one that runs
+/// the session), else any. Read on `conn` (under the caller's row lock: the
+/// embedded store's pool has one connection).
+pub async fn replica_covers_on(
+    conn: &mut PgConnection,
+    replica: Option<Uuid>,
+    needs: &[String],
+    live_within: std::time::Duration,
+) -> Result<bool> {
+    Ok(sqlx::query_scalar!(
+        r#"SELECT EXISTS (SELECT 1 FROM replicas
+             WHERE ($1::uuid IS NULL OR id = $1)
+               AND heartbeat_at > now() - make_interval(secs => $3)
+               AND capabilities @> $2) AS "covered!""#,
+        replica,
+        needs,
+        live_within.as_secs_f64(),
+    )
+    .fetch_one(conn)
+    .await?)
 }
 
 /// What the database says of the owner of `id`, read on `conn` (under the

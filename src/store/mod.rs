@@ -66,7 +66,7 @@ pub use control_channel::{
     BadControlNote, CONTROL_CHANNEL, ControlAction, ControlNote, KEYS_CHANNEL,
 };
 pub use event_log::append as append_events;
-pub use fleet::{FleetCounts, OwnerLiveness, owner_liveness_on};
+pub use fleet::{FleetCounts, OwnerLiveness, owner_liveness_on, replica_covers_on};
 pub use keys::{KeyRecord, NewKey};
 pub use leases::storable_text;
 pub use notify::{DueNotification, NotificationRow, NotifyTarget, Settled, StoredNotifySecret};

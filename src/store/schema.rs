@@ -25,6 +25,26 @@ pub static MIGRATOR: Migrator = sqlx::migrate!("./migrations");
 /// cannot be reversed (`warden migrate --down-to` says so).
 pub const DOWNS: &[(i64, &str)] = &[
     (
+        21,
+        include_str!("../../migrations/down/0021_worker_runs.sql"),
+    ),
+    (
+        22,
+        include_str!("../../migrations/down/0022_tree_attention_and_reservations.sql"),
+    ),
+    (
+        23,
+        include_str!("../../migrations/down/0023_saturating_counts.sql"),
+    ),
+    (
+        25,
+        include_str!("../../migrations/down/0025_model_call_buckets.sql"),
+    ),
+    (
+        26,
+        include_str!("../../migrations/down/0026_usage_charges.sql"),
+    ),
+    (
         27,
         include_str!("../../migrations/down/0027_replica_capabilities.sql"),
     ),
@@ -371,20 +391,27 @@ mod tests {
         let before = shape(&db.pool).await;
         assert_eq!(needs_of(&db.pool, id).await, ["review_every"]);
 
-        let reversed = store.migrate_down_to(26).await.unwrap();
-        let above_26: Vec<i64> = known_versions().into_iter().filter(|v| *v > 26).collect();
-        let newest_first: Vec<i64> = above_26.iter().rev().copied().collect();
+        // Down to the previous release's schema (9276987: 0020).
+        let reversed = store.migrate_down_to(20).await.unwrap();
+        let above_20: Vec<i64> = known_versions().into_iter().filter(|v| *v > 20).collect();
+        let newest_first: Vec<i64> = above_20.iter().rev().copied().collect();
         assert_eq!(
             reversed.iter().map(|m| m.version).collect::<Vec<_>>(),
             newest_first
         );
         assert_eq!(
             store.schema_status().await.unwrap(),
-            SchemaStatus::Behind(above_26)
+            SchemaStatus::Behind(above_20)
         );
         let down = shape(&db.pool).await;
         assert!(!down.iter().any(|c| c.starts_with("sessions.needs ")));
         assert!(!down.iter().any(|c| c.contains("capabilities")));
+        assert!(
+            !down
+                .iter()
+                .any(|c| c.starts_with("sessions.tokens_charged "))
+        );
+        assert!(!down.iter().any(|c| c.starts_with("model_call_buckets.")));
 
         store.migrate().await.unwrap();
         assert_eq!(shape(&db.pool).await, before);
@@ -404,10 +431,10 @@ mod tests {
         let db = crate::store::testing::TestDb::new().await;
         let store = Store::from_pool(db.pool.clone());
         let before = shape(&db.pool).await;
-        let err = store.migrate_down_to(25).await.unwrap_err();
+        let err = store.migrate_down_to(19).await.unwrap_err();
         let text = err.to_string();
         assert!(
-            text.contains("0026 usage charges cannot be reversed"),
+            text.contains("0020 child sessions cannot be reversed"),
             "{text}"
         );
         assert_eq!(shape(&db.pool).await, before);

@@ -125,6 +125,160 @@ async fn a_session_waits_for_a_replica_that_covers_its_needs() {
     assert!(owner.is_none() || owner == Some(full_id), "{s}");
 }
 
+/// The needs recorded for session `id`.
+async fn needs_of(pool: &sqlx::PgPool, id: &str) -> Vec<String> {
+    sqlx::query_scalar("SELECT needs FROM sessions WHERE id = $1::uuid")
+        .bind(id)
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+/// A queued session that needs what no live replica has says so in its
+/// status (`waiting_for_replica`), and stays queued rather than failing;
+/// once a replica that covers it starts, it runs and the reason goes.
+#[tokio::test]
+#[ignore = "needs a Postgres server: two replicas on one database"]
+async fn a_queued_session_says_which_capabilities_it_waits_for() {
+    common::require_server_postgres("two replicas on one database");
+    let db = common::TestDb::new().await;
+    let timing = [
+        ("WARDEN_LEASE_TTL_MS", "10000"),
+        ("WARDEN_HEARTBEAT_INTERVAL_MS", "500"),
+    ];
+    let lacking = TestApp::spawn_with(
+        db.pool.clone(),
+        config_with(&[
+            timing[0],
+            timing[1],
+            ("WARDEN_CAPABILITIES_OFF", "review_every"),
+        ]),
+    )
+    .await;
+    // A replica that has every capability but never claims (a row only):
+    // the create is queued for it, then it goes silent.
+    let ghost = uuid::Uuid::new_v4();
+    sqlx::query(
+        "INSERT INTO replicas (id, capabilities)
+         VALUES ($1, ARRAY['delegate', 'review_every', 'approvals', 'mcp_tools'])",
+    )
+    .bind(ghost)
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let created = lacking.create(reviewed(30)).await;
+    assert_eq!(created["status"], "queued", "{created}");
+    let id = created["id"].as_str().expect("id").to_string();
+    let (_, doc) = lacking.get(&format!("/api/autonomous/{id}")).await;
+    assert_eq!(doc["waiting_for_replica"], Value::Null, "{doc}");
+
+    sqlx::query("UPDATE replicas SET heartbeat_at = now() - interval '1 hour' WHERE id = $1")
+        .bind(ghost)
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let (_, doc) = lacking.get(&format!("/api/autonomous/{id}")).await;
+    assert_eq!(doc["status"], "queued", "{doc}");
+    assert_eq!(
+        doc["waiting_for_replica"],
+        json!({ "capabilities": ["review_every"] }),
+        "{doc}"
+    );
+    // It waits; it does not fail, and the lacking replica never ran it.
+    assert_eq!(doc["iterations"], 0, "{doc}");
+    assert_eq!(doc["owner"], Value::Null, "{doc}");
+
+    let full = TestApp::spawn_with(db.pool.clone(), config_with(&timing)).await;
+    let s = full
+        .wait_until(&id, Duration::from_secs(20), |s| {
+            s["status"] == "paused" && s["reason"] == "review_required"
+        })
+        .await;
+    assert_eq!(s["iterations"], 10, "{s}");
+    assert_eq!(s["waiting_for_replica"], Value::Null, "{s}");
+}
+
+/// A change that adds a need (`limits.review_every` on a session without
+/// it) is refused with 409 while no replica covers it, with nothing
+/// written; where one does, it is accepted and the need is recorded, so
+/// only a replica that has it ever takes the session again.
+#[tokio::test]
+async fn an_update_that_adds_a_need_no_replica_covers_is_refused() {
+    // Leases long enough that a loaded machine's late heartbeat does not
+    // make the replica look gone.
+    let timing = [
+        ("WARDEN_LEASE_TTL_MS", "10000"),
+        ("WARDEN_HEARTBEAT_INTERVAL_MS", "500"),
+    ];
+    let db = common::TestDb::new().await;
+    let app = TestApp::spawn_with(
+        db.pool.clone(),
+        config_with(&[
+            timing[0],
+            timing[1],
+            ("WARDEN_CAPABILITIES_OFF", "review_every"),
+        ]),
+    )
+    .await;
+    let id = app
+        .create_scripted(distinct_steps(200, 1, 50), json!({ "max_iterations": 200 }))
+        .await;
+    let (status, doc) = app
+        .patch(
+            &format!("/api/autonomous/{id}"),
+            json!({ "limits": { "review_every": 5 } }),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CONFLICT, "{doc}");
+    assert_eq!(doc["code"], "capability_unavailable", "{doc}");
+    assert!(
+        doc["detail"]
+            .as_str()
+            .unwrap_or("")
+            .contains("review_every"),
+        "{doc}"
+    );
+    let (_, s) = app.get(&format!("/api/autonomous/{id}")).await;
+    assert_eq!(s["limits"]["review_every"], 0, "{s}");
+    assert!(needs_of(&db.pool, &id).await.is_empty());
+    assert!(
+        !app.events(&id)
+            .await
+            .iter()
+            .any(|e| e["kind"] == "limits_changed"),
+        "nothing was written"
+    );
+    // A change that adds no need still goes through.
+    let (status, doc) = app
+        .patch(
+            &format!("/api/autonomous/{id}"),
+            json!({ "limits": { "max_iterations": 150 } }),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{doc}");
+    drop(app);
+
+    let db = common::TestDb::new().await;
+    let app = TestApp::spawn_with(db.pool.clone(), config_with(&timing)).await;
+    let id = app
+        .create_scripted(distinct_steps(200, 1, 50), json!({ "max_iterations": 200 }))
+        .await;
+    let (status, doc) = app
+        .patch(
+            &format!("/api/autonomous/{id}"),
+            json!({ "limits": { "review_every": 5 } }),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{doc}");
+    assert_eq!(needs_of(&db.pool, &id).await, ["review_every"]);
+    let s = app
+        .wait_until(&id, Duration::from_secs(30), |s| {
+            s["status"] == "paused" && s["reason"] == "review_required"
+        })
+        .await;
+    assert_eq!(s["reason"], "review_required", "{s}");
+}
+
 /// `WARDEN_MIGRATE=off` on a schema behind the binary: the service refuses
 /// to start, naming the command; `warden migrate --dry-run` lists what it
 /// would apply, `warden migrate` applies it, and then the service starts.

@@ -3,13 +3,18 @@
 //! waits in the queue for a live replica that has it, or is refused when no
 //! replica has it.
 
+use std::collections::BTreeSet;
+
+use uuid::Uuid;
+
 use super::SessionService;
-use crate::policy::capabilities::{self, Placement};
+use crate::policy::capabilities::{self, Capability, Placement};
 use crate::policy::guardrails::Limits;
 use crate::policy::lifecycle::{self, Status};
 use crate::session::error::{Result, ServiceError};
 use crate::session::runtime::Slot;
 use crate::spec::ExecutorSpec;
+use crate::store::{self, TenantScope};
 
 impl SessionService {
     /// Where a session that uses `limits` and `executor` may run, by the
@@ -55,6 +60,53 @@ impl SessionService {
         match self.placement(limits, executor).await? {
             Placement::Here => self.admit(conn, tenant).await,
             _ => Ok((None, lifecycle::admission(false, false))),
+        }
+    }
+
+    /// What a queued session waits for when no live replica covers its
+    /// needs: those needs (`None` when it needs nothing, or a live replica
+    /// has it all and will claim it).
+    pub async fn waiting_for_replica(
+        &self,
+        id: Uuid,
+        scope: &TenantScope,
+    ) -> Result<Option<Vec<String>>> {
+        Ok(self
+            .store
+            .uncovered_needs(id, scope, self.config.lease.ttl)
+            .await?)
+    }
+
+    /// Refuses a change that gives a session needs it did not have (`added`
+    /// of `needs`) unless a replica covers them all: the live one that runs
+    /// it (`owner`, while it runs), else any live one. Read on `conn`, under
+    /// the caller's lock on the session, before anything is written.
+    pub(super) async fn check_added_needs(
+        &self,
+        conn: &mut sqlx::PgConnection,
+        owner: Option<Uuid>,
+        needs: &BTreeSet<Capability>,
+        added: &BTreeSet<Capability>,
+    ) -> Result<()> {
+        if added.is_empty() {
+            return Ok(());
+        }
+        // This replica knows what it has without asking (its heartbeat may
+        // be late under load).
+        let here = owner == Some(self.supervisor.replica_id());
+        if here && self.config.capabilities.missing(needs).is_empty() {
+            return Ok(());
+        }
+        let names = |set: &BTreeSet<Capability>| -> Vec<String> {
+            set.iter().map(|c| c.as_str().to_string()).collect()
+        };
+        let ttl = self.config.lease.ttl;
+        if store::replica_covers_on(conn, owner, &names(needs), ttl).await? {
+            Ok(())
+        } else {
+            Err(ServiceError::CapabilityUnavailable {
+                needs: names(added),
+            })
         }
     }
 }

@@ -46,6 +46,14 @@ impl SessionService {
             &session.limits.0,
             &settings.limits,
         )?;
+        let executor = session.executor.as_ref().map(|e| &e.0.spec);
+        let before = crate::spec::needs(&session.limits.0, executor);
+        let after = crate::spec::needs(&settings.limits, executor);
+        let added = after.difference(&before).copied().collect();
+        // A running session keeps its replica: that one must cover a new need.
+        let owner = session.owner.filter(|_| session.status == Status::Running);
+        self.check_added_needs(&mut tx, owner, &after, &added)
+            .await?;
         let mut events = Vec::new();
         if settings.mode != session.mode {
             events.push(SessionEvent::ModeChanged {

@@ -23,7 +23,7 @@ use crate::policy::excerpt;
 use crate::policy::history::{FileWrite, Outcome};
 use crate::policy::pricing::StepUsage;
 use crate::policy::sentinel::{Sentinel, SignalKind};
-use crate::store::{Task, TaskWrite};
+use crate::store::{AgentTask, AgentTaskWrite};
 use crate::telemetry;
 use tracing::Instrument;
 
@@ -305,7 +305,7 @@ const SUMMARY_PROMPT: &str = "Summarise this context cycle of an autonomous agen
 self, who will not see the conversation: what was done, what was learned, which files hold \
 results, what failed, and what to do next. Be concrete and brief (at most 300 words).";
 
-fn format_tasks(tasks: &[Task]) -> String {
+fn format_tasks(tasks: &[AgentTask]) -> String {
     if tasks.is_empty() {
         return "(empty)".into();
     }
@@ -545,7 +545,7 @@ impl LlmExecutor {
 
     /// Writes the task queue (`task_queue_write`) and shows it as written.
     async fn write_tasks(&self, args: &Value) -> ToolOutcome {
-        let writes: Result<Vec<TaskWrite>, _> =
+        let writes: Result<Vec<AgentTaskWrite>, _> =
             serde_json::from_value(args.get("tasks").cloned().unwrap_or(Value::Null));
         match writes {
             Ok(writes) => match self.tasks.write(&writes).await {

@@ -36,7 +36,7 @@ use crate::policy::delegation::{ChildReport, ChildRequest};
 use crate::policy::history::{FileWrite, Outcome, StepRecord};
 use crate::policy::pricing::StepUsage;
 use crate::policy::sentinel::Sentinel;
-use crate::store::{Task, TaskWrite};
+use crate::store::{AgentTask, AgentTaskWrite};
 
 /// What an executor is told about the step it is asked to do.
 #[derive(Debug, Clone, Copy)]
@@ -347,9 +347,12 @@ pub trait ChildDesk: Send + Sync {
 /// The agent's persistent task queue.
 pub trait TaskQueue: Send + Sync {
     /// The queue, highest priority first.
-    fn read(&self) -> BoxFuture<'_, Result<Vec<Task>, String>>;
+    fn read(&self) -> BoxFuture<'_, Result<Vec<AgentTask>, String>>;
     /// Applies changes; `Err` carries a message for the agent.
-    fn write<'a>(&'a self, writes: &'a [TaskWrite]) -> BoxFuture<'a, Result<Vec<Task>, String>>;
+    fn write<'a>(
+        &'a self,
+        writes: &'a [AgentTaskWrite],
+    ) -> BoxFuture<'a, Result<Vec<AgentTask>, String>>;
 }
 
 /// The query of a client-chosen URL (`?…`): often a credential (`?key=…`,

@@ -1038,7 +1038,7 @@ pub struct RefinementList {
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct TaskList {
     /// Tasks, highest priority first.
-    pub items: Vec<crate::session::Task>,
+    pub items: Vec<crate::session::AgentTask>,
 }
 
 /// How sessions turned out, from the stored data.

@@ -74,10 +74,11 @@ pub use past_runs::{MAX_HISTORY, PastRun};
 pub use queue::queue_waiting;
 pub use rebuild::rebuild_inputs_on;
 pub use rows::{
-    Attempt, CheckpointRecord, Claimed, ControlFlags, Counters, EventRecord, IterationRecord,
-    JsonText, Lease, NewEvent, NewIteration, NewReflection, NewSession, Outcomes, RebuildInputs,
-    RefinementRecord, ReflectionRecord, ReflectionSummary, Renewed, Session, SessionCursor,
-    SessionFilter, SessionOrder, SessionSettings, SessionSortKey, TASK_STATUSES, Task, TaskWrite,
+    AgentTask, AgentTaskWrite, Attempt, CheckpointRecord, Claimed, ControlFlags, Counters,
+    EventRecord, IterationRecord, JsonText, Lease, NewEvent, NewIteration, NewReflection,
+    NewSession, Outcomes, RebuildInputs, RefinementRecord, ReflectionRecord, ReflectionSummary,
+    Renewed, Session, SessionCursor, SessionFilter, SessionOrder, SessionSettings, SessionSortKey,
+    TASK_STATUSES,
 };
 pub use scope::TenantScope;
 pub use secrets::{PlaintextKey, StoredSecret, insert_secret};

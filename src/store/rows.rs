@@ -738,9 +738,9 @@ pub struct ReflectionRecord {
     pub created_at: DateTime<Utc>,
 }
 
-/// One task.
+/// One task of the agent's own task queue (not a worker task).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, sqlx::FromRow, ToSchema)]
-pub struct Task {
+pub struct AgentTask {
     /// Id within the session, from 1.
     pub id: i32,
     /// What to do.
@@ -757,8 +757,8 @@ pub struct Task {
 
 /// A change to the queue: a new task (no id) or an update of given fields.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
-pub struct TaskWrite {
-    /// Task to update; absent for a new task.
+pub struct AgentTaskWrite {
+    /// The task to update; absent for a new task.
     #[serde(default)]
     pub id: Option<i32>,
     /// Title (required for a new task).

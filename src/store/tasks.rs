@@ -3,14 +3,14 @@
 
 use uuid::Uuid;
 
-use super::rows::{Lease, TASK_STATUSES, Task, TaskWrite};
+use super::rows::{AgentTask, AgentTaskWrite, Lease, TASK_STATUSES};
 use super::{Result, Store, StoreError, TenantScope};
 
 impl Store {
     /// The task queue of a session, highest priority first.
-    pub async fn tasks(&self, session_id: Uuid, scope: &TenantScope) -> Result<Vec<Task>> {
+    pub async fn tasks(&self, session_id: Uuid, scope: &TenantScope) -> Result<Vec<AgentTask>> {
         Ok(sqlx::query_as!(
-            Task,
+            AgentTask,
             "SELECT id, title, status, notes, priority, updated_at FROM tasks
              WHERE session_id = $1
                AND EXISTS (SELECT 1 FROM sessions s WHERE s.id = $1 AND ($2::text IS NULL OR s.tenant = $2))
@@ -27,8 +27,8 @@ impl Store {
     pub async fn write_tasks(
         &self,
         lease: &Lease,
-        writes: &[TaskWrite],
-    ) -> Result<std::result::Result<Vec<Task>, String>> {
+        writes: &[AgentTaskWrite],
+    ) -> Result<std::result::Result<Vec<AgentTask>, String>> {
         let mut tx = self.pool.begin().await?;
         let held: Option<i32> = sqlx::query_scalar!(
             r#"SELECT 1 AS "held!" FROM sessions WHERE id = $1 AND lease_token = $2 FOR UPDATE"#,

@@ -12,8 +12,8 @@ use crate::event::SessionEvent;
 use crate::session::error::Result;
 use crate::session::event_codec;
 use crate::store::{
-    ApprovalCursor, ApprovalRow, CheckpointRecord, EventRecord, IterationRecord, Outcomes,
-    RefinementRecord, ReflectionRecord, Session, Store, Task, TenantScope, TreeRow,
+    AgentTask, ApprovalCursor, ApprovalRow, CheckpointRecord, EventRecord, IterationRecord,
+    Outcomes, RefinementRecord, ReflectionRecord, Session, Store, TenantScope, TreeRow,
     WaitingWorkerTask,
 };
 
@@ -146,7 +146,7 @@ impl SessionReads {
     }
 
     /// The agent's task queue.
-    pub async fn tasks(&self, id: Uuid, scope: &TenantScope) -> Result<Vec<Task>> {
+    pub async fn tasks(&self, id: Uuid, scope: &TenantScope) -> Result<Vec<AgentTask>> {
         Ok(self.store.tasks(id, scope).await?)
     }
 

@@ -11,7 +11,7 @@ use crate::executor::{
     ApprovalAsk, ApprovalDesk, ChildDesk, ChildTicket, DecidedCall, TaskQueue, ToolJournal,
 };
 use crate::policy::delegation::{ChildRequest, TreeLimits};
-use crate::store::{DelegateError, Lease, NewApproval, Store, Task, TaskWrite};
+use crate::store::{AgentTask, AgentTaskWrite, DelegateError, Lease, NewApproval, Store};
 
 /// Journals the tool calls of the session `lease` is for.
 pub struct StoreJournal {
@@ -199,7 +199,7 @@ impl StoreTaskQueue {
 }
 
 impl TaskQueue for StoreTaskQueue {
-    fn read(&self) -> BoxFuture<'_, Result<Vec<Task>, String>> {
+    fn read(&self) -> BoxFuture<'_, Result<Vec<AgentTask>, String>> {
         async move {
             self.store
                 // Read under the lease: this replica runs the session.
@@ -210,7 +210,10 @@ impl TaskQueue for StoreTaskQueue {
         .boxed()
     }
 
-    fn write<'a>(&'a self, writes: &'a [TaskWrite]) -> BoxFuture<'a, Result<Vec<Task>, String>> {
+    fn write<'a>(
+        &'a self,
+        writes: &'a [AgentTaskWrite],
+    ) -> BoxFuture<'a, Result<Vec<AgentTask>, String>> {
         async move {
             // The model's text, made storable like every agent output.
             let mut writes = writes.to_vec();

@@ -146,6 +146,12 @@ fn status_lines_say_what_an_operator_asks() {
     });
     let text = status_lines(&s);
     let pausing = status_lines(&json!({ "status": "running", "pause_requested": true }));
+    let queued = status_lines(&json!({ "status": "queued", "queue_position": 1,
+        "waiting_for_replica": { "capabilities": ["review_every", "delegate"] } }));
+    assert!(
+        queued.contains("waiting     for a replica with review_every, delegate"),
+        "{queued}"
+    );
     assert!(
         pausing.contains("requested   pause (after the step in flight)"),
         "{pausing}"

@@ -387,6 +387,13 @@ fn waiting_of(s: &Value) -> Option<String> {
             text(w, "message")
         ));
     }
+    if let Some(needs) = s
+        .pointer("/waiting_for_replica/capabilities")
+        .and_then(Value::as_array)
+    {
+        let needs: Vec<&str> = needs.iter().filter_map(Value::as_str).collect();
+        return Some(format!("for a replica with {}", needs.join(", ")));
+    }
     let position = s.get("queue_position").and_then(Value::as_i64)?;
     Some(format!("to start: {position} in its tenant's queue"))
 }

@@ -555,4 +555,85 @@ mod tests {
             }
         }
     }
+
+    /// A type's name as the previous release's `.sqlx` data spells it
+    /// (`Int8Array`) and as Postgres does (`INT8[]`), made comparable.
+    fn type_key(name: &str) -> String {
+        name.replace("[]", "array").to_ascii_lowercase()
+    }
+
+    /// Expand, then contract: every store query of the previous release
+    /// (`tests/fixtures/queries-9276987.json`, taken from its `.sqlx`)
+    /// still prepares against this tree's migrated schema, with the same
+    /// parameter types and the same result columns and types it decodes, so
+    /// an old replica keeps working beside a new one.
+    #[tokio::test]
+    async fn the_previous_releases_queries_prepare_against_this_schema() {
+        use sqlx::Executor;
+        use sqlx::TypeInfo;
+        #[derive(serde::Deserialize)]
+        struct Fixture {
+            queries: Vec<Query>,
+        }
+        #[derive(serde::Deserialize)]
+        struct Query {
+            query: String,
+            columns: Vec<(String, serde_json::Value)>,
+            parameters: serde_json::Value,
+        }
+        let fixture: Fixture =
+            serde_json::from_str(include_str!("../../tests/fixtures/queries-9276987.json"))
+                .unwrap();
+        assert!(fixture.queries.len() > 100, "{}", fixture.queries.len());
+        let db = crate::store::testing::TestDb::new().await;
+        let mut broken = Vec::new();
+        for q in &fixture.queries {
+            // The fixture is this repository's own SQL, prepared, never run.
+            let sql = sqlx::SqlSafeStr::into_sql_str(sqlx::AssertSqlSafe(q.query.clone()));
+            let described = match (&db.pool).describe(sql).await {
+                Ok(d) => d,
+                Err(err) => {
+                    broken.push(format!("{err}: {}", q.query));
+                    continue;
+                }
+            };
+            let columns: Vec<(String, String)> = described
+                .columns()
+                .iter()
+                .map(|c| {
+                    use sqlx::Column;
+                    (c.name().to_string(), type_key(c.type_info().name()))
+                })
+                .collect();
+            let expected: Vec<(String, Option<String>)> = q
+                .columns
+                .iter()
+                .map(|(name, ty)| (name.clone(), ty.as_str().map(type_key)))
+                .collect();
+            let same = columns.len() == expected.len()
+                && columns
+                    .iter()
+                    .zip(&expected)
+                    .all(|((n, t), (en, et))| n == en && et.as_ref().is_none_or(|et| et == t));
+            if !same {
+                broken.push(format!("columns {columns:?} not {expected:?}: {}", q.query));
+            }
+            if let (Some(sqlx::Either::Left(params)), Some(old)) =
+                (described.parameters(), q.parameters.as_array())
+            {
+                let now: Vec<String> = params.iter().map(|t| type_key(t.name())).collect();
+                let before: Vec<Option<String>> =
+                    old.iter().map(|t| t.as_str().map(type_key)).collect();
+                let same = now.len() == before.len()
+                    && now
+                        .iter()
+                        .zip(&before)
+                        .all(|(n, b)| b.as_ref().is_none_or(|b| b == n));
+                if !same {
+                    broken.push(format!("parameters {now:?} not {before:?}: {}", q.query));
+                }
+            }
+        }
+        assert!(broken.is_empty(), "{}", broken.join("\n\n"));
+    }
 }

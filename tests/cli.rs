@@ -24,7 +24,9 @@ fn help_answers_with_every_command() {
     let out = warden(&["--help"]);
     let help = text(&out.stdout);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
-    assert!(help.contains("Usage: warden [COMMAND]"), "{help}");
+    assert!(help.contains("Usage: warden [OPTIONS]"), "{help}");
+    assert!(help.contains("warden <COMMAND>"), "{help}");
+    assert!(help.contains("--listen <ADDR>"), "{help}");
     for command in [
         "openapi",
         "healthcheck",
@@ -34,6 +36,8 @@ fn help_answers_with_every_command() {
         "db",
         "config",
         "archive",
+        "sessions",
+        "workers",
         "completions",
     ] {
         assert!(

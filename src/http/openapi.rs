@@ -688,12 +688,13 @@ fn scripted_step_bounds(out: &mut Vec<Bound>) {
 
 /// Bounds of cursors, approval rules and the query parameters of lists.
 fn query_bounds(out: &mut Vec<Bound>) {
-    // `decode_cursor`: micros since the epoch (at most 18 digits, so within
-    // Postgres' range), `_`, a UUID.
+    // `decode_cursor`: the position (micros since the epoch, at most 18
+    // digits, so within Postgres' range; or a cost, with up to 16 decimal
+    // places), `_`, a UUID.
     out.push((
         format!("{}/cursor", query_parameters("/api/autonomous")),
         "pattern",
-        "^[0-9]{1,18}_[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"
+        "^[0-9]{1,18}([.][0-9]{1,16})?_[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"
             .into(),
     ));
     // The approvals inbox's cursor: micros, `_`, the session, `_`, the call.

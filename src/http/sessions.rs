@@ -52,13 +52,36 @@ pub(super) fn view(state: &AppState, session: crate::session::Session) -> Sessio
     SessionView::from(session).with_step(step, Utc::now())
 }
 
-/// A cursor as the list gives it: `<micros>_<id>`, or `c<cost>_<id>` in
-/// the order by cost.
+/// A cursor as the list gives it: `<position>_<id>`, the position being
+/// the creation or update time in microseconds, or the cost in the order
+/// by cost (one shape, so the documented pattern covers both).
 fn encode_cursor(c: &SessionCursor, key: SessionSortKey) -> String {
     match key {
-        SessionSortKey::Cost => format!("c{}_{}", c.cost, c.id),
+        SessionSortKey::Cost => format!("{}_{}", c.cost.normalize(), c.id),
         _ => format!("{}_{}", c.at.timestamp_micros(), c.id),
     }
+}
+
+/// A cursor's position: up to 18 digits, then up to 16 decimal places
+/// (a cost's most), kept to Decimal's 28 significant digits.
+fn cursor_position(text: &str) -> Option<Decimal> {
+    let (whole, fraction) = text.split_once('.').unwrap_or((text, ""));
+    let digits = |t: &str| t.bytes().all(|b| b.is_ascii_digit());
+    if whole.is_empty()
+        || whole.len() > 18
+        || fraction.len() > 16
+        || (text.contains('.') && fraction.is_empty())
+        || !digits(whole)
+        || !digits(fraction)
+    {
+        return None;
+    }
+    let kept = fraction.len().min(28 - whole.len());
+    let text = match kept {
+        0 => whole.to_string(),
+        _ => format!("{whole}.{}", &fraction[..kept]),
+    };
+    text.parse().ok()
 }
 
 /// A filter's amount of money: not negative, at most 12 places.
@@ -74,28 +97,24 @@ fn check_amount(usd: Decimal) -> ApiResult<Decimal> {
 fn decode_cursor(raw: &str, key: SessionSortKey) -> ApiResult<SessionCursor> {
     let raw = raw.trim();
     let invalid = || ApiError::bad_request(format!("cursor {raw:?} is not a cursor from this API"));
+    let (position, id) = raw.split_once('_').ok_or_else(invalid)?;
+    let position = cursor_position(position).ok_or_else(invalid)?;
+    let id: Uuid = id.parse().map_err(|_| invalid())?;
     if key == SessionSortKey::Cost {
-        let (cost, id) = raw
-            .strip_prefix('c')
-            .and_then(|r| r.split_once('_'))
-            .ok_or_else(invalid)?;
-        let cost: Decimal = cost.parse().map_err(|_| invalid())?;
-        let id: Uuid = id.parse().map_err(|_| invalid())?;
         // The time only says there is a cursor; the order by cost reads its cost.
         return Ok(SessionCursor {
             at: DateTime::<Utc>::UNIX_EPOCH,
             id,
-            cost,
+            cost: position,
         });
     }
-    let (micros, id) = raw.split_once('_').ok_or_else(invalid)?;
-    let micros: i64 = micros.parse().map_err(|_| invalid())?;
+    let micros =
+        rust_decimal::prelude::ToPrimitive::to_i64(&position.trunc()).ok_or_else(invalid)?;
     // Before the epoch no session was created; far ones are outside Postgres' range.
     if !(0..=999_999_999_999_999_999).contains(&micros) {
         return Err(invalid());
     }
     let at = DateTime::<Utc>::from_timestamp_micros(micros).ok_or_else(invalid)?;
-    let id: Uuid = id.parse().map_err(|_| invalid())?;
     Ok(SessionCursor {
         at,
         id,
@@ -679,4 +698,64 @@ pub async fn outcomes(
     Ok(Json(
         state.service.reads().outcomes(&caller.scope).await?.into(),
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const ID: &str = "00000000-0000-0000-0000-000000000001";
+
+    #[test]
+    fn a_cursor_round_trips_in_every_order() {
+        let c = SessionCursor {
+            at: DateTime::<Utc>::from_timestamp_micros(1_790_000_000_123_456).expect("time"),
+            id: ID.parse().expect("uuid"),
+            cost: "12.0037500000000000".parse().expect("cost"),
+        };
+        let by_time = decode_cursor(
+            &encode_cursor(&c, SessionSortKey::Created),
+            SessionSortKey::Created,
+        )
+        .expect("time cursor");
+        assert_eq!((by_time.at, by_time.id), (c.at, c.id));
+        let text = encode_cursor(&c, SessionSortKey::Cost);
+        assert_eq!(text, format!("12.00375_{ID}"));
+        let by_cost = decode_cursor(&text, SessionSortKey::Cost).expect("cost cursor");
+        assert_eq!((by_cost.cost, by_cost.id), (c.cost, c.id));
+    }
+
+    #[test]
+    fn every_cursor_the_pattern_allows_is_a_position_in_either_order() {
+        for position in [
+            "0",
+            "999999999999999999",
+            "1.5",
+            "999999999999999999.9999999999999999",
+        ] {
+            let raw = format!("{position}_{ID}");
+            for key in [SessionSortKey::Created, SessionSortKey::Cost] {
+                assert!(decode_cursor(&raw, key).is_ok(), "{raw} {key:?}");
+            }
+        }
+        for bad in [
+            "",
+            "1",
+            "x_1",
+            "-1_",
+            "1._",
+            ".5_",
+            "1.12345678901234567_",
+            "1e3_",
+        ] {
+            let raw = if bad.ends_with('_') {
+                format!("{bad}{ID}")
+            } else {
+                bad.to_string()
+            };
+            for key in [SessionSortKey::Created, SessionSortKey::Cost] {
+                assert!(decode_cursor(&raw, key).is_err(), "{raw} {key:?}");
+            }
+        }
+    }
 }

@@ -697,6 +697,13 @@ fn query_bounds(out: &mut Vec<Bound>) {
         "^[0-9]{1,18}([.][0-9]{1,16})?_[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"
             .into(),
     ));
+    // `min_cost_usd`: an amount `check_amount` takes (0 or more, at most 12
+    // decimal places), written as a plain decimal.
+    out.push((
+        format!("{}/min_cost_usd", query_parameters("/api/autonomous")),
+        "pattern",
+        "^[0-9]{1,16}([.][0-9]{1,12})?$".into(),
+    ));
     // The approvals inbox's cursor: micros, `_`, the session, `_`, the call.
     out.push((
         format!("{}/cursor", query_parameters("/api/autonomous/approvals")),

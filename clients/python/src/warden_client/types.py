@@ -56,6 +56,7 @@ class LimitsPatch(TypedDict, total=False):
     reflection_interval: int | None
     checkpoint_interval: int | None
     review_every: int | None
+    warn_at: list[int] | None
 
 
 class Limits(TypedDict, total=False):
@@ -71,6 +72,7 @@ class Limits(TypedDict, total=False):
     reflection_interval: int
     checkpoint_interval: int
     review_every: int | None
+    warn_at: list[int]
 
 
 class WorkerExecutor(TypedDict):
@@ -346,6 +348,17 @@ class StepContext(TypedDict, total=False):
     approval: ApprovalOutcome
     children: list[ChildReport]
     traceparent: str | None
+    budget_note: str | None
+
+
+class StepUsage(TypedDict, total=False):
+    """A step's tokens split and its model, for pricing it (``StepUsage``)."""
+
+    input_tokens: int
+    output_tokens: int
+    cached_tokens: int
+    reasoning_tokens: int
+    model: str | None
 
 
 class Outcome(TypedDict, total=False):
@@ -363,6 +376,7 @@ class Outcome(TypedDict, total=False):
     waiting: bool
     approval: ActionApproval
     delegate: list[ChildTask]
+    usage: StepUsage | None
 
 
 class ClaimedTask(TypedDict, total=False):

@@ -54,6 +54,20 @@ async fn a_session_no_live_replica_can_run_is_refused_with_409() {
     assert_eq!(s["reason"], "max_iterations", "{s}");
 }
 
+/// A replica on `db` that lacks the comma-separated `capabilities_off`
+/// (none when empty), with leases long enough that a loaded machine's late
+/// heartbeat does not make it look gone.
+async fn replica(db: &common::TestDb, capabilities_off: &str) -> TestApp {
+    let mut vars = vec![
+        ("WARDEN_LEASE_TTL_MS", "10000"),
+        ("WARDEN_HEARTBEAT_INTERVAL_MS", "500"),
+    ];
+    if !capabilities_off.is_empty() {
+        vars.push(("WARDEN_CAPABILITIES_OFF", capabilities_off));
+    }
+    TestApp::spawn_with(db.pool.clone(), config_with(&vars)).await
+}
+
 /// With a replica that has the capability in the fleet, a create on one
 /// that lacks it is accepted `queued`, and the replica that has it claims
 /// and runs it, review points included; the one that lacks it never owns it.
@@ -62,22 +76,8 @@ async fn a_session_no_live_replica_can_run_is_refused_with_409() {
 async fn a_session_waits_for_a_replica_that_covers_its_needs() {
     common::require_server_postgres("two replicas on one database");
     let db = common::TestDb::new().await;
-    // Leases long enough that a loaded machine's late heartbeat does not
-    // make a replica look gone.
-    let timing = [
-        ("WARDEN_LEASE_TTL_MS", "10000"),
-        ("WARDEN_HEARTBEAT_INTERVAL_MS", "500"),
-    ];
-    let lacking = TestApp::spawn_with(
-        db.pool.clone(),
-        config_with(&[
-            timing[0],
-            timing[1],
-            ("WARDEN_CAPABILITIES_OFF", "review_every,delegate"),
-        ]),
-    )
-    .await;
-    let full = TestApp::spawn_with(db.pool.clone(), config_with(&timing)).await;
+    let lacking = replica(&db, "review_every,delegate").await;
+    let full = replica(&db, "").await;
     let lacking_id = lacking.app.as_ref().expect("app").supervisor().replica_id();
     let full_id = full.app.as_ref().expect("app").supervisor().replica_id();
 
@@ -142,19 +142,7 @@ async fn needs_of(pool: &sqlx::PgPool, id: &str) -> Vec<String> {
 async fn a_queued_session_says_which_capabilities_it_waits_for() {
     common::require_server_postgres("two replicas on one database");
     let db = common::TestDb::new().await;
-    let timing = [
-        ("WARDEN_LEASE_TTL_MS", "10000"),
-        ("WARDEN_HEARTBEAT_INTERVAL_MS", "500"),
-    ];
-    let lacking = TestApp::spawn_with(
-        db.pool.clone(),
-        config_with(&[
-            timing[0],
-            timing[1],
-            ("WARDEN_CAPABILITIES_OFF", "review_every"),
-        ]),
-    )
-    .await;
+    let lacking = replica(&db, "review_every").await;
     // A replica that has every capability but never claims (a row only):
     // the create is queued for it, then it goes silent.
     let ghost = uuid::Uuid::new_v4();
@@ -188,7 +176,7 @@ async fn a_queued_session_says_which_capabilities_it_waits_for() {
     assert_eq!(doc["iterations"], 0, "{doc}");
     assert_eq!(doc["owner"], Value::Null, "{doc}");
 
-    let full = TestApp::spawn_with(db.pool.clone(), config_with(&timing)).await;
+    let full = replica(&db, "").await;
     let s = full
         .wait_until(&id, Duration::from_secs(20), |s| {
             s["status"] == "paused" && s["reason"] == "review_required"
@@ -204,22 +192,8 @@ async fn a_queued_session_says_which_capabilities_it_waits_for() {
 /// only a replica that has it ever takes the session again.
 #[tokio::test]
 async fn an_update_that_adds_a_need_no_replica_covers_is_refused() {
-    // Leases long enough that a loaded machine's late heartbeat does not
-    // make the replica look gone.
-    let timing = [
-        ("WARDEN_LEASE_TTL_MS", "10000"),
-        ("WARDEN_HEARTBEAT_INTERVAL_MS", "500"),
-    ];
     let db = common::TestDb::new().await;
-    let app = TestApp::spawn_with(
-        db.pool.clone(),
-        config_with(&[
-            timing[0],
-            timing[1],
-            ("WARDEN_CAPABILITIES_OFF", "review_every"),
-        ]),
-    )
-    .await;
+    let app = replica(&db, "review_every").await;
     let id = app
         .create_scripted(distinct_steps(200, 1, 50), json!({ "max_iterations": 200 }))
         .await;
@@ -259,7 +233,7 @@ async fn an_update_that_adds_a_need_no_replica_covers_is_refused() {
     drop(app);
 
     let db = common::TestDb::new().await;
-    let app = TestApp::spawn_with(db.pool.clone(), config_with(&timing)).await;
+    let app = replica(&db, "").await;
     let id = app
         .create_scripted(distinct_steps(200, 1, 50), json!({ "max_iterations": 200 }))
         .await;

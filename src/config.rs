@@ -902,6 +902,7 @@ impl Env<'_> {
             context_budget_tokens: self.parse(&AUTONOMOUS_CONTEXT_TOKENS, 500, 10_000_000)?,
             review_every: None,
             warn_at: crate::policy::soft_budget::WarnAt::DEFAULT,
+            max_cost_usd: None,
         };
         Ok(SessionDefaults {
             mode,

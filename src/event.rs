@@ -660,6 +660,7 @@ mod tests {
             context_budget_tokens: 32_000,
             review_every: None,
             warn_at: crate::policy::soft_budget::WarnAt::DEFAULT,
+            max_cost_usd: None,
         }
     }
 

@@ -1454,6 +1454,10 @@ impl Executor for LlmExecutor {
     fn take_unreported_tokens(&mut self) -> u64 {
         std::mem::take(&mut self.unreported)
     }
+
+    fn model(&self) -> Option<&str> {
+        Some(&self.model)
+    }
 }
 
 #[cfg(test)]

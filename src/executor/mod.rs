@@ -234,6 +234,13 @@ pub trait Executor: Send {
     fn take_unreported_tokens(&mut self) -> u64 {
         0
     }
+
+    /// The model the steps use, when the executor knows it before a step
+    /// (a money budget reserves at its price); `None` when the agent
+    /// reports its model with its usage.
+    fn model(&self) -> Option<&str> {
+        None
+    }
 }
 
 /// Why the loop cut a step short.

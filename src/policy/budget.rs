@@ -5,10 +5,28 @@
 //! loop pauses before a step projected not to fit, and executors are told
 //! the allowance so that they can keep to it.
 
+use rust_decimal::Decimal;
 use serde::{Deserialize, Serialize};
 
 /// Recent steps whose largest cost is the floor of the projection.
 pub const PEAK_WINDOW: usize = 10;
+
+/// The tokens `usd_left` pays for at `rate_per_mtok` (USD per million
+/// tokens of the dearest kind), rounded down, so the step's tokens at that
+/// rate never cost more than is left. A free rate pays for any number.
+pub fn affordable_tokens(usd_left: Decimal, rate_per_mtok: Decimal) -> u64 {
+    if rate_per_mtok <= Decimal::ZERO {
+        return u64::MAX;
+    }
+    if usd_left <= Decimal::ZERO {
+        return 0;
+    }
+    let tokens = usd_left
+        .checked_mul(Decimal::from(1_000_000u32))
+        .and_then(|micro| micro.checked_div(rate_per_mtok))
+        .map_or(Decimal::from(u64::MAX), |t| t.floor());
+    u64::try_from(tokens).unwrap_or(u64::MAX)
+}
 
 /// What a step may spend: the tokens the budget has left.
 pub fn allowance(max_tokens: u64, tokens_used: u64) -> u64 {
@@ -436,5 +454,84 @@ mod tests {
         assert_eq!(simulate(50_000, &[1_000; 50]), (50_000, End::Ran));
         assert_eq!(simulate(50_000, &[1_000; 51]), (50_000, End::CostLimit));
         assert_eq!(simulate(1_000, &[5_000]), (5_000, End::Overspent));
+    }
+
+    #[test]
+    fn a_money_budget_pays_for_the_tokens_its_rate_allows_rounded_down() {
+        let d = |s: &str| s.parse::<Decimal>().expect("decimal");
+        // $1 at $10 per million: 100,000 tokens.
+        assert_eq!(affordable_tokens(d("1"), d("10")), 100_000);
+        // $0.000015 at $10 per million: 1.5 tokens, so 1.
+        assert_eq!(affordable_tokens(d("0.000015"), d("10")), 1);
+        assert_eq!(affordable_tokens(d("0.000009"), d("10")), 0);
+        assert_eq!(affordable_tokens(Decimal::ZERO, d("10")), 0);
+        assert_eq!(affordable_tokens(d("-1"), d("10")), 0);
+        // A free model: any number.
+        assert_eq!(affordable_tokens(d("1"), Decimal::ZERO), u64::MAX);
+        // The most a budget may be at the cheapest rate saturates.
+        assert_eq!(affordable_tokens(d("1000000"), d("0.0000000001")), u64::MAX);
+    }
+
+    /// "Stops that are right", extended to money: over random sessions, a
+    /// session whose steps are held to the tokens its money budget pays for
+    /// at the reservation rate never spends past `max_cost_usd` when its
+    /// model is priced at that rate, and by at most one step's allowance
+    /// when an agent reports a dearer model than the one reserved for.
+    #[test]
+    fn a_money_budget_is_never_passed_by_more_than_one_steps_allowance() {
+        use crate::policy::pricing::{Price, TokenUsage, cost_of};
+        let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
+        let mut next = move |n: u64| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed % n.max(1)
+        };
+        for case in 0..2_000 {
+            let reserved = Price {
+                input_per_mtok: Decimal::new(next(5_000) as i64 + 1, 2),
+                output_per_mtok: Decimal::new(next(20_000) as i64 + 1, 2),
+                cached_input_per_mtok: Decimal::new(next(500) as i64, 2),
+            };
+            // One case in four, the agent used a dearer model than reserved.
+            let dearer = next(4) == 0;
+            let used = if dearer {
+                Price {
+                    output_per_mtok: reserved.output_per_mtok * Decimal::from(3),
+                    ..reserved
+                }
+            } else {
+                reserved
+            };
+            let max = Decimal::new(next(1_000_000) as i64 + 1, 6);
+            let rate = reserved.dearest_per_mtok();
+            let (mut spent, mut last_allowance_cost) = (Decimal::ZERO, Decimal::ZERO);
+            while spent < max {
+                let allowance = affordable_tokens(max - spent, rate);
+                if allowance == 0 {
+                    break;
+                }
+                // The agent reports anything; the loop holds it to the allowance.
+                let tokens = charge(next(allowance.saturating_mul(2)), allowance);
+                let input = next(tokens + 1);
+                let usage = TokenUsage {
+                    input,
+                    cached_input: next(input + 1),
+                    output: tokens - input,
+                };
+                let cost = cost_of(&used, usage);
+                last_allowance_cost = Decimal::from(allowance) * used.dearest_per_mtok()
+                    / Decimal::from(1_000_000u32);
+                spent += cost;
+            }
+            if dearer {
+                assert!(
+                    spent <= max + last_allowance_cost,
+                    "case {case}: {spent} over {max} by more than one step's allowance"
+                );
+            } else {
+                assert!(spent <= max, "case {case}: spent {spent} of {max}");
+            }
+        }
     }
 }

@@ -3,6 +3,7 @@
 //! parent, and what a parent whose children all failed does. Pure: the
 //! store applies these rules under the parent's row lock.
 
+use rust_decimal::{Decimal, RoundingStrategy};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
@@ -72,6 +73,8 @@ pub struct ParentBudget {
     pub limits: Limits,
     /// Tokens the parent has used, including the step that is delegating.
     pub tokens_used: u64,
+    /// USD the parent's committed steps cost (its money budget's spend).
+    pub cost_used: Decimal,
     /// Iterations the parent has committed.
     pub iterations: u64,
     /// Running time the parent has used, ms.
@@ -93,6 +96,9 @@ pub struct ChildBudget {
     /// The child's wall-clock limit: at most what the parent has left
     /// (time is not carved: children run beside their parent).
     pub wall_time_ms: u64,
+    /// USD the child may spend, when the parent has a money budget; the
+    /// parent's `max_cost_usd` shrinks by this much.
+    pub cost_usd: Option<Decimal>,
 }
 
 /// Why a child cannot be made.
@@ -205,7 +211,21 @@ pub fn carve(
         .saturating_sub(parent.elapsed_ms);
     let tokens = portion(tokens_left, share);
     let iterations = portion(iterations_left, share).max(1).min(iterations_left);
+    let cost_left = parent
+        .limits
+        .max_cost_usd
+        .map(|max| (max - parent.cost_used).max(Decimal::ZERO));
+    let cost_usd = cost_left.map(|left| money_portion(left, share));
     if shortfall == Shortfall::Refuse {
+        if let (Some(left), Some(usd)) = (cost_left, cost_usd)
+            && usd.is_zero()
+        {
+            return Err(DelegationRefused::NoBudget {
+                what: "money budget (millionths of a USD)",
+                left: micro_usd(left),
+                needed: 1,
+            });
+        }
         if tokens < MIN_CHILD_TOKENS {
             return Err(DelegationRefused::NoBudget {
                 what: "token budget",
@@ -232,7 +252,23 @@ pub fn carve(
         tokens,
         iterations,
         wall_time_ms: wall_left,
+        cost_usd,
     })
+}
+
+/// `share` of `usd`, rounded down to a millionth of a dollar (the finest a
+/// money budget takes), never more than `usd`.
+fn money_portion(usd: Decimal, share: f64) -> Decimal {
+    let share = Decimal::try_from(share.clamp(0.0, 1.0)).unwrap_or(Decimal::ZERO);
+    (usd * share)
+        .round_dp_with_strategy(super::guardrails::MAX_COST_SCALE, RoundingStrategy::ToZero)
+        .min(usd)
+        .normalize()
+}
+
+/// `usd` in millionths of a dollar, rounded down.
+fn micro_usd(usd: Decimal) -> u64 {
+    u64::try_from((usd * Decimal::from(1_000_000u32)).floor()).unwrap_or(u64::MAX)
 }
 
 /// `share` of `left`, rounded down, never more than `left`.
@@ -247,6 +283,7 @@ pub fn child_limits(parent: &Limits, budget: ChildBudget) -> Limits {
         max_tokens: budget.tokens,
         max_iterations: budget.iterations,
         max_wall_time_ms: budget.wall_time_ms.max(100),
+        max_cost_usd: budget.cost_usd,
         ..*parent
     }
 }
@@ -494,6 +531,7 @@ mod tests {
         ParentBudget {
             limits: limits(tokens, 100),
             tokens_used: used,
+            cost_used: Decimal::ZERO,
             iterations: 10,
             elapsed_ms: 1_000,
             depth: 0,
@@ -513,6 +551,38 @@ mod tests {
         assert_eq!(b.tokens, 4_000);
         assert_eq!(b.iterations, 45);
         assert_eq!(b.wall_time_ms, 59_000);
+        assert_eq!(b.cost_usd, None);
+    }
+
+    #[test]
+    fn a_money_budget_is_carved_like_tokens_to_the_millionth_rounded_down() {
+        let d = |s: &str| s.parse::<Decimal>().expect("decimal");
+        let mut p = parent(10_000, 2_000);
+        p.limits.max_cost_usd = Some(d("1.00"));
+        p.cost_used = d("0.2500005");
+        let b = carve(&p, Some(0.5), TreeLimits::default(), Shortfall::Refuse).unwrap();
+        // Half of 0.7499995, down to the millionth.
+        assert_eq!(b.cost_usd, Some(d("0.374999")));
+        let child = child_limits(&p.limits, b);
+        assert_eq!(child.max_cost_usd, Some(d("0.374999")));
+        // Never more than is left, even with the whole share.
+        let all = carve(&p, Some(1.0), TreeLimits::default(), Shortfall::Refuse).unwrap();
+        assert!(all.cost_usd.is_some_and(|c| c <= d("0.7499995")));
+        // Nothing left: a step's request is refused, a split takes nothing.
+        p.cost_used = d("1.2");
+        let refused = carve(&p, Some(0.5), TreeLimits::default(), Shortfall::Refuse);
+        assert!(matches!(
+            refused,
+            Err(DelegationRefused::NoBudget { what, left: 0, .. }) if what.starts_with("money")
+        ));
+        let split = carve(
+            &p,
+            Some(0.5),
+            TreeLimits::default(),
+            Shortfall::TakeWhatIsLeft,
+        )
+        .unwrap();
+        assert_eq!(split.cost_usd, Some(Decimal::ZERO));
     }
 
     #[test]
@@ -672,6 +742,7 @@ mod tests {
                 tokens: 500,
                 iterations: 7,
                 wall_time_ms: 30,
+                cost_usd: None,
             },
         );
         assert_eq!(c.max_tokens, 500);

@@ -2,6 +2,7 @@
 //! cap, token budget or consecutive-error threshold; these are checked before
 //! every step against usage that is cumulative over the session's whole life.
 
+use rust_decimal::Decimal;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
@@ -44,6 +45,11 @@ pub struct Limits {
     #[serde(default)]
     #[schema(value_type = Vec<u8>, example = json!([50, 80, 95]))]
     pub warn_at: WarnAt,
+    /// Money budget over the session's life, USD (an exact decimal in a
+    /// string), at `WARDEN_MODEL_PRICES`: as hard as the token budget.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<String>, example = "2.50")]
+    pub max_cost_usd: Option<Decimal>,
 }
 
 fn default_max_cycles() -> u32 {
@@ -82,6 +88,34 @@ pub struct LimitsPatch {
     /// `[]` for none). Default `[50, 80, 95]`.
     #[schema(value_type = Option<Vec<u8>>)]
     pub warn_at: Option<WarnAt>,
+    /// Money budget in USD, a decimal string (more than 0, at most
+    /// 1,000,000, at most 6 decimal places); needs `WARDEN_MODEL_PRICES`.
+    #[schema(value_type = Option<String>, example = "2.50", pattern = r"^[0-9]{1,7}([.][0-9]{1,6})?$")]
+    pub max_cost_usd: Option<Decimal>,
+}
+
+/// The largest money budget a session may have, USD.
+pub const MAX_COST_USD: u32 = 1_000_000;
+/// Most decimal places a money budget may have (a millionth of a dollar).
+pub const MAX_COST_SCALE: u32 = 6;
+
+/// Checks a money budget: more than 0, at most [`MAX_COST_USD`], at most
+/// [`MAX_COST_SCALE`] places (trailing zeros do not count).
+pub fn check_cost_budget(usd: Decimal) -> Result<Decimal, LimitOutOfRange> {
+    let usd_n = usd.normalize();
+    let ok = usd_n > Decimal::ZERO
+        && usd_n <= Decimal::from(MAX_COST_USD)
+        && usd_n.scale() <= MAX_COST_SCALE;
+    if ok {
+        Ok(usd_n)
+    } else {
+        Err(LimitOutOfRange {
+            field: "max_cost_usd",
+            value: usd.to_string(),
+            min: "0.000001".into(),
+            max: format!("{MAX_COST_USD} (at most {MAX_COST_SCALE} decimal places)"),
+        })
+    }
 }
 
 /// A limit outside its allowed range.
@@ -91,11 +125,11 @@ pub struct LimitOutOfRange {
     /// The JSON field name.
     pub field: &'static str,
     /// The value given.
-    pub value: u64,
+    pub value: String,
     /// Smallest allowed value.
-    pub min: u64,
+    pub min: String,
     /// Largest allowed value.
-    pub max: u64,
+    pub max: String,
 }
 
 /// Allowed range of each limit: (field, min, max).
@@ -123,9 +157,9 @@ fn in_range(field: &'static str, value: u64) -> Result<u64, LimitOutOfRange> {
     } else {
         Err(LimitOutOfRange {
             field,
-            value,
-            min,
-            max,
+            value: value.to_string(),
+            min: min.to_string(),
+            max: max.to_string(),
         })
     }
 }
@@ -177,6 +211,10 @@ impl Limits {
             },
             // Checked when read (`WarnAt`'s deserializer).
             warn_at: patch.warn_at.unwrap_or(self.warn_at),
+            max_cost_usd: match patch.max_cost_usd {
+                Some(v) => Some(check_cost_budget(v)?),
+                None => self.max_cost_usd,
+            },
         })
     }
 
@@ -211,6 +249,9 @@ impl Limits {
         if let Some(v) = self.review_every {
             in_range("review_every", v)?;
         }
+        if let Some(v) = self.max_cost_usd {
+            check_cost_budget(v)?;
+        }
         Ok(())
     }
 }
@@ -228,6 +269,12 @@ pub struct Usage {
     pub consecutive_errors: u32,
     /// Tool calls made.
     pub tool_calls: u64,
+    /// What the committed steps cost at the price table, USD.
+    #[serde(default)]
+    pub cost_usd: Decimal,
+    /// Committed steps that used tokens of a model no price entry prices.
+    #[serde(default)]
+    pub unpriced_steps: u64,
 }
 
 /// A guardrail that has been hit.
@@ -240,6 +287,9 @@ pub enum Breach {
     MaxIterations,
     /// Token budget used up.
     CostLimit,
+    /// Money budget (`max_cost_usd`) used up, or a step of a model no
+    /// price entry prices, so the budget cannot be kept.
+    MoneyLimit,
     /// Consecutive-error threshold reached.
     ErrorThreshold,
 }
@@ -250,7 +300,7 @@ impl Breach {
         match self {
             Breach::Timeout => Reason::Timeout,
             Breach::MaxIterations => Reason::MaxIterations,
-            Breach::CostLimit => Reason::CostLimit,
+            Breach::CostLimit | Breach::MoneyLimit => Reason::CostLimit,
             Breach::ErrorThreshold => Reason::ErrorThreshold,
         }
     }
@@ -261,7 +311,23 @@ impl Breach {
             Breach::Timeout => "max_wall_time_ms",
             Breach::MaxIterations => "max_iterations",
             Breach::CostLimit => "max_tokens",
+            Breach::MoneyLimit => "max_cost_usd",
             Breach::ErrorThreshold => "max_consecutive_errors",
+        }
+    }
+
+    /// A line for the end's summary, with the figures that tripped it.
+    pub fn describe(self, limits: &Limits, usage: &Usage) -> Option<String> {
+        match (self, limits.max_cost_usd) {
+            (Breach::MoneyLimit, Some(max)) if usage.unpriced_steps > 0 => Some(format!(
+                "{} step(s) used a model WARDEN_MODEL_PRICES does not price, so the money budget of {max} USD cannot be kept",
+                usage.unpriced_steps
+            )),
+            (Breach::MoneyLimit, Some(max)) => Some(format!(
+                "the steps cost {} USD of the money budget of {max} USD",
+                usage.cost_usd.normalize()
+            )),
+            _ => None,
         }
     }
 }
@@ -275,6 +341,8 @@ pub fn check(limits: &Limits, usage: &Usage) -> Option<Breach> {
         Some(Breach::MaxIterations)
     } else if usage.tokens >= limits.max_tokens {
         Some(Breach::CostLimit)
+    } else if money_spent(limits, usage) {
+        Some(Breach::MoneyLimit)
     } else if usage.consecutive_errors >= limits.max_consecutive_errors {
         Some(Breach::ErrorThreshold)
     } else {
@@ -292,6 +360,21 @@ pub fn exhausted_for_resume(limits: &Limits, usage: &Usage) -> Option<Breach> {
             ..*usage
         },
     )
+}
+
+/// Whether the money budget, when there is one, is spent, or cannot be
+/// kept because a step's model is unpriced.
+fn money_spent(limits: &Limits, usage: &Usage) -> bool {
+    limits
+        .max_cost_usd
+        .is_some_and(|max| usage.cost_usd >= max || usage.unpriced_steps > 0)
+}
+
+/// USD left of the money budget; `None` when the session has none.
+pub fn cost_remaining(limits: &Limits, usage: &Usage) -> Option<Decimal> {
+    limits
+        .max_cost_usd
+        .map(|max| (max - usage.cost_usd).max(Decimal::ZERO))
 }
 
 /// Milliseconds of wall time left before the timeout guardrail.
@@ -313,8 +396,8 @@ pub fn token_allowance(limits: &Limits, usage: &Usage, requested: u64) -> u64 {
 /// well-formed, the session being a child is what conflicts with it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "a child session's max_tokens and max_iterations are carved out of its parent's \
-     and change only through its parent's limits"
+    "a child session's max_tokens, max_iterations and max_cost_usd are carved out of its \
+     parent's and change only through its parent's limits"
 )]
 pub struct CarvedBudget;
 
@@ -327,8 +410,9 @@ pub fn check_child_budget(
     carved: &Limits,
     asked: &Limits,
 ) -> Result<(), CarvedBudget> {
-    let changed =
-        asked.max_tokens != carved.max_tokens || asked.max_iterations != carved.max_iterations;
+    let changed = asked.max_tokens != carved.max_tokens
+        || asked.max_iterations != carved.max_iterations
+        || asked.max_cost_usd != carved.max_cost_usd;
     if is_child && changed {
         Err(CarvedBudget)
     } else {
@@ -382,6 +466,7 @@ pub(crate) mod tests {
             context_budget_tokens: 32_000,
             review_every: None,
             warn_at: WarnAt::DEFAULT,
+            max_cost_usd: None,
         }
     }
 
@@ -393,6 +478,7 @@ pub(crate) mod tests {
             tokens: 999,
             consecutive_errors: 2,
             tool_calls: 5,
+            ..Usage::default()
         };
         assert_eq!(check(&roomy(), &usage), None);
     }
@@ -447,6 +533,7 @@ pub(crate) mod tests {
             tokens: 1_000,
             consecutive_errors: 3,
             tool_calls: 0,
+            ..Usage::default()
         };
         assert_eq!(check(&l, &all), Some(Breach::Timeout));
         let no_time = Usage {
@@ -658,5 +745,94 @@ pub(crate) mod tests {
         assert_eq!(l.validate(), Ok(()));
         l.max_consecutive_errors = 0;
         assert_eq!(l.validate().unwrap_err().field, "max_consecutive_errors");
+    }
+
+    #[test]
+    fn a_money_budget_trips_when_spent_or_when_a_step_is_unpriced() {
+        let d = |s: &str| s.parse::<Decimal>().expect("decimal");
+        let limits = Limits {
+            max_cost_usd: Some(d("1.50")),
+            ..roomy()
+        };
+        let under = Usage {
+            cost_usd: d("1.499999"),
+            ..Usage::default()
+        };
+        assert_eq!(check(&limits, &under), None);
+        assert_eq!(cost_remaining(&limits, &under), Some(d("0.000001")));
+        let spent = Usage {
+            cost_usd: d("1.5"),
+            ..Usage::default()
+        };
+        assert_eq!(check(&limits, &spent), Some(Breach::MoneyLimit));
+        assert_eq!(cost_remaining(&limits, &spent), Some(Decimal::ZERO));
+        assert_eq!(Breach::MoneyLimit.reason(), Reason::CostLimit);
+        assert_eq!(Breach::MoneyLimit.limit_field(), "max_cost_usd");
+        assert_eq!(
+            Breach::MoneyLimit.describe(&limits, &spent).as_deref(),
+            Some("the steps cost 1.5 USD of the money budget of 1.50 USD")
+        );
+        let unpriced = Usage {
+            unpriced_steps: 1,
+            ..Usage::default()
+        };
+        assert_eq!(check(&limits, &unpriced), Some(Breach::MoneyLimit));
+        assert!(
+            Breach::MoneyLimit
+                .describe(&limits, &unpriced)
+                .is_some_and(|d| d.contains("cannot be kept"))
+        );
+        // Without a money budget, neither spend nor unpriced steps trip it.
+        assert_eq!(check(&roomy(), &spent), None);
+        assert_eq!(check(&roomy(), &unpriced), None);
+        assert_eq!(cost_remaining(&roomy(), &spent), None);
+        assert_eq!(Breach::CostLimit.describe(&limits, &spent), None);
+        // Tokens trip first: the order is time, iterations, tokens, money.
+        let both = Usage {
+            tokens: 1_000,
+            ..spent
+        };
+        assert_eq!(check(&limits, &both), Some(Breach::CostLimit));
+    }
+
+    #[test]
+    fn a_money_budget_is_a_positive_amount_of_at_most_six_places() {
+        let d = |s: &str| s.parse::<Decimal>().expect("decimal");
+        assert_eq!(check_cost_budget(d("2.50")), Ok(d("2.5")));
+        assert_eq!(check_cost_budget(d("0.000001")), Ok(d("0.000001")));
+        assert_eq!(check_cost_budget(d("1000000")), Ok(d("1000000")));
+        assert_eq!(check_cost_budget(d("1.1000000")), Ok(d("1.1")));
+        for bad in ["0", "-1", "0.0000001", "1000000.000001"] {
+            let err = check_cost_budget(d(bad)).expect_err(bad);
+            assert_eq!(err.field, "max_cost_usd");
+            assert!(err.to_string().contains(bad), "{err}");
+        }
+        let patch = LimitsPatch {
+            max_cost_usd: Some(d("3")),
+            ..LimitsPatch::default()
+        };
+        assert_eq!(
+            roomy().apply(&patch).map(|l| l.max_cost_usd),
+            Ok(Some(d("3")))
+        );
+        let kept = Limits {
+            max_cost_usd: Some(d("3")),
+            ..roomy()
+        };
+        assert_eq!(
+            kept.apply(&LimitsPatch::default()).map(|l| l.max_cost_usd),
+            Ok(Some(d("3")))
+        );
+        let zero = LimitsPatch {
+            max_cost_usd: Some(Decimal::ZERO),
+            ..LimitsPatch::default()
+        };
+        assert!(roomy().apply(&zero).is_err());
+        let child_more = Limits {
+            max_cost_usd: Some(d("4")),
+            ..kept
+        };
+        assert!(check_child_budget(true, &kept, &child_more).is_err());
+        assert_eq!(check_child_budget(false, &kept, &child_more), Ok(()));
     }
 }

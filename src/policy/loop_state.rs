@@ -192,6 +192,8 @@ pub fn usage_after(usage: &Usage, record: &StepRecord, elapsed_ms: u64) -> Usage
             0
         },
         tool_calls: usage.tool_calls.saturating_add(record.tool_calls),
+        // The commit adds the step's cost once it is priced.
+        ..*usage
     }
 }
 

@@ -237,6 +237,35 @@ impl PriceTable {
     }
 }
 
+impl Price {
+    /// The dearest kind of token at this price, per million: what a token
+    /// of unknown kind may cost.
+    pub fn dearest_per_mtok(&self) -> Decimal {
+        self.input_per_mtok
+            .max(self.output_per_mtok)
+            .max(self.cached_input_per_mtok)
+    }
+}
+
+impl PriceTable {
+    /// The rate (USD per million tokens, the dearest kind) a money budget
+    /// holds a step's tokens at before the step runs: the price of
+    /// `model` when an entry prices it; for a model not known before the
+    /// step (an agent reports its own), the `*` default, else the dearest
+    /// entry in force, so the reservation is never under the worst case.
+    /// `None` for a table with no entry in force.
+    pub fn reservation_rate(&self, model: Option<&str>, day: NaiveDate) -> Option<Decimal> {
+        if let Some(entry) = self.lookup(model, day) {
+            return Some(entry.price.dearest_per_mtok());
+        }
+        self.entries
+            .iter()
+            .filter(|e| e.valid_from.is_none_or(|from| from <= day))
+            .map(|e| e.price.dearest_per_mtok())
+            .max()
+    }
+}
+
 /// `usage` at `price`, exact: per-million prices times token counts, the
 /// division by a million a shift of the decimal point.
 pub fn cost_of(price: &Price, usage: TokenUsage) -> Decimal {
@@ -660,5 +689,27 @@ mod tests {
         ] {
             assert_eq!(glob_matches(pattern, name), hit, "{pattern} ~ {name}");
         }
+    }
+
+    #[test]
+    fn a_reservation_holds_a_token_at_the_dearest_kind_of_its_models_price() {
+        let t = table();
+        let today = day("2026-06-01");
+        // gpt-4o: output (10.00) is the dearest kind.
+        assert_eq!(t.reservation_rate(Some("gpt-4o"), today), Some(dec("10")));
+        // A model no entry prices, or none named: the dearest entry in
+        // force (claude-sonnet-4* from 2026-01-01, output 16).
+        assert_eq!(t.reservation_rate(Some("llama"), today), Some(dec("16")));
+        assert_eq!(t.reservation_rate(None, today), Some(dec("16")));
+        // Before 2026 the later claude line is not in force.
+        assert_eq!(t.reservation_rate(None, day("2025-06-01")), Some(dec("15")));
+        // A `*` default prices what is unnamed.
+        let with_default = PriceTable::parse("gpt-4o=2.50/10.00; *=1/3/0.5").expect("table");
+        assert_eq!(with_default.reservation_rate(None, today), Some(dec("3")));
+        assert_eq!(
+            with_default.reservation_rate(Some("llama"), today),
+            Some(dec("3"))
+        );
+        assert_eq!(PriceTable::default().reservation_rate(None, today), None);
     }
 }

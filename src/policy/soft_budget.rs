@@ -177,10 +177,9 @@ pub struct SentWarning {
     pub iteration: u64,
 }
 
-/// The gauges of every budget `limits` puts a hard limit on, at `usage`.
-/// `cost` is the money gauge when the session counts cost (spent and
-/// `limits.max_cost_usd`); the caller passes `None` until it does.
-pub fn gauges(limits: &Limits, usage: &Usage, cost: Option<Gauge>) -> Vec<Gauge> {
+/// The gauges of every budget `limits` puts a hard limit on, at `usage`:
+/// tool calls and money only when capped.
+pub fn gauges(limits: &Limits, usage: &Usage) -> Vec<Gauge> {
     let mut gauges = vec![
         Gauge::whole(Budget::Tokens, usage.tokens, limits.max_tokens),
         Gauge::whole(Budget::WallTime, usage.elapsed_ms, limits.max_wall_time_ms),
@@ -189,7 +188,13 @@ pub fn gauges(limits: &Limits, usage: &Usage, cost: Option<Gauge>) -> Vec<Gauge>
     if let Some(max) = limits.max_tool_calls {
         gauges.push(Gauge::whole(Budget::ToolCalls, usage.tool_calls, max));
     }
-    gauges.extend(cost);
+    if let Some(max) = limits.max_cost_usd {
+        gauges.push(Gauge {
+            budget: Budget::CostUsd,
+            used: usage.cost_usd,
+            limit: max,
+        });
+    }
     gauges
 }
 
@@ -321,18 +326,20 @@ mod tests {
             tokens: 40,
             consecutive_errors: 0,
             tool_calls: 2,
+            cost_usd: Decimal::new(125, 2),
+            unpriced_steps: 0,
         };
         let budgets = |g: Vec<Gauge>| g.iter().map(|g| g.budget).collect::<Vec<_>>();
         assert_eq!(
-            budgets(gauges(&limits, &usage, None)),
+            budgets(gauges(&limits, &usage)),
             [Budget::Tokens, Budget::WallTime, Budget::Iterations]
         );
         let capped = Limits {
             max_tool_calls: Some(4),
+            max_cost_usd: Some(Decimal::new(250, 2)),
             ..limits
         };
-        let cost = Gauge::whole(Budget::CostUsd, 1, 2);
-        let all = gauges(&capped, &usage, Some(cost));
+        let all = gauges(&capped, &usage);
         assert_eq!(
             budgets(all.clone()),
             [
@@ -344,6 +351,15 @@ mod tests {
             ]
         );
         assert_eq!(all[3], Gauge::whole(Budget::ToolCalls, 2, 4));
+        let money = Gauge {
+            budget: Budget::CostUsd,
+            used: Decimal::new(125, 2),
+            limit: Decimal::new(25, 1),
+        };
+        assert_eq!(all[4], money);
+        // $1.25 of $2.50 is half: the 50 % threshold, exactly.
+        assert!(money.reached(50));
+        assert!(!money.reached(51));
     }
 
     #[test]

@@ -384,6 +384,7 @@ mod tests {
             tokens: 360,
             consecutive_errors: 2,
             tool_calls: 0,
+            ..Usage::default()
         }
     }
 

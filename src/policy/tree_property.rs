@@ -317,6 +317,7 @@ impl Tree {
                     ..super::guardrails::tests::roomy()
                 },
                 tokens_used: n.used,
+                cost_used: rust_decimal::Decimal::ZERO,
                 iterations: 0,
                 elapsed_ms: 0,
                 depth: n.depth,

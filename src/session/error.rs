@@ -24,9 +24,9 @@ pub enum ServiceError {
         /// The limit field to raise.
         field: &'static str,
         /// Amount used.
-        used: u64,
+        used: String,
         /// Current limit.
-        limit: u64,
+        limit: String,
     },
     /// The request is well-formed JSON but its content is not acceptable.
     #[error("{0}")]

@@ -208,7 +208,7 @@ async fn lock_parent(
         Delegator::Split { .. } => None,
     };
     let parent = sqlx::query!(
-        r#"SELECT limits AS "limits: Json<Limits>", tokens_used, iterations, elapsed_ms,
+        r#"SELECT limits AS "limits: Json<Limits>", tokens_used, iterations, elapsed_ms, cost_usd,
                   cardinality(lineage) AS "depth!", tenant,
                   (SELECT count(*) FROM sessions c WHERE c.parent_id = sessions.id) AS "children!",
                   (SELECT t.max_depth FROM tenant_settings t WHERE t.tenant = sessions.tenant) AS max_depth,
@@ -227,6 +227,7 @@ async fn lock_parent(
     let budget = ParentBudget {
         limits: parent.limits.0,
         tokens_used: count(parent.tokens_used).saturating_add(pending),
+        cost_used: parent.cost_usd,
         iterations: count(parent.iterations),
         elapsed_ms: count(parent.elapsed_ms),
         depth: u32::try_from(parent.depth).unwrap_or(u32::MAX),
@@ -283,15 +284,21 @@ async fn carve_from_parent(
     parent: Uuid,
     carved: ChildBudget,
 ) -> Result<()> {
+    // A money budget is a decimal string in the limits, as serde writes it.
     sqlx::query!(
-        r#"UPDATE sessions SET limits = jsonb_set(jsonb_set(limits,
-                  '{max_tokens}', to_jsonb((limits ->> 'max_tokens')::bigint - $2)),
-                  '{max_iterations}', to_jsonb((limits ->> 'max_iterations')::bigint - $3)),
+        r#"UPDATE sessions SET limits = CASE WHEN $4::numeric IS NULL THEN l.carved
+                  ELSE jsonb_set(l.carved, '{max_cost_usd}',
+                      to_jsonb(greatest((limits ->> 'max_cost_usd')::numeric - $4, 0)::text)) END,
                   updated_at = now()
+           FROM (SELECT jsonb_set(jsonb_set(s.limits,
+                  '{max_tokens}', to_jsonb((s.limits ->> 'max_tokens')::bigint - $2)),
+                  '{max_iterations}', to_jsonb((s.limits ->> 'max_iterations')::bigint - $3)) AS carved
+                 FROM sessions s WHERE s.id = $1) l
            WHERE id = $1"#,
         parent,
         i64::try_from(carved.tokens).unwrap_or(i64::MAX),
         i64::try_from(carved.iterations).unwrap_or(i64::MAX),
+        carved.cost_usd,
     )
     .execute(conn)
     .await?;

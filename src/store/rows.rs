@@ -207,6 +207,8 @@ impl Counters {
             tokens: self.tokens_used.max(0) as u64,
             consecutive_errors: self.consecutive_errors.max(0) as u32,
             tool_calls: self.tool_calls.max(0) as u64,
+            cost_usd: rust_decimal::Decimal::ZERO,
+            unpriced_steps: 0,
         }
     }
 
@@ -365,6 +367,15 @@ impl Session {
             reflection_tokens: self.reflection_tokens,
             // Read for usage only: a row's counters are never written back.
             charges_seen: 0,
+        }
+    }
+
+    /// What the session has used, money included: the guardrails' view.
+    pub fn usage(&self) -> crate::policy::guardrails::Usage {
+        crate::policy::guardrails::Usage {
+            cost_usd: self.cost_usd,
+            unpriced_steps: u64::try_from(self.unpriced_steps).unwrap_or(0),
+            ..self.counters().usage()
         }
     }
 

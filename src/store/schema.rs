@@ -536,6 +536,7 @@ mod tests {
                 context_budget_tokens: 32_000,
                 review_every,
                 warn_at: crate::policy::soft_budget::WarnAt::DEFAULT,
+                max_cost_usd: None,
             };
             for executor in &executors {
                 let spec: ExecutorSpec = serde_json::from_value(executor.clone()).unwrap();

@@ -204,6 +204,7 @@ impl SessionService {
         .await?;
         let new_goal = req.goal.as_deref().map(validate_goal).transpose()?;
         let limits = session.limits.apply(&req.limits)?;
+        super::check_money_priced(&limits, &self.config.model_prices)?;
         guardrails::check_child_budget(session.parent_id.is_some(), &session.limits.0, &limits)?;
         check_not_exhausted(&session, &limits)?;
         let mut events = leading;
@@ -268,16 +269,21 @@ impl SessionService {
 /// Refuses a resume under `limits` that one of them already stops: the
 /// answer names the limit, what was used and what it allows.
 fn check_not_exhausted(session: &Session, limits: &Limits) -> Result<()> {
-    let usage = session.counters().usage();
+    let usage = session.usage();
     if let Some(breach) = guardrails::exhausted_for_resume(limits, &usage) {
         let (used, limit) = match breach {
-            Breach::Timeout => (usage.elapsed_ms, limits.max_wall_time_ms),
-            Breach::MaxIterations => (usage.iterations, limits.max_iterations),
-            Breach::CostLimit => (usage.tokens, limits.max_tokens),
-            Breach::ErrorThreshold => (
-                u64::from(usage.consecutive_errors),
-                u64::from(limits.max_consecutive_errors),
+            Breach::Timeout => (usage.elapsed_ms, limits.max_wall_time_ms).into_text(),
+            Breach::MaxIterations => (usage.iterations, limits.max_iterations).into_text(),
+            Breach::CostLimit => (usage.tokens, limits.max_tokens).into_text(),
+            Breach::MoneyLimit => (
+                format!("{} USD", usage.cost_usd.normalize()),
+                limits
+                    .max_cost_usd
+                    .map_or_else(String::new, |m| format!("{} USD", m.normalize())),
             ),
+            Breach::ErrorThreshold => {
+                (usage.consecutive_errors, limits.max_consecutive_errors).into_text()
+            }
         };
         return Err(ServiceError::LimitExhausted {
             breach,
@@ -287,4 +293,15 @@ fn check_not_exhausted(session: &Session, limits: &Limits) -> Result<()> {
         });
     }
     Ok(())
+}
+
+/// A used/limit pair as the refusal prints it.
+trait IntoText {
+    fn into_text(self) -> (String, String);
+}
+
+impl<A: std::fmt::Display, B: std::fmt::Display> IntoText for (A, B) {
+    fn into_text(self) -> (String, String) {
+        (self.0.to_string(), self.1.to_string())
+    }
 }

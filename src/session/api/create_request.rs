@@ -225,6 +225,7 @@ impl SessionService {
             .defaults
             .limits_for(mode)
             .for_create(&req.limits)?;
+        super::check_money_priced(&limits, &self.config.model_prices)?;
         // The key never enters the stored spec: it is sealed on its own. So
         // is the URL's query (it often is a credential); the stored
         // executor only says there is one.

@@ -197,3 +197,17 @@ impl SessionService {
         Ok(session)
     }
 }
+
+/// Refuses a money budget the service cannot keep: with no entry in
+/// `WARDEN_MODEL_PRICES` no step can be priced, so no step could start.
+fn check_money_priced(
+    limits: &crate::policy::guardrails::Limits,
+    prices: &crate::policy::pricing::PriceTable,
+) -> Result<()> {
+    if limits.max_cost_usd.is_some() && prices.entries().is_empty() {
+        return Err(ServiceError::Invalid(
+            "limits.max_cost_usd needs a price table: this server has no WARDEN_MODEL_PRICES, so no step's cost can be known".into(),
+        ));
+    }
+    Ok(())
+}

@@ -41,6 +41,7 @@ impl SessionService {
             mode: req.mode.unwrap_or(session.mode),
             limits: session.limits.apply(&req.limits)?,
         };
+        super::check_money_priced(&settings.limits, &self.config.model_prices)?;
         guardrails::check_child_budget(
             session.parent_id.is_some(),
             &session.limits.0,

@@ -76,6 +76,10 @@ pub fn replay(session: &Session, inputs: RebuildInputs) -> LoopState {
     // Usage charged outside the loop since the state was saved (steps cut
     // short) counts against the budget from now on.
     state.absorb_charges(inputs.tokens_charged);
+    // The row sums every committed step's cost in the commit's statement:
+    // the money spent is the row's, whatever the checkpoint held.
+    state.usage.cost_usd = session.cost_usd;
+    state.usage.unpriced_steps = u64::try_from(session.unpriced_steps).unwrap_or(0);
     state
 }
 

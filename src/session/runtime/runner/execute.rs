@@ -153,7 +153,8 @@ impl<S: LoopStore> Runner<S> {
     /// concurrent steps of other sessions spend the same budget, so it is
     /// reserved from what the tree has left; `None` when that is nothing.
     async fn allowance(&mut self) -> Result<Option<u64>, StoreError> {
-        let own = budget::allowance(self.settings.limits.max_tokens, self.state.usage.tokens);
+        let own = budget::allowance(self.settings.limits.max_tokens, self.state.usage.tokens)
+            .min(self.money_allowance());
         if !self.in_tree() {
             return Ok(Some(own));
         }

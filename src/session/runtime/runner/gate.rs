@@ -8,7 +8,7 @@ use super::{Flow, Pass, Runner};
 use crate::event::SessionEvent;
 use crate::policy::budget;
 use crate::policy::gate::{self, GateDecision, GateEvaluation, GateMetrics, PauseCause, StopCause};
-use crate::policy::guardrails::{self, Usage};
+use crate::policy::guardrails::{self, Limits, Usage};
 use crate::policy::history::StepRecord;
 use crate::policy::lifecycle::Reason;
 use crate::policy::termination;
@@ -30,6 +30,8 @@ struct Judged {
     event: SessionEvent,
     /// The token budget left when it was evaluated.
     tokens_remaining: Option<u64>,
+    /// The money budget, not the token budget, set what was left.
+    money_bound: bool,
 }
 
 impl<S: LoopStore> Runner<S> {
@@ -40,12 +42,13 @@ impl<S: LoopStore> Runner<S> {
         let Some(breach) = guardrails::check(&limits, &usage) else {
             return Ok(Flow::Go(usage));
         };
+        let detail = breach.describe(&limits, &usage);
         let event = SessionEvent::GuardrailTripped {
             breach,
             usage,
             limits,
         };
-        let exit = self.finish(breach.reason(), None, vec![event]).await?;
+        let exit = self.finish(breach.reason(), detail, vec![event]).await?;
         Ok(Flow::Exit(exit))
     }
 
@@ -67,13 +70,20 @@ impl<S: LoopStore> Runner<S> {
                 Ok(Flow::Exit(exit))
             }
             GateDecision::Pause { cause } => {
-                let (reason, detail) = pause_end(
+                let (reason, mut detail) = pause_end(
                     cause,
                     &judged.evaluation.metrics,
                     judged.tokens_remaining,
                     self.config.gate.rework_window,
                     &self.state.history,
                 );
+                if judged.money_bound && reason == Reason::BudgetProjectedOverrun {
+                    detail = Some(money_overrun_detail(
+                        &self.settings.limits,
+                        &self.state.usage,
+                        judged.tokens_remaining,
+                    ));
+                }
                 let exit = self.finish(reason, detail, vec![decision]).await?;
                 Ok(Flow::Exit(exit))
             }
@@ -100,6 +110,13 @@ impl<S: LoopStore> Runner<S> {
         let deltas = self.state.token_deltas();
         let mut inputs = self.state.gate_inputs(self.settings.mode, &limits, &deltas);
         inputs.budget.time_remaining_ms = Some(guardrails::time_remaining_ms(&limits, usage));
+        // A money budget is held as the tokens it pays for at the model's
+        // price: the projections pause before a step that would not fit it.
+        let money = self.money_allowance();
+        let money_bound = inputs.budget.tokens_remaining.is_some_and(|t| money < t);
+        if money_bound {
+            inputs.budget.tokens_remaining = Some(money);
+        }
         inputs.coherence = self.state.reflection.coherence;
         inputs.uncertainty = self.state.reflection.uncertainty;
         let evaluation = gate::evaluate(&self.config.gate, &inputs);
@@ -127,6 +144,7 @@ impl<S: LoopStore> Runner<S> {
             evaluation,
             event,
             tokens_remaining: inputs.budget.tokens_remaining,
+            money_bound,
         })
     }
 
@@ -186,6 +204,18 @@ fn stop_reason(cause: StopCause) -> Reason {
         StopCause::StepLimit => Reason::StepLimit,
         StopCause::BudgetExhausted { .. } => Reason::BudgetExhausted,
     }
+}
+
+/// What a pause before a step the money budget cannot pay for says.
+fn money_overrun_detail(limits: &Limits, usage: &Usage, tokens: Option<u64>) -> String {
+    let max = limits.max_cost_usd.unwrap_or_default().normalize();
+    let left = guardrails::cost_remaining(limits, usage)
+        .unwrap_or_default()
+        .normalize();
+    format!(
+        "the next step is projected to cost more than the {left} USD left of the money budget of {max} USD ({} tokens at the model's price); resume with a higher max_cost_usd to go on",
+        tokens.unwrap_or(0)
+    )
 }
 
 /// The end a gate pause records, with what the person who resumes reads.

@@ -31,8 +31,9 @@ use super::reflector::Reflector;
 use crate::config::Config;
 use crate::executor::Executor;
 use crate::metrics::Metrics;
+use crate::policy::budget;
 use crate::policy::delegation::ChildPausePolicy;
-use crate::policy::guardrails::Usage;
+use crate::policy::guardrails::{self, Usage};
 use crate::policy::lifecycle::Reason;
 use crate::policy::loop_state::LoopState;
 use crate::store::{ControlFlags, Lease, SessionSettings, Store, StoreError};
@@ -242,6 +243,21 @@ impl<S: LoopStore> Runner<S> {
 
     fn elapsed_ms(&self) -> u64 {
         self.base_elapsed_ms + self.started.elapsed().as_millis() as u64
+    }
+
+    /// The tokens the money budget has left for the next step, at the
+    /// reservation rate of the executor's model (`u64::MAX` without a money
+    /// budget; 0 when no price is in force, as the budget cannot be kept).
+    fn money_allowance(&self) -> u64 {
+        let Some(left) = guardrails::cost_remaining(&self.settings.limits, &self.state.usage)
+        else {
+            return u64::MAX;
+        };
+        let day = chrono::Utc::now().date_naive();
+        self.config
+            .model_prices
+            .reservation_rate(self.executor.model(), day)
+            .map_or(0, |rate| budget::affordable_tokens(left, rate))
     }
 
     fn current_usage(&self) -> Usage {

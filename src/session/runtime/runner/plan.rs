@@ -124,11 +124,14 @@ pub fn plan_commit(
         step.percent,
     );
     effects.new_cycle = step.cycle_change.as_ref().map(|c| c.cycle);
-    effects.budget_warnings = budget_warnings_due(&state, &step.record, &effects, ctx.limits);
     let mut iteration = iteration_row(&state, &step, &effects)?;
     price(&mut iteration, &step.usage, ctx.prices);
+    let step_cost = step_cost(&iteration, &step.usage);
+    effects.budget_warnings =
+        budget_warnings_due(&state, &step.record, &effects, step_cost, ctx.limits);
     let run = state.run;
     state.apply(run, &step.record, &effects);
+    add_cost(&mut state.usage, step_cost);
     let mut logged = Vec::with_capacity(step.events.len() + 5);
     logged.push(step.decision);
     logged.extend(step.events);
@@ -176,18 +179,35 @@ fn budget_warnings_due(
     state: &LoopState,
     record: &StepRecord,
     effects: &StepEffects,
+    step_cost: Option<Decimal>,
     limits: &Limits,
 ) -> Vec<BudgetWarning> {
-    let usage = loop_state::usage_after(&state.usage, record, effects.elapsed_ms);
-    // Cost warns too once the session counts it: its gauge goes here
-    // (`Budget::CostUsd`, spent against `limits.max_cost_usd`).
-    let cost = None;
-    let gauges = soft_budget::gauges(limits, &usage, cost);
+    let mut usage = loop_state::usage_after(&state.usage, record, effects.elapsed_ms);
+    add_cost(&mut usage, step_cost);
+    let gauges = soft_budget::gauges(limits, &usage);
     soft_budget::due(
         &limits.warn_at.percents(),
         &gauges,
         &state.budget_warnings_sent,
     )
+}
+
+/// What the step cost: `None` when it used tokens of a model no entry
+/// prices (`unpriced`).
+fn step_cost(iteration: &NewIteration, usage: &StepUsage) -> Option<Decimal> {
+    match iteration.cost_usd {
+        Some(usd) => Some(usd),
+        None if usage.total() == 0 => Some(Decimal::ZERO),
+        None => None,
+    }
+}
+
+/// Adds a step's cost to the usage; an unpriced step counts as one.
+fn add_cost(usage: &mut Usage, cost: Option<Decimal>) {
+    match cost {
+        Some(usd) => usage.cost_usd = usage.cost_usd.saturating_add(usd),
+        None => usage.unpriced_steps = usage.unpriced_steps.saturating_add(1),
+    }
 }
 
 /// The `budget_warning` events of `warnings`, each with the note the next
@@ -347,6 +367,7 @@ mod tests {
         context_budget_tokens: 32_000,
         review_every: None,
         warn_at: WarnAt::DEFAULT,
+        max_cost_usd: None,
     };
     static PRICES: std::sync::LazyLock<PriceTable> =
         std::sync::LazyLock::new(|| PriceTable::parse("*=1/2").expect("a table"));
@@ -610,6 +631,57 @@ mod tests {
             plan.row.budget_warnings.is_empty(),
             "warn_at [] never warns"
         );
+    }
+
+    #[test]
+    fn a_steps_cost_adds_to_the_usage_and_the_money_budget_warns() {
+        // Each step: 10 tokens at `*` ($2 per million output) = $0.00002.
+        let limits = Limits {
+            max_cost_usd: Some(Decimal::new(1, 4)),
+            ..LIMITS
+        };
+        let ctx = PlanContext {
+            limits: &limits,
+            ..ctx(100)
+        };
+        let mut state = LoopState::new(5);
+        let mut crossed = Vec::new();
+        for _ in 1..=5 {
+            let plan = plan_commit(state.clone(), next_step(&state), &ctx).expect("a plan");
+            crossed.extend(
+                plan.row
+                    .budget_warnings
+                    .iter()
+                    .filter(|w| w.budget == Budget::CostUsd)
+                    .map(|w| (w.iteration, w.threshold, w.used.normalize().to_string())),
+            );
+            state = plan.state_after;
+        }
+        assert_eq!(state.usage.cost_usd, Decimal::new(10, 5));
+        assert_eq!(state.usage.unpriced_steps, 0);
+        assert_eq!(
+            crossed,
+            [
+                (3, 50, "0.00006".to_string()),
+                (4, 80, "0.00008".to_string()),
+                (5, 95, "0.0001".to_string())
+            ]
+        );
+        // The next guardrail check ends it: the budget is spent.
+        assert_eq!(
+            crate::policy::guardrails::check(&limits, &state.usage),
+            Some(crate::policy::guardrails::Breach::MoneyLimit)
+        );
+        // An unpriced step is counted, and adds no cost.
+        let gpt = PriceTable::parse("gpt-4o=2.50/10/1.25").expect("a table");
+        let unpriced = PlanContext {
+            prices: &gpt,
+            ..ctx
+        };
+        let state = LoopState::new(5);
+        let plan = plan_commit(state.clone(), next_step(&state), &unpriced).expect("a plan");
+        assert_eq!(plan.state_after.usage.unpriced_steps, 1);
+        assert_eq!(plan.state_after.usage.cost_usd, Decimal::ZERO);
     }
 
     #[test]

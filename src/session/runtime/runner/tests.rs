@@ -211,6 +211,7 @@ fn limits(max_iterations: u64, checkpoint_interval: u32) -> Limits {
         // No soft budgets: these tests count the events a step logs (the
         // warnings are the plan's, tested there).
         warn_at: crate::policy::soft_budget::WarnAt::NONE,
+        max_cost_usd: None,
     }
 }
 

@@ -56,7 +56,7 @@ impl Supervisor {
         let id = lease.session_id;
         // This replica holds the lease: the session is its own to end.
         let (usage, limits) = match store.session(id, &crate::store::TenantScope::Global).await {
-            Ok(Some(s)) => (s.counters().usage(), s.limits.0),
+            Ok(Some(s)) => (s.usage(), s.limits.0),
             Ok(None) => return,
             Err(e) => {
                 tracing::warn!(session_id = %id, error = %e, "cannot read the failing session");

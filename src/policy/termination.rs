@@ -125,10 +125,22 @@ pub fn record(reason: Reason, facts: Facts<'_>) -> Termination {
             ),
             vec![format!("{resume} with a higher limits.max_iterations")],
         ),
-        Reason::CostLimit => (
-            format!("Stopped: token budget of {} used up {ran}", l.max_tokens),
-            vec![format!("{resume} with a higher limits.max_tokens")],
-        ),
+        Reason::CostLimit => match l.max_cost_usd {
+            Some(max) if u.cost_usd >= max || u.unpriced_steps > 0 => (
+                with_detail(
+                    format!("Stopped: money budget of {} USD used up {ran}", max.normalize()),
+                    facts.detail,
+                ),
+                vec![format!("{resume} with a higher limits.max_cost_usd")],
+            ),
+            _ => (
+                with_detail(
+                    format!("Stopped: token budget of {} used up {ran}", l.max_tokens),
+                    facts.detail,
+                ),
+                vec![format!("{resume} with a higher limits.max_tokens")],
+            ),
+        },
         Reason::ErrorThreshold => (
             with_detail(
                 format!("Stopped: {} consecutive errors {ran}", u.consecutive_errors),
@@ -426,6 +438,28 @@ mod tests {
         assert!(record(Reason::CostLimit, f).summary.contains("1000"));
         assert!(record(Reason::Timeout, f).summary.contains("10000 ms"));
         assert!(record(Reason::CostLimit, f).next_steps[0].contains("max_tokens"));
+        let money = Limits {
+            max_cost_usd: Some(rust_decimal::Decimal::new(5, 1)),
+            ..*f.limits
+        };
+        let spent = Usage {
+            cost_usd: rust_decimal::Decimal::new(5, 1),
+            ..*f.usage
+        };
+        let m = record(
+            Reason::CostLimit,
+            Facts {
+                limits: &money,
+                usage: &spent,
+                ..f
+            },
+        );
+        assert!(
+            m.summary.contains("money budget of 0.5 USD"),
+            "{}",
+            m.summary
+        );
+        assert!(m.next_steps[0].contains("max_cost_usd"));
     }
 
     #[test]

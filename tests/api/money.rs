@@ -253,3 +253,184 @@ async fn a_workers_completion_reports_its_usage_and_is_priced() {
     let its = app.iterations(id).await;
     assert_eq!(its[0]["price_pattern"], "claude-sonnet-4*");
 }
+
+/// A server pricing every unnamed model at $10 per million output tokens:
+/// a scripted step of 1,000 tokens costs $0.01.
+async fn ten_dollars_a_million() -> TestApp {
+    TestApp::start_with(config_with(&[("WARDEN_MODEL_PRICES", "*=0/10")])).await
+}
+
+/// Scripted steps of `tokens` each, the last one saying it is done.
+fn costed_steps(tokens: &[u64]) -> Value {
+    let n = tokens.len();
+    Value::Array(
+        tokens
+            .iter()
+            .enumerate()
+            .map(|(i, t)| {
+                let output = if i + 1 == n {
+                    "all done\n<<WARDEN_GOAL_DONE: finished>>".to_string()
+                } else {
+                    format!("did step {}", i + 1)
+                };
+                json!({ "action": format!("step_{}", i + 1), "arguments": { "i": i },
+                        "tokens": t, "output": output })
+            })
+            .collect(),
+    )
+}
+
+#[tokio::test]
+async fn a_money_budget_pauses_before_a_step_it_cannot_pay_for_and_a_raise_goes_on() {
+    let app = ten_dollars_a_million().await;
+    let id = app
+        .create_scripted(
+            costed_steps(&[1_000; 6]),
+            json!({ "max_cost_usd": "0.035", "max_tokens": 1_000_000 }),
+        )
+        .await;
+    let s = app.wait_settled(&id).await;
+    // Three steps cost $0.03; $0.005 pays for 500 tokens, and the next
+    // step is projected at 1,000: it never starts.
+    assert_eq!(s["status"], "paused", "{s}");
+    assert_eq!(s["reason"], "budget_projected_overrun", "{s}");
+    assert_eq!(s["cost_usd"], "0.03", "{s}");
+    assert_eq!(s["limits"]["max_cost_usd"], "0.035", "{s}");
+    let detail = s["reason_detail"].as_str().unwrap_or_default();
+    assert!(
+        detail.contains("max_cost_usd") && detail.contains("0.005"),
+        "{detail}"
+    );
+    // The money budget warned on the way: 50 % at step 2, 80 % at step 3.
+    let warned: Vec<(Value, Value)> = s["budget_warnings"]
+        .as_array()
+        .expect("budget_warnings")
+        .iter()
+        .filter(|w| w["budget"] == "cost_usd")
+        .map(|w| (w["threshold"].clone(), w["iteration"].clone()))
+        .collect();
+    assert_eq!(
+        warned,
+        [(json!(50), json!(2)), (json!(80), json!(3))],
+        "{s}"
+    );
+
+    let (status, body) = app
+        .post(
+            &format!("/api/autonomous/{id}/resume"),
+            Some(json!({ "limits": { "max_cost_usd": "1" } })),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let s = app.wait_settled(&id).await;
+    assert_eq!(s["status"], "completed", "{s}");
+    assert_eq!(s["cost_usd"], "0.06", "{s}");
+}
+
+#[tokio::test]
+async fn a_spent_money_budget_ends_the_session_and_a_resume_must_raise_it() {
+    let app = ten_dollars_a_million().await;
+    // A spike: the third step reports 5,000 tokens but may spend only the
+    // 2,000 the $0.02 left pays for; it is charged those and the budget is over.
+    let id = app
+        .create_scripted(
+            costed_steps(&[1_000, 1_000, 5_000, 1_000]),
+            json!({ "max_cost_usd": "0.04", "max_tokens": 1_000_000 }),
+        )
+        .await;
+    let s = app.wait_settled(&id).await;
+    assert_eq!(s["reason"], "cost_limit", "{s}");
+    assert_eq!(s["cost_usd"], "0.04", "never past the budget: {s}");
+    assert_eq!(s["tokens_used"], 4_000, "{s}");
+
+    // Exactly spent, no spike: the guardrail ends it before a fourth step.
+    let id = app
+        .create_scripted(
+            costed_steps(&[1_000; 5]),
+            json!({ "max_cost_usd": "0.03", "max_tokens": 1_000_000, "max_iterations": 50 }),
+        )
+        .await;
+    let s = app.wait_settled(&id).await;
+    assert_eq!(s["reason"], "cost_limit", "{s}");
+    assert_eq!(s["cost_usd"], "0.03", "{s}");
+    assert_eq!(s["iterations"], 3, "{s}");
+    assert_eq!(s["status"], "stopped", "{s}");
+    let summary = s["summary"].as_str().unwrap_or_default();
+    assert!(
+        summary.contains("money budget of 0.03 USD") && summary.contains("cost 0.03 USD"),
+        "{summary}"
+    );
+    // A resume that does not raise the budget would stop at once: refused.
+    let (status, body) = app
+        .post(&format!("/api/autonomous/{id}/resume"), Some(json!({})))
+        .await;
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+    assert!(
+        body["detail"]
+            .as_str()
+            .is_some_and(|d| d.contains("max_cost_usd")),
+        "{body}"
+    );
+    let (status, body) = app
+        .post(
+            &format!("/api/autonomous/{id}/resume"),
+            Some(json!({ "limits": { "max_cost_usd": "0.05" } })),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let s = app.wait_settled(&id).await;
+    assert_eq!(s["status"], "completed", "{s}");
+    assert_eq!(s["cost_usd"], "0.05", "{s}");
+}
+
+#[tokio::test]
+async fn a_money_budget_needs_a_price_table_and_a_valid_amount() {
+    let unpriced = TestApp::start().await;
+    let res = unpriced
+        .client
+        .post(unpriced.url("/api/autonomous"))
+        .json(
+            &json!({ "goal": "Create README.md with a project description",
+                       "limits": { "max_cost_usd": "1" },
+                       "executor": { "kind": "scripted", "steps": costed_steps(&[10]) } }),
+        )
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(res.status(), StatusCode::UNPROCESSABLE_ENTITY);
+    let body: Value = res.json().await.expect("json");
+    assert!(
+        body["detail"]
+            .as_str()
+            .is_some_and(|d| d.contains("WARDEN_MODEL_PRICES")),
+        "{body}"
+    );
+
+    let app = ten_dollars_a_million().await;
+    for bad in [
+        json!("0"),
+        json!("-1"),
+        json!("0.0000001"),
+        json!("1000000.5"),
+        json!("lots"),
+    ] {
+        let res = app
+            .client
+            .post(app.url("/api/autonomous"))
+            .json(
+                &json!({ "goal": "Create README.md with a project description",
+                           "limits": { "max_cost_usd": bad },
+                           "executor": { "kind": "scripted", "steps": costed_steps(&[10]) } }),
+            )
+            .send()
+            .await
+            .expect("sent");
+        assert_eq!(res.status(), StatusCode::UNPROCESSABLE_ENTITY, "{bad}");
+    }
+    let (_, list) = app.get("/api/autonomous").await;
+    assert_eq!(
+        list["items"].as_array().map(Vec::len),
+        Some(0),
+        "nothing was made: {list}"
+    );
+}

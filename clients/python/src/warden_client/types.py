@@ -57,6 +57,7 @@ class LimitsPatch(TypedDict, total=False):
     checkpoint_interval: int | None
     review_every: int | None
     warn_at: list[int] | None
+    max_cost_usd: str | None
 
 
 class Limits(TypedDict, total=False):
@@ -73,6 +74,7 @@ class Limits(TypedDict, total=False):
     checkpoint_interval: int
     review_every: int | None
     warn_at: list[int]
+    max_cost_usd: str | None
 
 
 class WorkerExecutor(TypedDict):

@@ -56,6 +56,19 @@ pub enum HistoryTable {
 }
 
 impl HistoryTable {
+    /// The database table its rows go to.
+    pub fn table(self) -> &'static str {
+        match self {
+            HistoryTable::Iterations => "iterations",
+            HistoryTable::Reflections => "reflections",
+            HistoryTable::Decisions | HistoryTable::Events => "events",
+            HistoryTable::Checkpoints => "checkpoints",
+            HistoryTable::ToolCalls => "tool_calls",
+            HistoryTable::Refinements => "refinements",
+            HistoryTable::Tasks => "tasks",
+        }
+    }
+
     /// Every table, in the archive's order.
     pub const ALL: [HistoryTable; 8] = [
         HistoryTable::Iterations,
@@ -271,9 +284,19 @@ impl Store {
     /// Fails, importing nothing, when a session of that id exists.
     pub async fn import_session(&self, id: Uuid, rows: &ImportRows) -> Result<()> {
         let mut tx = self.pool.begin().await?;
-        Self::check_placed(&mut tx, id, &rows.session).await?;
-        Self::insert_ended(&mut tx, id, &rows.session).await?;
-        Self::insert_history(&mut tx, id, &rows.tables).await?;
+        // An archive written before a migration added a NOT NULL column
+        // lacks it: the column's default fills it, as the migration did.
+        let session = with_defaults(&mut tx, id, "sessions", &rows.session).await?;
+        let mut tables = Vec::with_capacity(rows.tables.len());
+        for (table, json) in &rows.tables {
+            tables.push((
+                *table,
+                with_defaults(&mut tx, id, table.table(), json).await?,
+            ));
+        }
+        Self::check_placed(&mut tx, id, &session).await?;
+        Self::insert_ended(&mut tx, id, &session).await?;
+        Self::insert_history(&mut tx, id, &tables).await?;
         tx.commit().await?;
         self.durable().await?;
         Ok(())
@@ -587,4 +610,53 @@ impl Store {
         .await?;
         Ok(())
     }
+}
+
+/// `json` (one row, or an array of rows, of `table` as `row_to_json` wrote
+/// them) with every NOT NULL column that has a default and that the rows
+/// lack set to that default, evaluated by this database. Keys the table
+/// does not have are left for `json_populate_record` to ignore.
+async fn with_defaults(
+    conn: &mut PgConnection,
+    id: Uuid,
+    table: &'static str,
+    json: &str,
+) -> Result<String> {
+    let mut rows: serde_json::Value =
+        serde_json::from_str(json).map_err(|e| StoreError::Import {
+            id,
+            detail: format!("its {table} rows are not JSON: {e}"),
+        })?;
+    let defaults: Vec<(String, String)> = sqlx::query_as(
+        "SELECT column_name::text, column_default::text FROM information_schema.columns
+         WHERE table_schema = current_schema() AND table_name = $1
+           AND is_nullable = 'NO' AND column_default IS NOT NULL",
+    )
+    .bind(table)
+    .fetch_all(&mut *conn)
+    .await?;
+    let objects: Vec<&mut serde_json::Map<String, serde_json::Value>> = match &mut rows {
+        serde_json::Value::Object(row) => vec![row],
+        serde_json::Value::Array(all) => all.iter_mut().filter_map(|r| r.as_object_mut()).collect(),
+        _ => Vec::new(),
+    };
+    let mut objects = objects;
+    for (column, default) in defaults {
+        if objects.iter().all(|row| row.contains_key(&column)) {
+            continue;
+        }
+        // The expression comes from this database's catalog, never from
+        // the archive: evaluating it is the migration's own default.
+        let value: serde_json::Value =
+            sqlx::query_scalar(sqlx::AssertSqlSafe(format!("SELECT to_jsonb({default})")))
+                .fetch_one(&mut *conn)
+                .await?;
+        for row in objects.iter_mut() {
+            row.entry(column.clone()).or_insert_with(|| value.clone());
+        }
+    }
+    serde_json::to_string(&rows).map_err(|e| StoreError::Import {
+        id,
+        detail: format!("its {table} rows: {e}"),
+    })
 }

@@ -568,3 +568,50 @@ async fn an_import_checks_tenant_lineage_and_secrets_against_the_target_and_read
     assert_eq!(code, StatusCode::OK);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// An archive written by an older release lacks the NOT NULL columns later
+/// migrations added (cost, unpriced steps, tree and capability columns):
+/// its rows import with each column's default, as the migration gave rows
+/// that existed then, instead of failing on a NULL.
+#[tokio::test]
+async fn an_archive_from_before_later_columns_imports_with_their_defaults() {
+    let db = TestDb::new().await;
+    let app = TestApp::spawn(db.pool.clone()).await;
+    let store = store_on(db.pool.clone());
+    let ended = app
+        .create_scripted(json!([{ "action": "a", "output": "done" }]), json!({}))
+        .await;
+    app.wait_settled(&ended).await;
+    let row: String =
+        sqlx::query_scalar("SELECT row_to_json(s)::text FROM sessions s WHERE id = $1::text::uuid")
+            .bind(&ended)
+            .fetch_one(&db.pool)
+            .await
+            .expect("the row");
+    let mut row: Value = serde_json::from_str(&row).expect("json");
+    let id = uuid::Uuid::new_v4();
+    row["id"] = json!(id);
+    let older = row.as_object_mut().expect("an object");
+    for added in [
+        "cost_usd",
+        "unpriced_steps",
+        "needs",
+        "tokens_charged",
+        "forgiven_tokens",
+        "on_child_pause",
+        "lineage",
+        "children_tokens",
+        "children_iterations",
+    ] {
+        assert!(older.remove(added).is_some(), "{added} is a column today");
+    }
+    let file = plain_archive(&archive_dir(), &row);
+    warden::session::archive::import(&store, &file)
+        .await
+        .expect("an older archive imports");
+    let (status, shown) = app.get(&format!("/api/autonomous/{id}")).await;
+    assert_eq!(status, StatusCode::OK, "{shown}");
+    assert_eq!(shown["cost_usd"], "0", "{shown}");
+    assert_eq!(shown["unpriced_steps"], 0, "{shown}");
+    assert!(shown["imported_at"].is_string(), "{shown}");
+}

@@ -434,3 +434,57 @@ async fn a_money_budget_needs_a_price_table_and_a_valid_amount() {
         "nothing was made: {list}"
     );
 }
+
+#[tokio::test]
+async fn a_childs_money_budget_is_carved_from_its_parents_and_changes_only_through_it() {
+    let app = ten_dollars_a_million().await;
+    let doc = app
+        .create(json!({
+            "goal": "Build feature X and write its tests",
+            "limits": { "max_tokens": 100_000, "max_iterations": 200, "max_cost_usd": "1" },
+            "executor": { "kind": "scripted", "steps": [
+                { "action": "merge", "tokens": 1_000,
+                  "output": "merged\n<<WARDEN_GOAL_DONE: all parts done>>" }
+            ] },
+            "subgoals": [
+                { "goal": "Build feature X", "budget_share": 0.25,
+                  "steps": costed_steps(&[1_000, 1_000]) },
+                { "goal": "Write the tests of X", "budget_share": 0.25,
+                  "steps": costed_steps(&[2_000]) }
+            ]
+        }))
+        .await;
+    let id = doc["id"].as_str().expect("id").to_string();
+    // A quarter of $1, then a quarter of the $0.75 left; the parent keeps
+    // the rest, so the tree can never spend more than $1.
+    let children: Vec<String> = app.session(&id).await["children"]
+        .as_array()
+        .expect("children")
+        .iter()
+        .map(|c| c["id"].as_str().expect("id").to_string())
+        .collect();
+    let carved: Vec<Value> = {
+        let mut v = Vec::new();
+        for c in &children {
+            v.push(app.session(c).await["limits"]["max_cost_usd"].clone());
+        }
+        v
+    };
+    assert_eq!(carved, [json!("0.25"), json!("0.1875")], "{doc}");
+    assert_eq!(doc["limits"]["max_cost_usd"], "0.5625", "{doc}");
+    let (status, body) = app
+        .patch(
+            &format!("/api/autonomous/{}", children[0]),
+            json!({ "limits": { "max_cost_usd": "5" } }),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+
+    let parent = app
+        .wait_until(&id, Duration::from_secs(30), |s| s["status"] == "completed")
+        .await;
+    assert_eq!(parent["cost_usd"], "0.01", "{parent}");
+    let (_, tree) = app.get(&format!("/api/autonomous/{id}/tree")).await;
+    // $0.01 of the parent's, $0.02 and $0.02 of its children's.
+    assert_eq!(tree["totals"]["cost_usd"], "0.05", "{tree}");
+}

@@ -365,6 +365,9 @@ function setupCreateForm() {
       const limits = {};
       const num = (id, key) => { const v = $(id).value; if (v) limits[key] = Number(v); };
       num("#max-iterations", "max_iterations"); num("#max-tokens", "max_tokens"); num("#max-wall", "max_wall_time_ms");
+      // Money stays a decimal string end to end: never a float.
+      const usd = $("#max-cost").value.trim();
+      if (usd) limits.max_cost_usd = usd;
       const body = { goal: $("#goal").value, limits, executor: executorFromForm() };
       if ($("#mode").value) body.mode = $("#mode").value;
       if (lines("#criteria-input").length) body.success_criteria = lines("#criteria-input");
@@ -488,7 +491,8 @@ function renderSession(s) {
   $("#tokens").textContent = s.tokens_used;
   // An exact decimal string; steps no price entry priced are flagged, not 0.
   $("#cost").textContent = s.cost_usd == null ? "—"
-    : "$" + s.cost_usd + (s.unpriced_steps > 0 ? ` + ${s.unpriced_steps} unpriced` : "");
+    : "$" + s.cost_usd + (s.limits.max_cost_usd ? ` of $${s.limits.max_cost_usd}` : "") +
+      (s.unpriced_steps > 0 ? ` + ${s.unpriced_steps} unpriced` : "");
   $("#elapsed").textContent = fmtSecs(s.elapsed_ms / 1000);
   live = s.status === "running" ? { s, at: performance.now() } : null;
   $("#current-step").hidden = !live || !s.current_step || !!s.waiting_for_worker;

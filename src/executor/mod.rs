@@ -793,6 +793,12 @@ fn validate_queue_and_labels(queue: &str, labels: &BTreeMap<String, String>) -> 
     if !crate::policy::worker::valid_queue(queue) {
         return Err("executor.queue must be 1 to 64 letters, digits, '-', '_' or '.'".into());
     }
+    validate_labels("executor.labels", labels)
+}
+
+/// Checks a set of labels' count and sizes (an executor's, or the ones a
+/// worker advertises in its claim); the message names `field`.
+pub fn validate_labels(field: &str, labels: &BTreeMap<String, String>) -> Result<(), String> {
     if labels.len() > MAX_LABELS
         || labels.iter().any(|(k, v)| {
             k.is_empty()
@@ -801,7 +807,7 @@ fn validate_queue_and_labels(queue: &str, labels: &BTreeMap<String, String>) -> 
         })
     {
         return Err(format!(
-            "executor.labels may hold at most {MAX_LABELS} labels, names of 1 to {MAX_LABEL_NAME_CHARS} characters, values of at most {MAX_LABEL_VALUE_CHARS}"
+            "{field} may hold at most {MAX_LABELS} labels, names of 1 to {MAX_LABEL_NAME_CHARS} characters, values of at most {MAX_LABEL_VALUE_CHARS}"
         ));
     }
     Ok(())

@@ -22,6 +22,7 @@ use super::error::{ApiError, ApiResult, Problem};
 use super::extract::{ApiJson, TaskId};
 use crate::auth::{Principal, Role};
 use crate::executor::{WebhookRequest, WebhookResponse};
+use crate::session::workers::Claimant;
 use crate::session::{ClaimedStep, LeaseCheck, Settlement};
 
 /// Default wait of a claim, ms.
@@ -63,6 +64,12 @@ pub struct ClaimRequest {
     /// The worker's own name, shown in the queue listing (at most 200 characters).
     #[serde(default)]
     pub worker: Option<String>,
+    /// The labels this worker has (at most 32; names of 1 to 64 characters,
+    /// values of at most 256): it is offered only tasks whose session's
+    /// `executor.labels` it has every one of, with the same value. A worker
+    /// that sends none takes only tasks without labels.
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
 }
 
 /// A claimed task: a step to perform under a lease.
@@ -308,6 +315,7 @@ pub async fn claim(
     {
         return Err(invalid(format!("queue {bad:?} is not a queue name")));
     }
+    crate::executor::validate_labels("labels", &req.labels).map_err(invalid)?;
     let queues = queues_of(&caller, req.queues)?;
     // Held until the claim answers; a claim that cannot wait parks nowhere.
     let _parked = match slot {
@@ -325,7 +333,10 @@ pub async fn claim(
         .claim(
             &caller.scope,
             queues.as_deref(),
-            &worker,
+            Claimant {
+                name: &worker,
+                labels: &req.labels,
+            },
             Duration::from_millis(wait_ms),
         )
         .await?;

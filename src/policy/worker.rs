@@ -134,6 +134,18 @@ pub fn valid_queue(queue: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
 }
 
+/// Whether a worker advertising `worker` labels may take a task whose
+/// session asked for `task` labels: it has every one of them, with the same
+/// value (as CI runners match `runs-on`). A task without labels goes to
+/// any worker. The claim's SQL decides the same with jsonb containment
+/// (`t.labels <@ worker`); this is its specification, tested.
+pub fn worker_has_labels(
+    task: &std::collections::BTreeMap<String, String>,
+    worker: &std::collections::BTreeMap<String, String>,
+) -> bool {
+    task.iter().all(|(k, v)| worker.get(k) == Some(v))
+}
+
 /// Whether a lease with `lease_left_ms` left has lapsed.
 pub fn lease_lapsed(lease_left_ms: i64) -> bool {
     lease_left_ms <= 0
@@ -569,5 +581,26 @@ mod tests {
             None,
             "an unknown name is refused"
         );
+    }
+
+    #[test]
+    fn a_task_goes_only_to_a_worker_with_all_its_labels() {
+        let set = |pairs: &[(&str, &str)]| {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect::<std::collections::BTreeMap<_, _>>()
+        };
+        let none = set(&[]);
+        let gpu = set(&[("gpu", "a100")]);
+        let gpu_linux = set(&[("gpu", "a100"), ("os", "linux")]);
+        let other_gpu = set(&[("gpu", "h100"), ("os", "linux")]);
+        assert!(worker_has_labels(&none, &none));
+        assert!(worker_has_labels(&none, &gpu_linux));
+        assert!(worker_has_labels(&gpu, &gpu));
+        assert!(worker_has_labels(&gpu, &gpu_linux));
+        assert!(!worker_has_labels(&gpu, &none));
+        assert!(!worker_has_labels(&gpu, &other_gpu));
+        assert!(!worker_has_labels(&gpu_linux, &gpu));
     }
 }

@@ -88,8 +88,8 @@ pub use sessions::{
     update_settings,
 };
 pub use worker_tasks::{
-    ClaimedWorkerTask, Heartbeat, LeaseCheck, NewWorkerTask, QueueDepth, Settlement, TaskEnd,
-    WORKERS_CHANNEL, WaitingWorkerTask, WorkerChange, WorkerSeen, WorkerTaskSnapshot,
+    Claimant, ClaimedWorkerTask, Heartbeat, LeaseCheck, NewWorkerTask, QueueDepth, Settlement,
+    TaskEnd, WORKERS_CHANNEL, WaitingWorkerTask, WorkerChange, WorkerSeen, WorkerTaskSnapshot,
     charge_uncollected_outcomes, wait_for_worker_change,
 };
 

@@ -71,6 +71,15 @@ pub struct WorkerTaskSnapshot {
     pub taken_over: bool,
 }
 
+/// The worker a claim is for: its name and the labels it advertises.
+#[derive(Debug, Clone, Copy)]
+pub struct Claimant<'a> {
+    /// The worker's own name (for the queue listing).
+    pub name: &'a str,
+    /// Its labels: it takes only tasks whose labels it has every one of.
+    pub labels: &'a BTreeMap<String, String>,
+}
+
 /// A task a worker claimed.
 #[derive(Debug, Clone)]
 pub struct ClaimedWorkerTask {
@@ -489,13 +498,15 @@ impl Store {
     }
 
     /// Claims the oldest task offered on one of `queues` whose session runs
-    /// and is not being stopped or paused, for `worker`; `None` when there
-    /// is none right now. Tasks another worker is claiming are skipped.
+    /// and is not being stopped or paused, and whose labels the worker has
+    /// every one of (`policy::worker::worker_has_labels`, as jsonb
+    /// containment), for `worker`; `None` when there is none right now.
+    /// Tasks another worker is claiming are skipped.
     pub async fn claim_worker_task(
         &self,
         scope: &TenantScope,
         queues: Option<&[String]>,
-        worker: &str,
+        worker: Claimant<'_>,
     ) -> Result<Option<ClaimedWorkerTask>> {
         let token = new_token();
         let mut tx = self.pool.begin().await?;
@@ -504,6 +515,7 @@ impl Store {
                  SELECT t.id FROM worker_tasks t JOIN sessions s ON s.id = t.session_id
                  WHERE t.state = 'pending' AND ($2::text[] IS NULL OR t.queue = ANY($2))
                    AND ($1::text IS NULL OR t.tenant = $1)
+                   AND t.labels <@ $5::jsonb
                    AND s.status = 'running' AND NOT s.stop_requested AND NOT s.pause_requested
                  ORDER BY t.offered_at, t.id LIMIT 1 FOR UPDATE OF t SKIP LOCKED)
                UPDATE worker_tasks w SET state = 'claimed', lease_digest = $3,
@@ -517,7 +529,8 @@ impl Store {
             scope.tenant(),
             queues as Option<&[String]>,
             digest(&token),
-            worker,
+            worker.name,
+            Json(worker.labels) as _,
         )
         .fetch_optional(&mut *tx)
         .await?;
@@ -531,7 +544,7 @@ impl Store {
              DO UPDATE SET last_seen_at = now(), task_id = EXCLUDED.task_id",
             row.tenant,
             row.queue,
-            worker,
+            worker.name,
             row.id,
         )
         .execute(&mut *tx)

@@ -76,7 +76,8 @@ impl Worker {
         let (status, body) = self
             .post(
                 "/api/workers/claim",
-                json!({ "wait_ms": wait_ms, "worker": "test-worker" }),
+                json!({ "wait_ms": wait_ms, "worker": "test-worker",
+                        "labels": { "gpu": "none" } }),
             )
             .await;
         match status {
@@ -739,4 +740,65 @@ async fn usage_reported_after_a_pause_counts_against_the_budget_of_the_next_step
     let s = app.wait_settled(&id).await;
     assert_eq!(s["status"], "completed", "{s}");
     assert_eq!(s["tokens_used"], 350, "the charge stays counted: {s}");
+}
+
+#[tokio::test]
+async fn a_task_goes_only_to_a_worker_that_has_all_its_labels() {
+    let app = TestApp::start().await;
+    let key = worker_key(&app, common::TEST_TENANT, &["fleet"]).await;
+    let worker = Worker::new(&app, &key);
+    let claim_as = |labels: Value| {
+        let worker = &worker;
+        async move {
+            let (status, body) = worker
+                .post(
+                    "/api/workers/claim",
+                    json!({ "wait_ms": 0, "worker": "w", "labels": labels }),
+                )
+                .await;
+            match status {
+                StatusCode::OK => Some(body),
+                StatusCode::NO_CONTENT => None,
+                other => panic!("claim answered {other}: {body}"),
+            }
+        }
+    };
+    let a100 = worker_session(&app, "fleet", json!({ "labels": { "gpu": "a100" } })).await;
+    // Offered, but no worker without an a100 takes it.
+    app.wait_until(&a100, Duration::from_secs(10), |s| {
+        s["waiting_for_worker"].is_object()
+    })
+    .await;
+    assert!(
+        claim_as(json!({})).await.is_none(),
+        "a worker without labels"
+    );
+    assert!(
+        claim_as(json!({ "gpu": "h100", "os": "linux" }))
+            .await
+            .is_none()
+    );
+    let plain = worker_session(&app, "fleet", json!({ "labels": {} })).await;
+    app.wait_until(&plain, Duration::from_secs(10), |s| {
+        s["waiting_for_worker"].is_object()
+    })
+    .await;
+    // A task without labels goes to any worker; the a100 one still waits.
+    let task = claim_as(json!({ "gpu": "h100" }))
+        .await
+        .expect("the plain task");
+    assert_eq!(task["session_id"], plain.as_str());
+    let task = claim_as(json!({ "gpu": "a100", "os": "linux" }))
+        .await
+        .expect("the a100 task");
+    assert_eq!(task["session_id"], a100.as_str());
+    assert_eq!(task["labels"], json!({ "gpu": "a100" }));
+    // Labels are bounded like an executor's.
+    let (status, body) = worker
+        .post(
+            "/api/workers/claim",
+            json!({ "wait_ms": 0, "labels": { "": "x" } }),
+        )
+        .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
 }

@@ -10,6 +10,8 @@ use uuid::Uuid;
 use super::SessionService;
 use crate::executor::WebhookRequest;
 use crate::session::error::Result;
+/// The worker a claim is for (its name and advertised labels).
+pub use crate::store::Claimant;
 use crate::store::{
     ClaimedWorkerTask, Heartbeat, LeaseCheck, QueueDepth, Settlement, Store, StoreError,
     TenantScope, WorkerSeen, wait_for_worker_change,
@@ -43,14 +45,14 @@ impl SessionService {
 }
 
 impl WorkerProtocol<'_> {
-    /// Claims the oldest task on `queues` for `worker`, waiting up to `wait`
+    /// Claims the oldest task on `queues` that `worker` has the labels of, waiting up to `wait`
     /// for one to be offered; `None` when none came. A claim that found
     /// nothing records that the worker polled (for the queue listing).
     pub async fn claim(
         &self,
         scope: &TenantScope,
         queues: Option<&[String]>,
-        worker: &str,
+        worker: Claimant<'_>,
         wait: Duration,
     ) -> Result<Option<ClaimedStep>> {
         let mut changes = self.store.worker_changes();
@@ -75,7 +77,9 @@ impl WorkerProtocol<'_> {
                 .await;
         }
         if let (Some(tenant), Some(queues)) = (scope.tenant(), queues) {
-            self.store.worker_polled(tenant, queues, worker).await?;
+            self.store
+                .worker_polled(tenant, queues, worker.name)
+                .await?;
         }
         Ok(None)
     }

@@ -469,14 +469,25 @@ class Client(_Retrying):
     # -- the worker protocol ----------------------------------------------
 
     def claim(
-        self, *, queues: list[str] | None = None, wait_ms: int = 30000, worker: str | None = None
+        self,
+        *,
+        queues: list[str] | None = None,
+        wait_ms: int = 30000,
+        worker: str | None = None,
+        labels: dict[str, str] | None = None,
     ) -> ClaimedTask | None:
-        """Long-polls for a task for up to ``wait_ms``; None when none came (204)."""
+        """Long-polls for a task for up to ``wait_ms``; None when none came (204).
+
+        ``labels``: what this worker has; it is offered only tasks whose session's
+        ``executor.labels`` it has every one of (none: only tasks without labels).
+        """
         body: dict[str, Any] = {"wait_ms": wait_ms}
         if queues is not None:
             body["queues"] = queues
         if worker is not None:
             body["worker"] = worker
+        if labels:
+            body["labels"] = labels
         answer = self.request(
             "claim", body=body, timeout=wait_ms / 1000 + self._timeout, ok_empty=(204,)
         )

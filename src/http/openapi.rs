@@ -414,6 +414,11 @@ fn key_and_limit_bounds(out: &mut Vec<Bound>) {
             crate::config::RETENTION_PATTERN.into(),
         ),
     ]);
+    out.push((
+        prop("LimitsPatch", "max_cost_usd"),
+        "pattern",
+        crate::policy::guardrails::COST_PATTERN.into(),
+    ));
     // Soft budgets' thresholds, as `soft_budget::thresholds` checks them.
     let (lowest, highest) = crate::policy::soft_budget::PERCENTS;
     for schema in ["LimitsPatch", "Limits"] {

@@ -90,14 +90,53 @@ pub struct LimitsPatch {
     pub warn_at: Option<WarnAt>,
     /// Money budget in USD, a decimal string (more than 0, at most
     /// 1,000,000, at most 6 decimal places); needs `WARDEN_MODEL_PRICES`.
-    #[schema(value_type = Option<String>, example = "2.50", pattern = r"^[0-9]{1,7}([.][0-9]{1,6})?$")]
+    #[schema(value_type = Option<String>, example = "2.50")]
+    #[serde(default, deserialize_with = "cost_text")]
     pub max_cost_usd: Option<Decimal>,
+}
+
+/// Reads a money budget from its text form only ([`COST_PATTERN`]): a
+/// number, or text the pattern refuses, is refused, so what the document
+/// allows and what is taken are the same.
+fn cost_text<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Decimal>, D::Error> {
+    let Some(text) = Option::<String>::deserialize(d)? else {
+        return Ok(None);
+    };
+    parse_cost(&text).map(Some).ok_or_else(|| {
+        serde::de::Error::custom(format!(
+            "max_cost_usd must be a decimal string of USD, more than 0 and at most {MAX_COST_USD}, \
+             with at most {MAX_COST_SCALE} decimal places and no leading zeros (e.g. \"2.50\"), got {text:?}"
+        ))
+    })
+}
+
+/// A money budget's text as [`COST_PATTERN`] takes it: `0` or digits
+/// without a leading zero, at most 7 of them, then at most six places;
+/// more than 0 and at most [`MAX_COST_USD`]. `None` otherwise.
+pub fn parse_cost(text: &str) -> Option<Decimal> {
+    let (whole, places) = match text.split_once('.') {
+        Some((w, p)) => (w, Some(p)),
+        None => (text, None),
+    };
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    let whole_ok = digits(whole) && whole.len() <= 7 && (whole == "0" || !whole.starts_with('0'));
+    let places_ok = places.is_none_or(|p| digits(p) && p.len() <= MAX_COST_SCALE as usize);
+    if !(whole_ok && places_ok) {
+        return None;
+    }
+    let usd: Decimal = text.parse().ok()?;
+    (usd > Decimal::ZERO && usd <= Decimal::from(MAX_COST_USD)).then_some(usd)
 }
 
 /// The largest money budget a session may have, USD.
 pub const MAX_COST_USD: u32 = 1_000_000;
 /// Most decimal places a money budget may have (a millionth of a dollar).
 pub const MAX_COST_SCALE: u32 = 6;
+
+/// The money budgets' text form, as the API document states it (the range
+/// itself, more than 0 and at most [`MAX_COST_USD`], is checked by
+/// [`check_cost_budget`]).
+pub const COST_PATTERN: &str = "^([1-9][0-9]{0,5}([.][0-9]{1,6})?|0[.]([1-9][0-9]{0,5}|0[1-9][0-9]{0,4}|00[1-9][0-9]{0,3}|000[1-9][0-9]{0,2}|0000[1-9][0-9]?|00000[1-9])|1000000([.]0{1,6})?)$";
 
 /// Checks a money budget: more than 0, at most [`MAX_COST_USD`], at most
 /// [`MAX_COST_SCALE`] places (trailing zeros do not count).
@@ -828,6 +867,49 @@ pub(crate) mod tests {
             ..LimitsPatch::default()
         };
         assert!(roomy().apply(&zero).is_err());
+        // The text form: what COST_PATTERN allows, nothing else.
+        for good in [
+            "1",
+            "2.50",
+            "0.000001",
+            "999999.999999",
+            "1000000",
+            "1000000.000000",
+            "0.1",
+        ] {
+            assert!(parse_cost(good).is_some(), "{good}");
+        }
+        for bad in [
+            "0",
+            "0.0",
+            "0.0000001",
+            "01",
+            "00.5",
+            ".5",
+            "5.",
+            "1000000.000001",
+            "1000001",
+            "-1",
+            "1e3",
+            " 1",
+            "1,5",
+            "",
+            "0.1000000",
+        ] {
+            assert_eq!(parse_cost(bad), None, "{bad}");
+        }
+        let read = |json: &str| serde_json::from_str::<LimitsPatch>(json).map(|p| p.max_cost_usd);
+        assert_eq!(
+            read(r#"{"max_cost_usd": "2.50"}"#).ok(),
+            Some(Some(d("2.50")))
+        );
+        assert_eq!(read(r#"{"max_cost_usd": null}"#).ok(), Some(None));
+        assert_eq!(read("{}").ok(), Some(None));
+        assert!(
+            read(r#"{"max_cost_usd": 2.5}"#).is_err(),
+            "a number is refused"
+        );
+        assert!(read(r#"{"max_cost_usd": "01"}"#).is_err());
         let child_more = Limits {
             max_cost_usd: Some(d("4")),
             ..kept

@@ -49,6 +49,7 @@ mod scope;
 mod secrets;
 mod sessions;
 mod tasks;
+mod trace_links;
 #[cfg(test)]
 pub(crate) mod testing;
 mod worker_tasks;
@@ -81,6 +82,7 @@ pub use rows::{
     TASK_STATUSES,
 };
 pub use scope::TenantScope;
+pub use trace_links::{StoredTraceLinks, set_request_traceparent};
 pub use secrets::{PlaintextKey, StoredSecret, insert_secret};
 pub use sessions::{
     delete as delete_session, end_unowned, insert as insert_session, insert_refinement,

@@ -269,7 +269,8 @@ async fn request_trace(req: Request<axum::body::Body>, next: axum::middleware::N
 
 /// The span of one request: the log's `request` span, exported as an HTTP
 /// server span named by its route template (`http.route`, from axum's
-/// matched path; the raw path is `url.path`, the query never recorded),
+/// matched path; the raw path is `url.path`, the query `url.query`: the
+/// API takes no secret in a query),
 /// under the caller's `traceparent` when it sends one.
 fn request_span<B>(req: &Request<B>) -> tracing::Span {
     let route = req
@@ -283,6 +284,7 @@ fn request_span<B>(req: &Request<B>) -> tracing::Span {
         http.request.method = method,
         url.path = req.uri().path(),
         url.scheme = tracing::field::Empty,
+        url.query = tracing::field::Empty,
         http.route = tracing::field::Empty,
         otel.name = tracing::field::Empty,
         otel.kind = tracing::field::Empty,
@@ -295,6 +297,9 @@ fn request_span<B>(req: &Request<B>) -> tracing::Span {
     }
     span.record("otel.kind", "server");
     span.record("url.scheme", req.uri().scheme_str().unwrap_or("http"));
+    if let Some(query) = req.uri().query().filter(|q| !q.is_empty()) {
+        span.record("url.query", query);
+    }
     match route {
         Some(route) => {
             span.record("otel.name", format!("{method} {route}").as_str());

@@ -1194,8 +1194,14 @@ mod tests {
         assert!(traces.content);
         // So is the metrics endpoint.
         let metrics = telemetry(&[
-            ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "https://otel.example/t"),
-            ("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", "https://otel.example/m"),
+            (
+                "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+                "https://otel.example/t",
+            ),
+            (
+                "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
+                "https://otel.example/m",
+            ),
         ])
         .unwrap()
         .unwrap();
@@ -1203,9 +1209,12 @@ mod tests {
             metrics.metrics_endpoint.as_deref(),
             Some("https://otel.example/m")
         );
-        let traces_only = telemetry(&[("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "https://otel.example/t")])
-            .unwrap()
-            .unwrap();
+        let traces_only = telemetry(&[(
+            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+            "https://otel.example/t",
+        )])
+        .unwrap()
+        .unwrap();
         assert_eq!(traces_only.metrics_endpoint, None);
         let grpc = telemetry(&[
             ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4317"),

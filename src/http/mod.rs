@@ -258,7 +258,9 @@ pub fn router(state: AppState, max_body_bytes: usize, limits: RequestLimits) -> 
 /// Serves the request with its server span's `traceparent` at hand
 /// ([`crate::telemetry::request_traceparent`]), so what the request starts
 /// (a session's runs) can link back to it.
-async fn request_trace(req: Request<axum::body::Body>, next: axum::middleware::Next,
+async fn request_trace(
+    req: Request<axum::body::Body>,
+    next: axum::middleware::Next,
 ) -> axum::response::Response {
     if !crate::telemetry::enabled() {
         return next.run(req).await;

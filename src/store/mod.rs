@@ -49,9 +49,9 @@ mod scope;
 mod secrets;
 mod sessions;
 mod tasks;
-mod trace_links;
 #[cfg(test)]
 pub(crate) mod testing;
+mod trace_links;
 mod worker_tasks;
 
 pub use approvals::{
@@ -82,13 +82,13 @@ pub use rows::{
     TASK_STATUSES,
 };
 pub use scope::TenantScope;
-pub use trace_links::{StoredTraceLinks, set_request_traceparent};
 pub use secrets::{PlaintextKey, StoredSecret, insert_secret};
 pub use sessions::{
     delete as delete_session, end_unowned, insert as insert_session, insert_refinement,
     lock as lock_session, request_pause, request_stop, resume as resume_session, start_refined,
     update_settings,
 };
+pub use trace_links::{StoredTraceLinks, set_request_traceparent};
 pub use worker_tasks::{
     ClaimedWorkerTask, Heartbeat, LeaseCheck, NewWorkerTask, QueueDepth, Settlement, TaskEnd,
     WORKERS_CHANNEL, WaitingWorkerTask, WorkerChange, WorkerSeen, WorkerTaskSnapshot,

@@ -68,8 +68,7 @@ async fn traces(State(got): State<Shared>, body: Bytes) -> Vec<u8> {
 }
 
 async fn metrics(State(got): State<Shared>, body: Bytes) -> Vec<u8> {
-    let request =
-        ExportMetricsServiceRequest::decode(body).expect("an OTLP metrics protobuf body");
+    let request = ExportMetricsServiceRequest::decode(body).expect("an OTLP metrics protobuf body");
     let mut got = got.lock().unwrap();
     for resource in request.resource_metrics {
         for scope in resource.scope_metrics {
@@ -155,7 +154,11 @@ const INVOKE_AGENT: &[Row] = &[
     ("gen_ai.conversation.id", Str, Conditionally(When::Always)),
     ("gen_ai.data_source.id", Str, Conditionally(When::Never)),
     ("gen_ai.output.type", Str, Conditionally(When::Never)),
-    ("gen_ai.request.choice.count", Int, Conditionally(When::Never)),
+    (
+        "gen_ai.request.choice.count",
+        Int,
+        Conditionally(When::Never),
+    ),
     ("gen_ai.request.model", Str, Conditionally(When::ModelAgent)),
     ("gen_ai.request.seed", Int, Conditionally(When::Never)),
     ("server.port", Int, Conditionally(When::ServerAddress)),
@@ -185,7 +188,11 @@ const CHAT: &[Row] = &[
     // the model client below it serves reflections too.
     ("gen_ai.conversation.id", Str, Conditionally(When::Never)),
     ("gen_ai.output.type", Str, Conditionally(When::Never)),
-    ("gen_ai.request.choice.count", Int, Conditionally(When::Never)),
+    (
+        "gen_ai.request.choice.count",
+        Int,
+        Conditionally(When::Never),
+    ),
     ("gen_ai.request.model", Str, Conditionally(When::Always)),
     ("gen_ai.request.seed", Int, Conditionally(When::Never)),
     ("server.port", Int, Conditionally(When::ServerAddress)),
@@ -227,8 +234,16 @@ const HTTP_SERVER: &[Row] = &[
     ("url.path", Str, Required),
     ("url.scheme", Str, Required),
     ("error.type", Str, Conditionally(When::Error)),
-    ("http.request.method_original", Str, Conditionally(When::Never)),
-    ("http.response.status_code", Int, Conditionally(When::Always)),
+    (
+        "http.request.method_original",
+        Str,
+        Conditionally(When::Never),
+    ),
+    (
+        "http.response.status_code",
+        Int,
+        Conditionally(When::Always),
+    ),
     ("http.route", Str, Conditionally(When::RouteMatched)),
     ("network.protocol.name", Str, Conditionally(When::Never)),
     ("server.port", Int, Conditionally(When::ServerAddress)),
@@ -300,13 +315,23 @@ fn convention_of(span: &Span) -> Convention {
             what: "chat",
             table: CHAT,
             kinds: &[SpanKind::Client],
-            name: |s| format!("chat {}", text(s, "gen_ai.request.model").unwrap_or_default()),
+            name: |s| {
+                format!(
+                    "chat {}",
+                    text(s, "gen_ai.request.model").unwrap_or_default()
+                )
+            },
         },
         Some("execute_tool") => Convention {
             what: "execute_tool",
             table: EXECUTE_TOOL,
             kinds: &[SpanKind::Internal],
-            name: |s| format!("execute_tool {}", text(s, "gen_ai.tool.name").unwrap_or_default()),
+            name: |s| {
+                format!(
+                    "execute_tool {}",
+                    text(s, "gen_ai.tool.name").unwrap_or_default()
+                )
+            },
         },
         Some(other) => panic!("a GenAI operation Warden does not make: {other}"),
         None if span.kind == SpanKind::Server as i32 => Convention {
@@ -327,7 +352,11 @@ fn convention_of(span: &Span) -> Convention {
             kinds: &[SpanKind::Internal],
             name: |_| "warden.iteration".into(),
         },
-        None => panic!("a span of no known kind: {} {:?}", span.name, keys(&span.attributes)),
+        None => panic!(
+            "a span of no known kind: {} {:?}",
+            span.name,
+            keys(&span.attributes)
+        ),
     }
 }
 
@@ -420,7 +449,10 @@ fn breaches(
             None if kv.key.starts_with("http.request.header.")
                 || kv.key.starts_with("http.response.header.") =>
             {
-                if !table.iter().any(|(name, ..)| *name == "http.request.method") {
+                if !table
+                    .iter()
+                    .any(|(name, ..)| *name == "http.request.method")
+                {
                     out.push(format!("{what}: `{}` is not in its conventions", kv.key));
                 }
             }
@@ -461,7 +493,10 @@ fn span_breaches(span: &Span) -> Vec<String> {
     };
     let mut out = breaches(&what, &span.attributes, convention.table, holds);
     if !convention.kinds.iter().any(|k| *k as i32 == span.kind) {
-        out.push(format!("{what}: kind {} not among {:?}", span.kind, convention.kinds));
+        out.push(format!(
+            "{what}: kind {} not among {:?}",
+            span.kind, convention.kinds
+        ));
     }
     let name = (convention.name)(span);
     if span.name != name {
@@ -570,8 +605,10 @@ async fn every_exported_span_and_metric_follows_its_conventions() {
     let res = admin
         .post(format!("{base}/api/autonomous"))
         .header("traceparent", CALLER)
-        .json(&json!({ "goal": "Create README.md with a project description",
-                       "mode": "fixed", "executor": { "kind": "llm" } }))
+        .json(
+            &json!({ "goal": "Create README.md with a project description",
+                       "mode": "fixed", "executor": { "kind": "llm" } }),
+        )
         .send()
         .await
         .unwrap();
@@ -596,8 +633,10 @@ async fn every_exported_span_and_metric_follows_its_conventions() {
     // under a child of the step's trace context.
     let res = admin
         .post(format!("{base}/api/keys"))
-        .json(&json!({ "tenant": warden::auth::DEFAULT_TENANT, "role": "worker",
-                       "queues": ["conformance"] }))
+        .json(
+            &json!({ "tenant": warden::auth::DEFAULT_TENANT, "role": "worker",
+                       "queues": ["conformance"] }),
+        )
         .send()
         .await
         .unwrap();
@@ -606,9 +645,11 @@ async fn every_exported_span_and_metric_follows_its_conventions() {
     let worker = client_with_key(key["secret"].as_str().unwrap());
     let res = admin
         .post(format!("{base}/api/autonomous"))
-        .json(&json!({ "goal": "Create README.md with a project description",
+        .json(
+            &json!({ "goal": "Create README.md with a project description",
                        "mode": "fixed",
-                       "executor": { "kind": "worker", "queue": "conformance" } }))
+                       "executor": { "kind": "worker", "queue": "conformance" } }),
+        )
         .send()
         .await
         .unwrap();
@@ -722,7 +763,9 @@ fn check_runs(spans: &[Span], id: &str, worker_session: &str) {
     let by_id: HashMap<&[u8], &Span> = spans.iter().map(|s| (s.span_id.as_slice(), s)).collect();
     let mut runs: Vec<&Span> = spans
         .iter()
-        .filter(|s| s.name.starts_with("invoke_agent") && text(s, "gen_ai.agent.id").as_deref() == Some(id))
+        .filter(|s| {
+            s.name.starts_with("invoke_agent") && text(s, "gen_ai.agent.id").as_deref() == Some(id)
+        })
         .collect();
     runs.sort_by_key(|s| s.start_time_unix_nano);
     let [first, .., last] = runs.as_slice() else {
@@ -731,7 +774,10 @@ fn check_runs(spans: &[Span], id: &str, worker_session: &str) {
     for run in &runs {
         assert_eq!(run.name, "invoke_agent llm");
         assert_eq!(text(run, "gen_ai.provider.name").as_deref(), Some("openai"));
-        assert_eq!(text(run, "gen_ai.request.model").as_deref(), Some("fake-model"));
+        assert_eq!(
+            text(run, "gen_ai.request.model").as_deref(),
+            Some("fake-model")
+        );
         assert!(run.parent_span_id.is_empty(), "a run is a trace of its own");
     }
     assert_eq!(
@@ -781,7 +827,9 @@ fn check_runs(spans: &[Span], id: &str, worker_session: &str) {
         .iter()
         .filter(|s| s.name == "warden.iteration")
         .filter(|s| {
-            let run = by_id.get(s.parent_span_id.as_slice()).expect("an iteration's run");
+            let run = by_id
+                .get(s.parent_span_id.as_slice())
+                .expect("an iteration's run");
             text(run, "gen_ai.agent.id").as_deref() == Some(id)
         })
         .map(|s| int(s, "warden.iteration.number").expect("its number"))
@@ -811,8 +859,14 @@ fn check_chats(chats: &[&Span], fake: &FakeLlm) {
     assert_eq!(usage, vec![60, 80, 120]);
     let port = url::Url::parse(&fake.base_url()).unwrap().port().unwrap();
     for chat in chats {
-        assert_eq!(text(chat, "gen_ai.response.id").as_deref(), Some("chatcmpl-fake"));
-        assert_eq!(text(chat, "gen_ai.response.model").as_deref(), Some("fake-model-0613"));
+        assert_eq!(
+            text(chat, "gen_ai.response.id").as_deref(),
+            Some("chatcmpl-fake")
+        );
+        assert_eq!(
+            text(chat, "gen_ai.response.model").as_deref(),
+            Some("fake-model-0613")
+        );
         assert_eq!(text(chat, "server.address").as_deref(), Some("127.0.0.1"));
         assert_eq!(int(chat, "server.port"), Some(i64::from(port)));
         assert!(int(chat, "gen_ai.request.max_tokens").is_some());
@@ -832,7 +886,9 @@ fn check_server_spans(servers: &[&Span], spans: &[Span], worker_span: &str, step
     }
     let step_span = step.split('-').nth(2).unwrap();
     assert!(
-        spans.iter().any(|s| s.name == "warden.iteration" && hex(&s.span_id) == step_span),
+        spans
+            .iter()
+            .any(|s| s.name == "warden.iteration" && hex(&s.span_id) == step_span),
         "the step's traceparent names its iteration span"
     );
     // KNOWN GAP: the server spans of some POSTs (resume, heartbeat,
@@ -862,12 +918,17 @@ fn check_metrics(metrics: &[Metric]) {
             for point in &histogram.data_points {
                 let error = value(&point.attributes, "error.type").is_some();
                 let server = value(&point.attributes, "server.address").is_some();
-                problems.extend(breaches(name, &point.attributes, table, |when| match when {
-                    When::Always => true,
-                    When::Error => error,
-                    When::ServerAddress => server,
-                    _ => false,
-                }));
+                problems.extend(breaches(
+                    name,
+                    &point.attributes,
+                    table,
+                    |when| match when {
+                        When::Always => true,
+                        When::Error => error,
+                        When::ServerAddress => server,
+                        _ => false,
+                    },
+                ));
                 if let Some(Any::StringValue(t)) = value(&point.attributes, "gen_ai.token.type") {
                     token_types.insert(t.clone());
                 }

@@ -71,7 +71,12 @@ impl Supervisor {
             name: brief.kind.clone(),
             provider: if model { "openai" } else { "warden" },
             request_model: model
-                .then(|| brief.model.clone().or_else(|| self.inner.config.models.model.clone()))
+                .then(|| {
+                    brief
+                        .model
+                        .clone()
+                        .or_else(|| self.inner.config.models.model.clone())
+                })
                 .flatten(),
         }
     }
@@ -87,7 +92,12 @@ impl Supervisor {
         }
         let span = telemetry::agent_span(lease.session_id, agent, &links);
         let own = telemetry::traceparent_of_span(&span);
-        match self.inner.store.start_run_trace(&lease, own.as_deref()).await {
+        match self
+            .inner
+            .store
+            .start_run_trace(&lease, own.as_deref())
+            .await
+        {
             Ok(stored) => {
                 links.request = stored.request;
                 links.previous_run = stored.previous_run;

@@ -511,6 +511,37 @@ mod tests {
     }
 
     #[test]
+    fn a_stored_traceparent_names_a_span_to_link_and_junk_none() {
+        let context = span_context("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
+            .expect("a valid traceparent");
+        assert_eq!(
+            context.trace_id().to_string(),
+            "4bf92f3577b34da6a3ce929d0e0e4736"
+        );
+        assert_eq!(context.span_id().to_string(), "00f067aa0ba902b7");
+        for junk in [
+            "",
+            "junk",
+            "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",
+        ] {
+            assert!(span_context(junk).is_none(), "{junk}");
+        }
+    }
+
+    #[test]
+    fn counts_are_integers_saturating_at_i64_max() {
+        assert_eq!(int(7u64), 7);
+        assert_eq!(int(u64::MAX), i64::MAX);
+        assert_eq!(int(3u32), 3);
+    }
+
+    #[test]
+    fn outside_a_request_there_is_no_request_traceparent() {
+        assert_eq!(request_traceparent(), None);
+    }
+
+    #[test]
     fn without_an_exporter_there_is_no_traceparent() {
         assert!(!enabled());
         assert_eq!(traceparent(), None);

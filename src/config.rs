@@ -1010,11 +1010,17 @@ impl Env<'_> {
         // Validated here although the SDK reads it itself, so a typo stops
         // start-up instead of being ignored.
         self.parse::<u64>(&OTEL_BSP_SCHEDULE_DELAY, 1, 3_600_000)?;
+        self.parse::<u64>(&OTEL_METRIC_EXPORT_INTERVAL, 1, 3_600_000)?;
         let content = self.bool(&WARDEN_TRACE_CONTENT)?;
-        let endpoint = match (
-            self.url(&OTEL_EXPORTER_OTLP_TRACES_ENDPOINT)?,
-            self.url(&OTEL_EXPORTER_OTLP_ENDPOINT)?,
-        ) {
+        let base = self.url(&OTEL_EXPORTER_OTLP_ENDPOINT)?;
+        let metrics_endpoint = match (self.url(&OTEL_EXPORTER_OTLP_METRICS_ENDPOINT)?, &base) {
+            (Some(metrics), _) => Some(metrics),
+            (None, Some(base)) if protocol == Protocol::HttpProtobuf => {
+                Some(format!("{base}/v1/metrics"))
+            }
+            (None, base) => base.clone(),
+        };
+        let endpoint = match (self.url(&OTEL_EXPORTER_OTLP_TRACES_ENDPOINT)?, base) {
             (Some(traces), _) => traces,
             (None, Some(base)) if protocol == Protocol::HttpProtobuf => format!("{base}/v1/traces"),
             (None, Some(base)) => base,
@@ -1032,6 +1038,7 @@ impl Env<'_> {
         };
         Ok(Some(TelemetryConfig {
             endpoint,
+            metrics_endpoint,
             protocol,
             service_name,
             content,
@@ -1163,6 +1170,7 @@ mod tests {
             http,
             TelemetryConfig {
                 endpoint: "http://127.0.0.1:4318/v1/traces".into(),
+                metrics_endpoint: Some("http://127.0.0.1:4318/v1/metrics".into()),
                 protocol: Protocol::HttpProtobuf,
                 service_name: Some("warden".into()),
                 content: false,
@@ -1180,7 +1188,35 @@ mod tests {
         .unwrap()
         .unwrap();
         assert_eq!(traces.endpoint, "https://otel.example/t");
+        assert_eq!(
+            traces.metrics_endpoint.as_deref(),
+            Some("http://127.0.0.1:4318/v1/metrics")
+        );
         assert!(traces.content);
+        // So is the metrics endpoint.
+        let metrics = telemetry(&[
+            (
+                "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+                "https://otel.example/t",
+            ),
+            (
+                "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
+                "https://otel.example/m",
+            ),
+        ])
+        .unwrap()
+        .unwrap();
+        assert_eq!(
+            metrics.metrics_endpoint.as_deref(),
+            Some("https://otel.example/m")
+        );
+        let traces_only = telemetry(&[(
+            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+            "https://otel.example/t",
+        )])
+        .unwrap()
+        .unwrap();
+        assert_eq!(traces_only.metrics_endpoint, None);
         let grpc = telemetry(&[
             ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4317"),
             ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"),
@@ -1188,6 +1224,10 @@ mod tests {
         .unwrap()
         .unwrap();
         assert_eq!(grpc.endpoint, "http://127.0.0.1:4317");
+        assert_eq!(
+            grpc.metrics_endpoint.as_deref(),
+            Some("http://127.0.0.1:4317")
+        );
         assert_eq!(grpc.protocol, Protocol::Grpc);
         // service.name in the resource attributes is kept unless
         // OTEL_SERVICE_NAME is set.
@@ -1205,6 +1245,7 @@ mod tests {
             ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json"),
             ("OTEL_EXPORTER_OTLP_ENDPOINT", "127.0.0.1:4318"),
             ("OTEL_BSP_SCHEDULE_DELAY", "soon"),
+            ("OTEL_METRIC_EXPORT_INTERVAL", "often"),
             ("WARDEN_TRACE_CONTENT", "maybe"),
         ] {
             let err = telemetry(&[

@@ -129,6 +129,7 @@ const STORE: &[(&str, u8)] = &[
     ("iterations", 5),
     ("archive", 5),
     ("past_runs", 3),
+    ("trace_links", 3),
 ];
 
 /// The files of `src/http`, from the bottom up: errors and documents, the

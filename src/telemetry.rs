@@ -1,6 +1,11 @@
-//! OpenTelemetry traces: the OTLP exporter behind a `tracing` layer, off
-//! unless an OTLP endpoint is configured, and the W3C `traceparent` of the
-//! current span for outbound requests.
+//! OpenTelemetry traces and GenAI client metrics: the OTLP exporters (spans
+//! behind a `tracing` layer), off unless an OTLP endpoint is configured, and
+//! the W3C `traceparent` of the current span for outbound requests.
+//!
+//! Attributes follow the OpenTelemetry semantic conventions (GenAI 1.37,
+//! HTTP server spans); numbers are recorded as integers (`i64`), since the
+//! `tracing` bridge turns a `u64` field into text. The bridge adds nothing
+//! of its own (no thread, target, level or code location attributes).
 //!
 //! Only spans and events under [`TARGET`] (and the API's request spans)
 //! are exported, so the service's log spans do not end up in the traces
@@ -9,14 +14,17 @@
 //! callsite check each.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use opentelemetry::KeyValue;
+use opentelemetry::metrics::{Histogram, MeterProvider as _};
 use opentelemetry::propagation::TextMapPropagator;
 use opentelemetry::trace::{SpanContext, TraceContextExt, TracerProvider as _};
 use opentelemetry_otlp::WithExportConfig;
 use opentelemetry_sdk::Resource;
+use opentelemetry_sdk::metrics::SdkMeterProvider;
 use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::SdkTracerProvider;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
@@ -34,15 +42,28 @@ const REQUEST_SPAN: (&str, &str) = ("warden::http", "request");
 /// `WARDEN_TRACE_CONTENT` is on.
 pub const CONTENT_CAP_CHARS: usize = 16_384;
 
-/// Most sessions whose last run's span is remembered for a resume's link.
-const REMEMBERED_RUNS: usize = 10_000;
-
 static ENABLED: AtomicBool = AtomicBool::new(false);
 static CONTENT: AtomicBool = AtomicBool::new(false);
 
-/// The last run's span of each session this process ran, for the link
-/// from the run a resume starts.
-static LAST_RUNS: Mutex<Option<HashMap<Uuid, SpanContext>>> = Mutex::new(None);
+/// The GenAI client instruments, once the metrics exporter runs.
+static GENAI_METRICS: OnceLock<GenAiMetrics> = OnceLock::new();
+
+/// Bucket boundaries of `gen_ai.client.token.usage` the conventions advise.
+const TOKEN_BUCKETS: [f64; 14] = [
+    1.0, 4.0, 16.0, 64.0, 256.0, 1024.0, 4096.0, 16384.0, 65536.0, 262144.0, 1048576.0, 4194304.0,
+    16777216.0, 67108864.0,
+];
+
+/// Bucket boundaries (seconds) of `gen_ai.client.operation.duration` the conventions advise.
+const DURATION_BUCKETS: [f64; 14] = [
+    0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92,
+];
+
+/// The GenAI client histograms.
+struct GenAiMetrics {
+    tokens: Histogram<u64>,
+    duration: Histogram<f64>,
+}
 
 /// How spans travel to the collector (`OTEL_EXPORTER_OTLP_PROTOCOL`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -59,6 +80,9 @@ pub struct TelemetryConfig {
     /// The URL spans are sent to: the traces path itself for OTLP/HTTP,
     /// the collector's address for gRPC.
     pub endpoint: String,
+    /// The URL metrics are sent to (the metrics path for OTLP/HTTP, the
+    /// collector for gRPC); `None` exports no metrics.
+    pub metrics_endpoint: Option<String>,
     /// The wire protocol.
     pub protocol: Protocol,
     /// `service.name`; `None` leaves it to `OTEL_RESOURCE_ATTRIBUTES`.
@@ -79,6 +103,7 @@ pub enum TelemetryError {
 #[derive(Debug)]
 pub struct Telemetry {
     provider: SdkTracerProvider,
+    meters: Option<SdkMeterProvider>,
 }
 
 impl Telemetry {
@@ -102,13 +127,18 @@ impl Telemetry {
         if let Some(name) = &config.service_name {
             resource = resource.with_service_name(name.clone());
         }
+        let resource = resource.build();
+        let meters = match &config.metrics_endpoint {
+            Some(endpoint) => Some(start_metrics(config.protocol, endpoint, resource.clone())?),
+            None => None,
+        };
         let provider = SdkTracerProvider::builder()
-            .with_resource(resource.build())
+            .with_resource(resource)
             .with_batch_exporter(exporter)
             .build();
         ENABLED.store(true, Ordering::Relaxed);
         CONTENT.store(config.content, Ordering::Relaxed);
-        Ok(Telemetry { provider })
+        Ok(Telemetry { provider, meters })
     }
 
     /// The `tracing` layer that turns the exported spans into OTel spans.
@@ -116,9 +146,14 @@ impl Telemetry {
     where
         S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
     {
+        // Nothing of the bridge's own: no thread.id / thread.name, target,
+        // level, code.* location nor busy/idle times on the spans.
         tracing_opentelemetry::layer()
             .with_tracer(self.provider.tracer("warden"))
             .with_location(false)
+            .with_threads(false)
+            .with_target(false)
+            .with_level(false)
             .with_tracked_inactivity(false)
             .with_filter(FilterFn::new(exported))
     }
@@ -132,7 +167,117 @@ impl Telemetry {
         if let Err(e) = self.provider.shutdown() {
             eprintln!("warden: stopping the trace exporter failed: {e}");
         }
+        if let Some(meters) = self.meters
+            && let Err(e) = meters.shutdown()
+        {
+            eprintln!("warden: stopping the metrics exporter failed: {e}");
+        }
     }
+}
+
+/// Starts the OTLP metrics exporter (a periodic reader, every
+/// `OTEL_METRIC_EXPORT_INTERVAL`) and the GenAI client histograms.
+fn start_metrics(
+    protocol: Protocol,
+    endpoint: &str,
+    resource: Resource,
+) -> Result<SdkMeterProvider, TelemetryError> {
+    let exporter = match protocol {
+        Protocol::HttpProtobuf => opentelemetry_otlp::MetricExporter::builder()
+            .with_http()
+            .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
+            .with_endpoint(endpoint)
+            .build(),
+        Protocol::Grpc => opentelemetry_otlp::MetricExporter::builder()
+            .with_tonic()
+            .with_endpoint(endpoint)
+            .build(),
+    }
+    .map_err(|e| TelemetryError::Exporter(e.to_string()))?;
+    let provider = SdkMeterProvider::builder()
+        .with_resource(resource)
+        .with_periodic_exporter(exporter)
+        .build();
+    let meter = provider.meter("warden");
+    let tokens = meter
+        .u64_histogram("gen_ai.client.token.usage")
+        .with_unit("{token}")
+        .with_description("Number of input and output tokens used.")
+        .with_boundaries(TOKEN_BUCKETS.to_vec())
+        .build();
+    let duration = meter
+        .f64_histogram("gen_ai.client.operation.duration")
+        .with_unit("s")
+        .with_description("GenAI operation duration.")
+        .with_boundaries(DURATION_BUCKETS.to_vec())
+        .build();
+    let _ = GENAI_METRICS.set(GenAiMetrics { tokens, duration });
+    Ok(provider)
+}
+
+/// What identifies a GenAI client operation in its metrics (and spans).
+#[derive(Debug, Clone, Default)]
+pub struct GenAiCall<'a> {
+    /// `gen_ai.operation.name` (`chat`).
+    pub operation: &'static str,
+    /// `gen_ai.provider.name`.
+    pub provider: &'static str,
+    /// `gen_ai.request.model`.
+    pub request_model: &'a str,
+    /// `gen_ai.response.model`, when the server named it.
+    pub response_model: Option<&'a str>,
+    /// `server.address` and `server.port` of the model server.
+    pub server: Option<(&'a str, u16)>,
+}
+
+impl GenAiCall<'_> {
+    fn attributes(&self) -> Vec<KeyValue> {
+        let mut out = vec![
+            KeyValue::new("gen_ai.operation.name", self.operation),
+            KeyValue::new("gen_ai.provider.name", self.provider),
+            KeyValue::new("gen_ai.request.model", self.request_model.to_string()),
+        ];
+        if let Some(model) = self.response_model {
+            out.push(KeyValue::new("gen_ai.response.model", model.to_string()));
+        }
+        if let Some((address, port)) = self.server {
+            out.push(KeyValue::new("server.address", address.to_string()));
+            out.push(KeyValue::new("server.port", i64::from(port)));
+        }
+        out
+    }
+}
+
+/// Records one GenAI client operation in `gen_ai.client.operation.duration`
+/// and, when it answered, its `(input, output)` tokens in
+/// `gen_ai.client.token.usage`; `error` is its `error.type`.
+pub fn record_genai_metrics(
+    call: &GenAiCall<'_>,
+    took: Duration,
+    tokens: Option<(u64, u64)>,
+    error: Option<&str>,
+) {
+    let Some(metrics) = GENAI_METRICS.get() else {
+        return;
+    };
+    let mut attributes = call.attributes();
+    if let Some((input, output)) = tokens {
+        for (kind, count) in [("input", input), ("output", output)] {
+            let mut attrs = attributes.clone();
+            attrs.push(KeyValue::new("gen_ai.token.type", kind));
+            metrics.tokens.record(count, &attrs);
+        }
+    }
+    if let Some(error) = error {
+        attributes.push(KeyValue::new("error.type", error.to_string()));
+    }
+    metrics.duration.record(took.as_secs_f64(), &attributes);
+}
+
+/// `n` as an attribute integer: OTLP integers are `i64`, and a `u64`
+/// field would reach the exporter as text.
+pub fn int(n: impl TryInto<i64>) -> i64 {
+    n.try_into().unwrap_or(i64::MAX)
 }
 
 /// Whether a span or event goes to the exporter.
@@ -196,36 +341,102 @@ fn traceparent_of(cx: &opentelemetry::Context) -> Option<String> {
     carrier.remove(TRACEPARENT)
 }
 
-/// The `invoke_agent` span of one run of `session_id`, linked to the span
-/// of the session's previous run in this process (a resume), whose trace
-/// id it also records.
-pub fn agent_span(session_id: Uuid) -> tracing::Span {
+/// Who a session's agent is, for its `invoke_agent` span.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AgentInfo {
+    /// `gen_ai.agent.name`: the executor kind (`llm`, `webhook`, `worker`, `scripted`).
+    pub name: String,
+    /// `gen_ai.provider.name`: `openai` for the model executor (an
+    /// OpenAI-compatible API), `warden` for agents Warden only supervises.
+    pub provider: &'static str,
+    /// `gen_ai.request.model`, when the agent is a model Warden calls.
+    pub request_model: Option<String>,
+}
+
+/// The spans a run's `invoke_agent` span links to, as W3C traceparents
+/// kept with the session (so a run on any replica links to them).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RunLinks {
+    /// The request that created the session or last resumed it.
+    pub request: Option<String>,
+    /// The `invoke_agent` span of the session's previous run.
+    pub previous_run: Option<String>,
+}
+
+/// The `invoke_agent {name}` span of one run of `session_id`: a trace of
+/// its own, linked to the request that created or resumed the session and
+/// to the previous run's span (whose trace id it also records).
+pub fn agent_span(session_id: Uuid, agent: &AgentInfo, links: &RunLinks) -> tracing::Span {
     let span = tracing::info_span!(
         target: TARGET,
         "invoke_agent",
+        otel.name = %format_args!("invoke_agent {}", agent.name),
         otel.kind = "internal",
         gen_ai.operation.name = "invoke_agent",
+        gen_ai.provider.name = agent.provider,
+        gen_ai.agent.name = agent.name.as_str(),
         gen_ai.agent.id = %session_id,
         gen_ai.conversation.id = %session_id,
-        warden.session.exit = tracing::field::Empty,
+        gen_ai.request.model = tracing::field::Empty,
+        warden.session.exit.status = tracing::field::Empty,
+        warden.session.exit.reason = tracing::field::Empty,
+        error.type = tracing::field::Empty,
+        otel.status_code = tracing::field::Empty,
     );
     if !enabled() || span.is_disabled() {
         return span;
     }
-    let previous = {
-        let mut runs = LAST_RUNS.lock().unwrap_or_else(|e| e.into_inner());
-        let runs = runs.get_or_insert_with(HashMap::new);
-        if runs.len() >= REMEMBERED_RUNS {
-            runs.clear();
-        }
-        let this = span.context().span().span_context().clone();
-        runs.insert(session_id, this)
-    };
-    if let Some(previous) = previous.filter(SpanContext::is_valid) {
+    if let Some(model) = &agent.request_model {
+        span.record("gen_ai.request.model", model.as_str());
+    }
+    link_run(&span, links);
+    span
+}
+
+/// Links a run's `invoke_agent` span to `links` (before it is entered).
+pub fn link_run(span: &tracing::Span, links: &RunLinks) {
+    if !enabled() || span.is_disabled() {
+        return;
+    }
+    if let Some(previous) = links.previous_run.as_deref().and_then(span_context) {
         span.set_attribute("warden.previous_trace_id", previous.trace_id().to_string());
         span.add_link(previous);
     }
-    span
+    if let Some(request) = links.request.as_deref().and_then(span_context) {
+        span.add_link(request);
+    }
+}
+
+/// The span context a W3C `traceparent` names, when it is valid.
+fn span_context(traceparent: &str) -> Option<SpanContext> {
+    let carrier = HashMap::from([(TRACEPARENT.to_string(), traceparent.to_string())]);
+    let cx = TraceContextPropagator::new().extract(&carrier);
+    let context = cx.span().span_context().clone();
+    context.is_valid().then_some(context)
+}
+
+tokio::task_local! {
+    /// The `traceparent` of the API request being served.
+    static REQUEST_TRACEPARENT: Option<String>;
+}
+
+/// Runs `future` (an API request's handling) with `traceparent`, its
+/// server span's, as [`request_traceparent`].
+pub async fn with_request_traceparent<F: std::future::Future>(
+    traceparent: Option<String>,
+    future: F,
+) -> F::Output {
+    REQUEST_TRACEPARENT.scope(traceparent, future).await
+}
+
+/// The `traceparent` of the server span of the API request being served,
+/// when traces are exported.
+pub fn request_traceparent() -> Option<String> {
+    REQUEST_TRACEPARENT
+        .try_with(Clone::clone)
+        .ok()
+        .flatten()
+        .filter(|_| enabled())
 }
 
 /// Adds a span event named `name` to the current span, its attributes
@@ -297,6 +508,37 @@ mod tests {
             Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
         );
         assert_eq!(traceparent_of(&opentelemetry::Context::new()), None);
+    }
+
+    #[test]
+    fn a_stored_traceparent_names_a_span_to_link_and_junk_none() {
+        let context = span_context("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
+            .expect("a valid traceparent");
+        assert_eq!(
+            context.trace_id().to_string(),
+            "4bf92f3577b34da6a3ce929d0e0e4736"
+        );
+        assert_eq!(context.span_id().to_string(), "00f067aa0ba902b7");
+        for junk in [
+            "",
+            "junk",
+            "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",
+        ] {
+            assert!(span_context(junk).is_none(), "{junk}");
+        }
+    }
+
+    #[test]
+    fn counts_are_integers_saturating_at_i64_max() {
+        assert_eq!(int(7u64), 7);
+        assert_eq!(int(u64::MAX), i64::MAX);
+        assert_eq!(int(3u32), 3);
+    }
+
+    #[test]
+    fn outside_a_request_there_is_no_request_traceparent() {
+        assert_eq!(request_traceparent(), None);
     }
 
     #[test]

@@ -235,9 +235,13 @@ settings! {
     MIMALLOC_PURGE_DELAY (Allocator) = "0" =>
         "milliseconds before freed memory goes back to the system (read by mimalloc itself); Warden sets `0` at start unless this is set, mimalloc's own default is `1000`";
     OTEL_EXPORTER_OTLP_ENDPOINT (Telemetry) = unset =>
-        "OTLP collector base URL (`http://127.0.0.1:4318`, gRPC `http://127.0.0.1:4317`); set, Warden exports traces (HTTP: to `/v1/traces` under it)";
+        "OTLP collector base URL (`http://127.0.0.1:4318`, gRPC `http://127.0.0.1:4317`); set, Warden exports traces and the GenAI client metrics (HTTP: to `/v1/traces` and `/v1/metrics` under it)";
     OTEL_EXPORTER_OTLP_TRACES_ENDPOINT (Telemetry) = unset =>
         "the traces URL itself, used as is; wins over `OTEL_EXPORTER_OTLP_ENDPOINT`";
+    OTEL_EXPORTER_OTLP_METRICS_ENDPOINT (Telemetry) = unset =>
+        "the metrics URL itself, used as is; wins over `OTEL_EXPORTER_OTLP_ENDPOINT` (with neither, no metrics are exported)";
+    OTEL_METRIC_EXPORT_INTERVAL (Telemetry) = "60000" =>
+        "milliseconds between exports of the GenAI client metrics (read by the SDK itself)";
     OTEL_EXPORTER_OTLP_PROTOCOL (Telemetry) = "http/protobuf" =>
         "`http/protobuf` or `grpc` (plaintext; use `http/protobuf` for TLS)";
     OTEL_EXPORTER_OTLP_HEADERS (Telemetry, secret) = unset =>

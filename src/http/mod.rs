@@ -235,6 +235,7 @@ pub fn router(state: AppState, max_body_bytes: usize, limits: RequestLimits) -> 
         .layer(axum::Extension(extract::BodyShapes(openapi::spec())))
         .layer(axum::middleware::from_fn_with_state(limits, request_limits))
         .layer(CatchPanicLayer::custom(panic_response))
+        .layer(axum::middleware::from_fn(request_trace))
         .layer(
             TraceLayer::new_for_http()
                 .make_span_with(|req: &Request<_>| request_span(req))
@@ -242,8 +243,9 @@ pub fn router(state: AppState, max_body_bytes: usize, limits: RequestLimits) -> 
                     |res: &axum::http::Response<_>, latency: Duration, span: &tracing::Span| {
                         if crate::telemetry::enabled() && !span.is_disabled() {
                             let status = res.status();
-                            span.record("http.response.status_code", status.as_u16());
+                            span.record("http.response.status_code", i64::from(status.as_u16()));
                             if status.is_server_error() {
+                                span.record("error.type", status.as_str());
                                 span.record("otel.status_code", "ERROR");
                             }
                         }
@@ -253,33 +255,53 @@ pub fn router(state: AppState, max_body_bytes: usize, limits: RequestLimits) -> 
         )
 }
 
+/// Serves the request with its server span's `traceparent` at hand
+/// ([`crate::telemetry::request_traceparent`]), so what the request starts
+/// (a session's runs) can link back to it.
+async fn request_trace(
+    req: Request<axum::body::Body>,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    if !crate::telemetry::enabled() {
+        return next.run(req).await;
+    }
+    let traceparent = crate::telemetry::traceparent();
+    crate::telemetry::with_request_traceparent(traceparent, next.run(req)).await
+}
+
 /// The span of one request: the log's `request` span, exported as an HTTP
-/// server span (its route template, never the query) under the caller's
-/// `traceparent` when it sends one.
+/// server span named by its route template (`http.route`, from axum's
+/// matched path; the raw path is `url.path`, the query `url.query`: the
+/// API takes no secret in a query),
+/// under the caller's `traceparent` when it sends one.
 fn request_span<B>(req: &Request<B>) -> tracing::Span {
     let route = req
         .extensions()
         .get::<axum::extract::MatchedPath>()
         .map(axum::extract::MatchedPath::as_str);
-    // The HTTP server fields are recorded only when traces are exported,
-    // so the log's request span reads as it always has.
+    let method = req.method().as_str();
+    // The attribute names of the HTTP conventions, in the log too.
     let span = tracing::info_span!(
         "request",
-        method = %req.method(),
-        path = %req.uri().path(),
+        http.request.method = method,
+        url.path = req.uri().path(),
+        url.scheme = tracing::field::Empty,
+        url.query = tracing::field::Empty,
+        http.route = tracing::field::Empty,
         otel.name = tracing::field::Empty,
         otel.kind = tracing::field::Empty,
-        http.request.method = tracing::field::Empty,
-        http.route = tracing::field::Empty,
         http.response.status_code = tracing::field::Empty,
+        error.type = tracing::field::Empty,
         otel.status_code = tracing::field::Empty,
     );
     if !crate::telemetry::enabled() || span.is_disabled() {
         return span;
     }
-    let method = req.method().as_str();
     span.record("otel.kind", "server");
-    span.record("http.request.method", method);
+    span.record("url.scheme", req.uri().scheme_str().unwrap_or("http"));
+    if let Some(query) = req.uri().query().filter(|q| !q.is_empty()) {
+        span.record("url.query", query);
+    }
     match route {
         Some(route) => {
             span.record("otel.name", format!("{method} {route}").as_str());

@@ -102,6 +102,18 @@ pub struct Completion {
     pub finish_reason: Option<String>,
     /// Attempts it took.
     pub attempts: u32,
+    /// The completion's id, as the server gave it (capped).
+    pub response_id: Option<String>,
+    /// The model that answered, as the server named it (capped).
+    pub response_model: Option<String>,
+}
+
+/// Most characters of a server-reported id or model name kept for telemetry.
+const REPORTED_NAME_CHARS: usize = 256;
+
+/// A name the model server reported, cut to [`REPORTED_NAME_CHARS`].
+fn reported(name: Option<String>) -> Option<String> {
+    name.map(|n| n.chars().take(REPORTED_NAME_CHARS).collect())
 }
 
 /// Why a call failed after its retries.
@@ -225,16 +237,20 @@ impl LlmClient {
     /// Sends `request`, retrying transient failures with exponential
     /// backoff, in a GenAI `chat {model}` span when traces are exported.
     pub async fn chat(&self, request: &ChatRequest) -> Result<Completion, LlmError> {
+        let server = server_of(&self.settings.base_url);
         let span = tracing::info_span!(
             target: telemetry::TARGET,
             "chat",
             otel.name = %format_args!("chat {}", request.model),
             otel.kind = "client",
             gen_ai.operation.name = "chat",
-            gen_ai.provider.name = "openai",
-            gen_ai.system = "openai",
+            gen_ai.provider.name = PROVIDER,
             gen_ai.request.model = %request.model,
-            gen_ai.request.max_tokens = request.max_tokens,
+            gen_ai.request.max_tokens = telemetry::int(request.max_tokens),
+            server.address = tracing::field::Empty,
+            server.port = tracing::field::Empty,
+            gen_ai.response.id = tracing::field::Empty,
+            gen_ai.response.model = tracing::field::Empty,
             gen_ai.usage.input_tokens = tracing::field::Empty,
             gen_ai.usage.output_tokens = tracing::field::Empty,
             gen_ai.input.messages = tracing::field::Empty,
@@ -246,12 +262,32 @@ impl LlmClient {
         if span.is_disabled() {
             return self.call(request, None).await;
         }
+        if let Some((address, port)) = &server {
+            span.record("server.address", address.as_str());
+            span.record("server.port", i64::from(*port));
+        }
         let traceparent = telemetry::traceparent_of_span(&span);
+        let started = std::time::Instant::now();
         let result = self
             .call(request, traceparent.as_deref())
             .instrument(span.clone())
             .await;
-        record_call(&span, request, &result);
+        let error = record_call(&span, request, &result);
+        let call = telemetry::GenAiCall {
+            operation: "chat",
+            provider: PROVIDER,
+            request_model: &request.model,
+            response_model: result
+                .as_ref()
+                .ok()
+                .and_then(|c| c.response_model.as_deref()),
+            server: server.as_ref().map(|(a, p)| (a.as_str(), *p)),
+        };
+        let tokens = result
+            .as_ref()
+            .ok()
+            .map(|c| (c.usage.prompt, c.usage.completion));
+        telemetry::record_genai_metrics(&call, started.elapsed(), tokens, error.as_deref());
         result
     }
 
@@ -343,18 +379,47 @@ impl LlmClient {
             usage_reported,
             finish_reason: choice.finish_reason,
             attempts: 1,
+            response_id: reported(parsed.id),
+            response_model: reported(parsed.model),
         })
     }
 }
 
-/// What a finished call puts on its `chat` span: usage, finish reason,
-/// error, and the messages when content tracing is on.
-fn record_call(span: &tracing::Span, request: &ChatRequest, result: &Result<Completion, LlmError>) {
-    match result {
+/// `gen_ai.provider.name` of the model client: an OpenAI-compatible API.
+const PROVIDER: &str = "openai";
+
+/// `server.address` and `server.port` of a model server's base URL.
+fn server_of(base_url: &str) -> Option<(String, u16)> {
+    let url = url::Url::parse(base_url).ok()?;
+    let host = url.host_str()?.trim_matches(['[', ']']).to_string();
+    Some((host, url.port_or_known_default()?))
+}
+
+/// What a finished call puts on its `chat` span: usage, response id and
+/// model, finish reason, error, and the messages when content tracing is
+/// on. Returns its `error.type` when it failed.
+fn record_call(
+    span: &tracing::Span,
+    request: &ChatRequest,
+    result: &Result<Completion, LlmError>,
+) -> Option<String> {
+    let error = match result {
         Ok(completion) => {
-            span.record("gen_ai.usage.input_tokens", completion.usage.prompt);
-            span.record("gen_ai.usage.output_tokens", completion.usage.completion);
-            span.record("warden.attempts", completion.attempts);
+            span.record(
+                "gen_ai.usage.input_tokens",
+                telemetry::int(completion.usage.prompt),
+            );
+            span.record(
+                "gen_ai.usage.output_tokens",
+                telemetry::int(completion.usage.completion),
+            );
+            span.record("warden.attempts", i64::from(completion.attempts));
+            if let Some(id) = &completion.response_id {
+                span.record("gen_ai.response.id", id.as_str());
+            }
+            if let Some(model) = &completion.response_model {
+                span.record("gen_ai.response.model", model.as_str());
+            }
             telemetry::record_strings(
                 span,
                 "gen_ai.response.finish_reasons",
@@ -367,6 +432,7 @@ fn record_call(span: &tracing::Span, request: &ChatRequest, result: &Result<Comp
                     telemetry::capped(&output).as_str(),
                 );
             }
+            None
         }
         Err(err) => {
             let kind = match err {
@@ -377,12 +443,14 @@ fn record_call(span: &tracing::Span, request: &ChatRequest, result: &Result<Comp
             };
             span.record("error.type", kind.as_str());
             span.record("otel.status_code", "ERROR");
+            Some(kind)
         }
-    }
+    };
     if telemetry::content_enabled() {
         let input = serde_json::to_string(&request.messages).unwrap_or_default();
         span.record("gen_ai.input.messages", telemetry::capped(&input).as_str());
     }
+    error
 }
 
 #[cfg(test)]

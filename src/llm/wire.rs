@@ -140,6 +140,12 @@ pub struct ChatRequest {
 
 #[derive(Debug, Deserialize)]
 pub(super) struct ChatResponse {
+    /// The completion's id (`gen_ai.response.id`).
+    #[serde(default)]
+    pub id: Option<String>,
+    /// The model that answered (`gen_ai.response.model`).
+    #[serde(default)]
+    pub model: Option<String>,
     #[serde(default)]
     pub choices: Vec<Choice>,
     #[serde(default)]

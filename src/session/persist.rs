@@ -80,6 +80,10 @@ pub async fn create_session(
     let (status, owner, split) =
         first_status(&mut tx, &new.tenant, start, tenant_max_running).await?;
     let lease = store::insert_session(&mut tx, new, status, owner, lease_ttl).await?;
+    if let Some(traceparent) = crate::telemetry::request_traceparent() {
+        let scope = TenantScope::tenant_only(new.tenant.as_str());
+        store::set_request_traceparent(&mut tx, new.id, &scope, &traceparent).await?;
+    }
     if on_child_pause != ChildPausePolicy::default() {
         // Before its children are made: they copy it.
         store::set_child_pause_policy(&mut tx, new.id, on_child_pause).await?;

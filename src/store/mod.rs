@@ -51,6 +51,7 @@ mod sessions;
 mod tasks;
 #[cfg(test)]
 pub(crate) mod testing;
+mod trace_links;
 mod worker_tasks;
 
 pub use approvals::{
@@ -87,6 +88,7 @@ pub use sessions::{
     lock as lock_session, request_pause, request_stop, resume as resume_session, start_refined,
     update_settings,
 };
+pub use trace_links::{StoredTraceLinks, set_request_traceparent};
 pub use worker_tasks::{
     Claimant, ClaimedWorkerTask, Heartbeat, LeaseCheck, NewWorkerTask, QueueDepth, Settlement,
     TaskEnd, WORKERS_CHANNEL, WaitingWorkerTask, WorkerChange, WorkerSeen, WorkerTaskSnapshot,

@@ -64,6 +64,10 @@ pub const DOWNS: &[(i64, &str)] = &[
         32,
         include_str!("../../migrations/down/0032_budget_warnings.sql"),
     ),
+    (
+        35,
+        include_str!("../../migrations/down/0035_session_traceparents.sql"),
+    ),
 ];
 
 /// The key of the advisory lock that `migrate --down-to` holds, so two

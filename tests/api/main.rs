@@ -41,6 +41,7 @@ mod soft_budgets;
 mod store;
 mod streams;
 mod telemetry;
+mod telemetry_conformance;
 mod termination;
 mod upgrades;
 mod worker_crash;

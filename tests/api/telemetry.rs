@@ -206,9 +206,8 @@ async fn a_session_exports_the_genai_span_tree_without_content() {
             async move {
                 // The last run ends last: its span closes the tree.
                 let ended = spans.iter().any(|s| {
-                    s.name == "invoke_agent"
-                        && attr(s, "warden.session.exit")
-                            .is_some_and(|exit| exit.starts_with("Finished"))
+                    s.name == "invoke_agent llm"
+                        && attr(s, "warden.session.exit.status").as_deref() == Some("completed")
                 });
                 let tools = spans
                     .iter()
@@ -226,7 +225,10 @@ async fn a_session_exports_the_genai_span_tree_without_content() {
 
     // One run, or more when a loaded machine let a lease lapse and the
     // session was taken up again: each its own trace.
-    let runs: Vec<&Span> = spans.iter().filter(|s| s.name == "invoke_agent").collect();
+    let runs: Vec<&Span> = spans
+        .iter()
+        .filter(|s| s.name == "invoke_agent llm")
+        .collect();
     for run in &runs {
         assert_eq!(
             attr(run, "gen_ai.operation.name").as_deref(),
@@ -238,6 +240,10 @@ async fn a_session_exports_the_genai_span_tree_without_content() {
             Some(id.as_str())
         );
         assert!(run.parent_span_id.is_empty(), "a run is a root span");
+        assert_eq!(attr(run, "gen_ai.agent.name").as_deref(), Some("llm"));
+        // Linked to the create request's span, in the caller's trace.
+        let (caller_trace, _) = trace_and_span(CALLER_TRACEPARENT);
+        assert!(run.links.iter().any(|l| hex(&l.trace_id) == caller_trace));
     }
 
     // Iterations under a run, in its trace.
@@ -248,7 +254,7 @@ async fn a_session_exports_the_genai_span_tree_without_content() {
     assert!(iterations.len() >= 2, "{} iterations", iterations.len());
     for iteration in &iterations {
         let run = parent(iteration).expect("an iteration has a parent");
-        assert_eq!(run.name, "invoke_agent");
+        assert_eq!(run.name, "invoke_agent llm");
         assert_eq!(run.trace_id, iteration.trace_id, "same trace");
     }
     // Each iteration's gate decision is a span event with its metrics.
@@ -407,7 +413,7 @@ async fn content_is_exported_when_asked_and_buffered_spans_are_flushed_at_shutdo
 
     let spans = receiver.spans();
     assert!(
-        spans.iter().any(|s| s.name == "invoke_agent"),
+        spans.iter().any(|s| s.name == "invoke_agent llm"),
         "the run's span was flushed at shutdown: {:?}",
         spans.iter().map(|s| &s.name).collect::<Vec<_>>()
     );
@@ -507,9 +513,9 @@ async fn webhook_agents_and_workers_get_the_steps_traceparent() {
         let id = id.clone();
         async move {
             spans.iter().any(|s| {
-                s.name == "invoke_agent"
+                s.name == "invoke_agent webhook"
                     && attr(s, "gen_ai.agent.id").as_deref() == Some(id.as_str())
-                    && attr(s, "warden.session.exit").is_some_and(|e| e.starts_with("Finished"))
+                    && attr(s, "warden.session.exit.status").as_deref() == Some("completed")
             })
         }
     })
@@ -603,9 +609,9 @@ async fn a_resumed_run_links_to_the_run_before_it() {
         spans
             .iter()
             .filter(|s| {
-                s.name == "invoke_agent"
+                s.name == "invoke_agent llm"
                     && attr(s, "gen_ai.agent.id").as_deref() == Some(id.as_str())
-                    && attr(s, "warden.session.exit").is_some_and(|e| e.starts_with("Finished"))
+                    && attr(s, "warden.session.exit.status").is_some()
             })
             .count()
     };
@@ -630,7 +636,7 @@ async fn a_resumed_run_links_to_the_run_before_it() {
     let mut runs: Vec<Span> = receiver
         .spans()
         .into_iter()
-        .filter(|s| s.name == "invoke_agent")
+        .filter(|s| s.name == "invoke_agent llm")
         .collect();
     runs.sort_by_key(|s| s.start_time_unix_nano);
     let [.., before, last] = runs.as_slice() else {
@@ -641,10 +647,11 @@ async fn a_resumed_run_links_to_the_run_before_it() {
         attr(last, "warden.previous_trace_id"),
         Some(hex(&before.trace_id))
     );
-    let link = last.links.first().expect("a link to the run before");
-    assert_eq!(
-        (&link.trace_id, &link.span_id),
-        (&before.trace_id, &before.span_id)
+    assert!(
+        last.links
+            .iter()
+            .any(|l| (&l.trace_id, &l.span_id) == (&before.trace_id, &before.span_id)),
+        "a link to the run before"
     );
 }
 

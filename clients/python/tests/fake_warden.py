@@ -16,6 +16,22 @@ from warden_client import AsyncClient, AsyncWorker, ClaimedTask, Client, Worker
 TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 
 
+def is_child_of(traceparent: str | None, parent: str) -> bool:
+    """Whether ``traceparent`` continues ``parent``'s trace under a span id of its own."""
+    if traceparent is None:
+        return False
+    version, trace_id, span_id, flags = traceparent.split("-")
+    _, parent_trace, parent_span, parent_flags = parent.split("-")
+    return (
+        version == "00"
+        and trace_id == parent_trace
+        and flags == parent_flags
+        and len(span_id) == 16
+        and span_id != parent_span
+        and span_id != "0" * 16
+    )
+
+
 def make_task(n: int = 1, heartbeat_timeout_ms: int = 300, **context: Any) -> ClaimedTask:
     """A claimed task as the server answers it."""
     task: ClaimedTask = {

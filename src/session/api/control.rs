@@ -261,6 +261,9 @@ impl SessionService {
             &events,
         )
         .await?;
+        if let Some(traceparent) = crate::telemetry::request_traceparent() {
+            store::set_request_traceparent(&mut tx, id, scope, &traceparent).await?;
+        }
         self.start_run(tx, id, scope, lease.zip(slot), acquired)
             .await
     }

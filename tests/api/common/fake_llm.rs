@@ -184,7 +184,7 @@ pub fn tool_calls(calls: &[(&str, Value)], tokens: u64) -> Answer {
         })
         .collect();
     Answer::ok(json!({
-        "id": "chatcmpl-fake", "object": "chat.completion",
+        "id": "chatcmpl-fake", "object": "chat.completion", "model": "fake-model-0613",
         "choices": [{ "index": 0, "finish_reason": "tool_calls",
             "message": { "role": "assistant", "content": null, "tool_calls": calls } }],
         "usage": { "prompt_tokens": tokens / 2, "completion_tokens": tokens - tokens / 2, "total_tokens": tokens }

@@ -223,7 +223,7 @@ class AsyncWorker:
             await asyncio.sleep(interval)
             try:
                 answer = await self.client.heartbeat(
-                    task.task_id, task.lease_token, task._take_progress(), traceparent=task.traceparent
+                    task.task_id, task.lease_token, task._take_progress(), traceparent=task.worker_traceparent
                 )
             except WardenError as problem:
                 if problem.status in (404, 409):
@@ -272,7 +272,7 @@ class AsyncWorker:
                 trace = "".join(traceback.format_exception(error))
                 message = f"{type(error).__name__}: {error}\n{trace}"[-4000:]
                 await self.client.fail(
-                    task.task_id, task.lease_token, message, retryable=retryable, traceparent=task.traceparent
+                    task.task_id, task.lease_token, message, retryable=retryable, traceparent=task.worker_traceparent
                 )
                 self.stats["failed"] += 1
                 log.warning("worker %s: task %s failed: %s", self.name, task.task_id, error)
@@ -284,11 +284,11 @@ class AsyncWorker:
                     task.lease_token,
                     f"the step answered {type(outcome).__name__}, not an outcome with an action",
                     retryable=False,
-                    traceparent=task.traceparent,
+                    traceparent=task.worker_traceparent,
                 )
                 self.stats["failed"] += 1
                 return
-            await self.client.complete(task.task_id, task.lease_token, outcome, traceparent=task.traceparent)  # type: ignore[arg-type]
+            await self.client.complete(task.task_id, task.lease_token, outcome, traceparent=task.worker_traceparent)  # type: ignore[arg-type]
             self.stats["completed"] += 1
         except WardenError as problem:
             if problem.status == 409:
@@ -305,7 +305,7 @@ class AsyncWorker:
 
     async def _release(self, task: Task) -> None:
         try:
-            await self.client.release(task.task_id, task.lease_token, traceparent=task.traceparent)
+            await self.client.release(task.task_id, task.lease_token, traceparent=task.worker_traceparent)
             self.stats["released"] += 1
             log.info("worker %s: released task %s", self.name, task.task_id)
         except WardenError as problem:

@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable
 from types import FrameType
 from typing import Any
 
+from ._trace import child_traceparent
 from .client import Client, backoff_delay
 from .errors import Cancelled, StepError, WardenError, WardenUnavailable
 from .types import ApprovalOutcome, ClaimedTask, HistoryItem, Outcome, StepContext
@@ -63,6 +64,7 @@ class Task:
         self._token_allowance: int | None = self.context.get("token_allowance")
         self._progress: str | None = None
         self._lock = threading.Lock()
+        self._worker_traceparent = child_traceparent(self.context.get("traceparent"))
 
     def __repr__(self) -> str:
         # Never the lease token.
@@ -72,10 +74,20 @@ class Task:
     def traceparent(self) -> str | None:
         """The W3C trace context of the step (``context.traceparent``), when Warden exports traces.
 
-        The worker sends it as the ``traceparent`` header of its heartbeat, complete, fail
-        and release calls; start your own spans under it to see the step whole in one trace.
+        Start your own spans under it to see the step whole in one trace; the worker's calls
+        send :attr:`worker_traceparent`, a span of its own under it.
         """
         return self.context.get("traceparent") or None
+
+    @property
+    def worker_traceparent(self) -> str | None:
+        """The ``traceparent`` header of the worker's heartbeat, complete, fail and release calls.
+
+        It continues the step's trace (:attr:`traceparent`): the same trace id and flags, and a
+        span id of its own (the worker's span of the step, a child of the step's), so the server
+        spans of those calls join the step's trace. ``None`` when the step has no valid one.
+        """
+        return self._worker_traceparent
 
     @property
     def goal(self) -> str:
@@ -155,8 +167,9 @@ class Worker:
     :meth:`Task.check_cancelled` or :meth:`Task.report_progress` raises
     :class:`~warden_client.Cancelled` (the documented way a sync step learns
     of a stop; call one between units of work). The task's
-    ``context.traceparent`` is sent as the ``traceparent`` header of every
-    call about it. The step's
+    Every call about a task continues its trace: its ``traceparent`` header
+    (:attr:`Task.worker_traceparent`) has the trace id of the task's
+    ``context.traceparent`` and a span id of the worker's own. The step's
     outcome is completed, an exception is reported with ``fail``, a
     :class:`Cancelled` step reports nothing (Warden already moved on), and a
     409 on complete (the lease was lost) is logged and the worker goes on.
@@ -330,7 +343,7 @@ class Worker:
                 retryable = not (isinstance(error, StepError) and not error.retryable)
                 message = f"{type(error).__name__}: {error}\n{result.get('traceback', '')}"[-4000:]
                 self.client.fail(
-                    task.task_id, task.lease_token, message, retryable=retryable, traceparent=task.traceparent
+                    task.task_id, task.lease_token, message, retryable=retryable, traceparent=task.worker_traceparent
                 )
                 self.stats["failed"] += 1
                 log.warning("worker %s: task %s failed: %s", self.name, task.task_id, error)
@@ -342,11 +355,11 @@ class Worker:
                     task.lease_token,
                     f"the step answered {type(outcome).__name__}, not an outcome with an action",
                     retryable=False,
-                    traceparent=task.traceparent,
+                    traceparent=task.worker_traceparent,
                 )
                 self.stats["failed"] += 1
                 return
-            self.client.complete(task.task_id, task.lease_token, outcome, traceparent=task.traceparent)  # type: ignore[arg-type]
+            self.client.complete(task.task_id, task.lease_token, outcome, traceparent=task.worker_traceparent)  # type: ignore[arg-type]
             self.stats["completed"] += 1
         except WardenError as problem:
             if problem.status == 409:
@@ -363,7 +376,7 @@ class Worker:
 
     def _release(self, task: Task) -> None:
         try:
-            self.client.release(task.task_id, task.lease_token, traceparent=task.traceparent)
+            self.client.release(task.task_id, task.lease_token, traceparent=task.worker_traceparent)
             self.stats["released"] += 1
             log.info("worker %s: released task %s", self.name, task.task_id)
         except WardenError as problem:
@@ -380,7 +393,7 @@ class Worker:
         while not stop.wait(interval):
             try:
                 answer = self.client.heartbeat(
-                    task.task_id, task.lease_token, task._take_progress(), traceparent=task.traceparent
+                    task.task_id, task.lease_token, task._take_progress(), traceparent=task.worker_traceparent
                 )
             except WardenError as problem:
                 if problem.status in (404, 409):

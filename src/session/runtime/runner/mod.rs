@@ -34,7 +34,7 @@ use crate::metrics::Metrics;
 use crate::policy::budget;
 use crate::policy::delegation::ChildPausePolicy;
 use crate::policy::guardrails::{self, Usage};
-use crate::policy::lifecycle::Reason;
+use crate::policy::lifecycle::{Reason, Status};
 use crate::policy::loop_state::LoopState;
 use crate::store::{ControlFlags, Lease, SessionSettings, Store, StoreError};
 use crate::telemetry;
@@ -75,6 +75,20 @@ pub enum Exit {
     LeaseLost,
     /// Postgres failed; the lease will expire and the session be rescued.
     StoreFailed(String),
+}
+
+impl Exit {
+    /// How the run ended as (status, reason) names, for its span: the
+    /// session's status and reason when it reached one; `released` with
+    /// `shutdown`, `lease_lost` or `store_error` when another run goes on.
+    pub fn labels(&self) -> (&'static str, &'static str) {
+        match self {
+            Exit::Finished(reason) => (reason.status().as_str(), reason.as_str()),
+            Exit::Released => ("released", "shutdown"),
+            Exit::LeaseLost => ("released", "lease_lost"),
+            Exit::StoreFailed(_) => ("released", "store_error"),
+        }
+    }
 }
 
 /// What a runner is built from.
@@ -211,10 +225,25 @@ impl<S: LoopStore> Runner<S> {
         self.lease.session_id
     }
 
-    /// Runs the loop to its end.
-    #[tracing::instrument(name = "session", skip(self), fields(session_id = %self.lease.session_id))]
-    pub async fn run(mut self) -> Exit {
-        let agent = telemetry::agent_span(self.lease.session_id);
+    /// Runs the loop to its end, in an `invoke_agent` span without links.
+    pub async fn run(self) -> Exit {
+        let agent = telemetry::AgentInfo {
+            name: "session".into(),
+            provider: "warden",
+            request_model: None,
+        };
+        let span = telemetry::agent_span(
+            self.lease.session_id,
+            &agent,
+            &telemetry::RunLinks::default(),
+        );
+        self.run_in(span).await
+    }
+
+    /// Runs the loop to its end in `agent`, the run's `invoke_agent` span,
+    /// which records how it ended.
+    #[tracing::instrument(name = "session", skip_all, fields(session_id = %self.lease.session_id))]
+    pub async fn run_in(mut self, agent: tracing::Span) -> Exit {
         let ended = self.run_loop().instrument(agent.clone()).await;
         let exit = match ended {
             Ok(exit) => exit,
@@ -230,7 +259,13 @@ impl<S: LoopStore> Runner<S> {
             "session loop ended"
         );
         if !agent.is_disabled() {
-            agent.record("warden.session.exit", tracing::field::debug(&exit));
+            let (status, reason) = exit.labels();
+            agent.record("warden.session.exit.status", status);
+            agent.record("warden.session.exit.reason", reason);
+            if status == Status::Failed.as_str() || matches!(exit, Exit::StoreFailed(_)) {
+                agent.record("error.type", reason);
+                agent.record("otel.status_code", "ERROR");
+            }
         }
         exit
     }
@@ -271,20 +306,24 @@ impl<S: LoopStore> Runner<S> {
     /// verdicts, reflections, checkpoints due) takes effect at the top of the
     /// next pass, after the control signals.
     async fn run_loop(&mut self) -> Result<Exit, StoreError> {
+        // The span of the step about to run: kept across the passes a
+        // throttle repeats, closed once its step is committed, so a span
+        // stands for one iteration (none for the pass that only ends the run).
+        let mut iteration: Option<(u64, tracing::Span)> = None;
         loop {
-            let iteration = tracing::info_span!(
-                target: telemetry::TARGET,
-                "warden.iteration",
-                warden.iteration.number = self.state.usage.iterations + 1,
-            );
-            if let Some(exit) = self.pass().instrument(iteration).await? {
+            if let Some(exit) = self.pass(&mut iteration).await? {
                 return Ok(exit);
             }
         }
     }
 
-    /// One pass: `None` to go on with the next, or how the loop ended.
-    async fn pass(&mut self) -> Result<Option<Exit>, StoreError> {
+    /// One pass: `None` to go on with the next, or how the loop ended. The
+    /// checks before the step run in the run's span, the step in its
+    /// iteration's.
+    async fn pass(
+        &mut self,
+        iteration: &mut Option<(u64, tracing::Span)>,
+    ) -> Result<Option<Exit>, StoreError> {
         let mut pass = Pass {
             started: Instant::now(),
             writes: Duration::ZERO,
@@ -294,6 +333,28 @@ impl<S: LoopStore> Runner<S> {
         self.checkpoint_if_due(&mut pass).await?;
         step!(self.settled().await);
         let usage = step!(self.guardrails().await);
+        let number = usage.iterations + 1;
+        let span = match iteration {
+            Some((n, span)) if *n == number => span.clone(),
+            _ => {
+                let span = tracing::info_span!(
+                    target: telemetry::TARGET,
+                    "warden.iteration",
+                    warden.iteration.number = telemetry::int(number),
+                );
+                *iteration = Some((number, span.clone()));
+                span
+            }
+        };
+        let stepped = self.step(usage, pass).instrument(span).await;
+        if self.state.usage.iterations >= number {
+            *iteration = None;
+        }
+        stepped
+    }
+
+    /// The step of a pass: the gate, the executor, the commit.
+    async fn step(&mut self, usage: Usage, mut pass: Pass) -> Result<Option<Exit>, StoreError> {
         let gated = step!(self.gate(&usage, &mut pass).await);
         let executed = step!(self.execute(gated).await);
         let overspent = executed.overspent();

@@ -437,3 +437,22 @@ async fn a_child_of_a_fail_child_tree_fails_where_it_would_pause_for_a_person() 
         finished.summary
     );
 }
+
+#[test]
+fn a_run_s_exit_reads_as_status_and_reason() {
+    use crate::policy::lifecycle::Reason;
+    assert_eq!(
+        Exit::Finished(Reason::GoalAchieved).labels(),
+        ("completed", "goal_achieved")
+    );
+    assert_eq!(
+        Exit::Finished(Reason::AskUser).labels(),
+        ("paused", "ask_user")
+    );
+    assert_eq!(Exit::Released.labels(), ("released", "shutdown"));
+    assert_eq!(Exit::LeaseLost.labels(), ("released", "lease_lost"));
+    assert_eq!(
+        Exit::StoreFailed("x".into()).labels(),
+        ("released", "store_error")
+    );
+}

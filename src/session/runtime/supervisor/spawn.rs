@@ -18,6 +18,7 @@ use crate::session::runtime::live::LiveView;
 use crate::session::runtime::rehydrate::build_executor;
 use crate::session::runtime::runner::{Control, Exit, Runner, RunnerDeps, TreeRole};
 use crate::store::{Lease, Session, SessionSettings};
+use crate::telemetry;
 
 impl Supervisor {
     /// Starts the loop of a session whose lease this replica already holds,
@@ -57,8 +58,56 @@ impl Supervisor {
         };
         let parts = (executor, state, has_children);
         let runner = self.runner_for(session, lease, parts, &control, &view);
-        self.register(slot, lease, control, view, runner);
+        let agent = self.agent_of(session);
+        self.register(slot, lease, control, view, (runner, agent));
         Ok(())
+    }
+
+    /// Who the session's agent is, for its runs' `invoke_agent` spans.
+    fn agent_of(&self, session: &Session) -> telemetry::AgentInfo {
+        let brief = &session.executor_summary.0;
+        let model = brief.kind == "llm";
+        telemetry::AgentInfo {
+            name: brief.kind.clone(),
+            provider: if model { "openai" } else { "warden" },
+            request_model: model
+                .then(|| {
+                    brief
+                        .model
+                        .clone()
+                        .or_else(|| self.inner.config.models.model.clone())
+                })
+                .flatten(),
+        }
+    }
+
+    /// The `invoke_agent` span of the run `lease` starts, linked to the
+    /// request that created or last resumed the session and to its
+    /// previous run (kept with the session, whichever replica ran it),
+    /// its own context kept there for the next run.
+    async fn agent_span(&self, lease: Lease, agent: &telemetry::AgentInfo) -> tracing::Span {
+        let mut links = telemetry::RunLinks::default();
+        if !telemetry::enabled() {
+            return telemetry::agent_span(lease.session_id, agent, &links);
+        }
+        let span = telemetry::agent_span(lease.session_id, agent, &links);
+        let own = telemetry::traceparent_of_span(&span);
+        match self
+            .inner
+            .store
+            .start_run_trace(&lease, own.as_deref())
+            .await
+        {
+            Ok(stored) => {
+                links.request = stored.request;
+                links.previous_run = stored.previous_run;
+                telemetry::link_run(&span, &links);
+            }
+            Err(err) => {
+                tracing::warn!(session_id = %lease.session_id, error = %err, "the run's trace links could not be read; it starts unlinked");
+            }
+        }
+        span
     }
 
     /// Refuses a new loop once the process shuts down.
@@ -208,7 +257,7 @@ impl Supervisor {
         lease: Lease,
         control: Control,
         view: Arc<LiveView>,
-        runner: Runner,
+        (runner, agent): (Runner, telemetry::AgentInfo),
     ) {
         let (done_tx, done_rx) = watch::channel(false);
         self.forget(lease.session_id);
@@ -218,7 +267,8 @@ impl Supervisor {
         // and deregister before it is registered.
         let mut runners = self.runners_mut();
         let task = self.inner.loops.spawn(async move {
-            let exit = runner.run().await;
+            let span = me.agent_span(lease, &agent).await;
+            let exit = runner.run_in(span).await;
             if matches!(exit, Exit::StoreFailed(_) | Exit::LeaseLost) {
                 me.remember(lease.session_id, kept);
             }

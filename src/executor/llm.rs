@@ -1454,6 +1454,10 @@ impl Executor for LlmExecutor {
     fn take_unreported_tokens(&mut self) -> u64 {
         std::mem::take(&mut self.unreported)
     }
+
+    fn workspace_root(&self) -> Option<&std::path::Path> {
+        Some(self.workspace.root())
+    }
 }
 
 #[cfg(test)]

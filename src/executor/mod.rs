@@ -6,6 +6,7 @@ mod llm;
 mod scripted;
 mod webhook;
 mod worker;
+pub mod snapshot;
 pub mod workspace;
 
 pub use crate::spec::{ApiKey, ExecutorSpec, ScriptedDelegation, ScriptedStep, StoredExecutor};
@@ -233,6 +234,12 @@ pub trait Executor: Send {
     /// reported another way (a worker reports its own).
     fn take_unreported_tokens(&mut self) -> u64 {
         0
+    }
+
+    /// The workspace directory the executor works in, if it has one: what
+    /// a checkpoint's workspace snapshot walks.
+    fn workspace_root(&self) -> Option<&std::path::Path> {
+        None
     }
 }
 

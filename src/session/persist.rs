@@ -55,6 +55,8 @@ pub struct Admission<'a> {
     pub idempotency: Option<(&'a str, &'a [u8])>,
     /// What the children of its tree do when they would pause for a person.
     pub on_child_pause: ChildPausePolicy,
+    /// For a fork: where it came from and what it starts with.
+    pub fork: Option<&'a store::snapshots::ForkStart>,
 }
 
 /// Creates a session with its events (then the status it starts in) and
@@ -74,12 +76,16 @@ pub async fn create_session(
         tenant_max_running,
         idempotency,
         on_child_pause,
+        fork,
     } = admission;
     let mut tx = store.begin().await?;
     check_tenant_room(&mut tx, &new.tenant, tenant_max_running).await?;
     let (status, owner, split) =
         first_status(&mut tx, &new.tenant, start, tenant_max_running).await?;
     let lease = store::insert_session(&mut tx, new, status, owner, lease_ttl).await?;
+    if let Some(fork) = fork {
+        store::snapshots::start_fork(&mut tx, new.id, fork).await?;
+    }
     if on_child_pause != ChildPausePolicy::default() {
         // Before its children are made: they copy it.
         store::set_child_pause_policy(&mut tx, new.id, on_child_pause).await?;
@@ -373,6 +379,7 @@ mod tests {
                 tenant_max_running: 100,
                 idempotency: None,
                 on_child_pause: ChildPausePolicy::default(),
+                fork: None,
             },
         )
         .await
@@ -418,6 +425,7 @@ mod tests {
                 tenant_max_running: 100,
                 idempotency: None,
                 on_child_pause: ChildPausePolicy::default(),
+                fork: None,
             },
         )
         .await;

@@ -64,6 +64,10 @@ pub const DOWNS: &[(i64, &str)] = &[
         32,
         include_str!("../../migrations/down/0032_budget_warnings.sql"),
     ),
+    (
+        34,
+        include_str!("../../migrations/down/0034_workspace_snapshots.sql"),
+    ),
 ];
 
 /// The key of the advisory lock that `migrate --down-to` holds, so two

@@ -9,6 +9,8 @@ mod control;
 mod create;
 mod create_request;
 mod delete;
+mod fork;
+mod fork_seed;
 pub mod estimate;
 pub mod notify;
 mod placement;
@@ -21,16 +23,19 @@ mod stop_landing;
 mod tenant_retention;
 pub mod tree;
 mod update;
+mod workspace_files;
 pub mod workers;
 
 pub use control::{ResumeSession, StopAnswer};
 pub use create::Created;
+pub use fork::ForkSession;
 pub use create_request::{CreateSession, IdempotencyKey, Subgoal, SubgoalTask};
 pub use queries::StatusSource;
 pub use reads::{LoggedEvent, SessionReads};
 pub use refine::RefinementChoice;
 pub use stop_landing::StopLandings;
 pub use update::UpdateSession;
+pub use workspace_files::{FileChange, FileList, WorkspaceDiff, WorkspaceFile, FileContent};
 pub use workers::{ClaimedStep, WorkerProtocol};
 
 use std::sync::Arc;

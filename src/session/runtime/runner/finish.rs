@@ -76,6 +76,7 @@ impl<S: LoopStore> Runner<S> {
             &events,
         ))
         .await?;
+        self.snapshot_workspace(usage.iterations).await;
         self.metrics.termination(reason.as_str());
         Ok(Exit::Finished(reason))
     }
@@ -107,6 +108,7 @@ impl<S: LoopStore> Runner<S> {
             &charges,
         ))
         .await?;
+        self.snapshot_workspace(usage.iterations).await;
         Ok(Exit::Released)
     }
 }

@@ -4,9 +4,9 @@
 
 mod llm;
 mod scripted;
+pub mod snapshot;
 mod webhook;
 mod worker;
-pub mod snapshot;
 pub mod workspace;
 
 pub use crate::spec::{ApiKey, ExecutorSpec, ScriptedDelegation, ScriptedStep, StoredExecutor};

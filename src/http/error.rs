@@ -181,7 +181,9 @@ impl From<ServiceError> for ApiError {
             ServiceError::Missing(detail) => {
                 ApiError::new(StatusCode::NOT_FOUND, "not_found", detail)
             }
-            ServiceError::BadPath(detail) => ApiError::new(StatusCode::BAD_REQUEST, "bad_path", detail),
+            ServiceError::BadPath(detail) => {
+                ApiError::new(StatusCode::BAD_REQUEST, "bad_path", detail)
+            }
             ServiceError::NotForkable(detail) => {
                 ApiError::new(StatusCode::CONFLICT, "not_forkable", detail)
             }

@@ -31,20 +31,44 @@ pub fn router() -> Router<AppState> {
         .route("/{id}/fork", post(fork_session))
 }
 
-/// The `{*path}` of a file route, percent-decoded (checked by the use case).
-pub struct FilePath(String);
+/// The `{id}` and `{*path}` of a file route: the id in its one canonical
+/// spelling (as `SessionId` takes it, which counts segments from the end
+/// and so cannot be used after a wildcard), the path percent-decoded
+/// (checked by the use case).
+pub struct FileRoute {
+    id: uuid::Uuid,
+    path: String,
+}
 
-impl<S: Send + Sync> axum::extract::FromRequestParts<S> for FilePath {
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for FileRoute {
     type Rejection = ApiError;
 
     async fn from_request_parts(
         parts: &mut axum::http::request::Parts,
         state: &S,
     ) -> Result<Self, Self::Rejection> {
+        let not_found = || {
+            ApiError::new(
+                StatusCode::NOT_FOUND,
+                "session_not_found",
+                "no such session (a session id is written as 8-4-4-4-12 hex digits)",
+            )
+        };
+        let raw = axum::extract::RawPathParams::from_request_parts(parts, state)
+            .await
+            .map_err(|_| not_found())?;
+        let id = raw
+            .iter()
+            .find(|(k, _)| *k == "id")
+            .and_then(|(_, v)| super::extract::canonical_uuid(v))
+            .ok_or_else(not_found)?;
         let Path(params) = Path::<HashMap<String, String>>::from_request_parts(parts, state)
             .await
             .map_err(|e| ApiError::bad_request(format!("the file path: {e}")))?;
-        Ok(FilePath(params.get("path").cloned().unwrap_or_default()))
+        Ok(FileRoute {
+            id,
+            path: params.get("path").cloned().unwrap_or_default(),
+        })
     }
 }
 
@@ -117,8 +141,7 @@ pub async fn list_files(
 pub async fn read_file(
     State(state): State<AppState>,
     Extension(caller): Extension<Principal>,
-    SessionId(id): SessionId,
-    FilePath(path): FilePath,
+    FileRoute { id, path }: FileRoute,
     ApiQuery(q): ApiQuery<CheckpointQuery>,
     request: HeaderMap,
 ) -> ApiResult<Response> {
@@ -127,11 +150,12 @@ pub async fn read_file(
         .workspace_file(id, &path, q.checkpoint, &caller.scope)
         .await?;
     let len = file.content.len() as u64;
-    let range = request
-        .get(header::RANGE)
-        .and_then(|v| v.to_str().ok());
+    let range = request.get(header::RANGE).and_then(|v| v.to_str().ok());
     let mut headers = HeaderMap::new();
-    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(file.content_type));
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static(file.content_type),
+    );
     headers.insert(header::ACCEPT_RANGES, HeaderValue::from_static("bytes"));
     if let Ok(etag) = HeaderValue::from_str(&format!("\"{}\"", file.sha256)) {
         headers.insert(header::ETAG, etag);
@@ -183,10 +207,13 @@ pub async fn workspace_tar(
         .workspace_tar(id, q.checkpoint, &caller.scope)
         .await?;
     let mut headers = HeaderMap::new();
-    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/x-tar"));
-    if let Ok(v) = HeaderValue::from_str(&format!(
-        "attachment; filename=\"workspace-{id}-{at}.tar\""
-    )) {
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/x-tar"),
+    );
+    if let Ok(v) =
+        HeaderValue::from_str(&format!("attachment; filename=\"workspace-{id}-{at}.tar\""))
+    {
         headers.insert(header::CONTENT_DISPOSITION, v);
     }
     headers.insert("x-warden-checkpoint", HeaderValue::from(at));

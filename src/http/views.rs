@@ -575,13 +575,12 @@ impl From<Session> for SessionView {
                 tokens_spent_by_children: s.children_tokens,
             },
             budget_warnings: s.budget_warnings.0,
-            forked_from: s
-                .forked_from_session
-                .zip(s.forked_from_iteration)
-                .map(|(session_id, iteration)| ForkedFrom {
+            forked_from: s.forked_from_session.zip(s.forked_from_iteration).map(
+                |(session_id, iteration)| ForkedFrom {
                     session_id,
                     iteration,
-                }),
+                },
+            ),
         }
     }
 }

@@ -56,7 +56,9 @@ pub enum PathError {
     #[error("the path must be relative, inside the workspace, without `..`, `\\` or NUL")]
     Outside,
     /// Over the length limits.
-    #[error("the path is longer than {MAX_PATH_BYTES} bytes or has a name over {MAX_COMPONENT_BYTES} bytes")]
+    #[error(
+        "the path is longer than {MAX_PATH_BYTES} bytes or has a name over {MAX_COMPONENT_BYTES} bytes"
+    )]
     TooLong,
 }
 
@@ -280,7 +282,14 @@ mod tests {
         assert_eq!(check_path("a/./b").unwrap(), "a/b");
         assert_eq!(check_path("..a/b..").unwrap(), "..a/b..");
         for bad in [
-            "../x", "a/../../x", "a/..", "..", "/etc/passwd", "a\0b", "a\\..\\b", "//x",
+            "../x",
+            "a/../../x",
+            "a/..",
+            "..",
+            "/etc/passwd",
+            "a\0b",
+            "a\\..\\b",
+            "//x",
         ] {
             assert_eq!(check_path(bad), Err(PathError::Outside), "{bad:?}");
         }
@@ -316,10 +325,16 @@ mod tests {
     #[test]
     fn unified_diffs_cover_text_only() {
         let d = unified_diff("f.txt", Some(b"a\nb\n"), Some(b"a\nc\n")).unwrap();
-        assert!(d.contains("--- a/f.txt") && d.contains("+++ b/f.txt"), "{d}");
+        assert!(
+            d.contains("--- a/f.txt") && d.contains("+++ b/f.txt"),
+            "{d}"
+        );
         assert!(d.contains("-b\n") && d.contains("+c\n"), "{d}");
         let added = unified_diff("n.txt", None, Some(b"x\n")).unwrap();
-        assert!(added.contains("--- /dev/null") && added.contains("+x"), "{added}");
+        assert!(
+            added.contains("--- /dev/null") && added.contains("+x"),
+            "{added}"
+        );
         assert_eq!(unified_diff("bin", Some(b"\0\x01"), Some(b"x")), None);
         assert_eq!(unified_diff("bin", Some(&[0xff, 0xfe]), None), None);
     }
@@ -342,12 +357,21 @@ mod tests {
 
     #[test]
     fn content_types_follow_names_then_content() {
-        assert_eq!(content_type("README.md", b""), "text/markdown; charset=utf-8");
+        assert_eq!(
+            content_type("README.md", b""),
+            "text/markdown; charset=utf-8"
+        );
         assert_eq!(content_type("a/b.JSON", b""), "application/json");
         assert_eq!(content_type("img.png", b"\x89PNG"), "image/png");
-        assert_eq!(content_type("Makefile", b"all:\n"), "text/plain; charset=utf-8");
+        assert_eq!(
+            content_type("Makefile", b"all:\n"),
+            "text/plain; charset=utf-8"
+        );
         assert_eq!(content_type("blob", b"\0\x01"), "application/octet-stream");
-        assert_eq!(content_type("dir.d/noext", b"\xff"), "application/octet-stream");
+        assert_eq!(
+            content_type("dir.d/noext", b"\xff"),
+            "application/octet-stream"
+        );
     }
 
     #[test]

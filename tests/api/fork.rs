@@ -22,8 +22,10 @@ async fn a_fork_from_each_checkpoint_restores_its_workspace_and_leaves_the_origi
         let (status, fork) = app
             .post(
                 &format!("/api/autonomous/{id}/fork"),
-                Some(json!({ "checkpoint_iteration": n, "guidance": "try another way",
-                             "limits": { "max_iterations": 1 } })),
+                Some(
+                    json!({ "checkpoint_iteration": n, "guidance": "try another way",
+                             "limits": { "max_iterations": 1 } }),
+                ),
             )
             .await;
         assert_eq!(status, StatusCode::CREATED, "{fork}");

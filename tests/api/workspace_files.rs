@@ -24,7 +24,8 @@ pub type Files = BTreeMap<String, Vec<u8>>;
 /// at each checkpoint (index 0 is checkpoint 1).
 pub struct TenCheckpoints {
     pub app: TestApp,
-    pub fake: FakeLlm,
+    /// Kept alive as long as the app (forks call it).
+    pub _fake: FakeLlm,
     pub id: String,
     pub workspace_root: PathBuf,
     pub expected: Vec<Files>,
@@ -72,10 +73,7 @@ pub async fn ten_checkpoints() -> TenCheckpoints {
             match op {
                 Op::Write(path, content) => {
                     now.insert(path.into(), content.as_bytes().to_vec());
-                    calls.push((
-                        "write_file",
-                        json!({ "path": path, "content": content }),
-                    ));
+                    calls.push(("write_file", json!({ "path": path, "content": content })));
                 }
                 Op::Delete(path) => {
                     now.remove(path);
@@ -110,10 +108,14 @@ pub async fn ten_checkpoints() -> TenCheckpoints {
     let id = doc["id"].as_str().unwrap().to_string();
     let dir = workspace_root.join(&id);
     for (step, deletes, gate) in holds {
-        eventually(Duration::from_secs(30), "the step waits for its model", || {
-            let fake = fake.clone();
-            async move { fake.agent_requests().len() >= step }
-        })
+        eventually(
+            Duration::from_secs(30),
+            "the step waits for its model",
+            || {
+                let fake = fake.clone();
+                async move { fake.agent_requests().len() >= step }
+            },
+        )
         .await;
         for path in deletes {
             std::fs::remove_file(dir.join(path)).expect("delete");
@@ -125,7 +127,7 @@ pub async fn ten_checkpoints() -> TenCheckpoints {
     assert_eq!(s["iterations"], 10, "{s}");
     TenCheckpoints {
         app,
-        fake,
+        _fake: fake,
         id,
         workspace_root,
         expected,
@@ -149,7 +151,11 @@ pub fn disk_files(dir: &Path) -> Files {
             if path.is_dir() {
                 dirs.push(path);
             } else {
-                let rel = path.strip_prefix(dir).unwrap().to_string_lossy().to_string();
+                let rel = path
+                    .strip_prefix(dir)
+                    .unwrap()
+                    .to_string_lossy()
+                    .to_string();
                 files.insert(rel, std::fs::read(&path).unwrap());
             }
         }
@@ -211,7 +217,10 @@ async fn every_checkpoint_lists_and_serves_the_workspace_of_then() {
             .collect();
         assert_eq!(listed, want, "checkpoint {n}");
         for (path, bytes) in files {
-            assert_eq!(content(app, id, path, n).await, (StatusCode::OK, bytes.clone()));
+            assert_eq!(
+                content(app, id, path, n).await,
+                (StatusCode::OK, bytes.clone())
+            );
         }
     }
     // The latest by default, with the iteration each file last changed at.
@@ -250,7 +259,10 @@ async fn every_checkpoint_lists_and_serves_the_workspace_of_then() {
         .send()
         .await
         .unwrap();
-    assert_eq!(res.headers()["content-type"], "text/markdown; charset=utf-8");
+    assert_eq!(
+        res.headers()["content-type"],
+        "text/markdown; charset=utf-8"
+    );
     let res = app
         .client
         .get(app.url(&format!("/api/autonomous/{id}/files/a.txt")))
@@ -335,10 +347,7 @@ async fn snapshots_diff_tar_and_store_each_content_once() {
         run.expected.iter().flat_map(|f| f.values()).collect();
     assert_eq!(blobs, distinct.len() as i64);
     assert_eq!(blobs, 9);
-    assert_eq!(
-        bytes,
-        distinct.iter().map(|c| c.len() as i64).sum::<i64>()
-    );
+    assert_eq!(bytes, distinct.iter().map(|c| c.len() as i64).sum::<i64>());
     let snapshots: i64 = sqlx::query_scalar("SELECT count(*) FROM workspace_snapshots")
         .fetch_one(pool)
         .await
@@ -363,7 +372,9 @@ async fn paths_cannot_leave_the_workspace_and_other_tenants_see_nothing() {
             .send()
             .await
             .unwrap();
-        assert_eq!(res.status(), StatusCode::BAD_REQUEST, "{bad}");
+        let status = res.status();
+        let body = res.text().await.unwrap();
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{bad}: {body}");
     }
     // What the URL itself normalizes away never reaches a file outside.
     let res = app
@@ -373,7 +384,10 @@ async fn paths_cannot_leave_the_workspace_and_other_tenants_see_nothing() {
         .await
         .unwrap();
     assert!(
-        matches!(res.status(), StatusCode::NOT_FOUND | StatusCode::BAD_REQUEST),
+        matches!(
+            res.status(),
+            StatusCode::NOT_FOUND | StatusCode::BAD_REQUEST
+        ),
         "{}",
         res.status()
     );
@@ -381,7 +395,9 @@ async fn paths_cannot_leave_the_workspace_and_other_tenants_see_nothing() {
     assert_eq!(status, StatusCode::NOT_FOUND);
     let (status, _) = content(app, id, "b.txt", 10).await;
     assert_eq!(status, StatusCode::NOT_FOUND, "deleted at checkpoint 4");
-    let (status, _) = app.get(&format!("/api/autonomous/{id}/files?checkpoint=99")).await;
+    let (status, _) = app
+        .get(&format!("/api/autonomous/{id}/files?checkpoint=99"))
+        .await;
     assert_eq!(status, StatusCode::NOT_FOUND);
 
     let other = common::create_key(&app.base, "other-tenant", "operator").await;

@@ -100,7 +100,10 @@ existed, or its snapshot failed); fork from a checkpoint whose `forkable` is tru
             milestones: state.0.milestones.clone(),
             files,
         };
-        match self.create_seeded(request, tenant, None, Some(seed)).await? {
+        match self
+            .create_seeded(request, tenant, None, Some(seed))
+            .await?
+        {
             Created::New(session) | Created::Replayed(session) => {
                 tracing::info!(fork = %session.id, iteration, "session forked");
                 Ok(session)

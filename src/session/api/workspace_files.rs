@@ -137,13 +137,14 @@ impl SessionService {
         checkpoint: Option<i64>,
         scope: &TenantScope,
     ) -> Result<FileContent> {
-        let path = rules::check_path(path)
-            .map_err(|e| ServiceError::BadPath(format!("{path:?}: {e}")))?;
+        let path =
+            rules::check_path(path).map_err(|e| ServiceError::BadPath(format!("{path:?}: {e}")))?;
         let (at, files) = self.snapshot_of(id, checkpoint, scope).await?;
-        let file = files
-            .iter()
-            .find(|f| f.path == path)
-            .ok_or_else(|| ServiceError::Missing(format!("no file {path:?} in the workspace as of checkpoint {at}")))?;
+        let file = files.iter().find(|f| f.path == path).ok_or_else(|| {
+            ServiceError::Missing(format!(
+                "no file {path:?} in the workspace as of checkpoint {at}"
+            ))
+        })?;
         let content = self.blob_of(id, file, scope).await?;
         Ok(FileContent {
             content_type: rules::content_type(&path, &content[..content.len().min(512)]),
@@ -170,7 +171,11 @@ impl SessionService {
         }
         let mut entries = Vec::with_capacity(files.len());
         for file in &files {
-            entries.push((file.path.clone(), file.mode, self.blob_of(id, file, scope).await?));
+            entries.push((
+                file.path.clone(),
+                file.mode,
+                self.blob_of(id, file, scope).await?,
+            ));
         }
         let tar = tokio::task::spawn_blocking(move || tar_of(&entries))
             .await
@@ -226,7 +231,9 @@ impl SessionService {
             Some(found) => Ok(found),
             None => Err(match checkpoint {
                 Some(n) => no_snapshot(n),
-                None => ServiceError::Missing(format!("session {id} has no workspace snapshot yet")),
+                None => {
+                    ServiceError::Missing(format!("session {id} has no workspace snapshot yet"))
+                }
             }),
         }
     }

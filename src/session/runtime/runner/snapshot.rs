@@ -25,7 +25,14 @@ impl<S: LoopStore> Runner<S> {
     pub(super) async fn snapshot_workspace(&mut self, iteration: u64) {
         let root = self.executor.workspace_root().map(PathBuf::from);
         for attempt in 1..=ATTEMPTS {
-            match Box::pin(try_snapshot(&self.store, &self.lease, iteration, root.clone())).await {
+            match Box::pin(try_snapshot(
+                &self.store,
+                &self.lease,
+                iteration,
+                root.clone(),
+            ))
+            .await
+            {
                 Ok(()) => return,
                 Err(err) if attempt < ATTEMPTS => {
                     tracing::debug!(iteration, error = %err, "workspace snapshot failed; trying again");

@@ -560,11 +560,12 @@ fn goal_bounds(out: &mut Vec<Bound>) {
         out.push((goal.clone(), "minLength", 1.into()));
         out.push((goal, "pattern", GOAL_HAS_LETTER_PATTERN.into()));
     }
-    out.push((
+    for guidance in [
         prop("ResumeSession", "guidance"),
-        "maxLength",
-        MAX_GUIDANCE_CHARS.into(),
-    ));
+        prop("ForkSession", "guidance"),
+    ] {
+        out.push((guidance, "maxLength", MAX_GUIDANCE_CHARS.into()));
+    }
     for list in ["success_criteria", "milestones"] {
         let at = prop("CreateSession", list);
         out.push((at.clone(), "maxItems", MAX_ITEMS.into()));

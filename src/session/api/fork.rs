@@ -31,22 +31,18 @@ pub struct ForkSession {
     /// The checkpoint, by the iteration it covers (its latest checkpoint
     /// at that iteration). One of this and `checkpoint_id` is required.
     #[serde(default)]
-    #[schema(minimum = 0)]
     pub checkpoint_iteration: Option<i64>,
     /// The checkpoint, by its `id` in `GET /checkpoints`.
     #[serde(default)]
-    #[schema(minimum = 1)]
     pub checkpoint_id: Option<i64>,
     /// Guidance for the fork's first step.
     #[serde(default)]
-    #[schema(max_length = 10000)]
     pub guidance: Option<String>,
     /// Limits to change from the forked session's.
     #[serde(default)]
     pub limits: LimitsPatch,
     /// Another model for an `llm` executor.
     #[serde(default)]
-    #[schema(max_length = 200)]
     pub model: Option<String>,
 }
 

@@ -88,12 +88,13 @@ pub struct CheckpointQuery {
 #[serde(deny_unknown_fields)]
 #[into_params(parameter_in = Query)]
 pub struct DiffQuery {
-    /// The earlier checkpoint's iteration.
+    /// The earlier checkpoint's iteration (default: the snapshot before `to`,
+    /// or an empty workspace when there is none).
     #[param(minimum = 0)]
-    pub from: i64,
-    /// The later checkpoint's iteration.
+    pub from: Option<i64>,
+    /// The later checkpoint's iteration (default: the latest snapshot).
     #[param(minimum = 0)]
-    pub to: i64,
+    pub to: Option<i64>,
 }
 
 /// The files of a session's workspace as of a checkpoint's snapshot

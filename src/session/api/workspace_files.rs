@@ -95,7 +95,7 @@ pub struct FileChange {
 /// The difference between two snapshots.
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct WorkspaceDiff {
-    /// The earlier checkpoint's iteration.
+    /// The earlier checkpoint's iteration (0 with no files: no snapshot before `to`).
     pub from: i64,
     /// The later one's.
     pub to: i64,
@@ -184,15 +184,31 @@ impl SessionService {
         Ok((at, tar))
     }
 
-    /// What changed from `id`'s snapshot at `from` to the one at `to`.
+    /// What changed from `id`'s snapshot at `from` to the one at `to`
+    /// (`to` by default the latest; `from` the snapshot before it, or an
+    /// empty workspace when there is none).
     pub async fn workspace_diff(
         &self,
         id: Uuid,
-        (from, to): (i64, i64),
+        (from, to): (Option<i64>, Option<i64>),
         scope: &TenantScope,
     ) -> Result<WorkspaceDiff> {
-        let (_, before) = self.snapshot_of(id, Some(from), scope).await?;
-        let (_, after) = self.snapshot_of(id, Some(to), scope).await?;
+        let (to, after) = self.snapshot_of(id, to, scope).await?;
+        let from = match from {
+            Some(n) => Some(n),
+            None => self
+                .store()
+                .snapshots(id, scope)
+                .await?
+                .iter()
+                .map(|s| s.iteration)
+                .filter(|n| *n < to)
+                .max(),
+        };
+        let (from, before) = match from {
+            Some(n) => self.snapshot_of(id, Some(n), scope).await?,
+            None => (0, Vec::new()),
+        };
         let before: Vec<_> = before.iter().map(StoredFile::entry).collect();
         let after: Vec<_> = after.iter().map(StoredFile::entry).collect();
         let mut changes = Vec::new();

@@ -87,6 +87,9 @@ const API: &[(&str, u8)] = &[
     ("preflight", 2),
     ("control", 2),
     ("create", 3),
+    ("fork_seed", 0),
+    ("fork", 4),
+    ("workspace_files", 1),
     ("approvals", 3),
     ("tree", 3),
     ("estimate", 3),
@@ -119,6 +122,7 @@ const STORE: &[(&str, u8)] = &[
     ("approvals", 3),
     ("outcomes", 3),
     ("tasks", 3),
+    ("snapshots", 3),
     ("leases", 4),
     ("queue", 4),
     ("reflections", 4),
@@ -155,6 +159,7 @@ const HTTP: &[(&str, u8)] = &[
     ("notify", 2),
     ("approvals", 3),
     ("estimate", 3),
+    ("files", 3),
     ("openapi", 4),
 ];
 

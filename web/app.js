@@ -104,10 +104,10 @@ function say(sel, err) { if (!(err instanceof Unauthorized) && $(sel)) $(sel).te
 
 /* ---------- the router: one function per view, chosen by the URL hash ---------- */
 const STATUSES = ["queued", "running", "awaiting_refinement", "paused", "completed", "stopped", "interrupted", "failed"];
-const SESSION_TABS = ["overview", "iterations", "decisions", "timeline", "checkpoints"];
+const SESSION_TABS = ["overview", "iterations", "decisions", "timeline", "checkpoints", "files"];
 /** [pattern, view]: the first pattern matching the hash's path wins; its groups and the hash's query are the view's arguments. */
 const VIEWS = [
-  [/^\/s\/([0-9a-f-]{36})(?:\/(iterations|decisions|timeline|checkpoints)(?:\/(\d+))?)?$/, (m) => showSession(m[1], m[2] || "overview", m[3] ? Number(m[3]) : null)],
+  [/^\/s\/([0-9a-f-]{36})(?:\/(iterations|decisions|timeline|checkpoints|files)(?:\/(\d+))?)?$/, (m) => showSession(m[1], m[2] || "overview", m[3] ? Number(m[3]) : null)],
   [/^\/new$/, () => showList(new URLSearchParams(), true)],
   [/^\/approvals$/, () => showApprovals()],
   [/^\/?$/, (m, query) => showList(query, false)],
@@ -748,7 +748,7 @@ function drawCharts() {
 }
 
 /* ---------- the session page: a header, controls, and a tab per view ---------- */
-const TAB_VIEWS = { overview: showOverview, iterations: showOverview, decisions: showDecisions, timeline: showTimeline, checkpoints: showCheckpoints };
+const TAB_VIEWS = { overview: showOverview, iterations: showOverview, decisions: showDecisions, timeline: showTimeline, checkpoints: showCheckpoints, files: showFiles };
 
 async function showSession(id, tab, focusIteration) {
   const app = $("#app");
@@ -1037,8 +1037,64 @@ async function showCheckpoints(id) {
   $("#tab").replaceChildren($("#checkpoints-tab").content.cloneNode(true));
   const items = await readAll(`/${id}/checkpoints`);
   $("#checkpoints").innerHTML = items.map((c) => `<tr data-id="${c.id}"><td>${c.id}</td><td>${c.iteration}</td><td>${esc(c.reason)}</td>
-    <td class="no-wrap">${new Date(c.created_at).toLocaleString()}</td><td><details><summary>State</summary><pre>${esc(JSON.stringify(c.state, null, 2))}</pre></details></td></tr>`).join("")
-    || `<tr><td colspan="5" class="muted">no checkpoint yet</td></tr>`;
+    <td class="no-wrap">${new Date(c.created_at).toLocaleString()}</td><td><details><summary>State</summary><pre>${esc(JSON.stringify(c.state, null, 2))}</pre></details></td>
+    <td>${c.forkable ? `<button type="button" class="fork" data-checkpoint="${c.id}">Fork from here</button>` : ""}</td></tr>`).join("")
+    || `<tr><td colspan="6" class="muted">no checkpoint yet</td></tr>`;
+  for (const b of document.querySelectorAll("#checkpoints button.fork")) {
+    b.onclick = async () => {
+      const guidance = prompt("Guidance for the fork's first step (optional):", "");
+      if (guidance === null) return;
+      const body = { checkpoint_id: Number(b.dataset.checkpoint) };
+      if (guidance.trim()) body.guidance = guidance.trim();
+      try {
+        const fork = await api(`/${id}/fork`, { method: "POST", body: JSON.stringify(body) });
+        location.hash = `#/s/${fork.id}`;
+      } catch (err) { say("#fork-error", err); }
+    };
+  }
+}
+
+/** Files: the workspace as of a checkpoint (tree, viewer) and the diff between two checkpoints. */
+async function showFiles(id, focus) {
+  $("#tab").replaceChildren($("#files-tab").content.cloneNode(true));
+  let list;
+  try { list = await api(`/${id}/files` + (focus != null ? `?checkpoint=${focus}` : "")); } catch (err) { say("#files-error", err); return; }
+  const options = (sel) => list.snapshots.map((n) => `<option value="${n}"${n === sel ? " selected" : ""}>${n}</option>`).join("");
+  $("#files-checkpoint").innerHTML = options(list.checkpoint);
+  $("#diff-from").innerHTML = options(list.snapshots[Math.max(0, list.snapshots.indexOf(list.checkpoint) - 1)]);
+  $("#diff-to").innerHTML = options(list.checkpoint);
+  $("#files-checkpoint").onchange = (e) => { location.hash = `#/s/${id}/files/${e.target.value}`; };
+  if (list.checkpoint == null) { $("#files").innerHTML = `<tr><td colspan="3" class="muted">no workspace snapshot yet</td></tr>`; return; }
+  // A tree by indentation: each path's directories once, then its file.
+  const seen = new Set();
+  const rows = [];
+  for (const f of list.files) {
+    const parts = f.path.split("/");
+    for (let i = 1; i < parts.length; i++) {
+      const dir = parts.slice(0, i).join("/");
+      if (!seen.has(dir)) { seen.add(dir); rows.push(`<tr><td class="indent-${Math.min(i - 1, 6)}">${esc(parts[i - 1])}/</td><td></td><td></td></tr>`); }
+    }
+    rows.push(`<tr><td class="indent-${Math.min(parts.length - 1, 6)}"><a href="" data-path="${esc(f.path)}">${esc(parts[parts.length - 1])}</a></td><td>${f.size}</td><td>${f.modified_iteration}</td></tr>`);
+  }
+  $("#files").innerHTML = rows.join("") || `<tr><td colspan="3" class="muted">the workspace is empty</td></tr>`;
+  for (const a of document.querySelectorAll("#files a[data-path]")) {
+    a.onclick = async (e) => {
+      e.preventDefault();
+      const path = a.dataset.path;
+      const url = `${base}/${id}/files/${path.split("/").map(encodeURIComponent).join("/")}?checkpoint=${list.checkpoint}`;
+      const res = await fetch(url, { headers: { ...authHeaders(), range: "bytes=0-262143" } });
+      const type = res.headers.get("content-type") || "";
+      $("#file-name").textContent = path;
+      $("#file-view").textContent = type.startsWith("text/") || type.includes("json") ? await res.text() : `(${type}: not shown; download it from ${url})`;
+    };
+  }
+  $("#diff-show").onclick = async () => {
+    try {
+      const d = await api(`/${id}/files/diff?from=${$("#diff-from").value}&to=${$("#diff-to").value}`);
+      $("#file-name").textContent = `Changes from checkpoint ${d.from} to ${d.to}`;
+      $("#file-view").textContent = d.changes.map((c) => c.diff || `${c.change} ${c.path} (${c.from_sha256 || "-"} -> ${c.to_sha256 || "-"})\n`).join("\n") || "no change";
+    } catch (err) { say("#files-error", err); }
+  };
 }
 
 const ACTED = { stop_requested: "stopped", pause_requested: "paused", resumed: "resumed", limits_changed: "updated", goal_refined: "refined", session_created: "created" };

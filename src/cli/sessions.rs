@@ -72,6 +72,28 @@ pub enum SessionsCommand {
         /// The session's id
         id: uuid::Uuid,
     },
+    /// The files of a session's workspace as of a checkpoint (default the latest)
+    Files {
+        /// The session's id
+        id: uuid::Uuid,
+        /// The checkpoint's iteration
+        #[arg(long)]
+        checkpoint: Option<u64>,
+    },
+    /// Start a new session from a checkpoint of this one, its workspace as it was then
+    Fork {
+        /// The session's id
+        id: uuid::Uuid,
+        /// The checkpoint's iteration
+        #[arg(long)]
+        checkpoint: u64,
+        /// Guidance for the fork's first step
+        #[arg(long)]
+        guidance: Option<String>,
+        /// Another model for an `llm` executor
+        #[arg(long)]
+        model: Option<String>,
+    },
 }
 
 /// `warden sessions list`'s filters (the list endpoint's query).
@@ -162,6 +184,27 @@ async fn sessions_answer(client: &Client, command: &SessionsCommand) -> Result<V
                 .post(&path(id, &format!("/approvals/{call}")), Some(&body))
                 .await
         }
+        SessionsCommand::Files { id, checkpoint } => {
+            let query: Vec<(&'static str, String)> = checkpoint
+                .map(|n| vec![("checkpoint", n.to_string())])
+                .unwrap_or_default();
+            client.get(&path(id, "/files"), &query).await
+        }
+        SessionsCommand::Fork {
+            id,
+            checkpoint,
+            guidance,
+            model,
+        } => {
+            let mut body = json!({ "checkpoint_iteration": checkpoint });
+            if let Some(g) = guidance {
+                body["guidance"] = json!(g);
+            }
+            if let Some(m) = model {
+                body["model"] = json!(m);
+            }
+            client.post(&path(id, "/fork"), Some(&body)).await
+        }
         SessionsCommand::Watch(_) => Err(ClientError::Invalid("watch is run apart".into())),
     }
 }
@@ -186,6 +229,7 @@ fn render(command: &SessionsCommand, doc: &Value) -> String {
     match command {
         SessionsCommand::List(_) => list_table(doc, table::terminal_width()),
         SessionsCommand::Tree { .. } => tree_lines(doc),
+        SessionsCommand::Files { .. } => file_lines(doc),
         _ => status_lines(doc),
     }
 }
@@ -537,4 +581,34 @@ pub(super) fn queues_table(doc: &Value) -> String {
     }
     let headers = ["TENANT", "QUEUE", "WAITING", "OLDEST", "WORKERS"];
     table::render(&headers, &rows, table::terminal_width())
+}
+
+/// A workspace listing: one file a line (size, last changed, path), then
+/// the snapshots there are.
+fn file_lines(doc: &Value) -> String {
+    let Some(at) = doc["checkpoint"].as_i64() else {
+        return "no workspace snapshot yet\n".into();
+    };
+    let mut out = format!("workspace as of checkpoint {at}\n");
+    for f in doc["files"].as_array().into_iter().flatten() {
+        out.push_str(&format!(
+            "{:>10}  it {:>5}  {}\n",
+            f["size"].as_i64().unwrap_or(0),
+            f["modified_iteration"].as_i64().unwrap_or(0),
+            f["path"].as_str().unwrap_or("")
+        ));
+    }
+    let snapshots: Vec<String> = doc["snapshots"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_i64)
+        .map(|n| n.to_string())
+        .collect();
+    out.push_str(&format!(
+        "{} bytes; checkpoints with a snapshot: {}\n",
+        doc["total_bytes"].as_i64().unwrap_or(0),
+        snapshots.join(" ")
+    ));
+    out
 }

@@ -1458,6 +1458,10 @@ impl Executor for LlmExecutor {
     fn model(&self) -> Option<&str> {
         Some(&self.model)
     }
+
+    fn workspace_root(&self) -> Option<&std::path::Path> {
+        Some(self.workspace.root())
+    }
 }
 
 #[cfg(test)]

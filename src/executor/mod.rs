@@ -4,6 +4,7 @@
 
 mod llm;
 mod scripted;
+pub mod snapshot;
 mod webhook;
 mod worker;
 pub mod workspace;
@@ -239,6 +240,12 @@ pub trait Executor: Send {
     /// (a money budget reserves at its price); `None` when the agent
     /// reports its model with its usage.
     fn model(&self) -> Option<&str> {
+        None
+    }
+
+    /// The workspace directory the executor works in, if it has one: what
+    /// a checkpoint's workspace snapshot walks.
+    fn workspace_root(&self) -> Option<&std::path::Path> {
         None
     }
 }

@@ -178,6 +178,15 @@ impl From<ServiceError> for ApiError {
             ServiceError::ApprovalsWaiting { .. } => {
                 ApiError::new(StatusCode::CONFLICT, "approvals_waiting", err.to_string())
             }
+            ServiceError::Missing(detail) => {
+                ApiError::new(StatusCode::NOT_FOUND, "not_found", detail)
+            }
+            ServiceError::BadPath(detail) => {
+                ApiError::new(StatusCode::BAD_REQUEST, "bad_path", detail)
+            }
+            ServiceError::NotForkable(detail) => {
+                ApiError::new(StatusCode::CONFLICT, "not_forkable", detail)
+            }
             ServiceError::Secret(_) | ServiceError::Archive(_) => ApiError::internal(&err),
             ServiceError::Store(store) => ApiError::from(store),
         }

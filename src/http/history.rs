@@ -205,7 +205,12 @@ impl History for Checkpoints {
             .reads
             .checkpoints(at.id, at.scope, at.after, at.limit)
             .await?;
-        as_views(rows)
+        let snapshots = at.reads.snapshot_iterations(at.id, at.scope).await?;
+        let mut views: Vec<CheckpointView> = as_views(rows)?;
+        for view in &mut views {
+            view.forkable = snapshots.binary_search(&view.iteration).is_ok();
+        }
+        Ok(views)
     }
 
     fn number(row: &CheckpointView) -> i64 {

@@ -10,6 +10,7 @@ pub mod error;
 pub mod estimate;
 pub mod event_stream;
 mod extract;
+mod files;
 mod health;
 pub mod history;
 pub mod keys;
@@ -198,6 +199,7 @@ pub fn router(state: AppState, max_body_bytes: usize, limits: RequestLimits) -> 
     let api = sessions::router()
         .merge(estimate::router())
         .merge(history::router())
+        .merge(files::router())
         .merge(approvals::router())
         .merge(tree::router())
         .merge(notify::session_router())

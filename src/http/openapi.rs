@@ -59,6 +59,11 @@ use crate::session::service::{MAX_GOAL_CHARS, MAX_GUIDANCE_CHARS};
         super::approvals::decide,
         super::history::list_refinements,
         super::history::list_tasks,
+        super::files::list_files,
+        super::files::read_file,
+        super::files::workspace_tar,
+        super::files::diff_files,
+        super::files::fork_session,
         super::sessions::outcomes,
         super::sessions::session_changes,
         super::health::healthz,
@@ -100,6 +105,7 @@ use crate::session::service::{MAX_GOAL_CHARS, MAX_GUIDANCE_CHARS};
         (name = "sessions", description = "Create, list and inspect sessions"),
         (name = "control", description = "Stop, pause, resume and retune sessions"),
         (name = "history", description = "Iterations, checkpoints, events and decisions"),
+        (name = "workspace", description = "The files of a session's workspace as of its checkpoints, and forks from them"),
         (name = "health", description = "Probes"),
         (name = "retention", description = "How long ended sessions are kept before they are archived and deleted"),
         (name = "keys", description = "API keys (admin)"),
@@ -559,11 +565,12 @@ fn goal_bounds(out: &mut Vec<Bound>) {
         out.push((goal.clone(), "minLength", 1.into()));
         out.push((goal, "pattern", GOAL_HAS_LETTER_PATTERN.into()));
     }
-    out.push((
+    for guidance in [
         prop("ResumeSession", "guidance"),
-        "maxLength",
-        MAX_GUIDANCE_CHARS.into(),
-    ));
+        prop("ForkSession", "guidance"),
+    ] {
+        out.push((guidance, "maxLength", MAX_GUIDANCE_CHARS.into()));
+    }
     for list in ["success_criteria", "milestones"] {
         let at = prop("CreateSession", list);
         out.push((at.clone(), "maxItems", MAX_ITEMS.into()));

@@ -397,6 +397,8 @@ pub struct SessionView {
     /// and threshold of `limits.warn_at` crossed (each also logged as a
     /// `budget_warning` event and told to the agent in its next step).
     pub budget_warnings: Vec<crate::policy::soft_budget::SentWarning>,
+    /// For a fork: the session and checkpoint it started from.
+    pub forked_from: Option<ForkedFrom>,
 }
 
 /// A child as its parent's status lists it.
@@ -573,8 +575,23 @@ impl From<Session> for SessionView {
                 tokens_spent_by_children: s.children_tokens,
             },
             budget_warnings: s.budget_warnings.0,
+            forked_from: s.forked_from_session.zip(s.forked_from_iteration).map(
+                |(session_id, iteration)| ForkedFrom {
+                    session_id,
+                    iteration,
+                },
+            ),
         }
     }
+}
+
+/// Where a fork started: the session and the checkpoint's iteration.
+#[derive(Debug, Clone, Copy, Serialize, ToSchema)]
+pub struct ForkedFrom {
+    /// The session forked.
+    pub session_id: Uuid,
+    /// The iteration of the checkpoint it was forked from.
+    pub iteration: i64,
 }
 
 /// One page of sessions.
@@ -672,6 +689,8 @@ pub struct CheckpointView {
     pub state: serde_json::Value,
     /// When.
     pub created_at: DateTime<Utc>,
+    /// Its workspace snapshot is stored: `POST /fork` may start from it.
+    pub forkable: bool,
 }
 
 /// As for iterations: the typed state as a JSON tree the page may shorten.
@@ -685,6 +704,7 @@ impl TryFrom<CheckpointRecord> for CheckpointView {
             reason: c.reason,
             state: serde_json::to_value(c.state.0)?,
             created_at: c.created_at,
+            forkable: false,
         })
     }
 }

@@ -25,6 +25,7 @@ pub mod projection;
 pub mod reflection;
 pub mod retention;
 pub mod sentinel;
+pub mod snapshot;
 pub mod soft_budget;
 pub mod stuck;
 pub mod termination;

@@ -105,6 +105,16 @@ or WARDEN_CAPABILITIES_OFF); retry once the fleet runs a release that has it",
     /// The service is shutting down or could not start the loop.
     #[error("{0}")]
     Unavailable(String),
+    /// Something a session's history does not hold (a snapshot, a file):
+    /// the session itself exists and is the caller's.
+    #[error("{0}")]
+    Missing(String),
+    /// A workspace path that could leave the workspace or is malformed.
+    #[error("{0}")]
+    BadPath(String),
+    /// The checkpoint has no workspace snapshot to fork from.
+    #[error("{0}")]
+    NotForkable(String),
 }
 
 impl From<LimitOutOfRange> for ServiceError {

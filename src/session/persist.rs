@@ -55,6 +55,8 @@ pub struct Admission<'a> {
     pub idempotency: Option<(&'a str, &'a [u8])>,
     /// What the children of its tree do when they would pause for a person.
     pub on_child_pause: ChildPausePolicy,
+    /// For a fork: where it came from and what it starts with.
+    pub fork: Option<&'a store::snapshots::ForkStart>,
 }
 
 /// Creates a session with its events (then the status it starts in) and
@@ -74,6 +76,7 @@ pub async fn create_session(
         tenant_max_running,
         idempotency,
         on_child_pause,
+        fork,
     } = admission;
     let mut tx = store.begin().await?;
     check_tenant_room(&mut tx, &new.tenant, tenant_max_running).await?;
@@ -83,6 +86,9 @@ pub async fn create_session(
     if let Some(traceparent) = crate::telemetry::request_traceparent() {
         let scope = TenantScope::tenant_only(new.tenant.as_str());
         store::set_request_traceparent(&mut tx, new.id, &scope, &traceparent).await?;
+    }
+    if let Some(fork) = fork {
+        store::snapshots::start_fork(&mut tx, new.id, fork).await?;
     }
     if on_child_pause != ChildPausePolicy::default() {
         // Before its children are made: they copy it.
@@ -377,6 +383,7 @@ mod tests {
                 tenant_max_running: 100,
                 idempotency: None,
                 on_child_pause: ChildPausePolicy::default(),
+                fork: None,
             },
         )
         .await
@@ -422,6 +429,7 @@ mod tests {
                 tenant_max_running: 100,
                 idempotency: None,
                 on_child_pause: ChildPausePolicy::default(),
+                fork: None,
             },
         )
         .await;

@@ -48,6 +48,7 @@ pub mod schema;
 mod scope;
 mod secrets;
 mod sessions;
+pub mod snapshots;
 mod tasks;
 #[cfg(test)]
 pub(crate) mod testing;

@@ -353,6 +353,10 @@ pub struct Session {
     /// The soft-budget warnings it has logged (`budget_warning` events),
     /// oldest first.
     pub budget_warnings: Json<Vec<SentWarning>>,
+    /// The session it was forked from, for a fork.
+    pub forked_from_session: Option<Uuid>,
+    /// The checkpoint's iteration it was forked at, for a fork.
+    pub forked_from_iteration: Option<i64>,
 }
 
 impl Session {

@@ -65,6 +65,10 @@ pub const DOWNS: &[(i64, &str)] = &[
         include_str!("../../migrations/down/0032_budget_warnings.sql"),
     ),
     (
+        34,
+        include_str!("../../migrations/down/0034_workspace_snapshots.sql"),
+    ),
+    (
         35,
         include_str!("../../migrations/down/0035_session_traceparents.sql"),
     ),

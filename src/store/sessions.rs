@@ -65,6 +65,7 @@ macro_rules! select_session_with {
                                 AND NOT warden_session_ended(c.status)), 0)) AS "children_reserved_tokens!",
                       (SELECT count(*) FROM sessions c WHERE c.parent_id = sessions.id) AS "children_count!",
                       on_child_pause AS "on_child_pause: ChildPausePolicy",
+                      forked_from_session, forked_from_iteration,
                       (SELECT coalesce(jsonb_agg(w.data ORDER BY w.seq), '[]') FROM events w
                         WHERE w.session_id = sessions.id AND w.kind = 'budget_warning')
                         AS "budget_warnings!: Json<Vec<SentWarning>>",

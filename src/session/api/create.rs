@@ -8,6 +8,7 @@ use uuid::Uuid;
 
 use super::SessionService;
 use super::create_request::{CreateSession, IdempotencyKey, NewRequest};
+use super::fork_seed::ForkSeed;
 use super::preflight::Preflight;
 use crate::event::SessionEvent;
 use crate::policy::capabilities::Placement;
@@ -40,6 +41,19 @@ impl SessionService {
         tenant: &str,
         idempotency: Option<&IdempotencyKey>,
     ) -> Result<Created> {
+        self.create_seeded(req, tenant, idempotency, None).await
+    }
+
+    /// As [`SessionService::create`], for a fork when `seed` is given: its
+    /// limits, checklists and workspace instead of fresh ones, and its
+    /// origin, memory and task queue written with the session.
+    pub(super) async fn create_seeded(
+        &self,
+        req: CreateSession,
+        tenant: &str,
+        idempotency: Option<&IdempotencyKey>,
+        seed: Option<ForkSeed>,
+    ) -> Result<Created> {
         let scope = TenantScope::tenant_only(tenant);
         if let Some(key) = idempotency
             && let Some(used) = self
@@ -51,13 +65,24 @@ impl SessionService {
                 .replay(used.session_id, used.request_digest == key.digest, &scope)
                 .await;
         }
-        let request = self.validate_create(req)?;
+        let mut request = self.validate_create(req)?;
+        if let Some(seed) = &seed {
+            request.limits = seed.limits;
+        }
         let placement = self
             .placement(&request.limits, Some(&request.executor.spec))
             .await?;
-        let plan = self.preflight(&request, tenant).await?;
+        let mut plan = self.preflight(&request, tenant).await?;
         let id = Uuid::new_v4();
         let workspace = self.prepare_workspace(&request, id).await?;
+        if let Some(seed) = &seed {
+            plan.criteria.clone_from(&seed.criteria);
+            plan.milestones.clone_from(&seed.milestones);
+            if workspace && let Err(err) = seed.restore(&self.config.workspace_root, id).await {
+                self.remove_workspace(id).await;
+                return Err(err);
+            }
+        }
         let acquired = Instant::now();
         let slot = if plan.waits || placement == Placement::Queue {
             None
@@ -65,7 +90,14 @@ impl SessionService {
             self.supervisor.try_reserve()
         };
         let persisted = self
-            .persist_new(id, request, plan, tenant, slot.is_some(), idempotency)
+            .persist_new(
+                id,
+                request,
+                plan,
+                tenant,
+                (slot.is_some(), seed.as_ref().map(|s| &s.start)),
+                idempotency,
+            )
             .await;
         let (record, lease) = match persisted {
             Ok(done) => done,
@@ -160,7 +192,7 @@ impl SessionService {
         request: NewRequest,
         plan: Preflight,
         tenant: &str,
-        slot_reserved: bool,
+        (slot_reserved, fork): (bool, Option<&store::snapshots::ForkStart>),
         idempotency: Option<&IdempotencyKey>,
     ) -> Result<(Session, Option<store::Lease>)> {
         let NewRequest {
@@ -231,6 +263,7 @@ impl SessionService {
                 tenant_max_running: self.config.quotas.tenant_max_running,
                 idempotency: idempotency.map(|k| (k.key.as_str(), k.digest.as_slice())),
                 on_child_pause: req.on_child_pause,
+                fork,
             },
         )
         .await

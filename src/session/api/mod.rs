@@ -10,6 +10,8 @@ mod create;
 mod create_request;
 mod delete;
 pub mod estimate;
+mod fork;
+mod fork_seed;
 pub mod notify;
 mod placement;
 mod planner;
@@ -22,16 +24,19 @@ mod tenant_retention;
 pub mod tree;
 mod update;
 pub mod workers;
+mod workspace_files;
 
 pub use control::{ResumeSession, StopAnswer};
 pub use create::Created;
 pub use create_request::{CreateSession, IdempotencyKey, Subgoal, SubgoalTask};
+pub use fork::ForkSession;
 pub use queries::StatusSource;
 pub use reads::{LoggedEvent, SessionReads};
 pub use refine::RefinementChoice;
 pub use stop_landing::StopLandings;
 pub use update::UpdateSession;
 pub use workers::{ClaimedStep, WorkerProtocol};
+pub use workspace_files::{FileChange, FileContent, FileList, WorkspaceDiff, WorkspaceFile};
 
 use std::sync::Arc;
 use std::time::Instant;

@@ -53,6 +53,12 @@ impl SessionReads {
         Ok(self.store.sessions_by_status().await?)
     }
 
+    /// The iterations of a session's workspace snapshots, ascending.
+    pub async fn snapshot_iterations(&self, id: Uuid, scope: &TenantScope) -> Result<Vec<i64>> {
+        let snapshots = self.store.snapshots(id, scope).await?;
+        Ok(snapshots.into_iter().map(|s| s.iteration).collect())
+    }
+
     /// One session, if it exists and `scope` reaches it.
     pub async fn session(&self, id: Uuid, scope: &TenantScope) -> Result<Option<Session>> {
         Ok(self.store.session(id, scope).await?)

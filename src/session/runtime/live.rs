@@ -369,6 +369,8 @@ pub(crate) mod tests {
             children_count: 0,
             on_child_pause: Default::default(),
             budget_warnings: Json(Vec::new()),
+            forked_from_session: None,
+            forked_from_iteration: None,
         }
     }
 

@@ -7,6 +7,7 @@ use serde_json::Value;
 
 use crate::policy::checklist::ChecklistItem;
 use crate::policy::delegation::ChildReport;
+use crate::policy::snapshot::FileEntry;
 use crate::policy::termination::Termination;
 use crate::store::{
     ControlFlags, Counters, Lease, NewEvent, NewIteration, NewReflection, Store, StoreError,
@@ -92,6 +93,30 @@ pub trait LoopStore: Send + Sync + 'static {
         lease: &Lease,
         own_allowance: u64,
     ) -> impl Future<Output = Result<u64, StoreError>> + Send;
+
+    /// The digests among `digests` the session's tenant holds no blob of
+    /// (a store without snapshots holds none).
+    fn missing_blobs(
+        &self,
+        lease: &Lease,
+        digests: Vec<Vec<u8>>,
+    ) -> impl Future<Output = Result<Vec<Vec<u8>>, StoreError>> + Send {
+        let _ = lease;
+        std::future::ready(Ok(digests))
+    }
+
+    /// Stores the workspace snapshot of checkpoint `iteration`: the new
+    /// blobs, then the manifest (nothing for a store without snapshots).
+    fn put_snapshot(
+        &self,
+        lease: &Lease,
+        iteration: i64,
+        manifest: &[FileEntry],
+        blobs: Vec<(Vec<u8>, Vec<u8>)>,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        let _ = (lease, iteration, manifest, blobs);
+        std::future::ready(Ok(()))
+    }
 
     /// Checkpoints and gives the lease up at shutdown, logging `events`
     /// (a charge of the step cut short) with the release.
@@ -195,5 +220,24 @@ impl LoopStore for Store {
         events: &[NewEvent],
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
         Store::release(self, lease, counters, checkpoint, events)
+    }
+
+    fn missing_blobs(
+        &self,
+        lease: &Lease,
+        digests: Vec<Vec<u8>>,
+    ) -> impl Future<Output = Result<Vec<Vec<u8>>, StoreError>> + Send {
+        let session_id = lease.session_id;
+        async move { Store::missing_blobs(self, session_id, &digests).await }
+    }
+
+    fn put_snapshot(
+        &self,
+        lease: &Lease,
+        iteration: i64,
+        manifest: &[FileEntry],
+        blobs: Vec<(Vec<u8>, Vec<u8>)>,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        Store::put_snapshot(self, lease.session_id, iteration, manifest, blobs)
     }
 }

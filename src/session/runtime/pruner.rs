@@ -28,6 +28,10 @@ const LEASE: &str = "pruner";
 const COMPACT_SESSIONS: i64 = 50;
 /// Events read per compaction statement.
 const COMPACT_PAGE: i64 = 1_000;
+/// Unreferenced workspace blobs deleted per statement.
+const BLOB_BATCH: i64 = 500;
+/// How old an unreferenced blob must be to be deleted, seconds.
+const BLOB_MIN_AGE_SECS: i64 = 3_600;
 
 /// What one pass did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -42,6 +46,8 @@ pub struct PassReport {
     pub changed: usize,
     /// Events dropped by compaction.
     pub compacted_events: u64,
+    /// Workspace blobs no snapshot named any more, deleted.
+    pub deleted_blobs: u64,
 }
 
 /// The pruner of one replica.
@@ -100,6 +106,10 @@ impl Pruner {
         let archived = self.archive_due(&mut report).await;
         let compacted = match archived {
             Ok(()) => self.compact(&mut report).await,
+            Err(err) => Err(err),
+        };
+        let compacted = match compacted {
+            Ok(()) => self.sweep_blobs(&mut report).await,
             Err(err) => Err(err),
         };
         if let Err(err) = self
@@ -191,6 +201,25 @@ impl Pruner {
                 );
             }
             pace = rules::next_pace(pace.batch, started.elapsed());
+        }
+    }
+
+    /// Deletes the workspace blobs no snapshot names any more (their
+    /// sessions were deleted or archived), a batch at a time; a blob an
+    /// hour old at least, so a snapshot being written keeps its own.
+    async fn sweep_blobs(&self, report: &mut PassReport) -> Result<()> {
+        loop {
+            if !self.renew().await? {
+                return Ok(());
+            }
+            let n = self
+                .store
+                .delete_unreferenced_blobs(BLOB_MIN_AGE_SECS, BLOB_BATCH)
+                .await?;
+            report.deleted_blobs += n;
+            if n < BLOB_BATCH as u64 {
+                return Ok(());
+            }
         }
     }
 

@@ -145,7 +145,11 @@ pub async fn build_executor(
 
 /// The session's stored executor spec with the secrets sealed at creation
 /// put back: the model key of an `llm` executor and a URL's query.
-async fn unsealed_spec(store: &Store, config: &Config, session: &Session) -> Result<ExecutorSpec> {
+pub async fn unsealed_spec(
+    store: &Store,
+    config: &Config,
+    session: &Session,
+) -> Result<ExecutorSpec> {
     let Some(Json(StoredExecutor {
         mut spec,
         query_sealed,

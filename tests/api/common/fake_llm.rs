@@ -20,6 +20,9 @@ pub struct Answer {
     pub status: u16,
     pub body: Value,
     pub delay: Duration,
+    /// Answered only once a permit is added here: the test acts on the
+    /// workspace while the step waits for its model.
+    pub hold: Option<Arc<tokio::sync::Semaphore>>,
 }
 
 impl Answer {
@@ -28,6 +31,7 @@ impl Answer {
             status: 200,
             body,
             delay: Duration::ZERO,
+            hold: None,
         }
     }
 
@@ -36,7 +40,14 @@ impl Answer {
             status,
             body: json!({ "error": { "message": "scripted failure" } }),
             delay: Duration::ZERO,
+            hold: None,
         }
+    }
+
+    /// Answered once `gate` gets a permit.
+    pub fn held(mut self, gate: Arc<tokio::sync::Semaphore>) -> Answer {
+        self.hold = Some(gate);
+        self
     }
 
     pub fn delayed(mut self, ms: u64) -> Answer {
@@ -104,6 +115,9 @@ async fn chat(
         )
             .into_response();
     };
+    if let Some(gate) = &answer.hold {
+        let _ = gate.acquire().await;
+    }
     if !answer.delay.is_zero() {
         tokio::time::sleep(answer.delay).await;
     }

@@ -843,6 +843,7 @@ pub fn valid_body(method: &reqwest::Method, template: &str) -> Option<Value> {
     match (method.as_str(), template) {
         ("PATCH", "/api/autonomous/{id}") => Some(json!({ "limits": { "max_iterations": 7 } })),
         ("POST", "/api/autonomous/{id}/resume") => Some(json!({ "guidance": "go on" })),
+        ("POST", "/api/autonomous/{id}/fork") => Some(json!({ "checkpoint_iteration": 1 })),
         ("POST", "/api/autonomous/{id}/refinement") => {
             Some(json!({ "choice": "custom", "goal": "Write the changelog" }))
         }

@@ -44,6 +44,7 @@ impl<S: LoopStore> Runner<S> {
         )
         .await?;
         self.view.invalidate();
+        self.snapshot_workspace(n).await;
         Ok(())
     }
 }

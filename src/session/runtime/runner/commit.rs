@@ -62,6 +62,9 @@ impl<S: LoopStore> Runner<S> {
         self.state = state_after;
         self.guidance = None;
         self.apply_flags(flags);
+        if let Some(n) = row.checkpointed {
+            self.snapshot_workspace(n as u64).await;
+        }
         self.metrics.iteration(
             step_tokens,
             IterationTimes {

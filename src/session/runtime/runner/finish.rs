@@ -61,6 +61,9 @@ impl<S: LoopStore> Runner<S> {
         events.push(SessionEvent::run_ended(Status::Running, &record, &usage));
         let events = event_codec::encode(&events)?;
         let snapshot = self.snapshot()?;
+        // The workspace snapshot first: an ended session's files are there
+        // as soon as its end is.
+        self.snapshot_workspace(usage.iterations).await;
         // Before the end commits: from then on only Postgres knows the status.
         self.view.close();
         Box::pin(self.store.finish(
@@ -95,6 +98,7 @@ impl<S: LoopStore> Runner<S> {
         self.state.usage = usage;
         self.state.last_checkpoint_step = usage.iterations;
         let snapshot = self.snapshot()?;
+        self.snapshot_workspace(usage.iterations).await;
         self.view.close();
         Box::pin(self.store.release(
             &self.lease,

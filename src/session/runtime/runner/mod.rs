@@ -13,6 +13,7 @@ mod finish;
 mod gate;
 pub mod plan;
 mod reflect;
+mod snapshot;
 #[cfg(test)]
 mod tests;
 

@@ -89,7 +89,9 @@ const API: &[(&str, u8)] = &[
     ("create", 3),
     ("approvals", 3),
     ("tree", 3),
-    ("estimate", 3),
+    ("estimate", 2),
+    ("confirm", 4),
+    ("tenant_warn_at", 1),
     ("notify", 2),
 ];
 

@@ -351,6 +351,9 @@ pub struct Session {
     /// The soft-budget warnings it has logged (`budget_warning` events),
     /// oldest first.
     pub budget_warnings: Json<Vec<SentWarning>>,
+    /// What it waits on (or waited on) for a confirmation before start:
+    /// its estimate, the bounds it is over, when it expires.
+    pub confirmation: Option<Json<crate::policy::confirm::Confirmation>>,
 }
 
 impl Session {

@@ -64,6 +64,10 @@ pub const DOWNS: &[(i64, &str)] = &[
         32,
         include_str!("../../migrations/down/0032_budget_warnings.sql"),
     ),
+    (
+        33,
+        include_str!("../../migrations/down/0033_confirmation_and_tenant_warn_at.sql"),
+    ),
 ];
 
 /// The key of the advisory lock that `migrate --down-to` holds, so two

@@ -369,6 +369,7 @@ pub(crate) mod tests {
             children_count: 0,
             on_child_pause: Default::default(),
             budget_warnings: Json(Vec::new()),
+            confirmation: None,
         }
     }
 

@@ -152,6 +152,7 @@ const HTTP: &[(&str, u8)] = &[
     ("sessions", 2),
     ("workers", 2),
     ("retention", 2),
+    ("budget_warnings", 2),
     ("tree", 2),
     ("notify", 2),
     ("approvals", 3),

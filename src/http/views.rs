@@ -397,6 +397,10 @@ pub struct SessionView {
     /// and threshold of `limits.warn_at` crossed (each also logged as a
     /// `budget_warning` event and told to the agent in its next step).
     pub budget_warnings: Vec<crate::policy::soft_budget::SentWarning>,
+    /// Confirmation before start (a create with `confirm_if_over`): the
+    /// estimate at create, the bounds its p90 is over (or `unknown`), and
+    /// when it expires. Shown while `awaiting_confirmation` and kept after.
+    pub confirmation: Option<crate::policy::confirm::Confirmation>,
 }
 
 /// A child as its parent's status lists it.
@@ -573,6 +577,7 @@ impl From<Session> for SessionView {
                 tokens_spent_by_children: s.children_tokens,
             },
             budget_warnings: s.budget_warnings.0,
+            confirmation: s.confirmation.map(|c| c.0),
         }
     }
 }

@@ -25,6 +25,9 @@ pub const MAX_COST_USD: u64 = 1_000_000;
 pub const MAX_MINUTES: u64 = 525_600;
 /// Most decimal places of a `cost_usd` bound.
 pub const MAX_COST_PLACES: u32 = 12;
+/// The shape of a `cost_usd` bound, as the API documents it (the value is
+/// then checked against [`MAX_COST_USD`]).
+pub const COST_PATTERN: &str = "^[0-9]{1,7}([.][0-9]{1,12})?$";
 
 /// `confirm_if_over` of a create: the bounds above which the session waits
 /// for a person's confirmation before it starts. At least one is given.
@@ -34,11 +37,11 @@ pub struct ConfirmIfOver {
     /// A cost in USD, as a decimal string (`"0.50"`): 0 to 1,000,000, at
     /// most 12 decimal places.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(pattern = r"^[0-9]{1,7}(\.[0-9]{1,12})?$", example = "0.50")]
+    #[schema(example = "0.50")]
     pub cost_usd: Option<String>,
     /// A running time in minutes (1 to 525,600).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(minimum = 1, maximum = 525600, example = 30)]
+    #[schema(example = 30)]
     pub minutes: Option<u64>,
 }
 

@@ -209,7 +209,7 @@ pub fn record(reason: Reason, facts: Facts<'_>) -> Termination {
         ),
         Reason::ConfirmationExpired => (
             with_detail(
-                "Stopped: nobody confirmed it (POST /api/autonomous/{id}/confirm) before the confirmation timeout; it never started".into(),
+                format!("Stopped: nobody confirmed it (POST /api/autonomous/{{id}}/confirm) before the confirmation timeout; it never started, {ran}"),
                 facts.detail,
             ),
             vec![

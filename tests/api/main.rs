@@ -12,6 +12,7 @@ mod admission;
 mod approvals;
 mod auth;
 mod children;
+mod confirmation;
 mod cli;
 mod connections;
 mod control;

@@ -470,13 +470,11 @@ pub fn check_delete(from: Status) -> Result<(), IllegalTransition> {
         | Status::Queued
         | Status::Paused
         | Status::AwaitingRefinement
-        | Status::AwaitingConfirmation => {
-            Err(IllegalTransition {
-                action: "delete",
-                from,
-                hint: "it has not ended; stop it first (POST /api/autonomous/{id}/stop)",
-            })
-        }
+        | Status::AwaitingConfirmation => Err(IllegalTransition {
+            action: "delete",
+            from,
+            hint: "it has not ended; stop it first (POST /api/autonomous/{id}/stop)",
+        }),
     }
 }
 
@@ -813,7 +811,12 @@ mod tests {
         let s = Status::AwaitingConfirmation;
         assert!(!s.has_ended());
         assert!(!s.is_resumable());
-        assert!(check_resume(s, false).unwrap_err().to_string().contains("confirm"));
+        assert!(
+            check_resume(s, false)
+                .unwrap_err()
+                .to_string()
+                .contains("confirm")
+        );
         assert!(check_resume(s, true).is_err());
         assert!(plan_pause(s).unwrap_err().to_string().contains("confirm"));
         assert!(check_delete(s).is_err());

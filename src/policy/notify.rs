@@ -29,7 +29,8 @@ pub const NOTIFYING_KINDS: [&str; 3] = [
 /// see [`QUIET_PAUSE_REASONS`]). A wait for a confirmation notifies by its
 /// own `awaiting_confirmation` event, which carries the estimate, not by
 /// its status change (one notification, not two).
-pub const NOTIFYING_STATUSES: [&str; 5] = ["completed", "stopped", "interrupted", "failed", "paused"];
+pub const NOTIFYING_STATUSES: [&str; 5] =
+    ["completed", "stopped", "interrupted", "failed", "paused"];
 
 /// Pauses that need no one: a person asked for it, or the session waits
 /// for its own children.

@@ -14,9 +14,7 @@ use axum::routing::post;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
-use crate::common::{
-    self, TestApp, client_with_key, config_with, create_key, eventually,
-};
+use crate::common::{self, TestApp, client_with_key, config_with, create_key, eventually};
 
 /// A scripted create body that finishes after `steps` steps, with `confirm`
 /// as its `confirm_if_over`.
@@ -46,7 +44,11 @@ fn id_of(s: &Value) -> String {
 #[tokio::test]
 async fn without_history_a_session_waits_for_confirmation_and_confirm_starts_it_once() {
     let app = TestApp::start().await;
-    let s = create(&app, body("Write the release notes", 2, json!({ "minutes": 30 }))).await;
+    let s = create(
+        &app,
+        body("Write the release notes", 2, json!({ "minutes": 30 })),
+    )
+    .await;
     let id = id_of(&s);
     assert_eq!(s["status"], "awaiting_confirmation", "{s}");
     let c = &s["confirmation"];
@@ -74,13 +76,20 @@ async fn without_history_a_session_waits_for_confirmation_and_confirm_starts_it_
     // Pause and resume are refused: it has not started.
     let (status, _) = app.post(&format!("/api/autonomous/{id}/pause"), None).await;
     assert_eq!(status, StatusCode::CONFLICT);
-    let (status, _) = app.post(&format!("/api/autonomous/{id}/resume"), None).await;
+    let (status, _) = app
+        .post(&format!("/api/autonomous/{id}/resume"), None)
+        .await;
     assert_eq!(status, StatusCode::CONFLICT);
 
-    let (status, started) = app.post(&format!("/api/autonomous/{id}/confirm"), None).await;
+    let (status, started) = app
+        .post(&format!("/api/autonomous/{id}/confirm"), None)
+        .await;
     assert_eq!(status, StatusCode::OK, "{started}");
     assert!(
-        matches!(started["status"].as_str(), Some("running" | "queued" | "completed")),
+        matches!(
+            started["status"].as_str(),
+            Some("running" | "queued" | "completed")
+        ),
         "{started}"
     );
     let done = app
@@ -89,7 +98,9 @@ async fn without_history_a_session_waits_for_confirmation_and_confirm_starts_it_
     assert_eq!(done["iterations"], 2, "{done}");
     assert_eq!(done["confirmation"]["over"], json!(["unknown"]), "kept");
 
-    let (status, problem) = app.post(&format!("/api/autonomous/{id}/confirm"), None).await;
+    let (status, problem) = app
+        .post(&format!("/api/autonomous/{id}/confirm"), None)
+        .await;
     assert_eq!(status, StatusCode::CONFLICT, "{problem}");
     assert!(
         problem["detail"].as_str().unwrap_or("").contains("confirm"),
@@ -128,7 +139,11 @@ async fn within_its_bound_a_session_starts_at_once_and_a_cost_bound_without_cost
     // History says it takes well under a minute: it starts.
     let s = create(
         &app,
-        body("Write the release notes for version 9", 2, json!({ "minutes": 60 })),
+        body(
+            "Write the release notes for version 9",
+            2,
+            json!({ "minutes": 60 }),
+        ),
     )
     .await;
     assert_ne!(s["status"], "awaiting_confirmation", "{s}");
@@ -159,7 +174,10 @@ async fn bad_bounds_are_refused_and_create_nothing() {
         json!({ "minutes": 30, "hours": 1 }),
     ] {
         let (status, problem) = app
-            .post("/api/autonomous", Some(body("Write the notes", 1, bad.clone())))
+            .post(
+                "/api/autonomous",
+                Some(body("Write the notes", 1, bad.clone())),
+            )
             .await;
         assert_eq!(
             status,
@@ -174,7 +192,11 @@ async fn bad_bounds_are_refused_and_create_nothing() {
 #[tokio::test]
 async fn a_stop_ends_a_session_awaiting_confirmation_and_another_tenant_sees_nothing() {
     let app = TestApp::start().await;
-    let s = create(&app, body("Write the release notes", 2, json!({ "minutes": 5 }))).await;
+    let s = create(
+        &app,
+        body("Write the release notes", 2, json!({ "minutes": 5 })),
+    )
+    .await;
     let id = id_of(&s);
     assert_eq!(s["status"], "awaiting_confirmation");
 
@@ -195,14 +217,20 @@ async fn a_stop_ends_a_session_awaiting_confirmation_and_another_tenant_sees_not
     assert_eq!(stopped["status"], "interrupted", "{stopped}");
     assert_eq!(stopped["reason"], "user_stop");
     assert_eq!(stopped["iterations"], 0);
-    let (status, _) = app.post(&format!("/api/autonomous/{id}/confirm"), None).await;
+    let (status, _) = app
+        .post(&format!("/api/autonomous/{id}/confirm"), None)
+        .await;
     assert_eq!(status, StatusCode::CONFLICT);
 }
 
 #[tokio::test]
 async fn an_unconfirmed_session_expires_stopped_after_the_approval_timeout() {
     let app = TestApp::start_with(config_with(&[("WARDEN_APPROVAL_TIMEOUT_MS", "1000")])).await;
-    let s = create(&app, body("Write the release notes", 2, json!({ "minutes": 5 }))).await;
+    let s = create(
+        &app,
+        body("Write the release notes", 2, json!({ "minutes": 5 })),
+    )
+    .await;
     let id = id_of(&s);
     assert_eq!(s["status"], "awaiting_confirmation");
     let expired = app
@@ -220,7 +248,9 @@ async fn an_unconfirmed_session_expires_stopped_after_the_approval_timeout() {
         "{expired}"
     );
     assert_eq!(expired["iterations"], 0);
-    let (status, _) = app.post(&format!("/api/autonomous/{id}/confirm"), None).await;
+    let (status, _) = app
+        .post(&format!("/api/autonomous/{id}/confirm"), None)
+        .await;
     assert_eq!(status, StatusCode::CONFLICT);
 }
 
@@ -256,7 +286,11 @@ async fn the_tenant_target_hears_that_a_session_awaits_confirmation_once() {
         .expect("sent");
     assert_eq!(res.status(), StatusCode::OK);
 
-    let s = create(&app, body("Write the release notes", 2, json!({ "minutes": 5 }))).await;
+    let s = create(
+        &app,
+        body("Write the release notes", 2, json!({ "minutes": 5 })),
+    )
+    .await;
     eventually(
         Duration::from_secs(5),
         "the confirmation is notified",

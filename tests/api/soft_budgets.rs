@@ -294,10 +294,7 @@ async fn a_tenant_s_thresholds_apply_to_its_sessions_that_set_none() {
     let id = app
         .create_scripted(steps(30), json!({ "max_iterations": 20 }))
         .await;
-    assert_eq!(
-        app.session(&id).await["limits"]["warn_at"],
-        json!([25, 75])
-    );
+    assert_eq!(app.session(&id).await["limits"]["warn_at"], json!([25, 75]));
     app.wait_settled(&id).await;
     let status = app.session_view(&id).await;
     assert_eq!(

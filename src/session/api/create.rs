@@ -8,11 +8,11 @@ use uuid::Uuid;
 
 use super::SessionService;
 use super::create_request::{CreateSession, IdempotencyKey, NewRequest};
-use super::preflight::Preflight;
 use super::estimate::EstimateAnswer;
+use super::preflight::Preflight;
 use crate::event::SessionEvent;
-use crate::policy::confirm::{self, Confirmation};
 use crate::policy::capabilities::Placement;
+use crate::policy::confirm::{self, Confirmation};
 use crate::secrets::Sealed;
 use crate::session::error::{Result, ServiceError};
 use crate::session::event_codec::{self, to_stored};
@@ -346,6 +346,7 @@ fn tenant_warn_at(percents: &[i16]) -> Result<crate::policy::soft_budget::WarnAt
         .iter()
         .filter_map(|p| u8::try_from(*p).ok())
         .collect();
-    crate::policy::soft_budget::WarnAt::new(&asked)
-        .map_err(|e| ServiceError::Unavailable(format!("the tenant's stored warn_at is invalid: {e}")))
+    crate::policy::soft_budget::WarnAt::new(&asked).map_err(|e| {
+        ServiceError::Unavailable(format!("the tenant's stored warn_at is invalid: {e}"))
+    })
 }

@@ -8,7 +8,10 @@ use crate::session::error::{Result, ServiceError};
 impl SessionService {
     /// The server's thresholds and the tenants with their own (`tenant`
     /// only, when given), by name.
-    pub async fn warn_ats(&self, tenant: Option<&str>) -> Result<(Vec<u8>, Vec<(String, Vec<u8>)>)> {
+    pub async fn warn_ats(
+        &self,
+        tenant: Option<&str>,
+    ) -> Result<(Vec<u8>, Vec<(String, Vec<u8>)>)> {
         let tenants = self
             .store
             .tenant_warn_ats(tenant)

@@ -486,6 +486,10 @@ pub enum SessionEvent {
         /// What the agent is told in its next step.
         note: String,
     },
+    /// The session's estimate is over its create's `confirm_if_over` (or
+    /// unknown): it waits in `awaiting_confirmation` for
+    /// `POST /{id}/confirm`; its notify targets hear of it.
+    AwaitingConfirmation(crate::policy::confirm::Confirmation),
 }
 
 impl SessionEvent {
@@ -528,6 +532,7 @@ impl SessionEvent {
             SessionEvent::ChildEnded { .. } => "child_ended",
             SessionEvent::ChildNeedsAttention { .. } => "child_needs_attention",
             SessionEvent::BudgetWarning { .. } => "budget_warning",
+            SessionEvent::AwaitingConfirmation(_) => "awaiting_confirmation",
         }
     }
 
@@ -632,7 +637,7 @@ impl SessionEvent {
     /// it until a person acts).
     pub fn ends_loop(&self) -> bool {
         matches!(self, SessionEvent::StatusChanged { to, .. }
-            if !matches!(to, Status::Running | Status::AwaitingRefinement))
+            if !matches!(to, Status::Running | Status::AwaitingRefinement | Status::AwaitingConfirmation))
     }
 
     /// Whether the decisions view lists this kind.
@@ -884,6 +889,7 @@ mod tests {
     fn only_final_status_changes_end_the_loop() {
         assert!(!SessionEvent::status(None, Status::Running).ends_loop());
         assert!(!SessionEvent::status(None, Status::AwaitingRefinement).ends_loop());
+        assert!(!SessionEvent::status(None, Status::AwaitingConfirmation).ends_loop());
         assert!(SessionEvent::status(Some(Status::Running), Status::Paused).ends_loop());
         assert!(!SessionEvent::StopRequested {}.ends_loop());
     }

@@ -92,7 +92,9 @@ const API: &[(&str, u8)] = &[
     ("workspace_files", 1),
     ("approvals", 3),
     ("tree", 3),
-    ("estimate", 3),
+    ("estimate", 2),
+    ("confirm", 4),
+    ("tenant_warn_at", 1),
     ("notify", 2),
 ];
 
@@ -155,6 +157,7 @@ const HTTP: &[(&str, u8)] = &[
     ("sessions", 2),
     ("workers", 2),
     ("retention", 2),
+    ("budget_warnings", 2),
     ("tree", 2),
     ("notify", 2),
     ("approvals", 3),

@@ -543,6 +543,10 @@ fn start_background(
         service.clone(),
         session::approvals::sweep_every(config.approval_timeout),
     ));
+    let confirmations = tokio::spawn(session::confirm::expire_forever(
+        service.clone(),
+        session::approvals::sweep_every(config.approval_timeout),
+    ));
     let tree_sweep = tokio::spawn(session::tree::sweep_forever(
         service.clone(),
         session::tree::SWEEP_EVERY,
@@ -550,6 +554,7 @@ fn start_background(
     let notifier = tokio::spawn(session::notify::deliver_forever(service.notifier()));
     let mut background = vec![
         expiry,
+        confirmations,
         tree_sweep,
         notifier,
         // Lease renewals, claims and control notes are loop work, on the

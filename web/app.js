@@ -103,7 +103,7 @@ function say(sel, err) { if (!(err instanceof Unauthorized) && $(sel)) $(sel).te
 
 
 /* ---------- the router: one function per view, chosen by the URL hash ---------- */
-const STATUSES = ["queued", "running", "awaiting_refinement", "paused", "completed", "stopped", "interrupted", "failed"];
+const STATUSES = ["queued", "running", "awaiting_refinement", "awaiting_confirmation", "paused", "completed", "stopped", "interrupted", "failed"];
 const SESSION_TABS = ["overview", "iterations", "decisions", "timeline", "checkpoints", "files"];
 /** [pattern, view]: the first pattern matching the hash's path wins; its groups and the hash's query are the view's arguments. */
 const VIEWS = [
@@ -358,25 +358,70 @@ function setupCreateForm() {
   DEFAULT_STEPS.forEach((s) => $("#steps-editor").append(stepRow(s)));
   $("#add-step-btn").onclick = () => { const row = stepRow({}); $("#steps-editor").append(row); $(".st-action", row).focus(); };
   const lines = (sel) => $(sel).value.split("\n").map((l) => l.trim()).filter(Boolean);
+  const createBody = () => {
+    const limits = {};
+    const num = (id, key) => { const v = $(id).value; if (v) limits[key] = Number(v); };
+    num("#max-iterations", "max_iterations"); num("#max-tokens", "max_tokens"); num("#max-wall", "max_wall_time_ms");
+    // Money stays a decimal string end to end: never a float.
+    const usd = $("#max-cost").value.trim();
+    if (usd) limits.max_cost_usd = usd;
+    const body = { goal: $("#goal").value, limits, executor: executorFromForm() };
+    if ($("#mode").value) body.mode = $("#mode").value;
+    if (lines("#criteria-input").length) body.success_criteria = lines("#criteria-input");
+    if (lines("#milestones-input").length) body.milestones = lines("#milestones-input");
+    if (lines("#subgoals-input").length) body.subgoals = lines("#subgoals-input");
+    const confirm = {};
+    if ($("#confirm-cost").value.trim()) confirm.cost_usd = $("#confirm-cost").value.trim();
+    if ($("#confirm-minutes").value) confirm.minutes = Number($("#confirm-minutes").value);
+    if (Object.keys(confirm).length) body.confirm_if_over = confirm;
+    return body;
+  };
   $("#create-form").onsubmit = async (e) => {
     e.preventDefault();
     $("#create-error").textContent = "";
     try {
-      const limits = {};
-      const num = (id, key) => { const v = $(id).value; if (v) limits[key] = Number(v); };
-      num("#max-iterations", "max_iterations"); num("#max-tokens", "max_tokens"); num("#max-wall", "max_wall_time_ms");
-      // Money stays a decimal string end to end: never a float.
-      const usd = $("#max-cost").value.trim();
-      if (usd) limits.max_cost_usd = usd;
-      const body = { goal: $("#goal").value, limits, executor: executorFromForm() };
-      if ($("#mode").value) body.mode = $("#mode").value;
-      if (lines("#criteria-input").length) body.success_criteria = lines("#criteria-input");
-      if (lines("#milestones-input").length) body.milestones = lines("#milestones-input");
-      if (lines("#subgoals-input").length) body.subgoals = lines("#subgoals-input");
-      const s = await api("", { method: "POST", body: JSON.stringify(body) });
+      const s = await api("", { method: "POST", body: JSON.stringify(createBody()) });
       location.hash = "#/s/" + s.id;
     } catch (err) { say("#create-error", err); }
   };
+  // The estimate as you type: the create body sent to /estimate, at most once per pause in typing.
+  let timer = null, asked = 0;
+  const estimateSoon = () => {
+    clearTimeout(timer);
+    timer = setTimeout(async () => {
+      const line = $("#estimate-line");
+      if (!line) return;
+      if (!$("#goal").value.trim()) { line.textContent = "Estimate: type a goal"; return; }
+      const mine = ++asked;
+      try {
+        let body;
+        try { body = createBody(); } catch (_) { return; }
+        const e = await api("/estimate", { method: "POST", body: JSON.stringify(body) });
+        if (mine === asked) line.textContent = "Estimate: " + estimateText(e);
+      } catch (err) { if (mine === asked && !(err instanceof Unauthorized)) line.textContent = "Estimate: " + err.message; }
+    }, 400);
+  };
+  ["#goal", "#criteria-input", "#max-iterations", "#max-tokens", "#max-wall", "#executor-kind", "#llm-model", "#confirm-cost", "#confirm-minutes"]
+    .forEach((sel) => { const el = $(sel); if (el) el.addEventListener("input", estimateSoon); });
+}
+
+/** An estimate as one line: p50 – p90 of cost, time, iterations and tokens, and what it rests on. */
+function estimateText(e) {
+  if (!e) return "—";
+  if (e.basis === "none") {
+    return "no history like it yet (basis: none), so the cost is unknown; the figures would be the limits: "
+      + `${e.iterations.p90} iterations, ${e.tokens.p90} tokens, ${fmtSecs(e.duration_ms.p90 / 1000)}`;
+  }
+  const cost = e.cost_usd ? `$${e.cost_usd.p50} – $${e.cost_usd.p90}` : "cost unknown";
+  return `${cost} · ${fmtSecs(e.duration_ms.p50 / 1000)} – ${fmtSecs(e.duration_ms.p90 / 1000)} · `
+    + `${e.iterations.p50} – ${e.iterations.p90} iterations · ${e.tokens.p50} – ${e.tokens.p90} tokens `
+    + `(from ${e.sessions_used} past sessions, ${e.basis.replace("_", " ")})`;
+}
+
+/** Why a session waits for confirmation, as words. */
+function overText(over) {
+  const words = { cost_usd: "cost", minutes: "time", unknown: "unknown (no history)" };
+  return (over || []).map((o) => words[o] || o).join(", ");
 }
 /** Worker queues: depth, oldest wait, workers seen; read again every few seconds while shown. */
 async function loadQueues() {
@@ -518,6 +563,14 @@ function renderSession(s) {
   $("#stop-btn").disabled = !allowed.has("stop");
   $("#pause-btn").disabled = !allowed.has("pause");
   $("#resume-btn").disabled = !allowed.has("resume");
+  const confirming = s.status === "awaiting_confirmation" && s.confirmation;
+  $("#confirmation").hidden = !confirming;
+  if (confirming) {
+    $("#confirm-over").textContent = overText(s.confirmation.over);
+    $("#confirm-estimate").textContent = estimateText(s.confirmation.estimate);
+    $("#confirm-expires").textContent = new Date(s.confirmation.expires_at).toLocaleString();
+  }
+  $("#confirm-btn").disabled = !allowed.has("confirm");
   const waiting = s.status === "awaiting_refinement" && s.refinement;
   $("#refinement").hidden = !waiting;
   if (waiting) {
@@ -611,11 +664,37 @@ async function showApprovals() {
       if (!page.items.length) body.innerHTML = `<tr><td colspan="7" class="muted">nothing waits</td></tr>`;
     } catch (err) { say("#approvals-error", err); }
   };
-  await load();
+  const loadConfirmations = async () => {
+    try {
+      const page = await api("?status=awaiting_confirmation&limit=200&order=asc");
+      const body = $("#confirmations");
+      if (!body) return;
+      body.replaceChildren();
+      for (const s of page.items) {
+        const c = s.confirmation || {};
+        const tr = document.createElement("tr");
+        tr.innerHTML = `<td><a href="#/s/${esc(s.id)}">${esc(s.id.slice(0, 8))}</a></td><td>${esc(s.goal)}</td>
+          <td>${esc(overText(c.over))}</td><td>${esc(estimateText(c.estimate))}</td>
+          <td class="no-wrap">${c.expires_at ? new Date(c.expires_at).toLocaleString() : "—"}</td>
+          <td><div class="row"><button class="primary" type="button">Confirm</button><button type="button">Stop</button></div></td>`;
+        const [confirm, stop] = tr.querySelectorAll("button");
+        const act = async (path) => {
+          confirm.disabled = stop.disabled = true;
+          try { await api(`/${s.id}/${path}`, { method: "POST" }); await loadConfirmations(); }
+          catch (err) { say("#confirmations-error", err); confirm.disabled = stop.disabled = false; }
+        };
+        confirm.onclick = () => act("confirm");
+        stop.onclick = () => act("stop");
+        body.append(tr);
+      }
+      if (!page.items.length) body.innerHTML = `<tr><td colspan="6" class="muted">nothing waits</td></tr>`;
+    } catch (err) { say("#confirmations-error", err); }
+  };
+  await Promise.all([load(), loadConfirmations()]);
   // New requests arrive as sessions change; the inbox follows them.
   stream = new KeyedStream(base + "/events");
   let timer = null;
-  stream.addEventListener("session", () => { if (!timer) timer = setTimeout(() => { timer = null; load(); }, 300); });
+  stream.addEventListener("session", () => { if (!timer) timer = setTimeout(() => { timer = null; load(); loadConfirmations(); }, 300); });
 }
 
 /* The session shown, its iterations and events as read (for the charts, the timeline and "why it ended"). */
@@ -803,6 +882,7 @@ async function showSession(id, tab, focusIteration) {
   $("#stop-btn").onclick = () => control("stop");
   $("#pause-btn").onclick = () => control("pause");
   $("#resume-btn").onclick = () => { const g = $("#guidance").value.trim(); control("resume", g ? { guidance: g } : undefined); $("#guidance").value = ""; };
+  $("#confirm-btn").onclick = () => control("confirm");
   $("#accept-btn").onclick = () => control("refinement", { choice: "accept_suggestion" });
   $("#custom-btn").onclick = () => control("refinement", { choice: "custom", goal: $("#custom-goal").value });
   $("#time-btn").onclick = () => control("refinement", { choice: "proceed_with_time_limit", max_wall_time_ms: Number($("#time-limit").value) });

@@ -33,7 +33,8 @@ pub enum SessionsCommand {
     /// Follow a session live until it ends: progress, current step, tokens, decisions
     ///
     /// Exit code: 0 when it completed, 3 when it ended otherwise (stopped,
-    /// interrupted, failed), 4 when it paused for a person, 1 on an error
+    /// interrupted, failed), 4 when it paused for a person or awaits a
+    /// confirmation before it starts, 1 on an error
     /// (the server refused, or could not be reached again after retries).
     Watch(watch::WatchArgs),
     /// Stop a session at once (its step in flight is abandoned, a checkpoint saved)
@@ -66,6 +67,12 @@ pub enum SessionsCommand {
         /// A message to the agent, given with the call's result
         #[arg(long, alias = "message", value_name = "TEXT")]
         reason: Option<String>,
+    },
+    /// Confirm a session awaiting confirmation (its estimate was over its
+    /// confirm_if_over, or unknown): it starts
+    Confirm {
+        /// The session's id
+        id: uuid::Uuid,
     },
     /// A session and its child sessions, as an indented tree
     Tree {
@@ -164,6 +171,7 @@ async fn sessions_answer(client: &Client, command: &SessionsCommand) -> Result<V
         SessionsCommand::Tree { id } => client.get(&path(id, "/tree"), &[]).await,
         SessionsCommand::Stop { id } => client.post(&path(id, "/stop"), None).await,
         SessionsCommand::Pause { id } => client.post(&path(id, "/pause"), None).await,
+        SessionsCommand::Confirm { id } => client.post(&path(id, "/confirm"), None).await,
         SessionsCommand::Resume { id, guidance } => {
             let body = guidance.as_ref().map(|g| json!({ "guidance": g }));
             client.post(&path(id, "/resume"), body.as_ref()).await
@@ -327,6 +335,7 @@ pub(super) fn status_lines(s: &Value) -> String {
     lines.extend(waiting_of(s).map(|w| ("waiting", w)));
     lines.extend(requested_of(s).map(|r| ("requested", r)));
     lines.extend(warnings_of(s).map(|w| ("warnings", w)));
+    lines.extend(confirmation_of(s).map(|c| ("confirm", c)));
     if !text(s, "summary").is_empty() {
         lines.push(("summary", text(s, "summary").to_string()));
     }
@@ -440,6 +449,43 @@ fn waiting_of(s: &Value) -> Option<String> {
     }
     let position = s.get("queue_position").and_then(Value::as_i64)?;
     Some(format!("to start: {position} in its tenant's queue"))
+}
+
+/// What a session awaiting confirmation waits on: why, its estimate and
+/// when it expires (`warden sessions confirm ID` starts it).
+fn confirmation_of(s: &Value) -> Option<String> {
+    if text(s, "status") != "awaiting_confirmation" {
+        return None;
+    }
+    let c = s.get("confirmation").filter(|v| v.is_object())?;
+    let over: Vec<&str> = c
+        .get("over")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .collect();
+    let e = c.get("estimate").cloned().unwrap_or(Value::Null);
+    let figures = if text(&e, "basis") == "none" {
+        "no history to estimate from".to_string()
+    } else {
+        let minutes = |q: &str| {
+            e.pointer(&format!("/duration_ms/{q}"))
+                .and_then(Value::as_u64)
+                .map_or(0, |ms| ms.div_ceil(60_000))
+        };
+        let cost = match e.get("cost_usd").filter(|v| v.is_object()) {
+            Some(cost) => format!("${}–${}", text(cost, "p50"), text(cost, "p90")),
+            None => "cost unknown".into(),
+        };
+        format!("p50–p90 {cost}, {}–{} min", minutes("p50"), minutes("p90"))
+    };
+    Some(format!(
+        "over {} ({figures}); expires {}; run `warden sessions confirm {}`",
+        over.join(", "),
+        text(c, "expires_at"),
+        text(s, "id")
+    ))
 }
 
 /// The soft-budget warnings sent so far, each budget at the highest

@@ -174,11 +174,12 @@ impl Watcher<'_> {
         Ok(())
     }
 
-    /// Whether the session is where a watch ends: ended, or paused for a person.
+    /// Whether the session is where a watch ends: ended, paused for a
+    /// person, or awaiting a person's confirmation before it starts.
     fn ended(&self) -> bool {
         matches!(
             text(&self.status, "status"),
-            "completed" | "stopped" | "interrupted" | "failed" | "paused"
+            "completed" | "stopped" | "interrupted" | "failed" | "paused" | "awaiting_confirmation"
         )
     }
 
@@ -284,7 +285,7 @@ impl Watcher<'_> {
         }
         match text(&self.status, "status") {
             "completed" => ExitCode::SUCCESS,
-            "paused" => ExitCode::from(PAUSED),
+            "paused" | "awaiting_confirmation" => ExitCode::from(PAUSED),
             _ => ExitCode::from(ENDED_OTHERWISE),
         }
     }

@@ -343,7 +343,7 @@ settings! {
     WARDEN_MODEL_PRICES (Session) = unset =>
         "prices per million tokens by model, for every step's and session's `cost_usd`: `pattern=input/output[/cached_input][@YYYY-MM-DD]` entries separated by `;` (e.g. `gpt-4o=2.50/10/1.25; claude-sonnet-4*=3/15/0.30; *=5/20`); `*` in a pattern matches any run of characters, a lone `*` prices every model no other entry names; without one, steps of such models are counted `unpriced_steps`, never 0 (docs/guides/money.md)";
     WARDEN_APPROVAL_TIMEOUT_MS (Session) = "86400000" =>
-        "how long a tool call (or an agent's action) waits for a person's approval before it expires, told to the agent as not approved (1000 to 30 days)";
+        "how long a tool call (or an agent's action) waits for a person's approval before it expires, told to the agent as not approved; also how long a session `awaiting_confirmation` waits before it ends `stopped / confirmation_expired` (1000 to 30 days)";
     WARDEN_WORKSPACE_RETENTION (Session) = "7d" =>
         "how long an ended session's workspace stays on the disk (`90s`, `30m`, `12h`, `7d`); swept in the background";
     WARDEN_RETENTION_DAYS (Session) = unset =>

@@ -22,7 +22,7 @@ pub enum Access {
     Open,
     /// `/metrics`: an admin key or `WARDEN_METRICS_TOKEN`.
     Metrics,
-    /// Keys and retention: admin only.
+    /// Keys, retention and budget-warning thresholds: admin only.
     Admin,
     /// Reads: any valid key.
     Read,
@@ -47,6 +47,8 @@ pub fn access(method: &Method, path: &str) -> Access {
         || path.starts_with("/api/keys/")
         || path == "/api/retention"
         || path.starts_with("/api/retention/")
+        || path == "/api/budget-warnings"
+        || path.starts_with("/api/budget-warnings/")
         || path == "/api/notify"
         || path.starts_with("/api/notify/")
     {
@@ -306,6 +308,8 @@ mod tests {
         assert_eq!(access(&Method::DELETE, "/api/keys/x"), Access::Admin);
         assert_eq!(access(&Method::GET, "/api/retention"), Access::Admin);
         assert_eq!(access(&Method::PUT, "/api/retention"), Access::Admin);
+        assert_eq!(access(&Method::GET, "/api/budget-warnings"), Access::Admin);
+        assert_eq!(access(&Method::PUT, "/api/budget-warnings"), Access::Admin);
         assert_eq!(access(&Method::GET, "/api/autonomous"), Access::Read);
         assert_eq!(access(&Method::GET, "/anything-new"), Access::Read);
         assert_eq!(access(&Method::PATCH, "/api/autonomous/x"), Access::Write);

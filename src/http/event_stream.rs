@@ -219,7 +219,10 @@ fn session_stream(
             // nothing more will come.
             match t.store.session(t.id, &t.scope).await {
                 Ok(Some(s))
-                    if !matches!(s.status, Status::Running | Status::AwaitingRefinement) =>
+                    if !matches!(
+                        s.status,
+                        Status::Running | Status::AwaitingRefinement | Status::AwaitingConfirmation
+                    ) =>
                 {
                     if t.after < s.last_event_seq {
                         continue;

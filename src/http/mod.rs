@@ -6,6 +6,7 @@ pub mod admission;
 pub mod approvals;
 mod assets;
 mod auth;
+pub mod budget_warnings;
 pub mod error;
 pub mod estimate;
 pub mod event_stream;
@@ -210,6 +211,8 @@ pub fn router(state: AppState, max_body_bytes: usize, limits: RequestLimits) -> 
         workers::router().method_not_allowed_fallback(|| async { ApiError::method_not_allowed() });
     let retention = retention::router()
         .method_not_allowed_fallback(|| async { ApiError::method_not_allowed() });
+    let budget_warnings = budget_warnings::router()
+        .method_not_allowed_fallback(|| async { ApiError::method_not_allowed() });
     let notify = notify::tenant_router()
         .method_not_allowed_fallback(|| async { ApiError::method_not_allowed() });
     Router::new()
@@ -217,6 +220,7 @@ pub fn router(state: AppState, max_body_bytes: usize, limits: RequestLimits) -> 
         .nest("/api/keys", keys)
         .nest("/api/workers", workers)
         .nest("/api/retention", retention)
+        .nest("/api/budget-warnings", budget_warnings)
         .nest("/api/notify", notify)
         .merge(health::router())
         .merge(openapi::router(&mcp_servers))

@@ -54,6 +54,7 @@ use crate::session::service::{MAX_GOAL_CHARS, MAX_GUIDANCE_CHARS};
         super::history::list_decisions,
         super::history::list_reflections,
         super::sessions::refine_session,
+        super::sessions::confirm_session,
         super::approvals::list_approvals,
         super::approvals::list_attention,
         super::approvals::decide,
@@ -74,6 +75,8 @@ use crate::session::service::{MAX_GOAL_CHARS, MAX_GUIDANCE_CHARS};
         super::keys::revoke_key,
         super::retention::list_retention,
         super::retention::set_retention,
+        super::budget_warnings::list_warn_at,
+        super::budget_warnings::set_warn_at,
         super::workers::claim,
         super::workers::heartbeat,
         super::workers::complete,
@@ -107,7 +110,7 @@ use crate::session::service::{MAX_GOAL_CHARS, MAX_GUIDANCE_CHARS};
         (name = "history", description = "Iterations, checkpoints, events and decisions"),
         (name = "workspace", description = "The files of a session's workspace as of its checkpoints, and forks from them"),
         (name = "health", description = "Probes"),
-        (name = "retention", description = "How long ended sessions are kept before they are archived and deleted"),
+        (name = "retention", description = "Per-tenant settings: how long ended sessions are kept before they are archived and deleted, and the soft-budget thresholds"),
         (name = "keys", description = "API keys (admin)"),
         (name = "approvals", description = "Calls that wait for a person: the inbox, approve and reject"),
         (name = "workers", description = "The worker protocol: claim, heartbeat and complete the steps of `worker` sessions"),
@@ -425,9 +428,32 @@ fn key_and_limit_bounds(out: &mut Vec<Bound>) {
         "pattern",
         crate::policy::guardrails::COST_PATTERN.into(),
     ));
+    out.extend([
+        (prop("SetWarnAt", "tenant"), "minLength", 1.into()),
+        (
+            prop("SetWarnAt", "tenant"),
+            "maxLength",
+            crate::auth::MAX_TENANT_CHARS.into(),
+        ),
+        (
+            prop("SetWarnAt", "tenant"),
+            "pattern",
+            crate::auth::TENANT_PATTERN.into(),
+        ),
+        (
+            prop("ConfirmIfOver", "cost_usd"),
+            "pattern",
+            crate::policy::confirm::COST_PATTERN.into(),
+        ),
+    ]);
+    out.extend(range(
+        prop("ConfirmIfOver", "minutes"),
+        1,
+        crate::policy::confirm::MAX_MINUTES,
+    ));
     // Soft budgets' thresholds, as `soft_budget::thresholds` checks them.
     let (lowest, highest) = crate::policy::soft_budget::PERCENTS;
-    for schema in ["LimitsPatch", "Limits"] {
+    for schema in ["LimitsPatch", "Limits", "SetWarnAt"] {
         let warn_at = prop(schema, "warn_at");
         out.extend(range(format!("{warn_at}/items"), lowest, highest));
         out.push((

@@ -23,6 +23,7 @@ use super::views::{
 };
 use crate::auth::Principal;
 use crate::policy::lifecycle::{Mode, Status};
+use crate::session::estimate::EstimateAnswer;
 use crate::session::service::{Created, IdempotencyKey, StatusSource, StopAnswer};
 use crate::session::{CreateSession, RefinementChoice, ResumeSession, UpdateSession};
 use crate::session::{SessionCursor, SessionFilter, SessionOrder, SessionSortKey};
@@ -42,6 +43,7 @@ pub fn router() -> Router<AppState> {
         .route("/{id}/pause", post(pause_session))
         .route("/{id}/resume", post(resume_session))
         .route("/{id}/refinement", post(refine_session))
+        .route("/{id}/confirm", post(confirm_session))
         .route("/outcomes", get(outcomes))
         .route("/events", get(session_changes))
 }
@@ -129,11 +131,19 @@ fn decode_cursor(raw: &str, key: SessionSortKey) -> ApiResult<SessionCursor> {
 /// within 24 hours) creates nothing and answers the session the first
 /// request created, with `Idempotent-Replayed: true`; the same key with
 /// another body is refused with 422 `idempotency_key_reused`.
+///
+/// With `"dry_run": true` the request is checked exactly as a create checks
+/// it and answered `200` with its estimate (the answer of
+/// `POST /api/autonomous/estimate`); nothing is created. With
+/// `confirm_if_over` a session whose estimate's p90 cost or running time is
+/// over a bound (or unknown: `basis: none`) is created
+/// `awaiting_confirmation` and starts on `POST /{id}/confirm`.
 #[utoipa::path(
     post, path = "/api/autonomous", tag = "sessions",
     request_body = CreateSession,
     responses(
-        (status = 201, description = "Session created: running, `queued` when no replica has room (see `queue_position`), or `awaiting_refinement`. Any error answer means no session was created.", body = SessionView,
+        (status = 200, description = "`dry_run`: the request is valid; its estimate and basis. Nothing was created.", body = EstimateAnswer),
+        (status = 201, description = "Session created: running, `queued` when no replica has room (see `queue_position`), `awaiting_refinement`, or `awaiting_confirmation` (see `confirmation`). Any error answer means no session was created.", body = SessionView,
             headers(("Idempotent-Replayed" = String, description = "`true` when the answer is the session an earlier request with the same Idempotency-Key created"))),
         (status = 400, description = "Malformed JSON, or a malformed Idempotency-Key", body = Problem, content_type = "application/problem+json"),
         (status = 403, description = "The executor's URL is refused by the outbound-request policy (code `egress_denied`)", body = Problem, content_type = "application/problem+json"),
@@ -150,12 +160,16 @@ pub async fn create_session(
     Extension(caller): Extension<Principal>,
     request_headers: HeaderMap,
     body: DigestedJson<CreateSession>,
-) -> ApiResult<(StatusCode, HeaderMap, Json<SessionView>)> {
+) -> ApiResult<Response> {
     let tenant = new_session_tenant(&caller)?;
     let idempotency = idempotency_key(&request_headers)?.map(|key| IdempotencyKey {
         key,
         digest: body.digest,
     });
+    if body.value.dry_run {
+        let estimate = state.service.dry_run(body.value, tenant).await?;
+        return Ok(Json(estimate).into_response());
+    }
     let (session, replayed) = match state
         .service
         .create(body.value, tenant, idempotency.as_ref())
@@ -171,7 +185,7 @@ pub async fn create_session(
     if replayed {
         headers.insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
     }
-    Ok((StatusCode::CREATED, headers, Json(view(&state, session))))
+    Ok((StatusCode::CREATED, headers, Json(view(&state, session))).into_response())
 }
 
 /// The tenant a session created (or estimated) by `caller` belongs to.
@@ -682,6 +696,27 @@ pub async fn refine_session(
     ApiJson(choice): ApiJson<RefinementChoice>,
 ) -> ApiResult<Json<SessionView>> {
     let session = state.service.refine(id, &caller.scope, choice).await?;
+    Ok(Json(view(&state, session)))
+}
+
+/// Confirm a session awaiting confirmation (its estimate was over its
+/// `confirm_if_over`, or unknown): it starts, `running` or `queued`.
+#[utoipa::path(
+    post, path = "/api/autonomous/{id}/confirm", tag = "control",
+    params(("id" = Uuid, Path, description = "Session id")),
+    responses(
+        (status = 200, description = "The session, now running (or `queued` when no replica has room)", body = SessionView),
+        (status = 404, description = "No such session", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "The session is not awaiting confirmation (confirmed already, stopped, or expired), or it needs a capability no live replica has (`capability_unavailable`)", body = Problem, content_type = "application/problem+json"),
+        (status = 429, description = "The tenant has WARDEN_TENANT_MAX_RUNNING active sessions (`tenant_running_limit`), or its share of the request slots is in use (`tenant_request_limit`, with `Retry-After`)", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn confirm_session(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Principal>,
+    SessionId(id): SessionId,
+) -> ApiResult<Json<SessionView>> {
+    let session = state.service.confirm(id, &caller.scope).await?;
     Ok(Json(view(&state, session)))
 }
 

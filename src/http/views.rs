@@ -399,6 +399,10 @@ pub struct SessionView {
     pub budget_warnings: Vec<crate::policy::soft_budget::SentWarning>,
     /// For a fork: the session and checkpoint it started from.
     pub forked_from: Option<ForkedFrom>,
+    /// Confirmation before start (a create with `confirm_if_over`): the
+    /// estimate at create, the bounds its p90 is over (or `unknown`), and
+    /// when it expires. Shown while `awaiting_confirmation` and kept after.
+    pub confirmation: Option<crate::policy::confirm::Confirmation>,
 }
 
 /// A child as its parent's status lists it.
@@ -581,6 +585,7 @@ impl From<Session> for SessionView {
                     iteration,
                 },
             ),
+            confirmation: s.confirmation.map(|c| c.0),
         }
     }
 }

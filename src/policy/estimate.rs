@@ -14,7 +14,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use rust_decimal::Decimal;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 /// Fewest past sessions an estimate is drawn from.
@@ -45,7 +45,7 @@ pub struct PastSession {
 }
 
 /// What a session took (or will likely take).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct Figures {
     /// Iterations.
     pub iterations: u64,
@@ -70,7 +70,7 @@ pub struct Query<'a> {
 }
 
 /// A p50 and a p90.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct Spread<T> {
     /// Half of the like sessions took at most this.
     pub p50: T,
@@ -79,7 +79,7 @@ pub struct Spread<T> {
 }
 
 /// What an estimate rests on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Basis {
     /// Ended sessions with the same executor and a similar goal.
@@ -91,7 +91,7 @@ pub enum Basis {
 }
 
 /// The answer: spreads and their basis.
-#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct Estimate {
     /// What it rests on.
     pub basis: Basis,

@@ -10,6 +10,9 @@ use utoipa::ToSchema;
 pub enum Status {
     /// The goal was judged ambiguous; waiting for the user's choice.
     AwaitingRefinement,
+    /// Its estimate is over the create's `confirm_if_over` (or unknown):
+    /// it waits for `POST /{id}/confirm` before it starts.
+    AwaitingConfirmation,
     /// Waiting for a replica with capacity to claim it (`WARDEN_MAX_RUNNING`).
     Queued,
     /// The loop task is (or should be) executing.
@@ -28,8 +31,9 @@ pub enum Status {
 
 impl Status {
     /// Every status, in display order.
-    pub const ALL: [Status; 8] = [
+    pub const ALL: [Status; 9] = [
         Status::AwaitingRefinement,
+        Status::AwaitingConfirmation,
         Status::Queued,
         Status::Running,
         Status::Paused,
@@ -43,6 +47,7 @@ impl Status {
     pub fn as_str(self) -> &'static str {
         match self {
             Status::AwaitingRefinement => "awaiting_refinement",
+            Status::AwaitingConfirmation => "awaiting_confirmation",
             Status::Queued => "queued",
             Status::Running => "running",
             Status::Paused => "paused",
@@ -138,11 +143,14 @@ pub enum Reason {
     /// A child session was still live when its parent ended by itself (a
     /// `wait: false` child outliving its parent): it was stopped.
     ParentEnded,
+    /// It waited in `awaiting_confirmation` longer than the confirmation
+    /// timeout and was never started.
+    ConfirmationExpired,
 }
 
 impl Reason {
     /// Every reason.
-    pub const ALL: [Reason; 27] = [
+    pub const ALL: [Reason; 28] = [
         Reason::GoalAchieved,
         Reason::AgentBlocked,
         Reason::AskUser,
@@ -170,6 +178,7 @@ impl Reason {
         Reason::ApprovalRequired,
         Reason::WaitingForChildren,
         Reason::ParentEnded,
+        Reason::ConfirmationExpired,
     ];
 
     /// The snake_case name stored in Postgres and shown in JSON.
@@ -202,6 +211,7 @@ impl Reason {
             Reason::ApprovalRequired => "approval_required",
             Reason::WaitingForChildren => "waiting_for_children",
             Reason::ParentEnded => "parent_ended",
+            Reason::ConfirmationExpired => "confirmation_expired",
         }
     }
 
@@ -235,7 +245,8 @@ impl Reason {
             | Reason::StepLimit
             | Reason::BudgetExhausted
             | Reason::ExecutorExhausted
-            | Reason::CycleLimit => Status::Stopped,
+            | Reason::CycleLimit
+            | Reason::ConfirmationExpired => Status::Stopped,
             Reason::UserStop | Reason::ParentEnded => Status::Interrupted,
             Reason::InternalError | Reason::SecretUnreadable => Status::Failed,
         }
@@ -298,7 +309,10 @@ pub enum StopPlan {
 pub fn plan_stop(from: Status) -> Result<StopPlan, IllegalTransition> {
     match from {
         Status::Running => Ok(StopPlan::SignalRunner),
-        Status::Paused | Status::AwaitingRefinement | Status::Queued => Ok(StopPlan::InterruptNow),
+        Status::Paused
+        | Status::AwaitingRefinement
+        | Status::AwaitingConfirmation
+        | Status::Queued => Ok(StopPlan::InterruptNow),
         Status::Interrupted => Ok(StopPlan::AlreadyStopped),
         Status::Completed | Status::Stopped | Status::Failed => Err(IllegalTransition {
             action: "stop",
@@ -326,6 +340,11 @@ pub fn plan_pause(from: Status) -> Result<PausePlan, IllegalTransition> {
             action: "pause",
             from,
             hint: "it is not running yet; answer its refinement first",
+        }),
+        Status::AwaitingConfirmation => Err(IllegalTransition {
+            action: "pause",
+            from,
+            hint: "it has not started; confirm it (POST /api/autonomous/{id}/confirm) or stop it",
         }),
         Status::Queued => Err(IllegalTransition {
             action: "pause",
@@ -363,6 +382,11 @@ pub fn check_resume(from: Status, reopen: bool) -> Result<(), IllegalTransition>
             from,
             hint: "its goal was achieved; send \"reopen\": true if the work was not actually done",
         }),
+        Status::AwaitingConfirmation => Err(IllegalTransition {
+            action: "resume",
+            from,
+            hint: "it has not started; confirm it with POST /api/autonomous/{id}/confirm",
+        }),
         _ => Err(IllegalTransition {
             action: "resume",
             from,
@@ -392,6 +416,20 @@ pub fn check_refine(from: Status) -> Result<(), IllegalTransition> {
             action: "refine",
             from,
             hint: "only a session awaiting refinement takes a refinement choice",
+        })
+    }
+}
+
+/// Checks that a session may be confirmed (started after its estimate was
+/// shown): only one awaiting confirmation.
+pub fn check_confirm(from: Status) -> Result<(), IllegalTransition> {
+    if from == Status::AwaitingConfirmation {
+        Ok(())
+    } else {
+        Err(IllegalTransition {
+            action: "confirm",
+            from,
+            hint: "only a session awaiting confirmation is confirmed",
         })
     }
 }
@@ -428,13 +466,15 @@ pub fn check_update(from: Status) -> Result<(), IllegalTransition> {
 pub fn check_delete(from: Status) -> Result<(), IllegalTransition> {
     match from {
         Status::Completed | Status::Stopped | Status::Interrupted | Status::Failed => Ok(()),
-        Status::Running | Status::Queued | Status::Paused | Status::AwaitingRefinement => {
-            Err(IllegalTransition {
-                action: "delete",
-                from,
-                hint: "it has not ended; stop it first (POST /api/autonomous/{id}/stop)",
-            })
-        }
+        Status::Running
+        | Status::Queued
+        | Status::Paused
+        | Status::AwaitingRefinement
+        | Status::AwaitingConfirmation => Err(IllegalTransition {
+            action: "delete",
+            from,
+            hint: "it has not ended; stop it first (POST /api/autonomous/{id}/stop)",
+        }),
     }
 }
 
@@ -454,19 +494,22 @@ pub enum Action {
     Update,
     /// `POST /{id}/refinement`.
     Refine,
+    /// `POST /{id}/confirm`.
+    Confirm,
     /// `DELETE /{id}`.
     Delete,
 }
 
 impl Action {
     /// Every action, in display order.
-    pub const ALL: [Action; 7] = [
+    pub const ALL: [Action; 8] = [
         Action::Stop,
         Action::Pause,
         Action::Resume,
         Action::Reopen,
         Action::Update,
         Action::Refine,
+        Action::Confirm,
         Action::Delete,
     ];
 }
@@ -481,6 +524,7 @@ impl Action {
             Action::Reopen => "reopen",
             Action::Update => "update",
             Action::Refine => "refine",
+            Action::Confirm => "confirm",
             Action::Delete => "delete",
         }
     }
@@ -520,6 +564,7 @@ pub fn allowed_actions(status: Status, read_only: bool) -> Vec<Action> {
             Action::Reopen => status == Status::Completed && check_resume(status, true).is_ok(),
             Action::Update => check_update(status).is_ok(),
             Action::Refine => check_refine(status).is_ok(),
+            Action::Confirm => check_confirm(status).is_ok(),
             Action::Delete => check_delete(status).is_ok(),
         })
         .collect()
@@ -535,6 +580,7 @@ mod tests {
         let expect = |s: Status| -> Vec<Action> {
             match s {
                 Status::AwaitingRefinement => vec![Stop, Update, Refine],
+                Status::AwaitingConfirmation => vec![Stop, Update, Confirm],
                 Status::Queued => vec![Stop, Update],
                 Status::Running => vec![Stop, Pause, Update],
                 Status::Paused => vec![Stop, Resume, Update],
@@ -643,6 +689,7 @@ mod tests {
         }
         expect(UserStop, Status::Interrupted);
         expect(ParentEnded, Status::Interrupted);
+        expect(ConfirmationExpired, Status::Stopped);
         expect(InternalError, Status::Failed);
         expect(SecretUnreadable, Status::Failed);
     }
@@ -656,6 +703,10 @@ mod tests {
             Ok(StopPlan::InterruptNow)
         );
         assert_eq!(plan_stop(Status::Queued), Ok(StopPlan::InterruptNow));
+        assert_eq!(
+            plan_stop(Status::AwaitingConfirmation),
+            Ok(StopPlan::InterruptNow)
+        );
         assert_eq!(plan_stop(Status::Interrupted), Ok(StopPlan::AlreadyStopped));
         for s in [Status::Completed, Status::Stopped, Status::Failed] {
             let err = plan_stop(s).unwrap_err();
@@ -670,6 +721,7 @@ mod tests {
         assert_eq!(plan_pause(Status::Paused), Ok(PausePlan::AlreadyPaused));
         for s in [
             Status::AwaitingRefinement,
+            Status::AwaitingConfirmation,
             Status::Queued,
             Status::Completed,
             Status::Stopped,
@@ -743,5 +795,34 @@ mod tests {
         for s in Status::ALL {
             assert_eq!(check_update(s).is_err(), s == Status::Completed);
         }
+    }
+
+    #[test]
+    fn confirmation_only_while_awaiting_it() {
+        for s in Status::ALL {
+            assert_eq!(check_confirm(s).is_ok(), s == Status::AwaitingConfirmation);
+        }
+        let err = check_confirm(Status::Running).unwrap_err();
+        assert!(err.to_string().starts_with("cannot confirm"), "{err}");
+    }
+
+    #[test]
+    fn a_session_awaiting_confirmation_has_not_started_nor_ended() {
+        let s = Status::AwaitingConfirmation;
+        assert!(!s.has_ended());
+        assert!(!s.is_resumable());
+        assert!(
+            check_resume(s, false)
+                .unwrap_err()
+                .to_string()
+                .contains("confirm")
+        );
+        assert!(check_resume(s, true).is_err());
+        assert!(plan_pause(s).unwrap_err().to_string().contains("confirm"));
+        assert!(check_delete(s).is_err());
+        assert!(check_refine(s).is_err());
+        assert!(check_update(s).is_ok());
+        assert!(check_finish(s, Reason::ConfirmationExpired).is_err());
+        assert_eq!(Reason::ConfirmationExpired.status(), Status::Stopped);
     }
 }

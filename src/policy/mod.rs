@@ -8,6 +8,7 @@ pub mod approval;
 pub mod budget;
 pub mod capabilities;
 pub mod checklist;
+pub mod confirm;
 pub mod delegation;
 pub mod estimate;
 pub mod eta;

@@ -17,24 +17,20 @@ use utoipa::ToSchema;
 /// Event kinds that always notify. `budget_warning` and
 /// `awaiting_confirmation` are kinds of the soft budgets and the confirmation
 /// before start: they notify as soon as a session logs them. The trigger
-/// `warden_notify_event` (migrations/0029_notifications.sql) names the same
-/// kinds; a test checks they agree.
+/// `warden_notify_event` (migrations/0033_confirmation_and_tenant_warn_at.sql,
+/// after 0029) names the same kinds; a test checks they agree.
 pub const NOTIFYING_KINDS: [&str; 3] = [
     "approval_requested",
     "budget_warning",
     "awaiting_confirmation",
 ];
 
-/// Statuses a `status_changed` event notifies on: the ends, a wait for a
-/// confirmation, and pauses (but see [`QUIET_PAUSE_REASONS`]).
-pub const NOTIFYING_STATUSES: [&str; 6] = [
-    "completed",
-    "stopped",
-    "interrupted",
-    "failed",
-    "paused",
-    "awaiting_confirmation",
-];
+/// Statuses a `status_changed` event notifies on: the ends and pauses (but
+/// see [`QUIET_PAUSE_REASONS`]). A wait for a confirmation notifies by its
+/// own `awaiting_confirmation` event, which carries the estimate, not by
+/// its status change (one notification, not two).
+pub const NOTIFYING_STATUSES: [&str; 5] =
+    ["completed", "stopped", "interrupted", "failed", "paused"];
 
 /// Pauses that need no one: a person asked for it, or the session waits
 /// for its own children.
@@ -359,7 +355,11 @@ mod tests {
         assert!(notifies("approval_requested", &json!({})));
         assert!(notifies("budget_warning", &json!({"threshold": 0.8})));
         assert!(notifies("awaiting_confirmation", &json!({})));
-        for to in ["stopped", "interrupted", "failed", "awaiting_confirmation"] {
+        assert!(!notifies(
+            "status_changed",
+            &json!({"to": "awaiting_confirmation"})
+        ));
+        for to in ["stopped", "interrupted", "failed"] {
             assert!(notifies("status_changed", &json!({"to": to})), "{to}");
         }
         let review = json!({"to": "paused", "reason": "review_required"});
@@ -379,7 +379,10 @@ mod tests {
 
     #[test]
     fn the_trigger_names_the_same_kinds_statuses_and_quiet_reasons() {
-        let sql = include_str!("../../migrations/0029_notifications.sql");
+        let sql = include_str!("../../migrations/0033_confirmation_and_tenant_warn_at.sql");
+        let sql = &sql[sql
+            .find("CREATE OR REPLACE FUNCTION warden_notify_event")
+            .unwrap()..];
         for name in NOTIFYING_KINDS
             .iter()
             .chain(&NOTIFYING_STATUSES)

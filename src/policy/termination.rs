@@ -219,6 +219,15 @@ pub fn record(reason: Reason, facts: Facts<'_>) -> Termination {
                 "Delegate the task again from a live session (or have the parent wait for its children)".into(),
             ],
         ),
+        Reason::ConfirmationExpired => (
+            with_detail(
+                format!("Stopped: nobody confirmed it (POST /api/autonomous/{{id}}/confirm) before the confirmation timeout; it never started, {ran}"),
+                facts.detail,
+            ),
+            vec![
+                format!("{resume} to start it anyway, or create it again with a higher confirm_if_over"),
+            ],
+        ),
         Reason::UserPause => (
             format!("Paused by a user {ran}"),
             vec![format!("{resume}, optionally with guidance")],

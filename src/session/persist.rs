@@ -21,6 +21,9 @@ use crate::store::{self, Lease, NewEvent, NewSession, Session, Store, StoreError
 pub enum Start {
     /// Its goal waits for the user's refinement choice.
     AwaitRefinement,
+    /// Its estimate is over its `confirm_if_over`: it waits for a person's
+    /// confirmation, which this records.
+    AwaitConfirmation(Box<crate::policy::confirm::Confirmation>),
     /// It runs under a lease of `owner` when that replica reserved a place
     /// and nobody is queued before it; otherwise it joins the queue.
     Admit {
@@ -80,6 +83,10 @@ pub async fn create_session(
     } = admission;
     let mut tx = store.begin().await?;
     check_tenant_room(&mut tx, &new.tenant, tenant_max_running).await?;
+    let confirmation = match &start {
+        Start::AwaitConfirmation(c) => Some(c.clone()),
+        _ => None,
+    };
     let (status, owner, split) =
         first_status(&mut tx, &new.tenant, start, tenant_max_running).await?;
     let lease = store::insert_session(&mut tx, new, status, owner, lease_ttl).await?;
@@ -89,6 +96,10 @@ pub async fn create_session(
     }
     if let Some(fork) = fork {
         store::snapshots::start_fork(&mut tx, new.id, fork).await?;
+    }
+    let scope = TenantScope::tenant_only(&new.tenant);
+    if let Some(confirmation) = &confirmation {
+        store::set_confirmation(&mut tx, new.id, &scope, confirmation).await?;
     }
     if on_child_pause != ChildPausePolicy::default() {
         // Before its children are made: they copy it.
@@ -115,7 +126,6 @@ pub async fn create_session(
     log.push(NewEvent::from_event(&SessionEvent::status(None, status))?);
     store::append_events(&mut tx, new.id, &log).await?;
     queue_subgoals(&mut tx, new.id, &split).await?;
-    let scope = TenantScope::tenant_only(&new.tenant);
     if let Some(r) = refinement {
         store::insert_refinement(
             &mut tx, new.id, &scope, "auto", r.from, &new.goal, r.proposal,
@@ -145,6 +155,7 @@ async fn first_status(
 ) -> Result<(Status, Option<Uuid>, Vec<(ChildRequest, Option<Value>)>), ServiceError> {
     Ok(match start {
         Start::AwaitRefinement => (Status::AwaitingRefinement, None, Vec::new()),
+        Start::AwaitConfirmation(_) => (Status::AwaitingConfirmation, None, Vec::new()),
         Start::Split(tasks) => (Status::Paused, None, tasks),
         Start::Admit {
             owner,

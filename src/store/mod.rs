@@ -86,8 +86,8 @@ pub use scope::TenantScope;
 pub use secrets::{PlaintextKey, StoredSecret, insert_secret};
 pub use sessions::{
     delete as delete_session, end_unowned, insert as insert_session, insert_refinement,
-    lock as lock_session, request_pause, request_stop, resume as resume_session, start_refined,
-    update_settings,
+    lock as lock_session, request_pause, request_stop, resume as resume_session, set_confirmation,
+    start_refined, update_settings,
 };
 pub use trace_links::{StoredTraceLinks, set_request_traceparent};
 pub use worker_tasks::{

@@ -98,6 +98,45 @@ impl Store {
         Ok(())
     }
 
+    /// `tenant`'s own soft-budget thresholds (percent), when it has some.
+    pub async fn tenant_warn_at(&self, tenant: &str) -> Result<Option<Vec<i16>>> {
+        let row = sqlx::query_scalar!(
+            "SELECT warn_at FROM tenant_settings WHERE tenant = $1",
+            tenant
+        )
+        .fetch_optional(&self.pool)
+        .await?;
+        Ok(row.flatten())
+    }
+
+    /// Sets `tenant`'s own soft-budget thresholds (`None`: the server's).
+    /// The caller has checked them (1–99, at most 10).
+    pub async fn set_tenant_warn_at(&self, tenant: &str, warn_at: Option<&[i16]>) -> Result<()> {
+        sqlx::query!(
+            "INSERT INTO tenant_settings (tenant, warn_at) VALUES ($1, $2)
+             ON CONFLICT (tenant) DO UPDATE SET warn_at = EXCLUDED.warn_at, updated_at = now()",
+            tenant,
+            warn_at,
+        )
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    /// The tenants with thresholds of their own (`tenant` only, when
+    /// given), by name.
+    pub async fn tenant_warn_ats(&self, tenant: Option<&str>) -> Result<Vec<(String, Vec<i16>)>> {
+        let rows = sqlx::query!(
+            r#"SELECT tenant, warn_at AS "warn_at!" FROM tenant_settings
+               WHERE warn_at IS NOT NULL AND ($1::text IS NULL OR tenant = $1)
+               ORDER BY tenant"#,
+            tenant
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows.into_iter().map(|r| (r.tenant, r.warn_at)).collect())
+    }
+
     /// Every tenant with settings or sessions: its settings and counts.
     pub async fn tenant_settings(&self) -> Result<Vec<TenantSettings>> {
         let rows = sqlx::query!(

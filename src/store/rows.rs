@@ -357,6 +357,9 @@ pub struct Session {
     pub forked_from_session: Option<Uuid>,
     /// The checkpoint's iteration it was forked at, for a fork.
     pub forked_from_iteration: Option<i64>,
+    /// What it waits on (or waited on) for a confirmation before start:
+    /// its estimate, the bounds it is over, when it expires.
+    pub confirmation: Option<Json<crate::policy::confirm::Confirmation>>,
 }
 
 impl Session {

@@ -65,6 +65,10 @@ pub const DOWNS: &[(i64, &str)] = &[
         include_str!("../../migrations/down/0032_budget_warnings.sql"),
     ),
     (
+        33,
+        include_str!("../../migrations/down/0033_confirmation_and_tenant_warn_at.sql"),
+    ),
+    (
         34,
         include_str!("../../migrations/down/0034_workspace_snapshots.sql"),
     ),

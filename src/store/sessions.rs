@@ -16,6 +16,7 @@ use super::rows::{
 use super::{Result, Store, StoreError, TenantScope};
 use crate::event::{RefinementProposal, SessionEvent};
 use crate::policy::checklist::ChecklistItem;
+use crate::policy::confirm::Confirmation;
 use crate::policy::delegation::ChildPausePolicy;
 use crate::policy::guardrails::Limits;
 use crate::policy::lifecycle::{Mode, Reason, Status};
@@ -69,6 +70,7 @@ macro_rules! select_session_with {
                       (SELECT coalesce(jsonb_agg(w.data ORDER BY w.seq), '[]') FROM events w
                         WHERE w.session_id = sessions.id AND w.kind = 'budget_warning')
                         AS "budget_warnings!: Json<Vec<SentWarning>>",
+                      confirmation AS "confirmation: Json<Confirmation>",
                       CASE WHEN status = 'queued' THEN
                           (SELECT count(*) FROM sessions q WHERE q.status = 'queued'
                               AND q.tenant = sessions.tenant
@@ -495,7 +497,7 @@ pub async fn end_unowned(
     // A session left waiting for a person has not ended.
     let waits = matches!(
         termination.status,
-        Status::Paused | Status::AwaitingRefinement
+        Status::Paused | Status::AwaitingRefinement | Status::AwaitingConfirmation
     );
     let done = sqlx::query!(
         "UPDATE sessions SET status = $2, reason = $3, summary = $4, next_steps = $5,
@@ -594,6 +596,27 @@ pub async fn start_refined(
     }))
 }
 
+/// Records what a session just inserted in `awaiting_confirmation` waits
+/// on, and when it expires undecided.
+pub async fn set_confirmation(
+    conn: &mut PgConnection,
+    id: Uuid,
+    scope: &TenantScope,
+    confirmation: &Confirmation,
+) -> Result<()> {
+    let done = sqlx::query!(
+        "UPDATE sessions SET confirmation = $2, confirm_by = $3
+         WHERE id = $1 AND ($4::text IS NULL OR tenant = $4)",
+        id,
+        Json(confirmation) as _,
+        confirmation.expires_at,
+        scope.tenant(),
+    )
+    .execute(&mut *conn)
+    .await?;
+    reached(id, &done)
+}
+
 /// Deletes a session the caller locked under `scope`, with its whole history
 /// (iterations, events and checkpoints by the delete trigger, the rest by
 /// foreign keys). The caller has checked that it ended.
@@ -609,6 +632,21 @@ pub async fn delete(conn: &mut PgConnection, id: Uuid, scope: &TenantScope) -> R
 }
 
 impl Store {
+    /// Sessions awaiting confirmation past their `confirm_by`, oldest
+    /// first, at most `limit`: each with its tenant. The expiry sweep's
+    /// read, across every tenant.
+    pub async fn expired_confirmations(&self, limit: i64) -> Result<Vec<(Uuid, String)>> {
+        let rows = sqlx::query!(
+            "SELECT id, tenant FROM sessions
+             WHERE status = 'awaiting_confirmation' AND confirm_by <= now()
+             ORDER BY confirm_by, id LIMIT $1",
+            limit,
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows.into_iter().map(|r| (r.id, r.tenant)).collect())
+    }
+
     /// Of the sessions `ids`, those that exist within `scope`, each with
     /// when it ended (`None`: not ended).
     pub async fn ended_at_of(

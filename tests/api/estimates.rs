@@ -112,3 +112,74 @@ async fn an_estimate_checks_its_body_like_a_create() {
         );
     }
 }
+
+#[tokio::test]
+async fn a_dry_run_answers_the_estimate_and_creates_nothing() {
+    let app = TestApp::start().await;
+    for (i, steps) in [2_u64, 3, 4, 5, 6].into_iter().enumerate() {
+        let goal = format!("Write unit tests for the billing parser, part {i}");
+        let id = app.create(body(&goal, steps, 100)).await["id"]
+            .as_str()
+            .expect("id")
+            .to_string();
+        app.wait_until(&id, Duration::from_secs(30), |s| s["status"] != "running")
+            .await;
+    }
+    let (_, before) = app.get("/api/autonomous").await;
+    let query = body("Write unit tests for the billing parser", 3, 100);
+    let (status, estimated) = estimate(&app.client, &app, &query).await;
+    assert_eq!(status, StatusCode::OK, "{estimated}");
+    let mut dry = query.clone();
+    dry["dry_run"] = json!(true);
+    let res = app
+        .client
+        .post(app.url("/api/autonomous"))
+        .json(&dry)
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(res.status(), StatusCode::OK);
+    assert!(res.headers().get("location").is_none());
+    let answer: Value = res.json().await.expect("json");
+    assert_eq!(answer, estimated, "the same estimate as /estimate");
+    assert_eq!(answer["basis"], "similar_goals", "{answer}");
+    let (_, after) = app.get("/api/autonomous").await;
+    assert_eq!(before["items"], after["items"], "a dry run creates nothing");
+    // A dry run with confirm_if_over is still a dry run.
+    dry["confirm_if_over"] = json!({ "cost_usd": "0.01" });
+    let (status, again) = app.post("/api/autonomous", Some(dry)).await;
+    assert_eq!(status, StatusCode::OK, "{again}");
+    let (_, after) = app.get("/api/autonomous").await;
+    assert_eq!(before["items"], after["items"]);
+}
+
+#[tokio::test]
+async fn a_dry_run_refuses_what_a_create_refuses() {
+    let app = TestApp::start().await;
+    for bad in [
+        json!({ "goal": "", "executor": { "kind": "scripted", "steps": [{ "action": "a" }] } }),
+        json!({ "goal": "Do it", "limits": { "max_iterations": 0 },
+                "executor": { "kind": "scripted", "steps": [{ "action": "a" }] } }),
+        json!({ "goal": "Do it", "executor": { "kind": "scripted", "steps": [] }, "nonsense": 1 }),
+        json!({ "goal": "Do it", "executor": { "kind": "scripted", "steps": [{ "action": "a" }] },
+                "confirm_if_over": {} }),
+        // A create checks more than the estimate does: the LLM executor's
+        // endpoint, which this server has no default for.
+        json!({ "goal": "Do it", "executor": { "kind": "llm" } }),
+    ] {
+        let mut dry = bad.clone();
+        dry["dry_run"] = json!(true);
+        let (dry_status, dry_answer) = app.post("/api/autonomous", Some(dry)).await;
+        let mut create = bad.clone();
+        create["dry_run"] = json!(false);
+        let (status, _) = app.post("/api/autonomous", Some(create)).await;
+        assert_eq!(
+            dry_status,
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "{bad} -> {dry_answer}"
+        );
+        assert_eq!(status, dry_status, "{bad}: as a create");
+    }
+    let (_, list) = app.get("/api/autonomous").await;
+    assert_eq!(list["items"], json!([]));
+}

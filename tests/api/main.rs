@@ -13,6 +13,7 @@ mod approvals;
 mod auth;
 mod children;
 mod cli;
+mod confirmation;
 mod connections;
 mod control;
 mod creates;

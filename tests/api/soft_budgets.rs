@@ -226,3 +226,100 @@ async fn an_invalid_warn_at_is_a_422_problem() {
         assert!(problem.detail.contains("warn_at"), "{warn_at}: {doc}");
     }
 }
+
+/// PUT /api/budget-warnings as `client`; the status and document.
+async fn put_warn_at(app: &TestApp, client: &reqwest::Client, body: Value) -> (StatusCode, Value) {
+    let res = client
+        .put(app.url("/api/budget-warnings"))
+        .json(&body)
+        .send()
+        .await
+        .expect("sent");
+    let status = res.status();
+    (status, res.json().await.unwrap_or(Value::Null))
+}
+
+#[tokio::test]
+async fn a_tenant_s_thresholds_apply_to_its_sessions_that_set_none() {
+    let app = TestApp::start().await;
+    let global = reqwest::Client::builder()
+        .default_headers(
+            [(
+                reqwest::header::AUTHORIZATION,
+                format!("Bearer {}", common::ADMIN_TOKEN).parse().unwrap(),
+            )]
+            .into_iter()
+            .collect(),
+        )
+        .build()
+        .unwrap();
+    let (status, set) = put_warn_at(
+        &app,
+        &global,
+        json!({ "tenant": common::TEST_TENANT, "warn_at": [75, 25] }),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{set}");
+    assert_eq!(set["warn_at"], json!([25, 75]), "sorted: {set}");
+    let listed: Value = app
+        .admin_get("/api/budget-warnings")
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(listed["server_default"], json!([50, 80, 95]), "{listed}");
+    assert_eq!(
+        listed["tenants"],
+        json!([{ "tenant": common::TEST_TENANT, "warn_at": [25, 75] }])
+    );
+    // Refused: out of range, and a tenant admin setting thresholds.
+    let (status, _) = put_warn_at(
+        &app,
+        &global,
+        json!({ "tenant": common::TEST_TENANT, "warn_at": [100] }),
+    )
+    .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+    let tenant_admin = common::create_key(&app.base, common::TEST_TENANT, "admin").await;
+    let tenant_admin = common::client_with_key(tenant_admin["secret"].as_str().unwrap());
+    let (status, _) = put_warn_at(
+        &app,
+        &tenant_admin,
+        json!({ "tenant": common::TEST_TENANT, "warn_at": [10] }),
+    )
+    .await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+
+    // A session that sets none gets the tenant's thresholds.
+    let id = app
+        .create_scripted(steps(30), json!({ "max_iterations": 20 }))
+        .await;
+    assert_eq!(app.session(&id).await["limits"]["warn_at"], json!([25, 75]));
+    app.wait_settled(&id).await;
+    let status = app.session_view(&id).await;
+    assert_eq!(
+        iteration_warnings(&status.budget_warnings),
+        [(5, 25), (15, 75)]
+    );
+    // Its own thresholds win.
+    let own = app
+        .create_scripted(steps(30), json!({ "max_iterations": 20, "warn_at": [50] }))
+        .await;
+    assert_eq!(app.session(&own).await["limits"]["warn_at"], json!([50]));
+    // Back to the server's.
+    let (status, reset) = put_warn_at(
+        &app,
+        &global,
+        json!({ "tenant": common::TEST_TENANT, "warn_at": null }),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{reset}");
+    assert_eq!(reset["warn_at"], json!([50, 80, 95]));
+    let later = app
+        .create_scripted(steps(3), json!({ "max_iterations": 20 }))
+        .await;
+    assert_eq!(
+        app.session(&later).await["limits"]["warn_at"],
+        json!([50, 80, 95])
+    );
+}

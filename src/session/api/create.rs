@@ -9,9 +9,11 @@ use uuid::Uuid;
 use super::SessionService;
 use super::create_request::{CreateSession, IdempotencyKey, NewRequest};
 use super::fork_seed::ForkSeed;
+use super::estimate::EstimateAnswer;
 use super::preflight::Preflight;
 use crate::event::SessionEvent;
 use crate::policy::capabilities::Placement;
+use crate::policy::confirm::{self, Confirmation};
 use crate::secrets::Sealed;
 use crate::session::error::{Result, ServiceError};
 use crate::session::event_codec::{self, to_stored};
@@ -69,10 +71,12 @@ impl SessionService {
         if let Some(seed) = &seed {
             request.limits = seed.limits;
         }
+        self.apply_tenant_warn_at(&mut request, tenant).await?;
         let placement = self
             .placement(&request.limits, Some(&request.executor.spec))
             .await?;
         let mut plan = self.preflight(&request, tenant).await?;
+        let confirmation = self.confirmation_for(&request, &plan, tenant).await?;
         let id = Uuid::new_v4();
         let workspace = self.prepare_workspace(&request, id).await?;
         if let Some(seed) = &seed {
@@ -84,7 +88,7 @@ impl SessionService {
             }
         }
         let acquired = Instant::now();
-        let slot = if plan.waits || placement == Placement::Queue {
+        let slot = if plan.waits || confirmation.is_some() || placement == Placement::Queue {
             None
         } else {
             self.supervisor.try_reserve()
@@ -93,7 +97,7 @@ impl SessionService {
             .persist_new(
                 id,
                 request,
-                plan,
+                (plan, confirmation),
                 tenant,
                 (slot.is_some(), seed.as_ref().map(|s| &s.start)),
                 idempotency,
@@ -132,6 +136,58 @@ impl SessionService {
             return Err(err);
         }
         Ok(Created::New(record))
+    }
+
+    /// A create's `dry_run`: the request checked exactly as a create checks
+    /// it (body, executor, tools and URLs), then estimated; nothing is
+    /// created and no model is called.
+    pub async fn dry_run(&self, req: CreateSession, tenant: &str) -> Result<EstimateAnswer> {
+        let request = self.validate_create(req)?;
+        self.vet_executor(&request, tenant).await?;
+        self.estimate(&request.req, tenant).await
+    }
+
+    /// What a create with `confirm_if_over` waits on, when its estimate's
+    /// p90 is over a bound or unknown (`policy::confirm`); `None` when it
+    /// starts. A goal that waits for refinement is not also held for a
+    /// confirmation.
+    async fn confirmation_for(
+        &self,
+        request: &NewRequest,
+        plan: &Preflight,
+        tenant: &str,
+    ) -> Result<Option<Box<Confirmation>>> {
+        let (Some(bounds), Some(asked)) = (request.confirm, &request.req.confirm_if_over) else {
+            return Ok(None);
+        };
+        if plan.waits {
+            return Ok(None);
+        }
+        let answer = self.estimate(&request.req, tenant).await?;
+        let over = confirm::decide(bounds, &answer.estimate);
+        if over.is_empty() {
+            return Ok(None);
+        }
+        let timeout = chrono::TimeDelta::from_std(self.config.approval_timeout)
+            .unwrap_or(chrono::TimeDelta::MAX);
+        Ok(Some(Box::new(Confirmation {
+            confirm_if_over: asked.clone(),
+            over,
+            estimate: answer.estimate,
+            expires_at: chrono::Utc::now() + timeout,
+        })))
+    }
+
+    /// Gives a request without `limits.warn_at` its tenant's own
+    /// thresholds, when the tenant has some (`PUT /api/budget-warnings`).
+    async fn apply_tenant_warn_at(&self, request: &mut NewRequest, tenant: &str) -> Result<()> {
+        if request.req.limits.warn_at.is_some() {
+            return Ok(());
+        }
+        if let Some(percents) = self.store.tenant_warn_at(tenant).await? {
+            request.limits.warn_at = tenant_warn_at(&percents)?;
+        }
+        Ok(())
     }
 
     /// The answer to a create whose idempotency key was used already.
@@ -190,7 +246,7 @@ impl SessionService {
         &self,
         id: Uuid,
         request: NewRequest,
-        plan: Preflight,
+        (plan, confirmation): (Preflight, Option<Box<Confirmation>>),
         tenant: &str,
         (slot_reserved, fork): (bool, Option<&store::snapshots::ForkStart>),
         idempotency: Option<&IdempotencyKey>,
@@ -216,6 +272,9 @@ impl SessionService {
             milestones: req.milestones,
         });
         log.extend(plan.events);
+        if let Some(c) = &confirmation {
+            log.push(SessionEvent::AwaitingConfirmation((**c).clone()));
+        }
         let proposal_data = plan
             .proposal
             .as_ref()
@@ -244,6 +303,8 @@ impl SessionService {
             persist::Start::Split(split)
         } else if plan.waits {
             persist::Start::AwaitRefinement
+        } else if let Some(c) = confirmation {
+            persist::Start::AwaitConfirmation(c)
         } else {
             persist::Start::Admit {
                 owner: self.supervisor.replica_id(),
@@ -302,4 +363,16 @@ impl SessionService {
             ServiceError::Unavailable("the secret key (WARDEN_SECRET_KEY) is not loaded".into())
         })
     }
+}
+
+/// A tenant's stored thresholds as a session's `warn_at` (checked again:
+/// the column's check allows what `WarnAt` does).
+fn tenant_warn_at(percents: &[i16]) -> Result<crate::policy::soft_budget::WarnAt> {
+    let asked: Vec<u8> = percents
+        .iter()
+        .filter_map(|p| u8::try_from(*p).ok())
+        .collect();
+    crate::policy::soft_budget::WarnAt::new(&asked).map_err(|e| {
+        ServiceError::Unavailable(format!("the tenant's stored warn_at is invalid: {e}"))
+    })
 }

@@ -58,6 +58,17 @@ pub struct CreateSession {
     /// result like any failed child's). Children copy it.
     #[serde(default)]
     pub on_child_pause: ChildPausePolicy,
+    /// Check the request as a create would and answer `200` with its
+    /// estimate (what `POST /api/autonomous/estimate` answers); nothing is
+    /// created.
+    #[serde(default)]
+    pub dry_run: bool,
+    /// Wait for a person before starting when the estimate's p90 cost or
+    /// running time is over these bounds, or unknown (too little history):
+    /// the session is created `awaiting_confirmation` with its estimate and
+    /// starts on `POST /{id}/confirm`.
+    #[serde(default)]
+    pub confirm_if_over: Option<crate::policy::confirm::ConfirmIfOver>,
 }
 
 /// One task of a split goal: its text, or the text with criteria, a
@@ -119,6 +130,8 @@ pub(super) struct NewRequest {
     pub(super) planner: Option<(LlmClient, String)>,
     /// The tasks of a split goal, each with the child's own executor when not the session's.
     pub(super) split: Vec<(ChildRequest, Option<serde_json::Value>)>,
+    /// `confirm_if_over`, checked.
+    pub(super) confirm: Option<crate::policy::confirm::Bounds>,
     pub(super) req: CreateSession,
 }
 
@@ -241,6 +254,16 @@ impl SessionService {
             _ => None,
         };
         let split = split_tasks(&req.subgoals, scripts.as_ref())?;
+        let confirm = req
+            .confirm_if_over
+            .as_ref()
+            .map(|c| c.check().map_err(ServiceError::Invalid))
+            .transpose()?;
+        if confirm.is_some() && !split.is_empty() {
+            return Err(ServiceError::Invalid(
+                "confirm_if_over cannot be combined with subgoals: a split goal starts its children at once".into(),
+            ));
+        }
         let planner = self.planner();
         if req.generate_criteria && planner.is_none() {
             return Err(ServiceError::Invalid(
@@ -258,6 +281,7 @@ impl SessionService {
             milestones,
             planner,
             split,
+            confirm,
             req,
         })
     }

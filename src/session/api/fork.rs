@@ -133,6 +133,9 @@ existed, or its snapshot failed); fork from a checkpoint whose `forkable` is tru
             generate_criteria: false,
             subgoals: Vec::new(),
             on_child_pause: source.on_child_pause,
+            // A fork starts from a person's own request: nothing to confirm.
+            confirm_if_over: None,
+            dry_run: false,
         })
     }
 

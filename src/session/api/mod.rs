@@ -5,6 +5,7 @@
 //! lock (`lock_for`) and its commit are here.
 
 pub mod approvals;
+pub mod confirm;
 mod control;
 mod create;
 mod create_request;
@@ -21,6 +22,7 @@ mod reads;
 mod refine;
 mod stop_landing;
 mod tenant_retention;
+mod tenant_warn_at;
 pub mod tree;
 mod update;
 pub mod workers;

@@ -47,7 +47,7 @@ impl SessionService {
 
     /// The tools and URLs the executor names: declared, open to `tenant`
     /// and allowed by the egress policy.
-    async fn vet_executor(&self, request: &NewRequest, tenant: &str) -> Result<()> {
+    pub(super) async fn vet_executor(&self, request: &NewRequest, tenant: &str) -> Result<()> {
         // The MCP servers chosen must be declared and open to the tenant.
         let no_servers = crate::mcp::McpConfig::default();
         request

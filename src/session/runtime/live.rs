@@ -371,6 +371,7 @@ pub(crate) mod tests {
             budget_warnings: Json(Vec::new()),
             forked_from_session: None,
             forked_from_iteration: None,
+            confirmation: None,
         }
     }
 

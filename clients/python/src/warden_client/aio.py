@@ -14,6 +14,7 @@ from .client import SETTLED, ROUTES, _answer, _create_body, _prepare, _Retrying,
 from .types import (
     Accepted,
     ChildPausePolicy,
+    ConfirmIfOver,
     ClaimedTask,
     CreatedKey,
     EventPage,
@@ -129,6 +130,7 @@ class AsyncClient(_Retrying):
         subgoals: list[str | SubgoalTask] | None = None,
         on_child_pause: ChildPausePolicy | None = None,
         generate_criteria: bool | None = None,
+        confirm_if_over: ConfirmIfOver | None = None,
     ) -> Session:
         """Creates a session (``POST /api/autonomous``); answers its view."""
         return cast(
@@ -136,7 +138,16 @@ class AsyncClient(_Retrying):
             await self.request(
                 "create_session",
                 body=_create_body(
-                    goal, executor, mode, limits, success_criteria, milestones, subgoals, on_child_pause, generate_criteria
+                    goal,
+                    executor,
+                    mode,
+                    limits,
+                    success_criteria,
+                    milestones,
+                    subgoals,
+                    on_child_pause,
+                    generate_criteria,
+                    confirm_if_over,
                 ),
             ),
         )
@@ -185,6 +196,10 @@ class AsyncClient(_Retrying):
     async def stop_session(self, session_id: str) -> Session:
         """Stops a session now (``interrupted / user_stop``); idempotent."""
         return cast(Session, await self.request("stop_session", path={"id": session_id}))
+
+    async def confirm_session(self, session_id: str) -> Session:
+        """Starts a session ``awaiting_confirmation`` (its estimate was over its ``confirm_if_over``)."""
+        return cast(Session, await self.request("confirm_session", path={"id": session_id}))
 
     async def pause_session(self, session_id: str) -> Session:
         """Pauses a session after the step in flight."""

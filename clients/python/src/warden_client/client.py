@@ -16,6 +16,7 @@ from .errors import WardenError, WardenUnavailable
 from .types import (
     Accepted,
     ChildPausePolicy,
+    ConfirmIfOver,
     ClaimedTask,
     CreatedKey,
     EventPage,
@@ -49,6 +50,7 @@ ROUTES: Final[dict[str, tuple[str, str]]] = {
     "pause_session": ("POST", "/api/autonomous/{id}/pause"),
     "resume_session": ("POST", "/api/autonomous/{id}/resume"),
     "refine_session": ("POST", "/api/autonomous/{id}/refinement"),
+    "confirm_session": ("POST", "/api/autonomous/{id}/confirm"),
     "get_tree": ("GET", "/api/autonomous/{id}/tree"),
     "list_approvals": ("GET", "/api/autonomous/approvals"),
     "decide_approval": ("POST", "/api/autonomous/{id}/approvals/{call_id}"),
@@ -91,8 +93,16 @@ _RETRY_SAFE: Final[frozenset[str]] = frozenset(
 _UNSENT_ERRORS = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
 
 
-#: The statuses :meth:`Client.wait_for` waits for by default: ended, or paused for a person.
-SETTLED: Final[tuple[str, ...]] = ("completed", "stopped", "interrupted", "failed", "paused")
+#: The statuses :meth:`Client.wait_for` waits for by default: ended, paused for a person,
+#: or waiting for a person's confirmation before it starts (``awaiting_confirmation``).
+SETTLED: Final[tuple[str, ...]] = (
+    "completed",
+    "stopped",
+    "interrupted",
+    "failed",
+    "paused",
+    "awaiting_confirmation",
+)
 
 
 def settled(session: Session, statuses: tuple[str, ...], waiting_for_children: bool = False) -> bool:
@@ -251,6 +261,7 @@ class Client(_Retrying):
         subgoals: list[str | SubgoalTask] | None = None,
         on_child_pause: ChildPausePolicy | None = None,
         generate_criteria: bool | None = None,
+        confirm_if_over: ConfirmIfOver | None = None,
     ) -> Session:
         """Creates a session (``POST /api/autonomous``); answers its view."""
         return cast(
@@ -258,7 +269,16 @@ class Client(_Retrying):
             self.request(
                 "create_session",
                 body=_create_body(
-                    goal, executor, mode, limits, success_criteria, milestones, subgoals, on_child_pause, generate_criteria
+                    goal,
+                    executor,
+                    mode,
+                    limits,
+                    success_criteria,
+                    milestones,
+                    subgoals,
+                    on_child_pause,
+                    generate_criteria,
+                    confirm_if_over,
                 ),
             ),
         )
@@ -317,6 +337,10 @@ class Client(_Retrying):
     def stop_session(self, session_id: str) -> Session:
         """Stops a session now (``interrupted / user_stop``); idempotent."""
         return cast(Session, self.request("stop_session", path={"id": session_id}))
+
+    def confirm_session(self, session_id: str) -> Session:
+        """Starts a session ``awaiting_confirmation`` (its estimate was over its ``confirm_if_over``)."""
+        return cast(Session, self.request("confirm_session", path={"id": session_id}))
 
     def pause_session(self, session_id: str) -> Session:
         """Pauses a session after the step in flight."""
@@ -569,6 +593,7 @@ def _create_body(
     subgoals: list[str | SubgoalTask] | None,
     on_child_pause: ChildPausePolicy | None,
     generate_criteria: bool | None,
+    confirm_if_over: ConfirmIfOver | None = None,
 ) -> dict[str, Any]:
     """A ``CreateSession`` body with the fields given (None: left to the server's default)."""
     body: dict[str, Any] = {"goal": goal, "executor": dict(executor)}
@@ -580,6 +605,7 @@ def _create_body(
         "subgoals": subgoals,
         "on_child_pause": on_child_pause,
         "generate_criteria": generate_criteria,
+        "confirm_if_over": dict(confirm_if_over) if confirm_if_over is not None else None,
     }
     body.update({key: value for key, value in optional.items() if value is not None})
     return body

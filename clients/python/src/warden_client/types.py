@@ -12,6 +12,7 @@ from typing import Any, Literal, NotRequired, TypedDict
 #: A session's status.
 Status = Literal[
     "awaiting_refinement",
+    "awaiting_confirmation",
     "queued",
     "running",
     "paused",
@@ -172,6 +173,15 @@ class SubgoalTask(TypedDict):
     repeat: NotRequired[bool]
 
 
+class ConfirmIfOver(TypedDict, total=False):
+    """``confirm_if_over`` of a create (``ConfirmIfOver``): wait for a person's confirmation
+    when the estimate's p90 cost (a decimal string of USD) or running time is over these,
+    or unknown. At least one."""
+
+    cost_usd: str
+    minutes: int
+
+
 class Problem(TypedDict, total=False):
     """The application/problem+json document every error answers with."""
 
@@ -204,6 +214,9 @@ class Session(TypedDict, total=False):
     depth: int
     children: list[dict[str, Any]]
     delegation: dict[str, int]
+    #: While ``awaiting_confirmation`` (and kept after): ``confirm_if_over``, ``over``
+    #: (``cost_usd``, ``minutes`` or ``unknown``), the ``estimate`` and ``expires_at``.
+    confirmation: dict[str, Any] | None
 
 
 class TreeNode(TypedDict, total=False):

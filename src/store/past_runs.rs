@@ -22,6 +22,10 @@ pub struct PastRun {
     pub tokens: i64,
     /// Running wall time it took (ms).
     pub elapsed_ms: i64,
+    /// What it cost, when every step of it was priced: `None` when a step
+    /// was unpriced, or when it used tokens but cost nothing (it ran before
+    /// sessions were priced, so its cost is unknown, not 0).
+    pub cost_usd: Option<rust_decimal::Decimal>,
 }
 
 impl Store {
@@ -36,7 +40,7 @@ impl Store {
     ) -> Result<Vec<PastRun>> {
         let rows = sqlx::query!(
             r#"SELECT goal, criteria AS "criteria!: Json<Vec<ChecklistItem>>",
-                      iterations, tokens_used, elapsed_ms
+                      iterations, tokens_used, elapsed_ms, cost_usd, unpriced_steps
                FROM sessions
                WHERE tenant = $1 AND ($2::text IS NULL OR tenant = $2)
                  AND status = 'completed'
@@ -60,6 +64,8 @@ impl Store {
                 iterations: r.iterations,
                 tokens: r.tokens_used,
                 elapsed_ms: r.elapsed_ms,
+                cost_usd: (r.unpriced_steps == 0 && (r.tokens_used == 0 || !r.cost_usd.is_zero()))
+                    .then_some(r.cost_usd),
             })
             .collect())
     }

@@ -7,7 +7,7 @@ use std::time::Duration;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
-use crate::common::{TestApp, client_with_key, create_key};
+use crate::common::{TestApp, client_with_key, config_with, create_key};
 
 /// A scripted create body: `tokens` per step over `steps` steps, done at the end.
 fn body(goal: &str, steps: u64, tokens: u64) -> Value {
@@ -182,4 +182,34 @@ async fn a_dry_run_refuses_what_a_create_refuses() {
     }
     let (_, list) = app.get("/api/autonomous").await;
     assert_eq!(list["items"], json!([]));
+}
+
+#[tokio::test]
+async fn priced_history_gives_a_cost_estimate_and_a_money_budget_is_the_default() {
+    // $10 per million output tokens: 100 tokens cost $0.001.
+    let app = TestApp::start_with(config_with(&[("WARDEN_MODEL_PRICES", "*=0/10")])).await;
+    let mut query = body("Write unit tests for the billing parser", 3, 100);
+    query["limits"]["max_cost_usd"] = json!("0.5");
+    let (status, first) = estimate(&app.client, &app, &query).await;
+    assert_eq!(status, StatusCode::OK, "{first}");
+    assert_eq!(first["basis"], "none", "{first}");
+    // No history: the money budget is the figure, as the other limits are.
+    assert_eq!(first["cost_usd"]["p90"], "0.5", "{first}");
+    for (i, steps) in [2_u64, 3, 4, 5, 6, 7].into_iter().enumerate() {
+        let goal = format!("Write unit tests for the billing parser, part {i}");
+        let id = app.create(body(&goal, steps, 100)).await["id"]
+            .as_str()
+            .expect("id")
+            .to_string();
+        let s = app
+            .wait_until(&id, Duration::from_secs(30), |s| s["status"] != "running")
+            .await;
+        assert_eq!(s["status"], "completed", "{s}");
+    }
+    let (status, later) = estimate(&app.client, &app, &query).await;
+    assert_eq!(status, StatusCode::OK, "{later}");
+    assert_eq!(later["basis"], "similar_goals", "{later}");
+    // 2 to 7 steps of $0.001: the same order statistics as the iterations.
+    assert_eq!(later["cost_usd"]["p50"], "0.005", "{later}");
+    assert_eq!(later["cost_usd"]["p90"], "0.007", "{later}");
 }

@@ -8,8 +8,8 @@ use uuid::Uuid;
 
 use super::SessionService;
 use super::create_request::{CreateSession, IdempotencyKey, NewRequest};
-use super::fork_seed::ForkSeed;
 use super::estimate::EstimateAnswer;
+use super::fork_seed::ForkSeed;
 use super::preflight::Preflight;
 use crate::event::SessionEvent;
 use crate::policy::capabilities::Placement;

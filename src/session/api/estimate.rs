@@ -53,7 +53,7 @@ impl SessionService {
                     iterations: count(run.iterations),
                     tokens: count(run.tokens),
                     duration_ms: count(run.elapsed_ms),
-                    cost_usd: None,
+                    cost_usd: run.cost_usd,
                 },
             })
             .collect();
@@ -61,7 +61,8 @@ impl SessionService {
             iterations: limits.max_iterations,
             tokens: limits.max_tokens,
             duration_ms: limits.max_wall_time_ms,
-            cost_usd: None,
+            // The money budget, when one is set: a limit, never a guess.
+            cost_usd: limits.max_cost_usd,
         };
         let text = text_of(&goal, req.success_criteria.iter().map(String::as_str));
         let query = Query {

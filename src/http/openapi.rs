@@ -423,6 +423,32 @@ fn key_and_limit_bounds(out: &mut Vec<Bound>) {
             crate::config::RETENTION_PATTERN.into(),
         ),
     ]);
+    budget_bounds(out);
+    for (field, min, max) in RANGES {
+        out.extend(range(prop("LimitsPatch", field), min, max));
+    }
+    let worker_queues = "/components/schemas/CreateKey/allOf/0/then/properties/queues";
+    out.push((worker_queues.into(), "minItems", 1.into()));
+    out.push((
+        worker_queues.into(),
+        "maxItems",
+        crate::auth::MAX_KEY_QUEUES.into(),
+    ));
+    out.push((
+        format!("{worker_queues}/items"),
+        "pattern",
+        crate::policy::worker::QUEUE_PATTERN.into(),
+    ));
+    out.push((
+        "/components/schemas/CreateKey/allOf/0/else/properties/queues".into(),
+        "maxItems",
+        0.into(),
+    ));
+}
+
+/// Bounds of the budgets: money, the confirmation before start, and the
+/// soft budgets' thresholds (a session's and a tenant's).
+fn budget_bounds(out: &mut Vec<Bound>) {
     out.push((
         prop("LimitsPatch", "max_cost_usd"),
         "pattern",
@@ -462,26 +488,6 @@ fn key_and_limit_bounds(out: &mut Vec<Bound>) {
             crate::policy::soft_budget::MAX_THRESHOLDS.into(),
         ));
     }
-    for (field, min, max) in RANGES {
-        out.extend(range(prop("LimitsPatch", field), min, max));
-    }
-    let worker_queues = "/components/schemas/CreateKey/allOf/0/then/properties/queues";
-    out.push((worker_queues.into(), "minItems", 1.into()));
-    out.push((
-        worker_queues.into(),
-        "maxItems",
-        crate::auth::MAX_KEY_QUEUES.into(),
-    ));
-    out.push((
-        format!("{worker_queues}/items"),
-        "pattern",
-        crate::policy::worker::QUEUE_PATTERN.into(),
-    ));
-    out.push((
-        "/components/schemas/CreateKey/allOf/0/else/properties/queues".into(),
-        "maxItems",
-        0.into(),
-    ));
 }
 
 /// Bounds of the model, webhook and worker executors and the worker API.

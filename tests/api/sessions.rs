@@ -821,7 +821,7 @@ async fn list_filters_by_mode_executor_goal_and_time_sorts_both_ways_and_counts(
     assert_eq!(counts["total"], 2);
     assert_eq!(counts["by_status"]["completed"], 2);
     assert_eq!(counts["by_status"]["running"], 0);
-    assert_eq!(counts["by_status"].as_object().expect("map").len(), 8);
+    assert_eq!(counts["by_status"].as_object().expect("map").len(), 9);
     let (_, counts) = app
         .get("/api/autonomous/counts?mode=fixed&executor=scripted")
         .await;

@@ -57,15 +57,8 @@ impl SessionService {
         seed: Option<ForkSeed>,
     ) -> Result<Created> {
         let scope = TenantScope::tenant_only(tenant);
-        if let Some(key) = idempotency
-            && let Some(used) = self
-                .store
-                .used_idempotency_key(&scope, tenant, &key.key)
-                .await?
-        {
-            return self
-                .replay(used.session_id, used.request_digest == key.digest, &scope)
-                .await;
+        if let Some(done) = self.replayed(&scope, tenant, idempotency).await? {
+            return Ok(done);
         }
         let mut request = self.validate_create(req)?;
         if let Some(seed) = &seed {
@@ -80,12 +73,7 @@ impl SessionService {
         let id = Uuid::new_v4();
         let workspace = self.prepare_workspace(&request, id).await?;
         if let Some(seed) = &seed {
-            plan.criteria.clone_from(&seed.criteria);
-            plan.milestones.clone_from(&seed.milestones);
-            if workspace && let Err(err) = seed.restore(&self.config.workspace_root, id).await {
-                self.remove_workspace(id).await;
-                return Err(err);
-            }
+            self.seed_fork(seed, &mut plan, workspace, id).await?;
         }
         let acquired = Instant::now();
         let slot = if plan.waits || confirmation.is_some() || placement == Placement::Queue {
@@ -136,6 +124,47 @@ impl SessionService {
             return Err(err);
         }
         Ok(Created::New(record))
+    }
+
+    /// The session an earlier create with the same idempotency key made,
+    /// answered again; `None` when the key is new (or none was given).
+    async fn replayed(
+        &self,
+        scope: &TenantScope,
+        tenant: &str,
+        idempotency: Option<&IdempotencyKey>,
+    ) -> Result<Option<Created>> {
+        let Some(key) = idempotency else {
+            return Ok(None);
+        };
+        let Some(used) = self
+            .store
+            .used_idempotency_key(scope, tenant, &key.key)
+            .await?
+        else {
+            return Ok(None);
+        };
+        self.replay(used.session_id, used.request_digest == key.digest, scope)
+            .await
+            .map(Some)
+    }
+
+    /// A fork's checklists as of its checkpoint, and its workspace restored
+    /// into the new session's (removed again if the restore fails).
+    async fn seed_fork(
+        &self,
+        seed: &ForkSeed,
+        plan: &mut Preflight,
+        workspace: bool,
+        id: Uuid,
+    ) -> Result<()> {
+        plan.criteria.clone_from(&seed.criteria);
+        plan.milestones.clone_from(&seed.milestones);
+        if workspace && let Err(err) = seed.restore(&self.config.workspace_root, id).await {
+            self.remove_workspace(id).await;
+            return Err(err);
+        }
+        Ok(())
     }
 
     /// A create's `dry_run`: the request checked exactly as a create checks

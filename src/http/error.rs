@@ -142,6 +142,11 @@ impl From<ServiceError> for ApiError {
             ServiceError::Invalid(detail) => {
                 ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_request", detail)
             }
+            // The request is right; this server's configuration is what
+            // conflicts with it (no WARDEN_MODEL_PRICES).
+            ServiceError::Unpriced(detail) => {
+                ApiError::new(StatusCode::CONFLICT, "no_price_table", detail)
+            }
             ServiceError::EgressDenied(detail) => {
                 ApiError::new(StatusCode::FORBIDDEN, "egress_denied", detail)
             }

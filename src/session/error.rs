@@ -28,6 +28,9 @@ pub enum ServiceError {
         /// Current limit.
         limit: String,
     },
+    /// A valid money budget this server cannot keep: it prices nothing.
+    #[error("{0}")]
+    Unpriced(String),
     /// The request is well-formed JSON but its content is not acceptable.
     #[error("{0}")]
     Invalid(String),

@@ -397,8 +397,9 @@ async fn a_money_budget_needs_a_price_table_and_a_valid_amount() {
         .send()
         .await
         .expect("sent");
-    assert_eq!(res.status(), StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(res.status(), StatusCode::CONFLICT);
     let body: Value = res.json().await.expect("json");
+    assert_eq!(body["code"], "no_price_table", "{body}");
     assert!(
         body["detail"]
             .as_str()

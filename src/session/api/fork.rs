@@ -29,7 +29,8 @@ use crate::store::{Session, TenantScope};
 #[serde(deny_unknown_fields)]
 pub struct ForkSession {
     /// The checkpoint, by the iteration it covers (its latest checkpoint
-    /// at that iteration). One of this and `checkpoint_id` is required.
+    /// at that iteration). With neither this nor `checkpoint_id`, the
+    /// session's latest checkpoint.
     #[serde(default)]
     pub checkpoint_iteration: Option<i64>,
     /// The checkpoint, by its `id` in `GET /checkpoints`.
@@ -51,11 +52,6 @@ impl SessionService {
     /// names, into the same tenant.
     #[tracing::instrument(skip_all, fields(session_id = %id))]
     pub async fn fork(&self, id: Uuid, req: ForkSession, caller: &TenantScope) -> Result<Session> {
-        if req.checkpoint_iteration.is_none() && req.checkpoint_id.is_none() {
-            return Err(ServiceError::Invalid(
-                "checkpoint_iteration or checkpoint_id is required".into(),
-            ));
-        }
         if let Some(g) = &req.guidance
             && g.chars().count() > MAX_GUIDANCE_CHARS
         {

@@ -212,7 +212,7 @@ fn check_money_priced(
     prices: &crate::policy::pricing::PriceTable,
 ) -> Result<()> {
     if limits.max_cost_usd.is_some() && prices.entries().is_empty() {
-        return Err(ServiceError::Invalid(
+        return Err(ServiceError::Unpriced(
             "limits.max_cost_usd needs a price table: this server has no WARDEN_MODEL_PRICES, so no step's cost can be known".into(),
         ));
     }

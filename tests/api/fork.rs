@@ -86,8 +86,20 @@ async fn a_fork_names_its_checkpoint_by_id_and_refuses_what_it_cannot_start_from
     let view = app.session(fork_id).await;
     assert_eq!(view["forked_from"]["session_id"], id);
 
+    // Naming no checkpoint forks from the latest.
+    let (status, latest) = app
+        .post(&format!("/api/autonomous/{id}/fork"), Some(json!({})))
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{latest}");
+    let newest = app
+        .get(&format!("/api/autonomous/{id}/checkpoints"))
+        .await
+        .1["items"]
+        .as_array()
+        .and_then(|c| c.iter().filter_map(|c| c["iteration"].as_i64()).max())
+        .expect("a checkpoint");
+    assert_eq!(latest["forked_from"]["iteration"], newest, "{latest}");
     for (body, want) in [
-        (json!({}), StatusCode::UNPROCESSABLE_ENTITY),
         (json!({ "checkpoint_iteration": 77 }), StatusCode::NOT_FOUND),
         (json!({ "checkpoint_id": 999999 }), StatusCode::NOT_FOUND),
         (

@@ -717,6 +717,13 @@ fn scripted_step_bounds(out: &mut Vec<Bound>) {
         *TEMPERATURE.end(),
     ));
     out.push((branch("ExecutorSpec", 1, "model"), "pattern", "\\S".into()));
+    // A fork's model replaces the executor's, checked the same way.
+    out.push((prop("ForkSession", "model"), "pattern", "\\S".into()));
+    out.push((
+        "/components/schemas/CreateSession/allOf/0/then/properties/subgoals".into(),
+        "maxItems",
+        0.into(),
+    ));
     // `check_url`: http:// or https://, something after it (more than
     // "https://"), printable ASCII, and no `@` before the path, query or
     // fragment (no userinfo).
@@ -842,6 +849,15 @@ fn add_bounds(doc: &mut Value) {
             "if": { "properties": { "role": { "const": "worker" } }, "required": ["role"] },
             "then": { "required": ["queues"], "properties": { "queues": { "items": {} } } },
             "else": { "properties": { "queues": {} } }
+        }]);
+    }
+    // A split goal starts its children at once: nothing to confirm first
+    // (`confirm_if_over` with `subgoals` is refused).
+    if let Some(create) = doc.pointer_mut("/components/schemas/CreateSession") {
+        create["allOf"] = json!([{
+            "if": { "properties": { "confirm_if_over": { "type": "object" } },
+                    "required": ["confirm_if_over"] },
+            "then": { "properties": { "subgoals": {} } }
         }]);
     }
     // Only an approval carries arguments of the person's own

@@ -44,7 +44,8 @@ const LAYERS: &[(&str, u8)] = &[
 const SESSION: &[(&str, u8)] = &[
     ("error", 0),
     ("event_codec", 0),
-    ("retention", 0),
+    ("sweep", 0),
+    ("retention", 1),
     ("persist", 0),
     ("archive", 1),
     ("runtime", 2),

@@ -907,24 +907,12 @@ impl LlmExecutor {
         Ok(StepResult::Step(Box::new(StepOutput {
             action,
             arguments,
-            outcome: if ran.failed.is_empty() {
-                Outcome::Success
-            } else {
-                Outcome::Failure
-            },
+            outcome: ran.outcome(),
             observation,
             message: message_text,
-            error: (!ran.failed.is_empty()).then(|| ran.failed.join("; ")),
+            error: ran.error(),
             tokens,
-            // The step's tokens as the model API split them; a summary of
-            // the cycle (part of `tokens`) is priced as output.
-            usage: Some(StepUsage {
-                input_tokens: completion.usage.prompt,
-                output_tokens: completion.usage.completion,
-                cached_tokens: completion.usage.cached,
-                reasoning_tokens: 0,
-                model: Some(self.model.clone()),
-            }),
+            usage: Some(self.step_usage(&completion.usage)),
             tool_calls: ran.executed as u64,
             files_written: ran.files,
             waiting: false,
@@ -936,6 +924,20 @@ impl LlmExecutor {
             cycle_change,
             model_latency: Some(called.elapsed()),
         })))
+    }
+}
+
+impl LlmExecutor {
+    /// The step's tokens as the model API split them; a summary of the
+    /// cycle (part of the step's tokens) is priced as output.
+    fn step_usage(&self, usage: &TokenUsage) -> StepUsage {
+        StepUsage {
+            input_tokens: usage.prompt,
+            output_tokens: usage.completion,
+            cached_tokens: usage.cached,
+            reasoning_tokens: 0,
+            model: Some(self.model.clone()),
+        }
     }
 }
 
@@ -957,6 +959,20 @@ struct ToolsRun {
 }
 
 impl ToolsRun {
+    /// A step fails when any of its calls did.
+    fn outcome(&self) -> Outcome {
+        if self.failed.is_empty() {
+            Outcome::Success
+        } else {
+            Outcome::Failure
+        }
+    }
+
+    /// The failed calls' lines, when there are any.
+    fn error(&self) -> Option<String> {
+        (!self.failed.is_empty()).then(|| self.failed.join("; "))
+    }
+
     /// Starts from the decided calls answered before the model call.
     fn carried(carried: Vec<(String, ToolOutcome)>) -> ToolsRun {
         let mut observations = Vec::new();

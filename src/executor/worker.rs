@@ -110,21 +110,8 @@ impl WorkerExecutor {
                 return Err(failed("the session was taken over by another run".into()));
             }
             let facts = self.facts(&now);
-            let attempt = facts.attempt;
-            let verdict = worker::decide(&facts);
-            let last_error = |because: AttemptEnd| match because {
-                AttemptEnd::LeaseLapsed => format!(
-                    "attempt {attempt}: no heartbeat within {} ms",
-                    self.settings.heartbeat_timeout.as_millis()
-                ),
-                AttemptEnd::Failed => format!(
-                    "attempt {attempt}: {}",
-                    now.last_error
-                        .as_deref()
-                        .unwrap_or("the worker reported a failure")
-                ),
-            };
-            match verdict {
+            let last_error = |because| self.attempt_error(&now, facts.attempt, because);
+            match worker::decide(&facts) {
                 TaskVerdict::Wait { at_most_ms } => {
                     let wait = Duration::from_millis(at_most_ms.saturating_add(1)).min(POLL);
                     // Only a change of this task wakes it (or a lost relay).
@@ -132,17 +119,7 @@ impl WorkerExecutor {
                 }
                 TaskVerdict::Collect => {
                     self.open = None;
-                    let answer: WebhookResponse =
-                        serde_json::from_value(now.outcome.unwrap_or_default()).map_err(|e| {
-                            failed(format!("worker outcome is not a step outcome: {e}"))
-                        })?;
-                    return external_step(
-                        self.approvals.as_ref(),
-                        self.children.as_ref(),
-                        ctx.iteration,
-                        answer,
-                    )
-                    .await;
+                    return self.collect(now, ctx.iteration).await;
                 }
                 TaskVerdict::Reoffer { because, .. } => {
                     let error = last_error(because);
@@ -178,6 +155,39 @@ impl WorkerExecutor {
                 }
             }
         }
+    }
+
+    /// Why an attempt ended, for the task's `last_error`.
+    fn attempt_error(&self, now: &WorkerTaskSnapshot, attempt: u32, because: AttemptEnd) -> String {
+        match because {
+            AttemptEnd::LeaseLapsed => format!(
+                "attempt {attempt}: no heartbeat within {} ms",
+                self.settings.heartbeat_timeout.as_millis()
+            ),
+            AttemptEnd::Failed => format!(
+                "attempt {attempt}: {}",
+                now.last_error
+                    .as_deref()
+                    .unwrap_or("the worker reported a failure")
+            ),
+        }
+    }
+
+    /// Reads the worker's completed outcome as the step's result.
+    async fn collect(
+        &self,
+        now: WorkerTaskSnapshot,
+        iteration: u64,
+    ) -> Result<StepResult, ExecutorError> {
+        let answer: WebhookResponse = serde_json::from_value(now.outcome.unwrap_or_default())
+            .map_err(|e| step_failed(format!("worker outcome is not a step outcome: {e}")))?;
+        external_step(
+            self.approvals.as_ref(),
+            self.children.as_ref(),
+            iteration,
+            answer,
+        )
+        .await
     }
 
     /// Offers the step as a task on the queue, or takes over this

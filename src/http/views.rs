@@ -478,23 +478,65 @@ fn projected_cost(cost: Decimal, used: i64, tokens: u64) -> Option<Decimal> {
     Some(projected.round_dp(6).normalize())
 }
 
+/// Where the session is heading at its pace so far, once the reflector
+/// has said how far along it is.
+fn projection_of(s: &Session) -> Option<projection::Projection> {
+    let percent_complete = s.percent_complete?;
+    let tokens = u64::try_from(s.tokens_used).unwrap_or(0);
+    let iterations = u64::try_from(s.iterations).unwrap_or(0);
+    let sample = ProgressSample {
+        percent_complete,
+        tokens,
+        iterations,
+    };
+    projection::project(&sample, tokens, iterations)
+}
+
+/// The agent's question, while a session is paused to ask one.
+fn question_of(s: &Session) -> Option<String> {
+    s.reason_detail
+        .clone()
+        .filter(|_| s.reason == Some(Reason::AskUser) && s.status == Status::Paused)
+}
+
+/// The share of the session's tokens spent on reflection, 0 before any.
+fn reflection_share(s: &Session) -> f64 {
+    if s.tokens_used > 0 {
+        s.reflection_tokens as f64 / s.tokens_used as f64
+    } else {
+        0.0
+    }
+}
+
+impl TokensBySource {
+    /// The session's tokens split by who spent them.
+    fn of(s: &Session) -> TokensBySource {
+        TokensBySource {
+            agent: s.tokens_used - s.reflection_tokens - s.refinement_tokens,
+            reflection: s.reflection_tokens,
+            refinement: s.refinement_tokens,
+        }
+    }
+}
+
+impl ForkedFrom {
+    /// Where the session was forked from, if it is a fork.
+    fn of(s: &Session) -> Option<ForkedFrom> {
+        let (session_id, iteration) = s.forked_from_session.zip(s.forked_from_iteration)?;
+        Some(ForkedFrom {
+            session_id,
+            iteration,
+        })
+    }
+}
+
 impl From<Session> for SessionView {
     /// The one place the status document is made from the stored row.
     fn from(s: Session) -> SessionView {
         let executor = ExecutorSummary::of_row(&s);
-        let projection = s.percent_complete.and_then(|percent_complete| {
-            let tokens = u64::try_from(s.tokens_used).unwrap_or(0);
-            let iterations = u64::try_from(s.iterations).unwrap_or(0);
-            let sample = ProgressSample {
-                percent_complete,
-                tokens,
-                iterations,
-            };
-            projection::project(&sample, tokens, iterations)
-        });
-        let total = s.tokens_used;
-        let reflection = s.reflection_tokens;
-        let refinement = s.refinement_tokens;
+        let projection = projection_of(&s);
+        let (question, tokens_by_source) = (question_of(&s), TokensBySource::of(&s));
+        let (reflection_share, forked_from) = (reflection_share(&s), ForkedFrom::of(&s));
         SessionView {
             id: s.id,
             tenant: s.tenant.clone(),
@@ -505,27 +547,16 @@ impl From<Session> for SessionView {
             queue_tenants: s.queue_tenants,
             reason: s.reason,
             summary: s.summary,
-            question: s
-                .reason_detail
-                .clone()
-                .filter(|_| s.reason == Some(Reason::AskUser) && s.status == Status::Paused),
+            question,
             reason_detail: s.reason_detail,
-            tokens_by_source: TokensBySource {
-                agent: total - reflection - refinement,
-                reflection,
-                refinement,
-            },
+            tokens_by_source,
             original_goal: s.original_goal,
             refinement: s.refinement.map(|r| r.0),
             success_criteria: s.criteria.0,
             milestones: s.milestones.0,
             cycle: s.cycle,
             memory_chars: s.memory.chars().count(),
-            reflection_share: if total > 0 {
-                reflection as f64 / total as f64
-            } else {
-                0.0
-            },
+            reflection_share,
             last_reflection: s.last_reflection.map(|r| r.0),
             cost_usd: s.cost_usd.normalize(),
             unpriced_steps: s.unpriced_steps,
@@ -579,12 +610,7 @@ impl From<Session> for SessionView {
                 tokens_spent_by_children: s.children_tokens,
             },
             budget_warnings: s.budget_warnings.0,
-            forked_from: s.forked_from_session.zip(s.forked_from_iteration).map(
-                |(session_id, iteration)| ForkedFrom {
-                    session_id,
-                    iteration,
-                },
-            ),
+            forked_from,
             confirmation: s.confirmation.map(|c| c.0),
         }
     }

@@ -41,17 +41,64 @@ fn with_detail(base: String, detail: Option<&str>) -> String {
 
 /// Builds the termination record for `reason`.
 pub fn record(reason: Reason, facts: Facts<'_>) -> Termination {
-    let u = facts.usage;
-    let l = facts.limits;
-    let ran = format!(
-        "after {} iteration{}, {} tokens, {:.1} s",
-        u.iterations,
-        if u.iterations == 1 { "" } else { "s" },
-        u.tokens,
-        u.elapsed_ms as f64 / 1000.0
-    );
-    let resume = "Resume with POST /api/autonomous/{id}/resume".to_string();
-    let (summary, next_steps): (String, Vec<String>) = match reason {
+    let cx = Context::new(facts);
+    use Reason::*;
+    let (summary, next_steps) = match reason {
+        GoalAchieved | AgentBlocked | AskUser | ExecutorExhausted => agent_ended(reason, &cx),
+        Stuck
+        | SlowProgress
+        | ReworkLoop
+        | Uncertainty
+        | CoherenceLow
+        | ReflectionFailed
+        | BudgetProjectedOverrun => policy_stepped_in(reason, &cx),
+        Timeout | MaxIterations | CostLimit | ErrorThreshold | StepLimit | BudgetExhausted
+        | CycleLimit => limit_reached(reason, &cx),
+        ReviewRequired | NoWorker | ApprovalRequired | WaitingForChildren | ConfirmationExpired => {
+            waiting(reason, &cx)
+        }
+        UserStop | UserPause | ParentEnded | InternalError | SecretUnreadable => {
+            interrupted(reason, &cx)
+        }
+    };
+    Termination {
+        status: reason.status(),
+        reason,
+        summary,
+        next_steps,
+    }
+}
+
+/// What every record's text draws on: the facts, how far the session got
+/// and how to resume it.
+struct Context<'a> {
+    facts: Facts<'a>,
+    ran: String,
+    resume: String,
+}
+
+impl<'a> Context<'a> {
+    fn new(facts: Facts<'a>) -> Context<'a> {
+        let u = facts.usage;
+        let ran = format!(
+            "after {} iteration{}, {} tokens, {:.1} s",
+            u.iterations,
+            if u.iterations == 1 { "" } else { "s" },
+            u.tokens,
+            u.elapsed_ms as f64 / 1000.0
+        );
+        let resume = "Resume with POST /api/autonomous/{id}/resume".to_string();
+        Context { facts, ran, resume }
+    }
+}
+
+/// A record's summary and next steps.
+type Text = (String, Vec<String>);
+
+/// The agent ended it itself, or its scripted steps ran out. `reason` is one of `GoalAchieved`, `AgentBlocked`, `AskUser`, `ExecutorExhausted`.
+fn agent_ended(reason: Reason, cx: &Context<'_>) -> Text {
+    let (facts, ran, resume) = (cx.facts, &cx.ran, &cx.resume);
+    match reason {
         Reason::GoalAchieved => (
             with_detail(format!("Goal achieved {ran}"), facts.detail),
             vec!["Review the deliverables in the session workspace".into()],
@@ -70,6 +117,19 @@ pub fn record(reason: Reason, facts: Facts<'_>) -> Termination {
             with_detail(format!("The agent needs your input {ran}"), facts.detail),
             vec![format!("{resume} with your answer as guidance")],
         ),
+        // ExecutorExhausted, the last this function is given.
+        _ => (
+            format!("Stopped: the scripted steps ran out without a stop signal {ran}"),
+            vec!["Create a new session with more steps or a DONE sentinel".into()],
+        ),
+    }
+}
+
+/// A policy of the loop paused or stopped it on what the steps showed. `reason` is one of `Stuck`, `SlowProgress`, `ReworkLoop`, `Uncertainty`, `CoherenceLow`, `ReflectionFailed`, `BudgetProjectedOverrun`.
+fn policy_stepped_in(reason: Reason, cx: &Context<'_>) -> Text {
+    let (facts, ran, resume) = (cx.facts, &cx.ran, &cx.resume);
+    let (u, l) = (facts.usage, facts.limits);
+    match reason {
         Reason::Stuck => (
             with_detail(
                 format!("Paused: the agent kept repeating itself after a nudge {ran}"),
@@ -111,6 +171,39 @@ pub fn record(reason: Reason, facts: Facts<'_>) -> Termination {
             ),
             vec![format!("{resume} with guidance that restates the goal")],
         ),
+        Reason::ReflectionFailed => (
+            with_detail(
+                format!("Paused: reflection failed several times in a row {ran}"),
+                facts.detail,
+            ),
+            vec![
+                "Check the reflection model (WARDEN_LLM_BASE_URL, AUTONOMOUS_REFLECTION_MODEL)"
+                    .into(),
+                format!("{resume} once it answers again"),
+            ],
+        ),
+        // BudgetProjectedOverrun, the last this function is given.
+        _ => (
+            with_detail(
+                format!(
+                    "Paused: finishing would need far more than the {} tokens left of the budget {ran}",
+                    l.max_tokens.saturating_sub(u.tokens)
+                ),
+                facts.detail,
+            ),
+            vec![
+                format!("{resume} with a higher limits.max_tokens"),
+                "Or narrow the goal so less work is left".into(),
+            ],
+        ),
+    }
+}
+
+/// A limit the session was given ran out. `reason` is one of `Timeout`, `MaxIterations`, `CostLimit`, `ErrorThreshold`, `StepLimit`, `BudgetExhausted`, `CycleLimit`.
+fn limit_reached(reason: Reason, cx: &Context<'_>) -> Text {
+    let (facts, ran, resume) = (cx.facts, &cx.ran, &cx.resume);
+    let (u, l) = (facts.usage, facts.limits);
+    match reason {
         Reason::Timeout => (
             format!(
                 "Stopped: wall-clock limit of {} ms reached {ran}",
@@ -128,7 +221,10 @@ pub fn record(reason: Reason, facts: Facts<'_>) -> Termination {
         Reason::CostLimit => match l.max_cost_usd {
             Some(max) if u.cost_usd >= max || u.unpriced_steps > 0 => (
                 with_detail(
-                    format!("Stopped: money budget of {} USD used up {ran}", max.normalize()),
+                    format!(
+                        "Stopped: money budget of {} USD used up {ran}",
+                        max.normalize()
+                    ),
                     facts.detail,
                 ),
                 vec![format!("{resume} with a higher limits.max_cost_usd")],
@@ -158,128 +254,111 @@ pub fn record(reason: Reason, facts: Facts<'_>) -> Termination {
                 format!("{resume} to allow another stretch of steps"),
             ],
         ),
-        Reason::ReviewRequired => (
-            with_detail(
-                format!("Paused for review: a stretch of steps ran without a person looking {ran}"),
-                facts.detail,
-            ),
-            vec![
-                "Review the recent steps with GET /api/autonomous/{id}/iterations".into(),
-                format!("{resume} to continue; the count of steps starts over"),
-                "Change how often it asks with PATCH /api/autonomous/{id} limits.review_every (0 = never)"
-                    .into(),
-            ],
-        ),
-        Reason::NoWorker => (
-            with_detail(
-                format!("Paused: no worker claimed the step {ran}"),
-                facts.detail,
-            ),
-            vec![
-                "Start a worker on the session's queue (see GET /api/workers/queues)".into(),
-                format!("{resume} once a worker runs; the step is offered again"),
-            ],
-        ),
-        Reason::ApprovalRequired => (
-            with_detail(
-                format!("Paused: a call waits for a person's approval {ran}"),
-                facts.detail,
-            ),
-            vec![
-                "See what waits in `pending_approvals` of GET /api/autonomous/{id}, or GET /api/autonomous/approvals".into(),
-                "Approve (with edited `arguments` if you like) or reject it with POST /api/autonomous/{id}/approvals/{call_id}; the session continues the same step".into(),
-            ],
-        ),
-        Reason::WaitingForChildren => (
-            with_detail(
-                format!("Waiting: the tasks it delegated are running {ran}"),
-                facts.detail,
-            ),
-            vec![
-                "See its children in GET /api/autonomous/{id}/tree; it continues by itself when the last one ends".into(),
-                "Stop it (POST /api/autonomous/{id}/stop) to stop the whole tree".into(),
-            ],
-        ),
         Reason::BudgetExhausted => (
             with_detail(format!("Stopped: a budget ran out {ran}"), facts.detail),
             vec![format!("{resume} with a higher limit")],
         ),
-        Reason::ExecutorExhausted => (
-            format!("Stopped: the scripted steps ran out without a stop signal {ran}"),
-            vec!["Create a new session with more steps or a DONE sentinel".into()],
-        ),
-        Reason::UserStop => (
-            format!("Interrupted by a user {ran}"),
-            vec![format!("{resume} to continue from the last checkpoint")],
-        ),
-        Reason::ParentEnded => (
-            format!("Interrupted: the session that delegated it ended first {ran}"),
-            vec![
-                "Its parent was given its result so far; a child that ended cannot run again".into(),
-                "Delegate the task again from a live session (or have the parent wait for its children)".into(),
-            ],
-        ),
-        Reason::ConfirmationExpired => (
-            with_detail(
-                format!("Stopped: nobody confirmed it (POST /api/autonomous/{{id}}/confirm) before the confirmation timeout; it never started, {ran}"),
-                facts.detail,
-            ),
-            vec![
-                format!("{resume} to start it anyway, or create it again with a higher confirm_if_over"),
-            ],
-        ),
-        Reason::UserPause => (
-            format!("Paused by a user {ran}"),
-            vec![format!("{resume}, optionally with guidance")],
-        ),
-        Reason::ReflectionFailed => (
-            with_detail(
-                format!("Paused: reflection failed several times in a row {ran}"),
-                facts.detail,
-            ),
-            vec![
-                "Check the reflection model (WARDEN_LLM_BASE_URL, AUTONOMOUS_REFLECTION_MODEL)"
-                    .into(),
-                format!("{resume} once it answers again"),
-            ],
-        ),
-        Reason::BudgetProjectedOverrun => (
-            with_detail(
-                format!(
-                    "Paused: finishing would need far more than the {} tokens left of the budget {ran}",
-                    l.max_tokens.saturating_sub(u.tokens)
-                ),
-                facts.detail,
-            ),
-            vec![
-                format!("{resume} with a higher limits.max_tokens"),
-                "Or narrow the goal so less work is left".into(),
-            ],
-        ),
-        Reason::CycleLimit => (
+        // CycleLimit, the last this function is given.
+        _ => (
             format!("Stopped: all {} context cycles used {ran}", l.max_cycles),
             vec![format!("{resume} with a higher limits.max_cycles")],
         ),
-        Reason::InternalError => (
-            with_detail(format!("Failed on an internal error {ran}"), facts.detail),
-            vec![format!("{resume} to retry from the last checkpoint")],
+    }
+}
+
+/// It waits for a person, a worker or its children. `reason` is one of `ReviewRequired`, `NoWorker`, `ApprovalRequired`, `WaitingForChildren`, `ConfirmationExpired`.
+fn waiting(reason: Reason, cx: &Context<'_>) -> Text {
+    let (facts, ran, resume) = (cx.facts, &cx.ran, &cx.resume);
+    match reason {
+    Reason::ReviewRequired => (
+        with_detail(
+            format!("Paused for review: a stretch of steps ran without a person looking {ran}"),
+            facts.detail,
         ),
-        Reason::SecretUnreadable => (
-            with_detail(
-                format!("Failed: a secret of the session (its api_key or URL query) cannot be decrypted with the configured secret key {ran}"),
-                facts.detail,
-            ),
-            vec![
-                "Start Warden with the WARDEN_SECRET_KEY (or WARDEN_SECRET_KEY_FILE) the session was created under".into(),
-                format!("{resume} once it is back"),
-            ],
+        vec![
+            "Review the recent steps with GET /api/autonomous/{id}/iterations".into(),
+            format!("{resume} to continue; the count of steps starts over"),
+            "Change how often it asks with PATCH /api/autonomous/{id} limits.review_every (0 = never)"
+                .into(),
+        ],
+    ),
+    Reason::NoWorker => (
+        with_detail(
+            format!("Paused: no worker claimed the step {ran}"),
+            facts.detail,
         ),
-    };
-    Termination {
-        status: reason.status(),
-        reason,
-        summary,
-        next_steps,
+        vec![
+            "Start a worker on the session's queue (see GET /api/workers/queues)".into(),
+            format!("{resume} once a worker runs; the step is offered again"),
+        ],
+    ),
+    Reason::ApprovalRequired => (
+        with_detail(
+            format!("Paused: a call waits for a person's approval {ran}"),
+            facts.detail,
+        ),
+        vec![
+            "See what waits in `pending_approvals` of GET /api/autonomous/{id}, or GET /api/autonomous/approvals".into(),
+            "Approve (with edited `arguments` if you like) or reject it with POST /api/autonomous/{id}/approvals/{call_id}; the session continues the same step".into(),
+        ],
+    ),
+    Reason::WaitingForChildren => (
+        with_detail(
+            format!("Waiting: the tasks it delegated are running {ran}"),
+            facts.detail,
+        ),
+        vec![
+            "See its children in GET /api/autonomous/{id}/tree; it continues by itself when the last one ends".into(),
+            "Stop it (POST /api/autonomous/{id}/stop) to stop the whole tree".into(),
+        ],
+    ),
+    // ConfirmationExpired, the last this function is given.
+    _ => (
+        with_detail(
+            format!("Stopped: nobody confirmed it (POST /api/autonomous/{{id}}/confirm) before the confirmation timeout; it never started, {ran}"),
+            facts.detail,
+        ),
+        vec![
+            format!("{resume} to start it anyway, or create it again with a higher confirm_if_over"),
+        ],
+    ),
+    }
+}
+
+/// A person, its parent or a failure inside Warden ended it. `reason` is one of `UserStop`, `UserPause`, `ParentEnded`, `InternalError`, `SecretUnreadable`.
+fn interrupted(reason: Reason, cx: &Context<'_>) -> Text {
+    let (facts, ran, resume) = (cx.facts, &cx.ran, &cx.resume);
+    match reason {
+    Reason::UserStop => (
+        format!("Interrupted by a user {ran}"),
+        vec![format!("{resume} to continue from the last checkpoint")],
+    ),
+    Reason::UserPause => (
+        format!("Paused by a user {ran}"),
+        vec![format!("{resume}, optionally with guidance")],
+    ),
+    Reason::ParentEnded => (
+        format!("Interrupted: the session that delegated it ended first {ran}"),
+        vec![
+            "Its parent was given its result so far; a child that ended cannot run again".into(),
+            "Delegate the task again from a live session (or have the parent wait for its children)".into(),
+        ],
+    ),
+    Reason::InternalError => (
+        with_detail(format!("Failed on an internal error {ran}"), facts.detail),
+        vec![format!("{resume} to retry from the last checkpoint")],
+    ),
+    // SecretUnreadable, the last this function is given.
+    _ => (
+        with_detail(
+            format!("Failed: a secret of the session (its api_key or URL query) cannot be decrypted with the configured secret key {ran}"),
+            facts.detail,
+        ),
+        vec![
+            "Start Warden with the WARDEN_SECRET_KEY (or WARDEN_SECRET_KEY_FILE) the session was created under".into(),
+            format!("{resume} once it is back"),
+        ],
+    ),
     }
 }
 

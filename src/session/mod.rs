@@ -14,6 +14,7 @@ pub mod event_codec;
 mod persist;
 pub mod retention;
 pub mod runtime;
+pub mod sweep;
 
 pub use api::{ClaimedStep, WorkerProtocol, approvals, confirm, estimate, notify, tree, workers};
 pub use api::{

@@ -107,10 +107,7 @@ pub async fn sweep(store: &Store, root: &Path, keep: Duration) -> crate::store::
 /// Sweeps every `every` until the task is dropped (and purges idempotency
 /// keys older than a day).
 pub async fn sweep_forever(store: Store, root: PathBuf, keep: Duration, every: Duration) {
-    let mut tick = tokio::time::interval(every);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tick.tick().await;
+    super::sweep::every(every, || async {
         if let Err(err) = sweep(&store, &root, keep).await {
             tracing::warn!(error = %err, "workspace retention sweep failed; it runs again later");
         }
@@ -118,5 +115,6 @@ pub async fn sweep_forever(store: Store, root: PathBuf, keep: Duration, every: D
         if let Err(err) = store.purge_idempotency_keys().await {
             tracing::warn!(error = %err, "cannot purge old idempotency keys; the next sweep tries again");
         }
-    }
+    })
+    .await
 }

@@ -62,8 +62,10 @@ async fn without_history_a_session_waits_for_confirmation_and_confirm_starts_it_
             .is_some_and(|a| a.contains(&json!("confirm"))),
         "{s}"
     );
-    // It does not start by itself.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // It does not start by itself: a session created after it, with no
+    // bound, starts and finishes while it still waits.
+    let plain = app.create(body("Write a note", 3, Value::Null)).await;
+    app.wait_settled(&id_of(&plain)).await;
     let still = app.session(&id).await;
     assert_eq!(still["status"], "awaiting_confirmation");
     assert_eq!(still["iterations"], 0);
@@ -297,10 +299,32 @@ async fn the_tenant_target_hears_that_a_session_awaits_confirmation_once() {
         || async { !got.lock().unwrap().is_empty() },
     )
     .await;
-    // Give a duplicate (the status change) the time to show up if it would.
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let bodies = got.lock().unwrap().clone();
-    assert_eq!(bodies.len(), 1, "one notification: {bodies:?}");
+    // Notifications are delivered in order: once the stop's arrives, a
+    // duplicate (the status change) would have arrived before it.
+    let id = id_of(&s);
+    let (status, _) = app.post(&format!("/api/autonomous/{id}/stop"), None).await;
+    assert_eq!(status, StatusCode::OK);
+    let delivered = |kind: &'static str| {
+        let got = got.clone();
+        move || {
+            let got = got.clone();
+            async move { got.lock().unwrap().iter().any(|b| b["type"] == kind) }
+        }
+    };
+    eventually(
+        Duration::from_secs(5),
+        "the stop is notified",
+        delivered("session.ended"),
+    )
+    .await;
+    let bodies: Vec<Value> = got
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|b| b["type"] != "session.ended")
+        .cloned()
+        .collect();
+    assert_eq!(bodies.len(), 1, "one notification before the end: {bodies:?}");
     let b = &bodies[0];
     assert_eq!(b["type"], "session.awaiting_confirmation", "{b}");
     assert_eq!(b["data"]["session_id"], s["id"], "{b}");

@@ -2,6 +2,7 @@
 //! decides each as `expired` (never as a person's rejection), which tells
 //! the agent the call did not run and lets the session continue.
 
+use crate::session::sweep;
 use std::time::Duration;
 
 use super::SessionService;
@@ -29,12 +30,11 @@ pub fn sweep_every(timeout: Duration) -> Duration {
 
 /// Expires overdue calls, forever.
 pub async fn expire_forever(service: SessionService, every: Duration) {
-    let mut tick = tokio::time::interval(every);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tick.tick().await;
-        expire_overdue(&service).await;
-    }
+    sweep::every(every, || {
+        let service = service.clone();
+        async move { expire_overdue(&service).await }
+    })
+    .await
 }
 
 /// One sweep: every overdue call (up to [`PER_SWEEP`]) decided `expired`.

@@ -4,6 +4,7 @@
 //! confirmed within `WARDEN_APPROVAL_TIMEOUT_MS` as
 //! `stopped / confirmation_expired`.
 
+use crate::session::sweep;
 use std::time::{Duration, Instant};
 
 use uuid::Uuid;
@@ -23,12 +24,11 @@ const PER_SWEEP: i64 = 100;
 /// Expires overdue confirmations, forever, every `every` (the approvals'
 /// sweep interval: a confirmation expires at most that late).
 pub async fn expire_forever(service: SessionService, every: Duration) {
-    let mut tick = tokio::time::interval(every);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tick.tick().await;
-        expire_overdue(&service).await;
-    }
+    sweep::every(every, || {
+        let service = service.clone();
+        async move { expire_overdue(&service).await }
+    })
+    .await
 }
 
 /// One sweep: every session awaiting confirmation past its `expires_at`

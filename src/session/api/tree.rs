@@ -6,6 +6,7 @@
 //! two levels left: live children of an ended parent are stopped, and a
 //! parent waiting for children that were never made goes on.
 
+use crate::session::sweep;
 use std::time::Duration;
 
 use futures::future::join_all;
@@ -218,12 +219,11 @@ pub const SWEEP_EVERY: Duration = Duration::from_secs(2);
 
 /// Puts leftovers of interrupted cascades right, forever.
 pub async fn sweep_forever(service: SessionService, every: Duration) {
-    let mut tick = tokio::time::interval(every);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tick.tick().await;
-        sweep(&service).await;
-    }
+    sweep::every(every, || {
+        let service = service.clone();
+        async move { sweep(&service).await }
+    })
+    .await
 }
 
 /// One pass: live children of ended parents are stopped (with their own

@@ -86,14 +86,13 @@ impl Pruner {
 
     /// Runs a pass every `WARDEN_PRUNE_INTERVAL` until the task is dropped.
     pub async fn prune_forever(self) {
-        let mut tick = tokio::time::interval(self.retention.prune_interval);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tick.tick().await;
+        let period = self.retention.prune_interval;
+        crate::session::sweep::every(period, || async {
             if let Err(err) = self.pass().await {
                 tracing::warn!(error = %err, "retention pass failed; the next one tries again");
             }
-        }
+        })
+        .await
     }
 
     /// One pass, if this replica takes the lease: archive, then compact.

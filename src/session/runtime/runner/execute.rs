@@ -13,7 +13,7 @@ use super::{Flow, Runner};
 use crate::event::{AbandonedBecause, ChargeSource, SessionEvent};
 use crate::executor::{ExecutorError, Interruption, StepContext, StepOutput, StepResult};
 use crate::policy::budget;
-use crate::policy::delegation::{self, ParentNext};
+use crate::policy::delegation::{self, ChildReport, ParentNext};
 use crate::policy::eta;
 use crate::policy::guardrails;
 use crate::policy::history::{Outcome, StepRecord};
@@ -57,35 +57,21 @@ impl<S: LoopStore> Runner<S> {
     /// Execute: runs the step, abandoning it on stop, shutdown or timeout.
     pub(super) async fn execute(&mut self, gated: Gated) -> Result<Flow<Executed>, StoreError> {
         let Gated { step, decision } = gated;
-        // Children that ended since the step before are given to this one;
-        // when every one of them failed, a person decides.
-        let children = if self.has_children.load(Ordering::SeqCst) {
-            let (reports, live) = self.store.child_reports(&self.lease, step).await?;
-            if live == 0
-                && let ParentNext::Blocked(why) = delegation::after_children(&reports)
-            {
+        let children = match self.ended_children(step).await? {
+            Ok(reports) => reports,
+            Err(why) => {
                 let exit = self
                     .finish(Reason::AgentBlocked, Some(why), vec![decision])
                     .await?;
                 return Ok(Flow::Exit(exit));
             }
-            reports
-        } else {
-            Vec::new()
         };
         let Some(allowance) = self.allowance().await? else {
             return self.tree_used_up(decision, step).await;
         };
         let started_at = Utc::now();
         let t0 = Instant::now();
-        // Memory only, never Postgres: the status shows the step in flight.
-        self.view.step_started(StepInFlight {
-            iteration: step,
-            action: None,
-            started_at,
-            session_elapsed_ms: self.elapsed_ms(),
-            median_step_ms: eta::median(self.state.history.iter().map(|s| s.duration_ms)),
-        });
+        self.show_step_started(step, started_at);
         let mut result = match self.run_executor(step, allowance, &children).await {
             StepEnd::Done(result) => result,
             StepEnd::Stopped(charge) => {
@@ -149,6 +135,36 @@ impl<S: LoopStore> Runner<S> {
         }))
     }
 
+    /// The children that ended since the step before, given to this step;
+    /// `Err` with why when none is left running and every one of them
+    /// failed, so a person decides.
+    async fn ended_children(
+        &mut self,
+        step: u64,
+    ) -> Result<Result<Vec<ChildReport>, String>, StoreError> {
+        if !self.has_children.load(Ordering::SeqCst) {
+            return Ok(Ok(Vec::new()));
+        }
+        let (reports, live) = self.store.child_reports(&self.lease, step).await?;
+        if live == 0
+            && let ParentNext::Blocked(why) = delegation::after_children(&reports)
+        {
+            return Ok(Err(why));
+        }
+        Ok(Ok(reports))
+    }
+
+    /// Shows the step in flight on the status (memory only, never Postgres).
+    fn show_step_started(&mut self, step: u64, started_at: DateTime<Utc>) {
+        self.view.step_started(StepInFlight {
+            iteration: step,
+            action: None,
+            started_at,
+            session_elapsed_ms: self.elapsed_ms(),
+            median_step_ms: eta::median(self.state.history.iter().map(|s| s.duration_ms)),
+        });
+    }
+
     /// What the step may spend: what the budget has left. In a tree,
     /// concurrent steps of other sessions spend the same budget, so it is
     /// reserved from what the tree has left; `None` when that is nothing.
@@ -202,7 +218,7 @@ impl<S: LoopStore> Runner<S> {
         &mut self,
         step: u64,
         allowance: u64,
-        children: &[crate::policy::delegation::ChildReport],
+        children: &[ChildReport],
     ) -> StepEnd {
         let remaining = guardrails::time_remaining_ms(&self.settings.limits, &self.current_usage());
         let nudge = self.state.pending_nudge.clone();

@@ -351,16 +351,16 @@ async fn commit_one<'e>(db: impl PgExecutor<'e>, p: &PendingCommit) -> Result<Co
             token: Uuid = "$2::uuid AS token" <- p.lease.token,
             kinds: &[&str] = "$3::text[] AS kinds" <- &event_kinds,
             data: &[&str] = "$4::text[] AS data" <- &event_data,
-            iterations: i64 = "$5::bigint AS iterations" <- p.counters.iterations,
-            tokens_used: i64 = "$6::bigint AS tokens_used" <- p.counters.tokens_used,
-            tool_calls: i64 = "$7::bigint AS tool_calls" <- p.counters.tool_calls,
+            iterations: i64 = "$5::bigint AS iterations" <- p.counters.iterations(),
+            tokens_used: i64 = "$6::bigint AS tokens_used" <- p.counters.tokens_used(),
+            tool_calls: i64 = "$7::bigint AS tool_calls" <- p.counters.tool_calls(),
             consecutive_errors: i32 = "$8::int AS consecutive_errors"
-                <- p.counters.consecutive_errors,
-            elapsed_ms: i64 = "$9::bigint AS elapsed_ms" <- p.counters.elapsed_ms,
+                <- p.counters.consecutive_errors(),
+            elapsed_ms: i64 = "$9::bigint AS elapsed_ms" <- p.counters.elapsed_ms(),
             percent: Option<f64> = "$10::float8 AS percent" <- p.progress.0,
             eta: Option<f64> = "$11::float8 AS eta" <- p.progress.1,
             reflection_tokens: i64 = "$12::bigint AS reflection_tokens"
-                <- p.counters.reflection_tokens,
+                <- p.counters.reflection_tokens(),
             next_cycle: Option<i32> = "$13::int AS next_cycle"
                 <- it.next_cycle.as_ref().map(|(n, _)| *n),
             memory: Option<&str> = "$14::text AS memory"
@@ -382,7 +382,7 @@ async fn commit_one<'e>(db: impl PgExecutor<'e>, p: &PendingCommit) -> Result<Co
                 <- it.checkpoint.as_ref().map(JsonText::as_str),
             // The fence: the status a running session's row must still have.
             status: &str = "$28::text AS status" <- Status::Running.as_str(),
-            charges_seen: i64 = "$29::bigint AS charges_seen" <- p.counters.charges_seen,
+            charges_seen: i64 = "$29::bigint AS charges_seen" <- p.counters.charges_seen(),
             usage: Option<&str> = "$30::text AS usage" <- it.usage.as_ref().map(JsonText::as_str),
             cost_usd: Option<Decimal> = "$31::numeric AS cost_usd" <- it.cost_usd,
             price_pattern: Option<&str> = "$32::text AS price_pattern"
@@ -462,16 +462,16 @@ async fn commit_many<'e>(
             token: Uuid = "unnest($2::uuid[]) AS token" <- p.lease.token,
             event_count: i32 = "unnest($3::int[]) AS event_count"
                 <- i32::try_from(p.events.len()).unwrap_or(i32::MAX),
-            iterations: i64 = "unnest($4::bigint[]) AS iterations" <- p.counters.iterations,
-            tokens_used: i64 = "unnest($5::bigint[]) AS tokens_used" <- p.counters.tokens_used,
-            tool_calls: i64 = "unnest($6::bigint[]) AS tool_calls" <- p.counters.tool_calls,
+            iterations: i64 = "unnest($4::bigint[]) AS iterations" <- p.counters.iterations(),
+            tokens_used: i64 = "unnest($5::bigint[]) AS tokens_used" <- p.counters.tokens_used(),
+            tool_calls: i64 = "unnest($6::bigint[]) AS tool_calls" <- p.counters.tool_calls(),
             consecutive_errors: i32 = "unnest($7::int[]) AS consecutive_errors"
-                <- p.counters.consecutive_errors,
-            elapsed_ms: i64 = "unnest($8::bigint[]) AS elapsed_ms" <- p.counters.elapsed_ms,
+                <- p.counters.consecutive_errors(),
+            elapsed_ms: i64 = "unnest($8::bigint[]) AS elapsed_ms" <- p.counters.elapsed_ms(),
             percent: Option<f64> = "unnest($9::float8[]) AS percent" <- p.progress.0,
             eta: Option<f64> = "unnest($10::float8[]) AS eta" <- p.progress.1,
             reflection_tokens: i64 = "unnest($11::bigint[]) AS reflection_tokens"
-                <- p.counters.reflection_tokens,
+                <- p.counters.reflection_tokens(),
             next_cycle: Option<i32> = "unnest($12::int[]) AS next_cycle"
                 <- p.iteration.next_cycle.as_ref().map(|(n, _)| *n),
             memory: Option<&str> = "unnest($13::text[]) AS memory"
@@ -496,7 +496,7 @@ async fn commit_many<'e>(
             // The fence: the status a running session's row must still have.
             status: &str = "unnest($27::text[]) AS status" <- Status::Running.as_str(),
             charges_seen: i64 = "unnest($28::bigint[]) AS charges_seen"
-                <- p.counters.charges_seen,
+                <- p.counters.charges_seen(),
             usage: Option<&str> = "unnest($29::text[]) AS usage"
                 <- p.iteration.usage.as_ref().map(JsonText::as_str),
             cost_usd: Option<Decimal> = "unnest($30::numeric[]) AS cost_usd"
@@ -595,6 +595,7 @@ mod tests {
     use sqlx::postgres::PgPoolOptions;
 
     use super::*;
+    use crate::policy::guardrails::Usage;
 
     const LIMITS: Limits = Limits {
         max_iterations: 10,
@@ -657,8 +658,11 @@ mod tests {
                 price_valid_from: None,
             },
             counters: Counters {
-                iterations: 1,
-                tokens_used: 7,
+                usage: Usage {
+                    iterations: 1,
+                    tokens: 7,
+                    ..Usage::default()
+                },
                 ..Counters::default()
             },
             progress: (Some(50.0), None),
@@ -823,7 +827,7 @@ mod tests {
 
         let mut second = pending(held, 1, None);
         second.iteration.number = 2;
-        second.counters.iterations = 2;
+        second.counters.usage.iterations = 2;
         commit_alone(&connections, &second).await.unwrap();
         let (again, kept) = backend(&connections).await;
         assert_eq!(again, first, "the next commit ran on the kept connection");

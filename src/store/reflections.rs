@@ -39,14 +39,14 @@ impl Store {
             lease.session_id,
             lease.token,
             Json(last_reflection) as _,
-            counters.tokens_used,
-            counters.reflection_tokens,
+            counters.tokens_used(),
+            counters.reflection_tokens(),
             percent_complete,
             eta_seconds,
             Json(criteria) as _,
             Json(milestones) as _,
             Status::Running as Status,
-            counters.charges_seen,
+            counters.charges_seen(),
         )
         .fetch_optional(&mut *tx)
         .await?;

@@ -178,53 +178,70 @@ pub struct EventRecord {
     pub actor: Option<String>,
 }
 
-/// The counters the loop keeps on the session row.
+/// What a loop write stores of the session's consumption: the guardrails'
+/// usage, the reflection share of its tokens and how much of the outside
+/// charges its tokens count. The one copy of the counters; the store turns
+/// them into columns (saturating at the column's range) as it binds them.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Counters {
-    /// Iterations committed.
-    pub iterations: i64,
-    /// Tokens used.
-    pub tokens_used: i64,
-    /// Tool calls made.
-    pub tool_calls: i64,
-    /// Current error streak.
-    pub consecutive_errors: i32,
-    /// Running wall time, ms.
-    pub elapsed_ms: i64,
-    /// Tokens spent on reflection (part of `tokens_used`).
-    pub reflection_tokens: i64,
-    /// How much of the session's outside charges `tokens_used` counts
+    /// Iterations, tokens, tool calls, the error streak and the wall time.
+    pub usage: Usage,
+    /// Tokens spent on reflection (part of `usage.tokens`).
+    pub reflection_tokens: u64,
+    /// How much of the session's outside charges `usage.tokens` counts
     /// (`LoopState::charges_seen`): a write adds the rest.
-    pub charges_seen: i64,
+    pub charges_seen: u64,
+}
+
+/// A count as a `bigint` column, saturating.
+fn bigint(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
 }
 
 impl Counters {
-    /// The counters as guardrail usage.
-    pub fn usage(&self) -> Usage {
-        Usage {
-            iterations: self.iterations.max(0) as u64,
-            elapsed_ms: self.elapsed_ms.max(0) as u64,
-            tokens: self.tokens_used.max(0) as u64,
-            consecutive_errors: self.consecutive_errors.max(0) as u32,
-            tool_calls: self.tool_calls.max(0) as u64,
-            cost_usd: rust_decimal::Decimal::ZERO,
-            unpriced_steps: 0,
+    /// The guardrail usage, the reflection share of its tokens and the
+    /// outside charges it counts.
+    pub fn from_usage(u: &Usage, reflection_tokens: u64, charges_seen: u64) -> Counters {
+        Counters {
+            usage: *u,
+            reflection_tokens,
+            charges_seen,
         }
     }
 
-    /// Counters from guardrail usage, the reflection share of its tokens
-    /// and the outside charges it counts.
-    pub fn from_usage(u: &Usage, reflection_tokens: u64, charges_seen: u64) -> Counters {
-        let big = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
-        Counters {
-            iterations: big(u.iterations),
-            tokens_used: big(u.tokens),
-            tool_calls: big(u.tool_calls),
-            consecutive_errors: i32::try_from(u.consecutive_errors).unwrap_or(i32::MAX),
-            elapsed_ms: big(u.elapsed_ms),
-            reflection_tokens: big(reflection_tokens),
-            charges_seen: big(charges_seen),
-        }
+    /// The `iterations` column.
+    pub(super) fn iterations(&self) -> i64 {
+        bigint(self.usage.iterations)
+    }
+
+    /// The `tokens_used` column (before outside charges it does not count).
+    pub(super) fn tokens_used(&self) -> i64 {
+        bigint(self.usage.tokens)
+    }
+
+    /// The `tool_calls` column.
+    pub(super) fn tool_calls(&self) -> i64 {
+        bigint(self.usage.tool_calls)
+    }
+
+    /// The `consecutive_errors` column.
+    pub(super) fn consecutive_errors(&self) -> i32 {
+        i32::try_from(self.usage.consecutive_errors).unwrap_or(i32::MAX)
+    }
+
+    /// The `elapsed_ms` column.
+    pub(super) fn elapsed_ms(&self) -> i64 {
+        bigint(self.usage.elapsed_ms)
+    }
+
+    /// The `reflection_tokens` column.
+    pub(super) fn reflection_tokens(&self) -> i64 {
+        bigint(self.reflection_tokens)
+    }
+
+    /// How much of the outside charges the tokens count, as bound.
+    pub(super) fn charges_seen(&self) -> i64 {
+        bigint(self.charges_seen)
     }
 }
 
@@ -363,37 +380,28 @@ pub struct Session {
 }
 
 impl Session {
-    /// The usage counters the loop keeps on the row.
-    pub fn counters(&self) -> Counters {
-        Counters {
-            iterations: self.iterations,
-            tokens_used: self.tokens_used,
-            tool_calls: self.tool_calls,
-            consecutive_errors: self.consecutive_errors,
-            elapsed_ms: self.elapsed_ms,
-            reflection_tokens: self.reflection_tokens,
-            // Read for usage only: a row's counters are never written back.
-            charges_seen: 0,
-        }
-    }
-
     /// What the session has used, money included: the guardrails' view.
-    pub fn usage(&self) -> crate::policy::guardrails::Usage {
-        crate::policy::guardrails::Usage {
+    pub fn usage(&self) -> Usage {
+        let count = |v: i64| u64::try_from(v).unwrap_or(0);
+        Usage {
+            iterations: count(self.iterations),
+            elapsed_ms: count(self.elapsed_ms),
+            tokens: count(self.tokens_used),
+            consecutive_errors: u32::try_from(self.consecutive_errors).unwrap_or(0),
+            tool_calls: count(self.tool_calls),
             cost_usd: self.cost_usd,
-            unpriced_steps: u64::try_from(self.unpriced_steps).unwrap_or(0),
-            ..self.counters().usage()
+            unpriced_steps: count(self.unpriced_steps),
         }
     }
 
     /// Sets the usage counters, as the loop's commit writes them.
     pub fn set_counters(&mut self, c: Counters) {
-        self.iterations = c.iterations;
-        self.tokens_used = c.tokens_used;
-        self.tool_calls = c.tool_calls;
-        self.consecutive_errors = c.consecutive_errors;
-        self.elapsed_ms = c.elapsed_ms;
-        self.reflection_tokens = c.reflection_tokens;
+        self.iterations = c.iterations();
+        self.tokens_used = c.tokens_used();
+        self.tool_calls = c.tool_calls();
+        self.consecutive_errors = c.consecutive_errors();
+        self.elapsed_ms = c.elapsed_ms();
+        self.reflection_tokens = c.reflection_tokens();
     }
 }
 
@@ -814,6 +822,30 @@ pub struct Outcomes {
 #[cfg(test)]
 mod tests {
     use uuid::Uuid;
+
+    #[test]
+    fn counters_become_columns_saturating_at_their_range() {
+        use crate::policy::guardrails::Usage;
+        let huge = super::Counters {
+            usage: Usage {
+                iterations: u64::MAX,
+                tokens: u64::MAX,
+                tool_calls: 3,
+                consecutive_errors: u32::MAX,
+                elapsed_ms: 5,
+                ..Usage::default()
+            },
+            reflection_tokens: u64::MAX,
+            charges_seen: 7,
+        };
+        assert_eq!(huge.iterations(), i64::MAX);
+        assert_eq!(huge.tokens_used(), i64::MAX);
+        assert_eq!(huge.tool_calls(), 3);
+        assert_eq!(huge.consecutive_errors(), i32::MAX);
+        assert_eq!(huge.elapsed_ms(), 5);
+        assert_eq!(huge.reflection_tokens(), i64::MAX);
+        assert_eq!(huge.charges_seen(), 7);
+    }
 
     #[test]
     fn a_contains_pattern_matches_wildcards_as_themselves() {

@@ -324,7 +324,11 @@ async fn the_tenant_target_hears_that_a_session_awaits_confirmation_once() {
         .filter(|b| b["type"] != "session.ended")
         .cloned()
         .collect();
-    assert_eq!(bodies.len(), 1, "one notification before the end: {bodies:?}");
+    assert_eq!(
+        bodies.len(),
+        1,
+        "one notification before the end: {bodies:?}"
+    );
     let b = &bodies[0];
     assert_eq!(b["type"], "session.awaiting_confirmation", "{b}");
     assert_eq!(b["data"]["session_id"], s["id"], "{b}");

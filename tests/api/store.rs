@@ -66,9 +66,13 @@ fn iteration(number: i64) -> NewIteration {
 }
 
 fn counters(number: i64) -> Counters {
+    let number = u64::try_from(number).expect("a step number");
     Counters {
-        iterations: number,
-        tokens_used: number * 10,
+        usage: warden::policy::guardrails::Usage {
+            iterations: number,
+            tokens: number * 10,
+            ..Default::default()
+        },
         ..Counters::default()
     }
 }

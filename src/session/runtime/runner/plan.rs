@@ -488,11 +488,16 @@ mod tests {
         assert_eq!(
             plan.row.counters,
             Counters {
-                iterations: 1,
-                tokens_used: 10,
-                tool_calls: 1,
-                consecutive_errors: 0,
-                elapsed_ms: 5_000,
+                usage: Usage {
+                    iterations: 1,
+                    tokens: 10,
+                    tool_calls: 1,
+                    consecutive_errors: 0,
+                    elapsed_ms: 5_000,
+                    // The step's price at the test's table.
+                    cost_usd: Decimal::new(2, 5),
+                    unpriced_steps: 0,
+                },
                 reflection_tokens: 0,
                 charges_seen: 0,
             }
@@ -746,9 +751,12 @@ mod tests {
                 Outcome::Error => "error",
             };
             assert_eq!(plan.iteration.outcome, label, "step {n}");
-            assert_eq!(plan.row.counters.consecutive_errors, streak, "step {n}");
             assert_eq!(
-                plan.state_after.usage.consecutive_errors, streak as u32,
+                plan.row.counters.usage.consecutive_errors, streak,
+                "step {n}"
+            );
+            assert_eq!(
+                plan.state_after.usage.consecutive_errors, streak,
                 "step {n}"
             );
             state = plan.state_after;
@@ -761,9 +769,9 @@ mod tests {
         state.reflection.tokens = 7;
         state.usage.tokens += 7;
         let plan = plan_commit(state.clone(), next_step(&state), &ctx(100)).expect("a plan");
-        assert_eq!(plan.row.counters.tokens_used, 37);
+        assert_eq!(plan.row.counters.usage.tokens, 37);
         assert_eq!(plan.row.counters.reflection_tokens, 7);
-        assert_eq!(plan.row.counters.tool_calls, 3);
+        assert_eq!(plan.row.counters.usage.tool_calls, 3);
         assert!(matches!(
             event(&plan, "iteration_completed"),
             SessionEvent::IterationCompleted {
@@ -778,7 +786,7 @@ mod tests {
         step.record.tokens = u64::MAX;
         let plan = plan_commit(plan.state_after, step, &ctx(100)).expect("a plan");
         assert_eq!(plan.iteration.tokens, i64::MAX);
-        assert_eq!(plan.row.counters.tokens_used, i64::MAX);
+        assert_eq!(plan.row.counters.usage.tokens, u64::MAX);
         assert_eq!(plan.state_after.usage.tokens, u64::MAX);
         assert_eq!(plan.step_tokens, u64::MAX);
     }

@@ -96,6 +96,7 @@ const API: &[(&str, u8)] = &[
     ("estimate", 2),
     ("confirm", 4),
     ("tenant_warn_at", 1),
+    ("insights", 1),
     ("notify", 2),
 ];
 
@@ -136,6 +137,7 @@ const STORE: &[(&str, u8)] = &[
     ("iterations", 5),
     ("archive", 5),
     ("past_runs", 3),
+    ("histories", 3),
     ("trace_links", 3),
 ];
 
@@ -159,6 +161,7 @@ const HTTP: &[(&str, u8)] = &[
     ("workers", 2),
     ("retention", 2),
     ("budget_warnings", 2),
+    ("insights", 2),
     ("tree", 2),
     ("notify", 2),
     ("approvals", 3),

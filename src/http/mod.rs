@@ -14,6 +14,7 @@ mod extract;
 mod files;
 mod health;
 pub mod history;
+pub mod insights;
 pub mod keys;
 pub mod notify;
 pub mod openapi;
@@ -215,6 +216,8 @@ pub fn router(state: AppState, max_body_bytes: usize, limits: RequestLimits) -> 
         .method_not_allowed_fallback(|| async { ApiError::method_not_allowed() });
     let notify = notify::tenant_router()
         .method_not_allowed_fallback(|| async { ApiError::method_not_allowed() });
+    let insights =
+        insights::router().method_not_allowed_fallback(|| async { ApiError::method_not_allowed() });
     Router::new()
         .nest("/api/autonomous", api)
         .nest("/api/keys", keys)
@@ -222,6 +225,7 @@ pub fn router(state: AppState, max_body_bytes: usize, limits: RequestLimits) -> 
         .nest("/api/retention", retention)
         .nest("/api/budget-warnings", budget_warnings)
         .nest("/api/notify", notify)
+        .nest("/api/insights", insights)
         .merge(health::router())
         .merge(openapi::router(&mcp_servers))
         .merge(assets::router())

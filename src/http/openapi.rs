@@ -76,6 +76,7 @@ use crate::session::service::{MAX_GOAL_CHARS, MAX_GUIDANCE_CHARS};
         super::retention::list_retention,
         super::retention::set_retention,
         super::budget_warnings::list_warn_at,
+        super::insights::threshold_report,
         super::budget_warnings::set_warn_at,
         super::workers::claim,
         super::workers::heartbeat,

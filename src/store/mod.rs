@@ -30,6 +30,7 @@ mod event_log;
 mod fleet;
 pub mod flush;
 mod group_commit;
+mod histories;
 pub mod idempotency;
 mod iterations;
 mod journal;
@@ -69,6 +70,7 @@ pub use control_channel::{
 };
 pub use event_log::append as append_events;
 pub use fleet::{FleetCounts, OwnerLiveness, owner_liveness_on, replica_covers_on};
+pub use histories::MAX_REPORTED_SESSIONS;
 pub use keys::{KeyRecord, NewKey};
 pub use leases::storable_text;
 pub use notify::{DueNotification, NotificationRow, NotifyTarget, Settled, StoredNotifySecret};

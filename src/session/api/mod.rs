@@ -13,6 +13,7 @@ mod delete;
 pub mod estimate;
 mod fork;
 mod fork_seed;
+mod insights;
 pub mod notify;
 mod placement;
 mod planner;

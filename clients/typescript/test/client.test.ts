@@ -42,7 +42,7 @@ test("create, get, list, stop, resume and wait against the server", live, async 
       kind: "scripted",
       steps: [
         { action: "plan", tokens: 10, output: "planned" },
-        { action: "write", tokens: 10, output: "writing", delay_ms: 5000 },
+        { action: "write", tokens: 10, output: "writing", delay_ms: 3000 },
         { action: "finish", tokens: 10, output: "<<WARDEN_GOAL_DONE: written>>" },
       ],
     },

@@ -637,7 +637,7 @@ mod tests {
         // exporter with its own.
         let subscriber = tracing_subscriber::registry()
             .with(Count(logged.clone()).with_filter(tracing_subscriber::EnvFilter::new("info")))
-            .with(Count(sent.clone()).with_filter(export_filter()));
+            .with(Some(Count(sent.clone()).with_filter(export_filter())));
         tracing::subscriber::with_default(subscriber, || {
             for _ in 0..3 {
                 drop(tracing::info_span!(target: "warden::http", "request"));
@@ -645,6 +645,16 @@ mod tests {
                 tracing::debug!(target: "tower_http::trace::on_response", "finished");
             }
         });
+        // The request span's callsite is never `always` for the exporter: it
+        // is filtered every time, with the thread's state set afresh.
+        let request = tracing_subscriber::registry().with(Count(Arc::default()));
+        let meta = tracing::subscriber::with_default(request, || {
+            tracing::info_span!(target: "warden::http", "request").metadata()
+        })
+        .expect("an enabled span has metadata");
+        let interest =
+            Filter::<tracing_subscriber::Registry>::callsite_enabled(&export_filter(), meta);
+        assert!(interest.is_sometimes(), "{interest:?}");
         assert_eq!(
             sent.load(Ordering::SeqCst),
             3,

@@ -11,7 +11,9 @@
 #     the same for a server on the Python SDK (FastMCP, fastmcp/server.py,
 #     `mcp` pinned in fastmcp/requirements.txt), over stdio and over
 #     Streamable HTTP;
-#  4. Redocly's recommended lint of the document (@redocly/cli, pinned in
+#  4. the TypeScript package (clients/typescript, built by setup.sh) runs
+#     its tests against the server;
+#  5. Redocly's recommended lint of the document (@redocly/cli, pinned in
 #     package.json; redocly.yaml), then Schemathesis (pinned in requirements.txt, settings in schemathesis.toml)
 #     runs every operation of the committed document against the server with
 #     all checks, a bounded number of examples and stateful links: 0 failures.
@@ -145,6 +147,9 @@ export WARDEN_KEY
 
 echo "e2e: node --test (generated client, dashboard in Chromium, real MCP servers)"
 node --test --test-concurrency=1 dist/client.test.js dashboard.test.mjs mcp.test.mjs
+
+echo "e2e: the TypeScript package clients/typescript against the server"
+(cd "$ROOT/clients/typescript" && node --test dist/test/)
 
 echo "e2e: Redocly's recommended lint of the committed openapi/openapi.json"
 # Config in redocly.yaml, known exceptions (with reasons) in .redocly.lint-ignore.yaml;

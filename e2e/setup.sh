@@ -58,3 +58,14 @@ echo "e2e: generating the TypeScript client types from openapi/openapi.json"
 npx --no-install openapi-typescript ../openapi/openapi.json -o generated/schema.d.ts
 npx --no-install tsc -p tsconfig.json
 
+
+# The TypeScript package (clients/typescript): its own pinned packages, then
+# its build (types generated from the same document, tsc). run.sh tests it.
+TS_CLIENT="$E2E_DIR/../clients/typescript"
+if ! cmp -s "$TS_CLIENT/package-lock.json" "$TS_CLIENT/node_modules/.installed-package-lock.json"; then
+  echo "e2e: npm ci (clients/typescript)"
+  (cd "$TS_CLIENT" && npm ci --no-audit --no-fund --loglevel=error)
+  cp "$TS_CLIENT/package-lock.json" "$TS_CLIENT/node_modules/.installed-package-lock.json"
+fi
+echo "e2e: building the TypeScript package clients/typescript"
+(cd "$TS_CLIENT" && npm run --silent build)

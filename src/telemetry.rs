@@ -29,7 +29,8 @@ use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::SdkTracerProvider;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 use tracing_subscriber::Layer;
-use tracing_subscriber::filter::FilterFn;
+use tracing_subscriber::filter::DynFilterFn;
+use tracing_subscriber::layer::Filter;
 use uuid::Uuid;
 
 /// The `tracing` target of every exported span and span event.
@@ -155,7 +156,7 @@ impl Telemetry {
             .with_target(false)
             .with_level(false)
             .with_tracked_inactivity(false)
-            .with_filter(FilterFn::new(exported))
+            .with_filter(export_filter())
     }
 
     /// Sends the spans still buffered and stops the exporter (at shutdown).
@@ -278,6 +279,28 @@ pub fn record_genai_metrics(
 /// field would reach the exporter as text.
 pub fn int(n: impl TryInto<i64>) -> i64 {
     n.try_into().unwrap_or(i64::MAX)
+}
+
+/// The exporter's per-layer filter: [`exported`], with the callsites it
+/// takes only `sometimes` interesting, never `always`. With `always` here and
+/// from the log's filter, a callsite's spans skip the filtering pass and take
+/// whatever per-layer state the thread holds: after an event every layer
+/// disabled (tower-http's debug `on_response`), that state still says
+/// "disabled", so every request after the first on a keep-alive connection
+/// was dropped from the export (and from the log).
+pub fn export_filter<S>() -> impl Filter<S> {
+    DynFilterFn::new(
+        |meta: &tracing::Metadata<'_>, _: &tracing_subscriber::layer::Context<'_, S>| {
+            exported(meta)
+        },
+    )
+    .with_callsite_filter(|meta| {
+        if exported(meta) {
+            tracing::subscriber::Interest::sometimes()
+        } else {
+            tracing::subscriber::Interest::never()
+        }
+    })
 }
 
 /// Whether a span or event goes to the exporter.
@@ -589,6 +612,55 @@ mod tests {
         assert_eq!(cut.chars().count(), CONTENT_CAP_CHARS + 1);
         assert!(cut.ends_with('…'));
         assert_eq!(capped("short"), "short");
+    }
+
+    #[test]
+    fn every_request_span_reaches_the_exporter_after_an_event_no_layer_wanted() {
+        use std::sync::Arc;
+        use std::sync::atomic::AtomicUsize;
+        use tracing_subscriber::layer::SubscriberExt;
+
+        /// Counts the spans it is shown.
+        struct Count(Arc<AtomicUsize>);
+        impl<S: tracing::Subscriber> Layer<S> for Count {
+            fn on_new_span(
+                &self,
+                _: &tracing::span::Attributes<'_>,
+                _: &tracing::span::Id,
+                _: tracing_subscriber::layer::Context<'_, S>,
+            ) {
+                self.0.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+        let (logged, sent) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        // As src/main.rs assembles them: the log with its level filter, the
+        // exporter with its own.
+        let subscriber = tracing_subscriber::registry()
+            .with(Count(logged.clone()).with_filter(tracing_subscriber::EnvFilter::new("info")))
+            .with(Some(Count(sent.clone()).with_filter(export_filter())));
+        tracing::subscriber::with_default(subscriber, || {
+            for _ in 0..3 {
+                drop(tracing::info_span!(target: "warden::http", "request"));
+                // What tower-http logs at the end of a request, below the log's level.
+                tracing::debug!(target: "tower_http::trace::on_response", "finished");
+            }
+        });
+        // The request span's callsite is never `always` for the exporter: it
+        // is filtered every time, with the thread's state set afresh.
+        let request = tracing_subscriber::registry().with(Count(Arc::default()));
+        let meta = tracing::subscriber::with_default(request, || {
+            tracing::info_span!(target: "warden::http", "request").metadata()
+        })
+        .expect("an enabled span has metadata");
+        let interest =
+            Filter::<tracing_subscriber::Registry>::callsite_enabled(&export_filter(), meta);
+        assert!(interest.is_sometimes(), "{interest:?}");
+        assert_eq!(
+            sent.load(Ordering::SeqCst),
+            3,
+            "every request span exported"
+        );
+        assert_eq!(logged.load(Ordering::SeqCst), 3, "and logged");
     }
 
     #[test]

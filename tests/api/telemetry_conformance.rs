@@ -715,8 +715,13 @@ async fn every_exported_span_and_metric_follows_its_conventions() {
                 })
             };
             let names: BTreeSet<&str> = got.metrics.iter().map(|m| m.name.as_str()).collect();
+            let completed = got
+                .spans
+                .iter()
+                .any(|s| s.name == "POST /api/workers/tasks/{task_id}/complete");
             ended(&id)
                 && ended(&worker_session)
+                && completed
                 && names.contains("gen_ai.client.token.usage")
                 && names.contains("gen_ai.client.operation.duration")
         }
@@ -809,13 +814,16 @@ fn check_runs(spans: &[Span], id: &str, worker_session: &str) {
     let before = runs[runs.len() - 2];
     assert_eq!(last.links.len(), 2, "the run before and the resume request");
     assert!(last.links.iter().any(|l| l.span_id == before.span_id));
-    // The resume request's span (see check_server_spans on why its server
-    // span itself is not looked up).
-    assert!(
-        last.links
-            .iter()
-            .any(|l| l.span_id != before.span_id && l.trace_id != before.trace_id)
-    );
+    // The resume request's server span.
+    let resume = last
+        .links
+        .iter()
+        .find(|l| l.span_id != before.span_id && l.trace_id != before.trace_id)
+        .expect("a link to the resume request");
+    let resume_span = by_id
+        .get(resume.span_id.as_slice())
+        .expect("the resume request's span is exported");
+    assert_eq!(resume_span.name, "POST /api/autonomous/{id}/resume");
     assert_eq!(
         text(last, "warden.previous_trace_id"),
         Some(hex(&before.trace_id))
@@ -891,12 +899,44 @@ fn check_server_spans(servers: &[&Span], spans: &[Span], worker_span: &str, step
             .any(|s| s.name == "warden.iteration" && hex(&s.span_id) == step_span),
         "the step's traceparent names its iteration span"
     );
-    // KNOWN GAP: the server spans of some POSTs (resume, heartbeat,
-    // complete, keys) are not exported in this run (neither before nor at
-    // shutdown), while the first create and the claim are; so the worker's
-    // continued trace (`worker_span`, a child of `step`) is checked on the
-    // Python side only (clients/python/tests/test_trace.py).
-    let _ = worker_span;
+    // Every request has its server span, the ones after the first on a
+    // keep-alive connection too (resume, keys, heartbeat, complete).
+    let named = |name: &str| -> Vec<&Span> {
+        servers
+            .iter()
+            .copied()
+            .filter(|s| s.name == name || s.name == format!("{name}/"))
+            .collect()
+    };
+    for name in [
+        "POST /api/autonomous",
+        "POST /api/autonomous/{id}/resume",
+        "POST /api/keys",
+        "POST /api/workers/claim",
+        "POST /api/workers/tasks/{task_id}/heartbeat",
+        "POST /api/workers/tasks/{task_id}/complete",
+    ] {
+        assert!(
+            !named(name).is_empty(),
+            "no server span {name} among {:?}",
+            servers.iter().map(|s| &s.name).collect::<Vec<_>>()
+        );
+    }
+    // The worker's calls continue the step's trace, under the worker's span.
+    let trace = step.split('-').nth(1).unwrap();
+    for name in [
+        "POST /api/workers/tasks/{task_id}/heartbeat",
+        "POST /api/workers/tasks/{task_id}/complete",
+    ] {
+        for span in named(name) {
+            assert_eq!(hex(&span.trace_id), trace, "{name} in the step's trace");
+            assert_eq!(
+                hex(&span.parent_span_id),
+                worker_span,
+                "{name} under the worker's span"
+            );
+        }
+    }
 }
 
 /// The GenAI client histograms: unit, attributes and both token types.

@@ -9,6 +9,7 @@ mod auth;
 pub mod budget_warnings;
 pub mod error;
 pub mod estimate;
+pub mod replay;
 pub mod event_stream;
 mod extract;
 mod files;
@@ -199,6 +200,7 @@ pub fn router(state: AppState, max_body_bytes: usize, limits: RequestLimits) -> 
     let mcp_servers = state.service.mcp_servers();
     let api = sessions::router()
         .merge(estimate::router())
+        .merge(replay::router())
         .merge(history::router())
         .merge(files::router())
         .merge(approvals::router())

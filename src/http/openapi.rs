@@ -39,6 +39,7 @@ use crate::session::service::{MAX_GOAL_CHARS, MAX_GUIDANCE_CHARS};
     paths(
         super::sessions::create_session,
         super::estimate::estimate_session,
+        super::replay::replay_sessions,
         super::sessions::list_sessions,
         super::sessions::count_sessions,
         super::sessions::get_session,

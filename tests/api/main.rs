@@ -35,6 +35,7 @@ mod notify;
 mod openapi;
 mod owners;
 mod quotas;
+mod replay;
 mod recovery;
 mod retention;
 mod secrets;

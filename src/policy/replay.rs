@@ -490,7 +490,10 @@ impl Sim<'_> {
             self.state.apply_reflection(&applied);
         }
         if self.policy.reflect_when_due && !ran && self.due(point).is_some() {
+            // It would have run here: its answer is unknown, so it decides
+            // nothing, but the interval counts from it.
             self.unrecorded += 1;
+            self.state.reflection.last_at = point;
         }
     }
 
@@ -1033,7 +1036,13 @@ mod tests {
         assert_eq!(o.change, Change::Later);
         assert!(o.differs && !o.cut_short);
         let d = o.divergence.expect("a divergence");
-        assert_eq!((d.iteration, d.new), (5, None), "the override never ends");
+        let stopped = Action::End {
+            status: Status::Stopped,
+            reason: Reason::MaxIterations,
+        };
+        assert_eq!(d.iteration, 5);
+        assert_eq!(d.old, Some(stopped));
+        assert_eq!(d.new, Some(Action::Gate { decision: "continue".into() }), "the override goes on");
     }
 
     #[test]
@@ -1149,10 +1158,10 @@ mod tests {
             ..PolicyOverride::default()
         };
         let o = replay(&rec, &base, &with(&base, shorter));
-        // Due at 4 and 8 with nothing recorded; the one at 10 is not due
-        // under the new interval (last at 0, every 4: due at 4, 8, 12).
+        // Due at 4, 8 and 12 with nothing recorded there; the one recorded
+        // at 10 is not due under the new interval (the last was at 8).
         assert_eq!(o.replayed.reflections_unrecorded, 3);
-        assert_eq!(o.replayed.reflections, (1, 0));
+        assert_eq!(o.replayed.reflections, (0, 1));
     }
 
     #[test]

@@ -73,6 +73,7 @@ fn recording(k: usize, policy: &Policy) -> Recording {
     let mut rec = Recording {
         start: LoopState::new(policy.limits.reflection_interval),
         mode: Mode::Fixed,
+        has_children: false,
         tree: (false, ChildPausePolicy::default()),
         money_rate: None,
         steps: steps(k),

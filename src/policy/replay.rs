@@ -29,6 +29,28 @@ use crate::policy::stuck::{StuckConfig, StuckVerdict};
 /// The most sessions one replay request takes.
 pub const MAX_SESSIONS: usize = 10_000;
 
+/// The range of every override field: (schema, field, min, max), as
+/// [`PolicyOverride::apply`] checks them and the OpenAPI document states them.
+pub const RANGES: [(&str, &str, f64, f64); 17] = [
+    ("GatePatch", "coherence_min", 0.0, 1.0),
+    ("GatePatch", "review_every", 0.0, 1_000_000.0),
+    ("GatePatch", "rework_max", 0.0, 1.0),
+    ("GatePatch", "rework_window", 1.0, 20.0),
+    ("GatePatch", "uncertainty_max", 0.0, 1.0),
+    ("GatePatch", "slope_max", 0.0, 100.0),
+    ("GatePatch", "slope_window", 2.0, 20.0),
+    ("GatePatch", "checkpoint_every", 1.0, 1_000_000.0),
+    ("GatePatch", "projection_margin", 1.0, 1_000.0),
+    ("GatePatch", "projection_evaluations", 1.0, 1_000.0),
+    ("StuckPatch", "same_observation", 2.0, 20.0),
+    ("StuckPatch", "same_error", 2.0, 20.0),
+    ("StuckPatch", "same_message", 2.0, 20.0),
+    ("StuckPatch", "alternation", 4.0, 20.0),
+    ("StuckPatch", "overflow_window", 1.0, 20.0),
+    ("StuckPatch", "overflow_repeats", 1.0, 20.0),
+    ("StuckPatch", "max_total_wait_ms", 1.0, 2_592_000_000.0),
+];
+
 /// Overrides of the continue gate's thresholds; a field left out keeps the
 /// server's value.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize, ToSchema)]
@@ -258,6 +280,9 @@ pub struct Recording {
     pub start: LoopState,
     /// Fixed or continuous.
     pub mode: Mode,
+    /// It delegated to child sessions: an end on their results (every one
+    /// failed: `agent_blocked`) is decided from their rows, and taken from the record.
+    pub has_children: bool,
     /// Delegated by a parent, and its tree's rule for a child that would wait.
     pub tree: (bool, ChildPausePolicy),
     /// USD per million tokens its model's steps are reserved at (the
@@ -659,6 +684,9 @@ impl Sim<'_> {
     fn out_of_record(self, n: u64) -> Replayed {
         match self.rec.end.reason {
             Some(reason) if external(reason) => self.ended(n, (reason, None), EndedBy::Record),
+            Some(Reason::AgentBlocked) if self.rec.has_children => {
+                self.ended(n, (Reason::AgentBlocked, None), EndedBy::Record)
+            }
             None if self.rec.end.status != Status::Running => {
                 let status = self.rec.end.status;
                 self.finish(Some(status), None, n, EndedBy::Record, None)
@@ -939,6 +967,7 @@ mod tests {
         let mut rec = Recording {
             start: LoopState::new(lim.reflection_interval),
             mode,
+            has_children: false,
             tree: (false, ChildPausePolicy::default()),
             money_rate: None,
             steps,
@@ -1096,6 +1125,14 @@ mod tests {
         rec.end.reason = Some(Reason::Stuck);
         let o = replay(&rec, &base, &base);
         assert!(!o.reproduced, "drift is reported, not hidden");
+        // A parent blocked on its children's failures: their rows decided it.
+        rec.end.status = Status::Paused;
+        rec.end.reason = Some(Reason::AgentBlocked);
+        assert!(!replay(&rec, &base, &base).reproduced);
+        rec.has_children = true;
+        let o = replay(&rec, &base, &base);
+        assert!(o.reproduced);
+        assert_eq!(o.baseline.ended_by, EndedBy::Record);
     }
 
     fn continuous(steps: Vec<RecordedStep>, reflections: Vec<RecordedReflection>) -> (Recording, Policy) {
@@ -1253,6 +1290,32 @@ mod tests {
         let json: PolicyOverride = serde_json::from_value(serde_json::json!({"limits": {"max_iterations": 3}, "stuck": {"same_error": 2}})).expect("reads");
         assert_eq!(json.limits.max_iterations, Some(3));
         assert!(serde_json::from_value::<PolicyOverride>(serde_json::json!({"gates": {}})).is_err(), "unknown fields are refused");
+    }
+
+    #[test]
+    fn the_documented_ranges_are_the_ones_checked() {
+        let base = Policy::recorded(GateConfig::default(), StuckConfig::default(), limits(5));
+        for (schema, field, min, max) in RANGES {
+            let floats = ["coherence_min", "rework_max", "uncertainty_max", "slope_max", "projection_margin"];
+            let patch = |v: f64| {
+                let group = if schema == "GatePatch" { "gate" } else { "stuck" };
+                let value = if floats.contains(&field) {
+                    serde_json::json!(v)
+                } else {
+                    serde_json::json!(v as i64)
+                };
+                serde_json::from_value::<PolicyOverride>(serde_json::json!({ group: { field: value } }))
+            };
+            for ok in [min, max] {
+                let p = patch(ok).unwrap_or_else(|e| panic!("{field} {ok}: {e}"));
+                assert!(p.apply(&base).is_ok(), "{field} {ok} is in range");
+            }
+            // Past either end: refused when read (a negative count) or applied.
+            for bad in [min - 1.0, max + 1.0] {
+                let refused = patch(bad).map_or(true, |p| p.apply(&base).is_err());
+                assert!(refused, "{field} {bad} is out of range");
+            }
+        }
     }
 
     #[test]

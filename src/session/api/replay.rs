@@ -12,6 +12,7 @@ use uuid::Uuid;
 
 use super::SessionService;
 use crate::policy::lifecycle::Status;
+use crate::policy::loop_state::LoopState;
 use crate::policy::replay::{
     self, Policy, PolicyOverride, RecordedEnd, RecordedReflection, RecordedStep, Recording,
     ReplayOutcome, Totals,
@@ -80,6 +81,21 @@ pub struct ReplayAnswer {
     pub totals: Totals,
     /// Time the replay took, ms.
     pub took_ms: u64,
+}
+
+/// The state `session` started with: the row's checklists as none is
+/// ticked yet, and the context cycle before the first recorded change of it
+/// (the row holds the latest; each change moves on by one).
+fn start_state(session: &Session, steps: &[crate::store::ReplayStep]) -> LoopState {
+    let mut state = initial_state(session);
+    for item in state.criteria.iter_mut().chain(state.milestones.iter_mut()) {
+        item.done = false;
+        item.done_at_iteration = None;
+    }
+    if let Some(first) = steps.iter().find_map(|s| s.effects.new_cycle) {
+        state.cycle = first.saturating_sub(1).max(1);
+    }
+    state
 }
 
 impl SessionService {
@@ -205,7 +221,8 @@ impl SessionService {
         let day = session.ended_at.unwrap_or(session.updated_at).date_naive();
         let count = |v: i64| u64::try_from(v).unwrap_or(0);
         Recording {
-            start: initial_state(session),
+            start: start_state(session, &steps),
+            has_children: session.children_count > 0,
             mode: session.mode,
             tree: (session.parent_id.is_some(), session.on_child_pause),
             money_rate: self.config.model_prices.reservation_rate(model, day),

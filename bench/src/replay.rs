@@ -30,14 +30,26 @@ fn steps(k: usize) -> Vec<RecordedStep> {
     (1..=STEPS)
         .map(|n| {
             let repeat = k % 5 == 0 && (40..48).contains(&n);
-            let action = if repeat { "look".to_string() } else { format!("write_{n}") };
+            let action = if repeat {
+                "look".to_string()
+            } else {
+                format!("write_{n}")
+            };
             let record = StepRecord {
                 number: n,
                 action,
                 arguments: if repeat { json!({}) } else { json!({ "n": n }) },
                 outcome: Outcome::Success,
-                observation: if repeat { "same".into() } else { format!("wrote {n}") },
-                message: if repeat { "looking".into() } else { format!("step {n}") },
+                observation: if repeat {
+                    "same".into()
+                } else {
+                    format!("wrote {n}")
+                },
+                message: if repeat {
+                    "looking".into()
+                } else {
+                    format!("step {n}")
+                },
                 error: None,
                 tokens: 100 + (n % 7) * 10,
                 tool_calls: 1,

@@ -52,12 +52,17 @@ fn body(args: &ReplayArgs) -> Result<Value, ClientError> {
         None => json!({}),
     };
     if !policy.is_object() {
-        return Err(ClientError::Invalid("--policy must be a JSON object".into()));
+        return Err(ClientError::Invalid(
+            "--policy must be a JSON object".into(),
+        ));
     }
     let limits = [
         ("max_iterations", args.max_iterations.map(Value::from)),
         ("max_tokens", args.max_tokens.map(Value::from)),
-        ("reflection_interval", args.reflection_interval.map(Value::from)),
+        (
+            "reflection_interval",
+            args.reflection_interval.map(Value::from),
+        ),
         ("review_every", args.review_every.map(Value::from)),
     ];
     for (name, value) in limits {
@@ -134,7 +139,11 @@ fn lines(doc: &Value) -> String {
         out.push('\n');
     }
     for s in doc["not_replayed"].as_array().into_iter().flatten() {
-        out.push_str(&format!("{}  not replayed: {}\n", text(s, "id"), text(s, "why")));
+        out.push_str(&format!(
+            "{}  not replayed: {}\n",
+            text(s, "id"),
+            text(s, "why")
+        ));
     }
     let t = &doc["totals"];
     out.push_str(&format!(
@@ -166,10 +175,19 @@ mod tests {
     #[test]
     fn flags_lay_over_the_policy_and_ids_or_a_filter_select() {
         let id = uuid::Uuid::nil().to_string();
-        let b = body(&parse(&[&id, "--max-iterations", "5", "--policy", r#"{"stuck":{"same_error":2}}"#]))
-            .expect("a body");
+        let b = body(&parse(&[
+            &id,
+            "--max-iterations",
+            "5",
+            "--policy",
+            r#"{"stuck":{"same_error":2}}"#,
+        ]))
+        .expect("a body");
         assert_eq!(b["session_ids"], json!([id]));
-        assert_eq!(b["policy"], json!({"stuck": {"same_error": 2}, "limits": {"max_iterations": 5}}));
+        assert_eq!(
+            b["policy"],
+            json!({"stuck": {"same_error": 2}, "limits": {"max_iterations": 5}})
+        );
         let b = body(&parse(&["--status", "completed", "--limit", "7"])).expect("a body");
         assert_eq!(b["filter"], json!({"limit": 7, "status": "completed"}));
         assert!(body(&parse(&["--policy", "[1]"])).is_err());
@@ -191,7 +209,12 @@ mod tests {
                        "completions_cut_short": 1, "reproduced": 1}
         });
         let text = lines(&doc);
-        assert!(text.contains("was completed goal_achieved (9)  now stopped max_iterations (5)  earlier"), "{text}");
+        assert!(
+            text.contains(
+                "was completed goal_achieved (9)  now stopped max_iterations (5)  earlier"
+            ),
+            "{text}"
+        );
         assert!(text.contains("b  not replayed: not_found"), "{text}");
         assert!(text.contains("completions cut short 1"), "{text}");
     }

@@ -395,7 +395,13 @@ fn replay_bounds(out: &mut Vec<Bound>) {
     ));
     out.extend(range(prop("ReplayFilter", "limit"), 1, MAX_REPLAY_SESSIONS));
     for (schema, field, min, max) in crate::policy::replay::RANGES {
-        let floats = ["coherence_min", "rework_max", "uncertainty_max", "slope_max", "projection_margin"];
+        let floats = [
+            "coherence_min",
+            "rework_max",
+            "uncertainty_max",
+            "slope_max",
+            "projection_margin",
+        ];
         let (min, max): (Value, Value) = if floats.contains(&field) {
             (min.into(), max.into())
         } else {

@@ -88,7 +88,9 @@ fn selection(req: ReplayRequest) -> ApiResult<Selection> {
                 )));
             }
             let mut seen = std::collections::HashSet::new();
-            Ok(Selection::Ids(ids.into_iter().filter(|id| seen.insert(*id)).collect()))
+            Ok(Selection::Ids(
+                ids.into_iter().filter(|id| seen.insert(*id)).collect(),
+            ))
         }
         (None, Some(f)) => {
             let limit = f.limit.unwrap_or(DEFAULT_FILTER_LIMIT);

@@ -142,7 +142,12 @@ impl Policy {
 }
 
 /// A value outside its range, as [`LimitOutOfRange`] says it.
-fn out_of_range<T: ToString>(field: &'static str, value: T, min: &str, max: &str) -> LimitOutOfRange {
+fn out_of_range<T: ToString>(
+    field: &'static str,
+    value: T,
+    min: &str,
+    max: &str,
+) -> LimitOutOfRange {
     LimitOutOfRange {
         field,
         value: value.to_string(),
@@ -151,7 +156,12 @@ fn out_of_range<T: ToString>(field: &'static str, value: T, min: &str, max: &str
     }
 }
 
-fn fraction(field: &'static str, v: Option<f64>, to: &mut f64, max: f64) -> Result<(), LimitOutOfRange> {
+fn fraction(
+    field: &'static str,
+    v: Option<f64>,
+    to: &mut f64,
+    max: f64,
+) -> Result<(), LimitOutOfRange> {
     if let Some(v) = v {
         if !(v.is_finite() && (0.0..=max).contains(&v)) {
             return Err(out_of_range(field, v, "0", &max.to_string()));
@@ -181,15 +191,45 @@ impl PolicyOverride {
     pub fn apply(&self, base: &Policy) -> Result<Policy, LimitOutOfRange> {
         let (g, s) = (&self.gate, &self.stuck);
         let mut gate = base.gate;
-        fraction("coherence_min", g.coherence_min, &mut gate.coherence_min, 1.0)?;
+        fraction(
+            "coherence_min",
+            g.coherence_min,
+            &mut gate.coherence_min,
+            1.0,
+        )?;
         fraction("rework_max", g.rework_max, &mut gate.rework_max, 1.0)?;
-        fraction("uncertainty_max", g.uncertainty_max, &mut gate.uncertainty_max, 1.0)?;
+        fraction(
+            "uncertainty_max",
+            g.uncertainty_max,
+            &mut gate.uncertainty_max,
+            1.0,
+        )?;
         fraction("slope_max", g.slope_max, &mut gate.slope_max, 100.0)?;
         let window = loop_state::HISTORY_WINDOW;
-        count("review_every", g.review_every, &mut gate.review_every, (0, 1_000_000))?;
-        count("rework_window", g.rework_window, &mut gate.rework_window, (1, window))?;
-        count("slope_window", g.slope_window, &mut gate.slope_window, (2, window))?;
-        count("checkpoint_every", g.checkpoint_every, &mut gate.checkpoint_every, (1, 1_000_000))?;
+        count(
+            "review_every",
+            g.review_every,
+            &mut gate.review_every,
+            (0, 1_000_000),
+        )?;
+        count(
+            "rework_window",
+            g.rework_window,
+            &mut gate.rework_window,
+            (1, window),
+        )?;
+        count(
+            "slope_window",
+            g.slope_window,
+            &mut gate.slope_window,
+            (2, window),
+        )?;
+        count(
+            "checkpoint_every",
+            g.checkpoint_every,
+            &mut gate.checkpoint_every,
+            (1, 1_000_000),
+        )?;
         count(
             "projection_evaluations",
             g.projection_evaluations,
@@ -203,12 +243,42 @@ impl PolicyOverride {
             gate.projection_margin = m;
         }
         let mut stuck = base.stuck;
-        count("same_observation", s.same_observation, &mut stuck.same_observation, (2, window))?;
-        count("same_error", s.same_error, &mut stuck.same_error, (2, window))?;
-        count("same_message", s.same_message, &mut stuck.same_message, (2, window))?;
-        count("alternation", s.alternation, &mut stuck.alternation, (4, window))?;
-        count("overflow_window", s.overflow_window, &mut stuck.overflow_window, (1, window))?;
-        count("overflow_repeats", s.overflow_repeats, &mut stuck.overflow_repeats, (1, window))?;
+        count(
+            "same_observation",
+            s.same_observation,
+            &mut stuck.same_observation,
+            (2, window),
+        )?;
+        count(
+            "same_error",
+            s.same_error,
+            &mut stuck.same_error,
+            (2, window),
+        )?;
+        count(
+            "same_message",
+            s.same_message,
+            &mut stuck.same_message,
+            (2, window),
+        )?;
+        count(
+            "alternation",
+            s.alternation,
+            &mut stuck.alternation,
+            (4, window),
+        )?;
+        count(
+            "overflow_window",
+            s.overflow_window,
+            &mut stuck.overflow_window,
+            (1, window),
+        )?;
+        count(
+            "overflow_repeats",
+            s.overflow_repeats,
+            &mut stuck.overflow_repeats,
+            (1, window),
+        )?;
         count(
             "max_total_wait_ms",
             s.max_total_wait_ms,
@@ -604,10 +674,9 @@ impl Sim<'_> {
         let mut inputs = self.state.gate_inputs(self.rec.mode, &limits, &deltas);
         inputs.budget.time_remaining_ms = Some(guardrails::time_remaining_ms(&limits, &usage));
         if let Some(left) = guardrails::cost_remaining(&limits, &usage) {
-            let money = self
-                .rec
-                .money_rate
-                .map_or(0, |rate| crate::policy::budget::affordable_tokens(left, rate));
+            let money = self.rec.money_rate.map_or(0, |rate| {
+                crate::policy::budget::affordable_tokens(left, rate)
+            });
             if inputs.budget.tokens_remaining.is_some_and(|t| money < t) {
                 inputs.budget.tokens_remaining = Some(money);
             }
@@ -653,9 +722,7 @@ impl Sim<'_> {
         }
         self.state.apply(step.run, &step.record, &effects);
         match step.cost_usd {
-            Some(usd) => {
-                self.state.usage.cost_usd = self.state.usage.cost_usd.saturating_add(usd)
-            }
+            Some(usd) => self.state.usage.cost_usd = self.state.usage.cost_usd.saturating_add(usd),
             None => {
                 self.state.usage.unpriced_steps = self.state.usage.unpriced_steps.saturating_add(1)
             }
@@ -672,7 +739,12 @@ impl Sim<'_> {
     }
 
     /// The replay ends at `point` for `reason`.
-    fn ended(mut self, point: u64, (reason, detail): (Reason, Option<String>), by: EndedBy) -> Replayed {
+    fn ended(
+        mut self,
+        point: u64,
+        (reason, detail): (Reason, Option<String>),
+        by: EndedBy,
+    ) -> Replayed {
         let (is_child, on_pause) = self.rec.tree;
         let status = delegation::run_end_status(reason, is_child, on_pause);
         self.decide(point, Action::End { status, reason });
@@ -802,16 +874,19 @@ pub fn replay(rec: &Recording, base: &Policy, policy: &Policy) -> ReplayOutcome 
     let reproduced = baseline.status == Some(end.status)
         && baseline.reason == end.reason
         && baseline.iterations == end.iterations;
-    let change = if replayed.ended_by == EndedBy::BeyondRecord || replayed.iterations > end.iterations {
-        Change::Later
-    } else if replayed.iterations < end.iterations {
-        Change::Earlier
-    } else {
-        Change::Same
-    };
+    let change =
+        if replayed.ended_by == EndedBy::BeyondRecord || replayed.iterations > end.iterations {
+            Change::Later
+        } else if replayed.iterations < end.iterations {
+            Change::Earlier
+        } else {
+            Change::Same
+        };
     let differs = replayed.status != Some(end.status) || replayed.reason != end.reason;
     let tokens = i128::from(end.tokens) + i128::from(replayed.tokens) - i128::from(baseline.tokens);
-    let cost = end.cost_usd.saturating_add(replayed.cost_usd.saturating_sub(baseline.cost_usd));
+    let cost = end
+        .cost_usd
+        .saturating_add(replayed.cost_usd.saturating_sub(baseline.cost_usd));
     ReplayOutcome {
         recorded: end,
         divergence: divergence(&baseline.decisions, &replayed.decisions),
@@ -1018,7 +1093,10 @@ mod tests {
     #[test]
     fn the_recorded_policy_reproduces_the_record_with_no_divergence() {
         let (rec, base) = recording(Mode::Fixed, limits(5), distinct(5));
-        assert_eq!((rec.end.status, rec.end.reason), (Status::Stopped, Some(Reason::MaxIterations)));
+        assert_eq!(
+            (rec.end.status, rec.end.reason),
+            (Status::Stopped, Some(Reason::MaxIterations))
+        );
         let o = replay(&rec, &base, &base);
         assert!(o.reproduced);
         assert_eq!(o.change, Change::Same);
@@ -1042,7 +1120,12 @@ mod tests {
         assert_eq!(o.counterfactual_cost_usd, Decimal::new(3, 3));
         let d = o.divergence.clone().expect("a divergence");
         assert_eq!(d.iteration, 3);
-        assert_eq!(d.old, Some(Action::Gate { decision: "continue".into() }));
+        assert_eq!(
+            d.old,
+            Some(Action::Gate {
+                decision: "continue".into()
+            })
+        );
         assert_eq!(
             d.new,
             Some(Action::End {
@@ -1071,7 +1154,13 @@ mod tests {
         };
         assert_eq!(d.iteration, 5);
         assert_eq!(d.old, Some(stopped));
-        assert_eq!(d.new, Some(Action::Gate { decision: "continue".into() }), "the override goes on");
+        assert_eq!(
+            d.new,
+            Some(Action::Gate {
+                decision: "continue".into()
+            }),
+            "the override goes on"
+        );
     }
 
     #[test]
@@ -1103,8 +1192,16 @@ mod tests {
         let o = replay(&rec, &base, &with(&base, tight));
         assert!(o.reproduced);
         assert_eq!(o.replayed.reason, Some(Reason::Stuck));
-        assert!(o.replayed.iterations < recorded_at, "{} < {recorded_at}", o.replayed.iterations);
-        assert_eq!(o.divergence.expect("diverges").iteration, 2, "the first nudge comes at step 2");
+        assert!(
+            o.replayed.iterations < recorded_at,
+            "{} < {recorded_at}",
+            o.replayed.iterations
+        );
+        assert_eq!(
+            o.divergence.expect("diverges").iteration,
+            2,
+            "the first nudge comes at step 2"
+        );
     }
 
     #[test]
@@ -1115,7 +1212,10 @@ mod tests {
         assert_eq!(o.baseline.ended_by, EndedBy::Record);
         // A cap reached before the user's stop wins.
         let o = replay(&rec, &base, &with(&base, max_iterations(2)));
-        assert_eq!((o.replayed.reason, o.replayed.ended_by), (Some(Reason::MaxIterations), EndedBy::Policy));
+        assert_eq!(
+            (o.replayed.reason, o.replayed.ended_by),
+            (Some(Reason::MaxIterations), EndedBy::Policy)
+        );
     }
 
     #[test]
@@ -1135,7 +1235,10 @@ mod tests {
         assert_eq!(o.baseline.ended_by, EndedBy::Record);
     }
 
-    fn continuous(steps: Vec<RecordedStep>, reflections: Vec<RecordedReflection>) -> (Recording, Policy) {
+    fn continuous(
+        steps: Vec<RecordedStep>,
+        reflections: Vec<RecordedReflection>,
+    ) -> (Recording, Policy) {
         let (mut rec, base) = recording(Mode::Continuous, limits(20), steps);
         rec.reflections = reflections;
         settle(&mut rec, &base);
@@ -1155,7 +1258,10 @@ mod tests {
     fn recorded_reflections_are_decided_again_and_their_tokens_count() {
         let done = assessment(GoalAchieved::Yes, Progress::Good, 100.0);
         let (rec, base) = continuous(distinct(12), vec![reflection(10, Some(done))]);
-        assert_eq!((rec.end.status, rec.end.iterations), (Status::Completed, 10));
+        assert_eq!(
+            (rec.end.status, rec.end.iterations),
+            (Status::Completed, 10)
+        );
         assert_eq!(rec.end.tokens, 1_050);
         let o = replay(&rec, &base, &base);
         assert!(o.reproduced);
@@ -1208,7 +1314,10 @@ mod tests {
         let (mut rec, base) = continuous(steps, failed);
         rec.start.reflection.interval = 5;
         settle(&mut rec, &base);
-        assert_eq!((rec.end.reason, rec.end.iterations), (Some(Reason::ReflectionFailed), 15));
+        assert_eq!(
+            (rec.end.reason, rec.end.iterations),
+            (Some(Reason::ReflectionFailed), 15)
+        );
         assert!(replay(&rec, &base, &base).reproduced);
     }
 
@@ -1223,7 +1332,9 @@ mod tests {
         let o = replay(&rec, &base, &base);
         assert!(o.baseline.decisions.contains(&Decision {
             iteration: 3,
-            action: Action::Reflection { verdict: "reject".into() }
+            action: Action::Reflection {
+                verdict: "reject".into()
+            }
         }));
     }
 
@@ -1255,7 +1366,10 @@ mod tests {
             ..PolicyOverride::default()
         };
         let o = replay(&rec, &base, &with(&base, review));
-        assert_eq!((o.replayed.reason, o.replayed.iterations), (Some(Reason::ReviewRequired), 5));
+        assert_eq!(
+            (o.replayed.reason, o.replayed.iterations),
+            (Some(Reason::ReviewRequired), 5)
+        );
     }
 
     #[test]
@@ -1264,7 +1378,10 @@ mod tests {
         let (mut rec, base) = recording(Mode::Fixed, limits(12), steps);
         rec.tree = (true, ChildPausePolicy::FailChild);
         settle(&mut rec, &base);
-        assert_eq!((rec.end.status, rec.end.reason), (Status::Failed, Some(Reason::Stuck)));
+        assert_eq!(
+            (rec.end.status, rec.end.reason),
+            (Status::Failed, Some(Reason::Stuck))
+        );
         assert!(replay(&rec, &base, &base).reproduced);
     }
 
@@ -1272,39 +1389,100 @@ mod tests {
     fn overrides_are_range_checked() {
         let base = Policy::recorded(GateConfig::default(), StuckConfig::default(), limits(5));
         let bad = [
-            PolicyOverride { gate: GatePatch { rework_max: Some(1.5), ..GatePatch::default() }, ..PolicyOverride::default() },
-            PolicyOverride { gate: GatePatch { coherence_min: Some(f64::NAN), ..GatePatch::default() }, ..PolicyOverride::default() },
-            PolicyOverride { gate: GatePatch { rework_window: Some(21), ..GatePatch::default() }, ..PolicyOverride::default() },
-            PolicyOverride { gate: GatePatch { projection_margin: Some(0.5), ..GatePatch::default() }, ..PolicyOverride::default() },
-            PolicyOverride { stuck: StuckPatch { same_observation: Some(1), ..StuckPatch::default() }, ..PolicyOverride::default() },
-            PolicyOverride { stuck: StuckPatch { max_total_wait_ms: Some(0), ..StuckPatch::default() }, ..PolicyOverride::default() },
+            PolicyOverride {
+                gate: GatePatch {
+                    rework_max: Some(1.5),
+                    ..GatePatch::default()
+                },
+                ..PolicyOverride::default()
+            },
+            PolicyOverride {
+                gate: GatePatch {
+                    coherence_min: Some(f64::NAN),
+                    ..GatePatch::default()
+                },
+                ..PolicyOverride::default()
+            },
+            PolicyOverride {
+                gate: GatePatch {
+                    rework_window: Some(21),
+                    ..GatePatch::default()
+                },
+                ..PolicyOverride::default()
+            },
+            PolicyOverride {
+                gate: GatePatch {
+                    projection_margin: Some(0.5),
+                    ..GatePatch::default()
+                },
+                ..PolicyOverride::default()
+            },
+            PolicyOverride {
+                stuck: StuckPatch {
+                    same_observation: Some(1),
+                    ..StuckPatch::default()
+                },
+                ..PolicyOverride::default()
+            },
+            PolicyOverride {
+                stuck: StuckPatch {
+                    max_total_wait_ms: Some(0),
+                    ..StuckPatch::default()
+                },
+                ..PolicyOverride::default()
+            },
             max_iterations(0),
         ];
         for patch in bad {
             assert!(patch.apply(&base).is_err(), "{patch:?}");
         }
-        let fine = PolicyOverride { gate: GatePatch { rework_max: Some(1.0), review_every: Some(0), ..GatePatch::default() }, ..PolicyOverride::default() };
+        let fine = PolicyOverride {
+            gate: GatePatch {
+                rework_max: Some(1.0),
+                review_every: Some(0),
+                ..GatePatch::default()
+            },
+            ..PolicyOverride::default()
+        };
         let p = fine.apply(&base).expect("in range");
         assert_eq!((p.gate.rework_max, p.gate.review_every), (1.0, 0));
         assert!(!p.reflect_when_due, "the interval is not overridden");
-        let json: PolicyOverride = serde_json::from_value(serde_json::json!({"limits": {"max_iterations": 3}, "stuck": {"same_error": 2}})).expect("reads");
+        let json: PolicyOverride = serde_json::from_value(
+            serde_json::json!({"limits": {"max_iterations": 3}, "stuck": {"same_error": 2}}),
+        )
+        .expect("reads");
         assert_eq!(json.limits.max_iterations, Some(3));
-        assert!(serde_json::from_value::<PolicyOverride>(serde_json::json!({"gates": {}})).is_err(), "unknown fields are refused");
+        assert!(
+            serde_json::from_value::<PolicyOverride>(serde_json::json!({"gates": {}})).is_err(),
+            "unknown fields are refused"
+        );
     }
 
     #[test]
     fn the_documented_ranges_are_the_ones_checked() {
         let base = Policy::recorded(GateConfig::default(), StuckConfig::default(), limits(5));
         for (schema, field, min, max) in RANGES {
-            let floats = ["coherence_min", "rework_max", "uncertainty_max", "slope_max", "projection_margin"];
+            let floats = [
+                "coherence_min",
+                "rework_max",
+                "uncertainty_max",
+                "slope_max",
+                "projection_margin",
+            ];
             let patch = |v: f64| {
-                let group = if schema == "GatePatch" { "gate" } else { "stuck" };
+                let group = if schema == "GatePatch" {
+                    "gate"
+                } else {
+                    "stuck"
+                };
                 let value = if floats.contains(&field) {
                     serde_json::json!(v)
                 } else {
                     serde_json::json!(v as i64)
                 };
-                serde_json::from_value::<PolicyOverride>(serde_json::json!({ group: { field: value } }))
+                serde_json::from_value::<PolicyOverride>(
+                    serde_json::json!({ group: { field: value } }),
+                )
             };
             for ok in [min, max] {
                 let p = patch(ok).unwrap_or_else(|e| panic!("{field} {ok}: {e}"));
@@ -1320,11 +1498,26 @@ mod tests {
 
     #[test]
     fn divergence_finds_the_first_difference_or_the_shorter_end() {
-        let d = |i, k: &str| Decision { iteration: i, action: Action::Gate { decision: k.into() } };
+        let d = |i, k: &str| Decision {
+            iteration: i,
+            action: Action::Gate { decision: k.into() },
+        };
         assert_eq!(divergence(&[d(0, "continue")], &[d(0, "continue")]), None);
-        let got = divergence(&[d(0, "continue"), d(1, "continue")], &[d(0, "continue"), d(1, "throttle")]).expect("differs");
-        assert_eq!((got.iteration, got.old, got.new), (1, Some(d(1, "continue").action), Some(d(1, "throttle").action)));
-        let got = divergence(&[d(0, "continue")], &[d(0, "continue"), d(1, "continue")]).expect("longer");
+        let got = divergence(
+            &[d(0, "continue"), d(1, "continue")],
+            &[d(0, "continue"), d(1, "throttle")],
+        )
+        .expect("differs");
+        assert_eq!(
+            (got.iteration, got.old, got.new),
+            (
+                1,
+                Some(d(1, "continue").action),
+                Some(d(1, "throttle").action)
+            )
+        );
+        let got =
+            divergence(&[d(0, "continue")], &[d(0, "continue"), d(1, "continue")]).expect("longer");
         assert_eq!((got.iteration, got.old), (1, None));
     }
 
@@ -1339,7 +1532,10 @@ mod tests {
         later.counterfactual_tokens = 900;
         later.counterfactual_cost_usd = Decimal::new(9, 3);
         t.add(&later);
-        assert_eq!((t.sessions, t.reproduced, t.same, t.same_iteration_other_end), (2, 2, 2, 1));
+        assert_eq!(
+            (t.sessions, t.reproduced, t.same, t.same_iteration_other_end),
+            (2, 2, 2, 1)
+        );
         assert_eq!((t.tokens_added, t.tokens_saved), (400, 0));
         assert_eq!(t.cost_added_usd, Decimal::new(4, 3));
     }

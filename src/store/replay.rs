@@ -71,13 +71,16 @@ impl Store {
         .fetch_all(self.pool())
         .await?;
         for r in steps {
-            rows.steps.entry(r.session_id).or_default().push(ReplayStep {
-                run: r.run,
-                record: r.record.0,
-                effects: r.effects.0,
-                cost_usd: r.cost_usd,
-                usage_tokens: r.usage.map_or(0, |u| u.total()),
-            });
+            rows.steps
+                .entry(r.session_id)
+                .or_default()
+                .push(ReplayStep {
+                    run: r.run,
+                    record: r.record.0,
+                    effects: r.effects.0,
+                    cost_usd: r.cost_usd,
+                    usage_tokens: r.usage.map_or(0, |u| u.total()),
+                });
         }
         let reflections = sqlx::query!(
             r#"SELECT r.session_id, r.after_iteration, r.assessment AS "assessment: Json<Assessment>",
@@ -109,7 +112,10 @@ impl Store {
         )
         .fetch_all(self.pool())
         .await?;
-        rows.tokens_charged = charged.into_iter().map(|r| (r.id, r.tokens_charged)).collect();
+        rows.tokens_charged = charged
+            .into_iter()
+            .map(|r| (r.id, r.tokens_charged))
+            .collect();
         Ok(rows)
     }
 }

@@ -47,7 +47,11 @@ async fn replay(app: &TestApp, client: &reqwest::Client, body: Value) -> (Status
 }
 
 fn end(doc: &Value) -> (Value, Value, Value) {
-    (doc["status"].clone(), doc["reason"].clone(), doc["iterations"].clone())
+    (
+        doc["status"].clone(),
+        doc["reason"].clone(),
+        doc["iterations"].clone(),
+    )
 }
 
 #[tokio::test]
@@ -61,11 +65,39 @@ async fn a_lower_iteration_cap_reports_the_hand_computed_differences() {
     let capped_5 = ended(&app, steps(12, false), json!({ "max_iterations": 5 })).await;
     let table = [
         // id, recorded (status, reason, iterations), replayed, change, tokens, cut short
-        (&capped_10, ("stopped", "max_iterations", 10), (json!("stopped"), json!("max_iterations"), 6), "earlier", 60, false),
-        (&done_at_4, ("completed", "goal_achieved", 4), (json!("completed"), json!("goal_achieved"), 4), "same", 40, false),
-        (&done_at_8, ("completed", "goal_achieved", 8), (json!("stopped"), json!("max_iterations"), 6), "earlier", 60, true),
+        (
+            &capped_10,
+            ("stopped", "max_iterations", 10),
+            (json!("stopped"), json!("max_iterations"), 6),
+            "earlier",
+            60,
+            false,
+        ),
+        (
+            &done_at_4,
+            ("completed", "goal_achieved", 4),
+            (json!("completed"), json!("goal_achieved"), 4),
+            "same",
+            40,
+            false,
+        ),
+        (
+            &done_at_8,
+            ("completed", "goal_achieved", 8),
+            (json!("stopped"), json!("max_iterations"), 6),
+            "earlier",
+            60,
+            true,
+        ),
         // A higher cap than it ran under: the record ends before the policy would.
-        (&capped_5, ("stopped", "max_iterations", 5), (Value::Null, Value::Null, 5), "later", 50, false),
+        (
+            &capped_5,
+            ("stopped", "max_iterations", 5),
+            (Value::Null, Value::Null, 5),
+            "later",
+            50,
+            false,
+        ),
     ];
     let ids: Vec<&String> = table.iter().map(|row| row.0).collect();
     let (status, doc) = replay(
@@ -88,12 +120,21 @@ async fn a_lower_iteration_cap_reports_the_hand_computed_differences() {
             "{s}"
         );
         assert_eq!(s["reproduced"], true, "{s}");
-        assert_eq!(end(&s["replayed"]), (replayed.0, replayed.1, json!(replayed.2)), "{s}");
+        assert_eq!(
+            end(&s["replayed"]),
+            (replayed.0, replayed.1, json!(replayed.2)),
+            "{s}"
+        );
         assert_eq!(s["change"], change, "{s}");
         assert_eq!(s["counterfactual_tokens"], tokens, "{s}");
         assert_eq!(s["cut_short"], cut, "{s}");
     }
-    let by = |id: &String| sessions.iter().find(|s| s["id"] == json!(id)).expect("there");
+    let by = |id: &String| {
+        sessions
+            .iter()
+            .find(|s| s["id"] == json!(id))
+            .expect("there")
+    };
     // The first decision taken differently: the gate let step 7 run, the cap ends it.
     assert_eq!(
         by(&capped_10)["divergence"],
@@ -104,11 +145,21 @@ async fn a_lower_iteration_cap_reports_the_hand_computed_differences() {
     assert_eq!(by(&capped_5)["replayed"]["ended_by"], "beyond_record");
     let t = &doc["totals"];
     assert_eq!(
-        (&t["sessions"], &t["reproduced"], &t["earlier"], &t["later"], &t["same"]),
+        (
+            &t["sessions"],
+            &t["reproduced"],
+            &t["earlier"],
+            &t["later"],
+            &t["same"]
+        ),
         (&json!(4), &json!(4), &json!(2), &json!(1), &json!(1)),
         "{t}"
     );
-    assert_eq!((&t["tokens_saved"], &t["tokens_added"]), (&json!(60), &json!(0)), "{t}");
+    assert_eq!(
+        (&t["tokens_saved"], &t["tokens_added"]),
+        (&json!(60), &json!(0)),
+        "{t}"
+    );
     assert_eq!(t["completions_cut_short"], 1, "{t}");
 
     // The same sessions through the list's filter: the newest completed ones.
@@ -131,17 +182,29 @@ async fn another_tenants_sessions_are_not_replayed() {
     let intruder = client_with_key(&secret(create_key(&app.base, "intruder", "operator").await));
     let res = victim
         .post(app.url("/api/autonomous"))
-        .json(&json!({ "goal": "Create README.md with a project description",
+        .json(
+            &json!({ "goal": "Create README.md with a project description",
                        "limits": { "max_iterations": 3 },
-                       "executor": { "kind": "scripted", "steps": steps(5, false) } }))
+                       "executor": { "kind": "scripted", "steps": steps(5, false) } }),
+        )
         .send()
         .await
         .expect("sent");
-    let id = res.json::<Value>().await.expect("json")["id"].as_str().expect("id").to_string();
+    let id = res.json::<Value>().await.expect("json")["id"]
+        .as_str()
+        .expect("id")
+        .to_string();
     common::eventually(Duration::from_secs(20), "the victim's session ends", || {
         let (victim, url) = (victim.clone(), app.url(&format!("/api/autonomous/{id}")));
         async move {
-            let s: Value = victim.get(url).send().await.expect("sent").json().await.expect("json");
+            let s: Value = victim
+                .get(url)
+                .send()
+                .await
+                .expect("sent")
+                .json()
+                .await
+                .expect("json");
             s["status"] == "stopped"
         }
     })
@@ -149,12 +212,22 @@ async fn another_tenants_sessions_are_not_replayed() {
     let body = json!({ "session_ids": [id] });
     let (status, doc) = replay(&app, &intruder, body.clone()).await;
     assert_eq!(status, StatusCode::OK, "{doc}");
-    assert_eq!(doc["sessions"], json!([]), "nothing of another tenant's: {doc}");
-    assert_eq!(doc["not_replayed"], json!([{ "id": id, "why": "not_found" }]));
+    assert_eq!(
+        doc["sessions"],
+        json!([]),
+        "nothing of another tenant's: {doc}"
+    );
+    assert_eq!(
+        doc["not_replayed"],
+        json!([{ "id": id, "why": "not_found" }])
+    );
     // As a missing id reads.
     let missing = uuid::Uuid::new_v4();
     let (_, doc) = replay(&app, &intruder, json!({ "session_ids": [missing] })).await;
-    assert_eq!(doc["not_replayed"], json!([{ "id": missing, "why": "not_found" }]));
+    assert_eq!(
+        doc["not_replayed"],
+        json!([{ "id": missing, "why": "not_found" }])
+    );
     // Nor through a filter.
     let (_, doc) = replay(&app, &intruder, json!({ "filter": {} })).await;
     assert_eq!(doc["totals"]["sessions"], 0, "{doc}");
@@ -172,7 +245,10 @@ async fn running_sessions_and_bad_requests_are_refused_clearly() {
         .await;
     let (status, doc) = replay(&app, &app.client, json!({ "session_ids": [running] })).await;
     assert_eq!(status, StatusCode::OK, "{doc}");
-    assert_eq!(doc["not_replayed"], json!([{ "id": running, "why": "not_ended" }]));
+    assert_eq!(
+        doc["not_replayed"],
+        json!([{ "id": running, "why": "not_ended" }])
+    );
     let too_many: Vec<uuid::Uuid> = (0..1_001).map(|_| uuid::Uuid::new_v4()).collect();
     for (body, says) in [
         (json!({}), "exactly one of session_ids and filter"),
@@ -181,12 +257,21 @@ async fn running_sessions_and_bad_requests_are_refused_clearly() {
         (json!({ "session_ids": too_many }), "1 to 1000"),
         (json!({ "filter": { "limit": 0 } }), "filter.limit"),
         (json!({ "filter": {}, "deadline_ms": 1 }), "deadline_ms"),
-        (json!({ "filter": {}, "policy": { "gate": { "rework_max": 2.0 } } }), "rework_max"),
-        (json!({ "filter": {}, "policy": { "limits": { "max_iterations": 0 } } }), "max_iterations"),
+        (
+            json!({ "filter": {}, "policy": { "gate": { "rework_max": 2.0 } } }),
+            "rework_max",
+        ),
+        (
+            json!({ "filter": {}, "policy": { "limits": { "max_iterations": 0 } } }),
+            "max_iterations",
+        ),
         (json!({ "filter": {}, "policy": { "gates": {} } }), "gates"),
     ] {
         let (status, doc) = replay(&app, &app.client, body.clone()).await;
         assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}: {doc}");
-        assert!(doc["detail"].as_str().unwrap_or("").contains(says), "{body}: {doc}");
+        assert!(
+            doc["detail"].as_str().unwrap_or("").contains(says),
+            "{body}: {doc}"
+        );
     }
 }

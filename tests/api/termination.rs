@@ -1235,8 +1235,14 @@ async fn replay_exactly(app: &TestApp, outcomes: &[Outcome]) -> (usize, usize, V
         if s["reproduced"] != true || s["divergence"] != Value::Null {
             drift.push(format!(
                 "{}: recorded {} {} ({}), replayed {} {} ({}) by {}",
-                s["id"], was["status"], was["reason"], was["iterations"],
-                now["status"], now["reason"], now["iterations"], now["ended_by"]
+                s["id"],
+                was["status"],
+                was["reason"],
+                was["iterations"],
+                now["status"],
+                now["reason"],
+                now["iterations"],
+                now["ended_by"]
             ));
         }
     }

@@ -111,7 +111,11 @@ impl SessionService {
         let started = Instant::now();
         // Refused before anything is read: the ranges do not depend on the session.
         let defaults = self.config.defaults.limits_for(self.config.defaults.mode);
-        policy.apply(&Policy::recorded(self.config.gate, self.config.stuck, defaults))?;
+        policy.apply(&Policy::recorded(
+            self.config.gate,
+            self.config.stuck,
+            defaults,
+        ))?;
         let mut answer = ReplayAnswer {
             sessions: Vec::new(),
             not_replayed: Vec::new(),
@@ -215,7 +219,10 @@ impl SessionService {
         let reflections = rows.reflections.remove(&id).unwrap_or_default();
         let brief = &session.executor_summary.0;
         let model = match brief.kind.as_str() {
-            "llm" => brief.model.as_deref().or(self.config.models.model.as_deref()),
+            "llm" => brief
+                .model
+                .as_deref()
+                .or(self.config.models.model.as_deref()),
             _ => None,
         };
         let day = session.ended_at.unwrap_or(session.updated_at).date_naive();

@@ -29,7 +29,7 @@ const STEPS: u64 = 100;
 fn steps(k: usize) -> Vec<RecordedStep> {
     (1..=STEPS)
         .map(|n| {
-            let repeat = k % 5 == 0 && (40..48).contains(&n);
+            let repeat = k.is_multiple_of(5) && (40..48).contains(&n);
             let action = if repeat {
                 "look".to_string()
             } else {
@@ -58,7 +58,7 @@ fn steps(k: usize) -> Vec<RecordedStep> {
                 duration_ms: 50,
                 context_overflow: false,
             };
-            let signal = (k % 2 == 0 && n == STEPS).then(|| Sentinel {
+            let signal = (k.is_multiple_of(2) && n == STEPS).then(|| Sentinel {
                 kind: SignalKind::Done,
                 reason: Some("done".into()),
             });

@@ -18,6 +18,7 @@ pub mod fleet;
 pub mod gate;
 pub mod guardrails;
 pub mod history;
+pub mod insights;
 pub mod lifecycle;
 pub mod loop_state;
 pub mod notify;

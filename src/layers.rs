@@ -98,6 +98,7 @@ const API: &[(&str, u8)] = &[
     ("tenant_warn_at", 1),
     ("insights", 1),
     ("notify", 2),
+    ("replay", 1),
 ];
 
 /// The files of `src/store`, from the bottom up: the SQL of one table
@@ -131,6 +132,7 @@ const STORE: &[(&str, u8)] = &[
     ("queue", 4),
     ("reflections", 4),
     ("rebuild", 3),
+    ("replay", 3),
     ("sessions", 4),
     ("children", 4),
     ("worker_tasks", 4),
@@ -167,6 +169,7 @@ const HTTP: &[(&str, u8)] = &[
     ("approvals", 3),
     ("estimate", 3),
     ("files", 3),
+    ("replay", 3),
     ("openapi", 4),
 ];
 

@@ -6,6 +6,8 @@
 //! Run with `cargo build --release --locked --workspace && target/release/warden-bench`
 //! (`--quick` for a smoke run of a few seconds). See BENCHMARKS.md.
 
+mod replay;
+
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -57,6 +59,8 @@ struct Scale {
     /// Creates phase: sessions of one tenant running, then creates timed.
     create_running: usize,
     create_samples: usize,
+    /// Recorded sessions of 100 iterations the replay phase replays.
+    replay_sessions: usize,
 }
 
 impl Scale {
@@ -80,6 +84,7 @@ impl Scale {
             fair_window: Duration::from_secs(60),
             create_running: 10_000,
             create_samples: 1_000,
+            replay_sessions: 10_000,
         }
     }
 
@@ -104,6 +109,7 @@ impl Scale {
             fair_window: Duration::from_secs(5),
             create_running: 200,
             create_samples: 50,
+            replay_sessions: 200,
         }
     }
 }
@@ -117,7 +123,7 @@ struct Options {
 }
 
 /// The phases, in the order they run.
-const PHASES: [&str; 10] = [
+const PHASES: [&str; 11] = [
     "throughput",
     "status",
     "stop",
@@ -128,6 +134,7 @@ const PHASES: [&str; 10] = [
     "retention",
     "fairness",
     "creates",
+    "replay",
 ];
 
 fn usage() -> &'static str {
@@ -140,7 +147,8 @@ fn usage() -> &'static str {
      --only PHASE     run one phase: throughput, status, stop, memory, replicas, embedded,
                       workers, retention, fairness or creates (repeatable; embedded:
                       the same on the embedded PostgreSQL; workers: steps through the
-                      worker protocol; retention: ended sessions pruned while others run)
+                      worker protocol; retention: ended sessions pruned while others run;
+                      replay: the policy-replay engine over recorded sessions, in memory)
      --database-url   a Postgres URL whose user may create databases\n\
                       (default: $DATABASE_URL, else postgres://postgres@127.0.0.1:5432/postgres)\n\
      --warden PATH    the warden binary (default: beside this program)"
@@ -201,7 +209,9 @@ fn parse_args() -> BenchResult<Options> {
             other => return Err(format!("unknown argument {other}\n{}", usage()).into()),
         }
     }
-    if !warden.exists() {
+    // The replay phase alone runs in this process: it needs no binary.
+    let engine_only = !only.is_empty() && only.iter().all(|p| p == "replay");
+    if !engine_only && !warden.exists() {
         return Err(format!(
             "{} does not exist; build it first: cargo build --release --locked",
             warden.display()
@@ -1456,6 +1466,22 @@ async fn run() -> BenchResult<()> {
 
     if opts.runs("creates") {
         rows.extend(creates_phase(&opts, &admin, &client, &scale).await?);
+    }
+
+    if opts.runs("replay") {
+        let n = scale.replay_sessions;
+        eprintln!("warden-bench: replay of {n} recorded sessions of 100 iterations");
+        let (rate, totals) = replay::phase(n);
+        rows.push(row(
+            format!(
+                "policy replay, {n} recorded sessions × 100 iterations, in memory (recorded policy + an override each; {} earlier, {} reproduced)",
+                totals.earlier, totals.reproduced
+            ),
+            format!("{rate:.0} sessions/s"),
+            "—".into(),
+            "—".into(),
+            "",
+        ));
     }
 
     println!("Machine: {machine}\n");

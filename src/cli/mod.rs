@@ -13,6 +13,7 @@ mod db;
 mod healthcheck;
 mod keys;
 mod migrate;
+mod replay;
 mod secrets;
 mod sessions;
 mod sse;
@@ -91,6 +92,12 @@ pub enum Command {
     Sessions(sessions::SessionsArgs),
     /// A running server's workers and their queues, over its HTTP API
     Workers(sessions::WorkersArgs),
+    /// Replay a policy over a running server's ended sessions (what-if), over its HTTP API
+    ///
+    /// Reruns the policy over each session's recorded steps with no model
+    /// call and no write, and says where each would have ended. The server
+    /// and key are found as for `warden sessions`.
+    Replay(replay::ReplayArgs),
     /// Print a shell completion script
     ///
     /// e.g. `warden completions bash > /etc/bash_completion.d/warden`,
@@ -145,6 +152,7 @@ pub async fn run(command: Command) -> ExitCode {
         Command::Archive(command) => archive::run(command).await,
         Command::Sessions(args) => sessions::run(args).await,
         Command::Workers(args) => sessions::run_workers(args).await,
+        Command::Replay(args) => replay::run(args).await,
         Command::Completions { shell } => completions(shell),
     }
 }

@@ -19,6 +19,7 @@ pub mod keys;
 pub mod notify;
 pub mod openapi;
 mod paging;
+pub mod replay;
 pub mod retention;
 pub mod serve;
 pub mod sessions;
@@ -200,6 +201,7 @@ pub fn router(state: AppState, max_body_bytes: usize, limits: RequestLimits) -> 
     let mcp_servers = state.service.mcp_servers();
     let api = sessions::router()
         .merge(estimate::router())
+        .merge(replay::router())
         .merge(history::router())
         .merge(files::router())
         .merge(approvals::router())

@@ -39,6 +39,7 @@ use crate::session::service::{MAX_GOAL_CHARS, MAX_GUIDANCE_CHARS};
     paths(
         super::sessions::create_session,
         super::estimate::estimate_session,
+        super::replay::replay_sessions,
         super::sessions::list_sessions,
         super::sessions::count_sessions,
         super::sessions::get_session,
@@ -373,12 +374,42 @@ pub fn bounds() -> Vec<Bound> {
     child_bounds(&mut out);
     scripted_step_bounds(&mut out);
     query_bounds(&mut out);
+    replay_bounds(&mut out);
     out.push((
         prop("SetNotifyTarget", "url"),
         "maxLength",
         crate::session::notify::MAX_URL_BYTES.into(),
     ));
     out
+}
+
+/// Bounds of a policy replay: its sessions, deadline and override ranges.
+fn replay_bounds(out: &mut Vec<Bound>) {
+    use crate::session::replay::{MAX_DEADLINE_MS, MAX_REPLAY_SESSIONS};
+    let ids = prop("ReplayRequest", "session_ids");
+    out.push((ids.clone(), "minItems", 1.into()));
+    out.push((ids, "maxItems", MAX_REPLAY_SESSIONS.into()));
+    out.extend(range(
+        prop("ReplayRequest", "deadline_ms"),
+        super::replay::MIN_DEADLINE_MS,
+        MAX_DEADLINE_MS,
+    ));
+    out.extend(range(prop("ReplayFilter", "limit"), 1, MAX_REPLAY_SESSIONS));
+    for (schema, field, min, max) in crate::policy::replay::RANGES {
+        let floats = [
+            "coherence_min",
+            "rework_max",
+            "uncertainty_max",
+            "slope_max",
+            "projection_margin",
+        ];
+        let (min, max): (Value, Value) = if floats.contains(&field) {
+            (min.into(), max.into())
+        } else {
+            ((min as u64).into(), (max as u64).into())
+        };
+        out.extend(range(prop(schema, field), min, max));
+    }
 }
 
 /// Bounds of keys, retention and limit patches, and which queues a key may name.

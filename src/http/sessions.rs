@@ -307,7 +307,7 @@ pub async fn count_sessions(
 
 /// The filter the list and the counts share; a 400 for a goal text over
 /// [`MAX_GOAL_FILTER_CHARS`] or with a control character.
-fn session_filter(
+pub(super) fn session_filter(
     mode: Option<Mode>,
     executor: Option<ExecutorKind>,
     goal: Option<String>,

@@ -16,7 +16,9 @@ pub mod retention;
 pub mod runtime;
 pub mod sweep;
 
-pub use api::{ClaimedStep, WorkerProtocol, approvals, confirm, estimate, notify, tree, workers};
+pub use api::{
+    ClaimedStep, WorkerProtocol, approvals, confirm, estimate, notify, replay, tree, workers,
+};
 pub use api::{
     CreateSession, Created, IdempotencyKey, LoggedEvent, MAX_GOAL_CHARS, MAX_GUIDANCE_CHARS,
     RefinementChoice, ResumeSession, SessionReads, SessionService, StatusSource, StopAnswer,

@@ -44,6 +44,7 @@ mod queue;
 pub mod quotas;
 mod rebuild;
 mod reflections;
+mod replay;
 mod rows;
 pub mod schema;
 mod scope;
@@ -77,6 +78,7 @@ pub use notify::{DueNotification, NotificationRow, NotifyTarget, Settled, Stored
 pub use past_runs::{MAX_HISTORY, PastRun};
 pub use queue::queue_waiting;
 pub use rebuild::rebuild_inputs_on;
+pub use replay::{ReplayReflection, ReplayRows, ReplayStep};
 pub use rows::{
     AgentTask, AgentTaskWrite, Attempt, CheckpointRecord, Claimed, ControlFlags, Counters,
     EventRecord, IterationRecord, JsonText, Lease, NewEvent, NewIteration, NewReflection,

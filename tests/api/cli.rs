@@ -328,3 +328,33 @@ async fn watch_resumes_after_the_server_restarts_without_losing_or_repeating_an_
     );
     assert_eq!(app.session(&id).await["status"], "completed");
 }
+
+#[tokio::test]
+async fn replay_says_where_each_session_would_have_ended() {
+    let app = TestApp::start().await;
+    let id = app
+        .create_scripted(distinct_steps(6, 10, 0), json!({ "max_iterations": 4 }))
+        .await;
+    app.wait_settled(&id).await;
+    let text = ok(&warden(&app, &["replay", &id, "--max-iterations", "2"]).await);
+    assert!(
+        text.contains("was stopped max_iterations (4)  now stopped max_iterations (2)  earlier"),
+        "{text}"
+    );
+    assert!(text.contains("1 sessions: 1 earlier"), "{text}");
+    let doc: Value = serde_json::from_str(&ok(&warden(
+        &app,
+        &["replay", "--status", "stopped", "--json"],
+    )
+    .await))
+    .expect("json");
+    assert_eq!(doc["totals"]["reproduced"], 1, "{doc}");
+    assert_eq!(doc["sessions"][0]["change"], "same", "{doc}");
+    let refused = warden(&app, &["replay", &id, "--max-iterations", "0"]).await;
+    assert_eq!(refused.status.code(), Some(1));
+    assert!(
+        stderr(&refused).contains("max_iterations"),
+        "{}",
+        stderr(&refused)
+    );
+}

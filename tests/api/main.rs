@@ -36,6 +36,7 @@ mod openapi;
 mod owners;
 mod quotas;
 mod recovery;
+mod replay;
 mod retention;
 mod secrets;
 mod sessions;

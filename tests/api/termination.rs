@@ -1202,6 +1202,54 @@ async fn run(app: &TestApp, case: &Case) -> Outcome {
     }
 }
 
+/// Replays every corpus session that ran under the policy it ran with
+/// (no override) through the API: each must reproduce its recorded end
+/// (status, reason, iterations). Answers (reproduced, replayed, drifts).
+async fn replay_exactly(app: &TestApp, outcomes: &[Outcome]) -> (usize, usize, Vec<String>) {
+    let ids: Vec<&str> = outcomes
+        .iter()
+        // Those that ran: ended, or paused where their loop stopped.
+        .filter(|o| {
+            ["completed", "stopped", "interrupted", "failed", "paused"].contains(&o.status.as_str())
+        })
+        .filter_map(|o| o.doc["id"].as_str())
+        .collect();
+    let res = app
+        .client
+        .post(app.url("/api/autonomous/replay"))
+        .json(&json!({ "session_ids": ids, "deadline_ms": 60_000 }))
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(res.status(), StatusCode::OK);
+    let doc: Value = res.json().await.expect("json");
+    let mut drift: Vec<String> = doc["not_replayed"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|s| format!("not replayed: {s}"))
+        .collect();
+    let sessions = doc["sessions"].as_array().cloned().unwrap_or_default();
+    for s in &sessions {
+        let (was, now) = (&s["recorded"], &s["baseline"]);
+        if s["reproduced"] != true || s["divergence"] != Value::Null {
+            drift.push(format!(
+                "{}: recorded {} {} ({}), replayed {} {} ({}) by {}",
+                s["id"],
+                was["status"],
+                was["reason"],
+                was["iterations"],
+                now["status"],
+                now["reason"],
+                now["iterations"],
+                now["ended_by"]
+            ));
+        }
+    }
+    let reproduced = sessions.iter().filter(|s| s["reproduced"] == true).count();
+    (reproduced, ids.len(), drift)
+}
+
 #[tokio::test]
 async fn the_labelled_corpus_ends_every_session_right() {
     let routes: Routes = Arc::default();
@@ -1300,9 +1348,11 @@ async fn the_labelled_corpus_ends_every_session_right() {
         })
         .count();
     let rate = |n: usize, of: usize| 100.0 * n as f64 / of.max(1) as f64;
+    let (reproduced, replayable, drift) = replay_exactly(&app, &outcomes).await;
     let summary = format!(
         "termination corpus on {}: completion rate {:.1} % ({completed}/{should_complete}) · premature-stop rate {:.1} % · runaway rate {:.1} %\n\
-         {} passed, {} failed ({} cases in {:.1} s)\n",
+         {} passed, {} failed ({} cases in {:.1} s)\n\
+         replay with the policy each ran with reproduces {reproduced}/{replayable} recorded ends\n",
         if crate::common::embedded() {
             "embedded PostgreSQL"
         } else {
@@ -1330,6 +1380,11 @@ async fn the_labelled_corpus_ends_every_session_right() {
         eprintln!("cannot write {}: {err}", report.display());
     }
     assert!(failed.is_empty(), "wrong endings:\n{}", failed.join("\n"));
+    assert!(
+        drift.is_empty() && reproduced == replayable,
+        "replay drifted from the record:\n{}",
+        drift.join("\n")
+    );
 
     // What the endings must show beyond status and reason.
     let find = |name: &str| {

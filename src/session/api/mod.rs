@@ -21,6 +21,7 @@ mod preflight;
 mod queries;
 mod reads;
 mod refine;
+pub mod replay;
 mod stop_landing;
 mod tenant_retention;
 mod tenant_warn_at;

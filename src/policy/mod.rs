@@ -24,6 +24,7 @@ pub mod notify;
 pub mod pricing;
 pub mod projection;
 pub mod reflection;
+pub mod reflection_interval;
 pub mod retention;
 pub mod sentinel;
 pub mod snapshot;

@@ -39,5 +39,6 @@ pub use crate::store::{
     IterationRecord, KeyRecord, LeaseCheck, NewDecision, NotificationRow, NotifyTarget, Outcomes,
     RefinementRecord, ReflectionRecord, ReflectionSummary, Session, SessionCursor, SessionFilter,
     SessionOrder, SessionSortKey, Settlement, StoreError, TenantScope, TreeRow, WaitingWorkerTask,
+    ForkRow,
     is_unavailable, storable_text,
 };

@@ -13,7 +13,7 @@ use crate::session::error::Result;
 use crate::session::event_codec;
 use crate::store::{
     AgentTask, ApprovalCursor, ApprovalRow, CheckpointRecord, EventRecord, IterationRecord,
-    Outcomes, RefinementRecord, ReflectionRecord, Session, Store, TenantScope, TreeRow,
+    ForkRow, Outcomes, RefinementRecord, ReflectionRecord, Session, Store, TenantScope, TreeRow,
     WaitingWorkerTask,
 };
 
@@ -177,6 +177,11 @@ impl SessionReads {
     /// A session and every descendant `scope` reaches, the session first.
     pub async fn tree(&self, id: Uuid, scope: &TenantScope) -> Result<Vec<TreeRow>> {
         Ok(self.store.tree(id, scope).await?)
+    }
+
+    /// The forks of any of `ids` (the sessions of a tree), oldest first.
+    pub async fn forks_of(&self, ids: &[Uuid], scope: &TenantScope) -> Result<Vec<ForkRow>> {
+        Ok(self.store.forks_of(ids, scope).await?)
     }
 
     /// A session's direct children.

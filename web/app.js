@@ -1111,6 +1111,7 @@ function eventWhat(e) {
     case "checkpoint_saved": return `after iteration ${d.iteration} (${esc(d.reason)})`;
     case "budget_warning": return `<b>${d.threshold}%</b> of the ${esc(d.budget.replace("_", " "))} budget spent (${esc(d.used)} of ${esc(d.limit)})`;
     case "reflection": return `#${d.number} after iteration ${d.after_iteration}` + (d.ok && d.assessment ? `: ${esc(d.assessment.percent_complete)}%` : "");
+    case "reflection_interval_changed": return `reflect every <b>${esc(d.to)}</b> steps (was ${esc(d.from)}): ${esc(d.cause)}`;
     case "session_created": return esc(d.goal);
     case "child_delegated": return `delegated <a href="#/s/${esc(d.child_id)}">${esc(d.goal)}</a>: ${d.budget_tokens} tokens, ${d.budget_iterations} iterations${d.wait ? ", waits for it" : ""}`;
     case "child_needs_attention": return `<a href="#/s/${esc(d.child_id)}">${esc(d.goal)}</a> waits for a person <b>${esc(d.reason)}</b>${d.summary ? `: ${esc(d.summary)}` : ""}`;

@@ -482,7 +482,7 @@ mod tests {
     #[test]
     fn loop_and_stuck_pause_as_stuck() {
         let a = assess("NO", "STUCK", 30.0, true, "CONTINUE");
-        let (v, s) = run(&ReflectionState::new(10), &a);
+        let (v, _) = run(&ReflectionState::new(10), &a);
         assert_eq!(
             v,
             Verdict::Pause {

@@ -103,8 +103,13 @@ impl<S: LoopStore> Runner<S> {
         };
         // Model text is made storable before it reaches the state or a row.
         make_reflection_storable(&mut answer);
-        let (interval, change) = self.next_interval(&answer, usage.iterations);
         let mut applied = self.verdict(&answer, trigger, usage.iterations, claim);
+        // A completed session reflects no more: its interval is left as it was.
+        let (interval, change) = if applied.verdict == Verdict::Complete {
+            (self.state.reflection.interval, None)
+        } else {
+            self.next_interval(&answer, usage.iterations)
+        };
         applied.state_after.interval = interval;
         self.store_reflection(&answer, &applied, trigger, &usage)
             .await?;

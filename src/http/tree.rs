@@ -17,9 +17,9 @@ use uuid::Uuid;
 use super::AppState;
 use super::error::{ApiResult, Problem};
 use super::extract::SessionId;
+use super::views::ForkedFrom;
 use crate::auth::Principal;
 use crate::policy::lifecycle::{Reason, Status};
-use super::views::ForkedFrom;
 use crate::session::{ForkRow, TreeRow};
 
 /// The tree route, relative to `/api/autonomous`.
@@ -212,13 +212,13 @@ fn build(row: TreeRow, lookup: &mut Lookup) -> TreeNode {
         .map(|child| build(child, lookup))
         .collect();
     let forks = lookup.forks.remove(&row.id).unwrap_or_default();
-    let forked_from = row
-        .forked_from_session
-        .zip(row.forked_from_iteration)
-        .map(|(session_id, iteration)| ForkedFrom {
-            session_id,
-            iteration,
-        });
+    let forked_from =
+        row.forked_from_session
+            .zip(row.forked_from_iteration)
+            .map(|(session_id, iteration)| ForkedFrom {
+                session_id,
+                iteration,
+            });
     let subtree_tokens_used = saturating_sum(
         std::iter::once(row.tokens_used).chain(children.iter().map(|c| c.subtree_tokens_used)),
     );

@@ -794,7 +794,10 @@ pub(crate) mod tests {
                 ..Default::default()
             })
             .unwrap();
-        assert!(other.reflection_adaptive, "another limit leaves it adaptive");
+        assert!(
+            other.reflection_adaptive,
+            "another limit leaves it adaptive"
+        );
         let set = LimitsPatch {
             reflection_interval: Some(10),
             ..Default::default()

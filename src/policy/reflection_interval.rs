@@ -86,25 +86,23 @@ pub fn next_interval(adaptive: bool, base: u32, inputs: &IntervalInputs) -> Inte
     }
     let current = inputs.current.clamp(MIN_INTERVAL, MAX_INTERVAL);
     let shorter = (current / 2).max(MIN_INTERVAL);
-    let (interval, cause) = if inputs.stuck
-        || inputs.loop_detected
-        || inputs.progress == Some(Progress::Stuck)
-    {
-        (MIN_INTERVAL, IntervalCause::Stuck)
-    } else if inputs.rework_ratio >= REWORK_RISING {
-        (shorter, IntervalCause::Rework)
-    } else if inputs.uncertainty.is_some_and(|u| u >= UNCERTAIN) {
-        (shorter, IntervalCause::Uncertain)
-    } else if stalled(inputs) {
-        (shorter, IntervalCause::Stalled)
-    } else if inputs.progress == Some(Progress::Good) {
-        (
-            current.saturating_mul(2).min(MAX_INTERVAL),
-            IntervalCause::Steady,
-        )
-    } else {
-        (current, IntervalCause::Hold)
-    };
+    let (interval, cause) =
+        if inputs.stuck || inputs.loop_detected || inputs.progress == Some(Progress::Stuck) {
+            (MIN_INTERVAL, IntervalCause::Stuck)
+        } else if inputs.rework_ratio >= REWORK_RISING {
+            (shorter, IntervalCause::Rework)
+        } else if inputs.uncertainty.is_some_and(|u| u >= UNCERTAIN) {
+            (shorter, IntervalCause::Uncertain)
+        } else if stalled(inputs) {
+            (shorter, IntervalCause::Stalled)
+        } else if inputs.progress == Some(Progress::Good) {
+            (
+                current.saturating_mul(2).min(MAX_INTERVAL),
+                IntervalCause::Steady,
+            )
+        } else {
+            (current, IntervalCause::Hold)
+        };
     IntervalDecision { interval, cause }
 }
 
@@ -262,7 +260,10 @@ mod tests {
                             ..steady(current)
                         };
                         let got = next_interval(true, 10, &i).interval;
-                        assert!((MIN_INTERVAL..=MAX_INTERVAL).contains(&got), "{i:?} → {got}");
+                        assert!(
+                            (MIN_INTERVAL..=MAX_INTERVAL).contains(&got),
+                            "{i:?} → {got}"
+                        );
                     }
                 }
             }

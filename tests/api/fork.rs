@@ -144,7 +144,12 @@ async fn forks_show_in_the_tree_of_their_origin_and_name_it_in_their_own() {
         .as_array()
         .expect("forks")
         .iter()
-        .map(|f| (f["id"].as_str().unwrap().to_string(), f["iteration"].as_i64().unwrap()))
+        .map(|f| {
+            (
+                f["id"].as_str().unwrap().to_string(),
+                f["iteration"].as_i64().unwrap(),
+            )
+        })
         .collect();
     assert_eq!(
         listed,

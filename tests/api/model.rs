@@ -401,7 +401,10 @@ async fn reflection_yes_completes_and_intervals_adapt() {
         .collect();
     assert_eq!(changes.len(), 1, "{changes:?}");
     let change = &changes[0]["data"];
-    assert_eq!((change["from"].clone(), change["to"].clone()), (json!(10), json!(5)));
+    assert_eq!(
+        (change["from"].clone(), change["to"].clone()),
+        (json!(10), json!(5))
+    );
     assert_eq!(change["cause"], "stuck");
     assert_eq!(change["after_iteration"], 10);
     assert_eq!(change["inputs"]["progress"], "STUCK");

@@ -1551,24 +1551,28 @@ async fn adaptive_interval_report(
     outcomes: &[Outcome],
     report: &std::path::Path,
 ) {
-    let count = |prefix: &str, scenario: &str| {
+    let outcome = |prefix: &str, scenario: &str| {
         let name = format!("{prefix}: {scenario}");
         let i = cases
             .iter()
             .position(|c| c.name == name)
             .unwrap_or_else(|| panic!("{name} is in the corpus"));
-        &outcomes[i].doc
+        &outcomes[i]
     };
     let mut text = String::from(
         "adaptive reflection interval (reflection calls, adaptive vs fixed interval 10):\n",
     );
     let (mut steady_adaptive, mut steady_fixed) = (0, 0);
     for scenario in interval_scenarios() {
-        let adaptive = reflections_of(app, count(ADAPTIVE, scenario.name)).await;
-        let fixed = reflections_of(app, count(FIXED_10, scenario.name)).await;
+        let (a, f) = (
+            outcome(ADAPTIVE, scenario.name),
+            outcome(FIXED_10, scenario.name),
+        );
+        let adaptive = reflections_of(app, &a.doc).await;
+        let fixed = reflections_of(app, &f.doc).await;
         text.push_str(&format!(
-            "  {:<52} adaptive {adaptive:>3} · fixed 10 {fixed:>3}\n",
-            scenario.name
+            "  {:<52} adaptive {adaptive:>3} · fixed 10 {fixed:>3}   (ended at iteration {} · {})\n",
+            scenario.name, a.iterations, f.iterations
         ));
         if scenario.steady {
             assert!(

@@ -12,9 +12,9 @@ use crate::event::SessionEvent;
 use crate::session::error::Result;
 use crate::session::event_codec;
 use crate::store::{
-    AgentTask, ApprovalCursor, ApprovalRow, CheckpointRecord, EventRecord, IterationRecord,
-    ForkRow, Outcomes, RefinementRecord, ReflectionRecord, Session, Store, TenantScope, TreeRow,
-    WaitingWorkerTask,
+    AgentTask, ApprovalCursor, ApprovalRow, CheckpointRecord, EventRecord, ForkRow,
+    IterationRecord, Outcomes, RefinementRecord, ReflectionRecord, Session, Store, TenantScope,
+    TreeRow, WaitingWorkerTask,
 };
 
 /// An event of a session's log, decoded.

@@ -152,15 +152,15 @@ impl<S: LoopStore> Runner<S> {
             limits.reflection_interval,
             &inputs,
         );
-        let change = (limits.reflection_adaptive && decision.interval != inputs.current).then(|| {
+        let change = (limits.reflection_adaptive && decision.interval != inputs.current).then_some(
             SessionEvent::ReflectionIntervalChanged {
                 after_iteration: iterations,
                 from: inputs.current,
                 to: decision.interval,
                 cause: decision.cause,
                 inputs,
-            }
-        });
+            },
+        );
         (decision.interval, change)
     }
 

@@ -391,6 +391,8 @@ test("a session's views by deep link: iteration detail, decisions, timeline, cha
   await page.keyboard.press("Enter");
   await page.waitForSelector("#it-detail-3 .iteration-detail");
   assert.match(page.url(), new RegExp(`#/s/${s.id}/iterations/3$`));
+  // Every iteration row offers a fork from it.
+  assert.equal(await page.textContent('#iteration-log tr[data-n="3"] button.fork'), "Fork from here");
 
   // Charts: tokens per step and cumulative against the budget, progress over time (uPlot canvases).
   await page.waitForSelector("#tokens-chart canvas");
@@ -433,6 +435,12 @@ test("a session's views by deep link: iteration detail, decisions, timeline, cha
   // Checkpoints: the one saved when it stopped.
   await page.goto(`${baseUrl}/#/s/${s.id}/checkpoints`);
   await page.waitForSelector("#checkpoints tr[data-id]");
+  // Fork from here: the fork opens and links back to where it came from.
+  page.once("dialog", (d) => d.accept("try another way"));
+  await page.click("#checkpoints button.fork");
+  await page.waitForSelector("#forked-line:not([hidden])");
+  assert.equal(await page.getAttribute("#forked-link", "href"), `#/s/${s.id}`);
+  assert.equal(await page.textContent("#forked-iteration"), "3");
   assert.deepEqual(pageErrors, []);
 });
 

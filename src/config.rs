@@ -896,6 +896,8 @@ impl Env<'_> {
             max_tokens: self.parse(&AUTONOMOUS_MAX_TOKENS, 1, 10_000_000_000)?,
             max_consecutive_errors: self.parse(&AUTONOMOUS_MAX_CONSECUTIVE_ERRORS, 1, 1_000)?,
             reflection_interval: self.parse(&AUTONOMOUS_REFLECTION_INTERVAL, 1, 1_000)?,
+            // The default is where the adaptive interval starts.
+            reflection_adaptive: true,
             checkpoint_interval: self.parse(&AUTONOMOUS_CHECKPOINT_INTERVAL, 1, 10_000)?,
             max_tool_calls: None,
             max_cycles: self.parse(&AUTONOMOUS_MAX_CYCLES, 1, 1_000)?,

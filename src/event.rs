@@ -18,6 +18,7 @@ use crate::policy::history::{Outcome, Rework};
 use crate::policy::lifecycle::{Mode, Reason, Status};
 use crate::policy::loop_state::AppliedReflection;
 use crate::policy::reflection::Assessment;
+use crate::policy::reflection_interval::{IntervalCause, IntervalInputs};
 use crate::policy::sentinel::Sentinel;
 use crate::policy::soft_budget::Budget;
 use crate::policy::stuck::{StuckPattern, StuckVerdict};
@@ -361,6 +362,21 @@ pub enum SessionEvent {
         /// When the limit allows the next call, in milliseconds.
         retry_after_ms: u64,
     },
+    /// The adaptive reflection interval changed after a reflection (the
+    /// session did not set `limits.reflection_interval`): the decision of
+    /// `policy::reflection_interval` with everything it looked at.
+    ReflectionIntervalChanged {
+        /// The iteration of the reflection it followed.
+        after_iteration: u64,
+        /// Steps between reflections before.
+        from: u32,
+        /// Steps between reflections now.
+        to: u32,
+        /// Why: `stuck`, `rework`, `uncertain`, `stalled`, `steady` or `hold`.
+        cause: IntervalCause,
+        /// What the rule looked at.
+        inputs: IntervalInputs,
+    },
     /// Summarising a cycle failed; retried after the next step.
     CycleSummaryFailed {
         /// The cycle.
@@ -525,6 +541,7 @@ impl SessionEvent {
             SessionEvent::CycleSummaryFailed { .. } => "cycle_summary_failed",
             SessionEvent::ToolCallsLimited { .. } => "tool_calls_limited",
             SessionEvent::ReflectionDeferred { .. } => "reflection_deferred",
+            SessionEvent::ReflectionIntervalChanged { .. } => "reflection_interval_changed",
             SessionEvent::ApprovalRequested { .. } => "approval_requested",
             SessionEvent::ApprovalDecided { .. } => "approval_decided",
             SessionEvent::ChildDelegated { .. } => "child_delegated",
@@ -659,6 +676,7 @@ mod tests {
             max_tokens: 1_000,
             max_consecutive_errors: 3,
             reflection_interval: 5,
+            reflection_adaptive: false,
             checkpoint_interval: 10,
             max_tool_calls: None,
             max_cycles: 10,

@@ -515,6 +515,7 @@ function renderSession(s) {
   $("#reason").textContent = reasonText(s.reason);
   $("#reason").dataset.reason = s.reason || "";
   renderParentLine(s);
+  renderForkedLine(s);
   renderBudgetWarnings(s.budget_warnings || []);
   $("#goal-text").textContent = s.goal;
   $("#summary").textContent = s.summary || s.question || "";
@@ -931,6 +932,19 @@ function renderParentLine(s) {
   if (!parentsAsked.has(s.parent_id)) resolveParents(line);
 }
 
+/** "Forked from <session> at iteration <n>" under the title of a fork. */
+function renderForkedLine(s) {
+  const line = $("#forked-line");
+  if (!line) return;
+  const from = s.forked_from;
+  line.hidden = !from;
+  if (!from) return;
+  const a = $("#forked-link");
+  a.href = `#/s/${from.session_id}`;
+  a.textContent = from.session_id;
+  $("#forked-iteration").textContent = from.iteration;
+}
+
 /** Statuses after which a child never runs again (its unspent budget went back to its parent). */
 const FINISHED = ["completed", "stopped", "interrupted", "failed"];
 
@@ -1001,7 +1015,10 @@ function appendIteration(it, id) {
   const tr = document.createElement("tr");
   tr.dataset.n = it.number;
   tr.innerHTML = `<td>${it.number}</td><td><code>${esc(it.action)}</code></td><td>${esc(it.outcome)}</td><td>${it.tokens}</td><td>${it.duration_ms}</td>
-    <td><button type="button" class="expander" aria-expanded="false" aria-controls="it-detail-${it.number}">Details</button></td>`;
+    <td><button type="button" class="expander" aria-expanded="false" aria-controls="it-detail-${it.number}">Details</button></td>
+    <td><button type="button" class="fork" data-iteration="${it.number}">Fork from here</button></td>`;
+  // A fork from an iteration starts at its checkpoint; one without says so.
+  $("button.fork", tr).onclick = () => forkFrom(id, { checkpoint_iteration: it.number }, "#iteration-fork-error");
   $("button", tr).onclick = () => {
     const open = $("button", tr).getAttribute("aria-expanded") !== "true";
     // The URL names the open iteration, so it can be linked to.
@@ -1024,7 +1041,7 @@ async function toggleIteration(id, n, open) {
   if (existing) return;
   const detail = document.createElement("tr");
   detail.className = "detail"; detail.id = `it-detail-${n}`;
-  detail.innerHTML = `<td colspan="6" class="muted">loading…</td>`;
+  detail.innerHTML = `<td colspan="7" class="muted">loading…</td>`;
   tr.after(detail);
   try {
     const page = await api(`/${id}/iterations?after=${n - 1}&limit=1&full=true`);
@@ -1032,7 +1049,7 @@ async function toggleIteration(id, n, open) {
     if (!it) { detail.firstChild.textContent = "not found"; return; }
     const r = it.record || {};
     const files = (r.files_written || []).map((f) => `<li><code>${esc(f.path)}</code> <span class="muted">${esc((f.digest || "").slice(0, 12))}</span></li>`).join("");
-    detail.innerHTML = `<td colspan="6"><dl class="kv iteration-detail">
+    detail.innerHTML = `<td colspan="7"><dl class="kv iteration-detail">
       <dt>Action</dt><dd><code>${esc(r.action ?? it.action)}</code> · ${esc(it.outcome)} · run ${it.run}</dd>
       <dt>Arguments</dt><dd><pre>${esc(JSON.stringify(r.arguments ?? {}, null, 2))}</pre></dd>
       <dt>Tool calls</dt><dd>${r.tool_calls ?? 0}</dd>
@@ -1094,6 +1111,7 @@ function eventWhat(e) {
     case "checkpoint_saved": return `after iteration ${d.iteration} (${esc(d.reason)})`;
     case "budget_warning": return `<b>${d.threshold}%</b> of the ${esc(d.budget.replace("_", " "))} budget spent (${esc(d.used)} of ${esc(d.limit)})`;
     case "reflection": return `#${d.number} after iteration ${d.after_iteration}` + (d.ok && d.assessment ? `: ${esc(d.assessment.percent_complete)}%` : "");
+    case "reflection_interval_changed": return `reflect every <b>${esc(d.to)}</b> steps (was ${esc(d.from)}): ${esc(d.cause)}`;
     case "session_created": return esc(d.goal);
     case "child_delegated": return `delegated <a href="#/s/${esc(d.child_id)}">${esc(d.goal)}</a>: ${d.budget_tokens} tokens, ${d.budget_iterations} iterations${d.wait ? ", waits for it" : ""}`;
     case "child_needs_attention": return `<a href="#/s/${esc(d.child_id)}">${esc(d.goal)}</a> waits for a person <b>${esc(d.reason)}</b>${d.summary ? `: ${esc(d.summary)}` : ""}`;
@@ -1121,17 +1139,19 @@ async function showCheckpoints(id) {
     <td>${c.forkable ? `<button type="button" class="fork" data-checkpoint="${c.id}">Fork from here</button>` : ""}</td></tr>`).join("")
     || `<tr><td colspan="6" class="muted">no checkpoint yet</td></tr>`;
   for (const b of document.querySelectorAll("#checkpoints button.fork")) {
-    b.onclick = async () => {
-      const guidance = prompt("Guidance for the fork's first step (optional):", "");
-      if (guidance === null) return;
-      const body = { checkpoint_id: Number(b.dataset.checkpoint) };
-      if (guidance.trim()) body.guidance = guidance.trim();
-      try {
-        const fork = await api(`/${id}/fork`, { method: "POST", body: JSON.stringify(body) });
-        location.hash = `#/s/${fork.id}`;
-      } catch (err) { say("#fork-error", err); }
-    };
+    b.onclick = () => forkFrom(id, { checkpoint_id: Number(b.dataset.checkpoint) }, "#fork-error");
   }
+}
+
+/** Forks session `id` from the checkpoint `body` names, with the guidance asked for, and opens the fork. */
+async function forkFrom(id, body, errorAt) {
+  const guidance = prompt("Guidance for the fork's first step (optional):", "");
+  if (guidance === null) return;
+  if (guidance.trim()) body.guidance = guidance.trim();
+  try {
+    const fork = await api(`/${id}/fork`, { method: "POST", body: JSON.stringify(body) });
+    location.hash = `#/s/${fork.id}`;
+  } catch (err) { say(errorAt, err); }
 }
 
 /** Files: the workspace as of a checkpoint (tree, viewer) and the diff between two checkpoints. */

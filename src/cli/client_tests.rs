@@ -193,6 +193,34 @@ fn the_tree_is_indented_by_depth() {
 }
 
 #[test]
+fn forks_are_marked_in_the_tree_and_the_status() {
+    let doc = json!({
+        "totals": { "sessions": 1, "live": 1, "iterations": 1, "tokens_used": 10 },
+        "node": { "id": "f1", "status": "running", "goal": "g", "iterations": 1,
+            "tokens_used": 10, "max_tokens": 100, "children": [],
+            "forked_from": { "session_id": "orig", "iteration": 4 },
+            "forks": [{ "id": "f2", "status": "paused", "iteration": 1 }] },
+    });
+    let text = tree_lines(&doc);
+    assert!(
+        text.contains("\nf1  running  it 1  tokens 10/100  g  [fork of orig at iteration 4]"),
+        "{text}"
+    );
+    assert!(
+        text.contains("\n  ⑂ fork f2  paused  from iteration 1\n"),
+        "{text}"
+    );
+    let status = status_lines(&json!({ "status": "running",
+        "forked_from": { "session_id": "orig", "iteration": 4 } }));
+    assert!(
+        status.contains("forked from orig at iteration 4"),
+        "{status}"
+    );
+    let plain = status_lines(&json!({ "status": "running", "forked_from": null }));
+    assert!(!plain.contains("forked"), "{plain}");
+}
+
+#[test]
 fn the_progress_line_has_the_bar_eta_step_and_tokens() {
     let s = json!({
         "status": "running", "iterations": 5, "tokens_used": 1500, "eta_seconds": 90.0,

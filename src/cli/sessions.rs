@@ -331,6 +331,7 @@ pub(super) fn status_lines(s: &Value) -> String {
         ("elapsed", elapsed_of(s)),
         ("executor", executor_of(s)),
     ];
+    lines.extend(forked_from_of(s).map(|f| ("forked from", f)));
     lines.extend(step_of(s).map(|step| ("step", step)));
     lines.extend(waiting_of(s).map(|w| ("waiting", w)));
     lines.extend(requested_of(s).map(|r| ("requested", r)));
@@ -553,6 +554,16 @@ fn attention_line(c: &Value) -> String {
     )
 }
 
+/// `<session> at iteration <n>` when the session is a fork.
+fn forked_from_of(s: &Value) -> Option<String> {
+    let from = s.get("forked_from").filter(|f| f.is_object())?;
+    Some(format!(
+        "{} at iteration {}",
+        text(from, "session_id"),
+        number(from, "iteration")
+    ))
+}
+
 /// The tree as indented lines under its totals.
 pub(super) fn tree_lines(doc: &Value) -> String {
     let totals = doc.get("totals").cloned().unwrap_or(Value::Null);
@@ -579,8 +590,11 @@ fn node_lines(node: &Value, depth: usize, out: &mut String) {
         out.push_str(&format!("{indent}…\n"));
         return;
     }
+    let fork_mark = forked_from_of(node)
+        .map(|f| format!("  [fork of {f}]"))
+        .unwrap_or_default();
     out.push_str(&format!(
-        "{indent}{}  {}  it {}  tokens {}/{}  {}\n",
+        "{indent}{}  {}  it {}  tokens {}/{}  {}{fork_mark}\n",
         text(node, "id"),
         status_reason(node),
         number(node, "iterations"),
@@ -588,6 +602,19 @@ fn node_lines(node: &Value, depth: usize, out: &mut String) {
         table::tokens(number(node, "max_tokens")),
         table::fit(text(node, "goal"), 60),
     ));
+    for fork in node
+        .get("forks")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        out.push_str(&format!(
+            "{indent}  ⑂ fork {}  {}  from iteration {}\n",
+            text(fork, "id"),
+            text(fork, "status"),
+            number(fork, "iteration"),
+        ));
+    }
     for child in node
         .get("children")
         .and_then(Value::as_array)

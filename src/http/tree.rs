@@ -1,6 +1,7 @@
 //! A session's tree (`GET /api/autonomous/{id}/tree`): the session and
 //! every descendant, nested, with each node's own figures and those of its
-//! subtree rolled up, read within the caller's tenant.
+//! subtree rolled up, read within the caller's tenant. A fork shows where it
+//! came from (`forked_from`), and each session lists its forks (`forks`).
 
 use std::collections::HashMap;
 
@@ -16,9 +17,10 @@ use uuid::Uuid;
 use super::AppState;
 use super::error::{ApiResult, Problem};
 use super::extract::SessionId;
+use super::views::ForkedFrom;
 use crate::auth::Principal;
 use crate::policy::lifecycle::{Reason, Status};
-use crate::session::TreeRow;
+use crate::session::{ForkRow, TreeRow};
 
 /// The tree route, relative to `/api/autonomous`.
 pub fn router() -> Router<AppState> {
@@ -66,9 +68,29 @@ pub struct TreeNode {
     /// What it and all its descendants' steps cost, USD: the exact sum.
     #[schema(value_type = String, example = "0.0123")]
     pub subtree_cost_usd: Decimal,
+    /// The session it was forked from and the checkpoint's iteration, when
+    /// it is a fork (`POST /api/autonomous/{id}/fork`).
+    pub forked_from: Option<ForkedFrom>,
+    /// Sessions forked from it, oldest first (they are trees of their own).
+    pub forks: Vec<ForkRef>,
     /// Its children, oldest first.
     #[schema(no_recursion)]
     pub children: Vec<TreeNode>,
+}
+
+/// A fork of a session, as its origin's node lists it.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct ForkRef {
+    /// The fork.
+    pub id: Uuid,
+    /// The iteration of the checkpoint it was forked from.
+    pub iteration: i64,
+    /// Its goal.
+    pub goal: String,
+    /// Its status.
+    pub status: Status,
+    /// Created.
+    pub created_at: DateTime<Utc>,
 }
 
 /// Figures of a whole tree.
@@ -114,14 +136,17 @@ pub async fn get_tree(
     Extension(caller): Extension<Principal>,
     SessionId(id): SessionId,
 ) -> ApiResult<Json<TreeView>> {
-    let rows = state.service.reads().tree(id, &caller.scope).await?;
-    let view = nest(id, rows).ok_or(crate::session::ServiceError::NotFound(id))?;
+    let reads = state.service.reads();
+    let rows = reads.tree(id, &caller.scope).await?;
+    let ids: Vec<Uuid> = rows.iter().map(|r| r.id).collect();
+    let forks = reads.forks_of(&ids, &caller.scope).await?;
+    let view = nest(id, rows, forks).ok_or(crate::session::ServiceError::NotFound(id))?;
     Ok(Json(view))
 }
 
 /// Nests `rows` (the session `top` first) into a tree with rolled-up
-/// figures; `None` when `top` is not among them.
-fn nest(top: Uuid, rows: Vec<TreeRow>) -> Option<TreeView> {
+/// figures, each node with its `forks`; `None` when `top` is not among them.
+fn nest(top: Uuid, rows: Vec<TreeRow>, forks: Vec<ForkRow>) -> Option<TreeView> {
     let totals = TreeTotals {
         sessions: rows.len(),
         live: rows.iter().filter(|r| !r.status.has_ended()).count(),
@@ -139,7 +164,24 @@ fn nest(top: Uuid, rows: Vec<TreeRow>) -> Option<TreeView> {
             by_parent.entry(parent).or_default().push(row);
         }
     }
-    let node = build(root?, &mut by_parent);
+    let mut forks_by_origin: HashMap<Uuid, Vec<ForkRef>> = HashMap::new();
+    for f in forks {
+        forks_by_origin
+            .entry(f.forked_from_session)
+            .or_default()
+            .push(ForkRef {
+                id: f.id,
+                iteration: f.forked_from_iteration,
+                goal: f.goal,
+                status: f.status,
+                created_at: f.created_at,
+            });
+    }
+    let mut lookup = Lookup {
+        by_parent,
+        forks: forks_by_origin,
+    };
+    let node = build(root?, &mut lookup);
     Some(TreeView { totals, node })
 }
 
@@ -155,13 +197,28 @@ fn money_sum(amounts: impl Iterator<Item = Decimal>) -> Decimal {
         .normalize()
 }
 
-fn build(row: TreeRow, by_parent: &mut HashMap<Uuid, Vec<TreeRow>>) -> TreeNode {
-    let children: Vec<TreeNode> = by_parent
+/// A tree's rows by parent and its forks by origin, taken as nodes are built.
+struct Lookup {
+    by_parent: HashMap<Uuid, Vec<TreeRow>>,
+    forks: HashMap<Uuid, Vec<ForkRef>>,
+}
+
+fn build(row: TreeRow, lookup: &mut Lookup) -> TreeNode {
+    let children: Vec<TreeNode> = lookup
+        .by_parent
         .remove(&row.id)
         .unwrap_or_default()
         .into_iter()
-        .map(|child| build(child, by_parent))
+        .map(|child| build(child, lookup))
         .collect();
+    let forks = lookup.forks.remove(&row.id).unwrap_or_default();
+    let forked_from =
+        row.forked_from_session
+            .zip(row.forked_from_iteration)
+            .map(|(session_id, iteration)| ForkedFrom {
+                session_id,
+                iteration,
+            });
     let subtree_tokens_used = saturating_sum(
         std::iter::once(row.tokens_used).chain(children.iter().map(|c| c.subtree_tokens_used)),
     );
@@ -186,6 +243,8 @@ fn build(row: TreeRow, by_parent: &mut HashMap<Uuid, Vec<TreeRow>>) -> TreeNode 
         cost_usd: row.cost_usd.normalize(),
         unpriced_steps: row.unpriced_steps,
         subtree_cost_usd,
+        forked_from,
+        forks,
         children,
     }
 }
@@ -212,6 +271,8 @@ mod tests {
             ended_at: None,
             cost_usd: Decimal::new(tokens, 4),
             unpriced_steps: 1,
+            forked_from_session: None,
+            forked_from_iteration: None,
         }
     }
 
@@ -223,7 +284,7 @@ mod tests {
             row(3, Some(1), 30, Status::Running),
             row(4, Some(3), 40, Status::Running),
         ];
-        let view = nest(Uuid::from_u128(1), rows).unwrap();
+        let view = nest(Uuid::from_u128(1), rows, Vec::new()).unwrap();
         assert_eq!(view.totals.sessions, 4);
         assert_eq!(view.totals.live, 3);
         assert_eq!(view.totals.tokens_used, 100);
@@ -243,9 +304,47 @@ mod tests {
             row(3, Some(1), 30, Status::Running),
             row(4, Some(3), 40, Status::Running),
         ];
-        let view = nest(Uuid::from_u128(3), rows).unwrap();
+        let view = nest(Uuid::from_u128(3), rows, Vec::new()).unwrap();
         assert_eq!(view.node.parent_id, Some(Uuid::from_u128(1)));
         assert_eq!(view.node.children.len(), 1);
-        assert!(nest(Uuid::from_u128(9), Vec::new()).is_none());
+        assert!(nest(Uuid::from_u128(9), Vec::new(), Vec::new()).is_none());
+    }
+
+    #[test]
+    fn forks_hang_under_their_origin_and_a_fork_names_it() {
+        let mut fork = row(2, None, 5, Status::Running);
+        fork.forked_from_session = Some(Uuid::from_u128(9));
+        fork.forked_from_iteration = Some(4);
+        let rows = vec![fork, row(3, Some(2), 1, Status::Running)];
+        let forks = vec![
+            ForkRow {
+                id: Uuid::from_u128(7),
+                forked_from_session: Uuid::from_u128(3),
+                forked_from_iteration: 1,
+                goal: "g7".into(),
+                status: Status::Paused,
+                created_at: Utc::now(),
+            },
+            ForkRow {
+                id: Uuid::from_u128(8),
+                forked_from_session: Uuid::from_u128(2),
+                forked_from_iteration: 2,
+                goal: "g8".into(),
+                status: Status::Completed,
+                created_at: Utc::now(),
+            },
+        ];
+        let view = nest(Uuid::from_u128(2), rows, forks).unwrap();
+        let origin = view.node.forked_from.unwrap();
+        assert_eq!(
+            (origin.session_id, origin.iteration),
+            (Uuid::from_u128(9), 4)
+        );
+        assert_eq!(view.node.forks.len(), 1);
+        assert_eq!(view.node.forks[0].id, Uuid::from_u128(8));
+        assert_eq!(view.node.children[0].forks[0].iteration, 1);
+        assert!(view.node.children[0].forked_from.is_none());
+        // Forks are trees of their own: they count in no totals here.
+        assert_eq!(view.totals.sessions, 2);
     }
 }

@@ -20,8 +20,14 @@ pub struct Limits {
     pub max_tokens: u64,
     /// Consecutive failing steps (`error` outcome) that stop the session.
     pub max_consecutive_errors: u32,
-    /// Reflect every this many iterations (continuous mode).
+    /// Reflect every this many iterations (continuous mode): where the
+    /// adaptive interval starts, or the fixed one when the session set it.
     pub reflection_interval: u32,
+    /// Whether the reflection interval adapts (every 5 to 20 steps, by
+    /// stuckness, rework, uncertainty and velocity): true unless the session
+    /// set `reflection_interval` itself, at create or by a later patch.
+    #[serde(default)]
+    pub reflection_adaptive: bool,
     /// Save a checkpoint every this many iterations.
     pub checkpoint_interval: u32,
     /// Optional cap on tool calls over the session's life.
@@ -72,7 +78,12 @@ pub struct LimitsPatch {
     pub max_tokens: Option<u64>,
     /// Consecutive-error threshold (1 – 1,000).
     pub max_consecutive_errors: Option<u32>,
-    /// Reflection interval in iterations (1 – 1,000).
+    /// Reflection interval in iterations (1 – 1,000). Unset, the interval
+    /// adapts after each reflection from the default (10): 5 when stuck,
+    /// halved when rework, uncertainty or a stalled `percentComplete` rise,
+    /// doubled up to 20 while progress is steady; each change is a
+    /// `reflection_interval_changed` event. Set (here or in a later patch),
+    /// it stays fixed at this value.
     pub reflection_interval: Option<u32>,
     /// Checkpoint interval in iterations (1 – 10,000).
     pub checkpoint_interval: Option<u32>,
@@ -228,6 +239,8 @@ impl Limits {
                 Some(v) => narrow(in_range("reflection_interval", u64::from(v))?),
                 None => self.reflection_interval,
             },
+            // An interval the caller chose is kept as given.
+            reflection_adaptive: self.reflection_adaptive && patch.reflection_interval.is_none(),
             checkpoint_interval: match patch.checkpoint_interval {
                 Some(v) => narrow(in_range("checkpoint_interval", u64::from(v))?),
                 None => self.checkpoint_interval,
@@ -499,6 +512,7 @@ pub(crate) mod tests {
             max_tokens: 1_000,
             max_consecutive_errors: 3,
             reflection_interval: 10,
+            reflection_adaptive: false,
             checkpoint_interval: 10,
             max_tool_calls: None,
             max_cycles: 10,
@@ -764,6 +778,46 @@ pub(crate) mod tests {
                 })
                 .is_err()
         );
+    }
+
+    #[test]
+    fn setting_the_reflection_interval_turns_its_adaptation_off_for_good() {
+        let defaults = Limits {
+            reflection_adaptive: true,
+            ..roomy()
+        };
+        let untouched = defaults.for_create(&LimitsPatch::default()).unwrap();
+        assert!(untouched.reflection_adaptive);
+        let other = untouched
+            .apply(&LimitsPatch {
+                max_tokens: Some(500),
+                ..Default::default()
+            })
+            .unwrap();
+        assert!(
+            other.reflection_adaptive,
+            "another limit leaves it adaptive"
+        );
+        let set = LimitsPatch {
+            reflection_interval: Some(10),
+            ..Default::default()
+        };
+        let fixed = defaults.for_create(&set).unwrap();
+        assert!(!fixed.reflection_adaptive, "even at the default's value");
+        assert!(!untouched.apply(&set).unwrap().reflection_adaptive);
+        // Once set, a later patch without it does not bring adaptation back.
+        assert!(
+            !fixed
+                .apply(&LimitsPatch::default())
+                .unwrap()
+                .reflection_adaptive
+        );
+        // Limits stored before the flag existed read as fixed.
+        let stored = serde_json::to_value(roomy()).unwrap();
+        let mut stored = stored.as_object().unwrap().clone();
+        stored.remove("reflection_adaptive");
+        let l: Limits = serde_json::from_value(stored.into()).unwrap();
+        assert!(!l.reflection_adaptive);
     }
 
     #[test]

@@ -25,6 +25,7 @@ pub mod notify;
 pub mod pricing;
 pub mod projection;
 pub mod reflection;
+pub mod reflection_interval;
 pub mod replay;
 pub mod retention;
 pub mod sentinel;

@@ -1,6 +1,7 @@
 //! Metacognitive reflection, the pure part: validating the reflector's JSON
-//! strictly, the decision matrix, the adaptive interval, and the two-vote
-//! rule between the agent's done-signal and the reflector's verdict.
+//! strictly, the decision matrix, and the two-vote rule between the agent's
+//! done-signal and the reflector's verdict. The interval until the next
+//! reflection is `reflection_interval.rs`'s to decide.
 
 use serde::{Deserialize, Serialize};
 
@@ -171,7 +172,7 @@ pub fn parse_assessment(text: &str) -> Result<Assessment, String> {
 /// Reflection bookkeeping carried in the loop state.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct ReflectionState {
-    /// Current interval (adapts to progress).
+    /// Current interval (adapts to progress unless the session set it).
     pub interval: u32,
     /// Iteration of the latest reflection (0 if none).
     pub last_at: u64,
@@ -218,10 +219,6 @@ impl ReflectionState {
     }
 }
 
-/// Interval while stuck.
-pub const STUCK_INTERVAL: u32 = 5;
-/// Interval while progress is good.
-pub const GOOD_INTERVAL: u32 = 20;
 /// SLOW answers in a row that ask the user.
 pub const SLOW_STREAK_LIMIT: u32 = 3;
 /// Failures in a row that pause the session.
@@ -327,8 +324,9 @@ pub fn decide(
     (verdict, next)
 }
 
-/// The state after a valid assessment: the next interval by progress, the
-/// slow streak, and the running counts.
+/// The state after a valid assessment: the slow streak and the running
+/// counts; the interval is the base one until the runner applies
+/// `reflection_interval::next_interval`.
 fn next_state(
     prior: &ReflectionState,
     a: &Assessment,
@@ -337,11 +335,7 @@ fn next_state(
     tokens: u64,
 ) -> ReflectionState {
     ReflectionState {
-        interval: match a.progress {
-            Progress::Stuck => STUCK_INTERVAL,
-            Progress::Good => GOOD_INTERVAL,
-            Progress::Slow => base_interval.max(1),
-        },
+        interval: base_interval.max(1),
         last_at: iterations,
         count: prior.count + 1,
         slow_streak: if a.progress == Progress::Slow {
@@ -488,27 +482,27 @@ mod tests {
     #[test]
     fn loop_and_stuck_pause_as_stuck() {
         let a = assess("NO", "STUCK", 30.0, true, "CONTINUE");
-        let (v, s) = run(&ReflectionState::new(10), &a);
+        let (v, _) = run(&ReflectionState::new(10), &a);
         assert_eq!(
             v,
             Verdict::Pause {
                 reason: Reason::Stuck
             }
         );
-        assert_eq!(s.interval, STUCK_INTERVAL);
-        // Stuck without a loop does not pause; it reflects more often.
+        // Stuck without a loop does not pause (the interval rule shortens
+        // the wait for the next look).
         let a = assess("NO", "STUCK", 30.0, false, "CONTINUE");
         let (v, s) = run(&ReflectionState::new(10), &a);
         assert_eq!(v, Verdict::Monitor);
-        assert_eq!(s.interval, STUCK_INTERVAL);
+        assert_eq!(s.interval, 10);
     }
 
     #[test]
-    fn good_progress_continues_and_reflects_less_often() {
+    fn good_progress_continues() {
         let a = assess("NO", "GOOD", 40.0, false, "CONTINUE");
         let (v, s) = run(&ReflectionState::new(10), &a);
         assert_eq!(v, Verdict::Continue);
-        assert_eq!(s.interval, GOOD_INTERVAL);
+        assert_eq!(s.interval, 10);
         // At 90 % and above, good progress falls through to monitoring.
         let a = assess("PARTIAL", "GOOD", 90.0, false, "CONTINUE");
         assert_eq!(run(&ReflectionState::new(10), &a).0, Verdict::Monitor);

@@ -38,7 +38,7 @@ pub use runtime::{live, loop_store, pruner, reflector, rehydrate, runner, storab
 // and what it needs to map errors and record the actor: it names them here,
 // never `crate::store` (handlers call use cases, not the store).
 pub use crate::store::{
-    ACTOR, AgentTask, ApprovalCursor, ApprovalRow, CheckpointRecord, ChildAttention,
+    ACTOR, AgentTask, ApprovalCursor, ApprovalRow, CheckpointRecord, ChildAttention, ForkRow,
     IterationRecord, KeyRecord, LeaseCheck, NewDecision, NotificationRow, NotifyTarget, Outcomes,
     RefinementRecord, ReflectionRecord, ReflectionSummary, Session, SessionCursor, SessionFilter,
     SessionOrder, SessionSortKey, Settlement, StoreError, TenantScope, TreeRow, WaitingWorkerTask,

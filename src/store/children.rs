@@ -119,6 +119,27 @@ pub struct TreeRow {
     pub cost_usd: Decimal,
     /// Its own steps no price entry priced.
     pub unpriced_steps: i64,
+    /// The session it was forked from, when it is a fork.
+    pub forked_from_session: Option<Uuid>,
+    /// The iteration of the checkpoint it was forked from.
+    pub forked_from_iteration: Option<i64>,
+}
+
+/// A fork of a session, as the tree view lists it under its origin.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ForkRow {
+    /// The fork.
+    pub id: Uuid,
+    /// The session it was forked from.
+    pub forked_from_session: Uuid,
+    /// The iteration of the checkpoint it started from.
+    pub forked_from_iteration: i64,
+    /// Its goal.
+    pub goal: String,
+    /// Its status.
+    pub status: Status,
+    /// Created.
+    pub created_at: DateTime<Utc>,
 }
 
 /// Makes a child of the delegator's parent for `request`, named `call`
@@ -688,7 +709,7 @@ impl Store {
                       c.status AS "status: Status", c.reason AS "reason: Reason", c.summary,
                       c.tokens_used, c.iterations, c.limits AS "limits: Json<Limits>",
                       c.budget_tokens, c.percent_complete, c.created_at, c.ended_at,
-                      c.cost_usd, c.unpriced_steps
+                      c.cost_usd, c.unpriced_steps, c.forked_from_session, c.forked_from_iteration
                FROM sessions c
                WHERE c.parent_id = $1 AND ($2::text IS NULL OR c.tenant = $2)
                ORDER BY c.created_at, c.id"#,
@@ -740,13 +761,35 @@ impl Store {
                       d.tokens_used AS "tokens_used!", d.iterations AS "iterations!",
                       d.limits AS "limits!: Json<Limits>", d.budget_tokens, d.percent_complete,
                       d.created_at AS "created_at!", d.ended_at,
-                      d.cost_usd AS "cost_usd!", d.unpriced_steps AS "unpriced_steps!"
+                      d.cost_usd AS "cost_usd!", d.unpriced_steps AS "unpriced_steps!",
+                      d.forked_from_session, d.forked_from_iteration
                FROM sessions s JOIN sessions d
                     ON d.id = s.id OR (d.parent_id IS NOT NULL AND d.lineage @> ARRAY[s.id])
                WHERE s.id = $1 AND ($2::text IS NULL OR s.tenant = $2)
                  AND d.tenant IS NOT DISTINCT FROM s.tenant
                ORDER BY d.id <> s.id, cardinality(d.lineage), d.created_at, d.id"#,
             id,
+            scope.tenant(),
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows)
+    }
+
+    /// The forks of any of `ids` within the caller's tenant, oldest first
+    /// (index `sessions_forks`, migrations/0037).
+    pub async fn forks_of(&self, ids: &[Uuid], scope: &TenantScope) -> Result<Vec<ForkRow>> {
+        let rows = sqlx::query_as!(
+            ForkRow,
+            r#"SELECT f.id, f.forked_from_session AS "forked_from_session!",
+                      f.forked_from_iteration AS "forked_from_iteration!", f.goal,
+                      f.status AS "status: Status", f.created_at
+               FROM sessions f
+               WHERE f.forked_from_session = ANY($1) AND f.forked_from_iteration IS NOT NULL
+                 AND ($2::text IS NULL OR f.tenant = $2)
+               ORDER BY f.created_at, f.id
+               LIMIT 1000"#,
+            ids,
             scope.tenant(),
         )
         .fetch_all(&self.pool)

@@ -603,6 +603,7 @@ mod tests {
         max_tokens: 1_000,
         max_consecutive_errors: 3,
         reflection_interval: 5,
+        reflection_adaptive: false,
         checkpoint_interval: 5,
         max_tool_calls: None,
         max_cycles: 10,

@@ -62,7 +62,7 @@ pub use approvals::{
     count_waiting as count_waiting_approvals, decide as decide_approval,
 };
 pub use children::{
-    ChildAttention, DelegateError, Delegated, Delegator, LiveNode, TreeRow,
+    ChildAttention, DelegateError, Delegated, Delegator, ForkRow, LiveNode, TreeRow,
     delegate as delegate_on, set_child_pause_policy, wait_for_children,
 };
 pub use connection::is_unavailable;

@@ -45,7 +45,7 @@ pub async fn rebuild_inputs_on(conn: &mut PgConnection, session_id: Uuid) -> Res
         ReflectionRecord,
         r#"SELECT number, after_iteration, trigger, ok, assessment AS "assessment: Json<Assessment>", error,
                     decision AS "decision: Json<AppliedReflection>", next_interval, tokens, raw, created_at
-         FROM reflections WHERE session_id = $1 AND after_iteration > $2 ORDER BY number"#,
+         FROM reflections WHERE session_id = $1 AND after_iteration >= $2 ORDER BY number"#,
         session_id,
         after,
     )

@@ -912,7 +912,8 @@ pub struct RebuildInputs {
     pub checkpoint: Option<CheckpointRecord>,
     /// Iterations committed after it, in order.
     pub iterations: Vec<IterationRecord>,
-    /// Reflections after those iterations, in order.
+    /// Reflections from the checkpoint's iteration on, in order (one at
+    /// that iteration may postdate the checkpoint that rode with its step).
     pub reflections: Vec<ReflectionRecord>,
     /// The sum of the session's charges from outside its loop.
     pub tokens_charged: u64,

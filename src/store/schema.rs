@@ -76,6 +76,10 @@ pub const DOWNS: &[(i64, &str)] = &[
         35,
         include_str!("../../migrations/down/0035_session_traceparents.sql"),
     ),
+    (
+        37,
+        include_str!("../../migrations/down/0037_session_forks_index.sql"),
+    ),
 ];
 
 /// The key of the advisory lock that `migrate --down-to` holds, so two
@@ -542,6 +546,7 @@ mod tests {
                 max_tokens: 1_000,
                 max_consecutive_errors: 3,
                 reflection_interval: 5,
+                reflection_adaptive: false,
                 checkpoint_interval: 5,
                 max_tool_calls: None,
                 max_cycles: 10,

@@ -121,3 +121,46 @@ async fn a_fork_names_its_checkpoint_by_id_and_refuses_what_it_cannot_start_from
     assert_eq!(status, StatusCode::NOT_FOUND);
     let _ = common::TEST_TENANT;
 }
+
+#[tokio::test]
+async fn forks_show_in_the_tree_of_their_origin_and_name_it_in_their_own() {
+    let run = ten_checkpoints().await;
+    let (app, id) = (&run.app, run.id.as_str());
+    let mut forks = Vec::new();
+    for n in [2, 5] {
+        let (status, fork) = app
+            .post(
+                &format!("/api/autonomous/{id}/fork"),
+                Some(json!({ "checkpoint_iteration": n, "limits": { "max_iterations": 1 } })),
+            )
+            .await;
+        assert_eq!(status, StatusCode::CREATED, "{fork}");
+        forks.push(fork["id"].as_str().unwrap().to_string());
+    }
+    let (status, tree) = app.get(&format!("/api/autonomous/{id}/tree")).await;
+    assert_eq!(status, StatusCode::OK, "{tree}");
+    assert!(tree["node"]["forked_from"].is_null(), "{tree}");
+    let listed: Vec<(String, i64)> = tree["node"]["forks"]
+        .as_array()
+        .expect("forks")
+        .iter()
+        .map(|f| {
+            (
+                f["id"].as_str().unwrap().to_string(),
+                f["iteration"].as_i64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        listed,
+        vec![(forks[0].clone(), 2), (forks[1].clone(), 5)],
+        "{tree}"
+    );
+    // A fork is a tree of its own: not counted in its origin's.
+    assert_eq!(tree["totals"]["sessions"], 1);
+    let (status, own) = app.get(&format!("/api/autonomous/{}/tree", forks[1])).await;
+    assert_eq!(status, StatusCode::OK, "{own}");
+    assert_eq!(own["node"]["forked_from"]["session_id"], id);
+    assert_eq!(own["node"]["forked_from"]["iteration"], 5);
+    assert_eq!(own["node"]["forks"], json!([]));
+}

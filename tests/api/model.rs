@@ -363,7 +363,7 @@ async fn path_traversal_by_the_model_is_refused_and_recorded() {
 #[tokio::test]
 async fn reflection_yes_completes_and_intervals_adapt() {
     let fake = FakeLlm::start().await;
-    for i in 0..7 {
+    for i in 0..15 {
         fake.agent(tool_calls(
             &[(
                 "write_file",
@@ -375,27 +375,40 @@ async fn reflection_yes_completes_and_intervals_adapt() {
     fake.reflection(assessment("NO", "STUCK", 30.0, false, "CONTINUE"))
         .reflection(assessment("YES", "GOOD", 100.0, false, "STOP"));
     let app = app_with_model(&fake).await;
-    let id = create_llm(
-        &app,
-        "continuous",
-        json!({ "reflection_interval": 2 }),
-        json!({}),
-    )
-    .await;
+    // No reflection_interval: it starts at the default 10 and adapts.
+    let id = create_llm(&app, "continuous", json!({}), json!({})).await;
     let s = app.wait_settled(&id).await;
     assert_eq!(s["status"], "completed", "{s}");
     assert_eq!(s["reason"], "goal_achieved");
-    // Reflected after step 2 (STUCK: the next is due 5 steps later) and after step 7.
+    assert_eq!(s["limits"]["reflection_adaptive"], true, "{s}");
+    // Reflected after step 10 (STUCK: the next is due 5 steps later) and after step 15.
     let (_, page) = app.get(&format!("/api/autonomous/{id}/reflections")).await;
     let reflections = page["items"].as_array().unwrap();
     assert_eq!(reflections.len(), 2, "{page}");
-    assert_eq!(reflections[0]["after_iteration"], 2);
+    assert_eq!(reflections[0]["after_iteration"], 10);
     assert_eq!(
         reflections[0]["next_interval"], 5,
         "stuck → reflect every 5"
     );
-    assert_eq!(reflections[1]["after_iteration"], 7);
+    assert_eq!(reflections[1]["after_iteration"], 15);
     assert_eq!(reflections[1]["assessment"]["goal_achieved"], "YES");
+    // Each change of interval is a logged decision with its inputs.
+    let changes: Vec<Value> = app
+        .events(&id)
+        .await
+        .into_iter()
+        .filter(|e| e["kind"] == "reflection_interval_changed")
+        .collect();
+    assert_eq!(changes.len(), 1, "{changes:?}");
+    let change = &changes[0]["data"];
+    assert_eq!(
+        (change["from"].clone(), change["to"].clone()),
+        (json!(10), json!(5))
+    );
+    assert_eq!(change["cause"], "stuck");
+    assert_eq!(change["after_iteration"], 10);
+    assert_eq!(change["inputs"]["progress"], "STUCK");
+    assert_eq!(change["inputs"]["percent_now"], 30.0);
     assert_eq!(s["tokens_by_source"]["reflection"], 100);
     assert!(s["reflection_share"].as_f64().unwrap() > 0.0);
     assert_eq!(s["percent_complete"], 100.0);

@@ -26,6 +26,9 @@ struct Route {
     reflection: VecDeque<Answer>,
     /// The last reflection answer repeats forever.
     sticky_reflection: bool,
+    /// The answer to every reflection on an agent's done-claim, when set
+    /// (the queue answers the others).
+    claim_reflection: Option<Answer>,
 }
 
 type Routes = Arc<Mutex<HashMap<String, Route>>>;
@@ -46,6 +49,12 @@ async fn chat(State(routes): State<Routes>, Json(body): Json<Value>) -> Response
             .and_then(|(_, route)| {
                 if is_agent {
                     route.agent.pop_front()
+                } else if let Some(claim) = route
+                    .claim_reflection
+                    .as_ref()
+                    .filter(|_| haystack.contains("The agent claims the goal is achieved"))
+                {
+                    Some(claim.clone())
                 } else if route.sticky_reflection && route.reflection.len() == 1 {
                     route.reflection.front().cloned()
                 } else {
@@ -786,6 +795,7 @@ fn corpus() -> Vec<Case> {
         agent: agent.into(),
         reflection: reflection.into(),
         sticky_reflection: sticky,
+        claim_reflection: None,
     };
 
     llm(
@@ -1275,6 +1285,7 @@ async fn the_labelled_corpus_ends_every_session_right() {
     .await;
     let mut cases = corpus();
     assert!(cases.len() >= 60, "the corpus has {} cases", cases.len());
+    cases.extend(adaptive_interval_cases());
     for (n, case) in cases.iter_mut().enumerate() {
         if let Some(route) = case.route.take() {
             let key = case.body["goal"]
@@ -1385,6 +1396,7 @@ async fn the_labelled_corpus_ends_every_session_right() {
         "replay drifted from the record:\n{}",
         drift.join("\n")
     );
+    adaptive_interval_report(&app, &cases, &outcomes, &report).await;
 
     // What the endings must show beyond status and reason.
     let find = |name: &str| {
@@ -1445,4 +1457,198 @@ async fn the_labelled_corpus_ends_every_session_right() {
             .unwrap()
             .starts_with("projected 197000 more tokens")
     );
+}
+
+// ---- the adaptive reflection interval ----
+//
+// Sessions that leave `limits.reflection_interval` unset reflect on an
+// adaptive interval (5 to 20 steps). Each scenario runs twice: adaptive, and
+// its twin at a fixed interval of 10. Both must end right (the corpus's
+// scoring above); on steady sessions the adaptive twin must spend fewer
+// reflection calls, and the counts go into the corpus report.
+
+/// The name of a scenario's adaptive run.
+const ADAPTIVE: &str = "adaptive interval";
+/// The name of its twin at a fixed interval of 10.
+const FIXED_10: &str = "fixed interval 10";
+
+/// One scenario of the adaptive interval: `writes` productive steps, then
+/// (when `claims`) a done-claim; the reflector's answers in order (the last
+/// repeats); the right ending adaptive and fixed.
+struct IntervalScenario {
+    name: &'static str,
+    steady: bool,
+    writes: usize,
+    claims: bool,
+    reflections: Vec<Answer>,
+    adaptive: Expect,
+    fixed: Expect,
+}
+
+fn interval_scenarios() -> Vec<IntervalScenario> {
+    let rising = |n: usize| -> Vec<Answer> {
+        (1..=n)
+            .map(|i| assessment("NO", "GOOD", (10 * i).min(85) as f64, false, "CONTINUE"))
+            .collect()
+    };
+    vec![
+        IntervalScenario {
+            name: "steady, 40 steps then a done-claim",
+            steady: true,
+            writes: 40,
+            claims: true,
+            reflections: rising(10),
+            adaptive: ends("completed", "goal_achieved", 41, 41),
+            fixed: ends("completed", "goal_achieved", 41, 41),
+        },
+        IntervalScenario {
+            name: "steady, 80 steps then a done-claim",
+            steady: true,
+            writes: 80,
+            claims: true,
+            reflections: rising(10),
+            adaptive: ends("completed", "goal_achieved", 81, 81),
+            fixed: ends("completed", "goal_achieved", 81, 81),
+        },
+        // Stuck (no loop yet) at the first look, then stuck in a loop: the
+        // adaptive run looks again after 5 steps, the fixed one after 10.
+        IntervalScenario {
+            name: "stuck, the reflector sees a loop at its second look",
+            steady: false,
+            writes: 40,
+            claims: false,
+            reflections: vec![
+                assessment("NO", "STUCK", 20.0, false, "CONTINUE"),
+                assessment("NO", "STUCK", 20.0, true, "CONTINUE"),
+            ],
+            adaptive: ends("paused", "stuck", 15, 15),
+            fixed: ends("paused", "stuck", 20, 20),
+        },
+    ]
+}
+
+/// The scenarios' cases, adaptive and fixed twins, keyed `adaptNN.md`.
+fn adaptive_interval_cases() -> Vec<Case> {
+    let mut cases = Vec::new();
+    for (s, scenario) in interval_scenarios().into_iter().enumerate() {
+        for fixed in [false, true] {
+            let key = format!("adapt{:02}.md", 2 * s + usize::from(fixed));
+            let stem = key.trim_end_matches(".md").to_string();
+            let mut agent: Vec<Answer> = (1..=scenario.writes)
+                .map(|i| {
+                    tool_calls(
+                        &[(
+                            "write_file",
+                            json!({ "path": format!("{stem}-{i}.md"), "content": format!("part {i}") }),
+                        )],
+                        100,
+                    )
+                })
+                .collect();
+            if scenario.claims {
+                agent.push(tool_calls(
+                    &[(
+                        "task_completion",
+                        json!({ "result": "notes written", "deliverables": [format!("{stem}-1.md")] }),
+                    )],
+                    50,
+                ));
+            }
+            let limits = if fixed {
+                json!({ "reflection_interval": 10 })
+            } else {
+                json!({})
+            };
+            cases.push(Case {
+                name: format!(
+                    "{}: {}",
+                    if fixed { FIXED_10 } else { ADAPTIVE },
+                    scenario.name
+                ),
+                category: "adaptive interval",
+                body: json!({
+                    "goal": format!("Write {key} with the project notes"),
+                    "mode": "continuous", "limits": limits, "executor": { "kind": "llm" }
+                }),
+                route: Some(Route {
+                    agent: agent.into(),
+                    reflection: scenario.reflections.clone().into(),
+                    sticky_reflection: true,
+                    claim_reflection: Some(assessment("YES", "GOOD", 100.0, false, "STOP")),
+                }),
+                expect: if fixed {
+                    scenario.fixed
+                } else {
+                    scenario.adaptive
+                },
+            });
+        }
+    }
+    cases
+}
+
+/// Reflections a session ran (failed ones included).
+async fn reflections_of(app: &TestApp, doc: &Value) -> usize {
+    let id = doc["id"].as_str().expect("id");
+    let (status, page) = app
+        .get(&format!("/api/autonomous/{id}/reflections?limit=200"))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{page}");
+    page["items"].as_array().map_or(0, Vec::len)
+}
+
+/// Counts reflection calls per scenario, adaptive against fixed 10, adds
+/// them to the corpus report, and holds the adaptive runs of steady
+/// sessions to fewer calls than their fixed twins.
+async fn adaptive_interval_report(
+    app: &TestApp,
+    cases: &[Case],
+    outcomes: &[Outcome],
+    report: &std::path::Path,
+) {
+    let outcome = |prefix: &str, scenario: &str| {
+        let name = format!("{prefix}: {scenario}");
+        let i = cases
+            .iter()
+            .position(|c| c.name == name)
+            .unwrap_or_else(|| panic!("{name} is in the corpus"));
+        &outcomes[i]
+    };
+    let mut text = String::from(
+        "adaptive reflection interval (reflection calls, adaptive vs fixed interval 10):\n",
+    );
+    let (mut steady_adaptive, mut steady_fixed) = (0, 0);
+    for scenario in interval_scenarios() {
+        let (a, f) = (
+            outcome(ADAPTIVE, scenario.name),
+            outcome(FIXED_10, scenario.name),
+        );
+        let adaptive = reflections_of(app, &a.doc).await;
+        let fixed = reflections_of(app, &f.doc).await;
+        text.push_str(&format!(
+            "  {:<52} adaptive {adaptive:>3} · fixed 10 {fixed:>3}   (ended at iteration {} · {})\n",
+            scenario.name, a.iterations, f.iterations
+        ));
+        if scenario.steady {
+            assert!(
+                adaptive < fixed,
+                "{}: adaptive spent {adaptive} reflections, fixed 10 spent {fixed}",
+                scenario.name
+            );
+            steady_adaptive += adaptive;
+            steady_fixed += fixed;
+        }
+    }
+    text.push_str(&format!(
+        "  steady sessions in all: adaptive {steady_adaptive} · fixed 10 {steady_fixed} (0 premature, 0 runaway: scored above)\n"
+    ));
+    print!("{text}");
+    let appended = std::fs::OpenOptions::new()
+        .append(true)
+        .open(report)
+        .and_then(|mut f| std::io::Write::write_all(&mut f, text.as_bytes()));
+    if let Err(err) = appended {
+        eprintln!("cannot add to {}: {err}", report.display());
+    }
+    assert!(steady_adaptive < steady_fixed);
 }

@@ -12,9 +12,9 @@ use crate::event::SessionEvent;
 use crate::session::error::Result;
 use crate::session::event_codec;
 use crate::store::{
-    AgentTask, ApprovalCursor, ApprovalRow, CheckpointRecord, EventRecord, IterationRecord,
-    Outcomes, RefinementRecord, ReflectionRecord, Session, Store, TenantScope, TreeRow,
-    WaitingWorkerTask,
+    AgentTask, ApprovalCursor, ApprovalRow, CheckpointRecord, EventRecord, ForkRow,
+    IterationRecord, Outcomes, RefinementRecord, ReflectionRecord, Session, Store, TenantScope,
+    TreeRow, WaitingWorkerTask,
 };
 
 /// An event of a session's log, decoded.
@@ -177,6 +177,11 @@ impl SessionReads {
     /// A session and every descendant `scope` reaches, the session first.
     pub async fn tree(&self, id: Uuid, scope: &TenantScope) -> Result<Vec<TreeRow>> {
         Ok(self.store.tree(id, scope).await?)
+    }
+
+    /// The forks of any of `ids` (the sessions of a tree), oldest first.
+    pub async fn forks_of(&self, ids: &[Uuid], scope: &TenantScope) -> Result<Vec<ForkRow>> {
+        Ok(self.store.forks_of(ids, scope).await?)
     }
 
     /// A session's direct children.

@@ -56,11 +56,22 @@ pub fn initial_state(session: &Session) -> LoopState {
 /// The rows come typed from the store (a row that does not read as its type
 /// is refused there, as corrupt), so the fold itself cannot fail.
 pub fn replay(session: &Session, inputs: RebuildInputs) -> LoopState {
-    let mut state = match inputs.checkpoint {
-        Some(c) => c.state.0,
-        None => initial_state(session),
+    let (mut state, from) = match inputs.checkpoint {
+        Some(c) => (c.state.0, c.iteration),
+        None => (initial_state(session), 0),
     };
-    let mut reflections = inputs.reflections.into_iter().peekable();
+    // An interval checkpoint rides with its step's commit, before the
+    // reflection that follows the same step: that one is not in the state
+    // yet, and is told apart from those that are by its number.
+    let known = i64::from(state.reflection.attempts);
+    let mut reflections = inputs
+        .reflections
+        .into_iter()
+        .filter(|r| i64::from(r.number) > known)
+        .peekable();
+    while let Some(r) = reflections.next_if(|r| r.after_iteration <= from) {
+        state.apply_reflection(&r.decision);
+    }
     for it in inputs.iterations {
         state.apply(it.run, &it.record, &it.effects);
         // Reflections replay right after the iteration they followed.
@@ -189,4 +200,93 @@ pub async fn unsealed_spec(
         spec = spec.with_url_query(&UrlQuery::new(ring()?.open(sealer, URL_QUERY, &sealed)?));
     }
     Ok(spec)
+}
+
+#[cfg(test)]
+mod tests {
+    use chrono::Utc;
+
+    use super::*;
+    use crate::policy::loop_state::AppliedReflection;
+    use crate::policy::reflection::{ReflectionState, Verdict};
+    use crate::store::{CheckpointRecord, ReflectionRecord};
+
+    fn checkpoint_at(iteration: i64, state: LoopState) -> CheckpointRecord {
+        CheckpointRecord {
+            id: 1,
+            iteration,
+            reason: "interval".into(),
+            state: Json(state),
+            created_at: Utc::now(),
+        }
+    }
+
+    fn reflection(number: i32, after: i64, tokens: u64) -> ReflectionRecord {
+        let mut after_state = ReflectionState::new(10);
+        after_state.attempts = u32::try_from(number).unwrap();
+        after_state.count = after_state.attempts;
+        after_state.last_at = u64::try_from(after).unwrap();
+        after_state.tokens = tokens;
+        ReflectionRecord {
+            number,
+            after_iteration: after,
+            trigger: "interval".into(),
+            ok: true,
+            assessment: None,
+            error: None,
+            decision: Json(AppliedReflection {
+                verdict: Verdict::Continue,
+                state_after: after_state,
+                percent_complete: Some(40.0),
+                reasoning: None,
+                criteria: Vec::new(),
+                milestones: Vec::new(),
+            }),
+            next_interval: 10,
+            tokens: 50,
+            raw: None,
+            created_at: Utc::now(),
+        }
+    }
+
+    fn inputs(checkpoint: CheckpointRecord, reflections: Vec<ReflectionRecord>) -> RebuildInputs {
+        RebuildInputs {
+            checkpoint: Some(checkpoint),
+            iterations: Vec::new(),
+            reflections,
+            tokens_charged: 0,
+        }
+    }
+
+    #[test]
+    fn a_reflection_after_the_checkpoint_of_its_own_step_is_replayed_once() {
+        let session = crate::session::runtime::live::tests::record();
+        // The interval checkpoint rode with step 10; reflection 1 followed it.
+        let before = LoopState::new(10);
+        let state = replay(
+            &session,
+            inputs(
+                checkpoint_at(10, before.clone()),
+                vec![reflection(1, 10, 50)],
+            ),
+        );
+        assert_eq!(
+            state.reflection.attempts, 1,
+            "not run again with the same number"
+        );
+        assert_eq!(state.reflection.last_at, 10);
+        assert_eq!(state.usage.tokens, before.usage.tokens + 50);
+        // A checkpoint taken after it already holds it: not applied twice.
+        let mut after = before;
+        after.apply_reflection(&reflection(1, 10, 50).decision);
+        let again = replay(
+            &session,
+            inputs(
+                checkpoint_at(10, after.clone()),
+                vec![reflection(1, 10, 50)],
+            ),
+        );
+        assert_eq!(again.reflection, after.reflection);
+        assert_eq!(again.usage.tokens, after.usage.tokens);
+    }
 }

@@ -72,6 +72,8 @@ class Limits(TypedDict, total=False):
     max_cycles: int
     context_budget_tokens: int
     reflection_interval: int
+    #: False once ``reflection_interval`` was set: the interval no longer adapts.
+    reflection_adaptive: bool
     checkpoint_interval: int
     review_every: int | None
     warn_at: list[int]
@@ -234,6 +236,10 @@ class TreeNode(TypedDict, total=False):
     max_tokens: int
     budget_tokens: int | None
     subtree_tokens_used: int
+    #: ``{session_id, iteration}`` when the session is a fork.
+    forked_from: dict[str, Any] | None
+    #: Sessions forked from it: ``id``, ``iteration``, ``goal``, ``status``, ``created_at``.
+    forks: list[dict[str, Any]]
     children: list[TreeNode]
 
 

@@ -361,6 +361,7 @@ mod tests {
         max_tokens: 1_000_000,
         max_consecutive_errors: 3,
         reflection_interval: 100,
+        reflection_adaptive: false,
         checkpoint_interval: 100,
         max_tool_calls: None,
         max_cycles: 10,

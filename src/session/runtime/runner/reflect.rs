@@ -11,6 +11,8 @@ use crate::policy::guardrails::{self, Usage};
 use crate::policy::lifecycle::{Mode, Reason};
 use crate::policy::loop_state::{self, AppliedReflection};
 use crate::policy::reflection::{self, Trigger, Verdict};
+use crate::policy::reflection_interval::{self, IntervalInputs};
+use crate::policy::{gate, stuck};
 use crate::session::event_codec;
 use crate::session::runtime::loop_store::{LoopStore, ReflectionCommit};
 use crate::session::runtime::reflector::{ReflectionAnswer, Reflector, SessionFacts};
@@ -101,10 +103,65 @@ impl<S: LoopStore> Runner<S> {
         };
         // Model text is made storable before it reaches the state or a row.
         make_reflection_storable(&mut answer);
-        let applied = self.verdict(&answer, trigger, usage.iterations, claim);
+        let mut applied = self.verdict(&answer, trigger, usage.iterations, claim);
+        // A completed session reflects no more: its interval is left as it was.
+        let (interval, change) = if applied.verdict == Verdict::Complete {
+            (self.state.reflection.interval, None)
+        } else {
+            self.next_interval(&answer, usage.iterations)
+        };
+        applied.state_after.interval = interval;
         self.store_reflection(&answer, &applied, trigger, &usage)
             .await?;
+        if let Some(change) = change {
+            let events = event_codec::encode(&[change])?;
+            let flags = Box::pin(self.store.append_fenced(&self.lease, &events)).await?;
+            self.view.appended(&flags);
+            self.apply_flags(flags);
+        }
         Ok(None)
+    }
+
+    /// The interval until the next reflection (`policy::reflection_interval`
+    /// over the gate's rework ratio, the stuck detector and the answer) and,
+    /// when the adaptive interval changed, the event that records why.
+    fn next_interval(
+        &self,
+        answer: &ReflectionAnswer,
+        iterations: u64,
+    ) -> (u32, Option<SessionEvent>) {
+        let limits = &self.settings.limits;
+        let assessment = answer.assessment.as_ref().ok();
+        let inputs = IntervalInputs {
+            current: self.state.reflection.interval,
+            rework_ratio: gate::rework_ratio(&self.state.rework, self.config.gate.rework_window),
+            stuck: stuck::detect(
+                &self.config.stuck,
+                &self.state.history,
+                self.state.total_wait_ms,
+            )
+            .is_some(),
+            progress: assessment.map(|a| a.progress),
+            loop_detected: assessment.is_some_and(|a| a.loop_detected),
+            percent_before: self.state.percent_complete,
+            percent_now: assessment.map(|a| a.percent_complete),
+            uncertainty: assessment.and_then(|a| a.uncertainty),
+        };
+        let decision = reflection_interval::next_interval(
+            limits.reflection_adaptive,
+            limits.reflection_interval,
+            &inputs,
+        );
+        let change = (limits.reflection_adaptive && decision.interval != inputs.current).then_some(
+            SessionEvent::ReflectionIntervalChanged {
+                after_iteration: iterations,
+                from: inputs.current,
+                to: decision.interval,
+                cause: decision.cause,
+                inputs,
+            },
+        );
+        (decision.interval, change)
     }
 
     /// Asks the reflection model about the recent steps; `None` when a stop

@@ -203,6 +203,7 @@ fn limits(max_iterations: u64, checkpoint_interval: u32) -> Limits {
         max_tokens: 1_000_000,
         max_consecutive_errors: 3,
         reflection_interval: 100,
+        reflection_adaptive: false,
         checkpoint_interval,
         max_tool_calls: None,
         max_cycles: 10,

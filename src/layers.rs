@@ -96,7 +96,7 @@ const API: &[(&str, u8)] = &[
     ("estimate", 2),
     ("confirm", 4),
     ("tenant_warn_at", 1),
-    ("insights", 1),
+    ("insights", 2),
     ("notify", 2),
     ("replay", 1),
 ];
@@ -163,7 +163,7 @@ const HTTP: &[(&str, u8)] = &[
     ("workers", 2),
     ("retention", 2),
     ("budget_warnings", 2),
-    ("insights", 2),
+    ("insights", 3),
     ("tree", 2),
     ("notify", 2),
     ("approvals", 3),

@@ -14,6 +14,7 @@ mod healthcheck;
 mod keys;
 mod migrate;
 mod replay;
+mod report;
 mod secrets;
 mod sessions;
 mod sse;
@@ -98,6 +99,13 @@ pub enum Command {
     /// call and no write, and says where each would have ended. The server
     /// and key are found as for `warden sessions`.
     Replay(replay::ReplayArgs),
+    /// Reports over a running server's stored sessions, over its HTTP API
+    ///
+    /// `warden report thresholds`: how sessions ended against their
+    /// thresholds, which policy pauses a person overruled, a suggested
+    /// iteration limit with its replay, and the reflector's calibration.
+    #[command(subcommand)]
+    Report(report::ReportCommand),
     /// Print a shell completion script
     ///
     /// e.g. `warden completions bash > /etc/bash_completion.d/warden`,
@@ -153,6 +161,7 @@ pub async fn run(command: Command) -> ExitCode {
         Command::Sessions(args) => sessions::run(args).await,
         Command::Workers(args) => sessions::run_workers(args).await,
         Command::Replay(args) => replay::run(args).await,
+        Command::Report(command) => report::run(command).await,
         Command::Completions { shell } => completions(shell),
     }
 }

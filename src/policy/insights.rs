@@ -9,12 +9,17 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 use utoipa::ToSchema;
 
-use super::guardrails::Limits;
+use uuid::Uuid;
+
+use super::guardrails::{Limits, RANGES};
 use super::lifecycle::{Reason, Status};
+use super::replay::Totals;
 
 /// One ended session, as the report reads it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SessionHistory {
+    /// The session.
+    pub id: Uuid,
     /// Its status now.
     pub status: Status,
     /// Why it ended (or waits), when recorded.
@@ -115,6 +120,10 @@ pub struct IterationSuggestion {
     /// Sessions that hit a lower limit of their own (they might have gone
     /// on under this one; what they would have done is not recorded).
     pub sessions_ending_later: u64,
+    /// The policy replay of the same sessions with this limit (every other
+    /// rule as each ran): the totals to weigh it by. Null when the replay
+    /// could not run.
+    pub replay: Option<Totals>,
 }
 
 /// One band of the reflector's `percentComplete`.
@@ -310,7 +319,7 @@ fn suggest_max_iterations(histories: &[SessionHistory]) -> Option<IterationSugge
         .saturating_mul(HEADROOM_PERCENT)
         .div_ceil(100)
         .max(1);
-    let value = longest.saturating_add(headroom);
+    let value = longest.saturating_add(headroom).min(iteration_cap());
     let mut suggestion = IterationSuggestion {
         value,
         longest_completion: longest,
@@ -318,6 +327,7 @@ fn suggest_max_iterations(histories: &[SessionHistory]) -> Option<IterationSugge
         iterations_saved: 0,
         completions_cut_short: 0,
         sessions_ending_later: 0,
+        replay: None,
     };
     for h in histories {
         if h.iterations > value {
@@ -332,6 +342,14 @@ fn suggest_max_iterations(histories: &[SessionHistory]) -> Option<IterationSugge
         }
     }
     Some(suggestion)
+}
+
+/// The most `limits.max_iterations` may be.
+fn iteration_cap() -> u64 {
+    RANGES
+        .iter()
+        .find(|(name, _, _)| *name == "max_iterations")
+        .map_or(u64::MAX, |(_, _, max)| *max)
 }
 
 /// Bands of the reflector's estimate.
@@ -387,6 +405,7 @@ mod tests {
         max_iterations: u64,
     ) -> SessionHistory {
         SessionHistory {
+            id: Uuid::nil(),
             status,
             reason: Some(reason),
             iterations,
@@ -589,6 +608,7 @@ mod tests {
                 iterations_saved: 10 + 30,
                 completions_cut_short: 0,
                 sessions_ending_later: 1,
+                replay: None,
             }
         );
     }
@@ -599,10 +619,10 @@ mod tests {
             .max_iterations_suggestion
             .expect("one");
         assert_eq!(s.value, 2);
-        let s = report(&[completed(u64::MAX)])
+        let s = report(&[completed(900_000)])
             .max_iterations_suggestion
             .expect("one");
-        assert_eq!(s.value, u64::MAX, "saturates");
+        assert_eq!(s.value, 1_000_000, "never past what a limit may be");
     }
 
     #[test]

@@ -63,10 +63,13 @@ impl Store {
             // An event this version cannot read is left out, not an error:
             // the report is over what can be read.
             if let Ok(change) = serde_json::from_value::<StatusChange>(e.data) {
-                transitions.entry(e.session_id).or_default().push(Transition {
-                    to: change.to,
-                    reason: change.reason,
-                });
+                transitions
+                    .entry(e.session_id)
+                    .or_default()
+                    .push(Transition {
+                        to: change.to,
+                        reason: change.reason,
+                    });
             }
         }
         let mut reflections: HashMap<Uuid, Vec<ReflectionPoint>> = HashMap::new();
@@ -94,6 +97,7 @@ impl Store {
         Ok(rows
             .into_iter()
             .map(|r| SessionHistory {
+                id: r.id,
                 status: r.status,
                 reason: r.reason,
                 iterations: u64::try_from(r.iterations).unwrap_or(0),

@@ -26,6 +26,7 @@ mod fleet;
 mod fork;
 mod goals;
 mod http;
+mod insights;
 mod isolation;
 mod mcp;
 mod memory;

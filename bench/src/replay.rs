@@ -118,6 +118,7 @@ pub fn phase(n: usize) -> (f64, Totals) {
         max_tokens: 10_000_000,
         max_consecutive_errors: 5,
         reflection_interval: 10,
+        reflection_adaptive: false,
         checkpoint_interval: 10,
         max_tool_calls: None,
         max_cycles: 10,

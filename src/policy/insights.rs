@@ -195,7 +195,7 @@ fn outcomes(histories: &[SessionHistory]) -> Vec<OutcomeCount> {
     }
     let mut out: Vec<OutcomeCount> = counts.into_values().collect();
     // Stable: ties keep the key order.
-    out.sort_by(|a, b| b.sessions.cmp(&a.sessions));
+    out.sort_by_key(|o| std::cmp::Reverse(o.sessions));
     out
 }
 
@@ -241,13 +241,17 @@ fn pauses(histories: &[SessionHistory]) -> Vec<PauseOutcome> {
     by_reason.into_values().collect()
 }
 
-/// The limits the report reads, each with the reason a session it ends gets.
-fn limits_read() -> [(
+/// A limit the report reads: its name, the reason a session it ends gets,
+/// which sessions it counts for, and its value.
+type LimitRead = (
     &'static str,
     Reason,
     fn(&SessionHistory) -> bool,
     fn(&Limits) -> u64,
-); 4] {
+);
+
+/// The limits the report reads.
+fn limits_read() -> [LimitRead; 4] {
     [
         (
             "max_iterations",
@@ -296,7 +300,7 @@ fn limit_outcomes(histories: &[SessionHistory]) -> Vec<LimitOutcomes> {
                 row.ended_by_it += u64::from(h.reason == Some(reason));
             }
             let mut values: Vec<ValueOutcome> = values.into_values().collect();
-            values.sort_by(|a, b| b.sessions.cmp(&a.sessions));
+            values.sort_by_key(|v| std::cmp::Reverse(v.sessions));
             values.truncate(MAX_VALUES);
             LimitOutcomes {
                 name: name.to_string(),

@@ -189,8 +189,23 @@ fn count<T: Copy + PartialOrd + ToString>(
 impl PolicyOverride {
     /// `base` with this override applied, after range checks.
     pub fn apply(&self, base: &Policy) -> Result<Policy, LimitOutOfRange> {
-        let (g, s) = (&self.gate, &self.stuck);
-        let mut gate = base.gate;
+        let gate = self.gate.apply(base.gate)?;
+        let stuck = self.stuck.apply(base.stuck)?;
+        Ok(Policy {
+            gate,
+            stuck,
+            limits: base.limits.apply(&self.limits)?,
+            reflect_when_due: base.reflect_when_due || self.limits.reflection_interval.is_some(),
+        })
+    }
+}
+
+impl GatePatch {
+    /// The server's gate thresholds with this patch laid over, each checked.
+    fn apply(&self, base: GateConfig) -> Result<GateConfig, LimitOutOfRange> {
+        let window = loop_state::HISTORY_WINDOW;
+        let mut gate = base;
+        let g = self;
         fraction(
             "coherence_min",
             g.coherence_min,
@@ -205,7 +220,6 @@ impl PolicyOverride {
             1.0,
         )?;
         fraction("slope_max", g.slope_max, &mut gate.slope_max, 100.0)?;
-        let window = loop_state::HISTORY_WINDOW;
         count(
             "review_every",
             g.review_every,
@@ -242,7 +256,16 @@ impl PolicyOverride {
             }
             gate.projection_margin = m;
         }
-        let mut stuck = base.stuck;
+        Ok(gate)
+    }
+}
+
+impl StuckPatch {
+    /// The server's stuck windows with this patch laid over, each checked.
+    fn apply(&self, base: StuckConfig) -> Result<StuckConfig, LimitOutOfRange> {
+        let window = loop_state::HISTORY_WINDOW;
+        let mut stuck = base;
+        let s = self;
         count(
             "same_observation",
             s.same_observation,
@@ -285,12 +308,7 @@ impl PolicyOverride {
             &mut stuck.max_total_wait_ms,
             (1, 2_592_000_000),
         )?;
-        Ok(Policy {
-            gate,
-            stuck,
-            limits: base.limits.apply(&self.limits)?,
-            reflect_when_due: base.reflect_when_due || self.limits.reflection_interval.is_some(),
-        })
+        Ok(stuck)
     }
 }
 

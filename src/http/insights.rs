@@ -28,7 +28,6 @@ pub fn router() -> Router<AppState> {
 /// names another tenant with `?tenant=`.
 #[utoipa::path(
     get, path = "/api/insights/thresholds", tag = "sessions",
-    params(("tenant" = Option<String>, Query, description = "The tenant to report on (an admin only; default: the caller's)")),
     responses(
         (status = 200, description = "The report", body = ThresholdReport),
         (status = 503, description = "The database is unreachable; retry", body = Problem, content_type = "application/problem+json"),

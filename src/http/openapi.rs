@@ -892,6 +892,22 @@ fn add_bounds(doc: &mut Value) {
             "then": { "properties": { "subgoals": {} } }
         }]);
     }
+    // A confirmation needs a bound: a cost, a running time or both.
+    if let Some(confirm) = doc.pointer_mut("/components/schemas/ConfirmIfOver") {
+        confirm["anyOf"] = json!([
+            { "required": ["cost_usd"], "properties": { "cost_usd": { "type": "string" } } },
+            { "required": ["minutes"], "properties": { "minutes": { "type": "integer" } } }
+        ]);
+    }
+    // A replay names its sessions one way: ids or a filter, not both.
+    if let Some(replay) = doc.pointer_mut("/components/schemas/ReplayRequest") {
+        replay["oneOf"] = json!([
+            { "required": ["session_ids"],
+              "properties": { "session_ids": { "type": "array" }, "filter": { "type": "null" } } },
+            { "required": ["filter"],
+              "properties": { "filter": { "type": "object" }, "session_ids": { "type": "null" } } }
+        ]);
+    }
     // Only an approval carries arguments of the person's own
     // (`check_edited_arguments`).
     if let Some(decide) = doc.pointer_mut("/components/schemas/DecideApproval") {

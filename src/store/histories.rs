@@ -63,10 +63,13 @@ impl Store {
             // An event this version cannot read is left out, not an error:
             // the report is over what can be read.
             if let Ok(change) = serde_json::from_value::<StatusChange>(e.data) {
-                transitions.entry(e.session_id).or_default().push(Transition {
-                    to: change.to,
-                    reason: change.reason,
-                });
+                transitions
+                    .entry(e.session_id)
+                    .or_default()
+                    .push(Transition {
+                        to: change.to,
+                        reason: change.reason,
+                    });
             }
         }
         let mut reflections: HashMap<Uuid, Vec<ReflectionPoint>> = HashMap::new();

@@ -150,10 +150,9 @@ impl SessionService {
                     ServiceError::Unavailable(format!("could not generate success criteria: {err}"))
                 })?;
             plan.tokens = plan.tokens.saturating_add(p.tokens);
-            plan.criteria = checklist::from_texts("success_criteria", &p.value.0)
-                .map_err(ServiceError::Invalid)?;
-            plan.milestones =
-                checklist::from_texts("milestones", &p.value.1).map_err(ServiceError::Invalid)?;
+            (plan.criteria, plan.milestones) =
+                checklist::criteria_and_milestones(&p.value.0, &p.value.1)
+                    .map_err(ServiceError::Invalid)?;
             plan.events.push(SessionEvent::CriteriaGenerated {
                 criteria: p.value.0,
                 milestones: p.value.1,

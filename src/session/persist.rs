@@ -10,7 +10,6 @@ use uuid::Uuid;
 use sqlx::PgConnection;
 
 use super::ServiceError;
-use crate::event::SessionEvent;
 use crate::policy::delegation::{ChildPausePolicy, ChildRequest, TreeLimits};
 use crate::policy::lifecycle::{self, Status};
 use crate::secrets::Sealed;
@@ -124,7 +123,7 @@ pub async fn create_session(
         store::insert_secret(&mut tx, new.id, crate::secrets::URL_QUERY, sealed).await?;
     }
     let mut log = events.to_vec();
-    log.push(NewEvent::from_event(&SessionEvent::status(None, status))?);
+    log.push(NewEvent::status(None, status)?);
     store::append_events(&mut tx, new.id, &log).await?;
     queue_subgoals(&mut tx, new.id, &split).await?;
     if let Some(r) = refinement {

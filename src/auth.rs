@@ -150,9 +150,14 @@ impl Principal {
         }
     }
 
-    /// The tenant a session created by this caller belongs to.
-    pub fn create_tenant(&self) -> &str {
-        self.scope.tenant().unwrap_or(&self.tenant)
+    /// The tenant a session created by this caller belongs to, refused
+    /// when its name is not acceptable (see [`valid_tenant`]).
+    pub fn create_tenant(&self) -> Result<&str, AuthError> {
+        let tenant = self.scope.tenant().unwrap_or(&self.tenant);
+        if !valid_tenant(tenant) {
+            return Err(AuthError::InvalidTenant(tenant.to_string()));
+        }
+        Ok(tenant)
     }
 }
 

@@ -407,6 +407,15 @@ impl StoredExecutor {
     }
 }
 
+/// Why [`ExecutorSpec::vet`] refused an executor.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refused {
+    /// Its MCP tools are not declared here or not open to the tenant.
+    Tools(String),
+    /// A URL it would call is refused by the outbound-request policy.
+    Egress(String),
+}
+
 /// Most scripted steps one session may carry.
 pub const MAX_SCRIPTED_STEPS: usize = 10_000;
 /// Allowed timeout of one model call or webhook step, ms.
@@ -653,6 +662,22 @@ impl ExecutorSpec {
                 deps.run,
             ))),
         }
+    }
+
+    /// Vets the executor against this replica before a session is made:
+    /// its MCP tools (see [`ExecutorSpec::check_tools`]), then its URLs
+    /// (see [`ExecutorSpec::vet_urls`]).
+    pub async fn vet(
+        &self,
+        mcp: &crate::mcp::McpConfig,
+        tenant: &str,
+        egress: &EgressPolicy,
+        operator_base_url: Option<&str>,
+    ) -> Result<(), Refused> {
+        self.check_tools(mcp, tenant).map_err(Refused::Tools)?;
+        self.vet_urls(egress, operator_base_url)
+            .await
+            .map_err(Refused::Egress)
     }
 
     /// Checks every URL the client chose against the outbound-request

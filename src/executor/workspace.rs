@@ -213,6 +213,23 @@ pub fn base_for(root: &Path, lineage: &[Uuid]) -> PathBuf {
     base
 }
 
+/// Makes the workspace of a new session under `base` when its executor
+/// works in one (off the async threads: it touches the disk); says
+/// whether it made one.
+pub async fn prepare(
+    spec: &super::ExecutorSpec,
+    base: PathBuf,
+    session_id: Uuid,
+) -> io::Result<bool> {
+    if !spec.uses_workspace() {
+        return Ok(false);
+    }
+    tokio::task::spawn_blocking(move || Workspace::open(&base, session_id))
+        .await
+        .map_err(io::Error::other)??;
+    Ok(true)
+}
+
 impl Workspace {
     /// Opens (creating it) the workspace of `session_id` under `base`.
     pub fn open(base: &Path, session_id: Uuid) -> io::Result<Workspace> {

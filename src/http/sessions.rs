@@ -190,11 +190,9 @@ pub async fn create_session(
 
 /// The tenant a session created (or estimated) by `caller` belongs to.
 pub(super) fn new_session_tenant(caller: &Principal) -> ApiResult<&str> {
-    let tenant = caller.create_tenant();
-    if !crate::auth::valid_tenant(tenant) {
-        return Err(ApiError::bad_request(format!("invalid tenant {tenant:?}")));
-    }
-    Ok(tenant)
+    caller
+        .create_tenant()
+        .map_err(|e| ApiError::bad_request(e.to_string()))
 }
 
 /// Response header of a create answered from an earlier request with the

@@ -21,6 +21,18 @@ pub struct ChecklistItem {
     pub done_at_iteration: Option<u64>,
 }
 
+/// Validates and trims a request's `success_criteria` and `milestones`
+/// together (criteria first, so the first bad one is the error).
+pub fn criteria_and_milestones(
+    criteria: &[String],
+    milestones: &[String],
+) -> Result<(Vec<ChecklistItem>, Vec<ChecklistItem>), String> {
+    Ok((
+        from_texts("success_criteria", criteria)?,
+        from_texts("milestones", milestones)?,
+    ))
+}
+
 /// Validates and trims the texts of a checklist given in a request.
 pub fn from_texts(field: &str, texts: &[String]) -> Result<Vec<ChecklistItem>, String> {
     if texts.len() > MAX_ITEMS {
@@ -90,6 +102,19 @@ mod tests {
 
     fn list() -> Vec<ChecklistItem> {
         from_texts("c", &["README.md exists".into(), " tests pass ".into()]).unwrap()
+    }
+
+    #[test]
+    fn criteria_are_checked_before_milestones() {
+        let (c, m) = criteria_and_milestones(&["a".into()], &[" b ".into()]).unwrap();
+        assert_eq!((c[0].text.as_str(), m[0].text.as_str()), ("a", "b"));
+        let both_bad = criteria_and_milestones(&["".into()], &["".into()]).unwrap_err();
+        assert!(both_bad.starts_with("success_criteria[0]"), "{both_bad}");
+        let milestone_bad = criteria_and_milestones(&[], &["".into()]).unwrap_err();
+        assert!(
+            milestone_bad.starts_with("milestones[0]"),
+            "{milestone_bad}"
+        );
     }
 
     #[test]

@@ -10,7 +10,6 @@ use uuid::Uuid;
 use sqlx::PgConnection;
 
 use super::ServiceError;
-use crate::event::SessionEvent;
 use crate::policy::delegation::{ChildPausePolicy, ChildRequest, TreeLimits};
 use crate::policy::lifecycle::{self, Status};
 use crate::secrets::Sealed;
@@ -60,6 +59,8 @@ pub struct Admission<'a> {
     pub on_child_pause: ChildPausePolicy,
     /// For a fork: where it came from and what it starts with.
     pub fork: Option<&'a store::snapshots::ForkStart>,
+    /// The new session's tenant as a scope (the create's own).
+    pub scope: &'a TenantScope,
 }
 
 /// Creates a session with its events (then the status it starts in) and
@@ -80,6 +81,7 @@ pub async fn create_session(
         idempotency,
         on_child_pause,
         fork,
+        scope,
     } = admission;
     let mut tx = store.begin().await?;
     check_tenant_room(&mut tx, &new.tenant, tenant_max_running).await?;
@@ -91,15 +93,13 @@ pub async fn create_session(
         first_status(&mut tx, &new.tenant, start, tenant_max_running).await?;
     let lease = store::insert_session(&mut tx, new, status, owner, lease_ttl).await?;
     if let Some(traceparent) = crate::telemetry::request_traceparent() {
-        let scope = TenantScope::tenant_only(new.tenant.as_str());
-        store::set_request_traceparent(&mut tx, new.id, &scope, &traceparent).await?;
+        store::set_request_traceparent(&mut tx, new.id, scope, &traceparent).await?;
     }
     if let Some(fork) = fork {
         store::snapshots::start_fork(&mut tx, new.id, fork).await?;
     }
-    let scope = TenantScope::tenant_only(&new.tenant);
     if let Some(confirmation) = &confirmation {
-        store::set_confirmation(&mut tx, new.id, &scope, confirmation).await?;
+        store::set_confirmation(&mut tx, new.id, scope, confirmation).await?;
     }
     if on_child_pause != ChildPausePolicy::default() {
         // Before its children are made: they copy it.
@@ -123,25 +123,22 @@ pub async fn create_session(
         store::insert_secret(&mut tx, new.id, crate::secrets::URL_QUERY, sealed).await?;
     }
     let mut log = events.to_vec();
-    log.push(NewEvent::from_event(&SessionEvent::status(None, status))?);
+    log.push(NewEvent::status(None, status)?);
     store::append_events(&mut tx, new.id, &log).await?;
     queue_subgoals(&mut tx, new.id, &split).await?;
     if let Some(r) = refinement {
         store::insert_refinement(
-            &mut tx, new.id, &scope, "auto", r.from, &new.goal, r.proposal,
+            &mut tx, new.id, scope, "auto", r.from, &new.goal, r.proposal,
         )
         .await?;
     }
-    let record =
-        store::lock_session(&mut tx, new.id, &scope)
-            .await?
-            .ok_or(StoreError::Corrupt {
-                id: new.id,
-                detail: "session vanished right after insert".into(),
-            })?;
-    tx.commit().await.map_err(StoreError::from)?;
-    store.durable().await?;
-    store.announce(new.id);
+    let record = store::lock_session(&mut tx, new.id, scope)
+        .await?
+        .ok_or(StoreError::Corrupt {
+            id: new.id,
+            detail: "session vanished right after insert".into(),
+        })?;
+    store.commit_session(tx, new.id).await?;
     Ok((record, lease))
 }
 
@@ -395,6 +392,7 @@ mod tests {
                 idempotency: None,
                 on_child_pause: ChildPausePolicy::default(),
                 fork: None,
+                scope: &TenantScope::tenant_only(&new.tenant),
             },
         )
         .await
@@ -441,6 +439,7 @@ mod tests {
                 idempotency: None,
                 on_child_pause: ChildPausePolicy::default(),
                 fork: None,
+                scope: &TenantScope::tenant_only(&new.tenant),
             },
         )
         .await;

@@ -4,6 +4,7 @@ use sqlx::PgConnection;
 use uuid::Uuid;
 
 use crate::event::SessionEvent;
+use crate::policy::lifecycle::Status;
 
 use super::rows::{EventRecord, JsonText, NewEvent};
 use super::{Result, Store, StoreError, TenantScope};
@@ -123,6 +124,11 @@ impl Store {
 }
 
 impl NewEvent {
+    /// The row of a status change from `from` (none for a new session) to `to`.
+    pub fn status(from: Option<Status>, to: Status) -> Result<NewEvent> {
+        NewEvent::from_event(&SessionEvent::status(from, to))
+    }
+
     /// The row of a typed event: the only way the store makes one. A payload
     /// that cannot be encoded is an error, never a stored `null`.
     pub fn from_event(event: &SessionEvent) -> Result<NewEvent> {

@@ -11,7 +11,6 @@ use uuid::Uuid;
 use super::event_log;
 use super::rows::{Lease, NewEvent};
 use super::{Result, Store};
-use crate::event::SessionEvent;
 use crate::policy::fair_share::{self, Demand};
 use crate::policy::lifecycle::Status;
 
@@ -173,8 +172,7 @@ impl Store {
         let mut rows: Vec<_> = rows.into_iter().collect();
         // RETURNING has no order: start them oldest first.
         rows.sort_by_key(|r| (r.queued_at, r.id));
-        let started =
-            NewEvent::from_event(&SessionEvent::status(Some(Status::Queued), Status::Running))?;
+        let started = NewEvent::status(Some(Status::Queued), Status::Running)?;
         let mut claimed = Vec::with_capacity(rows.len());
         for r in rows {
             event_log::append(&mut tx, r.id, std::slice::from_ref(&started)).await?;

@@ -104,6 +104,20 @@ impl Store {
         Ok(tx)
     }
 
+    /// Commits a transaction that changed session `session_id`, returns once
+    /// the commit is durable (what the answer reports must survive a crash
+    /// of the machine too), then wakes this process's streams of it.
+    pub async fn commit_session(
+        &self,
+        tx: Transaction<'static, Postgres>,
+        session_id: Uuid,
+    ) -> Result<()> {
+        tx.commit().await?;
+        self.durable().await?;
+        self.announce(session_id);
+        Ok(())
+    }
+
     /// Creates a session with its first events in a transaction of its own
     /// (see [`insert`]).
     pub async fn insert_session(

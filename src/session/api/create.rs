@@ -86,7 +86,7 @@ impl SessionService {
                 id,
                 request,
                 (plan, confirmation),
-                tenant,
+                (tenant, &scope),
                 (slot.is_some(), seed.as_ref().map(|s| &s.start)),
                 idempotency,
             )
@@ -233,19 +233,14 @@ impl SessionService {
     /// Makes the workspace of a new session whose executor works in one,
     /// before anything is committed; says whether it made one.
     async fn prepare_workspace(&self, request: &NewRequest, id: Uuid) -> Result<bool> {
-        if !request.req.executor.uses_workspace() {
-            return Ok(false);
-        }
         let root = self.config.workspace_root.clone();
-        tokio::task::spawn_blocking(move || crate::executor::workspace::Workspace::open(&root, id))
+        crate::executor::workspace::prepare(&request.req.executor, root, id)
             .await
-            .map_err(|e| ServiceError::Unavailable(format!("cannot open the session workspace: {e}")))?
             .map_err(|e| {
                 ServiceError::Unavailable(format!(
                     "cannot open the session workspace (WARDEN_WORKSPACE_ROOT): {e}; nothing was created"
                 ))
-            })?;
-        Ok(true)
+            })
     }
 
     /// Takes back a session whose create committed but whose loop could not
@@ -276,7 +271,7 @@ impl SessionService {
         id: Uuid,
         request: NewRequest,
         (plan, confirmation): (Preflight, Option<Box<Confirmation>>),
-        tenant: &str,
+        (tenant, scope): (&str, &TenantScope),
         (slot_reserved, fork): (bool, Option<&store::snapshots::ForkStart>),
         idempotency: Option<&IdempotencyKey>,
     ) -> Result<(Session, Option<store::Lease>)> {
@@ -354,6 +349,7 @@ impl SessionService {
                 idempotency: idempotency.map(|k| (k.key.as_str(), k.digest.as_slice())),
                 on_child_pause: req.on_child_pause,
                 fork,
+                scope,
             },
         )
         .await

@@ -228,10 +228,9 @@ impl SessionService {
                 ));
             }
         }
-        let criteria = checklist::from_texts("success_criteria", &req.success_criteria)
-            .map_err(ServiceError::Invalid)?;
-        let milestones =
-            checklist::from_texts("milestones", &req.milestones).map_err(ServiceError::Invalid)?;
+        let (criteria, milestones) =
+            checklist::criteria_and_milestones(&req.success_criteria, &req.milestones)
+                .map_err(ServiceError::Invalid)?;
         let mode = req.mode.unwrap_or(self.config.defaults.mode);
         let limits = self
             .config

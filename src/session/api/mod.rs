@@ -56,7 +56,7 @@ use tokio::sync::mpsc;
 
 use crate::config::Config;
 use crate::policy::lifecycle::{self, Action, Status};
-use crate::store::{self, Lease, Session, Store, StoreError, TenantScope};
+use crate::store::{self, Lease, Session, Store, TenantScope};
 use stop_landing::PendingStop;
 
 /// Longest goal accepted, in characters (as JSON Schema's `maxLength` counts).
@@ -165,11 +165,7 @@ impl SessionService {
 
     /// Commits a change to session `id` and wakes its readers.
     async fn commit(&self, tx: Transaction<'static, Postgres>, id: Uuid) -> Result<()> {
-        tx.commit().await.map_err(StoreError::from)?;
-        // What the answer reports must survive a crash of the machine too.
-        self.store.durable().await?;
-        self.store.announce(id);
-        Ok(())
+        Ok(self.store.commit_session(tx, id).await?)
     }
 
     /// Commits a (re)start of session `id` and, under `run` (its lease and

@@ -6,6 +6,7 @@ use super::SessionService;
 use super::create_request::NewRequest;
 use super::planner;
 use crate::event::{RefinementProposal, SessionEvent};
+use crate::executor::Refused;
 use crate::policy::ambiguity;
 use crate::policy::checklist::{self, ChecklistItem};
 use crate::session::error::{Result, ServiceError};
@@ -50,24 +51,21 @@ impl SessionService {
     pub(super) async fn vet_executor(&self, request: &NewRequest, tenant: &str) -> Result<()> {
         // The MCP servers chosen must be declared and open to the tenant.
         let no_servers = crate::mcp::McpConfig::default();
+        let operator_base_url = self.config.models.endpoint.as_ref();
         request
             .req
             .executor
-            .check_tools(self.config.mcp.as_deref().unwrap_or(&no_servers), tenant)
-            .map_err(ServiceError::Invalid)?;
-        request
-            .req
-            .executor
-            .vet_urls(
+            .vet(
+                self.config.mcp.as_deref().unwrap_or(&no_servers),
+                tenant,
                 &self.config.egress,
-                self.config
-                    .models
-                    .endpoint
-                    .as_ref()
-                    .map(|e| e.base_url.as_str()),
+                operator_base_url.map(|e| e.base_url.as_str()),
             )
             .await
-            .map_err(ServiceError::EgressDenied)?;
+            .map_err(|refused| match refused {
+                Refused::Tools(e) => ServiceError::Invalid(e),
+                Refused::Egress(e) => ServiceError::EgressDenied(e),
+            })?;
         Ok(())
     }
 
@@ -150,10 +148,9 @@ impl SessionService {
                     ServiceError::Unavailable(format!("could not generate success criteria: {err}"))
                 })?;
             plan.tokens = plan.tokens.saturating_add(p.tokens);
-            plan.criteria = checklist::from_texts("success_criteria", &p.value.0)
-                .map_err(ServiceError::Invalid)?;
-            plan.milestones =
-                checklist::from_texts("milestones", &p.value.1).map_err(ServiceError::Invalid)?;
+            (plan.criteria, plan.milestones) =
+                checklist::criteria_and_milestones(&p.value.0, &p.value.1)
+                    .map_err(ServiceError::Invalid)?;
             plan.events.push(SessionEvent::CriteriaGenerated {
                 criteria: p.value.0,
                 milestones: p.value.1,

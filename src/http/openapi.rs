@@ -901,12 +901,14 @@ fn add_bounds(doc: &mut Value) {
     }
     // A replay names its sessions one way: ids or a filter, not both.
     if let Some(replay) = doc.pointer_mut("/components/schemas/ReplayRequest") {
-        replay["oneOf"] = json!([
+        // Under `allOf`, so the body's own properties (the filter's with
+        // them) are still what the extractor walks.
+        replay["allOf"] = json!([{ "oneOf": [
             { "required": ["session_ids"],
               "properties": { "session_ids": { "type": "array" }, "filter": { "type": "null" } } },
             { "required": ["filter"],
               "properties": { "filter": { "type": "object" }, "session_ids": { "type": "null" } } }
-        ]);
+        ] }]);
     }
     // Only an approval carries arguments of the person's own
     // (`check_edited_arguments`).

@@ -401,6 +401,8 @@ pub enum EndedBy {
 /// One decision of a replay, at the iteration it was taken after.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(tag = "kind", rename_all = "snake_case")]
+// Named apart from the session's allowed `Action`s in the document.
+#[schema(as = ReplayAction)]
 pub enum Action {
     /// The continue gate's decision to go on (`continue`, `throttle`, `checkpoint`).
     Gate {
@@ -432,6 +434,8 @@ pub enum Action {
 
 /// A decision and the iteration it followed.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+// Named apart from an approval's `Decision` in the document.
+#[schema(as = ReplayDecision)]
 pub struct Decision {
     /// Iterations committed when it was taken.
     pub iteration: u64,

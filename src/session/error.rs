@@ -115,7 +115,8 @@ or WARDEN_CAPABILITIES_OFF); retry once the fleet runs a release that has it",
     /// A workspace path that could leave the workspace or is malformed.
     #[error("{0}")]
     BadPath(String),
-    /// The checkpoint has no workspace snapshot to fork from.
+    /// A fork the source cannot give: its checkpoint has no workspace
+    /// snapshot, or a new model for an executor that names none.
     #[error("{0}")]
     NotForkable(String),
 }

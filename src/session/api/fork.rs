@@ -113,8 +113,11 @@ existed, or its snapshot failed); fork from a checkpoint whose `forkable` is tru
             match &mut executor {
                 ExecutorSpec::Llm { model, .. } => *model = Some(new_model.clone()),
                 _ => {
-                    return Err(ServiceError::Invalid(
-                        "model applies to an `llm` executor only".into(),
+                    // The request is well formed; the session's executor
+                    // is what conflicts with it.
+                    return Err(ServiceError::NotForkable(
+                        "model applies to an `llm` executor only, and this session's is not one"
+                            .into(),
                     ));
                 }
             }

@@ -771,6 +771,16 @@ fn scripted_step_bounds(out: &mut Vec<Bound>) {
 
 /// Bounds of cursors, approval rules and the query parameters of lists.
 fn query_bounds(out: &mut Vec<Bound>) {
+    // A file's path: what `check_path` takes (a path that could leave the
+    // workspace is a 400).
+    out.push((
+        format!(
+            "/paths/{}/get/parameters/1/schema",
+            json_pointer_escape("/api/autonomous/{id}/files/{path}")
+        ),
+        "pattern",
+        crate::policy::snapshot::PATH_PATTERN.into(),
+    ));
     // `decode_cursor`: the position (micros since the epoch, at most 18
     // digits, so within Postgres' range; or a cost, with up to 16 decimal
     // places), `_`, a UUID.

@@ -374,6 +374,7 @@ pub fn bounds() -> Vec<Bound> {
     child_bounds(&mut out);
     scripted_step_bounds(&mut out);
     query_bounds(&mut out);
+    path_bounds(&mut out);
     replay_bounds(&mut out);
     out.push((
         prop("SetNotifyTarget", "url"),
@@ -770,7 +771,8 @@ fn scripted_step_bounds(out: &mut Vec<Bound>) {
 }
 
 /// Bounds of cursors, approval rules and the query parameters of lists.
-fn query_bounds(out: &mut Vec<Bound>) {
+/// Bounds of path parameters beyond ids.
+fn path_bounds(out: &mut Vec<Bound>) {
     // A file's path: what `check_path` takes (a path that could leave the
     // workspace is a 400).
     out.push((
@@ -781,6 +783,9 @@ fn query_bounds(out: &mut Vec<Bound>) {
         "pattern",
         crate::policy::snapshot::PATH_PATTERN.into(),
     ));
+}
+
+fn query_bounds(out: &mut Vec<Bound>) {
     // `decode_cursor`: the position (micros since the epoch, at most 18
     // digits, so within Postgres' range; or a cost, with up to 16 decimal
     // places), `_`, a UUID.
@@ -883,6 +888,29 @@ fn locate(doc: &Value, at: &str) -> Option<String> {
     Some(format!("{op}/parameters/{index}/schema"))
 }
 
+/// Rules of presence serde keeps and a property list cannot say: which
+/// fields must be there, and which exclude each other.
+fn presence_rules(doc: &mut Value) {
+    // A confirmation needs a bound: a cost, a running time or both.
+    if let Some(confirm) = doc.pointer_mut("/components/schemas/ConfirmIfOver") {
+        confirm["anyOf"] = json!([
+            { "required": ["cost_usd"], "properties": { "cost_usd": { "type": "string" } } },
+            { "required": ["minutes"], "properties": { "minutes": { "type": "integer" } } }
+        ]);
+    }
+    // A replay names its sessions one way: ids or a filter, not both.
+    if let Some(replay) = doc.pointer_mut("/components/schemas/ReplayRequest") {
+        // Under `allOf`, so the body's own properties (the filter's with
+        // them) are still what the extractor walks.
+        replay["allOf"] = json!([{ "oneOf": [
+            { "required": ["session_ids"],
+              "properties": { "session_ids": { "type": "array" }, "filter": { "type": "null" } } },
+            { "required": ["filter"],
+              "properties": { "filter": { "type": "object" }, "session_ids": { "type": "null" } } }
+        ] }]);
+    }
+}
+
 fn add_bounds(doc: &mut Value) {
     // A worker key names queues, every other role none: the branches whose
     // bounds `bounds()` gives.
@@ -902,24 +930,7 @@ fn add_bounds(doc: &mut Value) {
             "then": { "properties": { "subgoals": {} } }
         }]);
     }
-    // A confirmation needs a bound: a cost, a running time or both.
-    if let Some(confirm) = doc.pointer_mut("/components/schemas/ConfirmIfOver") {
-        confirm["anyOf"] = json!([
-            { "required": ["cost_usd"], "properties": { "cost_usd": { "type": "string" } } },
-            { "required": ["minutes"], "properties": { "minutes": { "type": "integer" } } }
-        ]);
-    }
-    // A replay names its sessions one way: ids or a filter, not both.
-    if let Some(replay) = doc.pointer_mut("/components/schemas/ReplayRequest") {
-        // Under `allOf`, so the body's own properties (the filter's with
-        // them) are still what the extractor walks.
-        replay["allOf"] = json!([{ "oneOf": [
-            { "required": ["session_ids"],
-              "properties": { "session_ids": { "type": "array" }, "filter": { "type": "null" } } },
-            { "required": ["filter"],
-              "properties": { "filter": { "type": "object" }, "session_ids": { "type": "null" } } }
-        ] }]);
-    }
+    presence_rules(doc);
     // Only an approval carries arguments of the person's own
     // (`check_edited_arguments`).
     if let Some(decide) = doc.pointer_mut("/components/schemas/DecideApproval") {

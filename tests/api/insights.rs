@@ -5,30 +5,10 @@
 
 use crate::common;
 
+use crate::replay::{ended, steps};
 use common::{TestApp, client_with_key, create_key};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
-
-/// `n` distinct scripted steps, the last claiming the goal done when `done`.
-fn steps(n: usize, done: bool) -> Value {
-    (1..=n)
-        .map(|i| {
-            let output = if done && i == n {
-                "all written\n<<WARDEN_GOAL_DONE: done>>".to_string()
-            } else {
-                format!("wrote part {i}")
-            };
-            json!({ "action": format!("write_part_{i}"), "arguments": { "i": i },
-                    "output": output, "tokens": 10 })
-        })
-        .collect()
-}
-
-async fn ended(app: &TestApp, steps: Value, limits: Value) -> String {
-    let id = app.create_scripted(steps, limits).await;
-    app.wait_settled(&id).await;
-    id
-}
 
 fn count(doc: &Value, key: &str) -> u64 {
     doc[key]

@@ -17,7 +17,7 @@ fn step(i: usize, output: &str) -> Value {
 }
 
 /// `n` distinct steps, the last one claiming the goal is done when `done`.
-fn steps(n: usize, done: bool) -> Value {
+pub(crate) fn steps(n: usize, done: bool) -> Value {
     (1..=n)
         .map(|i| {
             if done && i == n {
@@ -29,7 +29,8 @@ fn steps(n: usize, done: bool) -> Value {
         .collect()
 }
 
-async fn ended(app: &TestApp, steps: Value, limits: Value) -> String {
+/// Creates a scripted session and waits until it settles; its id.
+pub(crate) async fn ended(app: &TestApp, steps: Value, limits: Value) -> String {
     let id = app.create_scripted(steps, limits).await;
     app.wait_settled(&id).await;
     id

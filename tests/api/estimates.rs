@@ -103,6 +103,12 @@ async fn an_estimate_checks_its_body_like_a_create() {
         json!({ "goal": "Do it", "limits": { "max_iterations": 0 },
                 "executor": { "kind": "scripted", "steps": [{ "action": "a" }] } }),
         json!({ "goal": "Do it", "executor": { "kind": "scripted", "steps": [] }, "nonsense": 1 }),
+        // What only the create's checks catch: an executor with nothing to
+        // run, and a confirmation bound on a goal split into subgoals.
+        json!({ "goal": "Do it", "executor": { "kind": "scripted", "steps": [] } }),
+        json!({ "goal": "Do it", "confirm_if_over": { "cost_usd": "1" },
+                "subgoals": ["First half", "Second half"],
+                "executor": { "kind": "scripted", "steps": [{ "action": "a" }] } }),
     ] {
         let (status, answer) = estimate(&app.client, &app, &bad).await;
         assert_eq!(
@@ -110,6 +116,14 @@ async fn an_estimate_checks_its_body_like_a_create() {
             StatusCode::UNPROCESSABLE_ENTITY,
             "{bad} -> {answer}"
         );
+        let created = app
+            .client
+            .post(app.url("/api/autonomous"))
+            .json(&bad)
+            .send()
+            .await
+            .expect("sent");
+        assert_eq!(created.status(), status, "the create answers alike: {bad}");
     }
 }
 

@@ -28,9 +28,14 @@ pub struct EstimateAnswer {
 }
 
 impl SessionService {
-    /// Estimates what `req`, created by `tenant`, would take. Reads only:
-    /// nothing is created.
-    pub async fn estimate(&self, req: &CreateSession, tenant: &str) -> Result<EstimateAnswer> {
+    /// Estimates what `req`, created by `tenant`, would take, once the
+    /// create's checks have passed (`dry_run`). Reads only: nothing is
+    /// created.
+    pub(super) async fn estimate(
+        &self,
+        req: &CreateSession,
+        tenant: &str,
+    ) -> Result<EstimateAnswer> {
         let goal = validate_goal(&req.goal)?;
         let defaults = &self.config.defaults;
         let limits = defaults

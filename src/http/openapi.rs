@@ -849,6 +849,14 @@ fn query_bounds(out: &mut Vec<Bound>) {
         ));
         out.push((q, "pattern", super::views::GOAL_FILTER_PATTERN.into()));
     }
+    // A replay's filter is the list's, in a body.
+    let q = prop("ReplayFilter", "q");
+    out.push((
+        q.clone(),
+        "maxLength",
+        super::views::MAX_GOAL_FILTER_CHARS.into(),
+    ));
+    out.push((q, "pattern", super::views::GOAL_FILTER_PATTERN.into()));
     for (path, max) in [
         ("/api/autonomous", MAX_LIST_LIMIT),
         ("/api/autonomous/approvals", MAX_LIST_LIMIT),

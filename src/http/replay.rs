@@ -43,7 +43,8 @@ pub struct ReplayFilter {
     pub mode: Option<Mode>,
     /// Only sessions with an executor of this kind.
     pub executor: Option<ExecutorKind>,
-    /// Only sessions whose goal contains this text (any case); at most 200 characters.
+    /// Only sessions whose goal contains this text (any case); at most 200
+    /// characters, no control characters.
     pub q: Option<String>,
     /// Only sessions created at or after this time (RFC 3339).
     pub created_from: Option<DateTime<Utc>>,

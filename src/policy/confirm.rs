@@ -25,9 +25,10 @@ pub const MAX_COST_USD: u64 = 1_000_000;
 pub const MAX_MINUTES: u64 = 525_600;
 /// Most decimal places of a `cost_usd` bound.
 pub const MAX_COST_PLACES: u32 = 12;
-/// The shape of a `cost_usd` bound, as the API documents it (the value is
-/// then checked against [`MAX_COST_USD`]).
-pub const COST_PATTERN: &str = "^[0-9]{1,7}([.][0-9]{1,12})?$";
+/// A `cost_usd` bound as the API documents it: exactly what [`parse_cost`]
+/// takes (no leading zeros, 0 to [`MAX_COST_USD`], at most
+/// [`MAX_COST_PLACES`] places).
+pub const COST_PATTERN: &str = "^((0|[1-9][0-9]{0,5})([.][0-9]{1,12})?|1000000([.]0{1,12})?)$";
 
 /// `confirm_if_over` of a create: the bounds above which the session waits
 /// for a person's confirmation before it starts. At least one is given.
@@ -86,11 +87,15 @@ fn parse_cost(raw: &str) -> Result<Decimal, String> {
             "confirm_if_over.cost_usd must be a decimal string of USD between 0 and {MAX_COST_USD} with at most {MAX_COST_PLACES} places (\"0.50\"), got {raw:?}"
         )
     };
-    let plain = !raw.is_empty()
-        && raw.chars().all(|c| c.is_ascii_digit() || c == '.')
-        && raw.matches('.').count() <= 1
-        && !raw.starts_with('.')
-        && !raw.ends_with('.');
+    let (whole, places) = match raw.split_once('.') {
+        Some((whole, places)) => (whole, Some(places)),
+        None => (raw, None),
+    };
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    let plain = digits(whole)
+        && whole.len() <= 7
+        && (whole == "0" || !whole.starts_with('0'))
+        && places.is_none_or(|p| digits(p) && p.len() <= MAX_COST_PLACES as usize);
     if !plain {
         return Err(bad());
     }
@@ -241,7 +246,19 @@ mod tests {
         };
         assert!(check(None, None).unwrap_err().contains("cost_usd, minutes"));
         for bad in [
-            "", "-1", "1e3", ".5", "5.", "1.2.3", "abc", "0x10", " 1", "1000001",
+            "",
+            "-1",
+            "1e3",
+            ".5",
+            "5.",
+            "1.2.3",
+            "abc",
+            "0x10",
+            " 1",
+            "1000001",
+            "01",
+            "2402618.955008483477",
+            "1000000.5",
         ] {
             let err = check(Some(bad), None).unwrap_err();
             assert!(err.contains("confirm_if_over.cost_usd"), "{bad}: {err}");
@@ -261,5 +278,35 @@ mod tests {
             check(None, Some(30)).unwrap().duration_ms,
             Some(30 * 60_000)
         );
+    }
+
+    #[test]
+    fn the_documented_cost_pattern_is_what_parse_cost_takes() {
+        let pattern = regex::Regex::new(COST_PATTERN).expect("a regex");
+        let alphabet = ['0', '1', '9', '.', '5'];
+        let mut seed: u64 = 0x2545_f491_4f6c_dd1d;
+        for _ in 0..200_000 {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            let len = 1 + (seed % 22) as usize;
+            let raw: String = (0..len)
+                .map(|i| alphabet[((seed >> (i % 60)) % 5) as usize])
+                .collect();
+            assert_eq!(
+                pattern.is_match(&raw),
+                parse_cost(&raw).is_ok(),
+                "documented and taken disagree on {raw:?}"
+            );
+        }
+        for edge in [
+            "0",
+            "0.5",
+            "999999.999999999999",
+            "1000000",
+            "1000000.000000000000",
+        ] {
+            assert!(pattern.is_match(edge) && parse_cost(edge).is_ok(), "{edge}");
+        }
     }
 }

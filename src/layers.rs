@@ -112,6 +112,7 @@ const STORE: &[(&str, u8)] = &[
     ("quotas", 0),
     ("checkpoints", 0),
     ("control_channel", 0),
+    ("worker_notices", 0),
     ("fleet", 0),
     ("idempotency", 0),
     ("keys", 0),

@@ -55,6 +55,7 @@ mod tasks;
 #[cfg(test)]
 pub(crate) mod testing;
 mod trace_links;
+mod worker_notices;
 mod worker_tasks;
 
 pub use approvals::{
@@ -94,10 +95,11 @@ pub use sessions::{
     start_refined, update_settings,
 };
 pub use trace_links::{StoredTraceLinks, set_request_traceparent};
+pub use worker_notices::{WORKERS_CHANNEL, WorkerChange};
 pub use worker_tasks::{
     Claimant, ClaimedWorkerTask, Heartbeat, LeaseCheck, NewWorkerTask, QueueDepth, Settlement,
-    TaskEnd, WORKERS_CHANNEL, WaitingWorkerTask, WorkerChange, WorkerSeen, WorkerTaskSnapshot,
-    charge_uncollected_outcomes, wait_for_worker_change,
+    TaskEnd, WaitingWorkerTask, WorkerSeen, WorkerTaskSnapshot, charge_uncollected_outcomes,
+    wait_for_worker_change,
 };
 
 use std::sync::{Arc, OnceLock};
@@ -220,6 +222,9 @@ pub struct Store {
     /// Every worker task change in this process (made here, or relayed
     /// from [`WORKERS_CHANNEL`]): waiting claims and steps hear of it.
     worker_tasks_changed: Arc<tokio::sync::broadcast::Sender<WorkerChange>>,
+    /// Tells other replicas of worker task changes after their commits,
+    /// started on first use (it needs a runtime).
+    worker_notices: Arc<OnceLock<worker_notices::WorkerNotices>>,
 }
 
 /// Worker task changes a waiter may fall behind by before it reads again
@@ -269,6 +274,7 @@ impl Store {
             keys_changed: tokio::sync::broadcast::channel(16).0,
             disk_flush: None,
             worker_tasks_changed: Arc::new(tokio::sync::broadcast::channel(WORKER_CHANGES).0),
+            worker_notices: Arc::new(OnceLock::new()),
         }
     }
 
@@ -320,6 +326,11 @@ impl Store {
         self.local_control.as_ref().map(|tx| tx.subscribe())
     }
 
+    fn worker_notices(&self) -> &worker_notices::WorkerNotices {
+        self.worker_notices
+            .get_or_init(|| worker_notices::WorkerNotices::start(&self.pool))
+    }
+
     fn group_commit(&self) -> &GroupCommit {
         self.committer
             .get_or_init(|| GroupCommit::start(self.pool.clone()))
@@ -337,6 +348,7 @@ impl Store {
             keys_changed: self.keys_changed.clone(),
             disk_flush: self.disk_flush.clone(),
             worker_tasks_changed: self.worker_tasks_changed.clone(),
+            worker_notices: Arc::new(OnceLock::new()),
         }
     }
 

@@ -14,14 +14,11 @@ use sqlx::types::Json;
 use uuid::Uuid;
 
 use super::rows::NewEvent;
+use super::worker_notices::WorkerChange;
 use super::{Result, Store, TenantScope, event_log};
 use crate::event::{ChargeSource, SessionEvent};
 use crate::policy::budget;
 use crate::policy::worker::{self, BeatFacts, BeatReason, BeatVerdict, WorkerTaskState};
-
-/// The Postgres channel that announces a task offered or ended, so waiting
-/// claims and steps on other replicas wake at once.
-pub const WORKERS_CHANNEL: &str = "warden_workers";
 
 /// A step to offer.
 #[derive(Debug, Clone)]
@@ -172,58 +169,6 @@ fn new_token() -> String {
     format!("wlt_{}{}", Uuid::new_v4().simple(), Uuid::new_v4().simple())
 }
 
-/// A change of a worker task, as waiting claims and steps hear of it: only
-/// the step of that task wakes for it, and claims wake only for offers, so
-/// a change does not make every waiter read again.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct WorkerChange {
-    /// The task that changed; `None`: any may have (a relay was lost).
-    pub task: Option<Uuid>,
-    /// Whether a task became claimable (offered, offered again, released).
-    pub offered: bool,
-}
-
-impl WorkerChange {
-    /// Any task may have changed, and may be claimable.
-    pub const ANY: WorkerChange = WorkerChange {
-        task: None,
-        offered: true,
-    };
-
-    /// The NOTIFY payload carrying it to other replicas.
-    fn payload(&self) -> String {
-        match self.task {
-            Some(task) => format!("{task}:{}", u8::from(self.offered)),
-            None => String::new(),
-        }
-    }
-
-    /// Reads a NOTIFY payload; anything else is [`WorkerChange::ANY`].
-    pub fn from_payload(payload: &str) -> WorkerChange {
-        let parsed = payload.split_once(':').and_then(|(task, offered)| {
-            Some(WorkerChange {
-                task: Some(task.parse().ok()?),
-                offered: match offered {
-                    "0" => false,
-                    "1" => true,
-                    _ => return None,
-                },
-            })
-        });
-        parsed.unwrap_or(WorkerChange::ANY)
-    }
-
-    /// Whether the step waiting on `task` must read it again.
-    pub fn concerns_task(&self, task: Uuid) -> bool {
-        self.task.is_none_or(|t| t == task)
-    }
-
-    /// Whether a waiting claim must look for a task again.
-    pub fn concerns_claims(&self) -> bool {
-        self.offered || self.task.is_none()
-    }
-}
-
 /// Waits up to `within` for a change that `concerns` the waiter; a waiter
 /// that fell behind (or a closed channel) returns at once, to read again.
 pub async fn wait_for_worker_change(
@@ -259,23 +204,14 @@ impl Store {
         self.worker_tasks_changed.subscribe()
     }
 
-    /// Announces a task change to other replicas (inside the writing
-    /// transaction: sent at commit).
-    async fn announce_workers(
-        &self,
-        conn: &mut sqlx::PgConnection,
-        change: WorkerChange,
-    ) -> Result<()> {
+    /// Tells waiting claims and steps, here and on other replicas, of a
+    /// committed task change (other replicas' after the commit, coalesced
+    /// with others: see `worker_notices`).
+    fn worker_task_changed(&self, change: WorkerChange) {
+        self.workers_changed_locally(change);
         if !self.is_single_process() {
-            sqlx::query!(
-                "SELECT pg_notify($1, $2)",
-                WORKERS_CHANNEL,
-                change.payload()
-            )
-            .execute(conn)
-            .await?;
+            self.worker_notices().tell(change);
         }
-        Ok(())
     }
 
     /// Opens the step of `task.iteration` for the run `run` (the session's
@@ -353,9 +289,8 @@ impl Store {
             task: Some(task.id),
             offered: true,
         };
-        self.announce_workers(&mut tx, change).await?;
         tx.commit().await?;
-        self.workers_changed_locally(change);
+        self.worker_task_changed(change);
         Ok(task.id)
     }
 
@@ -413,9 +348,10 @@ impl Store {
             task: Some(id),
             offered: true,
         };
-        self.announce_workers(&mut tx, change).await?;
         tx.commit().await?;
-        self.workers_changed_locally(change);
+        if done.rows_affected() == 1 {
+            self.worker_task_changed(change);
+        }
         Ok(done.rows_affected() == 1)
     }
 
@@ -447,10 +383,10 @@ impl Store {
             task: Some(id),
             offered: false,
         };
-        if ended.rows_affected() > 0 {
-            self.announce_workers(&mut tx, change).await?;
-        }
         tx.commit().await?;
+        if ended.rows_affected() > 0 {
+            self.worker_task_changed(change);
+        }
         Ok(())
     }
 
@@ -627,11 +563,10 @@ impl Store {
                     )
                     .execute(&mut *tx)
                     .await?;
-                    self.announce_workers(&mut tx, cancelled).await?;
                 }
                 tx.commit().await?;
                 if end_task {
-                    self.workers_changed_locally(cancelled);
+                    self.worker_task_changed(cancelled);
                 }
                 return Ok(LeaseCheck::Held(Heartbeat {
                     cancel: Some(reason),
@@ -735,9 +670,8 @@ impl Store {
             task: Some(id),
             offered: matches!(settlement, Settlement::Release { .. }),
         };
-        self.announce_workers(&mut tx, change).await?;
         tx.commit().await?;
-        self.workers_changed_locally(change);
+        self.worker_task_changed(change);
         Ok(LeaseCheck::Held(()))
     }
 
@@ -1114,32 +1048,6 @@ async fn lock_task(
 mod tests {
     use super::*;
     use std::time::Duration;
-
-    #[test]
-    fn a_change_goes_through_its_notify_payload_unchanged() {
-        let task = Uuid::new_v4();
-        for offered in [false, true] {
-            let change = WorkerChange {
-                task: Some(task),
-                offered,
-            };
-            assert_eq!(WorkerChange::from_payload(&change.payload()), change);
-        }
-        assert_eq!(WorkerChange::ANY.payload(), "");
-        for garbled in [
-            "",
-            "x",
-            "not-a-uuid:1",
-            &format!("{task}:2"),
-            &format!("{task}"),
-        ] {
-            assert_eq!(
-                WorkerChange::from_payload(garbled),
-                WorkerChange::ANY,
-                "{garbled}"
-            );
-        }
-    }
 
     #[test]
     fn only_the_step_of_the_task_and_claims_for_offers_wake() {

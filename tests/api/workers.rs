@@ -802,3 +802,45 @@ async fn a_task_goes_only_to_a_worker_that_has_all_its_labels() {
         .await;
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
 }
+
+/// A worker on replica B serves a session that runs on replica A: each
+/// completion on B reaches A's waiting step, and A's next offer reaches B's
+/// waiting claim, through the after-commit notices (both sides re-read
+/// only once a second without them).
+#[tokio::test]
+async fn a_worker_on_another_replica_hears_each_offer_and_its_completion_at_once() {
+    let db = common::TestDb::new().await;
+    let a = TestApp::spawn(db.pool.clone()).await;
+    let id = worker_session(&a, "research", json!({})).await;
+    let a_id = a.app.as_ref().expect("a").supervisor().replica_id();
+    a.wait_until(&id, Duration::from_secs(10), |s| s["owner"] == json!(a_id))
+        .await;
+    // B starts after A owns the session: the session stays on A.
+    let b = TestApp::spawn(db.pool.clone()).await;
+    let worker = Worker::new(
+        &b,
+        &worker_key(&b, common::TEST_TENANT, &["research"]).await,
+    );
+    let mut task = worker.claim(5_000).await.expect("the first step");
+    let mut round_trips = Vec::new();
+    for i in 1..=6 {
+        assert_eq!(task["iteration"], i);
+        let step = json!({ "outcome": { "action": format!("step {i}"), "tokens": 1 } });
+        let completed = Instant::now();
+        let (status, body) = worker.task(&task, "complete", step).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        task = worker.claim(5_000).await.expect("the next step");
+        round_trips.push(completed.elapsed());
+    }
+    let s = a.session(&id).await;
+    assert_eq!(s["owner"], json!(a_id), "ran on A throughout: {s}");
+    round_trips.sort();
+    let median = round_trips[round_trips.len() / 2];
+    eprintln!("complete on B → next offer claimed on B: {round_trips:?}");
+    assert!(
+        median < Duration::from_millis(400),
+        "median {median:?}: a notice was missed and a 1-s poll found the change"
+    );
+    let (status, body) = a.post(&format!("/api/autonomous/{id}/stop"), None).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+}

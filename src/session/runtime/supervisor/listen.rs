@@ -69,9 +69,9 @@ impl Supervisor {
                         self.inner.store.keys_changed_locally();
                     }
                     Ok(note) if note.channel() == WORKERS_CHANNEL => {
-                        self.inner
-                            .store
-                            .workers_changed_locally(WorkerChange::from_payload(note.payload()));
+                        for change in WorkerChange::from_payload(note.payload()) {
+                            self.inner.store.workers_changed_locally(change);
+                        }
                     }
                     Ok(note) => self.on_control_note(note.payload()),
                     Err(err) => {

@@ -78,6 +78,8 @@ use crate::session::service::{MAX_GOAL_CHARS, MAX_GUIDANCE_CHARS};
         super::retention::set_retention,
         super::budget_warnings::list_warn_at,
         super::insights::threshold_report,
+        super::insights::apply_threshold,
+        super::insights::threshold_changes,
         super::budget_warnings::set_warn_at,
         super::workers::claim,
         super::workers::heartbeat,

@@ -316,7 +316,10 @@ mod tests {
             access(&Method::POST, "/api/insights/thresholds/apply"),
             Access::Admin
         );
-        assert_eq!(access(&Method::GET, "/api/insights/thresholds"), Access::Read);
+        assert_eq!(
+            access(&Method::GET, "/api/insights/thresholds"),
+            Access::Read
+        );
         assert_eq!(
             access(&Method::GET, "/api/insights/thresholds/changes"),
             Access::Read

@@ -182,7 +182,9 @@ async fn an_applied_iteration_limit_is_logged_with_its_replay_and_given_to_new_s
     ended(&app, steps(3, true), json!({ "max_iterations": 10 })).await;
     ended(&app, steps(5, true), json!({ "max_iterations": 10 })).await;
     ended(&app, steps(12, false), json!({ "max_iterations": 10 })).await;
-    let before = created_limits(&app, &app.client, json!({})).await;
+    // Created (and settled) before the apply, without a limit of its own.
+    let before = ended(&app, steps(1, true), json!({})).await;
+    let before = app.session(&before).await["limits"].clone();
     let (admin, prefix) = keyed(&app, common::TEST_TENANT, "admin").await;
 
     // An operator may run sessions, not change its tenant's defaults.
@@ -209,15 +211,15 @@ async fn an_applied_iteration_limit_is_logged_with_its_replay_and_given_to_new_s
     let at: chrono::DateTime<chrono::Utc> =
         serde_json::from_value(change["applied_at"].clone()).expect("a time");
     assert!(at >= started - chrono::TimeDelta::seconds(5) && at <= chrono::Utc::now());
-    // The justification: the three settled sessions replayed under 6; the
+    // The justification: the four settled sessions replayed under 6; the
     // runaway ends 4 steps (40 tokens) earlier, no completion is cut short.
     let replay = &change["replay"];
     assert_eq!(replay["max_iterations"], 6, "{replay}");
     assert_eq!(replay["selection"]["rule"], "newest_settled");
-    assert_eq!(count(&replay["selection"], "selected"), 3, "{replay}");
+    assert_eq!(count(&replay["selection"], "selected"), 4, "{replay}");
     assert_eq!(count(replay, "not_replayed"), 0, "{replay}");
     let totals = &replay["totals"];
-    assert_eq!(count(totals, "sessions"), 3, "{totals}");
+    assert_eq!(count(totals, "sessions"), 4, "{totals}");
     assert_eq!(count(totals, "earlier"), 1, "{totals}");
     assert_eq!(count(totals, "tokens_saved"), 40, "{totals}");
     assert_eq!(count(totals, "completions_cut_short"), 0, "{totals}");

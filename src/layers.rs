@@ -97,6 +97,7 @@ const API: &[(&str, u8)] = &[
     ("confirm", 4),
     ("tenant_warn_at", 1),
     ("insights", 2),
+    ("apply_threshold", 3),
     ("notify", 2),
     ("replay", 1),
 ];
@@ -142,6 +143,7 @@ const STORE: &[(&str, u8)] = &[
     ("past_runs", 3),
     ("histories", 3),
     ("trace_links", 3),
+    ("thresholds", 0),
 ];
 
 /// The files of `src/http`, from the bottom up: errors and documents, the

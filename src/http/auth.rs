@@ -22,7 +22,8 @@ pub enum Access {
     Open,
     /// `/metrics`: an admin key or `WARDEN_METRICS_TOKEN`.
     Metrics,
-    /// Keys, retention and budget-warning thresholds: admin only.
+    /// Keys, retention, budget-warning thresholds, notification targets
+    /// and applying a tenant's thresholds: admin only.
     Admin,
     /// Reads: any valid key.
     Read,
@@ -51,6 +52,7 @@ pub fn access(method: &Method, path: &str) -> Access {
         || path.starts_with("/api/budget-warnings/")
         || path == "/api/notify"
         || path.starts_with("/api/notify/")
+        || path == "/api/insights/thresholds/apply"
     {
         Access::Admin
     } else if !read && (path == "/api/workers" || path.starts_with("/api/workers/")) {
@@ -310,6 +312,18 @@ mod tests {
         assert_eq!(access(&Method::PUT, "/api/retention"), Access::Admin);
         assert_eq!(access(&Method::GET, "/api/budget-warnings"), Access::Admin);
         assert_eq!(access(&Method::PUT, "/api/budget-warnings"), Access::Admin);
+        assert_eq!(
+            access(&Method::POST, "/api/insights/thresholds/apply"),
+            Access::Admin
+        );
+        assert_eq!(
+            access(&Method::GET, "/api/insights/thresholds"),
+            Access::Read
+        );
+        assert_eq!(
+            access(&Method::GET, "/api/insights/thresholds/changes"),
+            Access::Read
+        );
         assert_eq!(access(&Method::GET, "/api/autonomous"), Access::Read);
         assert_eq!(access(&Method::GET, "/anything-new"), Access::Read);
         assert_eq!(access(&Method::PATCH, "/api/autonomous/x"), Access::Write);

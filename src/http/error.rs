@@ -192,6 +192,9 @@ impl From<ServiceError> for ApiError {
             ServiceError::NotForkable(detail) => {
                 ApiError::new(StatusCode::CONFLICT, "not_forkable", detail)
             }
+            ServiceError::ThresholdUnchanged(detail) => {
+                ApiError::new(StatusCode::CONFLICT, "threshold_unchanged", detail)
+            }
             ServiceError::Secret(_) | ServiceError::Archive(_) => ApiError::internal(&err),
             ServiceError::Store(store) => ApiError::from(store),
         }

@@ -78,6 +78,8 @@ use crate::session::service::{MAX_GOAL_CHARS, MAX_GUIDANCE_CHARS};
         super::retention::set_retention,
         super::budget_warnings::list_warn_at,
         super::insights::threshold_report,
+        super::insights::apply_threshold,
+        super::insights::threshold_changes,
         super::budget_warnings::set_warn_at,
         super::workers::claim,
         super::workers::heartbeat,
@@ -376,12 +378,43 @@ pub fn bounds() -> Vec<Bound> {
     query_bounds(&mut out);
     path_bounds(&mut out);
     replay_bounds(&mut out);
+    threshold_bounds(&mut out);
     out.push((
         prop("SetNotifyTarget", "url"),
         "maxLength",
         crate::session::notify::MAX_URL_BYTES.into(),
     ));
     out
+}
+
+/// Bounds of applying a threshold to a tenant: the value a create's
+/// `limits.max_iterations` takes, the tenant's name, the note's length.
+fn threshold_bounds(out: &mut Vec<Bound>) {
+    let (_, min, max) = RANGES
+        .iter()
+        .copied()
+        .find(|(field, _, _)| *field == "max_iterations")
+        .unwrap_or(("max_iterations", 1, 1_000_000));
+    out.extend(range(
+        prop("ApplyThresholdRequest", "max_iterations"),
+        min,
+        max,
+    ));
+    let tenant = prop("ApplyThresholdRequest", "tenant");
+    out.extend([
+        (tenant.clone(), "minLength", 1.into()),
+        (
+            tenant.clone(),
+            "maxLength",
+            crate::auth::MAX_TENANT_CHARS.into(),
+        ),
+        (tenant, "pattern", crate::auth::TENANT_PATTERN.into()),
+        (
+            prop("ApplyThresholdRequest", "note"),
+            "maxLength",
+            crate::policy::insights::MAX_NOTE_CHARS.into(),
+        ),
+    ]);
 }
 
 /// Bounds of a policy replay: its sessions, deadline and override ranges.
@@ -862,6 +895,7 @@ fn query_bounds(out: &mut Vec<Bound>) {
         ("/api/autonomous/approvals", MAX_LIST_LIMIT),
         ("/api/autonomous/attention", MAX_LIST_LIMIT),
         ("/api/autonomous/{id}/notifications", MAX_LIST_LIMIT),
+        ("/api/insights/thresholds/changes", MAX_LIST_LIMIT),
         ("/api/autonomous/{id}/iterations", MAX_PAGE_LIMIT),
         ("/api/autonomous/{id}/checkpoints", MAX_PAGE_LIMIT),
         ("/api/autonomous/{id}/events", MAX_PAGE_LIMIT),

@@ -6,7 +6,7 @@
 
 use std::collections::BTreeMap;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use uuid::Uuid;
@@ -160,6 +160,92 @@ pub struct ThresholdReport {
     pub max_iterations_suggestion: Option<IterationSuggestion>,
     /// How the reflector's estimates foretold the end, in bands of 10 %.
     pub calibration: Vec<CalibrationRow>,
+    /// The thresholds applied to the tenant, in force for its new sessions
+    /// (`POST /api/insights/thresholds/apply`).
+    pub applied: AppliedThresholds,
+}
+
+/// The thresholds a tenant applied: what its sessions created without
+/// them get.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct AppliedThresholds {
+    /// The tenant's own `limits.max_iterations` for sessions created
+    /// without one (in either mode); null: the server's default.
+    pub max_iterations: Option<u64>,
+}
+
+/// How the sessions a justification replayed were chosen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum SelectionRule {
+    /// The tenant's most recent settled (ended or paused) sessions, newest
+    /// first: those the threshold report's suggestion is replayed over.
+    NewestSettled,
+}
+
+/// Which sessions a justification replayed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct ReplaySelection {
+    /// How they were chosen.
+    pub rule: SelectionRule,
+    /// The most it takes.
+    pub max_sessions: u64,
+    /// Sessions it selected.
+    pub selected: u64,
+}
+
+/// The replay that justified a change of a threshold, as it is logged.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Justification {
+    /// The `max_iterations` the sessions were replayed under: the value
+    /// applied, or for a return to the server's default, that default (in
+    /// the server's default mode).
+    pub max_iterations: u64,
+    /// Which sessions.
+    pub selection: ReplaySelection,
+    /// Of those selected, sessions not replayed (deleted meanwhile, or
+    /// left by the replay's deadline).
+    pub not_replayed: u64,
+    /// What the replay adds up to.
+    pub totals: Totals,
+}
+
+impl Justification {
+    /// The justification of a replay under `max_iterations` of the
+    /// `selected` newest settled sessions (at most `max_sessions`).
+    pub fn newest_settled(
+        max_iterations: u64,
+        (max_sessions, selected): (u64, u64),
+        totals: Totals,
+    ) -> Justification {
+        Justification {
+            max_iterations,
+            selection: ReplaySelection {
+                rule: SelectionRule::NewestSettled,
+                max_sessions,
+                selected,
+            },
+            not_replayed: selected.saturating_sub(totals.sessions),
+            totals,
+        }
+    }
+}
+
+/// Longest note an applied change may carry, in characters.
+pub const MAX_NOTE_CHARS: usize = 500;
+
+/// A change's note as it is logged: refused over [`MAX_NOTE_CHARS`] (as
+/// given, the way the API document counts), then trimmed; `None` when
+/// nothing is left.
+pub fn change_note(note: Option<&str>) -> Result<Option<String>, String> {
+    let Some(note) = note else {
+        return Ok(None);
+    };
+    if note.chars().count() > MAX_NOTE_CHARS {
+        return Err(format!("note: at most {MAX_NOTE_CHARS} characters"));
+    }
+    let note = note.trim();
+    Ok((!note.is_empty()).then(|| note.to_string()))
 }
 
 /// Values listed per limit.
@@ -177,6 +263,7 @@ pub fn report(histories: &[SessionHistory]) -> ThresholdReport {
         limits: limit_outcomes(histories),
         max_iterations_suggestion: suggest_max_iterations(histories),
         calibration: calibration(histories),
+        applied: AppliedThresholds::default(),
     }
 }
 
@@ -673,5 +760,59 @@ mod tests {
         assert_eq!(top.in_completed_sessions, 3);
         assert_eq!(top.completed_within_5, 2, "4 and 0 steps left");
         assert_eq!(top.completed_within_10, 3, "8 steps left");
+    }
+
+    #[test]
+    fn a_note_is_bounded_as_given_then_trimmed() {
+        assert_eq!(change_note(None), Ok(None));
+        assert_eq!(change_note(Some("   \n ")), Ok(None));
+        assert_eq!(
+            change_note(Some("  from the March replay \n")),
+            Ok(Some("from the March replay".into()))
+        );
+        let longest = "é".repeat(MAX_NOTE_CHARS);
+        assert_eq!(change_note(Some(&longest)), Ok(Some(longest.clone())));
+        assert!(change_note(Some(&format!("{longest}x"))).is_err());
+        // Counted as given: padding that trimming would remove still counts.
+        assert!(change_note(Some(&format!(" {longest}"))).is_err());
+    }
+
+    #[test]
+    fn a_justification_counts_the_selected_sessions_not_replayed() {
+        let totals = Totals {
+            sessions: 7,
+            earlier: 2,
+            ..Totals::default()
+        };
+        let j = Justification::newest_settled(12, (1_000, 9), totals);
+        assert_eq!(j.max_iterations, 12);
+        assert_eq!(j.selection.rule, SelectionRule::NewestSettled);
+        assert_eq!((j.selection.max_sessions, j.selection.selected), (1_000, 9));
+        assert_eq!(j.not_replayed, 2);
+        assert_eq!(j.totals, totals);
+        // Never below zero, whatever the totals say.
+        let over = Totals {
+            sessions: 10,
+            ..Totals::default()
+        };
+        assert_eq!(
+            Justification::newest_settled(1, (5, 3), over).not_replayed,
+            0
+        );
+        // Logged as JSON and read back the same.
+        let logged = serde_json::to_value(&j).expect("json");
+        assert_eq!(logged["selection"]["rule"], "newest_settled");
+        assert_eq!(
+            serde_json::from_value::<Justification>(logged).ok(),
+            Some(j)
+        );
+    }
+
+    #[test]
+    fn the_report_alone_applies_nothing() {
+        assert_eq!(
+            report(&[completed(3)]).applied,
+            AppliedThresholds::default()
+        );
     }
 }

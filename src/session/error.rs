@@ -119,6 +119,10 @@ or WARDEN_CAPABILITIES_OFF); retry once the fleet runs a release that has it",
     /// snapshot, or a new model for an executor that names none.
     #[error("{0}")]
     NotForkable(String),
+    /// A threshold applied to a tenant is in force already: no change to
+    /// log.
+    #[error("{0}")]
+    ThresholdUnchanged(String),
 }
 
 impl From<LimitOutOfRange> for ServiceError {

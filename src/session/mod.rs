@@ -17,12 +17,12 @@ pub mod runtime;
 pub mod sweep;
 
 pub use api::{
-    ClaimedStep, WorkerProtocol, approvals, confirm, estimate, notify, replay, tree, workers,
+    ApplyThreshold, CreateSession, Created, IdempotencyKey, LoggedEvent, MAX_GOAL_CHARS,
+    MAX_GUIDANCE_CHARS, RefinementChoice, ResumeSession, SessionReads, SessionService,
+    StatusSource, StopAnswer, StopLandings, ThresholdChange, UpdateSession,
 };
 pub use api::{
-    CreateSession, Created, IdempotencyKey, LoggedEvent, MAX_GOAL_CHARS, MAX_GUIDANCE_CHARS,
-    RefinementChoice, ResumeSession, SessionReads, SessionService, StatusSource, StopAnswer,
-    StopLandings, UpdateSession,
+    ClaimedStep, WorkerProtocol, approvals, confirm, estimate, notify, replay, tree, workers,
 };
 pub use error::{Result, ServiceError};
 pub use persist::{

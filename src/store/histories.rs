@@ -107,4 +107,27 @@ impl Store {
             })
             .collect())
     }
+
+    /// The ids of the `limit` most recent settled sessions of `tenant`
+    /// (within `scope`), newest first: the same sessions, in the same
+    /// order, as [`Store::settled_histories`] reads.
+    pub async fn settled_session_ids(
+        &self,
+        scope: &TenantScope,
+        tenant: &str,
+        limit: i64,
+    ) -> Result<Vec<Uuid>> {
+        Ok(sqlx::query_scalar!(
+            r#"SELECT id FROM sessions
+               WHERE tenant = $1 AND ($2::text IS NULL OR tenant = $2)
+                 AND status IN ('completed', 'stopped', 'failed', 'interrupted', 'paused')
+               ORDER BY updated_at DESC
+               LIMIT $3"#,
+            tenant,
+            scope.tenant(),
+            limit.min(MAX_REPORTED_SESSIONS)
+        )
+        .fetch_all(&self.pool)
+        .await?)
+    }
 }

@@ -54,6 +54,7 @@ pub mod snapshots;
 mod tasks;
 #[cfg(test)]
 pub(crate) mod testing;
+mod thresholds;
 mod trace_links;
 mod worker_notices;
 mod worker_tasks;
@@ -94,6 +95,7 @@ pub use sessions::{
     lock as lock_session, request_pause, request_stop, resume as resume_session, set_confirmation,
     start_refined, update_settings,
 };
+pub use thresholds::{Applied, NewThresholdChange, TenantSessionDefaults, ThresholdChangeRow};
 pub use trace_links::{StoredTraceLinks, set_request_traceparent};
 pub use worker_notices::{WORKERS_CHANNEL, WorkerChange};
 pub use worker_tasks::{

@@ -98,17 +98,6 @@ impl Store {
         Ok(())
     }
 
-    /// `tenant`'s own soft-budget thresholds (percent), when it has some.
-    pub async fn tenant_warn_at(&self, tenant: &str) -> Result<Option<Vec<i16>>> {
-        let row = sqlx::query_scalar!(
-            "SELECT warn_at FROM tenant_settings WHERE tenant = $1",
-            tenant
-        )
-        .fetch_optional(&self.pool)
-        .await?;
-        Ok(row.flatten())
-    }
-
     /// Sets `tenant`'s own soft-budget thresholds (`None`: the server's).
     /// The caller has checked them (1–99, at most 10).
     pub async fn set_tenant_warn_at(&self, tenant: &str, warn_at: Option<&[i16]>) -> Result<()> {

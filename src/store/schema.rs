@@ -77,6 +77,10 @@ pub const DOWNS: &[(i64, &str)] = &[
         include_str!("../../migrations/down/0035_session_traceparents.sql"),
     ),
     (
+        36,
+        include_str!("../../migrations/down/0036_applied_thresholds.sql"),
+    ),
+    (
         37,
         include_str!("../../migrations/down/0037_session_forks_index.sql"),
     ),

@@ -126,7 +126,9 @@ async fn auth_matrix_over_every_documented_operation() {
             ("malformed key", Some(malformed), StatusCode::UNAUTHORIZED),
             ("revoked key", Some(&revoked_key), StatusCode::UNAUTHORIZED),
         ];
-        let admin_only = template.starts_with("/api/keys") || template == "/metrics";
+        let admin_only = template.starts_with("/api/keys")
+            || template == "/metrics"
+            || template == "/api/insights/thresholds/apply";
         if *method != Method::GET || admin_only {
             cases.push(("viewer", Some(&viewer_a), StatusCode::FORBIDDEN));
         }

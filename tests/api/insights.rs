@@ -128,3 +128,247 @@ async fn a_tenant_with_no_history_gets_an_empty_report() {
     assert!(report["max_iterations_suggestion"].is_null(), "{report}");
     assert_eq!(report["outcomes"], json!([]));
 }
+
+/// A client with a new key of `tenant` and `role`, and the key's public
+/// prefix (who the log says acted).
+async fn keyed(app: &TestApp, tenant: &str, role: &str) -> (reqwest::Client, String) {
+    let key = create_key(&app.base, tenant, role).await;
+    let client = client_with_key(key["secret"].as_str().expect("a secret"));
+    (
+        client,
+        key["prefix"].as_str().expect("a prefix").to_string(),
+    )
+}
+
+/// The admin token's client (a global admin).
+fn global_admin() -> reqwest::Client {
+    client_with_key(common::ADMIN_TOKEN)
+}
+
+async fn send(req: reqwest::RequestBuilder) -> (StatusCode, Value) {
+    let res = req.send().await.expect("sent");
+    let status = res.status();
+    (status, res.json().await.unwrap_or(Value::Null))
+}
+
+async fn apply(app: &TestApp, client: &reqwest::Client, body: Value) -> (StatusCode, Value) {
+    send(
+        client
+            .post(app.url("/api/insights/thresholds/apply"))
+            .json(&body),
+    )
+    .await
+}
+
+async fn changes(app: &TestApp, client: &reqwest::Client, query: &str) -> (StatusCode, Value) {
+    send(client.get(app.url(&format!("/api/insights/thresholds/changes{query}")))).await
+}
+
+/// A scripted create of `client`'s tenant with `limits`: its limits.
+async fn created_limits(app: &TestApp, client: &reqwest::Client, limits: Value) -> Value {
+    let (status, doc) = send(client.post(app.url("/api/autonomous")).json(&json!({
+        "goal": "Write the release notes into NOTES.md",
+        "limits": limits,
+        "executor": { "kind": "scripted", "steps": steps(1, true) }
+    })))
+    .await;
+    assert_eq!(status, StatusCode::CREATED, "{doc}");
+    doc["limits"].clone()
+}
+
+#[tokio::test]
+async fn an_applied_iteration_limit_is_logged_with_its_replay_and_given_to_new_sessions() {
+    let app = TestApp::start().await;
+    ended(&app, steps(3, true), json!({ "max_iterations": 10 })).await;
+    ended(&app, steps(5, true), json!({ "max_iterations": 10 })).await;
+    ended(&app, steps(12, false), json!({ "max_iterations": 10 })).await;
+    // Created (and settled) before the apply, without a limit of its own.
+    let before = ended(&app, steps(1, true), json!({})).await;
+    let before = app.session(&before).await["limits"].clone();
+    let (admin, prefix) = keyed(&app, common::TEST_TENANT, "admin").await;
+
+    // An operator may run sessions, not change its tenant's defaults.
+    let (status, doc) = apply(&app, &app.client, json!({ "max_iterations": 6 })).await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{doc}");
+    let started = chrono::Utc::now();
+    let (status, change) = apply(
+        &app,
+        &admin,
+        json!({ "max_iterations": 6, "note": "  the report's suggestion " }),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED, "{change}");
+    assert_eq!(change["tenant"], common::TEST_TENANT);
+    assert_eq!(change["threshold"], "max_iterations");
+    assert_eq!(
+        change["previous"],
+        Value::Null,
+        "the server's default before"
+    );
+    assert_eq!(change["value"], 6);
+    assert_eq!(change["applied_by"], prefix.as_str(), "{change}");
+    assert_eq!(change["note"], "the report's suggestion");
+    let at: chrono::DateTime<chrono::Utc> =
+        serde_json::from_value(change["applied_at"].clone()).expect("a time");
+    assert!(at >= started - chrono::TimeDelta::seconds(5) && at <= chrono::Utc::now());
+    // The justification: the four settled sessions replayed under 6; the
+    // runaway ends 4 steps (40 tokens) earlier, no completion is cut short.
+    let replay = &change["replay"];
+    assert_eq!(replay["max_iterations"], 6, "{replay}");
+    assert_eq!(replay["selection"]["rule"], "newest_settled");
+    assert_eq!(count(&replay["selection"], "selected"), 4, "{replay}");
+    assert_eq!(count(replay, "not_replayed"), 0, "{replay}");
+    let totals = &replay["totals"];
+    assert_eq!(count(totals, "sessions"), 4, "{totals}");
+    assert_eq!(count(totals, "earlier"), 1, "{totals}");
+    assert_eq!(count(totals, "tokens_saved"), 40, "{totals}");
+    assert_eq!(count(totals, "completions_cut_short"), 0, "{totals}");
+    // The log holds the same record; the report shows the value in force.
+    let (status, log) = changes(&app, &app.client, "").await;
+    assert_eq!(status, StatusCode::OK, "{log}");
+    assert_eq!(log["items"], json!([change]));
+    assert_eq!(log["next_before"], Value::Null);
+    let (_, report) = app.get("/api/insights/thresholds").await;
+    assert_eq!(
+        report["applied"],
+        json!({ "max_iterations": 6 }),
+        "{report}"
+    );
+    // Applying what is in force changes nothing and logs nothing.
+    let (status, doc) = apply(&app, &admin, json!({ "max_iterations": 6 })).await;
+    assert_eq!(status, StatusCode::CONFLICT, "{doc}");
+    assert_eq!(doc["code"], "threshold_unchanged");
+
+    // New sessions without their own limit get it, as a default: the
+    // review point stays the server's. Their own value wins.
+    let after = created_limits(&app, &app.client, json!({})).await;
+    assert_eq!(after["max_iterations"], 6, "{after}");
+    assert_eq!(after["review_every"], before["review_every"], "{after}");
+    let own = created_limits(&app, &app.client, json!({ "max_iterations": 9 })).await;
+    assert_eq!(own["max_iterations"], 9);
+    // Another tenant's sessions keep the server's default.
+    let (other, _) = keyed(&app, "other-tenant", "operator").await;
+    let theirs = created_limits(&app, &other, json!({})).await;
+    assert_eq!(theirs["max_iterations"], before["max_iterations"]);
+    assert_ne!(before["max_iterations"], 6, "the default differs: {before}");
+}
+
+#[tokio::test]
+async fn a_tenant_applies_and_reads_only_its_own_thresholds() {
+    let app = TestApp::start().await;
+    let (admin_a, _) = keyed(&app, "tenant-a", "admin").await;
+    let (viewer_b, _) = keyed(&app, "tenant-b", "viewer").await;
+    let (operator_b, _) = keyed(&app, "tenant-b", "operator").await;
+    // A tenant's admin names only its own tenant.
+    let (status, doc) = apply(
+        &app,
+        &admin_a,
+        json!({ "tenant": "tenant-b", "max_iterations": 30 }),
+    )
+    .await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{doc}");
+    let admin = global_admin();
+    let (status, first) = apply(
+        &app,
+        &admin,
+        json!({ "tenant": "tenant-b", "max_iterations": 30 }),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED, "{first}");
+    assert_eq!(first["applied_by"], "admin-token");
+    assert_eq!(first["tenant"], "tenant-b");
+    assert_eq!(count(&first["replay"]["selection"], "selected"), 0);
+    // A dry run resolves the limits the create would: with no history,
+    // the estimate's figures are those limits.
+    let (status, estimate) = send(operator_b.post(app.url("/api/autonomous/estimate")).json(
+        &json!({
+            "goal": "Write the release notes into NOTES.md",
+            "executor": { "kind": "scripted", "steps": steps(1, true) }
+        }),
+    ))
+    .await;
+    assert_eq!(status, StatusCode::OK, "{estimate}");
+    assert_eq!(estimate["basis"], "none", "{estimate}");
+    assert_eq!(
+        estimate["iterations"],
+        json!({ "p50": 30, "p90": 30 }),
+        "{estimate}"
+    );
+    // Tenant a sees none of b's log, even naming b.
+    for query in ["", "?tenant=tenant-b"] {
+        let (status, log) = changes(&app, &admin_a, query).await;
+        assert_eq!(status, StatusCode::OK, "{log}");
+        assert_eq!(log["items"], json!([]), "{query}: {log}");
+    }
+    assert_eq!(
+        created_limits(&app, &admin_a, json!({})).await["max_iterations"],
+        created_limits(&app, &admin, json!({})).await["max_iterations"],
+        "tenant a keeps the server's default"
+    );
+    assert_eq!(
+        created_limits(&app, &operator_b, json!({})).await["max_iterations"],
+        30
+    );
+
+    // Back to the server's default: logged, replayed under that default.
+    let (status, reset) = apply(
+        &app,
+        &admin,
+        json!({ "tenant": "tenant-b", "max_iterations": null }),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED, "{reset}");
+    assert_eq!(
+        (&reset["previous"], &reset["value"]),
+        (&json!(30), &Value::Null)
+    );
+    let default = created_limits(&app, &operator_b, json!({})).await["max_iterations"].clone();
+    assert_ne!(default, 30);
+    assert_eq!(reset["replay"]["max_iterations"], default, "{reset}");
+    let (status, doc) = apply(
+        &app,
+        &admin,
+        json!({ "tenant": "tenant-b", "max_iterations": null }),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CONFLICT, "{doc}");
+
+    // b's viewer reads its log newest first, a page at a time; so does a
+    // global admin naming b.
+    let (status, page) = changes(&app, &viewer_b, "?limit=1").await;
+    assert_eq!(status, StatusCode::OK, "{page}");
+    assert_eq!(page["items"], json!([reset]));
+    let next = page["next_before"].as_i64().expect("another page");
+    let (_, page) = changes(&app, &viewer_b, &format!("?limit=1&before={next}")).await;
+    assert_eq!(page["items"], json!([first]));
+    let (_, admin_log) = changes(&app, &admin, "?tenant=tenant-b").await;
+    assert_eq!(admin_log["items"], json!([reset, first]));
+    // A viewer changes nothing.
+    let (status, _) = apply(&app, &viewer_b, json!({ "max_iterations": 5 })).await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+}
+
+#[tokio::test]
+async fn an_apply_the_schema_forbids_is_refused_and_changes_nothing() {
+    let app = TestApp::start().await;
+    let admin = global_admin();
+    for body in [
+        json!({ "max_iterations": 0 }),
+        json!({ "max_iterations": 1_000_001 }),
+        json!({ "max_iterations": -3 }),
+        json!({ "max_iterations": "12" }),
+        json!({}),
+        json!({ "note": "no value" }),
+        json!({ "max_iterations": 12, "note": "x".repeat(501) }),
+        json!({ "max_iterations": 12, "tenant": "not a tenant!" }),
+        json!({ "max_iterations": 12, "tenant": "" }),
+        json!({ "max_iterations": 12, "reason": "an unknown field" }),
+    ] {
+        let (status, doc) = apply(&app, &admin, body.clone()).await;
+        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}: {doc}");
+    }
+    let (_, log) = changes(&app, &admin, "").await;
+    assert_eq!(log["items"], json!([]), "{log}");
+    let (status, doc) = changes(&app, &admin, "?limit=0").await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{doc}");
+}

@@ -18,7 +18,7 @@ use crate::secrets::Sealed;
 use crate::session::error::{Result, ServiceError};
 use crate::session::event_codec::{self, to_stored};
 use crate::session::persist::{self, FirstRefinement};
-use crate::store::{self, NewSession, Session, TenantScope};
+use crate::store::{self, NewSession, Session, TenantScope, TenantSessionDefaults};
 
 /// What a create did.
 #[derive(Debug)]
@@ -60,11 +60,12 @@ impl SessionService {
         if let Some(done) = self.replayed(&scope, tenant, idempotency).await? {
             return Ok(done);
         }
-        let mut request = self.validate_create(req)?;
+        let defaults = self.store.tenant_session_defaults(tenant).await?;
+        let mut request = self.validate_create(req, tenant_max_iterations(&defaults))?;
         if let Some(seed) = &seed {
             request.limits = seed.limits;
         }
-        self.apply_tenant_warn_at(&mut request, tenant).await?;
+        apply_tenant_warn_at(&mut request, &defaults)?;
         let placement = self
             .placement(&request.limits, Some(&request.executor.spec))
             .await?;
@@ -170,10 +171,13 @@ impl SessionService {
     /// A create's `dry_run`: the request checked exactly as a create checks
     /// it (body, executor, tools and URLs), then estimated; nothing is
     /// created and no model is called.
+    /// The limits estimated are those the create would give the session
+    /// (the tenant's applied ones included).
     pub async fn dry_run(&self, req: CreateSession, tenant: &str) -> Result<EstimateAnswer> {
-        let request = self.validate_create(req)?;
+        let defaults = self.store.tenant_session_defaults(tenant).await?;
+        let request = self.validate_create(req, tenant_max_iterations(&defaults))?;
         self.vet_executor(&request, tenant).await?;
-        self.estimate(&request.req, tenant).await
+        self.estimate(&request.req, &request.limits, tenant).await
     }
 
     /// What a create with `confirm_if_over` waits on, when its estimate's
@@ -192,7 +196,7 @@ impl SessionService {
         if plan.waits {
             return Ok(None);
         }
-        let answer = self.estimate(&request.req, tenant).await?;
+        let answer = self.estimate(&request.req, &request.limits, tenant).await?;
         let over = confirm::decide(bounds, &answer.estimate);
         if over.is_empty() {
             return Ok(None);
@@ -205,18 +209,6 @@ impl SessionService {
             estimate: answer.estimate,
             expires_at: chrono::Utc::now() + timeout,
         })))
-    }
-
-    /// Gives a request without `limits.warn_at` its tenant's own
-    /// thresholds, when the tenant has some (`PUT /api/budget-warnings`).
-    async fn apply_tenant_warn_at(&self, request: &mut NewRequest, tenant: &str) -> Result<()> {
-        if request.req.limits.warn_at.is_some() {
-            return Ok(());
-        }
-        if let Some(percents) = self.store.tenant_warn_at(tenant).await? {
-            request.limits.warn_at = tenant_warn_at(&percents)?;
-        }
-        Ok(())
     }
 
     /// The answer to a create whose idempotency key was used already.
@@ -388,6 +380,25 @@ impl SessionService {
             ServiceError::Unavailable("the secret key (WARDEN_SECRET_KEY) is not loaded".into())
         })
     }
+}
+
+/// Gives a request without `limits.warn_at` its tenant's own thresholds,
+/// when the tenant has some (`PUT /api/budget-warnings`).
+fn apply_tenant_warn_at(request: &mut NewRequest, defaults: &TenantSessionDefaults) -> Result<()> {
+    if request.req.limits.warn_at.is_some() {
+        return Ok(());
+    }
+    if let Some(percents) = &defaults.warn_at {
+        request.limits.warn_at = tenant_warn_at(percents)?;
+    }
+    Ok(())
+}
+
+/// The iteration limit a tenant applied (`POST
+/// /api/insights/thresholds/apply`), when it has one; the column's check
+/// keeps it in the create's range.
+fn tenant_max_iterations(defaults: &TenantSessionDefaults) -> Option<u64> {
+    defaults.max_iterations.and_then(|v| u64::try_from(v).ok())
 }
 
 /// A tenant's stored thresholds as a session's `warn_at` (checked again:

@@ -208,8 +208,14 @@ fn split_tasks(
 }
 
 impl SessionService {
-    /// Validate: the goal, the executor, the checklists and the limits.
-    pub(super) fn validate_create(&self, req: CreateSession) -> Result<NewRequest> {
+    /// Validate: the goal, the executor, the checklists and the limits
+    /// (over the server's defaults, with `tenant_max_iterations`, the
+    /// tenant's applied iteration limit, for a request that sets none).
+    pub(super) fn validate_create(
+        &self,
+        req: CreateSession,
+        tenant_max_iterations: Option<u64>,
+    ) -> Result<NewRequest> {
         let goal = validate_goal(&req.goal)?;
         req.executor.validate().map_err(ServiceError::Invalid)?;
         if let ExecutorSpec::Llm {
@@ -233,9 +239,7 @@ impl SessionService {
                 .map_err(ServiceError::Invalid)?;
         let mode = req.mode.unwrap_or(self.config.defaults.mode);
         let limits = self
-            .config
-            .defaults
-            .limits_for(mode)
+            .base_limits(mode, tenant_max_iterations)
             .for_create(&req.limits)?;
         super::check_money_priced(&limits, &self.config.model_prices)?;
         // The key never enters the stored spec: it is sealed on its own. So
@@ -283,6 +287,18 @@ impl SessionService {
             confirm,
             req,
         })
+    }
+
+    /// The limits a session created in `mode` gets before its request's
+    /// own: the server's defaults, the iteration limit the tenant applied
+    /// in place of the server's (a default still: unlike a request's own
+    /// `max_iterations`, it leaves the review point as it is).
+    pub(super) fn base_limits(&self, mode: Mode, tenant_max_iterations: Option<u64>) -> Limits {
+        let mut limits = self.config.defaults.limits_for(mode);
+        if let Some(max_iterations) = tenant_max_iterations {
+            limits.max_iterations = max_iterations;
+        }
+        limits
     }
 
     /// The default model endpoint as a client and model name, when configured.

@@ -8,6 +8,7 @@ use utoipa::ToSchema;
 use super::SessionService;
 use super::create_request::{CreateSession, validate_goal};
 use crate::policy::estimate::{self, Estimate, Figures, PastSession, Query};
+use crate::policy::guardrails::Limits;
 use crate::session::{Result, ServiceError};
 use crate::spec::ExecutorBrief;
 use crate::store::TenantScope;
@@ -28,19 +29,16 @@ pub struct EstimateAnswer {
 }
 
 impl SessionService {
-    /// Estimates what `req`, created by `tenant`, would take, once the
-    /// create's checks have passed (`dry_run`). Reads only: nothing is
-    /// created.
+    /// Estimates what `req`, created by `tenant` under `limits` (those
+    /// its create resolved), would take, once the create's checks have
+    /// passed (`dry_run`). Reads only: nothing is created.
     pub(super) async fn estimate(
         &self,
         req: &CreateSession,
+        limits: &Limits,
         tenant: &str,
     ) -> Result<EstimateAnswer> {
         let goal = validate_goal(&req.goal)?;
-        let defaults = &self.config.defaults;
-        let limits = defaults
-            .limits_for(req.mode.unwrap_or(defaults.mode))
-            .for_create(&req.limits)?;
         let brief = ExecutorBrief::from(&req.executor);
         let scope = TenantScope::tenant_only(tenant);
         let past = self

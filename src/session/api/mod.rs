@@ -4,6 +4,7 @@
 //! `Supervisor`. One file per use case; the service they share, its row
 //! lock (`lock_for`) and its commit are here.
 
+mod apply_threshold;
 pub mod approvals;
 pub mod confirm;
 mod control;
@@ -30,6 +31,7 @@ mod update;
 pub mod workers;
 mod workspace_files;
 
+pub use apply_threshold::{ApplyThreshold, ThresholdChange};
 pub use control::{ResumeSession, StopAnswer};
 pub use create::Created;
 pub use create_request::{CreateSession, IdempotencyKey, Subgoal, SubgoalTask};

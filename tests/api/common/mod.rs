@@ -850,6 +850,7 @@ pub fn valid_body(method: &reqwest::Method, template: &str) -> Option<Value> {
         ("POST", "/api/autonomous/{id}/approvals/{call_id}") => {
             Some(json!({ "decision": "approve" }))
         }
+        ("POST", "/api/insights/thresholds/apply") => Some(json!({ "max_iterations": 7 })),
         ("PUT", "/api/autonomous/{id}/notify") | ("PUT", "/api/notify") => {
             Some(json!({ "url": "http://127.0.0.1:9/hook" }))
         }

@@ -441,6 +441,13 @@ test("a session's views by deep link: iteration detail, decisions, timeline, cha
   await page.waitForSelector("#forked-line:not([hidden])");
   assert.equal(await page.getAttribute("#forked-link", "href"), `#/s/${s.id}`);
   assert.equal(await page.textContent("#forked-iteration"), "3");
+  // The tree draws the family: the original on top, this fork a branch of it.
+  await page.waitForSelector(`#tree li.origin[data-id="${s.id}"] li.fork-branch > .node.self`);
+  assert.equal(await page.textContent("#tree li.fork-branch > .node.self .fork-mark"), "fork at iteration 3");
+  // And the original's page lists its forks under it.
+  const forkId = new URL(page.url()).hash.split("/")[2];
+  await page.goto(`${baseUrl}/#/s/${s.id}`);
+  await page.waitForSelector(`#tree li.fork-branch[data-id="${forkId}"] .fork-mark`);
   assert.deepEqual(pageErrors, []);
 });
 

@@ -23,13 +23,15 @@ use crate::policy::sentinel::Sentinel;
 use crate::policy::soft_budget::Budget;
 use crate::policy::stuck::{StuckPattern, StuckVerdict};
 
-/// Kinds the decisions view reads; the partial index `events_decisions` in
-/// `migrations/0001_sessions.sql` covers exactly these (a test checks it).
-pub const DECISION_KINDS: [&str; 4] = [
+/// Kinds the decisions view reads; the partial index `events_decisions`
+/// (last defined in `migrations/0038_interval_decisions.sql`) covers
+/// exactly these (a test checks it).
+pub const DECISION_KINDS: [&str; 5] = [
     "gate_decision",
     "stuck_detected",
     "guardrail_tripped",
     "status_changed",
+    "reflection_interval_changed",
 ];
 
 /// Why a step in flight was abandoned.
@@ -916,7 +918,8 @@ mod tests {
     /// list exactly the decision kinds, or the query falls off the index.
     #[test]
     fn decision_kinds_match_the_partial_index() {
-        let migration = include_str!("../migrations/0001_sessions.sql");
+        // The latest migration that (re)creates the index.
+        let migration = include_str!("../migrations/0038_interval_decisions.sql");
         let start = migration
             .find("CREATE INDEX events_decisions")
             .expect("the migration defines events_decisions");
@@ -945,5 +948,12 @@ mod tests {
         );
         assert!(SessionEvent::status(None, Status::Running).is_decision());
         assert!(!SessionEvent::StopRequested {}.is_decision());
+        // The archive splits a session's log the same way.
+        let archive: String = include_str!("store/archive.rs")
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" ");
+        assert!(archive.contains(&format!("AND kind IN ({literal})")));
+        assert!(archive.contains(&format!("AND kind NOT IN ({literal})")));
     }
 }

@@ -896,7 +896,8 @@ async function showSession(id, tab, focusIteration) {
     renderSession(s);
     await loadActor(id, s.last_event_seq);
     if (!isOver(s)) follow(Math.max(s.last_event_seq, ...events.map((e) => e.seq)));
-    if (hasTree(s) || events.some((e) => TREE_KINDS.includes(e.kind))) await loadTree(id);
+    // Read whatever the session is: forks of it leave no event here, and the tree lists them.
+    await loadTree(id);
   } catch (err) { say("#control-error", err); }
   // A step in flight logs nothing: re-read now and then so a step that
   // started after the last event shows (from the owner's memory, cheap).
@@ -916,8 +917,8 @@ const TREE_KINDS = ["child_delegated", "child_ended", "child_needs_attention", "
 let tree = { id: null, live: 0, html: "" };
 /* Reads of the tree started; only the latest one's answer is drawn. */
 let treeReads = 0;
-/** Whether the session is part of a tree: it has a parent or children. */
-const hasTree = (s) => !!s.parent_id || (s.children || []).length > 0;
+/** Whether the session is part of a tree: it has a parent or children, or is a fork (drawn under its original). */
+const hasTree = (s) => !!s.parent_id || (s.children || []).length > 0 || !!s.forked_from;
 
 /** "Part of <parent's goal>" under the title of a child session. */
 function renderParentLine(s) {
@@ -956,8 +957,25 @@ function tokenBudget(n) {
   return (n.children || []).reduce((sum, c) => sum + (FINISHED.includes(c.status) ? Math.min(c.subtree_tokens_used, c.budget_tokens) : c.budget_tokens), n.max_tokens);
 }
 
-/** One node of the tree and, nested, its children: status, goal (a link to its page), reason, progress, tokens against its budget. */
-function treeNode(n, selfId) {
+/** The mark of a fork's branch: where it left the session above it. */
+const forkMark = (iteration) => `<div class="muted fork-mark">fork at iteration ${esc(iteration)}</div>`;
+
+/** A fork listed by the session it was forked from: a branch marked "fork at iteration N", its status and goal (a link to its page). */
+function forkBranch(f, selfId) {
+  const self = f.id === selfId;
+  const goal = self ? `<b class="node-goal" aria-current="page">${esc(f.goal)}</b>` : `<a class="node-goal" href="#/s/${esc(f.id)}">${esc(f.goal)}</a>`;
+  return `<li class="fork-branch" data-id="${esc(f.id)}" data-status="${esc(f.status)}"><div class="node${self ? " self" : ""}">${forkMark(f.iteration)}
+    <div class="node-head"><span class="badge s-${esc(f.status)}">${esc(f.status)}</span>${goal}</div></div></li>`;
+}
+
+/** Forks in a node and its descendants. */
+const forkCount = (n) => (n.forks || []).length + (n.children || []).reduce((sum, c) => sum + forkCount(c), 0);
+
+/** One node of the tree and, nested, its children, then its forks as
+ *  branches: status, goal (a link to its page), reason, progress, tokens
+ *  against its budget. `mark`, when given, draws the node itself as a fork's
+ *  branch (the session shown, under the session it was forked from). */
+function treeNode(n, selfId, mark) {
   const self = n.id === selfId;
   const budget = tokenBudget(n);
   const used = n.subtree_tokens_used ?? n.tokens_used;
@@ -965,14 +983,34 @@ function treeNode(n, selfId) {
   const goal = self ? `<b class="node-goal" aria-current="page">${esc(n.goal)}</b>` : `<a class="node-goal" href="#/s/${esc(n.id)}">${esc(n.goal)}</a>`;
   const reason = reasonText(n.reason);
   const kids = n.children || [];
-  return `<li data-id="${esc(n.id)}" data-status="${esc(n.status)}"><div class="node${self ? " self" : ""}">
+  const branches = kids.map((c) => treeNode(c, selfId)).join("") + (n.forks || []).map((f) => forkBranch(f, selfId)).join("");
+  return `<li${mark ? ` class="fork-branch"` : ""} data-id="${esc(n.id)}" data-status="${esc(n.status)}"><div class="node${self ? " self" : ""}">${mark || ""}
     <div class="node-head"><span class="badge s-${esc(n.status)}">${esc(n.status)}</span>${goal}</div>
     <div class="row node-facts">${reason ? `<span class="muted node-reason">${esc(reason)}</span>` : ""}
       <span class="node-progress">${percentOf(n)}% done</span>
       <span class="bar tokens-bar" title="${pct}% of its token budget"><span data-pct="${pct}"></span></span>
       <span class="muted node-tokens">${used} of ${budget ?? "—"} tokens${kids.length && used !== n.tokens_used ? ` (${n.tokens_used} its own)` : ""}</span></div>
     ${n.summary && ENDED.includes(n.status) && !self ? `<p class="muted node-summary">${esc(n.summary.length > 200 ? n.summary.slice(0, 199) + "…" : n.summary)}</p>` : ""}
-  </div>${kids.length ? `<ul>${kids.map((c) => treeNode(c, selfId)).join("")}</ul>` : ""}</li>`;
+  </div>${branches ? `<ul>${branches}</ul>` : ""}</li>`;
+}
+
+/** A fork's tree drawn under the session it was forked from, with that
+ *  session's other forks beside it: the family at a glance. When the
+ *  original cannot be read (deleted), the fork's line names it alone. */
+async function familyOf(root, selfId) {
+  const from = root.forked_from;
+  const self = treeNode(root, selfId, forkMark(from.iteration));
+  let origin;
+  try { origin = (await api(`/${from.session_id}/tree`)).node; } catch (_) { origin = null; }
+  const head = origin
+    ? `<span class="badge s-${esc(origin.status)}">${esc(origin.status)}</span><a class="node-goal" href="#/s/${esc(origin.id)}">${esc(origin.goal)}</a>`
+    : `<a class="node-goal" href="#/s/${esc(from.session_id)}">${esc(from.session_id)}</a>`;
+  const forks = origin ? origin.forks || [] : [];
+  const branches = forks.some((f) => f.id === root.id)
+    ? forks.map((f) => (f.id === root.id ? self : forkBranch(f, selfId))).join("")
+    : self;
+  return `<li class="origin" data-id="${esc(from.session_id)}"><div class="node"><div class="muted fork-mark">forked from</div>
+    <div class="node-head">${head}</div></div><ul>${branches}</ul></li>`;
 }
 
 /** Reads the session's tree and draws it, shown when the session has a parent or children. */
@@ -985,10 +1023,13 @@ async function loadTree(id) {
   if (!section || shown.id !== id || read !== treeReads) return;
   $("#tree-error").textContent = "";
   const root = t.node;
-  section.hidden = !root.parent_id && !(root.children || []).length;
+  const forks = forkCount(root);
+  section.hidden = !root.parent_id && !(root.children || []).length && !root.forked_from && !forks;
   const totals = t.totals;
-  $("#tree-totals").textContent = `${totals.sessions} session${totals.sessions === 1 ? "" : "s"} · ${totals.live} live · ${totals.tokens_used} tokens · ${totals.iterations} iterations`;
-  const html = treeNode(root, id);
+  $("#tree-totals").textContent = `${totals.sessions} session${totals.sessions === 1 ? "" : "s"} · ${totals.live} live · ${totals.tokens_used} tokens · ${totals.iterations} iterations`
+    + (forks ? ` · ${forks} fork${forks === 1 ? "" : "s"}` : "") + (root.forked_from ? ` · a fork of the session above` : "");
+  const html = root.forked_from && !root.parent_id ? await familyOf(root, id) : treeNode(root, id);
+  if (shown.id !== id || read !== treeReads) return;
   if (tree.id !== id || tree.html !== html) {
     $("#tree").innerHTML = html;
     // Widths from JS: the CSP allows no inline style attribute.
@@ -996,7 +1037,7 @@ async function loadTree(id) {
   }
   tree = { id, live: totals.live, html };
 }
-const DECISION_KINDS = ["gate_decision", "stuck_detected", "guardrail_tripped"];
+const DECISION_KINDS = ["gate_decision", "stuck_detected", "guardrail_tripped", "reflection_interval_changed"];
 
 /** Overview: why it ended, charts, checklists, reflections and the iteration log (one iteration opened when the URL names it). */
 async function showOverview(id, focusIteration) {
@@ -1094,6 +1135,7 @@ function decisionSummary(e) {
   if (e.kind === "status_changed") return `${esc(d.from || "—")} → <b>${esc(d.to)}</b>` + (d.reason ? ` (${esc(d.reason)})` : "");
   if (e.kind === "guardrail_tripped") return `<b>${esc(d.breach)}</b>`;
   if (e.kind === "stuck_detected") return `after step ${d.step}: ${esc(d.description)}`;
+  if (e.kind === "reflection_interval_changed") return `after step ${esc(d.after_iteration)}: reflect every ${esc(d.from)} → <b>${esc(d.to)}</b> steps (${esc(d.cause)})`;
   return "";
 }
 

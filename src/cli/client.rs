@@ -24,6 +24,9 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Bytes of an answer read at most (a page of 200 sessions is well below).
 const MAX_ANSWER_BYTES: usize = 32 << 20;
+/// How long a newline-delimited answer may take in all: the server bounds
+/// its streams by a deadline of at most a minute.
+const NDJSON_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// The flags every client command takes (after the command or before it).
 #[derive(Debug, Clone, Args)]
@@ -227,6 +230,27 @@ impl Client {
             request = request.body(body.to_string());
         }
         json_answer(send(request).await?).await
+    }
+
+    /// `POST path` with `body` (JSON), asking for newline-delimited JSON:
+    /// the response once its status is a success (its body is the lines).
+    pub async fn post_ndjson(
+        &self,
+        path: &str,
+        body: &Value,
+    ) -> Result<reqwest::Response, ClientError> {
+        let request = self
+            .request(reqwest::Method::POST, self.url(path)?)?
+            .header(CONTENT_TYPE, "application/json")
+            .header(ACCEPT, "application/x-ndjson")
+            .timeout(NDJSON_TIMEOUT)
+            .body(body.to_string());
+        let response = send(request).await?;
+        if response.status().is_success() {
+            Ok(response)
+        } else {
+            Err(problem_of(response).await)
+        }
     }
 
     /// `GET path` as an event stream, resuming after `last_event_id`: the

@@ -1,6 +1,8 @@
 //! `warden replay`: policy replay (what-if) over a running server's ended
 //! sessions, through `POST /api/autonomous/replay` (never the database):
 //! a line per session and the totals, or with `--json` the server's answer.
+//! With `--stream` the server streams (NDJSON) and each line is printed as
+//! it arrives.
 
 use std::process::ExitCode;
 
@@ -42,6 +44,10 @@ pub struct ReplayArgs {
     /// Time the server may spend, ms (100 to 60000)
     #[arg(long)]
     pub deadline_ms: Option<u64>,
+    /// Print each session's replay as the server computes it (with --json:
+    /// the server's NDJSON lines as they come)
+    #[arg(long)]
+    pub stream: bool,
 }
 
 /// The request body `args` ask for.
@@ -95,14 +101,74 @@ pub async fn run(args: ReplayArgs) -> ExitCode {
         Ok(client) => client,
         Err(err) => return failed(&err),
     };
-    let answer = match body(&args) {
-        Ok(body) => client.post("api/autonomous/replay", Some(&body)).await,
-        Err(err) => Err(err),
+    let body = match body(&args) {
+        Ok(body) => body,
+        Err(err) => return failed(&err),
     };
-    match answer {
+    if args.stream {
+        return match streamed(&client, &body, args.server.json).await {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(err) => failed(&err),
+        };
+    }
+    match client.post("api/autonomous/replay", Some(&body)).await {
         Ok(doc) if args.server.json => print_out(&format!("{doc:#}\n")),
         Ok(doc) => print_out(&lines(&doc)),
         Err(err) => failed(&err),
+    }
+}
+
+/// The replay streamed: each line printed as it arrives (as sent with
+/// `json`); an error line or a stream cut before its end line fails.
+async fn streamed(
+    client: &super::client::Client,
+    body: &Value,
+    json: bool,
+) -> Result<(), ClientError> {
+    let mut response = client.post_ndjson("api/autonomous/replay", body).await?;
+    let mut pending: Vec<u8> = Vec::new();
+    let mut ended = false;
+    while let Some(chunk) = response
+        .chunk()
+        .await
+        .map_err(|e| super::client::transport(&e))?
+    {
+        pending.extend_from_slice(&chunk);
+        while let Some(at) = pending.iter().position(|&b| b == b'\n') {
+            let line: Vec<u8> = pending.drain(..=at).collect();
+            let doc: Value = serde_json::from_slice(&line)
+                .map_err(|e| ClientError::Invalid(format!("a line is not JSON: {e}")))?;
+            ended |= doc["line"] == "end";
+            let text = if json {
+                format!("{doc}\n")
+            } else {
+                line_text(&doc)?
+            };
+            if print_out(&text) != ExitCode::SUCCESS {
+                return Err(ClientError::Invalid("cannot write to stdout".into()));
+            }
+        }
+    }
+    if !ended {
+        return Err(ClientError::Transport(
+            "the stream ended before its totals".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// What one streamed line prints: a session's line, or the end's; an error
+/// line is the problem it carries.
+fn line_text(doc: &Value) -> Result<String, ClientError> {
+    match doc["line"].as_str() {
+        Some("session") => Ok(format!("{}\n", session_line(doc))),
+        Some("end") => Ok(end_lines(doc)),
+        Some("error") => Err(super::client::problem_from(
+            u16::try_from(doc["status"].as_u64().unwrap_or(500)).unwrap_or(500),
+            None,
+            doc.to_string().as_bytes(),
+        )),
+        _ => Err(ClientError::Invalid(format!("an unknown line: {doc}"))),
     }
 }
 
@@ -117,27 +183,39 @@ fn end(doc: &Value) -> String {
 fn lines(doc: &Value) -> String {
     let mut out = String::new();
     for s in doc["sessions"].as_array().into_iter().flatten() {
-        let mut line = format!(
-            "{}  was {}  now {}  {}",
-            text(s, "id"),
-            end(&s["recorded"]),
-            end(&s["replayed"]),
-            text(s, "change"),
-        );
-        if let Some(d) = s["divergence"].as_object() {
-            line.push_str(&format!(
-                "  first divergence after {}: {} → {}",
-                d.get("iteration").unwrap_or(&Value::Null),
-                d.get("old").map_or("-".into(), Value::to_string),
-                d.get("new").map_or("-".into(), Value::to_string)
-            ));
-        }
-        if s["reproduced"] == false {
-            line.push_str("  (the recorded policy does not reproduce this end)");
-        }
-        out.push_str(&line);
+        out.push_str(&session_line(s));
         out.push('\n');
     }
+    out.push_str(&end_lines(doc));
+    out
+}
+
+/// One session's replay: its recorded and replayed ends and where they part.
+fn session_line(s: &Value) -> String {
+    let mut line = format!(
+        "{}  was {}  now {}  {}",
+        text(s, "id"),
+        end(&s["recorded"]),
+        end(&s["replayed"]),
+        text(s, "change"),
+    );
+    if let Some(d) = s["divergence"].as_object() {
+        line.push_str(&format!(
+            "  first divergence after {}: {} → {}",
+            d.get("iteration").unwrap_or(&Value::Null),
+            d.get("old").map_or("-".into(), Value::to_string),
+            d.get("new").map_or("-".into(), Value::to_string)
+        ));
+    }
+    if s["reproduced"] == false {
+        line.push_str("  (the recorded policy does not reproduce this end)");
+    }
+    line
+}
+
+/// The sessions left out and the totals.
+fn end_lines(doc: &Value) -> String {
+    let mut out = String::new();
     for s in doc["not_replayed"].as_array().into_iter().flatten() {
         out.push_str(&format!(
             "{}  not replayed: {}\n",
@@ -217,5 +295,37 @@ mod tests {
         );
         assert!(text.contains("b  not replayed: not_found"), "{text}");
         assert!(text.contains("completions cut short 1"), "{text}");
+    }
+
+    #[test]
+    fn streamed_lines_print_as_the_whole_answer_does() {
+        let session = json!({
+            "line": "session", "id": "a", "change": "same", "reproduced": true,
+            "recorded": {"status": "completed", "reason": "goal_achieved", "iterations": 4},
+            "replayed": {"status": "completed", "reason": "goal_achieved", "iterations": 4}
+        });
+        let end = json!({
+            "line": "end", "not_replayed": [{"id": "b", "why": "deadline"}],
+            "totals": {"sessions": 1, "earlier": 0, "later": 0, "same": 1, "tokens_saved": 0,
+                       "tokens_added": 0, "cost_saved_usd": "0", "cost_added_usd": "0",
+                       "completions_cut_short": 0, "reproduced": 1}
+        });
+        let whole = json!({
+            "sessions": [session.clone()], "not_replayed": end["not_replayed"].clone(),
+            "totals": end["totals"].clone()
+        });
+        let streamed = line_text(&session).expect("a session") + &line_text(&end).expect("an end");
+        assert_eq!(streamed, lines(&whole));
+        assert!(streamed.contains("b  not replayed: deadline"), "{streamed}");
+        let err = line_text(
+            &json!({"line": "error", "status": 503, "title": "Service Unavailable",
+                                    "detail": "the database is unreachable"}),
+        )
+        .expect_err("an error line fails");
+        assert!(
+            err.to_string().contains("the database is unreachable"),
+            "{err}"
+        );
+        assert!(line_text(&json!({"line": "other"})).is_err());
     }
 }

@@ -265,6 +265,21 @@ impl RequestSlot {
         drop((replica, tenant));
     }
 
+    /// Moves the slots this request holds into a hold of their own, kept
+    /// until it is dropped: for an answer computed after the handler
+    /// returns (a streamed replay), which the request limits would
+    /// otherwise stop counting once the headers are sent.
+    pub fn hand_over(&self) -> RequestSlot {
+        let (replica, tenant) = {
+            let mut held = self.held();
+            (held.replica.take(), held.tenant.take())
+        };
+        RequestSlot {
+            admission: self.admission.clone(),
+            held: Arc::new(Mutex::new(Held { replica, tenant })),
+        }
+    }
+
     /// Parks a claim of `caller`: a place among the parked claims (429 for
     /// the key's or the tenant's cap, 503 for the replica's), then the
     /// request's slots given back, so waiting holds nothing others need.

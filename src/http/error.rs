@@ -92,9 +92,10 @@ impl ApiError {
     }
 }
 
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        let problem = Problem {
+impl ApiError {
+    /// The problem document this error answers with.
+    pub fn problem(&self) -> Problem {
+        Problem {
             kind: "about:blank".into(),
             title: self
                 .status
@@ -102,9 +103,15 @@ impl IntoResponse for ApiError {
                 .unwrap_or("Error")
                 .to_string(),
             status: self.status.as_u16(),
-            detail: self.detail,
+            detail: self.detail.clone(),
             code: self.code.to_string(),
-        };
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let problem = self.problem();
         let mut response = (self.status, axum::Json(problem)).into_response();
         response.headers_mut().insert(
             header::CONTENT_TYPE,

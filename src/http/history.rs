@@ -378,7 +378,9 @@ impl History for Decisions {
 }
 
 /// Why the session stopped, paused or throttled: gate evaluations with
-/// their metrics, stuck verdicts, guardrail trips and status changes.
+/// their metrics, stuck verdicts, guardrail trips, status changes, and each
+/// change of the adaptive reflection interval with the inputs it was
+/// decided on (`reflection_interval_changed`).
 #[utoipa::path(
     get, path = "/api/autonomous/{id}/decisions", tag = "history",
     params(("id" = Uuid, Path, description = "Session id"), DecisionQuery),

@@ -1,27 +1,35 @@
 //! `POST /api/autonomous/replay`: policy replay (what-if) over ended
 //! sessions, reading only.
 
+use std::convert::Infallible;
 use std::time::Duration;
 
+use axum::body::{Body, Bytes};
 use axum::extract::State;
+use axum::http::{HeaderMap, header};
+use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Extension, Json, Router};
 use chrono::{DateTime, Utc};
-use serde::Deserialize;
+use futures::StreamExt;
+use serde::{Deserialize, Serialize};
+use tracing::Instrument;
 use utoipa::ToSchema;
 use uuid::Uuid;
 
 use super::AppState;
+use super::admission::RequestSlot;
 use super::error::{ApiError, ApiResult, Problem};
 use super::extract::ApiJson;
 use super::views::ExecutorKind;
 use crate::auth::Principal;
 use crate::policy::lifecycle::{Mode, Status};
 use crate::policy::replay::PolicyOverride;
-use crate::session::ServiceError;
 use crate::session::replay::{
-    DEFAULT_DEADLINE_MS, MAX_DEADLINE_MS, MAX_REPLAY_SESSIONS, ReplayAnswer, Selection,
+    DEFAULT_DEADLINE_MS, MAX_DEADLINE_MS, MAX_REPLAY_SESSIONS, ReplayAnswer, ReplayEnd, ReplayRun,
+    Selection, SessionReplay,
 };
+use crate::session::{ServiceError, SessionService};
 
 /// Sessions a filter selects when it names no limit.
 pub const DEFAULT_FILTER_LIMIT: u64 = 100;
@@ -117,6 +125,95 @@ fn selection(req: ReplayRequest) -> ApiResult<Selection> {
     }
 }
 
+/// The media type of a streamed replay: a JSON document per line.
+pub const NDJSON: &str = "application/x-ndjson";
+
+/// One line of a streamed replay (`Accept: application/x-ndjson`): a
+/// session's replay as it is computed, then the end (or, when the replay
+/// failed after it began, the problem); nothing follows those two.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(tag = "line", rename_all = "snake_case")]
+pub enum ReplayLine {
+    /// One session's replay, as the JSON answer's `sessions` hold it.
+    Session(Box<SessionReplay>),
+    /// The last line: the totals and the sessions left out, as in the JSON answer.
+    End(ReplayEnd),
+    /// The last line when the replay failed after it began.
+    Error(Problem),
+}
+
+/// Whether the request's `Accept` names the NDJSON stream.
+fn wants_ndjson(headers: &HeaderMap) -> bool {
+    headers
+        .get_all(header::ACCEPT)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|range| {
+            let mime = range.split(';').next().unwrap_or("").trim();
+            mime.eq_ignore_ascii_case(NDJSON)
+        })
+}
+
+/// `line` as one line of NDJSON.
+fn ndjson_line(line: &ReplayLine) -> Bytes {
+    let mut text = serde_json::to_vec(line).unwrap_or_else(|err| {
+        // Our own types always encode; should one not, the client learns it.
+        let problem = ApiError::internal(&err).problem();
+        serde_json::to_vec(&ReplayLine::Error(problem)).unwrap_or_default()
+    });
+    text.push(b'\n');
+    Bytes::from(text)
+}
+
+/// The streamed answer of `run`: a task replays it batch by batch (one
+/// pooled connection at a time, none between batches) and sends a line per
+/// session as it is computed, then the end. The task holds the request's
+/// slots until it ends, which the deadline bounds; it stops early when the
+/// client goes away. The lines are queued unbounded, which is bounded by
+/// the sessions a request may name: a client that reads slowly holds its
+/// lines, never a connection or a slot.
+fn stream_replay(
+    service: SessionService,
+    mut run: ReplayRun,
+    slot: Option<RequestSlot>,
+) -> Response {
+    let (tx, rx) = futures::channel::mpsc::unbounded::<Bytes>();
+    let task = async move {
+        let _slot = slot;
+        loop {
+            if tx.is_closed() {
+                return;
+            }
+            match service.replay_next(&mut run).await {
+                Ok(Some(batch)) => {
+                    for session in batch {
+                        let _ =
+                            tx.unbounded_send(ndjson_line(&ReplayLine::Session(Box::new(session))));
+                    }
+                }
+                Ok(None) => break,
+                Err(err) => {
+                    let problem = ApiError::from(err).problem();
+                    let _ = tx.unbounded_send(ndjson_line(&ReplayLine::Error(problem)));
+                    return;
+                }
+            }
+        }
+        let _ = tx.unbounded_send(ndjson_line(&ReplayLine::End(run.finish())));
+    };
+    tokio::spawn(task.instrument(tracing::Span::current()));
+    let body = Body::from_stream(rx.map(Ok::<_, Infallible>));
+    (
+        [
+            (header::CONTENT_TYPE, NDJSON),
+            (header::CACHE_CONTROL, "no-store"),
+        ],
+        body,
+    )
+        .into_response()
+}
+
 /// Replay a policy over ended sessions (what-if).
 ///
 /// Reruns the pure policy — guardrails, the continue gate, stuck
@@ -129,12 +226,21 @@ fn selection(req: ReplayRequest) -> ApiResult<Selection> {
 /// the totals. `reproduced` says the policy it ran with reproduces its
 /// recorded end. Sessions of another tenant read as `not_found`, running
 /// ones as `not_ended`; those the deadline leaves unread as `deadline`.
+/// With `Accept: application/x-ndjson` the answer streams: a line per
+/// session as it is replayed, then the totals; same bounds and deadline.
 /// See docs/guides/replay.md.
 #[utoipa::path(
     post, path = "/api/autonomous/replay", tag = "sessions",
     request_body = ReplayRequest,
     responses(
-        (status = 200, description = "Each session's replay and the totals", body = ReplayAnswer),
+        (status = 200, description = "Each session's replay and the totals (`ReplayAnswer`), or with \
+`Accept: application/x-ndjson` the same streamed as newline-delimited JSON: one `ReplayLine` per line, \
+`\"line\": \"session\"` for each session as it is replayed, then one `\"line\": \"end\"` with the \
+totals and the sessions left out (or `\"line\": \"error\"` with the problem, should the replay fail \
+after it began)", content(
+            (ReplayAnswer = "application/json"),
+            (ReplayLine = "application/x-ndjson"),
+        )),
         (status = 400, description = "Malformed JSON", body = Problem, content_type = "application/problem+json"),
         (status = 413, description = "Body too large", body = Problem, content_type = "application/problem+json"),
         (status = 415, description = "Not JSON", body = Problem, content_type = "application/problem+json"),
@@ -145,8 +251,10 @@ fn selection(req: ReplayRequest) -> ApiResult<Selection> {
 pub async fn replay_sessions(
     State(state): State<AppState>,
     Extension(caller): Extension<Principal>,
+    slot: Option<Extension<RequestSlot>>,
+    headers: HeaderMap,
     ApiJson(body): ApiJson<ReplayRequest>,
-) -> ApiResult<Json<ReplayAnswer>> {
+) -> ApiResult<Response> {
     let deadline = body.deadline_ms.unwrap_or(DEFAULT_DEADLINE_MS);
     if !(MIN_DEADLINE_MS..=MAX_DEADLINE_MS).contains(&deadline) {
         return Err(invalid(format!(
@@ -155,14 +263,75 @@ pub async fn replay_sessions(
     }
     let policy = body.policy;
     let selection = selection(body)?;
-    let answer = state
+    let deadline = Duration::from_millis(deadline);
+    let run = state
         .service
-        .replay_policy(
-            selection,
-            &policy,
-            Duration::from_millis(deadline),
-            &caller.scope,
-        )
+        .begin_replay(selection, policy, deadline, caller.scope)
         .await?;
-    Ok(Json(answer))
+    if wants_ndjson(&headers) {
+        let slot = slot.map(|Extension(slot)| slot.hand_over());
+        return Ok(stream_replay(state.service.clone(), run, slot));
+    }
+    Ok(Json(state.service.replay_rest(run).await?).into_response())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::replay::Totals;
+    use crate::session::replay::{NotReplayed, Skipped};
+
+    fn accept(values: &[&str]) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        for v in values {
+            headers.append(header::ACCEPT, v.parse().expect("a header value"));
+        }
+        headers
+    }
+
+    #[test]
+    fn only_an_accept_naming_ndjson_streams() {
+        assert!(wants_ndjson(&accept(&["application/x-ndjson"])));
+        assert!(wants_ndjson(&accept(&[
+            "application/json, Application/X-NDJSON; q=0.9"
+        ])));
+        assert!(wants_ndjson(&accept(&[
+            "text/html",
+            "application/x-ndjson"
+        ])));
+        assert!(!wants_ndjson(&accept(&[])));
+        assert!(!wants_ndjson(&accept(&["*/*"])));
+        assert!(!wants_ndjson(&accept(&["application/json"])));
+        assert!(!wants_ndjson(&accept(&["application/x-ndjsonx"])));
+    }
+
+    #[test]
+    fn a_line_is_one_json_object_tagged_with_what_it_is() {
+        let id = Uuid::from_u128(7);
+        let end = ReplayLine::End(ReplayEnd {
+            not_replayed: vec![NotReplayed {
+                id,
+                why: Skipped::Deadline,
+            }],
+            totals: Totals::default(),
+            took_ms: 3,
+        });
+        let bytes = ndjson_line(&end);
+        let text = std::str::from_utf8(&bytes).expect("UTF-8");
+        assert!(
+            text.ends_with('\n') && text.matches('\n').count() == 1,
+            "{text:?}"
+        );
+        let doc: serde_json::Value = serde_json::from_str(text).expect("JSON");
+        assert_eq!(doc["line"], "end");
+        assert_eq!(doc["not_replayed"][0]["why"], "deadline");
+        assert_eq!(doc["took_ms"], 3);
+        let problem = ApiError::bad_request("no").problem();
+        let doc: serde_json::Value =
+            serde_json::from_slice(&ndjson_line(&ReplayLine::Error(problem))).expect("JSON");
+        assert_eq!(
+            (doc["line"].as_str(), doc["status"].as_u64()),
+            (Some("error"), Some(400))
+        );
+    }
 }

@@ -204,14 +204,16 @@ impl Store {
             HistoryTable::Decisions => page!(
                 r#"SELECT seq AS "k1!", 0::bigint AS "k2!", row_to_json(t)::text AS "json!"
                    FROM events t WHERE session_id = $1 AND seq > $2::bigint AND $3::bigint IS NOT NULL
-                     AND kind IN ('gate_decision', 'stuck_detected', 'guardrail_tripped', 'status_changed')
+                     AND kind IN ('gate_decision', 'stuck_detected', 'guardrail_tripped', 'status_changed',
+                                'reflection_interval_changed')
                      AND EXISTS (SELECT 1 FROM sessions s WHERE s.id = $1 AND ($5::text IS NULL OR s.tenant = $5))
                    ORDER BY seq LIMIT $4"#
             ),
             HistoryTable::Events => page!(
                 r#"SELECT seq AS "k1!", 0::bigint AS "k2!", row_to_json(t)::text AS "json!"
                    FROM events t WHERE session_id = $1 AND seq > $2::bigint AND $3::bigint IS NOT NULL
-                     AND kind NOT IN ('gate_decision', 'stuck_detected', 'guardrail_tripped', 'status_changed')
+                     AND kind NOT IN ('gate_decision', 'stuck_detected', 'guardrail_tripped', 'status_changed',
+                                'reflection_interval_changed')
                      AND EXISTS (SELECT 1 FROM sessions s WHERE s.id = $1 AND ($5::text IS NULL OR s.tenant = $5))
                    ORDER BY seq LIMIT $4"#
             ),

@@ -108,7 +108,8 @@ impl Store {
             EventRecord,
             "SELECT seq, kind, data, created_at, actor FROM events
              WHERE session_id = $1 AND seq > $2
-               AND kind IN ('gate_decision', 'stuck_detected', 'guardrail_tripped', 'status_changed')
+               AND kind IN ('gate_decision', 'stuck_detected', 'guardrail_tripped', 'status_changed',
+                                'reflection_interval_changed')
                AND ($4 OR NOT (kind = 'gate_decision' AND data->'decision'->>'decision' = 'continue'))
                AND EXISTS (SELECT 1 FROM sessions s WHERE s.id = $1 AND ($5::text IS NULL OR s.tenant = $5))
              ORDER BY seq LIMIT $3",

@@ -84,6 +84,10 @@ pub const DOWNS: &[(i64, &str)] = &[
         37,
         include_str!("../../migrations/down/0037_session_forks_index.sql"),
     ),
+    (
+        38,
+        include_str!("../../migrations/down/0038_interval_decisions.sql"),
+    ),
 ];
 
 /// The key of the advisory lock that `migrate --down-to` holds, so two

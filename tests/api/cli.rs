@@ -342,6 +342,15 @@ async fn replay_says_where_each_session_would_have_ended() {
         "{text}"
     );
     assert!(text.contains("1 sessions: 1 earlier"), "{text}");
+    // Streamed, line for line the same text.
+    let streamed = ok(&warden(&app, &["replay", &id, "--max-iterations", "2", "--stream"]).await);
+    assert_eq!(streamed, text);
+    let lines = ok(&warden(&app, &["replay", &id, "--stream", "--json"]).await);
+    let kinds: Vec<Value> = lines
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).expect("a JSON line")["line"].clone())
+        .collect();
+    assert_eq!(kinds, vec![json!("session"), json!("end")], "{lines}");
     let doc: Value = serde_json::from_str(&ok(&warden(
         &app,
         &["replay", "--status", "stopped", "--json"],

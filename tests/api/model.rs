@@ -409,6 +409,15 @@ async fn reflection_yes_completes_and_intervals_adapt() {
     assert_eq!(change["after_iteration"], 10);
     assert_eq!(change["inputs"]["progress"], "STUCK");
     assert_eq!(change["inputs"]["percent_now"], 30.0);
+    // And it is listed among the session's decisions, inputs and all.
+    let decided: Vec<Value> = app
+        .decisions(&id)
+        .await
+        .into_iter()
+        .filter(|e| e["kind"] == "reflection_interval_changed")
+        .collect();
+    assert_eq!(decided, changes, "the decisions list the change as logged");
+    assert_eq!(decided[0]["data"]["inputs"]["progress"], "STUCK");
     assert_eq!(s["tokens_by_source"]["reflection"], 100);
     assert!(s["reflection_share"].as_f64().unwrap() > 0.0);
     assert_eq!(s["percent_complete"], 100.0);

@@ -47,6 +47,59 @@ async fn replay(app: &TestApp, client: &reqwest::Client, body: Value) -> (Status
     (status, res.json().await.unwrap_or(Value::Null))
 }
 
+/// The replay streamed (`Accept: application/x-ndjson`): the status and
+/// each line, parsed; a problem document as the only "line" of an error.
+async fn replay_lines(
+    app: &TestApp,
+    client: &reqwest::Client,
+    body: Value,
+) -> (StatusCode, Vec<Value>) {
+    let res = client
+        .post(app.url("/api/autonomous/replay"))
+        .header("accept", "application/x-ndjson")
+        .json(&body)
+        .send()
+        .await
+        .expect("sent");
+    let status = res.status();
+    let media = res
+        .headers()
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_string();
+    let text = res.text().await.expect("the whole stream");
+    if !status.is_success() {
+        return (
+            status,
+            vec![serde_json::from_str(&text).unwrap_or(Value::Null)],
+        );
+    }
+    assert_eq!(media, "application/x-ndjson", "{text}");
+    assert!(text.ends_with('\n'), "every line ends: {text:?}");
+    let lines = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l:?} is JSON: {e}")))
+        .collect();
+    (status, lines)
+}
+
+/// A streamed replay split: its session lines and its end line (the last
+/// line, and the only one that is not a session's), each without `line`.
+fn split(lines: &[Value]) -> (Vec<Value>, Value) {
+    let without = |l: &Value| {
+        let mut l = l.clone();
+        l.as_object_mut().expect("an object").remove("line");
+        l
+    };
+    let (last, sessions) = lines.split_last().expect("at least the end line");
+    assert_eq!(last["line"], "end", "the last line is the end: {lines:?}");
+    for l in sessions {
+        assert_eq!(l["line"], "session", "{lines:?}");
+    }
+    (sessions.iter().map(without).collect(), without(last))
+}
+
 fn end(doc: &Value) -> (Value, Value, Value) {
     (
         doc["status"].clone(),
@@ -232,10 +285,29 @@ async fn another_tenants_sessions_are_not_replayed() {
     // Nor through a filter.
     let (_, doc) = replay(&app, &intruder, json!({ "filter": {} })).await;
     assert_eq!(doc["totals"]["sessions"], 0, "{doc}");
-    // Its own tenant replays it.
-    let (status, doc) = replay(&app, &victim, body).await;
+    // Streamed, the same: nothing of another tenant's, by id or filter.
+    let (status, lines) = replay_lines(&app, &intruder, body.clone()).await;
+    assert_eq!(status, StatusCode::OK, "{lines:?}");
+    let (sessions, end) = split(&lines);
+    assert!(sessions.is_empty(), "{lines:?}");
+    assert_eq!(
+        end["not_replayed"],
+        json!([{ "id": id, "why": "not_found" }])
+    );
+    let (_, lines) = replay_lines(&app, &intruder, json!({ "filter": {} })).await;
+    let (sessions, end) = split(&lines);
+    assert!(sessions.is_empty(), "{lines:?}");
+    assert_eq!(end["totals"]["sessions"], 0, "{end}");
+    // And no stream without a key.
+    let (status, _) = replay_lines(&app, &reqwest::Client::new(), body.clone()).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    // Its own tenant replays it, whole or streamed.
+    let (status, doc) = replay(&app, &victim, body.clone()).await;
     assert_eq!(status, StatusCode::OK, "{doc}");
     assert_eq!(doc["sessions"][0]["reproduced"], true, "{doc}");
+    let (_, lines) = replay_lines(&app, &victim, body).await;
+    let (sessions, _) = split(&lines);
+    assert_eq!(json!(sessions), doc["sessions"]);
 }
 
 #[tokio::test]
@@ -275,4 +347,132 @@ async fn running_sessions_and_bad_requests_are_refused_clearly() {
             "{body}: {doc}"
         );
     }
+}
+
+#[tokio::test]
+async fn a_streamed_replay_has_the_json_answers_sessions_and_totals() {
+    let app = TestApp::start().await;
+    let capped = ended(&app, steps(12, false), json!({ "max_iterations": 10 })).await;
+    let done = ended(&app, steps(8, true), json!({ "max_iterations": 10 })).await;
+    let early = ended(&app, steps(3, true), json!({})).await;
+    let running = app
+        .create_scripted(json!([{ "action": "a", "delay_ms": 600_000 }]), json!({}))
+        .await;
+    let missing = uuid::Uuid::new_v4().to_string();
+    let body = json!({
+        "session_ids": [capped, missing, done, running, early],
+        "policy": { "limits": { "max_iterations": 6 } }
+    });
+    let (status, whole) = replay(&app, &app.client, body.clone()).await;
+    assert_eq!(status, StatusCode::OK, "{whole}");
+    let (status, lines) = replay_lines(&app, &app.client, body).await;
+    assert_eq!(status, StatusCode::OK, "{lines:?}");
+    let (sessions, end) = split(&lines);
+    // Line for line what the JSON answer holds, in the same order.
+    assert_eq!(json!(sessions), whole["sessions"]);
+    assert_eq!(sessions.len(), 3, "{whole}");
+    assert_eq!(end["totals"], whole["totals"]);
+    assert_eq!(end["not_replayed"], whole["not_replayed"]);
+    assert_eq!(
+        end["not_replayed"],
+        json!([{ "id": missing, "why": "not_found" }, { "id": running, "why": "not_ended" }])
+    );
+    assert_eq!(end["totals"]["earlier"], 2, "{end}");
+    assert!(end["took_ms"].is_u64(), "{end}");
+    // Through a filter too.
+    let body = json!({ "filter": { "status": "completed" }, "policy": { "limits": { "max_iterations": 6 } } });
+    let (_, whole) = replay(&app, &app.client, body.clone()).await;
+    let (_, lines) = replay_lines(&app, &app.client, body).await;
+    let (sessions, end) = split(&lines);
+    assert_eq!(json!(sessions), whole["sessions"]);
+    assert_eq!(end["totals"], whole["totals"]);
+    assert_eq!(end["totals"]["sessions"], 2, "{end}");
+    // A bad request is refused before the stream starts, as without it.
+    let (status, lines) =
+        replay_lines(&app, &app.client, json!({ "filter": {}, "deadline_ms": 1 })).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{lines:?}");
+    assert!(
+        lines[0]["detail"]
+            .as_str()
+            .unwrap_or("")
+            .contains("deadline_ms"),
+        "{lines:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_short_deadline_ends_the_stream_naming_the_unread() {
+    let app = TestApp::start().await;
+    let a = ended(&app, steps(2, true), json!({})).await;
+    let b = ended(&app, steps(3, true), json!({})).await;
+    // The replay's read of the sessions' reflections waits on this lock
+    // until well after its deadline: none of them is replayed in time.
+    let mut lock = app.pool().begin().await.expect("a transaction");
+    sqlx::query("LOCK TABLE reflections IN ACCESS EXCLUSIVE MODE")
+        .execute(&mut *lock)
+        .await
+        .expect("locked");
+    let deadline_ms = 100;
+    let streamed = {
+        let (client, url) = (app.client.clone(), app.url("/api/autonomous/replay"));
+        let body = json!({ "session_ids": [a, b], "deadline_ms": deadline_ms });
+        tokio::spawn(async move {
+            let res = client
+                .post(url)
+                .header("accept", "application/x-ndjson")
+                .json(&body)
+                .send()
+                .await
+                .expect("sent");
+            (res.status(), res.text().await.expect("the whole stream"))
+        })
+    };
+    if common::embedded() {
+        // One connection, held here: the replay cannot read anything, and
+        // is seen waiting by nothing but time.
+        tokio::time::sleep(Duration::from_millis(1_500)).await;
+    } else {
+        let pool = app.pool().clone();
+        common::eventually(
+            Duration::from_secs(20),
+            "the replay waits on the lock",
+            || {
+                let pool = pool.clone();
+                async move {
+                    sqlx::query_scalar::<_, i64>(
+                        "SELECT count(*) FROM pg_stat_activity
+                     WHERE datname = current_database() AND wait_event_type = 'Lock'
+                       AND query LIKE '%FROM reflections r JOIN sessions s%'",
+                    )
+                    .fetch_one(&pool)
+                    .await
+                    .is_ok_and(|n| n > 0)
+                }
+            },
+        )
+        .await;
+        // It began before it waited: past this, its deadline has passed.
+        tokio::time::sleep(Duration::from_millis(2 * deadline_ms)).await;
+    }
+    lock.commit().await.expect("released");
+    let (status, text) = streamed.await.expect("joined");
+    assert_eq!(status, StatusCode::OK, "{text}");
+    let lines: Vec<Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("JSON"))
+        .collect();
+    let (sessions, end) = split(&lines);
+    assert_eq!(sessions, Vec::<Value>::new(), "none replayed in time");
+    assert_eq!(
+        end["not_replayed"],
+        json!([{ "id": a, "why": "deadline" }, { "id": b, "why": "deadline" }])
+    );
+    assert_eq!(end["totals"]["sessions"], 0, "{end}");
+    assert!(end["took_ms"].as_u64().unwrap_or(0) >= deadline_ms, "{end}");
+    // Without the lock the same request replays both.
+    let body = json!({ "session_ids": [a, b], "deadline_ms": 10_000 });
+    let (_, lines) = replay_lines(&app, &app.client, body).await;
+    let (sessions, end) = split(&lines);
+    assert_eq!(sessions.len(), 2, "{lines:?}");
+    assert_eq!(end["not_replayed"], json!([]));
 }

@@ -47,7 +47,7 @@ pub enum Skipped {
     NotFound,
     /// It has not ended (running, queued, awaiting refinement).
     NotEnded,
-    /// The request's deadline passed before it was read.
+    /// The request's deadline passed before it was replayed.
     Deadline,
 }
 
@@ -83,6 +83,51 @@ pub struct ReplayAnswer {
     pub took_ms: u64,
 }
 
+/// How a replay ended: its answer but the sessions (a streamed replay's last line).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct ReplayEnd {
+    /// Those left out, and why.
+    pub not_replayed: Vec<NotReplayed>,
+    /// What the replays add up to.
+    pub totals: Totals,
+    /// Time the replay took, ms.
+    pub took_ms: u64,
+}
+
+/// A replay under way: the ended sessions it has yet to read, batch by
+/// batch, and what those read so far add up to. Holds no connection
+/// between batches.
+#[derive(Debug)]
+pub struct ReplayRun {
+    started: Instant,
+    deadline: Duration,
+    policy: PolicyOverride,
+    scope: TenantScope,
+    /// Ended sessions to replay, in order.
+    ended: Vec<Uuid>,
+    /// How many of `ended` have been read.
+    read: usize,
+    not_replayed: Vec<NotReplayed>,
+    totals: Totals,
+}
+
+impl ReplayRun {
+    /// What the replay adds up to, with every session it did not read
+    /// named; those left when the deadline passed as `deadline`.
+    pub fn finish(mut self) -> ReplayEnd {
+        let left = self.ended[self.read..].iter();
+        self.not_replayed.extend(left.map(|&id| NotReplayed {
+            id,
+            why: Skipped::Deadline,
+        }));
+        ReplayEnd {
+            not_replayed: self.not_replayed,
+            totals: self.totals,
+            took_ms: u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX),
+        }
+    }
+}
+
 /// The state `session` started with: the row's checklists as none is
 /// ticked yet, and the context cycle before the first recorded change of it
 /// (the row holds the latest; each change moves on by one).
@@ -108,6 +153,37 @@ impl SessionService {
         deadline: Duration,
         scope: &TenantScope,
     ) -> Result<ReplayAnswer> {
+        let run = self
+            .begin_replay(selection, *policy, deadline, scope.clone())
+            .await?;
+        self.replay_rest(run).await
+    }
+
+    /// Reads and replays the rest of `run` and answers it whole.
+    pub async fn replay_rest(&self, mut run: ReplayRun) -> Result<ReplayAnswer> {
+        let mut sessions = Vec::new();
+        while let Some(batch) = self.replay_next(&mut run).await? {
+            sessions.extend(batch);
+        }
+        let end = run.finish();
+        Ok(ReplayAnswer {
+            sessions,
+            not_replayed: end.not_replayed,
+            totals: end.totals,
+            took_ms: end.took_ms,
+        })
+    }
+
+    /// Starts a replay of the sessions `selection` names that `scope`
+    /// reaches under `policy`, within `deadline` from now: checks the
+    /// policy, then reads which of them have ended. Reads only.
+    pub async fn begin_replay(
+        &self,
+        selection: Selection,
+        policy: PolicyOverride,
+        deadline: Duration,
+        scope: TenantScope,
+    ) -> Result<ReplayRun> {
         let started = Instant::now();
         // Refused before anything is read: the ranges do not depend on the session.
         let defaults = self.config.defaults.limits_for(self.config.defaults.mode);
@@ -116,26 +192,43 @@ impl SessionService {
             self.config.stuck,
             defaults,
         ))?;
-        let mut answer = ReplayAnswer {
-            sessions: Vec::new(),
-            not_replayed: Vec::new(),
+        let mut not_replayed = Vec::new();
+        let ended = self.select(selection, &scope, &mut not_replayed).await?;
+        Ok(ReplayRun {
+            started,
+            deadline,
+            policy,
+            scope,
+            ended,
+            read: 0,
+            not_replayed,
             totals: Totals::default(),
-            took_ms: 0,
-        };
-        let ids = self.select(selection, scope, &mut answer).await?;
-        for (n, chunk) in ids.chunks(BATCH).enumerate() {
-            if started.elapsed() >= deadline {
-                let left = ids[n * BATCH..].iter();
-                answer.not_replayed.extend(left.map(|&id| NotReplayed {
-                    id,
-                    why: Skipped::Deadline,
-                }));
+        })
+    }
+
+    /// The next batch of `run`'s sessions, replayed (those deleted
+    /// meanwhile are named in `run`); `None` once every session is read or
+    /// the deadline has passed. The deadline is looked at before each
+    /// session too, so a batch whose read ran late stops where it is. Each
+    /// read takes one pooled connection and gives it back.
+    pub async fn replay_next(&self, run: &mut ReplayRun) -> Result<Option<Vec<SessionReplay>>> {
+        if run.read >= run.ended.len() || run.started.elapsed() >= run.deadline {
+            return Ok(None);
+        }
+        let end = (run.read + BATCH).min(run.ended.len());
+        let ids = run.ended[run.read..end].to_vec();
+        let mut rows = self.store.replay_rows(&ids, &run.scope).await?;
+        let mut replayed = Vec::with_capacity(ids.len());
+        for id in ids {
+            if run.started.elapsed() >= run.deadline {
                 break;
             }
-            self.replay_batch(chunk, policy, scope, &mut answer).await?;
+            run.read += 1;
+            if let Some(session) = self.replay_one(id, &mut rows, run).await? {
+                replayed.push(session);
+            }
         }
-        answer.took_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
-        Ok(answer)
+        Ok(Some(replayed))
     }
 
     /// The ended sessions of `selection`, in order; the others go to `not_replayed`.
@@ -143,7 +236,7 @@ impl SessionService {
         &self,
         selection: Selection,
         scope: &TenantScope,
-        answer: &mut ReplayAnswer,
+        not_replayed: &mut Vec<NotReplayed>,
     ) -> Result<Vec<Uuid>> {
         let sessions: Vec<(Uuid, Option<Status>)> = match selection {
             Selection::Ids(ids) => {
@@ -170,12 +263,12 @@ impl SessionService {
         let mut ended = Vec::with_capacity(sessions.len());
         for (id, status) in sessions {
             match status {
-                None => answer.not_replayed.push(NotReplayed {
+                None => not_replayed.push(NotReplayed {
                     id,
                     why: Skipped::NotFound,
                 }),
                 Some(s) if s.has_ended() || s == Status::Paused => ended.push(id),
-                Some(_) => answer.not_replayed.push(NotReplayed {
+                Some(_) => not_replayed.push(NotReplayed {
                     id,
                     why: Skipped::NotEnded,
                 }),
@@ -184,32 +277,28 @@ impl SessionService {
         Ok(ended)
     }
 
-    /// Reads and replays one batch of ended sessions.
-    async fn replay_batch(
+    /// Replays session `id` of `run` from `rows`; `None` (and named in
+    /// `run`) when it is gone.
+    async fn replay_one(
         &self,
-        ids: &[Uuid],
-        policy: &PolicyOverride,
-        scope: &TenantScope,
-        answer: &mut ReplayAnswer,
-    ) -> Result<()> {
-        let mut rows = self.store.replay_rows(ids, scope).await?;
-        for &id in ids {
-            // Read again under the scope: it may have been deleted meanwhile.
-            let Some(session) = self.store.session(id, scope).await? else {
-                answer.not_replayed.push(NotReplayed {
-                    id,
-                    why: Skipped::NotFound,
-                });
-                continue;
-            };
-            let base = Policy::recorded(self.config.gate, self.config.stuck, session.limits.0);
-            let over = policy.apply(&base).map_err(ServiceError::from)?;
-            let recording = self.recording(&session, &mut rows);
-            let outcome = replay::replay(&recording, &base, &over);
-            answer.totals.add(&outcome);
-            answer.sessions.push(SessionReplay { id, outcome });
-        }
-        Ok(())
+        id: Uuid,
+        rows: &mut ReplayRows,
+        run: &mut ReplayRun,
+    ) -> Result<Option<SessionReplay>> {
+        // Read again under the scope: it may have been deleted meanwhile.
+        let Some(session) = self.store.session(id, &run.scope).await? else {
+            run.not_replayed.push(NotReplayed {
+                id,
+                why: Skipped::NotFound,
+            });
+            return Ok(None);
+        };
+        let base = Policy::recorded(self.config.gate, self.config.stuck, session.limits.0);
+        let over = run.policy.apply(&base).map_err(ServiceError::from)?;
+        let recording = self.recording(&session, rows);
+        let outcome = replay::replay(&recording, &base, &over);
+        run.totals.add(&outcome);
+        Ok(Some(SessionReplay { id, outcome }))
     }
 
     /// What a replay reads of `session`, taken out of `rows`.

@@ -818,6 +818,21 @@ fn path_bounds(out: &mut Vec<Bound>) {
     ));
 }
 
+/// The goal filter `q` of the list, the counts and a replay's filter (the
+/// list's, in a body): at most 200 characters, no control characters.
+fn goal_filter_bounds(out: &mut Vec<Bound>) {
+    let list = ["/api/autonomous", "/api/autonomous/counts"]
+        .map(|path| format!("{}/q", query_parameters(path)));
+    for q in list.into_iter().chain([prop("ReplayFilter", "q")]) {
+        out.push((
+            q.clone(),
+            "maxLength",
+            super::views::MAX_GOAL_FILTER_CHARS.into(),
+        ));
+        out.push((q, "pattern", super::views::GOAL_FILTER_PATTERN.into()));
+    }
+}
+
 fn query_bounds(out: &mut Vec<Bound>) {
     // `decode_cursor`: the position (micros since the epoch, at most 18
     // digits, so within Postgres' range; or a cost, with up to 16 decimal
@@ -873,23 +888,7 @@ fn query_bounds(out: &mut Vec<Bound>) {
         "pattern",
         crate::policy::approval::TOOL_RULE_PATTERN.into(),
     ));
-    for path in ["/api/autonomous", "/api/autonomous/counts"] {
-        let q = format!("{}/q", query_parameters(path));
-        out.push((
-            q.clone(),
-            "maxLength",
-            super::views::MAX_GOAL_FILTER_CHARS.into(),
-        ));
-        out.push((q, "pattern", super::views::GOAL_FILTER_PATTERN.into()));
-    }
-    // A replay's filter is the list's, in a body.
-    let q = prop("ReplayFilter", "q");
-    out.push((
-        q.clone(),
-        "maxLength",
-        super::views::MAX_GOAL_FILTER_CHARS.into(),
-    ));
-    out.push((q, "pattern", super::views::GOAL_FILTER_PATTERN.into()));
+    goal_filter_bounds(out);
     for (path, max) in [
         ("/api/autonomous", MAX_LIST_LIMIT),
         ("/api/autonomous/approvals", MAX_LIST_LIMIT),

@@ -401,6 +401,7 @@ async fn a_streamed_replay_has_the_json_answers_sessions_and_totals() {
 }
 
 #[tokio::test]
+#[ignore = "needs a Postgres server: the replay is seen waiting on the lock through a second connection (the embedded store has one)"]
 async fn a_short_deadline_ends_the_stream_naming_the_unread() {
     let app = TestApp::start().await;
     let a = ended(&app, steps(2, true), json!({})).await;
@@ -427,33 +428,27 @@ async fn a_short_deadline_ends_the_stream_naming_the_unread() {
             (res.status(), res.text().await.expect("the whole stream"))
         })
     };
-    if common::embedded() {
-        // One connection, held here: the replay cannot read anything, and
-        // is seen waiting by nothing but time.
-        tokio::time::sleep(Duration::from_millis(1_500)).await;
-    } else {
-        let pool = app.pool().clone();
-        common::eventually(
-            Duration::from_secs(20),
-            "the replay waits on the lock",
-            || {
-                let pool = pool.clone();
-                async move {
-                    sqlx::query_scalar::<_, i64>(
-                        "SELECT count(*) FROM pg_stat_activity
-                     WHERE datname = current_database() AND wait_event_type = 'Lock'
-                       AND query LIKE '%FROM reflections r JOIN sessions s%'",
-                    )
-                    .fetch_one(&pool)
-                    .await
-                    .is_ok_and(|n| n > 0)
-                }
-            },
-        )
-        .await;
-        // It began before it waited: past this, its deadline has passed.
-        tokio::time::sleep(Duration::from_millis(2 * deadline_ms)).await;
-    }
+    let pool = app.pool().clone();
+    common::eventually(
+        Duration::from_secs(20),
+        "the replay waits on the lock",
+        || {
+            let pool = pool.clone();
+            async move {
+                sqlx::query_scalar::<_, i64>(
+                    "SELECT count(*) FROM pg_stat_activity
+                 WHERE datname = current_database() AND wait_event_type = 'Lock'
+                   AND query LIKE '%FROM reflections r JOIN sessions s%'",
+                )
+                .fetch_one(&pool)
+                .await
+                .is_ok_and(|n| n > 0)
+            }
+        },
+    )
+    .await;
+    // It began before it waited: past this, its deadline has passed.
+    tokio::time::sleep(Duration::from_millis(2 * deadline_ms)).await;
     lock.commit().await.expect("released");
     let (status, text) = streamed.await.expect("joined");
     assert_eq!(status, StatusCode::OK, "{text}");

@@ -400,21 +400,28 @@ fn threshold_bounds(out: &mut Vec<Bound>) {
         min,
         max,
     ));
-    let tenant = prop("ApplyThresholdRequest", "tenant");
-    out.extend([
-        (tenant.clone(), "minLength", 1.into()),
-        (
-            tenant.clone(),
-            "maxLength",
-            crate::auth::MAX_TENANT_CHARS.into(),
-        ),
-        (tenant, "pattern", crate::auth::TENANT_PATTERN.into()),
-        (
-            prop("ApplyThresholdRequest", "note"),
-            "maxLength",
-            crate::policy::insights::MAX_NOTE_CHARS.into(),
-        ),
-    ]);
+    // The apply's tenant, and the log's `?tenant=` (checked, unlike the
+    // lists', which a tenant name of no one matches nothing of).
+    let changes = format!(
+        "{}/tenant",
+        query_parameters("/api/insights/thresholds/changes")
+    );
+    for tenant in [prop("ApplyThresholdRequest", "tenant"), changes] {
+        out.extend([
+            (tenant.clone(), "minLength", 1.into()),
+            (
+                tenant.clone(),
+                "maxLength",
+                crate::auth::MAX_TENANT_CHARS.into(),
+            ),
+            (tenant, "pattern", crate::auth::TENANT_PATTERN.into()),
+        ]);
+    }
+    out.extend([(
+        prop("ApplyThresholdRequest", "note"),
+        "maxLength",
+        crate::policy::insights::MAX_NOTE_CHARS.into(),
+    )]);
 }
 
 /// Bounds of a policy replay: its sessions, deadline and override ranges.

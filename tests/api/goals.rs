@@ -383,8 +383,12 @@ async fn context_cycles_carry_memory_and_tasks_across_a_restart() {
         }))
         .await;
     let id = created["id"].as_str().unwrap().to_string();
+    // The new cycle begins just after the sixth step commits; the seventh
+    // (slow) request keeps the count at 6 meanwhile.
     let s = first
-        .wait_until(&id, Duration::from_secs(10), |s| s["iterations"] == 6)
+        .wait_until(&id, Duration::from_secs(10), |s| {
+            s["iterations"] == 6 && s["cycle"] == 2
+        })
         .await;
     assert_eq!(s["cycle"], 2);
     assert!(s["memory_chars"].as_u64().unwrap() > 0);

@@ -25,9 +25,11 @@ pub fn router() -> Router<AppState> {
 /// similar goals (TF-IDF cosine of goal and success criteria). `basis` says
 /// what the figures rest on: `similar_goals`, `same_executor` (too few
 /// similar goals), or `none` (fewer than 5 such sessions: the figures are
-/// the session's limits, not a prediction). The body is checked exactly as
-/// a create checks it, so a request a create would refuse is refused here
-/// with the same answer. Nothing is created.
+/// the session's limits, not a prediction). The goal, the limits, the
+/// executor's shape and the request's own rules (`confirm_if_over` not
+/// with `subgoals`) are checked as a create checks them; whether the server
+/// can run the executor (a default model, an allowed URL) is not (a
+/// create's `dry_run` checks everything). Nothing is created.
 #[utoipa::path(
     post, path = "/api/autonomous/estimate", tag = "sessions",
     request_body = CreateSession,
@@ -35,9 +37,8 @@ pub fn router() -> Router<AppState> {
         (status = 200, description = "The estimate and its basis", body = EstimateAnswer),
         (status = 400, description = "Malformed JSON", body = Problem, content_type = "application/problem+json"),
         (status = 413, description = "Body too large", body = Problem, content_type = "application/problem+json"),
-        (status = 403, description = "The executor's URL is refused by the outbound-request policy (code `egress_denied`)", body = Problem, content_type = "application/problem+json"),
         (status = 415, description = "Not JSON", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "What a create would refuse: an unknown field, a wrong type, an empty or ambiguous goal, an out-of-range limit, a bad executor, `confirm_if_over` with subgoals", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "An unknown field, a wrong type, an empty or ambiguous goal, an out-of-range limit, a malformed executor, a bad `confirm_if_over`, or `confirm_if_over` with subgoals", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "The database is unreachable; retry", body = Problem, content_type = "application/problem+json"),
     )
 )]
@@ -47,5 +48,5 @@ pub async fn estimate_session(
     ApiJson(body): ApiJson<CreateSession>,
 ) -> ApiResult<Json<EstimateAnswer>> {
     let tenant = super::sessions::new_session_tenant(&caller)?;
-    Ok(Json(state.service.dry_run(body, tenant).await?))
+    Ok(Json(state.service.estimate_draft(&body, tenant).await?))
 }

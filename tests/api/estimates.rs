@@ -103,8 +103,8 @@ async fn an_estimate_checks_its_body_like_a_create() {
         json!({ "goal": "Do it", "limits": { "max_iterations": 0 },
                 "executor": { "kind": "scripted", "steps": [{ "action": "a" }] } }),
         json!({ "goal": "Do it", "executor": { "kind": "scripted", "steps": [] }, "nonsense": 1 }),
-        // What only the create's checks catch: an executor with nothing to
-        // run, and a confirmation bound on a goal split into subgoals.
+        // The executor's shape, and the request's own rule: a
+        // confirmation bound on a goal split into subgoals.
         json!({ "goal": "Do it", "executor": { "kind": "scripted", "steps": [] } }),
         json!({ "goal": "Do it", "confirm_if_over": { "cost_usd": "1" },
                 "subgoals": ["First half", "Second half"],
@@ -125,6 +125,21 @@ async fn an_estimate_checks_its_body_like_a_create() {
             .expect("sent");
         assert_eq!(created.status(), status, "the create answers alike: {bad}");
     }
+    // Whether the server can run the executor is the create's (and its dry
+    // run's) to say: an llm executor with no model where none is configured.
+    let draft = json!({ "goal": "Do it", "executor": { "kind": "llm" } });
+    let (status, answer) = estimate(&app.client, &app, &draft).await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    let mut dry = draft.clone();
+    dry["dry_run"] = json!(true);
+    let res = app
+        .client
+        .post(app.url("/api/autonomous"))
+        .json(&dry)
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(res.status(), StatusCode::UNPROCESSABLE_ENTITY);
 }
 
 #[tokio::test]

@@ -7,7 +7,7 @@ use std::time::Instant;
 use uuid::Uuid;
 
 use super::SessionService;
-use super::create_request::{CreateSession, IdempotencyKey, NewRequest};
+use super::create_request::{CONFIRM_WITH_SUBGOALS, CreateSession, IdempotencyKey, NewRequest};
 use super::estimate::EstimateAnswer;
 use super::fork_seed::ForkSeed;
 use super::preflight::Preflight;
@@ -178,6 +178,34 @@ impl SessionService {
         let request = self.validate_create(req, tenant_max_iterations(&defaults))?;
         self.vet_executor(&request, tenant).await?;
         self.estimate(&request.req, &request.limits, tenant).await
+    }
+
+    /// The estimate of a create still being written (`POST
+    /// /api/autonomous/estimate`, the dashboard's as-you-type line): the
+    /// goal, the limits (the tenant's applied ones included), the
+    /// executor's shape and the request's own rules are checked; whether
+    /// the server can run the executor (a default model, an allowed URL,
+    /// its tools) is left to the create and its dry run.
+    pub async fn estimate_draft(
+        &self,
+        req: &CreateSession,
+        tenant: &str,
+    ) -> Result<EstimateAnswer> {
+        // The executor's own shape, as its schema states it; not whether
+        // the server can run it (a default model, an allowed URL).
+        req.executor.validate().map_err(ServiceError::Invalid)?;
+        if req.confirm_if_over.is_some() && !req.subgoals.is_empty() {
+            return Err(ServiceError::Invalid(CONFIRM_WITH_SUBGOALS.into()));
+        }
+        if let Some(confirm) = &req.confirm_if_over {
+            confirm.check().map_err(ServiceError::Invalid)?;
+        }
+        let defaults = self.store.tenant_session_defaults(tenant).await?;
+        let mode = req.mode.unwrap_or(self.config.defaults.mode);
+        let limits = self
+            .base_limits(mode, tenant_max_iterations(&defaults))
+            .for_create(&req.limits)?;
+        self.estimate(req, &limits, tenant).await
     }
 
     /// What a create with `confirm_if_over` waits on, when its estimate's

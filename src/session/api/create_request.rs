@@ -207,6 +207,10 @@ fn split_tasks(
         .collect()
 }
 
+/// Why a create may not both wait for confirmation and split its goal.
+pub(super) const CONFIRM_WITH_SUBGOALS: &str =
+    "confirm_if_over cannot be combined with subgoals: a split goal starts its children at once";
+
 impl SessionService {
     /// Validate: the goal, the executor, the checklists and the limits
     /// (over the server's defaults, with `tenant_max_iterations`, the
@@ -263,9 +267,7 @@ impl SessionService {
             .map(|c| c.check().map_err(ServiceError::Invalid))
             .transpose()?;
         if confirm.is_some() && !split.is_empty() {
-            return Err(ServiceError::Invalid(
-                "confirm_if_over cannot be combined with subgoals: a split goal starts its children at once".into(),
-            ));
+            return Err(ServiceError::Invalid(CONFIRM_WITH_SUBGOALS.into()));
         }
         let planner = self.planner();
         if req.generate_criteria && planner.is_none() {

@@ -400,23 +400,28 @@ fn threshold_bounds(out: &mut Vec<Bound>) {
         min,
         max,
     ));
-    // The apply's tenant, and the log's `?tenant=` (checked, unlike the
-    // lists', which a tenant name of no one matches nothing of).
+    let tenant = prop("ApplyThresholdRequest", "tenant");
+    // The log's `?tenant=` as the auth layer reads it: a tenant's name, or
+    // empty for none (the caller's own).
     let changes = format!(
         "{}/tenant",
         query_parameters("/api/insights/thresholds/changes")
     );
-    for tenant in [prop("ApplyThresholdRequest", "tenant"), changes] {
-        out.extend([
-            (tenant.clone(), "minLength", 1.into()),
-            (
-                tenant.clone(),
-                "maxLength",
-                crate::auth::MAX_TENANT_CHARS.into(),
-            ),
-            (tenant, "pattern", crate::auth::TENANT_PATTERN.into()),
-        ]);
-    }
+    out.extend([
+        (tenant.clone(), "minLength", 1.into()),
+        (
+            tenant.clone(),
+            "maxLength",
+            crate::auth::MAX_TENANT_CHARS.into(),
+        ),
+        (tenant, "pattern", crate::auth::TENANT_PATTERN.into()),
+        (
+            changes.clone(),
+            "maxLength",
+            crate::auth::MAX_TENANT_CHARS.into(),
+        ),
+        (changes, "pattern", "^[A-Za-z0-9._-]*$".into()),
+    ]);
     out.extend([(
         prop("ApplyThresholdRequest", "note"),
         "maxLength",

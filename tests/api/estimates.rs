@@ -35,6 +35,18 @@ async fn estimate(client: &reqwest::Client, app: &TestApp, body: &Value) -> (Sta
     (status, res.json().await.expect("json"))
 }
 
+/// The create of `body` as a dry run: the answer, nothing created.
+async fn dry_run(app: &TestApp, body: &Value) -> reqwest::Response {
+    let mut dry = body.clone();
+    dry["dry_run"] = json!(true);
+    app.client
+        .post(app.url("/api/autonomous"))
+        .json(&dry)
+        .send()
+        .await
+        .expect("sent")
+}
+
 #[tokio::test]
 async fn an_estimate_comes_from_completed_sessions_like_this_one_and_says_so() {
     let app = TestApp::start().await;
@@ -130,15 +142,7 @@ async fn an_estimate_checks_its_body_like_a_create() {
     let draft = json!({ "goal": "Do it", "executor": { "kind": "llm" } });
     let (status, answer) = estimate(&app.client, &app, &draft).await;
     assert_eq!(status, StatusCode::OK, "{answer}");
-    let mut dry = draft.clone();
-    dry["dry_run"] = json!(true);
-    let res = app
-        .client
-        .post(app.url("/api/autonomous"))
-        .json(&dry)
-        .send()
-        .await
-        .expect("sent");
+    let res = dry_run(&app, &draft).await;
     assert_eq!(res.status(), StatusCode::UNPROCESSABLE_ENTITY);
 }
 
@@ -158,15 +162,7 @@ async fn a_dry_run_answers_the_estimate_and_creates_nothing() {
     let query = body("Write unit tests for the billing parser", 3, 100);
     let (status, estimated) = estimate(&app.client, &app, &query).await;
     assert_eq!(status, StatusCode::OK, "{estimated}");
-    let mut dry = query.clone();
-    dry["dry_run"] = json!(true);
-    let res = app
-        .client
-        .post(app.url("/api/autonomous"))
-        .json(&dry)
-        .send()
-        .await
-        .expect("sent");
+    let res = dry_run(&app, &query).await;
     assert_eq!(res.status(), StatusCode::OK);
     assert!(res.headers().get("location").is_none());
     let answer: Value = res.json().await.expect("json");
@@ -175,6 +171,8 @@ async fn a_dry_run_answers_the_estimate_and_creates_nothing() {
     let (_, after) = app.get("/api/autonomous").await;
     assert_eq!(before["items"], after["items"], "a dry run creates nothing");
     // A dry run with confirm_if_over is still a dry run.
+    let mut dry = query.clone();
+    dry["dry_run"] = json!(true);
     dry["confirm_if_over"] = json!({ "cost_usd": "0.01" });
     let (status, again) = app.post("/api/autonomous", Some(dry)).await;
     assert_eq!(status, StatusCode::OK, "{again}");

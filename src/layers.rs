@@ -138,6 +138,7 @@ const STORE: &[(&str, u8)] = &[
     ("sessions", 4),
     ("children", 4),
     ("worker_tasks", 4),
+    ("worker_desk", 5),
     ("iterations", 5),
     ("archive", 5),
     ("past_runs", 3),

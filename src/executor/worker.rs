@@ -199,7 +199,7 @@ impl WorkerExecutor {
             serde_json::to_value(request).map_err(|e| step_failed(format!("step context: {e}")))?;
         self.session_id = Some(ctx.session_id);
         self.store
-            .open_worker_task(
+            .offer_worker_step(
                 &NewWorkerTask {
                     id: Uuid::new_v4(),
                     session_id: ctx.session_id,

@@ -146,6 +146,41 @@ pub fn worker_has_labels(
     task.iter().all(|(k, v)| worker.get(k) == Some(v))
 }
 
+/// What a claim waiting on this replica takes: tasks of its tenant (any,
+/// for a global caller), on its queues (any, when it names none), whose
+/// labels its worker has.
+#[derive(Debug, Clone, Copy)]
+pub struct ClaimWants<'a> {
+    /// The caller's tenant; `None`: every tenant's.
+    pub tenant: Option<&'a str>,
+    /// The queues it takes from; `None`: every queue.
+    pub queues: Option<&'a [String]>,
+    /// The worker's labels.
+    pub labels: &'a std::collections::BTreeMap<String, String>,
+}
+
+/// A step being offered, as a waiting claim is matched against it.
+#[derive(Debug, Clone, Copy)]
+pub struct OfferFacts<'a> {
+    /// The session's tenant.
+    pub tenant: &'a str,
+    /// The queue it goes on.
+    pub queue: &'a str,
+    /// The labels its session asked for.
+    pub labels: &'a std::collections::BTreeMap<String, String>,
+}
+
+/// Whether a waiting claim may be handed the offer: the same rule the
+/// claim's SQL applies to stored tasks (tenant, queue, labels), so a task
+/// handed over in memory is one the claim could have read from the queue.
+pub fn claim_takes(claim: &ClaimWants<'_>, offer: &OfferFacts<'_>) -> bool {
+    claim.tenant.is_none_or(|t| t == offer.tenant)
+        && claim
+            .queues
+            .is_none_or(|qs| qs.iter().any(|q| q == offer.queue))
+        && worker_has_labels(offer.labels, claim.labels)
+}
+
 /// Whether a lease with `lease_left_ms` left has lapsed.
 pub fn lease_lapsed(lease_left_ms: i64) -> bool {
     lease_left_ms <= 0
@@ -312,6 +347,58 @@ pub fn heartbeat(facts: &BeatFacts<'_>) -> BeatVerdict {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_waiting_claim_takes_only_offers_its_sql_would_read() {
+        let labels = |pairs: &[(&str, &str)]| -> std::collections::BTreeMap<String, String> {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        let gpu = labels(&[("gpu", "a100")]);
+        let none = labels(&[]);
+        let worker = labels(&[("gpu", "a100"), ("os", "linux")]);
+        let queues = vec!["build".to_string(), "test".to_string()];
+        let claim = ClaimWants {
+            tenant: Some("acme"),
+            queues: Some(&queues),
+            labels: &worker,
+        };
+        let offer = |tenant, queue, labels| OfferFacts {
+            tenant,
+            queue,
+            labels,
+        };
+        assert!(claim_takes(&claim, &offer("acme", "build", &gpu)));
+        assert!(claim_takes(&claim, &offer("acme", "test", &none)));
+        // Another tenant's, another queue's, labels the worker lacks: never.
+        assert!(!claim_takes(&claim, &offer("other", "build", &gpu)));
+        assert!(!claim_takes(&claim, &offer("acme", "deploy", &gpu)));
+        let tpu = labels(&[("gpu", "tpu")]);
+        assert!(!claim_takes(&claim, &offer("acme", "build", &tpu)));
+        // A worker without labels takes only offers without labels.
+        let bare = ClaimWants {
+            labels: &none,
+            ..claim
+        };
+        assert!(!claim_takes(&bare, &offer("acme", "build", &gpu)));
+        assert!(claim_takes(&bare, &offer("acme", "build", &none)));
+        // A global caller naming no queue takes any tenant's, any queue's.
+        let global = ClaimWants {
+            tenant: None,
+            queues: None,
+            labels: &worker,
+        };
+        assert!(claim_takes(&global, &offer("other", "deploy", &gpu)));
+        // Naming no queue is not naming an empty list: an empty list takes none.
+        let empty: Vec<String> = Vec::new();
+        let nowhere = ClaimWants {
+            queues: Some(&empty),
+            ..global
+        };
+        assert!(!claim_takes(&nowhere, &offer("acme", "build", &none)));
+    }
 
     fn facts(state: TaskState) -> TaskFacts {
         TaskFacts {

@@ -56,6 +56,7 @@ mod tasks;
 pub(crate) mod testing;
 mod thresholds;
 mod trace_links;
+mod worker_desk;
 mod worker_notices;
 mod worker_tasks;
 
@@ -97,11 +98,12 @@ pub use sessions::{
 };
 pub use thresholds::{Applied, NewThresholdChange, TenantSessionDefaults, ThresholdChangeRow};
 pub use trace_links::{StoredTraceLinks, set_request_traceparent};
+pub use worker_desk::{ClaimTicket, Handoff, WorkerDesk};
 pub use worker_notices::{WORKERS_CHANNEL, WorkerChange};
 pub use worker_tasks::{
-    Claimant, ClaimedWorkerTask, Heartbeat, LeaseCheck, NewWorkerTask, QueueDepth, Settlement,
-    TaskEnd, WaitingWorkerTask, WorkerSeen, WorkerTaskSnapshot, charge_uncollected_outcomes,
-    wait_for_worker_change,
+    Claimant, ClaimedWorkerTask, Heartbeat, LeaseCheck, NewWorkerTask, OpenedTask, QueueDepth,
+    Settlement, TaskEnd, WaitingWorkerTask, WorkerSeen, WorkerTaskSnapshot,
+    charge_uncollected_outcomes, wait_for_worker_change,
 };
 
 use std::sync::{Arc, OnceLock};
@@ -227,6 +229,8 @@ pub struct Store {
     /// Tells other replicas of worker task changes after their commits,
     /// started on first use (it needs a runtime).
     worker_notices: Arc<OnceLock<worker_notices::WorkerNotices>>,
+    /// Claims waiting on this replica, handed the next step offered here.
+    worker_desk: Arc<WorkerDesk>,
 }
 
 /// Worker task changes a waiter may fall behind by before it reads again
@@ -277,6 +281,7 @@ impl Store {
             disk_flush: None,
             worker_tasks_changed: Arc::new(tokio::sync::broadcast::channel(WORKER_CHANGES).0),
             worker_notices: Arc::new(OnceLock::new()),
+            worker_desk: Arc::new(WorkerDesk::default()),
         }
     }
 
@@ -351,6 +356,7 @@ impl Store {
             disk_flush: self.disk_flush.clone(),
             worker_tasks_changed: self.worker_tasks_changed.clone(),
             worker_notices: Arc::new(OnceLock::new()),
+            worker_desk: self.worker_desk.clone(),
         }
     }
 

@@ -42,6 +42,35 @@ pub struct NewWorkerTask<'a> {
     pub context: &'a serde_json::Value,
 }
 
+impl NewWorkerTask<'_> {
+    /// The task as its first claim answers it, under `lease_token`.
+    fn claimed(&self, lease_token: String, lease_expires_at: DateTime<Utc>) -> ClaimedWorkerTask {
+        ClaimedWorkerTask {
+            id: self.id,
+            lease_token,
+            lease_expires_at,
+            heartbeat_timeout_ms: i64::try_from(self.heartbeat_timeout_ms).unwrap_or(i64::MAX),
+            session_id: self.session_id,
+            queue: self.queue.to_owned(),
+            labels: self.labels.clone(),
+            iteration: i64::try_from(self.iteration).unwrap_or(i64::MAX),
+            attempt: 1,
+            idempotency_key: self.idempotency_key.to_owned(),
+            context: self.context.clone(),
+        }
+    }
+}
+
+/// The task a step waits on, as opened.
+#[derive(Debug, Clone)]
+pub struct OpenedTask {
+    /// Its id.
+    pub id: Uuid,
+    /// When it was claimed at once for the waiting claim named: the task
+    /// as that claim answers it.
+    pub handed: Option<ClaimedWorkerTask>,
+}
+
 /// Where a task stands, as the waiting step reads it.
 #[derive(Debug, Clone)]
 pub struct WorkerTaskSnapshot {
@@ -215,57 +244,42 @@ impl Store {
     }
 
     /// Opens the step of `task.iteration` for the run `run` (the session's
-    /// lease token) and returns the id of the task it waits on. A task of
-    /// that iteration a run before this one left (a takeover, a drain) is
-    /// taken over, not offered again: a done one is collected, a claimed
-    /// one stays with its worker, a pending one gets this run's context.
-    /// Any other task of the session still open is cancelled (`superseded`).
+    /// lease token) and returns the task it waits on. A task of that
+    /// iteration a run before this one left (a takeover, a drain) is taken
+    /// over, not offered again: a done one is collected, a claimed one stays
+    /// with its worker, a pending one gets this run's context. Any other
+    /// task of the session still open is cancelled (`superseded`). A new
+    /// task is claimed at once for `to` (a claim waiting on this replica)
+    /// when its session may be claimed from: running, no stop or pause asked.
     pub async fn open_worker_task(
         &self,
         task: &NewWorkerTask<'_>,
         run: Uuid,
         scope: &TenantScope,
-    ) -> Result<Uuid> {
+        to: Option<&str>,
+    ) -> Result<OpenedTask> {
         let mut tx = self.pool.begin().await?;
-        let adopted = sqlx::query_scalar!(
-            "WITH left_open AS (
-                 SELECT id FROM worker_tasks
-                 WHERE session_id = $1 AND iteration = $2
-                   AND state IN ('pending', 'claimed', 'completed', 'failed')
-                   AND ($5::text IS NULL OR tenant = $5)
-                 ORDER BY offered_at DESC, created_at DESC LIMIT 1 FOR UPDATE)
-             UPDATE worker_tasks t SET run_token = $3, cancel_reason = NULL, updated_at = now(),
-                    context = CASE WHEN t.state = 'pending' THEN $4 ELSE t.context END
-             FROM left_open WHERE t.id = left_open.id
-             RETURNING t.id",
-            task.session_id,
-            task.iteration as i64,
-            run,
-            Json(task.context) as _,
-            scope.tenant(),
-        )
-        .fetch_optional(&mut *tx)
-        .await?;
-        sqlx::query!(
-            "UPDATE worker_tasks SET state = 'cancelled', cancel_reason = 'superseded', updated_at = now()
-             WHERE session_id = $1 AND state IN ('pending', 'claimed')
-               AND id IS DISTINCT FROM $2 AND ($3::text IS NULL OR tenant = $3)",
-            task.session_id,
-            adopted,
-            scope.tenant(),
-        )
-        .execute(&mut *tx)
-        .await?;
-        if let Some(id) = adopted {
+        if let Some(id) = adopt_left_open(&mut tx, task, run, scope).await? {
             tx.commit().await?;
             tracing::info!(task = %id, iteration = task.iteration, "worker task taken over by a new run");
-            return Ok(id);
+            return Ok(OpenedTask { id, handed: None });
         }
-        let inserted = sqlx::query!(
-            "INSERT INTO worker_tasks (id, session_id, tenant, queue, labels, iteration,
-                                       heartbeat_timeout_ms, state, idempotency_key, context, run_token)
-             SELECT $1, s.id, s.tenant, $3, $4, $5, $6, 'pending', $7, $8, $10
-             FROM sessions s WHERE s.id = $2 AND ($9::text IS NULL OR s.tenant = $9)",
+        let token = to.map(|_| new_token());
+        let row = sqlx::query!(
+            r#"INSERT INTO worker_tasks (id, session_id, tenant, queue, labels, iteration,
+                                         heartbeat_timeout_ms, state, idempotency_key, context, run_token,
+                                         lease_digest, lease_expires_at, claimed_at, worker)
+               SELECT $1, s.id, s.tenant, $3, $4, $5, $6,
+                      CASE WHEN h.handed THEN 'claimed' ELSE 'pending' END, $7, $8, $10,
+                      CASE WHEN h.handed THEN $11::bytea END,
+                      CASE WHEN h.handed THEN now() + make_interval(secs => $6::bigint / 1000.0) END,
+                      CASE WHEN h.handed THEN now() END,
+                      CASE WHEN h.handed THEN $12::text END
+               FROM sessions s,
+                    LATERAL (SELECT $11::bytea IS NOT NULL AND s.status = 'running'
+                                    AND NOT s.stop_requested AND NOT s.pause_requested AS handed) h
+               WHERE s.id = $2 AND ($9::text IS NULL OR s.tenant = $9)
+               RETURNING tenant, state = 'claimed' AS "handed!", lease_expires_at"#,
             task.id,
             task.session_id,
             task.queue,
@@ -276,22 +290,57 @@ impl Store {
             Json(task.context) as _,
             scope.tenant(),
             run,
+            token.as_deref().map(digest),
+            to,
         )
-        .execute(&mut *tx)
+        .fetch_optional(&mut *tx)
         .await?;
-        if inserted.rows_affected() == 0 {
+        let Some(row) = row else {
             return Err(super::StoreError::Corrupt {
                 id: task.session_id,
                 detail: "the session of a worker task is not within its own scope".into(),
             });
-        }
+        };
+        let handed = match (row.handed, token, to, row.lease_expires_at) {
+            (true, Some(lease_token), Some(worker), Some(lease_expires_at)) => {
+                seen_claiming(&mut tx, &row.tenant, task.queue, worker, task.id).await?;
+                Some(task.claimed(lease_token, lease_expires_at))
+            }
+            _ => None,
+        };
         let change = WorkerChange {
             task: Some(task.id),
-            offered: true,
+            // A task handed over is nobody else's to claim.
+            offered: handed.is_none(),
         };
         tx.commit().await?;
         self.worker_task_changed(change);
-        Ok(task.id)
+        Ok(OpenedTask {
+            id: task.id,
+            handed,
+        })
+    }
+
+    /// Offers again a task claimed for a waiting claim that was gone
+    /// before it could be handed over (its request ended): `pending`, as a
+    /// released one, without counting an attempt.
+    pub async fn unhand_worker_task(&self, handed: &ClaimedWorkerTask) -> Result<()> {
+        let released = sqlx::query!(
+            "UPDATE worker_tasks SET state = 'pending', lease_digest = NULL, lease_expires_at = NULL,
+                    claimed_at = NULL, worker = NULL, updated_at = now()
+             WHERE id = $1 AND state = 'claimed' AND lease_digest = $2",
+            handed.id,
+            digest(&handed.lease_token),
+        )
+        .execute(&self.pool)
+        .await?;
+        if released.rows_affected() > 0 {
+            self.worker_task_changed(WorkerChange {
+                task: Some(handed.id),
+                offered: true,
+            });
+        }
+        Ok(())
     }
 
     /// Where a task stands, with the session's pause flag and whether a
@@ -445,7 +494,8 @@ impl Store {
         worker: Claimant<'_>,
     ) -> Result<Option<ClaimedWorkerTask>> {
         let token = new_token();
-        let mut tx = self.pool.begin().await?;
+        // One statement: the claim and the worker's listing entry commit
+        // together, and a claim that finds nothing costs one round trip.
         let row = sqlx::query!(
             r#"WITH next AS (
                  SELECT t.id FROM worker_tasks t JOIN sessions s ON s.id = t.session_id
@@ -453,39 +503,36 @@ impl Store {
                    AND ($1::text IS NULL OR t.tenant = $1)
                    AND t.labels <@ $5::jsonb
                    AND s.status = 'running' AND NOT s.stop_requested AND NOT s.pause_requested
-                 ORDER BY t.offered_at, t.id LIMIT 1 FOR UPDATE OF t SKIP LOCKED)
-               UPDATE worker_tasks w SET state = 'claimed', lease_digest = $3,
-                      lease_expires_at = now() + make_interval(secs => w.heartbeat_timeout_ms / 1000.0),
-                      claimed_at = now(), worker = $4, charged_tokens = NULL, updated_at = now()
-               FROM next WHERE w.id = next.id
-               RETURNING w.id, w.lease_expires_at AS "lease_expires_at!", w.heartbeat_timeout_ms,
-                         w.session_id, w.tenant, w.queue, w.labels AS "labels: Json<BTreeMap<String, String>>",
-                         w.iteration, w.attempt, w.idempotency_key,
-                         w.context AS "context: serde_json::Value""#,
+                 ORDER BY t.offered_at, t.id LIMIT 1 FOR UPDATE OF t SKIP LOCKED),
+               claimed AS (
+                 UPDATE worker_tasks w SET state = 'claimed', lease_digest = $3,
+                        lease_expires_at = now() + make_interval(secs => w.heartbeat_timeout_ms / 1000.0),
+                        claimed_at = now(), worker = $4, charged_tokens = NULL, updated_at = now()
+                 FROM next WHERE w.id = next.id
+                 RETURNING w.id, w.lease_expires_at, w.heartbeat_timeout_ms, w.session_id, w.tenant,
+                           w.queue, w.labels, w.iteration, w.attempt, w.idempotency_key, w.context),
+               seen AS (
+                 INSERT INTO workers_seen (tenant, queue, worker, last_seen_at, task_id)
+                 SELECT c.tenant, c.queue, $4, now(), c.id FROM claimed c
+                 ON CONFLICT (tenant, queue, worker)
+                 DO UPDATE SET last_seen_at = now(), task_id = EXCLUDED.task_id)
+               SELECT c.id AS "id!", c.lease_expires_at AS "lease_expires_at!",
+                      c.heartbeat_timeout_ms AS "heartbeat_timeout_ms!", c.session_id AS "session_id!",
+                      c.queue AS "queue!", c.labels AS "labels!: Json<BTreeMap<String, String>>",
+                      c.iteration AS "iteration!", c.attempt AS "attempt!",
+                      c.idempotency_key AS "idempotency_key!", c.context AS "context!: serde_json::Value"
+               FROM claimed c"#,
             scope.tenant(),
             queues as Option<&[String]>,
             digest(&token),
             worker.name,
             Json(worker.labels) as _,
         )
-        .fetch_optional(&mut *tx)
+        .fetch_optional(&self.pool)
         .await?;
         let Some(row) = row else {
             return Ok(None);
         };
-        sqlx::query!(
-            "INSERT INTO workers_seen (tenant, queue, worker, last_seen_at, task_id)
-             VALUES ($1, $2, $3, now(), $4)
-             ON CONFLICT (tenant, queue, worker)
-             DO UPDATE SET last_seen_at = now(), task_id = EXCLUDED.task_id",
-            row.tenant,
-            row.queue,
-            worker.name,
-            row.id,
-        )
-        .execute(&mut *tx)
-        .await?;
-        tx.commit().await?;
         Ok(Some(ClaimedWorkerTask {
             id: row.id,
             lease_token: token,
@@ -606,6 +653,13 @@ impl Store {
         token: &str,
         settlement: Settlement<'_>,
     ) -> Result<LeaseCheck<()>> {
+        if let Settlement::Complete(outcome) = settlement
+            && self
+                .complete_held_task(id, scope, queues, token, outcome)
+                .await?
+        {
+            return Ok(LeaseCheck::Held(()));
+        }
         let mut tx = self.pool.begin().await?;
         let Some(row) = lock_task(&mut tx, id, scope, queues).await? else {
             return Ok(LeaseCheck::NotFound);
@@ -673,6 +727,49 @@ impl Store {
         tx.commit().await?;
         self.worker_task_changed(change);
         Ok(LeaseCheck::Held(()))
+    }
+
+    /// The common completion in one statement: the task is claimed under
+    /// `token`, its lease live, its session running and not being stopped.
+    /// `false` changes nothing: the caller settles it the long way, which
+    /// tells every other case apart (a repeat, a lost lease, a stop).
+    async fn complete_held_task(
+        &self,
+        id: Uuid,
+        scope: &TenantScope,
+        queues: Option<&[String]>,
+        token: &str,
+        outcome: &serde_json::Value,
+    ) -> Result<bool> {
+        let completed = sqlx::query_scalar!(
+            r#"WITH done AS (
+                 UPDATE worker_tasks t SET state = 'completed', outcome = $5, updated_at = now()
+                 FROM sessions s
+                 WHERE t.id = $1 AND s.id = t.session_id
+                   AND ($2::text IS NULL OR t.tenant = $2) AND ($3::text[] IS NULL OR t.queue = ANY($3))
+                   AND t.state = 'claimed' AND t.lease_digest = $4 AND t.lease_expires_at > now()
+                   AND s.status = 'running' AND NOT s.stop_requested
+                 RETURNING t.tenant, t.queue, t.worker),
+               seen AS (
+                 UPDATE workers_seen w SET last_seen_at = now(), task_id = NULL FROM done d
+                 WHERE w.tenant = d.tenant AND w.queue = d.queue AND w.worker = d.worker)
+               SELECT count(*) AS "completed!" FROM done"#,
+            id,
+            scope.tenant(),
+            queues as Option<&[String]>,
+            digest(token),
+            Json(outcome) as _,
+        )
+        .fetch_one(&self.pool)
+        .await?;
+        if completed == 0 {
+            return Ok(false);
+        }
+        self.worker_task_changed(WorkerChange {
+            task: Some(id),
+            offered: false,
+        });
+        Ok(true)
     }
 
     /// What a call of the lease holder on a task whose step was given up
@@ -962,6 +1059,70 @@ pub async fn charge_uncollected_outcomes(
         total = total.saturating_add(tokens);
     }
     Ok(total)
+}
+
+/// Takes over, for the run `run`, the task of `task.iteration` a run before
+/// left open (see [`Store::open_worker_task`]), and cancels any other open
+/// task of the session; the task taken over, if there was one.
+async fn adopt_left_open(
+    conn: &mut PgConnection,
+    task: &NewWorkerTask<'_>,
+    run: Uuid,
+    scope: &TenantScope,
+) -> Result<Option<Uuid>> {
+    let adopted = sqlx::query_scalar!(
+        "WITH left_open AS (
+             SELECT id FROM worker_tasks
+             WHERE session_id = $1 AND iteration = $2
+               AND state IN ('pending', 'claimed', 'completed', 'failed')
+               AND ($5::text IS NULL OR tenant = $5)
+             ORDER BY offered_at DESC, created_at DESC LIMIT 1 FOR UPDATE)
+         UPDATE worker_tasks t SET run_token = $3, cancel_reason = NULL, updated_at = now(),
+                context = CASE WHEN t.state = 'pending' THEN $4 ELSE t.context END
+         FROM left_open WHERE t.id = left_open.id
+         RETURNING t.id",
+        task.session_id,
+        task.iteration as i64,
+        run,
+        Json(task.context) as _,
+        scope.tenant(),
+    )
+    .fetch_optional(&mut *conn)
+    .await?;
+    sqlx::query!(
+        "UPDATE worker_tasks SET state = 'cancelled', cancel_reason = 'superseded', updated_at = now()
+         WHERE session_id = $1 AND state IN ('pending', 'claimed')
+           AND id IS DISTINCT FROM $2 AND ($3::text IS NULL OR tenant = $3)",
+        task.session_id,
+        adopted,
+        scope.tenant(),
+    )
+    .execute(&mut *conn)
+    .await?;
+    Ok(adopted)
+}
+
+/// Records that `worker` claimed `task` on `queue` (for the queue listing).
+async fn seen_claiming(
+    conn: &mut PgConnection,
+    tenant: &str,
+    queue: &str,
+    worker: &str,
+    task: Uuid,
+) -> Result<()> {
+    sqlx::query!(
+        "INSERT INTO workers_seen (tenant, queue, worker, last_seen_at, task_id)
+         VALUES ($1, $2, $3, now(), $4)
+         ON CONFLICT (tenant, queue, worker)
+         DO UPDATE SET last_seen_at = now(), task_id = EXCLUDED.task_id",
+        tenant,
+        queue,
+        worker,
+        task,
+    )
+    .execute(conn)
+    .await?;
+    Ok(())
 }
 
 /// A task locked for a heartbeat or a settlement, with what its session

@@ -9,12 +9,13 @@ use uuid::Uuid;
 
 use super::SessionService;
 use crate::executor::WebhookRequest;
+use crate::policy::worker::ClaimWants;
 use crate::session::error::Result;
 /// The worker a claim is for (its name and advertised labels).
 pub use crate::store::Claimant;
 use crate::store::{
-    ClaimedWorkerTask, Heartbeat, LeaseCheck, QueueDepth, Settlement, Store, StoreError,
-    TenantScope, WorkerSeen, wait_for_worker_change,
+    ClaimedWorkerTask, Handoff, Heartbeat, LeaseCheck, QueueDepth, Settlement, Store, StoreError,
+    TenantScope, WorkerChange, WorkerSeen, wait_for_worker_change,
 };
 
 /// A waiting claim reads the queue at least this often (lost wake-ups).
@@ -45,9 +46,12 @@ impl SessionService {
 }
 
 impl WorkerProtocol<'_> {
-    /// Claims the oldest task on `queues` that `worker` has the labels of, waiting up to `wait`
-    /// for one to be offered; `None` when none came. A claim that found
-    /// nothing records that the worker polled (for the queue listing).
+    /// Claims the oldest task on `queues` that `worker` has the labels of,
+    /// waiting up to `wait` for one to be offered; `None` when none came. A
+    /// waiting claim sits at this replica's desk, where a step offered here
+    /// is handed to it at once; offers made elsewhere wake it to read the
+    /// queue. A claim that found nothing records that the worker polled
+    /// (for the queue listing).
     pub async fn claim(
         &self,
         scope: &TenantScope,
@@ -57,24 +61,27 @@ impl WorkerProtocol<'_> {
     ) -> Result<Option<ClaimedStep>> {
         let mut changes = self.store.worker_changes();
         let deadline = Instant::now() + wait;
+        let wants = ClaimWants {
+            tenant: scope.tenant(),
+            queues,
+            labels: worker.labels,
+        };
         loop {
             // Offers made while claiming stay queued in `changes`: none is lost.
-            if let Some(mut task) = self.store.claim_worker_task(scope, queues, worker).await? {
-                let raw = std::mem::take(&mut task.context);
-                let context: WebhookRequest =
-                    serde_json::from_value(raw).map_err(|e| StoreError::Corrupt {
-                        id: task.session_id,
-                        detail: format!("worker task context: {e}"),
-                    })?;
-                return Ok(Some(ClaimedStep { task, context }));
+            if let Some(task) = self.store.claim_worker_task(scope, queues, worker).await? {
+                return claimed_step(task).map(Some);
             }
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 break;
             }
-            // Only an offer (or a lost relay) wakes a waiting claim.
-            wait_for_worker_change(&mut changes, left.min(CLAIM_POLL), |c| c.concerns_claims())
-                .await;
+            let within = left.min(CLAIM_POLL);
+            if let Some(task) = self
+                .offer_or_change(&mut changes, &wants, worker.name, within)
+                .await
+            {
+                return claimed_step(task).map(Some);
+            }
         }
         if let (Some(tenant), Some(queues)) = (scope.tenant(), queues) {
             self.store
@@ -82,6 +89,34 @@ impl WorkerProtocol<'_> {
                 .await?;
         }
         Ok(None)
+    }
+
+    /// Waits up to `within` at the desk: the task a step offered here hands
+    /// over, or `None` on an offer elsewhere (or a lost relay), the end of
+    /// the wait, or a hand-off that fell through (read the queue again).
+    async fn offer_or_change(
+        &self,
+        changes: &mut tokio::sync::broadcast::Receiver<WorkerChange>,
+        wants: &ClaimWants<'_>,
+        worker: &str,
+        within: Duration,
+    ) -> Option<ClaimedWorkerTask> {
+        // Only an offer (or a lost relay) wakes a waiting claim.
+        let offered_elsewhere = wait_for_worker_change(changes, within, |c| c.concerns_claims());
+        let Some(mut ticket) = self.store.wait_at_desk(wants, worker) else {
+            offered_elsewhere.await;
+            return None;
+        };
+        tokio::select! {
+            handed = &mut ticket.handed => return handed_task(handed),
+            () = offered_elsewhere => {}
+        }
+        if ticket.withdraw() {
+            return None;
+        }
+        // A step took this claim just as the wait ended: its answer follows
+        // the offer's commit.
+        handed_task((&mut ticket.handed).await)
     }
 
     /// Extends the lease of `token` on task `id` and records its progress;
@@ -125,4 +160,24 @@ impl WorkerProtocol<'_> {
     ) -> Result<(Vec<QueueDepth>, Vec<WorkerSeen>)> {
         Ok(self.store.worker_queues(scope, queues, seen_within).await?)
     }
+}
+
+/// The task a desk hand-off brought, if it brought one.
+fn handed_task(
+    handed: std::result::Result<Handoff, tokio::sync::oneshot::error::RecvError>,
+) -> Option<ClaimedWorkerTask> {
+    match handed {
+        Ok(Handoff::Claimed(task)) => Some(*task),
+        Ok(Handoff::Retry) | Err(_) => None,
+    }
+}
+
+/// A claimed task with its step's context decoded.
+fn claimed_step(mut task: ClaimedWorkerTask) -> Result<ClaimedStep> {
+    let raw = std::mem::take(&mut task.context);
+    let context: WebhookRequest = serde_json::from_value(raw).map_err(|e| StoreError::Corrupt {
+        id: task.session_id,
+        detail: format!("worker task context: {e}"),
+    })?;
+    Ok(ClaimedStep { task, context })
 }

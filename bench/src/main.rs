@@ -2028,25 +2028,32 @@ async fn embedded_phase(
 /// The queue of the workers phase.
 const BENCH_QUEUE: &str = "bench";
 
-/// A session whose steps are tasks on [`BENCH_QUEUE`], for as long as the run lasts.
-fn worker_session() -> Value {
+/// A session whose steps are tasks on [`BENCH_QUEUE`], for as long as the
+/// run lasts, going only to workers with `labels`.
+fn worker_session(labels: &Value) -> Value {
     json!({
         "goal": "Write the 32 parts of report.md",
         "mode": "fixed",
         "limits": { "max_iterations": 1_000_000, "max_tokens": 10_000_000_000u64,
                     "max_wall_time_ms": 86_400_000 },
-        "executor": { "kind": "worker", "queue": BENCH_QUEUE }
+        "executor": { "kind": "worker", "queue": BENCH_QUEUE, "labels": labels }
     })
 }
 
-/// One worker: claims a task, completes it at once with a distinct part
-/// (so no session is judged stuck), until `end`; returns its completions.
-async fn zero_time_worker(client: reqwest::Client, base: String, end: Instant) -> usize {
+/// One worker with `labels`: claims a task, completes it at once with a
+/// distinct part (so no session is judged stuck), until `end`; returns its
+/// completions.
+async fn zero_time_worker(
+    client: reqwest::Client,
+    base: String,
+    labels: Value,
+    end: Instant,
+) -> usize {
     let mut done = 0;
     while Instant::now() < end {
         let claimed = client
             .post(format!("{base}/api/workers/claim"))
-            .json(&json!({ "queues": [BENCH_QUEUE], "wait_ms": 1_000 }))
+            .json(&json!({ "queues": [BENCH_QUEUE], "wait_ms": 1_000, "labels": labels }))
             .send()
             .await;
         let Ok(res) = claimed else { continue };
@@ -2079,10 +2086,97 @@ async fn zero_time_worker(client: reqwest::Client, base: String, end: Instant) -
     done
 }
 
+/// Transactions committed or rolled back in database `db` so far.
+async fn transactions(admin: &PgPool, db: &str) -> BenchResult<f64> {
+    // Read in a transaction of its own: the statistics snapshot is per transaction.
+    let count: i64 = sqlx::query_scalar(
+        "SELECT (xact_commit + xact_rollback)::bigint FROM pg_stat_database WHERE datname = $1",
+    )
+    .bind(db)
+    .fetch_one(admin)
+    .await?;
+    Ok(count as f64)
+}
+
+/// What one window of a phase measured: steps per second, and Postgres
+/// transactions per step (the statistics collector's count for the
+/// phase's database, which only the server under test uses).
+struct StepRate {
+    steps_per_s: f64,
+    transactions_per_step: f64,
+}
+
+/// Measures `server`'s committed iterations and its database's
+/// transactions over one window.
+async fn step_rate(
+    server: &Server,
+    admin: &PgPool,
+    client: &reqwest::Client,
+    window: Duration,
+) -> BenchResult<StepRate> {
+    let before = server.scrape(client).await?;
+    let tx_before = transactions(admin, &server.db_name).await?;
+    let t0 = Instant::now();
+    tokio::time::sleep(window).await;
+    let after = server.scrape(client).await?;
+    let elapsed = t0.elapsed().as_secs_f64();
+    // Postgres publishes its counters at most once a second.
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    let tx_after = transactions(admin, &server.db_name).await?;
+    let steps = after.get("warden_iterations_total") - before.get("warden_iterations_total");
+    Ok(StepRate {
+        steps_per_s: steps / elapsed,
+        transactions_per_step: (tx_after - tx_before) / steps.max(1.0),
+    })
+}
+
+/// `n` worker sessions served by `n` zero-time workers: with `mixed`, half
+/// the sessions ask for a label that only half the workers have (the
+/// others take only the unlabelled half).
+async fn worker_window(
+    opts: &Options,
+    admin: &PgPool,
+    client: &reqwest::Client,
+    scale: &Scale,
+    mixed: bool,
+) -> BenchResult<StepRate> {
+    let n = scale.worker_sessions;
+    let phase = if mixed { "workers_labels" } else { "workers" };
+    let server = Server::start(opts, admin, phase).await?;
+    let gpu = json!({ "gpu": "a100" });
+    let half = if mixed { n / 2 } else { 0 };
+    create_sessions(client, &server.base, n - half, &worker_session(&json!({}))).await?;
+    create_sessions(client, &server.base, half, &worker_session(&gpu)).await?;
+    let end = Instant::now() + scale.window + Duration::from_secs(3);
+    let workers: Vec<_> = (0..n)
+        .map(|i| {
+            let labels = if i < half { gpu.clone() } else { json!({}) };
+            tokio::spawn(zero_time_worker(
+                client.clone(),
+                server.base.clone(),
+                labels,
+                end,
+            ))
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let rate = step_rate(&server, admin, client, scale.window).await?;
+    let mut completions = 0;
+    for w in workers {
+        completions += w.await.unwrap_or(0);
+    }
+    server.stop(admin).await;
+    if completions == 0 || rate.steps_per_s <= 0.0 {
+        return Err(format!("no worker step was committed with {n} workers").into());
+    }
+    Ok(rate)
+}
+
 /// Phase 7: `n` worker-executor sessions served by `n` workers that complete
 /// each step at once, through the worker protocol over HTTP: durable steps
 /// per second beside the in-process scripted executor with as many sessions
-/// and beside raw Postgres at that concurrency, all in this run.
+/// and beside raw Postgres at that concurrency, all in this run; and again
+/// with mixed labels.
 async fn workers_phase(
     opts: &Options,
     admin: &PgPool,
@@ -2092,65 +2186,67 @@ async fn workers_phase(
     let n = scale.worker_sessions;
     eprintln!("warden-bench: {n} workers serving {n} worker sessions");
     let (raw_rate, _) = raw_write(&opts.admin_url, admin, n, scale.window).await?;
-
-    let server = Server::start(opts, admin, "workers").await?;
-    create_sessions(client, &server.base, n, &worker_session()).await?;
-    let end = Instant::now() + scale.window + Duration::from_secs(2);
-    let workers: Vec<_> = (0..n)
-        .map(|_| tokio::spawn(zero_time_worker(client.clone(), server.base.clone(), end)))
-        .collect();
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    let before = server.scrape(client).await?;
-    let t0 = Instant::now();
-    tokio::time::sleep(scale.window).await;
-    let after = server.scrape(client).await?;
-    let worker_rate = (after.get("warden_iterations_total")
-        - before.get("warden_iterations_total"))
-        / t0.elapsed().as_secs_f64();
-    let mut completions = 0;
-    for w in workers {
-        completions += w.await.unwrap_or(0);
-    }
-    server.stop(admin).await;
-    if completions == 0 || worker_rate <= 0.0 {
-        return Err(format!("no worker step was committed with {n} workers").into());
-    }
+    let workers = worker_window(opts, admin, client, scale, false).await?;
+    let labelled = worker_window(opts, admin, client, scale, true).await?;
 
     let server = Server::start(opts, admin, "workers_scripted").await?;
     create_sessions(client, &server.base, n, &cycling_session(0)).await?;
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let before = server.scrape(client).await?;
-    let t0 = Instant::now();
-    tokio::time::sleep(scale.window).await;
-    let after = server.scrape(client).await?;
-    let scripted_rate = (after.get("warden_iterations_total")
-        - before.get("warden_iterations_total"))
-        / t0.elapsed().as_secs_f64();
+    let scripted = step_rate(&server, admin, client, scale.window).await?;
     server.stop(admin).await;
+    Ok(worker_rows(n, raw_rate, &workers, &labelled, &scripted))
+}
 
-    Ok(vec![
+/// The rows of the workers phase.
+fn worker_rows(
+    n: usize,
+    raw_rate: f64,
+    workers: &StepRate,
+    labelled: &StepRate,
+    scripted: &StepRate,
+) -> Vec<Row> {
+    let against = |r: &StepRate| {
+        row(
+            format!(
+                "  … against in-process scripted; Postgres transactions per step {:.1} (in-process {:.2})",
+                r.transactions_per_step, scripted.transactions_per_step
+            ),
+            format!("{:.2}×", r.steps_per_s / scripted.steps_per_s.max(f64::MIN_POSITIVE)),
+            "—".into(),
+            "—".into(),
+            "≥ 0.5× in-process",
+        )
+        .judged(Some(
+            r.steps_per_s / scripted.steps_per_s.max(f64::MIN_POSITIVE) >= 0.5,
+        ))
+    };
+    vec![
         row(
             format!("worker-protocol steps/s, {n} workers (claim + complete over HTTP)"),
-            format!("{worker_rate:.0}"),
+            format!("{:.0}", workers.steps_per_s),
             format!("{raw_rate:.0} tx/s"),
-            ratio(Some(worker_rate), Some(raw_rate)),
-            "",
-        ),
+            ratio(Some(workers.steps_per_s), Some(raw_rate)),
+            "≥ 1.5× raw",
+        )
+        .judged(ratio_at_least(Some(workers.steps_per_s), Some(raw_rate), 1.5)),
+        against(workers),
+        row(
+            format!("worker-protocol steps/s, {n} workers, mixed labels (half the sessions ask for one half the workers have)"),
+            format!("{:.0}", labelled.steps_per_s),
+            format!("{raw_rate:.0} tx/s"),
+            ratio(Some(labelled.steps_per_s), Some(raw_rate)),
+            "≥ 1.5× raw",
+        )
+        .judged(ratio_at_least(Some(labelled.steps_per_s), Some(raw_rate), 1.5)),
+        against(labelled),
         row(
             format!("  in-process scripted steps/s, {n} sessions, same run"),
-            format!("{scripted_rate:.0}"),
+            format!("{:.0}", scripted.steps_per_s),
             format!("{raw_rate:.0} tx/s"),
-            ratio(Some(scripted_rate), Some(raw_rate)),
+            ratio(Some(scripted.steps_per_s), Some(raw_rate)),
             "",
         ),
-        row(
-            "  worker protocol against in-process scripted",
-            format!("{:.2}×", worker_rate / scripted_rate.max(f64::MIN_POSITIVE)),
-            "—".into(),
-            "—".into(),
-            "",
-        ),
-    ])
+    ]
 }
 
 #[cfg(test)]

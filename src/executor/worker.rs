@@ -18,8 +18,8 @@ use super::{
 };
 use crate::policy::worker::{self, AttemptEnd, TaskFacts, TaskState, TaskVerdict, WorkerTaskState};
 use crate::store::{
-    NewWorkerTask, Store, StoreError, TaskEnd, TenantScope, WorkerTaskSnapshot,
-    wait_for_worker_change,
+    NewWorkerTask, OfferedStep, OutcomeTicket, Store, StoreError, TaskEnd, TenantScope,
+    WorkerChange, WorkerTaskSnapshot, wait_for_worker_change,
 };
 
 /// Longest a waiting step goes without reading its task (lost wake-ups,
@@ -91,70 +91,109 @@ impl WorkerExecutor {
     async fn wait_for_step(&mut self, ctx: StepContext<'_>) -> Result<StepResult, ExecutorError> {
         let failed = step_failed;
         let store_failed = |e: StoreError| failed(format!("worker queue unavailable: {e}"));
-        // Subscribed before the task is opened: no change of it is missed.
+        // Subscribed before the task is opened: no change of it is missed,
+        // and a completion on this replica hands its outcome over unread.
         let mut changes = self.store.worker_changes();
-        let id = self.open_task(&ctx).await?;
+        let fresh = Uuid::new_v4();
+        let mut outcome = Some(self.store.await_worker_outcome(fresh));
+        let offered = self.open_task(&ctx, fresh).await?;
+        let id = offered.id;
+        if id != fresh {
+            // A task a run before left, taken over.
+            outcome = Some(self.store.await_worker_outcome(id));
+        }
         self.open = Some(id);
+        // Handed to a waiting claim: claimed just now, under a whole lease,
+        // so there is nothing to read before a change or the poll.
+        let mut known_claimed = offered.handed;
         loop {
-            // Changes made while reading stay queued in `changes`: none is lost.
-            let Some(now) = self
-                .store
-                .worker_task_state(id, self.run, &self.scope)
-                .await
-                .map_err(store_failed)?
-            else {
-                return Err(failed("the step's task disappeared".into()));
+            let wait = if known_claimed {
+                known_claimed = false;
+                POLL
+            } else {
+                // Changes made while reading stay queued in `changes`: none is lost.
+                let Some(now) = self
+                    .store
+                    .worker_task_state(id, self.run, &self.scope)
+                    .await
+                    .map_err(store_failed)?
+                else {
+                    return Err(failed("the step's task disappeared".into()));
+                };
+                match self.settle_or_wait(id, now, &ctx).await? {
+                    Waited::Settled(result) => return result,
+                    Waited::Wait(wait) => wait,
+                }
             };
-            if now.taken_over {
-                // A newer run holds the session; this one's writes are refused.
-                return Err(failed("the session was taken over by another run".into()));
-            }
-            let facts = self.facts(&now);
-            let last_error = |because| self.attempt_error(&now, facts.attempt, because);
-            match worker::decide(&facts) {
-                TaskVerdict::Wait { at_most_ms } => {
-                    let wait = Duration::from_millis(at_most_ms.saturating_add(1)).min(POLL);
-                    // Only a change of this task wakes it (or a lost relay).
-                    wait_for_worker_change(&mut changes, wait, |c| c.concerns_task(id)).await;
-                }
-                TaskVerdict::Collect => {
-                    self.open = None;
-                    return self.collect(now, ctx.iteration).await;
-                }
-                TaskVerdict::Reoffer { because, .. } => {
-                    let error = last_error(because);
-                    tracing::info!(task = %id, %error, "worker task offered again");
-                    self.store
-                        .reoffer_worker_task(id, self.run, now.attempt, &error, &self.scope)
-                        .await
-                        .map_err(store_failed)?;
-                }
-                TaskVerdict::Fail { because } => {
-                    let error = last_error(because);
-                    self.end(id, TaskEnd::AttemptsSpent)
-                        .await
-                        .map_err(store_failed)?;
-                    return Err(failed(error));
-                }
-                TaskVerdict::NoWorker => {
-                    self.end(id, TaskEnd::NoWorker)
-                        .await
-                        .map_err(store_failed)?;
-                    return Ok(StepResult::NoWorker {
-                        detail: format!(
-                            "no worker claimed step {} on queue {:?} within {} ms",
-                            ctx.iteration,
-                            self.settings.queue,
-                            self.settings.worker_wait_timeout.as_millis()
-                        ),
-                    });
-                }
-                TaskVerdict::Abandon => {
-                    self.end(id, TaskEnd::Paused).await.map_err(store_failed)?;
-                    return Ok(StepResult::Abandoned);
-                }
+            let handed = wait_for_outcome(&mut outcome, &mut changes, id, wait).await;
+            if let Some(value) = handed {
+                self.open = None;
+                return self.collect(Some(value), ctx.iteration).await;
             }
         }
+    }
+
+    /// Acts on the task as read `now`: how long to wait before the next
+    /// read, or how the step settled.
+    async fn settle_or_wait(
+        &mut self,
+        id: Uuid,
+        now: WorkerTaskSnapshot,
+        ctx: &StepContext<'_>,
+    ) -> Result<Waited, ExecutorError> {
+        let failed = step_failed;
+        let store_failed = |e: StoreError| failed(format!("worker queue unavailable: {e}"));
+        if now.taken_over {
+            // A newer run holds the session; this one's writes are refused.
+            return Err(failed("the session was taken over by another run".into()));
+        }
+        let facts = self.facts(&now);
+        let last_error = |because| self.attempt_error(&now, facts.attempt, because);
+        let settled = match worker::decide(&facts) {
+            TaskVerdict::Wait { at_most_ms } => {
+                return Ok(Waited::Wait(
+                    Duration::from_millis(at_most_ms.saturating_add(1)).min(POLL),
+                ));
+            }
+            TaskVerdict::Collect => {
+                self.open = None;
+                self.collect(now.outcome, ctx.iteration).await
+            }
+            TaskVerdict::Reoffer { because, .. } => {
+                let error = last_error(because);
+                tracing::info!(task = %id, %error, "worker task offered again");
+                self.store
+                    .reoffer_worker_task(id, self.run, now.attempt, &error, &self.scope)
+                    .await
+                    .map_err(store_failed)?;
+                return Ok(Waited::Wait(Duration::ZERO));
+            }
+            TaskVerdict::Fail { because } => {
+                let error = last_error(because);
+                self.end(id, TaskEnd::AttemptsSpent)
+                    .await
+                    .map_err(store_failed)?;
+                Err(failed(error))
+            }
+            TaskVerdict::NoWorker => {
+                self.end(id, TaskEnd::NoWorker)
+                    .await
+                    .map_err(store_failed)?;
+                Ok(StepResult::NoWorker {
+                    detail: format!(
+                        "no worker claimed step {} on queue {:?} within {} ms",
+                        ctx.iteration,
+                        self.settings.queue,
+                        self.settings.worker_wait_timeout.as_millis()
+                    ),
+                })
+            }
+            TaskVerdict::Abandon => {
+                self.end(id, TaskEnd::Paused).await.map_err(store_failed)?;
+                Ok(StepResult::Abandoned)
+            }
+        };
+        Ok(Waited::Settled(settled))
     }
 
     /// Why an attempt ended, for the task's `last_error`.
@@ -176,10 +215,10 @@ impl WorkerExecutor {
     /// Reads the worker's completed outcome as the step's result.
     async fn collect(
         &self,
-        now: WorkerTaskSnapshot,
+        outcome: Option<serde_json::Value>,
         iteration: u64,
     ) -> Result<StepResult, ExecutorError> {
-        let answer: WebhookResponse = serde_json::from_value(now.outcome.unwrap_or_default())
+        let answer: WebhookResponse = serde_json::from_value(outcome.unwrap_or_default())
             .map_err(|e| step_failed(format!("worker outcome is not a step outcome: {e}")))?;
         external_step(
             self.approvals.as_ref(),
@@ -192,7 +231,11 @@ impl WorkerExecutor {
 
     /// Offers the step as a task on the queue, or takes over this
     /// iteration's task a run before offered (see `open_worker_task`).
-    async fn open_task(&mut self, ctx: &StepContext<'_>) -> Result<Uuid, ExecutorError> {
+    async fn open_task(
+        &mut self,
+        ctx: &StepContext<'_>,
+        fresh: Uuid,
+    ) -> Result<OfferedStep, ExecutorError> {
         let mut request = request_for(ctx);
         request.approval = decided_action(self.approvals.as_ref(), ctx.iteration).await?;
         let context =
@@ -201,7 +244,7 @@ impl WorkerExecutor {
         self.store
             .offer_worker_step(
                 &NewWorkerTask {
-                    id: Uuid::new_v4(),
+                    id: fresh,
                     session_id: ctx.session_id,
                     queue: &self.settings.queue,
                     labels: &self.settings.labels,
@@ -307,5 +350,36 @@ fn step_failed(message: String) -> ExecutorError {
         action: "worker".into(),
         message,
         tokens: 0,
+    }
+}
+
+/// What acting on a read of the step's task came to.
+enum Waited {
+    /// The step is over.
+    Settled(Result<StepResult, ExecutorError>),
+    /// Read again after at most this long (or a change of the task).
+    Wait(Duration),
+}
+
+/// Waits up to `wait` for a change of task `id` (only its own wakes it) or
+/// for its outcome completed on this replica, which it returns; the
+/// outcome's place is given up once it answered.
+async fn wait_for_outcome(
+    outcome: &mut Option<OutcomeTicket>,
+    changes: &mut tokio::sync::broadcast::Receiver<WorkerChange>,
+    id: Uuid,
+    wait: Duration,
+) -> Option<serde_json::Value> {
+    let changed = wait_for_worker_change(changes, wait, |c| c.concerns_task(id));
+    let Some(ticket) = outcome.as_mut() else {
+        changed.await;
+        return None;
+    };
+    tokio::select! {
+        handed = &mut ticket.outcome => {
+            *outcome = None;
+            handed.ok()
+        }
+        () = changed => None,
     }
 }

@@ -98,7 +98,7 @@ pub use sessions::{
 };
 pub use thresholds::{Applied, NewThresholdChange, TenantSessionDefaults, ThresholdChangeRow};
 pub use trace_links::{StoredTraceLinks, set_request_traceparent};
-pub use worker_desk::{ClaimTicket, Handoff, WorkerDesk};
+pub use worker_desk::{ClaimTicket, Handoff, OfferedStep, OutcomeTicket, WorkerDesk};
 pub use worker_notices::{WORKERS_CHANNEL, WorkerChange};
 pub use worker_tasks::{
     Claimant, ClaimedWorkerTask, Heartbeat, LeaseCheck, NewWorkerTask, OpenedTask, QueueDepth,
@@ -231,6 +231,9 @@ pub struct Store {
     worker_notices: Arc<OnceLock<worker_notices::WorkerNotices>>,
     /// Claims waiting on this replica, handed the next step offered here.
     worker_desk: Arc<WorkerDesk>,
+    /// This process's mark on the worker notices it sends, so its own
+    /// listener skips them (shared by siblings: one process, one origin).
+    notice_origin: u64,
 }
 
 /// Worker task changes a waiter may fall behind by before it reads again
@@ -239,6 +242,11 @@ const WORKER_CHANGES: usize = 4_096;
 
 /// Idle time after which a pooled connection is checked before it is used.
 const PING_WHEN_IDLE_FOR: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// A process's notice origin: random, so two replicas never share one.
+fn rand_origin() -> u64 {
+    Uuid::new_v4().as_u64_pair().0
+}
 
 fn announcer() -> tokio::sync::broadcast::Sender<Uuid> {
     tokio::sync::broadcast::channel(4_096).0
@@ -282,6 +290,7 @@ impl Store {
             worker_tasks_changed: Arc::new(tokio::sync::broadcast::channel(WORKER_CHANGES).0),
             worker_notices: Arc::new(OnceLock::new()),
             worker_desk: Arc::new(WorkerDesk::default()),
+            notice_origin: rand_origin(),
         }
     }
 
@@ -335,7 +344,7 @@ impl Store {
 
     fn worker_notices(&self) -> &worker_notices::WorkerNotices {
         self.worker_notices
-            .get_or_init(|| worker_notices::WorkerNotices::start(&self.pool))
+            .get_or_init(|| worker_notices::WorkerNotices::start(&self.pool, self.notice_origin))
     }
 
     fn group_commit(&self) -> &GroupCommit {
@@ -355,8 +364,9 @@ impl Store {
             keys_changed: self.keys_changed.clone(),
             disk_flush: self.disk_flush.clone(),
             worker_tasks_changed: self.worker_tasks_changed.clone(),
-            worker_notices: Arc::new(OnceLock::new()),
+            worker_notices: self.worker_notices.clone(),
             worker_desk: self.worker_desk.clone(),
+            notice_origin: self.notice_origin,
         }
     }
 

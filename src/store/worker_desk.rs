@@ -34,10 +34,12 @@ pub enum Handoff {
     Retry,
 }
 
-/// The claims waiting on this replica, oldest first.
+/// The claims waiting on this replica, oldest first, and the steps
+/// waiting here for their task's outcome.
 #[derive(Debug, Default)]
 pub struct WorkerDesk {
     waiting: Mutex<Waiting>,
+    steps: Mutex<std::collections::HashMap<Uuid, oneshot::Sender<serde_json::Value>>>,
 }
 
 #[derive(Debug, Default)]
@@ -66,6 +68,16 @@ impl DeskClaim {
     }
 }
 
+/// A step's task as offered.
+#[derive(Debug, Clone, Copy)]
+pub struct OfferedStep {
+    /// The task's id.
+    pub id: Uuid,
+    /// Whether it was handed to a claim waiting here: claimed now, under a
+    /// whole lease.
+    pub handed: bool,
+}
+
 /// A claim's place at the desk, left when dropped.
 #[derive(Debug)]
 pub struct ClaimTicket {
@@ -86,6 +98,22 @@ impl ClaimTicket {
 impl Drop for ClaimTicket {
     fn drop(&mut self) {
         self.desk.withdraw(self.ticket);
+    }
+}
+
+/// A step's place at the desk while it waits for its task's outcome, left
+/// when dropped.
+#[derive(Debug)]
+pub struct OutcomeTicket {
+    desk: Arc<WorkerDesk>,
+    task: Uuid,
+    /// Where an outcome completed on this replica arrives.
+    pub outcome: oneshot::Receiver<serde_json::Value>,
+}
+
+impl Drop for OutcomeTicket {
+    fn drop(&mut self) {
+        self.desk.steps().remove(&self.task);
     }
 }
 
@@ -130,6 +158,34 @@ impl WorkerDesk {
         waiting.claims.remove(at)
     }
 
+    /// Seats the step waiting on `task`: a completion of it on this replica
+    /// hands it the outcome, so the step need not read it back.
+    pub fn await_outcome(self: &Arc<Self>, task: Uuid) -> OutcomeTicket {
+        let (tx, outcome) = oneshot::channel();
+        self.steps().insert(task, tx);
+        OutcomeTicket {
+            desk: Arc::clone(self),
+            task,
+            outcome,
+        }
+    }
+
+    /// Hands the outcome of `task`, committed just now, to its step if it
+    /// waits here.
+    pub fn completed(&self, task: Uuid, outcome: &serde_json::Value) {
+        if let Some(step) = self.steps().remove(&task) {
+            // A step that stopped waiting has nothing to receive it.
+            let _ = step.send(outcome.clone());
+        }
+    }
+
+    fn steps(
+        &self,
+    ) -> MutexGuard<'_, std::collections::HashMap<Uuid, oneshot::Sender<serde_json::Value>>> {
+        // The map stays whole whatever panicked while holding it.
+        self.steps.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     /// How many claims wait here.
     pub fn waiting(&self) -> usize {
         self.lock().claims.len()
@@ -151,13 +207,13 @@ impl WorkerDesk {
 impl Store {
     /// Opens a step's task (see [`Store::open_worker_task`]), claimed at
     /// once for the oldest claim waiting here that may have it, which is
-    /// handed the task in memory; the task's id.
+    /// handed the task in memory.
     pub async fn offer_worker_step(
         &self,
         task: &NewWorkerTask<'_>,
         run: Uuid,
         scope: &TenantScope,
-    ) -> Result<Uuid> {
+    ) -> Result<OfferedStep> {
         let claim = scope.tenant().and_then(|tenant| {
             self.worker_desk.take(&OfferFacts {
                 tenant,
@@ -173,29 +229,41 @@ impl Store {
                 drop(claim);
                 return Err(e);
             }
-            (None, opened) => return Ok(opened?.id),
+            (None, opened) => {
+                let id = opened?.id;
+                return Ok(OfferedStep { id, handed: false });
+            }
             (Some(claim), Ok(opened)) => (claim, opened),
         };
         let id = opened.id;
-        self.hand_over(claim, opened).await;
-        Ok(id)
+        let handed = self.hand_over(claim, opened).await;
+        Ok(OfferedStep { id, handed })
     }
 
     /// Answers the claim taken for an opened task: the task, when it was
     /// claimed for it; otherwise (a task a run before left, a stop or pause
     /// asked meanwhile) "read the queue again". A task whose claim left
     /// meanwhile goes back on the queue.
-    async fn hand_over(&self, claim: DeskClaim, opened: OpenedTask) {
+    /// Whether the claim took the task.
+    async fn hand_over(&self, claim: DeskClaim, opened: OpenedTask) -> bool {
         let Some(handed) = opened.handed else {
             let _ = claim.answer(Handoff::Retry);
-            return;
+            return false;
         };
-        if let Err(Handoff::Claimed(handed)) = claim.answer(Handoff::Claimed(Box::new(handed))) {
-            // Failing that, its unheld lease lapses into a new attempt.
-            if let Err(e) = self.unhand_worker_task(&handed).await {
-                tracing::warn!(task = %handed.id, error = %e, "a task handed to a claim that left stays claimed until its lease lapses");
-            }
+        let Err(Handoff::Claimed(handed)) = claim.answer(Handoff::Claimed(Box::new(handed))) else {
+            return true;
+        };
+        // Failing that, its unheld lease lapses into a new attempt.
+        if let Err(e) = self.unhand_worker_task(&handed).await {
+            tracing::warn!(task = %handed.id, error = %e, "a task handed to a claim that left stays claimed until its lease lapses");
         }
+        false
+    }
+
+    /// Seats the step waiting on `task` at this replica's desk: a completion
+    /// of it here hands over the outcome (see [`WorkerDesk::completed`]).
+    pub fn await_worker_outcome(&self, task: Uuid) -> OutcomeTicket {
+        self.worker_desk.await_outcome(task)
     }
 
     /// Seats a claim that found nothing at this replica's desk, where the
@@ -296,6 +364,23 @@ mod tests {
     }
 
     #[test]
+    fn a_completed_outcome_reaches_only_its_waiting_step_and_a_gone_one_is_forgotten() {
+        let desk = Arc::new(WorkerDesk::default());
+        let (mine, other) = (Uuid::new_v4(), Uuid::new_v4());
+        let mut ticket = desk.await_outcome(mine);
+        desk.completed(other, &serde_json::json!({"action": "theirs"}));
+        assert!(ticket.outcome.try_recv().is_err(), "not its task");
+        desk.completed(mine, &serde_json::json!({"action": "mine"}));
+        assert_eq!(
+            ticket.outcome.try_recv().expect("handed"),
+            serde_json::json!({"action": "mine"})
+        );
+        let gone = desk.await_outcome(other);
+        drop(gone);
+        assert!(desk.steps().is_empty(), "a step that left leaves no place");
+    }
+
+    #[test]
     fn a_full_desk_seats_no_one_more() {
         let desk = Arc::new(WorkerDesk::default());
         let none = labels(&[]);
@@ -376,10 +461,12 @@ mod tests {
             let mut ticket = store.wait_at_desk(&wants, "w1").expect("seated");
             let session_id = session(&db.pool, false).await;
             let task = step(session_id, &none, &context);
-            let id = store
+            let offered = store
                 .offer_worker_step(&task, Uuid::new_v4(), &scope)
                 .await
                 .expect("offered");
+            assert!(offered.handed);
+            let id = offered.id;
             let Ok(Handoff::Claimed(handed)) = ticket.handed.try_recv() else {
                 panic!("the waiting claim was not handed the step");
             };
@@ -431,7 +518,7 @@ mod tests {
             let mut changes = store.worker_changes();
             // The claim's request ends between the offer's commit and its answer.
             drop(ticket);
-            store.hand_over(claim, opened).await;
+            assert!(!store.hand_over(claim, opened).await);
             assert_eq!(
                 row(&db.pool, task.id).await,
                 ("pending".into(), None, false)
@@ -460,10 +547,11 @@ mod tests {
             let mut ticket = store.wait_at_desk(&wants, "w1").expect("seated");
             let session_id = session(&db.pool, true).await;
             let task = step(session_id, &none, &context);
-            store
+            let offered = store
                 .offer_worker_step(&task, Uuid::new_v4(), &scope)
                 .await
                 .expect("offered");
+            assert!(!offered.handed);
             assert!(matches!(ticket.handed.try_recv(), Ok(Handoff::Retry)));
             assert_eq!(
                 row(&db.pool, task.id).await,

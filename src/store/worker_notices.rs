@@ -90,19 +90,32 @@ impl WorkerChange {
     }
 }
 
-/// The payloads that tell `changes`: one per [`CHANGES_PER_NOTICE`], or a
-/// single "any" when the batch overflowed.
-fn payloads(changes: &[WorkerChange], overflowed: bool) -> Vec<String> {
+/// The payloads that tell `changes` from the process `origin`: one per
+/// [`CHANGES_PER_NOTICE`], or a single "any" when the batch overflowed.
+/// Each starts with its origin (`<hex>;`), so the sender's own listener
+/// skips what this process was told already.
+fn payloads(origin: u64, changes: &[WorkerChange], overflowed: bool) -> Vec<String> {
     if overflowed || changes.iter().any(|c| c.task.is_none()) {
-        return vec![WorkerChange::ANY.payload()];
+        return vec![format!("{origin:x};{}", WorkerChange::ANY.payload())];
     }
     changes
         .chunks(CHANGES_PER_NOTICE)
         .map(|chunk| {
             let parts: Vec<String> = chunk.iter().map(WorkerChange::payload).collect();
-            parts.join(",")
+            format!("{origin:x};{}", parts.join(","))
         })
         .collect()
+}
+
+/// The changes a notify payload tells the process `own`: none when it sent
+/// them itself (its waiters were told at the commit), all of them when it
+/// came from another process, or from a release that sent no origin.
+pub fn heard(payload: &str, own: u64) -> Vec<WorkerChange> {
+    match payload.split_once(';') {
+        Some((origin, _)) if u64::from_str_radix(origin, 16) == Ok(own) => Vec::new(),
+        Some((_, changes)) => WorkerChange::from_payload(changes),
+        None => WorkerChange::from_payload(payload),
+    }
 }
 
 /// Changes waiting for the next notify.
@@ -133,16 +146,17 @@ pub struct WorkerNotices {
 }
 
 impl WorkerNotices {
-    /// Starts the sender over a connection to `pool`'s database of its own
-    /// (opened on first use, opened again after an error).
-    pub fn start(pool: &PgPool) -> WorkerNotices {
+    /// Starts the sender of the process `origin` over a connection to
+    /// `pool`'s database of its own (opened on first use, opened again
+    /// after an error).
+    pub fn start(pool: &PgPool, origin: u64) -> WorkerNotices {
         let wake = Arc::new(tokio::sync::Notify::new());
         let shared = Arc::new(Shared {
             pending: Mutex::new(Pending::default()),
             wake: wake.clone(),
         });
         let options = (*pool.connect_options()).clone();
-        tokio::spawn(send_batches(Arc::downgrade(&shared), wake, options));
+        tokio::spawn(send_batches(Arc::downgrade(&shared), wake, options, origin));
         WorkerNotices { shared }
     }
 
@@ -174,6 +188,7 @@ async fn send_batches(
     shared: std::sync::Weak<Shared>,
     wake: Arc<tokio::sync::Notify>,
     options: PgConnectOptions,
+    origin: u64,
 ) {
     let mut conn: Option<PgConnection> = None;
     loop {
@@ -185,7 +200,7 @@ async fn send_batches(
             wake.notified().await;
             continue;
         }
-        for payload in payloads(&batch.changes, batch.overflowed) {
+        for payload in payloads(origin, &batch.changes, batch.overflowed) {
             if let Err(err) = notify(&mut conn, &options, &payload).await {
                 // Not retried: the waiters' next read finds the change.
                 tracing::warn!(error = %err, "worker change notice not sent");
@@ -252,33 +267,46 @@ mod tests {
     #[test]
     fn a_batch_goes_out_in_payloads_under_the_limit_and_comes_back_whole() {
         let changes: Vec<WorkerChange> = (0..250).map(|i| change(i % 2 == 0)).collect();
-        let sent = payloads(&changes, false);
+        let sent = payloads(u64::MAX, &changes, false);
         assert_eq!(sent.len(), 3, "100 a notify");
         assert!(
             sent.iter().all(|p| p.len() < 8_000),
             "under Postgres's limit"
         );
-        let heard: Vec<WorkerChange> = sent
-            .iter()
-            .flat_map(|p| WorkerChange::from_payload(p))
-            .collect();
+        let heard: Vec<WorkerChange> = sent.iter().flat_map(|p| heard(p, 7)).collect();
         assert_eq!(heard, changes);
     }
 
     #[test]
     fn an_overflowed_or_unknown_batch_says_any_task_may_have_changed() {
         let changes = vec![change(true), change(false)];
-        assert_eq!(payloads(&changes, true), vec![String::new()]);
+        assert_eq!(payloads(10, &changes, true), vec!["a;".to_string()]);
         let with_any = vec![change(true), WorkerChange::ANY];
-        assert_eq!(payloads(&with_any, false), vec![String::new()]);
+        assert_eq!(payloads(10, &with_any, false), vec!["a;".to_string()]);
         assert_eq!(
-            WorkerChange::from_payload(&payloads(&changes, true)[0]),
+            heard(&payloads(10, &changes, true)[0], 11),
             vec![WorkerChange::ANY]
         );
         // A garbled part among good ones wakes everyone, and loses no good one.
         let good = change(true);
         let heard = WorkerChange::from_payload(&format!("{},junk", good.payload()));
         assert_eq!(heard, vec![good, WorkerChange::ANY]);
+    }
+
+    #[test]
+    fn a_process_skips_its_own_notices_and_hears_everyone_elses() {
+        let changes = vec![change(true), change(false)];
+        let sent = payloads(0xbeef, &changes, false);
+        assert!(heard(&sent[0], 0xbeef).is_empty(), "told locally already");
+        assert_eq!(heard(&sent[0], 0xfeed), changes);
+        // A release that sends no origin is heard whole, as before.
+        let old: Vec<String> = changes.iter().map(WorkerChange::payload).collect();
+        assert_eq!(heard(&old.join(","), 0xbeef), changes);
+        // A garbled origin is someone else's.
+        assert_eq!(
+            heard(&format!("zz;{}", changes[0].payload()), 0xbeef),
+            vec![changes[0]]
+        );
     }
 
     #[tokio::test]

@@ -227,6 +227,14 @@ impl Store {
         let _ = self.worker_tasks_changed.send(change);
     }
 
+    /// Tells this process's waiters the changes of a notice heard on
+    /// [`WORKERS_CHANNEL`], unless this process sent it.
+    pub fn worker_notice_heard(&self, payload: &str) {
+        for change in super::worker_notices::heard(payload, self.notice_origin) {
+            self.workers_changed_locally(change);
+        }
+    }
+
     /// Hears every task change announced in this process (relayed from
     /// [`WORKERS_CHANNEL`] for other replicas'), from now on.
     pub fn worker_changes(&self) -> tokio::sync::broadcast::Receiver<WorkerChange> {
@@ -258,28 +266,48 @@ impl Store {
         scope: &TenantScope,
         to: Option<&str>,
     ) -> Result<OpenedTask> {
-        let mut tx = self.pool.begin().await?;
-        if let Some(id) = adopt_left_open(&mut tx, task, run, scope).await? {
-            tx.commit().await?;
-            tracing::info!(task = %id, iteration = task.iteration, "worker task taken over by a new run");
-            return Ok(OpenedTask { id, handed: None });
-        }
         let token = to.map(|_| new_token());
+        // One statement, one round trip: its parts see one snapshot, and
+        // the task left open (locked first) is never also superseded.
         let row = sqlx::query!(
-            r#"INSERT INTO worker_tasks (id, session_id, tenant, queue, labels, iteration,
-                                         heartbeat_timeout_ms, state, idempotency_key, context, run_token,
-                                         lease_digest, lease_expires_at, claimed_at, worker)
-               SELECT $1, s.id, s.tenant, $3, $4, $5, $6,
-                      CASE WHEN h.handed THEN 'claimed' ELSE 'pending' END, $7, $8, $10,
-                      CASE WHEN h.handed THEN $11::bytea END,
-                      CASE WHEN h.handed THEN now() + make_interval(secs => $6::bigint / 1000.0) END,
-                      CASE WHEN h.handed THEN now() END,
-                      CASE WHEN h.handed THEN $12::text END
-               FROM sessions s,
-                    LATERAL (SELECT $11::bytea IS NOT NULL AND s.status = 'running'
-                                    AND NOT s.stop_requested AND NOT s.pause_requested AS handed) h
-               WHERE s.id = $2 AND ($9::text IS NULL OR s.tenant = $9)
-               RETURNING tenant, state = 'claimed' AS "handed!", lease_expires_at"#,
+            r#"WITH left_open AS (
+                 SELECT id FROM worker_tasks
+                 WHERE session_id = $2 AND iteration = $5
+                   AND state IN ('pending', 'claimed', 'completed', 'failed')
+                   AND ($9::text IS NULL OR tenant = $9)
+                 ORDER BY offered_at DESC, created_at DESC LIMIT 1 FOR UPDATE),
+               adopted AS (
+                 UPDATE worker_tasks t SET run_token = $10, cancel_reason = NULL, updated_at = now(),
+                        context = CASE WHEN t.state = 'pending' THEN $8 ELSE t.context END
+                 FROM left_open WHERE t.id = left_open.id
+                 RETURNING t.id),
+               superseded AS (
+                 UPDATE worker_tasks SET state = 'cancelled', cancel_reason = 'superseded', updated_at = now()
+                 WHERE session_id = $2 AND state IN ('pending', 'claimed')
+                   AND id NOT IN (SELECT id FROM left_open) AND ($9::text IS NULL OR tenant = $9)),
+               inserted AS (
+                 INSERT INTO worker_tasks (id, session_id, tenant, queue, labels, iteration,
+                                           heartbeat_timeout_ms, state, idempotency_key, context, run_token,
+                                           lease_digest, lease_expires_at, claimed_at, worker)
+                 SELECT $1, s.id, s.tenant, $3, $4, $5, $6,
+                        CASE WHEN h.handed THEN 'claimed' ELSE 'pending' END, $7, $8, $10,
+                        CASE WHEN h.handed THEN $11::bytea END,
+                        CASE WHEN h.handed THEN now() + make_interval(secs => $6::bigint / 1000.0) END,
+                        CASE WHEN h.handed THEN now() END,
+                        CASE WHEN h.handed THEN $12::text END
+                 FROM sessions s,
+                      LATERAL (SELECT $11::bytea IS NOT NULL AND s.status = 'running'
+                                      AND NOT s.stop_requested AND NOT s.pause_requested AS handed) h
+                 WHERE s.id = $2 AND ($9::text IS NULL OR s.tenant = $9)
+                   AND NOT EXISTS (SELECT 1 FROM left_open)
+                 RETURNING tenant, queue, state, lease_expires_at),
+               seen AS (
+                 INSERT INTO workers_seen (tenant, queue, worker, last_seen_at, task_id)
+                 SELECT i.tenant, i.queue, $12::text, now(), $1 FROM inserted i WHERE i.state = 'claimed'
+                 ON CONFLICT (tenant, queue, worker)
+                 DO UPDATE SET last_seen_at = now(), task_id = EXCLUDED.task_id)
+               SELECT (SELECT id FROM adopted) AS adopted, i.state AS "state?", i.lease_expires_at
+               FROM (SELECT 1) AS one LEFT JOIN inserted i ON true"#,
             task.id,
             task.session_id,
             task.queue,
@@ -293,28 +321,29 @@ impl Store {
             token.as_deref().map(digest),
             to,
         )
-        .fetch_optional(&mut *tx)
+        .fetch_one(&self.pool)
         .await?;
-        let Some(row) = row else {
+        if let Some(id) = row.adopted {
+            tracing::info!(task = %id, iteration = task.iteration, "worker task taken over by a new run");
+            return Ok(OpenedTask { id, handed: None });
+        }
+        let Some(state) = row.state else {
             return Err(super::StoreError::Corrupt {
                 id: task.session_id,
                 detail: "the session of a worker task is not within its own scope".into(),
             });
         };
-        let handed = match (row.handed, token, to, row.lease_expires_at) {
-            (true, Some(lease_token), Some(worker), Some(lease_expires_at)) => {
-                seen_claiming(&mut tx, &row.tenant, task.queue, worker, task.id).await?;
-                Some(task.claimed(lease_token, lease_expires_at))
+        let handed = match (state.as_str(), token, row.lease_expires_at) {
+            ("claimed", Some(lease_token), Some(expires)) => {
+                Some(task.claimed(lease_token, expires))
             }
             _ => None,
         };
-        let change = WorkerChange {
+        self.worker_task_changed(WorkerChange {
             task: Some(task.id),
             // A task handed over is nobody else's to claim.
             offered: handed.is_none(),
-        };
-        tx.commit().await?;
-        self.worker_task_changed(change);
+        });
         Ok(OpenedTask {
             id: task.id,
             handed,
@@ -765,6 +794,8 @@ impl Store {
         if completed == 0 {
             return Ok(false);
         }
+        // The step waiting here takes the outcome as written, unread.
+        self.worker_desk.completed(id, outcome);
         self.worker_task_changed(WorkerChange {
             task: Some(id),
             offered: false,
@@ -1059,70 +1090,6 @@ pub async fn charge_uncollected_outcomes(
         total = total.saturating_add(tokens);
     }
     Ok(total)
-}
-
-/// Takes over, for the run `run`, the task of `task.iteration` a run before
-/// left open (see [`Store::open_worker_task`]), and cancels any other open
-/// task of the session; the task taken over, if there was one.
-async fn adopt_left_open(
-    conn: &mut PgConnection,
-    task: &NewWorkerTask<'_>,
-    run: Uuid,
-    scope: &TenantScope,
-) -> Result<Option<Uuid>> {
-    let adopted = sqlx::query_scalar!(
-        "WITH left_open AS (
-             SELECT id FROM worker_tasks
-             WHERE session_id = $1 AND iteration = $2
-               AND state IN ('pending', 'claimed', 'completed', 'failed')
-               AND ($5::text IS NULL OR tenant = $5)
-             ORDER BY offered_at DESC, created_at DESC LIMIT 1 FOR UPDATE)
-         UPDATE worker_tasks t SET run_token = $3, cancel_reason = NULL, updated_at = now(),
-                context = CASE WHEN t.state = 'pending' THEN $4 ELSE t.context END
-         FROM left_open WHERE t.id = left_open.id
-         RETURNING t.id",
-        task.session_id,
-        task.iteration as i64,
-        run,
-        Json(task.context) as _,
-        scope.tenant(),
-    )
-    .fetch_optional(&mut *conn)
-    .await?;
-    sqlx::query!(
-        "UPDATE worker_tasks SET state = 'cancelled', cancel_reason = 'superseded', updated_at = now()
-         WHERE session_id = $1 AND state IN ('pending', 'claimed')
-           AND id IS DISTINCT FROM $2 AND ($3::text IS NULL OR tenant = $3)",
-        task.session_id,
-        adopted,
-        scope.tenant(),
-    )
-    .execute(&mut *conn)
-    .await?;
-    Ok(adopted)
-}
-
-/// Records that `worker` claimed `task` on `queue` (for the queue listing).
-async fn seen_claiming(
-    conn: &mut PgConnection,
-    tenant: &str,
-    queue: &str,
-    worker: &str,
-    task: Uuid,
-) -> Result<()> {
-    sqlx::query!(
-        "INSERT INTO workers_seen (tenant, queue, worker, last_seen_at, task_id)
-         VALUES ($1, $2, $3, now(), $4)
-         ON CONFLICT (tenant, queue, worker)
-         DO UPDATE SET last_seen_at = now(), task_id = EXCLUDED.task_id",
-        tenant,
-        queue,
-        worker,
-        task,
-    )
-    .execute(conn)
-    .await?;
-    Ok(())
 }
 
 /// A task locked for a heartbeat or a settlement, with what its session

@@ -69,9 +69,7 @@ impl Supervisor {
                         self.inner.store.keys_changed_locally();
                     }
                     Ok(note) if note.channel() == WORKERS_CHANNEL => {
-                        for change in WorkerChange::from_payload(note.payload()) {
-                            self.inner.store.workers_changed_locally(change);
-                        }
+                        self.inner.store.worker_notice_heard(note.payload());
                     }
                     Ok(note) => self.on_control_note(note.payload()),
                     Err(err) => {

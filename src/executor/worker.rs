@@ -103,27 +103,22 @@ impl WorkerExecutor {
             outcome = Some(self.store.await_worker_outcome(id));
         }
         self.open = Some(id);
-        // Handed to a waiting claim: claimed just now, under a whole lease,
-        // so there is nothing to read before a change or the poll.
-        let mut known_claimed = offered.handed;
+        // A new task is first judged as opened, not read back.
+        let mut as_opened = offered.as_opened;
         loop {
-            let wait = if known_claimed {
-                known_claimed = false;
-                POLL
-            } else {
+            let now = match as_opened.take() {
+                Some(now) => now,
                 // Changes made while reading stay queued in `changes`: none is lost.
-                let Some(now) = self
+                None => self
                     .store
                     .worker_task_state(id, self.run, &self.scope)
                     .await
                     .map_err(store_failed)?
-                else {
-                    return Err(failed("the step's task disappeared".into()));
-                };
-                match self.settle_or_wait(id, now, &ctx).await? {
-                    Waited::Settled(result) => return result,
-                    Waited::Wait(wait) => wait,
-                }
+                    .ok_or_else(|| failed("the step's task disappeared".into()))?,
+            };
+            let wait = match self.settle_or_wait(id, now, &ctx).await? {
+                Waited::Settled(result) => return result,
+                Waited::Wait(wait) => wait,
             };
             let handed = wait_for_outcome(&mut outcome, &mut changes, id, wait).await;
             if let Some(value) = handed {

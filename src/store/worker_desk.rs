@@ -16,9 +16,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use tokio::sync::oneshot;
 use uuid::Uuid;
 
-use super::worker_tasks::{ClaimedWorkerTask, NewWorkerTask, OpenedTask};
+use super::worker_tasks::{ClaimedWorkerTask, NewWorkerTask, OpenedTask, WorkerTaskSnapshot};
 use super::{Result, Store, TenantScope};
-use crate::policy::worker::{ClaimWants, OfferFacts, claim_takes};
+use crate::policy::worker::{ClaimWants, OfferFacts, WorkerTaskState, claim_takes};
 
 /// Claims waiting at one replica's desk at most; past it a claim waits
 /// only for change notices, as every claim did before the desk.
@@ -69,13 +69,13 @@ impl DeskClaim {
 }
 
 /// A step's task as offered.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct OfferedStep {
     /// The task's id.
     pub id: Uuid,
-    /// Whether it was handed to a claim waiting here: claimed now, under a
-    /// whole lease.
-    pub handed: bool,
+    /// A new task as a read right after the offer would find it: pending,
+    /// or claimed by the waiting claim it was handed to. `None`: read it.
+    pub as_opened: Option<WorkerTaskSnapshot>,
 }
 
 /// A claim's place at the desk, left when dropped.
@@ -230,14 +230,20 @@ impl Store {
                 return Err(e);
             }
             (None, opened) => {
-                let id = opened?.id;
-                return Ok(OfferedStep { id, handed: false });
+                let opened = opened?;
+                return Ok(OfferedStep {
+                    id: opened.id,
+                    as_opened: opened.as_opened,
+                });
             }
             (Some(claim), Ok(opened)) => (claim, opened),
         };
-        let id = opened.id;
-        let handed = self.hand_over(claim, opened).await;
-        Ok(OfferedStep { id, handed })
+        let (id, mut as_opened) = (opened.id, opened.as_opened.clone());
+        if !self.hand_over(claim, opened).await {
+            // Given back to the queue, or not handed at all: read it.
+            as_opened = as_opened.filter(|a| a.state != WorkerTaskState::Claimed);
+        }
+        Ok(OfferedStep { id, as_opened })
     }
 
     /// Answers the claim taken for an opened task: the task, when it was
@@ -465,7 +471,8 @@ mod tests {
                 .offer_worker_step(&task, Uuid::new_v4(), &scope)
                 .await
                 .expect("offered");
-            assert!(offered.handed);
+            let as_opened = offered.as_opened.expect("a new task");
+            assert_eq!(as_opened.state, WorkerTaskState::Claimed);
             let id = offered.id;
             let Ok(Handoff::Claimed(handed)) = ticket.handed.try_recv() else {
                 panic!("the waiting claim was not handed the step");
@@ -551,7 +558,8 @@ mod tests {
                 .offer_worker_step(&task, Uuid::new_v4(), &scope)
                 .await
                 .expect("offered");
-            assert!(!offered.handed);
+            let as_opened = offered.as_opened.expect("a new task");
+            assert_eq!(as_opened.state, WorkerTaskState::Pending);
             assert!(matches!(ticket.handed.try_recv(), Ok(Handoff::Retry)));
             assert_eq!(
                 row(&db.pool, task.id).await,

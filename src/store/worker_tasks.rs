@@ -69,6 +69,9 @@ pub struct OpenedTask {
     /// When it was claimed at once for the waiting claim named: the task
     /// as that claim answers it.
     pub handed: Option<ClaimedWorkerTask>,
+    /// A new task as a read of it right after the open would find it (none
+    /// for a task taken over: read it).
+    pub as_opened: Option<WorkerTaskSnapshot>,
 }
 
 /// Where a task stands, as the waiting step reads it.
@@ -306,8 +309,10 @@ impl Store {
                  SELECT i.tenant, i.queue, $12::text, now(), $1 FROM inserted i WHERE i.state = 'claimed'
                  ON CONFLICT (tenant, queue, worker)
                  DO UPDATE SET last_seen_at = now(), task_id = EXCLUDED.task_id)
-               SELECT (SELECT id FROM adopted) AS adopted, i.state AS "state?", i.lease_expires_at
-               FROM (SELECT 1) AS one LEFT JOIN inserted i ON true"#,
+               SELECT (SELECT id FROM adopted) AS adopted, i.state AS "state?", i.lease_expires_at,
+                      now() AS "now!", s.pause_requested AS "pause_requested?"
+               FROM (SELECT 1) AS one LEFT JOIN inserted i ON true
+                    LEFT JOIN sessions s ON s.id = $2"#,
             task.id,
             task.session_id,
             task.queue,
@@ -325,7 +330,11 @@ impl Store {
         .await?;
         if let Some(id) = row.adopted {
             tracing::info!(task = %id, iteration = task.iteration, "worker task taken over by a new run");
-            return Ok(OpenedTask { id, handed: None });
+            return Ok(OpenedTask {
+                id,
+                handed: None,
+                as_opened: None,
+            });
         }
         let Some(state) = row.state else {
             return Err(super::StoreError::Corrupt {
@@ -344,9 +353,26 @@ impl Store {
             // A task handed over is nobody else's to claim.
             offered: handed.is_none(),
         });
+        let as_opened = WorkerTaskSnapshot {
+            state: if handed.is_some() {
+                WorkerTaskState::Claimed
+            } else {
+                WorkerTaskState::Pending
+            },
+            attempt: 1,
+            offered_at: row.now,
+            lease_expires_at: row.lease_expires_at,
+            outcome: None,
+            last_error: None,
+            retryable: true,
+            now: row.now,
+            pause_requested: row.pause_requested.unwrap_or(false),
+            taken_over: false,
+        };
         Ok(OpenedTask {
             id: task.id,
             handed,
+            as_opened: Some(as_opened),
         })
     }
 

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use futures::FutureExt;
 use futures::future::BoxFuture;
+use tokio::sync::broadcast::error::TryRecvError;
 use uuid::Uuid;
 
 use super::webhook::{decided_action, external_step, request_for};
@@ -103,8 +104,13 @@ impl WorkerExecutor {
             outcome = Some(self.store.await_worker_outcome(id));
         }
         self.open = Some(id);
-        // A new task is first judged as opened, not read back.
+        // A new task is first judged as opened, not read back; the change
+        // its own offer told is no news to it (an outcome completed here
+        // meanwhile is at the desk, anything else is found by the poll).
         let mut as_opened = offered.as_opened;
+        if as_opened.is_some() {
+            skip_queued(&mut changes);
+        }
         loop {
             let now = match as_opened.take() {
                 Some(now) => now,
@@ -371,10 +377,25 @@ async fn wait_for_outcome(
         return None;
     };
     tokio::select! {
+        // The outcome first: its completion's change is told just after.
+        biased;
         handed = &mut ticket.outcome => {
             *outcome = None;
             handed.ok()
         }
         () = changed => None,
+    }
+}
+
+/// Drops the changes queued in `changes` (at most a channel's worth, so a
+/// busy channel never holds the step here).
+fn skip_queued(changes: &mut tokio::sync::broadcast::Receiver<WorkerChange>) {
+    for _ in 0..changes.len().min(4_096) {
+        if matches!(
+            changes.try_recv(),
+            Err(TryRecvError::Empty | TryRecvError::Closed)
+        ) {
+            return;
+        }
     }
 }

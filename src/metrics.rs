@@ -230,9 +230,10 @@ impl Metrics {
     }
 
     /// The text exposition, with `sessions` (status → count) as a gauge.
-    pub fn render(&self, sessions: &BTreeMap<String, i64>) -> String {
+    pub fn render(&self, sessions: &BTreeMap<String, i64>, desk: DeskGauges) -> String {
         let mut out = String::new();
         render_sessions(&mut out, sessions);
+        render_desk(&mut out, desk);
         self.render_totals(&mut out);
         self.render_labelled(&mut out);
         self.render_cost(&mut out);
@@ -377,6 +378,34 @@ impl Metrics {
     }
 }
 
+/// This replica's worker desk: claims waiting here, and steps handed to them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DeskGauges {
+    /// Worker claims waiting here for a step.
+    pub claims_waiting: u64,
+    /// Steps handed to a claim waiting here, since start.
+    pub steps_handed: u64,
+}
+
+fn render_desk(out: &mut String, desk: DeskGauges) {
+    let _ = writeln!(
+        out,
+        "# HELP warden_worker_claims_waiting Worker claims waiting at this replica for a step."
+    );
+    let _ = writeln!(out, "# TYPE warden_worker_claims_waiting gauge");
+    let _ = writeln!(out, "warden_worker_claims_waiting {}", desk.claims_waiting);
+    let _ = writeln!(
+        out,
+        "# HELP warden_worker_steps_handed_total Steps handed to a claim waiting at this replica as they were offered."
+    );
+    let _ = writeln!(out, "# TYPE warden_worker_steps_handed_total counter");
+    let _ = writeln!(
+        out,
+        "warden_worker_steps_handed_total {}",
+        desk.steps_handed
+    );
+}
+
 /// The sessions gauge, by status (every status, zero when none).
 fn render_sessions(out: &mut String, sessions: &BTreeMap<String, i64>) {
     let _ = writeln!(
@@ -419,7 +448,18 @@ mod tests {
         m.stop_seconds.observe(Duration::from_millis(3));
         let mut sessions = BTreeMap::new();
         sessions.insert("completed".to_string(), 2);
-        let text = m.render(&sessions);
+        let text = m.render(
+            &sessions,
+            DeskGauges {
+                claims_waiting: 3,
+                steps_handed: 7,
+            },
+        );
+        assert!(text.contains("warden_worker_claims_waiting 3\n"), "{text}");
+        assert!(
+            text.contains("warden_worker_steps_handed_total 7\n"),
+            "{text}"
+        );
         assert!(text.contains("warden_sessions{status=\"completed\"} 2"));
         assert!(text.contains("warden_sessions{status=\"running\"} 0"));
         assert!(text.contains("warden_iterations_total 2"));

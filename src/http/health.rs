@@ -68,7 +68,9 @@ pub async fn metrics(State(state): State<AppState>) -> axum::response::Response 
                 axum::http::header::CONTENT_TYPE,
                 "text/plain; version=0.0.4; charset=utf-8",
             )],
-            state.metrics.render(&sessions),
+            state
+                .metrics
+                .render(&sessions, state.service.workers().desk()),
         )
             .into_response(),
         Err(err) => {

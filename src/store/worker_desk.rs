@@ -38,6 +38,8 @@ pub enum Handoff {
 /// waiting here for their task's outcome.
 #[derive(Debug, Default)]
 pub struct WorkerDesk {
+    /// Steps handed to a waiting claim since start.
+    handed: std::sync::atomic::AtomicU64,
     waiting: Mutex<Waiting>,
     steps: Mutex<std::collections::HashMap<Uuid, oneshot::Sender<serde_json::Value>>>,
 }
@@ -186,6 +188,11 @@ impl WorkerDesk {
         self.steps.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Steps handed to a waiting claim since start.
+    pub fn handed(&self) -> u64 {
+        self.handed.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// How many claims wait here.
     pub fn waiting(&self) -> usize {
         self.lock().claims.len()
@@ -257,6 +264,9 @@ impl Store {
             return false;
         };
         let Err(Handoff::Claimed(handed)) = claim.answer(Handoff::Claimed(Box::new(handed))) else {
+            self.worker_desk
+                .handed
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             return true;
         };
         // Failing that, its unheld lease lapses into a new attempt.
@@ -264,6 +274,11 @@ impl Store {
             tracing::warn!(task = %handed.id, error = %e, "a task handed to a claim that left stays claimed until its lease lapses");
         }
         false
+    }
+
+    /// This replica's desk: claims waiting here, steps handed to them since start.
+    pub fn worker_desk_counts(&self) -> (usize, u64) {
+        (self.worker_desk.waiting(), self.worker_desk.handed())
     }
 
     /// Seats the step waiting on `task` at this replica's desk: a completion

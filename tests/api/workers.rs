@@ -803,6 +803,76 @@ async fn a_task_goes_only_to_a_worker_that_has_all_its_labels() {
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
 }
 
+/// A value of this replica's `/metrics`.
+async fn metric(app: &TestApp, name: &str) -> u64 {
+    let text = reqwest::Client::new()
+        .get(app.url("/metrics"))
+        .bearer_auth(ADMIN_TOKEN)
+        .send()
+        .await
+        .expect("sent")
+        .text()
+        .await
+        .expect("text");
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in /metrics: {text}"))
+}
+
+/// Claims waiting at a replica when a step is offered: only the one that
+/// may have it (its tenant, its queue, its labels) is handed it, at once,
+/// as a real claim its worker heartbeats and completes; the others go on
+/// waiting and end empty.
+#[tokio::test]
+async fn a_step_offered_is_handed_to_the_waiting_claim_that_may_have_it() {
+    let app = TestApp::start().await;
+    let ours = Worker::new(
+        &app,
+        &worker_key(&app, common::TEST_TENANT, &["desk"]).await,
+    );
+    let theirs = Worker::new(&app, &worker_key(&app, "other-tenant", &["desk"]).await);
+    let claim = |worker: &'static str, labels: Value| {
+        let by = if worker == "theirs" { &theirs } else { &ours };
+        by.post(
+            "/api/workers/claim",
+            json!({ "wait_ms": 4_000, "worker": worker, "labels": labels }),
+        )
+    };
+    let offer = async {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while metric(&app, "warden_worker_claims_waiting").await < 3 {
+            assert!(Instant::now() < deadline, "the claims never waited");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        worker_session(&app, "desk", json!({ "labels": { "gpu": "a100" } })).await
+    };
+    let (other_tenant, bare, gpu, id) = tokio::join!(
+        claim("theirs", json!({ "gpu": "a100" })),
+        claim("bare", json!({})),
+        claim("gpu", json!({ "gpu": "a100", "os": "linux" })),
+        offer,
+    );
+    assert_eq!(other_tenant.0, StatusCode::NO_CONTENT, "{other_tenant:?}");
+    assert_eq!(bare.0, StatusCode::NO_CONTENT, "{bare:?}");
+    let (status, task) = gpu;
+    assert_eq!(status, StatusCode::OK, "{task}");
+    assert_eq!(task["session_id"], id.as_str());
+    assert_eq!(task["iteration"], 1);
+    assert_eq!(metric(&app, "warden_worker_steps_handed_total").await, 1);
+    assert_eq!(metric(&app, "warden_worker_claims_waiting").await, 0);
+    // A task handed over is a claim like any other.
+    let (status, beat) = ours.task(&task, "heartbeat", json!({})).await;
+    assert_eq!(status, StatusCode::OK, "{beat}");
+    assert_eq!(beat["cancel"], false, "{beat}");
+    let step = json!({ "outcome": { "action": "write README.md", "tokens": 3 } });
+    let (status, body) = ours.task(&task, "complete", step).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    app.wait_until(&id, Duration::from_secs(10), |s| s["iterations"] == 1)
+        .await;
+    let (status, _) = app.post(&format!("/api/autonomous/{id}/stop"), None).await;
+    assert_eq!(status, StatusCode::OK);
+}
+
 /// A worker on replica B serves a session that runs on replica A: each
 /// completion on B reaches A's waiting step, and A's next offer reaches B's
 /// waiting claim, through the after-commit notices (both sides re-read

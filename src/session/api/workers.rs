@@ -119,6 +119,16 @@ impl WorkerProtocol<'_> {
         handed_task((&mut ticket.handed).await)
     }
 
+    /// This replica's desk, for the metrics: claims waiting here, and
+    /// steps handed to them since start.
+    pub fn desk(&self) -> crate::metrics::DeskGauges {
+        let (waiting, handed) = self.store.worker_desk_counts();
+        crate::metrics::DeskGauges {
+            claims_waiting: u64::try_from(waiting).unwrap_or(u64::MAX),
+            steps_handed: handed,
+        }
+    }
+
     /// Extends the lease of `token` on task `id` and records its progress;
     /// tells the worker when to abandon the step.
     pub async fn heartbeat(

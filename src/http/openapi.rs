@@ -616,6 +616,11 @@ fn executor_bounds(out: &mut Vec<Bound>) {
         "maxLength",
         MAX_LABEL_VALUE_CHARS.into(),
     ));
+    worker_protocol_bounds(out);
+}
+
+/// Bounds of the worker protocol's requests.
+fn worker_protocol_bounds(out: &mut Vec<Bound>) {
     out.push((
         prop("ClaimRequest", "worker"),
         "pattern",
@@ -645,6 +650,11 @@ fn executor_bounds(out: &mut Vec<Bound>) {
         prop("ClaimRequest", "worker"),
         "maxLength",
         super::workers::MAX_WORKER_CHARS.into(),
+    ));
+    out.push((
+        prop("HeartbeatRequest", "wait_ms"),
+        "maximum",
+        super::workers::MAX_HEARTBEAT_WAIT_MS.into(),
     ));
 }
 

@@ -25,6 +25,8 @@ use crate::executor::{WebhookRequest, WebhookResponse};
 use crate::session::workers::Claimant;
 use crate::session::{ClaimedStep, LeaseCheck, Settlement};
 
+/// Longest wait of a heartbeat, ms.
+pub const MAX_HEARTBEAT_WAIT_MS: u64 = 30_000;
 /// Default wait of a claim, ms.
 pub const DEFAULT_CLAIM_WAIT_MS: u64 = 30_000;
 /// Longest wait of a claim, ms.
@@ -108,6 +110,13 @@ pub struct HeartbeatRequest {
     /// Progress text (at most 4,096 characters).
     #[serde(default)]
     pub progress: Option<String>,
+    /// Longest wait for news of the step in ms (default 0: answer at once;
+    /// at most 30000, and at most half the lease): the heartbeat answers as
+    /// soon as the session is stopped or paused, its replica drains or the
+    /// lease is lost, else when the wait ends, the lease extended then. A
+    /// heartbeat that waits holds a place among the parked claims.
+    #[serde(default)]
+    pub wait_ms: Option<u64>,
 }
 
 /// What a heartbeat answers.
@@ -360,7 +369,8 @@ pub async fn claim(
 }
 
 /// Heartbeat a task (worker keys): extends the lease; answers `cancel:
-/// true` as soon as the session is stopped or paused.
+/// true` as soon as the session is stopped or paused. With `wait_ms`, it
+/// waits for such news (or a drain) up to that long before answering.
 #[utoipa::path(
     post, path = "/api/workers/tasks/{task_id}/heartbeat", tag = "workers",
     params(("task_id" = Uuid, Path, description = "Task id")),
@@ -369,27 +379,48 @@ pub async fn claim(
         (status = 200, description = "Lease extended, or the step is to be abandoned (`cancel`)", body = HeartbeatAnswer),
         (status = 404, description = "No such task on this key's queues", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "The lease is no longer this token's", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "Progress text too long", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Progress text too long, or `wait_ms` above 30000", body = Problem, content_type = "application/problem+json"),
+        (status = 429, description = "The key or its tenant has as many claims and waiting heartbeats parked as it may; retry after `Retry-After` seconds", body = Problem, content_type = "application/problem+json",
+            headers(("Retry-After" = u32, description = "Seconds to wait before heartbeating again"))),
+        (status = 503, description = "WARDEN_MAX_PARKED_CLAIMS claims and heartbeats are waiting on this replica; retry after `Retry-After` seconds", body = Problem, content_type = "application/problem+json",
+            headers(("Retry-After" = u32, description = "Seconds to wait before heartbeating again"))),
     )
 )]
 pub async fn heartbeat(
     State(state): State<AppState>,
     Extension(caller): Extension<Principal>,
+    slot: Option<Extension<RequestSlot>>,
     TaskId(id): TaskId,
     ApiJson(req): ApiJson<HeartbeatRequest>,
 ) -> ApiResult<Json<HeartbeatAnswer>> {
+    let invalid =
+        |detail: String| ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_request", detail);
     if req
         .progress
         .as_ref()
         .is_some_and(|p| p.chars().count() > MAX_PROGRESS_CHARS)
     {
-        return Err(ApiError::new(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "invalid_request",
-            format!("progress must be at most {MAX_PROGRESS_CHARS} characters"),
-        ));
+        return Err(invalid(format!(
+            "progress must be at most {MAX_PROGRESS_CHARS} characters"
+        )));
+    }
+    let wait_ms = req.wait_ms.unwrap_or(0);
+    if wait_ms > MAX_HEARTBEAT_WAIT_MS {
+        return Err(invalid(format!(
+            "wait_ms must be at most {MAX_HEARTBEAT_WAIT_MS}"
+        )));
     }
     let queues = queues_of(&caller, None)?;
+    // Held until the heartbeat answers, as a waiting claim's.
+    let _parked = match slot {
+        _ if wait_ms == 0 => None,
+        Some(Extension(slot)) => Some(slot.park(&caller)?),
+        None => {
+            return Err(ApiError::internal(
+                &"a heartbeat reached its handler without the request limits",
+            ));
+        }
+    };
     let beat = state
         .service
         .workers()
@@ -399,6 +430,7 @@ pub async fn heartbeat(
             queues.as_deref(),
             &req.lease_token,
             req.progress.as_deref(),
+            Duration::from_millis(wait_ms),
         )
         .await?;
     let beat = settled(id, beat)?;

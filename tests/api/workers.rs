@@ -338,6 +338,60 @@ async fn a_stop_reaches_a_heartbeating_worker_within_a_second() {
     assert!(p99 < Duration::from_secs(1), "p99 {p99:?}");
 }
 
+/// A heartbeat that waits answers the moment its session is stopped, not
+/// when its wait ends; one with no news answers after its wait with the
+/// lease extended then.
+#[tokio::test]
+async fn a_waiting_heartbeat_answers_at_the_stop_and_otherwise_at_the_end_of_its_wait() {
+    let app = TestApp::start().await;
+    let worker = Worker::new(
+        &app,
+        &worker_key(&app, common::TEST_TENANT, &["beats"]).await,
+    );
+    let id = worker_session(&app, "beats", json!({})).await;
+    let task = worker.claim(5_000).await.expect("a task");
+    let (status, first) = worker.task(&task, "heartbeat", json!({})).await;
+    assert_eq!(status, StatusCode::OK, "{first}");
+    let asked = Instant::now();
+    let (status, quiet) = worker
+        .task(&task, "heartbeat", json!({ "wait_ms": 300 }))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{quiet}");
+    assert!(
+        asked.elapsed() >= Duration::from_millis(300),
+        "answered before its wait ended"
+    );
+    assert_eq!(quiet["cancel"], false, "{quiet}");
+    assert!(
+        quiet["lease_expires_at"].as_str() > first["lease_expires_at"].as_str(),
+        "extended at the end: {first} then {quiet}"
+    );
+    let (status, body) = worker
+        .task(&task, "heartbeat", json!({ "wait_ms": 30_001 }))
+        .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+
+    let waiting = worker.task(&task, "heartbeat", json!({ "wait_ms": 30_000 }));
+    let stop = async {
+        // Sent a moment after the heartbeat so it usually finds it waiting
+        // (an ordering nudge, not a wait for a condition: either order
+        // must answer `stopped` long before the wait, or half the lease, ends).
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        app.post(&format!("/api/autonomous/{id}/stop"), None).await
+    };
+    let asked = Instant::now();
+    let ((status, beat), (stopped, body)) = tokio::join!(waiting, stop);
+    assert!(stopped.is_success(), "{body}");
+    assert_eq!(status, StatusCode::OK, "{beat}");
+    assert_eq!(beat["cancel"], true, "{beat}");
+    assert_eq!(beat["reason"], "stopped");
+    assert!(
+        asked.elapsed() < Duration::from_secs(10),
+        "the heartbeat waited out its wait: {:?}",
+        asked.elapsed()
+    );
+}
+
 #[tokio::test]
 async fn a_worker_of_another_tenant_or_queue_sees_nothing() {
     let app = TestApp::start().await;

@@ -130,7 +130,10 @@ impl WorkerProtocol<'_> {
     }
 
     /// Extends the lease of `token` on task `id` and records its progress;
-    /// tells the worker when to abandon the step.
+    /// tells the worker when to abandon the step. With a `wait`, answers
+    /// as soon as there is news of the step (a stop, a pause, a drain, a
+    /// lost lease), else once the wait ends (at most half the lease left
+    /// after the first beat), extending the lease again then.
     pub async fn heartbeat(
         &self,
         id: Uuid,
@@ -138,11 +141,33 @@ impl WorkerProtocol<'_> {
         queues: Option<&[String]>,
         token: &str,
         progress: Option<&str>,
+        wait: Duration,
     ) -> Result<LeaseCheck<Heartbeat>> {
-        Ok(self
-            .store
-            .heartbeat_worker_task(id, scope, queues, token, progress)
-            .await?)
+        // Subscribed before the first beat: no change after it is missed.
+        let mut changes = self.store.worker_changes();
+        let mut deadline = Instant::now() + wait;
+        loop {
+            let beat = self
+                .store
+                .heartbeat_worker_task(id, scope, queues, token, progress)
+                .await?;
+            let LeaseCheck::Held(Heartbeat {
+                cancel: None,
+                lease_expires_at: Some(lease),
+                ..
+            }) = &beat
+            else {
+                return Ok(beat);
+            };
+            if wait.is_zero() || Instant::now() >= deadline {
+                return Ok(beat);
+            }
+            // The lease must outlast the wait by as long again.
+            let lease_left = (*lease - chrono::Utc::now()).to_std().unwrap_or_default();
+            deadline = deadline.min(Instant::now() + lease_left / 2);
+            let left = deadline.saturating_duration_since(Instant::now());
+            wait_for_worker_change(&mut changes, left, |c| c.concerns_task(id)).await;
+        }
     }
 
     /// Ends the lease of `token` on task `id`: completed, failed or released.

@@ -56,6 +56,9 @@ pub struct WorkerExecutor {
     open: Option<Uuid>,
     /// The session whose steps these are (known from the first step).
     session_id: Option<Uuid>,
+    /// The iteration whose step this run collected without an approval
+    /// request: the next step has no decision to read.
+    asked_nothing_at: Option<u64>,
 }
 
 impl WorkerExecutor {
@@ -78,6 +81,7 @@ impl WorkerExecutor {
             run,
             open: None,
             session_id: None,
+            asked_nothing_at: None,
         }
     }
 
@@ -215,12 +219,13 @@ impl WorkerExecutor {
 
     /// Reads the worker's completed outcome as the step's result.
     async fn collect(
-        &self,
+        &mut self,
         outcome: Option<serde_json::Value>,
         iteration: u64,
     ) -> Result<StepResult, ExecutorError> {
         let answer: WebhookResponse = serde_json::from_value(outcome.unwrap_or_default())
             .map_err(|e| step_failed(format!("worker outcome is not a step outcome: {e}")))?;
+        self.asked_nothing_at = answer.approval.is_none().then_some(iteration);
         external_step(
             self.approvals.as_ref(),
             self.children.as_ref(),
@@ -238,7 +243,12 @@ impl WorkerExecutor {
         fresh: Uuid,
     ) -> Result<OfferedStep, ExecutorError> {
         let mut request = request_for(ctx);
-        request.approval = decided_action(self.approvals.as_ref(), ctx.iteration).await?;
+        // Only a step that asked for an approval has a decision to read.
+        let previous_asked_nothing = self.asked_nothing_at.is_some()
+            && self.asked_nothing_at == ctx.iteration.checked_sub(1);
+        if !previous_asked_nothing {
+            request.approval = decided_action(self.approvals.as_ref(), ctx.iteration).await?;
+        }
         let context =
             serde_json::to_value(request).map_err(|e| step_failed(format!("step context: {e}")))?;
         self.session_id = Some(ctx.session_id);

@@ -188,6 +188,17 @@ impl WorkerDesk {
         self.steps.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Whether a claim wanting exactly `wants` (the same tenant, queues and
+    /// labels) waits here.
+    pub fn twin_waits(&self, wants: &ClaimWants<'_>) -> bool {
+        self.lock().claims.iter().any(|c| {
+            c.tenant.as_deref() == wants.tenant
+                && c.queues.as_deref() == wants.queues
+                && &c.labels == wants.labels
+                && !c.reply.is_closed()
+        })
+    }
+
     /// Steps handed to a waiting claim since start.
     pub fn handed(&self) -> u64 {
         self.handed.load(std::sync::atomic::Ordering::Relaxed)
@@ -285,6 +296,11 @@ impl Store {
     /// of it here hands over the outcome (see [`WorkerDesk::completed`]).
     pub fn await_worker_outcome(&self, task: Uuid) -> OutcomeTicket {
         self.worker_desk.await_outcome(task)
+    }
+
+    /// Whether a claim that wants exactly `wants` waits at this replica's desk.
+    pub fn claim_like_waits(&self, wants: &ClaimWants<'_>) -> bool {
+        self.worker_desk.twin_waits(wants)
     }
 
     /// Seats a claim that found nothing at this replica's desk, where the
@@ -399,6 +415,32 @@ mod tests {
         let gone = desk.await_outcome(other);
         drop(gone);
         assert!(desk.steps().is_empty(), "a step that left leaves no place");
+    }
+
+    #[test]
+    fn only_a_claim_wanting_exactly_the_same_is_a_twin() {
+        let desk = Arc::new(WorkerDesk::default());
+        let (gpu, none) = (labels(&[("gpu", "a100")]), labels(&[]));
+        let (q, qr) = (
+            vec!["q".to_string()],
+            vec!["q".to_string(), "r".to_string()],
+        );
+        let wants = |tenant, queues, labels| ClaimWants {
+            tenant,
+            queues,
+            labels,
+        };
+        let seated = desk
+            .wait(&wants(Some("t"), Some(&q), &gpu), "w")
+            .expect("seated");
+        assert!(desk.twin_waits(&wants(Some("t"), Some(&q), &gpu)));
+        assert!(!desk.twin_waits(&wants(Some("u"), Some(&q), &gpu)));
+        assert!(!desk.twin_waits(&wants(None, Some(&q), &gpu)));
+        assert!(!desk.twin_waits(&wants(Some("t"), Some(&qr), &gpu)));
+        assert!(!desk.twin_waits(&wants(Some("t"), None, &gpu)));
+        assert!(!desk.twin_waits(&wants(Some("t"), Some(&q), &none)));
+        drop(seated);
+        assert!(!desk.twin_waits(&wants(Some("t"), Some(&q), &gpu)));
     }
 
     #[test]

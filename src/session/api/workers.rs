@@ -66,11 +66,18 @@ impl WorkerProtocol<'_> {
             queues,
             labels: worker.labels,
         };
+        // A claim like this one waiting here already was handed, or woken
+        // for, any task this one could take: this one queues behind it
+        // without reading the queue first (a read that would find nothing).
+        let mut read_queue = wait.is_zero() || !self.store.claim_like_waits(&wants);
         loop {
             // Offers made while claiming stay queued in `changes`: none is lost.
-            if let Some(task) = self.store.claim_worker_task(scope, queues, worker).await? {
+            if read_queue
+                && let Some(task) = self.store.claim_worker_task(scope, queues, worker).await?
+            {
                 return claimed_step(task).map(Some);
             }
+            read_queue = true;
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 break;

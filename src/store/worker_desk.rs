@@ -510,24 +510,35 @@ mod tests {
             .expect("the task")
         }
 
-        #[tokio::test]
-        async fn a_waiting_claim_is_handed_the_step_offered_as_a_claimed_row() {
+        /// A claim of tenant `t` waiting at a fresh store's desk, then a
+        /// step of a session (being stopped, with `stopping`) offered.
+        async fn offer_to_a_waiting_claim(
+            stopping: bool,
+            context: &serde_json::Value,
+        ) -> (TestDb, Store, ClaimTicket, OfferedStep) {
             let db = TestDb::new().await;
             let store = Store::from_pool(db.pool.clone());
-            let (none, context) = (BTreeMap::new(), serde_json::json!({"iteration": 1}));
-            let scope = TenantScope::tenant_only("t");
+            let none = BTreeMap::new();
             let wants = ClaimWants {
                 tenant: Some("t"),
                 queues: None,
                 labels: &none,
             };
-            let mut ticket = store.wait_at_desk(&wants, "w1").expect("seated");
-            let session_id = session(&db.pool, false).await;
-            let task = step(session_id, &none, &context);
+            let ticket = store.wait_at_desk(&wants, "w1").expect("seated");
+            let session_id = session(&db.pool, stopping).await;
+            let task = step(session_id, &none, context);
             let offered = store
-                .offer_worker_step(&task, Uuid::new_v4(), &scope)
+                .offer_worker_step(&task, Uuid::new_v4(), &TenantScope::tenant_only("t"))
                 .await
                 .expect("offered");
+            (db, store, ticket, offered)
+        }
+
+        #[tokio::test]
+        async fn a_waiting_claim_is_handed_the_step_offered_as_a_claimed_row() {
+            let context = serde_json::json!({"iteration": 1});
+            let (db, store, mut ticket, offered) = offer_to_a_waiting_claim(false, &context).await;
+            let scope = TenantScope::tenant_only("t");
             let as_opened = offered.as_opened.expect("a new task");
             assert_eq!(as_opened.state, WorkerTaskState::Claimed);
             let id = offered.id;
@@ -599,27 +610,13 @@ mod tests {
 
         #[tokio::test]
         async fn a_session_being_stopped_is_not_handed_over() {
-            let db = TestDb::new().await;
-            let store = Store::from_pool(db.pool.clone());
-            let (none, context) = (BTreeMap::new(), serde_json::json!({}));
-            let scope = TenantScope::tenant_only("t");
-            let wants = ClaimWants {
-                tenant: Some("t"),
-                queues: None,
-                labels: &none,
-            };
-            let mut ticket = store.wait_at_desk(&wants, "w1").expect("seated");
-            let session_id = session(&db.pool, true).await;
-            let task = step(session_id, &none, &context);
-            let offered = store
-                .offer_worker_step(&task, Uuid::new_v4(), &scope)
-                .await
-                .expect("offered");
+            let context = serde_json::json!({});
+            let (db, _store, mut ticket, offered) = offer_to_a_waiting_claim(true, &context).await;
             let as_opened = offered.as_opened.expect("a new task");
             assert_eq!(as_opened.state, WorkerTaskState::Pending);
             assert!(matches!(ticket.handed.try_recv(), Ok(Handoff::Retry)));
             assert_eq!(
-                row(&db.pool, task.id).await,
+                row(&db.pool, offered.id).await,
                 ("pending".into(), None, false)
             );
         }

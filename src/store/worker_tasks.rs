@@ -61,6 +61,16 @@ impl NewWorkerTask<'_> {
     }
 }
 
+/// What the open's statement returns: the task taken over, or the new
+/// task's state with the database's clock and the session's pause flag.
+struct OpenRow {
+    adopted: Option<Uuid>,
+    state: Option<String>,
+    lease_expires_at: Option<DateTime<Utc>>,
+    now: DateTime<Utc>,
+    pause_requested: Option<bool>,
+}
+
 /// The task a step waits on, as opened.
 #[derive(Debug, Clone)]
 pub struct OpenedTask {
@@ -270,9 +280,70 @@ impl Store {
         to: Option<&str>,
     ) -> Result<OpenedTask> {
         let token = to.map(|_| new_token());
+        let row = self
+            .open_task_row(task, run, scope, token.as_deref().map(digest), to)
+            .await?;
+        if let Some(id) = row.adopted {
+            tracing::info!(task = %id, iteration = task.iteration, "worker task taken over by a new run");
+            return Ok(OpenedTask {
+                id,
+                handed: None,
+                as_opened: None,
+            });
+        }
+        let Some(state) = row.state else {
+            return Err(super::StoreError::Corrupt {
+                id: task.session_id,
+                detail: "the session of a worker task is not within its own scope".into(),
+            });
+        };
+        let handed = match (state.as_str(), token, row.lease_expires_at) {
+            ("claimed", Some(lease_token), Some(expires)) => {
+                Some(task.claimed(lease_token, expires))
+            }
+            _ => None,
+        };
+        self.worker_task_changed(WorkerChange {
+            task: Some(task.id),
+            // A task handed over is nobody else's to claim.
+            offered: handed.is_none(),
+        });
+        let as_opened = WorkerTaskSnapshot {
+            state: if handed.is_some() {
+                WorkerTaskState::Claimed
+            } else {
+                WorkerTaskState::Pending
+            },
+            attempt: 1,
+            offered_at: row.now,
+            lease_expires_at: row.lease_expires_at,
+            outcome: None,
+            last_error: None,
+            retryable: true,
+            now: row.now,
+            pause_requested: row.pause_requested.unwrap_or(false),
+            taken_over: false,
+        };
+        Ok(OpenedTask {
+            id: task.id,
+            handed,
+            as_opened: Some(as_opened),
+        })
+    }
+
+    /// The open's statement (see [`Store::open_worker_task`]).
+    async fn open_task_row(
+        &self,
+        task: &NewWorkerTask<'_>,
+        run: Uuid,
+        scope: &TenantScope,
+        lease_digest: Option<Vec<u8>>,
+        to: Option<&str>,
+    ) -> Result<OpenRow> {
         // One statement, one round trip: its parts see one snapshot, and
         // the task left open (locked first) is never also superseded.
-        let row = sqlx::query!(
+        Ok(sqlx::query_as!(
+            OpenRow,
             r#"WITH left_open AS (
                  SELECT id FROM worker_tasks
                  WHERE session_id = $2 AND iteration = $5
@@ -323,57 +394,11 @@ impl Store {
             Json(task.context) as _,
             scope.tenant(),
             run,
-            token.as_deref().map(digest),
+            lease_digest,
             to,
         )
         .fetch_one(&self.pool)
-        .await?;
-        if let Some(id) = row.adopted {
-            tracing::info!(task = %id, iteration = task.iteration, "worker task taken over by a new run");
-            return Ok(OpenedTask {
-                id,
-                handed: None,
-                as_opened: None,
-            });
-        }
-        let Some(state) = row.state else {
-            return Err(super::StoreError::Corrupt {
-                id: task.session_id,
-                detail: "the session of a worker task is not within its own scope".into(),
-            });
-        };
-        let handed = match (state.as_str(), token, row.lease_expires_at) {
-            ("claimed", Some(lease_token), Some(expires)) => {
-                Some(task.claimed(lease_token, expires))
-            }
-            _ => None,
-        };
-        self.worker_task_changed(WorkerChange {
-            task: Some(task.id),
-            // A task handed over is nobody else's to claim.
-            offered: handed.is_none(),
-        });
-        let as_opened = WorkerTaskSnapshot {
-            state: if handed.is_some() {
-                WorkerTaskState::Claimed
-            } else {
-                WorkerTaskState::Pending
-            },
-            attempt: 1,
-            offered_at: row.now,
-            lease_expires_at: row.lease_expires_at,
-            outcome: None,
-            last_error: None,
-            retryable: true,
-            now: row.now,
-            pause_requested: row.pause_requested.unwrap_or(false),
-            taken_over: false,
-        };
-        Ok(OpenedTask {
-            id: task.id,
-            handed,
-            as_opened: Some(as_opened),
-        })
+        .await?)
     }
 
     /// Offers again a task claimed for a waiting claim that was gone

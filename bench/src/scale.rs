@@ -241,6 +241,7 @@ pub(crate) async fn stored_phase(
     .await?;
     let seeded = seed_stored(&db, &template, n).await?;
     eprintln!("warden-bench: seeded {n} in {:.1} s", seeded.as_secs_f64());
+    let size = table_sizes(&db, "'sessions'").await?;
     let per_tenant = running / TENANTS;
     let mut running_ids = Vec::new();
     for client in &clients {
@@ -273,13 +274,22 @@ pub(crate) async fn stored_phase(
             status,
         }
     });
-    let mut rows = vec![row(
-        format!("  seeding {n} ended sessions (one INSERT … SELECT, then VACUUM ANALYZE)"),
-        format!("{:.1} s", seeded.as_secs_f64()),
-        "—".into(),
-        "—".into(),
-        "",
-    )];
+    let mut rows = vec![
+        row(
+            format!("  seeding {n} ended sessions (one INSERT … SELECT, then VACUUM ANALYZE)"),
+            format!("{:.1} s", seeded.as_secs_f64()),
+            "—".into(),
+            "—".into(),
+            "",
+        ),
+        row(
+            format!("  the sessions table at {n} stored: heap; indexes"),
+            size,
+            "—".into(),
+            "—".into(),
+            "",
+        ),
+    ];
     let ten_ms = Duration::from_millis(10);
     for case in &cases {
         eprintln!(
@@ -321,6 +331,21 @@ struct Restart<'a> {
     /// Sessions to queue before the restart.
     waiting: usize,
     tenant_keys: &'a [String],
+}
+
+/// Heap and index sizes of `tables` (a quoted SQL list), summed, in MB.
+async fn table_sizes(db: &PgPool, tables: &'static str) -> BenchResult<String> {
+    let (heap, indexes): (i64, i64) = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT sum(pg_table_size(c.oid))::bigint, sum(pg_indexes_size(c.oid))::bigint
+         FROM pg_class c WHERE c.relname IN ({tables}) AND c.relkind = 'r'"
+    )))
+    .fetch_one(db)
+    .await?;
+    Ok(format!(
+        "{:.0} MB; {:.0} MB",
+        heap as f64 / 1_048_576.0,
+        indexes as f64 / 1_048_576.0
+    ))
 }
 
 /// The count of running sessions under a live lease.
@@ -647,6 +672,7 @@ pub(crate) async fn deep_phase(
         "warden-bench: deep session seeded in {:.1} s",
         seeded.as_secs_f64()
     );
+    let size = table_sizes(&db, "'iterations', 'events', 'checkpoints'").await?;
     let sent = Instant::now();
     client
         .post(format!("{base}/api/autonomous/{deep}/resume"))
@@ -662,6 +688,13 @@ pub(crate) async fn deep_phase(
         row(
             format!("  seeding one session's history to iteration {target} (iterations, events, checkpoints)"),
             format!("{:.1} s", seeded.as_secs_f64()),
+            "—".into(),
+            "—".into(),
+            "",
+        ),
+        row(
+            "  iterations, events and checkpoints tables with it: heap; indexes",
+            size,
             "—".into(),
             "—".into(),
             "",

@@ -93,9 +93,7 @@ async fn seed_stored(db: &PgPool, template: &str, n: usize) -> BenchResult<Durat
     .bind(n as i32)
     .execute(db)
     .await?;
-    // As autovacuum would leave a table this old: statistics and the
-    // visibility map.
-    sqlx::query("VACUUM (ANALYZE) sessions").execute(db).await?;
+    settle(db, "sessions").await?;
     Ok(t.elapsed())
 }
 
@@ -117,8 +115,19 @@ async fn seed_queued(db: &PgPool, template: &str, n: usize) -> BenchResult<Durat
     .bind(n as i32)
     .execute(db)
     .await?;
-    sqlx::query("VACUUM (ANALYZE) sessions").execute(db).await?;
+    settle(db, "sessions").await?;
     Ok(t.elapsed())
+}
+
+/// Leaves seeded `tables` as autovacuum would leave tables that old
+/// (statistics, visibility map), and their pages written out, so the
+/// seeding's writes do not go on into the measurements.
+async fn settle(db: &PgPool, tables: &'static str) -> BenchResult<()> {
+    sqlx::query(sqlx::AssertSqlSafe(format!("VACUUM (ANALYZE) {tables}")))
+        .execute(db)
+        .await?;
+    sqlx::query("CHECKPOINT").execute(db).await?;
+    Ok(())
 }
 
 /// One list to measure: who asks (`key`: a tenant's, rotating over them,
@@ -593,12 +602,7 @@ async fn deepen(db: &PgPool, id: &str, at: i64, d: i64) -> BenchResult<()> {
             .map_err(|err| format!("deepen: {err}: {sql}"))?;
     }
     tx.commit().await?;
-    for table in ["iterations", "events", "checkpoints"] {
-        sqlx::query(sqlx::AssertSqlSafe(format!("VACUUM (ANALYZE) {table}")))
-            .execute(db)
-            .await?;
-    }
-    Ok(())
+    settle(db, "iterations, events, checkpoints").await
 }
 
 /// Iterations per second of session `id` over `window` (from its own count).

@@ -15,6 +15,8 @@ use super::{
 
 /// Tenants the stored sessions belong to.
 const TENANTS: usize = 100;
+/// How long the restart's pick-up is followed.
+const WAIT_S: u64 = 150;
 /// Page size of the measured lists.
 const PAGE: usize = 50;
 /// Requests per second of each measured list.
@@ -141,6 +143,34 @@ struct ListCase {
     status: &'static str,
 }
 
+/// Quantiles of a measured list and of its raw page.
+struct Latencies {
+    p99: Option<Duration>,
+    p50: Option<Duration>,
+    raw_p99: Option<Duration>,
+    raw_p50: Option<Duration>,
+    /// Pages that came back empty (a list that matched nothing).
+    empty: usize,
+}
+
+impl Latencies {
+    /// The row of this list, judged against the < 10 ms target.
+    fn row(&self, what: String) -> Row {
+        row(
+            what,
+            format!("{} (p50 {})", ms(self.p99), ms(self.p50)),
+            format!(
+                "{} (p50 {}), the same page's SELECT",
+                ms(self.raw_p99),
+                ms(self.raw_p50)
+            ),
+            ratio(secs(self.p99), secs(self.raw_p99)),
+            "< 10 ms",
+        )
+        .judged(self.p99.map(|d| d < Duration::from_millis(10)))
+    }
+}
+
 /// p99 of the list at [`LIST_RATE`]/s for the window, then of the raw SQL
 /// of the same page on a pool of the benchmark's own, from a thread of
 /// their own (as `status_latency`).
@@ -149,7 +179,7 @@ async fn list_p99(
     db_url: &str,
     case: &ListCase,
     window: Duration,
-) -> BenchResult<(Option<Duration>, Option<Duration>, usize)> {
+) -> BenchResult<Latencies> {
     let (base, db_url) = (base.to_string(), db_url.to_string());
     let (keys, tenants, status) = (case.keys.clone(), case.tenants.clone(), case.status);
     tokio::task::spawn_blocking(move || {
@@ -201,11 +231,13 @@ async fn list_p99(
                 .await;
                 reader.close().await;
                 let empty = short.load(std::sync::atomic::Ordering::Relaxed);
-                Ok::<_, Box<dyn std::error::Error + Send + Sync>>((
-                    quantile(&mut ours, 0.99),
-                    quantile(&mut raw, 0.99),
+                Ok::<_, Box<dyn std::error::Error + Send + Sync>>(Latencies {
+                    p99: quantile(&mut ours, 0.99),
+                    p50: quantile(&mut ours, 0.5),
+                    raw_p99: quantile(&mut raw, 0.99),
+                    raw_p50: quantile(&mut raw, 0.5),
                     empty,
-                ))
+                })
             })
     })
     .await?
@@ -299,29 +331,22 @@ pub(crate) async fn stored_phase(
             "",
         ),
     ];
-    let ten_ms = Duration::from_millis(10);
     for case in &cases {
         eprintln!(
             "warden-bench: list status={} as {}",
             case.status, case.label
         );
-        let (ours, raw, empty) = list_p99(&server.base, &server.db_url, case, scale.window).await?;
-        if empty > 0 {
-            eprintln!("warden-bench: warning: {empty} pages came back empty");
+        let measured = list_p99(&server.base, &server.db_url, case, scale.window).await?;
+        if measured.empty > 0 {
+            eprintln!(
+                "warden-bench: warning: {} pages came back empty",
+                measured.empty
+            );
         }
-        rows.push(
-            row(
-                format!(
-                    "list p99 ({PAGE} rows, status={}) at {LIST_RATE}/s, {}; {n} stored of {TENANTS} tenants, {running} running",
-                    case.status, case.label
-                ),
-                ms(ours),
-                format!("{} (the same page's SELECT)", ms(raw)),
-                ratio(secs(ours), secs(raw)),
-                "< 10 ms",
-            )
-            .judged(ours.map(|d| d < ten_ms)),
-        );
+        rows.push(measured.row(format!(
+            "list p99 ({PAGE} rows, status={}) at {LIST_RATE}/s, {}; {n} stored of {TENANTS} tenants, {running} running",
+            case.status, case.label
+        )));
     }
     let restart = Restart {
         running_ids: &running_ids,
@@ -370,7 +395,9 @@ async fn live_running(db: &PgPool) -> BenchResult<i64> {
 /// `waiting` queued sessions are added, the crashed replica's leases and
 /// heartbeat are made to have lapsed (as they have after the lease's 15 s);
 /// then a new process starts on the same database with room for the
-/// orphans and as many of the queue. Times process start → `/readyz`
+/// orphans and as many of the queue, claiming at the default pace
+/// (`WARDEN_CLAIMS_PER_TICK` 100 per 5-s heartbeat; the first batch is
+/// claimed before the listener answers). Times process start → `/readyz`
 /// answering 200, → the orphans running again, → its places full.
 async fn startup(
     opts: &Options,
@@ -404,7 +431,6 @@ async fn startup(
         .execute(db)
         .await?;
     let places = (2 * orphans).to_string();
-    let claims = orphans.to_string();
     server.owns_db = false;
     let (db_name, db_url) = (server.db_name.clone(), server.db_url.clone());
     drop(server);
@@ -414,17 +440,14 @@ async fn startup(
         &db_name,
         &db_url,
         true,
-        &[
-            ("WARDEN_MAX_RUNNING", places.as_str()),
-            ("WARDEN_CLAIMS_PER_TICK", claims.as_str()),
-        ],
+        &[("WARDEN_MAX_RUNNING", places.as_str())],
         None,
     )
     .await?;
     let ready = t0.elapsed();
     let mut rescued = None;
     let mut full = None;
-    let deadline = t0 + Duration::from_secs(120);
+    let deadline = t0 + Duration::from_secs(WAIT_S);
     while Instant::now() < deadline && full.is_none() {
         let live = live_running(db).await?;
         if rescued.is_none() && live >= orphans as i64 {
@@ -443,11 +466,11 @@ async fn startup(
         tenants,
         status: "queued",
     };
-    let (q_ours, q_raw, _) = list_p99(&restarted.base, &db_url, &case, scale.window).await?;
+    let queued_list = list_p99(&restarted.base, &db_url, &case, scale.window).await?;
     restarted.stop(admin).await;
     let stored = scale.stored_sessions;
     let secs_of = |d: Option<Duration>| {
-        d.map_or("— (not within 120 s)".into(), |d| {
+        d.map_or(format!("— (not within {WAIT_S} s)"), |d| {
             format!("{:.2} s", d.as_secs_f64())
         })
     };
@@ -476,14 +499,9 @@ async fn startup(
             "—".into(),
             "",
         ),
-        row(
-            format!("list p99 ({PAGE} rows, status=queued) at {LIST_RATE}/s, a tenant's key; {waiting} queued"),
-            ms(q_ours),
-            format!("{} (the same page's SELECT)", ms(q_raw)),
-            ratio(secs(q_ours), secs(q_raw)),
-            "< 10 ms",
-        )
-        .judged(q_ours.map(|d| d < Duration::from_millis(10))),
+        queued_list.row(format!(
+            "list p99 ({PAGE} rows, status=queued) at {LIST_RATE}/s, a tenant's key; {waiting} queued"
+        )),
     ])
 }
 

@@ -519,7 +519,7 @@ fn deep_session() -> Value {
 /// Moves paused session `id` (at iteration `at`) to iteration `at + d`:
 /// its own rows are renumbered past `d`, and the history before them is
 /// filled with copies of its own iterations, events and checkpoints (one
-/// checkpoint per 25 iterations, as the gate's default takes them), each
+/// checkpoint per 10 iterations, its `limits.checkpoint_interval`), each
 /// in one `INSERT … SELECT`.
 async fn deepen(db: &PgPool, id: &str, at: i64, d: i64) -> BenchResult<()> {
     let mut tx = db.begin().await?;
@@ -575,8 +575,8 @@ async fn deepen(db: &PgPool, id: &str, at: i64, d: i64) -> BenchResult<()> {
         ),
         (
             "INSERT INTO checkpoints (session_id, iteration, reason, state, created_at)
-             SELECT $1::uuid, k * 25, 'interval', c.state, now() - interval '10 days'
-             FROM generate_series(1, $2 / 25) k,
+             SELECT $1::uuid, k * 10, 'interval', c.state, now() - interval '10 days'
+             FROM generate_series(1, $2 / 10) k,
                   (SELECT state FROM deep_checkpoints ORDER BY id LIMIT 1) c",
             d,
         ),

@@ -291,30 +291,6 @@ pub(crate) async fn stored_phase(
         );
     }
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let all_tenants: Vec<Option<String>> = (0..TENANTS).map(|t| Some(tenant_name(t))).collect();
-    let cases = [
-        ("a tenant's key", "running"),
-        ("a tenant's key", "interrupted"),
-        ("the global admin's key", "running"),
-        ("the global admin's key", "interrupted"),
-    ]
-    .map(|(who, status)| {
-        let global = who.contains("admin");
-        ListCase {
-            label: who.into(),
-            keys: if global {
-                vec![admin_key.clone()]
-            } else {
-                tenant_keys.clone()
-            },
-            tenants: if global {
-                vec![None]
-            } else {
-                all_tenants.clone()
-            },
-            status,
-        }
-    });
     let mut rows = vec![
         row(
             format!("  seeding {n} ended sessions (one INSERT … SELECT, then VACUUM ANALYZE)"),
@@ -331,6 +307,52 @@ pub(crate) async fn stored_phase(
             "",
         ),
     ];
+    rows.extend(list_rows(&server, &admin_key, &tenant_keys, n, running, scale).await?);
+    let restart = Restart {
+        running_ids: &running_ids,
+        waiting,
+        tenant_keys: &tenant_keys,
+    };
+    rows.extend(startup(opts, admin, server, &db, restart, scale).await?);
+    db.close().await;
+    Ok(rows)
+}
+
+/// The four list rows of the stored phase: `running` and `interrupted`,
+/// as the tenants (keys rotating) and as the global admin.
+async fn list_rows(
+    server: &Server,
+    admin_key: &str,
+    tenant_keys: &[String],
+    n: usize,
+    running: usize,
+    scale: &Scale,
+) -> BenchResult<Vec<Row>> {
+    let all_tenants: Vec<Option<String>> = (0..TENANTS).map(|t| Some(tenant_name(t))).collect();
+    let cases = [
+        ("a tenant's key", "running"),
+        ("a tenant's key", "interrupted"),
+        ("the global admin's key", "running"),
+        ("the global admin's key", "interrupted"),
+    ]
+    .map(|(who, status)| {
+        let global = who.contains("admin");
+        ListCase {
+            label: who.into(),
+            keys: if global {
+                vec![admin_key.to_string()]
+            } else {
+                tenant_keys.to_vec()
+            },
+            tenants: if global {
+                vec![None]
+            } else {
+                all_tenants.clone()
+            },
+            status,
+        }
+    });
+    let mut rows = Vec::new();
     for case in &cases {
         eprintln!(
             "warden-bench: list status={} as {}",
@@ -348,13 +370,6 @@ pub(crate) async fn stored_phase(
             case.status, case.label
         )));
     }
-    let restart = Restart {
-        running_ids: &running_ids,
-        waiting,
-        tenant_keys: &tenant_keys,
-    };
-    rows.extend(startup(opts, admin, server, &db, restart, scale).await?);
-    db.close().await;
     Ok(rows)
 }
 
@@ -380,6 +395,55 @@ async fn table_sizes(db: &PgPool, tables: &'static str) -> BenchResult<String> {
         heap as f64 / 1_048_576.0,
         indexes as f64 / 1_048_576.0
     ))
+}
+
+/// After the crash: `waiting` sessions queued (shaped as `template`), and
+/// the dead replica's leases and heartbeat in the past, as they are once
+/// the lease's 15 s have gone by.
+async fn crashed_with_queue(
+    db: &PgPool,
+    template: &str,
+    waiting: usize,
+    orphans: usize,
+) -> BenchResult<()> {
+    let seeded = seed_queued(db, template, waiting).await?;
+    eprintln!(
+        "warden-bench: start-up with {waiting} queued ({:.1} s to seed), {orphans} orphaned",
+        seeded.as_secs_f64()
+    );
+    sqlx::query(
+        "UPDATE sessions SET lease_expires_at = now() - interval '1 minute'
+         WHERE status = 'running'",
+    )
+    .execute(db)
+    .await?;
+    sqlx::query("UPDATE replicas SET heartbeat_at = now() - interval '1 hour'")
+        .execute(db)
+        .await?;
+    Ok(())
+}
+
+/// Since `t0`, when the `orphans` were running again under a live lease,
+/// and when twice as many were (the places full), polled every 100 ms
+/// for [`WAIT_S`].
+async fn picked_up(
+    db: &PgPool,
+    t0: Instant,
+    orphans: i64,
+) -> BenchResult<(Option<Duration>, Option<Duration>)> {
+    let (mut rescued, mut full) = (None, None);
+    let deadline = t0 + Duration::from_secs(WAIT_S);
+    while Instant::now() < deadline && full.is_none() {
+        let live = live_running(db).await?;
+        if rescued.is_none() && live >= orphans {
+            rescued = Some(t0.elapsed());
+        }
+        if live >= 2 * orphans {
+            full = Some(t0.elapsed());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Ok((rescued, full))
 }
 
 /// The count of running sessions under a live lease.
@@ -416,20 +480,7 @@ async fn startup(
     let _ = server.child.kill();
     let _ = server.child.wait();
     let template = running_ids.first().ok_or("no running session")?;
-    let seeded = seed_queued(db, template, waiting).await?;
-    eprintln!(
-        "warden-bench: start-up with {waiting} queued ({:.1} s to seed), {orphans} orphaned",
-        seeded.as_secs_f64()
-    );
-    sqlx::query(
-        "UPDATE sessions SET lease_expires_at = now() - interval '1 minute'
-         WHERE status = 'running'",
-    )
-    .execute(db)
-    .await?;
-    sqlx::query("UPDATE replicas SET heartbeat_at = now() - interval '1 hour'")
-        .execute(db)
-        .await?;
+    crashed_with_queue(db, template, waiting, orphans).await?;
     let places = (2 * orphans).to_string();
     server.owns_db = false;
     let (db_name, db_url) = (server.db_name.clone(), server.db_url.clone());
@@ -445,19 +496,7 @@ async fn startup(
     )
     .await?;
     let ready = t0.elapsed();
-    let mut rescued = None;
-    let mut full = None;
-    let deadline = t0 + Duration::from_secs(WAIT_S);
-    while Instant::now() < deadline && full.is_none() {
-        let live = live_running(db).await?;
-        if rescued.is_none() && live >= orphans as i64 {
-            rescued = Some(t0.elapsed());
-        }
-        if live >= 2 * orphans as i64 {
-            full = Some(t0.elapsed());
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let (rescued, full) = picked_up(db, t0, orphans as i64).await?;
     // The queue's own list: each queued row carries its queue position.
     let tenants: Vec<Option<String>> = (0..TENANTS).map(|t| Some(tenant_name(t))).collect();
     let case = ListCase {
@@ -516,6 +555,92 @@ fn deep_session() -> Value {
     body
 }
 
+/// What a statement of [`deepen`] moves its rows by.
+#[derive(Clone, Copy)]
+enum Shift {
+    None,
+    Iterations,
+    Events,
+}
+
+/// The statements of [`deepen`], each with the shift it takes as `$2`.
+const DEEPEN: [(&str, Shift); 11] = [
+    (
+        "CREATE TEMP TABLE deep_events ON COMMIT DROP AS
+         SELECT kind, data, row_number() OVER (ORDER BY seq) - 1 AS rn FROM events
+         WHERE session_id = $1::uuid AND kind NOT IN ('status_changed', 'budget_warning')",
+        Shift::None,
+    ),
+    (
+        "UPDATE iterations SET number = number + $2 WHERE session_id = $1::uuid",
+        Shift::Iterations,
+    ),
+    (
+        "INSERT INTO iterations (session_id, number, run, action, outcome, tokens, duration_ms,
+                                 record, effects, started_at, finished_at, cycle, usage)
+         SELECT i.session_id, k, i.run, i.action, i.outcome, i.tokens, i.duration_ms,
+                jsonb_set(i.record::jsonb, '{number}', to_jsonb(k))::json, i.effects,
+                now() - interval '10 days', now() - interval '10 days', i.cycle, i.usage
+         FROM generate_series(1, $2) k,
+              (SELECT * FROM iterations WHERE session_id = $1::uuid
+               ORDER BY number LIMIT 1) i",
+        Shift::Iterations,
+    ),
+    (
+        "UPDATE events SET seq = seq + $2 WHERE session_id = $1::uuid",
+        Shift::Events,
+    ),
+    (
+        "INSERT INTO events (session_id, seq, kind, data, created_at)
+         SELECT $1::uuid, k, e.kind, e.data, now() - interval '10 days'
+         FROM generate_series(1, $2) k
+         JOIN deep_events e ON e.rn = k % (SELECT count(*) FROM deep_events)",
+        Shift::Events,
+    ),
+    (
+        "CREATE TEMP TABLE deep_checkpoints ON COMMIT DROP AS
+         SELECT * FROM checkpoints WHERE session_id = $1::uuid ORDER BY id",
+        Shift::None,
+    ),
+    (
+        "DELETE FROM checkpoints WHERE session_id = $1::uuid",
+        Shift::None,
+    ),
+    (
+        "INSERT INTO checkpoints (session_id, iteration, reason, state, created_at)
+         SELECT $1::uuid, k * 10, 'interval', c.state, now() - interval '10 days'
+         FROM generate_series(1, $2 / 10) k,
+              (SELECT state FROM deep_checkpoints ORDER BY id LIMIT 1) c",
+        Shift::Iterations,
+    ),
+    // Its own checkpoints after them (newer ids), their counters moved.
+    (
+        "INSERT INTO checkpoints (session_id, iteration, reason, state, created_at)
+         SELECT session_id, iteration + $2, reason,
+                jsonb_set(jsonb_set(jsonb_set(state::jsonb,
+                    '{usage,iterations}', to_jsonb((state->'usage'->>'iterations')::bigint + $2)),
+                    '{last_checkpoint_step}', to_jsonb((state->>'last_checkpoint_step')::bigint + $2)),
+                    '{history}', coalesce((SELECT jsonb_agg(jsonb_set(h, '{number}',
+                                     to_jsonb((h->>'number')::bigint + $2)))
+                                 FROM jsonb_array_elements(state::jsonb->'history') h), '[]'))::json,
+                created_at
+         FROM deep_checkpoints WHERE session_id = $1::uuid ORDER BY id",
+        Shift::Iterations,
+    ),
+    (
+        "UPDATE sessions SET iterations = iterations + $2, tokens_used = tokens_used + $2,
+                             last_checkpoint_iteration = last_checkpoint_iteration + $2,
+                             attempt_iteration = CASE WHEN attempt_iteration > 0
+                                                 THEN attempt_iteration + $2 ELSE 0 END
+         WHERE id = $1::uuid",
+        Shift::Iterations,
+    ),
+    (
+        "UPDATE sessions SET last_event_seq = last_event_seq + $2 WHERE id = $1::uuid",
+        Shift::Events,
+    ),
+];
+
 /// Moves paused session `id` (at iteration `at`) to iteration `at + d`:
 /// its own rows are renumbered past `d`, and the history before them is
 /// filled with copies of its own iterations, events and checkpoints (one
@@ -530,89 +655,12 @@ async fn deepen(db: &PgPool, id: &str, at: i64, d: i64) -> BenchResult<()> {
             .await?;
     // As many events per iteration as the session has written so far.
     let e = d * last_seq / at.max(1);
-    // Each statement takes the session and one shift: iterations' or events'.
-    let statements: [(&str, i64); 11] = [
-        (
-            "CREATE TEMP TABLE deep_events ON COMMIT DROP AS
-             SELECT kind, data, row_number() OVER (ORDER BY seq) - 1 AS rn FROM events
-             WHERE session_id = $1::uuid AND kind NOT IN ('status_changed', 'budget_warning')",
-            0,
-        ),
-        (
-            "UPDATE iterations SET number = number + $2 WHERE session_id = $1::uuid",
-            d,
-        ),
-        (
-            "INSERT INTO iterations (session_id, number, run, action, outcome, tokens, duration_ms,
-                                     record, effects, started_at, finished_at, cycle, usage)
-             SELECT i.session_id, k, i.run, i.action, i.outcome, i.tokens, i.duration_ms,
-                    jsonb_set(i.record::jsonb, '{number}', to_jsonb(k))::json, i.effects,
-                    now() - interval '10 days', now() - interval '10 days', i.cycle, i.usage
-             FROM generate_series(1, $2) k,
-                  (SELECT * FROM iterations WHERE session_id = $1::uuid
-                   ORDER BY number LIMIT 1) i",
-            d,
-        ),
-        (
-            "UPDATE events SET seq = seq + $2 WHERE session_id = $1::uuid",
-            e,
-        ),
-        (
-            "INSERT INTO events (session_id, seq, kind, data, created_at)
-             SELECT $1::uuid, k, e.kind, e.data, now() - interval '10 days'
-             FROM generate_series(1, $2) k
-             JOIN deep_events e ON e.rn = k % (SELECT count(*) FROM deep_events)",
-            e,
-        ),
-        (
-            "CREATE TEMP TABLE deep_checkpoints ON COMMIT DROP AS
-             SELECT * FROM checkpoints WHERE session_id = $1::uuid ORDER BY id",
-            0,
-        ),
-        (
-            "DELETE FROM checkpoints WHERE session_id = $1::uuid",
-            0,
-        ),
-        (
-            "INSERT INTO checkpoints (session_id, iteration, reason, state, created_at)
-             SELECT $1::uuid, k * 10, 'interval', c.state, now() - interval '10 days'
-             FROM generate_series(1, $2 / 10) k,
-                  (SELECT state FROM deep_checkpoints ORDER BY id LIMIT 1) c",
-            d,
-        ),
-        // Its own checkpoints after them (newer ids), their counters moved.
-        (
-            "INSERT INTO checkpoints (session_id, iteration, reason, state, created_at)
-             SELECT session_id, iteration + $2, reason,
-                    jsonb_set(jsonb_set(jsonb_set(state::jsonb,
-                        '{usage,iterations}', to_jsonb((state->'usage'->>'iterations')::bigint + $2)),
-                        '{last_checkpoint_step}', to_jsonb((state->>'last_checkpoint_step')::bigint + $2)),
-                        '{history}', coalesce((SELECT jsonb_agg(jsonb_set(h, '{number}',
-                                         to_jsonb((h->>'number')::bigint + $2)))
-                                     FROM jsonb_array_elements(state::jsonb->'history') h), '[]'))::json,
-                    created_at
-             FROM deep_checkpoints WHERE session_id = $1::uuid ORDER BY id",
-            d,
-        ),
-        (
-            "UPDATE sessions SET iterations = iterations + $2, tokens_used = tokens_used + $2,
-                                 last_checkpoint_iteration = last_checkpoint_iteration + $2,
-                                 attempt_iteration = CASE WHEN attempt_iteration > 0
-                                                     THEN attempt_iteration + $2 ELSE 0 END
-             WHERE id = $1::uuid",
-            d,
-        ),
-        (
-            "UPDATE sessions SET last_event_seq = last_event_seq + $2 WHERE id = $1::uuid",
-            e,
-        ),
-    ];
-    for (sql, shift) in statements {
+    for (sql, shift) in DEEPEN {
         let query = sqlx::query(sql).bind(id);
-        let query = if sql.contains("$2") {
-            query.bind(shift)
-        } else {
-            query
+        let query = match shift {
+            Shift::None => query,
+            Shift::Iterations => query.bind(d),
+            Shift::Events => query.bind(e),
         };
         query
             .execute(&mut *tx)
@@ -653,6 +701,35 @@ async fn pause(client: &reqwest::Client, base: &str, id: &str) -> BenchResult<()
     Ok(())
 }
 
+/// A session run through the API for a few hundred iterations, paused,
+/// and moved to iteration `target`; with the time the move took.
+async fn deep_session_at(
+    client: &reqwest::Client,
+    base: &str,
+    db: &PgPool,
+    target: i64,
+) -> BenchResult<(String, Duration)> {
+    let deep = create_sessions(client, base, 1, &deep_session())
+        .await?
+        .remove(0);
+    wait_for(client, base, &deep, |d| {
+        d["iterations"].as_i64() >= Some(200)
+    })
+    .await?;
+    pause(client, base, &deep).await?;
+    let at = wait_for(client, base, &deep, |_| true).await?["iterations"]
+        .as_i64()
+        .unwrap_or(0);
+    let t = Instant::now();
+    deepen(db, &deep, at, target - at).await?;
+    let seeded = t.elapsed();
+    eprintln!(
+        "warden-bench: deep session seeded in {:.1} s",
+        seeded.as_secs_f64()
+    );
+    Ok((deep, seeded))
+}
+
 /// Phase `deep`: see the module's doc.
 pub(crate) async fn deep_phase(
     opts: &Options,
@@ -675,25 +752,7 @@ pub(crate) async fn deep_phase(
     .await?;
     let (fresh_rate, fresh_at) = session_rate(client, &base, &fresh, scale.window).await?;
     pause(client, &base, &fresh).await?;
-    // The deep one: a few hundred real iterations, paused, moved deep.
-    let deep = create_sessions(client, &base, 1, &deep_session())
-        .await?
-        .remove(0);
-    wait_for(client, &base, &deep, |d| {
-        d["iterations"].as_i64() >= Some(200)
-    })
-    .await?;
-    pause(client, &base, &deep).await?;
-    let at = wait_for(client, &base, &deep, |_| true).await?["iterations"]
-        .as_i64()
-        .unwrap_or(0);
-    let t = Instant::now();
-    deepen(&db, &deep, at, target - at).await?;
-    let seeded = t.elapsed();
-    eprintln!(
-        "warden-bench: deep session seeded in {:.1} s",
-        seeded.as_secs_f64()
-    );
+    let (deep, seeded) = deep_session_at(client, &base, &db, target).await?;
     let size = table_sizes(&db, "'iterations', 'events', 'checkpoints'").await?;
     let sent = Instant::now();
     client

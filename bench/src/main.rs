@@ -7,6 +7,7 @@
 //! (`--quick` for a smoke run of a few seconds). See BENCHMARKS.md.
 
 mod replay;
+mod scale;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -61,6 +62,12 @@ struct Scale {
     create_samples: usize,
     /// Recorded sessions of 100 iterations the replay phase replays.
     replay_sessions: usize,
+    /// Stored phase: ended sessions in the database (1 in 1,000 as many
+    /// run, 1 in 10 wait in the queue at the restart).
+    stored_sessions: usize,
+    /// Deep phase: the iteration the deep session resumes at (room below
+    /// the 1,000,000 cap for a window at ~1,500 iterations/s).
+    deep_iteration: i64,
 }
 
 impl Scale {
@@ -85,6 +92,8 @@ impl Scale {
             create_running: 10_000,
             create_samples: 1_000,
             replay_sessions: 10_000,
+            stored_sessions: 1_000_000,
+            deep_iteration: 970_000,
         }
     }
 
@@ -110,6 +119,8 @@ impl Scale {
             create_running: 200,
             create_samples: 50,
             replay_sessions: 200,
+            stored_sessions: 20_000,
+            deep_iteration: 20_000,
         }
     }
 }
@@ -123,7 +134,7 @@ struct Options {
 }
 
 /// The phases, in the order they run.
-const PHASES: [&str; 11] = [
+const PHASES: [&str; 13] = [
     "throughput",
     "status",
     "stop",
@@ -135,6 +146,8 @@ const PHASES: [&str; 11] = [
     "fairness",
     "creates",
     "replay",
+    "stored",
+    "deep",
 ];
 
 fn usage() -> &'static str {
@@ -145,10 +158,13 @@ fn usage() -> &'static str {
      --sessions N,..  session counts of the throughput phase (default 1,32,1000)\n\
      --window SECS    how long each throughput measurement lasts (default 10)\n\
      --only PHASE     run one phase: throughput, status, stop, memory, replicas, embedded,
-                      workers, retention, fairness or creates (repeatable; embedded:
+                      workers, retention, fairness, creates, replay, stored or deep
+                      (repeatable; embedded:
                       the same on the embedded PostgreSQL; workers: steps through the
                       worker protocol; retention: ended sessions pruned while others run;
-                      replay: the policy-replay engine over recorded sessions, in memory)
+                      replay: the policy-replay engine over recorded sessions, in memory;
+                      stored: lists over 1,000,000 stored sessions and start-up with
+                      100,000 queued; deep: a session at iteration ~1,000,000)
      --database-url   a Postgres URL whose user may create databases\n\
                       (default: $DATABASE_URL, else postgres://postgres@127.0.0.1:5432/postgres)\n\
      --warden PATH    the warden binary (default: beside this program)"
@@ -1482,6 +1498,14 @@ async fn run() -> BenchResult<()> {
             "—".into(),
             "",
         ));
+    }
+
+    if opts.runs("stored") {
+        rows.extend(scale::stored_phase(&opts, &admin, &scale).await?);
+    }
+
+    if opts.runs("deep") {
+        rows.extend(scale::deep_phase(&opts, &admin, &client, &scale).await?);
     }
 
     println!("Machine: {machine}\n");

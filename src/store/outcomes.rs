@@ -14,14 +14,29 @@ impl Store {
         minutes: i32,
         scope: &super::TenantScope,
     ) -> Result<Vec<(chrono::DateTime<chrono::Utc>, i64)>> {
+        // The window's iterations are the newest: where it begins is found
+        // walking back from the newest step in index order, and the count
+        // reads from there, so neither reads the older history (a session at
+        // iteration 1,000,000 read all of it, BENCHMARKS.md "Scale, round
+        // three"). A bound the planner sees, not a subquery's: it is sent.
+        let before: i64 = sqlx::query_scalar!(
+            r#"SELECT coalesce((SELECT number FROM iterations
+                                WHERE session_id = $1 AND finished_at <= now() - make_interval(mins => $2)
+                                ORDER BY number DESC LIMIT 1), 0) AS "before!""#,
+            session_id,
+            minutes,
+        )
+        .fetch_one(&self.pool)
+        .await?;
         let rows = sqlx::query!(
 r#"SELECT date_trunc('minute', finished_at) AS "minute!", count(*) AS "count!" FROM iterations
-             WHERE session_id = $1 AND finished_at > now() - make_interval(mins => $2)
+             WHERE session_id = $1 AND number > $4 AND finished_at > now() - make_interval(mins => $2)
                AND EXISTS (SELECT 1 FROM sessions s WHERE s.id = $1 AND ($3::text IS NULL OR s.tenant = $3))
              GROUP BY 1 ORDER BY 1"#,
 session_id,
 minutes,
 scope.tenant(),
+before,
 )
         .fetch_all(&self.pool)
         .await?;

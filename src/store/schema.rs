@@ -88,6 +88,10 @@ pub const DOWNS: &[(i64, &str)] = &[
         38,
         include_str!("../../migrations/down/0038_interval_decisions.sql"),
     ),
+    (
+        39,
+        include_str!("../../migrations/down/0039_tenant_status_list_index.sql"),
+    ),
 ];
 
 /// The key of the advisory lock that `migrate --down-to` holds, so two

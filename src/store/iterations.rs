@@ -4,6 +4,7 @@
 use serde_json::Value;
 use sqlx::PgConnection;
 use sqlx::types::Json;
+use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use super::checkpoints::insert_checkpoint;
@@ -82,6 +83,23 @@ impl Store {
         progress: (Option<f64>, Option<f64>),
         events: Vec<NewEvent>,
     ) -> Result<ControlFlags> {
+        self.commit_iteration_hurried(lease, iteration, counters, progress, events, None)
+            .await
+    }
+
+    /// [`Store::commit_iteration`], except that once `hurry` fires (its
+    /// session was stopped) while the iteration still waits for a group,
+    /// it commits alone at once: the stop's end never queues behind the
+    /// groups of the other sessions.
+    pub async fn commit_iteration_hurried(
+        &self,
+        lease: &Lease,
+        iteration: NewIteration,
+        counters: Counters,
+        progress: (Option<f64>, Option<f64>),
+        events: Vec<NewEvent>,
+        hurry: Option<&CancellationToken>,
+    ) -> Result<ControlFlags> {
         let pending = PendingCommit {
             lease: *lease,
             iteration,
@@ -89,7 +107,7 @@ impl Store {
             progress,
             events,
         };
-        let flags = self.group_commit().commit(pending).await?;
+        let flags = self.group_commit().commit(pending, hurry).await?;
         // Committed is not yet durable on the embedded server: the next
         // iteration starts only once it is on the disk.
         self.durable().await?;

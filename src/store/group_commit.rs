@@ -971,6 +971,19 @@ mod tests {
             .unwrap();
     }
 
+    /// The slot the idle committer leaves, once it has taken its own.
+    async fn the_other_slot(committer: &GroupCommit) -> tokio::sync::OwnedSemaphorePermit {
+        while committer.shared.in_flight.available_permits() == IN_FLIGHT {
+            tokio::task::yield_now().await;
+        }
+        committer
+            .shared
+            .in_flight
+            .clone()
+            .try_acquire_owned()
+            .unwrap()
+    }
+
     /// A stopped session's iteration does not wait for the groups before
     /// it: once its stop fires it commits alone, at once, and the committer
     /// skips the entry it took back (committed once, not twice).
@@ -979,16 +992,8 @@ mod tests {
         let db = crate::store::testing::TestDb::new().await;
         let pool = db.pool.clone();
         let committer = GroupCommit::start(pool.clone());
-        while committer.shared.in_flight.available_permits() == IN_FLIGHT {
-            tokio::task::yield_now().await;
-        }
         // Standing for a group in flight: the next group waits for it.
-        let in_flight = committer
-            .shared
-            .in_flight
-            .clone()
-            .try_acquire_owned()
-            .unwrap();
+        let in_flight = the_other_slot(&committer).await;
         let stopped = running_session(&pool, Mode::Fixed).await;
         let stop = CancellationToken::new();
         let waiting = tokio::spawn({
@@ -1029,17 +1034,8 @@ mod tests {
         let db = crate::store::testing::TestDb::new().await;
         let pool = db.pool.clone();
         let committer = GroupCommit::start(pool.clone());
-        // The idle committer takes its slot; the test then holds the other,
-        // standing for a group in flight.
-        while committer.shared.in_flight.available_permits() == IN_FLIGHT {
-            tokio::task::yield_now().await;
-        }
-        let in_flight = committer
-            .shared
-            .in_flight
-            .clone()
-            .try_acquire_owned()
-            .unwrap();
+        // Standing for a group in flight.
+        let in_flight = the_other_slot(&committer).await;
 
         let lone = running_session(&pool, Mode::Fixed).await;
         let waiting = tokio::spawn({

@@ -74,24 +74,10 @@ impl Store {
     /// Commits one iteration with the session's counters and events, and
     /// returns the control flags as they are now. Returns once the iteration
     /// is durable; iterations of other sessions finishing at the same moment
-    /// share its transaction (see `group_commit`).
+    /// share its transaction (see `group_commit`). Once `hurry` fires (its
+    /// session was stopped) while the iteration still waits for a group, it
+    /// commits alone at once: a stop's end never queues behind the groups.
     pub async fn commit_iteration(
-        &self,
-        lease: &Lease,
-        iteration: NewIteration,
-        counters: Counters,
-        progress: (Option<f64>, Option<f64>),
-        events: Vec<NewEvent>,
-    ) -> Result<ControlFlags> {
-        self.commit_iteration_hurried(lease, iteration, counters, progress, events, None)
-            .await
-    }
-
-    /// [`Store::commit_iteration`], except that once `hurry` fires (its
-    /// session was stopped) while the iteration still waits for a group,
-    /// it commits alone at once: the stop's end never queues behind the
-    /// groups of the other sessions.
-    pub async fn commit_iteration_hurried(
         &self,
         lease: &Lease,
         iteration: NewIteration,

@@ -166,7 +166,7 @@ impl LoopStore for Store {
         events: Vec<NewEvent>,
         stop: &CancellationToken,
     ) -> impl Future<Output = Result<ControlFlags, StoreError>> + Send {
-        Store::commit_iteration_hurried(
+        Store::commit_iteration(
             self,
             lease,
             iteration,

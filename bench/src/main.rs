@@ -7,6 +7,7 @@
 //! (`--quick` for a smoke run of a few seconds). See BENCHMARKS.md.
 
 mod replay;
+mod stop_workers;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -123,7 +124,7 @@ struct Options {
 }
 
 /// The phases, in the order they run.
-const PHASES: [&str; 11] = [
+const PHASES: [&str; 12] = [
     "throughput",
     "status",
     "stop",
@@ -135,6 +136,7 @@ const PHASES: [&str; 11] = [
     "fairness",
     "creates",
     "replay",
+    "stop_workers",
 ];
 
 fn usage() -> &'static str {
@@ -145,10 +147,11 @@ fn usage() -> &'static str {
      --sessions N,..  session counts of the throughput phase (default 1,32,1000)\n\
      --window SECS    how long each throughput measurement lasts (default 10)\n\
      --only PHASE     run one phase: throughput, status, stop, memory, replicas, embedded,
-                      workers, retention, fairness or creates (repeatable; embedded:
+                      workers, retention, fairness, creates, replay or stop_workers (repeatable; embedded:
                       the same on the embedded PostgreSQL; workers: steps through the
                       worker protocol; retention: ended sessions pruned while others run;
-                      replay: the policy-replay engine over recorded sessions, in memory)
+                      replay: the policy-replay engine over recorded sessions, in memory;
+                      stop_workers: a stop timed to the heartbeat answer that tells the worker)
      --database-url   a Postgres URL whose user may create databases\n\
                       (default: $DATABASE_URL, else postgres://postgres@127.0.0.1:5432/postgres)\n\
      --warden PATH    the warden binary (default: beside this program)"
@@ -1454,6 +1457,10 @@ async fn run() -> BenchResult<()> {
 
     if opts.runs("workers") {
         rows.extend(workers_phase(&opts, &admin, &client, &scale).await?);
+    }
+
+    if opts.runs("stop_workers") {
+        rows.extend(stop_workers::stop_workers_phase(&opts, &admin, &client, &scale).await?);
     }
 
     if opts.runs("retention") {

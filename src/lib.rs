@@ -528,7 +528,7 @@ async fn loop_store(
 }
 
 /// Starts the background work: approval expiry, the tree sweep, lease
-/// upkeep and control notes on the loops' runtime, pruning, resealing
+/// upkeep on the loops' runtime, control notes, pruning, resealing
 /// under a rotated key, and the workspace retention sweep.
 fn start_background(
     config: &Config,
@@ -557,11 +557,15 @@ fn start_background(
         confirmations,
         tree_sweep,
         notifier,
-        // Lease renewals, claims and control notes are loop work, on the
-        // loops' pool: they run on the loops' runtime, so a heartbeat that
-        // renews thousands of leases never holds an API thread.
+        // Lease renewals and claims are loop work, on the loops' pool:
+        // they run on the loops' runtime, so a heartbeat that renews
+        // thousands of leases never holds an API thread.
         loops.handle().spawn(supervisor.clone().maintain()),
-        loops.handle().spawn(supervisor.clone().listen()),
+        // Control notes are relayed from the API's runtime (their listener
+        // still holds a connection of the loops' pool): relaying is a few
+        // flags and wake-ups, and a stop heard behind hundreds of runnable
+        // loops on the niced runtime came late to the runner it stops.
+        tokio::spawn(supervisor.clone().listen()),
         // On the API's runtime and pool, as the sweep: never the loops'.
         tokio::spawn(pruner.prune_forever()),
     ];

@@ -8,6 +8,7 @@
 
 mod replay;
 mod scale;
+mod stop_workers;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -134,7 +135,7 @@ struct Options {
 }
 
 /// The phases, in the order they run.
-const PHASES: [&str; 13] = [
+const PHASES: [&str; 14] = [
     "throughput",
     "status",
     "stop",
@@ -148,6 +149,7 @@ const PHASES: [&str; 13] = [
     "replay",
     "stored",
     "deep",
+    "stop_workers",
 ];
 
 fn usage() -> &'static str {
@@ -158,13 +160,14 @@ fn usage() -> &'static str {
      --sessions N,..  session counts of the throughput phase (default 1,32,1000)\n\
      --window SECS    how long each throughput measurement lasts (default 10)\n\
      --only PHASE     run one phase: throughput, status, stop, memory, replicas, embedded,
-                      workers, retention, fairness, creates, replay, stored or deep
-                      (repeatable; embedded:
+                      workers, retention, fairness, creates, replay, stored, deep or
+                      stop_workers (repeatable; embedded:
                       the same on the embedded PostgreSQL; workers: steps through the
                       worker protocol; retention: ended sessions pruned while others run;
                       replay: the policy-replay engine over recorded sessions, in memory;
                       stored: lists over 1,000,000 stored sessions and start-up with
-                      100,000 queued; deep: a session at iteration ~1,000,000)
+                      100,000 queued; deep: a session at iteration ~1,000,000;
+                      stop_workers: a stop timed to the heartbeat answer that tells the worker)
      --database-url   a Postgres URL whose user may create databases\n\
                       (default: $DATABASE_URL, else postgres://postgres@127.0.0.1:5432/postgres)\n\
      --warden PATH    the warden binary (default: beside this program)"
@@ -397,18 +400,22 @@ impl Server {
     /// A warden on a fresh database of its own, running as many sessions as
     /// it is given (`WARDEN_MAX_RUNNING` far above the phase's sessions).
     async fn start(opts: &Options, admin: &PgPool, phase: &str) -> BenchResult<Server> {
+        Server::start_with(opts, admin, phase, &[]).await
+    }
+
+    /// [`Server::start`] with extra environment `env`.
+    async fn start_with(
+        opts: &Options,
+        admin: &PgPool,
+        phase: &str,
+        env: &[(&str, &str)],
+    ) -> BenchResult<Server> {
         let db_name = format!("warden_bench_{}_{phase}", std::process::id());
         create_database(admin, &db_name).await?;
         let db_url = database_url(&opts.admin_url, &db_name);
-        Server::launch(
-            opts,
-            &db_name,
-            &db_url,
-            true,
-            &[("WARDEN_MAX_RUNNING", "1000000")],
-            None,
-        )
-        .await
+        let mut all = vec![("WARDEN_MAX_RUNNING", "1000000")];
+        all.extend_from_slice(env);
+        Server::launch(opts, &db_name, &db_url, true, &all, None).await
     }
 
     /// A warden on the embedded PostgreSQL (no `DATABASE_URL`) in a fresh
@@ -1470,6 +1477,10 @@ async fn run() -> BenchResult<()> {
 
     if opts.runs("workers") {
         rows.extend(workers_phase(&opts, &admin, &client, &scale).await?);
+    }
+
+    if opts.runs("stop_workers") {
+        rows.extend(stop_workers::stop_workers_phase(&opts, &admin, &client, &scale).await?);
     }
 
     if opts.runs("retention") {

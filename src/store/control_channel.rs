@@ -1,6 +1,7 @@
 //! The control channel: a Postgres NOTIFY that carries stop and pause
-//! requests to every replica. NOTIFY only makes them fast; the durable flags
-//! on the session row, read at each commit and heartbeat, are the truth.
+//! requests to every replica, and the owner's word that a stopped run
+//! ended. NOTIFY only makes them fast; the durable flags and status on the
+//! session row, read at each commit and heartbeat, are the truth.
 //! On the embedded server the notes travel in this process instead.
 
 use std::fmt;
@@ -27,6 +28,10 @@ pub enum ControlAction {
     /// Settings (mode, limits) changed: the owner refreshes what it serves
     /// from memory.
     Changed,
+    /// The owner's run of the session ended with a stop requested: a
+    /// replica waiting to answer that stop reads the row again. Replicas of
+    /// earlier versions ignore it (and poll the row).
+    Ended,
 }
 
 impl ControlAction {
@@ -36,6 +41,7 @@ impl ControlAction {
             ControlAction::Stop => "stop",
             ControlAction::Pause => "pause",
             ControlAction::Changed => "changed",
+            ControlAction::Ended => "ended",
         }
     }
 }
@@ -71,6 +77,7 @@ impl FromStr for ControlNote {
             "stop" => ControlAction::Stop,
             "pause" => ControlAction::Pause,
             "changed" => ControlAction::Changed,
+            "ended" => ControlAction::Ended,
             _ => return Err(bad()),
         };
         let session_id = id.parse().map_err(|_| bad())?;
@@ -112,6 +119,7 @@ mod tests {
             ControlAction::Stop,
             ControlAction::Pause,
             ControlAction::Changed,
+            ControlAction::Ended,
         ] {
             let note = ControlNote {
                 action,

@@ -18,6 +18,7 @@ use sqlx::pool::PoolConnection;
 use sqlx::types::Json;
 use sqlx::{PgExecutor, PgPool, Postgres};
 use tokio::sync::{Semaphore, mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use super::batch::columns_statement;
@@ -61,10 +62,24 @@ pub(super) struct PendingCommit {
 
 type Reply = oneshot::Sender<Result<ControlFlags>>;
 
+/// An iteration in the queue. Whoever takes it out first commits it: the
+/// committer, in a group, or its own session, alone, when the session is
+/// stopped while it waits (see [`GroupCommit::commit`]).
+type Entry = Arc<Mutex<Option<PendingCommit>>>;
+
+/// Takes the iteration out of `entry`, unless it was taken already.
+fn take(entry: &Entry) -> Option<PendingCommit> {
+    // A poisoned lock only means a panic elsewhere; the option is intact.
+    entry
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+        .take()
+}
+
 /// The queue in front of the committer task.
 #[derive(Debug, Clone)]
 pub(super) struct GroupCommit {
-    queue: mpsc::UnboundedSender<(PendingCommit, Reply)>,
+    queue: mpsc::UnboundedSender<(Entry, Reply)>,
     shared: Arc<Shared>,
 }
 
@@ -101,8 +116,15 @@ impl GroupCommit {
         GroupCommit { queue, shared }
     }
 
-    /// Commits `pending` with whatever else is waiting; resolves once it is durable.
-    pub async fn commit(&self, pending: PendingCommit) -> Result<ControlFlags> {
+    /// Commits `pending` with whatever else is waiting; resolves once it is
+    /// durable. Once `hurry` fires (its session was stopped) while it still
+    /// waits for a group, it commits alone at once, beside the groups in
+    /// flight: the stop's end never waits for the groups queued before it.
+    pub async fn commit(
+        &self,
+        pending: PendingCommit,
+        hurry: Option<&CancellationToken>,
+    ) -> Result<ControlFlags> {
         // Nothing waiting and nothing in flight (the idle committer holds
         // the one slot taken): there is no group to join, so the iteration
         // commits from here, without two hand-offs between tasks on the way
@@ -114,17 +136,31 @@ impl GroupCommit {
         {
             return commit_alone(&self.shared.connections, &pending).await;
         }
-        let (reply, answer) = oneshot::channel();
+        let (reply, mut answer) = oneshot::channel();
+        let entry: Entry = Arc::new(Mutex::new(Some(pending)));
         self.shared.queued.fetch_add(1, Ordering::AcqRel);
-        if self.queue.send((pending, reply)).is_err() {
+        if self.queue.send((entry.clone(), reply)).is_err() {
             self.shared.queued.fetch_sub(1, Ordering::AcqRel);
             return Err(StoreError::CommitterGone);
+        }
+        if let Some(hurry) = hurry {
+            tokio::select! {
+                biased;
+                answered = &mut answer => return answered.map_err(|_| StoreError::CommitterGone)?,
+                () = hurry.cancelled() => {
+                    // Still queued: the committer will find the entry empty.
+                    if let Some(pending) = take(&entry) {
+                        return commit_alone(&self.shared.connections, &pending).await;
+                    }
+                    // Already in a group: its answer comes with the group's.
+                }
+            }
         }
         answer.await.map_err(|_| StoreError::CommitterGone)?
     }
 }
 
-async fn run(shared: Arc<Shared>, mut rx: mpsc::UnboundedReceiver<(PendingCommit, Reply)>) {
+async fn run(shared: Arc<Shared>, mut rx: mpsc::UnboundedReceiver<(Entry, Reply)>) {
     loop {
         // Wait for a free slot first: whatever arrives meanwhile joins the group.
         let Ok(slot) = shared.in_flight.clone().acquire_owned().await else {
@@ -154,6 +190,14 @@ async fn run(shared: Arc<Shared>, mut rx: mpsc::UnboundedReceiver<(PendingCommit
             }
         }
         shared.queued.fetch_sub(group.len(), Ordering::AcqRel);
+        // Those their stopped sessions took back are committed already.
+        let group: Vec<(PendingCommit, Reply)> = group
+            .into_iter()
+            .filter_map(|(entry, reply)| take(&entry).map(|pending| (pending, reply)))
+            .collect();
+        if group.is_empty() {
+            continue;
+        }
         let shared = shared.clone();
         tokio::spawn(async move {
             commit_group(&shared.connections, group).await;
@@ -163,10 +207,7 @@ async fn run(shared: Arc<Shared>, mut rx: mpsc::UnboundedReceiver<(PendingCommit
 }
 
 /// Moves whatever is waiting into `group`, up to [`MAX_GROUP`].
-fn drain(
-    rx: &mut mpsc::UnboundedReceiver<(PendingCommit, Reply)>,
-    group: &mut Vec<(PendingCommit, Reply)>,
-) {
+fn drain(rx: &mut mpsc::UnboundedReceiver<(Entry, Reply)>, group: &mut Vec<(Entry, Reply)>) {
     while group.len() < MAX_GROUP {
         match rx.try_recv() {
             Ok(next) => group.push(next),
@@ -868,7 +909,10 @@ mod tests {
         let pool = db.pool.clone();
         let committer = GroupCommit::start(pool.clone());
         let held = running_session(&pool, Mode::Fixed).await;
-        committer.commit(pending(held, 1, None)).await.unwrap();
+        committer
+            .commit(pending(held, 1, None), None)
+            .await
+            .unwrap();
         let kept = committer.shared.connections.idle.lock().unwrap().kept.len();
         // None on the embedded server's one-connection pool.
         let expected = usize::from(pool.options().get_max_connections() >= 4);
@@ -927,6 +971,61 @@ mod tests {
             .unwrap();
     }
 
+    /// The slot the idle committer leaves, once it has taken its own.
+    async fn the_other_slot(committer: &GroupCommit) -> tokio::sync::OwnedSemaphorePermit {
+        while committer.shared.in_flight.available_permits() == IN_FLIGHT {
+            tokio::task::yield_now().await;
+        }
+        committer
+            .shared
+            .in_flight
+            .clone()
+            .try_acquire_owned()
+            .unwrap()
+    }
+
+    /// A stopped session's iteration does not wait for the groups before
+    /// it: once its stop fires it commits alone, at once, and the committer
+    /// skips the entry it took back (committed once, not twice).
+    #[tokio::test]
+    async fn a_stopped_sessions_iteration_commits_alone_at_once() {
+        let db = crate::store::testing::TestDb::new().await;
+        let pool = db.pool.clone();
+        let committer = GroupCommit::start(pool.clone());
+        // Standing for a group in flight: the next group waits for it.
+        let in_flight = the_other_slot(&committer).await;
+        let stopped = running_session(&pool, Mode::Fixed).await;
+        let stop = CancellationToken::new();
+        let waiting = tokio::spawn({
+            let (committer, stop) = (committer.clone(), stop.clone());
+            async move {
+                committer
+                    .commit(pending(stopped, 1, None), Some(&stop))
+                    .await
+            }
+        });
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(!waiting.is_finished(), "it waits for a group until stopped");
+        stop.cancel();
+        let flags = tokio::time::timeout(Duration::from_secs(10), waiting)
+            .await
+            .expect("a stopped session's iteration commits with a group still in flight")
+            .unwrap()
+            .unwrap();
+        assert_eq!(flags.last_event_seq, 1);
+        drop(in_flight);
+        // The committer goes on, and leaves the entry taken back alone.
+        let next = running_session(&pool, Mode::Fixed).await;
+        let committed = tokio::time::timeout(
+            Duration::from_secs(10),
+            committer.commit(pending(next, 1, None), None),
+        )
+        .await
+        .expect("the committer goes on");
+        assert_eq!(committed.unwrap().last_event_seq, 1);
+        assert_eq!(event_seqs(&pool, stopped.session_id).await, vec![1]);
+    }
+
     /// A small group waits for the one in flight instead of starting beside
     /// it, and commits as soon as that one ends; a group of `MIN_BESIDE`
     /// starts beside it at once.
@@ -935,22 +1034,13 @@ mod tests {
         let db = crate::store::testing::TestDb::new().await;
         let pool = db.pool.clone();
         let committer = GroupCommit::start(pool.clone());
-        // The idle committer takes its slot; the test then holds the other,
-        // standing for a group in flight.
-        while committer.shared.in_flight.available_permits() == IN_FLIGHT {
-            tokio::task::yield_now().await;
-        }
-        let in_flight = committer
-            .shared
-            .in_flight
-            .clone()
-            .try_acquire_owned()
-            .unwrap();
+        // Standing for a group in flight.
+        let in_flight = the_other_slot(&committer).await;
 
         let lone = running_session(&pool, Mode::Fixed).await;
         let waiting = tokio::spawn({
             let committer = committer.clone();
-            async move { committer.commit(pending(lone, 1, None)).await }
+            async move { committer.commit(pending(lone, 1, None), None).await }
         });
         tokio::time::sleep(Duration::from_millis(200)).await;
         assert!(
@@ -978,7 +1068,7 @@ mod tests {
             let lease = running_session(&pool, Mode::Fixed).await;
             let committer = committer.clone();
             large.push(tokio::spawn(async move {
-                committer.commit(pending(lease, 1, None)).await
+                committer.commit(pending(lease, 1, None), None).await
             }));
         }
         for member in large {

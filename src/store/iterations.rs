@@ -4,6 +4,7 @@
 use serde_json::Value;
 use sqlx::PgConnection;
 use sqlx::types::Json;
+use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use super::checkpoints::insert_checkpoint;
@@ -73,7 +74,9 @@ impl Store {
     /// Commits one iteration with the session's counters and events, and
     /// returns the control flags as they are now. Returns once the iteration
     /// is durable; iterations of other sessions finishing at the same moment
-    /// share its transaction (see `group_commit`).
+    /// share its transaction (see `group_commit`). Once `hurry` fires (its
+    /// session was stopped) while the iteration still waits for a group, it
+    /// commits alone at once: a stop's end never queues behind the groups.
     pub async fn commit_iteration(
         &self,
         lease: &Lease,
@@ -81,6 +84,7 @@ impl Store {
         counters: Counters,
         progress: (Option<f64>, Option<f64>),
         events: Vec<NewEvent>,
+        hurry: Option<&CancellationToken>,
     ) -> Result<ControlFlags> {
         let pending = PendingCommit {
             lease: *lease,
@@ -89,7 +93,7 @@ impl Store {
             progress,
             events,
         };
-        let flags = self.group_commit().commit(pending).await?;
+        let flags = self.group_commit().commit(pending, hurry).await?;
         // Committed is not yet durable on the embedded server: the next
         // iteration starts only once it is on the disk.
         self.durable().await?;

@@ -192,6 +192,50 @@ async fn a_stop_sent_to_another_instance_reaches_the_owner() {
     );
 }
 
+/// The owner tells the fleet once a stopped run's end is committed
+/// (`ended:<id>` on the control channel): the instance that took the stop
+/// answers on that word instead of polling the row for it.
+#[tokio::test]
+#[ignore = "needs a Postgres server: LISTEN/NOTIFY between two instances"]
+async fn the_owner_tells_the_fleet_once_a_stop_sent_elsewhere_has_landed() {
+    common::require_server_postgres("LISTEN/NOTIFY between two instances");
+    let db = crate::common::TestDb::new().await;
+    let pool = db.pool.clone();
+    let owner = TestApp::spawn(pool.clone()).await;
+    let other = TestApp::spawn(pool.clone()).await;
+    let mut control = sqlx::postgres::PgListener::connect_with(&pool)
+        .await
+        .expect("a listener connects");
+    control
+        .listen(warden::store::CONTROL_CHANNEL)
+        .await
+        .expect("LISTEN");
+    let id = owner
+        .create_scripted(distinct_steps(50, 10, 2_000), json!({}))
+        .await;
+    owner
+        .wait_until(&id, Duration::from_secs(5), |s| {
+            !s["current_step"].is_null()
+        })
+        .await;
+    let (status, s) = other
+        .post(&format!("/api/autonomous/{id}/stop"), None)
+        .await;
+    assert_eq!(status, reqwest::StatusCode::OK);
+    assert_eq!(s["status"], "interrupted", "{s}");
+    let ended = format!("ended:{id}");
+    let heard = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            let note = control.recv().await.expect("the listener stays connected");
+            if note.payload() == ended {
+                return;
+            }
+        }
+    })
+    .await;
+    assert!(heard.is_ok(), "no {ended} on the control channel");
+}
+
 #[tokio::test]
 async fn a_live_owner_keeps_its_sessions_when_another_instance_starts() {
     let db = crate::common::TestDb::new().await;

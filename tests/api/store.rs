@@ -89,6 +89,7 @@ async fn commit(store: &Store, lease: Lease, number: i64) -> Result<(), StoreErr
             counters(number),
             (None, None),
             events,
+            None,
         )
         .await
         .map(|_| ())
@@ -260,7 +261,14 @@ async fn old_and_new_runners_of_one_session_commit_at_once() {
         tasks.spawn(async move {
             let no_events = Vec::new();
             let result = stale_store
-                .commit_iteration(&stale, iteration(2), counters(2), (None, None), no_events)
+                .commit_iteration(
+                    &stale,
+                    iteration(2),
+                    counters(2),
+                    (None, None),
+                    no_events,
+                    None,
+                )
                 .await
                 .map(|_| ());
             (false, result)

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use uuid::Uuid;
 
-use tokio::sync::mpsc;
+use tokio::sync::{broadcast, mpsc};
 use tokio::task::JoinSet;
 
 use super::SessionService;
@@ -24,6 +24,11 @@ use crate::store::{self, ControlAction, Session, TenantScope};
 
 /// How often a stop waiting for an absent owner looks again.
 const LANDING_POLL: Duration = Duration::from_millis(50);
+
+/// Longest a stop waiting for a live owner goes without reading the row:
+/// the owner's word that the run ended wakes it at once; this only covers
+/// a word lost (an owner of an earlier version, a NOTIFY that failed).
+const ENDED_BACKSTOP: Duration = Duration::from_millis(250);
 
 /// Added to the promised landing time: the look that lands it comes after.
 pub(super) const LANDING_SLACK: Duration = Duration::from_millis(500);
@@ -44,16 +49,21 @@ impl SessionService {
     /// A stop for a session this replica does not run: tell its owner, and
     /// if the owner is gone (or goes while the stop waits), land it here.
     pub(super) async fn stop_elsewhere(&self, id: Uuid, scope: &TenantScope) -> Result<()> {
+        // Listening before the owner is told: its word cannot come first.
+        let mut ended = self.supervisor.stops_ended();
         self.store.notify_control(ControlAction::Stop, id).await?;
         let deadline = Instant::now() + self.config.control_wait;
         loop {
-            if let Landing::Done = self.land_if_owner_gone(id, scope).await? {
+            let wait = match self.land_if_owner_gone(id, scope).await? {
+                Landing::Done => return Ok(()),
+                Landing::Wait(until) => until.to_std().unwrap_or_default() + LANDING_POLL,
+            };
+            let now = Instant::now();
+            if now >= deadline {
                 return Ok(());
             }
-            if Instant::now() >= deadline {
-                return Ok(());
-            }
-            tokio::time::sleep(LANDING_POLL).await;
+            let wait = wait.min(ENDED_BACKSTOP).min(deadline - now);
+            ended_or_timeout(&mut ended, id, wait).await;
         }
     }
 
@@ -208,4 +218,22 @@ impl StopLandings {
         }
         while landing.join_next().await.is_some() {}
     }
+}
+
+/// Waits until the owner says the run of `id` ended, or `wait` passed, or
+/// a word may have been missed (the receiver lagged): each calls for a
+/// read of the row, which is the truth.
+async fn ended_or_timeout(ended: &mut broadcast::Receiver<Uuid>, id: Uuid, wait: Duration) {
+    let heard = async {
+        loop {
+            match ended.recv().await {
+                Ok(session) if session == id => return,
+                Ok(_) => {}
+                Err(broadcast::error::RecvError::Lagged(_)) => return,
+                // No supervisor to relay words: the backstop reads the row.
+                Err(broadcast::error::RecvError::Closed) => std::future::pending::<()>().await,
+            }
+        }
+    };
+    let _ = tokio::time::timeout(wait, heard).await;
 }

@@ -4,6 +4,7 @@
 use std::future::Future;
 
 use serde_json::Value;
+use tokio_util::sync::CancellationToken;
 
 use crate::policy::checklist::ChecklistItem;
 use crate::policy::delegation::ChildReport;
@@ -39,7 +40,8 @@ pub trait LoopStore: Send + Sync + 'static {
         events: &[NewEvent],
     ) -> impl Future<Output = Result<ControlFlags, StoreError>> + Send;
 
-    /// Commits one iteration with its counters, progress and events.
+    /// Commits one iteration with its counters, progress and events; once
+    /// `stop` fires while it waits for a group, it commits alone at once.
     fn commit_iteration(
         &self,
         lease: &Lease,
@@ -47,6 +49,7 @@ pub trait LoopStore: Send + Sync + 'static {
         counters: Counters,
         progress: (Option<f64>, Option<f64>),
         events: Vec<NewEvent>,
+        stop: &CancellationToken,
     ) -> impl Future<Output = Result<ControlFlags, StoreError>> + Send;
 
     /// Stores a reflection and its effects on the session.
@@ -161,8 +164,17 @@ impl LoopStore for Store {
         counters: Counters,
         progress: (Option<f64>, Option<f64>),
         events: Vec<NewEvent>,
+        stop: &CancellationToken,
     ) -> impl Future<Output = Result<ControlFlags, StoreError>> + Send {
-        Store::commit_iteration(self, lease, iteration, counters, progress, events)
+        Store::commit_iteration(
+            self,
+            lease,
+            iteration,
+            counters,
+            progress,
+            events,
+            Some(stop),
+        )
     }
 
     fn insert_reflection(

@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::Duration;
 
-use tokio::sync::{Notify, watch};
+use tokio::sync::{Notify, broadcast, watch};
 use tokio::task::AbortHandle;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
@@ -89,7 +89,14 @@ struct Inner {
     remembered: std::sync::Mutex<HashMap<Uuid, Arc<LiveView>>>,
     /// This replica's MCP servers, shared by its sessions' model agents.
     mcp: Arc<crate::mcp::McpRegistry>,
+    /// Sessions whose run ended with a stop requested, here or at another
+    /// replica (relayed from the control channel).
+    stops_ended: broadcast::Sender<Uuid>,
 }
+
+/// Stop endings a waiting stop may fall behind by before it reads the row
+/// again anyway (a lagging receiver is told so).
+const STOPS_ENDED: usize = 1_024;
 
 /// This replica's registry of running sessions.
 #[derive(Clone)]
@@ -148,6 +155,7 @@ impl Supervisor {
                 loops,
                 capacity: Arc::default(),
                 remembered: std::sync::Mutex::default(),
+                stops_ended: broadcast::channel(STOPS_ENDED).0,
             }),
         }
     }
@@ -155,6 +163,13 @@ impl Supervisor {
     /// This process's metrics.
     pub fn metrics(&self) -> &Arc<Metrics> {
         &self.inner.metrics
+    }
+
+    /// The sessions whose run ended with a stop requested, from now on:
+    /// a stop waiting for another replica's owner wakes on its session's
+    /// and reads the row, the truth, again.
+    pub fn stops_ended(&self) -> broadcast::Receiver<Uuid> {
+        self.inner.stops_ended.subscribe()
     }
 
     /// This replica's id (the `owner` of its leases).

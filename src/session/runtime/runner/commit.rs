@@ -53,6 +53,8 @@ impl<S: LoopStore> Runner<S> {
             row.counters,
             (row.percent_complete, row.eta_seconds),
             events,
+            // A stop does not wait for the groups queued before this commit.
+            &self.control.stop,
         ))
         .await
         .inspect_err(|_| self.view.write_failed())?;

@@ -99,6 +99,7 @@ impl LoopStore for FakeStore {
         _counters: Counters,
         _progress: (Option<f64>, Option<f64>),
         events: Vec<NewEvent>,
+        _stop: &tokio_util::sync::CancellationToken,
     ) -> Result<ControlFlags, StoreError> {
         let mut written = self.written();
         if written.fail_commits {

@@ -97,6 +97,10 @@ impl Supervisor {
                 self.signal_pause(note.session_id);
             }
             ControlAction::Changed => self.invalidate(note.session_id),
+            ControlAction::Ended => {
+                // No receiver means no stop is waiting here.
+                let _ = self.inner.stops_ended.send(note.session_id);
+            }
         }
     }
 }

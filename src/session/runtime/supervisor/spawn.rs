@@ -17,7 +17,7 @@ use crate::session::runtime::lease_clock::LeaseClock;
 use crate::session::runtime::live::LiveView;
 use crate::session::runtime::rehydrate::build_executor;
 use crate::session::runtime::runner::{Control, Exit, Runner, RunnerDeps, TreeRole};
-use crate::store::{Lease, Session, SessionSettings};
+use crate::store::{ControlAction, Lease, Session, SessionSettings};
 use crate::telemetry;
 
 impl Supervisor {
@@ -263,6 +263,7 @@ impl Supervisor {
         self.forget(lease.session_id);
         let me = self.clone();
         let kept = view.clone();
+        let stop = control.stop.clone();
         // Hold the registry lock across the spawn so the task cannot finish
         // and deregister before it is registered.
         let mut runners = self.runners_mut();
@@ -277,6 +278,9 @@ impl Supervisor {
                 me.after_store_failure(lease, err).await;
             }
             let _ = done_tx.send(true);
+            if matches!(exit, Exit::Finished(_)) && stop.is_cancelled() {
+                me.tell_stop_ended(lease.session_id).await;
+            }
         });
         runners
             .entry(lease.session_id)
@@ -289,6 +293,21 @@ impl Supervisor {
                 _slot: slot,
                 view,
             });
+    }
+
+    /// Tells every replica that the run of `id` ended with a stop
+    /// requested (its end is committed): one that waits to answer the stop
+    /// need not poll for it. Sent once; a lost note costs that replica its
+    /// backstop poll, nothing more.
+    async fn tell_stop_ended(&self, id: uuid::Uuid) {
+        if let Err(err) = self
+            .inner
+            .store
+            .notify_control(ControlAction::Ended, id)
+            .await
+        {
+            tracing::warn!(session_id = %id, error = %err, "cannot tell the fleet the stop landed; a waiting replica polls");
+        }
     }
 
     fn deregister(&self, lease: Lease) {

@@ -75,6 +75,22 @@ def test_requests_carry_the_key_as_bearer_and_json_bodies() -> None:
     assert "sk_test" not in repr(client)
 
 
+def test_a_heartbeat_asks_to_wait_only_when_told_and_waits_that_much_longer_for_its_answer() -> None:
+    seen: list[httpx.Request] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return httpx.Response(200, json={"cancel": False, "reason": None, "lease_expires_at": None, "token_allowance": 5})
+
+    client, _ = client_for(handler, timeout=2.0)
+    client.heartbeat("t1", "lease")
+    client.heartbeat("t1", "lease", wait_ms=10_000)
+    assert json.loads(seen[0].content) == {"lease_token": "lease"}
+    assert json.loads(seen[1].content) == {"lease_token": "lease", "wait_ms": 10_000}
+    assert seen[0].extensions["timeout"]["read"] == 2.0
+    assert seen[1].extensions["timeout"]["read"] == 12.0
+
+
 def test_stop_is_sent_as_json_with_no_body_and_ids_are_escaped() -> None:
     seen: list[httpx.Request] = []
 

@@ -77,6 +77,7 @@ async fn heartbeating_worker(
         Rhythm::Every => json!({ "lease_token": token }),
         Rhythm::Waiting => json!({ "lease_token": token, "wait_ms": WAITING_MS }),
     };
+    let mut refused = false;
     while Instant::now() < until {
         if rhythm == Rhythm::Every {
             tokio::time::sleep(HEARTBEAT).await;
@@ -97,7 +98,17 @@ async fn heartbeating_worker(
             }
             // The lease is gone: the task ended, which a stop also does.
             reqwest::StatusCode::CONFLICT => return Some((session, heard)),
-            _ => {}
+            other => {
+                if !refused {
+                    let body = res.text().await.unwrap_or_default();
+                    eprintln!(
+                        "warden-bench: a worker's heartbeat answered {other} (told once a worker): {body}"
+                    );
+                    refused = true;
+                }
+                // Refused (a limit): back off as a worker would.
+                tokio::time::sleep(HEARTBEAT).await;
+            }
         }
     }
     None
@@ -219,11 +230,16 @@ async fn send_stops(
             let (client, base) = (client.clone(), base.to_string());
             async move {
                 let t = Instant::now();
-                let _ = client
+                let sent = client
                     .post(format!("{base}/api/autonomous/{id}/stop"))
                     .header(reqwest::header::CONTENT_TYPE, "application/json")
                     .send()
                     .await;
+                match sent {
+                    Ok(res) if res.status().is_success() => {}
+                    Ok(res) => eprintln!("warden-bench: a stop answered {}", res.status()),
+                    Err(e) => eprintln!("warden-bench: a stop failed: {e}"),
+                }
                 (id, t)
             }
         })

@@ -119,6 +119,21 @@ pub fn exempt_route(method: &axum::http::Method, path: &str, wants_stream: bool)
     }
 }
 
+/// The longest wait a request may ask for on top of the request timeout:
+/// a worker's claim (`wait_ms`) or waiting heartbeat; nothing for others.
+fn long_poll_allowance<B>(req: &Request<B>) -> Duration {
+    let path = req.uri().path();
+    if req.method() != axum::http::Method::POST {
+        Duration::ZERO
+    } else if path == "/api/workers/claim" {
+        Duration::from_millis(workers::MAX_CLAIM_WAIT_MS)
+    } else if path.starts_with("/api/workers/tasks/") && path.ends_with("/heartbeat") {
+        Duration::from_millis(workers::MAX_HEARTBEAT_WAIT_MS)
+    } else {
+        Duration::ZERO
+    }
+}
+
 /// Sheds load rather than queueing it: a request over the concurrency
 /// limit is answered 503 at once, and one that runs past the timeout is
 /// cancelled (its transaction rolls back) and answered 503. A body must
@@ -153,13 +168,8 @@ async fn request_limits(
         let read_by = tokio::time::Instant::now() + limits.body_read_timeout;
         req = req.map(|body| extract::read_by(body, read_by, limits.body_read_timeout));
     }
-    // A claim long-polls for up to its own bounded wait on top.
-    let timeout =
-        if req.method() == axum::http::Method::POST && req.uri().path() == "/api/workers/claim" {
-            limits.timeout + Duration::from_millis(workers::MAX_CLAIM_WAIT_MS)
-        } else {
-            limits.timeout
-        };
+    // A claim or a heartbeat long-polls for up to its own bounded wait on top.
+    let timeout = limits.timeout + long_poll_allowance(&req);
     let answered = tokio::time::timeout(timeout, next.run(req)).await;
     slot.release();
     match answered {
@@ -338,8 +348,40 @@ pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 
 #[cfg(test)]
 mod tests {
-    use super::exempt_route;
+    use super::{exempt_route, long_poll_allowance};
     use axum::http::Method;
+    use std::time::Duration;
+
+    #[test]
+    fn only_a_claim_and_a_heartbeat_may_wait_past_the_request_timeout() {
+        let req = |method: Method, path: &str| {
+            axum::http::Request::builder()
+                .method(method)
+                .uri(path)
+                .body(())
+                .expect("a request")
+        };
+        let beat = "/api/workers/tasks/0b6f6a3e-3d7c-4c59-9d8a-1f2e3d4c5b6a/heartbeat";
+        let claim_wait = Duration::from_millis(super::workers::MAX_CLAIM_WAIT_MS);
+        let beat_wait = Duration::from_millis(super::workers::MAX_HEARTBEAT_WAIT_MS);
+        assert_eq!(
+            long_poll_allowance(&req(Method::POST, "/api/workers/claim")),
+            claim_wait
+        );
+        assert_eq!(long_poll_allowance(&req(Method::POST, beat)), beat_wait);
+        for (method, path) in [
+            (Method::GET, "/api/workers/claim"),
+            (Method::GET, beat),
+            (Method::POST, "/api/workers/tasks/x/complete"),
+            (Method::POST, "/api/autonomous"),
+        ] {
+            assert_eq!(
+                long_poll_allowance(&req(method, path)),
+                Duration::ZERO,
+                "{path}"
+            );
+        }
+    }
 
     #[test]
     fn only_the_probes_and_the_stream_routes_are_exempt() {

@@ -165,7 +165,7 @@ async fn stops_told(
     rhythm: Rhythm,
 ) -> BenchResult<Vec<Duration>> {
     let n = scale.replica_sessions;
-    let server = Server::start_with(opts, admin, "stop_workers", &PARKED).await?;
+    let server = Server::start_with(opts, admin, "stop_workers", &LIMITS).await?;
     create_sessions(client, &server.base, n, &worker_session(&json!({}))).await?;
     let until = Instant::now() + CLAIM_WITHIN + Duration::from_secs(60);
     let (tx, mut claimed) = mpsc::unbounded_channel();
@@ -211,12 +211,17 @@ async fn stops_told(
     Ok(told)
 }
 
-/// Room for every worker's waiting heartbeat (and its claims) among the
-/// parked requests: the bench's workers share one caller.
-const PARKED: [(&str, &str); 3] = [
+/// The bench's 1,000 workers stand for workers on as many machines, but
+/// they share one address, one caller and one tenant: room for all their
+/// connections (a connection each, and the stops'), their waiting
+/// heartbeats and claims among the parked requests, and all request slots
+/// for the one tenant (else the stops themselves are refused).
+const LIMITS: [(&str, &str); 5] = [
+    ("WARDEN_MAX_CONNECTIONS_PER_IP", "10000"),
     ("WARDEN_MAX_PARKED_CLAIMS", "100000"),
     ("WARDEN_TENANT_MAX_PARKED_CLAIMS", "100000"),
     ("WARDEN_KEY_MAX_PARKED_CLAIMS", "100000"),
+    ("WARDEN_TENANT_REQUEST_SHARE", "100"),
 ];
 
 /// Stops each of `sessions` (four at a time); when each stop was sent.
@@ -225,9 +230,17 @@ async fn send_stops(
     base: &str,
     sessions: Vec<String>,
 ) -> HashMap<String, Instant> {
+    // Each stop on a connection of its own: a pooled one may have sat idle
+    // past the server's keep-alive read timeout (the workers' long
+    // heartbeats leave many idle), and a stop sent on it is reset unsent.
+    let fresh = reqwest::Client::builder()
+        .pool_max_idle_per_host(0)
+        .timeout(Duration::from_secs(120))
+        .build()
+        .unwrap_or_else(|_| client.clone());
     stream::iter(sessions)
         .map(|id| {
-            let (client, base) = (client.clone(), base.to_string());
+            let (client, base) = (fresh.clone(), base.to_string());
             async move {
                 let t = Instant::now();
                 let sent = client
@@ -238,7 +251,7 @@ async fn send_stops(
                 match sent {
                     Ok(res) if res.status().is_success() => {}
                     Ok(res) => eprintln!("warden-bench: a stop answered {}", res.status()),
-                    Err(e) => eprintln!("warden-bench: a stop failed: {e}"),
+                    Err(e) => eprintln!("warden-bench: a stop failed: {e:?}"),
                 }
                 (id, t)
             }

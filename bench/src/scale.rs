@@ -720,8 +720,14 @@ async fn deep_session_at(
     let at = wait_for(client, base, &deep, |_| true).await?["iterations"]
         .as_i64()
         .unwrap_or(0);
+    // A scripted step is chosen by its iteration number: moved by a whole
+    // number of cycles, the session goes on with the part it was at (moved
+    // by any other count it would redo parts, and the gate pauses it for
+    // rework, as the smoke run at iteration 20,000 showed).
+    let cycle = super::CYCLE as i64;
+    let d = (target - at) / cycle * cycle;
     let t = Instant::now();
-    deepen(db, &deep, at, target - at).await?;
+    deepen(db, &deep, at, d).await?;
     let seeded = t.elapsed();
     eprintln!(
         "warden-bench: deep session seeded in {:.1} s",

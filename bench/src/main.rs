@@ -413,8 +413,11 @@ impl Server {
         let db_name = format!("warden_bench_{}_{phase}", std::process::id());
         create_database(admin, &db_name).await?;
         let db_url = database_url(&opts.admin_url, &db_name);
-        let mut all = vec![("WARDEN_MAX_RUNNING", "1000000")];
-        all.extend_from_slice(env);
+        // Far above any phase's sessions unless the phase sets its own.
+        let mut all = env.to_vec();
+        if !env.iter().any(|(k, _)| *k == "WARDEN_MAX_RUNNING") {
+            all.push(("WARDEN_MAX_RUNNING", "1000000"));
+        }
         Server::launch(opts, &db_name, &db_url, true, &all, None).await
     }
 
@@ -1748,17 +1751,12 @@ async fn fairness_phase(opts: &Options, admin: &PgPool, scale: &Scale) -> BenchR
         "warden-bench: fairness, {places} places, tenant A queues {}",
         scale.fair_backlog
     );
-    let db_name = format!("warden_bench_{}_fairness", std::process::id());
-    create_database(admin, &db_name).await?;
-    let db_url = database_url(&opts.admin_url, &db_name);
     let places_text = places.to_string();
-    let server = Server::launch(
+    let server = Server::start_with(
         opts,
-        &db_name,
-        &db_url,
-        true,
+        admin,
+        "fairness",
         &[("WARDEN_MAX_RUNNING", places_text.as_str())],
-        None,
     )
     .await?;
     let open = reqwest::Client::new();
@@ -1772,7 +1770,7 @@ async fn fairness_phase(opts: &Options, admin: &PgPool, scale: &Scale) -> BenchR
     // A's weight through the operator's command.
     let set = Command::new(&opts.warden)
         .args(["tenants", "set", "tenant-a", "--weight", "2"])
-        .env("DATABASE_URL", &db_url)
+        .env("DATABASE_URL", &server.db_url)
         .output()?;
     if !set.status.success() {
         return Err(format!(
@@ -1834,7 +1832,7 @@ async fn fairness_phase(opts: &Options, admin: &PgPool, scale: &Scale) -> BenchR
     tokio::time::sleep(Duration::from_secs(2)).await;
     let db = PgPoolOptions::new()
         .max_connections(1)
-        .connect(&db_url)
+        .connect(&server.db_url)
         .await?;
     let mut held = [0i64; 3];
     let started = Instant::now();

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 import time
@@ -58,7 +59,12 @@ def make_task(n: int = 1, heartbeat_timeout_ms: int = 300, **context: Any) -> Cl
 
 
 class FakeWarden:
-    """Answers the worker protocol's routes; records every call."""
+    """Answers the worker protocol's routes; records every call.
+
+    A heartbeat with ``wait_ms`` waits as Warden's does: until there is news of its
+    task (:meth:`cancel`, the task completed, failed or released, a heartbeat
+    failure set) or its deadline (at most half the lease), then answers.
+    """
 
     def __init__(self, tasks: list[ClaimedTask] | None = None) -> None:
         self.tasks = list(tasks or [])
@@ -66,6 +72,7 @@ class FakeWarden:
         #: Each request's kind and headers, in order.
         self.headers: list[tuple[str, dict[str, str]]] = []
         self.lock = threading.Lock()
+        #: A task's heartbeats from this many on (counted per lease token) answer ``cancel``.
         self.cancel_after_heartbeats: int | None = None
         self.cancel_reason = "stopped"
         self.heartbeat_status = 200
@@ -74,6 +81,24 @@ class FakeWarden:
         self.worker: Worker | AsyncWorker | None = None
         self.stop_when_empty = True
         self.overrides: dict[str, Callable[[httpx.Request], httpx.Response]] = {}
+        #: Told when a task has news, so waiting heartbeats answer.
+        self.news = threading.Condition(self.lock)
+        #: False: a heartbeat's ``wait_ms`` answers 422 naming it, as a server older than the field does.
+        self.knows_wait_ms = True
+        #: Lease tokens told to abandon their step, with the reason (see :meth:`cancel`).
+        self.cancelled: dict[str, str] = {}
+        #: Lease tokens whose task was completed, failed or released: their heartbeats answer 409.
+        self.ended: set[str] = set()
+        #: Lease length of each claimed task's token, ms.
+        self.leases: dict[str, int] = {}
+        #: Heartbeats waiting now.
+        self.waiting = 0
+        #: Answers of the next heartbeats, before anything else: a status (problem+json,
+        #: with ``Retry-After: retry_after`` when set) or an exception to raise.
+        self.heartbeat_failures: list[int | Exception] = []
+        self.retry_after: str | None = None
+        #: Each heartbeat's read timeout, seconds, in order.
+        self.heartbeat_read_timeouts: list[float] = []
 
     def client(self, **kwargs: Any) -> Client:
         """A client whose requests this fake answers (backoff sleeps recorded, not slept, unless asked)."""
@@ -82,10 +107,22 @@ class FakeWarden:
         return Client("http://warden.test", "wk_secret", transport=httpx.MockTransport(self.handle), **kwargs)
 
     def async_client(self, **kwargs: Any) -> AsyncClient:
-        """An async client whose requests this fake answers."""
+        """An async client whose requests this fake answers (its heartbeats wait without blocking the loop)."""
         kwargs.setdefault("backoff_base", 0.001)
         kwargs.setdefault("backoff_cap", 0.002)
-        return AsyncClient("http://warden.test", "wk_secret", transport=httpx.MockTransport(self.handle), **kwargs)
+        return AsyncClient(
+            "http://warden.test", "wk_secret", transport=httpx.MockTransport(self.handle_async), **kwargs
+        )
+
+    def cancel(self, lease_token: str, reason: str = "stopped") -> None:
+        """Tells the step of ``lease_token`` to stop, as a stop of its session does: heartbeats answer ``cancel``."""
+        with self.news:
+            self.cancelled[lease_token] = reason
+            self.news.notify_all()
+
+    def waits(self) -> list[int]:
+        """The ``wait_ms`` of each heartbeat, in order (0 for one that did not wait)."""
+        return [int(body.get("wait_ms", 0)) for body in self.calls_to("heartbeat")]
 
     def headers_to(self, kind: str, name: str) -> list[str | None]:
         """The value of header ``name`` on each call to one kind of route (None where absent)."""
@@ -105,42 +142,104 @@ class FakeWarden:
                 raise AssertionError(f"condition not met within {timeout}s; calls: {self.calls}")
             time.sleep(0.01)
 
-    def handle(self, request: httpx.Request) -> httpx.Response:
+    def _record(self, request: httpx.Request) -> tuple[str, Any]:
         path = request.url.path
         body = json.loads(request.content) if request.content else None
         kind = path.rsplit("/", 1)[-1]
         with self.lock:
             self.calls.append((kind, path, body))
             self.headers.append((kind, dict(request.headers)))
+            if kind == "heartbeat":
+                self.heartbeat_read_timeouts.append(float(request.extensions["timeout"]["read"]))
+        return kind, body
+
+    def handle(self, request: httpx.Request) -> httpx.Response:
+        kind, body = self._record(request)
         if kind in self.overrides:
             return self.overrides[kind](request)
-        if kind == "claim":
+        if kind != "heartbeat":
+            return self._answer(kind, body)
+        started = self._beat_started(body)
+        if isinstance(started, httpx.Response):
+            return started
+        due, deadline = started
+        with self.news:
+            self.waiting += 1
+            try:
+                while (news := self._beat_news(body["lease_token"], due)) is None:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        break
+                    self.news.wait(left)
+            finally:
+                self.waiting -= 1
+        return news or beat_answer(False, None)
+
+    async def handle_async(self, request: httpx.Request) -> httpx.Response:
+        """:meth:`handle` for the async client: a waiting heartbeat polls on the loop until its deadline."""
+        if not request.url.path.endswith("/heartbeat") or "heartbeat" in self.overrides:
+            return self.handle(request)
+        kind, body = self._record(request)
+        started = self._beat_started(body)
+        if isinstance(started, httpx.Response):
+            return started
+        due, deadline = started
+        with self.lock:
+            self.waiting += 1
+        try:
+            while True:
+                with self.lock:
+                    news = self._beat_news(body["lease_token"], due)
+                left = deadline - time.monotonic()
+                if news is not None or left <= 0:
+                    return news or beat_answer(False, None)
+                await asyncio.sleep(min(left, 0.002))
+        finally:
             with self.lock:
-                failure = self.claim_failures.pop(0) if self.claim_failures else None
-                task = self.tasks.pop(0) if self.tasks and failure is None else None
-            if isinstance(failure, Exception):
-                raise failure
-            if failure is not None:
-                return problem(failure, "unavailable")
-            if task is None:
-                if self.stop_when_empty and self.worker is not None:
-                    self.worker.shutdown()
-                return httpx.Response(204)
-            return httpx.Response(200, json=dict(task))
-        if kind == "heartbeat":
-            if self.heartbeat_status != 200:
-                return problem(self.heartbeat_status, "lease lost")
-            beats = len(self.calls_to("heartbeat"))
-            cancel = self.cancel_after_heartbeats is not None and beats >= self.cancel_after_heartbeats
-            return httpx.Response(
-                200,
-                json={
-                    "cancel": cancel,
-                    "reason": self.cancel_reason if cancel else None,
-                    "lease_expires_at": "2030-01-01T00:00:00Z",
-                    "token_allowance": 900,
-                },
+                self.waiting -= 1
+
+    def _beat_started(self, body: Any) -> httpx.Response | tuple[bool, float]:
+        """A heartbeat's answer at once (a failure, an invalid ``wait_ms``), else whether it is due
+        a cancel (``cancel_after_heartbeats``) and the monotonic deadline of its wait."""
+        with self.lock:
+            failure = self.heartbeat_failures.pop(0) if self.heartbeat_failures else None
+            token = body["lease_token"]
+            beats = sum(1 for kind, _path, sent in self.calls if kind == "heartbeat" and sent["lease_token"] == token)
+            lease_ms = self.leases.get(token, 30_000)
+        if isinstance(failure, Exception):
+            raise failure
+        if failure is not None:
+            headers = {"retry-after": self.retry_after} if self.retry_after else {}
+            return problem(failure, "refused", headers=headers)
+        wait_ms = int(body.get("wait_ms", 0))
+        if wait_ms and not self.knows_wait_ms:
+            return problem(
+                422,
+                "invalid request body: unknown field `wait_ms`, expected one of `lease_token`, `progress`",
+                "invalid_request",
             )
+        if wait_ms > 30_000:
+            return problem(422, "wait_ms must be at most 30000", "invalid_request")
+        due = self.cancel_after_heartbeats is not None and beats >= self.cancel_after_heartbeats
+        return due, time.monotonic() + min(wait_ms, lease_ms / 2) / 1000
+
+    def _beat_news(self, token: str, due: bool) -> httpx.Response | None:
+        """The answer a heartbeat gives at once when there is news of its task (the lock held), else None."""
+        if self.heartbeat_status != 200:
+            return problem(self.heartbeat_status, "lease lost")
+        if token in self.ended:
+            return problem(409, "the task ended")
+        if token in self.cancelled or due:
+            return beat_answer(True, self.cancelled.get(token, self.cancel_reason))
+        return None
+
+    def _answer(self, kind: str, body: Any) -> httpx.Response:
+        if kind == "claim":
+            return self._claim()
+        if kind in ("complete", "fail", "release"):
+            with self.news:
+                self.ended.add(body["lease_token"])
+                self.news.notify_all()
         if kind == "complete":
             if self.complete_status != 200:
                 return problem(self.complete_status, "the lease was lost")
@@ -149,11 +248,40 @@ class FakeWarden:
             return httpx.Response(200, json={"accepted": True})
         return problem(404, "no such route")
 
+    def _claim(self) -> httpx.Response:
+        with self.lock:
+            failure = self.claim_failures.pop(0) if self.claim_failures else None
+            task = self.tasks.pop(0) if self.tasks and failure is None else None
+            if task is not None:
+                self.leases[task["lease_token"]] = task["heartbeat_timeout_ms"]
+        if isinstance(failure, Exception):
+            raise failure
+        if failure is not None:
+            return problem(failure, "unavailable")
+        if task is None:
+            if self.stop_when_empty and self.worker is not None:
+                self.worker.shutdown()
+            return httpx.Response(204)
+        return httpx.Response(200, json=dict(task))
 
-def problem(status: int, detail: str, code: str = "test") -> httpx.Response:
+
+def beat_answer(cancel: bool, reason: str | None) -> httpx.Response:
+    """A heartbeat's 200 answer."""
+    return httpx.Response(
+        200,
+        json={
+            "cancel": cancel,
+            "reason": reason if cancel else None,
+            "lease_expires_at": None if cancel else "2030-01-01T00:00:00Z",
+            "token_allowance": 900,
+        },
+    )
+
+
+def problem(status: int, detail: str, code: str = "test", headers: dict[str, str] | None = None) -> httpx.Response:
     """A problem+json answer."""
     return httpx.Response(
         status,
-        headers={"content-type": "application/problem+json"},
+        headers={"content-type": "application/problem+json", **(headers or {})},
         json={"type": "about:blank", "title": "Error", "status": status, "detail": detail, "code": code},
     )

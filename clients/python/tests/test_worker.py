@@ -64,12 +64,12 @@ def test_an_async_step_is_awaited_and_sees_cancellation() -> None:
     import asyncio
 
     fake = FakeWarden([make_task(1), make_task(2, heartbeat_timeout_ms=150)])
-    fake.cancel_after_heartbeats = 1
 
     async def step(task: Task) -> Outcome:
         if task.task_id.endswith("1"):
             await asyncio.sleep(0.01)
             return {"action": "async", "tokens": 3}
+        fake.cancel(task.lease_token)  # its session is stopped while it runs
         while True:
             task.check_cancelled()
             await asyncio.sleep(0.01)

@@ -91,8 +91,12 @@ class AsyncClient(_Retrying):
         timeout: float | None = None,
         ok_empty: tuple[int, ...] = (),
         traceparent: str | None = None,
+        max_attempts: int | None = None,
     ) -> Any:
-        """Performs one operation of :data:`ROUTES`; answers the parsed JSON (None for an empty answer)."""
+        """Performs one operation of :data:`ROUTES`; answers the parsed JSON (None for an empty answer).
+
+        ``max_attempts`` overrides the client's for this call (1: no retry here).
+        """
         method, url, query, headers, content = _prepare(operation, path, params, body, send_body, traceparent)
         attempt = 0
         while True:
@@ -107,9 +111,9 @@ class AsyncClient(_Retrying):
                 )
             except httpx.TransportError as error:
                 attempt += 1
-                await self._sleep(self._retry_after_error(operation, error, attempt, method, url))
+                await self._sleep(self._retry_after_error(operation, error, attempt, method, url, max_attempts))
                 continue
-            retry = self._retry_after_status(operation, response, attempt + 1, method, url)
+            retry = self._retry_after_status(operation, response, attempt + 1, method, url, max_attempts)
             if retry is not None:
                 attempt += 1
                 await self._sleep(retry)
@@ -359,13 +363,17 @@ class AsyncClient(_Retrying):
         *,
         traceparent: str | None = None,
         wait_ms: int = 0,
+        timeout: float | None = None,
+        max_attempts: int | None = None,
     ) -> HeartbeatAnswer:
         """Extends the lease; the answer says whether to cancel. 409 (WardenError) when the lease was lost.
 
         ``traceparent``: the task's ``context.traceparent``, sent as the header (as on complete, fail, release).
         ``wait_ms`` (at most 30000): Warden answers as soon as the step is stopped, paused or drained, or
         its lease lost, else after that long, the lease extended then; one such heartbeat kept in flight
-        hears a stop within milliseconds.
+        hears a stop within milliseconds. A server older than ``wait_ms`` answers 422 naming it.
+        ``timeout``: seconds the call may take beyond the wait (default the client's timeout), so the
+        read timeout always exceeds the wait. ``max_attempts``: as :meth:`request`'s.
         """
         body: dict[str, Any] = {"lease_token": lease_token}
         if progress is not None:
@@ -379,7 +387,8 @@ class AsyncClient(_Retrying):
                 path={"task_id": task_id},
                 body=body,
                 traceparent=traceparent,
-                timeout=wait_ms / 1000 + self._timeout,
+                timeout=wait_ms / 1000 + (self._timeout if timeout is None else timeout),
+                max_attempts=max_attempts,
             ),
         )
 

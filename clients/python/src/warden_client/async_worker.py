@@ -6,10 +6,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import os
 import signal
 import socket
 import threading
+import time
 import traceback
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -18,7 +20,7 @@ from .aio import AsyncClient
 from .client import backoff_delay
 from .errors import Cancelled, StepError, WardenError, WardenUnavailable
 from .types import Outcome
-from .worker import DEFAULT_HEARTBEAT_INTERVAL, Task
+from .worker import _BEAT_ERRORS, DEFAULT_HEARTBEAT_INTERVAL, Task, _beat_slack, _Heartbeats, _Lease
 
 log = logging.getLogger("warden_client.worker")
 
@@ -26,13 +28,21 @@ log = logging.getLogger("warden_client.worker")
 AsyncStepFn = Callable[[Task], Awaitable[Outcome | dict[str, Any]]]
 
 
-class AsyncWorker:
+class AsyncWorker(_Heartbeats):
     """Runs the coroutine ``step(task)`` for each task claimed from ``queues`` until shut down.
 
     Everything runs on the caller's event loop, so clients (model SDKs, HTTP
     pools) made once are reused across steps. Each step runs as an
-    :class:`asyncio.Task`; a heartbeat beside it every ``max_heartbeat_interval``
-    seconds (default 0.25, at most ``heartbeat_fraction`` of the task's lease).
+    :class:`asyncio.Task`; beside it one waiting heartbeat is kept in flight
+    (``wait_ms``: ``heartbeat_fraction`` of the task's lease, at most 0.4 of it
+    and 30 s), which Warden answers the moment the step is stopped, paused,
+    drained or its lease lost, and progress text goes at once on a heartbeat
+    of its own that does not wait (at most one per ``progress_interval``).
+    With ``wait_heartbeats=False``, or once a server older than ``wait_ms``
+    refused the field (422), a heartbeat every ``max_heartbeat_interval``
+    seconds instead (default 0.25, at most ``heartbeat_fraction`` of the
+    lease). A failed heartbeat is tried again with a backoff until the lease
+    has surely lapsed, then the step is cancelled as ``lease_lost``.
     When Warden answers ``cancel: true`` (stopped, paused, superseded, lease
     lost) the step's task is cancelled: ``asyncio.CancelledError`` is raised at
     the ``await`` the step is in, ``task.cancel_reason`` says why, and nothing
@@ -58,6 +68,8 @@ class AsyncWorker:
         wait_ms: int = 20000,
         heartbeat_fraction: float = 1 / 3,
         max_heartbeat_interval: float = DEFAULT_HEARTBEAT_INTERVAL,
+        wait_heartbeats: bool = True,
+        progress_interval: float = DEFAULT_HEARTBEAT_INTERVAL,
         grace_period: float = 25.0,
         idle_backoff_cap: float = 30.0,
     ) -> None:
@@ -68,6 +80,9 @@ class AsyncWorker:
         self.wait_ms = wait_ms
         self.heartbeat_fraction = heartbeat_fraction
         self.max_heartbeat_interval = max_heartbeat_interval
+        #: Keep one waiting heartbeat in flight; set to False by itself when Warden refuses ``wait_ms``.
+        self.wait_heartbeats = wait_heartbeats
+        self.progress_interval = progress_interval
         self.grace_period = grace_period
         self.idle_backoff_cap = idle_backoff_cap
         self._shutdown = asyncio.Event()
@@ -154,10 +169,6 @@ class AsyncWorker:
         await self._run_task(task)
         return True
 
-    def heartbeat_interval(self, task: Task) -> float:
-        """Seconds between heartbeats for ``task``."""
-        return max(0.05, min(self.max_heartbeat_interval, task.heartbeat_timeout_ms / 1000 * self.heartbeat_fraction))
-
     # -- one task ---------------------------------------------------------
 
     async def _run_task(self, task: Task) -> None:
@@ -168,9 +179,7 @@ class AsyncWorker:
         )
         step = asyncio.create_task(self._call_step(task), name=f"warden-step-{task.task_id}")
         abandoned = asyncio.Event()
-        beat = asyncio.create_task(
-            self._heartbeat_loop(task, step, abandoned), name=f"warden-heartbeat-{task.task_id}"
-        )
+        helpers = self._start_heartbeats(task, step, abandoned)
         try:
             settled = await self._wait_for_step(task, step, abandoned)
         except asyncio.CancelledError:
@@ -180,12 +189,43 @@ class AsyncWorker:
             await asyncio.shield(self._release(task))
             raise
         finally:
-            beat.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await beat
+            # Cancelling a waiting heartbeat closes its connection; Warden ends the wait.
+            task._on_progress = None
+            for helper in helpers:
+                helper.cancel()
+            for helper in helpers:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await helper
             self.current = None
         if not settled:
             await self._report(task, step)
+
+    def _start_heartbeats(
+        self, task: Task, step: asyncio.Task[Any], abandoned: asyncio.Event
+    ) -> list[asyncio.Task[None]]:
+        """Starts the task's heartbeat, and with waiting heartbeats the sender of its progress."""
+        lease = self._lease_of(task)
+        helpers = [
+            asyncio.create_task(
+                self._heartbeat_loop(task, lease, step, abandoned), name=f"warden-heartbeat-{task.task_id}"
+            )
+        ]
+        if self.wait_heartbeats:
+            loop = asyncio.get_running_loop()
+            ready = asyncio.Event()
+
+            def notify() -> None:
+                # Progress may be reported from another thread (a step's executor).
+                with contextlib.suppress(RuntimeError):  # the loop has closed
+                    loop.call_soon_threadsafe(ready.set)
+
+            task._on_progress = notify
+            helpers.append(
+                asyncio.create_task(
+                    self._progress_loop(task, lease, step, abandoned, ready), name=f"warden-progress-{task.task_id}"
+                )
+            )
+        return helpers
 
     async def _call_step(self, task: Task) -> Outcome | dict[str, Any]:
         return await self.step(task)
@@ -217,29 +257,70 @@ class AsyncWorker:
         await self._release(task)
         return True
 
-    async def _heartbeat_loop(self, task: Task, step: asyncio.Task[Any], abandoned: asyncio.Event) -> None:
-        interval = self.heartbeat_interval(task)
+    async def _heartbeat_loop(
+        self, task: Task, lease: _Lease, step: asyncio.Task[Any], abandoned: asyncio.Event
+    ) -> None:
+        """Heartbeats ``task`` until it is cancelled here (the step ended) or Warden says to abandon it."""
+        delay = self._first_delay(task)
         while True:
-            await asyncio.sleep(interval)
+            if delay > 0:
+                await asyncio.sleep(delay)
+            sent_at = time.monotonic()
+            wait_ms, slack = self._beat_plan(task, lease, sent_at)
+            progress = task._take_progress()
             try:
                 answer = await self.client.heartbeat(
-                    task.task_id, task.lease_token, task._take_progress(), traceparent=task.worker_traceparent
+                    task.task_id,
+                    task.lease_token,
+                    progress,
+                    traceparent=task.worker_traceparent,
+                    wait_ms=wait_ms,
+                    timeout=slack,
+                    max_attempts=1,
                 )
-            except WardenError as problem:
-                if problem.status in (404, 409):
-                    log.warning("worker %s: task %s: lease lost (%d)", self.name, task.task_id, problem.status)
-                    await self._cancel_step(task, step, "lease_lost", abandoned)
-                    return
-                log.warning("worker %s: heartbeat of task %s refused: %s", self.name, task.task_id, problem)
+            except _BEAT_ERRORS as error:
+                task._restore_progress(progress)
+                reason, delay = self._after_failure(task, lease, wait_ms, error, time.monotonic())
+            else:
+                reason = self._heard(task, lease, answer, time.monotonic())
+                delay = self._next_delay(task, sent_at, time.monotonic())
+            if task.cancelled:
+                return  # cancelled elsewhere (a progress heartbeat, shutdown): handled there
+            if reason is not None:
+                await self._cancel_step(task, step, reason, abandoned)
+                return
+
+    async def _progress_loop(
+        self, task: Task, lease: _Lease, step: asyncio.Task[Any], abandoned: asyncio.Event, ready: asyncio.Event
+    ) -> None:
+        """Sends progress as it is reported, on heartbeats that do not wait, while a waiting one is in flight."""
+        sent_at = -math.inf
+        while not task.cancelled:
+            await ready.wait()
+            ready.clear()
+            pause = sent_at + self.progress_interval - time.monotonic()
+            if pause > 0:
+                await asyncio.sleep(pause)
+            progress = task._take_progress()
+            if progress is None:
                 continue
-            except WardenUnavailable as unreachable:
-                # Keep trying while the lease may still hold.
-                log.warning("worker %s: heartbeat of task %s failed: %s", self.name, task.task_id, unreachable)
-                continue
-            task._set_allowance(answer.get("token_allowance"))
-            if answer.get("cancel"):
-                reason = answer.get("reason") or "cancelled"
-                log.info("worker %s: task %s cancelled by Warden (%s)", self.name, task.task_id, reason)
+            sent_at = time.monotonic()
+            try:
+                answer = await self.client.heartbeat(
+                    task.task_id,
+                    task.lease_token,
+                    progress,
+                    traceparent=task.worker_traceparent,
+                    timeout=_beat_slack(lease.length),
+                    max_attempts=1,
+                )
+            except _BEAT_ERRORS as error:
+                # It goes with the next heartbeat instead.
+                task._restore_progress(progress)
+                reason, _ = self._after_failure(task, lease, 0, error, time.monotonic())
+            else:
+                reason = self._heard(task, lease, answer, time.monotonic())
+            if reason is not None and not task.cancelled:
                 await self._cancel_step(task, step, reason, abandoned)
                 return
 

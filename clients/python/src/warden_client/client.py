@@ -129,11 +129,17 @@ class _Retrying:
     backoff_cap: float
 
     def _retry_after_error(
-        self, operation: str, error: httpx.TransportError, attempt: int, method: str, url: str
+        self,
+        operation: str,
+        error: httpx.TransportError,
+        attempt: int,
+        method: str,
+        url: str,
+        max_attempts: int | None = None,
     ) -> float:
         """The delay before try ``attempt + 1`` after a network error; raises WardenUnavailable when none is due."""
         retryable = operation in _RETRY_SAFE or isinstance(error, _UNSENT_ERRORS)
-        if not retryable or attempt >= self.max_attempts:
+        if not retryable or attempt >= (max_attempts or self.max_attempts):
             raise WardenUnavailable(
                 f"{method} {url}: {type(error).__name__}: {error} (after {attempt} attempts)"
             ) from error
@@ -142,18 +148,28 @@ class _Retrying:
         return delay
 
     def _retry_after_status(
-        self, operation: str, response: httpx.Response, attempt: int, method: str, url: str
+        self,
+        operation: str,
+        response: httpx.Response,
+        attempt: int,
+        method: str,
+        url: str,
+        max_attempts: int | None = None,
     ) -> float | None:
         """The delay before another try after a 5xx or 429 (None: take this answer); raises when spent."""
         status = response.status_code
         if not ((status >= 500 or status == 429) and operation in _RETRY_SAFE):
             return None
-        if attempt < self.max_attempts:
+        if attempt < (max_attempts or self.max_attempts):
             delay = backoff_delay(attempt - 1, self.backoff_base, self.backoff_cap)
             log.warning("%s %s: %d; retrying in %.2fs", method, url, status, delay)
             return delay
         if status >= 500:
-            raise WardenUnavailable(f"{method} {url}: {status} {_detail(response)} (after {attempt} attempts)")
+            raise WardenUnavailable(
+                f"{method} {url}: {status} {_detail(response)} (after {attempt} attempts)",
+                status=status,
+                retry_after=retry_after_of(response),
+            )
         return None
 
 
@@ -218,11 +234,13 @@ class Client(_Retrying):
         timeout: float | None = None,
         ok_empty: tuple[int, ...] = (),
         traceparent: str | None = None,
+        max_attempts: int | None = None,
     ) -> Any:
         """Performs one operation of :data:`ROUTES`; answers the parsed JSON (None for an empty answer).
 
         ``traceparent`` (W3C trace context) is sent as the ``traceparent`` header, so the
-        call joins that trace instead of starting one.
+        call joins that trace instead of starting one. ``max_attempts`` overrides the
+        client's for this call (1: no retry here; the caller retries as it sees fit).
         """
         method, url, query, headers, content = _prepare(operation, path, params, body, send_body, traceparent)
         attempt = 0
@@ -238,9 +256,9 @@ class Client(_Retrying):
                 )
             except httpx.TransportError as error:
                 attempt += 1
-                self._sleep(self._retry_after_error(operation, error, attempt, method, url))
+                self._sleep(self._retry_after_error(operation, error, attempt, method, url, max_attempts))
                 continue
-            retry = self._retry_after_status(operation, response, attempt + 1, method, url)
+            retry = self._retry_after_status(operation, response, attempt + 1, method, url, max_attempts)
             if retry is not None:
                 attempt += 1
                 self._sleep(retry)
@@ -525,13 +543,17 @@ class Client(_Retrying):
         *,
         traceparent: str | None = None,
         wait_ms: int = 0,
+        timeout: float | None = None,
+        max_attempts: int | None = None,
     ) -> HeartbeatAnswer:
         """Extends the lease; the answer says whether to cancel. 409 (WardenError) when the lease was lost.
 
         ``traceparent``: the task's ``context.traceparent``, sent as the header (as on complete, fail, release).
         ``wait_ms`` (at most 30000): Warden answers as soon as the step is stopped, paused or drained, or
         its lease lost, else after that long, the lease extended then; one such heartbeat kept in flight
-        hears a stop within milliseconds.
+        hears a stop within milliseconds. A server older than ``wait_ms`` answers 422 naming it.
+        ``timeout``: seconds the call may take beyond the wait (default the client's timeout), so the
+        read timeout always exceeds the wait. ``max_attempts``: as :meth:`request`'s.
         """
         body: dict[str, Any] = {"lease_token": lease_token}
         if progress is not None:
@@ -545,7 +567,8 @@ class Client(_Retrying):
                 path={"task_id": task_id},
                 body=body,
                 traceparent=traceparent,
-                timeout=wait_ms / 1000 + self._timeout,
+                timeout=wait_ms / 1000 + (self._timeout if timeout is None else timeout),
+                max_attempts=max_attempts,
             ),
         )
 
@@ -657,10 +680,30 @@ def _answer(operation: str, response: httpx.Response, ok_empty: tuple[int, ...])
     status = response.status_code
     if status >= 400:
         method, template = ROUTES[operation]
-        raise WardenError.from_body(status, _json_or_text(response), response.reason_phrase, method, template)
+        error = WardenError.from_body(status, _json_or_text(response), response.reason_phrase, method, template)
+        error.retry_after = retry_after_of(response)
+        raise error
     if status in ok_empty or not response.content:
         return None
     return response.json()
+
+
+#: The longest ``Retry-After`` taken from an answer, seconds: a larger one is read as this.
+MAX_RETRY_AFTER: Final[float] = 300.0
+
+
+def retry_after_of(response: httpx.Response) -> float | None:
+    """The answer's ``Retry-After`` in seconds (0 to :data:`MAX_RETRY_AFTER`); None when absent or not a number."""
+    value = response.headers.get("retry-after")
+    if value is None:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        return None  # an HTTP date: Warden sends seconds
+    if seconds != seconds:  # NaN
+        return None
+    return min(max(seconds, 0.0), MAX_RETRY_AFTER)
 
 
 def _query_value(value: Any) -> Any:

@@ -18,6 +18,8 @@ class WardenError(Exception):
         self.code: str = problem.get("code", "")
         self.method = method
         self.path = path
+        #: The answer's ``Retry-After``, seconds (429 and 503 carry one), else None.
+        self.retry_after: float | None = None
         where = f"{method} {path}: " if method else ""
         super().__init__(f"{where}{status} {self.title}: {self.detail}".rstrip(": "))
 
@@ -46,7 +48,16 @@ class WardenError(Exception):
 
 
 class WardenUnavailable(Exception):
-    """Warden could not be reached (or kept answering 5xx) through every retry."""
+    """Warden could not be reached (or kept answering 5xx) through every retry.
+
+    ``status`` is the last answer's status when Warden answered (a 5xx), None when it
+    could not be reached; ``retry_after`` its ``Retry-After`` in seconds, if any.
+    """
+
+    def __init__(self, message: str, *, status: int | None = None, retry_after: float | None = None) -> None:
+        self.status = status
+        self.retry_after = retry_after
+        super().__init__(message)
 
 
 class Cancelled(Exception):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import math
 import os
 import signal
 import socket
@@ -15,10 +16,12 @@ from collections.abc import Awaitable, Callable
 from types import FrameType
 from typing import Any
 
+import httpx
+
 from ._trace import child_traceparent
 from .client import Client, backoff_delay
 from .errors import Cancelled, StepError, WardenError, WardenUnavailable
-from .types import ApprovalOutcome, ClaimedTask, HistoryItem, Outcome, StepContext
+from .types import ApprovalOutcome, ClaimedTask, HeartbeatAnswer, HistoryItem, Outcome, StepContext
 
 log = logging.getLogger("warden_client.worker")
 
@@ -30,9 +33,27 @@ StepFn = Callable[["Task"], Outcome | dict[str, Any] | Awaitable[Outcome | dict[
 
 _PROGRESS_MAX_BYTES = 4096
 
-#: Seconds between heartbeats by default: a stop reaches the step within about
-#: this plus a round trip, well inside the one second a stop is promised in.
+#: Seconds between heartbeats that do not wait (``wait_heartbeats=False``, a server
+#: that does not take ``wait_ms``, or while Warden refuses a waiting one): a stop
+#: reaches the step within about this plus a round trip. Also the shortest time
+#: between two heartbeats of a task, and between two progress messages.
 DEFAULT_HEARTBEAT_INTERVAL = 0.25
+
+#: Longest wait Warden allows a heartbeat, ms.
+MAX_HEARTBEAT_WAIT_MS = 30_000
+
+#: The largest share of its lease a heartbeat waits: Warden waits at most half
+#: the lease left, and the lease must outlast a wait by a retry or two.
+_MAX_WAIT_FRACTION = 0.4
+
+#: Longest wait for the helper threads of a finished task, seconds: the report
+#: ends a waiting heartbeat (Warden answers it when its task ends); one that goes
+#: on is left to end by itself, its answer unread.
+_JOIN_SECONDS = 1.0
+
+#: What a failed heartbeat raises: answered with an error, unreachable, or
+#: answered with something that is not JSON (a proxy's page).
+_BEAT_ERRORS = (WardenError, WardenUnavailable, httpx.HTTPError, ValueError)
 
 
 class Task:
@@ -64,6 +85,10 @@ class Task:
         self._token_allowance: int | None = self.context.get("token_allowance")
         self._progress: str | None = None
         self._lock = threading.Lock()
+        #: When the claim's answer arrived (``time.monotonic()``): the lease runs from before it.
+        self.claimed_at: float = time.monotonic()
+        #: Called (from the step's thread) when progress is reported: the worker sends it at once.
+        self._on_progress: Callable[[], None] | None = None
         self._worker_traceparent = child_traceparent(self.context.get("traceparent"))
 
     def __repr__(self) -> str:
@@ -131,11 +156,19 @@ class Task:
             raise Cancelled(self.cancel_reason or "cancelled")
 
     def report_progress(self, text: str) -> None:
-        """Sends ``text`` with the next heartbeat (at most 4,096 characters); raises :class:`Cancelled` when cancelled."""
+        """Sends ``text`` to Warden (at most 4,096 characters); raises :class:`Cancelled` when cancelled.
+
+        With waiting heartbeats it goes at once on a heartbeat of its own that does not
+        wait (at most one per ``progress_interval``; the latest text wins), else with the
+        next heartbeat.
+        """
         self.check_cancelled()
         encoded = text.encode("utf-8")[:_PROGRESS_MAX_BYTES]
         with self._lock:
             self._progress = encoded.decode("utf-8", errors="ignore")
+            notify = self._on_progress
+        if notify is not None:
+            notify()
 
     def cancel(self, reason: str) -> None:
         """Marks the step cancelled (the first reason sticks)."""
@@ -150,23 +183,155 @@ class Task:
             progress, self._progress = self._progress, None
             return progress
 
+    def _restore_progress(self, progress: str | None) -> None:
+        """Puts back text a failed heartbeat did not deliver, unless newer text was reported since."""
+        with self._lock:
+            if self._progress is None:
+                self._progress = progress
+
     def _set_allowance(self, allowance: int | None) -> None:
         if allowance is not None:
             with self._lock:
                 self._token_allowance = allowance
 
 
-class Worker:
+class _Lease:
+    """What a worker knows of one task's lease, on the ``time.monotonic()`` clock."""
+
+    def __init__(self, length: float, since: float) -> None:
+        #: The lease's length, seconds (the task's ``heartbeat_timeout_ms``).
+        self.length = length
+        #: By then the lease has lapsed unless a heartbeat renewed it: Warden extends it
+        #: when it takes a heartbeat, before its answer arrives here.
+        self.lapses_at = since + length
+        #: Heartbeats that failed in a row.
+        self.failures = 0
+        #: No waiting heartbeat before this: Warden refused one (429/503) and said when to try again.
+        self.no_wait_until = 0.0
+
+    def renewed(self, now: float) -> None:
+        """A heartbeat was answered at ``now``: the lease runs a whole length from before then."""
+        self.lapses_at = now + self.length
+        self.failures = 0
+
+
+class _Heartbeats:
+    """How :class:`Worker` and ``AsyncWorker`` heartbeat a task: the decisions, not the calls.
+
+    With ``wait_heartbeats`` (the default) one heartbeat is kept in flight, each asking
+    Warden to wait (``wait_ms``, :meth:`heartbeat_wait_ms`) and sent again as it answers,
+    so a stop is heard within a round trip. Otherwise (or after Warden refused
+    ``wait_ms``: a server older than it answers 422 naming the field) a heartbeat every
+    :meth:`heartbeat_interval`. A failed heartbeat is tried again after a backoff, with a
+    heartbeat that does not wait, until the lease has surely lapsed; then the step is
+    abandoned as ``lease_lost`` (Warden re-offers it). Nothing is retried for ever.
+    """
+
+    name: str
+    heartbeat_fraction: float
+    max_heartbeat_interval: float
+    wait_heartbeats: bool
+    progress_interval: float
+
+    def heartbeat_interval(self, task: Task) -> float:
+        """Seconds between heartbeats that do not wait for ``task``: also the least time between two."""
+        return max(0.05, min(self.max_heartbeat_interval, task.heartbeat_timeout_ms / 1000 * self.heartbeat_fraction))
+
+    def heartbeat_wait_ms(self, task: Task) -> int:
+        """How long a waiting heartbeat of ``task`` waits, ms: ``heartbeat_fraction`` of the lease
+        (at most 0.4 of it, under the half Warden allows), at most 30,000."""
+        fraction = min(max(self.heartbeat_fraction, 0.0), _MAX_WAIT_FRACTION)
+        return min(MAX_HEARTBEAT_WAIT_MS, int(task.heartbeat_timeout_ms * fraction))
+
+    def _lease_of(self, task: Task) -> _Lease:
+        return _Lease(task.heartbeat_timeout_ms / 1000, task.claimed_at)
+
+    def _first_delay(self, task: Task) -> float:
+        """Seconds from the start of the step to its first heartbeat: a waiting one goes at once."""
+        return 0.0 if self.wait_heartbeats and self.heartbeat_wait_ms(task) > 0 else self.heartbeat_interval(task)
+
+    def _beat_plan(self, task: Task, lease: _Lease, now: float) -> tuple[int, float]:
+        """The next heartbeat's ``wait_ms`` (0 after a failure or a refused wait) and its timeout beyond the wait."""
+        waits = self.wait_heartbeats and lease.failures == 0 and now >= lease.no_wait_until
+        return (self.heartbeat_wait_ms(task) if waits else 0), _beat_slack(lease.length)
+
+    def _next_delay(self, task: Task, sent_at: float, now: float) -> float:
+        """Seconds from a heartbeat's answer to the next: none once a whole interval passed since
+        it was sent (a wait that ended), else the rest of the interval, so a heartbeat answered at
+        once (a drain answers every one at once) is not sent again at once."""
+        return max(0.0, sent_at + self.heartbeat_interval(task) - now)
+
+    def _heard(self, task: Task, lease: _Lease, answer: HeartbeatAnswer, now: float) -> str | None:
+        """Takes a heartbeat's answer (the lease renewed, the allowance); answers why to abandon the step, if so."""
+        lease.renewed(now)
+        task._set_allowance(answer.get("token_allowance"))
+        if not answer.get("cancel"):
+            return None
+        reason = answer.get("reason") or "cancelled"
+        log.info("worker %s: task %s cancelled by Warden (%s)", self.name, task.task_id, reason)
+        return reason
+
+    def _after_failure(
+        self, task: Task, lease: _Lease, wait_ms: int, error: Exception, now: float
+    ) -> tuple[str | None, float]:
+        """After a failed heartbeat: why to abandon the step (None: go on), and seconds before the next try."""
+        status = getattr(error, "status", None)
+        if isinstance(error, WardenError) and status in (404, 409):
+            log.warning("worker %s: task %s: lease lost (%d)", self.name, task.task_id, status)
+            return "lease_lost", 0.0
+        if wait_ms and isinstance(error, WardenError) and status == 422 and "wait_ms" in error.detail:
+            log.warning(
+                "worker %s: Warden does not take a heartbeat's wait_ms (%s); heartbeating every %.2fs instead",
+                self.name, error.detail, self.heartbeat_interval(task),
+            )
+            self.wait_heartbeats = False
+            return None, 0.0
+        lease.failures += 1
+        refused_for = getattr(error, "retry_after", None)
+        if wait_ms and refused_for is not None:
+            # No place for a waiting heartbeat (429/503): beat without waiting until then.
+            lease.no_wait_until = now + min(refused_for, lease.length)
+        left = lease.lapses_at - now
+        if left <= 0:
+            log.warning(
+                "worker %s: task %s: no heartbeat reached Warden within the lease (%s); abandoning the step",
+                self.name, task.task_id, error,
+            )
+            return "lease_lost", 0.0
+        base = self.heartbeat_interval(task)
+        delay = min(left, backoff_delay(lease.failures - 1, base, max(base, min(5.0, lease.length / 6))))
+        log.warning(
+            "worker %s: heartbeat of task %s failed (%s); next try in %.2fs",
+            self.name, task.task_id, error, delay,
+        )
+        return None, delay
+
+
+def _beat_slack(lease_length: float) -> float:
+    """Seconds a heartbeat may take beyond its wait: long enough for a loaded server,
+    short enough that a hung connection is given up well inside the lease."""
+    return min(10.0, max(1.0, lease_length / 6))
+
+
+class Worker(_Heartbeats):
     """Runs ``step`` for each task claimed from ``queues`` until shut down.
 
-    For each task a background thread heartbeats every
-    ``heartbeat_fraction`` of the task's ``heartbeat_timeout_ms`` (at most
-    ``max_heartbeat_interval`` seconds apart, 0.25 by default); when Warden
-    answers ``cancel: true`` the task is cancelled and heartbeats stop: a
-    thread cannot be interrupted, so the step's next
-    :meth:`Task.check_cancelled` or :meth:`Task.report_progress` raises
-    :class:`~warden_client.Cancelled` (the documented way a sync step learns
-    of a stop; call one between units of work). The task's
+    For each task a background thread keeps one waiting heartbeat in flight
+    (``wait_ms``: ``heartbeat_fraction`` of the task's ``heartbeat_timeout_ms``,
+    at most 0.4 of it and 30 s), so Warden answers it the moment the step is
+    stopped, paused, drained or its lease lost; progress text goes at once on
+    a heartbeat of its own that does not wait (at most one per
+    ``progress_interval`` seconds). With ``wait_heartbeats=False``, or once a
+    server older than ``wait_ms`` refused the field (422), it heartbeats every
+    ``heartbeat_fraction`` of the lease instead, at most
+    ``max_heartbeat_interval`` seconds apart (0.25 by default), progress
+    going with the next heartbeat. A failed heartbeat is tried again with a
+    backoff until the lease has surely lapsed, then the step is cancelled as
+    ``lease_lost``. When Warden answers ``cancel: true`` the task is
+    cancelled and heartbeats stop: a thread cannot be interrupted, so the
+    step's next :meth:`Task.check_cancelled` or :meth:`Task.report_progress`
+    raises :class:`~warden_client.Cancelled` (the documented way a sync step
+    learns of a stop; call one between units of work).
     Every call about a task continues its trace: its ``traceparent`` header
     (:attr:`Task.worker_traceparent`) has the trace id of the task's
     ``context.traceparent`` and a span id of the worker's own. The step's
@@ -188,6 +353,8 @@ class Worker:
         wait_ms: int = 20000,
         heartbeat_fraction: float = 1 / 3,
         max_heartbeat_interval: float = DEFAULT_HEARTBEAT_INTERVAL,
+        wait_heartbeats: bool = True,
+        progress_interval: float = DEFAULT_HEARTBEAT_INTERVAL,
         grace_period: float = 25.0,
         idle_backoff_cap: float = 30.0,
     ) -> None:
@@ -198,6 +365,9 @@ class Worker:
         self.wait_ms = wait_ms
         self.heartbeat_fraction = heartbeat_fraction
         self.max_heartbeat_interval = max_heartbeat_interval
+        #: Keep one waiting heartbeat in flight; set to False by itself when Warden refuses ``wait_ms``.
+        self.wait_heartbeats = wait_heartbeats
+        self.progress_interval = progress_interval
         self.grace_period = grace_period
         self.idle_backoff_cap = idle_backoff_cap
         self._shutdown = threading.Event()
@@ -289,22 +459,40 @@ class Worker:
             finally:
                 done.set()
 
-        stop_heartbeat = threading.Event()
-        beat = threading.Thread(
-            target=self._heartbeat_loop, args=(task, stop_heartbeat), name="warden-heartbeat", daemon=True
-        )
+        stop = threading.Event()
+        progress_ready = threading.Event()
+        task._on_progress = progress_ready.set
+        lease = self._lease_of(task)
+        helpers = [
+            threading.Thread(
+                target=self._heartbeat_loop, args=(task, lease, stop), name="warden-heartbeat", daemon=True
+            )
+        ]
+        if self.wait_heartbeats:
+            helpers.append(
+                threading.Thread(
+                    target=self._progress_loop,
+                    args=(task, lease, stop, progress_ready),
+                    name="warden-progress",
+                    daemon=True,
+                )
+            )
         runner = threading.Thread(target=call_step, name="warden-step", daemon=True)
-        beat.start()
+        for helper in helpers:
+            helper.start()
         runner.start()
         try:
             released = self._wait_for_step(task, done)
         finally:
-            stop_heartbeat.set()
-            beat.join(timeout=5)
+            stop.set()
+            progress_ready.set()
             self.current = None
-        if released:
-            return
-        self._report(task, result)
+        if not released:
+            self._report(task, result)
+        # The report (or release) ends a waiting heartbeat: Warden answers it when the task ends.
+        deadline = time.monotonic() + _JOIN_SECONDS
+        for helper in helpers:
+            helper.join(timeout=max(0.0, deadline - time.monotonic()))
 
     def _wait_for_step(self, task: Task, done: threading.Event) -> bool:
         """Waits for the step; on shutdown, gives it the grace period, then releases. Answers whether released."""
@@ -384,32 +572,72 @@ class Worker:
         except WardenUnavailable as unreachable:
             log.warning("worker %s: release of task %s failed: %s", self.name, task.task_id, unreachable)
 
-    def heartbeat_interval(self, task: Task) -> float:
-        """Seconds between heartbeats for ``task``."""
-        return max(0.05, min(self.max_heartbeat_interval, task.heartbeat_timeout_ms / 1000 * self.heartbeat_fraction))
-
-    def _heartbeat_loop(self, task: Task, stop: threading.Event) -> None:
-        interval = self.heartbeat_interval(task)
-        while not stop.wait(interval):
+    def _heartbeat_loop(self, task: Task, lease: _Lease, stop: threading.Event) -> None:
+        """Heartbeats ``task`` until the step ends (``stop``) or Warden says to abandon it."""
+        delay = self._first_delay(task)
+        while not stop.wait(delay):
+            sent_at = time.monotonic()
+            wait_ms, slack = self._beat_plan(task, lease, sent_at)
+            progress = task._take_progress()
             try:
                 answer = self.client.heartbeat(
-                    task.task_id, task.lease_token, task._take_progress(), traceparent=task.worker_traceparent
+                    task.task_id,
+                    task.lease_token,
+                    progress,
+                    traceparent=task.worker_traceparent,
+                    wait_ms=wait_ms,
+                    timeout=slack,
+                    max_attempts=1,
                 )
-            except WardenError as problem:
-                if problem.status in (404, 409):
-                    log.warning("worker %s: task %s: lease lost (%d)", self.name, task.task_id, problem.status)
-                    task.cancel("lease_lost")
+            except _BEAT_ERRORS as error:
+                task._restore_progress(progress)
+                if stop.is_set() or task.cancelled:
+                    return  # the step ended meanwhile: the answer is no news
+                reason, delay = self._after_failure(task, lease, wait_ms, error, time.monotonic())
+            else:
+                if stop.is_set() or task.cancelled:
                     return
-                log.warning("worker %s: heartbeat of task %s refused: %s", self.name, task.task_id, problem)
+                reason = self._heard(task, lease, answer, time.monotonic())
+                delay = self._next_delay(task, sent_at, time.monotonic())
+            if reason is not None:
+                task.cancel(reason)
+                return
+
+    def _progress_loop(self, task: Task, lease: _Lease, stop: threading.Event, ready: threading.Event) -> None:
+        """Sends progress as it is reported, on heartbeats that do not wait, while a waiting one is in flight."""
+        sent_at = -math.inf
+        while True:
+            ready.wait()
+            ready.clear()
+            if stop.is_set() or task.cancelled:
+                return
+            pause = sent_at + self.progress_interval - time.monotonic()
+            if pause > 0 and stop.wait(pause):
+                return
+            progress = task._take_progress()
+            if progress is None:
                 continue
-            except WardenUnavailable as unreachable:
-                # Keep trying while the lease may still hold.
-                log.warning("worker %s: heartbeat of task %s failed: %s", self.name, task.task_id, unreachable)
-                continue
-            task._set_allowance(answer.get("token_allowance"))
-            if answer.get("cancel"):
-                reason = answer.get("reason") or "cancelled"
-                log.info("worker %s: task %s cancelled by Warden (%s)", self.name, task.task_id, reason)
+            sent_at = time.monotonic()
+            try:
+                answer = self.client.heartbeat(
+                    task.task_id,
+                    task.lease_token,
+                    progress,
+                    traceparent=task.worker_traceparent,
+                    timeout=_beat_slack(lease.length),
+                    max_attempts=1,
+                )
+            except _BEAT_ERRORS as error:
+                # It goes with the next heartbeat instead.
+                task._restore_progress(progress)
+                if stop.is_set() or task.cancelled:
+                    return
+                reason, _ = self._after_failure(task, lease, 0, error, time.monotonic())
+            else:
+                if stop.is_set() or task.cancelled:
+                    return
+                reason = self._heard(task, lease, answer, time.monotonic())
+            if reason is not None:
                 task.cancel(reason)
                 return
 

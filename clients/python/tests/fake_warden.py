@@ -85,6 +85,8 @@ class FakeWarden:
         self.news = threading.Condition(self.lock)
         #: False: a heartbeat's ``wait_ms`` answers 422 naming it, as a server older than the field does.
         self.knows_wait_ms = True
+        #: True: every heartbeat answers at once ``reason: draining`` (not a cancel), as while a replica drains.
+        self.draining = False
         #: Lease tokens told to abandon their step, with the reason (see :meth:`cancel`).
         self.cancelled: dict[str, str] = {}
         #: Lease tokens whose task was completed, failed or released: their heartbeats answer 409.
@@ -231,6 +233,8 @@ class FakeWarden:
             return problem(409, "the task ended")
         if token in self.cancelled or due:
             return beat_answer(True, self.cancelled.get(token, self.cancel_reason))
+        if self.draining:
+            return beat_answer(False, "draining")
         return None
 
     def _answer(self, kind: str, body: Any) -> httpx.Response:
@@ -271,7 +275,7 @@ def beat_answer(cancel: bool, reason: str | None) -> httpx.Response:
         200,
         json={
             "cancel": cancel,
-            "reason": reason if cancel else None,
+            "reason": reason,
             "lease_expires_at": None if cancel else "2030-01-01T00:00:00Z",
             "token_allowance": 900,
         },

@@ -301,3 +301,110 @@ def test_a_typed_executor_is_a_worker_executor() -> None:
     # Not a run-time check: mypy --strict checks this file (see test_types.py for a typo).
     executor: WorkerExecutor = {"kind": "worker", "queue": "research", "heartbeat_timeout_ms": 1000}
     assert executor["queue"] == "research"
+
+
+# -- waiting heartbeats ----------------------------------------------------
+
+
+def test_a_stop_is_heard_at_once_while_a_waiting_heartbeat_is_in_flight() -> None:
+    fake = FakeWarden([make_task(1, heartbeat_timeout_ms=30000)])
+    seen: dict[str, float] = {}
+
+    async def step(task: Task) -> Outcome:
+        await until(lambda: fake.waiting >= 1)
+        seen["asked"] = time.monotonic()
+        fake.cancel(task.lease_token)  # the session is stopped now
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            seen["heard"] = time.monotonic()
+            raise
+        return {"action": "never"}
+
+    # Heartbeats that did not wait would come 5 s apart here: only the waiting one is heard this soon.
+    worker = worker_for(fake, step, max_heartbeat_interval=5.0)
+    run(worker)
+
+    latency = seen["heard"] - seen["asked"]
+    assert latency < 1.0, f"the stop took {latency:.3f}s"
+    assert fake.waits() == [10000]
+    assert fake.heartbeat_read_timeouts[0] > 10.0
+    assert worker.stats["cancelled"] == 1
+    assert fake.calls_to("complete") == [] and fake.calls_to("fail") == []
+
+
+def test_progress_goes_at_once_while_a_heartbeat_waits() -> None:
+    fake = FakeWarden([make_task(1, heartbeat_timeout_ms=30000)])
+    sent_within: list[float] = []
+
+    async def step(task: Task) -> Outcome:
+        await until(lambda: fake.waiting >= 1)
+        reported = time.monotonic()
+        # From a thread, as a step's blocking helper would.
+        await asyncio.to_thread(task.report_progress, "half way")
+        await until(lambda: any(b.get("progress") == "half way" for b in fake.calls_to("heartbeat")))
+        sent_within.append(time.monotonic() - reported)
+        assert fake.waiting >= 1  # the waiting heartbeat is still in flight
+        for text in ("a", "b", "c"):
+            task.report_progress(text)
+        await until(lambda: any(b.get("progress") == "c" for b in fake.calls_to("heartbeat")))
+        return {"action": "write_file"}
+
+    worker = worker_for(fake, step, max_heartbeat_interval=5.0)
+    started = time.monotonic()
+    run(worker)
+
+    assert sent_within[0] < 1.0
+    progress = [b for b in fake.calls_to("heartbeat") if "progress" in b]
+    assert all("wait_ms" not in b for b in progress)
+    assert progress[0]["progress"] == "half way" and progress[-1]["progress"] == "c"
+    assert len(progress) <= 3
+    assert len(fake.calls_to("complete")) == 1
+    assert time.monotonic() - started < 5
+
+
+def test_a_server_that_refuses_wait_ms_gets_a_heartbeat_every_interval() -> None:
+    fake = FakeWarden([make_task(1, heartbeat_timeout_ms=300)])
+    fake.knows_wait_ms = False
+    reasons: list[str | None] = []
+
+    async def step(task: Task) -> Outcome:
+        await until(lambda: len(fake.calls_to("heartbeat")) >= 3)
+        fake.cancel(task.lease_token)
+        try:
+            await asyncio.sleep(60)
+        finally:
+            reasons.append(task.cancel_reason)
+        return {"action": "never"}
+
+    worker = worker_for(fake, step)
+    run(worker)
+    assert worker.wait_heartbeats is False
+    assert reasons == ["stopped"]
+    assert fake.waits()[0] == 100 and set(fake.waits()[1:]) == {0}
+
+
+def test_failing_heartbeats_back_off_and_give_up_when_the_lease_has_lapsed() -> None:
+    fake = FakeWarden([make_task(1, heartbeat_timeout_ms=1000)])
+    fake.heartbeat_failures = [429, 503]
+    fake.retry_after = "30"
+    fake.heartbeat_status = 502
+    reasons: list[str | None] = []
+
+    async def step(task: Task) -> Outcome:
+        try:
+            await asyncio.sleep(60)
+        finally:
+            reasons.append(task.cancel_reason)
+        return {"action": "never"}
+
+    worker = worker_for(fake, step)
+    started = time.monotonic()
+    run(worker)
+    took = time.monotonic() - started
+
+    assert reasons == ["lease_lost"]
+    assert 0.9 <= took < 5, took
+    beats = fake.waits()
+    assert 3 <= len(beats) <= 10, beats
+    assert beats[0] == 333 and set(beats[1:]) == {0}

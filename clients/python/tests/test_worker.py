@@ -350,3 +350,178 @@ def test_the_default_heartbeat_interval_meets_a_stop_in_under_a_second() -> None
 
 def seen_once(values: list[str | None]) -> set[str | None]:
     return set(values)
+
+
+# -- waiting heartbeats ----------------------------------------------------
+
+
+def test_the_wait_of_a_heartbeat_is_a_share_of_the_lease_under_half_and_at_most_30_s() -> None:
+    worker = Worker(FakeWarden().client(), lambda task: {"action": "a"})
+    assert worker.heartbeat_wait_ms(Task(make_task(1, heartbeat_timeout_ms=30000))) == 10000
+    assert worker.heartbeat_wait_ms(Task(make_task(1, heartbeat_timeout_ms=600000))) == 30000
+    greedy = Worker(FakeWarden().client(), lambda task: {"action": "a"}, heartbeat_fraction=0.9)
+    # Warden waits at most half the lease left: the worker asks for 0.4 of it at most.
+    assert greedy.heartbeat_wait_ms(Task(make_task(1, heartbeat_timeout_ms=30000))) == 12000
+
+
+def test_a_cancel_is_heard_at_once_while_a_waiting_heartbeat_is_in_flight() -> None:
+    fake = FakeWarden([make_task(1, heartbeat_timeout_ms=30000)])
+    asked: list[float] = []
+    heard: list[float] = []
+
+    def step(task: Task) -> Outcome:
+        fake.wait_for(lambda: fake.waiting >= 1)
+        asked.append(time.monotonic())
+        fake.cancel(task.lease_token)  # the session is stopped now
+        assert task.cancel_event.wait(10)
+        heard.append(task.cancelled_at or 0.0)
+        task.check_cancelled()
+        return {"action": "unreachable"}
+
+    # Heartbeats that did not wait would come 5 s apart here: only the waiting one is heard this soon.
+    worker = worker_for(fake, step, max_heartbeat_interval=5.0)
+    started = time.monotonic()
+    worker.run(install_signal_handlers=False)
+
+    latency = heard[0] - asked[0]
+    assert latency < 1.0, f"the cancel took {latency:.3f}s"
+    assert time.monotonic() - started < 5
+    # One heartbeat, waiting a third of the 30 s lease, its read timeout beyond the wait.
+    assert fake.waits() == [10000]
+    assert fake.heartbeat_read_timeouts[0] > 10.0
+    assert worker.stats["cancelled"] == 1 and fake.calls_to("complete") == []
+
+
+def test_progress_goes_at_once_while_a_heartbeat_waits_and_the_report_ends_the_wait() -> None:
+    fake = FakeWarden([make_task(1, heartbeat_timeout_ms=30000)])
+    sent_within: list[float] = []
+
+    def step(task: Task) -> Outcome:
+        fake.wait_for(lambda: fake.waiting >= 1)
+        reported = time.monotonic()
+        task.report_progress("half way")
+        fake.wait_for(lambda: any(b.get("progress") == "half way" for b in fake.calls_to("heartbeat")))
+        sent_within.append(time.monotonic() - reported)
+        assert fake.waiting >= 1  # the waiting heartbeat is still in flight
+        for text in ("a", "b", "c"):
+            task.report_progress(text)
+        fake.wait_for(lambda: any(b.get("progress") == "c" for b in fake.calls_to("heartbeat")))
+        return {"action": "write_file"}
+
+    worker = worker_for(fake, step, max_heartbeat_interval=5.0)
+    started = time.monotonic()
+    worker.run(install_signal_handlers=False)
+
+    assert sent_within[0] < 1.0
+    progress = [b for b in fake.calls_to("heartbeat") if "progress" in b]
+    # Sent on heartbeats that do not wait; the latest text wins over texts not yet sent.
+    assert all("wait_ms" not in b for b in progress)
+    assert progress[0]["progress"] == "half way" and progress[-1]["progress"] == "c"
+    assert len(progress) <= 3
+    assert len(fake.calls_to("complete")) == 1
+    # The completion ended the waiting heartbeat: the worker did not wait out its 10 s.
+    assert time.monotonic() - started < 5
+
+
+def test_a_server_that_refuses_wait_ms_gets_a_heartbeat_every_interval(caplog: pytest.LogCaptureFixture) -> None:
+    fake = FakeWarden([make_task(1, heartbeat_timeout_ms=300), make_task(2, heartbeat_timeout_ms=300)])
+    fake.knows_wait_ms = False
+
+    def step(task: Task) -> Outcome:
+        beats = len(fake.calls_to("heartbeat"))
+        fake.wait_for(lambda: len(fake.calls_to("heartbeat")) >= beats + 3)
+        if task.task_id.endswith("2"):
+            fake.cancel(task.lease_token)
+            assert task.cancel_event.wait(5)
+            task.check_cancelled()
+        return {"action": "a"}
+
+    worker = worker_for(fake, step)
+    with caplog.at_level(logging.WARNING, logger="warden_client.worker"):
+        worker.run(install_signal_handlers=False)
+
+    assert worker.wait_heartbeats is False
+    assert "does not take a heartbeat's wait_ms" in caplog.text
+    # The first heartbeat asked to wait and was refused; every later one, of either task, did not ask.
+    assert fake.waits()[0] == 100 and set(fake.waits()[1:]) == {0}
+    assert len(fake.calls_to("complete")) == 1 and worker.stats["cancelled"] == 1
+
+
+def test_failing_heartbeats_back_off_and_give_up_when_the_lease_has_lapsed() -> None:
+    fake = FakeWarden([make_task(1, heartbeat_timeout_ms=1000)])
+    fake.heartbeat_failures = [httpx.ConnectError("refused"), 503, httpx.ReadTimeout("slow")]
+    fake.heartbeat_status = 500
+    reasons: list[str | None] = []
+
+    def step(task: Task) -> Outcome:
+        assert task.cancel_event.wait(10)
+        reasons.append(task.cancel_reason)
+        task.check_cancelled()
+        return {"action": "unreachable"}
+
+    worker = worker_for(fake, step)
+    started = time.monotonic()
+    worker.run(install_signal_handlers=False)
+    took = time.monotonic() - started
+
+    assert reasons == ["lease_lost"]
+    assert 0.9 <= took < 5, took
+    beats = fake.waits()
+    # Retried with a backoff of 0.125 to 0.25 s within the 1 s lease, never at once,
+    # and only the first heartbeat waited.
+    assert 3 <= len(beats) <= 10, beats
+    assert beats[0] == 333 and set(beats[1:]) == {0}
+    assert fake.calls_to("complete") == [] and fake.calls_to("fail") == []
+
+
+def test_a_refused_wait_beats_without_waiting_until_retry_after() -> None:
+    fake = FakeWarden([make_task(1, heartbeat_timeout_ms=3000)])
+    fake.heartbeat_failures = [429]
+    fake.retry_after = "1"
+
+    def step(task: Task) -> Outcome:
+        # Waiting again once Retry-After has passed.
+        fake.wait_for(lambda: fake.waits().count(1000) >= 2)
+        fake.cancel(task.lease_token)
+        assert task.cancel_event.wait(5)
+        task.check_cancelled()
+        return {"action": "unreachable"}
+
+    worker = worker_for(fake, step)
+    worker.run(install_signal_handlers=False)
+    beats = fake.waits()
+    assert beats[0] == 1000 and beats[1] == 0
+    # Between the refusal and the next wait, heartbeats every 0.25 s: about four in the second.
+    refused_for = beats[1 : beats.index(1000, 1)]
+    assert set(refused_for) == {0} and 2 <= len(refused_for) <= 8, beats
+    assert worker.stats["cancelled"] == 1
+
+
+def test_a_draining_replica_answering_every_heartbeat_at_once_is_not_spun_on() -> None:
+    fake = FakeWarden([make_task(1, heartbeat_timeout_ms=30000)])
+    fake.draining = True
+
+    def step(task: Task) -> Outcome:
+        time.sleep(1.0)  # the step goes on through the drain
+        return {"action": "finished"}
+
+    worker = worker_for(fake, step)
+    worker.run(install_signal_handlers=False)
+    # At most one heartbeat per 0.25 s interval though each is answered at once.
+    assert 2 <= len(fake.calls_to("heartbeat")) <= 6, len(fake.calls_to("heartbeat"))
+    assert len(fake.calls_to("complete")) == 1
+
+
+def test_wait_heartbeats_off_keeps_the_interval_rhythm() -> None:
+    fake = FakeWarden([make_task(1, heartbeat_timeout_ms=300)])
+
+    def step(task: Task) -> Outcome:
+        fake.wait_for(lambda: len(fake.calls_to("heartbeat")) >= 3)
+        task.report_progress("with the next heartbeat")
+        fake.wait_for(lambda: any(b.get("progress") for b in fake.calls_to("heartbeat")))
+        return {"action": "a"}
+
+    worker = worker_for(fake, step, wait_heartbeats=False)
+    worker.run(install_signal_handlers=False)
+    assert set(fake.waits()) == {0}
+    assert len(fake.calls_to("complete")) == 1

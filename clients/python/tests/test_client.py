@@ -89,6 +89,29 @@ def test_a_heartbeat_asks_to_wait_only_when_told_and_waits_that_much_longer_for_
     assert json.loads(seen[1].content) == {"lease_token": "lease", "wait_ms": 10_000}
     assert seen[0].extensions["timeout"]["read"] == 2.0
     assert seen[1].extensions["timeout"]["read"] == 12.0
+    # A timeout of the caller's own is beyond the wait too.
+    client.heartbeat("t1", "lease", wait_ms=10_000, timeout=0.5)
+    assert seen[2].extensions["timeout"]["read"] == 10.5
+
+
+def test_a_call_may_be_tried_once_and_its_retry_after_is_kept() -> None:
+    answers = [
+        problem(503, "full", headers={"retry-after": "5"}),
+        problem(429, "full", headers={"retry-after": "99999"}),
+        problem(429, "full", headers={"retry-after": "soon"}),
+    ]
+    client, delays = client_for(lambda request: answers.pop(0))
+    with pytest.raises(WardenUnavailable) as unavailable:
+        client.heartbeat("t1", "lease", wait_ms=1000, max_attempts=1)
+    assert (unavailable.value.status, unavailable.value.retry_after) == (503, 5.0)
+    with pytest.raises(WardenError) as refused:
+        client.heartbeat("t1", "lease", wait_ms=1000, max_attempts=1)
+    # Bounded: a Retry-After beyond five minutes is read as five minutes.
+    assert (refused.value.status, refused.value.retry_after) == (429, 300.0)
+    with pytest.raises(WardenError) as unreadable:
+        client.heartbeat("t1", "lease", max_attempts=1)
+    assert unreadable.value.retry_after is None
+    assert delays == []  # tried once each, no retry
 
 
 def test_stop_is_sent_as_json_with_no_body_and_ids_are_escaped() -> None:

@@ -51,6 +51,10 @@ _MAX_WAIT_FRACTION = 0.4
 #: on is left to end by itself, its answer unread.
 _JOIN_SECONDS = 1.0
 
+#: What a server older than a heartbeat's ``wait_ms`` answers it (422, ``invalid_request``):
+#: request bodies reject unknown fields.
+_OLDER_THAN_WAIT_MS = "unknown field `wait_ms`"
+
 #: What a failed heartbeat raises: answered with an error, unreachable, or
 #: answered with something that is not JSON (a proxy's page).
 _BEAT_ERRORS = (WardenError, WardenUnavailable, httpx.HTTPError, ValueError)
@@ -279,7 +283,7 @@ class _Heartbeats:
         if isinstance(error, WardenError) and status in (404, 409):
             log.warning("worker %s: task %s: lease lost (%d)", self.name, task.task_id, status)
             return "lease_lost", 0.0
-        if wait_ms and isinstance(error, WardenError) and status == 422 and "wait_ms" in error.detail:
+        if wait_ms and isinstance(error, WardenError) and status == 422 and _OLDER_THAN_WAIT_MS in error.detail:
             log.warning(
                 "worker %s: Warden does not take a heartbeat's wait_ms (%s); heartbeating every %.2fs instead",
                 self.name, error.detail, self.heartbeat_interval(task),

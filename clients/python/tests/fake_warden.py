@@ -93,7 +93,7 @@ class FakeWarden:
         self.ended: set[str] = set()
         #: Lease length of each claimed task's token, ms.
         self.leases: dict[str, int] = {}
-        #: Heartbeats waiting now.
+        #: Heartbeats with ``wait_ms`` in flight now.
         self.waiting = 0
         #: Answers of the next heartbeats, before anything else: a status (problem+json,
         #: with ``Retry-After: retry_after`` when set) or an exception to raise.
@@ -165,8 +165,9 @@ class FakeWarden:
         if isinstance(started, httpx.Response):
             return started
         due, deadline = started
+        waits = int("wait_ms" in body)
         with self.news:
-            self.waiting += 1
+            self.waiting += waits
             try:
                 while (news := self._beat_news(body["lease_token"], due)) is None:
                     left = deadline - time.monotonic()
@@ -174,7 +175,7 @@ class FakeWarden:
                         break
                     self.news.wait(left)
             finally:
-                self.waiting -= 1
+                self.waiting -= waits
         return news or beat_answer(False, None)
 
     async def handle_async(self, request: httpx.Request) -> httpx.Response:
@@ -186,8 +187,9 @@ class FakeWarden:
         if isinstance(started, httpx.Response):
             return started
         due, deadline = started
+        waits = int("wait_ms" in body)
         with self.lock:
-            self.waiting += 1
+            self.waiting += waits
         try:
             while True:
                 with self.lock:
@@ -198,7 +200,7 @@ class FakeWarden:
                 await asyncio.sleep(min(left, 0.002))
         finally:
             with self.lock:
-                self.waiting -= 1
+                self.waiting -= waits
 
     def _beat_started(self, body: Any) -> httpx.Response | tuple[bool, float]:
         """A heartbeat's answer at once (a failure, an invalid ``wait_ms``), else whether it is due

@@ -287,7 +287,7 @@ def test_claim_errors_are_retried_and_the_loop_keeps_going() -> None:
     assert worker.stats["completed"] == 1
 
 
-def test_the_default_heartbeat_meets_a_stop_in_under_a_second() -> None:
+def test_heartbeats_that_do_not_wait_come_every_250_ms_by_default() -> None:
     assert DEFAULT_HEARTBEAT_INTERVAL <= 0.3
     worker = AsyncWorker(FakeWarden().async_client(), _never)
     assert worker.heartbeat_interval(Task(make_task(1, heartbeat_timeout_ms=30000))) == DEFAULT_HEARTBEAT_INTERVAL

@@ -343,7 +343,7 @@ def test_a_released_task_carries_its_trace() -> None:
     assert is_child_of(released, TRACEPARENT)
 
 
-def test_the_default_heartbeat_interval_meets_a_stop_in_under_a_second() -> None:
+def test_heartbeats_that_do_not_wait_come_every_250_ms_or_less_by_default() -> None:
     worker = Worker(FakeWarden().client(), lambda task: {"action": "a"})
     assert worker.heartbeat_interval(Task(make_task(1, heartbeat_timeout_ms=30000))) <= 0.3
 

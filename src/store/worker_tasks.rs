@@ -317,11 +317,18 @@ impl Store {
             }
             _ => None,
         };
-        self.worker_task_changed(WorkerChange {
+        let change = WorkerChange {
             task: Some(task.id),
             // A task handed over is nobody else's to claim.
             offered: handed.is_none(),
-        });
+        };
+        if handed.is_some() {
+            // No one elsewhere waits on a task new and handed here (should
+            // the hand-off fall through, putting it back tells everyone).
+            self.workers_changed_locally(change);
+        } else {
+            self.worker_task_changed(change);
+        }
         let as_opened = WorkerTaskSnapshot {
             state: if handed.is_some() {
                 WorkerTaskState::Claimed
@@ -384,14 +391,9 @@ impl Store {
                 now: w.now,
                 pause_requested: Some(w.pause_requested),
             },
-            // Not the tenant's session: reported as the open reports it.
-            None => OpenRow {
-                adopted: None,
-                state: None,
-                lease_expires_at: None,
-                now: Utc::now(),
-                pause_requested: None,
-            },
+            // The session is another run's now (or not this tenant's):
+            // nothing was written.
+            None => return Err(super::StoreError::LeaseLost(task.session_id)),
         })
     }
 

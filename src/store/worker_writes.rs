@@ -15,7 +15,7 @@
 use std::collections::{HashMap, HashSet};
 
 use chrono::{DateTime, Utc};
-use sqlx::{PgPool, Postgres};
+use sqlx::{PgConnection, PgPool};
 use tokio::sync::{mpsc, oneshot};
 use uuid::Uuid;
 
@@ -43,13 +43,15 @@ pub(super) struct OfferWrite {
     pub idempotency_key: String,
     /// The step context, as JSON text.
     pub context: String,
+    /// The offering run: the session's lease token, which fences the insert.
     pub run: Uuid,
     /// The lease digest and worker of the waiting claim it is claimed for
     /// at once (when the session may be claimed from).
     pub handed_to: Option<(Vec<u8>, String)>,
 }
 
-/// An offer as written: `None` when the session is not the tenant's.
+/// An offer as written: `None` when the session is not the tenant's or no
+/// longer held by the offering run (its lease token).
 #[derive(Debug, Clone, PartialEq)]
 pub(super) struct OfferWritten {
     /// `claimed` (handed to the claim) or `pending`.
@@ -188,23 +190,24 @@ async fn write_batch(pool: &PgPool, batch: Vec<Write>) {
 /// The offers written (by task id) and the tasks completed.
 type Written = (HashMap<Uuid, OfferWritten>, HashSet<Uuid>);
 
-/// Writes `offers` and `completes` in one transaction.
+/// Writes `offers` and `completes` in one transaction: a single statement
+/// alone when there is only one kind (no `BEGIN` and `COMMIT` round trips).
 async fn write_together(
     pool: &PgPool,
     offers: &[&OfferWrite],
     completes: &[&CompleteWrite],
 ) -> Result<Written> {
+    if completes.is_empty() {
+        let mut conn = pool.acquire().await?;
+        return Ok((insert_offers(&mut conn, offers).await?, HashSet::new()));
+    }
+    if offers.is_empty() {
+        let mut conn = pool.acquire().await?;
+        return Ok((HashMap::new(), complete_held(&mut conn, completes).await?));
+    }
     let mut tx = pool.begin().await?;
-    let offered = if offers.is_empty() {
-        HashMap::new()
-    } else {
-        insert_offers(&mut tx, offers).await?
-    };
-    let completed = if completes.is_empty() {
-        HashSet::new()
-    } else {
-        complete_held(&mut tx, completes).await?
-    };
+    let offered = insert_offers(&mut tx, offers).await?;
+    let completed = complete_held(&mut tx, completes).await?;
     tx.commit().await?;
     Ok((offered, completed))
 }
@@ -222,7 +225,7 @@ struct OfferRow {
 /// when its session runs with no stop or pause asked; the workers handed
 /// one are noted seen holding it.
 async fn insert_offers(
-    tx: &mut sqlx::Transaction<'_, Postgres>,
+    conn: &mut PgConnection,
     offers: &[&OfferWrite],
 ) -> Result<HashMap<Uuid, OfferWritten>> {
     let rows = columns_statement!(query_as(OfferRow)
@@ -256,7 +259,8 @@ async fn insert_offers(
                     CASE WHEN h.handed THEN now() + make_interval(secs => i.heartbeat_timeout_ms / 1000.0) END,
                     CASE WHEN h.handed THEN now() END,
                     CASE WHEN h.handed THEN i.worker END
-             FROM input i JOIN sessions s ON s.id = i.session_id AND s.tenant = i.tenant,
+             FROM input i JOIN sessions s
+               ON s.id = i.session_id AND s.tenant = i.tenant AND s.lease_token = i.run,
                   LATERAL (SELECT i.lease_digest IS NOT NULL AND s.status = 'running'
                                   AND NOT s.stop_requested AND NOT s.pause_requested AS handed) h
              RETURNING id, session_id, tenant, queue, state, lease_expires_at, worker),
@@ -271,7 +275,7 @@ async fn insert_offers(
                   s.pause_requested AS "pause_requested!"
            FROM inserted i JOIN sessions s ON s.id = i.session_id"#
     )
-    .fetch_all(&mut **tx)
+    .fetch_all(&mut *conn)
     .await?;
     Ok(rows
         .into_iter()
@@ -290,7 +294,7 @@ async fn insert_offers(
 /// Completes the tasks held under the given leases (live, their sessions
 /// running and not being stopped); the workers are noted seen holding none.
 async fn complete_held(
-    tx: &mut sqlx::Transaction<'_, Postgres>,
+    conn: &mut PgConnection,
     completes: &[&CompleteWrite],
 ) -> Result<HashSet<Uuid>> {
     let rows = columns_statement!(query
@@ -317,7 +321,7 @@ async fn complete_held(
              WHERE w.tenant = d.tenant AND w.queue = d.queue AND w.worker = d.worker)
            SELECT id AS "id!" FROM done"#
     )
-    .fetch_all(&mut **tx)
+    .fetch_all(&mut *conn)
     .await?;
     Ok(rows.into_iter().map(|r| r.id).collect())
 }
@@ -327,19 +331,24 @@ mod tests {
     use super::*;
     use crate::store::testing::TestDb;
 
-    /// A running session of `tenant` (being stopped, with `stopping`).
+    /// The run every test session is held by (its lease token).
+    const RUN: Uuid = Uuid::from_u128(0x5eed);
+
+    /// A running session of `tenant` held by [`RUN`] (being stopped, with
+    /// `stopping`).
     async fn session(pool: &PgPool, tenant: &str, stopping: bool) -> Uuid {
         let id = Uuid::new_v4();
         sqlx::query(
             "INSERT INTO sessions (id, tenant, goal, mode, status, limits, executor,
-                                   lease_expires_at, stop_requested)
+                                   lease_token, lease_expires_at, stop_requested)
              VALUES ($1, $2, 'goal', 'fixed', 'running', '{}'::jsonb,
                      '{\"kind\": \"worker\", \"queue\": \"q\"}'::jsonb,
-                     now() + interval '1 minute', $3)",
+                     $4, now() + interval '1 minute', $3)",
         )
         .bind(id)
         .bind(tenant)
         .bind(stopping)
+        .bind(RUN)
         .execute(pool)
         .await
         .expect("a session");
@@ -357,7 +366,7 @@ mod tests {
             heartbeat_timeout_ms: 60_000,
             idempotency_key: format!("{session_id}:2"),
             context: r#"{"iteration": 2}"#.into(),
-            run: Uuid::new_v4(),
+            run: RUN,
             handed_to: handed_to.map(|w| (vec![7; 32], w.to_owned())),
         }
     }
@@ -434,10 +443,18 @@ mod tests {
         let to_stopping = offer(stopping, "t", Some("w4"));
         let pending = offer(running, "t", None);
         let not_the_tenants = offer(other, "t", Some("w5"));
-        let ids = [handed.id, to_stopping.id, pending.id, not_the_tenants.id];
+        let mut not_the_runs = offer(running, "t", None);
+        not_the_runs.run = Uuid::new_v4();
+        let ids = [
+            handed.id,
+            to_stopping.id,
+            pending.id,
+            not_the_tenants.id,
+            not_the_runs.id,
+        ];
         let (offers, completes) = written(
             &db.pool,
-            vec![handed, to_stopping, pending, not_the_tenants],
+            vec![handed, to_stopping, pending, not_the_tenants, not_the_runs],
             vec![
                 complete(held_id, Some("t"), Some(r#"["q"]"#), 7),
                 // Another tenant's, a queue not the caller's, a wrong lease.
@@ -457,6 +474,7 @@ mod tests {
                 Some("claimed".into()),
                 Some("pending".into()),
                 Some("pending".into()),
+                None,
                 None
             ]
         );
@@ -470,12 +488,15 @@ mod tests {
             ("completed", Some(serde_json::json!({"action": "done"})))
         );
         assert_eq!(row(&db.pool, elsewhere_id).await.0, "claimed");
-        let absent: Option<(Uuid,)> = sqlx::query_as("SELECT id FROM worker_tasks WHERE id = $1")
-            .bind(ids[3])
-            .fetch_optional(&db.pool)
+        let absent: Vec<(Uuid,)> = sqlx::query_as("SELECT id FROM worker_tasks WHERE id = ANY($1)")
+            .bind(&ids[3..])
+            .fetch_all(&db.pool)
             .await
             .expect("read");
-        assert!(absent.is_none(), "a session of another tenant got a task");
+        assert!(
+            absent.is_empty(),
+            "another tenant's session, or another run's, got a task"
+        );
     }
 
     #[tokio::test]

@@ -218,7 +218,8 @@ pub struct Store {
     /// The iteration committer, started on first use (it needs a runtime).
     committer: Arc<OnceLock<GroupCommit>>,
     /// The writer of grouped worker offers and completions, started on
-    /// first use (it needs a runtime).
+    /// first use (it needs a runtime) over the pool of the first store to
+    /// use it; shared by siblings.
     worker_writes: Arc<OnceLock<WorkerWrites>>,
     /// On the embedded server (one process, one backend, no second
     /// connection to LISTEN on): control notes travel in this process.
@@ -372,7 +373,9 @@ impl Store {
             pool,
             appended: self.appended.clone(),
             committer: Arc::new(OnceLock::new()),
-            worker_writes: Arc::new(OnceLock::new()),
+            // One writer per process: the loops' offers and the API's
+            // completions share its batches.
+            worker_writes: self.worker_writes.clone(),
             local_control: self.local_control.clone(),
             keys_changed: self.keys_changed.clone(),
             disk_flush: self.disk_flush.clone(),

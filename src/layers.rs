@@ -114,6 +114,7 @@ const STORE: &[(&str, u8)] = &[
     ("checkpoints", 0),
     ("control_channel", 0),
     ("worker_notices", 0),
+    ("worker_writes", 1),
     ("fleet", 0),
     ("idempotency", 0),
     ("keys", 0),

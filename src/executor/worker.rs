@@ -59,6 +59,9 @@ pub struct WorkerExecutor {
     /// The iteration whose step this run collected without an approval
     /// request: the next step has no decision to read.
     asked_nothing_at: Option<u64>,
+    /// The last iteration whose task this run opened and collected: the
+    /// next iteration's open finds nothing left open (a steady open).
+    collected_at: Option<u64>,
 }
 
 impl WorkerExecutor {
@@ -82,6 +85,7 @@ impl WorkerExecutor {
             open: None,
             session_id: None,
             asked_nothing_at: None,
+            collected_at: None,
         }
     }
 
@@ -226,6 +230,7 @@ impl WorkerExecutor {
         let answer: WebhookResponse = serde_json::from_value(outcome.unwrap_or_default())
             .map_err(|e| step_failed(format!("worker outcome is not a step outcome: {e}")))?;
         self.asked_nothing_at = answer.approval.is_none().then_some(iteration);
+        self.collected_at = Some(iteration);
         external_step(
             self.approvals.as_ref(),
             self.children.as_ref(),
@@ -252,6 +257,8 @@ impl WorkerExecutor {
         let context =
             serde_json::to_value(request).map_err(|e| step_failed(format!("step context: {e}")))?;
         self.session_id = Some(ctx.session_id);
+        let steady =
+            self.collected_at.is_some() && self.collected_at == ctx.iteration.checked_sub(1);
         self.store
             .offer_worker_step(
                 &NewWorkerTask {
@@ -263,6 +270,7 @@ impl WorkerExecutor {
                     heartbeat_timeout_ms: self.settings.heartbeat_timeout.as_millis() as u64,
                     idempotency_key: &format!("{}:{}", ctx.session_id, ctx.iteration),
                     context: &context,
+                    steady,
                 },
                 self.run,
                 &self.scope,

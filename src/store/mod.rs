@@ -59,6 +59,7 @@ mod trace_links;
 mod worker_desk;
 mod worker_notices;
 mod worker_tasks;
+mod worker_writes;
 
 pub use approvals::{
     ApprovalCursor, ApprovalRow, Decided, NewApproval, NewDecision, call_id as approval_call_id,
@@ -112,6 +113,7 @@ use group_commit::GroupCommit;
 use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
 use uuid::Uuid;
+use worker_writes::WorkerWrites;
 
 tokio::task_local! {
     /// Who the current request acts for (an API key's public prefix, never
@@ -170,8 +172,9 @@ cannot be put back); nothing was changed. Restore a backup taken before it to go
     /// The writer no longer holds the session's lease; nothing was written.
     #[error("lease on session {0} is no longer held by this replica")]
     LeaseLost(Uuid),
-    /// The iteration committer stopped (the runtime is shutting down).
-    #[error("the iteration committer has stopped")]
+    /// The iteration committer or the worker writer stopped (the runtime
+    /// is shutting down).
+    #[error("the committer has stopped (shutting down)")]
     CommitterGone,
     /// The loop tried to pause a session a user has asked to stop; nothing
     /// was written, and the loop must record the stop instead.
@@ -214,6 +217,10 @@ pub struct Store {
     appended: tokio::sync::broadcast::Sender<Uuid>,
     /// The iteration committer, started on first use (it needs a runtime).
     committer: Arc<OnceLock<GroupCommit>>,
+    /// The writer of grouped worker offers and completions, started on
+    /// first use (it needs a runtime) over the pool of the first store to
+    /// use it; shared by siblings.
+    worker_writes: Arc<OnceLock<WorkerWrites>>,
     /// On the embedded server (one process, one backend, no second
     /// connection to LISTEN on): control notes travel in this process.
     local_control: Option<tokio::sync::broadcast::Sender<ControlNote>>,
@@ -284,6 +291,7 @@ impl Store {
             pool,
             appended: announcer(),
             committer: Arc::new(OnceLock::new()),
+            worker_writes: Arc::new(OnceLock::new()),
             local_control: None,
             keys_changed: tokio::sync::broadcast::channel(16).0,
             disk_flush: None,
@@ -347,6 +355,11 @@ impl Store {
             .get_or_init(|| worker_notices::WorkerNotices::start(&self.pool, self.notice_origin))
     }
 
+    fn worker_writes(&self) -> &WorkerWrites {
+        self.worker_writes
+            .get_or_init(|| WorkerWrites::start(self.pool.clone()))
+    }
+
     fn group_commit(&self) -> &GroupCommit {
         self.committer
             .get_or_init(|| GroupCommit::start(self.pool.clone()))
@@ -360,6 +373,9 @@ impl Store {
             pool,
             appended: self.appended.clone(),
             committer: Arc::new(OnceLock::new()),
+            // One writer per process: the loops' offers and the API's
+            // completions share its batches.
+            worker_writes: self.worker_writes.clone(),
             local_control: self.local_control.clone(),
             keys_changed: self.keys_changed.clone(),
             disk_flush: self.disk_flush.clone(),

@@ -497,6 +497,7 @@ mod tests {
                 heartbeat_timeout_ms: 60_000,
                 idempotency_key: "k",
                 context,
+                steady: false,
             }
         }
 

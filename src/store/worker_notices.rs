@@ -155,7 +155,12 @@ impl WorkerNotices {
             pending: Mutex::new(Pending::default()),
             wake: wake.clone(),
         });
-        let options = (*pool.connect_options()).clone();
+        // A notice is a hint whose change is durable already: its commit
+        // need not wait for the WAL flush (a notify takes a transaction id,
+        // so each one waited for an fsync of its own).
+        let options = (*pool.connect_options())
+            .clone()
+            .options([("synchronous_commit", "off")]);
         tokio::spawn(send_batches(Arc::downgrade(&shared), wake, options, origin));
         WorkerNotices { shared }
     }

@@ -15,6 +15,7 @@ use uuid::Uuid;
 
 use super::rows::NewEvent;
 use super::worker_notices::WorkerChange;
+use super::worker_writes::{CompleteWrite, OfferWrite};
 use super::{Result, Store, TenantScope, event_log};
 use crate::event::{ChargeSource, SessionEvent};
 use crate::policy::budget;
@@ -40,6 +41,11 @@ pub struct NewWorkerTask<'a> {
     /// The step context: the executor layer's webhook request, handed to
     /// the worker as it is (the store reads only its `token_allowance`).
     pub context: &'a serde_json::Value,
+    /// The offering run opened the previous iteration's task and collected
+    /// it: no task of the session is left open (its first open took over or
+    /// superseded any older run's), so the task is simply inserted, grouped
+    /// with other writes (see `worker_writes`).
+    pub steady: bool,
 }
 
 impl NewWorkerTask<'_> {
@@ -280,9 +286,17 @@ impl Store {
         to: Option<&str>,
     ) -> Result<OpenedTask> {
         let token = to.map(|_| new_token());
-        let row = self
-            .open_task_row(task, run, scope, token.as_deref().map(digest), to)
-            .await?;
+        let lease_digest = token.as_deref().map(digest);
+        let row = match (task.steady, scope.tenant()) {
+            (true, Some(tenant)) => {
+                self.insert_steady_task(task, run, tenant, lease_digest, to)
+                    .await?
+            }
+            _ => {
+                self.open_task_row(task, run, scope, lease_digest, to)
+                    .await?
+            }
+        };
         if let Some(id) = row.adopted {
             tracing::info!(task = %id, iteration = task.iteration, "worker task taken over by a new run");
             return Ok(OpenedTask {
@@ -303,11 +317,18 @@ impl Store {
             }
             _ => None,
         };
-        self.worker_task_changed(WorkerChange {
+        let change = WorkerChange {
             task: Some(task.id),
             // A task handed over is nobody else's to claim.
             offered: handed.is_none(),
-        });
+        };
+        if handed.is_some() {
+            // No one elsewhere waits on a task new and handed here (should
+            // the hand-off fall through, putting it back tells everyone).
+            self.workers_changed_locally(change);
+        } else {
+            self.worker_task_changed(change);
+        }
         let as_opened = WorkerTaskSnapshot {
             state: if handed.is_some() {
                 WorkerTaskState::Claimed
@@ -328,6 +349,51 @@ impl Store {
             id: task.id,
             handed,
             as_opened: Some(as_opened),
+        })
+    }
+
+    /// A steady step's open: its task inserted with other worker writes
+    /// (see [`NewWorkerTask::steady`]).
+    async fn insert_steady_task(
+        &self,
+        task: &NewWorkerTask<'_>,
+        run: Uuid,
+        tenant: &str,
+        lease_digest: Option<Vec<u8>>,
+        to: Option<&str>,
+    ) -> Result<OpenRow> {
+        let written = self
+            .worker_writes()
+            .offer(OfferWrite {
+                id: task.id,
+                session_id: task.session_id,
+                tenant: tenant.to_owned(),
+                queue: task.queue.to_owned(),
+                labels: serde_json::to_string(task.labels).map_err(|e| {
+                    super::StoreError::Corrupt {
+                        id: task.session_id,
+                        detail: format!("worker task labels: {e}"),
+                    }
+                })?,
+                iteration: i64::try_from(task.iteration).unwrap_or(i64::MAX),
+                heartbeat_timeout_ms: i64::try_from(task.heartbeat_timeout_ms).unwrap_or(i64::MAX),
+                idempotency_key: task.idempotency_key.to_owned(),
+                context: task.context.to_string(),
+                run,
+                handed_to: lease_digest.zip(to.map(str::to_owned)),
+            })
+            .await?;
+        Ok(match written {
+            Some(w) => OpenRow {
+                adopted: None,
+                state: Some(w.state),
+                lease_expires_at: w.lease_expires_at,
+                now: w.now,
+                pause_requested: Some(w.pause_requested),
+            },
+            // The session is another run's now (or not this tenant's):
+            // nothing was written.
+            None => return Err(super::StoreError::LeaseLost(task.session_id)),
         })
     }
 
@@ -809,9 +875,9 @@ impl Store {
         Ok(LeaseCheck::Held(()))
     }
 
-    /// The common completion in one statement: the task is claimed under
-    /// `token`, its lease live, its session running and not being stopped.
-    /// `false` changes nothing: the caller settles it the long way, which
+    /// The common completion, written with other worker writes (see
+    /// `worker_writes`): the task is claimed under `token`, its lease live,
+    /// its session running and not being stopped. `false` changes nothing: the caller settles it the long way, which
     /// tells every other case apart (a repeat, a lost lease, a stop).
     async fn complete_held_task(
         &self,
@@ -821,28 +887,26 @@ impl Store {
         token: &str,
         outcome: &serde_json::Value,
     ) -> Result<bool> {
-        let completed = sqlx::query_scalar!(
-            r#"WITH done AS (
-                 UPDATE worker_tasks t SET state = 'completed', outcome = $5, updated_at = now()
-                 FROM sessions s
-                 WHERE t.id = $1 AND s.id = t.session_id
-                   AND ($2::text IS NULL OR t.tenant = $2) AND ($3::text[] IS NULL OR t.queue = ANY($3))
-                   AND t.state = 'claimed' AND t.lease_digest = $4 AND t.lease_expires_at > now()
-                   AND s.status = 'running' AND NOT s.stop_requested
-                 RETURNING t.tenant, t.queue, t.worker),
-               seen AS (
-                 UPDATE workers_seen w SET last_seen_at = now(), task_id = NULL FROM done d
-                 WHERE w.tenant = d.tenant AND w.queue = d.queue AND w.worker = d.worker)
-               SELECT count(*) AS "completed!" FROM done"#,
-            id,
-            scope.tenant(),
-            queues as Option<&[String]>,
-            digest(token),
-            Json(outcome) as _,
-        )
-        .fetch_one(&self.pool)
-        .await?;
-        if completed == 0 {
+        let queues = match queues {
+            Some(q) => Some(
+                serde_json::to_string(q).map_err(|e| super::StoreError::Corrupt {
+                    id,
+                    detail: format!("worker queues: {e}"),
+                })?,
+            ),
+            None => None,
+        };
+        let completed = self
+            .worker_writes()
+            .complete(CompleteWrite {
+                id,
+                tenant: scope.tenant().map(str::to_owned),
+                queues,
+                lease_digest: digest(token),
+                outcome: outcome.to_string(),
+            })
+            .await?;
+        if !completed {
             return Ok(false);
         }
         // The step waiting here takes the outcome as written, unread.

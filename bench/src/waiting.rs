@@ -149,7 +149,13 @@ pub async fn waiting_phase(
     let stop_span = stopped.elapsed();
     db.close().await;
     server.stop(admin).await;
-    Ok(rows(n, (base, after), create_rate, settled, (&mut stops, stop_span)))
+    Ok(rows(
+        n,
+        (base, after),
+        create_rate,
+        settled,
+        (&mut stops, stop_span),
+    ))
 }
 
 /// The phase's rows: memory per session (all of it and its anonymous

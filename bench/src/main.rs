@@ -9,6 +9,7 @@
 mod replay;
 mod scale;
 mod stop_workers;
+mod waiting;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -69,6 +70,8 @@ struct Scale {
     /// Deep phase: the iteration the deep session resumes at (room below
     /// the 1,000,000 cap for a window at ~1,500 iterations/s).
     deep_iteration: i64,
+    /// Waiting phase: sessions waiting on one long step on one replica.
+    waiting_sessions: usize,
 }
 
 impl Scale {
@@ -95,6 +98,7 @@ impl Scale {
             replay_sessions: 10_000,
             stored_sessions: 1_000_000,
             deep_iteration: 970_000,
+            waiting_sessions: 100_000,
         }
     }
 
@@ -122,6 +126,7 @@ impl Scale {
             replay_sessions: 200,
             stored_sessions: 20_000,
             deep_iteration: 20_000,
+            waiting_sessions: 300,
         }
     }
 }
@@ -135,7 +140,7 @@ struct Options {
 }
 
 /// The phases, in the order they run.
-const PHASES: [&str; 14] = [
+const PHASES: [&str; 15] = [
     "throughput",
     "status",
     "stop",
@@ -150,6 +155,7 @@ const PHASES: [&str; 14] = [
     "stored",
     "deep",
     "stop_workers",
+    "waiting",
 ];
 
 fn usage() -> &'static str {
@@ -160,14 +166,15 @@ fn usage() -> &'static str {
      --sessions N,..  session counts of the throughput phase (default 1,32,1000)\n\
      --window SECS    how long each throughput measurement lasts (default 10)\n\
      --only PHASE     run one phase: throughput, status, stop, memory, replicas, embedded,
-                      workers, retention, fairness, creates, replay, stored, deep or
-                      stop_workers (repeatable; embedded:
+                      workers, retention, fairness, creates, replay, stored, deep,
+                      stop_workers or waiting (repeatable; embedded:
                       the same on the embedded PostgreSQL; workers: steps through the
                       worker protocol; retention: ended sessions pruned while others run;
                       replay: the policy-replay engine over recorded sessions, in memory;
                       stored: lists over 1,000,000 stored sessions and start-up with
                       100,000 queued; deep: a session at iteration ~1,000,000;
-                      stop_workers: a stop timed to the heartbeat answer that tells the worker)
+                      stop_workers: a stop timed to the heartbeat answer that tells the worker;
+                      waiting: memory with 100,000 sessions waiting on one replica)
      --database-url   a Postgres URL whose user may create databases\n\
                       (default: $DATABASE_URL, else postgres://postgres@127.0.0.1:5432/postgres)\n\
      --warden PATH    the warden binary (default: beside this program)"
@@ -1520,6 +1527,10 @@ async fn run() -> BenchResult<()> {
 
     if opts.runs("deep") {
         rows.extend(scale::deep_phase(&opts, &admin, &client, &scale).await?);
+    }
+
+    if opts.runs("waiting") {
+        rows.extend(waiting::waiting_phase(&opts, &admin, &client, &scale).await?);
     }
 
     println!("Machine: {machine}\n");

@@ -71,8 +71,10 @@ before,
     /// Outcome metrics over the stored sessions of one tenant (`None`: every tenant).
     pub async fn outcomes(&self, scope: &super::TenantScope) -> Result<Outcomes> {
         let tenant = scope.tenant();
-        let mut out = Outcomes::default();
-        out.by_status = self.status_counts(tenant).await?;
+        let mut out = Outcomes {
+            by_status: self.status_counts(tenant).await?,
+            ..Outcomes::default()
+        };
         for row in sqlx::query!(
             r#"SELECT reason AS "reason!", count(*) AS "count!" FROM sessions
              WHERE reason IS NOT NULL AND status <> $1 AND ($2::text IS NULL OR tenant = $2)

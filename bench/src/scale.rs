@@ -243,6 +243,97 @@ async fn list_p99(
     .await?
 }
 
+/// p99 and p50 of GETs of `path` at `rate`/s for the window, keys rotating
+/// over `keys`, from a thread of their own (as [`list_p99`]). No raw
+/// counterpart: what these read has no one-statement equivalent worth
+/// comparing (the sort they replaced read every session).
+async fn get_p99(
+    base: &str,
+    path: String,
+    keys: Vec<String>,
+    rate: u32,
+    window: Duration,
+) -> BenchResult<(Option<Duration>, Option<Duration>)> {
+    let url = format!("{base}{path}");
+    tokio::task::spawn_blocking(move || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?
+            .block_on(async move {
+                let client = reqwest::Client::builder()
+                    .timeout(Duration::from_secs(120))
+                    .build()?;
+                let mut took = open_loop(rate, window, |i| {
+                    let request = client.get(&url).bearer_auth(&keys[i % keys.len()]);
+                    async move {
+                        match request.send().await {
+                            Ok(res) if res.status().is_success() => res.bytes().await.is_ok(),
+                            _ => false,
+                        }
+                    }
+                })
+                .await;
+                Ok::<_, Box<dyn std::error::Error + Send + Sync>>((
+                    quantile(&mut took, 0.99),
+                    quantile(&mut took, 0.5),
+                ))
+            })
+    })
+    .await?
+}
+
+/// The reads that used to grow with what is stored (SCALING.md): lists
+/// sorted by `updated` and by `cost`, as the admin and as the tenants, and
+/// `/metrics`, whose session counts by status it adds on every scrape.
+async fn unbounded_reads(
+    server: &Server,
+    admin_key: &str,
+    tenant_keys: &[String],
+    n: usize,
+    scale: &Scale,
+) -> BenchResult<Vec<Row>> {
+    let admin = vec![admin_key.to_string()];
+    let cases = [
+        ("sort=updated", "the global admin's key", &admin, LIST_RATE),
+        (
+            "sort=updated",
+            "a tenant's key",
+            &tenant_keys.to_vec(),
+            LIST_RATE,
+        ),
+        ("sort=cost", "the global admin's key", &admin, LIST_RATE),
+        (
+            "sort=cost",
+            "a tenant's key",
+            &tenant_keys.to_vec(),
+            LIST_RATE,
+        ),
+    ];
+    let mut rows = Vec::new();
+    for (sort, who, keys, rate) in cases {
+        eprintln!("warden-bench: list {sort} as {who}");
+        let path = format!("/api/autonomous?limit={PAGE}&{sort}");
+        let (p99, p50) = get_p99(&server.base, path, keys.clone(), rate, scale.window).await?;
+        rows.push(row(
+            format!("  list p99 ({PAGE} rows, {sort}, no filter) at {rate}/s, {who}; {n} stored"),
+            format!("{} (p50 {})", ms(p99), ms(p50)),
+            "—".into(),
+            "—".into(),
+            "",
+        ));
+    }
+    eprintln!("warden-bench: /metrics");
+    let (p99, p50) = get_p99(&server.base, "/metrics".into(), admin, 5, scale.window).await?;
+    rows.push(row(
+        format!("  /metrics p99 at 5/s (its session counts by status); {n} stored"),
+        format!("{} (p50 {})", ms(p99), ms(p50)),
+        "—".into(),
+        "—".into(),
+        "",
+    ));
+    Ok(rows)
+}
+
 /// Keys of the global admin and of each tenant (operators).
 async fn keys(base: &str, tenants: usize) -> BenchResult<(String, Vec<String>)> {
     let open = reqwest::Client::new();
@@ -308,6 +399,7 @@ pub(crate) async fn stored_phase(
         ),
     ];
     rows.extend(list_rows(&server, &admin_key, &tenant_keys, n, running, scale).await?);
+    rows.extend(unbounded_reads(&server, &admin_key, &tenant_keys, n, scale).await?);
     let restart = Restart {
         running_ids: &running_ids,
         waiting,

@@ -189,10 +189,21 @@ impl Store {
     }
 
     /// Folds every tenant's pending count deltas into its counter row, so
-    /// that reads of a tenant that creates nothing stay short. Safe beside
-    /// the quota check's own fold: each delta row is deleted, and added,
-    /// once.
+    /// that reads of a tenant that creates nothing stay short; the counts
+    /// by status (migration 0040) likewise, so that `/metrics` reads a row
+    /// per tenant and status. Safe beside the quota check's own fold and
+    /// another replica's: each delta row is deleted, and added, once, and
+    /// counter rows are taken in key order.
     pub async fn fold_tenant_counts(&self) -> Result<()> {
+        sqlx::query!(
+            "WITH folded AS (DELETE FROM session_status_count_deltas RETURNING tenant, status, sessions)
+             INSERT INTO session_status_counts AS c (tenant, status, sessions)
+             SELECT tenant, status, sum(sessions) FROM folded
+             GROUP BY tenant, status ORDER BY tenant, status
+             ON CONFLICT (tenant, status) DO UPDATE SET sessions = c.sessions + EXCLUDED.sessions"
+        )
+        .execute(&self.pool)
+        .await?;
         sqlx::query!(
             "WITH folded AS (DELETE FROM tenant_count_deltas RETURNING tenant, active, running)
              INSERT INTO tenant_counts AS c (tenant, active, running)
@@ -202,6 +213,64 @@ impl Store {
         )
         .execute(&self.pool)
         .await?;
+        Ok(())
+    }
+}
+
+impl Store {
+    /// Fills in the `queue_position` and `queue_tenants` of the queued
+    /// sessions among `page` (a list's rows, read without them), in one
+    /// statement: per tenant of the page, one count of its queue ahead of
+    /// the page's first row and the ranks of the stretch from it to the
+    /// page's last; the tenants waiting, once. A row's own count, as a
+    /// single read does, made a page of a tenant's queue cost 50 counts of
+    /// that queue (BENCHMARKS.md, "Scale, round three"). A row that left
+    /// the queue since the page was read keeps no position.
+    pub(super) async fn place_in_queue(
+        &self,
+        page: &mut [super::rows::Session],
+        scope: &super::TenantScope,
+    ) -> Result<()> {
+        let queued: Vec<Uuid> = page
+            .iter()
+            .filter(|s| s.status == Status::Queued)
+            .map(|s| s.id)
+            .collect();
+        if queued.is_empty() {
+            return Ok(());
+        }
+        let places = sqlx::query!(
+            r#"WITH page AS (
+                   SELECT id, tenant, queued_at FROM sessions
+                   WHERE id = ANY($1) AND status = 'queued' AND ($2::text IS NULL OR tenant = $2)),
+               bounds AS (
+                   SELECT tenant, min(queued_at) AS first, max(queued_at) AS last
+                   FROM page GROUP BY tenant),
+               ahead AS MATERIALIZED (
+                   SELECT b.tenant, (SELECT count(*) FROM sessions q
+                                     WHERE q.status = 'queued' AND q.tenant = b.tenant
+                                       AND q.queued_at < b.first) AS before
+                   FROM bounds b),
+               stretch AS (
+                   SELECT q.id, q.tenant,
+                          row_number() OVER (PARTITION BY q.tenant ORDER BY q.queued_at, q.id) AS rank
+                   FROM bounds b JOIN sessions q
+                     ON q.tenant = b.tenant AND q.status = 'queued'
+                    AND q.queued_at >= b.first AND q.queued_at <= b.last)
+               SELECT s.id AS "id!", (a.before + s.rank)::bigint AS "position!",
+                      (SELECT warden_queue_tenants()) AS "tenants!"
+               FROM stretch s JOIN page p ON p.id = s.id JOIN ahead a ON a.tenant = s.tenant"#,
+            &queued,
+            scope.tenant(),
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        for place in places {
+            if let Some(row) = page.iter_mut().find(|s| s.id == place.id) {
+                row.queue_position = Some(place.position);
+                row.queue_tenants = Some(place.tenants);
+            }
+        }
         Ok(())
     }
 }

@@ -530,6 +530,20 @@ pub struct SessionFilter {
     pub min_cost_usd: Option<Decimal>,
 }
 
+impl SessionFilter {
+    /// Whether counts by status under this filter are the counts of every
+    /// session in scope: nothing but `status` (which counts by status set
+    /// aside) and `min_cost_usd` (lists only) is set.
+    pub fn counts_every_session(&self) -> bool {
+        self.mode.is_none()
+            && self.executor_kind.is_none()
+            && self.goal_contains.is_none()
+            && self.created_from.is_none()
+            && self.created_before.is_none()
+            && !self.root_only
+    }
+}
+
 /// The time a session list is ordered by.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum SessionSortKey {

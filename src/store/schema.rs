@@ -92,6 +92,14 @@ pub const DOWNS: &[(i64, &str)] = &[
         39,
         include_str!("../../migrations/down/0039_tenant_status_list_index.sql"),
     ),
+    (
+        40,
+        include_str!("../../migrations/down/0040_session_status_counts.sql"),
+    ),
+    (
+        41,
+        include_str!("../../migrations/down/0041_settled_sort_keys.sql"),
+    ),
 ];
 
 /// The key of the advisory lock that `migrate --down-to` holds, so two

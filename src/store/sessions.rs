@@ -29,21 +29,37 @@ use crate::spec::{ExecutorBrief, StoredExecutor};
 /// macro).
 macro_rules! select_session {
     ($($tail:literal)+ $(, $arg:expr)* $(,)?) => {
-        select_session_with!(r#"executor AS "executor?: Json<StoredExecutor>""#, $($tail)+ $(, $arg)*)
+        select_session_with!(
+            r#"executor AS "executor?: Json<StoredExecutor>""#,
+            r#"CASE WHEN status = 'queued' THEN
+                   (SELECT count(*) FROM sessions q WHERE q.status = 'queued'
+                       AND q.tenant = sessions.tenant
+                       AND (q.queued_at, q.id) <= (sessions.queued_at, sessions.id))
+               END AS queue_position,
+               CASE WHEN status = 'queued' THEN (SELECT warden_queue_tenants()) END AS queue_tenants"#,
+            $($tail)+ $(, $arg)*
+        )
     };
 }
 
 /// As `select_session!`, for lists: only the small `executor_summary`
 /// Postgres keeps beside the executor (kind, step count, repeat, model,
-/// URL) is read, so a page of sessions never reads their executor JSON.
+/// URL) is read, so a page of sessions never reads their executor JSON;
+/// and no queue position, which a row's own count would make cost the
+/// page 50 × its tenant's queue: [`Store::place_in_queue`] adds them, in
+/// one pass for the page.
 macro_rules! select_session_summary {
     ($($tail:literal)+ $(, $arg:expr)* $(,)?) => {
-        select_session_with!(r#"NULL::jsonb AS "executor?: Json<StoredExecutor>""#, $($tail)+ $(, $arg)*)
+        select_session_with!(
+            r#"NULL::jsonb AS "executor?: Json<StoredExecutor>""#,
+            "NULL::bigint AS queue_position, NULL::bigint AS queue_tenants",
+            $($tail)+ $(, $arg)*
+        )
     };
 }
 
 macro_rules! select_session_with {
-    ($executor:literal, $($tail:literal)+ $(, $arg:expr)* $(,)?) => {
+    ($executor:literal, $queue:literal, $($tail:literal)+ $(, $arg:expr)* $(,)?) => {
         sqlx::query_as!(
             Session,
             r#"SELECT id, goal, mode AS "mode: Mode", status AS "status: Status",
@@ -70,26 +86,154 @@ macro_rules! select_session_with {
                       (SELECT coalesce(jsonb_agg(w.data ORDER BY w.seq), '[]') FROM events w
                         WHERE w.session_id = sessions.id AND w.kind = 'budget_warning')
                         AS "budget_warnings!: Json<Vec<SentWarning>>",
-                      confirmation AS "confirmation: Json<Confirmation>",
-                      CASE WHEN status = 'queued' THEN
-                          (SELECT count(*) FROM sessions q WHERE q.status = 'queued'
-                              AND q.tenant = sessions.tenant
-                              AND (q.queued_at, q.id) <= (sessions.queued_at, sessions.id))
-                      END AS queue_position,
-                      CASE WHEN status = 'queued' THEN
-                          (WITH RECURSIVE waiting AS (
-                               (SELECT q.tenant FROM sessions q WHERE q.status = 'queued'
-                                ORDER BY q.tenant LIMIT 1)
-                               UNION ALL
-                               SELECT (SELECT q.tenant FROM sessions q WHERE q.status = 'queued'
-                                       AND q.tenant > w.tenant ORDER BY q.tenant LIMIT 1)
-                               FROM waiting w WHERE w.tenant IS NOT NULL)
-                           SELECT count(tenant) FROM waiting)
-                      END AS queue_tenants
+                      confirmation AS "confirmation: Json<Confirmation>", "# + $queue + r#"
                FROM sessions "# $(+ $tail)+
             $(, $arg)*
         )
     };
+}
+
+/// The filters of every list statement ($1–$7, $11, $12), handed as the
+/// last literal to the list macro `$m` (the text of a checked query must
+/// be literals, so it cannot be a constant).
+macro_rules! with_list_filters {
+    ($m:ident ! ($($arg:tt)*)) => {
+        $m!($($arg)*,
+            "($1::text IS NULL OR status = $1)
+             AND ($2::text IS NULL OR mode = $2)
+             AND ($3::text IS NULL OR executor_summary ->> 'kind' = $3)
+             AND ($4::text IS NULL OR goal ILIKE $4)
+             AND ($5::timestamptz IS NULL OR created_at >= $5)
+             AND ($6::timestamptz IS NULL OR created_at < $6)
+             AND ($7::text IS NULL OR tenant = $7)
+             AND (NOT $11 OR parent_id IS NULL)
+             AND ($12::numeric IS NULL OR cost_usd >= $12)")
+    };
+}
+
+/// A list page: `select_session_summary!` with `$tail` after `FROM
+/// sessions` and the thirteen list parameters of `$page` (a [`ListPage`]).
+macro_rules! list_page {
+    ($page:expr, $($tail:literal)+) => {{
+        let page: &ListPage<'_> = $page;
+        let (at, id) = (page.after.map(|c| c.at), page.after.map(|c| c.id));
+        select_session_summary!(
+            $($tail)+,
+            page.filter.status as Option<Status>,
+            page.filter.mode as Option<Mode>,
+            page.filter.executor_kind,
+            page.pattern,
+            page.filter.created_from,
+            page.filter.created_before,
+            page.tenant,
+            at,
+            id,
+            page.limit,
+            page.filter.root_only,
+            page.filter.min_cost_usd,
+            page.after.map(|c| c.cost),
+        )
+        .fetch_all(page.pool)
+        .await?
+    }};
+}
+
+/// A page in creation order: read off `sessions_by_created`,
+/// `sessions_by_status`, `sessions_tenant_created` or
+/// `sessions_tenant_status_created`, in page order.
+macro_rules! created_page {
+    ($page:expr, $after:literal, $order:literal, $filters:literal) => {
+        list_page!(
+            $page,
+            "WHERE " $filters
+            " AND ($8::timestamptz IS NULL AND $13::numeric IS NULL OR " $after ")
+             ORDER BY " $order " LIMIT $10"
+        )
+    };
+}
+
+/// A page in the order of `$key` (`updated_at` or `cost_usd`), which an
+/// iteration's commit writes, so no index holds it (one would cost every
+/// commit its HOT update). The page is merged from two that indexes give
+/// in order: the running sessions' (at most the fleet's places, sorted)
+/// and the others', off `$settled` (the same value, kept only while a
+/// session is not running, migration 0041). `$cmp` and `$dir` go the
+/// order's way; `$cursor` is the cursor's value of the key.
+macro_rules! changing_key_page {
+    ($page:expr, $key:literal, $settled:literal, $cmp:literal, $cursor:literal, $dir:literal,
+     $filters:literal) => {
+        list_page!(
+            $page,
+            "WHERE id IN (SELECT id FROM (
+                 (SELECT id, " $key " AS k FROM sessions
+                  WHERE status = 'running' AND ($1::text IS NULL OR $1 = 'running') AND " $filters "
+                    AND ($8::timestamptz IS NULL AND $13::numeric IS NULL
+                         OR (" $key ", id) " $cmp " (" $cursor ", $9))
+                  ORDER BY " $key " " $dir ", id " $dir " LIMIT $10)
+                 UNION ALL
+                 (SELECT id, " $settled " AS k FROM sessions
+                  WHERE " $settled " IS NOT NULL AND ($1::text IS NULL OR $1 <> 'running')
+                    AND " $filters "
+                    AND ($8::timestamptz IS NULL AND $13::numeric IS NULL
+                         OR (" $settled ", id) " $cmp " (" $cursor ", $9))
+                  ORDER BY " $settled " " $dir ", id " $dir " LIMIT $10)) u
+               ORDER BY k " $dir ", id " $dir " LIMIT $10)
+             ORDER BY " $key " " $dir ", id " $dir
+        )
+    };
+}
+
+/// What a list statement binds: the filter, the caller's tenant scope, the
+/// cursor and the page's size.
+struct ListPage<'a> {
+    pool: &'a sqlx::PgPool,
+    filter: &'a SessionFilter,
+    pattern: Option<&'a str>,
+    tenant: Option<&'a str>,
+    after: Option<SessionCursor>,
+    limit: i64,
+}
+
+impl ListPage<'_> {
+    /// A page in the order of `updated_at` or `cost_usd` (see
+    /// `changing_key_page!`). The cost cursor carries its cost in $13.
+    async fn by_changing_key(&self, key: SessionSortKey, descending: bool) -> Result<Vec<Session>> {
+        let rows = match (key, descending) {
+            (SessionSortKey::Cost, true) => with_list_filters!(changing_key_page!(
+                self,
+                "cost_usd",
+                "settled_cost_usd",
+                "<",
+                "$13::numeric",
+                "DESC"
+            )),
+            (SessionSortKey::Cost, false) => with_list_filters!(changing_key_page!(
+                self,
+                "cost_usd",
+                "settled_cost_usd",
+                ">",
+                "$13::numeric",
+                "ASC"
+            )),
+            (_, true) => with_list_filters!(changing_key_page!(
+                self,
+                "updated_at",
+                "settled_updated_at",
+                "<",
+                "$8",
+                "DESC"
+            )),
+            (_, false) => with_list_filters!(changing_key_page!(
+                self,
+                "updated_at",
+                "settled_updated_at",
+                ">",
+                "$8",
+                "ASC"
+            )),
+        };
+        Ok(rows)
+    }
 }
 
 impl Store {
@@ -172,73 +316,29 @@ impl Store {
         scope: &TenantScope,
     ) -> Result<Vec<Session>> {
         let pattern = filter.goal_contains.as_deref().map(contains_pattern);
-        let (at, id) = (after.map(|c| c.at), after.map(|c| c.id));
-        let cost = after.map(|c| c.cost);
-        let pool = &self.pool;
-        // The four orders differ only in the cursor's comparison and the
-        // ORDER BY; each stays its own checked statement so it walks its index.
-        macro_rules! page {
-            ($after_cursor:literal, $order_by:literal) => {
-                select_session_summary!(
-                    "WHERE ($1::text IS NULL OR status = $1)
-               AND ($2::text IS NULL OR mode = $2)
-               AND ($3::text IS NULL OR executor_summary ->> 'kind' = $3)
-               AND ($4::text IS NULL OR goal ILIKE $4)
-               AND ($5::timestamptz IS NULL OR created_at >= $5)
-               AND ($6::timestamptz IS NULL OR created_at < $6)
-               AND ($7::text IS NULL OR tenant = $7)
-               AND (NOT $11 OR parent_id IS NULL)
-               AND ($12::numeric IS NULL OR cost_usd >= $12)
-               AND ($8::timestamptz IS NULL AND $13::numeric IS NULL OR "
-                    $after_cursor
-                    ") ORDER BY "
-                    $order_by
-                    " LIMIT $10",
-                    filter.status as Option<Status>,
-                    filter.mode as Option<Mode>,
-                    filter.executor_kind,
-                    pattern.as_deref(),
-                    filter.created_from,
-                    filter.created_before,
-                    scope.tenant(),
-                    at,
-                    id,
-                    limit,
-                    filter.root_only,
-                    filter.min_cost_usd,
-                    cost,
-                )
-                .fetch_all(pool)
-                .await?
-            };
-        }
-        let rows = match (order.key, order.descending) {
-            (SessionSortKey::Created, true) => {
-                page!("(created_at, id) < ($8, $9)", "created_at DESC, id DESC")
-            }
-            (SessionSortKey::Created, false) => {
-                page!("(created_at, id) > ($8, $9)", "created_at ASC, id ASC")
-            }
-            (SessionSortKey::Updated, true) => {
-                page!("(updated_at, id) < ($8, $9)", "updated_at DESC, id DESC")
-            }
-            (SessionSortKey::Updated, false) => {
-                page!("(updated_at, id) > ($8, $9)", "updated_at ASC, id ASC")
-            }
-            // A cursor of this order carries its cost in $13.
-            (SessionSortKey::Cost, true) => {
-                page!(
-                    "(cost_usd, id) < ($13::numeric, $9)",
-                    "cost_usd DESC, id DESC"
-                )
-            }
-            (SessionSortKey::Cost, false) => {
-                page!(
-                    "(cost_usd, id) > ($13::numeric, $9)",
-                    "cost_usd ASC, id ASC"
-                )
-            }
+        let page = ListPage {
+            pool: &self.pool,
+            filter,
+            pattern: pattern.as_deref(),
+            tenant: scope.tenant(),
+            after,
+            limit,
         };
+        // Each order stays its own checked statement so it walks its index.
+        let mut rows = match (order.key, order.descending) {
+            (SessionSortKey::Created, true) => with_list_filters!(created_page!(
+                &page,
+                "(created_at, id) < ($8, $9)",
+                "created_at DESC, id DESC"
+            )),
+            (SessionSortKey::Created, false) => with_list_filters!(created_page!(
+                &page,
+                "(created_at, id) > ($8, $9)",
+                "created_at ASC, id ASC"
+            )),
+            (key, descending) => page.by_changing_key(key, descending).await?,
+        };
+        self.place_in_queue(&mut rows, scope).await?;
         Ok(rows)
     }
 
@@ -249,6 +349,14 @@ impl Store {
         filter: &SessionFilter,
         scope: &TenantScope,
     ) -> Result<Vec<(Status, i64)>> {
+        if filter.counts_every_session() {
+            // The kept counts (migration 0040): no scan of every session.
+            let counts = self.status_counts(scope.tenant()).await?;
+            return Ok(counts
+                .into_iter()
+                .filter_map(|(status, n)| Some((Status::parse(&status)?, n)))
+                .collect());
+        }
         let pattern = filter.goal_contains.as_deref().map(contains_pattern);
         let rows = sqlx::query!(
             r#"SELECT status AS "status: Status", count(*) AS "count!" FROM sessions
@@ -281,15 +389,28 @@ impl Store {
         limit: i64,
         scope: &TenantScope,
     ) -> Result<Vec<Session>> {
-        let rows = select_session_summary!(
-            "WHERE updated_at >= $1 AND ($3::text IS NULL OR tenant = $3)
-             ORDER BY updated_at, id LIMIT $2",
+        // As a list by `updated` (`changing_key_page!`): the running
+        // sessions' changes and, off `sessions_settled_by_updated`, the
+        // others', so a poll reads what changed, not every session.
+        let mut rows = select_session_summary!(
+            "WHERE id IN (SELECT id FROM (
+                 (SELECT id, updated_at AS k FROM sessions
+                  WHERE status = 'running' AND updated_at >= $1
+                    AND ($3::text IS NULL OR tenant = $3)
+                  ORDER BY updated_at, id LIMIT $2)
+                 UNION ALL
+                 (SELECT id, settled_updated_at AS k FROM sessions
+                  WHERE settled_updated_at >= $1 AND ($3::text IS NULL OR tenant = $3)
+                  ORDER BY settled_updated_at, id LIMIT $2)) u
+               ORDER BY k, id LIMIT $2)
+             ORDER BY updated_at, id",
             since,
             limit,
             scope.tenant(),
         )
         .fetch_all(&self.pool)
         .await?;
+        self.place_in_queue(&mut rows, scope).await?;
         Ok(rows)
     }
 

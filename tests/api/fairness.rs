@@ -53,6 +53,36 @@ async fn admin_session(app: &TestApp, id: &str) -> Value {
     res.json().await.expect("json")
 }
 
+/// Every queued session a list shows to `client` (the admin's key when
+/// `None`), paged `limit` at a time, as (id, place, tenants waiting).
+async fn queued_list(
+    app: &TestApp,
+    client: Option<&reqwest::Client>,
+    limit: usize,
+) -> Vec<(String, Value, Value)> {
+    let admin = client_with_key(ADMIN_TOKEN);
+    let client = client.unwrap_or(&admin);
+    let mut out = Vec::new();
+    let mut cursor: Option<String> = None;
+    loop {
+        let path = match &cursor {
+            Some(c) => format!("/api/autonomous?status=queued&limit={limit}&cursor={c}"),
+            None => format!("/api/autonomous?status=queued&limit={limit}"),
+        };
+        let res = client.get(app.url(&path)).send().await.expect("sent");
+        assert_eq!(res.status(), StatusCode::OK);
+        let page: Value = res.json().await.expect("json");
+        for s in page["items"].as_array().expect("items") {
+            let id = s["id"].as_str().expect("id").to_string();
+            out.push((id, s["queue_position"].clone(), s["queue_tenants"].clone()));
+        }
+        match page["next_cursor"].as_str() {
+            Some(c) => cursor = Some(c.to_string()),
+            None => return out,
+        }
+    }
+}
+
 async fn wait_running(app: &TestApp, id: &str) {
     common::eventually(Duration::from_secs(20), "the session starts", || async {
         admin_session(app, id).await["status"] == "running"
@@ -115,6 +145,27 @@ async fn freed_places_go_to_the_tenants_that_run_least_for_their_weight_within_t
             assert_eq!(s["queue_position"], json!(i + 1), "{name} {i}: {s}");
             assert_eq!(s["queue_tenants"], json!(3), "{name} {i}: {s}");
         }
+    }
+    // A list gives each queued row the place a read of it gives (the list
+    // computes the page's places in one statement), on every page, for the
+    // tenant's key and across tenants for the admin's.
+    let a_listed = queued_list(&app, Some(&a), 2).await;
+    let mut a_places: Vec<(String, Value, Value)> = a_queued
+        .iter()
+        .enumerate()
+        .map(|(i, id)| (id.clone(), json!(i + 1), json!(3)))
+        .collect();
+    a_places.reverse();
+    assert_eq!(a_listed, a_places, "A's queue, newest first");
+    let everyone = queued_list(&app, None, 3).await;
+    assert_eq!(everyone.len(), 9, "{everyone:?}");
+    for (id, place, tenants) in &everyone {
+        let s = admin_session(&app, id).await;
+        assert_eq!(
+            (place, tenants),
+            (&s["queue_position"], &s["queue_tenants"]),
+            "{s}"
+        );
     }
 
     // A runs 3, B and C none: B, the older of the two, gets the place,

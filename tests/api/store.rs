@@ -295,3 +295,177 @@ async fn old_and_new_runners_of_one_session_commit_at_once() {
         assert_eq!(event_seqs(&pool, lease.session_id).await, vec![1, 2]);
     }
 }
+
+/// The counts by status straight from the sessions table, for `tenant`
+/// (`None`: every tenant).
+async fn counted(pool: &PgPool, tenant: Option<&str>) -> std::collections::BTreeMap<String, i64> {
+    sqlx::query(
+        "SELECT status, count(*) FROM sessions WHERE $1::text IS NULL OR tenant = $1 GROUP BY status",
+    )
+    .bind(tenant)
+    .fetch_all(pool)
+    .await
+    .expect("counted")
+    .into_iter()
+    .map(|r| (r.get::<String, _>(0), r.get::<i64, _>(1)))
+    .collect()
+}
+
+#[tokio::test]
+async fn status_counts_follow_inserts_status_changes_and_deletes() {
+    let db = crate::common::TestDb::new().await;
+    let pool = db.pool.clone();
+    let store = crate::common::store_on(pool.clone());
+    let mut leases = Vec::new();
+    for _ in 0..6 {
+        leases.push(running_session(&store).await);
+    }
+    let ids: Vec<Uuid> = leases.iter().map(|l| l.session_id).collect();
+    // Two end, one is ended twice over (no change), one is deleted; a bulk
+    // insert adds three of another tenant in one statement.
+    sqlx::query("UPDATE sessions SET status = 'stopped', reason = 'user_stop' WHERE id = ANY($1)")
+        .bind(&ids[..2])
+        .execute(&pool)
+        .await
+        .expect("ended");
+    sqlx::query("UPDATE sessions SET status = status WHERE id = $1")
+        .bind(ids[0])
+        .execute(&pool)
+        .await
+        .expect("no change");
+    sqlx::query("DELETE FROM sessions WHERE id = $1")
+        .bind(ids[5])
+        .execute(&pool)
+        .await
+        .expect("deleted");
+    sqlx::query(
+        "INSERT INTO sessions (id, tenant, goal, mode, status, reason, limits, executor)
+         SELECT gen_random_uuid(), 'other', goal, mode, 'completed', 'goal_achieved', limits, executor
+         FROM sessions, generate_series(1, 3) WHERE id = $1",
+    )
+    .bind(ids[2])
+    .execute(&pool)
+    .await
+    .expect("bulk insert");
+    for tenant in [None, Some("test"), Some("other")] {
+        let kept = store.status_counts(tenant).await.expect("kept counts");
+        assert_eq!(
+            kept,
+            counted(&pool, tenant).await,
+            "{tenant:?}, deltas pending"
+        );
+    }
+    let expected = std::collections::BTreeMap::from([
+        ("completed".to_string(), 3),
+        ("running".to_string(), 3),
+        ("stopped".to_string(), 2),
+    ]);
+    assert_eq!(store.sessions_by_status().await.expect("metrics"), expected);
+    // Folded, the same counts, from the counter rows alone.
+    store.fold_tenant_counts().await.expect("folded");
+    let pending: i64 = sqlx::query_scalar("SELECT count(*) FROM session_status_count_deltas")
+        .fetch_one(&pool)
+        .await
+        .expect("deltas");
+    assert_eq!(pending, 0);
+    for tenant in [None, Some("test"), Some("other")] {
+        let kept = store.status_counts(tenant).await.expect("kept counts");
+        assert_eq!(kept, counted(&pool, tenant).await, "{tenant:?}, folded");
+    }
+}
+
+/// Every page of `order` (two sessions a page) under `scope`, in order.
+async fn listed_in(
+    store: &Store,
+    order: warden::store::SessionOrder,
+    scope: &warden::store::TenantScope,
+) -> Vec<Uuid> {
+    let filter = warden::store::SessionFilter::default();
+    let mut seen = Vec::new();
+    let mut after = None;
+    loop {
+        let page = store
+            .list_sessions(&filter, order, after, 2, scope)
+            .await
+            .expect("a page");
+        seen.extend(page.iter().map(|s| s.id));
+        match page.last() {
+            Some(last) if page.len() == 2 => after = Some(order.cursor_of(last)),
+            _ => return seen,
+        }
+    }
+}
+
+#[tokio::test]
+async fn lists_by_update_and_cost_merge_running_and_settled_sessions_in_order() {
+    use warden::store::{SessionOrder, SessionSortKey, TenantScope};
+    let db = crate::common::TestDb::new().await;
+    let pool = db.pool.clone();
+    let store = crate::common::store_on(pool.clone());
+    let mut ids = Vec::new();
+    for _ in 0..7 {
+        ids.push(running_session(&store).await.session_id);
+    }
+    // Interleaved: running sessions changed as commits change them (no
+    // status named), others ended, paused or queued at times between, one
+    // ended and resumed, one changed again after it ended.
+    let at = |minutes: i64| Utc::now() - chrono::Duration::minutes(minutes);
+    let set = |id: Uuid, sql: &'static str, minutes: i64, cost: &'static str| {
+        let pool = pool.clone();
+        async move {
+            sqlx::query(sql)
+                .bind(id)
+                .bind(at(minutes))
+                .bind(cost.parse::<rust_decimal::Decimal>().expect("cost"))
+                .execute(&pool)
+                .await
+                .expect("changed");
+        }
+    };
+    const COMMIT: &str = "UPDATE sessions SET updated_at = $2, cost_usd = $3 WHERE id = $1";
+    const END: &str = "UPDATE sessions SET status = 'completed', reason = 'goal_achieved',
+                       updated_at = $2, cost_usd = $3, ended_at = $2 WHERE id = $1";
+    const PAUSE: &str = "UPDATE sessions SET status = 'paused', reason = 'user_pause',
+                         updated_at = $2, cost_usd = $3 WHERE id = $1";
+    const RESUME: &str = "UPDATE sessions SET status = 'running', reason = NULL,
+                          updated_at = $2, cost_usd = $3, ended_at = NULL WHERE id = $1";
+    set(ids[0], COMMIT, 10, "0.5").await;
+    set(ids[1], END, 20, "2.5").await;
+    set(ids[2], COMMIT, 30, "1.5").await;
+    set(ids[3], PAUSE, 40, "0.25").await;
+    set(ids[4], END, 50, "3").await;
+    set(ids[4], RESUME, 5, "3").await;
+    set(ids[5], END, 60, "0.75").await;
+    set(ids[5], COMMIT, 15, "4").await;
+    set(ids[6], END, 25, "1.5").await;
+    let kept: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM sessions
+         WHERE settled_updated_at IS DISTINCT FROM CASE WHEN status <> 'running' THEN updated_at END
+            OR settled_cost_usd IS DISTINCT FROM CASE WHEN status <> 'running' THEN cost_usd END",
+    )
+    .fetch_one(&pool)
+    .await
+    .expect("settled keys");
+    assert_eq!(kept, 0, "the settled keys follow status, time and cost");
+    for (key, column) in [
+        (SessionSortKey::Updated, "updated_at"),
+        (SessionSortKey::Cost, "cost_usd"),
+    ] {
+        for descending in [true, false] {
+            let dir = if descending { "DESC" } else { "ASC" };
+            let expected: Vec<Uuid> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+                "SELECT id FROM sessions ORDER BY {column} {dir}, id {dir}"
+            )))
+            .fetch_all(&pool)
+            .await
+            .expect("ordered");
+            let order = SessionOrder { key, descending };
+            for scope in [TenantScope::Global, TenantScope::tenant_only("test")] {
+                let listed = listed_in(&store, order, &scope).await;
+                assert_eq!(listed, expected, "{column} {dir}, {scope:?}");
+            }
+            let other = listed_in(&store, order, &TenantScope::tenant_only("other")).await;
+            assert!(other.is_empty(), "another tenant lists none: {other:?}");
+        }
+    }
+}

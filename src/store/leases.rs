@@ -13,25 +13,43 @@ use crate::event::SessionEvent;
 use crate::policy::lifecycle::{Reason, Status};
 use crate::policy::termination::Termination;
 
+/// Leases renewed by one statement (see [`Store::renew_leases`]): small
+/// enough that the rows it locks are held for one short statement, large
+/// enough that 1,000 sessions take a few statements a heartbeat.
+const RENEW_CHUNK: usize = 64;
+
 impl Store {
     /// Renews the leases this replica holds; those not returned are lost.
+    /// In chunks of [`RENEW_CHUNK`], each its own statement: a chunk's rows
+    /// stay locked only until that chunk commits, so a stop, a group commit
+    /// or a run's end that needs one of them waits for one chunk, not for
+    /// the renewal of every session this replica runs.
     pub async fn renew_leases(
         &self,
         leases: &[Lease],
         ttl: std::time::Duration,
     ) -> Result<Vec<Renewed>> {
-        if leases.is_empty() {
-            return Ok(Vec::new());
+        let mut renewed = Vec::with_capacity(leases.len());
+        for chunk in leases.chunks(RENEW_CHUNK) {
+            renewed.extend(self.renew_chunk(chunk, ttl).await?);
         }
+        Ok(renewed)
+    }
+
+    /// One statement of [`Store::renew_leases`].
+    async fn renew_chunk(&self, leases: &[Lease], ttl: std::time::Duration) -> Result<Vec<Renewed>> {
         let ids: Vec<Uuid> = leases.iter().map(|l| l.session_id).collect();
         let tokens: Vec<Uuid> = leases.iter().map(|l| l.token).collect();
         let rows = sqlx::query!(
 // Rows are locked in id order, as group commits lock them, so a
             // renewal and a group commit never wait on each other in a cycle.
+            // `NO KEY UPDATE`, as the update itself needs: `FOR UPDATE` would
+            // also hold off every insert whose foreign key names a locked
+            // session (a workspace snapshot, a run's end) until it commits.
             r#"WITH locked AS (
                  SELECT s.id FROM sessions s JOIN UNNEST($1::uuid[], $2::uuid[]) AS t(id, token)
                      ON s.id = t.id AND s.lease_token = t.token
-                 WHERE s.status IS NOT DISTINCT FROM $4 ORDER BY s.id FOR UPDATE OF s)
+                 WHERE s.status IS NOT DISTINCT FROM $4 ORDER BY s.id FOR NO KEY UPDATE OF s)
              UPDATE sessions s SET lease_expires_at = now() + make_interval(secs => $3), heartbeat_at = now()
              FROM locked l, UNNEST($1::uuid[], $2::uuid[]) AS t(id, token)
              WHERE s.id = l.id AND s.id = t.id AND s.lease_token = t.token

@@ -45,7 +45,7 @@ impl Store {
             // renewal and a group commit never wait on each other in a cycle.
             // `NO KEY UPDATE`, as the update itself needs: `FOR UPDATE` would
             // also hold off every insert whose foreign key names a locked
-            // session (a workspace snapshot, a run's end) until it commits.
+            // session (its workspace snapshots) until it commits.
             r#"WITH locked AS (
                  SELECT s.id FROM sessions s JOIN UNNEST($1::uuid[], $2::uuid[]) AS t(id, token)
                      ON s.id = t.id AND s.lease_token = t.token
@@ -236,7 +236,82 @@ pub fn storable_text(text: &str) -> String {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
+    use sqlx::{Connection, PgConnection, PgPool};
+
     use super::*;
+    use crate::store::testing::TestDb;
+
+    async fn running_session(pool: &PgPool) -> Lease {
+        let lease = Lease {
+            session_id: Uuid::new_v4(),
+            token: Uuid::new_v4(),
+        };
+        sqlx::query(
+            "INSERT INTO sessions (id, goal, mode, status, limits, executor, lease_token)
+             VALUES ($1, 'goal', 'fixed', 'running', '{}', '{}', $2)",
+        )
+        .bind(lease.session_id)
+        .bind(lease.token)
+        .execute(pool)
+        .await
+        .unwrap();
+        lease
+    }
+
+    /// Every lease is renewed, however many chunks they take; a lease
+    /// whose token no longer holds is not.
+    #[tokio::test]
+    async fn leases_beyond_one_chunk_are_all_renewed() {
+        let db = TestDb::new().await;
+        let store = Store::from_pool(db.pool.clone());
+        let mut leases = Vec::new();
+        for _ in 0..2 * RENEW_CHUNK + 1 {
+            leases.push(running_session(&db.pool).await);
+        }
+        let lost = Lease {
+            token: Uuid::new_v4(),
+            ..leases[RENEW_CHUNK]
+        };
+        leases.push(lost);
+        let renewed = store
+            .renew_leases(&leases, Duration::from_secs(5))
+            .await
+            .unwrap();
+        assert_eq!(renewed.len(), 2 * RENEW_CHUNK + 1);
+        assert!(!renewed.iter().any(|r| r.token == lost.token));
+    }
+
+    /// A renewal goes on beside a transaction that inserted a row naming
+    /// the session (a workspace snapshot holds a key-share lock on the
+    /// session's row until it commits).
+    #[tokio::test]
+    async fn a_renewal_does_not_wait_for_an_insert_naming_the_session() {
+        let db = TestDb::new().await;
+        let store = Store::from_pool(db.pool.clone());
+        let lease = running_session(&db.pool).await;
+        let options = db.pool.connect_options().as_ref().clone();
+        let mut holder = PgConnection::connect_with(&options).await.unwrap();
+        let mut tx = holder.begin().await.unwrap();
+        sqlx::query(
+            "INSERT INTO workspace_snapshots (session_id, iteration, tenant, files, bytes)
+             VALUES ($1, 1, 'default', 0, 0)",
+        )
+        .bind(lease.session_id)
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+        let renewed = tokio::time::timeout(
+            Duration::from_secs(10),
+            store.renew_leases(&[lease], Duration::from_secs(5)),
+        )
+        .await
+        .expect("the renewal waited for the inserting transaction")
+        .unwrap();
+        assert_eq!(renewed.len(), 1);
+        tx.rollback().await.unwrap();
+    }
 
     #[test]
     fn storable_text_replaces_nul() {

@@ -37,7 +37,11 @@ impl Store {
     }
 
     /// One statement of [`Store::renew_leases`].
-    async fn renew_chunk(&self, leases: &[Lease], ttl: std::time::Duration) -> Result<Vec<Renewed>> {
+    async fn renew_chunk(
+        &self,
+        leases: &[Lease],
+        ttl: std::time::Duration,
+    ) -> Result<Vec<Renewed>> {
         let ids: Vec<Uuid> = leases.iter().map(|l| l.session_id).collect();
         let tokens: Vec<Uuid> = leases.iter().map(|l| l.token).collect();
         let rows = sqlx::query!(

@@ -151,11 +151,3 @@ mod tests {
         }
     }
 }
-
-/// TEMPORARY stop-path trace: one line per stage, wall clock in µs.
-pub fn stoptrace(id: Uuid, stage: &str) {
-    let t_us = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_micros() as u64);
-    tracing::warn!(target: "stoptrace", "STOPTRACE {id} {stage} {t_us}");
-}

@@ -149,9 +149,7 @@ impl Store {
         events: &[NewEvent],
     ) -> Result<()> {
         let mut tx = self.pool.begin().await?;
-        super::stoptrace(lease.session_id, "o5b_finish_began");
         let (last_seq, flags) = fenced_update(&mut tx, lease, events.len()).await?;
-        super::stoptrace(lease.session_id, "o5c_finish_row_locked");
         // The flags were read under the row lock this transaction now holds:
         // a stop committed before it wins over a pause (dropping `tx` rolls back).
         if flags.stop_requested && termination.status == Status::Paused {

@@ -70,7 +70,7 @@ pub use children::{
 };
 pub use connection::is_unavailable;
 pub use control_channel::{
-    BadControlNote, CONTROL_CHANNEL, ControlAction, ControlNote, KEYS_CHANNEL, stoptrace,
+    BadControlNote, CONTROL_CHANNEL, ControlAction, ControlNote, KEYS_CHANNEL,
 };
 pub use event_log::append as append_events;
 pub use fleet::{FleetCounts, OwnerLiveness, owner_liveness_on, replica_covers_on};

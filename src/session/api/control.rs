@@ -71,9 +71,7 @@ impl SessionService {
     #[tracing::instrument(skip(self))]
     pub async fn stop(&self, id: Uuid, scope: &TenantScope) -> Result<StopAnswer> {
         let received = Instant::now();
-        store::stoptrace(id, "a0_received");
         let (mut tx, session) = self.lock_for(Action::Stop, id, scope).await?;
-        store::stoptrace(id, "a1_locked");
         match lifecycle::plan_stop(session.status)? {
             StopPlan::AlreadyStopped => {
                 self.commit(tx, id).await?;
@@ -92,7 +90,6 @@ impl SessionService {
             StopPlan::SignalRunner => {
                 store::request_stop(&mut tx, id, scope).await?;
                 self.commit(tx, id).await?;
-                store::stoptrace(id, "a2_flag_committed");
                 match self.supervisor.signal_stop(id) {
                     Some(done) => wait_done(Some(done), self.config.control_wait).await,
                     None => self.stop_elsewhere(id, scope).await?,
@@ -103,9 +100,7 @@ impl SessionService {
                     .observe(received.elapsed());
             }
         }
-        store::stoptrace(id, "a7_waited");
         let session = self.stored(id, scope).await?;
-        store::stoptrace(id, "a8_stored_read");
         if session.status != Status::Running {
             return Ok(StopAnswer::Landed(session));
         }

@@ -52,14 +52,10 @@ impl SessionService {
         // Listening before the owner is told: its word cannot come first.
         let mut ended = self.supervisor.stops_ended();
         self.store.notify_control(ControlAction::Stop, id).await?;
-        store::stoptrace(id, "a3_notified");
         let deadline = Instant::now() + self.config.control_wait;
         loop {
             let wait = match self.land_if_owner_gone(id, scope).await? {
-                Landing::Done => {
-                    store::stoptrace(id, "a6_row_ended");
-                    return Ok(());
-                }
+                Landing::Done => return Ok(()),
                 Landing::Wait(until) => until.to_std().unwrap_or_default() + LANDING_POLL,
             };
             let now = Instant::now();
@@ -67,8 +63,7 @@ impl SessionService {
                 return Ok(());
             }
             let wait = wait.min(ENDED_BACKSTOP).min(deadline - now);
-            let heard = ended_or_timeout(&mut ended, id, wait).await;
-            store::stoptrace(id, if heard { "a5_woke_ended" } else { "a5_woke_backstop" });
+            ended_or_timeout(&mut ended, id, wait).await;
         }
     }
 
@@ -228,7 +223,7 @@ impl StopLandings {
 /// Waits until the owner says the run of `id` ended, or `wait` passed, or
 /// a word may have been missed (the receiver lagged): each calls for a
 /// read of the row, which is the truth.
-async fn ended_or_timeout(ended: &mut broadcast::Receiver<Uuid>, id: Uuid, wait: Duration) -> bool {
+async fn ended_or_timeout(ended: &mut broadcast::Receiver<Uuid>, id: Uuid, wait: Duration) {
     let heard = async {
         loop {
             match ended.recv().await {
@@ -240,5 +235,5 @@ async fn ended_or_timeout(ended: &mut broadcast::Receiver<Uuid>, id: Uuid, wait:
             }
         }
     };
-    tokio::time::timeout(wait, heard).await.is_ok()
+    let _ = tokio::time::timeout(wait, heard).await;
 }

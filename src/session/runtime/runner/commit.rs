@@ -59,9 +59,6 @@ impl<S: LoopStore> Runner<S> {
         .await
         .inspect_err(|_| self.view.write_failed())?;
         pass.writes += commit_started.elapsed();
-        if self.control.stop.is_cancelled() {
-            crate::store::stoptrace(self.lease.session_id, "o2_commit_returned");
-        }
         self.show_committed(&row, &flags, finished_at);
         self.metrics.cost(&self.tenant, row.cost.0, row.cost.1);
         self.state = state_after;
@@ -69,9 +66,6 @@ impl<S: LoopStore> Runner<S> {
         self.apply_flags(flags);
         if let Some(n) = row.checkpointed {
             self.snapshot_workspace(n as u64).await;
-            if self.control.stop.is_cancelled() {
-                crate::store::stoptrace(self.lease.session_id, "o2b_ckpt_snapshot_done");
-            }
         }
         self.metrics.iteration(
             step_tokens,

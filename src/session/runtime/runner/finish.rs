@@ -63,10 +63,7 @@ impl<S: LoopStore> Runner<S> {
         let snapshot = self.snapshot()?;
         // The workspace snapshot first: an ended session's files are there
         // as soon as its end is.
-        let sid = self.lease.session_id;
-        crate::store::stoptrace(sid, "o4_finish_snapshot_start");
         self.snapshot_workspace(usage.iterations).await;
-        crate::store::stoptrace(sid, "o5_finish_snapshot_done");
         // Before the end commits: from then on only Postgres knows the status.
         self.view.close();
         Box::pin(self.store.finish(
@@ -82,7 +79,6 @@ impl<S: LoopStore> Runner<S> {
             &events,
         ))
         .await?;
-        crate::store::stoptrace(sid, "o6_end_committed");
         self.metrics.termination(reason.as_str());
         Ok(Exit::Finished(reason))
     }

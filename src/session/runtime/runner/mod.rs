@@ -369,7 +369,6 @@ impl<S: LoopStore> Runner<S> {
     /// Control: a user stop, a shutdown, a lease this replica can no longer trust.
     async fn control(&mut self) -> Result<Flow, StoreError> {
         if self.control.stop.is_cancelled() {
-            crate::store::stoptrace(self.lease.session_id, "o3_runner_saw_stop");
             return Ok(Flow::Exit(
                 self.finish(Reason::UserStop, None, Vec::new()).await?,
             ));

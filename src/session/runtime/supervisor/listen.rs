@@ -91,7 +91,7 @@ impl Supervisor {
     fn on_control(&self, note: ControlNote) {
         match note.action {
             ControlAction::Stop => {
-                crate::store::stoptrace(note.session_id, if self.signal_stop(note.session_id).is_some() { "o1_heard_stop_owner" } else { "o1_heard_stop_other" });
+                self.signal_stop(note.session_id);
             }
             ControlAction::Pause => {
                 self.signal_pause(note.session_id);
@@ -99,7 +99,6 @@ impl Supervisor {
             ControlAction::Changed => self.invalidate(note.session_id),
             ControlAction::Ended => {
                 // No receiver means no stop is waiting here.
-                crate::store::stoptrace(note.session_id, "a4_heard_ended");
                 let _ = self.inner.stops_ended.send(note.session_id);
             }
         }

@@ -279,9 +279,7 @@ impl Supervisor {
             }
             let _ = done_tx.send(true);
             if matches!(exit, Exit::Finished(_)) && stop.is_cancelled() {
-                crate::store::stoptrace(lease.session_id, "o7_deregistered");
                 me.tell_stop_ended(lease.session_id).await;
-                crate::store::stoptrace(lease.session_id, "o8_ended_sent");
             }
         });
         runners

@@ -110,9 +110,7 @@ impl Supervisor {
         let leases: Vec<Lease> = held.iter().map(|(lease, _, _)| *lease).collect();
         let started = Instant::now();
         let lease_cfg = self.inner.config.lease;
-        let renewing = self.inner.store.renew_leases(&leases, lease_cfg.ttl).await;
-        crate::store::stoptrace(Uuid::nil(), &format!("renewal_ms={}_n={}", started.elapsed().as_millis(), leases.len()));
-        match renewing {
+        match self.inner.store.renew_leases(&leases, lease_cfg.ttl).await {
             Ok(renewed) => {
                 // Keyed by lease, not session: a stale runner of the same
                 // session must not have its clock renewed.

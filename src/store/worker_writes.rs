@@ -190,26 +190,70 @@ async fn write_batch(pool: &PgPool, batch: Vec<Write>) {
 /// The offers written (by task id) and the tasks completed.
 type Written = (HashMap<Uuid, OfferWritten>, HashSet<Uuid>);
 
-/// Writes `offers` and `completes` in one transaction: a single statement
-/// alone when there is only one kind (no `BEGIN` and `COMMIT` round trips).
+/// A worker to note seen on a queue: its tenant, queue and name, and the
+/// task it holds now (none once it completed one).
+type Seen = (String, String, String, Option<Uuid>);
+
+/// Writes `offers` and `completes` in one transaction (a single statement
+/// alone when there is only one kind: no `BEGIN` and `COMMIT` round
+/// trips), then notes the workers seen.
 async fn write_together(
     pool: &PgPool,
     offers: &[&OfferWrite],
     completes: &[&CompleteWrite],
 ) -> Result<Written> {
-    if completes.is_empty() {
-        let mut conn = pool.acquire().await?;
-        return Ok((insert_offers(&mut conn, offers).await?, HashSet::new()));
+    let mut conn = pool.acquire().await?;
+    let mut seen = Vec::new();
+    let written = if completes.is_empty() {
+        let offered = insert_offers(&mut conn, offers, &mut seen).await?;
+        (offered, HashSet::new())
+    } else if offers.is_empty() {
+        let completed = complete_held(&mut conn, completes, &mut seen).await?;
+        (HashMap::new(), completed)
+    } else {
+        let mut tx = sqlx::Connection::begin(&mut *conn).await?;
+        let offered = insert_offers(&mut tx, offers, &mut seen).await?;
+        let completed = complete_held(&mut tx, completes, &mut seen).await?;
+        tx.commit().await?;
+        (offered, completed)
+    };
+    if let Err(err) = note_seen(&mut conn, seen).await {
+        // The queue listing's bookkeeping only: the writes stand.
+        tracing::warn!(error = %err, "workers seen not noted");
     }
-    if offers.is_empty() {
-        let mut conn = pool.acquire().await?;
-        return Ok((HashMap::new(), complete_held(&mut conn, completes).await?));
+    Ok(written)
+}
+
+/// Notes workers seen holding a task (or none), for the queue listing: in
+/// a statement of its own after the writes commit, so that it never holds
+/// a listing row while the writes wait on a task or a session (claims and
+/// heartbeats lock their task, then their listing row: a grouped write
+/// that did both in the other order deadlocked with them).
+async fn note_seen(conn: &mut PgConnection, mut seen: Vec<Seen>) -> Result<()> {
+    if seen.is_empty() {
+        return Ok(());
     }
-    let mut tx = pool.begin().await?;
-    let offered = insert_offers(&mut tx, offers).await?;
-    let completed = complete_held(&mut tx, completes).await?;
-    tx.commit().await?;
-    Ok((offered, completed))
+    // One row per worker (the task it was just handed over the one it
+    // completed), locked in key order.
+    seen.sort_unstable_by(|a, b| {
+        (&a.0, &a.1, &a.2, a.3.is_none()).cmp(&(&b.0, &b.1, &b.2, b.3.is_none()))
+    });
+    seen.dedup_by(|later, first| (&later.0, &later.1, &later.2) == (&first.0, &first.1, &first.2));
+    columns_statement!(query
+        "INSERT INTO workers_seen (tenant, queue, worker, last_seen_at, task_id)
+         SELECT tenant, queue, worker, now(), task FROM (SELECT "
+        each((t, q, w, held) in &seen) {
+            tenants: &str = "unnest($1::text[]) AS tenant" <- t.as_str(),
+            queues: &str = "unnest($2::text[]) AS queue" <- q.as_str(),
+            workers: &str = "unnest($3::text[]) AS worker" <- w.as_str(),
+            tasks: Option<Uuid> = "unnest($4::uuid[]) AS task" <- *held,
+        }
+        ") AS u ON CONFLICT (tenant, queue, worker)
+          DO UPDATE SET last_seen_at = now(), task_id = EXCLUDED.task_id"
+    )
+    .execute(&mut *conn)
+    .await?;
+    Ok(())
 }
 
 /// The row an offer's insert returns.
@@ -219,14 +263,18 @@ struct OfferRow {
     lease_expires_at: Option<DateTime<Utc>>,
     now: DateTime<Utc>,
     pause_requested: bool,
+    tenant: String,
+    queue: String,
+    worker: Option<String>,
 }
 
-/// Inserts the steady offers, each claimed at once for its waiting claim
-/// when its session runs with no stop or pause asked; the workers handed
-/// one are noted seen holding it.
+/// Inserts the steady offers (in session order, as the group commit locks
+/// sessions), each claimed at once for its waiting claim when its session
+/// runs with no stop or pause asked; the workers handed one go to `seen`.
 async fn insert_offers(
     conn: &mut PgConnection,
     offers: &[&OfferWrite],
+    seen: &mut Vec<Seen>,
 ) -> Result<HashMap<Uuid, OfferWritten>> {
     let rows = columns_statement!(query_as(OfferRow)
         "WITH input AS (SELECT "
@@ -263,16 +311,11 @@ async fn insert_offers(
                ON s.id = i.session_id AND s.tenant = i.tenant AND s.lease_token = i.run,
                   LATERAL (SELECT i.lease_digest IS NOT NULL AND s.status = 'running'
                                   AND NOT s.stop_requested AND NOT s.pause_requested AS handed) h
-             RETURNING id, session_id, tenant, queue, state, lease_expires_at, worker),
-           seen AS (
-             INSERT INTO workers_seen (tenant, queue, worker, last_seen_at, task_id)
-             SELECT DISTINCT ON (tenant, queue, worker) tenant, queue, worker, now(), id
-             FROM inserted WHERE state = 'claimed'
-             ORDER BY tenant, queue, worker, id
-             ON CONFLICT (tenant, queue, worker)
-             DO UPDATE SET last_seen_at = now(), task_id = EXCLUDED.task_id)
+             ORDER BY i.session_id
+             RETURNING id, session_id, tenant, queue, state, lease_expires_at, worker)
            SELECT i.id AS "id!", i.state AS "state!", i.lease_expires_at AS "lease_expires_at?", now() AS "now!",
-                  s.pause_requested AS "pause_requested!"
+                  s.pause_requested AS "pause_requested!", i.tenant AS "tenant!", i.queue AS "queue!",
+                  i.worker AS "worker?"
            FROM inserted i JOIN sessions s ON s.id = i.session_id"#
     )
     .fetch_all(&mut *conn)
@@ -280,6 +323,9 @@ async fn insert_offers(
     Ok(rows
         .into_iter()
         .map(|r| {
+            if let Some(worker) = r.worker {
+                seen.push((r.tenant, r.queue, worker, Some(r.id)));
+            }
             let written = OfferWritten {
                 state: r.state,
                 lease_expires_at: r.lease_expires_at,
@@ -292,10 +338,11 @@ async fn insert_offers(
 }
 
 /// Completes the tasks held under the given leases (live, their sessions
-/// running and not being stopped); the workers are noted seen holding none.
+/// running and not being stopped); their workers go to `seen`, holding none.
 async fn complete_held(
     conn: &mut PgConnection,
     completes: &[&CompleteWrite],
+    seen: &mut Vec<Seen>,
 ) -> Result<HashSet<Uuid>> {
     let rows = columns_statement!(query
         "WITH input AS (SELECT "
@@ -314,16 +361,20 @@ async fn complete_held(
                AND (i.queues IS NULL OR i.queues::jsonb ? t.queue)
                AND t.state = 'claimed' AND t.lease_digest = i.lease_digest AND t.lease_expires_at > now()
                AND s.status = 'running' AND NOT s.stop_requested
-             RETURNING t.id, t.tenant, t.queue, t.worker),
-           seen AS (
-             UPDATE workers_seen w SET last_seen_at = now(), task_id = NULL
-             FROM (SELECT DISTINCT tenant, queue, worker FROM done) d
-             WHERE w.tenant = d.tenant AND w.queue = d.queue AND w.worker = d.worker)
-           SELECT id AS "id!" FROM done"#
+             RETURNING t.id, t.tenant, t.queue, t.worker)
+           SELECT id AS "id!", tenant AS "tenant!", queue AS "queue!", worker AS "worker?" FROM done"#
     )
     .fetch_all(&mut *conn)
     .await?;
-    Ok(rows.into_iter().map(|r| r.id).collect())
+    Ok(rows
+        .into_iter()
+        .map(|r| {
+            if let Some(worker) = r.worker {
+                seen.push((r.tenant, r.queue, worker, None));
+            }
+            r.id
+        })
+        .collect())
 }
 
 #[cfg(test)]
@@ -488,6 +539,14 @@ mod tests {
             ("completed", Some(serde_json::json!({"action": "done"})))
         );
         assert_eq!(row(&db.pool, elsewhere_id).await.0, "claimed");
+        // The listing: w3 holds the task handed to it, w1 completed its own.
+        let seen: Vec<(String, Option<Uuid>)> = sqlx::query_as(
+            "SELECT worker, task_id FROM workers_seen WHERE tenant = 't' ORDER BY worker",
+        )
+        .fetch_all(&db.pool)
+        .await
+        .expect("the listing");
+        assert_eq!(seen, [("w1".into(), None), ("w3".into(), Some(ids[0]))]);
         let absent: Vec<(Uuid,)> = sqlx::query_as("SELECT id FROM worker_tasks WHERE id = ANY($1)")
             .bind(&ids[3..])
             .fetch_all(&db.pool)

@@ -257,8 +257,10 @@ impl WorkerExecutor {
         let context =
             serde_json::to_value(request).map_err(|e| step_failed(format!("step context: {e}")))?;
         self.session_id = Some(ctx.session_id);
-        let steady =
-            self.collected_at.is_some() && self.collected_at == ctx.iteration.checked_sub(1);
+        let steady = ctx
+            .iteration
+            .checked_sub(1)
+            .is_some_and(|previous| self.collected_at == Some(previous));
         self.store
             .offer_worker_step(
                 &NewWorkerTask {

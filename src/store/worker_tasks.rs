@@ -877,8 +877,9 @@ impl Store {
 
     /// The common completion, written with other worker writes (see
     /// `worker_writes`): the task is claimed under `token`, its lease live,
-    /// its session running and not being stopped. `false` changes nothing: the caller settles it the long way, which
-    /// tells every other case apart (a repeat, a lost lease, a stop).
+    /// its session running and not being stopped. `false` changes nothing:
+    /// the caller settles it the long way, which tells every other case
+    /// apart (a repeat, a lost lease, a stop).
     async fn complete_held_task(
         &self,
         id: Uuid,

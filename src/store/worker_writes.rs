@@ -152,7 +152,8 @@ async fn write_batch(pool: &PgPool, batch: Vec<Write>) {
             Write::Complete(c, reply) => completes.push((c, reply)),
         }
     }
-    // Rows are locked in id order, so two writers never wait on each other.
+    // Task rows are locked in id order, so the batch never deadlocks with
+    // another statement that locks several of them in that order.
     completes.sort_unstable_by_key(|(c, _)| c.id);
     if offers.len() + completes.len() > 1 {
         let offer_writes: Vec<&OfferWrite> = offers.iter().map(|(o, _)| o).collect();

@@ -160,7 +160,7 @@ const PHASES: [&str; 15] = [
 
 fn usage() -> &'static str {
     "usage: warden-bench [--quick] [--sessions N,N..] [--window SECS] [--only PHASE]\n\
-                    [--database-url URL] [--warden PATH]\n\
+                    [--waiting N] [--database-url URL] [--warden PATH]\n\
      \n\
      --quick          a few sessions for a few seconds (a smoke run)\n\
      --sessions N,..  session counts of the throughput phase (default 1,32,1000)\n\
@@ -175,6 +175,7 @@ fn usage() -> &'static str {
                       100,000 queued; deep: a session at iteration ~1,000,000;
                       stop_workers: a stop timed to the heartbeat answer that tells the worker;
                       waiting: memory with 100,000 sessions waiting on one replica)
+     --waiting N      sessions of the waiting phase (default 100,000)\n\
      --database-url   a Postgres URL whose user may create databases\n\
                       (default: $DATABASE_URL, else postgres://postgres@127.0.0.1:5432/postgres)\n\
      --warden PATH    the warden binary (default: beside this program)"
@@ -218,6 +219,14 @@ fn parse_args() -> BenchResult<Options> {
                     .filter(|s: &f64| *s > 0.0 && s.is_finite())
                     .ok_or_else(|| format!("--window takes seconds, not {value}"))?;
                 scale.window = Duration::from_secs_f64(secs);
+            }
+            "--waiting" => {
+                let value = args.next().ok_or("--waiting needs a value")?;
+                scale.waiting_sessions = value
+                    .parse()
+                    .ok()
+                    .filter(|n: &usize| *n > 0)
+                    .ok_or_else(|| format!("--waiting takes a count like 20000, not {value}"))?;
             }
             "--only" => {
                 let phase = args.next().ok_or("--only needs a value")?;

@@ -7,6 +7,7 @@ use crate::common;
 use std::time::{Duration, Instant};
 
 use common::{TestApp, assert_gap_free, config_with, distinct_steps};
+use futures::StreamExt;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use sqlx::PgPool;
@@ -210,6 +211,59 @@ async fn a_draining_replica_hands_its_sessions_to_a_peer_within_a_heartbeat() {
             "a released session has no previous owner (not a failed attempt)"
         );
     }
+}
+
+// A heartbeat renews a replica's leases a few hundred to a statement, so
+// that a stop of one of 100,000 waiting sessions does not wait for all of
+// their rows; every lease must still be renewed, the last chunk's too.
+#[tokio::test]
+async fn more_leases_than_one_renewal_statement_holds_are_all_renewed() {
+    // The test configuration: a 1-s lease renewed every 200 ms.
+    let app = TestApp::start().await;
+    const SESSIONS: usize = 600;
+    let created: Vec<Value> = futures::stream::iter(0..SESSIONS)
+        .map(|_| app.create(long_steps()))
+        .buffer_unordered(16)
+        .collect()
+        .await;
+    assert!(
+        created.iter().all(|doc| doc["status"] == "running"),
+        "all run"
+    );
+    let pool = app.pool();
+    let leases = || async {
+        sqlx::query_as::<_, (uuid::Uuid, Option<uuid::Uuid>)>(
+            "SELECT id, lease_token FROM sessions WHERE status = 'running' ORDER BY id",
+        )
+        .fetch_all(pool)
+        .await
+        .expect("leases")
+    };
+    let before = leases().await;
+    assert_eq!(before.len(), SESSIONS);
+    let (mark,): (chrono::DateTime<chrono::Utc>,) = sqlx::query_as("SELECT now()")
+        .fetch_one(pool)
+        .await
+        .expect("now");
+    // Every lease renewed after more than a lease's length has passed: one
+    // left out would have expired and been rescued (a new token) by now.
+    common::eventually(
+        Duration::from_secs(20),
+        "every lease renewed a TTL later",
+        || async {
+            let (renewed,): (i64,) = sqlx::query_as(
+                "SELECT count(*) FROM sessions WHERE status = 'running'
+               AND heartbeat_at > $1 + interval '1500 milliseconds' AND lease_expires_at > now()",
+            )
+            .bind(mark)
+            .fetch_one(pool)
+            .await
+            .expect("renewed");
+            renewed as usize == SESSIONS
+        },
+    )
+    .await;
+    assert_eq!(leases().await, before, "no lease was lost and taken over");
 }
 
 /// The status document as Postgres alone would give it.

@@ -19,6 +19,16 @@ use crate::session::runtime::rehydrate::load_for_run;
 use crate::session::runtime::runner::Control;
 use crate::store::{Attempt, Lease};
 
+/// Leases renewed in one statement. A renewal holds its rows' locks until
+/// it commits, and a stop, pause or commit of one of those sessions waits
+/// for it: 100,000 leases in one statement held them for seconds (a stop's
+/// p99 was 9 s, BENCHMARKS.md). A few hundred rows take milliseconds.
+const RENEWAL_CHUNK: usize = 256;
+
+/// A held lease with what its renewal updates: the runner's control and
+/// its live view.
+type Held = (Lease, Control, Arc<LiveView>);
+
 impl Supervisor {
     /// After a runner stopped on a storage error: keep the error on the
     /// session (the failure model reports it) and give the lease up, so the
@@ -92,78 +102,89 @@ impl Supervisor {
         }
     }
 
-    /// Renews every local lease once; runners whose lease was lost are told to stop writing.
+    /// Renews every local lease once, [`RENEWAL_CHUNK`] a statement, in
+    /// session order; runners whose lease was lost are told to stop writing.
     pub async fn heartbeat(&self) {
         // Copies of what the renewal touches, taken in one pass: the
         // registry is not held while Postgres answers or while thousands of
         // clocks and views are updated (on a niced loop thread that may be
         // descheduled meanwhile, a status read would wait for it).
-        let held: Vec<(Lease, Control, Arc<LiveView>)> = self
+        let mut held: Vec<Held> = self
             .runners()
             .values()
             .flatten()
             .map(|h| (h.lease, h.control.clone(), h.view.clone()))
             .collect();
-        if held.is_empty() {
-            return;
+        // Session order is the order group commits lock rows in; each
+        // chunk commits before the next locks anything.
+        held.sort_unstable_by_key(|(lease, _, _)| lease.session_id);
+        let mut chunks = held.chunks(RENEWAL_CHUNK);
+        for chunk in chunks.by_ref() {
+            if let Err(err) = self.renew_chunk(chunk).await {
+                tracing::warn!(error = %err, "lease renewal failed");
+                // From the first failed write on, statuses from memory say
+                // they may be behind; the rest waits for the next heartbeat
+                // rather than for a database that is not answering.
+                for (_, _, view) in chunk.iter().chain(chunks.flatten()) {
+                    view.write_failed();
+                }
+                return;
+            }
         }
+    }
+
+    /// Renews one chunk of the heartbeat's leases in one statement and
+    /// tells their runners the outcome.
+    async fn renew_chunk(&self, held: &[Held]) -> crate::store::Result<()> {
         let leases: Vec<Lease> = held.iter().map(|(lease, _, _)| *lease).collect();
         let started = Instant::now();
         let lease_cfg = self.inner.config.lease;
-        match self.inner.store.renew_leases(&leases, lease_cfg.ttl).await {
-            Ok(renewed) => {
-                // Keyed by lease, not session: a stale runner of the same
-                // session must not have its clock renewed.
-                let renewed: HashMap<(Uuid, Uuid), _> = renewed
-                    .into_iter()
-                    .map(|r| ((r.session_id, r.token), r))
-                    .collect();
-                let mut exited = Vec::new();
-                for (lease, control, view) in held {
-                    let key = (lease.session_id, lease.token);
-                    if !self.registered(&lease) {
-                        // Its runner ended while the renewal ran: the renewal
-                        // must not delay the rescue of what it left behind.
-                        if renewed.contains_key(&key) {
-                            exited.push(lease);
-                        }
-                        continue;
-                    }
-                    match renewed.get(&key) {
-                        Some(r) => {
-                            control
-                                .lease_clock
-                                .renewed(started, lease_cfg.ttl, lease_cfg.margin);
-                            view.lease_renewed(r.lease_expires_at, r.heartbeat_at);
-                            if r.stop_requested {
-                                control.stop.cancel();
-                            }
-                            if r.pause_requested {
-                                control.pause.store(true, Ordering::SeqCst);
-                            }
-                        }
-                        // Finished meanwhile, or taken over: the runner's own
-                        // fenced writes and lease clock end it either way.
-                        None => {
-                            tracing::debug!(session_id = %lease.session_id, "lease not renewed")
-                        }
-                    }
+        let renewed = self
+            .inner
+            .store
+            .renew_leases(&leases, lease_cfg.ttl)
+            .await?;
+        // Keyed by lease, not session: a stale runner of the same session
+        // must not have its clock renewed.
+        let renewed: HashMap<(Uuid, Uuid), _> = renewed
+            .into_iter()
+            .map(|r| ((r.session_id, r.token), r))
+            .collect();
+        let mut exited = Vec::new();
+        for (lease, control, view) in held {
+            let key = (lease.session_id, lease.token);
+            if !self.registered(lease) {
+                // Its runner ended while the renewal ran: the renewal must
+                // not delay the rescue of what it left behind.
+                if renewed.contains_key(&key) {
+                    exited.push(*lease);
                 }
-                for lease in exited {
-                    if let Err(e) = self.inner.store.expire_lease(&lease).await {
-                        tracing::warn!(session_id = %lease.session_id, error = %e, "cannot give up an exited runner's lease");
-                    }
-                }
+                continue;
             }
-            Err(err) => {
-                tracing::warn!(error = %err, "lease renewal failed");
-                // From the first failed write on, statuses from memory say
-                // they may be behind.
-                for (_, _, view) in &held {
-                    view.write_failed();
+            match renewed.get(&key) {
+                Some(r) => {
+                    control
+                        .lease_clock
+                        .renewed(started, lease_cfg.ttl, lease_cfg.margin);
+                    view.lease_renewed(r.lease_expires_at, r.heartbeat_at);
+                    if r.stop_requested {
+                        control.stop.cancel();
+                    }
+                    if r.pause_requested {
+                        control.pause.store(true, Ordering::SeqCst);
+                    }
                 }
+                // Finished meanwhile, or taken over: the runner's own fenced
+                // writes and lease clock end it either way.
+                None => tracing::debug!(session_id = %lease.session_id, "lease not renewed"),
             }
         }
+        for lease in exited {
+            if let Err(e) = self.inner.store.expire_lease(&lease).await {
+                tracing::warn!(session_id = %lease.session_id, error = %e, "cannot give up an exited runner's lease");
+            }
+        }
+        Ok(())
     }
 
     /// Takes over sessions whose owner stopped renewing its lease (or

@@ -69,8 +69,9 @@ Status::Running as Status,
         limit: i64,
     ) -> Result<Vec<Claimed>> {
         let mut tx = self.pool.begin().await?;
-        // `status = 'running'` stays a literal: it is the predicate of the
-        // partial index `sessions_running_leases` this scan relies on.
+        // `status = 'running'` stays a literal: the running rows are found
+        // by `sessions_by_status` and their leases checked on the rows (no
+        // index holds `lease_expires_at`, so renewals stay HOT: 0042).
         let rows = sqlx::query!(
             r#"WITH orphans AS (
                  SELECT id, owner AS previous_owner FROM sessions

@@ -100,6 +100,10 @@ pub const DOWNS: &[(i64, &str)] = &[
         41,
         include_str!("../../migrations/down/0041_settled_sort_keys.sql"),
     ),
+    (
+        42,
+        include_str!("../../migrations/down/0042_unindexed_leases.sql"),
+    ),
 ];
 
 /// The key of the advisory lock that `migrate --down-to` holds, so two

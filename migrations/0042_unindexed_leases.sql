@@ -1,0 +1,14 @@
+-- A lease renewal writes only `lease_expires_at` and `heartbeat_at`, each
+-- heartbeat, for every session a replica runs. While `lease_expires_at`
+-- was indexed (`sessions_running_leases`, migration 0001), every renewal
+-- was a non-HOT update: a new entry in each of the sessions table's
+-- indexes, 100,000 rows × every index every 5 s with 100,000 sessions
+-- waiting on one replica (BENCHMARKS.md, "Scale, round three"). Without it
+-- a renewal can stay on its page (HOT) as an iteration's commit does.
+--
+-- What read the index finds running sessions by `sessions_by_status`
+-- (status first) and checks their leases on the rows: the rescue's search
+-- for expired leases and the fleet's count of running and orphaned
+-- sessions, once a heartbeat each, a read of the running rows where there
+-- were as many index writes.
+DROP INDEX IF EXISTS sessions_running_leases;

@@ -258,7 +258,7 @@ pub async fn diff_files(
     responses(
         (status = 201, description = "The new session", body = SessionView),
         (status = 404, description = "No such session or checkpoint", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "The checkpoint has no workspace snapshot, or `model` is given for a session whose executor is not `llm`", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "The session has no checkpoint yet (none named), the checkpoint has no workspace snapshot, or `model` is given for a session whose executor is not `llm`", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Invalid request", body = Problem, content_type = "application/problem+json"),
     )
 )]

@@ -122,6 +122,30 @@ async fn a_fork_names_its_checkpoint_by_id_and_refuses_what_it_cannot_start_from
     let _ = common::TEST_TENANT;
 }
 
+// A session that has taken no checkpoint yet exists: a fork naming no
+// checkpoint is refused as not possible yet (409), not as missing (404),
+// while a checkpoint it names that does not exist is missing.
+#[tokio::test]
+async fn a_session_without_a_checkpoint_is_not_forkable_yet() {
+    let app = common::TestApp::start().await;
+    let id = app
+        .create_scripted(json!([{ "action": "a", "delay_ms": 60000 }]), json!({}))
+        .await;
+    let fork = format!("/api/autonomous/{id}/fork");
+    let (status, doc) = app.post(&fork, Some(json!({}))).await;
+    assert_eq!(status, StatusCode::CONFLICT, "{doc}");
+    assert!(
+        doc["detail"]
+            .as_str()
+            .is_some_and(|d| d.contains("no checkpoint yet")),
+        "{doc}"
+    );
+    let (status, doc) = app
+        .post(&fork, Some(json!({ "checkpoint_iteration": 1 })))
+        .await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{doc}");
+}
+
 #[tokio::test]
 async fn forks_show_in_the_tree_of_their_origin_and_name_it_in_their_own() {
     let run = ten_checkpoints().await;

@@ -67,7 +67,7 @@ impl SessionService {
             .store()
             .checkpoint_for_fork(id, (req.checkpoint_iteration, req.checkpoint_id), &scope)
             .await?
-            .ok_or_else(|| ServiceError::Missing(format!("session {id} has no such checkpoint")))?;
+            .ok_or_else(|| no_checkpoint(id, &req))?;
         let start = self
             .store()
             .fork_source(id, iteration, &scope)
@@ -153,4 +153,17 @@ existed, or its snapshot failed); fork from a checkpoint whose `forkable` is tru
         }
         Ok(files)
     }
+}
+
+/// Why no checkpoint answers a fork of `id`: a checkpoint it names does not
+/// exist (404), or, naming none, the session has taken none yet (409: the
+/// session is there, its state does not allow a fork now).
+fn no_checkpoint(id: Uuid, req: &ForkSession) -> ServiceError {
+    if req.checkpoint_iteration.is_none() && req.checkpoint_id.is_none() {
+        return ServiceError::NotForkable(format!(
+            "session {id} has no checkpoint yet; it can be forked once it has taken one \
+(every `checkpoint_interval` iterations, and when it pauses or ends)"
+        ));
+    }
+    ServiceError::Missing(format!("session {id} has no such checkpoint"))
 }

@@ -558,11 +558,13 @@ async fn commit_many<'e>(
         r#"), locked AS (
              -- One primary-key probe per member, in the input's (id) order:
              -- a join here let stale statistics pick a scan of every session.
+             -- NO KEY UPDATE, as the UPDATE below locks: a member's row is
+             -- not waited for behind an insert that names it (a snapshot's).
              SELECT l.id FROM input i CROSS JOIN LATERAL (
                  SELECT s.id FROM sessions s
                  WHERE s.id = i.id AND s.lease_token = i.token
                    AND s.status IS NOT DISTINCT FROM i.status
-                 FOR UPDATE) l
+                 FOR NO KEY UPDATE) l
          ), s AS (
              UPDATE sessions SET last_event_seq = sessions.last_event_seq + i.event_count,
                     updated_at = now(), iterations = i.iterations,

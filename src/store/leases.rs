@@ -26,12 +26,17 @@ impl Store {
         let ids: Vec<Uuid> = leases.iter().map(|l| l.session_id).collect();
         let tokens: Vec<Uuid> = leases.iter().map(|l| l.token).collect();
         let rows = sqlx::query!(
-// Rows are locked in id order, as group commits lock them, so a
-            // renewal and a group commit never wait on each other in a cycle.
+            // Rows are locked in id order, as group commits lock them, so a
+            // renewal and a group commit never wait on each other in a cycle;
+            // `NO KEY UPDATE`, the lock the UPDATE takes itself, so a renewal
+            // never waits for a transaction whose insert names a session (a
+            // workspace snapshot's foreign key holds `KEY SHARE` on its row,
+            // which `FOR UPDATE` would wait for while holding the rows it
+            // locked already).
             r#"WITH locked AS (
                  SELECT s.id FROM sessions s JOIN UNNEST($1::uuid[], $2::uuid[]) AS t(id, token)
                      ON s.id = t.id AND s.lease_token = t.token
-                 WHERE s.status IS NOT DISTINCT FROM $4 ORDER BY s.id FOR UPDATE OF s)
+                 WHERE s.status IS NOT DISTINCT FROM $4 ORDER BY s.id FOR NO KEY UPDATE OF s)
              UPDATE sessions s SET lease_expires_at = now() + make_interval(secs => $3), heartbeat_at = now()
              FROM locked l, UNNEST($1::uuid[], $2::uuid[]) AS t(id, token)
              WHERE s.id = l.id AND s.id = t.id AND s.lease_token = t.token

@@ -257,8 +257,8 @@ pub async fn diff_files(
     request_body = ForkSession,
     responses(
         (status = 201, description = "The new session", body = SessionView),
-        (status = 404, description = "No such session or checkpoint", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "The session has no checkpoint yet (none named), the checkpoint has no workspace snapshot, or `model` is given for a session whose executor is not `llm`", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such session", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "No such checkpoint of the session (none taken yet, when none is named), the checkpoint has no workspace snapshot, or `model` is given for a session whose executor is not `llm`", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Invalid request", body = Problem, content_type = "application/problem+json"),
     )
 )]

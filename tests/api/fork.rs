@@ -100,8 +100,8 @@ async fn a_fork_names_its_checkpoint_by_id_and_refuses_what_it_cannot_start_from
         .expect("a checkpoint");
     assert_eq!(latest["forked_from"]["iteration"], newest, "{latest}");
     for (body, want) in [
-        (json!({ "checkpoint_iteration": 77 }), StatusCode::NOT_FOUND),
-        (json!({ "checkpoint_id": 999999 }), StatusCode::NOT_FOUND),
+        (json!({ "checkpoint_iteration": 77 }), StatusCode::CONFLICT),
+        (json!({ "checkpoint_id": 999999 }), StatusCode::CONFLICT),
         (
             json!({ "checkpoint_iteration": 1, "bogus": true }),
             StatusCode::UNPROCESSABLE_ENTITY,
@@ -122,9 +122,9 @@ async fn a_fork_names_its_checkpoint_by_id_and_refuses_what_it_cannot_start_from
     let _ = common::TEST_TENANT;
 }
 
-// A session that has taken no checkpoint yet exists: a fork naming no
-// checkpoint is refused as not possible yet (409), not as missing (404),
-// while a checkpoint it names that does not exist is missing.
+// A session that has taken no checkpoint yet exists: a fork of it is
+// refused as not possible now (409), whether it names a checkpoint or not,
+// never answered as if the session were missing (404).
 #[tokio::test]
 async fn a_session_without_a_checkpoint_is_not_forkable_yet() {
     let app = common::TestApp::start().await;
@@ -143,7 +143,8 @@ async fn a_session_without_a_checkpoint_is_not_forkable_yet() {
     let (status, doc) = app
         .post(&fork, Some(json!({ "checkpoint_iteration": 1 })))
         .await;
-    assert_eq!(status, StatusCode::NOT_FOUND, "{doc}");
+    assert_eq!(status, StatusCode::CONFLICT, "{doc}");
+    assert_eq!(doc["code"], "not_forkable", "{doc}");
 }
 
 #[tokio::test]

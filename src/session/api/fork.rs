@@ -155,15 +155,23 @@ existed, or its snapshot failed); fork from a checkpoint whose `forkable` is tru
     }
 }
 
-/// Why no checkpoint answers a fork of `id`: a checkpoint it names does not
-/// exist (404), or, naming none, the session has taken none yet (409: the
-/// session is there, its state does not allow a fork now).
+/// Why no checkpoint answers a fork of `id`: the checkpoint named does
+/// not exist, or, naming none, the session has taken none yet. A 409, not a
+/// 404: the session is there (the URL's resource), and a checkpoint it
+/// lacks now it may take later.
 fn no_checkpoint(id: Uuid, req: &ForkSession) -> ServiceError {
-    if req.checkpoint_iteration.is_none() && req.checkpoint_id.is_none() {
-        return ServiceError::NotForkable(format!(
-            "session {id} has no checkpoint yet; it can be forked once it has taken one \
+    let which = match (req.checkpoint_iteration, req.checkpoint_id) {
+        (None, None) => {
+            return ServiceError::NotForkable(format!(
+                "session {id} has no checkpoint yet; it can be forked once it has taken one \
 (every `checkpoint_interval` iterations, and when it pauses or ends)"
-        ));
-    }
-    ServiceError::Missing(format!("session {id} has no such checkpoint"))
+            ));
+        }
+        (Some(iteration), None) => format!("at iteration {iteration}"),
+        (None, Some(cid)) => format!("with id {cid}"),
+        (Some(iteration), Some(cid)) => format!("with id {cid} at iteration {iteration}"),
+    };
+    ServiceError::NotForkable(format!(
+        "session {id} has no checkpoint {which}; GET /api/autonomous/{id}/checkpoints lists them"
+    ))
 }

@@ -115,8 +115,9 @@ or WARDEN_CAPABILITIES_OFF); retry once the fleet runs a release that has it",
     /// A workspace path that could leave the workspace or is malformed.
     #[error("{0}")]
     BadPath(String),
-    /// A fork the source cannot give: its checkpoint has no workspace
-    /// snapshot, or a new model for an executor that names none.
+    /// A fork the source cannot give: it has no such checkpoint (yet), the
+    /// checkpoint has no workspace snapshot, or a new model is asked for an
+    /// executor that names none.
     #[error("{0}")]
     NotForkable(String),
     /// A threshold applied to a tenant is in force already: no change to

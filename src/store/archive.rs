@@ -258,7 +258,7 @@ impl Store {
         let ids: Vec<Uuid> = archived.iter().map(|s| s.id).collect();
         let updated: Vec<DateTime<Utc>> = archived.iter().map(|s| s.updated_at).collect();
         let seqs: Vec<i64> = archived.iter().map(|s| s.last_event_seq).collect();
-        let mut tx = self.pool.begin().await?;
+        let mut tx = super::connection::begin_detached(&self.pool).await?;
         let unchanged = sqlx::query!(
             r#"SELECT s.id, s.tenant FROM sessions s
                JOIN unnest($1::uuid[], $2::timestamptz[], $3::bigint[]) AS x(id, updated_at, last_seq)
@@ -285,7 +285,7 @@ impl Store {
     /// marked imported (read-only) and without an owner, then its history.
     /// Fails, importing nothing, when a session of that id exists.
     pub async fn import_session(&self, id: Uuid, rows: &ImportRows) -> Result<()> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = super::connection::begin_detached(&self.pool).await?;
         // An archive written before a migration added a NOT NULL column
         // lacks it: the column's default fills it, as the migration did.
         let session = with_defaults(&mut tx, id, "sessions", &rows.session).await?;
@@ -491,7 +491,7 @@ impl Store {
         through: i64,
         scope: &TenantScope,
     ) -> Result<u64> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = super::connection::begin_detached(&self.pool).await?;
         let dropped = sqlx::query!(
             "DELETE FROM events WHERE session_id = $1 AND seq = ANY($2)
                AND EXISTS (SELECT 1 FROM sessions s WHERE s.id = $1 AND ($3::text IS NULL OR s.tenant = $3))",

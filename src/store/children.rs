@@ -566,7 +566,7 @@ impl Store {
     /// so the read after it sees every reservation made before; that read
     /// is one statement, one snapshot of the tree. Fenced by the session's lease.
     pub async fn reserve_step(&self, lease: Lease, own_allowance: u64) -> Result<u64> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = super::connection::begin_detached(&self.pool).await?;
         let root = sqlx::query_scalar!(
             r#"SELECT root AS "root!" FROM (
                    SELECT CASE WHEN parent_id IS NULL THEN id ELSE lineage[1] END AS root
@@ -682,7 +682,7 @@ impl Store {
         executor: Option<&serde_json::Value>,
         tree: TreeLimits,
     ) -> std::result::Result<Delegated, DelegateError> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = super::connection::begin_detached(&self.pool).await?;
         let made = delegate(
             &mut tx,
             Delegator::Step {
@@ -729,7 +729,7 @@ impl Store {
 
     /// Pauses a queued child (see [`pause_queued`]).
     pub async fn pause_queued_child(&self, id: Uuid, scope: &TenantScope) -> Result<bool> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = super::connection::begin_detached(&self.pool).await?;
         let paused = pause_queued(&mut tx, id, scope).await?;
         tx.commit().await?;
         if paused {
@@ -744,7 +744,7 @@ impl Store {
         lease: Lease,
         iteration: u64,
     ) -> Result<(Vec<ChildReport>, u64)> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = super::connection::begin_detached(&self.pool).await?;
         let taken = take_reports(&mut tx, lease, iteration).await?;
         tx.commit().await?;
         Ok(taken)

@@ -1,7 +1,28 @@
 //! The API's own pool and the database's availability: how a request
 //! waits for a connection, how a probe asks, which errors mean "down".
 
+use sqlx::{PgPool, Postgres, Transaction};
+
 use super::{Result, Store};
+
+/// Begins a transaction on `pool` that a cancelled caller cannot leak.
+/// sqlx (0.9) sends `BEGIN` and counts the transaction only once the answer
+/// arrives: a future dropped in between (a request that timed out, a
+/// worker that hung up on its waiting heartbeat) returned its connection to
+/// the pool inside a transaction nobody would end, and every later
+/// statement on that connection joined it, uncommitted. Seen: a worker's
+/// completion never committed, its session stuck behind the locks. The
+/// begin runs in a task of its own, which always finishes it; when no one
+/// waits any more the transaction is dropped there, and its rollback is
+/// queued ahead of the connection's next statement.
+pub async fn begin_detached(pool: &PgPool) -> Result<Transaction<'static, Postgres>> {
+    let pool = pool.clone();
+    match tokio::spawn(async move { pool.begin().await }).await {
+        Ok(begun) => Ok(begun?),
+        // The task panicked or the runtime is going away.
+        Err(_) => Err(sqlx::Error::WorkerCrashed.into()),
+    }
+}
 
 impl Store {
     /// Connects the API's pool to `url`: like [`Store::connect`], but a

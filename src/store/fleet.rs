@@ -161,7 +161,7 @@ impl Store {
     /// expires every lease, so this process's first rescue resumes them at
     /// once. Returns how many leases it expired.
     pub async fn release_previous_process(&self) -> Result<u64> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = super::connection::begin_detached(&self.pool).await?;
         sqlx::query!("DELETE FROM replicas")
             .execute(&mut *tx)
             .await?;

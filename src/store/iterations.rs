@@ -103,7 +103,7 @@ impl Store {
 
     /// Appends events on behalf of the loop (decisions that did not come with an iteration).
     pub async fn append_fenced(&self, lease: &Lease, events: &[NewEvent]) -> Result<ControlFlags> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = super::connection::begin_detached(&self.pool).await?;
         let (last_seq, flags) = fenced_update(&mut tx, lease, events.len()).await?;
         self.log_and_commit(tx, lease.session_id, last_seq, events)
             .await?;
@@ -118,7 +118,7 @@ impl Store {
         reason: &str,
         state: &Value,
     ) -> Result<()> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = super::connection::begin_detached(&self.pool).await?;
         let event = NewEvent::from_event(&SessionEvent::CheckpointSaved {
             iteration,
             reason: reason.to_string(),
@@ -148,7 +148,7 @@ impl Store {
         checkpoint: (i64, &Value),
         events: &[NewEvent],
     ) -> Result<()> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = super::connection::begin_detached(&self.pool).await?;
         let (last_seq, flags) = fenced_update(&mut tx, lease, events.len()).await?;
         // The flags were read under the row lock this transaction now holds:
         // a stop committed before it wins over a pause (dropping `tx` rolls back).
@@ -213,7 +213,7 @@ counters.charges_seen(),
         checkpoint: (i64, &Value),
         charges: &[NewEvent],
     ) -> Result<()> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = super::connection::begin_detached(&self.pool).await?;
         let mut events = charges.to_vec();
         events.push(NewEvent::from_event(&SessionEvent::LeaseReleased {
             iteration: checkpoint.0,

@@ -73,7 +73,7 @@ Status::Running as Status,
         ttl: std::time::Duration,
         limit: i64,
     ) -> Result<Vec<Claimed>> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = super::connection::begin_detached(&self.pool).await?;
         // `status = 'running'` stays a literal: the running rows are found
         // by `sessions_by_status` and their leases checked on the rows (no
         // index holds `lease_expires_at`, so renewals stay HOT: 0042).
@@ -169,7 +169,7 @@ impl Store {
         error: &str,
         events: &[NewEvent],
     ) -> Result<bool> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = super::connection::begin_detached(&self.pool).await?;
         let done = sqlx::query!(
             "UPDATE sessions SET status = $3, reason = $4, summary = $5, next_steps = $6,
                     reason_detail = $7, last_error = $7, checkpoint_saved = false,

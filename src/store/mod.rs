@@ -69,7 +69,7 @@ pub use children::{
     ChildAttention, DelegateError, Delegated, Delegator, ForkRow, LiveNode, TreeRow,
     delegate as delegate_on, set_child_pause_policy, wait_for_children,
 };
-pub use connection::is_unavailable;
+pub use connection::{begin_detached, is_unavailable};
 pub use control_channel::{
     BadControlNote, CONTROL_CHANNEL, ControlAction, ControlNote, KEYS_CHANNEL,
 };

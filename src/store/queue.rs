@@ -127,7 +127,7 @@ impl Store {
         if limit <= 0 {
             return Ok(Vec::new());
         }
-        let mut tx = self.pool.begin().await?;
+        let mut tx = super::connection::begin_detached(&self.pool).await?;
         // One claim at a time across the fleet: each reads the running
         // counts the previous one left, so shares and caps hold across
         // replicas. A claim is one short transaction per tick and replica.

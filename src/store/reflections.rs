@@ -24,7 +24,7 @@ impl Store {
         criteria: &[ChecklistItem],
         milestones: &[ChecklistItem],
     ) -> Result<()> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = super::connection::begin_detached(&self.pool).await?;
         let last_reflection = &reflection.summary;
         let summary = NewEvent::from_event(&last_reflection.event())?;
         let last: Option<i64> = sqlx::query_scalar!(

@@ -74,7 +74,7 @@ impl Store {
     /// every ring key that has none yet. One replica at a time: the
     /// registry is locked until the decision is written.
     pub async fn register_secret_key(&self, ring: &Keyring) -> Result<KeyRegistration> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = super::connection::begin_detached(&self.pool).await?;
         sqlx::query!("LOCK TABLE secret_key IN EXCLUSIVE MODE")
             .execute(&mut *tx)
             .await?;
@@ -275,7 +275,7 @@ impl Store {
     /// Moves one plaintext key: stores `sealed` and removes the key from the
     /// executor JSON, in one transaction (a crash leaves either both or neither).
     pub async fn seal_plaintext_key(&self, id: Uuid, sealed: &Sealed) -> Result<()> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = super::connection::begin_detached(&self.pool).await?;
         insert_secret(&mut tx, id, "api_key", sealed).await?;
         sqlx::query!(
             "UPDATE sessions SET executor = executor - 'api_key' WHERE id = $1",

@@ -239,7 +239,7 @@ impl ListPage<'_> {
 impl Store {
     /// Begins a transaction.
     pub async fn begin(&self) -> Result<Transaction<'static, Postgres>> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = super::connection::begin_detached(&self.pool).await?;
         if let Ok(actor) = super::ACTOR.try_with(String::clone) {
             sqlx::query_scalar!("SELECT set_config('warden.actor', $1, true)", actor)
                 .fetch_one(&mut *tx)
@@ -271,7 +271,7 @@ impl Store {
         lease_ttl: std::time::Duration,
         events: &[NewEvent],
     ) -> Result<(Session, Option<Lease>)> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = super::connection::begin_detached(&self.pool).await?;
         let status = if owner.is_some() {
             Status::Running
         } else {

@@ -112,7 +112,7 @@ impl Store {
         manifest: &[FileEntry],
         blobs: Vec<(Vec<u8>, Vec<u8>)>,
     ) -> Result<()> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = super::connection::begin_detached(&self.pool).await?;
         let mut batch: (Vec<Vec<u8>>, Vec<Vec<u8>>, usize) = (Vec::new(), Vec::new(), 0);
         for (digest, content) in blobs {
             batch.2 += content.len();

@@ -29,7 +29,7 @@ impl Store {
         lease: &Lease,
         writes: &[AgentTaskWrite],
     ) -> Result<std::result::Result<Vec<AgentTask>, String>> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = super::connection::begin_detached(&self.pool).await?;
         let held: Option<i32> = sqlx::query_scalar!(
             r#"SELECT 1 AS "held!" FROM sessions WHERE id = $1 AND lease_token = $2 FOR UPDATE"#,
             lease.session_id,

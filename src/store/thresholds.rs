@@ -91,7 +91,7 @@ impl Store {
         scope: &TenantScope,
         change: &NewThresholdChange<'_>,
     ) -> Result<Applied> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = super::connection::begin_detached(&self.pool).await?;
         sqlx::query!(
             "INSERT INTO tenant_settings (tenant) SELECT $1
              WHERE $2::text IS NULL OR $1 = $2

@@ -524,7 +524,7 @@ impl Store {
         error: &str,
         scope: &TenantScope,
     ) -> Result<bool> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = super::connection::begin_detached(&self.pool).await?;
         let done = sqlx::query!(
             "UPDATE worker_tasks SET state = 'pending', attempt = attempt + 1, offered_at = now(),
                     lease_digest = NULL, lease_expires_at = NULL, worker = NULL,
@@ -561,7 +561,7 @@ impl Store {
         scope: &TenantScope,
     ) -> Result<()> {
         let (state, reason) = end.as_row();
-        let mut tx = self.pool.begin().await?;
+        let mut tx = super::connection::begin_detached(&self.pool).await?;
         let ended = sqlx::query!(
             "UPDATE worker_tasks SET state = $2, cancel_reason = $3, updated_at = now()
              WHERE id = $1 AND state IN ('pending', 'claimed', 'failed')
@@ -722,7 +722,7 @@ impl Store {
         token: &str,
         progress: Option<&str>,
     ) -> Result<LeaseCheck<Heartbeat>> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = super::connection::begin_detached(&self.pool).await?;
         let Some(row) = lock_task(&mut tx, id, scope, queues).await? else {
             return Ok(LeaseCheck::NotFound);
         };
@@ -806,7 +806,7 @@ impl Store {
         {
             return Ok(LeaseCheck::Held(()));
         }
-        let mut tx = self.pool.begin().await?;
+        let mut tx = super::connection::begin_detached(&self.pool).await?;
         let Some(row) = lock_task(&mut tx, id, scope, queues).await? else {
             return Ok(LeaseCheck::NotFound);
         };
@@ -961,7 +961,7 @@ impl Store {
         session_id: Uuid,
         scope: &TenantScope,
     ) -> Result<u64> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = super::connection::begin_detached(&self.pool).await?;
         let charged = charge_uncollected_outcomes(&mut tx, session_id, scope).await?;
         tx.commit().await?;
         Ok(charged)

@@ -469,3 +469,44 @@ async fn lists_by_update_and_cost_merge_running_and_settled_sessions_in_order() 
         }
     }
 }
+
+// A caller that gives up while its transaction begins (a request timed
+// out, a worker hung up on its waiting heartbeat) must not leave the
+// connection inside a transaction: the statements that use the connection
+// next would join it and never commit. One connection, so each insert runs
+// on the connection of the begin given up just before it.
+#[tokio::test]
+#[ignore = "needs a Postgres server: a pool of its own beside the test database's"]
+async fn a_begin_given_up_leaves_no_transaction_for_the_next_statement() {
+    common::require_server_postgres("a pool of its own beside the test database's");
+    let db = common::TestDb::new().await;
+    let options = (*db.pool.connect_options()).clone();
+    let one = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .connect_with(options)
+        .await
+        .expect("a one-connection pool");
+    sqlx::query("CREATE TABLE given_up (n int)")
+        .execute(&one)
+        .await
+        .expect("table");
+    for n in 0..20 {
+        // Polled once, then dropped while its `BEGIN` is under way.
+        tokio::select! {
+            biased;
+            _ = warden::store::begin_detached(&one) => {}
+            () = std::future::ready(()) => {}
+        }
+        sqlx::query("INSERT INTO given_up VALUES ($1)")
+            .bind(n)
+            .execute(&one)
+            .await
+            .expect("insert");
+        // Seen committed from another connection.
+        let (seen,): (i64,) = sqlx::query_as("SELECT count(*) FROM given_up")
+            .fetch_one(&db.pool)
+            .await
+            .expect("count");
+        assert_eq!(seen, i64::from(n) + 1, "insert {n} committed");
+    }
+}

@@ -115,12 +115,12 @@ const STORE: &[(&str, u8)] = &[
     ("control_channel", 0),
     ("worker_notices", 0),
     ("worker_writes", 1),
-    ("fleet", 0),
+    ("fleet", 1),
     ("idempotency", 0),
     ("keys", 0),
     ("model_calls", 0),
     ("notify", 1),
-    ("secrets", 0),
+    ("secrets", 1),
     ("schema", 0),
     ("testing", 1),
     ("rows", 2),
@@ -145,7 +145,7 @@ const STORE: &[(&str, u8)] = &[
     ("past_runs", 3),
     ("histories", 3),
     ("trace_links", 3),
-    ("thresholds", 0),
+    ("thresholds", 1),
 ];
 
 /// The files of `src/http`, from the bottom up: errors and documents, the
